@@ -1,0 +1,151 @@
+#include "adapter/collectives.h"
+
+#include <sstream>
+
+#include <c10/util/Exception.h>
+
+#include "adapter/errors.h"
+
+namespace zero::adapter {
+namespace {
+
+void check_flat(const char* op, const char* role, const at::Tensor& tensor) {
+  TORCH_CHECK(tensor.defined(), "zero ", op, ": the ", role, " tensor is undefined");
+  TORCH_CHECK(tensor.is_contiguous(), "zero ", op, ": the ", role,
+              " tensor must be contiguous (flat buffers are); call .contiguous() first");
+}
+
+void check_pair(const char* op, const at::Tensor& full, const at::Tensor& shard, int world_size) {
+  check_flat(op, "full", full);
+  check_flat(op, "shard", shard);
+  TORCH_CHECK(full.scalar_type() == shard.scalar_type(), "zero ", op, ": full buffer is ",
+              full.scalar_type(), " but shard is ", shard.scalar_type(), "; use one dtype");
+  TORCH_CHECK(full.device() == shard.device(), "zero ", op, ": full buffer is on ",
+              full.device(), " but shard is on ", shard.device());
+  TORCH_CHECK(full.numel() == shard.numel() * world_size, "zero ", op, ": full buffer has ",
+              full.numel(), " elements but shard has ", shard.numel(), " and world size is ",
+              world_size, "; the full buffer must have exactly ", shard.numel() * world_size,
+              " (shard size x world size)");
+}
+
+c10d::ReduceOp to_c10d(Reduction reduction) {
+  switch (reduction) {
+    case Reduction::kSum:
+    case Reduction::kAvg:  // gloo has no AVG: sum, then divide after the wait
+      return c10d::ReduceOp::SUM;
+    case Reduction::kMax: return c10d::ReduceOp::MAX;
+    case Reduction::kMin: return c10d::ReduceOp::MIN;
+  }
+  TORCH_CHECK(false, "zero: unknown reduction");
+}
+
+std::function<void()> finisher(Reduction reduction, at::Tensor result, int world_size) {
+  if (reduction != Reduction::kAvg) return {};
+  return [result, world_size]() mutable { result.div_(world_size); };
+}
+
+std::int64_t nbytes(const at::Tensor& tensor) {
+  return tensor.numel() * static_cast<std::int64_t>(tensor.element_size());
+}
+
+}  // namespace
+
+Reduction parse_reduction(const std::string& name) {
+  if (name == "sum") return Reduction::kSum;
+  if (name == "avg") return Reduction::kAvg;
+  if (name == "max") return Reduction::kMax;
+  if (name == "min") return Reduction::kMin;
+  TORCH_CHECK(false, "zero: unknown reduction '", name, "'; expected sum, avg, max or min");
+}
+
+PendingCollective::PendingCollective(std::string description, c10::intrusive_ptr<c10d::Work> work,
+                                     std::vector<at::Tensor> keep_alive,
+                                     std::function<void()> on_complete)
+    : description_(std::move(description)),
+      work_(std::move(work)),
+      keep_alive_(std::move(keep_alive)),
+      on_complete_(std::move(on_complete)) {}
+
+PendingCollective::~PendingCollective() {
+  if (waited_) return;
+  try {
+    wait();
+  } catch (...) {
+    // A destructor must not throw; the owner that cared about the result called wait().
+  }
+}
+
+void PendingCollective::wait() {
+  if (waited_) return;
+  waited_ = true;
+  try {
+    work_->wait();
+  } catch (const std::exception& error) {
+    keep_alive_.clear();
+    TORCH_CHECK(false, "zero: ", description_, " failed: ", message_of(error));
+  }
+  if (on_complete_) on_complete_();
+  keep_alive_.clear();
+}
+
+Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group)
+    : group_(std::move(group)), rank_(group_->getRank()), world_size_(group_->getSize()) {}
+
+std::string Communicator::describe(const char* op, const at::Tensor& tensor) const {
+  std::ostringstream out;
+  out << op << " of " << tensor.numel() << " " << tensor.scalar_type() << " elements on rank "
+      << rank_ << " of " << world_size_;
+  return out.str();
+}
+
+std::unique_ptr<PendingCollective> Communicator::all_gather(at::Tensor full, at::Tensor shard) {
+  check_pair("all_gather", full, shard, world_size_);
+  auto work = group_->all_gather_single(full, shard);
+  stats_.all_gather_bytes += nbytes(full);
+  ++stats_.calls;
+  return std::make_unique<PendingCollective>(describe("all_gather", full), std::move(work),
+                                             std::vector<at::Tensor>{full, shard});
+}
+
+std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard, at::Tensor full,
+                                                                Reduction reduction) {
+  check_pair("reduce_scatter", full, shard, world_size_);
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = to_c10d(reduction);
+  auto work = group_->reduce_scatter_single(shard, full, options);
+  stats_.reduce_scatter_bytes += nbytes(full);
+  ++stats_.calls;
+  return std::make_unique<PendingCollective>(describe("reduce_scatter", full), std::move(work),
+                                             std::vector<at::Tensor>{full, shard},
+                                             finisher(reduction, shard, world_size_));
+}
+
+std::unique_ptr<PendingCollective> Communicator::all_reduce(at::Tensor tensor,
+                                                            Reduction reduction) {
+  check_flat("all_reduce", "input", tensor);
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(reduction);
+  auto work = group_->allreduce(tensors, options);
+  stats_.all_reduce_bytes += 2 * nbytes(tensor);
+  ++stats_.calls;
+  return std::make_unique<PendingCollective>(describe("all_reduce", tensor), std::move(work),
+                                             std::move(tensors),
+                                             finisher(reduction, tensor, world_size_));
+}
+
+std::unique_ptr<PendingCollective> Communicator::broadcast(at::Tensor tensor, int root) {
+  check_flat("broadcast", "input", tensor);
+  TORCH_CHECK(root >= 0 && root < world_size_, "zero broadcast: root ", root,
+              " is outside [0, ", world_size_, ")");
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  auto work = group_->broadcast(tensors, options);
+  stats_.broadcast_bytes += nbytes(tensor);
+  ++stats_.calls;
+  return std::make_unique<PendingCollective>(describe("broadcast", tensor), std::move(work),
+                                             std::move(tensors));
+}
+
+}  // namespace zero::adapter

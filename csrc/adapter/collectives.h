@@ -1,0 +1,81 @@
+#pragma once
+// Flat-buffer collectives issued from C++ through a c10d::ProcessGroup. The same calls serve
+// CPU tensors on gloo and CUDA tensors on NCCL: ProcessGroup dispatches on the tensor's device.
+//
+// Every call returns a PendingCollective that keeps its tensors alive until the work is
+// waited; its destructor waits too, so no collective is ever left unwaited.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace zero::adapter {
+
+enum class Reduction { kSum, kAvg, kMax, kMin };
+Reduction parse_reduction(const std::string& name);
+
+// Payload bytes, counted the way the ZeRO paper counts volume: an all-gather or a
+// reduce-scatter of a buffer of B bytes moves B, an all-reduce 2B, a broadcast B.
+struct CommStats {
+  std::int64_t all_gather_bytes = 0;
+  std::int64_t reduce_scatter_bytes = 0;
+  std::int64_t all_reduce_bytes = 0;
+  std::int64_t broadcast_bytes = 0;
+  std::int64_t calls = 0;
+  std::int64_t total_bytes() const {
+    return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes;
+  }
+};
+
+class PendingCollective {
+ public:
+  PendingCollective(std::string description, c10::intrusive_ptr<c10d::Work> work,
+                    std::vector<at::Tensor> keep_alive, std::function<void()> on_complete = {});
+  PendingCollective(const PendingCollective&) = delete;
+  PendingCollective& operator=(const PendingCollective&) = delete;
+  ~PendingCollective();
+
+  // Blocks until done; idempotent. A failure or timeout is rethrown naming the operation.
+  void wait();
+  bool completed() const { return waited_; }
+
+ private:
+  std::string description_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<at::Tensor> keep_alive_;
+  std::function<void()> on_complete_;
+  bool waited_ = false;
+};
+
+class Communicator {
+ public:
+  explicit Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CommStats{}; }
+
+  // full (world_size * shard.numel() elements) <- every rank's shard, in rank order.
+  std::unique_ptr<PendingCollective> all_gather(at::Tensor full, at::Tensor shard);
+  // shard <- this rank's slice of the reduction of every rank's full buffer.
+  std::unique_ptr<PendingCollective> reduce_scatter(at::Tensor shard, at::Tensor full,
+                                                    Reduction reduction = Reduction::kSum);
+  std::unique_ptr<PendingCollective> all_reduce(at::Tensor tensor,
+                                                Reduction reduction = Reduction::kSum);
+  std::unique_ptr<PendingCollective> broadcast(at::Tensor tensor, int root);
+
+ private:
+  std::string describe(const char* op, const at::Tensor& tensor) const;
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  int rank_;
+  int world_size_;
+  CommStats stats_;
+};
+
+}  // namespace zero::adapter

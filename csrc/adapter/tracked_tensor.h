@@ -1,0 +1,31 @@
+#pragma once
+// A tensor the engine allocated, with its bytes counted in a MemoryRegistry for exactly as
+// long as the engine holds it.
+#include <ATen/Tensor.h>
+#include <c10/core/TensorOptions.h>
+
+#include "core/memory_registry.h"
+
+namespace zero::adapter {
+
+class TrackedTensor {
+ public:
+  TrackedTensor() = default;
+  // Zero-filled, so padding never carries garbage into a reduction.
+  TrackedTensor(core::MemoryRegistry& registry, core::MemoryCategory category,
+                core::MemoryLocation location, std::int64_t numel,
+                const c10::TensorOptions& options);
+
+  const at::Tensor& tensor() const { return tensor_; }
+  std::int64_t bytes() const { return tracking_.bytes(); }
+  bool defined() const { return tensor_.defined(); }
+  // Drops the engine's reference and its accounting. Views handed out earlier stay valid
+  // (storage is refcounted) but no longer count as engine-owned.
+  void reset();
+
+ private:
+  at::Tensor tensor_;
+  core::TrackedBytes tracking_;
+};
+
+}  // namespace zero::adapter

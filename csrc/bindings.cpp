@@ -1,0 +1,252 @@
+// The only translation unit that includes the Python binding headers. Everything here is a
+// thin translation between Python values and the core/adapter types.
+#include <torch/extension.h>
+
+#include <pybind11/stl.h>
+
+#include "core/memory_registry.h"
+#include "core/partition_plan.h"
+#include "adapter/collectives.h"
+#include "adapter/dtype_map.h"
+#include "adapter/flat_buffer.h"
+#include "adapter/process_group.h"
+#include "adapter/tracked_tensor.h"
+
+namespace py = pybind11;
+using namespace zero;
+
+namespace {
+
+std::vector<core::TensorSpec> to_specs(const std::vector<std::vector<std::int64_t>>& shapes,
+                                       const std::vector<std::string>& dtypes) {
+  TORCH_CHECK_VALUE(shapes.size() == dtypes.size(), "zero: got ", shapes.size(), " shapes but ",
+                    dtypes.size(), " dtypes; give one dtype per shape");
+  std::vector<core::TensorSpec> specs;
+  specs.reserve(shapes.size());
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    specs.push_back({shapes[i], core::parse_dtype(dtypes[i])});
+  }
+  return specs;
+}
+
+py::dict usage_dict(const core::MemoryUsage& usage) {
+  py::dict out;
+  out["current"] = usage.current;
+  out["peak"] = usage.peak;
+  return out;
+}
+
+py::dict stats_dict(const adapter::CommStats& stats) {
+  py::dict out;
+  out["all_gather_bytes"] = stats.all_gather_bytes;
+  out["reduce_scatter_bytes"] = stats.reduce_scatter_bytes;
+  out["all_reduce_bytes"] = stats.all_reduce_bytes;
+  out["broadcast_bytes"] = stats.broadcast_bytes;
+  out["total_bytes"] = stats.total_bytes();
+  out["calls"] = stats.calls;
+  return out;
+}
+
+// Runs a collective; waits (without the GIL) unless async_op, in which case the caller
+// owns the handle and must wait() on it.
+py::object finish(std::unique_ptr<adapter::PendingCollective> pending, bool async_op) {
+  if (async_op) return py::cast(std::move(pending));
+  {
+    py::gil_scoped_release no_gil;
+    pending->wait();
+  }
+  return py::none();
+}
+
+void bind_planner(py::module_& m) {
+  py::class_<core::ParamSlot>(m, "ParamSlot")
+      .def_readonly("offset", &core::ParamSlot::offset)
+      .def_readonly("numel", &core::ParamSlot::numel)
+      .def_readonly("shape", &core::ParamSlot::shape);
+  py::class_<core::OwnedSlice>(m, "OwnedSlice")
+      .def_readonly("rank", &core::OwnedSlice::rank)
+      .def_readonly("param_begin", &core::OwnedSlice::param_begin)
+      .def_readonly("param_end", &core::OwnedSlice::param_end)
+      .def_readonly("shard_offset", &core::OwnedSlice::shard_offset);
+  py::class_<core::FlatBufferPlan>(m, "FlatBufferPlan")
+      .def_property_readonly("dtype", [](const core::FlatBufferPlan& p) {
+        return adapter::to_scalar_type(p.dtype());
+      })
+      .def_property_readonly("world_size", &core::FlatBufferPlan::world_size)
+      .def_property_readonly("alignment", &core::FlatBufferPlan::alignment)
+      .def_property_readonly("numel", &core::FlatBufferPlan::numel)
+      .def_property_readonly("used_numel", &core::FlatBufferPlan::used_numel)
+      .def_property_readonly("shard_numel", &core::FlatBufferPlan::shard_numel)
+      .def_property_readonly("bytes", &core::FlatBufferPlan::bytes)
+      .def_property_readonly("params", &core::FlatBufferPlan::params)
+      .def("shard_range", [](const core::FlatBufferPlan& p, int rank) {
+        const auto range = p.shard_range(rank);
+        return py::make_tuple(range.begin, range.end);
+      })
+      .def("owned_slices", &core::FlatBufferPlan::owned_slices, py::arg("param_index"))
+      .def("slices_owned_by", &core::FlatBufferPlan::slices_owned_by, py::arg("rank"));
+  py::class_<core::ParamLocation>(m, "ParamLocation")
+      .def_readonly("buffer", &core::ParamLocation::buffer)
+      .def_readonly("index", &core::ParamLocation::index);
+  py::class_<core::PartitionPlan>(m, "PartitionPlan")
+      .def_readonly("buffers", &core::PartitionPlan::buffers)
+      .def_readonly("locations", &core::PartitionPlan::locations);
+
+  m.def(
+      "plan_flat_buffer",
+      [](const std::vector<std::vector<std::int64_t>>& shapes, const std::string& dtype,
+         int world_size, std::int64_t alignment) {
+        return core::plan_flat_buffer(
+            to_specs(shapes, std::vector<std::string>(shapes.size(), dtype)), world_size,
+            alignment);
+      },
+      py::arg("shapes"), py::arg("dtype"), py::arg("world_size"), py::arg("alignment") = 1);
+  m.def(
+      "plan_partition",
+      [](const std::vector<std::vector<std::int64_t>>& shapes,
+         const std::vector<std::string>& dtypes, const std::vector<std::size_t>& buffer_of_param,
+         int world_size, std::int64_t alignment) {
+        return core::plan_partition(to_specs(shapes, dtypes), buffer_of_param, world_size,
+                                    alignment);
+      },
+      py::arg("shapes"), py::arg("dtypes"), py::arg("buffer_of_param"), py::arg("world_size"),
+      py::arg("alignment") = 1);
+}
+
+void bind_memory(py::module_& m) {
+  py::class_<core::MemoryRegistry, std::shared_ptr<core::MemoryRegistry>>(m, "MemoryRegistry")
+      .def(py::init<>())
+      .def("usage",
+           [](const core::MemoryRegistry& r, const std::string& category,
+              const std::string& location) {
+             return usage_dict(
+                 r.usage(core::parse_category(category), core::parse_location(location)));
+           },
+           py::arg("category"), py::arg("location") = "device")
+      .def("category_usage",
+           [](const core::MemoryRegistry& r, const std::string& category) {
+             return usage_dict(r.category_usage(core::parse_category(category)));
+           })
+      .def("location_usage",
+           [](const core::MemoryRegistry& r, const std::string& location) {
+             return usage_dict(r.location_usage(core::parse_location(location)));
+           })
+      .def("total", [](const core::MemoryRegistry& r) { return usage_dict(r.total()); })
+      .def("records",
+           [](const core::MemoryRegistry& r) {
+             py::list out;
+             for (const auto& record : r.records()) {
+               py::dict row = usage_dict(record.usage);
+               row["category"] = core::category_name(record.category);
+               row["location"] = core::location_name(record.location);
+               out.append(row);
+             }
+             return out;
+           })
+      .def("reset_peaks", &core::MemoryRegistry::reset_peaks);
+
+  py::class_<adapter::TrackedTensor>(m, "TrackedTensor")
+      .def(py::init([](core::MemoryRegistry& registry, const std::string& category,
+                       const std::string& location, std::int64_t numel, at::ScalarType dtype,
+                       at::Device device) {
+             return adapter::TrackedTensor(registry, core::parse_category(category),
+                                           core::parse_location(location), numel,
+                                           at::TensorOptions().dtype(dtype).device(device));
+           }),
+           py::arg("registry"), py::arg("category"), py::arg("location"), py::arg("numel"),
+           py::arg("dtype"), py::arg("device"), py::keep_alive<1, 2>())
+      .def_property_readonly("tensor", &adapter::TrackedTensor::tensor)
+      .def_property_readonly("bytes", &adapter::TrackedTensor::bytes)
+      .def("reset", &adapter::TrackedTensor::reset);
+
+  py::class_<adapter::FlatBuffer>(m, "FlatBuffer")
+      .def(py::init([](const core::FlatBufferPlan& plan, core::MemoryRegistry& registry,
+                       const std::string& category, const std::string& location,
+                       at::Device device) {
+             return std::make_unique<adapter::FlatBuffer>(plan, registry,
+                                                          core::parse_category(category),
+                                                          core::parse_location(location), device);
+           }),
+           py::arg("plan"), py::arg("registry"), py::arg("category"), py::arg("location"),
+           py::arg("device"), py::keep_alive<1, 3>())
+      .def_property_readonly("data", &adapter::FlatBuffer::data)
+      .def_property_readonly("bytes", &adapter::FlatBuffer::bytes)
+      .def_property_readonly("plan", &adapter::FlatBuffer::plan)
+      .def("shard", &adapter::FlatBuffer::shard, py::arg("rank"))
+      .def("param_view", &adapter::FlatBuffer::param_view, py::arg("index"))
+      .def("param_views", &adapter::FlatBuffer::param_views)
+      .def("pack", &adapter::FlatBuffer::pack, py::arg("params"));
+
+  m.def(
+      "pack_shard",
+      [](const core::FlatBufferPlan& plan, int rank, const std::vector<at::Tensor>& params,
+         at::Tensor shard) { adapter::pack_shard(plan, rank, params, shard); },
+      py::arg("plan"), py::arg("rank"), py::arg("params"), py::arg("shard"));
+}
+
+void bind_collectives(py::module_& m) {
+  py::class_<adapter::PendingCollective>(m, "PendingCollective")
+      .def("wait", &adapter::PendingCollective::wait, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("completed", &adapter::PendingCollective::completed);
+
+  py::class_<adapter::Communicator>(m, "Communicator")
+      .def(py::init([](const std::string& group_name) {
+             return adapter::Communicator(adapter::resolve_group(group_name));
+           }),
+           py::arg("group_name"))
+      .def_property_readonly("rank", &adapter::Communicator::rank)
+      .def_property_readonly("world_size", &adapter::Communicator::world_size)
+      .def("stats", [](const adapter::Communicator& c) { return stats_dict(c.stats()); })
+      .def("reset_stats", &adapter::Communicator::reset_stats)
+      .def(
+          "all_gather",
+          [](adapter::Communicator& c, at::Tensor full, at::Tensor shard, bool async_op) {
+            return finish(c.all_gather(full, shard), async_op);
+          },
+          py::arg("full"), py::arg("shard"), py::arg("async_op") = false)
+      .def(
+          "reduce_scatter",
+          [](adapter::Communicator& c, at::Tensor shard, at::Tensor full, const std::string& op,
+             bool async_op) {
+            return finish(c.reduce_scatter(shard, full, adapter::parse_reduction(op)), async_op);
+          },
+          py::arg("shard"), py::arg("full"), py::arg("op") = "sum", py::arg("async_op") = false)
+      .def(
+          "all_reduce",
+          [](adapter::Communicator& c, at::Tensor tensor, const std::string& op, bool async_op) {
+            return finish(c.all_reduce(tensor, adapter::parse_reduction(op)), async_op);
+          },
+          py::arg("tensor"), py::arg("op") = "sum", py::arg("async_op") = false)
+      .def(
+          "broadcast",
+          [](adapter::Communicator& c, at::Tensor tensor, int root, bool async_op) {
+            return finish(c.broadcast(tensor, root), async_op);
+          },
+          py::arg("tensor"), py::arg("root"), py::arg("async_op") = false);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "zero: C++ core of the ZeRO memory engine";
+  // c10::Error carries a C++ backtrace in what(); users get the message alone.
+  py::register_exception_translator([](std::exception_ptr pointer) {
+    try {
+      if (pointer) std::rethrow_exception(pointer);
+    } catch (const c10::ValueError& error) {
+      PyErr_SetString(PyExc_ValueError, error.what_without_backtrace());
+    } catch (const c10::IndexError& error) {
+      PyErr_SetString(PyExc_IndexError, error.what_without_backtrace());
+    } catch (const c10::Error& error) {
+      PyErr_SetString(PyExc_RuntimeError, error.what_without_backtrace());
+    }
+  });
+#ifdef ZERO_WITH_CUDA
+  m.attr("cuda_build") = true;
+#else
+  m.attr("cuda_build") = false;
+#endif
+  bind_planner(m);
+  bind_memory(m);
+  bind_collectives(m);
+}

@@ -1,0 +1,83 @@
+"""Builds zero._C.
+
+The torch-free core (csrc/core) is compiled once, by CMake, into libzero_core.a (the same
+library the Catch2 tests link); this script links it into the extension together with the
+ATen/c10d adapter (csrc/adapter) and the one binding TU (csrc/bindings.cpp).
+
+CUDA build only when the installed torch was built with CUDA *and* a toolkit is found:
+nvcc alone (as on the CPU-only CI machine) does not make a CUDA build.
+"""
+import glob
+import os
+import subprocess
+import sys
+
+from setuptools import find_packages, setup
+import torch
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CMAKE_BUILD_DIR = os.path.join(ROOT, "build", "cmake")
+
+
+def cuda_build_wanted() -> bool:
+    if os.environ.get("ZERO_FORCE_CPU") == "1":
+        return False
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def build_core_with_cmake() -> str:
+    """Configures (once) and builds the core library; returns the path of libzero_core.a."""
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    if not os.path.exists(os.path.join(CMAKE_BUILD_DIR, "CMakeCache.txt")):
+        subprocess.check_call([
+            "cmake", "-S", ROOT, "-B", CMAKE_BUILD_DIR, "-G", "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        ])
+    jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+    subprocess.check_call(["cmake", "--build", CMAKE_BUILD_DIR, "-j", jobs])
+    return os.path.join(CMAKE_BUILD_DIR, "libzero_core.a")
+
+
+def relative(paths):
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+def make_extension(core_library: str):
+    sources = relative(["csrc/bindings.cpp", *glob.glob(os.path.join(ROOT, "csrc/adapter/*.cpp"))])
+    common = dict(
+        name="zero._C",
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_objects=[core_library],
+    )
+    cxx_flags = ["-O2"]
+    if cuda_build_wanted():
+        cuda_sources = relative(glob.glob(os.path.join(ROOT, "csrc/cuda/*.cu")))
+        return CUDAExtension(
+            sources=sources + cuda_sources,
+            define_macros=[("ZERO_WITH_CUDA", "1")],
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O2"]},
+            **common,
+        )
+    return CppExtension(sources=sources, extra_compile_args={"cxx": cxx_flags}, **common)
+
+
+def main():
+    building = os.environ.get("ZERO_SKIP_EXT") != "1" and any(
+        cmd.startswith(("build", "develop", "install", "bdist", "editable")) for cmd in sys.argv[1:])
+    ext_modules = [make_extension(build_core_with_cmake())] if building else []
+    setup(
+        name="zero",
+        version="0.1.0",
+        description="ZeRO / sharded-optimizer memory engine for PyTorch",
+        packages=find_packages(include=["zero", "zero.*", "offload", "offload.*"]),
+        ext_modules=ext_modules,
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        entry_points={"console_scripts": ["zero = zero.launcher.runner:main"]},
+        python_requires=">=3.10",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Run a function on N local ranks (gloo on localhost) and collect what each returns.
+
+    results = run_distributed(fn, world_size=2, args=(...), timeout=60)
+
+`fn(rank, world_size, *args)` must be a module-level function (it is pickled by reference).
+Children come from a forkserver that has already imported torch, so each rank starts in
+well under a second and never inherits the test runner's threads.
+
+Failure handling, so that no test can hang CI:
+  * the first rank that raises ends the run: the others are killed and the test fails with
+    that rank's traceback;
+  * a rank that dies without reporting (segfault, os._exit) fails the run with its exit code;
+  * after `timeout` seconds every rank is killed and the test fails naming the ranks that
+    had not finished.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue as queue_module
+import socket
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+_CONTEXT = mp.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(["torch", "torch.distributed"])
+
+
+class RankFailed(AssertionError):
+    """A rank raised, died, or did not finish in time."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(env)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)  # N ranks share 2 cores
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        value = fn(rank, world_size, *args, **kwargs)
+        results.put((rank, "ok", value))
+    except BaseException:  # noqa: BLE001 - everything goes back to the test
+        results.put((rank, "error", traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _kill_all(processes):
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    for process in processes:
+        process.join(timeout=5)
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
+                    kwargs: dict | None = None, timeout: float = 90.0,
+                    env: dict[str, str] | None = None) -> list[Any]:
+    """Runs fn on `world_size` ranks; returns the per-rank results in rank order."""
+    port = free_port()
+    results = _CONTEXT.Queue()
+    processes = [
+        _CONTEXT.Process(
+            target=_rank_main,
+            args=(fn, rank, world_size, port, tuple(args), kwargs or {}, results, timeout,
+                  env or {}),
+            name=f"rank{rank}", daemon=True)
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+
+    deadline = time.monotonic() + timeout
+    values: dict[int, Any] = {}
+    try:
+        while len(values) < world_size:
+            try:
+                rank, status, value = results.get(timeout=0.2)
+            except queue_module.Empty:
+                _check_alive(processes, values, results)
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world_size)) - set(values))
+                    raise RankFailed(f"timed out after {timeout:.0f}s; ranks {missing} of "
+                                     f"{world_size} did not finish")
+                continue
+            if status == "error":
+                raise RankFailed(_silent_deaths(processes, rank) +
+                                 f"rank {rank} of {world_size} raised:\n{value}")
+            values[rank] = value
+    finally:
+        if len(values) < world_size:
+            _kill_all(processes)
+        else:
+            _join_all(processes)
+    return [values[rank] for rank in range(world_size)]
+
+
+def _check_alive(processes, values, results):
+    """Fails the run if a rank exited non-zero, preferring its own error report."""
+    for rank, process in enumerate(processes):
+        if rank in values or process.is_alive() or process.exitcode in (None, 0):
+            continue
+        try:  # a rank that raised reported first; its traceback is the better message
+            reporter, status, value = results.get(timeout=1.0)
+            if status == "error":
+                raise RankFailed(f"rank {reporter} of {len(processes)} raised:\n{value}")
+            values[reporter] = value
+        except queue_module.Empty:
+            pass
+        raise RankFailed(f"rank {rank} died with exit code {process.exitcode} "
+                         "without reporting an error")
+
+
+def _silent_deaths(processes, reporter) -> str:
+    """A rank that died silently is usually why a peer's collective failed: name it first."""
+    time.sleep(0.3)  # let a dying rank's exit code settle
+    lines = [f"rank {rank} died with exit code {process.exitcode} without reporting an error\n"
+             for rank, process in enumerate(processes)
+             if rank != reporter and not process.is_alive() and process.exitcode not in (None, 0, 1)]
+    return "".join(lines)
+
+
+def _join_all(processes):
+    for process in processes:
+        process.join(timeout=10)
+    _kill_all(processes)

@@ -1,0 +1,469 @@
+"""Tests for zero.config: the strict, DeepSpeed-compatible JSON config."""
+
+import copy
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from zero.config import ConfigError, ZeroConfig, load_config
+from zero.config import docs, model, schema
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {"train_micro_batch_size_per_gpu": 2}
+ALL = set(schema.ALL_FEATURES)
+
+
+def merged(base, patch):
+    """Deep-merge `patch` into a copy of `base` (dicts merge, other values replace)."""
+    out = copy.deepcopy(base)
+    for name, value in patch.items():
+        if isinstance(value, dict) and isinstance(out.get(name), dict):
+            out[name] = merged(out[name], value)
+        else:
+            out[name] = copy.deepcopy(value)
+    return out
+
+
+def with_(**patch):
+    return merged(BASE, patch)
+
+
+def errors_of(config, world_size=2, **kwargs):
+    with pytest.raises(ConfigError) as info:
+        load_config(config, world_size, **kwargs)
+    return list(info.value.errors)
+
+
+def errors_at(errors, path):
+    return [e for e in errors if e.startswith(path + " = ") or e.startswith(path + ":")]
+
+
+# --------------------------------------------------------------------------- bad configs
+
+ADAM = {"type": "Adam", "params": {"lr": 1e-3}}
+
+# (id, config, key path the error must name, fragment of the message / fix)
+BAD = [
+    ("top-level typo", with_(steps_per_prnt=10), "steps_per_prnt", "did you mean 'steps_per_print'?"),
+    ("nested typo", with_(zero_optimization={"reduce_bucket_sise": 2e5}),
+     "zero_optimization.reduce_bucket_sise", "did you mean 'reduce_bucket_size'?"),
+    ("typo of a key from another block", with_(reduce_bucket_sise=2e5), "reduce_bucket_sise",
+     "did you mean 'zero_optimization.reduce_bucket_size'?"),
+    ("stage3 key at top level", with_(stage3_max_live_parameters=1e9), "stage3_max_live_parameters",
+     "belongs under zero_optimization"),
+    ("zero key at top level", with_(reduce_bucket_size=2e5), "reduce_bucket_size", "belongs under zero_optimization"),
+    ("adam_w_mode beside params", with_(optimizer={"type": "Adam", "adam_w_mode": True}), "optimizer.adam_w_mode",
+     "belongs under optimizer.params"),
+    ("unknown optimizer", with_(optimizer={"type": "Adamm"}), "optimizer.type", "did you mean 'Adam'?"),
+    ("optimizer not built", with_(optimizer={"type": "Lamb"}), "optimizer.type", "not supported yet"),
+    ("optimizer type missing", with_(optimizer={"params": {"lr": 1e-3}}), "optimizer.type",
+     "required key is missing"),
+    ("scheduler wrong case", with_(scheduler={"type": "warmuplr"}), "scheduler.type", "did you mean 'WarmupLR'?"),
+    ("scheduler not built", with_(scheduler={"type": "LRRangeTest"}), "scheduler.type", "not supported yet"),
+    ("scheduler required param", with_(scheduler={"type": "WarmupDecayLR"}), "scheduler.params.total_num_steps",
+     "required key is missing"),
+    ("scheduler param typo", with_(scheduler={"type": "WarmupLR", "params": {"warmup_steps": 10}}),
+     "scheduler.params.warmup_steps", "did you mean 'warmup_num_steps'?"),
+    ("warmup_type", with_(scheduler={"type": "WarmupLR", "params": {"warmup_type": "cosine"}}),
+     "scheduler.params.warmup_type", "must be one of \"log\", \"linear\""),
+    ("fp16 and bf16", with_(fp16={"enabled": True}, bf16={"enabled": True}), "bf16.enabled",
+     "cannot both be enabled"),
+    ("stage 3 not built", with_(zero_optimization={"stage": 3}), "zero_optimization.stage",
+     "needs engine feature 'stage3'"),
+    ("stage out of range", with_(zero_optimization={"stage": 4}), "zero_optimization.stage", ">= 0 and <= 3"),
+    ("cpu offload not built", with_(zero_optimization={"offload_optimizer": {"device": "cpu"}}),
+     "zero_optimization.offload_optimizer.device", "needs engine feature 'offload'"),
+    ("nvme offload not built", with_(zero_optimization={"offload_param": {"device": "nvme"}}),
+     "zero_optimization.offload_param.device", "needs engine feature 'nvme'"),
+    ("offload device typo", with_(zero_optimization={"offload_optimizer": {"device": "gpu"}}),
+     "zero_optimization.offload_optimizer.device", "must be one of \"none\", \"cpu\", \"nvme\""),
+    ("aio not built", with_(aio={"block_size": 4096}), "aio.block_size", "needs engine feature 'nvme'"),
+    ("stage3 knob not built", with_(zero_optimization={"stage3_prefetch_bucket_size": 1e6}),
+     "zero_optimization.stage3_prefetch_bucket_size", "needs engine feature 'stage3'"),
+    ("bool for int", with_(train_micro_batch_size_per_gpu=True), "train_micro_batch_size_per_gpu",
+     "expected an integer, got boolean"),
+    ("fractional int", with_(zero_optimization={"reduce_bucket_size": 2.5}), "zero_optimization.reduce_bucket_size",
+     "fractional part"),
+    ("quoted number", with_(zero_optimization={"reduce_bucket_size": "5e8"}),
+     "zero_optimization.reduce_bucket_size", "write the number without quotes: 5e8"),
+    ("quoted bool", with_(zero_optimization={"overlap_comm": "true"}), "zero_optimization.overlap_comm",
+     "write true without quotes"),
+    ("int for bool", with_(wall_clock_breakdown=1), "wall_clock_breakdown", "expected true or false"),
+    ("negative clipping", with_(gradient_clipping=-1.0), "gradient_clipping", "must be >= 0"),
+    ("null not allowed", with_(gradient_clipping=None), "gradient_clipping", "null is not allowed"),
+    ("non-finite", with_(optimizer={"type": "Adam", "params": {"lr": math.nan}}), "optimizer.params.lr",
+     "finite"),
+    ("auto where not accepted", with_(gradient_clipping="auto"), "gradient_clipping",
+     "keys that accept \"auto\": train_batch_size"),
+    ("auto optimizer param", with_(optimizer={"type": "AdamW", "params": {"lr": "auto"}}), "optimizer.params.lr",
+     "\"auto\" is not accepted here"),
+    ("auto enabled", with_(fp16={"enabled": "auto"}), "fp16.enabled", "\"auto\" is not accepted here"),
+    ("one beta", with_(optimizer={"type": "Adam", "params": {"betas": [0.9]}}), "optimizer.params.betas",
+     "two numbers"),
+    ("beta of 1", with_(optimizer={"type": "Adam", "params": {"betas": [0.9, 1.0]}}), "optimizer.params.betas",
+     "< 1"),
+    ("active unsupported section", with_(activation_checkpointing={"partition_activations": True}),
+     "activation_checkpointing", "not supported yet"),
+    ("enabled monitor", with_(tensorboard={"enabled": True, "output_path": "tb"}), "tensorboard",
+     "not supported yet"),
+    ("unsupported scalar", with_(sparse_gradients=True), "sparse_gradients", "DeepSpeed's default false"),
+    ("unsupported zero key", with_(zero_optimization={"zero_quantized_weights": True}),
+     "zero_optimization.zero_quantized_weights", "not supported yet"),
+    ("old bf16 spelling", with_(bfloat16={"enabled": True}), "bfloat16", "rename the block to \"bf16\""),
+    ("deprecated cpu_offload", with_(zero_optimization={"cpu_offload": True}), "zero_optimization.cpu_offload",
+     "\"offload_optimizer\": {\"device\": \"cpu\"}"),
+    ("unprefixed stage3 key", with_(zero_optimization={"max_live_parameters": 1e9}),
+     "zero_optimization.max_live_parameters", "rename to \"stage3_max_live_parameters\""),
+    ("aio thread_count", with_(aio={"thread_count": 1}), "aio.thread_count", "intra_op_parallelism"),
+    ("max_grad_norm", with_(optimizer={"type": "AdamW", "params": {"max_grad_norm": 1.0}}),
+     "optimizer.params.max_grad_norm", "gradient_clipping"),
+    ("AdamW without w mode", with_(optimizer={"type": "AdamW", "params": {"adam_w_mode": False}}),
+     "optimizer.params.adam_w_mode", "contradicts type \"AdamW\""),
+    ("nesterov without momentum", with_(optimizer={"type": "SGD", "params": {"nesterov": True}}),
+     "optimizer.params.nesterov", "momentum > 0"),
+    ("batch not divisible", {"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, "train_batch_size",
+     "not divisible by train_micro_batch_size_per_gpu (4) * world_size (2) = 8; use a multiple of 8 (e.g. 24 or 32)"),
+    ("batch trio disagrees", {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
+                              "gradient_accumulation_steps": 2}, "train_batch_size", "= 16"),
+    ("no batch size", {"gradient_accumulation_steps": 4}, "train_batch_size", "no batch size given"),
+    ("batch zero", {"train_batch_size": 0}, "train_batch_size", "must be >= 1"),
+    ("comm dtype", with_(communication_data_type="fp8"), "communication_data_type", "must be one of"),
+    ("memory report interval", with_(memory_report={"every_n_steps": 0}), "memory_report.every_n_steps",
+     "must be >= 1"),
+    ("memory report typo", with_(memory_report={"pth": "m.jsonl"}), "memory_report.pth", "did you mean 'path'?"),
+    ("legacy zero bool", with_(zero_optimization=True), "zero_optimization", "expected an object"),
+    ("min loss scale above initial", with_(fp16={"enabled": True, "initial_scale_power": 2, "min_loss_scale": 8}),
+     "fp16.min_loss_scale", "larger than the initial dynamic loss scale"),
+    ("steps_per_print zero", with_(steps_per_print=0), "steps_per_print", "must be >= 1"),
+    ("Adam key under SGD", with_(optimizer={"type": "SGD", "params": {"betas": [0.9, 0.99]}}),
+     "optimizer.params.betas", "not a parameter of this type; valid keys here: lr, momentum"),
+    ("misplaced optimizer param", with_(lr=1e-3), "lr", "belongs under optimizer.params"),
+    ("non-string key", with_(zero_optimization={1: 2}), "zero_optimization.1", "keys must be strings"),
+    ("params not an object", with_(optimizer={"type": "Adam", "params": [1e-3]}), "optimizer.params",
+     "expected an object"),
+]
+
+
+@pytest.mark.parametrize("config,path,fragment", [case[1:] for case in BAD], ids=[case[0] for case in BAD])
+def test_bad_config_names_path_and_fix(config, path, fragment):
+    errors = errors_of(config)
+    at_path = errors_at(errors, path)
+    assert at_path, f"no error at {path!r}: {errors}"
+    assert any(fragment in e for e in at_path), f"{fragment!r} not in {at_path}"
+
+
+def test_error_line_shows_value():
+    (line,) = errors_of(with_(zero_optimization={"reduce_bucket_sise": 200000}))
+    assert line == "zero_optimization.reduce_bucket_sise = 200000: unknown key; did you mean 'reduce_bucket_size'?"
+
+
+def test_auto_key_list_is_printed_once():
+    errors = errors_of(with_(gradient_clipping="auto", optimizer={"type": "AdamW", "params": {"lr": "auto"}}))
+    first, second = errors_at(errors, "optimizer.params.lr")[0], errors_at(errors, "gradient_clipping")[0]
+    assert "keys that accept \"auto\": train_batch_size" in first
+    assert "accepted only by the keys listed above" in second
+
+
+def test_all_errors_reported_together():
+    config = {
+        "train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+        "steps_per_prnt": 10,
+        "zero_optimization": {"stage": 3, "reduce_bucket_sise": 1},
+        "fp16": {"enabled": True, "hysteresis": 0},
+        "bf16": {"enabled": True},
+    }
+    with pytest.raises(ConfigError) as info:
+        load_config(config, 2)
+    errors = info.value.errors
+    for path in ("steps_per_prnt", "zero_optimization.stage", "zero_optimization.reduce_bucket_sise",
+                 "fp16.hysteresis", "bf16.enabled", "train_batch_size"):
+        assert errors_at(errors, path), f"{path} missing from {errors}"
+    text = str(info.value).splitlines()
+    assert text[0] == f"invalid zero config: {len(errors)} errors"
+    assert len(text) == len(errors) + 1
+
+
+def test_features_enable_gated_values_and_cross_checks():
+    config = with_(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"},
+                                      "stage3_max_live_parameters": 1e8,
+                                      "offload_optimizer": {"device": "nvme"}})
+    errors = errors_of(config, enabled_features=ALL)
+    assert "parameter offload needs stage 3" in errors_at(errors, "zero_optimization.offload_param.device")[0]
+    assert "only applies to stage 3" in errors_at(errors, "zero_optimization.stage3_max_live_parameters")[0]
+    assert "NVMe optimizer offload needs stage 3" in errors_at(errors, "zero_optimization.offload_optimizer.device")[0]
+    assert "required when device is \"nvme\"" in errors_at(errors, "zero_optimization.offload_optimizer.nvme_path")[0]
+
+
+def test_partial_offload_needs_stage3():
+    config = with_(zero_optimization={"stage": 1, "offload_optimizer": {"device": "cpu", "ratio": 0.5}})
+    errors = errors_of(config, enabled_features={"offload"})
+    assert "needs stage 3" in errors_at(errors, "zero_optimization.offload_optimizer.ratio")[0]
+
+
+# --------------------------------------------------------------------------- good configs
+
+
+@pytest.mark.parametrize("batch,world_size,expected", [
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 1, (32, 4, 8)),
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 2, (32, 4, 4)),
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 4, (32, 4, 2)),
+    ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
+    ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 1, (32, 16, 2)),
+    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}, 2, (24, 4, 3)),
+    ({"train_batch_size": 16}, 4, (16, 4, 1)),
+    ({"train_batch_size": 16}, 1, (16, 16, 1)),
+    ({"train_micro_batch_size_per_gpu": 8}, 2, (16, 8, 1)),
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 2, (16, 4, 2)),
+    ({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto"}, 2,
+     (8, 4, 1)),
+    ({"train_batch_size": 6.4e1, "train_micro_batch_size_per_gpu": 8}, 4, (64, 8, 2)),
+])
+def test_batch_trio(batch, world_size, expected):
+    cfg = load_config(batch, world_size)
+    got = (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps)
+    assert got == expected
+    assert all(type(v) is int for v in got)
+
+
+def test_defaults_are_deepspeed_code_defaults():
+    cfg = load_config(BASE, 1)
+    assert isinstance(cfg, ZeroConfig)
+    assert cfg.optimizer is None and cfg.scheduler is None
+    assert cfg.gradient_clipping == 0.0
+    assert cfg.steps_per_print is None
+    assert cfg.wall_clock_breakdown is False and cfg.prescale_gradients is False
+    assert cfg.gradient_predivide_factor == 1.0 and cfg.communication_data_type is None
+    assert cfg.precision == "fp32"
+    fp16 = cfg.fp16
+    assert (fp16.enabled, fp16.loss_scale, fp16.initial_scale_power, fp16.loss_scale_window, fp16.hysteresis,
+            fp16.consecutive_hysteresis, fp16.min_loss_scale) == (False, 0.0, 16, 1000, 2, False, 1.0)
+    assert fp16.dynamic_loss_scale and fp16.initial_dynamic_scale == 65536.0
+    assert cfg.bf16.enabled is False
+    zero = cfg.zero_optimization
+    assert zero.stage == 0
+    assert zero.reduce_bucket_size == 500_000_000 and zero.allgather_bucket_size == 500_000_000
+    assert zero.contiguous_gradients is True and zero.reduce_scatter is True
+    assert zero.overlap_comm is False and zero.round_robin_gradients is False
+    assert zero.stage3_prefetch_bucket_size == 50_000_000
+    assert zero.stage3_param_persistence_threshold == 100_000
+    assert zero.stage3_max_live_parameters == 1_000_000_000
+    assert zero.stage3_max_reuse_distance == 1_000_000_000
+    assert zero.stage3_gather_16bit_weights_on_model_save is False
+    assert zero.sub_group_size == 1_000_000_000
+    assert zero.offload_optimizer.device == "none" and not zero.offload_optimizer.enabled
+    assert zero.offload_optimizer.buffer_count == 4 and zero.offload_optimizer.ratio == 1.0
+    assert zero.offload_param.device == "none" and zero.offload_param.buffer_count == 5
+    assert zero.offload_param.buffer_size == 100_000_000 and zero.offload_param.max_in_cpu == 1_000_000_000
+    assert zero.offload_param.pin_memory is False
+    aio = cfg.aio
+    assert (aio.block_size, aio.queue_depth, aio.intra_op_parallelism, aio.single_submit, aio.overlap_events) == \
+        (1_048_576, 8, 1, False, True)
+    assert cfg.memory_report.path is None and cfg.memory_report.every_n_steps is None
+    assert cfg.zero_allow_untested_optimizer is False and cfg.zero_force_ds_cpu_optimizer is True
+    assert cfg.enabled_features == schema.BUILT_FEATURES and cfg.world_size == 1
+
+
+def test_overlap_comm_default_depends_on_stage():
+    assert load_config(with_(zero_optimization={"stage": 2}), 2).zero_optimization.overlap_comm is False
+    cfg = load_config(with_(zero_optimization={"stage": 3}), 2, enabled_features={"stage3"})
+    assert cfg.zero_optimization.overlap_comm is True
+    explicit = load_config(with_(zero_optimization={"stage": 3, "overlap_comm": False}), 2,
+                           enabled_features={"stage3"})
+    assert explicit.zero_optimization.overlap_comm is False
+
+
+def test_auto_means_default_for_sizes():
+    cfg = load_config(with_(zero_optimization={"reduce_bucket_size": "auto", "allgather_bucket_size": "auto",
+                                               "stage3_prefetch_bucket_size": "auto", "overlap_comm": "auto"},
+                            fp16={"loss_scale_window": "auto"}), 2)
+    zero = cfg.zero_optimization
+    assert zero.reduce_bucket_size == zero.allgather_bucket_size == 500_000_000
+    assert zero.stage3_prefetch_bucket_size == 50_000_000 and zero.overlap_comm is False
+    assert cfg.fp16.loss_scale_window == 1000
+
+
+def test_integral_floats_become_ints():
+    cfg = load_config(with_(zero_optimization={"reduce_bucket_size": 2e5, "allgather_bucket_size": 5e8}), 2)
+    assert type(cfg.zero_optimization.reduce_bucket_size) is int
+    assert cfg.zero_optimization.reduce_bucket_size == 200_000
+    assert cfg.zero_optimization.allgather_bucket_size == 500_000_000
+
+
+@pytest.mark.parametrize("optimizer,kind,decoupled,weight_decay", [
+    ({"type": "adam"}, "Adam", True, 0.0),  # DeepSpeed: "Adam" with adam_w_mode (default true) is AdamW
+    ({"type": "Adam", "params": {"adam_w_mode": False, "weight_decay": 0.1}}, "Adam", False, 0.1),
+    ({"type": "ADAMW"}, "AdamW", True, 0.0),
+    ({"type": "AdamW", "params": {"torch_adam": True}}, "AdamW", True, 0.01),  # torch.optim.AdamW default
+    ({"type": "Adam", "params": {"torch_adam": True, "adam_w_mode": False}}, "Adam", False, 0.0),
+    ({"type": "sgd", "params": {"lr": 0.1, "momentum": 0.9}}, "SGD", False, 0.0),
+])
+def test_optimizer_resolution(optimizer, kind, decoupled, weight_decay):
+    opt = load_config(with_(optimizer=optimizer), 2).optimizer
+    assert opt.type == kind
+    assert opt.decoupled_weight_decay is decoupled
+    assert opt.params["weight_decay"] == weight_decay
+
+
+def test_adam_params_filled():
+    opt = load_config(with_(optimizer={"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.99]}}), 2).optimizer
+    assert dict(opt.params) == {"lr": 3e-4, "betas": (0.8, 0.99), "eps": 1e-8, "weight_decay": 0.0,
+                                "adam_w_mode": True, "torch_adam": False}
+
+
+def test_unsupported_keys_at_default_are_accepted():
+    config = with_(optimizer={"type": "Adam", "params": {"bias_correction": True, "amsgrad": False}},
+                   zero_optimization={"allgather_partitions": True, "ignore_unused_parameters": True,
+                                      "load_from_fp32_weights": True, "sub_group_size": 1e9},
+                   zero_allow_untested_optimizer=True, zero_force_ds_cpu_optimizer=False,
+                   tensorboard={"enabled": False, "output_path": "tb"}, flops_profiler={},
+                   activation_checkpointing={"partition_activations": False, "number_checkpoints": None},
+                   wandb=None)
+    cfg = load_config(config, 2)
+    assert "bias_correction" not in cfg.optimizer.params
+    assert cfg.zero_allow_untested_optimizer is True
+
+
+def test_scheduler_defaults():
+    cfg = load_config(with_(optimizer={"type": "AdamW", "params": {"lr": 2e-4}}, scheduler={"type": "WarmupLR"}), 2)
+    assert dict(cfg.scheduler.params) == {"warmup_min_lr": 0.0, "warmup_max_lr": 2e-4, "warmup_num_steps": 1000,
+                                          "warmup_type": "log", "last_batch_iteration": -1}
+    no_optimizer = load_config(with_(scheduler={"type": "WarmupLR"}), 2)
+    assert no_optimizer.scheduler.params["warmup_max_lr"] is None  # the client optimizer's lr
+    decay = load_config(with_(scheduler={"type": "WarmupDecayLR", "params": {"total_num_steps": 100}}), 2)
+    assert decay.scheduler.params["warmup_max_lr"] == 0.001
+    cosine = load_config(with_(scheduler={"type": "WarmupCosineLR", "params": {"total_num_steps": 100}}), 2)
+    assert cosine.scheduler.params["cos_min_ratio"] == 0.0001 and cosine.scheduler.params["warmup_min_ratio"] == 0
+    cycle = load_config(with_(scheduler={"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}}),
+                        2).scheduler.params
+    assert (cycle["cycle_first_step_size"], cycle["cycle_second_step_size"], cycle["decay_step_size"]) == \
+        (2000, None, 0)
+    assert (cycle["cycle_momentum"], cycle["cycle_min_mom"], cycle["cycle_max_mom"]) == (True, 0.8, 0.9)
+
+
+def test_memory_report_defaults_to_steps_per_print():
+    cfg = load_config(with_(steps_per_print=25, memory_report={"path": "mem.jsonl"}), 2)
+    assert cfg.memory_report.path == "mem.jsonl" and cfg.memory_report.every_n_steps == 25
+    assert load_config(with_(steps_per_print=25, memory_report={"every_n_steps": 5}), 2).memory_report.every_n_steps \
+        == 5
+
+
+def test_communication_data_type_is_canonicalised():
+    assert load_config(with_(communication_data_type="BF16"), 2).communication_data_type == "bf16"
+
+
+def test_enabled_features_unlock_stage3_and_offload():
+    config = with_(zero_optimization={"stage": 3, "stage3_max_live_parameters": 1e8,
+                                      "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                      "offload_param": {"device": "cpu"}})
+    cfg = load_config(config, 2, enabled_features={"stage3", "offload"})
+    zero = cfg.zero_optimization
+    assert zero.stage == 3 and zero.stage3_max_live_parameters == 100_000_000
+    assert zero.offload_optimizer.enabled and zero.offload_optimizer.pin_memory is True
+    assert cfg.enabled_features == {"stage3", "offload"}
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown engine feature"):
+        load_config(BASE, 2, enabled_features={"stage4"})
+    with pytest.raises(ValueError, match="world_size"):
+        load_config(BASE, 0)
+    with pytest.raises(ValueError, match="world_size"):
+        load_config(BASE, True)
+    with pytest.raises(TypeError):
+        load_config(42, 2)
+
+
+def test_result_is_frozen_and_raw_is_a_copy():
+    original = with_(optimizer={"type": "Adam"})
+    cfg = load_config(original, 2)
+    original["train_micro_batch_size_per_gpu"] = 99
+    assert cfg.raw["train_micro_batch_size_per_gpu"] == 2
+    assert cfg.raw["optimizer"] == {"type": "Adam"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train_batch_size = 1
+    with pytest.raises(TypeError):
+        cfg.optimizer.params["lr"] = 1.0
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_load_from_json_file(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(with_(zero_optimization={"stage": 1})))
+    for source in (path, str(path)):
+        cfg = load_config(source, 2)
+        assert cfg.zero_optimization.stage == 1 and cfg.train_batch_size == 4
+
+
+def test_file_errors_name_the_file(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(with_(steps_per_prnt=1)))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, 2)
+    assert str(info.value).startswith(f"invalid zero config {path}: 1 error")
+
+
+def test_invalid_json_file(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{\n  "train_batch_size": 8,\n}\n')
+    with pytest.raises(ConfigError, match="not valid JSON at line 3"):
+        load_config(path, 1)
+
+
+def test_duplicate_keys_in_file(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"train_batch_size": 8, "train_batch_size": 16}')
+    with pytest.raises(ConfigError, match="duplicate key"):
+        load_config(path, 1)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.json", 1)
+
+
+EXAMPLES = sorted((ROOT / "configs").glob("*.json"))
+
+
+def test_expected_examples_exist():
+    names = {p.name for p in EXAMPLES}
+    assert {"stage0.json", "stage1.json", "stage2.json", "stage2_bf16.json", "stage1_fp16.json"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_configs_validate(path):
+    cfg = load_config(path, 2)
+    assert cfg.optimizer is not None and cfg.optimizer.type == "AdamW"
+    assert cfg.gradient_clipping == 1.0
+
+
+# --------------------------------------------------------------------------- schema, model and docs stay in sync
+
+
+def test_docs_are_up_to_date():
+    assert docs.DOCS_PATH.read_text(encoding="utf-8") == docs.render(), \
+        "docs/CONFIG.md is stale: run `python -m zero.config.docs`"
+
+
+@pytest.mark.parametrize("path,cls", sorted(model.DATACLASS_FOR_BLOCK.items()))
+def test_dataclasses_match_schema(path, cls):
+    block = next(b for b in schema.iter_blocks() if b.path == path)
+    supported = [k.name for k in block.keys if k.supported]
+    extra = ["world_size", "enabled_features", "raw"] if path == "" else []
+    assert [f.name for f in dataclasses.fields(cls)] == supported + extra
+
+
+def test_schema_is_consistent():
+    assert schema.BUILT_FEATURES <= schema.ALL_FEATURES
+    for block in schema.iter_blocks():
+        assert len(set(block.names)) == len(block.names), block.path
+        for key in block.keys:
+            assert key.doc, f"{block.path}.{key.name} has no doc"
+            features = [key.feature] + [f for _, f in key.value_features]
+            assert {f for f in features if f} <= schema.ALL_FEATURES
+            assert key.kind in (schema.BOOL, schema.INT, schema.FLOAT, schema.STR, schema.CHOICE, schema.BETAS,
+                                schema.BLOCK, schema.PARAMS, schema.SECTION, schema.OBJECT)

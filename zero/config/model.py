@@ -1,0 +1,215 @@
+"""Frozen dataclasses of a validated config (what ``load_config`` returns).
+
+Every value here is resolved: defaults filled in, sizes as ints, computed
+DeepSpeed defaults applied (overlap_comm, Adam's weight_decay, WarmupLR's
+warmup_max_lr, the batch trio). Field names are the DeepSpeed key names; a
+test checks that each dataclass matches the supported keys of its schema block.
+"""
+
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Any, FrozenSet, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class OffloadOptimizerConfig:
+    device: str  # "none" | "cpu" | "nvme"
+    nvme_path: Optional[str]
+    pin_memory: bool
+    buffer_count: int
+    pipeline_read: bool
+    pipeline_write: bool
+    fast_init: bool
+    ratio: float
+
+    @property
+    def enabled(self):
+        return self.device != "none"
+
+
+@dataclass(frozen=True)
+class OffloadParamConfig:
+    device: str  # "none" | "cpu" | "nvme"
+    nvme_path: Optional[str]
+    pin_memory: bool
+    buffer_count: int
+    buffer_size: int
+    max_in_cpu: int
+
+    @property
+    def enabled(self):
+        return self.device != "none"
+
+
+@dataclass(frozen=True)
+class ZeroOptimizationConfig:
+    stage: int
+    contiguous_gradients: bool
+    reduce_scatter: bool
+    reduce_bucket_size: int
+    allgather_bucket_size: int
+    overlap_comm: bool  # resolved: DeepSpeed's default is (stage == 3)
+    round_robin_gradients: bool
+    offload_optimizer: OffloadOptimizerConfig
+    offload_param: OffloadParamConfig
+    stage3_prefetch_bucket_size: int
+    stage3_param_persistence_threshold: int
+    stage3_model_persistence_threshold: int
+    stage3_max_live_parameters: int
+    stage3_max_reuse_distance: int
+    stage3_gather_16bit_weights_on_model_save: bool
+    stage3_module_granularity_threshold: int
+    stage3_use_all_reduce_for_fetch_params: bool
+    sub_group_size: int
+
+
+@dataclass(frozen=True)
+class FP16Config:
+    enabled: bool
+    loss_scale: float  # 0.0 = dynamic loss scaling
+    initial_scale_power: int
+    loss_scale_window: int
+    hysteresis: int
+    consecutive_hysteresis: bool
+    min_loss_scale: float
+
+    @property
+    def dynamic_loss_scale(self):
+        return self.loss_scale == 0
+
+    @property
+    def initial_dynamic_scale(self):
+        return 2.0 ** self.initial_scale_power
+
+
+@dataclass(frozen=True)
+class BF16Config:
+    enabled: bool
+
+
+@dataclass(frozen=True)
+class AioConfig:
+    block_size: int
+    queue_depth: int
+    intra_op_parallelism: int
+    single_submit: bool
+    overlap_events: bool
+    use_gds: bool
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """``type`` is "Adam", "AdamW" or "SGD"; ``params`` holds every key of its schema, defaults filled.
+
+    ``decoupled_weight_decay`` is what the weight decay actually does, resolved
+    the DeepSpeed way: True for "AdamW", and for "Adam" unless
+    ``params["adam_w_mode"]`` is false (DeepSpeed's "Adam" defaults to AdamW
+    behaviour); False for "SGD" (L2 added to the gradient).
+    """
+
+    type: str
+    params: Mapping[str, Any]
+    decoupled_weight_decay: bool
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """``type`` is "WarmupLR", "WarmupDecayLR", "WarmupCosineLR" or "OneCycle"; ``params`` are the
+    constructor arguments of that DeepSpeed schedule with defaults filled.
+
+    WarmupLR's ``warmup_max_lr`` stays None only when the config has no
+    optimizer block; it then means "the optimizer's lr" (DeepSpeed's behaviour).
+    """
+
+    type: str
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class MemoryReportConfig:
+    path: Optional[str]  # JSON-lines file; None: no file
+    every_n_steps: Optional[int]  # resolved (defaults to steps_per_print); None: no periodic report
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    train_batch_size: int
+    train_micro_batch_size_per_gpu: int
+    gradient_accumulation_steps: int
+    optimizer: Optional[OptimizerConfig]  # None: the client passes its own optimizer
+    scheduler: Optional[SchedulerConfig]
+    fp16: FP16Config
+    bf16: BF16Config
+    gradient_clipping: float  # 0.0 = off
+    zero_optimization: ZeroOptimizationConfig
+    aio: AioConfig
+    steps_per_print: Optional[int]  # None: never (DeepSpeed's current default)
+    wall_clock_breakdown: bool
+    prescale_gradients: bool
+    gradient_predivide_factor: float
+    communication_data_type: Optional[str]  # "fp16" | "bf16" | "fp32" | None (= training dtype)
+    zero_allow_untested_optimizer: bool  # accepted for compatibility, no effect
+    zero_force_ds_cpu_optimizer: bool  # accepted for compatibility, no effect
+    memory_report: MemoryReportConfig
+    world_size: int
+    enabled_features: FrozenSet[str]
+    raw: Mapping[str, Any]  # the config as given (a private deep copy)
+
+    @property
+    def precision(self):
+        """"fp16", "bf16" or "fp32": the training dtype of the model weights."""
+        if self.fp16.enabled:
+            return "fp16"
+        return "bf16" if self.bf16.enabled else "fp32"
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _make(cls, values):
+    """cls(**values) for exactly the dataclass's fields (a missing one is a schema/model mismatch)."""
+    return cls(**{f.name: values[f.name] for f in fields(cls)})
+
+
+def _frozen(params):
+    return MappingProxyType(dict(params))
+
+
+def build(values, raw, world_size, features):
+    """Turn the validator's resolved dict into a ZeroConfig."""
+    zero = dict(values["zero_optimization"])
+    zero["offload_optimizer"] = _make(OffloadOptimizerConfig, zero["offload_optimizer"])
+    zero["offload_param"] = _make(OffloadParamConfig, zero["offload_param"])
+    optimizer = values["optimizer"]
+    if optimizer is not None:
+        optimizer = OptimizerConfig(optimizer["type"], _frozen(optimizer["params"]),
+                                    optimizer["decoupled_weight_decay"])
+    scheduler = values["scheduler"]
+    if scheduler is not None:
+        scheduler = SchedulerConfig(scheduler["type"], _frozen(scheduler["params"]))
+    top = dict(values)
+    top.update(
+        optimizer=optimizer,
+        scheduler=scheduler,
+        fp16=_make(FP16Config, values["fp16"]),
+        bf16=_make(BF16Config, values["bf16"]),
+        zero_optimization=_make(ZeroOptimizationConfig, zero),
+        aio=_make(AioConfig, values["aio"]),
+        memory_report=_make(MemoryReportConfig, values["memory_report"]),
+        world_size=world_size,
+        enabled_features=frozenset(features),
+        raw=raw,
+    )
+    return _make(ZeroConfig, top)
+
+
+DATACLASS_FOR_BLOCK = {  # schema block path -> dataclass (for the schema/model sync test)
+    "": ZeroConfig,
+    "fp16": FP16Config,
+    "bf16": BF16Config,
+    "zero_optimization": ZeroOptimizationConfig,
+    "zero_optimization.offload_optimizer": OffloadOptimizerConfig,
+    "zero_optimization.offload_param": OffloadParamConfig,
+    "aio": AioConfig,
+    "memory_report": MemoryReportConfig,
+}

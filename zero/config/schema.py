@@ -1,0 +1,561 @@
+"""Declarative schema of the DeepSpeed-compatible JSON config.
+
+Every key zero knows about is declared here once, with its type, default,
+allowed values, documentation and support status. The validator
+(``validate.py``) and the documentation generator (``docs.py``) both read these
+tables; nothing else hard-codes key names, so adding a key is a one-place edit.
+
+Defaults are DeepSpeed's *code* defaults (DeepSpeed 0.19: ``runtime/config.py``,
+``runtime/constants.py``, ``runtime/zero/config.py``,
+``runtime/zero/offload_config.py``, ``runtime/precision_config.py``,
+``runtime/swap_tensor/aio_config.py``, ``runtime/lr_schedules.py``,
+``ops/adam/fused_adam.py``); where DeepSpeed's documentation says otherwise
+the code wins and the key's doc string says so.
+
+Support status has two levels:
+
+* per key: ``supported=False`` marks a DeepSpeed key zero does not implement
+  (and has no plan to yet). Such a key is accepted only at its DeepSpeed
+  default (which describes what zero does anyway); any other value is
+  rejected as "not supported yet". Unsupported DeepSpeed *sections*
+  (``activation_checkpointing``, ``tensorboard``, ...) are accepted only while
+  inert (see ``SECTION``).
+* per value: ``feature`` / ``value_features`` name an engine feature that is
+  declared but not built yet (ZeRO stage 3, offload, NVMe). A value that needs
+  a feature is rejected unless the caller enabled it, see ``BUILT_FEATURES``.
+"""
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple
+
+# --------------------------------------------------------------------------- features
+
+FEATURE_STAGE3 = "stage3"  # ZeRO stage 3 (parameter partitioning) and its stage3_* knobs
+FEATURE_OFFLOAD = "offload"  # offload optimizer state / parameters to CPU memory
+FEATURE_NVME = "nvme"  # offload to NVMe, and the aio block that tunes it
+
+ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD, FEATURE_NVME})
+
+# The features the engine implements today. When one lands, add it here (one
+# line) and regenerate docs/CONFIG.md with `python -m zero.config.docs`.
+BUILT_FEATURES: frozenset = frozenset()
+
+# --------------------------------------------------------------------------- key kinds
+
+BOOL = "bool"
+INT = "int"  # also accepts integral floats such as 5e8
+FLOAT = "float"  # also accepts ints
+STR = "str"
+CHOICE = "choice"  # a string from `choices`
+BETAS = "betas"  # [beta1, beta2]
+BLOCK = "block"  # a nested object described by `block`
+PARAMS = "params"  # a nested object whose schema depends on the sibling "type"
+SECTION = "section"  # an unsupported DeepSpeed block; accepted only while inert
+OBJECT = "object"  # a free-form object (only used by unsupported keys)
+
+REQUIRED = object()  # default of keys that must be given
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key.
+
+    Attributes:
+        name: the JSON key.
+        kind: one of the kinds above.
+        default: value used when the key is absent (REQUIRED: must be given).
+        doc: one-line description (ends up in docs/CONFIG.md).
+        choices: allowed strings for CHOICE keys (canonical spelling).
+        minimum / maximum: inclusive bounds for numbers (see the *_exclusive flags).
+        nullable: JSON null is a legal value.
+        ignore_case: CHOICE values are matched case-insensitively and canonicalised.
+        auto: what the string "auto" means for this key; None rejects "auto".
+            An accepted "auto" always resolves to `default`.
+        supported: False for DeepSpeed keys zero does not implement: only the
+            default value is accepted.
+        feature: engine feature needed for any non-default value.
+        value_features: (value, feature) pairs: these values need that feature.
+        unsupported_choices: known DeepSpeed values zero does not implement
+            (reported as "not supported yet" instead of "unknown").
+        block: sub-schema of a BLOCK key.
+        variants: sub-schemas of a PARAMS key, by the sibling "type" value.
+        default_doc: how docs show the default when it is computed.
+    """
+
+    name: str
+    kind: str
+    default: Any = None
+    doc: str = ""
+    choices: Tuple[str, ...] = ()
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+    minimum_exclusive: bool = False
+    maximum_exclusive: bool = False
+    nullable: bool = False
+    ignore_case: bool = False
+    auto: Optional[str] = None
+    supported: bool = True
+    feature: Optional[str] = None
+    value_features: Tuple[Tuple[Any, str], ...] = ()
+    unsupported_choices: Tuple[str, ...] = ()
+    block: Optional["Block"] = None
+    variants: Optional[Mapping[str, "Block"]] = None
+    default_doc: Optional[str] = None
+
+    @property
+    def required(self):
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class Block:
+    """A JSON object: its dotted path (for messages and docs) and its keys."""
+
+    path: str
+    doc: str
+    keys: Tuple[Key, ...]
+
+    def get(self, name):
+        for key in self.keys:
+            if key.name == name:
+                return key
+        return None
+
+    @property
+    def names(self):
+        return [key.name for key in self.keys]
+
+
+# --------------------------------------------------------------------------- key constructors
+
+
+def _bool(name, default, doc, **kw):
+    return Key(name, BOOL, default, doc, **kw)
+
+
+def _int(name, default, doc, **kw):
+    return Key(name, INT, default, doc, **kw)
+
+
+def _float(name, default, doc, **kw):
+    return Key(name, FLOAT, default, doc, **kw)
+
+
+def _choice(name, default, choices, doc, **kw):
+    return Key(name, CHOICE, default, doc, choices=tuple(choices), **kw)
+
+
+def _unsupported(kind, name, default, doc, **kw):
+    """A DeepSpeed key zero does not implement: only its DeepSpeed default is accepted."""
+    return Key(name, kind, default, doc, supported=False, **kw)
+
+
+def _section(name, doc):
+    """A DeepSpeed top-level block zero does not implement."""
+    return Key(name, SECTION, None, doc, supported=False, nullable=True)
+
+
+def _block(name, block, doc, optional=False):
+    """A nested block. Absent or null means: all defaults ({}), or None when `optional`."""
+    return Key(name, BLOCK, None if optional else {}, doc, block=block, nullable=True)
+
+
+# What an accepted "auto" means for most keys. (The HF Trainer fills "auto" in from the
+# model and its own arguments before DeepSpeed sees the config; DeepSpeed's own config
+# classes drop "auto" and use the default. zero does the latter.)
+AUTO_DEFAULT = "the default"
+
+# --------------------------------------------------------------------------- optimizer
+
+_ADAM_PARAMS = (
+    _float("lr", 1e-3, "Learning rate.", minimum=0),
+    Key("betas", BETAS, (0.9, 0.999), "Coefficients of the running averages of the gradient and its square.",
+        minimum=0, maximum=1, maximum_exclusive=True),
+    _float("eps", 1e-8, "Term added to the denominator for numerical stability.", minimum=0),
+    _float("weight_decay", None, "Weight decay coefficient: decoupled (AdamW) when decoupled_weight_decay resolves "
+           "true, else L2 added to the gradient. Default 0.0 as in DeepSpeed's FusedAdam/CPUAdam; 0.01 when "
+           "torch_adam is true and the decay is decoupled (DeepSpeed then builds torch.optim.AdamW, whose default "
+           "is 0.01).", minimum=0, default_doc="0.0 (0.01 with torch_adam + decoupled)"),
+    _bool("adam_w_mode", True, "DeepSpeed switch for type \"Adam\": true (DeepSpeed's default) = decoupled weight "
+          "decay, i.e. \"Adam\" IS AdamW unless this is false. For type \"AdamW\" it must stay true."),
+    _bool("torch_adam", False, "DeepSpeed: use torch.optim.Adam/AdamW instead of its fused kernel. The update is the "
+          "same; in zero it only changes the weight_decay default (see weight_decay)."),
+    _unsupported(BOOL, "bias_correction", True, "FusedAdam option; zero always applies Adam's bias correction."),
+    _unsupported(BOOL, "amsgrad", False, "AMSGrad variant (DeepSpeed's FusedAdam rejects it too)."),
+    _unsupported(BOOL, "set_grad_none", True, "FusedAdam zero_grad() behaviour."),
+    _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
+    _unsupported(BOOL, "foreach", None, "torch.optim implementation switch.", nullable=True),
+    _unsupported(BOOL, "fused", None, "torch.optim implementation switch.", nullable=True),
+)
+
+_SGD_PARAMS = (
+    _float("lr", 1e-3, "Learning rate (torch.optim.SGD's default; DeepSpeed passes params straight to torch).",
+           minimum=0),
+    _float("momentum", 0.0, "Momentum factor.", minimum=0),
+    _float("dampening", 0.0, "Dampening for momentum.", minimum=0),
+    _float("weight_decay", 0.0, "L2 penalty added to the gradient (coupled, as in torch.optim.SGD).", minimum=0),
+    _bool("nesterov", False, "Nesterov momentum (needs momentum > 0 and dampening = 0)."),
+    _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
+    _unsupported(BOOL, "foreach", None, "torch.optim implementation switch.", nullable=True),
+    _unsupported(BOOL, "fused", None, "torch.optim implementation switch.", nullable=True),
+)
+
+_ADAM = Block("optimizer.params", "Parameters of types \"Adam\" and \"AdamW\" (DeepSpeed FusedAdam / CPUAdam "
+              "semantics; see \"What Adam means\" above).", _ADAM_PARAMS)
+
+OPTIMIZER_PARAMS = {
+    "Adam": _ADAM,
+    "AdamW": _ADAM,
+    "SGD": Block("optimizer.params", "Parameters of type \"SGD\" (torch.optim.SGD).", _SGD_PARAMS),
+}
+
+# DeepSpeed's own optimizers (config.py DEEPSPEED_OPTIMIZERS) and common torch.optim
+# names that DeepSpeed would import: known, but not implemented by zero.
+_UNSUPPORTED_OPTIMIZERS = ("Adagrad", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW",
+                           "MuSGD", "Lion", "Muon", "RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "SparseAdam",
+                           "ASGD", "LBFGS", "Rprop")
+
+OPTIMIZER = Block("optimizer", "Optimizer built by the engine. Absent or null: the client passes its own optimizer.", (
+    _choice("type", REQUIRED, tuple(OPTIMIZER_PARAMS), "Optimizer name, matched case-insensitively (as DeepSpeed "
+            "does for its own optimizers) and canonicalised. \"Adam\" with adam_w_mode true (the default) is "
+            "decoupled AdamW; see decoupled_weight_decay in the resolved config.",
+            ignore_case=True, unsupported_choices=_UNSUPPORTED_OPTIMIZERS),
+    Key("params", PARAMS, {}, "Optimizer arguments; the keys depend on type (tables below).",
+        nullable=True, variants=OPTIMIZER_PARAMS),
+    _unsupported(BOOL, "legacy_fusion", False, "DeepSpeed legacy fused-optimizer switch."),
+))
+
+# --------------------------------------------------------------------------- scheduler
+
+_WARMUP_TYPES = ("log", "linear")
+
+
+def _warmup_keys(max_lr_default, max_lr_doc):
+    return (
+        _float("warmup_min_lr", 0.0, "Learning rate at the start of warmup.", minimum=0),
+        _float("warmup_max_lr", max_lr_default, max_lr_doc, minimum=0, nullable=max_lr_default is None,
+               default_doc="optimizer lr" if max_lr_default is None else None),
+        _int("warmup_num_steps", 1000, "Warmup length in steps (DeepSpeed uses max(2, value) internally).",
+             minimum=1),
+        _choice("warmup_type", "log", _WARMUP_TYPES, "Warmup curve (DeepSpeed warns and falls back to log on "
+                "an unknown value; zero rejects it)."),
+        _int("last_batch_iteration", -1, "Index of the last step already taken (-1: start of the schedule).",
+             minimum=-1),
+    )
+
+
+_TOTAL_NUM_STEPS = _int("total_num_steps", REQUIRED, "Total number of training steps.", minimum=1)
+
+SCHEDULER_PARAMS = {
+    "WarmupLR": Block("scheduler.params", "Parameters of type \"WarmupLR\": warm up, then hold warmup_max_lr.",
+                      _warmup_keys(None, "Learning rate after warmup. Default (DeepSpeed code): the optimizer's "
+                                   "lr (resolved from optimizer.params.lr when the config defines the optimizer). "
+                                   "DeepSpeed's docs say 0.001; its code uses the optimizer lr.")),
+    "WarmupDecayLR": Block("scheduler.params", "Parameters of type \"WarmupDecayLR\": warm up, then decay "
+                           "linearly to 0 at total_num_steps.",
+                           (_TOTAL_NUM_STEPS,) + _warmup_keys(0.001, "Learning rate after warmup.")),
+    "WarmupCosineLR": Block("scheduler.params", "Parameters of type \"WarmupCosineLR\": warm up a ratio of the "
+                            "optimizer lr to 1, then cosine-decay it to cos_min_ratio.", (
+        _TOTAL_NUM_STEPS,
+        _float("warmup_min_ratio", 0.0, "lr ratio at the start of warmup.", minimum=0, maximum=1),
+        _int("warmup_num_steps", 1000, "Warmup length in steps.", minimum=1),
+        _float("cos_min_ratio", 0.0001, "lr ratio at the end of the cosine decay.", minimum=0, maximum=1),
+        _choice("warmup_type", "log", _WARMUP_TYPES, "Warmup curve."),
+        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1),
+    )),
+    "OneCycle": Block("scheduler.params", "Parameters of type \"OneCycle\" (1Cycle lr and momentum policy).", (
+        _float("cycle_min_lr", REQUIRED, "Lower lr bound of the cycle.", minimum=0),
+        _float("cycle_max_lr", REQUIRED, "Upper lr bound of the cycle.", minimum=0),
+        _float("decay_lr_rate", 0.0, "Post-cycle lr decay rate (0: no decay).", minimum=0),
+        _int("cycle_first_step_size", 2000, "Steps in the increasing half of the cycle.", minimum=1),
+        _int("cycle_second_step_size", None, "Steps in the decreasing half (null: cycle_first_step_size).",
+             minimum=1, nullable=True, default_doc="cycle_first_step_size"),
+        _int("cycle_first_stair_count", 0, "Stairs in the first half (0: continuous).", minimum=0),
+        _int("cycle_second_stair_count", None, "Stairs in the second half (null: cycle_first_stair_count).",
+             minimum=0, nullable=True, default_doc="cycle_first_stair_count"),
+        _int("decay_step_size", 0, "Steps between post-cycle decays (0: no decay).", minimum=0),
+        _bool("cycle_momentum", True, "Cycle momentum inversely to the lr."),
+        _float("cycle_min_mom", 0.8, "Lower momentum bound.", minimum=0, maximum=1),
+        _float("cycle_max_mom", 0.9, "Upper momentum bound.", minimum=0, maximum=1),
+        _float("decay_mom_rate", 0.0, "Post-cycle momentum decay rate.", minimum=0),
+        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1),
+    )),
+}
+
+SCHEDULER = Block("scheduler", "Learning-rate schedule, stepped once per optimizer step.", (
+    _choice("type", REQUIRED, tuple(SCHEDULER_PARAMS), "Schedule name (case-sensitive, as in DeepSpeed).",
+            unsupported_choices=("LRRangeTest",)),
+    Key("params", PARAMS, {}, "Schedule arguments; the keys depend on type (tables below).",
+        nullable=True, variants=SCHEDULER_PARAMS),
+))
+
+# --------------------------------------------------------------------------- precision
+
+FP16 = Block("fp16", "fp16 mixed precision with loss scaling.", (
+    _bool("enabled", False, "Train in fp16 (fp32 master weights)."),
+    _float("loss_scale", 0.0, "Static loss scale; 0 selects dynamic loss scaling.", minimum=0, auto=AUTO_DEFAULT),
+    _int("initial_scale_power", 16, "Dynamic scaling starts at 2**initial_scale_power.", minimum=0, maximum=127,
+         auto=AUTO_DEFAULT),
+    _int("loss_scale_window", 1000, "Overflow-free steps before the dynamic scale grows.", minimum=1,
+         auto=AUTO_DEFAULT),
+    _int("hysteresis", 2, "Overflows tolerated before the dynamic scale shrinks (delayed shift).", minimum=1,
+         auto=AUTO_DEFAULT),
+    _bool("consecutive_hysteresis", False, "Refill hysteresis after every overflow-free step."),
+    _float("min_loss_scale", 1.0, "Lower bound of the dynamic loss scale (DeepSpeed types it int; zero also "
+           "accepts fractions).", minimum=0, minimum_exclusive=True, auto=AUTO_DEFAULT),
+    _unsupported(BOOL, "auto_cast", False, "Cast inputs to fp16 automatically."),
+    _unsupported(BOOL, "fp16_master_weights_and_grads", False, "Keep master weights in fp16."),
+))
+
+BF16 = Block("bf16", "bf16 mixed precision (no loss scaling).", (
+    _bool("enabled", False, "Train in bf16 (fp32 master weights)."),
+    _unsupported(BOOL, "immediate_grad_update", False, "DeepSpeed BF16_Optimizer scheduling knob."),
+    _unsupported(BOOL, "check_grad_overflow", False, "Check bf16 gradients for overflow."),
+    _unsupported(BOOL, "bf16_master_weights_and_grads", False, "Keep master weights in bf16."),
+    _unsupported(BOOL, "bf16_optimizer_states", False, "Keep optimizer states in bf16."),
+))
+
+# --------------------------------------------------------------------------- ZeRO
+
+_DEVICES = ("none", "cpu", "nvme")
+_DEVICE_FEATURES = (("cpu", FEATURE_OFFLOAD), ("nvme", FEATURE_NVME))
+
+OFFLOAD_PARAM = Block("zero_optimization.offload_param", "Offload parameters (stage 3 only).", (
+    _choice("device", "none", _DEVICES, "Where parameters live between uses (DeepSpeed's docs say cpu; its code "
+            "default is none).", value_features=_DEVICE_FEATURES),
+    Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
+        feature=FEATURE_NVME),
+    _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD),
+    _int("buffer_count", 5, "Buffers in the NVMe buffer pool.", minimum=0, feature=FEATURE_NVME),
+    _int("buffer_size", 100_000_000, "Elements per NVMe buffer.", minimum=0, feature=FEATURE_NVME),
+    _int("max_in_cpu", 1_000_000_000, "Parameter elements kept in CPU memory when offloading to NVMe.",
+         minimum=0, feature=FEATURE_NVME),
+))
+
+OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimizer state (and the optimizer "
+                          "step) to CPU or NVMe.", (
+    _choice("device", "none", _DEVICES, "Where optimizer state lives (DeepSpeed's docs say cpu; its code default "
+            "is none).", value_features=_DEVICE_FEATURES),
+    Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
+        feature=FEATURE_NVME),
+    _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD),
+    _int("buffer_count", 4, "Buffers in the NVMe buffer pool.", minimum=0, feature=FEATURE_NVME),
+    _bool("pipeline_read", False, "Overlap NVMe reads with the optimizer step.", feature=FEATURE_NVME),
+    _bool("pipeline_write", False, "Overlap NVMe writes with the optimizer step.", feature=FEATURE_NVME),
+    _bool("fast_init", False, "Fast optimizer initialisation with NVMe.", feature=FEATURE_NVME),
+    _float("ratio", 1.0, "Fraction of optimizer state offloaded; < 1 needs stage 3.", minimum=0, maximum=1,
+           feature=FEATURE_OFFLOAD),
+    _unsupported(BOOL, "super_offload", False, "SuperOffload for superchips."),
+    _unsupported(BOOL, "convert_grad_on_cpu", True, "Where SuperOffload converts grads."),
+    _unsupported(FLOAT, "cpuadam_cores_perc", 0.8, "CPU share for SuperOffload's Adam."),
+))
+
+
+def _stage3(kind, name, default, doc, **kw):
+    return Key(name, kind, default, doc + " Stage 3 only.", feature=FEATURE_STAGE3, **kw)
+
+
+ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer state (stage 1), gradients "
+                          "(stage 2) and parameters (stage 3).", (
+    _int("stage", 0, "0: plain data parallel, 1: partition optimizer state, 2: + gradients, 3: + parameters.",
+         minimum=0, maximum=3, value_features=((3, FEATURE_STAGE3),)),
+    _bool("contiguous_gradients", True, "Copy gradients into a contiguous buffer as they are produced."),
+    _bool("reduce_scatter", True, "Average gradients with reduce/reduce-scatter instead of all-reduce."),
+    _int("reduce_bucket_size", 500_000_000, "Elements reduced per bucket.", minimum=1, auto=AUTO_DEFAULT),
+    _int("allgather_bucket_size", 500_000_000, "Elements all-gathered per bucket.", minimum=1, auto=AUTO_DEFAULT),
+    _bool("overlap_comm", None, "Overlap gradient reduction with the backward pass. Default (DeepSpeed code): true "
+          "for stage 3, false otherwise (DeepSpeed's docs say false).", nullable=True,
+          auto="the stage-dependent default", default_doc="stage == 3"),
+    _bool("round_robin_gradients", False, "Spread gradient copies to CPU across ranks (CPU offload, stages 1-2).",
+          feature=FEATURE_OFFLOAD),
+    _block("offload_optimizer", OFFLOAD_OPTIMIZER, "Optimizer-state offload (table below). Absent or null: none."),
+    _block("offload_param", OFFLOAD_PARAM, "Parameter offload (table below). Absent or null: none."),
+    _stage3(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
+            "say 5e8; its code default is 5e7).", minimum=0, auto=AUTO_DEFAULT),
+    _stage3(INT, "stage3_param_persistence_threshold", 100_000, "Parameters smaller than this stay unpartitioned.",
+            minimum=0, auto=AUTO_DEFAULT),
+    _stage3(INT, "stage3_model_persistence_threshold", sys.maxsize, "Cap on the total unpartitioned elements.",
+            minimum=0, default_doc="sys.maxsize"),
+    _stage3(INT, "stage3_max_live_parameters", 1_000_000_000, "Parameter elements resident per GPU before "
+            "releasing.", minimum=0, auto=AUTO_DEFAULT),
+    _stage3(INT, "stage3_max_reuse_distance", 1_000_000_000, "Keep a parameter if it is reused within this many "
+            "elements.", minimum=0, auto=AUTO_DEFAULT),
+    _stage3(BOOL, "stage3_gather_16bit_weights_on_model_save", False, "Gather the full 16-bit weights when saving "
+            "the model."),
+    _stage3(INT, "stage3_module_granularity_threshold", 0, "Treat fine-grained modules as one fetch unit.",
+            minimum=0),
+    _stage3(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Fetch parameters with all-reduce."),
+    _stage3(INT, "sub_group_size", 1_000_000_000, "Elements per optimizer-step tile (ZeRO-3 offload / "
+            "ZeRO-Infinity).", minimum=0, auto=AUTO_DEFAULT),
+    _unsupported(BOOL, "allgather_partitions", True, "All-gather (true) or broadcast updated partitions."),
+    _unsupported(BOOL, "load_from_fp32_weights", True, "Initialise fp32 master weights from checkpoint fp32 copies."),
+    _unsupported(BOOL, "elastic_checkpoint", False, "Legacy elastic checkpointing."),
+    _unsupported(BOOL, "ignore_unused_parameters", True, "Tolerate parameters without gradients (stage 2)."),
+    _unsupported(BOOL, "legacy_stage1", False, "Old stage 1 implementation."),
+    _unsupported(BOOL, "use_multi_rank_bucket_allreduce", True, "Combine reduce buckets of several ranks."),
+    _unsupported(INT, "zero_hpz_partition_size", 1, "ZeRO++ hierarchical partition size."),
+    _unsupported(BOOL, "zero_quantized_weights", False, "ZeRO++ quantized weights."),
+    _unsupported(BOOL, "zero_quantized_nontrainable_weights", False, "ZeRO++ quantized frozen weights."),
+    _unsupported(BOOL, "zero_quantized_gradients", False, "ZeRO++ quantized gradients."),
+    _unsupported(OBJECT, "zeropp_loco_param", None, "LoCo-ZeRO++ parameters.", nullable=True),
+    _unsupported(INT, "mics_shard_size", -1, "MiCS shard size."),
+    _unsupported(BOOL, "mics_hierarchical_params_gather", False, "MiCS hierarchical gather."),
+    _unsupported(BOOL, "memory_efficient_linear", True, "Stage 3 memory-efficient linear."),
+    _unsupported(BOOL, "pipeline_loading_checkpoint", False, "Stage 3 pipelined checkpoint loading."),
+    _unsupported(BOOL, "override_module_apply", True, "Stage 3 nn.Module.apply override."),
+    _unsupported(BOOL, "log_trace_cache_warnings", False, "Stage 3 trace-cache warnings."),
+    _unsupported(BOOL, "enable_sanity_checks", False, "Internal sanity checks."),
+    _unsupported(BOOL, "compute_grad_norm", True, "Stage 1/2 global-norm bookkeeping."),
+    _unsupported(BOOL, "parameter_alignment", False, "Align parameters in flat buffers to 16 bytes."),
+    _unsupported(BOOL, "save_muon_momentum_buffer_in_memory", False, "Muon with NVMe offload."),
+    _unsupported(OBJECT, "zenflow", None, "ZenFlow asynchronous offloaded updates.", nullable=True),
+))
+
+# --------------------------------------------------------------------------- aio
+
+AIO = Block("aio", "Asynchronous I/O for NVMe offload (libaio). Only meaningful with feature 'nvme'.", (
+    _int("block_size", 1_048_576, "I/O block size in bytes.", minimum=1, feature=FEATURE_NVME),
+    _int("queue_depth", 8, "I/O queue depth.", minimum=1, feature=FEATURE_NVME),
+    _int("intra_op_parallelism", 1, "Parallelism of each read/write request (DeepSpeed's old name: "
+         "thread_count).", minimum=1, feature=FEATURE_NVME),
+    _bool("single_submit", False, "Submit requests one by one.", feature=FEATURE_NVME),
+    _bool("overlap_events", True, "Submit requests without waiting for earlier completions.",
+          feature=FEATURE_NVME),
+    _bool("use_gds", False, "Use NVIDIA GPUDirect Storage.", feature=FEATURE_NVME),
+))
+
+# --------------------------------------------------------------------------- zero's own block
+
+MEMORY_REPORT = Block("memory_report", "zero's own block: periodic memory reports.", (
+    Key("path", STR, None, "JSON-lines file the report is appended to (null: no file).", nullable=True),
+    _int("every_n_steps", None, "Report every N optimizer steps. Null: steps_per_print (and when that is null "
+         "too, no periodic report).", minimum=1, nullable=True, default_doc="steps_per_print"),
+))
+
+# --------------------------------------------------------------------------- top level
+
+_BATCH_AUTO = "derive it from the other two batch keys (same as leaving it out)"
+
+TOP = Block("", "Top-level keys.", (
+    _int("train_batch_size", None, "Samples per optimizer step, over all ranks = micro batch * accumulation "
+         "steps * world size.", minimum=1, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
+    _int("train_micro_batch_size_per_gpu", None, "Samples per rank per forward/backward.", minimum=1,
+         nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
+    _int("gradient_accumulation_steps", None, "Micro batches accumulated per optimizer step.", minimum=1,
+         nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
+    _block("optimizer", OPTIMIZER, "Optimizer (table below). Absent or null: client optimizer.", optional=True),
+    _block("scheduler", SCHEDULER, "Learning-rate schedule (table below). Absent or null: none.",
+           optional=True),
+    _block("fp16", FP16, "fp16 mixed precision (table below)."),
+    _block("bf16", BF16, "bf16 mixed precision (table below)."),
+    _float("gradient_clipping", 0.0, "Clip the global gradient norm to this value; 0 disables clipping "
+           "(DeepSpeed's docs say 1.0; its code default is 0).", minimum=0),
+    _block("zero_optimization", ZERO_OPTIMIZATION, "ZeRO settings (table below)."),
+    _block("aio", AIO, "Asynchronous I/O (table below)."),
+    _int("steps_per_print", None, "Log progress every N steps. Null (DeepSpeed's current code default; its docs "
+         "say 10): never.", minimum=1, nullable=True),
+    _bool("wall_clock_breakdown", False, "Time forward/backward/step and log the breakdown."),
+    _bool("prescale_gradients", False, "Scale gradients before the all-reduce instead of after."),
+    _float("gradient_predivide_factor", 1.0, "Divide gradients by this before the all-reduce (the rest after).",
+           minimum=0, minimum_exclusive=True),
+    _choice("communication_data_type", None, ("fp16", "bf16", "fp32"), "dtype of gradient communication "
+            "(null: the training dtype). Case-insensitive.", nullable=True, ignore_case=True),
+    _bool("zero_allow_untested_optimizer", False, "Accepted for compatibility; no effect in zero (only the "
+          "optimizers in this schema, or the client's, are used, and none is gated)."),
+    _bool("zero_force_ds_cpu_optimizer", True, "Accepted for compatibility; no effect in zero (there is no "
+          "DeepSpeed CPU optimizer to force)."),
+    _block("memory_report", MEMORY_REPORT, "zero's memory report (table below)."),
+    # DeepSpeed scalar keys zero does not implement: only their defaults are accepted.
+    _unsupported(BOOL, "sparse_gradients", False, "CSR gradients for sparse embeddings."),
+    _unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),
+    _unsupported(BOOL, "dump_state", False, "Dump DeepSpeed state at init."),
+    _unsupported(BOOL, "memory_breakdown", False, "DeepSpeed memory logging (see memory_report instead)."),
+    _unsupported(BOOL, "dataloader_drop_last", False, "DeepSpeed dataloader option."),
+    _unsupported(BOOL, "graph_harvesting", False, "CUDA graph harvesting."),
+    _unsupported(INT, "vocabulary_size", None, "Only used by DeepSpeed for an alignment warning.", nullable=True),
+    _unsupported(BOOL, "use_data_before_expert_parallelism", False, "MoE topology."),
+    _unsupported(CHOICE, "seq_parallel_comm_data_type", "fp32", "Sequence-parallel gradient dtype.",
+                 choices=("fp16", "bf16", "fp32")),
+    _unsupported(CHOICE, "gradient_allreduce_op", "mean", "Average or sum gradients.", choices=("mean", "sum")),
+    _unsupported(BOOL, "managed_gradient_accumulation", True, "Engine-managed accumulation boundaries."),
+    _unsupported(INT, "sequence_parallel_size", 1, "Ulysses sequence parallelism."),
+    # DeepSpeed sections zero does not implement: accepted only while inert.
+    _section("activation_checkpointing", "Activation checkpointing."),
+    _section("flops_profiler", "FLOPs profiler."),
+    _section("tensorboard", "TensorBoard monitor."),
+    _section("wandb", "Weights & Biases monitor."),
+    _section("csv_monitor", "CSV monitor."),
+    _section("comet", "Comet monitor."),
+    _section("comms_logger", "Communication logger."),
+    _section("sparse_attention", "Sparse attention kernels."),
+    _section("pipeline", "Pipeline parallelism."),
+    _section("amp", "NVIDIA Apex AMP."),
+    _section("torch_autocast", "torch.autocast mixed precision."),
+    _section("compression_training", "Compression (quantization/pruning) training."),
+    _section("quantize_training", "MoQ quantized training."),
+    _section("data_efficiency", "Data efficiency library."),
+    _section("curriculum_learning", "Legacy curriculum learning."),
+    _section("progressive_layer_drop", "Progressive layer drop."),
+    _section("eigenvalue", "Eigenvalue computation."),
+    _section("autotuning", "Autotuner."),
+    _section("elasticity", "Elastic training."),
+    _section("checkpoint", "Checkpoint options."),
+    _section("data_types", "Gradient-accumulation / parameter dtypes."),
+    _section("hybrid_engine", "RLHF hybrid engine."),
+    _section("compile", "torch.compile / DeepCompile."),
+    _section("nebula", "Nebula checkpointing."),
+    _section("timers", "Timer options."),
+    _section("tensor_parallel", "AutoTP tensor parallelism."),
+    _section("expert_parallel", "AutoEP expert parallelism."),
+    _section("weight_quantization", "Weight quantization."),
+))
+
+# --------------------------------------------------------------------------- renamed keys
+
+# Spellings DeepSpeed still accepts (with a deprecation warning) or that belong
+# elsewhere: zero rejects them with the fix instead of guessing.
+RENAMED = {
+    "bfloat16": "DeepSpeed's deprecated spelling; rename the block to \"bf16\"",
+    "zero_optimization.cpu_offload": "deprecated in DeepSpeed; use \"offload_optimizer\": {\"device\": \"cpu\"}",
+    "zero_optimization.cpu_offload_param": "deprecated in DeepSpeed; use \"offload_param\": {\"device\": \"cpu\"}",
+    "zero_optimization.cpu_offload_use_pin_memory": "deprecated in DeepSpeed; set \"pin_memory\" inside "
+                                                    "offload_optimizer / offload_param",
+    "zero_optimization.stage3_gather_fp16_weights_on_model_save": "deprecated in DeepSpeed; rename to "
+                                                                  "\"stage3_gather_16bit_weights_on_model_save\"",
+    "aio.thread_count": "DeepSpeed's old name; rename to \"intra_op_parallelism\"",
+    "optimizer.params.max_grad_norm": "not an optimizer parameter (DeepSpeed rejects it too); use the top-level "
+                                      "\"gradient_clipping\"",
+}
+# DeepSpeed also accepts the stage-3 keys without their "stage3_" prefix.
+for _key in ZERO_OPTIMIZATION.keys:
+    if _key.name.startswith("stage3_"):
+        RENAMED[f"zero_optimization.{_key.name[len('stage3_'):]}"] = f"rename to \"{_key.name}\" (the name " \
+                                                                      "DeepSpeed documents)"
+
+
+# --------------------------------------------------------------------------- walking the schema
+
+
+def iter_blocks(block=TOP):
+    """Yield every Block reachable from `block` (itself first), each variant once."""
+    yield block
+    for key in block.keys:
+        if key.block is not None:
+            yield from iter_blocks(key.block)
+        if key.variants is not None:
+            seen = set()
+            for variant in key.variants.values():
+                if id(variant) not in seen:
+                    seen.add(id(variant))
+                    yield from iter_blocks(variant)
+
+
+def auto_keys():
+    """Dotted paths of the keys that accept "auto"."""
+    paths = []
+    for block in iter_blocks():
+        for key in block.keys:
+            if key.auto is not None:
+                paths.append(f"{block.path}.{key.name}" if block.path else key.name)
+    return paths
