@@ -7,7 +7,9 @@
 #include "core/memory_registry.h"
 #include "core/partition_plan.h"
 #include "adapter/collectives.h"
+#include "adapter/cpu_adam_op.h"
 #include "adapter/dtype_map.h"
+#include "adapter/engine_core.h"
 #include "adapter/flat_buffer.h"
 #include "adapter/process_group.h"
 #include "adapter/tracked_tensor.h"
@@ -225,6 +227,103 @@ void bind_collectives(py::module_& m) {
           py::arg("tensor"), py::arg("root"), py::arg("async_op") = false);
 }
 
+adapter::OptimizerHyper to_hyper(const py::dict& d) {
+  adapter::OptimizerHyper h;
+  const std::string kind = d.contains("kind") ? d["kind"].cast<std::string>() : "adam";
+  TORCH_CHECK_VALUE(kind == "adam" || kind == "sgd", "zero: optimizer kind '", kind,
+                    "' is not adam or sgd");
+  h.kind = kind == "adam" ? adapter::OptimizerKind::kAdam : adapter::OptimizerKind::kSgd;
+  auto get = [&d](const char* key, double fallback) {
+    return d.contains(key) ? d[key].cast<double>() : fallback;
+  };
+  h.lr = get("lr", h.lr);
+  h.weight_decay = get("weight_decay", h.weight_decay);
+  if (d.contains("betas")) {
+    const auto betas = d["betas"].cast<std::pair<double, double>>();
+    h.beta1 = betas.first;
+    h.beta2 = betas.second;
+  }
+  h.eps = get("eps", h.eps);
+  if (d.contains("decoupled_weight_decay")) h.decoupled_weight_decay = d["decoupled_weight_decay"].cast<bool>();
+  if (d.contains("bias_correction")) h.bias_correction = d["bias_correction"].cast<bool>();
+  h.momentum = get("momentum", h.momentum);
+  h.dampening = get("dampening", h.dampening);
+  if (d.contains("nesterov")) h.nesterov = d["nesterov"].cast<bool>();
+  return h;
+}
+
+void bind_engine(py::module_& m) {
+  py::class_<adapter::EngineCore>(m, "EngineCore")
+      .def(py::init<const std::string&>(), py::arg("group_name"))
+      .def(
+          "add_group",
+          [](adapter::EngineCore& e, std::vector<at::Tensor> params, int stage,
+             std::int64_t alignment, std::int64_t bucket_numel, bool overlap_comm,
+             const std::string& optimizer, bool sgd_momentum) {
+            adapter::GroupOptions options;
+            options.stage = stage;
+            options.alignment = alignment;
+            options.bucket_numel = bucket_numel;
+            options.overlap_comm = overlap_comm;
+            TORCH_CHECK_VALUE(optimizer == "adam" || optimizer == "sgd", "zero: optimizer '",
+                              optimizer, "' is not adam or sgd");
+            options.optimizer =
+                optimizer == "adam" ? adapter::OptimizerKind::kAdam : adapter::OptimizerKind::kSgd;
+            options.sgd_momentum = sgd_momentum;
+            return e.add_group(std::move(params), options);
+          },
+          py::arg("params"), py::arg("stage"), py::arg("alignment"), py::arg("bucket_numel"),
+          py::arg("overlap_comm"), py::arg("optimizer"), py::arg("sgd_momentum") = false)
+      .def("prepare_backward", &adapter::EngineCore::prepare_backward)
+      .def("grad_ready", &adapter::EngineCore::grad_ready, py::arg("group"), py::arg("index"),
+           py::arg("boundary"), py::call_guard<py::gil_scoped_release>())
+      .def("finish_backward", &adapter::EngineCore::finish_backward, py::arg("boundary"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "step",
+          [](adapter::EngineCore& e, const std::vector<py::dict>& hypers, double loss_scale,
+             double max_norm, bool check_overflow, std::int64_t step) {
+            std::vector<adapter::OptimizerHyper> converted;
+            for (const auto& h : hypers) converted.push_back(to_hyper(h));
+            adapter::StepResult result;
+            {
+              py::gil_scoped_release no_gil;
+              result = e.step(converted, loss_scale, max_norm, check_overflow, step);
+            }
+            py::dict out;
+            out["overflow"] = result.overflow;
+            out["grad_norm"] = result.grad_norm;
+            out["clip_coef"] = result.clip_coef;
+            return out;
+          },
+          py::arg("hypers"), py::arg("loss_scale"), py::arg("max_norm"),
+          py::arg("check_overflow"), py::arg("step"))
+      .def("zero_grads", &adapter::EngineCore::zero_grads)
+      .def_property_readonly("group_count", &adapter::EngineCore::group_count)
+      .def_property_readonly("rank", [](adapter::EngineCore& e) { return e.communicator().rank(); })
+      .def_property_readonly("world_size",
+                             [](adapter::EngineCore& e) { return e.communicator().world_size(); })
+      .def("registry", &adapter::EngineCore::shared_registry)
+      .def("comm_stats", [](adapter::EngineCore& e) { return stats_dict(e.communicator().stats()); })
+      .def("reset_comm_stats", [](adapter::EngineCore& e) { e.communicator().reset_stats(); })
+      .def("group_plan", [](adapter::EngineCore& e, std::size_t g) { return e.group(g).plan(); })
+      .def("group_master", [](adapter::EngineCore& e, std::size_t g) { return e.group(g).master(); })
+      .def("group_owned_grads",
+           [](adapter::EngineCore& e, std::size_t g) { return e.group(g).owned_grads(); })
+      .def("group_optimizer_state",
+           [](adapter::EngineCore& e, std::size_t g) {
+             py::dict out;
+             for (auto& [name, tensor] : e.group(g).optimizer_state()) out[name.c_str()] = tensor;
+             return out;
+           })
+      .def("group_bucket_info", [](adapter::EngineCore& e, std::size_t g) {
+        py::dict out;
+        out["buckets"] = e.group(g).reducer_bucket_count();
+        out["bucket_bytes"] = e.group(g).bucket_bytes();
+        return out;
+      });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -249,4 +348,12 @@ PYBIND11_MODULE(_C, m) {
   bind_planner(m);
   bind_memory(m);
   bind_collectives(m);
+  bind_engine(m);
+  m.def("cpu_adam_step", &adapter::cpu_adam_step, py::arg("params"), py::arg("grads"),
+        py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("lr"), py::arg("beta1"),
+        py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("adamw_mode"),
+        py::arg("bias_correction"), py::arg("step"), py::arg("grad_scale"),
+        py::arg("out16") = py::none(), py::arg("isa") = "auto", py::arg("num_threads") = 1,
+        py::call_guard<py::gil_scoped_release>(),
+        "Fused CPU Adam/AdamW step on a flat fp32 shard, in place (csrc/adapter/cpu_adam_op.h)");
 }

@@ -1,8 +1,15 @@
 """zero: a ZeRO / sharded-optimizer memory engine for PyTorch.
 
-`zero._C` is the compiled core (partition planner, memory accounting, collectives); the
-Python package holds config, hooks, the launcher and reports.
-"""
-__version__ = "0.1.0"
+    import zero
+    engine, optimizer, _, scheduler = zero.initialize(model=model, config="ds_config.json")
+    loss = engine(batch); engine.backward(loss); engine.step()
 
+`zero._C` is the compiled core (partition planner, memory accounting, collectives, the
+sharded optimizer step); the Python package holds config, hooks, the launcher and reports.
+"""
 import torch as _torch  # noqa: F401  (loads libtorch, which zero._C links against)
+
+from .api import add_config_arguments, init_distributed, initialize
+
+__version__ = "0.1.0"
+__all__ = ["initialize", "init_distributed", "add_config_arguments"]

@@ -13,9 +13,9 @@
 //   v  = beta2 * v + (1 - beta2) * g * g
 //   p  = p - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)     bc_i = 1 - beta_i^step
 // with the per-step constants computed in double and rounded to float once, as torch does.
-// Every ISA (and every thread count) produces bit-identical results: the kernels spell each
-// multiply-add as an explicit fma, so no compiler contraction can make them differ. See
-// docs/CPU_ADAM.md for the two places where this differs from torch by at most one rounding.
+// Every ISA (and every thread count) produces bit-identical results, which also match torch's
+// vectorized kernel bit for bit: each product is pinned to be fused or rounded on its own, so
+// compiler contraction cannot make paths differ. Differences from torch: docs/CPU_ADAM.md.
 #include <cstdint>
 
 #include "core/cpu_features.h"
@@ -32,7 +32,7 @@ struct AdamParams {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  bool adamw_mode = true;        // true: decoupled decay (AdamW); false: L2 added to the grad (Adam)
+  bool adamw_mode = true;        // true: decoupled decay (AdamW); false: L2 into the grad (Adam)
   bool bias_correction = true;
   std::int64_t step = 1;         // 1-based, already incremented for this step
   float grad_scale = 1.0f;       // grads are multiplied by this: clip_coef / loss_scale

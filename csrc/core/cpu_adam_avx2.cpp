@@ -15,7 +15,7 @@
 namespace zero::core::adam_detail {
 namespace {
 
-// Vector twin of opaque() in cpu_adam_kernel.h: keeps p * decay from being fused into p + delta.
+// Vector twin of opaque() in cpu_adam_kernel.h: the product is rounded on its own, never fused.
 ZERO_TARGET_AVX2 inline __m256 opaque256(__m256 x) {
   __asm__("" : "+x"(x));
   return x;
@@ -26,8 +26,8 @@ ZERO_TARGET_AVX2 inline __m256 load_grad8(const void* grads, std::int64_t i) {
   if constexpr (G == ElemType::kF32) {
     return _mm256_loadu_ps(static_cast<const float*>(grads) + i);
   } else {
-    const __m128i h =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(grads) + i));
+    const auto* src = static_cast<const std::uint16_t*>(grads) + i;
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
     if constexpr (G == ElemType::kF16) {
       return _mm256_cvtph_ps(h);
     } else {  // bf16 is the top half of an fp32: widen to 32 bits and shift into place
@@ -79,7 +79,7 @@ struct Avx2Kernel {
       __m256 p = _mm256_loadu_ps(b.params + i);
       __m256 m = _mm256_loadu_ps(b.exp_avg + i);
       __m256 v = _mm256_loadu_ps(b.exp_avg_sq + i);
-      __m256 g = _mm256_mul_ps(load_grad8<G>(b.grads, i), grad_scale);
+      __m256 g = opaque256(_mm256_mul_ps(load_grad8<G>(b.grads, i), grad_scale));
       if (c.l2) g = _mm256_fmadd_ps(p, l2_wd, g);
       m = _mm256_fmadd_ps(lerp_coeff, _mm256_sub_ps(g, m), c.lerp_from_m ? m : g);
       v = _mm256_fmadd_ps(_mm256_mul_ps(one_minus_beta2, g), g, _mm256_mul_ps(v, beta2));

@@ -19,7 +19,7 @@
 namespace zero::core::adam_detail {
 namespace {
 
-// Vector twin of opaque() in cpu_adam_kernel.h: keeps p * decay from being fused into p + delta.
+// Vector twin of opaque() in cpu_adam_kernel.h: the product is rounded on its own, never fused.
 ZERO_TARGET_AVX512 inline __m512 opaque512(__m512 x) {
   __asm__("" : "+v"(x));
   return x;
@@ -30,8 +30,8 @@ ZERO_TARGET_AVX512 inline __m512 load_grad16(const void* grads, std::int64_t i) 
   if constexpr (G == ElemType::kF32) {
     return _mm512_loadu_ps(static_cast<const float*>(grads) + i);
   } else {
-    const __m256i h = _mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(grads) + i));
+    const auto* src = static_cast<const std::uint16_t*>(grads) + i;
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
     if constexpr (G == ElemType::kF16) {
       return _mm512_cvtph_ps(h);
     } else {
@@ -81,7 +81,7 @@ struct Avx512Kernel {
       __m512 p = _mm512_loadu_ps(b.params + i);
       __m512 m = _mm512_loadu_ps(b.exp_avg + i);
       __m512 v = _mm512_loadu_ps(b.exp_avg_sq + i);
-      __m512 g = _mm512_mul_ps(load_grad16<G>(b.grads, i), grad_scale);
+      __m512 g = opaque512(_mm512_mul_ps(load_grad16<G>(b.grads, i), grad_scale));
       if (c.l2) g = _mm512_fmadd_ps(p, l2_wd, g);
       m = _mm512_fmadd_ps(lerp_coeff, _mm512_sub_ps(g, m), c.lerp_from_m ? m : g);
       v = _mm512_fmadd_ps(_mm512_mul_ps(one_minus_beta2, g), g, _mm512_mul_ps(v, beta2));

@@ -55,7 +55,7 @@ static inline Consts make_consts(const AdamParams& hp) {
 }
 
 // Hides a value from the optimizer so that the product that produced it is rounded on its own and
-// never fused into a later addition (see update_element). Costs no instructions.
+// never fused into a later addition (see update_element). Emits no instructions.
 static inline float opaque(float x) {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
   __asm__("" : "+x"(x));
@@ -69,11 +69,11 @@ static inline float opaque(float x) {
 // The whole update of one element. The vector kernels perform exactly these operations in exactly
 // this order, so all ISAs agree bit for bit. Rounding is pinned down so that compiler FP
 // contraction (-ffp-contract=fast, GCC's default in GNU modes) cannot change it: every product that
-// feeds an addition is either an explicit fma or passed through opaque(). The choice of which is
-// which reproduces torch's fused CPU Adam/AdamW as built by PyTorch (checked bit for bit by
-// tests/test_cpu_adam_torch.py). Returns the new parameter value (also stored through p).
+// feeds a separate addition is either an explicit fma or passed through opaque(). Which is which
+// reproduces torch 2.13's vectorized fused CPU Adam/AdamW bit for bit (checked when written; the
+// tests hold it to 1e-6). Returns the new parameter value (also stored through p).
 static inline float update_element(const Consts& c, float& p, float g, float& m, float& v) {
-  g = g * c.grad_scale;
+  g = opaque(g * c.grad_scale);
   if (c.l2) g = std::fma(p, c.l2_wd, g);                             // g + p * wd
   m = std::fma(c.lerp_coeff, g - m, c.lerp_from_m ? m : g);          // at::lerp
   v = std::fma(c.one_minus_beta2 * g, g, v * c.beta2);               // v*b2 + (1-b2)*g*g
@@ -170,7 +170,8 @@ static inline void update_range_scalar(const Consts& c, const Buffers& b, std::i
   for (std::int64_t i = begin; i < end; ++i) {
     const float g = load_grad(b.grads, b.grad_type, i);
     const float p = update_element(c, b.params[i], g, b.exp_avg[i], b.exp_avg_sq[i]);
-    if (out != nullptr) out[i] = b.out16_type == ElemType::kBF16 ? float_to_bf16(p) : float_to_fp16(p);
+    if (out == nullptr) continue;
+    out[i] = b.out16_type == ElemType::kBF16 ? float_to_bf16(p) : float_to_fp16(p);
   }
 }
 

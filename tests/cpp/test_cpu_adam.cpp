@@ -125,7 +125,8 @@ Problem make_problem(std::int64_t n, ElemType grad_type, std::uint32_t seed) {
     for (std::size_t i = 0; i < size; ++i) {
       const bool bf = grad_type == ElemType::kBF16;
       pr.grads16[i] = bf ? ref_bf16(pr.grads32[i]) : ref_fp16(pr.grads32[i]);
-      pr.grads32[i] = static_cast<float>(bf ? bf16_value(pr.grads16[i]) : fp16_value(pr.grads16[i]));
+      const double exact = bf ? bf16_value(pr.grads16[i]) : fp16_value(pr.grads16[i]);
+      pr.grads32[i] = static_cast<float>(exact);
     }
   }
   return pr;
@@ -236,8 +237,8 @@ TEST_CASE("ISA detection reports a consistent, parseable set", "[cpu_adam][isa]"
   CHECK_THROWS_AS(zero::core::parse_isa("sse9"), std::invalid_argument);
   // Wider ISAs imply the narrower ones.
   if (zero::core::isa_supported(Isa::kAvx512)) CHECK(zero::core::isa_supported(Isa::kAvx2));
-  INFO("detected " << zero::core::isa_name(zero::core::detected_isa()) << ", best (after ZERO_CPU_ISA) "
-                   << zero::core::isa_name(zero::core::best_isa()));
+  INFO("detected " << zero::core::isa_name(zero::core::detected_isa())
+                   << ", best after ZERO_CPU_ISA " << zero::core::isa_name(zero::core::best_isa()));
   SUCCEED();
 }
 

@@ -186,14 +186,16 @@ def build_workers(args, active, node, log_dir, base_env):
             cores = cores_for_rank(all_cores, local_rank, len(layout))
             env["OMP_NUM_THREADS"] = str(len(cores))
             argv = bind_prefix(cores) + argv
-        name = f"{stamp}_rank{global_rank}.log" if args.enable_each_rank_log else f"rank{global_rank}.log"
+        name = f"rank{global_rank}.log"
+        if args.enable_each_rank_log:
+            name = f"{stamp}_{name}"
         workers.append(Worker(f"rank {global_rank}", argv, env, os.path.join(log_dir, name),
                               prefix=f"[rank {global_rank}] " if prefixed else "", stdin=stdin))
     return workers
 
 
 def exec_rank_from_env(args):
-    """srun/mpirun mode: become the one rank this process is (never returns)."""
+    """srun/mpirun mode: become the one rank this process is (returns only on error)."""
     from ..distributed import DistributedEnvError, discover
     try:
         info = discover(os.environ, default_port=args.master_port)
@@ -204,13 +206,20 @@ def exec_rank_from_env(args):
     argv = user_command(args.user_script, args.user_args, info.local_rank, args.no_python,
                         args.module, args.no_local_rank)
     sys.stdout.flush()
-    os.execvpe(argv[0], argv, env)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        _say(f"error: cannot run {argv[0]}: {e.strerror}")
+        return 127
 
 
-def _write_pid_files(args, workers):
+def _write_pid_file(args):
     if args.pid_file:
         with open(args.pid_file, "w") as f:
             f.write(f"{os.getpid()}\n")
+
+
+def _save_pids(args, workers):
     if args.save_pid:
         path = os.path.join(tempfile.gettempdir(), f"{args.save_pid}.zero")
         with open(path, "w") as f:
@@ -237,8 +246,9 @@ def run_node(args, base_env=None):
     workers = build_workers(args, active, node, log_dir,
                             os.environ if base_env is None else base_env)
     supervisor = Supervisor(workers, grace=args.kill_grace, watch_stdin=args.exit_on_stdin_eof,
-                            on_started=lambda: _write_pid_files(args, workers))
+                            on_started=lambda: _save_pids(args, workers))
     try:
+        _write_pid_file(args)
         code = supervisor.run()
     finally:
         _remove_pid_files(args)

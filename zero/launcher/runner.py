@@ -16,6 +16,7 @@ See docs/LAUNCHER.md.
 """
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -104,7 +105,10 @@ def resolve_world(args, environ):
                                            or args.num_procs > 0):
         raise RunnerError("--include/--exclude cannot be combined with --num_nodes/--num_gpus/"
                           "--num_procs; express the selection with one of them")
-    hostfile = args.hostfile or (DLTS_HOSTFILE if os.path.isfile(DLTS_HOSTFILE) else None)
+    hostfile = args.hostfile
+    if not hostfile and os.path.isfile(DLTS_HOSTFILE):
+        hostfile = DLTS_HOSTFILE
+        _note(f"using {DLTS_HOSTFILE} (no -H given)")
     if hostfile:
         active = resolve_resources(read_hostfile(hostfile), args.include, args.exclude)
         per_node = args.num_procs if args.num_procs > 0 else args.num_gpus
@@ -201,8 +205,8 @@ def remote_job(args, active, use_gpus, file_vars, from_hostfile):
     exports = envrule.remote_exports(os.environ, file_vars)
     cwd = os.path.abspath(".")
     exports["PYTHONPATH"] = ":".join(p for p in (cwd, exports.get("PYTHONPATH")) if p)
-    master_addr = args.master_addr or (list(active)[0] if from_hostfile else None)
     srun_picks_hosts = args.launcher == "slurm" and not from_hostfile
+    master_addr = args.master_addr or (None if srun_picks_hosts else list(active)[0])
     return multinode.RemoteJob(
         active={} if srun_picks_hosts else active, user_script=args.user_script,
         user_args=args.user_args, launch_flags=launch_flags(args, active, master_addr, use_gpus),
@@ -244,8 +248,9 @@ def run_remote(args, active, use_gpus, file_vars, from_hostfile):
     job = remote_job(args, active, use_gpus, file_vars, from_hostfile)
     log_dir = tempfile.mkdtemp(prefix="zero-node-logs-")
     workers, options = build_remote_workers(args, job, active, file_vars, log_dir)
-    for w in workers:
-        _note(f"{w.label}: {shlex.join(w.argv)}")
+    hidden = dataclasses.replace(job, exports={k: "***" for k in job.exports})
+    for shown in build_remote_workers(args, hidden, active, file_vars, log_dir)[0]:
+        _note(f"{shown.label}: {shlex.join(shown.argv)}")   # values may be secrets
     code = Supervisor(workers, grace=args.kill_grace, **options).run()
     if code == 0:
         shutil.rmtree(log_dir, ignore_errors=True)

@@ -83,13 +83,18 @@ class Worker:
 
 
 def _write_console(console, data):
+    """Best effort: a closed console (``zero ... | head``) must not stop the
+    pumps, or a rank would block on a full pipe; the log file still gets it all."""
     with _console_lock:
-        buffer = getattr(console, "buffer", None)
-        if buffer is not None:
-            buffer.write(data)
-        else:
-            console.write(data.decode(errors="replace"))
-        console.flush()
+        try:
+            buffer = getattr(console, "buffer", None)
+            if buffer is not None:
+                buffer.write(data)
+            else:
+                console.write(data.decode(errors="replace"))
+            console.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def describe_exit(returncode):

@@ -2,7 +2,7 @@
 // ATen adapter for the torch-free fused CPU Adam kernel (core/cpu_adam.h), exposed to Python as
 // zero._C.cpu_adam_step. It validates tensors (device, dtype, contiguity, sizes, aliasing) with
 // messages that say what to change, then hands raw pointers to the core.
-#include <ATen/ATen.h>
+#include <ATen/Tensor.h>
 
 #include <cstdint>
 #include <optional>

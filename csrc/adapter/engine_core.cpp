@@ -1,0 +1,100 @@
+#include "adapter/engine_core.h"
+
+#include <cmath>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include "adapter/process_group.h"
+
+namespace zero::adapter {
+
+EngineCore::EngineCore(const std::string& group_name)
+    : registry_(std::make_shared<core::MemoryRegistry>()),
+      communicator_(resolve_group(group_name)) {}
+
+std::size_t EngineCore::add_group(std::vector<at::Tensor> params, const GroupOptions& options) {
+  TORCH_CHECK(stage_ == -1 || stage_ == options.stage, "zero: every group of an engine uses one "
+              "stage; got ", options.stage, " after ", stage_);
+  stage_ = options.stage;
+  at::NoGradGuard no_grad;
+  groups_.push_back(std::make_unique<ParamGroup>(std::move(params), options, *registry_,
+                                                 communicator_));
+  return groups_.size() - 1;
+}
+
+ParamGroup& EngineCore::group(std::size_t index) {
+  TORCH_CHECK(index < groups_.size(), "zero: group ", index, " does not exist (", groups_.size(),
+              " groups)");
+  return *groups_[index];
+}
+
+void EngineCore::prepare_backward() {
+  at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  for (auto& group : groups_) group->prepare_backward();
+}
+
+void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool boundary) {
+  at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  group(group_index).grad_ready(index, boundary);
+}
+
+void EngineCore::finish_backward(bool boundary) {
+  at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  for (auto& group : groups_) group->finish_backward(boundary);
+}
+
+bool EngineCore::any_rank_overflowed() {
+  bool local = false;
+  for (const auto& group : groups_) local = local || group->has_nonfinite_grads();
+  at::Tensor flag = at::tensor({local ? 1.0f : 0.0f},
+                               at::TensorOptions().device(groups_.front()->master().device()));
+  communicator_.all_reduce(flag, Reduction::kMax)->wait();
+  return flag.item<float>() > 0.0f;
+}
+
+double EngineCore::global_grad_norm(double loss_scale) {
+  double square_sum = 0.0;
+  for (const auto& group : groups_) square_sum += group->grad_square_sum();
+  if (stage_ >= 1) {  // each rank holds a different shard of the gradients
+    at::Tensor total = at::tensor({square_sum}, at::TensorOptions().dtype(at::kDouble).device(
+                                                    groups_.front()->master().device()));
+    communicator_.all_reduce(total, Reduction::kSum)->wait();
+    square_sum = total.item<double>();
+  }
+  return std::sqrt(square_sum) / loss_scale;
+}
+
+StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double loss_scale,
+                            double max_norm, bool check_overflow, std::int64_t step) {
+  at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  TORCH_CHECK(hypers.size() == groups_.size(), "zero: step got ", hypers.size(),
+              " hyperparameter sets for ", groups_.size(), " groups");
+  TORCH_CHECK(loss_scale > 0.0, "zero: loss scale must be > 0, got ", loss_scale);
+  StepResult result;
+  if (check_overflow && any_rank_overflowed()) {
+    result.overflow = true;
+    zero_grads();
+    return result;
+  }
+  result.grad_norm = global_grad_norm(loss_scale);
+  if (max_norm > 0.0) {
+    // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1.
+    result.clip_coef = std::min(1.0, max_norm / (result.grad_norm + 1e-6));
+  }
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g]->optimizer_step(hypers[g], result.clip_coef / loss_scale, step);
+  }
+  for (auto& group : groups_) group->gather_params();
+  zero_grads();
+  return result;
+}
+
+void EngineCore::zero_grads() {
+  at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  for (auto& group : groups_) group->zero_grads();
+}
+
+}  // namespace zero::adapter

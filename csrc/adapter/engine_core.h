@@ -1,0 +1,54 @@
+#pragma once
+// The per-rank engine for ZeRO stages 0-2: owns the memory registry, the communicator and
+// the parameter groups, and runs the optimizer step across them (overflow agreement, global
+// gradient norm, clipping, update, parameter all-gather).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "adapter/collectives.h"
+#include "adapter/param_group.h"
+#include "core/memory_registry.h"
+
+namespace zero::adapter {
+
+struct StepResult {
+  bool overflow = false;   // non-finite gradients on any rank: the step was skipped everywhere
+  double grad_norm = 0.0;  // global L2 norm of the unscaled gradients
+  double clip_coef = 1.0;
+};
+
+class EngineCore {
+ public:
+  explicit EngineCore(const std::string& group_name);
+
+  std::size_t add_group(std::vector<at::Tensor> params, const GroupOptions& options);
+  ParamGroup& group(std::size_t index);
+  std::size_t group_count() const { return groups_.size(); }
+
+  void prepare_backward();
+  void grad_ready(std::size_t group, std::size_t index, bool boundary);
+  void finish_backward(bool boundary);
+
+  // hypers: one per group. loss_scale divides the gradients; max_norm <= 0 disables clipping;
+  // step is the 1-based count of applied steps including this one.
+  StepResult step(const std::vector<OptimizerHyper>& hypers, double loss_scale, double max_norm,
+                  bool check_overflow, std::int64_t step);
+  void zero_grads();
+
+  core::MemoryRegistry& registry() { return *registry_; }
+  std::shared_ptr<core::MemoryRegistry> shared_registry() const { return registry_; }
+  Communicator& communicator() { return communicator_; }
+
+ private:
+  bool any_rank_overflowed();
+  double global_grad_norm(double loss_scale);
+
+  // Declared first so it outlives every buffer that counts bytes in it.
+  std::shared_ptr<core::MemoryRegistry> registry_;
+  Communicator communicator_;
+  std::vector<std::unique_ptr<ParamGroup>> groups_;
+  int stage_ = -1;
+};
+
+}  // namespace zero::adapter

@@ -1,0 +1,1 @@
+"""Drop-in namespaces for scripts written against other libraries."""

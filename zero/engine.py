@@ -1,0 +1,262 @@
+"""ZeroEngine: the object `zero.initialize` returns, shaped like DeepSpeed's engine.
+
+Python keeps this thin: it converts the model to the training dtype, groups parameters,
+registers one post-accumulate-grad hook per parameter that tells the C++ EngineCore a
+gradient is ready, and keeps the counters, scheduler and loss scaler. Bucketing,
+reduction, the sharded update and the all-gather run in C++.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import _C
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import ZeroConfig
+from .loss_scaler import from_config as loss_scaler_from_config
+from .memory import StateLayout, build_report, format_report
+from .optimizer import OptimizerSpec, ZeroOptimizer
+from .schedulers import build_scheduler
+
+logger = logging.getLogger("zero")
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffer
+
+
+class ZeroEngine(nn.Module):
+    def __init__(self, model: nn.Module, config: ZeroConfig, optimizer=None,
+                 model_parameters: Iterable | None = None, lr_scheduler=None):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("zero: torch.distributed is not initialised; call "
+                               "zero.init_distributed() (zero.initialize does) first")
+        self.config = config
+        self.module = model
+        self.stage = config.zero_optimization.stage
+        self.dtype = _DTYPES[config.precision]
+        self.device = _training_device()
+        model.to(device=self.device, dtype=self.dtype)
+
+        spec, groups = _parameter_groups(model, config, optimizer, model_parameters)
+        self._core = _C.EngineCore(dist.group.WORLD.group_name)
+        zero_cfg = config.zero_optimization
+        alignment = max(1, ALIGNMENT_BYTES // torch.tensor([], dtype=self.dtype).element_size())
+        bucket_numel = int(zero_cfg.reduce_bucket_size)
+        for group in groups:
+            self._core.add_group(group["params"], self.stage, alignment, bucket_numel,
+                                 zero_cfg.overlap_comm, spec.kind,
+                                 spec.momentum_buffer_needed([group]))
+        self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
+                       for g, group in enumerate(groups)
+                       for i, param in enumerate(group["params"])]
+        self.optimizer = ZeroOptimizer(spec, groups)
+        self.lr_scheduler = _scheduler(config, lr_scheduler, self.optimizer)
+        self.loss_scaler = (loss_scaler_from_config(
+            loss_scale=config.fp16.loss_scale, initial_scale_power=config.fp16.initial_scale_power,
+            loss_scale_window=config.fp16.loss_scale_window, hysteresis=config.fp16.hysteresis,
+            consecutive_hysteresis=config.fp16.consecutive_hysteresis,
+            min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
+        self._layout = StateLayout(
+            stage=self.stage, world_size=dist.get_world_size(),
+            numel=sum(self._core.group_plan(g).numel for g in range(len(groups))),
+            param_bytes=torch.tensor([], dtype=self.dtype).element_size(), optimizer=spec.kind,
+            sgd_momentum=spec.momentum_buffer_needed(groups))
+
+        self.micro_steps = 0
+        self.global_steps = 0
+        self.global_samples = 0
+        self.skipped_steps = 0
+        self.applied_steps = 0  # optimizer updates actually made (Adam's step count)
+        self.last_step_result: dict = {}
+        self._boundary_in_backward = False
+        self._no_sync = False
+
+    # ---- DeepSpeed's engine surface -------------------------------------------------------
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def get_lr(self) -> list[float]:
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale if self.loss_scaler else 1.0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Skip gradient communication for the backward passes inside (stages 0 and 1)."""
+        if self.stage >= 2:
+            raise RuntimeError(
+                f"zero: no_sync() is not possible at ZeRO stage {self.stage}: gradients are "
+                "partitioned, so each micro-batch's gradients must be reduce-scattered. Use "
+                "gradient_accumulation_steps instead, or stage 0/1 if you need no_sync")
+        previous, self._no_sync = self._no_sync, True
+        try:
+            yield
+        finally:
+            self._no_sync = previous
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False):
+        """Scales the loss (1/gradient_accumulation_steps, and the fp16 loss scale), runs
+        backward with gradient reduction overlapped, and waits for the reductions."""
+        boundary = self.is_gradient_accumulation_boundary() and not self._no_sync
+        scaled = loss.float() / self.gradient_accumulation_steps()
+        if self.loss_scaler is not None:
+            scaled = scaled * self.loss_scaler.loss_scale
+        self._boundary_in_backward = boundary
+        self._core.prepare_backward()
+        scaled.backward(retain_graph=retain_graph)
+        self._core.finish_backward(boundary)
+        return loss
+
+    def step(self, lr_kwargs: dict | None = None):
+        """At the accumulation boundary: the sharded optimizer step, then scheduler and loss
+        scale updates. Between boundaries: only counts the micro-step."""
+        boundary = self.is_gradient_accumulation_boundary()
+        self.micro_steps += 1
+        self.global_samples += self.train_micro_batch_size_per_gpu() * dist.get_world_size()
+        if not boundary:
+            return
+        result = self._core.step(self.optimizer.hypers(), self.loss_scale,
+                                 float(self.config.gradient_clipping),
+                                 self.loss_scaler is not None, self.applied_steps + 1)
+        self.last_step_result = result
+        if self.loss_scaler is not None:
+            self.loss_scaler.update_scale(result["overflow"])
+        if result["overflow"]:
+            self.skipped_steps += 1
+            if dist.get_rank() == 0:
+                logger.warning("zero: step %d skipped on every rank: fp16 gradients overflowed; "
+                               "loss scale is now %s", self.global_steps + 1, self.loss_scale)
+        else:
+            self.applied_steps += 1
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+        self.global_steps += 1
+        self._maybe_report()
+
+    def zero_grad(self):
+        self._core.zero_grads()
+
+    # ---- memory ----------------------------------------------------------------------------
+    def memory_report(self) -> dict:
+        """Per-category current/peak bytes from the accounting registry, with the ZeRO formula's
+        expected value beside each model-state category."""
+        return build_report(self._core.registry(), self._layout, dist.get_rank(),
+                            self.global_steps, self._core.comm_stats())
+
+    def print_memory_report(self) -> None:
+        print(format_report(self.memory_report()), flush=True)
+
+    def _maybe_report(self) -> None:
+        every = self.config.memory_report.every_n_steps
+        if not every or self.global_steps % every:
+            return
+        report = self.memory_report()
+        path = self.config.memory_report.path
+        if path:
+            with open(_rank_path(path, dist.get_rank()), "a") as out:
+                out.write(json.dumps(report) + "\n")
+        if self.config.steps_per_print and self.global_steps % self.config.steps_per_print == 0:
+            if dist.get_rank() == 0:
+                print(format_report(report), flush=True)
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False):
+        return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
+                               load_lr_scheduler_states, load_module_only)
+
+    # ---- internals -------------------------------------------------------------------------
+    def _grad_hook(self, group: int, index: int):
+        core = self._core
+
+        def hook(_param):
+            core.grad_ready(group, index, self._boundary_in_backward)
+        return hook
+
+
+def _training_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _rank_path(path: str, rank: int) -> str:
+    root, ext = os.path.splitext(path)
+    return f"{root}.rank{rank}{ext or '.jsonl'}"
+
+
+def _parameter_groups(model, config, optimizer, model_parameters):
+    """Trainable parameters in optimizer groups, with each group's hyperparameters filled in.
+    Frozen parameters (requires_grad=False) stay as they are and are not managed."""
+    if optimizer is not None and config.optimizer is not None:
+        raise ValueError("zero: an optimizer was passed to initialize() and the config has an "
+                         "\"optimizer\" block; remove one of them")
+    if optimizer is None and config.optimizer is None:
+        raise ValueError("zero: no optimizer: add an \"optimizer\" block to the config or pass "
+                         "optimizer= to initialize()")
+    if isinstance(optimizer, torch.optim.Optimizer):
+        spec = OptimizerSpec.from_torch(optimizer)
+        raw_groups = optimizer.param_groups
+    else:
+        spec = OptimizerSpec.from_config(config.optimizer)
+        source = model.parameters() if model_parameters is None else model_parameters
+        raw_groups = _as_groups(source)
+    groups, seen = [], set()
+    for raw in raw_groups:
+        params = []
+        for param in raw["params"]:
+            if not param.requires_grad or id(param) in seen:
+                continue  # frozen, or a tied parameter listed twice
+            seen.add(id(param))
+            params.append(param)
+        if params:
+            hyper = {**spec.defaults, **{k: v for k, v in raw.items() if k != "params"}}
+            groups.append({**hyper, "params": params})
+    if not groups:
+        raise ValueError("zero: the model has no trainable parameters")
+    return spec, groups
+
+
+def _as_groups(source) -> list[dict[str, Any]]:
+    items = list(source)
+    if items and isinstance(items[0], dict):
+        return items
+    return [{"params": items}]
+
+
+def _scheduler(config, client_scheduler, optimizer):
+    if client_scheduler is not None and config.scheduler is not None:
+        raise ValueError("zero: an lr_scheduler was passed to initialize() and the config has a "
+                         "\"scheduler\" block; remove one of them")
+    if client_scheduler is not None:
+        return client_scheduler(optimizer) if callable(client_scheduler) and not hasattr(
+            client_scheduler, "step") else client_scheduler
+    if config.scheduler is not None:
+        return build_scheduler(config.scheduler.type, dict(config.scheduler.params), optimizer)
+    return None

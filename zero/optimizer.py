@@ -1,0 +1,99 @@
+"""The optimizer object `zero.initialize` returns. The update itself runs in C++ on each
+rank's shard (EngineCore.step); this object carries what schedulers and scripts touch:
+`param_groups` (lr, betas, weight decay ... per group) and state_dict()/load_state_dict()."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
+SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
+
+
+class OptimizerSpec:
+    """What kind of update, and the default hyperparameters for every group."""
+
+    def __init__(self, kind: str, defaults: dict[str, Any], decoupled_weight_decay: bool):
+        if kind not in ("adam", "sgd"):
+            raise ValueError(f"optimizer kind {kind!r}: expected 'adam' or 'sgd'")
+        self.kind = kind
+        self.defaults = dict(defaults)
+        self.decoupled_weight_decay = decoupled_weight_decay
+
+    @classmethod
+    def from_config(cls, optimizer_config) -> "OptimizerSpec":
+        params = dict(optimizer_config.params)
+        if optimizer_config.type == "SGD":
+            defaults = {k: params[k] for k in SGD_KEYS if k in params}
+            return cls("sgd", defaults, decoupled_weight_decay=False)
+        defaults = {k: params[k] for k in ADAM_KEYS if k in params}
+        defaults["betas"] = tuple(defaults.get("betas", (0.9, 0.999)))
+        return cls("adam", defaults, optimizer_config.decoupled_weight_decay)
+
+    @classmethod
+    def from_torch(cls, optimizer: torch.optim.Optimizer) -> "OptimizerSpec":
+        """A client optimizer: its type and hyperparameters are taken over; its state is not
+        (the engine keeps state only for its shard)."""
+        if isinstance(optimizer, torch.optim.AdamW):
+            return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), decoupled_weight_decay=True)
+        if isinstance(optimizer, torch.optim.Adam):
+            decoupled = bool(optimizer.defaults.get("decoupled_weight_decay", False))
+            return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), decoupled)
+        if isinstance(optimizer, torch.optim.SGD):
+            return cls("sgd", _pick(optimizer.defaults, SGD_KEYS), decoupled_weight_decay=False)
+        raise TypeError(
+            f"zero: client optimizer {type(optimizer).__name__} is not supported; pass "
+            "torch.optim.Adam, AdamW or SGD, or configure \"optimizer\" in the JSON config")
+
+    def momentum_buffer_needed(self, groups) -> bool:
+        return self.kind == "sgd" and any(g.get("momentum", 0.0) != 0.0 for g in groups)
+
+
+def _pick(values: dict, keys) -> dict:
+    return {k: values[k] for k in keys if k in values}
+
+
+class ZeroOptimizer:
+    """param_groups[i] describes engine group i (its 'params' are the model parameters)."""
+
+    def __init__(self, spec: OptimizerSpec, param_groups: list[dict]):
+        self.spec = spec
+        self.param_groups = param_groups
+        self.defaults = spec.defaults
+
+    def hypers(self) -> list[dict]:
+        """Per-group hyperparameters for EngineCore.step, read fresh each step so schedulers
+        and scripts that edit param_groups take effect."""
+        out = []
+        for group in self.param_groups:
+            hyper = {"kind": self.spec.kind, "lr": float(group["lr"]),
+                     "weight_decay": float(group.get("weight_decay", 0.0))}
+            if self.spec.kind == "adam":
+                hyper.update(betas=tuple(float(b) for b in group["betas"]),
+                             eps=float(group["eps"]),
+                             decoupled_weight_decay=self.spec.decoupled_weight_decay)
+            else:
+                hyper.update(momentum=float(group.get("momentum", 0.0)),
+                             dampening=float(group.get("dampening", 0.0)),
+                             nesterov=bool(group.get("nesterov", False)))
+            out.append(hyper)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                 for g in self.param_groups]}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state["param_groups"]
+        if len(saved) != len(self.param_groups):
+            raise ValueError(f"zero: checkpoint has {len(saved)} optimizer groups, the engine "
+                             f"has {len(self.param_groups)}; the model's parameter groups changed")
+        for group, values in zip(self.param_groups, saved):
+            group.update(values)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - engine owns grads
+        """Gradients live in engine buffers; engine.zero_grad() clears them."""
+
+    def step(self, closure=None):  # noqa: ARG002
+        raise RuntimeError("zero: call engine.step(); the sharded update runs inside the engine")
