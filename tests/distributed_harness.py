@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue as queue_module
 import socket
 import time
@@ -51,7 +52,9 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env):
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
         value = fn(rank, world_size, *args, **kwargs)
-        results.put((rank, "ok", value))
+        # Plain pickle copies tensors into the message; the queue's own pickler would share
+        # them through file descriptors that die with this process.
+        results.put((rank, "ok", pickle.dumps(value)))
     except BaseException:  # noqa: BLE001 - everything goes back to the test
         results.put((rank, "error", traceback.format_exc()))
         raise SystemExit(1)
@@ -101,7 +104,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: Sequence[Any]
             if status == "error":
                 raise RankFailed(_silent_deaths(processes, rank) +
                                  f"rank {rank} of {world_size} raised:\n{value}")
-            values[rank] = value
+            values[rank] = pickle.loads(value)
     finally:
         if len(values) < world_size:
             _kill_all(processes)
@@ -119,7 +122,7 @@ def _check_alive(processes, values, results):
             reporter, status, value = results.get(timeout=1.0)
             if status == "error":
                 raise RankFailed(f"rank {reporter} of {len(processes)} raised:\n{value}")
-            values[reporter] = value
+            values[reporter] = pickle.loads(value)
         except queue_module.Empty:
             pass
         raise RankFailed(f"rank {rank} died with exit code {process.exitcode} "

@@ -26,7 +26,9 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.n_head = config.n_head
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        # No qkv bias: the key bias has an identically zero gradient (softmax is shift
+        # invariant), so Adam would turn float noise into updates of size lr.
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
         self.proj = nn.Linear(config.n_embd, config.n_embd)
 
     def forward(self, x):

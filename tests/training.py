@@ -1,0 +1,113 @@
+"""Shared training loops for the engine tests: the zero engine on N ranks, and the
+single-process PyTorch reference that trains the same model on the concatenated global
+batch. Both draw the same synthetic batches: micro-batch m of step s on rank r is
+batches[(s * gas + m) * world + r]."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
+
+MODEL = GPTConfig(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32)
+MICRO_BATCH = 2
+SEED = 0
+
+
+def make_model(config: GPTConfig = MODEL, freeze_position_embedding: bool = False) -> TinyGPT:
+    torch.manual_seed(SEED)
+    model = TinyGPT(config)
+    if freeze_position_embedding:
+        model.position_embedding.weight.requires_grad_(False)
+    return model
+
+
+def engine_config(stage: int, gas: int = 2, clip: float = 1.0, precision: str = "fp32",
+                  scheduler: bool = True, bucket: int = 3000, **zero_extra) -> dict:
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO_BATCH,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95],
+                                                  "eps": 1e-8, "weight_decay": 0.1}},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket, **zero_extra},
+    }
+    if scheduler:
+        config["scheduler"] = {"type": "WarmupCosineLR",
+                               "params": {"total_num_steps": 40, "warmup_num_steps": 5}}
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    if precision == "fp16":
+        config["fp16"] = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1}
+    return config
+
+
+def batches(world: int, steps: int, gas: int):
+    return synthetic_batches(MODEL, MICRO_BATCH, steps * gas * world, seed=SEED + 1)
+
+
+def train_engine(engine, rank: int, world: int, steps: int, gas: int, first_step: int = 0,
+                 on_step=None) -> list[float]:
+    """Runs `steps` optimizer steps; returns the global mean loss of each step."""
+    import torch.distributed as dist
+
+    data = batches(world, first_step + steps, gas)
+    losses = []
+    for step in range(first_step, first_step + steps):
+        total = torch.zeros(1)
+        for micro in range(gas):
+            tokens, targets = data[(step * gas + micro) * world + rank]
+            loss = engine(tokens, targets)
+            if on_step is not None:
+                loss = on_step(step, loss)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float()
+        dist.all_reduce(total)
+        losses.append(total.item() / (gas * world))
+    return losses
+
+
+def parameters_of(module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().float().clone() for name, p in module.named_parameters()}
+
+
+def train_reference(world: int, steps: int, gas: int, config: dict,
+                    freeze_position_embedding: bool = False):
+    """Single process, global batch, torch.optim.AdamW, clip_grad_norm_, zero's scheduler."""
+    from zero.schedulers import build_scheduler
+
+    model = make_model(freeze_position_embedding=freeze_position_embedding)
+    params = [p for p in model.parameters() if p.requires_grad]
+    hyper = config["optimizer"]["params"]
+    optimizer = torch.optim.AdamW(params, lr=hyper["lr"], betas=tuple(hyper["betas"]),
+                                  eps=hyper["eps"], weight_decay=hyper["weight_decay"],
+                                  foreach=False)
+    scheduler = None
+    if "scheduler" in config:
+        scheduler = build_scheduler(config["scheduler"]["type"],
+                                    copy.deepcopy(config["scheduler"]["params"]), optimizer)
+    data = batches(world, steps, gas)
+    losses = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        total = 0.0
+        for micro in range(gas):
+            parts = [data[(step * gas + micro) * world + r] for r in range(world)]
+            tokens = torch.cat([p[0] for p in parts])
+            targets = torch.cat([p[1] for p in parts])
+            loss = model(tokens, targets)
+            (loss / gas).backward()
+            total += loss.item()
+        if config.get("gradient_clipping"):
+            torch.nn.utils.clip_grad_norm_(params, config["gradient_clipping"])
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        losses.append(total / gas)
+    return losses, parameters_of(model)
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).norm() / expected.norm().clamp_min(1e-12)).item()
