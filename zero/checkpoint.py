@@ -62,6 +62,51 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
         os.makedirs(staging)
     dist.barrier()
 
+    with _all_ranks_or_none(f"saving checkpoint {tag} to {save_dir}"):
+        _write_files(engine, staging, rank, client_state)
+    dist.barrier()  # every shard is on disk before the tag becomes visible
+    if rank == 0:
+        if os.path.exists(final):
+            retired = os.path.join(save_dir, f".{tag}.old")
+            shutil.rmtree(retired, ignore_errors=True)
+            os.replace(final, retired)
+            os.replace(staging, final)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+        if save_latest:
+            _atomic_write_text(os.path.join(save_dir, LATEST), tag)
+    dist.barrier()
+    return True
+
+
+class CheckpointError(RuntimeError):
+    """Raised on every rank when any rank failed to write or read its part."""
+
+
+class _all_ranks_or_none:
+    """Runs a block on every rank, then agrees on the outcome: if any rank failed, every rank
+    raises CheckpointError naming the ranks and their errors (instead of the others hanging in
+    the next collective or dying of a reset connection)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        messages = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, message)
+        failures = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
+        if failures:
+            raise CheckpointError(f"zero: {self.what} failed ({'; '.join(failures)}); the "
+                                  "previous checkpoint and 'latest' are untouched") from error
+        return False
+
+
+def _write_files(engine, staging: str, rank: int, client_state: dict) -> None:
     core = engine._core
     shard = {"fingerprint": _fingerprint(engine), "groups": [
         {"master": core.group_master(g).detach().clone(),
@@ -79,20 +124,6 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "micro_steps", "global_steps", "global_samples", "skipped_steps", "applied_steps")},
             "client_state": client_state,
         }, os.path.join(staging, MODEL_FILE))
-    dist.barrier()  # every shard is on disk before the tag becomes visible
-    if rank == 0:
-        if os.path.exists(final):
-            retired = os.path.join(save_dir, f".{tag}.old")
-            shutil.rmtree(retired, ignore_errors=True)
-            os.replace(final, retired)
-            os.replace(staging, final)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(staging, final)
-        if save_latest:
-            _atomic_write_text(os.path.join(save_dir, LATEST), tag)
-    dist.barrier()
-    return True
 
 
 def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_states,

@@ -1,0 +1,313 @@
+"""Engine behaviour beyond parity: fp16 overflow agreement, exact resume, memory formulas,
+no_sync, client optimizers, the DeepSpeed-shaped namespace."""
+import os
+
+import pytest
+import torch
+
+import training
+from distributed_harness import run_distributed
+
+
+# ---- fp16: an overflow on one rank skips the step on every rank ---------------------------
+
+def _fp16_overflow(rank, world, stage):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(stage, gas=1,
+                                                                    precision="fp16"))
+    scales, params_before, params_after = [], None, None
+
+    def poison(step, loss):
+        # Step 2 on rank 1 only: an infinite loss, so only rank 1's gradients overflow.
+        return loss * float("inf") if (step == 2 and rank == 1) else loss
+
+    for step in range(4):
+        if step == 2:
+            params_before = training.parameters_of(engine.module)
+        training.train_engine(engine, rank, world, 1, 1, first_step=step, on_step=poison)
+        if step == 2:
+            params_after = training.parameters_of(engine.module)
+        scales.append(engine.loss_scale)
+    unchanged = all(torch.equal(params_before[k], params_after[k]) for k in params_before)
+    return engine.skipped_steps, engine.global_steps, engine.applied_steps, scales, unchanged
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_fp16_overflow_on_one_rank_skips_the_step_on_all_ranks(stage):
+    results = run_distributed(_fp16_overflow, 2, args=(stage,), timeout=120)
+    for skipped, global_steps, applied, scales, unchanged in results:
+        assert (skipped, global_steps, applied) == (1, 4, 3)
+        assert unchanged  # the skipped step left every parameter alone
+        assert scales[2] == scales[1] / 2  # hysteresis 1: the scale halves at once
+    assert results[0][3] == results[1][3]
+
+
+# ---- checkpoints: save at step k, resume in fresh processes, identical result -------------
+
+def _run_with_checkpoint(rank, world, stage, save_dir, phase):
+    import zero
+
+    config = training.engine_config(stage, gas=2)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    if phase == "uninterrupted":
+        losses = training.train_engine(engine, rank, world, 6, 2)
+    elif phase == "first_half":
+        losses = training.train_engine(engine, rank, world, 3, 2)
+        engine.save_checkpoint(save_dir, client_state={"epoch": 7})
+    else:
+        path, client_state = engine.load_checkpoint(save_dir)
+        assert client_state == {"epoch": 7}, client_state
+        assert engine.global_steps == 3
+        losses = training.train_engine(engine, rank, world, 3, 2, first_step=3)
+    return losses, training.parameters_of(engine.module), engine.get_lr()
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_resume_from_checkpoint_is_bit_for_bit(stage, tmp_path):
+    world = 2
+    full = run_distributed(_run_with_checkpoint, world, args=(stage, str(tmp_path), "uninterrupted"))
+    first = run_distributed(_run_with_checkpoint, world, args=(stage, str(tmp_path), "first_half"))
+    second = run_distributed(_run_with_checkpoint, world, args=(stage, str(tmp_path), "resume"))
+    assert (tmp_path / "latest").read_text() == "global_step3"
+    assert sorted(os.listdir(tmp_path / "global_step3")) == [
+        "model_states.pt", "zero_rank0_optim_states.pt", "zero_rank1_optim_states.pt"]
+    for rank in range(world):
+        assert first[rank][0] + second[rank][0] == full[rank][0]
+        assert second[rank][2] == full[rank][2]
+        for name, value in full[rank][1].items():
+            assert torch.equal(second[rank][1][name], value), name
+
+
+def _save_twice_and_crash(rank, world, save_dir):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(1, gas=1))
+    training.train_engine(engine, rank, world, 1, 1)
+    engine.save_checkpoint(save_dir)
+    # A save that dies half way (simulated: a rank's shard write fails) must leave the
+    # previous checkpoint and `latest` untouched.
+    import zero.checkpoint as checkpoint
+    original = checkpoint._atomic_torch_save
+
+    def failing(obj, path):
+        if "zero_rank1" in path:
+            raise OSError("disk full (simulated)")
+        return original(obj, path)
+
+    checkpoint._atomic_torch_save = failing
+    training.train_engine(engine, rank, world, 1, 1, first_step=1)
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"saving checkpoint global_step2 .* failed \(rank 1: OSError: disk full"):
+        engine.save_checkpoint(save_dir)
+    return True
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    assert run_distributed(_save_twice_and_crash, 2, args=(str(tmp_path),)) == [True, True]
+    assert (tmp_path / "latest").read_text() == "global_step1"
+    assert not (tmp_path / "global_step2").exists()
+    result = run_distributed(_run_with_checkpoint_load_only, 2, args=(str(tmp_path),))
+    assert result[0] == 1
+
+
+def _run_with_checkpoint_load_only(rank, world, save_dir):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(1, gas=1))
+    engine.load_checkpoint(save_dir)
+    return engine.global_steps
+
+
+# ---- memory: the accounting registry reproduces the ZeRO formulas exactly ----------------
+
+def _memory(rank, world, stage, precision):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(stage, precision=precision))
+    training.train_engine(engine, rank, world, 2, 2)
+    report = engine.memory_report()
+    plans = [engine._core.group_plan(g) for g in range(engine._core.group_count)]
+    buckets = [engine._core.group_bucket_info(g) for g in range(engine._core.group_count)]
+    return report, sum(p.numel for p in plans), buckets
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_engine_owned_bytes_equal_the_zero_formula(stage, world):
+    report, psi, buckets = run_distributed(_memory, world, args=(stage, "bf16"))[0]
+    b = 2  # bf16 parameters and gradients; fp32 master and Adam state
+    expected = {
+        0: {"param": 2 * psi, "gradient": 2 * psi, "fp32_master": 4 * psi,
+            "optimizer_state": 8 * psi},
+        1: {"param": 2 * psi, "gradient": 2 * psi, "fp32_master": 4 * psi // world,
+            "optimizer_state": 8 * psi // world},
+        2: {"param": 2 * psi, "gradient": 2 * psi // world, "fp32_master": 4 * psi // world,
+            "optimizer_state": 8 * psi // world},
+    }[stage]
+    categories = report["categories"]
+    for name, value in expected.items():
+        assert categories[name]["current"] == value, name
+        assert categories[name]["expected"] == value, name
+    formula = {0: 16 * psi, 1: 4 * psi + 12 * psi // world, 2: 2 * psi + 14 * psi // world}[stage]
+    assert report["model_state_bytes"] == formula
+    assert report["model_state_formula"] == {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N"}[stage]
+    bucket_bytes = categories.get("bucket", {"current": 0})["current"]
+    assert bucket_bytes == sum(info["bucket_bytes"] for info in buckets)
+    if stage < 2:
+        assert bucket_bytes == 0  # stages 0/1 reduce in place in the gradient buffer
+    else:
+        # Two buffers (overlap_comm) of world chunks + one output chunk, each chunk at most
+        # the declared reduce_bucket_size (3000 elements in these tests).
+        assert 0 < bucket_bytes <= 2 * (world + 1) * 3000 * b
+    assert report["total"]["current"] == formula + bucket_bytes
+    assert psi % (world if stage else 1) == 0
+
+
+def test_fp32_training_needs_no_separate_master_copy():
+    report, psi, _ = run_distributed(_memory, 2, args=(2, "fp32"))[0]
+    assert report["categories"]["fp32_master"]["current"] == 0
+    assert report["model_state_bytes"] == 4 * psi + 4 * psi // 2 + 8 * psi // 2
+
+
+# ---- accumulation and no_sync ---------------------------------------------------------------
+
+def _no_sync(rank, world, stage):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(stage, gas=2))
+    data = training.batches(world, 1, 2)
+    engine._core.reset_comm_stats()
+    with engine.no_sync():
+        tokens, targets = data[rank]
+        engine.backward(engine(tokens, targets))
+    during = engine._core.comm_stats()["total_bytes"]
+    engine.step()
+    tokens, targets = data[world + rank]
+    engine.backward(engine(tokens, targets))
+    engine.step()
+    return during, engine._core.comm_stats()["total_bytes"] > 0, training.parameters_of(engine.module)
+
+
+def test_no_sync_sends_nothing_and_accumulation_still_matches_the_reference():
+    world = 2
+    results = run_distributed(_no_sync, world, args=(1,))
+    _, ref_params = training.train_reference(world, 1, 2, training.engine_config(1, gas=2))
+    for during, after, params in results:
+        assert during == 0
+        assert after
+        for name, expected in ref_params.items():
+            assert training.relative_error(params[name], expected) < 1e-5, name
+
+
+def _no_sync_stage2(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(2))
+    with pytest.raises(RuntimeError, match="no_sync.* not possible at ZeRO stage 2"):
+        with engine.no_sync():
+            pass
+    return True
+
+
+def test_no_sync_at_stage_2_explains_why_not():
+    assert run_distributed(_no_sync_stage2, 1) == [True]
+
+
+# ---- client optimizers and SGD ----------------------------------------------------------------
+
+def _client_sgd(rank, world):
+    import zero
+
+    model = training.make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    config = training.engine_config(2, gas=1, scheduler=False)
+    del config["optimizer"]
+    engine, optimizer, _, _ = zero.initialize(model=model, optimizer=sgd, config=config)
+    training.train_engine(engine, rank, world, 5, 1)
+    return training.parameters_of(engine.module), optimizer.param_groups[0]["momentum"]
+
+
+def test_a_client_sgd_optimizer_is_sharded_and_matches_torch():
+    world = 2
+    results = run_distributed(_client_sgd, world)
+    model = training.make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4,
+                          foreach=False)
+    data = training.batches(world, 5, 1)
+    for step in range(5):
+        sgd.zero_grad()
+        parts = [data[step * world + r] for r in range(world)]
+        model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        sgd.step()
+    for params, momentum in results:
+        assert momentum == 0.9
+        for name, value in training.parameters_of(model).items():
+            assert training.relative_error(params[name], value) < 1e-5, name
+
+
+def _initialize_errors(rank, world):
+    import zero
+
+    model = training.make_model()
+    messages = []
+    for kwargs in (
+        {"config": training.engine_config(1), "optimizer": torch.optim.AdamW(model.parameters())},
+        {"config": {**training.engine_config(1), "optimizer": None} if False else
+         {k: v for k, v in training.engine_config(1).items() if k != "optimizer"}},
+        {"config": training.engine_config(1),
+         "lr_scheduler": torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), 0.1), 1)},
+    ):
+        try:
+            zero.initialize(model=training.make_model(), **kwargs)
+            messages.append(None)
+        except (ValueError, TypeError) as error:
+            messages.append(str(error))
+    return messages
+
+
+def test_initialize_explains_conflicting_or_missing_pieces():
+    both_optimizers, no_optimizer, both_schedulers = run_distributed(_initialize_errors, 1)[0]
+    assert "remove one of them" in both_optimizers
+    assert "no optimizer" in no_optimizer
+    assert "scheduler" in both_schedulers and "remove one of them" in both_schedulers
+
+
+# ---- the DeepSpeed-shaped namespace ---------------------------------------------------------
+
+def _deepspeed_script(rank, world, config_path):
+    import argparse
+
+    import zero.compat.deepspeed as deepspeed
+
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--deepspeed", "--deepspeed_config", config_path])
+    deepspeed.init_distributed()
+    model = training.make_model()
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        args=args, model=model, model_parameters=model.parameters())
+    losses = training.train_engine(engine, rank, world, 3, engine.gradient_accumulation_steps())
+    with pytest.raises(NotImplementedError, match="needs ZeRO stage 3"):
+        deepspeed.zero.Init()
+    return losses, deepspeed.comm.get_world_size(), engine.train_batch_size()
+
+
+def test_a_deepspeed_script_runs_with_only_its_import_changed(tmp_path):
+    import json
+
+    config = training.engine_config(2)
+    config["train_batch_size"] = training.MICRO_BATCH * 2 * 2
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    results = run_distributed(_deepspeed_script, 2, args=(str(path),))
+    reference_losses, _ = training.train_reference(2, 3, 2, config)
+    for losses, world, batch in results:
+        assert world == 2 and batch == 8
+        assert losses == pytest.approx(reference_losses, rel=1e-5)
