@@ -68,6 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=20, help="measured steps per configuration")
     p.add_argument("--warmup", type=int, default=5, help="unmeasured steps first")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="run every configuration this many times (fresh processes each, order "
+                        "rotated per round) and pool the measured steps")
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--block", type=int, default=128)
@@ -322,27 +325,40 @@ def _comm_delta(rank_out):
     return {k: end[k] - start[k] for k in end}
 
 
-def summarize(result, args):
-    """The per-configuration numbers the table shows (every rank's raw data stays in JSON)."""
-    if "error" in result or result["config"] == "probe":
-        return result
-    ranks = result["ranks"]
-    name = result["config"]
+def summarize(results, args):
+    """The per-configuration numbers the tables show, pooled over the repeats (every rank's
+    raw data stays in the JSON). Step times: the slower rank's time of each step, pooled over
+    all measured steps of all repeats; memory and bytes are the same every repeat (RSS: the
+    median over repeats, per rank)."""
+    failed = [r for r in results if "error" in r]
+    if failed:
+        return {"config": results[0]["config"], "error": failed[0]["error"]}
+    name = results[0]["config"]
+    ranks = results[-1]["ranks"]
+    per_step, phase_steps, repeat_medians = [], {"forward": [], "backward": [], "step": []}, []
+    for result in results:
+        rs = result["ranks"]
+        n = len(rs[0]["step_times"])
+        times = [max(r["step_times"][i]["total"] for r in rs) for i in range(n)]
+        repeat_medians.append(statistics.median(times) * 1e3)
+        per_step += times
+        for ph in phase_steps:
+            phase_steps[ph] += [max(r["step_times"][i][ph] for r in rs) for i in range(n)]
+    phases = {ph: statistics.median(v) for ph, v in phase_steps.items()}
     steps = len(ranks[0]["step_times"])
-    per_step = [max(r["step_times"][i]["total"] for r in ranks) for i in range(steps)]
-    phases = {ph: statistics.median(max(r["step_times"][i][ph] for r in ranks)
-                                    for i in range(steps))
-              for ph in ("forward", "backward", "step")}
     numel = ranks[0]["numel"]
     s = {
         "config": name,
         "numel": numel,
         "step_ms_median": statistics.median(per_step) * 1e3,
-        "step_ms_min": min(per_step) * 1e3,
-        "step_ms_max": max(per_step) * 1e3,
+        "step_ms_p10": sorted(per_step)[len(per_step) // 10] * 1e3,
+        "step_ms_repeat_medians": repeat_medians,
+        "measured_steps": len(per_step),
         "phase_ms_median": {k: v * 1e3 for k, v in phases.items()},
-        "rss_peak_bytes": [r["rss_peak_bytes"] for r in ranks],
-        "rss_start_bytes": [r["rss_start_bytes"] for r in ranks],
+        "rss_peak_bytes": [statistics.median(res["ranks"][k]["rss_peak_bytes"] for res in results)
+                           for k in range(len(ranks))],
+        "rss_start_bytes": [statistics.median(res["ranks"][k]["rss_start_bytes"]
+                                              for res in results) for k in range(len(ranks))],
         "loss_first": ranks[0]["losses"][0],
         "loss_last": ranks[0]["losses"][-1],
         "ddp_allreduce_bytes_per_step": 2 * numel * 4,
@@ -416,7 +432,9 @@ def render_markdown(summaries, probe, facts, args, command, wall_s):
         f"n_head={args.n_head}, n_embd={args.n_embd}), tied embeddings, "
         f"Ψ = {numel:,} parameters. Micro-batch {args.micro_batch} x {args.block} tokens per "
         f"rank, gradient_accumulation_steps 1, AdamW(lr 1e-3, wd 0.01), gradient clipping "
-        f"{args.clip}, {args.warmup} warm-up + {args.steps} measured steps, "
+        f"{args.clip}, {args.warmup} warm-up + {args.steps} measured steps per run, "
+        f"{args.repeats} run(s) per configuration (fresh processes each, order rotated "
+        f"per round), "
         f"{args.threads} torch "
         f"thread(s) per rank. Buckets: zero reduce_bucket_size={args.bucket_numel:,} elements, "
         f"overlap_comm=true; DDP bucket_cap_mb={args.bucket_numel * 4 / MIB:.3f} (the same "
@@ -426,7 +444,9 @@ def render_markdown(summaries, probe, facts, args, command, wall_s):
         "**Columns.** *fp32*: fp32 everything, both sides. *bf16*: zero = DeepSpeed bf16 "
         "(bf16 params/grads, fp32 master + Adam state, whole forward/backward in bf16); "
         "DDP = fp32 params/grads/AdamW + `torch.autocast('cpu', torch.bfloat16)` forward. "
-        "*step ms*: median over measured steps of the slower rank's forward+backward+step. "
+        "*step ms*: the slower rank's forward+backward+step, median over all measured steps "
+        "of all runs (p10 beside it; the per-run medians in brackets show the run-to-run "
+        "noise of this shared 2-vCPU VM). "
         "*model state*: measured bytes per rank (zero: its accounting registry, categories "
         "param+gradient+fp32_master+optimizer_state; DDP: distinct storages of params, grads "
         "and AdamW state) beside the formula (zero: the engine's own formula on the padded Ψ; "
@@ -438,7 +458,8 @@ def render_markdown(summaries, probe, facts, args, command, wall_s):
         "",
         "## Time and communication",
         "",
-        "| config | step ms (median) | fwd / bwd / step ms | vs DDP same precision | "
+        "| config | step ms median (p10) [per-run medians] | fwd / bwd / step ms | "
+        "vs DDP same precision | "
         "sent / step (MiB) | by op (MiB) | vs DDP 2Ψ·4 | final loss (rank 0) |",
         "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: |",
     ]
@@ -458,7 +479,9 @@ def render_markdown(summaries, probe, facts, args, command, wall_s):
                               if v and k != "total_bytes")
         comm_ratio = s["comm_bytes_per_step"] / s["ddp_allreduce_bytes_per_step"]
         lines.append(
-            f"| {s['config']} | {s['step_ms_median']:.1f} | {ph['forward']:.1f} / "
+            f"| {s['config']} | {s['step_ms_median']:.1f} ({s['step_ms_p10']:.1f}) "
+            f"[{', '.join(f'{m:.0f}' for m in s['step_ms_repeat_medians'])}] | "
+            f"{ph['forward']:.1f} / "
             f"{ph['backward']:.1f} / {ph['step']:.1f} | {ratio} | "
             f"{_mib(s['comm_bytes_per_step'])} | {by_op} | {comm_ratio:.2f}x | "
             f"{s['loss_last']:.4f} |")
@@ -512,7 +535,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads <= 0:
         args.threads = max(1, (os.cpu_count() or 1) // args.world_size)
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    configs = list(dict.fromkeys(c.strip() for c in args.configs.split(",") if c.strip()))
     unknown = [c for c in configs if c not in ALL_CONFIGS]
     if unknown:
         sys.exit(f"unknown configs {unknown}; choose from {ALL_CONFIGS}")
@@ -526,20 +549,27 @@ def main(argv=None):
             probe = _launch("probe", args, tmp)
             print(f"[probe] {json.dumps(probe.get('ranks', [{}])[0].get('timings_ms', probe))}",
                   flush=True)
-        for name in configs:
-            result = _launch(name, args, tmp)
-            results.append(result)
-            s = summarize(result, args)
-            summaries.append(s)
-            if "error" in s:
-                print(f"[{name}] FAILED after {result['wall_s']:.1f}s:\n{s['error']}", flush=True)
-            else:
-                print(f"[{name}] step {s['step_ms_median']:.1f} ms  model state "
-                      f"{_pair(s['model_state_bytes'])} MiB (formula "
-                      f"{_mib(s['model_state_expected_bytes'])})  RSS peak "
-                      f"{_pair(s['rss_peak_bytes'])} MiB  sent/step "
-                      f"{_mib(s['comm_bytes_per_step'])} MiB  loss {s['loss_last']:.4f}  "
-                      f"({result['wall_s']:.1f}s)", flush=True)
+        by_config = {name: [] for name in configs}
+        for rep in range(args.repeats):
+            # rotate the order each round so slow drift on a shared host spreads evenly
+            order = configs[rep % len(configs):] + configs[:rep % len(configs)]
+            for name in order:
+                result = _launch(name, args, tmp)
+                result["repeat"] = rep
+                results.append(result)
+                by_config[name].append(result)
+                if "error" in result:
+                    print(f"[{rep}:{name}] FAILED after {result['wall_s']:.1f}s:\n"
+                          f"{result['error']}", flush=True)
+                else:
+                    one = summarize([result], args)
+                    print(f"[{rep}:{name}] step {one['step_ms_median']:.1f} ms  model state "
+                          f"{_pair(one['model_state_bytes'])} MiB (formula "
+                          f"{_mib(one['model_state_expected_bytes'])})  RSS peak "
+                          f"{_pair(one['rss_peak_bytes'])} MiB  sent/step "
+                          f"{_mib(one['comm_bytes_per_step'])} MiB  loss "
+                          f"{one['loss_last']:.4f}  ({result['wall_s']:.1f}s)", flush=True)
+        summaries = [summarize(by_config[name], args) for name in configs]
     wall = time.perf_counter() - t0
     facts = machine_facts()
     md = render_markdown(summaries, probe, facts, args, command, wall)

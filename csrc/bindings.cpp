@@ -258,12 +258,12 @@ void bind_engine(py::module_& m) {
       .def(
           "add_group",
           [](adapter::EngineCore& e, std::vector<at::Tensor> params, int stage,
-             std::int64_t alignment, std::int64_t bucket_numel, bool overlap_comm,
+             std::int64_t alignment, std::int64_t unit_numel, bool overlap_comm,
              const std::string& optimizer, bool sgd_momentum) {
             adapter::GroupOptions options;
             options.stage = stage;
             options.alignment = alignment;
-            options.bucket_numel = bucket_numel;
+            options.unit_numel = unit_numel;
             options.overlap_comm = overlap_comm;
             TORCH_CHECK_VALUE(optimizer == "adam" || optimizer == "sgd", "zero: optimizer '",
                               optimizer, "' is not adam or sgd");
@@ -272,7 +272,7 @@ void bind_engine(py::module_& m) {
             options.sgd_momentum = sgd_momentum;
             return e.add_group(std::move(params), options);
           },
-          py::arg("params"), py::arg("stage"), py::arg("alignment"), py::arg("bucket_numel"),
+          py::arg("params"), py::arg("stage"), py::arg("alignment"), py::arg("unit_numel"),
           py::arg("overlap_comm"), py::arg("optimizer"), py::arg("sgd_momentum") = false)
       .def("prepare_backward", &adapter::EngineCore::prepare_backward)
       .def("grad_ready", &adapter::EngineCore::grad_ready, py::arg("group"), py::arg("index"),
@@ -306,8 +306,17 @@ void bind_engine(py::module_& m) {
       .def("registry", &adapter::EngineCore::shared_registry)
       .def("comm_stats", [](adapter::EngineCore& e) { return stats_dict(e.communicator().stats()); })
       .def("reset_comm_stats", [](adapter::EngineCore& e) { e.communicator().reset_stats(); })
-      .def("group_plan", [](adapter::EngineCore& e, std::size_t g) { return e.group(g).plan(); })
-      .def("group_master", [](adapter::EngineCore& e, std::size_t g) { return e.group(g).master(); })
+      .def("group_numel",
+           [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().full_numel(); })
+      .def("group_units",
+           [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().unit_count(); })
+      .def("group_master_shard",
+           [](adapter::EngineCore& e, std::size_t g) { return e.group(g).master_shard(); })
+      .def("group_load_master_shard",
+           [](adapter::EngineCore& e, std::size_t g, const at::Tensor& saved) {
+             at::NoGradGuard no_grad;
+             e.group(g).load_master_shard(saved);
+           })
       .def("group_owned_grads",
            [](adapter::EngineCore& e, std::size_t g) { return e.group(g).owned_grads(); })
       .def("group_optimizer_state",
@@ -318,8 +327,10 @@ void bind_engine(py::module_& m) {
            })
       .def("group_bucket_info", [](adapter::EngineCore& e, std::size_t g) {
         py::dict out;
-        out["buckets"] = e.group(g).reducer_bucket_count();
+        out["buckets"] = e.group(g).bucket_count();
         out["bucket_bytes"] = e.group(g).bucket_bytes();
+        out["max_unit_numel"] = e.group(g).layout().max_unit_numel();
+        out["units"] = e.group(g).layout().unit_count();
         return out;
       });
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up (idempotent) and runs the main job on this machine.
+# Sets up (idempotent) and runs the main job on this machine: a GPT trained by 2 processes
+# with ZeRO stage 2 from configs/stage2.json, ending with each rank's memory report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-OMP_NUM_THREADS=1 python3 -m torch.distributed.run --nproc_per_node 2 --master_port "$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")" \
-  examples/collectives_demo.py
+export OMP_NUM_THREADS=1
+exec zero --num_procs 2 examples/train_gpt.py --deepspeed_config configs/stage2.json "$@"

@@ -49,7 +49,7 @@ def _fingerprint(engine) -> dict:
     core = engine._core
     return {"stage": engine.stage, "world_size": dist.get_world_size(),
             "dtype": str(engine.dtype),
-            "group_numels": [core.group_plan(g).numel for g in range(core.group_count)]}
+            "group_numels": [core.group_numel(g) for g in range(core.group_count)]}
 
 
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool) -> bool:
@@ -109,7 +109,7 @@ class _all_ranks_or_none:
 def _write_files(engine, staging: str, rank: int, client_state: dict) -> None:
     core = engine._core
     shard = {"fingerprint": _fingerprint(engine), "groups": [
-        {"master": core.group_master(g).detach().clone(),
+        {"master": core.group_master_shard(g),
          "state": {k: v.detach().clone() for k, v in core.group_optimizer_state(g).items()}}
         for g in range(core.group_count)]}
     _atomic_torch_save(shard, os.path.join(staging, _rank_file(rank)))
@@ -167,7 +167,7 @@ def _load_shard(engine, path: str) -> None:
     core = engine._core
     with torch.no_grad():
         for g, saved in enumerate(shard["groups"]):
-            core.group_master(g).copy_(saved["master"])
+            core.group_load_master_shard(g, saved["master"])
             state = core.group_optimizer_state(g)
             for name, tensor in saved["state"].items():
                 state[name].copy_(tensor)

@@ -49,9 +49,11 @@ class ZeroEngine(nn.Module):
         self._core = _C.EngineCore(dist.group.WORLD.group_name)
         zero_cfg = config.zero_optimization
         alignment = max(1, ALIGNMENT_BYTES // torch.tensor([], dtype=self.dtype).element_size())
-        bucket_numel = int(zero_cfg.reduce_bucket_size)
+        # A unit is the grain of communication: one all-reduce / reduce-scatter of its grads
+        # and one all-gather of its params, so reduce_bucket_size is its size.
+        unit_numel = int(zero_cfg.reduce_bucket_size)
         for group in groups:
-            self._core.add_group(group["params"], self.stage, alignment, bucket_numel,
+            self._core.add_group(group["params"], self.stage, alignment, unit_numel,
                                  zero_cfg.overlap_comm, spec.kind,
                                  spec.momentum_buffer_needed([group]))
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
@@ -66,7 +68,7 @@ class ZeroEngine(nn.Module):
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
         self._layout = StateLayout(
             stage=self.stage, world_size=dist.get_world_size(),
-            numel=sum(self._core.group_plan(g).numel for g in range(len(groups))),
+            numel=sum(self._core.group_numel(g) for g in range(len(groups))),
             param_bytes=torch.tensor([], dtype=self.dtype).element_size(), optimizer=spec.kind,
             sgd_momentum=spec.momentum_buffer_needed(groups))
 

@@ -50,7 +50,7 @@ bool EngineCore::any_rank_overflowed() {
   bool local = false;
   for (const auto& group : groups_) local = local || group->has_nonfinite_grads();
   at::Tensor flag = at::tensor({local ? 1.0f : 0.0f},
-                               at::TensorOptions().device(groups_.front()->master().device()));
+                               at::TensorOptions().device(groups_.front()->device()));
   communicator_.all_reduce(flag, Reduction::kMax)->wait();
   return flag.item<float>() > 0.0f;
 }
@@ -60,7 +60,7 @@ double EngineCore::global_grad_norm(double loss_scale) {
   for (const auto& group : groups_) square_sum += group->grad_square_sum();
   if (stage_ >= 1) {  // each rank holds a different shard of the gradients
     at::Tensor total = at::tensor({square_sum}, at::TensorOptions().dtype(at::kDouble).device(
-                                                    groups_.front()->master().device()));
+                                                    groups_.front()->device()));
     communicator_.all_reduce(total, Reduction::kSum)->wait();
     square_sum = total.item<double>();
   }

@@ -1,40 +1,46 @@
 #include "adapter/grad_reducer.h"
 
-#include <algorithm>
-
 #include <c10/util/Exception.h>
 
 namespace zero::adapter {
 
-GradReducer::GradReducer(ReduceMode mode, const core::FlatBufferPlan& plan,
-                         std::int64_t bucket_numel, bool overlap_comm, at::Tensor grads,
-                         core::MemoryRegistry& registry, Communicator& communicator)
+GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
+                         at::Tensor grads, core::MemoryRegistry& registry,
+                         Communicator& communicator)
     : mode_(mode),
-      plan_(plan),
-      buckets_(core::plan_buckets(plan, bucket_numel)),
-      bucket_of_param_(plan.params().size(), 0),
-      missing_(buckets_.size(), 0),
-      slot_of_bucket_(buckets_.size(), nullptr),
+      layout_(layout),
       grads_(std::move(grads)),
       registry_(registry),
-      communicator_(communicator) {
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    for (const std::size_t p : buckets_[b].params) bucket_of_param_[p] = b;
-    missing_[b] = buckets_[b].params.size();
-    max_chunk_numel_ = std::max(max_chunk_numel_, buckets_[b].chunk_numel);
+      communicator_(communicator),
+      missing_(layout.unit_count(), 0),
+      slot_of_unit_(layout.unit_count(), nullptr) {
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    missing_[u] = layout_.unit(u).params().size();
   }
   if (mode_ == ReduceMode::kReduceScatter) {
-    const int initial_slots = overlap_comm ? 2 : 1;
-    for (int i = 0; i < initial_slots && i < static_cast<int>(buckets_.size()); ++i) {
-      add_slot();  // allocated up front: the memory report shows them from step 0
+    const std::size_t initial = overlap_comm ? 2 : 1;
+    for (std::size_t i = 0; i < initial && i < layout_.unit_count(); ++i) {
+      add_slot();  // up front, so the memory report shows them from the first step
     }
   }
 }
 
-std::int64_t GradReducer::bucket_buffer_bytes() const {
+std::int64_t GradReducer::bucket_bytes() const {
   std::int64_t bytes = 0;
-  for (const auto& slot : slots_) bytes += slot->scatter.bytes() + slot->chunk.bytes();
+  for (const auto& slot : slots_) bytes += slot->full.bytes() + slot->piece.bytes();
   return bytes;
+}
+
+GradReducer::Slot& GradReducer::add_slot() {
+  auto slot = std::make_unique<Slot>();
+  const std::int64_t largest = layout_.max_unit_numel();
+  slot->full = TrackedTensor(registry_, core::MemoryCategory::kBucket,
+                             core::MemoryLocation::kDevice, largest, grads_.options());
+  slot->piece = TrackedTensor(registry_, core::MemoryCategory::kBucket,
+                              core::MemoryLocation::kDevice, largest / layout_.world_size(),
+                              grads_.options());
+  slots_.push_back(std::move(slot));
+  return *slots_.back();
 }
 
 GradReducer::Slot& GradReducer::acquire_slot() {
@@ -44,11 +50,12 @@ GradReducer::Slot& GradReducer::acquire_slot() {
       return *slot;
     }
   }
-  // Recycle the oldest buffer on the wire, unless none is (then every buffer is filling).
+  // Recycle the oldest bucket on the wire; only when every bucket is still filling does
+  // the pool grow (the report's peak shows it).
   for (const InFlight& entry : in_flight_) {
     if (entry.slot != nullptr) {
-      while (!in_flight_.empty() && in_flight_.front().slot != entry.slot) wait_oldest();
-      wait_oldest();
+      Slot* target = entry.slot;
+      while (target->in_flight) wait_oldest();
       return acquire_slot();
     }
   }
@@ -57,75 +64,53 @@ GradReducer::Slot& GradReducer::acquire_slot() {
   return slot;
 }
 
-GradReducer::Slot& GradReducer::add_slot() {
-  auto slot = std::make_unique<Slot>();
-  const auto options = grads_.options();
-  slot->scatter = TrackedTensor(registry_, core::MemoryCategory::kBucket,
-                                core::MemoryLocation::kDevice,
-                                max_chunk_numel_ * plan_.world_size(), options);
-  slot->chunk = TrackedTensor(registry_, core::MemoryCategory::kBucket,
-                              core::MemoryLocation::kDevice, max_chunk_numel_, options);
-  slots_.push_back(std::move(slot));
-  return *slots_.back();
-}
-
-GradReducer::Slot& GradReducer::slot_for(std::size_t bucket) {
-  if (slot_of_bucket_[bucket] == nullptr) {
+GradReducer::Slot& GradReducer::slot_for(std::size_t unit) {
+  if (slot_of_unit_[unit] == nullptr) {
     Slot& slot = acquire_slot();
-    slot.scatter.tensor().zero_();  // chunk padding and alignment gaps must add nothing
-    slot_of_bucket_[bucket] = &slot;
+    slot.full.tensor().zero_();  // alignment gaps and padding must add nothing
+    slot_of_unit_[unit] = &slot;
   }
-  return *slot_of_bucket_[bucket];
+  return *slot_of_unit_[unit];
 }
 
-void GradReducer::grad_ready(std::size_t index, const at::Tensor& grad) {
-  TORCH_CHECK(index < bucket_of_param_.size(), "zero: gradient for parameter ", index,
-              " but the group has ", bucket_of_param_.size());
-  const std::size_t bucket = bucket_of_param_[index];
-  TORCH_CHECK(missing_[bucket] > 0, "zero: gradient of parameter ", index,
-              " arrived twice in one backward; each parameter's post-accumulate hook must fire "
-              "once per backward");
+void GradReducer::grad_ready(std::size_t param, const at::Tensor& grad) {
+  TORCH_CHECK(param < layout_.param_count(), "zero: gradient for parameter ", param,
+              " but the group has ", layout_.param_count());
+  const core::ParamLocation where = layout_.location(param);
+  TORCH_CHECK(missing_[where.buffer] > 0, "zero: the gradient of parameter ", param,
+              " arrived twice in one backward; each parameter's post-accumulate hook must "
+              "fire once per backward");
   if (mode_ == ReduceMode::kReduceScatter) {
-    TORCH_CHECK(grad.defined(), "zero: parameter ", index, " reported ready without a gradient");
-    const at::Tensor flat = grad.reshape({-1});
-    const at::Tensor& scatter = slot_for(bucket).scatter.tensor();
-    for (const core::BucketPiece& piece : buckets_[bucket].pieces) {
-      if (piece.param != index) continue;
-      const std::int64_t length = piece.param_end - piece.param_begin;
-      scatter.narrow(0, piece.bucket_offset, length)
-          .copy_(flat.narrow(0, piece.param_begin, length));
-    }
+    TORCH_CHECK(grad.defined(), "zero: parameter ", param, " reported ready without a gradient");
+    const core::ParamSlot& slot = layout_.unit(where.buffer).params()[where.index];
+    slot_for(where.buffer).full.tensor().narrow(0, slot.offset, slot.numel)
+        .copy_(grad.reshape({-1}));
   }
-  --missing_[bucket];
-  launch_ready_buckets();
+  --missing_[where.buffer];
+  launch_ready_units();
 }
 
-void GradReducer::launch_ready_buckets() {
-  while (next_launch_ < buckets_.size() && missing_[next_launch_] == 0) launch(next_launch_++);
+void GradReducer::launch_ready_units() {
+  while (next_position_ < layout_.unit_count() && missing_[unit_at(next_position_)] == 0) {
+    launch(unit_at(next_position_++));
+  }
 }
 
-void GradReducer::launch(std::size_t bucket_index) {
-  const core::Bucket& bucket = buckets_[bucket_index];
+void GradReducer::launch(std::size_t unit) {
+  const core::FlatBufferPlan& plan = layout_.unit(unit);
   if (mode_ == ReduceMode::kAllReduce) {
-    at::Tensor range = grads_.narrow(0, bucket.flat_begin, bucket.flat_end - bucket.flat_begin);
+    at::Tensor range = grads_.narrow(0, layout_.full_offset(unit), plan.numel());
     in_flight_.push_back({nullptr, communicator_.all_reduce(range, Reduction::kAvg), {}});
     return;
   }
-  Slot& slot = slot_for(bucket_index);
+  Slot& slot = slot_for(unit);
   slot.filling = false;
   slot.in_flight = true;
-  const std::int64_t chunk = bucket.chunk_numel;
-  at::Tensor input = slot.scatter.tensor().narrow(0, 0, chunk * plan_.world_size());
-  at::Tensor output = slot.chunk.tensor().narrow(0, 0, chunk);
-  const core::BucketShard mine = bucket.shards[communicator_.rank()];
-  at::Tensor shard = grads_;
-  auto accumulate = [shard, output, mine]() mutable {
-    if (mine.length > 0) {
-      shard.narrow(0, mine.shard_offset, mine.length).add_(output.narrow(0, 0, mine.length));
-    }
-  };
-  in_flight_.push_back(
-      {&slot, communicator_.reduce_scatter(output, input, Reduction::kAvg), std::move(accumulate)});
+  at::Tensor input = slot.full.tensor().narrow(0, 0, plan.numel());
+  at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
+  at::Tensor target = grads_.narrow(0, layout_.shard_offset(unit), plan.shard_numel());
+  in_flight_.push_back({&slot, communicator_.reduce_scatter(output, input, Reduction::kAvg),
+                        [target, output]() mutable { target.add_(output); }});
 }
 
 void GradReducer::wait_oldest() {
@@ -137,14 +122,14 @@ void GradReducer::wait_oldest() {
 }
 
 void GradReducer::finish() {
-  for (std::size_t b = next_launch_; b < buckets_.size(); ++b) missing_[b] = 0;
-  launch_ready_buckets();
+  for (std::size_t u = 0; u < missing_.size(); ++u) missing_[u] = 0;  // unused params: zeros
+  launch_ready_units();
   while (!in_flight_.empty()) wait_oldest();
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    missing_[b] = buckets_[b].params.size();
-    slot_of_bucket_[b] = nullptr;
+  for (std::size_t u = 0; u < missing_.size(); ++u) {
+    missing_[u] = layout_.unit(u).params().size();
+    slot_of_unit_[u] = nullptr;
   }
-  next_launch_ = 0;
+  next_position_ = 0;
 }
 
 }  // namespace zero::adapter

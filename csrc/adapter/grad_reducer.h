@@ -1,15 +1,14 @@
 #pragma once
-// Gradient reduction in buckets, overlapped with backward. Buckets are launched strictly in
-// bucket order (the same on every rank, whatever order grads arrive in), so ranks always
-// issue the same collective sequence.
+// Gradient reduction unit by unit, overlapped with backward. Units are launched strictly
+// from the last to the first (the order backward produces them), whatever order grads
+// arrive in, so every rank issues the same collective sequence.
 //
-//   kAllReduce     (stages 0, 1): grads live in a full flat buffer (param.grad are views of
-//                  it); a ready bucket is all-reduced in place over its flat range.
-//   kReduceScatter (stage 2): each ready grad is copied into a bucket buffer laid out in
-//                  per-rank chunks and released; the bucket is reduce-scattered and each rank
-//                  adds its chunk into its gradient shard. Bucket buffers come from a small
-//                  pool (two with overlap_comm, one without) that grows only if more buckets
-//                  are filling at once than the pool holds.
+//   kAllReduce     (stages 0, 1): grads live in a full buffer (param.grad are views of it);
+//                  a ready unit is all-reduced (averaged) in place.
+//   kReduceScatter (stage 2): each ready grad is copied into a unit-sized bucket and may be
+//                  freed; the bucket is reduce-scattered and each rank adds its 1/N into its
+//                  gradient shard. Buckets come from a small pool (two with overlap_comm, one
+//                  without) that grows only if more units fill at once than it holds.
 #include <deque>
 #include <functional>
 #include <memory>
@@ -19,7 +18,7 @@
 
 #include "adapter/collectives.h"
 #include "adapter/tracked_tensor.h"
-#include "core/bucket_plan.h"
+#include "core/sharded_layout.h"
 
 namespace zero::adapter {
 
@@ -27,27 +26,24 @@ enum class ReduceMode { kAllReduce, kReduceScatter };
 
 class GradReducer {
  public:
-  // `grads` is the full flat gradient buffer (kAllReduce) or this rank's gradient shard
-  // (kReduceScatter); the reducer writes into it and never owns it.
-  GradReducer(ReduceMode mode, const core::FlatBufferPlan& plan, std::int64_t bucket_numel,
-              bool overlap_comm, at::Tensor grads, core::MemoryRegistry& registry,
-              Communicator& communicator);
+  // `grads`: the full gradient buffer (kAllReduce) or this rank's gradient shard
+  // (kReduceScatter), laid out by `layout`; written, never owned.
+  GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
+              at::Tensor grads, core::MemoryRegistry& registry, Communicator& communicator);
 
-  // `grad` of parameter `index` is final for this backward. For kReduceScatter it is copied
-  // into its bucket; the caller may free it afterwards.
-  void grad_ready(std::size_t index, const at::Tensor& grad);
-  // Launches every bucket not launched yet (in order) and waits for all of them.
+  // Parameter `param`'s gradient is final for this backward (kReduceScatter copies it).
+  void grad_ready(std::size_t param, const at::Tensor& grad);
+  // Launches every unit not launched yet, in order, and waits for all of them.
   void finish();
-  std::size_t bucket_count() const { return buckets_.size(); }
-  std::size_t buffer_count() const { return slots_.size(); }
-  std::int64_t bucket_buffer_bytes() const;
+  std::size_t bucket_count() const { return slots_.size(); }
+  std::int64_t bucket_bytes() const;
 
  private:
   struct Slot {
-    TrackedTensor scatter;  // world_size * max chunk
-    TrackedTensor chunk;    // the reduce-scatter output
-    bool filling = false;    // assigned to a bucket that is still collecting grads
-    bool in_flight = false;  // its reduce-scatter has not been waited yet
+    TrackedTensor full;   // one unit's gradients, reduce-scatter input
+    TrackedTensor piece;  // this rank's 1/N, reduce-scatter output
+    bool filling = false;
+    bool in_flight = false;
   };
   struct InFlight {
     Slot* slot = nullptr;  // kReduceScatter only
@@ -55,26 +51,24 @@ class GradReducer {
     std::function<void()> then;  // runs after the wait
   };
 
-  Slot& slot_for(std::size_t bucket);
+  Slot& slot_for(std::size_t unit);
   Slot& acquire_slot();
   Slot& add_slot();
-  void launch_ready_buckets();
-  void launch(std::size_t bucket);
+  void launch_ready_units();
+  void launch(std::size_t unit);
   void wait_oldest();
+  std::size_t unit_at(std::size_t position) const { return layout_.unit_count() - 1 - position; }
 
   ReduceMode mode_;
-  const core::FlatBufferPlan& plan_;
-  std::vector<core::Bucket> buckets_;
-  std::vector<std::size_t> bucket_of_param_;
-  std::vector<std::size_t> missing_;      // params still to arrive, per bucket
-  std::vector<Slot*> slot_of_bucket_;     // kReduceScatter: the slot a bucket fills
-  std::size_t next_launch_ = 0;
+  const core::ShardedLayout& layout_;
   at::Tensor grads_;
   core::MemoryRegistry& registry_;
   Communicator& communicator_;
-  std::int64_t max_chunk_numel_ = 0;
+  std::vector<std::size_t> missing_;  // gradients still to arrive, per unit
+  std::vector<Slot*> slot_of_unit_;
+  std::size_t next_position_ = 0;     // launch position (0 = last unit)
   std::deque<std::unique_ptr<Slot>> slots_;
-  std::deque<InFlight> in_flight_;  // oldest first
+  std::deque<InFlight> in_flight_;    // oldest first
 };
 
 }  // namespace zero::adapter

@@ -1,7 +1,8 @@
 #include "adapter/param_group.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/isfinite.h>
-
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include "adapter/dtype_map.h"
@@ -9,8 +10,8 @@
 namespace zero::adapter {
 namespace {
 
-core::FlatBufferPlan plan_for(const std::vector<at::Tensor>& params, const GroupOptions& options,
-                              int world_size) {
+core::ShardedLayout layout_for(const std::vector<at::Tensor>& params, const GroupOptions& options,
+                               int world_size) {
   TORCH_CHECK(!params.empty(), "zero: a parameter group has no parameters");
   TORCH_CHECK(options.stage >= 0 && options.stage <= 2, "zero: stage ", options.stage,
               " is not handled by ParamGroup (stages 0, 1, 2)");
@@ -24,14 +25,14 @@ core::FlatBufferPlan plan_for(const std::vector<at::Tensor>& params, const Group
                 p.device(), " but parameter 0 is on ", params.front().device());
     specs.push_back({p.sizes().vec(), to_core_dtype(p.scalar_type())});
   }
-  // Stage 0 shards nothing: plan for one rank, so "this rank's range" is everything.
-  return core::plan_flat_buffer(specs, options.stage == 0 ? 1 : world_size, options.alignment);
+  // Stage 0 shards nothing: lay out for one rank, so "this rank's piece" is everything.
+  return core::ShardedLayout(specs, options.stage == 0 ? 1 : world_size, options.alignment,
+                             options.unit_numel);
 }
 
-TrackedTensor fp32_state(core::MemoryRegistry& registry, core::MemoryCategory category,
-                         std::int64_t numel, const at::Tensor& like) {
-  return TrackedTensor(registry, category, core::MemoryLocation::kDevice, numel,
-                       like.options().dtype(at::kFloat));
+TrackedTensor allocate(core::MemoryRegistry& registry, core::MemoryCategory category,
+                       std::int64_t numel, const c10::TensorOptions& options) {
+  return TrackedTensor(registry, category, core::MemoryLocation::kDevice, numel, options);
 }
 
 }  // namespace
@@ -42,58 +43,77 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
       options_(options),
       communicator_(communicator),
       rank_(options.stage == 0 ? 0 : communicator.rank()),
-      plan_(plan_for(params_, options, communicator.world_size())),
-      param_buffer_(plan_, registry, core::MemoryCategory::kParam, core::MemoryLocation::kDevice,
-                    params_.front().device()) {
-  param_buffer_.pack(params_);
-  for (std::size_t i = 0; i < params_.size(); ++i) params_[i].set_data(param_buffer_.param_view(i));
-
-  const std::int64_t owned = plan_.shard_numel();
+      layout_(layout_for(params_, options, communicator.world_size())) {
+  const c10::TensorOptions model_options = params_.front().options();
+  const c10::TensorOptions fp32 = model_options.dtype(at::kFloat);
+  param_buffer_ =
+      allocate(registry, core::MemoryCategory::kParam, layout_.full_numel(), model_options);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor view = param_view(i);
+    view.copy_(params_[i]);
+    params_[i].set_data(view);
+  }
+  const std::int64_t shard = layout_.shard_numel();
   if (mixed_precision()) {
-    master_ = fp32_state(registry, core::MemoryCategory::kMaster, owned, params_.front());
-    master_.tensor().copy_(param_buffer_.shard(rank_));
-    master_view_ = master_.tensor();
-  } else {
-    master_view_ = param_buffer_.shard(rank_);
+    master_ = allocate(registry, core::MemoryCategory::kMaster, shard, fp32);
+    for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+      master_piece(u).copy_(full_piece(param_buffer_.tensor(), u));
+    }
   }
   if (options_.optimizer == OptimizerKind::kAdam) {
-    exp_avg_ = fp32_state(registry, core::MemoryCategory::kOptimizerState, owned, params_.front());
-    exp_avg_sq_ =
-        fp32_state(registry, core::MemoryCategory::kOptimizerState, owned, params_.front());
+    exp_avg_ = allocate(registry, core::MemoryCategory::kOptimizerState, shard, fp32);
+    exp_avg_sq_ = allocate(registry, core::MemoryCategory::kOptimizerState, shard, fp32);
   } else if (options_.sgd_momentum) {
-    momentum_ = fp32_state(registry, core::MemoryCategory::kOptimizerState, owned, params_.front());
+    momentum_ = allocate(registry, core::MemoryCategory::kOptimizerState, shard, fp32);
   }
-
-  at::Tensor reduce_target;
-  ReduceMode mode = ReduceMode::kAllReduce;
   if (options_.stage == 2) {
-    grad_shard_ = TrackedTensor(registry, core::MemoryCategory::kGradient,
-                                core::MemoryLocation::kDevice, owned, params_.front().options());
-    reduce_target = grad_shard_.tensor();
-    mode = ReduceMode::kReduceScatter;
+    grad_shard_ = allocate(registry, core::MemoryCategory::kGradient, shard, model_options);
+    reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
+                                             options_.overlap_comm, grad_shard_.tensor(),
+                                             registry, communicator_);
   } else {
-    grad_buffer_ = std::make_unique<FlatBuffer>(plan_, registry, core::MemoryCategory::kGradient,
-                                                core::MemoryLocation::kDevice,
-                                                params_.front().device());
-    reduce_target = grad_buffer_->data();
+    grad_full_ = allocate(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
+                          model_options);
+    reducer_ = std::make_unique<GradReducer>(ReduceMode::kAllReduce, layout_,
+                                             options_.overlap_comm, grad_full_.tensor(),
+                                             registry, communicator_);
     prepare_backward();
   }
-  reducer_ = std::make_unique<GradReducer>(mode, plan_, options_.bucket_numel,
-                                           options_.overlap_comm, reduce_target, registry,
-                                           communicator_);
 }
 
-bool ParamGroup::mixed_precision() const { return plan_.dtype() != core::DType::kFloat32; }
+at::Tensor ParamGroup::param_view(std::size_t index) const {
+  return param_buffer_.tensor()
+      .narrow(0, layout_.param_offset(index), params_[index].numel())
+      .view(params_[index].sizes());
+}
 
-core::ShardRange ParamGroup::owned_range() const { return plan_.shard_range(rank_); }
+at::Tensor ParamGroup::full_piece(const at::Tensor& full, std::size_t unit) const {
+  return full.narrow(0, layout_.full_offset(unit) + rank_ * piece_numel(unit), piece_numel(unit));
+}
+
+at::Tensor ParamGroup::shard_piece(const at::Tensor& shard, std::size_t unit) const {
+  return shard.narrow(0, layout_.shard_offset(unit), piece_numel(unit));
+}
+
+at::Tensor ParamGroup::grad_piece(std::size_t unit) const {
+  return options_.stage == 2 ? shard_piece(grad_shard_.tensor(), unit)
+                             : full_piece(grad_full_.tensor(), unit);
+}
+
+at::Tensor ParamGroup::master_piece(std::size_t unit) const {
+  return mixed_precision() ? shard_piece(master_.tensor(), unit)
+                           : full_piece(param_buffer_.tensor(), unit);
+}
 
 void ParamGroup::prepare_backward() {
-  if (!grad_buffer_) return;
+  if (!grad_full_.defined()) return;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& grad = params_[i].mutable_grad();
-    const at::Tensor view = grad_buffer_->param_view(i);
+    const at::Tensor view = grad_full_.tensor()
+                                .narrow(0, layout_.param_offset(i), params_[i].numel())
+                                .view(params_[i].sizes());
     if (!grad.defined() || !grad.is_same(view)) {
-      if (grad.defined()) view.copy_(grad);  // keep what the user accumulated
+      if (grad.defined()) view.copy_(grad);  // keep what was accumulated outside the engine
       grad = view;
     }
   }
@@ -116,46 +136,86 @@ void ParamGroup::finish_backward(bool boundary) {
 }
 
 at::Tensor ParamGroup::owned_grads() const {
-  if (options_.stage == 2) return grad_shard_.tensor();
-  const core::ShardRange range = owned_range();
-  return grad_buffer_->data().narrow(0, range.begin, range.end - range.begin);
+  if (options_.stage == 2) return grad_shard_.tensor().clone();
+  std::vector<at::Tensor> pieces;
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) pieces.push_back(grad_piece(u));
+  return at::cat(pieces);
 }
 
 bool ParamGroup::has_nonfinite_grads() const {
-  return !at::isfinite(owned_grads()).all().item<bool>();
+  if (options_.stage == 2) return !at::isfinite(grad_shard_.tensor()).all().item<bool>();
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    if (!at::isfinite(grad_piece(u)).all().item<bool>()) return true;
+  }
+  return false;
 }
 
 double ParamGroup::grad_square_sum() const {
-  return owned_grads().to(at::kFloat).square().sum().item<double>();
+  if (options_.stage == 2) return grad_shard_.tensor().to(at::kFloat).square().sum().item<double>();
+  at::Tensor total = at::zeros({}, grad_full_.tensor().options().dtype(at::kFloat));
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    total.add_(grad_piece(u).to(at::kFloat).square().sum());
+  }
+  return total.item<double>();
 }
 
 void ParamGroup::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
                                 std::int64_t step) {
-  at::Tensor grads = owned_grads().to(at::kFloat);  // a copy for 16-bit grads, else the buffer
-  if (grad_scale != 1.0) grads.mul_(grad_scale);
-  if (hyper.kind == OptimizerKind::kAdam) {
-    TORCH_CHECK(exp_avg_.defined(), "zero: the group was built for SGD but stepped with Adam");
-    at::Tensor m = exp_avg_.tensor();
-    at::Tensor v = exp_avg_sq_.tensor();
-    adam_update(master_view_, grads, m, v, hyper, step);
-  } else {
-    at::Tensor buffer = momentum_.defined() ? momentum_.tensor() : at::Tensor();
-    TORCH_CHECK(hyper.momentum == 0.0 || buffer.defined(),
-                "zero: SGD momentum was enabled after the engine was built without it");
-    sgd_update(master_view_, grads, buffer, /*first_step=*/step == 1, hyper);
+  TORCH_CHECK(hyper.kind == options_.optimizer, "zero: the group was built for ",
+              options_.optimizer == OptimizerKind::kAdam ? "Adam" : "SGD",
+              " but stepped with the other optimizer");
+  TORCH_CHECK(hyper.kind == OptimizerKind::kAdam || hyper.momentum == 0.0 || momentum_.defined(),
+              "zero: SGD momentum was enabled after the engine was built without it");
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    at::Tensor master = master_piece(u);
+    at::Tensor grads = grad_piece(u).to(at::kFloat);  // a copy of 16-bit grads
+    if (grad_scale != 1.0) grads.mul_(grad_scale);
+    if (hyper.kind == OptimizerKind::kAdam) {
+      at::Tensor m = shard_piece(exp_avg_.tensor(), u);
+      at::Tensor v = shard_piece(exp_avg_sq_.tensor(), u);
+      adam_update(master, grads, m, v, hyper, step);
+    } else {
+      at::Tensor buffer = momentum_.defined() ? shard_piece(momentum_.tensor(), u) : at::Tensor();
+      sgd_update(master, grads, buffer, /*first_step=*/step == 1, hyper);
+    }
   }
 }
 
 void ParamGroup::gather_params() {
-  if (mixed_precision()) param_buffer_.shard(rank_).copy_(master_view_);
+  const at::Tensor& full = param_buffer_.tensor();
+  if (mixed_precision()) {
+    for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+      full_piece(full, u).copy_(master_piece(u));
+    }
+  }
   if (options_.stage == 0) return;
-  at::Tensor full = param_buffer_.data();
-  communicator_.all_gather(full, param_buffer_.shard(rank_))->wait();
+  std::vector<std::unique_ptr<PendingCollective>> pending;
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    at::Tensor unit = full.narrow(0, layout_.full_offset(u), layout_.unit(u).numel());
+    pending.push_back(communicator_.all_gather(unit, full_piece(full, u)));
+  }
+  for (auto& work : pending) work->wait();
 }
 
 void ParamGroup::zero_grads() {
-  if (grad_buffer_) grad_buffer_->data().zero_();
+  if (grad_full_.defined()) grad_full_.tensor().zero_();
   if (grad_shard_.defined()) grad_shard_.tensor().zero_();
+}
+
+at::Tensor ParamGroup::master_shard() const {
+  if (mixed_precision()) return master_.tensor().clone();
+  std::vector<at::Tensor> pieces;
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) pieces.push_back(master_piece(u));
+  return at::cat(pieces);
+}
+
+void ParamGroup::load_master_shard(const at::Tensor& saved) {
+  TORCH_CHECK(saved.numel() == layout_.shard_numel(), "zero: saved master shard has ",
+              saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
+              "; the checkpoint was written for another model or world size");
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    master_piece(u).copy_(saved.narrow(0, layout_.shard_offset(u), piece_numel(u)));
+  }
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::optimizer_state() const {
