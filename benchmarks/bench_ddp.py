@@ -55,8 +55,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+# The engine under test: this checkout, or another tree with a built zero/ (ZERO_ROOT), e.g. a
+# snapshot of a commit while the checkout is being edited. Spawned ranks inherit it.
+ZERO_ROOT = os.path.abspath(os.environ.get("ZERO_ROOT", ROOT))
+if ZERO_ROOT not in sys.path:
+    sys.path.insert(0, ZERO_ROOT)
 
 MIB = 1024 * 1024
 ALL_CONFIGS = ["ddp-fp32", "zero0-fp32", "zero1-fp32", "zero2-fp32",
@@ -151,7 +154,8 @@ def _run_config(rank, world, name, args):
     numel = sum(p.numel() for p in model.parameters())
     batches = synthetic_batches(gpt, args.micro_batch, args.warmup + args.steps,
                                 seed=1000 + rank)
-    out = {"config": name, "rank": rank, "numel": numel, "threads": torch.get_num_threads()}
+    out = {"config": name, "rank": rank, "numel": numel, "threads": torch.get_num_threads(),
+           "zero_module": os.path.dirname(zero.__file__)}
     if kind == "ddp":
         step_fn, finish = _ddp(model, precision, args, out)
     else:
@@ -402,7 +406,11 @@ def machine_facts():
             return f"({exc})"
     return {"lscpu_head": sh("lscpu | head"), "nproc": sh("nproc"), "free_g": sh("free -g"),
             "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform(),
+            "platform": platform.platform(), "zero_root": ZERO_ROOT,
+            "zero_commit": sh(f"git -C {shlex.quote(ZERO_ROOT)} rev-parse HEAD 2>/dev/null")
+                           or os.environ.get("ZERO_COMMIT", "unknown"),
+            "zero_tree_dirty": sh(f"git -C {shlex.quote(ZERO_ROOT)} status --porcelain "
+                                  "-- zero csrc 2>/dev/null | head -c 2000"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -527,7 +535,10 @@ def render_markdown(summaries, probe, facts, args, command, wall_s):
             lines.append(f"| {op} | {t[op + ' float32']:.1f} | {t[op + ' bfloat16']:.1f} |")
     lines += ["", "## Machine", "", "```", f"$ nproc\n{facts['nproc']}", "$ lscpu | head",
               facts["lscpu_head"], "$ free -g", facts["free_g"], "```", "",
-              f"torch {facts['torch']}, Python {facts['python']}, {facts['platform']}.", ""]
+              f"torch {facts['torch']}, Python {facts['python']}, {facts['platform']}.", "",
+              f"Engine under test: `{facts['zero_root']}` at commit {facts['zero_commit']}"
+              + (" (with uncommitted changes under zero/ or csrc/)"
+                 if facts["zero_tree_dirty"] else "") + ".", ""]
     return "\n".join(lines)
 
 
@@ -541,6 +552,8 @@ def main(argv=None):
         sys.exit(f"unknown configs {unknown}; choose from {ALL_CONFIGS}")
     command = "python " + " ".join(shlex.quote(a) for a in
                                    [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    if ZERO_ROOT != ROOT:
+        command = f"ZERO_ROOT={shlex.quote(ZERO_ROOT)} " + command
     t0 = time.perf_counter()
     results, summaries = [], []
     with tempfile.TemporaryDirectory(prefix="bench_ddp_") as tmp:

@@ -6,6 +6,7 @@
 
 #include "core/memory_registry.h"
 #include "core/partition_plan.h"
+#include "core/sharded_layout.h"
 #include "adapter/collectives.h"
 #include "adapter/cpu_adam_op.h"
 #include "adapter/dtype_map.h"
@@ -103,6 +104,25 @@ void bind_planner(py::module_& m) {
             alignment);
       },
       py::arg("shapes"), py::arg("dtype"), py::arg("world_size"), py::arg("alignment") = 1);
+  py::class_<core::ShardedLayout>(m, "ShardedLayout")
+      .def(py::init([](const std::vector<std::vector<std::int64_t>>& shapes,
+                       const std::string& dtype, int world_size, std::int64_t alignment,
+                       std::int64_t unit_numel) {
+             return core::ShardedLayout(
+                 to_specs(shapes, std::vector<std::string>(shapes.size(), dtype)), world_size,
+                 alignment, unit_numel);
+           }),
+           py::arg("shapes"), py::arg("dtype"), py::arg("world_size"), py::arg("alignment"),
+           py::arg("unit_numel"))
+      .def_property_readonly("world_size", &core::ShardedLayout::world_size)
+      .def_property_readonly("unit_count", &core::ShardedLayout::unit_count)
+      .def_property_readonly("full_numel", &core::ShardedLayout::full_numel)
+      .def_property_readonly("shard_numel", &core::ShardedLayout::shard_numel)
+      .def_property_readonly("max_unit_numel", &core::ShardedLayout::max_unit_numel)
+      .def("unit", &core::ShardedLayout::unit, py::arg("index"))
+      .def("full_offset", &core::ShardedLayout::full_offset, py::arg("unit"))
+      .def("shard_offset", &core::ShardedLayout::shard_offset, py::arg("unit"))
+      .def("param_offset", &core::ShardedLayout::param_offset, py::arg("param"));
   m.def(
       "plan_partition",
       [](const std::vector<std::vector<std::int64_t>>& shapes,

@@ -177,7 +177,9 @@ class ZeroEngine(nn.Module):
         report = self.memory_report()
         path = self.config.memory_report.path
         if path:
-            with open(_rank_path(path, dist.get_rank()), "a") as out:
+            target = _rank_path(path, dist.get_rank())
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            with open(target, "a") as out:
                 out.write(json.dumps(report) + "\n")
         if self.config.steps_per_print and self.global_steps % self.config.steps_per_print == 0:
             if dist.get_rank() == 0:
