@@ -337,8 +337,6 @@ void bind_engine(py::module_& m) {
              at::NoGradGuard no_grad;
              e.group(g).load_master_shard(saved);
            })
-      .def("group_owned_grads",
-           [](adapter::EngineCore& e, std::size_t g) { return e.group(g).owned_grads(); })
       .def("group_optimizer_state",
            [](adapter::EngineCore& e, std::size_t g) {
              py::dict out;

@@ -16,16 +16,23 @@ EngineCore::EngineCore(const std::string& group_name)
       communicator_(resolve_group(group_name)) {}
 
 std::size_t EngineCore::add_group(std::vector<at::Tensor> params, const GroupOptions& options) {
-  TORCH_CHECK(stage_ == -1 || stage_ == options.stage, "zero: every group of an engine uses one "
-              "stage; got ", options.stage, " after ", stage_);
-  stage_ = options.stage;
   at::NoGradGuard no_grad;
-  groups_.push_back(std::make_unique<ParamGroup>(std::move(params), options, *registry_,
-                                                 communicator_));
+  return adopt_group(
+      std::make_unique<ParamGroup>(std::move(params), options, *registry_, communicator_),
+      options.stage);
+}
+
+std::size_t EngineCore::adopt_group(std::unique_ptr<Group> group, int stage) {
+  // Stage 0 replicates everything; any other group shards its gradients or optimizer state,
+  // so the norm needs a sum over ranks. Mixing the two would double-count stage-0 grads.
+  TORCH_CHECK(stage_ == -1 || (stage_ == 0) == (stage == 0), "zero: stage ", stage,
+              " groups cannot be mixed with stage ", stage_, " groups in one engine");
+  stage_ = std::max(stage_, stage);
+  groups_.push_back(std::move(group));
   return groups_.size() - 1;
 }
 
-ParamGroup& EngineCore::group(std::size_t index) {
+Group& EngineCore::group(std::size_t index) {
   TORCH_CHECK(index < groups_.size(), "zero: group ", index, " does not exist (", groups_.size(),
               " groups)");
   return *groups_[index];

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "adapter/collectives.h"
+#include "adapter/group.h"
 #include "adapter/param_group.h"
 #include "core/memory_registry.h"
 
@@ -23,7 +24,9 @@ class EngineCore {
   explicit EngineCore(const std::string& group_name);
 
   std::size_t add_group(std::vector<at::Tensor> params, const GroupOptions& options);
-  ParamGroup& group(std::size_t index);
+  // Takes a group built elsewhere (stage 3's partitioned groups).
+  std::size_t adopt_group(std::unique_ptr<Group> group, int stage);
+  Group& group(std::size_t index);
   std::size_t group_count() const { return groups_.size(); }
 
   void prepare_backward();
@@ -47,8 +50,8 @@ class EngineCore {
   // Declared first so it outlives every buffer that counts bytes in it.
   std::shared_ptr<core::MemoryRegistry> registry_;
   Communicator communicator_;
-  std::vector<std::unique_ptr<ParamGroup>> groups_;
-  int stage_ = -1;
+  std::vector<std::unique_ptr<Group>> groups_;
+  int stage_ = -1;  // the highest stage of any group
 };
 
 }  // namespace zero::adapter

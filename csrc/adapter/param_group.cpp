@@ -43,9 +43,10 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
       options_(options),
       communicator_(communicator),
       rank_(options.stage == 0 ? 0 : communicator.rank()),
-      layout_(layout_for(params_, options, communicator.world_size())) {
+      layout_(layout_for(params_, options, communicator.world_size())),
+      state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
+             options.sgd_momentum, /*keep_master=*/mixed_precision()) {
   const c10::TensorOptions model_options = params_.front().options();
-  const c10::TensorOptions fp32 = model_options.dtype(at::kFloat);
   param_buffer_ =
       allocate(registry, core::MemoryCategory::kParam, layout_.full_numel(), model_options);
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -55,16 +56,9 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
   }
   const std::int64_t shard = layout_.shard_numel();
   if (mixed_precision()) {
-    master_ = allocate(registry, core::MemoryCategory::kMaster, shard, fp32);
     for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
       master_piece(u).copy_(full_piece(param_buffer_.tensor(), u));
     }
-  }
-  if (options_.optimizer == OptimizerKind::kAdam) {
-    exp_avg_ = allocate(registry, core::MemoryCategory::kOptimizerState, shard, fp32);
-    exp_avg_sq_ = allocate(registry, core::MemoryCategory::kOptimizerState, shard, fp32);
-  } else if (options_.sgd_momentum) {
-    momentum_ = allocate(registry, core::MemoryCategory::kOptimizerState, shard, fp32);
   }
   if (options_.stage == 2) {
     grad_shard_ = allocate(registry, core::MemoryCategory::kGradient, shard, model_options);
@@ -101,8 +95,8 @@ at::Tensor ParamGroup::grad_piece(std::size_t unit) const {
 }
 
 at::Tensor ParamGroup::master_piece(std::size_t unit) const {
-  return mixed_precision() ? shard_piece(master_.tensor(), unit)
-                           : full_piece(param_buffer_.tensor(), unit);
+  return state_.has_master() ? state_.master_piece(layout_.shard_offset(unit), piece_numel(unit))
+                             : full_piece(param_buffer_.tensor(), unit);
 }
 
 void ParamGroup::prepare_backward() {
@@ -135,13 +129,6 @@ void ParamGroup::finish_backward(bool boundary) {
   if (options_.stage == 2 || boundary) reducer_->finish();
 }
 
-at::Tensor ParamGroup::owned_grads() const {
-  if (options_.stage == 2) return grad_shard_.tensor().clone();
-  std::vector<at::Tensor> pieces;
-  for (std::size_t u = 0; u < layout_.unit_count(); ++u) pieces.push_back(grad_piece(u));
-  return at::cat(pieces);
-}
-
 bool ParamGroup::has_nonfinite_grads() const {
   if (options_.stage == 2) return !at::isfinite(grad_shard_.tensor()).all().item<bool>();
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
@@ -161,23 +148,10 @@ double ParamGroup::grad_square_sum() const {
 
 void ParamGroup::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
                                 std::int64_t step) {
-  TORCH_CHECK(hyper.kind == options_.optimizer, "zero: the group was built for ",
-              options_.optimizer == OptimizerKind::kAdam ? "Adam" : "SGD",
-              " but stepped with the other optimizer");
-  TORCH_CHECK(hyper.kind == OptimizerKind::kAdam || hyper.momentum == 0.0 || momentum_.defined(),
-              "zero: SGD momentum was enabled after the engine was built without it");
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    at::Tensor master = master_piece(u);
     at::Tensor grads = grad_piece(u).to(at::kFloat);  // a copy of 16-bit grads
     if (grad_scale != 1.0) grads.mul_(grad_scale);
-    if (hyper.kind == OptimizerKind::kAdam) {
-      at::Tensor m = shard_piece(exp_avg_.tensor(), u);
-      at::Tensor v = shard_piece(exp_avg_sq_.tensor(), u);
-      adam_update(master, grads, m, v, hyper, step);
-    } else {
-      at::Tensor buffer = momentum_.defined() ? shard_piece(momentum_.tensor(), u) : at::Tensor();
-      sgd_update(master, grads, buffer, /*first_step=*/step == 1, hyper);
-    }
+    state_.update(master_piece(u), grads, layout_.shard_offset(u), hyper, step);
   }
 }
 
@@ -203,7 +177,6 @@ void ParamGroup::zero_grads() {
 }
 
 at::Tensor ParamGroup::master_shard() const {
-  if (mixed_precision()) return master_.tensor().clone();
   std::vector<at::Tensor> pieces;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) pieces.push_back(master_piece(u));
   return at::cat(pieces);
@@ -216,16 +189,6 @@ void ParamGroup::load_master_shard(const at::Tensor& saved) {
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
     master_piece(u).copy_(saved.narrow(0, layout_.shard_offset(u), piece_numel(u)));
   }
-}
-
-std::vector<std::pair<std::string, at::Tensor>> ParamGroup::optimizer_state() const {
-  std::vector<std::pair<std::string, at::Tensor>> state;
-  if (exp_avg_.defined()) {
-    state.emplace_back("exp_avg", exp_avg_.tensor());
-    state.emplace_back("exp_avg_sq", exp_avg_sq_.tensor());
-  }
-  if (momentum_.defined()) state.emplace_back("momentum_buffer", momentum_.tensor());
-  return state;
 }
 
 }  // namespace zero::adapter

@@ -12,15 +12,14 @@
 // they become ready and released. In fp32 training the master is the param buffer itself
 // (this rank's pieces of it): no extra copy.
 #include <memory>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include <ATen/Tensor.h>
 
 #include "adapter/collectives.h"
 #include "adapter/grad_reducer.h"
-#include "adapter/optimizer_math.h"
+#include "adapter/group.h"
+#include "adapter/shard_state.h"
 #include "adapter/tracked_tensor.h"
 #include "core/sharded_layout.h"
 
@@ -35,35 +34,32 @@ struct GroupOptions {
   bool sgd_momentum = false;  // SGD keeps a momentum buffer only when momentum != 0
 };
 
-class ParamGroup {
+class ParamGroup : public Group {
  public:
   ParamGroup(std::vector<at::Tensor> params, const GroupOptions& options,
              core::MemoryRegistry& registry, Communicator& communicator);
 
-  // --- backward ---
   // Stages 0/1: makes every param.grad our view again (a user's zero_grad may have set it
   // to None).
-  void prepare_backward();
-  void grad_ready(std::size_t index, bool boundary);
-  void finish_backward(bool boundary);
+  void prepare_backward() override;
+  void grad_ready(std::size_t index, bool boundary) override;
+  void finish_backward(bool boundary) override;
 
-  // --- step ---
-  bool has_nonfinite_grads() const;
-  double grad_square_sum() const;  // over the gradients this rank owns, in fp32
-  // step: 1-based count of applied optimizer steps, including this one.
-  void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step);
-  void gather_params();
-  void zero_grads();
+  bool has_nonfinite_grads() const override;
+  double grad_square_sum() const override;
+  void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) override;
+  void gather_params() override;
+  void zero_grads() override;
 
-  // --- inspection and checkpoints (shard layout: this rank's pieces of every unit) ---
-  const core::ShardedLayout& layout() const { return layout_; }
-  at::Device device() const { return param_buffer_.tensor().device(); }
-  at::Tensor master_shard() const;  // a copy
-  void load_master_shard(const at::Tensor& saved);
-  std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
-  at::Tensor owned_grads() const;  // a copy
-  std::size_t bucket_count() const { return reducer_->bucket_count(); }
-  std::int64_t bucket_bytes() const { return reducer_->bucket_bytes(); }
+  const core::ShardedLayout& layout() const override { return layout_; }
+  at::Device device() const override { return param_buffer_.tensor().device(); }
+  at::Tensor master_shard() const override;
+  void load_master_shard(const at::Tensor& saved) override;
+  std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const override {
+    return state_.optimizer_state();
+  }
+  std::size_t bucket_count() const override { return reducer_->bucket_count(); }
+  std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
 
  private:
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
@@ -82,10 +78,7 @@ class ParamGroup {
   TrackedTensor param_buffer_;
   TrackedTensor grad_full_;   // stages 0, 1
   TrackedTensor grad_shard_;  // stage 2
-  TrackedTensor master_;      // mixed precision only
-  TrackedTensor exp_avg_;
-  TrackedTensor exp_avg_sq_;
-  TrackedTensor momentum_;
+  ShardState state_;
   std::unique_ptr<GradReducer> reducer_;
 };
 

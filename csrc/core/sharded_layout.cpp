@@ -52,6 +52,23 @@ ShardedLayout::ShardedLayout(const std::vector<TensorSpec>& params, int world_si
     : world_size_(world_size),
       plan_(plan_partition(params, assign_units(numels_of(params), unit_numel), world_size,
                            alignment)) {
+  compute_offsets();
+}
+
+ShardedLayout::ShardedLayout(const std::vector<TensorSpec>& params, int world_size,
+                             std::int64_t alignment, const std::vector<std::size_t>& unit_of_param)
+    : world_size_(world_size),
+      plan_(plan_partition(params, unit_of_param, world_size, alignment)) {
+  for (std::size_t u = 0; u < plan_.buffers.size(); ++u) {
+    if (plan_.buffers[u].params().empty()) {
+      throw std::invalid_argument("unit " + std::to_string(u) +
+                                  " has no parameters; number units 0..k-1 without gaps");
+    }
+  }
+  compute_offsets();
+}
+
+void ShardedLayout::compute_offsets() {
   for (const FlatBufferPlan& unit : plan_.buffers) {
     full_offsets_.push_back(full_numel_);
     shard_offsets_.push_back(shard_numel_);

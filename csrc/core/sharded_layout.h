@@ -30,6 +30,10 @@ class ShardedLayout {
  public:
   ShardedLayout(const std::vector<TensorSpec>& params, int world_size, std::int64_t alignment,
                 std::int64_t unit_numel);
+  // Units given by the caller (stage 3 gathers by module): unit_of_param[i] is parameter i's
+  // unit; every unit index below the maximum must be used.
+  ShardedLayout(const std::vector<TensorSpec>& params, int world_size, std::int64_t alignment,
+                const std::vector<std::size_t>& unit_of_param);
 
   int world_size() const { return world_size_; }
   DType dtype() const;
@@ -47,6 +51,8 @@ class ShardedLayout {
   std::int64_t max_unit_numel() const;
 
  private:
+  void compute_offsets();
+
   int world_size_;
   PartitionPlan plan_;
   std::vector<std::int64_t> full_offsets_;

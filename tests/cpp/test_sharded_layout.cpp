@@ -67,3 +67,14 @@ TEST_CASE("one world rank owns every unit whole", "[layout]") {
   CHECK(layout.unit_count() == 1);
   CHECK(layout.shard_numel() == layout.full_numel());
 }
+
+TEST_CASE("units can be given explicitly, as stage 3 gathers by module", "[layout]") {
+  const ShardedLayout layout(specs({3, 5, 6, 2}), 2, 1, std::vector<std::size_t>{0, 1, 1, 0});
+  REQUIRE(layout.unit_count() == 2);
+  CHECK(layout.unit(0).params().size() == 2);
+  CHECK(layout.location(3).buffer == 0);
+  CHECK(layout.location(3).index == 1);
+  CHECK(layout.unit(1).numel() == 12);
+  CHECK_THROWS_WITH(ShardedLayout(specs({3, 5}), 2, 1, std::vector<std::size_t>{0, 2}),
+                    Catch::Contains("unit 1 has no parameters"));
+}

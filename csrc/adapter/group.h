@@ -1,0 +1,43 @@
+#pragma once
+// What EngineCore needs from a parameter group, whatever its stage: ParamGroup (stages
+// 0-2, and stage 3's persistent small parameters) and Stage3Group (partitioned parameters).
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include "adapter/optimizer_math.h"
+#include "core/sharded_layout.h"
+
+namespace zero::adapter {
+
+class Group {
+ public:
+  virtual ~Group() = default;
+
+  // --- backward ---
+  virtual void prepare_backward() = 0;
+  virtual void grad_ready(std::size_t index, bool boundary) = 0;
+  virtual void finish_backward(bool boundary) = 0;
+
+  // --- step ---
+  virtual bool has_nonfinite_grads() const = 0;
+  virtual double grad_square_sum() const = 0;  // over the gradients this rank owns, in fp32
+  // step: 1-based count of applied optimizer steps, including this one.
+  virtual void optimizer_step(const OptimizerHyper& hyper, double grad_scale,
+                              std::int64_t step) = 0;
+  virtual void gather_params() = 0;  // make the updated parameters visible after a step
+  virtual void zero_grads() = 0;
+
+  // --- inspection and checkpoints (shard layout: this rank's pieces of every unit) ---
+  virtual const core::ShardedLayout& layout() const = 0;
+  virtual at::Device device() const = 0;
+  virtual at::Tensor master_shard() const = 0;  // a copy
+  virtual void load_master_shard(const at::Tensor& saved) = 0;
+  virtual std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const = 0;
+  virtual std::size_t bucket_count() const = 0;
+  virtual std::int64_t bucket_bytes() const = 0;
+};
+
+}  // namespace zero::adapter

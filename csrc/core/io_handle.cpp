@@ -1,0 +1,93 @@
+#include "core/io_handle.h"
+
+#include <iostream>
+#include <stdexcept>
+#include <utility>
+
+namespace zero::core {
+
+IoCompletion::IoCompletion(std::size_t parts) : remaining_(parts) {}
+
+void IoCompletion::finish_part(std::exception_ptr error, std::uint64_t offset) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (remaining_ == 0) throw std::logic_error("IoCompletion: more parts finished than started");
+  if (error && (!error_ || offset < error_offset_)) {
+    error_ = std::move(error);
+    error_offset_ = offset;
+    failed_ = true;
+  }
+  if (--remaining_ == 0) finished_.notify_all();
+}
+
+void IoCompletion::wait() const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  finished_.wait(lock, [this] { return remaining_ == 0; });
+}
+
+bool IoCompletion::done() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return remaining_ == 0;
+}
+
+bool IoCompletion::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failed_;
+}
+
+std::exception_ptr IoCompletion::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+IoHandle::IoHandle(std::shared_ptr<IoCompletion> completion, std::string description)
+    : completion_(std::move(completion)), description_(std::move(description)) {}
+
+IoHandle::IoHandle(IoHandle&& other) noexcept
+    : completion_(std::move(other.completion_)), description_(std::move(other.description_)) {}
+
+IoHandle& IoHandle::operator=(IoHandle&& other) noexcept {
+  if (this != &other) {
+    settle();
+    completion_ = std::move(other.completion_);
+    description_ = std::move(other.description_);
+  }
+  return *this;
+}
+
+IoHandle::~IoHandle() { settle(); }
+
+void IoHandle::wait() {
+  if (!completion_) {
+    throw std::logic_error("IoHandle::wait: " +
+                           (description_.empty() ? std::string("empty handle")
+                                                 : "'" + description_ + "' was already waited") +
+                           "; wait each handle exactly once");
+  }
+  // Taken out first: whether the transfer succeeded or threw, it has been delivered.
+  const std::shared_ptr<IoCompletion> completion = std::move(completion_);
+  completion->wait();
+  if (std::exception_ptr error = completion->error()) std::rethrow_exception(error);
+}
+
+bool IoHandle::ready() const { return !completion_ || completion_->done(); }
+
+void IoHandle::settle() noexcept {
+  if (!completion_) return;
+  // The kernel or a worker may still be writing into the caller's buffer: never return before
+  // the transfer finished.
+  completion_->wait();
+  if (std::exception_ptr error = completion_->error()) {
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    std::cerr << "zero: swap I/O '" << description_
+              << "' failed and its handle was dropped without wait(): " << what << std::endl;
+  }
+  completion_.reset();
+}
+
+}  // namespace zero::core
