@@ -74,7 +74,10 @@ def main():
         packages=find_packages(include=["zero", "zero.*", "offload", "offload.*"]),
         ext_modules=ext_modules,
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-        entry_points={"console_scripts": ["zero = zero.launcher.runner:main"]},
+        entry_points={"console_scripts": [
+            "zero = zero.launcher.runner:main",
+            "zero-mem = zero.reports.cli:main",
+        ]},
         python_requires=">=3.10",
     )
 

@@ -71,7 +71,10 @@ def parse_args(argv=None):
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--steps", type=int, default=20, help="measured steps per configuration")
     p.add_argument("--warmup", type=int, default=5, help="unmeasured steps first")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--interleaved-steps", type=int, default=30,
+                   help="measured steps per configuration in the interleaved timing run "
+                        "(0 skips it)")
+    p.add_argument("--repeats", type=int, default=2,
                    help="run every configuration this many times (fresh processes each, order "
                         "rotated per round) and pool the measured steps")
     p.add_argument("--micro-batch", type=int, default=4)
@@ -142,8 +145,8 @@ def _run_config(rank, world, name, args):
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     rss_start, rss_peak_start = _rss_now(), _rss_peak()
-    if name == "probe":
-        out = _probe(args)
+    if name in ("probe", "interleaved"):
+        out = _probe(args) if name == "probe" else _interleaved(rank, args)
         dist.destroy_process_group()
         return out
     kind, precision = name.split("-")
@@ -181,6 +184,40 @@ def _run_config(rank, world, name, args):
     out.pop("comm_snapshot", None)
     dist.destroy_process_group()
     return out
+
+
+def _interleaved(rank, args):
+    """Every configuration in this one pair of processes, stepping round-robin (config A step
+    i, config B step i, ...): host noise on a shared VM then hits all configurations alike,
+    so their ratios are far steadier than runs made one after another. No memory numbers
+    come from here (the process holds all models at once)."""
+    from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
+
+    gpt = GPTConfig(vocab_size=args.vocab, block_size=args.block, n_layer=args.n_layer,
+                    n_head=args.n_head, n_embd=args.n_embd)
+    steps = args.warmup + args.interleaved_steps
+    batches = synthetic_batches(gpt, args.micro_batch, steps, seed=1000 + rank)
+    runners = {}
+    for name in args.config_list:
+        kind, precision = name.split("-")
+        torch.manual_seed(0)
+        model = TinyGPT(gpt)
+        scratch = {}
+        if kind == "ddp":
+            runners[name] = _ddp(model, precision, args, scratch)[0]
+        else:
+            runners[name] = _zero(model, int(kind[-1]), precision, args, scratch)[0]
+    times = {name: [] for name in runners}
+    for i in range(steps):
+        order = list(runners)
+        order = order[i % len(order):] + order[:i % len(order)]  # no fixed neighbour
+        for name in order:
+            t0 = time.perf_counter()
+            _, phases = runners[name](*batches[i])
+            elapsed = time.perf_counter() - t0
+            if i >= args.warmup:
+                times[name].append({"total": elapsed, **phases})
+    return {"rank": rank, "step_times": times}
 
 
 def _zero(model, stage, precision, args, out):
@@ -397,6 +434,25 @@ def summarize(results, args):
     return s
 
 
+def _step_stats(rank_times):
+    """rank_times: one list of per-step dicts per rank. The slower rank's time of each step."""
+    n = min(len(t) for t in rank_times)
+    out = {}
+    for key in ("total", "forward", "backward", "step"):
+        per_step = sorted(max(t[i][key] for t in rank_times) * 1e3 for i in range(n))
+        out[key] = {"median": statistics.median(per_step), "p10": per_step[n // 10]}
+    out["steps"] = n
+    return out
+
+
+def summarize_interleaved(result):
+    if "error" in result:
+        return {"error": result["error"]}
+    ranks = result["ranks"]
+    return {name: _step_stats([r["step_times"][name] for r in ranks])
+            for name in ranks[0]["step_times"]}
+
+
 def machine_facts():
     def sh(cmd):
         try:
@@ -423,7 +479,7 @@ def _pair(values, fmt=_mib):
     return " / ".join(fmt(v) for v in values)
 
 
-def render_markdown(summaries, probe, facts, args, command, wall_s):
+def render_markdown(summaries, probe, interleaved, facts, args, command, wall_s):
     ok = [s for s in summaries if "error" not in s]
     ddp = {s["config"].split("-")[1]: s for s in ok if s["config"].startswith("ddp")}
     numel = ok[0]["numel"] if ok else 0
@@ -464,35 +520,60 @@ def render_markdown(summaries, probe, facts, args, command, wall_s):
         "reduce-scatter/all-gather of B = B) differenced over the measured steps; DDP: "
         "2Ψ·4 by the same convention.",
         "",
-        "## Time and communication",
+        "## Step time (ms)",
         "",
-        "| config | step ms median (p10) [per-run medians] | fwd / bwd / step ms | "
-        "vs DDP same precision | "
-        "sent / step (MiB) | by op (MiB) | vs DDP 2Ψ·4 | final loss (rank 0) |",
-        "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: |",
+        "*Interleaved*: all configurations in one pair of processes, stepping round-robin, so "
+        "host noise hits them alike (the fair comparison on this shared VM). *Isolated*: each "
+        "configuration alone in fresh processes (the runs the memory numbers come from); "
+        "per-run medians in brackets show the run-to-run noise.",
+        "",
+        "| config | interleaved median (p10) | fwd / bwd / step | vs DDP same precision "
+        "(median, p10) | isolated median (p10) [per-run medians] | vs DDP isolated |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
     ]
+    inter = (interleaved or {}).get("summary") or {}
     for s in summaries:
         if "error" in s:
             first = s["error"].strip().splitlines()[-1][:200]
-            lines.append(f"| {s['config']} | FAILED: {first} | | | | | | |")
+            lines.append(f"| {s['config']} | FAILED: {first} | | | | |")
             continue
         precision = s["config"].split("-")[1]
         ref = ddp.get(precision)
-        ph = s["phase_ms_median"]
-        ratio = f"{s['step_ms_median'] / ref['step_ms_median']:.2f}x" if ref else "-"
-        by_op = "-"
+        iso_ratio = f"{s['step_ms_median'] / ref['step_ms_median']:.2f}x" if ref else "-"
+        cells = ["-", "-", "-"]
+        it, it_ref = inter.get(s["config"]), inter.get(f"ddp-{precision}")
+        if isinstance(it, dict) and "total" in it:
+            cells[0] = f"{it['total']['median']:.1f} ({it['total']['p10']:.1f})"
+            cells[1] = " / ".join(f"{it[k]['median']:.1f}" for k in ("forward", "backward", "step"))
+            if isinstance(it_ref, dict) and "total" in it_ref:
+                cells[2] = (f"{it['total']['median'] / it_ref['total']['median']:.2f}x, "
+                            f"{it['total']['p10'] / it_ref['total']['p10']:.2f}x")
+        lines.append(
+            f"| {s['config']} | {cells[0]} | {cells[1]} | {cells[2]} | "
+            f"{s['step_ms_median']:.1f} ({s['step_ms_p10']:.1f}) "
+            f"[{', '.join(f'{m:.0f}' for m in s['step_ms_repeat_medians'])}] | {iso_ratio} |")
+    if interleaved and "error" in interleaved:
+        lines += ["", f"Interleaved run FAILED: {interleaved['error'].strip().splitlines()[-1]}"]
+    lines += [
+        "",
+        "## Communication per step and training parity",
+        "",
+        "| config | sent / step (MiB) | by op (MiB) | vs DDP 2Ψ·4 | loss step 1 → last (rank 0) |",
+        "| --- | ---: | --- | ---: | --- |",
+    ]
+    for s in summaries:
+        if "error" in s:
+            lines.append(f"| {s['config']} | FAILED | | | |")
+            continue
+        by_op = f"all_reduce {_mib(s['comm_bytes_per_step'])} (analytic)"
         if "comm_bytes_per_step_by_op" in s:
             by_op = ", ".join(f"{k.replace('_bytes', '')} {_mib(v)}"
                               for k, v in s["comm_bytes_per_step_by_op"].items()
                               if v and k != "total_bytes")
         comm_ratio = s["comm_bytes_per_step"] / s["ddp_allreduce_bytes_per_step"]
         lines.append(
-            f"| {s['config']} | {s['step_ms_median']:.1f} ({s['step_ms_p10']:.1f}) "
-            f"[{', '.join(f'{m:.0f}' for m in s['step_ms_repeat_medians'])}] | "
-            f"{ph['forward']:.1f} / "
-            f"{ph['backward']:.1f} / {ph['step']:.1f} | {ratio} | "
-            f"{_mib(s['comm_bytes_per_step'])} | {by_op} | {comm_ratio:.2f}x | "
-            f"{s['loss_last']:.4f} |")
+            f"| {s['config']} | {_mib(s['comm_bytes_per_step'])} | {by_op} | "
+            f"{comm_ratio:.2f}x | {s['loss_first']:.4f} → {s['loss_last']:.4f} |")
     lines += [
         "",
         "## Memory per rank (MiB; rank 0 / rank 1 where they differ by rank)",
@@ -547,6 +628,7 @@ def main(argv=None):
     if args.threads <= 0:
         args.threads = max(1, (os.cpu_count() or 1) // args.world_size)
     configs = list(dict.fromkeys(c.strip() for c in args.configs.split(",") if c.strip()))
+    args.config_list = configs
     unknown = [c for c in configs if c not in ALL_CONFIGS]
     if unknown:
         sys.exit(f"unknown configs {unknown}; choose from {ALL_CONFIGS}")
@@ -561,6 +643,12 @@ def main(argv=None):
         if not args.no_probe:
             probe = _launch("probe", args, tmp)
             print(f"[probe] {json.dumps(probe.get('ranks', [{}])[0].get('timings_ms', probe))}",
+                  flush=True)
+        interleaved = None
+        if args.interleaved_steps > 0:
+            interleaved = _launch("interleaved", args, tmp)
+            interleaved["summary"] = summarize_interleaved(interleaved)
+            print(f"[interleaved] {json.dumps(interleaved['summary'], default=str)[:2000]}",
                   flush=True)
         by_config = {name: [] for name in configs}
         for rep in range(args.repeats):
@@ -585,7 +673,7 @@ def main(argv=None):
         summaries = [summarize(by_config[name], args) for name in configs]
     wall = time.perf_counter() - t0
     facts = machine_facts()
-    md = render_markdown(summaries, probe, facts, args, command, wall)
+    md = render_markdown(summaries, probe, interleaved, facts, args, command, wall)
     print(md)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -594,6 +682,7 @@ def main(argv=None):
         with open(os.path.join(args.out, "ddp_vs_zero.json"), "w") as f:
             json.dump({"command": command, "args": vars(args), "machine": facts,
                        "wall_s": wall, "summary": summaries, "probe": probe,
+                       "interleaved": interleaved,
                        "raw": results}, f, indent=1)
         print(f"wrote {args.out}/ddp_vs_zero.md and .json")
     return 0 if all("error" not in s for s in summaries) else 1

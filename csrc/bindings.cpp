@@ -11,6 +11,7 @@
 #include "adapter/cpu_adam_op.h"
 #include "adapter/dtype_map.h"
 #include "adapter/engine_core.h"
+#include "adapter/stage3_group.h"
 #include "adapter/flat_buffer.h"
 #include "adapter/process_group.h"
 #include "adapter/tracked_tensor.h"
@@ -272,6 +273,28 @@ adapter::OptimizerHyper to_hyper(const py::dict& d) {
   return h;
 }
 
+adapter::Stage3Group& stage3(adapter::EngineCore& e, std::size_t g) {
+  auto* group = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
+  TORCH_CHECK(group != nullptr, "zero: group ", g, " is not a stage-3 (partitioned) group");
+  return *group;
+}
+
+adapter::GroupOptions group_options(int stage, std::int64_t alignment, std::int64_t unit_numel,
+                                    bool overlap_comm, const std::string& optimizer,
+                                    bool sgd_momentum) {
+  adapter::GroupOptions options;
+  options.stage = stage;
+  options.alignment = alignment;
+  options.unit_numel = unit_numel;
+  options.overlap_comm = overlap_comm;
+  TORCH_CHECK_VALUE(optimizer == "adam" || optimizer == "sgd", "zero: optimizer '", optimizer,
+                    "' is not adam or sgd");
+  options.optimizer =
+      optimizer == "adam" ? adapter::OptimizerKind::kAdam : adapter::OptimizerKind::kSgd;
+  options.sgd_momentum = sgd_momentum;
+  return options;
+}
+
 void bind_engine(py::module_& m) {
   py::class_<adapter::EngineCore>(m, "EngineCore")
       .def(py::init<const std::string&>(), py::arg("group_name"))
@@ -280,20 +303,50 @@ void bind_engine(py::module_& m) {
           [](adapter::EngineCore& e, std::vector<at::Tensor> params, int stage,
              std::int64_t alignment, std::int64_t unit_numel, bool overlap_comm,
              const std::string& optimizer, bool sgd_momentum) {
-            adapter::GroupOptions options;
-            options.stage = stage;
-            options.alignment = alignment;
-            options.unit_numel = unit_numel;
-            options.overlap_comm = overlap_comm;
-            TORCH_CHECK_VALUE(optimizer == "adam" || optimizer == "sgd", "zero: optimizer '",
-                              optimizer, "' is not adam or sgd");
-            options.optimizer =
-                optimizer == "adam" ? adapter::OptimizerKind::kAdam : adapter::OptimizerKind::kSgd;
-            options.sgd_momentum = sgd_momentum;
-            return e.add_group(std::move(params), options);
+            return e.add_group(std::move(params),
+                               group_options(stage, alignment, unit_numel, overlap_comm,
+                                             optimizer, sgd_momentum));
           },
           py::arg("params"), py::arg("stage"), py::arg("alignment"), py::arg("unit_numel"),
           py::arg("overlap_comm"), py::arg("optimizer"), py::arg("sgd_momentum") = false)
+      .def(
+          "add_stage3_group",
+          [](adapter::EngineCore& e, std::vector<at::Tensor> params,
+             const std::vector<std::size_t>& unit_of_param, std::int64_t alignment,
+             bool overlap_comm, const std::string& optimizer, bool sgd_momentum) {
+            at::NoGradGuard no_grad;
+            auto options = group_options(3, alignment, 1, overlap_comm, optimizer, sgd_momentum);
+            return e.adopt_group(
+                std::make_unique<adapter::Stage3Group>(std::move(params), unit_of_param, options,
+                                                       e.registry(), e.communicator()),
+                3);
+          },
+          py::arg("params"), py::arg("unit_of_param"), py::arg("alignment"),
+          py::arg("overlap_comm"), py::arg("optimizer"), py::arg("sgd_momentum") = false)
+      .def("fetch", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
+             at::NoGradGuard no_grad;
+             stage3(e, g).fetch(u);
+           }, py::arg("group"), py::arg("unit"))
+      .def("gather", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
+             at::NoGradGuard no_grad;
+             py::gil_scoped_release no_gil;
+             stage3(e, g).gather(u);
+           }, py::arg("group"), py::arg("unit"))
+      .def("release", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
+             at::NoGradGuard no_grad;
+             py::gil_scoped_release no_gil;
+             stage3(e, g).release(u);
+           }, py::arg("group"), py::arg("unit"))
+      .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
+             at::NoGradGuard no_grad;
+             stage3(e, g).commit(u);
+           }, py::arg("group"), py::arg("unit"))
+      .def("is_gathered", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
+             return stage3(e, g).is_gathered(u);
+           }, py::arg("group"), py::arg("unit"))
+      .def("gathered_numel", [](adapter::EngineCore& e, std::size_t g) {
+             return stage3(e, g).gathered_numel();
+           }, py::arg("group"))
       .def("prepare_backward", &adapter::EngineCore::prepare_backward)
       .def("grad_ready", &adapter::EngineCore::grad_ready, py::arg("group"), py::arg("index"),
            py::arg("boundary"), py::call_guard<py::gil_scoped_release>())

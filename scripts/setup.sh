@@ -19,7 +19,7 @@ if ! python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != 
   echo "setup: installing torch==2.13.0 (the CPU wheel on this machine)"
   $PIP torch==2.13.0
 fi
-if ! python3 -c "import pybind11, pytest, pytest_timeout, ninja, numpy" 2>/dev/null; then
+if ! python3 -c "import pybind11, pytest, pytest_timeout, ninja, numpy, matplotlib" 2>/dev/null; then
   echo "setup: installing Python packages from requirements/dev.txt"
   $PIP -r requirements/dev.txt
 fi
@@ -31,7 +31,7 @@ echo "setup: building the core (CMake) and zero._C"
 python3 setup.py -q build_ext --inplace > build.log 2>&1 || { tail -n 60 build.log; exit 1; }
 
 # Console scripts (`zero`) without rebuilding: an editable install of the pure-Python parts.
-if ! python3 -m pip show zero >/dev/null 2>&1; then
+if ! command -v zero >/dev/null || ! command -v zero-mem >/dev/null; then
   ZERO_SKIP_EXT=1 python3 -m pip install --disable-pip-version-check -q --no-deps \
     --no-build-isolation -e . >/dev/null
 fi

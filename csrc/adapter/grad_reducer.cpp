@@ -6,17 +6,22 @@ namespace zero::adapter {
 
 GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
                          at::Tensor grads, core::MemoryRegistry& registry,
-                         Communicator& communicator)
+                         Communicator& communicator, std::vector<std::size_t> expected)
     : mode_(mode),
       layout_(layout),
       grads_(std::move(grads)),
       registry_(registry),
       communicator_(communicator),
-      missing_(layout.unit_count(), 0),
+      expected_(std::move(expected)),
       slot_of_unit_(layout.unit_count(), nullptr) {
-  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    missing_[u] = layout_.unit(u).params().size();
+  if (expected_.empty()) {
+    for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+      expected_.push_back(layout_.unit(u).params().size());
+    }
   }
+  TORCH_CHECK(expected_.size() == layout_.unit_count(), "zero: expected gradient counts for ",
+              expected_.size(), " units but the layout has ", layout_.unit_count());
+  missing_ = expected_;
   if (mode_ == ReduceMode::kReduceScatter) {
     const std::size_t initial = overlap_comm ? 2 : 1;
     for (std::size_t i = 0; i < initial && i < layout_.unit_count(); ++i) {
@@ -125,10 +130,8 @@ void GradReducer::finish() {
   for (std::size_t u = 0; u < missing_.size(); ++u) missing_[u] = 0;  // unused params: zeros
   launch_ready_units();
   while (!in_flight_.empty()) wait_oldest();
-  for (std::size_t u = 0; u < missing_.size(); ++u) {
-    missing_[u] = layout_.unit(u).params().size();
-    slot_of_unit_[u] = nullptr;
-  }
+  missing_ = expected_;
+  for (auto& slot : slot_of_unit_) slot = nullptr;
   next_position_ = 0;
 }
 

@@ -28,8 +28,11 @@ class GradReducer {
  public:
   // `grads`: the full gradient buffer (kAllReduce) or this rank's gradient shard
   // (kReduceScatter), laid out by `layout`; written, never owned.
+  // expected[u]: how many gradients unit u receives per backward (default: all its
+  // parameters; stage 3 units may hold frozen ones).
   GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
-              at::Tensor grads, core::MemoryRegistry& registry, Communicator& communicator);
+              at::Tensor grads, core::MemoryRegistry& registry, Communicator& communicator,
+              std::vector<std::size_t> expected = {});
 
   // Parameter `param`'s gradient is final for this backward (kReduceScatter copies it).
   void grad_ready(std::size_t param, const at::Tensor& grad);
@@ -64,7 +67,8 @@ class GradReducer {
   at::Tensor grads_;
   core::MemoryRegistry& registry_;
   Communicator& communicator_;
-  std::vector<std::size_t> missing_;  // gradients still to arrive, per unit
+  std::vector<std::size_t> expected_;  // gradients per backward, per unit
+  std::vector<std::size_t> missing_;   // gradients still to arrive, per unit
   std::vector<Slot*> slot_of_unit_;
   std::size_t next_position_ = 0;     // launch position (0 = last unit)
   std::deque<std::unique_ptr<Slot>> slots_;

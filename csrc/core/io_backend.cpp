@@ -1,6 +1,5 @@
 #include "core/io_backend.h"
 
-#include <cstring>
 #include <sstream>
 #include <utility>
 
@@ -13,11 +12,6 @@
 namespace zero::core {
 namespace {
 
-std::string errno_text(int error_number) {
-  return std::string(std::strerror(error_number)) + " (errno " + std::to_string(error_number) +
-         ")";
-}
-
 void require_aligned(std::uint64_t value, const char* what, const IoRequest& request) {
   if (value % kIoAlignment == 0) return;
   std::ostringstream message;
@@ -29,40 +23,6 @@ void require_aligned(std::uint64_t value, const char* what, const IoRequest& req
 }
 
 }  // namespace
-
-IoError::IoError(const std::string& message, std::string path, std::uint64_t offset,
-                 std::uint64_t length, int error_number)
-    : std::runtime_error(message),
-      path_(std::move(path)),
-      offset_(offset),
-      length_(length),
-      error_number_(error_number) {}
-
-IoError IoError::system(const std::string& what, const std::string& path, std::uint64_t offset,
-                        std::uint64_t length, int error_number, const std::string& context) {
-  std::ostringstream message;
-  message << what << " of '" << path << "' failed at offset " << offset << ", length " << length
-          << ": " << errno_text(error_number) << context;
-  return IoError(message.str(), path, offset, length, error_number);
-}
-
-IoError IoError::short_read(const std::string& path, std::uint64_t offset, std::uint64_t length,
-                            std::uint64_t transferred) {
-  std::ostringstream message;
-  message << "short read of '" << path << "' at offset " << offset << ", length " << length
-          << ": end of file after " << transferred
-          << " bytes (the swap file is shorter than its tiles: truncated or replaced behind the "
-             "store's back)";
-  return IoError(message.str(), path, offset, length, 0);
-}
-
-IoError IoError::short_write(const std::string& path, std::uint64_t offset, std::uint64_t length,
-                             std::uint64_t transferred) {
-  std::ostringstream message;
-  message << "short write of '" << path << "' at offset " << offset << ", length " << length
-          << ": the kernel accepted no bytes after " << transferred << " bytes";
-  return IoError(message.str(), path, offset, length, 0);
-}
 
 const char* op_name(IoOp op) { return op == IoOp::kRead ? "read" : "write"; }
 

@@ -8,43 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
 #include <string>
 
+#include "core/io_error.h"
 #include "core/io_handle.h"
 
 namespace zero::core {
 
 class FaultInjector;
-
-class IoError : public std::runtime_error {
- public:
-  IoError(const std::string& message, std::string path, std::uint64_t offset,
-          std::uint64_t length, int error_number);
-
-  // "<what> of '<path>' failed at offset O, length L: <strerror> (errno N)<context>".
-  static IoError system(const std::string& what, const std::string& path, std::uint64_t offset,
-                        std::uint64_t length, int error_number, const std::string& context = "");
-  // End of file before `length` bytes: the file is shorter than the layout says (truncated
-  // behind our back). error_number() is 0: no system call failed.
-  static IoError short_read(const std::string& path, std::uint64_t offset, std::uint64_t length,
-                            std::uint64_t transferred);
-  // A write that made no progress (pwrite returned 0), which the kernel only does for
-  // filesystems that cannot take more data; error_number() is 0.
-  static IoError short_write(const std::string& path, std::uint64_t offset, std::uint64_t length,
-                             std::uint64_t transferred);
-
-  const std::string& path() const { return path_; }
-  std::uint64_t offset() const { return offset_; }
-  std::uint64_t length() const { return length_; }
-  int error_number() const { return error_number_; }  // errno; 0 for short transfers
-
- private:
-  std::string path_;
-  std::uint64_t offset_;
-  std::uint64_t length_;
-  int error_number_;
-};
 
 enum class IoOp : std::uint8_t { kRead, kWrite };
 const char* op_name(IoOp op);  // "read" / "write"

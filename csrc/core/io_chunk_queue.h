@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <exception>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -30,7 +29,10 @@ struct IoChunk {
 
   std::uint64_t file_offset() const { return job->request.offset + begin; }
   std::byte* data() const { return job->request.buffer + begin; }
-  void finish(std::exception_ptr error) const { job->completion.finish_part(error, file_offset()); }
+  void succeed() const { job->completion.part_succeeded(); }
+  void fail(IoFailure failure) const {
+    job->completion.part_failed(std::move(failure), file_offset());
+  }
 };
 
 // Checks the request, cuts it into pieces of at most block_size bytes and returns the job's

@@ -8,14 +8,22 @@ namespace zero::core {
 
 IoCompletion::IoCompletion(std::size_t parts) : remaining_(parts) {}
 
-void IoCompletion::finish_part(std::exception_ptr error, std::uint64_t offset) {
+void IoCompletion::part_succeeded() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (remaining_ == 0) throw std::logic_error("IoCompletion: more parts finished than started");
-  if (error && (!error_ || offset < error_offset_)) {
-    error_ = std::move(error);
-    error_offset_ = offset;
-    failed_ = true;
+  count_down();
+}
+
+void IoCompletion::part_failed(IoFailure failure, std::uint64_t offset) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_ || offset < failure_offset_) {
+    failure_ = std::move(failure);
+    failure_offset_ = offset;
   }
+  count_down();
+}
+
+void IoCompletion::count_down() {
+  if (remaining_ == 0) throw std::logic_error("IoCompletion: more parts finished than started");
   if (--remaining_ == 0) finished_.notify_all();
 }
 
@@ -31,12 +39,12 @@ bool IoCompletion::done() const {
 
 bool IoCompletion::failed() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return failed_;
+  return failure_.has_value();
 }
 
-std::exception_ptr IoCompletion::error() const {
+std::optional<IoFailure> IoCompletion::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return error_;
+  return failure_;
 }
 
 IoHandle::IoHandle(std::shared_ptr<IoCompletion> completion, std::string description)
@@ -66,7 +74,7 @@ void IoHandle::wait() {
   // Taken out first: whether the transfer succeeded or threw, it has been delivered.
   const std::shared_ptr<IoCompletion> completion = std::move(completion_);
   completion->wait();
-  if (std::exception_ptr error = completion->error()) std::rethrow_exception(error);
+  if (const std::optional<IoFailure> failure = completion->failure()) failure->raise();
 }
 
 bool IoHandle::ready() const { return !completion_ || completion_->done(); }
@@ -76,16 +84,10 @@ void IoHandle::settle() noexcept {
   // The kernel or a worker may still be writing into the caller's buffer: never return before
   // the transfer finished.
   completion_->wait();
-  if (std::exception_ptr error = completion_->error()) {
-    std::string what = "unknown error";
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
+  if (const std::optional<IoFailure> failure = completion_->failure()) {
     std::cerr << "zero: swap I/O '" << description_
-              << "' failed and its handle was dropped without wait(): " << what << std::endl;
+              << "' failed and its handle was dropped without wait(): " << failure->message
+              << std::endl;
   }
   completion_.reset();
 }

@@ -3,16 +3,19 @@
 //
 // A backend may cut one request into pieces that finish on different threads; IoCompletion
 // counts them down and keeps the failure at the lowest file offset, so the error a caller sees
-// does not depend on thread timing. IoHandle is the caller's side: waited exactly once, and its
+// does not depend on thread timing. Failures are kept as data (IoFailure) and thrown afresh by
+// the waiting thread. IoHandle is the caller's side: waited exactly once, and its
 // destructor waits for an unwaited request (the buffer must not be freed under the kernel) and
 // reports a failure nobody looked at on stderr rather than dropping it.
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+
+#include "core/io_error.h"
 
 namespace zero::core {
 
@@ -22,22 +25,23 @@ class IoCompletion {
   IoCompletion(const IoCompletion&) = delete;
   IoCompletion& operator=(const IoCompletion&) = delete;
 
-  // Called once per part by the backend; `error` is null on success. `offset` is the file offset
-  // where the failure happened.
-  void finish_part(std::exception_ptr error, std::uint64_t offset);
+  // Called once per part by the backend: succeeded() or failed(). `offset` orders failures.
+  void part_succeeded();
+  void part_failed(IoFailure failure, std::uint64_t offset);
   void wait() const;  // blocks until every part finished
   bool done() const;
   // True as soon as one part failed: workers skip the request's remaining parts.
   bool failed() const;
-  std::exception_ptr error() const;  // null while running or on success
+  std::optional<IoFailure> failure() const;  // empty while running or on success
 
  private:
+  void count_down();  // with mutex_ held
+
   mutable std::mutex mutex_;
   mutable std::condition_variable finished_;
   std::size_t remaining_;
-  std::exception_ptr error_;
-  std::uint64_t error_offset_ = 0;
-  bool failed_ = false;
+  std::optional<IoFailure> failure_;
+  std::uint64_t failure_offset_ = 0;
 };
 
 class IoHandle {
@@ -50,7 +54,7 @@ class IoHandle {
   IoHandle& operator=(const IoHandle&) = delete;
   ~IoHandle();
 
-  // Blocks until the transfer finished; rethrows its IoError. A second call, or a call on an
+  // Blocks until the transfer finished; throws its IoError. A second call, or a call on an
   // empty handle, is a std::logic_error (the error was already delivered once).
   void wait();
   bool pending() const { return completion_ != nullptr; }  // not yet waited

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 
+#include "core/aligned_buffer.h"
 #include "core/fault_injector.h"
 
 namespace zero::core {
@@ -44,6 +45,12 @@ void transfer_chunk_blocking(const IoChunk& chunk, FaultInjector* faults) {
       throw IoError::short_write(request.path, chunk.file_offset(), chunk.length, done);
     }
     done += static_cast<std::size_t>(moved);
+    // An O_DIRECT read only stops off a block boundary at end of file; asking again from that
+    // unaligned offset would fail with EINVAL and hide the real cause.
+    if (request.op == IoOp::kRead && request.direct && done < chunk.length &&
+        done % kIoAlignment != 0) {
+      throw IoError::short_read(request.path, chunk.file_offset(), chunk.length, done);
+    }
   }
 }
 
@@ -81,14 +88,16 @@ void IoThreadPool::work() {
   while (queue_.pop(chunk)) {
     // Once one piece of a request failed the request has failed; skip the rest of it.
     if (chunk.job->completion.failed()) {
-      chunk.finish(nullptr);
+      chunk.succeed();  // counted down; the request's failure is already recorded
     } else {
       try {
         transfer_chunk_blocking(chunk, faults_);
-        chunk.finish(nullptr);
       } catch (...) {
-        chunk.finish(std::current_exception());
+        chunk.fail(IoFailure::of_current_exception());
+        chunk = IoChunk{};
+        continue;
       }
+      chunk.succeed();
     }
     chunk = IoChunk{};  // drop the job reference before sleeping in pop()
   }

@@ -7,10 +7,12 @@
 #include <climits>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "core/aligned_buffer.h"
 #include "core/fault_injector.h"
 
 namespace zero::core {
@@ -95,11 +97,11 @@ class IoUringBackend::Ring {
 
   void start(IoChunk chunk) {
     if (chunk.job->completion.failed()) {
-      chunk.finish(nullptr);  // an earlier piece of this request failed: skip the rest
+      chunk.succeed();  // an earlier piece of this request failed: skip the rest
       return;
     }
     if (!broken_.empty()) {
-      chunk.finish(std::make_exception_ptr(broken_error(chunk, 0)));
+      chunk.fail(IoFailure::of(broken_error(chunk, 0)));
       return;
     }
     const std::size_t slot = free_.back();
@@ -113,23 +115,22 @@ class IoUringBackend::Ring {
   void issue(std::size_t slot) {
     Slot& s = slots_[slot];
     const IoRequest& request = s.chunk.job->request;
-    if (!broken_.empty()) return finish(slot, std::make_exception_ptr(broken_error(s.chunk, s.done)));
+    if (!broken_.empty()) return finish(slot, IoFailure::of(broken_error(s.chunk, s.done)));
     for (;;) {
       const std::uint64_t offset = s.chunk.file_offset() + s.done;
       const std::size_t left = s.chunk.length - s.done;
       const TransferPlan plan = plan_transfer(faults_, request.op, offset, left);
       if (plan.error == EINTR) continue;  // an injected interruption: retry, as for -EINTR
       if (plan.error != 0) {
-        return finish(slot, std::make_exception_ptr(
-                                IoError::system(what(request), request.path, offset, left,
-                                                plan.error)));
+        return finish(slot, IoFailure::of(IoError::system(what(request), request.path, offset,
+                                                          left, plan.error)));
       }
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       if (sqe == nullptr) {
         // Cannot happen: at most `depth` slots are busy and the ring has `depth` entries.
-        return finish(slot, std::make_exception_ptr(std::logic_error(
-                                "IoUringBackend: no free submission entry with " +
-                                std::to_string(busy()) + " pieces busy")));
+        return finish(slot, IoFailure{"IoUringBackend: no free submission entry with " +
+                                          std::to_string(busy()) + " pieces busy",
+                                      request.path, offset, left, 0, false});
       }
       const auto length = static_cast<unsigned>(std::min(plan.length, kMaxSubmission));
       std::byte* data = s.chunk.data() + s.done;
@@ -145,9 +146,13 @@ class IoUringBackend::Ring {
     }
   }
 
-  void finish(std::size_t slot, std::exception_ptr error) {
+  void finish(std::size_t slot, std::optional<IoFailure> failure) {
     Slot& s = slots_[slot];
-    s.chunk.finish(std::move(error));
+    if (failure) {
+      s.chunk.fail(std::move(*failure));
+    } else {
+      s.chunk.succeed();
+    }
     s.chunk = IoChunk{};
     s.state = State::kFree;
     free_.push_back(slot);
@@ -203,18 +208,24 @@ class IoUringBackend::Ring {
     const std::size_t left = s.chunk.length - s.done;
     if (res == -EINTR || res == -EAGAIN) return issue(slot);  // nothing moved: resubmit
     if (res < 0) {
-      return finish(slot, std::make_exception_ptr(
-                              IoError::system(what(request), request.path, offset, left, -res)));
+      return finish(slot,
+                    IoFailure::of(IoError::system(what(request), request.path, offset, left, -res)));
     }
     if (res == 0) {
       const IoError error =
           request.op == IoOp::kRead
               ? IoError::short_read(request.path, s.chunk.file_offset(), s.chunk.length, s.done)
               : IoError::short_write(request.path, s.chunk.file_offset(), s.chunk.length, s.done);
-      return finish(slot, std::make_exception_ptr(error));
+      return finish(slot, IoFailure::of(error));
     }
     s.done += static_cast<std::size_t>(res);
-    if (s.done == s.chunk.length) return finish(slot, nullptr);
+    if (s.done == s.chunk.length) return finish(slot, std::nullopt);
+    // An O_DIRECT read only stops off a block boundary at end of file; resubmitting from that
+    // unaligned offset would fail with EINVAL and hide the real cause.
+    if (request.op == IoOp::kRead && request.direct && s.done % kIoAlignment != 0) {
+      return finish(slot, IoFailure::of(IoError::short_read(request.path, s.chunk.file_offset(),
+                                                            s.chunk.length, s.done)));
+    }
     issue(slot);  // a partial transfer: continue where it stopped
   }
 
@@ -230,7 +241,7 @@ class IoUringBackend::Ring {
     for (std::size_t slot = 0; slot < slots_.size(); ++slot) {
       const State state = slots_[slot].state;
       if (state == State::kPrepared || (state == State::kInKernel && abandon_in_kernel)) {
-        finish(slot, std::make_exception_ptr(broken_error(slots_[slot].chunk, slots_[slot].done)));
+        finish(slot, IoFailure::of(broken_error(slots_[slot].chunk, slots_[slot].done)));
       }
     }
     prepared_.clear();

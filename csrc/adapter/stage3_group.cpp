@@ -1,0 +1,200 @@
+#include "adapter/stage3_group.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
+#include <c10/util/Exception.h>
+
+#include "adapter/dtype_map.h"
+
+namespace zero::adapter {
+namespace {
+
+core::ShardedLayout stage3_layout(const std::vector<at::Tensor>& params,
+                                  const std::vector<std::size_t>& unit_of_param,
+                                  const GroupOptions& options, int world_size) {
+  TORCH_CHECK(!params.empty(), "zero: a parameter group has no parameters");
+  TORCH_CHECK(unit_of_param.size() == params.size(), "zero: got ", unit_of_param.size(),
+              " unit ids for ", params.size(), " parameters");
+  std::vector<core::TensorSpec> specs;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].scalar_type() == params.front().scalar_type(), "zero: parameter ", i,
+                " is ", params[i].scalar_type(), " but parameter 0 is ",
+                params.front().scalar_type(), "; the engine groups parameters by dtype");
+    specs.push_back({params[i].sizes().vec(), to_core_dtype(params[i].scalar_type())});
+  }
+  return core::ShardedLayout(specs, world_size, options.alignment, unit_of_param);
+}
+
+}  // namespace
+
+Stage3Group::Stage3Group(std::vector<at::Tensor> params,
+                         const std::vector<std::size_t>& unit_of_param,
+                         const GroupOptions& options, core::MemoryRegistry& registry,
+                         Communicator& communicator)
+    : params_(std::move(params)),
+      options_(options),
+      registry_(registry),
+      communicator_(communicator),
+      layout_(stage3_layout(params_, unit_of_param, options, communicator.world_size())),
+      state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
+             options.sgd_momentum, /*keep_master=*/mixed_precision()),
+      units_(layout_.unit_count()) {
+  const c10::TensorOptions model_options = params_.front().options();
+  param_shard_ = TrackedTensor(registry, core::MemoryCategory::kParam,
+                               core::MemoryLocation::kDevice, layout_.shard_numel(),
+                               model_options);
+  grad_shard_ = TrackedTensor(registry, core::MemoryCategory::kGradient,
+                              core::MemoryLocation::kDevice, layout_.shard_numel(),
+                              model_options);
+  const int rank = communicator_.rank();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const core::ParamLocation where = layout_.location(i);
+    Unit& unit = units_[where.buffer];
+    unit.params.push_back(i);
+    if (params_[i].requires_grad()) ++unit.trainable;
+    // Copy this rank's slices of the full parameter into its shard, then drop the full one.
+    const std::int64_t base = layout_.shard_offset(where.buffer);
+    for (const core::OwnedSlice& slice : layout_.unit(where.buffer).owned_slices(where.index)) {
+      if (slice.rank != rank) continue;
+      const std::int64_t length = slice.param_end - slice.param_begin;
+      param_shard_.tensor().narrow(0, base + slice.shard_offset, length)
+          .copy_(params_[i].detach().reshape({-1}).narrow(0, slice.param_begin, length));
+    }
+    params_[i].set_data(at::empty({0}, model_options));
+  }
+  if (mixed_precision()) state_.master_piece(0, layout_.shard_numel()).copy_(param_shard_.tensor());
+  std::vector<std::size_t> expected;
+  for (Unit& unit : units_) {
+    unit.pending_grads = unit.trainable;
+    expected.push_back(unit.trainable);
+  }
+  reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
+                                           options_.overlap_comm, grad_shard_.tensor(), registry,
+                                           communicator_, std::move(expected));
+}
+
+at::Tensor Stage3Group::shard_piece(const at::Tensor& shard, std::size_t unit) const {
+  return shard.narrow(0, layout_.shard_offset(unit), layout_.unit(unit).shard_numel());
+}
+
+at::Tensor Stage3Group::master() const {
+  return mixed_precision() ? state_.master_piece(0, layout_.shard_numel()) : param_shard_.tensor();
+}
+
+void Stage3Group::fetch(std::size_t index) {
+  Unit& unit = units_.at(index);
+  if (unit.gathered.defined()) return;
+  const core::FlatBufferPlan& plan = layout_.unit(index);
+  unit.gathered = TrackedTensor(registry_, core::MemoryCategory::kGatheredParam,
+                                core::MemoryLocation::kDevice, plan.numel(),
+                                param_shard_.tensor().options());
+  unit.in_flight = communicator_.all_gather(unit.gathered.tensor(),
+                                            shard_piece(param_shard_.tensor(), index));
+}
+
+void Stage3Group::gather(std::size_t index) {
+  fetch(index);
+  Unit& unit = units_.at(index);
+  if (unit.in_flight) {
+    unit.in_flight->wait();
+    unit.in_flight.reset();
+    attach(index);
+  }
+}
+
+void Stage3Group::attach(std::size_t index) {
+  const Unit& unit = units_[index];
+  const core::FlatBufferPlan& plan = layout_.unit(index);
+  for (const std::size_t p : unit.params) {
+    const core::ParamSlot& slot = plan.params()[layout_.location(p).index];
+    params_[p].set_data(unit.gathered.tensor().narrow(0, slot.offset, slot.numel).view(slot.shape));
+  }
+}
+
+void Stage3Group::release(std::size_t index) {
+  Unit& unit = units_.at(index);
+  if (!unit.gathered.defined()) return;
+  if (unit.in_flight) {  // never free a buffer a collective is still writing
+    unit.in_flight->wait();
+    unit.in_flight.reset();
+  }
+  const at::TensorOptions options = param_shard_.tensor().options();
+  for (const std::size_t p : unit.params) params_[p].set_data(at::empty({0}, options));
+  unit.gathered.reset();
+}
+
+std::int64_t Stage3Group::gathered_numel() const {
+  std::int64_t numel = 0;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].gathered.defined()) numel += layout_.unit(u).numel();
+  }
+  return numel;
+}
+
+void Stage3Group::commit(std::size_t index) {
+  Unit& unit = units_.at(index);
+  TORCH_CHECK(unit.gathered.defined() && !unit.in_flight, "zero: commit(", index,
+              ") needs the unit gathered");
+  const core::FlatBufferPlan& plan = layout_.unit(index);
+  const int rank = communicator_.rank();
+  const at::Tensor mine = unit.gathered.tensor().narrow(0, rank * plan.shard_numel(),
+                                                         plan.shard_numel());
+  shard_piece(param_shard_.tensor(), index).copy_(mine);
+  if (mixed_precision()) {
+    state_.master_piece(layout_.shard_offset(index), plan.shard_numel()).copy_(mine);
+  }
+}
+
+void Stage3Group::prepare_backward() {}
+
+void Stage3Group::grad_ready(std::size_t index, bool /*boundary*/) {
+  TORCH_CHECK(index < params_.size(), "zero: parameter index ", index, " outside the group's ",
+              params_.size());
+  at::Tensor& grad = params_[index].mutable_grad();
+  reducer_->grad_ready(index, grad);
+  grad = at::Tensor();  // the bucket has it
+  Unit& unit = units_[layout_.location(index).buffer];
+  TORCH_CHECK(unit.pending_grads > 0, "zero: more gradients than trainable parameters in unit ",
+              layout_.location(index).buffer);
+  if (--unit.pending_grads == 0) release(layout_.location(index).buffer);
+}
+
+void Stage3Group::finish_backward(bool /*boundary*/) {
+  reducer_->finish();
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    release(u);
+    units_[u].pending_grads = units_[u].trainable;
+  }
+}
+
+bool Stage3Group::has_nonfinite_grads() const {
+  return !at::isfinite(grad_shard_.tensor()).all().item<bool>();
+}
+
+double Stage3Group::grad_square_sum() const {
+  return grad_shard_.tensor().to(at::kFloat).square().sum().item<double>();
+}
+
+void Stage3Group::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
+                                 std::int64_t step) {
+  at::Tensor grads = grad_shard_.tensor().to(at::kFloat);
+  if (grad_scale != 1.0) grads.mul_(grad_scale);
+  state_.update(master(), grads, 0, hyper, step);
+  if (mixed_precision()) param_shard_.tensor().copy_(master());
+}
+
+void Stage3Group::gather_params() {}
+
+void Stage3Group::zero_grads() { grad_shard_.tensor().zero_(); }
+
+at::Tensor Stage3Group::master_shard() const { return master().clone(); }
+
+void Stage3Group::load_master_shard(const at::Tensor& saved) {
+  TORCH_CHECK(saved.numel() == layout_.shard_numel(), "zero: saved master shard has ",
+              saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
+              "; the checkpoint was written for another model or world size");
+  master().copy_(saved);
+  if (mixed_precision()) param_shard_.tensor().copy_(saved);
+}
+
+}  // namespace zero::adapter

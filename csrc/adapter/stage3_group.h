@@ -1,0 +1,91 @@
+#pragma once
+// ZeRO-3: a group whose parameters are partitioned. Each rank keeps only its 1/N of every
+// unit (16-bit params, fp32 master, optimizer state, gradients); a unit's full parameters
+// exist only between gather(u) and release(u), in a buffer counted as `gathered_param`.
+//
+//   forward:  gather(u) before the unit's module runs, release(u) after;
+//   backward: gather(u) again before the unit's backward, and as each gradient becomes
+//             final it is copied into the unit's reduce-scatter bucket and freed; when the
+//             unit's last trainable gradient is in, the bucket is reduce-scattered into this
+//             rank's gradient shard and the unit is released;
+//   step:     the update runs on the shard alone; nothing is gathered afterwards.
+//
+// While released, a parameter's data is an empty tensor of its dtype and device.
+#include <memory>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include "adapter/collectives.h"
+#include "adapter/grad_reducer.h"
+#include "adapter/group.h"
+#include "adapter/param_group.h"
+#include "adapter/shard_state.h"
+#include "adapter/tracked_tensor.h"
+
+namespace zero::adapter {
+
+class Stage3Group : public Group {
+ public:
+  // unit_of_param[i]: the gather unit of params[i] (units numbered 0..k-1 in forward order).
+  Stage3Group(std::vector<at::Tensor> params, const std::vector<std::size_t>& unit_of_param,
+              const GroupOptions& options, core::MemoryRegistry& registry,
+              Communicator& communicator);
+
+  // --- gathering ---
+  void fetch(std::size_t unit);    // starts the all-gather (no-op if gathered or in flight)
+  void gather(std::size_t unit);   // fetch + wait; the unit's parameters are full afterwards
+  void release(std::size_t unit);  // frees the gathered buffer; parameters become empty
+  bool is_gathered(std::size_t unit) const { return units_.at(unit).gathered.defined(); }
+  std::size_t unit_count() const { return layout_.unit_count(); }
+  std::int64_t gathered_numel() const;  // elements of every unit gathered now
+  // Writes the gathered unit's (possibly modified) full parameters back into this rank's
+  // shard and master, e.g. after loading a checkpoint or GatheredParameters edits.
+  void commit(std::size_t unit);
+
+  // --- Group ---
+  void prepare_backward() override;
+  void grad_ready(std::size_t index, bool boundary) override;
+  void finish_backward(bool boundary) override;
+  bool has_nonfinite_grads() const override;
+  double grad_square_sum() const override;
+  void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) override;
+  void gather_params() override;  // nothing: parameters are gathered on demand
+  void zero_grads() override;
+  const core::ShardedLayout& layout() const override { return layout_; }
+  at::Device device() const override { return param_shard_.tensor().device(); }
+  at::Tensor master_shard() const override;
+  void load_master_shard(const at::Tensor& saved) override;
+  std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const override {
+    return state_.optimizer_state();
+  }
+  std::size_t bucket_count() const override { return reducer_->bucket_count(); }
+  std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
+
+ private:
+  struct Unit {
+    std::vector<std::size_t> params;  // indices into params_
+    std::size_t trainable = 0;        // params that produce gradients
+    std::size_t pending_grads = 0;    // still to arrive in this backward
+    TrackedTensor gathered;
+    std::unique_ptr<PendingCollective> in_flight;
+  };
+
+  bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
+  at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
+  void attach(std::size_t unit);  // point the unit's parameters at the gathered buffer
+  at::Tensor master() const;
+
+  std::vector<at::Tensor> params_;
+  GroupOptions options_;
+  core::MemoryRegistry& registry_;
+  Communicator& communicator_;
+  core::ShardedLayout layout_;
+  TrackedTensor param_shard_;  // this rank's 16-bit (or fp32) parameters
+  TrackedTensor grad_shard_;
+  ShardState state_;
+  std::vector<Unit> units_;
+  std::unique_ptr<GradReducer> reducer_;
+};
+
+}  // namespace zero::adapter

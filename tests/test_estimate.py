@@ -1,0 +1,244 @@
+"""zero-mem estimate and tune: the estimate of every category equals the engine's measured
+bytes exactly (stages 0-2, world sizes 1/2/4, fp32/bf16, buckets included), and a tuned
+config runs within its budget."""
+import json
+import os
+
+import pytest
+
+import training
+from distributed_harness import run_distributed
+from zero.reports import cli, tuner
+from zero.reports import estimate as est
+
+FACTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training.py") + ":make_model"
+
+# (stage, precision, overrides of training.engine_config): the brief's grid, plus the
+# bucket-pool and optimizer variants the estimate has to get right too.
+GRID = [(stage, precision, {}) for stage in (0, 1, 2) for precision in ("fp32", "bf16")] + [
+    (2, "bf16", {"overlap_comm": True}),        # two buckets
+    (2, "fp32", {"bucket": 500}),               # units smaller than most parameters
+    (1, "bf16", {"bucket": 500}),
+    (2, "fp32", {"optimizer": "sgd_momentum"}),  # 4 bytes of state per element
+]
+
+
+def _config(stage, precision, overrides):
+    overrides = dict(overrides)
+    optimizer = overrides.pop("optimizer", "adam")
+    config = training.engine_config(stage, gas=1, precision=precision, **overrides)
+    if optimizer == "sgd_momentum":
+        config["optimizer"] = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
+    return config, optimizer
+
+
+def _measure(rank, world, grid):
+    """Every grid entry: one engine, one training step, the report's per-category bytes."""
+    import zero
+
+    out = []
+    for stage, precision, overrides in grid:
+        config, _ = _config(stage, precision, overrides)
+        engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+        engine._core.reset_comm_stats()
+        training.train_engine(engine, rank, world, 1, 1)
+        report = engine.memory_report()
+        comm = engine._core.comm_stats()
+        out.append({"numel": report["numel"],
+                    "current": {k: v["current"] for k, v in report["categories"].items()},
+                    "peak_total": report["total"]["peak"],
+                    "comm": (comm["total_bytes"], comm["calls"]),
+                    "expected": {k: v["expected"] for k, v in report["categories"].items()
+                                 if "expected" in v}})
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_estimate_equals_the_engines_measured_bytes_exactly(world):
+    shapes = est.shapes_from_factory(FACTORY)  # built on meta: the estimator's own path
+    results = run_distributed(_measure, world, args=(GRID,), timeout=120)
+    for rank_result in results:
+        for (stage, precision, overrides), measured in zip(GRID, rank_result):
+            config, optimizer = _config(stage, precision, overrides)
+            zero_cfg = config["zero_optimization"]
+            setup = est.Setup(world_size=world, precision=precision, optimizer=optimizer,
+                              reduce_bucket_size=zero_cfg["reduce_bucket_size"],
+                              overlap_comm=zero_cfg.get("overlap_comm"))
+            estimate = est.estimate(shapes, setup, stage)
+            label = f"stage {stage} {precision} {overrides} N={world}"
+            assert estimate.numel == measured["numel"], label
+            estimated = {k: v["bytes"] for k, v in estimate.categories.items()}
+            for name in set(estimated) | set(measured["current"]):
+                assert estimated.get(name, 0) == measured["current"].get(name, 0), (label, name)
+            for name, value in measured["expected"].items():  # the engine's own formula
+                assert estimated[name] == value, (label, name)
+            assert estimate.device_bytes == sum(measured["current"].values()), label
+            assert estimate.device_bytes == measured["peak_total"], label  # no hidden peak
+            if stage == 2:
+                assert estimated["bucket"] > 0, label
+            # The tuner's communication model: gradient and parameter payload exactly; the
+            # engine adds only scalar all-reduces (the gradient norm for clipping).
+            payload, calls = tuner.communication(stage, estimate, setup.param_bytes, 1)
+            measured_bytes, measured_calls = measured["comm"]
+            assert 0 <= measured_bytes - payload <= 64, (label, measured["comm"], payload)
+            assert 0 <= measured_calls - calls <= 2, (label, measured["comm"], calls)
+
+
+def test_the_meta_device_factory_gives_the_real_models_shapes():
+    meta = est.build_on_meta(training.make_model)
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    assert est.shapes_from_factory(FACTORY).groups == \
+        est.shapes_from_module(training.make_model()).groups
+    # Tied parameters once; frozen ones are not managed but are reported.
+    frozen = est.shapes_from_module(training.make_model(freeze_position_embedding=True))
+    assert frozen.frozen_numel == training.MODEL.block_size * training.MODEL.n_embd
+    assert frozen.trainable_numel == sum(
+        p.numel() for p in training.make_model().parameters()) - frozen.frozen_numel
+
+
+def test_alignment_matches_the_engine():
+    from zero import engine
+
+    assert est.ALIGNMENT_BYTES == engine.ALIGNMENT_BYTES
+
+
+def test_stage3_and_offload_are_formulas_labelled_as_such():
+    shapes = est.shapes_from_factory(FACTORY)
+    setup = est.Setup(world_size=4, precision="bf16", reduce_bucket_size=3000)
+    rows = {e.name: e for e in est.estimate_all(shapes, setup)}
+    for name, row in rows.items():
+        assert row.status == (est.BUILT if row.option.built else est.FORMULA_ONLY), name
+    stage3 = rows["stage 3"]
+    assert stage3.model_state_bytes == 16 * stage3.shard_numel  # 16Ψ/N
+    offload = rows["stage 2 + offload optimizer"]
+    assert offload.host_bytes == 12 * offload.shard_numel  # master + Adam moved to the host
+    assert offload.device_bytes == rows["stage 2"].device_bytes - offload.host_bytes
+    everything = rows["stage 3 + offload optimizer + params"]
+    assert everything.host_bytes == 14 * everything.shard_numel
+
+
+def test_a_bare_parameter_count_is_approximate_but_close():
+    count, world = 10_000_019, 8
+    shapes = est.shapes_from_count(count, reduce_bucket_size=1_000_000)
+    assert not shapes.exact and shapes.trainable_numel == count and "approximate" in shapes.note
+    setup = est.Setup(world_size=world, precision="bf16", reduce_bucket_size=1_000_000)
+    stage2 = est.estimate(shapes, setup, 2)
+    units = stage2.unit_count
+    assert count <= stage2.numel < count + units * world * setup.alignment
+    assert stage2.max_unit_numel < 1_000_000 + world * setup.alignment
+    assert stage2.categories["param"]["bytes"] == 2 * stage2.numel
+
+
+def test_sizes_parse_and_print_with_units():
+    assert est.parse_bytes("2GiB") == 2 * 1024 ** 3
+    assert est.parse_bytes("1.5GB") == 1_500_000_000
+    assert est.parse_bytes("512 MiB") == 512 * 1024 ** 2
+    assert est.parse_count("7B") == 7_000_000_000 and est.parse_count("5e8") == 500_000_000
+    assert est.format_bytes(3 * 1024 ** 3) == "3.00 GiB"
+    assert est.format_bytes(5 * 1024 ** 2) == "5.000 MiB"
+    with pytest.raises(est.EstimateError, match="cannot read the size"):
+        est.parse_bytes("lots")
+
+
+def test_cli_estimate_json_and_table(capsys, tmp_path):
+    assert cli.main(["estimate", "--model", FACTORY, "--world-size", "4", "--num-nodes", "2",
+                     "--precision", "bf16", "--reduce-bucket-size", "3000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [o["option"] for o in out["options"]][:3] == ["stage 0", "stage 1", "stage 2"]
+    for option in out["options"]:
+        assert option["per_node"]["ranks"] == 2
+        assert option["per_node"]["device_bytes"] == 2 * option["device_bytes"]
+        assert option["status"] == ("built" if option["stage"] <= 2 and
+                                    not option["offload_optimizer"] else est.FORMULA_ONLY)
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(training.engine_config(2, precision="bf16")))
+    assert cli.main(["estimate", "--model", FACTORY, "--config", str(config),
+                     "--world-size", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "*stage 2" in text and "MiB" in text and "formula only" in text
+    assert "2Ψ + 14Ψ/N + 1·(U + U/N)·2" in text
+
+
+def test_hf_config_without_transformers_says_so(tmp_path, capsys):
+    try:
+        import transformers  # noqa: F401
+        pytest.skip("transformers is installed here")
+    except ImportError:
+        pass
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2"}))
+    assert cli.main(["estimate", "--hf-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "transformers" in err and "--model" in err
+
+
+def test_a_config_for_stage3_can_be_estimated_but_not_tuned_into(tmp_path, capsys):
+    config = training.engine_config(3, precision="bf16")
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    setup, stage = est.setup_from_config(str(path), world_size=2)
+    assert stage == 3 and setup.overlap_comm is None and setup.precision == "bf16"
+    # A budget nothing built fits: the tuner names the not-built option and writes nothing.
+    out = tmp_path / "tuned.json"
+    assert cli.main(["tune", "--model", FACTORY, "--config", str(path), "--world-size", "2",
+                     "--budget", "0.1MiB", "--out", str(out)]) == 3
+    text = capsys.readouterr().out
+    assert "nothing built fits" in text and "would need stage 3" in text
+    assert not out.exists()
+
+
+# ---- the tuner ------------------------------------------------------------------------------
+
+def _setup(overlap=None):
+    return est.Setup(world_size=2, precision="bf16", reduce_bucket_size=3000,
+                     overlap_comm=overlap)
+
+
+def test_the_tuner_takes_the_least_communication_that_fits():
+    shapes = est.shapes_from_factory(FACTORY)
+    totals = {stage: est.estimate(shapes, _setup(), stage).device_bytes for stage in (0, 1, 2)}
+    assert totals[0] > totals[1] > totals[2]
+    assert tuner.tune(shapes, _setup(), totals[0]).chosen.stage == 0
+    assert tuner.tune(shapes, _setup(), totals[0] - 1).chosen.stage == 1
+    assert tuner.tune(shapes, _setup(), totals[1] - 1).chosen.stage == 2
+    assert tuner.tune(shapes, _setup(), totals[1] + 100, reserve=101).chosen.stage == 2
+    nothing = tuner.tune(shapes, _setup(), totals[2] - 1)
+    assert nothing.chosen is None and nothing.not_built
+    assert all(not e.option.built for e in nothing.not_built)
+
+
+def test_bucket_sizes_halve_down_to_the_largest_parameter():
+    assert tuner.bucket_sizes(1000, 100) == [1000, 500, 250, 125, 100]
+    assert tuner.bucket_sizes(100, 400) == [100]
+
+
+def _run_tuned(rank, world, config_path):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config_path)
+    training.train_engine(engine, rank, world, 3, engine.gradient_accumulation_steps())
+    report = engine.memory_report()
+    return report["stage"], report["total"], engine.config.zero_optimization.overlap_comm
+
+
+def test_a_tuned_config_runs_within_its_budget(tmp_path, capsys):
+    base = training.engine_config(0, precision="bf16", overlap_comm=True)
+    base_path = tmp_path / "base.json"
+    base_path.write_text(json.dumps(base))
+    shapes = est.shapes_from_factory(FACTORY)
+    # Between stage 2 with one bucket and stage 2 with two: the tuner must leave stage 0
+    # and 1 and turn overlap_comm off.
+    one = est.estimate(shapes, _setup(), 2, overlap_comm=False).device_bytes
+    two = est.estimate(shapes, _setup(), 2, overlap_comm=True).device_bytes
+    assert one < two
+    budget = (one + two) // 2
+    out = tmp_path / "tuned.json"
+    assert cli.main(["tune", "--model", FACTORY, "--config", str(base_path), "--world-size", "2",
+                     "--budget", str(budget), "--out", str(out)]) == 0
+    assert "recommended: stage 2" in capsys.readouterr().out
+    tuned = json.loads(out.read_text())
+    assert tuned["zero_optimization"]["overlap_comm"] is False
+    assert tuned["train_micro_batch_size_per_gpu"] == base["train_micro_batch_size_per_gpu"]
+    for stage, total, overlap in run_distributed(_run_tuned, 2, args=(str(out),)):
+        assert stage == 2 and overlap is False
+        assert total["peak"] <= budget and total["current"] == one

@@ -1,0 +1,204 @@
+"""zero-mem: estimate, tune and render the engine's memory.
+
+    zero-mem estimate --model zero.models.tiny_gpt:TinyGPT --world-size 8 --precision bf16
+    zero-mem estimate --params 7B --world-size 64 --num-nodes 8 --config ds_config.json --json
+    zero-mem tune --model pkg.mod:build --world-size 2 --budget 2GiB --out cfg.json
+    zero-mem report runs/ --png memory.png --table
+
+(also `python -m zero.reports.cli ...`). Exit codes: 0 done, 2 bad input, 3 tune found no
+built configuration that fits. See docs/MEMORY.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import estimate as est
+from . import render, tuner
+
+
+def _count(text):
+    try:
+        return est.parse_count(text)
+    except est.EstimateError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _size(text):
+    try:
+        return est.parse_bytes(text)
+    except est.EstimateError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", metavar="MODULE:FACTORY",
+                        help="import path of a callable returning the nn.Module (built on the "
+                             "meta device: nothing is allocated); exact")
+    source.add_argument("--params", type=_count, metavar="N",
+                        help="parameter count (e.g. 7B, 350M); approximate: stands in "
+                             "tensors of --tensor-numel elements for the real shapes")
+    source.add_argument("--hf-config", metavar="CONFIG_JSON",
+                        help="a Hugging Face config.json (needs `transformers`, not required "
+                             "by zero)")
+    parser.add_argument("--tensor-numel", type=_count, metavar="T",
+                        help="with --params: elements per stand-in tensor (default: "
+                             "min(N, reduce_bucket_size))")
+    parser.add_argument("--config", metavar="DS_CONFIG_JSON",
+                        help="DeepSpeed-style config: stage, precision, optimizer, "
+                             "reduce_bucket_size, overlap_comm (flags below override it)")
+    parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3))
+    parser.add_argument("--world-size", type=int, default=None,
+                        help="data-parallel ranks in all (default: $WORLD_SIZE or 1)")
+    parser.add_argument("--num-nodes", type=int, default=1,
+                        help="nodes the ranks are spread over (per-node = per-rank x "
+                             "world-size / num-nodes)")
+    parser.add_argument("--precision", choices=est.PRECISIONS)
+    parser.add_argument("--optimizer", choices=est.OPTIMIZERS,
+                        help="adam (8 bytes/element of state), sgd_momentum (4), sgd (0); "
+                             "default adam or the config's")
+    parser.add_argument("--reduce-bucket-size", type=_count, metavar="ELEMENTS")
+    parser.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None,
+                        help="two reduce buckets instead of one (default: the config's, else "
+                             "DeepSpeed's: on at stage 3 only)")
+
+
+def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
+    world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    overrides = dict(precision=args.precision, optimizer=args.optimizer,
+                     reduce_bucket_size=args.reduce_bucket_size, overlap_comm=args.overlap_comm)
+    base = None
+    if args.config:
+        setup, stage = est.setup_from_config(args.config, world, args.num_nodes, stage=args.stage,
+                                             **overrides)
+        with open(args.config, encoding="utf-8") as handle:
+            base = json.load(handle)
+        return setup, stage, base
+    values = {k: v for k, v in overrides.items() if v is not None}
+    return est.Setup(world_size=world, num_nodes=args.num_nodes, **values), args.stage, base
+
+
+def _shapes(args, setup: est.Setup) -> est.ModelShapes:
+    if args.model:
+        return est.shapes_from_factory(args.model)
+    if args.hf_config:
+        return est.shapes_from_hf_config(args.hf_config)
+    return est.shapes_from_count(args.params, args.tensor_numel, setup.reduce_bucket_size)
+
+
+def cmd_estimate(args) -> int:
+    setup, stage, _ = _setup(args)
+    shapes = _shapes(args, setup)
+    estimates = est.estimate_all(shapes, setup)
+    if args.json:
+        print(json.dumps({
+            "model": {"description": shapes.description, "exact": shapes.exact,
+                      "trainable_numel": shapes.trainable_numel,
+                      "frozen_numel": shapes.frozen_numel, "tensors": shapes.tensor_count,
+                      "largest_param_numel": shapes.largest_param_numel, "note": shapes.note},
+            "setup": setup.to_dict(), "selected_stage": stage,
+            "options": [e.to_dict() for e in estimates],
+            "not_included": ["activations", "autograd transient gradients",
+                             "optimizer-step temporaries", "framework/allocator overhead"],
+        }, indent=2, ensure_ascii=False))
+    else:
+        print(est.format_estimates(shapes, setup, estimates, selected_stage=stage))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    setup, _, base = _setup(args)
+    shapes = _shapes(args, setup)
+    gas = 1
+    if base is not None:
+        gas = int(base.get("gradient_accumulation_steps") or 1)
+    rec = tuner.tune(shapes, setup, args.budget, host_budget=args.host_budget,
+                     reserve=args.reserve, headroom=args.headroom,
+                     gradient_accumulation_steps=gas)
+    config = notes = None
+    if rec.chosen is not None:
+        config, notes = tuner.recommended_config(rec, setup, base, micro_batch=args.micro_batch)
+        rec.notes.extend(notes)
+    if args.json:
+        print(json.dumps({**rec.to_dict(), "config": config}, indent=2, ensure_ascii=False))
+    else:
+        print(tuner.format_recommendation(rec, setup))
+    if config is not None and args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            handle.write(tuner.dump_config(config))
+        if not args.json:
+            print(f"wrote {args.out}")
+    return 0 if rec.chosen is not None else 3
+
+
+def cmd_report(args) -> int:
+    ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else None
+    loaded = render.load(args.paths, run=args.run, ranks=ranks)
+    for warning in loaded.warnings:
+        print(f"zero-mem: {warning}", file=sys.stderr)
+    if args.table or not args.png:
+        print(render.format_table(loaded.series))
+    if args.png:
+        render.plot(loaded.series, args.png)
+        print(f"wrote {args.png}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zero-mem", description="Memory of the zero engine: estimate it before training, "
+        "tune a config to a budget, render what a run measured.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("estimate", help="per-rank and per-node bytes by category, stages 0-3 "
+                       "and offload")
+    _add_model_arguments(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=cmd_estimate)
+
+    p = sub.add_parser("tune", help="the config that fits a budget with the least "
+                       "communication")
+    _add_model_arguments(p)
+    p.add_argument("--budget", type=_size, required=True,
+                   help="memory per device (per rank), e.g. 2GiB, 40GB")
+    p.add_argument("--host-budget", type=_size,
+                   help="host RAM per node for offload options (formula only today)")
+    p.add_argument("--reserve", type=_size, default=0,
+                   help="bytes of the budget kept for activations and overhead (default 0)")
+    p.add_argument("--headroom", type=float, default=0.0,
+                   help="fraction of the budget kept free (default 0)")
+    p.add_argument("--micro-batch", type=int, default=1,
+                   help="train_micro_batch_size_per_gpu of the written config when there is "
+                        "no --config (otherwise the config's, unchanged)")
+    p.add_argument("--out", help="write the recommended DeepSpeed JSON config here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_tune)
+
+    p = sub.add_parser("report", help="table and PNG timeline of a run's memory reports")
+    p.add_argument("paths", nargs="+", metavar="RUN_DIR_OR_JSONL",
+                   help="*.rank<r>.jsonl files, or folders holding them")
+    p.add_argument("--png", help="write the timeline here")
+    p.add_argument("--table", action="store_true",
+                   help="print the table (the default when there is no --png)")
+    p.add_argument("--run", type=int, default=-1,
+                   help="which run of a file several runs appended to (default -1: the last)")
+    p.add_argument("--ranks", help="comma-separated ranks to show (default all)")
+    p.set_defaults(handler=cmd_report)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except (est.EstimateError, render.ReportError) as error:
+        print(f"zero-mem {args.command}: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
