@@ -113,9 +113,10 @@ def _write_files(engine, staging: str, rank: int, client_state: dict) -> None:
          "state": {k: v.detach().clone() for k, v in core.group_optimizer_state(g).items()}}
         for g in range(core.group_count)]}
     _atomic_torch_save(shard, os.path.join(staging, _rank_file(rank)))
+    module_state = engine.module_state_dict()  # every rank: stage 3 gathers unit by unit
     if rank == 0:
         _atomic_torch_save({
-            "module": engine.module.state_dict(),
+            "module": module_state,
             "fingerprint": _fingerprint(engine),
             "optimizer": engine.optimizer.state_dict(),
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
@@ -144,7 +145,7 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     model_state = torch.load(model_file, map_location="cpu", weights_only=False)
     _check_fingerprint(model_state["fingerprint"], _fingerprint(engine), path)
 
-    engine.module.load_state_dict(model_state["module"], strict=load_module_strict)
+    engine.load_module_state_dict(model_state["module"], strict=load_module_strict)
     if not load_module_only:
         if load_optimizer_states:
             _load_shard(engine, path)

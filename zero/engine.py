@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _C
+from . import _C, stage3
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
@@ -47,18 +47,20 @@ class ZeroEngine(nn.Module):
 
         spec, groups = _parameter_groups(model, config, optimizer, model_parameters)
         self._core = _C.EngineCore(dist.group.WORLD.group_name)
-        zero_cfg = config.zero_optimization
-        alignment = max(1, ALIGNMENT_BYTES // torch.tensor([], dtype=self.dtype).element_size())
-        # A unit is the grain of communication: one all-reduce / reduce-scatter of its grads
-        # and one all-gather of its params, so reduce_bucket_size is its size.
-        unit_numel = int(zero_cfg.reduce_bucket_size)
-        for group in groups:
-            self._core.add_group(group["params"], self.stage, alignment, unit_numel,
-                                 zero_cfg.overlap_comm, spec.kind,
-                                 spec.momentum_buffer_needed([group]))
+        self._alignment = max(1, ALIGNMENT_BYTES // _element_size(self.dtype))
+        self._stage3 = None
+        self._partitioned: dict[int, nn.Parameter] = {}
+        self._param_names = _names_by_id(model)
+        # engine group -> (optimizer group, its parameters), for hypers and grad hooks
+        self._engine_groups: list[tuple[int, list[nn.Parameter]]] = []
+        if self.stage == 3:
+            self._build_stage3(spec, groups)
+        else:
+            for owner, group in enumerate(groups):
+                self._add_group(spec, owner, group, group["params"], self.stage)
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
-                       for g, group in enumerate(groups)
-                       for i, param in enumerate(group["params"])]
+                       for g, (_, params) in enumerate(self._engine_groups)
+                       for i, param in enumerate(params)]
         self.optimizer = ZeroOptimizer(spec, groups)
         self.lr_scheduler = _scheduler(config, lr_scheduler, self.optimizer)
         self.loss_scaler = (loss_scaler_from_config(
@@ -66,12 +68,7 @@ class ZeroEngine(nn.Module):
             loss_scale_window=config.fp16.loss_scale_window, hysteresis=config.fp16.hysteresis,
             consecutive_hysteresis=config.fp16.consecutive_hysteresis,
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
-        self._layout = StateLayout(
-            stage=self.stage, world_size=dist.get_world_size(),
-            numel=sum(self._core.group_numel(g) for g in range(len(groups))),
-            param_bytes=torch.tensor([], dtype=self.dtype).element_size(), optimizer=spec.kind,
-            sgd_momentum=spec.momentum_buffer_needed(groups))
-
+        self._layouts = self._state_layouts(spec)
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
@@ -126,6 +123,8 @@ class ZeroEngine(nn.Module):
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
         self._boundary_in_backward = boundary
+        if self._stage3 is not None:
+            self._stage3.start_backward()
         self._core.prepare_backward()
         scaled.backward(retain_graph=retain_graph)
         self._core.finish_backward(boundary)
@@ -139,7 +138,9 @@ class ZeroEngine(nn.Module):
         self.global_samples += self.train_micro_batch_size_per_gpu() * dist.get_world_size()
         if not boundary:
             return
-        result = self._core.step(self.optimizer.hypers(), self.loss_scale,
+        hypers = self.optimizer.hypers()
+        result = self._core.step([hypers[owner] for owner, _ in self._engine_groups],
+                                 self.loss_scale,
                                  float(self.config.gradient_clipping),
                                  self.loss_scaler is not None, self.applied_steps + 1)
         self.last_step_result = result
@@ -164,7 +165,7 @@ class ZeroEngine(nn.Module):
     def memory_report(self) -> dict:
         """Per-category current/peak bytes from the accounting registry, with the ZeRO formula's
         expected value beside each model-state category."""
-        return build_report(self._core.registry(), self._layout, dist.get_rank(),
+        return build_report(self._core.registry(), self._layouts, dist.get_rank(),
                             self.global_steps, self._core.comm_stats())
 
     def print_memory_report(self) -> None:
@@ -195,6 +196,86 @@ class ZeroEngine(nn.Module):
         return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
                                load_lr_scheduler_states, load_module_only)
 
+    # ---- stage 3 ----------------------------------------------------------------------------
+    def gathered_parameters(self, params, modifier_rank=None):
+        """Context in which `params` are whole (stage 3); see zero.GatheredParameters."""
+        if self._stage3 is None:
+            return contextlib.nullcontext()
+        return stage3.gathered_parameters(self, params, modifier_rank)
+
+    def module_state_dict(self) -> dict:
+        """The module's state dict with whole parameters (gathered unit by unit at stage 3).
+        Every rank must call it; at stage 3 only rank 0 gets the full copy."""
+        if self._stage3 is None:
+            return self.module.state_dict()
+        return stage3.full_state_dict(self, keep=dist.get_rank() == 0)
+
+    def load_module_state_dict(self, state: dict, strict: bool = True) -> None:
+        if self._stage3 is None:
+            self.module.load_state_dict(state, strict=strict)
+        else:
+            stage3.load_full_state_dict(self, state, strict)
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
+        """Rank 0 writes the whole model in its training dtype (gathered unit by unit)."""
+        state = self.module_state_dict()
+        if dist.get_rank() == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(save_dir, save_filename)
+            torch.save(state, path + ".partial")
+            os.replace(path + ".partial", path)
+        dist.barrier()
+        return True
+
+    def _build_stage3(self, spec, groups) -> None:
+        zero_cfg = self.config.zero_optimization
+        threshold = int(zero_cfg.stage3_param_persistence_threshold)
+        plan = stage3.plan_units(self.module)
+        placement: dict[int, list[tuple[int, int]]] = {}
+        for owner, group in enumerate(groups):
+            persistent = [p for p in group["params"] if p.numel() <= threshold]
+            partitioned = [p for p in group["params"] if p.numel() > threshold]
+            if persistent:  # small: whole on every rank, optimizer state sharded
+                self._add_group(spec, owner, group, persistent, stage=1)
+            if not partitioned:
+                continue
+            model_units = sorted({plan.unit_of_param[id(p)] for p in partitioned})
+            local = {unit: i for i, unit in enumerate(model_units)}
+            index = self._core.add_stage3_group(
+                partitioned, [local[plan.unit_of_param[id(p)]] for p in partitioned],
+                self._alignment, self.config.zero_optimization.overlap_comm, spec.kind,
+                spec.momentum_buffer_needed([group]))
+            self._engine_groups.append((owner, partitioned))
+            for unit in model_units:
+                placement.setdefault(unit, []).append((index, local[unit]))
+            self._partitioned.update((id(p), p) for p in partitioned)
+        self._stage3 = stage3.Stage3Hooks(self._core, plan, placement)
+
+    def _add_group(self, spec, owner: int, group: dict, params: list, stage: int) -> None:
+        # A unit is the grain of communication: one all-reduce / reduce-scatter of its grads
+        # and one all-gather of its params, so reduce_bucket_size is its size.
+        zero_cfg = self.config.zero_optimization
+        self._core.add_group(params, stage, self._alignment, int(zero_cfg.reduce_bucket_size),
+                             zero_cfg.overlap_comm, spec.kind, spec.momentum_buffer_needed([group]))
+        self._engine_groups.append((owner, params))
+
+    def _state_layouts(self, spec) -> list[StateLayout]:
+        """What the ZeRO formulas describe: one layout per engine group kind (stage 3's
+        persistent parameters follow stage 1 and are reported as a separate layout)."""
+        world = dist.get_world_size()
+        by_stage: dict[int, int] = {}
+        for g, (_, params) in enumerate(self._engine_groups):
+            if self.stage < 3:
+                stage = self.stage
+            else:  # partitioned groups, or stage 3's persistent parameters (a stage-1 group)
+                stage = 3 if id(params[0]) in self._partitioned else 1
+            by_stage[stage] = by_stage.get(stage, 0) + self._core.group_numel(g)
+        return [StateLayout(stage=stage, world_size=world, numel=numel,
+                            param_bytes=_element_size(self.dtype), optimizer=spec.kind,
+                            sgd_momentum=spec.momentum_buffer_needed(self.optimizer.param_groups),
+                            persistent=self.stage == 3 and stage == 1)
+                for stage, numel in sorted(by_stage.items(), reverse=True)]
+
     # ---- internals -------------------------------------------------------------------------
     def _grad_hook(self, group: int, index: int):
         core = self._core
@@ -202,6 +283,17 @@ class ZeroEngine(nn.Module):
         def hook(_param):
             core.grad_ready(group, index, self._boundary_in_backward)
         return hook
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def _names_by_id(model: nn.Module) -> dict[int, list[str]]:
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return names
 
 
 def _training_device() -> torch.device:

@@ -24,6 +24,7 @@ class StateLayout:
     param_bytes: int      # b: 2 (fp16/bf16) or 4 (fp32)
     optimizer: str        # "adam" | "sgd"
     sgd_momentum: bool = False
+    persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
 
     @property
     def mixed_precision(self) -> bool:
@@ -39,7 +40,7 @@ def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     b, stage = layout.param_bytes, layout.stage
     optimizer = {"adam": 8, "sgd": 4 if layout.sgd_momentum else 0}[layout.optimizer]
     return {
-        "param": (b, False),
+        "param": (b, stage >= 3),
         "gradient": (b, stage >= 2),
         # In fp32 training the master is the parameter's own shard: nothing extra.
         "fp32_master": (4 if layout.mixed_precision else 0, stage >= 1),
@@ -80,31 +81,41 @@ def process_memory() -> dict[str, int]:
     return out
 
 
-def build_report(registry, layout: StateLayout, rank: int, step: int, comm_stats: dict) -> dict:
-    """The per-rank memory report: measured current/peak per category beside the formula."""
-    expected = expected_model_state_bytes(layout)
+def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
+                 comm_stats: dict) -> dict:
+    """The per-rank memory report: measured current/peak per category beside the formula
+    (summed over the engine's layouts: stage 3 has its persistent parameters as a second)."""
     categories = {}
     for row in registry.records():
         entry = categories.setdefault(row["category"], {"current": 0, "peak": 0, "by_location": {}})
         entry["current"] += row["current"]
         entry["peak"] = registry.category_usage(row["category"])["peak"]
         entry["by_location"][row["location"]] = {"current": row["current"], "peak": row["peak"]}
-    for name, row in expected.items():
-        entry = categories.setdefault(name, {"current": 0, "peak": 0, "by_location": {}})
-        entry["expected"] = row["bytes"]
-        entry["formula"] = row["formula"]
-    model_state = sum(categories[name]["current"] for name in expected)
+    expected_total = 0
+    for layout in layouts:
+        label = "persistent " if layout.persistent else ""
+        for name, row in expected_model_state_bytes(layout).items():
+            entry = categories.setdefault(name, {"current": 0, "peak": 0, "by_location": {}})
+            entry["expected"] = entry.get("expected", 0) + row["bytes"]
+            formula = f"{label}{row['formula']}"
+            entry["formula"] = f"{entry['formula']} + {formula}" if "formula" in entry else formula
+            expected_total += row["bytes"]
+    model_state = sum(categories[name]["current"] for name in _coefficients(layouts[0]))
+    main = layouts[0]
+    formula = " + ".join(("persistent: " if layout.persistent else "") + total_formula(layout)
+                         for layout in layouts)
     return {
         "rank": rank,
         "step": step,
-        "stage": layout.stage,
-        "world_size": layout.world_size,
-        "numel": layout.numel,
-        "param_bytes": layout.param_bytes,
+        "stage": main.stage,
+        "world_size": main.world_size,
+        "numel": main.numel,
+        "persistent_numel": sum(layout.numel for layout in layouts if layout.persistent),
+        "param_bytes": main.param_bytes,
         "categories": categories,
         "model_state_bytes": model_state,
-        "model_state_expected_bytes": sum(row["bytes"] for row in expected.values()),
-        "model_state_formula": total_formula(layout),
+        "model_state_expected_bytes": expected_total,
+        "model_state_formula": formula,
         "total": registry.total(),
         "process": process_memory(),
         "comm": comm_stats,

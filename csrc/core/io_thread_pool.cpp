@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
+#include <utility>
 
 #include "core/aligned_buffer.h"
 #include "core/fault_injector.h"
@@ -86,20 +88,24 @@ std::shared_ptr<IoCompletion> IoThreadPool::submit(IoRequest request) {
 void IoThreadPool::work() {
   IoChunk chunk;
   while (queue_.pop(chunk)) {
-    // Once one piece of a request failed the request has failed; skip the rest of it.
-    if (chunk.job->completion.failed()) {
-      chunk.succeed();  // counted down; the request's failure is already recorded
-    } else {
-      try {
-        transfer_chunk_blocking(chunk, faults_);
-      } catch (...) {
-        chunk.fail(IoFailure::of_current_exception());
-        chunk = IoChunk{};
-        continue;
-      }
-      chunk.succeed();
-    }
+    run(chunk);
     chunk = IoChunk{};  // drop the job reference before sleeping in pop()
+  }
+}
+
+void IoThreadPool::run(const IoChunk& chunk) {
+  // Once one piece of a request failed the request has failed: count the rest down unrun.
+  if (chunk.job->completion.failed()) return chunk.succeed();
+  std::optional<IoFailure> failure;
+  try {
+    transfer_chunk_blocking(chunk, faults_);
+  } catch (...) {
+    failure = IoFailure::of_current_exception();
+  }
+  if (failure) {
+    chunk.fail(std::move(*failure));
+  } else {
+    chunk.succeed();
   }
 }
 

@@ -24,6 +24,7 @@ class IoThreadPool final : public IoBackend {
 
  private:
   void work();
+  void run(const IoChunk& chunk);
   void shut_down() noexcept;
 
   AioConfig config_;
