@@ -71,8 +71,6 @@ BAD = [
      "scheduler.params.warmup_type", "must be one of \"log\", \"linear\""),
     ("fp16 and bf16", with_(fp16={"enabled": True}, bf16={"enabled": True}), "bf16.enabled",
      "cannot both be enabled"),
-    ("stage 3 not built", with_(zero_optimization={"stage": 3}), "zero_optimization.stage",
-     "needs engine feature 'stage3'"),
     ("stage out of range", with_(zero_optimization={"stage": 4}), "zero_optimization.stage", ">= 0 and <= 3"),
     ("cpu offload not built", with_(zero_optimization={"offload_optimizer": {"device": "cpu"}}),
      "zero_optimization.offload_optimizer.device", "needs engine feature 'offload'"),
@@ -81,8 +79,8 @@ BAD = [
     ("offload device typo", with_(zero_optimization={"offload_optimizer": {"device": "gpu"}}),
      "zero_optimization.offload_optimizer.device", "must be one of \"none\", \"cpu\", \"nvme\""),
     ("aio not built", with_(aio={"block_size": 4096}), "aio.block_size", "needs engine feature 'nvme'"),
-    ("stage3 knob not built", with_(zero_optimization={"stage3_prefetch_bucket_size": 1e6}),
-     "zero_optimization.stage3_prefetch_bucket_size", "needs engine feature 'stage3'"),
+    ("stage3 prefetch not built", with_(zero_optimization={"stage": 3, "stage3_prefetch_bucket_size": 1e6}),
+     "zero_optimization.stage3_prefetch_bucket_size", "needs engine feature 'stage3_prefetch'"),
     ("bool for int", with_(train_micro_batch_size_per_gpu=True), "train_micro_batch_size_per_gpu",
      "expected an integer, got boolean"),
     ("fractional int", with_(zero_optimization={"reduce_bucket_size": 2.5}), "zero_optimization.reduce_bucket_size",
@@ -171,7 +169,7 @@ def test_all_errors_reported_together():
     config = {
         "train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
         "steps_per_prnt": 10,
-        "zero_optimization": {"stage": 3, "reduce_bucket_sise": 1},
+        "zero_optimization": {"stage": 5, "reduce_bucket_sise": 1},
         "fp16": {"enabled": True, "hysteresis": 0},
         "bf16": {"enabled": True},
     }
@@ -352,6 +350,12 @@ def test_memory_report_defaults_to_steps_per_print():
 
 def test_communication_data_type_is_canonicalised():
     assert load_config(with_(communication_data_type="BF16"), 2).communication_data_type == "bf16"
+
+
+def test_stage3_is_built_but_can_be_switched_off():
+    assert load_config(with_(zero_optimization={"stage": 3}), 2).zero_optimization.stage == 3
+    errors = errors_of(with_(zero_optimization={"stage": 3}), enabled_features=set())
+    assert "needs engine feature 'stage3'" in errors_at(errors, "zero_optimization.stage")[0]
 
 
 def test_enabled_features_unlock_stage3_and_offload():

@@ -15,9 +15,24 @@ MICRO_BATCH = 2
 SEED = 0
 
 
-def make_model(config: GPTConfig = MODEL, freeze_position_embedding: bool = False) -> TinyGPT:
+class ReusedBlockGPT(TinyGPT):
+    """TinyGPT whose first block runs twice per forward (a module used more than once)."""
+
+    def forward(self, tokens, targets=None):
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        x = self.blocks[0](x)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                                 targets.view(-1))
+
+
+def make_model(config: GPTConfig = MODEL, freeze_position_embedding: bool = False,
+               reuse_block: bool = False) -> TinyGPT:
     torch.manual_seed(SEED)
-    model = TinyGPT(config)
+    model = (ReusedBlockGPT if reuse_block else TinyGPT)(config)
     if freeze_position_embedding:
         model.position_embedding.weight.requires_grad_(False)
     return model
@@ -74,11 +89,12 @@ def parameters_of(module) -> dict[str, torch.Tensor]:
 
 
 def train_reference(world: int, steps: int, gas: int, config: dict,
-                    freeze_position_embedding: bool = False):
+                    freeze_position_embedding: bool = False, reuse_block: bool = False):
     """Single process, global batch, torch.optim.AdamW, clip_grad_norm_, zero's scheduler."""
     from zero.schedulers import build_scheduler
 
-    model = make_model(freeze_position_embedding=freeze_position_embedding)
+    model = make_model(freeze_position_embedding=freeze_position_embedding,
+                       reuse_block=reuse_block)
     params = [p for p in model.parameters() if p.requires_grad]
     hyper = config["optimizer"]["params"]
     optimizer = torch.optim.AdamW(params, lr=hyper["lr"], betas=tuple(hyper["betas"]),

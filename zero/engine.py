@@ -217,7 +217,15 @@ class ZeroEngine(nn.Module):
             stage3.load_full_state_dict(self, state, strict)
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
-        """Rank 0 writes the whole model in its training dtype (gathered unit by unit)."""
+        """Rank 0 writes the whole model in its training dtype (gathered unit by unit). At
+        stage 3 this needs stage3_gather_16bit_weights_on_model_save, as in DeepSpeed."""
+        if self._stage3 is not None and \
+                not self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
+            if dist.get_rank() == 0:
+                logger.warning("zero: save_16bit_model did nothing: set zero_optimization."
+                               "stage3_gather_16bit_weights_on_model_save to true to gather the "
+                               "weights at stage 3")
+            return False
         state = self.module_state_dict()
         if dist.get_rank() == 0:
             os.makedirs(save_dir, exist_ok=True)
@@ -249,7 +257,9 @@ class ZeroEngine(nn.Module):
             for unit in model_units:
                 placement.setdefault(unit, []).append((index, local[unit]))
             self._partitioned.update((id(p), p) for p in partitioned)
-        self._stage3 = stage3.Stage3Hooks(self._core, plan, placement)
+            stage3._ENGINES.update((id(p), self) for p in partitioned)
+        self._stage3 = stage3.Stage3Hooks(self._core, plan, placement,
+                                          int(zero_cfg.stage3_max_live_parameters))
 
     def _add_group(self, spec, owner: int, group: dict, params: list, stage: int) -> None:
         # A unit is the grain of communication: one all-reduce / reduce-scatter of its grads

@@ -49,10 +49,13 @@ class Stage3Hooks:
     """Gathers a unit before its module runs (forward and backward) and releases it after
     its forward; the C++ group releases it after its backward."""
 
-    def __init__(self, core, plan: UnitPlan, placement: dict[int, list[tuple[int, int]]]):
+    def __init__(self, core, plan: UnitPlan, placement: dict[int, list[tuple[int, int]]],
+                 max_live_numel: int):
         self._core = core
         self._plan = plan
         self._placement = placement  # model unit -> [(engine group, group-local unit)]
+        self._groups = sorted({group for pairs in placement.values() for group, _ in pairs})
+        self._max_live_numel = max_live_numel
         self._handles = []
         self._gathered_for_backward: set[int] = set()
         for unit, (_, module) in enumerate(plan.modules):
@@ -64,6 +67,17 @@ class Stage3Hooks:
     def gather(self, unit: int) -> None:
         for group, local in self._placement.get(unit, ()):
             self._core.gather(group, local)
+        live = self.gathered_numel()
+        if live > self._max_live_numel:
+            name = self._plan.modules[unit][0] or "<root module>"
+            raise RuntimeError(
+                f"zero: gathering unit '{name}' brings the gathered parameters to {live:,} "
+                f"elements, above zero_optimization.stage3_max_live_parameters = "
+                f"{self._max_live_numel:,}; raise the bound or split the model into smaller "
+                "units (every ModuleList child is one unit)")
+
+    def gathered_numel(self) -> int:
+        return sum(self._core.gathered_numel(group) for group in self._groups)
 
     def release(self, unit: int) -> None:
         for group, local in self._placement.get(unit, ()):
@@ -188,3 +202,38 @@ def gathered_parameters(engine, params, modifier_rank=None):
     finally:
         for unit in units:
             hooks.release(unit)
+
+
+class GatheredParameters:
+    """deepspeed.zero.GatheredParameters(params, modifier_rank=None): inside the block the
+    (stage-3 partitioned) parameters are whole; with modifier_rank set, that rank's edits are
+    broadcast and written back into every rank's shard on exit. Parameters that are not
+    partitioned need nothing and pass through."""
+
+    def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
+        del fwd_module
+        self._params = [params] if isinstance(params, torch.Tensor) else list(params)
+        self._modifier_rank = modifier_rank
+        self._enabled = enabled
+        self._context = None
+
+    def __enter__(self):
+        engine = _ENGINES.get(_first_partitioned(self._params)) if self._enabled else None
+        self._context = (gathered_parameters(engine, self._params, self._modifier_rank)
+                         if engine is not None else contextlib.nullcontext())
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
+
+# id(param) -> the stage-3 engine that partitions it (set by the engine, weakly by design:
+# an engine lives as long as training does).
+_ENGINES: dict = {}
+
+
+def _first_partitioned(params):
+    for param in params:
+        if id(param) in _ENGINES:
+            return id(param)
+    return None

@@ -27,8 +27,9 @@ std::size_t round_up(std::size_t bytes, std::size_t alignment) {
 
 AlignedBuffer::AlignedBuffer(std::size_t bytes, std::size_t alignment) : alignment_(alignment) {
   if (!is_power_of_two(alignment) || alignment % sizeof(void*) != 0) {
-    throw std::invalid_argument("AlignedBuffer: alignment must be a power of two and a multiple of " +
-                                std::to_string(sizeof(void*)) + ", got " +
+    throw std::invalid_argument(
+        "AlignedBuffer: alignment must be a power of two and a multiple of " +
+        std::to_string(sizeof(void*)) + ", got " +
                                 std::to_string(alignment));
   }
   const std::size_t rounded = round_up(bytes, alignment);

@@ -51,8 +51,9 @@ void AioConfig::validate() const {
                                 std::to_string(block_size));
   }
   if (queue_depth == 0 || queue_depth > 4096) {
-    throw std::invalid_argument("aio.queue_depth must be in [1, 4096] (io_uring's ring limit), got " +
-                                std::to_string(queue_depth));
+    throw std::invalid_argument(
+        "aio.queue_depth must be in [1, 4096] (io_uring's ring limit), got " +
+        std::to_string(queue_depth));
   }
   if (intra_op_parallelism == 0 || intra_op_parallelism > 256) {
     throw std::invalid_argument("aio.intra_op_parallelism must be in [1, 256] threads, got " +

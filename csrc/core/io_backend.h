@@ -1,7 +1,7 @@
 #pragma once
-// The swap I/O interface: what a request is, how failures are reported (IoError), and the
-// backends that move bytes between host buffers and a swap file (a pread/pwrite thread pool, or
-// io_uring when liburing was found at build time and the kernel allows it at run time).
+// The swap I/O interface: what a request is, how failures are reported (IoError, io_error.h),
+// and the backends that move bytes between host buffers and a swap file (a pread/pwrite thread
+// pool, or io_uring when liburing was found at build time and the kernel allows it at run time).
 //
 // Failures never abort and never come back as silent zeros: every system error, short read or
 // full disk is an IoError naming the file, offset, length and strerror.

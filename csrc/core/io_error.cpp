@@ -6,14 +6,11 @@
 #include <utility>
 
 namespace zero::core {
-namespace {
 
 std::string errno_text(int error_number) {
   return std::string(std::strerror(error_number)) + " (errno " + std::to_string(error_number) +
          ")";
 }
-
-}  // namespace
 
 IoError::IoError(const std::string& message, std::string path, std::uint64_t offset,
                  std::uint64_t length, int error_number)

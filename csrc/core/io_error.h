@@ -6,11 +6,13 @@
 // waited on another, and handing over a copy rather than a shared exception object keeps the
 // exception's lifetime on one thread.
 #include <cstdint>
-#include <optional>
 #include <stdexcept>
 #include <string>
 
 namespace zero::core {
+
+// "<strerror> (errno N)", the way every message of this layer spells a system error.
+std::string errno_text(int error_number);
 
 class IoError : public std::runtime_error {
  public:
@@ -24,8 +26,8 @@ class IoError : public std::runtime_error {
   // behind our back). error_number() is 0: no system call failed.
   static IoError short_read(const std::string& path, std::uint64_t offset, std::uint64_t length,
                             std::uint64_t transferred);
-  // A write that made no progress (pwrite returned 0), which the kernel only does for
-  // filesystems that cannot take more data; error_number() is 0.
+  // A write that made no progress (the kernel returned 0 for a non-zero length); error_number()
+  // is 0.
   static IoError short_write(const std::string& path, std::uint64_t offset, std::uint64_t length,
                              std::uint64_t transferred);
 
@@ -47,7 +49,8 @@ struct IoFailure {
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
   int error_number = 0;
-  bool is_io_error = true;  // false: another exception (a bug, bad_alloc), rethrown as runtime_error
+  // false: another exception (a bug, bad_alloc), raised again as std::runtime_error
+  bool is_io_error = true;
 
   static IoFailure of(const IoError& error);
   // Inside a catch block: the exception being handled, as data.

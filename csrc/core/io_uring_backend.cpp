@@ -26,11 +26,6 @@ constexpr std::size_t kMaxSubmission = std::size_t{1} << 30;
 // so a kernel that keeps saying EAGAIN fails the requests instead of spinning forever.
 constexpr int kMaxIdleSubmitRetries = 10000;
 
-std::string errno_text(int error_number) {
-  return std::string(std::strerror(error_number)) + " (errno " + std::to_string(error_number) +
-         ")";
-}
-
 }  // namespace
 
 class IoUringBackend::Ring {
@@ -208,8 +203,8 @@ class IoUringBackend::Ring {
     const std::size_t left = s.chunk.length - s.done;
     if (res == -EINTR || res == -EAGAIN) return issue(slot);  // nothing moved: resubmit
     if (res < 0) {
-      return finish(slot,
-                    IoFailure::of(IoError::system(what(request), request.path, offset, left, -res)));
+      return finish(slot, IoFailure::of(IoError::system(what(request), request.path, offset,
+                                                        left, -res)));
     }
     if (res == 0) {
       const IoError error =

@@ -25,11 +25,6 @@ constexpr const char* kSuffix = ".bin";
 // More swap files than this from one process in one directory means something is leaking them.
 constexpr std::uint64_t kMaxFilesPerProcess = 1u << 20;
 
-std::string errno_text(int error_number) {
-  return std::string(std::strerror(error_number)) + " (errno " + std::to_string(error_number) +
-         ")";
-}
-
 std::string join(const std::string& directory, const std::string& name) {
   return directory.back() == '/' ? directory + name : directory + "/" + name;
 }

@@ -1,7 +1,8 @@
 """`import zero.compat.deepspeed as deepspeed`: DeepSpeed's names, backed by zero.
 
-Stage-3 names (zero.Init, zero.GatheredParameters, register_external_parameter) exist and
-raise a clear error until ZeRO-3 lands.
+zero.GatheredParameters works on an engine's parameters (stage 3 gathers them; other stages
+need nothing). zero.Init and register_external_parameter exist and raise a clear error until
+they are built.
 """
 from __future__ import annotations
 
@@ -11,26 +12,27 @@ import torch.distributed as _dist
 
 from zero.api import add_config_arguments, init_distributed, initialize
 from zero.engine import ZeroEngine as DeepSpeedEngine
+from zero.stage3 import GatheredParameters
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "comm",
            "DeepSpeedEngine"]
 
 
 class _NeedsStage3:
-    """Placeholder for a ZeRO-3 API: constructing or entering it explains what is missing."""
+    """Placeholder for a ZeRO-3 API not built yet: calling it explains what is missing."""
 
     def __init__(self, name: str):
         self._name = name
 
     def __call__(self, *args, **kwargs):
         raise NotImplementedError(
-            f"deepspeed.zero.{self._name} needs ZeRO stage 3, which zero does not support yet; "
-            "use zero_optimization.stage 0, 1 or 2 and construct the model normally")
+            f"deepspeed.zero.{self._name} needs ZeRO stage 3 features zero does not support yet; "
+            "construct the model normally and pass it to initialize() (stage 3 partitions it)")
 
 
 zero = types.SimpleNamespace(
     Init=_NeedsStage3("Init"),
-    GatheredParameters=_NeedsStage3("GatheredParameters"),
+    GatheredParameters=GatheredParameters,
     register_external_parameter=_NeedsStage3("register_external_parameter"),
 )
 

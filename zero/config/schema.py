@@ -31,15 +31,16 @@ from typing import Any, Mapping, Optional, Tuple
 
 # --------------------------------------------------------------------------- features
 
-FEATURE_STAGE3 = "stage3"  # ZeRO stage 3 (parameter partitioning) and its stage3_* knobs
+FEATURE_STAGE3 = "stage3"  # ZeRO stage 3 (parameter partitioning), persistence, 16-bit save
+FEATURE_STAGE3_PREFETCH = "stage3_prefetch"  # stage-3 prefetch and fetch-tuning knobs
 FEATURE_OFFLOAD = "offload"  # offload optimizer state / parameters to CPU memory
 FEATURE_NVME = "nvme"  # offload to NVMe, and the aio block that tunes it
 
-ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD, FEATURE_NVME})
+ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_STAGE3_PREFETCH, FEATURE_OFFLOAD, FEATURE_NVME})
 
 # The features the engine implements today. When one lands, add it here (one
 # line) and regenerate docs/CONFIG.md with `python -m zero.config.docs`.
-BUILT_FEATURES: frozenset = frozenset()
+BUILT_FEATURES: frozenset = frozenset({FEATURE_STAGE3})
 
 # --------------------------------------------------------------------------- key kinds
 
@@ -352,8 +353,12 @@ OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimi
 ))
 
 
-def _stage3(kind, name, default, doc, **kw):
-    return Key(name, kind, default, doc + " Stage 3 only.", feature=FEATURE_STAGE3, **kw)
+def _stage3(kind, name, default, doc, feature=FEATURE_STAGE3, **kw):
+    return Key(name, kind, default, doc + " Stage 3 only.", feature=feature, **kw)
+
+
+def _stage3_tuning(kind, name, default, doc, **kw):
+    return _stage3(kind, name, default, doc, feature=FEATURE_STAGE3_PREFETCH, **kw)
 
 
 ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer state (stage 1), gradients "
@@ -371,22 +376,22 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
           feature=FEATURE_OFFLOAD),
     _block("offload_optimizer", OFFLOAD_OPTIMIZER, "Optimizer-state offload (table below). Absent or null: none."),
     _block("offload_param", OFFLOAD_PARAM, "Parameter offload (table below). Absent or null: none."),
-    _stage3(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
+    _stage3_tuning(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
             "say 5e8; its code default is 5e7).", minimum=0, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_param_persistence_threshold", 100_000, "Parameters smaller than this stay unpartitioned.",
             minimum=0, auto=AUTO_DEFAULT),
-    _stage3(INT, "stage3_model_persistence_threshold", sys.maxsize, "Cap on the total unpartitioned elements.",
+    _stage3_tuning(INT, "stage3_model_persistence_threshold", sys.maxsize, "Cap on the total unpartitioned elements.",
             minimum=0, default_doc="sys.maxsize"),
     _stage3(INT, "stage3_max_live_parameters", 1_000_000_000, "Parameter elements resident per GPU before "
             "releasing.", minimum=0, auto=AUTO_DEFAULT),
-    _stage3(INT, "stage3_max_reuse_distance", 1_000_000_000, "Keep a parameter if it is reused within this many "
+    _stage3_tuning(INT, "stage3_max_reuse_distance", 1_000_000_000, "Keep a parameter if it is reused within this many "
             "elements.", minimum=0, auto=AUTO_DEFAULT),
     _stage3(BOOL, "stage3_gather_16bit_weights_on_model_save", False, "Gather the full 16-bit weights when saving "
             "the model."),
-    _stage3(INT, "stage3_module_granularity_threshold", 0, "Treat fine-grained modules as one fetch unit.",
+    _stage3_tuning(INT, "stage3_module_granularity_threshold", 0, "Treat fine-grained modules as one fetch unit.",
             minimum=0),
-    _stage3(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Fetch parameters with all-reduce."),
-    _stage3(INT, "sub_group_size", 1_000_000_000, "Elements per optimizer-step tile (ZeRO-3 offload / "
+    _stage3_tuning(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Fetch parameters with all-reduce."),
+    _stage3_tuning(INT, "sub_group_size", 1_000_000_000, "Elements per optimizer-step tile (ZeRO-3 offload / "
             "ZeRO-Infinity).", minimum=0, auto=AUTO_DEFAULT),
     _unsupported(BOOL, "allgather_partitions", True, "All-gather (true) or broadcast updated partitions."),
     _unsupported(BOOL, "load_from_fp32_weights", True, "Initialise fp32 master weights from checkpoint fp32 copies."),
