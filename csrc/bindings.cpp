@@ -344,6 +344,48 @@ void bind_engine(py::module_& m) {
       .def("is_gathered", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
              return stage3(e, g).is_gathered(u);
            }, py::arg("group"), py::arg("unit"))
+      .def(
+          "configure_schedule",
+          [](adapter::EngineCore& e, std::vector<std::string> names, std::int64_t prefetch_numel,
+             std::int64_t max_live_numel, at::Device device) {
+            adapter::ScheduleOptions options;
+            options.prefetch_numel = prefetch_numel;
+            options.max_live_numel = max_live_numel;
+            options.device = device;
+            e.configure_schedule(std::move(names), options);
+          },
+          py::arg("unit_names"), py::arg("prefetch_numel"), py::arg("max_live_numel"),
+          py::arg("device"))
+      .def("place", [](adapter::EngineCore& e, std::size_t unit, std::size_t g, std::size_t local) {
+             e.schedule().place(unit, &stage3(e, g), local);
+           }, py::arg("unit"), py::arg("group"), py::arg("local"))
+      .def("before_forward", [](adapter::EngineCore& e, std::size_t unit, std::int64_t step) {
+             at::NoGradGuard no_grad;
+             py::gil_scoped_release no_gil;
+             e.schedule().before_forward(unit, step);
+           }, py::arg("unit"), py::arg("step"))
+      .def("after_forward", [](adapter::EngineCore& e, std::size_t unit) {
+             at::NoGradGuard no_grad;
+             py::gil_scoped_release no_gil;
+             e.schedule().after_forward(unit);
+           }, py::arg("unit"))
+      .def("before_backward", [](adapter::EngineCore& e, std::size_t unit, std::int64_t step) {
+             at::NoGradGuard no_grad;
+             py::gil_scoped_release no_gil;
+             e.schedule().before_backward(unit, step);
+           }, py::arg("unit"), py::arg("step"))
+      .def("end_backward", [](adapter::EngineCore& e, std::int64_t step) {
+             at::NoGradGuard no_grad;
+             py::gil_scoped_release no_gil;
+             e.schedule().end_backward(step);
+           }, py::arg("step"))
+      .def("schedule_stats", [](adapter::EngineCore& e) {
+             py::dict out;
+             out["prefetches"] = e.schedule().prefetches();
+             out["gathered_numel"] = e.schedule().gathered_numel();
+             out["notice"] = e.schedule().notice();
+             return out;
+           })
       .def("gathered_numel", [](adapter::EngineCore& e, std::size_t g) {
              return stage3(e, g).gathered_numel();
            }, py::arg("group"))

@@ -16,33 +16,37 @@ def _config(**extra):
                                   **extra)
 
 
-def _make(rank, **model_kwargs):
+def _make(rank, prefetch=0, **extra):
     import zero
 
-    model = training.make_model(freeze_position_embedding=True, reuse_block=True, **model_kwargs)
-    engine, _, _, _ = zero.initialize(model=model, config=_config())
+    model = training.make_model(freeze_position_embedding=True, reuse_block=True)
+    config = _config(stage3_prefetch_bucket_size=prefetch, **extra)
+    engine, _, _, _ = zero.initialize(model=model, config=config)
     return engine
 
 
-def _train(rank, world):
-    engine = _make(rank)
+def _train(rank, world, prefetch):
+    engine = _make(rank, prefetch)
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
     state = engine.module_state_dict()
-    live_peak = engine.memory_report()["categories"]["gathered_param"]["peak"]
     released = all(p.numel() == 0 for p in engine._partitioned.values())
-    return losses, ({k: v.float() for k, v in state.items()} if rank == 0 else None), live_peak, released
+    stats = engine._core.schedule_stats()
+    return losses, ({k: v.float() for k, v in state.items()} if rank == 0 else None), stats, released
 
 
+@pytest.mark.parametrize("prefetch", [0, 10**8], ids=["no-prefetch", "prefetch"])
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_stage3_matches_single_process_adamw(world):
+def test_stage3_matches_single_process_adamw(world, prefetch):
     """Tied embeddings, a frozen parameter and a block used twice per forward."""
     ref_losses, ref_params = training.train_reference(world, STEPS, GAS, _config(),
                                                       freeze_position_embedding=True,
                                                       reuse_block=True)
-    results = run_distributed(_train, world, timeout=240)
-    for losses, _, _, released in results:
+    results = run_distributed(_train, world, args=(prefetch,), timeout=240)
+    for losses, _, stats, released in results:
         assert losses == pytest.approx(ref_losses, rel=1e-5)
         assert released  # outside forward/backward no rank holds a whole partitioned parameter
+        assert (stats["prefetches"] > 0) == (prefetch > 0)
+        assert stats["notice"] == ""  # the order never changed
     state = results[0][1]
     for name, expected in ref_params.items():
         assert training.relative_error(state[name], expected) < 1e-5, name
@@ -50,8 +54,8 @@ def test_stage3_matches_single_process_adamw(world):
     assert ref_losses[-1] < ref_losses[0] - 0.2
 
 
-def _memory(rank, world):
-    engine = _make(rank)
+def _memory(rank, world, prefetch=0):
+    engine = _make(rank, prefetch)
     training.train_engine(engine, rank, world, 2, GAS)
     report = engine.memory_report()
     from zero.stage3 import plan_units
@@ -83,13 +87,22 @@ def test_model_states_are_16_psi_over_n_plus_the_persistent_part(world):
     assert report["total"]["current"] == partitioned_bytes + persistent_bytes + buckets
 
 
-def test_the_gathered_working_set_is_the_root_plus_one_block():
+def test_without_prefetch_the_working_set_is_the_root_plus_one_block():
     report, psi, persistent, _, units = run_distributed(_memory, 2)[0]
     peak = report["categories"]["gathered_param"]["peak"]
     root, blocks = units[0][1], [numel for _, numel in units[1:]]
     # fp32: 4 bytes per element. Units are padded to the world size and persistent (small)
     # parameters are not gathered, so the peak sits between one block and root + one block.
     assert 4 * max(blocks) * 0.9 <= peak <= 4 * (root + max(blocks) + 2 * 8 * 2)
+
+
+def test_prefetch_stays_within_its_bound():
+    bound = 13_000  # elements: room to prefetch one block (12,416 + padding), not two
+    report, psi, persistent, _, units = run_distributed(_memory, 2, args=(bound,))[0]
+    peak = report["categories"]["gathered_param"]["peak"]
+    root, blocks = units[0][1], [numel for _, numel in units[1:]]
+    assert peak <= 4 * (root + max(blocks) + bound)
+    assert peak > 4 * (root + max(blocks) + 64)  # it did prefetch a block ahead
     assert peak < 4 * (psi + persistent)  # never the whole model
 
 

@@ -127,6 +127,8 @@ class ZeroEngine(nn.Module):
             self._stage3.start_backward()
         self._core.prepare_backward()
         scaled.backward(retain_graph=retain_graph)
+        if self._stage3 is not None:
+            self._stage3.end_backward()
         self._core.finish_backward(boundary)
         return loss
 
@@ -258,8 +260,11 @@ class ZeroEngine(nn.Module):
                 placement.setdefault(unit, []).append((index, local[unit]))
             self._partitioned.update((id(p), p) for p in partitioned)
             stage3._ENGINES.update((id(p), self) for p in partitioned)
+        self._core.configure_schedule([name for name, _ in plan.modules],
+                                      int(zero_cfg.stage3_prefetch_bucket_size),
+                                      int(zero_cfg.stage3_max_live_parameters), self.device)
         self._stage3 = stage3.Stage3Hooks(self._core, plan, placement,
-                                          int(zero_cfg.stage3_max_live_parameters))
+                                          step_counter=lambda: self.global_steps)
 
     def _add_group(self, spec, owner: int, group: dict, params: list, stage: int) -> None:
         # A unit is the grain of communication: one all-reduce / reduce-scatter of its grads

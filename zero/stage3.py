@@ -46,38 +46,29 @@ def plan_units(model: nn.Module) -> UnitPlan:
 
 
 class Stage3Hooks:
-    """Gathers a unit before its module runs (forward and backward) and releases it after
-    its forward; the C++ group releases it after its backward."""
+    """Module hooks that report events to the C++ gather schedule (gather_schedule.h):
+    before/after each unit's forward, before its backward (a hook on its outputs' grads),
+    and the end of backward. The schedule gathers, prefetches, releases and checks that all
+    ranks agree on the event sequence."""
 
     def __init__(self, core, plan: UnitPlan, placement: dict[int, list[tuple[int, int]]],
-                 max_live_numel: int):
+                 step_counter):
         self._core = core
         self._plan = plan
         self._placement = placement  # model unit -> [(engine group, group-local unit)]
-        self._groups = sorted({group for pairs in placement.values() for group, _ in pairs})
-        self._max_live_numel = max_live_numel
+        self._step = step_counter     # callable: the engine's global step
         self._handles = []
         self._gathered_for_backward: set[int] = set()
         for unit, (_, module) in enumerate(plan.modules):
-            if unit not in placement:
-                continue
-            self._handles.append(module.register_forward_pre_hook(self._pre_forward(unit)))
-            self._handles.append(module.register_forward_hook(self._post_forward(unit)))
+            for group, local in placement.get(unit, ()):
+                core.place(unit, group, local)
+            if unit == 0 or unit in placement:  # the root always: it opens every forward
+                self._handles.append(module.register_forward_pre_hook(self._pre_forward(unit)))
+                self._handles.append(module.register_forward_hook(self._post_forward(unit)))
 
     def gather(self, unit: int) -> None:
         for group, local in self._placement.get(unit, ()):
             self._core.gather(group, local)
-        live = self.gathered_numel()
-        if live > self._max_live_numel:
-            name = self._plan.modules[unit][0] or "<root module>"
-            raise RuntimeError(
-                f"zero: gathering unit '{name}' brings the gathered parameters to {live:,} "
-                f"elements, above zero_optimization.stage3_max_live_parameters = "
-                f"{self._max_live_numel:,}; raise the bound or split the model into smaller "
-                "units (every ModuleList child is one unit)")
-
-    def gathered_numel(self) -> int:
-        return sum(self._core.gathered_numel(group) for group in self._groups)
 
     def release(self, unit: int) -> None:
         for group, local in self._placement.get(unit, ()):
@@ -86,14 +77,17 @@ class Stage3Hooks:
     def start_backward(self) -> None:
         self._gathered_for_backward.clear()
 
+    def end_backward(self) -> None:
+        self._core.end_backward(self._step())
+
     def _pre_forward(self, unit):
         def hook(_module, _inputs):
-            self.gather(unit)
+            self._core.before_forward(unit, self._step())
         return hook
 
     def _post_forward(self, unit):
         def hook(_module, _inputs, outputs):
-            self.release(unit)
+            self._core.after_forward(unit)
             if torch.is_grad_enabled():
                 for tensor in _tensors(outputs):
                     if tensor.requires_grad:
@@ -105,7 +99,7 @@ class Stage3Hooks:
         def hook(grad):
             if unit not in self._gathered_for_backward:
                 self._gathered_for_backward.add(unit)
-                self.gather(unit)
+                self._core.before_backward(unit, self._step())
             return grad
         return hook
 

@@ -32,6 +32,17 @@ std::size_t EngineCore::adopt_group(std::unique_ptr<Group> group, int stage) {
   return groups_.size() - 1;
 }
 
+GatherSchedule& EngineCore::configure_schedule(std::vector<std::string> unit_names,
+                                               const ScheduleOptions& options) {
+  schedule_ = std::make_unique<GatherSchedule>(communicator_, std::move(unit_names), options);
+  return *schedule_;
+}
+
+GatherSchedule& EngineCore::schedule() {
+  TORCH_CHECK(schedule_, "zero: no stage-3 schedule; this engine is not at stage 3");
+  return *schedule_;
+}
+
 Group& EngineCore::group(std::size_t index) {
   TORCH_CHECK(index < groups_.size(), "zero: group ", index, " does not exist (", groups_.size(),
               " groups)");

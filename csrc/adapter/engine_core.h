@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "adapter/collectives.h"
+#include "adapter/gather_schedule.h"
 #include "adapter/group.h"
 #include "adapter/param_group.h"
 #include "core/memory_registry.h"
@@ -39,6 +40,11 @@ class EngineCore {
                   bool check_overflow, std::int64_t step);
   void zero_grads();
 
+  // Stage 3: the schedule that gathers, prefetches and releases units (see gather_schedule.h).
+  GatherSchedule& configure_schedule(std::vector<std::string> unit_names,
+                                     const ScheduleOptions& options);
+  GatherSchedule& schedule();
+
   core::MemoryRegistry& registry() { return *registry_; }
   std::shared_ptr<core::MemoryRegistry> shared_registry() const { return registry_; }
   Communicator& communicator() { return communicator_; }
@@ -51,6 +57,7 @@ class EngineCore {
   std::shared_ptr<core::MemoryRegistry> registry_;
   Communicator communicator_;
   std::vector<std::unique_ptr<Group>> groups_;
+  std::unique_ptr<GatherSchedule> schedule_;  // stage 3 only; refers to groups_
   int stage_ = -1;  // the highest stage of any group
 };
 

@@ -42,6 +42,11 @@ bool IoCompletion::failed() const {
   return failure_.has_value();
 }
 
+bool IoCompletion::failed_below(std::uint64_t offset) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_.has_value() && failure_offset_ < offset;
+}
+
 std::optional<IoFailure> IoCompletion::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;

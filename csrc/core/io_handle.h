@@ -30,8 +30,11 @@ class IoCompletion {
   void part_failed(IoFailure failure, std::uint64_t offset);
   void wait() const;  // blocks until every part finished
   bool done() const;
-  // True as soon as one part failed: workers skip the request's remaining parts.
   bool failed() const;
+  // Whether a failure below file offset `offset` is already recorded. A part starting there
+  // cannot change the error reported, so workers skip it; parts below the failure still run, so
+  // the error reported is always the lowest-offset one whatever the thread timing.
+  bool failed_below(std::uint64_t offset) const;
   std::optional<IoFailure> failure() const;  // empty while running or on success
 
  private:

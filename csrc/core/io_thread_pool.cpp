@@ -94,8 +94,8 @@ void IoThreadPool::work() {
 }
 
 void IoThreadPool::run(const IoChunk& chunk) {
-  // Once one piece of a request failed the request has failed: count the rest down unrun.
-  if (chunk.job->completion.failed()) return chunk.succeed();
+  // The request already failed below this piece: running it cannot change the error reported.
+  if (chunk.job->completion.failed_below(chunk.file_offset())) return chunk.succeed();
   std::optional<IoFailure> failure;
   try {
     transfer_chunk_blocking(chunk, faults_);

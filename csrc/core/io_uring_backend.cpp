@@ -91,8 +91,8 @@ class IoUringBackend::Ring {
   std::size_t busy() const { return slots_.size() - free_.size(); }
 
   void start(IoChunk chunk) {
-    if (chunk.job->completion.failed()) {
-      chunk.succeed();  // an earlier piece of this request failed: skip the rest
+    if (chunk.job->completion.failed_below(chunk.file_offset())) {
+      chunk.succeed();  // cannot change the error reported: skip it
       return;
     }
     if (!broken_.empty()) {

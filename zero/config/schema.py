@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional, Tuple
 # --------------------------------------------------------------------------- features
 
 FEATURE_STAGE3 = "stage3"  # ZeRO stage 3 (parameter partitioning), persistence, 16-bit save
-FEATURE_STAGE3_PREFETCH = "stage3_prefetch"  # stage-3 prefetch and fetch-tuning knobs
+FEATURE_STAGE3_PREFETCH = "stage3_prefetch"  # stage-3 fetch-tuning knobs not built yet
 FEATURE_OFFLOAD = "offload"  # offload optimizer state / parameters to CPU memory
 FEATURE_NVME = "nvme"  # offload to NVMe, and the aio block that tunes it
 
@@ -376,7 +376,7 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
           feature=FEATURE_OFFLOAD),
     _block("offload_optimizer", OFFLOAD_OPTIMIZER, "Optimizer-state offload (table below). Absent or null: none."),
     _block("offload_param", OFFLOAD_PARAM, "Parameter offload (table below). Absent or null: none."),
-    _stage3_tuning(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
+    _stage3(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
             "say 5e8; its code default is 5e7).", minimum=0, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_param_persistence_threshold", 100_000, "Parameters smaller than this stay unpartitioned.",
             minimum=0, auto=AUTO_DEFAULT),
