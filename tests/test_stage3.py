@@ -185,3 +185,47 @@ def test_save_16bit_model_writes_the_whole_model_once(tmp_path):
     written = torch.load(tmp_path / "pytorch_model.bin")
     for name, value in results[0][1].items():
         assert torch.equal(written[name], value), name
+
+
+class _Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 64)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(3))
+        self.head = torch.nn.Linear(64, 1)
+
+    def forward(self, x, branch):
+        x = self.blocks[branch](self.blocks[0](self.embed(x)))
+        return self.head(x).pow(2).mean()
+
+
+def _diverge(rank, world):
+    import zero
+
+    torch.manual_seed(0)
+    config = {"train_micro_batch_size_per_gpu": 2,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 10}}
+    engine, _, _, _ = zero.initialize(model=_Branchy(), config=config)
+    x = torch.randn(2, 8)
+    try:
+        for step in range(3):
+            branch = 1 if step == 0 else 1 + rank  # step 1: rank 0 -> blocks.1, rank 1 -> blocks.2
+            engine.backward(engine(x, branch))
+            engine.step()
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+def test_divergent_ranks_fail_with_the_module_and_step_named_instead_of_hanging():
+    import time
+
+    start = time.monotonic()
+    messages = run_distributed(_diverge, 2, timeout=60)
+    assert time.monotonic() - start < 60
+    for message in messages:
+        assert message is not None
+        assert "ranks diverged at stage 3 (step 1)" in message
+        assert "rank 0 is at forward of 'blocks.1'" in message
+        assert "rank 1 is at forward of 'blocks.2'" in message
