@@ -427,6 +427,11 @@ void bind_engine(py::module_& m) {
            [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().unit_count(); })
       .def("group_master_shard",
            [](adapter::EngineCore& e, std::size_t g) { return e.group(g).master_shard(); })
+      .def("group_refresh_master",
+           [](adapter::EngineCore& e, std::size_t g) {
+             at::NoGradGuard no_grad;
+             e.group(g).refresh_master();
+           })
       .def("group_load_master_shard",
            [](adapter::EngineCore& e, std::size_t g, const at::Tensor& saved) {
              at::NoGradGuard no_grad;

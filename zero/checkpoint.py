@@ -48,7 +48,7 @@ def _atomic_write_text(path: str, text: str) -> None:
 def _fingerprint(engine) -> dict:
     core = engine._core
     return {"stage": engine.stage, "world_size": dist.get_world_size(),
-            "dtype": str(engine.dtype),
+            "dtype": str(engine.dtype), "optimizer": engine.optimizer.spec.kind,
             "group_numels": [core.group_numel(g) for g in range(core.group_count)]}
 
 
@@ -145,10 +145,16 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     model_state = torch.load(model_file, map_location="cpu", weights_only=False)
     _check_fingerprint(model_state["fingerprint"], _fingerprint(engine), path)
 
-    engine.load_module_state_dict(model_state["module"], strict=load_module_strict)
+    with _all_ranks_or_none(f"loading checkpoint {path}"):
+        engine.load_module_state_dict(model_state["module"], strict=load_module_strict)
+        load_shards = load_optimizer_states and not load_module_only
+        if load_shards:
+            _load_shard(engine, path)
+        else:  # keep the fp32 master in step with the weights just loaded
+            for g in range(engine._core.group_count):
+                engine._core.group_refresh_master(g)
     if not load_module_only:
         if load_optimizer_states:
-            _load_shard(engine, path)
             engine.optimizer.load_state_dict(model_state["optimizer"])
             if engine.loss_scaler is not None and model_state["loss_scaler"] is not None:
                 engine.loss_scaler.load_state_dict(model_state["loss_scaler"])
@@ -175,8 +181,8 @@ def _load_shard(engine, path: str) -> None:
 
 
 def _check_fingerprint(saved: dict, current: dict, path: str) -> None:
-    for key in ("stage", "world_size", "dtype", "group_numels"):
-        if saved[key] != current[key]:
+    for key in ("stage", "world_size", "dtype", "optimizer", "group_numels"):
+        if saved.get(key) != current[key]:
             raise ValueError(
                 f"zero: checkpoint {path} was written with {key}={saved[key]!r} but this engine "
                 f"has {key}={current[key]!r}; resume with the same {key} (changing the world size "

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -44,8 +45,9 @@ class ZeroEngine(nn.Module):
         self.dtype = _DTYPES[config.precision]
         self.device = _training_device()
         model.to(device=self.device, dtype=self.dtype)
+        _broadcast_from_rank0(model)  # every rank starts from rank 0's weights, like DDP
 
-        spec, groups = _parameter_groups(model, config, optimizer, model_parameters)
+        spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters)
         self._core = _C.EngineCore(dist.group.WORLD.group_name)
         self._alignment = max(1, ALIGNMENT_BYTES // _element_size(self.dtype))
         self._stage3 = None
@@ -54,10 +56,10 @@ class ZeroEngine(nn.Module):
         # engine group -> (optimizer group, its parameters), for hypers and grad hooks
         self._engine_groups: list[tuple[int, list[nn.Parameter]]] = []
         if self.stage == 3:
-            self._build_stage3(spec, groups)
+            self._build_stage3(spec, groups, trainables)
         else:
-            for owner, group in enumerate(groups):
-                self._add_group(spec, owner, group, group["params"], self.stage)
+            for owner, (group, params) in enumerate(zip(groups, trainables)):
+                self._add_group(spec, owner, group, params, self.stage)
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
                        for g, (_, params) in enumerate(self._engine_groups)
                        for i, param in enumerate(params)]
@@ -136,6 +138,10 @@ class ZeroEngine(nn.Module):
         """At the accumulation boundary: the sharded optimizer step, then scheduler and loss
         scale updates. Between boundaries: only counts the micro-step."""
         boundary = self.is_gradient_accumulation_boundary()
+        if boundary and self._no_sync:
+            raise RuntimeError("zero: engine.step() at an accumulation boundary inside no_sync() "
+                               "would apply unreduced gradients; leave no_sync() before the "
+                               "boundary's backward and step")
         self.micro_steps += 1
         self.global_samples += self.train_micro_batch_size_per_gpu() * dist.get_world_size()
         if not boundary:
@@ -237,14 +243,14 @@ class ZeroEngine(nn.Module):
         dist.barrier()
         return True
 
-    def _build_stage3(self, spec, groups) -> None:
+    def _build_stage3(self, spec, groups, trainables) -> None:
         zero_cfg = self.config.zero_optimization
         threshold = int(zero_cfg.stage3_param_persistence_threshold)
         plan = stage3.plan_units(self.module)
         placement: dict[int, list[tuple[int, int]]] = {}
-        for owner, group in enumerate(groups):
-            persistent = [p for p in group["params"] if p.numel() <= threshold]
-            partitioned = [p for p in group["params"] if p.numel() > threshold]
+        for owner, (group, params) in enumerate(zip(groups, trainables)):
+            persistent = [p for p in params if p.numel() <= threshold]
+            partitioned = [p for p in params if p.numel() > threshold]
             if persistent:  # small: whole on every rank, optimizer state sharded
                 self._add_group(spec, owner, group, persistent, stage=1)
             if not partitioned:
@@ -263,8 +269,9 @@ class ZeroEngine(nn.Module):
         self._core.configure_schedule([name for name, _ in plan.modules],
                                       int(zero_cfg.stage3_prefetch_bucket_size),
                                       int(zero_cfg.stage3_max_live_parameters), self.device)
+        engine = weakref.ref(self)
         self._stage3 = stage3.Stage3Hooks(self._core, plan, placement,
-                                          step_counter=lambda: self.global_steps)
+                                          step_counter=lambda: engine().global_steps)
 
     def _add_group(self, spec, owner: int, group: dict, params: list, stage: int) -> None:
         # A unit is the grain of communication: one all-reduce / reduce-scatter of its grads
@@ -293,11 +300,27 @@ class ZeroEngine(nn.Module):
 
     # ---- internals -------------------------------------------------------------------------
     def _grad_hook(self, group: int, index: int):
-        core = self._core
+        engine = weakref.ref(self)  # hooks must not keep a finished engine alive
 
         def hook(_param):
-            core.grad_ready(group, index, self._boundary_in_backward)
+            live = engine()
+            if live is not None:
+                live._core.grad_ready(group, index, live._boundary_in_backward)
         return hook
+
+    def destroy(self) -> None:
+        """Removes the engine's hooks from the model (the model can then get a new engine)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self._stage3 is not None:
+            self._stage3.remove()
+
+
+def _broadcast_from_rank0(model: nn.Module) -> None:
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(tensor.data, src=0)
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -338,7 +361,7 @@ def _parameter_groups(model, config, optimizer, model_parameters):
         spec = OptimizerSpec.from_config(config.optimizer)
         source = model.parameters() if model_parameters is None else model_parameters
         raw_groups = _as_groups(source)
-    groups, seen = [], set()
+    groups, trainables, seen = [], [], set()
     for raw in raw_groups:
         params = []
         for param in raw["params"]:
@@ -346,12 +369,19 @@ def _parameter_groups(model, config, optimizer, model_parameters):
                 continue  # frozen, or a tied parameter listed twice
             seen.add(id(param))
             params.append(param)
-        if params:
-            hyper = {**spec.defaults, **{k: v for k, v in raw.items() if k != "params"}}
-            groups.append({**hyper, "params": params})
+        if not params:
+            continue
+        if isinstance(optimizer, torch.optim.Optimizer):
+            # The client's own group dicts: a scheduler built on the client optimizer keeps
+            # steering the lr the engine reads.
+            groups.append(raw)
+        else:
+            groups.append({**spec.defaults, **{k: v for k, v in raw.items() if k != "params"},
+                           "params": params})
+        trainables.append(params)
     if not groups:
         raise ValueError("zero: the model has no trainable parameters")
-    return spec, groups
+    return spec, groups, trainables
 
 
 def _as_groups(source) -> list[dict[str, Any]]:

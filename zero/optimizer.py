@@ -35,6 +35,10 @@ class OptimizerSpec:
     def from_torch(cls, optimizer: torch.optim.Optimizer) -> "OptimizerSpec":
         """A client optimizer: its type and hyperparameters are taken over; its state is not
         (the engine keeps state only for its shard)."""
+        for option in ("amsgrad", "maximize", "capturable", "differentiable"):
+            if optimizer.defaults.get(option):
+                raise ValueError(f"zero: client optimizer option {option}=True is not supported; "
+                                 "remove it or use the config's \"optimizer\" block")
         if isinstance(optimizer, torch.optim.AdamW):
             return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), decoupled_weight_decay=True)
         if isinstance(optimizer, torch.optim.Adam):

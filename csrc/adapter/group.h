@@ -35,6 +35,8 @@ class Group {
   virtual at::Device device() const = 0;
   virtual at::Tensor master_shard() const = 0;  // a copy
   virtual void load_master_shard(const at::Tensor& saved) = 0;
+  // Re-derives the fp32 master from the current (e.g. just loaded) parameters.
+  virtual void refresh_master() = 0;
   virtual std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const = 0;
   virtual std::size_t bucket_count() const = 0;
   virtual std::int64_t bucket_bytes() const = 0;

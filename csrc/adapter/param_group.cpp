@@ -20,7 +20,8 @@ core::ShardedLayout layout_for(const std::vector<at::Tensor>& params, const Grou
     const at::Tensor& p = params[i];
     TORCH_CHECK(p.scalar_type() == params.front().scalar_type(), "zero: parameter ", i,
                 " of a group is ", p.scalar_type(), " but parameter 0 is ",
-                params.front().scalar_type(), "; the engine groups parameters by dtype");
+                params.front().scalar_type(), "; every managed parameter must have the training "
+                "dtype (is a parameter outside the model passed in model_parameters?)");
     TORCH_CHECK(p.device() == params.front().device(), "zero: parameter ", i, " is on ",
                 p.device(), " but parameter 0 is on ", params.front().device());
     specs.push_back({p.sizes().vec(), to_core_dtype(p.scalar_type())});
@@ -55,11 +56,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
     params_[i].set_data(view);
   }
   const std::int64_t shard = layout_.shard_numel();
-  if (mixed_precision()) {
-    for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-      master_piece(u).copy_(full_piece(param_buffer_.tensor(), u));
-    }
-  }
+  refresh_master();
   if (options_.stage == 2) {
     grad_shard_ = allocate(registry, core::MemoryCategory::kGradient, shard, model_options);
     reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
@@ -99,6 +96,13 @@ at::Tensor ParamGroup::master_piece(std::size_t unit) const {
                              : full_piece(param_buffer_.tensor(), unit);
 }
 
+void ParamGroup::refresh_master() {
+  if (!mixed_precision()) return;  // the master is the parameters themselves
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    master_piece(u).copy_(full_piece(param_buffer_.tensor(), u));
+  }
+}
+
 void ParamGroup::prepare_backward() {
   if (!grad_full_.defined()) return;
   for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -106,8 +110,11 @@ void ParamGroup::prepare_backward() {
     const at::Tensor view = grad_full_.tensor()
                                 .narrow(0, layout_.param_offset(i), params_[i].numel())
                                 .view(params_[i].sizes());
-    if (!grad.defined() || !grad.is_same(view)) {
-      if (grad.defined()) view.copy_(grad);  // keep what was accumulated outside the engine
+    if (!grad.defined()) {
+      view.zero_();  // zero_grad(set_to_none=True) between micro-steps: start from zero
+      grad = view;
+    } else if (!grad.is_same(view)) {
+      view.copy_(grad);  // keep what was accumulated outside the engine
       grad = view;
     }
   }

@@ -19,7 +19,8 @@ core::ShardedLayout stage3_layout(const std::vector<at::Tensor>& params,
   for (std::size_t i = 0; i < params.size(); ++i) {
     TORCH_CHECK(params[i].scalar_type() == params.front().scalar_type(), "zero: parameter ", i,
                 " is ", params[i].scalar_type(), " but parameter 0 is ",
-                params.front().scalar_type(), "; the engine groups parameters by dtype");
+                params.front().scalar_type(), "; every managed parameter must have the training "
+                "dtype (is a parameter outside the model passed in model_parameters?)");
     specs.push_back({params[i].sizes().vec(), to_core_dtype(params[i].scalar_type())});
   }
   return core::ShardedLayout(specs, world_size, options.alignment, unit_of_param);
@@ -62,7 +63,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     }
     params_[i].set_data(at::empty({0}, model_options));
   }
-  if (mixed_precision()) state_.master_piece(0, layout_.shard_numel()).copy_(param_shard_.tensor());
+  refresh_master();
   std::vector<std::size_t> expected;
   for (Unit& unit : units_) {
     unit.pending_grads = unit.trainable;
@@ -143,6 +144,10 @@ void Stage3Group::commit(std::size_t index) {
   if (mixed_precision()) {
     state_.master_piece(layout_.shard_offset(index), plan.shard_numel()).copy_(mine);
   }
+}
+
+void Stage3Group::refresh_master() {
+  if (mixed_precision()) state_.master_piece(0, layout_.shard_numel()).copy_(param_shard_.tensor());
 }
 
 void Stage3Group::prepare_backward() {}

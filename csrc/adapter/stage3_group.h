@@ -56,6 +56,7 @@ class Stage3Group : public Group {
   at::Device device() const override { return param_shard_.tensor().device(); }
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
+  void refresh_master() override;
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const override {
     return state_.optimizer_state();
   }

@@ -1,0 +1,171 @@
+"""Regression tests for engine bugs found in review: each names the behaviour it protects."""
+import gc
+
+import pytest
+import torch
+
+import training
+from distributed_harness import run_distributed
+
+
+def _load_module_only_keeps_loaded_weights(rank, world, save_dir):
+    import zero
+
+    config = training.engine_config(2, gas=1, precision="bf16", scheduler=False)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, 2, 1)
+    engine.save_checkpoint(save_dir)
+    saved = training.parameters_of(engine.module)
+    engine.destroy()
+
+    config["optimizer"]["params"]["lr"] = 0.0  # a step at lr 0 must not move anything
+    config["optimizer"]["params"]["weight_decay"] = 0.0
+    fresh, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    fresh.load_checkpoint(save_dir, load_module_only=True)
+    training.train_engine(fresh, rank, world, 1, 1)
+    after = training.parameters_of(fresh.module)
+    return max((after[k] - saved[k]).abs().max().item() for k in saved)
+
+
+def test_bf16_weights_loaded_without_optimizer_state_survive_the_next_step(tmp_path):
+    for drift in run_distributed(_load_module_only_keeps_loaded_weights, 2, args=(str(tmp_path),)):
+        assert drift == 0.0
+
+
+def _different_seeds(rank, world):
+    import zero
+
+    torch.manual_seed(rank)  # each rank builds a different model
+    model = training.TinyGPT(training.MODEL)
+    engine, _, _, _ = zero.initialize(model=model, config=training.engine_config(0, gas=1))
+    training.train_engine(engine, rank, world, 2, 1)
+    return training.parameters_of(engine.module)
+
+
+def test_every_rank_starts_from_rank_0s_weights():
+    first, second = run_distributed(_different_seeds, 2)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def _zero_grad_to_none(rank, world):
+    import zero
+
+    model = training.make_model()
+    engine, _, _, _ = zero.initialize(model=model, config=training.engine_config(1, gas=2))
+    data = training.batches(world, 1, 2)
+    tokens, targets = data[rank]
+    engine.backward(engine(tokens, targets))
+    engine.step()
+    model.zero_grad()  # set_to_none=True: the first micro-step's gradients are discarded
+    tokens, targets = data[world + rank]
+    engine.backward(engine(tokens, targets) * 2)  # x2: this is the only micro-step (gas 2)
+    engine.step()
+    return training.parameters_of(engine.module)
+
+
+def test_model_zero_grad_between_micro_steps_discards_the_accumulated_gradients():
+    import copy
+
+    world = 2
+    results = run_distributed(_zero_grad_to_none, world)
+    # Reference: one step on the second micro-batch alone.
+    model = training.make_model()
+    config = training.engine_config(1, gas=2)
+    hyper = config["optimizer"]["params"]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=hyper["lr"], betas=tuple(hyper["betas"]),
+                                  eps=hyper["eps"], weight_decay=hyper["weight_decay"], foreach=False)
+    from zero.schedulers import build_scheduler
+    build_scheduler(config["scheduler"]["type"], copy.deepcopy(config["scheduler"]["params"]), optimizer)
+    data = training.batches(world, 1, 2)
+    parts = [data[world + r] for r in range(world)]
+    model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    for params in results:
+        for name, value in training.parameters_of(model).items():
+            assert training.relative_error(params[name], value) < 1e-5, name
+
+
+def _step_inside_no_sync(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(1, gas=1))
+    tokens, targets = training.batches(world, 1, 1)[rank]
+    with engine.no_sync():
+        engine.backward(engine(tokens, targets))
+        with pytest.raises(RuntimeError, match="inside no_sync\\(\\) would apply unreduced"):
+            engine.step()
+    return True
+
+
+def test_step_at_a_boundary_inside_no_sync_is_refused():
+    assert run_distributed(_step_inside_no_sync, 2) == [True, True]
+
+
+def _client_scheduler(rank, world):
+    import zero
+
+    model = training.make_model()
+    adamw = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(adamw, step_size=1, gamma=0.1)
+    config = training.engine_config(1, gas=1, scheduler=False)
+    del config["optimizer"]
+    engine, _, _, engine_scheduler = zero.initialize(model=model, optimizer=adamw,
+                                                     lr_scheduler=scheduler, config=config)
+    training.train_engine(engine, rank, world, 3, 1)
+    return engine.get_lr(), engine_scheduler.get_last_lr()
+
+
+def test_a_client_scheduler_steers_the_lr_the_engine_uses():
+    for engine_lr, scheduler_lr in run_distributed(_client_scheduler, 2):
+        assert engine_lr == pytest.approx(scheduler_lr)
+        assert engine_lr[0] == pytest.approx(0.1 * 0.1 ** 3)
+
+
+def _engine_is_released(rank, world):
+    import zero
+
+    model = training.make_model()
+    engine, _, _, _ = zero.initialize(model=model, config=training.engine_config(2, gas=1))
+    training.train_engine(engine, rank, world, 1, 1)
+    engine.destroy()
+    del engine
+    gc.collect()
+    second, _, _, _ = zero.initialize(model=model, config=training.engine_config(2, gas=1))
+    return training.train_engine(second, rank, world, 1, 1)
+
+
+def test_a_destroyed_engine_leaves_the_model_free_for_a_new_one():
+    losses = run_distributed(_engine_is_released, 2)
+    assert losses[0] == losses[1]
+
+
+def test_unsupported_client_optimizer_options_are_named():
+    from zero.optimizer import OptimizerSpec
+
+    model = training.make_model()
+    with pytest.raises(ValueError, match="amsgrad=True is not supported"):
+        OptimizerSpec.from_torch(torch.optim.AdamW(model.parameters(), amsgrad=True))
+    with pytest.raises(ValueError, match="maximize=True is not supported"):
+        OptimizerSpec.from_torch(torch.optim.SGD(model.parameters(), lr=0.1, maximize=True))
+
+
+def _optimizer_mismatch(rank, world, save_dir):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(1, gas=1))
+    engine.save_checkpoint(save_dir)
+    engine.destroy()
+    config = training.engine_config(1, gas=1, scheduler=False)
+    config["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}
+    other, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    with pytest.raises(ValueError, match="optimizer='adam' but this engine has optimizer='sgd'"):
+        other.load_checkpoint(save_dir)
+    return True
+
+
+def test_loading_another_optimizers_checkpoint_names_the_mismatch(tmp_path):
+    assert run_distributed(_optimizer_mismatch, 2, args=(str(tmp_path),)) == [True, True]
