@@ -59,6 +59,7 @@ reduce-scatter). If FSDP2's mixed precision fails on CPU/gloo the report says so
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -72,6 +73,7 @@ import sys
 import tempfile
 import time
 import traceback
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -239,6 +241,49 @@ def _run_config(rank, world, name, args):
     return out
 
 
+class _SavedParamProbe:
+    """Parameter memory the autograd graph still holds after forward although the framework
+    has released it. A saved-tensors hook notes every tensor autograd saves whose storage is,
+    at that moment, the storage of one of the module's parameters (a gathered/unsharded
+    weight); after forward, the storages no module parameter uses any more are summed at
+    their current size. FSDP2 frees an unsharded parameter by resizing its storage to 0 (so
+    saved views cost nothing until it re-gathers into the same storage); an engine that only
+    drops its own reference leaves the storage alive until backward frees the graph node."""
+
+    def __init__(self, model):
+        self.model = model
+        self.storages = {}
+        self.held_bytes = 0
+        self.held_count = 0
+
+    def _param_storages(self):
+        ptrs = set()
+        for module in self.model.modules():
+            for param in module._parameters.values():
+                if param is not None:
+                    storage = _local(param).untyped_storage()
+                    if storage.nbytes():
+                        ptrs.add(storage.data_ptr())
+        return ptrs
+
+    def pack(self, tensor):
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if storage.nbytes() and ptr not in self.storages and ptr in self._param_storages():
+            self.storages[ptr] = storage
+        return tensor
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda tensor: tensor)
+
+    def after_forward(self):
+        live = self._param_storages()
+        held = [st for ptr, st in self.storages.items() if ptr not in live and st.nbytes()]
+        self.held_bytes = sum(st.nbytes() for st in held)
+        self.held_count = len(held)
+        self.storages = {}  # keep nothing alive past this step
+
+
 def _profiled_step(runner, tokens, targets):
     """One more step under torch.profiler(profile_memory=True): the peak of the live bytes
     allocated during the step (the CPU allocator reports only allocations made while
@@ -248,8 +293,9 @@ def _profiled_step(runner, tokens, targets):
 
     owned = runner["owned"]()
     comm0 = runner["comm"]()
+    probe = _SavedParamProbe(runner["model"])
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss, _ = runner["step"](tokens, targets)
+        loss, _ = runner["step"](tokens, targets, probe)
     comm1 = runner["comm"]()
     events = []
 
@@ -265,6 +311,8 @@ def _profiled_step(runner, tokens, targets):
     return {"owned_at_start_bytes": owned, "transient_peak_bytes": peak,
             "live_at_end_bytes": end, "step_peak_bytes": owned + peak,
             "allocation_events": len(events), "loss": loss,
+            "autograd_held_param_bytes": probe.held_bytes,
+            "autograd_held_param_storages": probe.held_count,
             "comm_delta": {k: comm1[k] - comm0[k] for k in comm1}}
 
 
@@ -332,9 +380,12 @@ def _zero(model, kind, precision, args, out):
     engine, _, _, _ = zero.initialize(model=model, config=cfg)
     registry = engine._core.registry()
 
-    def step(tokens, targets):
+    def step(tokens, targets, probe=None):
         t0 = time.perf_counter()
-        loss = engine(tokens, targets)
+        with probe.hooks() if probe else contextlib.nullcontext():
+            loss = engine(tokens, targets)
+        if probe:
+            probe.after_forward()
         t1 = time.perf_counter()
         engine.backward(loss)
         t2 = time.perf_counter()
@@ -353,7 +404,7 @@ def _zero(model, kind, precision, args, out):
         except Exception as exc:  # noqa: BLE001 -- an engine without a gather schedule
             out["schedule_stats"] = {"error": repr(exc)}
 
-    return {"step": step, "finish": finish,
+    return {"step": step, "finish": finish, "model": engine.module,
             "comm": lambda: dict(engine.memory_report()["comm"]),
             "owned": lambda: int(registry.total()["current"]),
             "reset_peaks": lambda: None}  # peaks cover the whole run (warm-up included)
@@ -370,6 +421,8 @@ class _FsdpTracker:
         self.sample_enabled = sample
         self.groups = None
         self.comm = {"all_gather_bytes": 0, "reduce_scatter_bytes": 0, "calls": 0}
+        # flat all-gather outputs and reduce-scatter inputs, alive until FSDP2 drops them
+        self.buffers = weakref.WeakSet()
         self.reset_peaks()
 
     def reset_peaks(self):
@@ -398,13 +451,23 @@ class _FsdpTracker:
                     total += t.untyped_storage().nbytes()
         return total
 
-    def sample(self, extra: int = 0):
+    def buffer_bytes(self) -> int:
+        seen, total = set(), 0
+        for t in list(self.buffers):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
+
+    def sample(self):
         if not self.sample_enabled:
             return
         live = self.unsharded_bytes()
         self.samples += 1
         self.unsharded_peak = max(self.unsharded_peak, live)
-        self.unsharded_plus_comm_peak = max(self.unsharded_plus_comm_peak, live + extra)
+        self.unsharded_plus_comm_peak = max(self.unsharded_plus_comm_peak,
+                                            live + self.buffer_bytes())
 
     @classmethod
     def install(cls):
@@ -424,7 +487,9 @@ class _FsdpTracker:
                 tracker.comm["all_gather_bytes"] += nbytes
                 tracker.comm["calls"] += 1
                 tracker.ag_buffer_peak = max(tracker.ag_buffer_peak, nbytes)
-                tracker.sample(extra=nbytes)
+                if tracker.sample_enabled:
+                    tracker.buffers.add(output_tensor)
+                    tracker.sample()
             return ag_call(self, *a, **k)
 
         def reduce_scatter(self, *a, **k):
@@ -437,7 +502,9 @@ class _FsdpTracker:
                 tracker.comm["reduce_scatter_bytes"] += nbytes
                 tracker.comm["calls"] += 1
                 tracker.rs_buffer_peak = max(tracker.rs_buffer_peak, buffers)
-                tracker.sample(extra=buffers)
+                if tracker.sample_enabled:
+                    tracker.buffers.add(input_tensor)
+                    tracker.sample()
             return rs_call(self, *a, **k)
 
         coll.DefaultAllGather.__call__ = all_gather
@@ -455,7 +522,11 @@ class _FsdpTracker:
         def post_backward_sampled(self, *a, **k):
             if cls.active is not None:
                 cls.active.sample()
-            return post_backward(self, *a, **k)
+            try:
+                return post_backward(self, *a, **k)
+            finally:
+                if cls.active is not None:
+                    cls.active.sample()
 
         FSDPParamGroup.wait_for_unshard = wait_for_unshard_sampled
         FSDPParamGroup.post_backward = post_backward_sampled
@@ -505,11 +576,14 @@ def _fsdp2(model, precision, args, out, sample=True):
         if sharded["model_state_bytes"] >= state.get("model_state_bytes", 0):
             state.update(sharded)
 
-    def step(tokens, targets):
+    def step(tokens, targets, probe=None):
         previous, _FsdpTracker.active = _FsdpTracker.active, tracker
         try:
             t0 = time.perf_counter()
-            loss = model(tokens, targets)
+            with probe.hooks() if probe else contextlib.nullcontext():
+                loss = model(tokens, targets)
+            if probe:
+                probe.after_forward()
             t1 = time.perf_counter()
             loss.backward()
             t2 = time.perf_counter()
@@ -540,7 +614,8 @@ def _fsdp2(model, precision, args, out, sample=True):
         return _unique_storage_bytes(params) + _unique_storage_bytes(
             [q.grad for q in params]) + _unique_storage_bytes(state_tensors())
 
-    return {"step": step, "finish": finish, "comm": lambda: dict(tracker.comm),
+    return {"step": step, "finish": finish, "model": model,
+            "comm": lambda: dict(tracker.comm),
             "owned": owned, "reset_peaks": tracker.reset_peaks}
 
 
@@ -614,7 +689,7 @@ def summarize(result, args):
     if all(prof):
         s["profiled"] = {k: [p[k] for p in prof] for k in
                          ("owned_at_start_bytes", "transient_peak_bytes", "step_peak_bytes",
-                          "live_at_end_bytes")}
+                          "live_at_end_bytes", "autograd_held_param_bytes")}
         one = {k: v for k, v in prof[0]["comm_delta"].items() if k not in ("calls",)}
         s["comm_one_step_rank0"] = one
     if kind in ZERO_KINDS:
@@ -806,6 +881,25 @@ def findings(by, inter, args):
                    "stage3_prefetch_bucket_size elements in flight and "
                    "stage3_max_live_parameters gathered." + note)
         z0 = zs[0]
+        held = [(x["config"], x["profiled"]["autograd_held_param_bytes"][0])
+                for x in zs + [f] if x.get("profiled")]
+        if held:
+            zero_held = [(c, h) for c, h in held if not c.startswith("fsdp2")]
+            out.append(
+                f"* **Released parameters still held by autograd after forward, {precision}**: "
+                + "; ".join(f"{c} {_mib(h)} MiB" for c, h in held) + ". " +
+                ("zero's release after a unit's forward drops the engine's reference to the "
+                 "gathered buffer (the registry counts it as freed), but autograd has saved "
+                 "views of the gathered weights (e.g. for the matmuls' weight gradients), so "
+                 "the buffer stays allocated until backward frees that graph node -- while "
+                 "backward all-gathers the same unit again into a new buffer. The registry's "
+                 "`gathered_param` peak therefore understates the real parameter working set "
+                 "(up to every released unit of the forward, i.e. about the whole model, plus "
+                 "the re-gathered ones); FSDP2 frees by resizing the storage to 0 and "
+                 "re-gathers into the same storage, so its saved views cost nothing between "
+                 "forward and backward."
+                 if any(h > 0 for _, h in zero_held) else
+                 "Neither side keeps released parameters alive through autograd."))
         out.append(
             f"* **Buckets, {precision}**: zero keeps {_mib(z0['bucket_bytes'][0])} MiB of "
             f"reduce-scatter buckets for the whole run: two pool slots (overlap_comm is on by "
@@ -827,6 +921,15 @@ def findings(by, inter, args):
                 "owned-at-start has no gradients (zero_grad sets them to None; its gradient "
                 "shards are allocated in backward and show up in the transient part); zero's "
                 "includes its gradient shard and its buckets.")
+            fpk = f["profiled"]["step_peak_bytes"][0]
+            for z in zs:
+                gap = z["profiled"]["step_peak_bytes"][0] - fpk
+                bk = z["bucket_bytes"][0]
+                hd = z["profiled"]["autograd_held_param_bytes"][0]
+                out[-1] += (f" {z['config']} peaks {_mib(gap)} MiB above FSDP2; for "
+                            f"comparison, its kept buckets ({_mib(bk)}) and the released "
+                            f"parameters autograd still holds at the end of forward "
+                            f"({_mib(hd)}) add up to {_mib(bk + hd)} MiB.")
         out.append(f"* **RSS peak, {precision}**: " + "; ".join(
             f"{x['config']} {_pair(x['rss_peak_bytes'])} MiB" for x in zs + [f]) +
             f" (RSS at start ≈ {_mib(f['rss_start_bytes'][0])} MiB is the torch runtime). RSS "
@@ -850,18 +953,35 @@ def findings(by, inter, args):
             f"so the root's {f['root_numel']:,} elements are all-gathered once per step "
             f"instead of twice; zero releases the root unit after forward and gathers it "
             f"again for backward.")
+    parity = []
     for precision in ("fp32", "bf16"):
         f = by.get(f"fsdp2-{precision}")
         for k in ZERO_KINDS:
             z = by.get(f"{k}-{precision}")
             if z and f:
                 worst = max(abs(x - y) for x, y in zip(z["losses_rank0"], f["losses_rank0"]))
-                out.append(f"* **Parity, {z['config']} vs {f['config']}**: over "
-                           f"{len(z['losses_rank0'])} steps on the same data the rank-0 "
-                           f"losses differ by at most {worst:.2e}.")
+                parity.append(f"{z['config']} vs {f['config']} {worst:.1e}")
+    drift = []
+    for kind in ZERO_KINDS + ("fsdp2",):
+        lo, hi = by.get(f"{kind}-fp32"), by.get(f"{kind}-bf16")
+        if lo and hi:
+            worst = max(abs(x - y) for x, y in zip(lo["losses_rank0"], hi["losses_rank0"]))
+            drift.append(f"{kind} {worst:.1e}")
+    if parity:
+        n = len(next(iter(by.values()))["losses_rank0"])
+        out.append(
+            f"* **Parity** (largest rank-0 loss difference over the {n} steps of the isolated "
+            f"runs, same data): " + ", ".join(parity) + ". bf16 vs fp32 of the same framework: "
+            + ", ".join(drift) + ". fp32 agrees to float rounding. In bf16 the two recipes "
+            "round in different places (zero keeps bf16 parameters and gradients and "
+            "clips on them; FSDP2 keeps fp32 shards and casts to bf16 for the all-gather, "
+            "casting the bf16-reduced gradient back to fp32), and at this loss level (≈ "
+            "ln(vocab), the model has barely started to learn) per-step noise dominates, so "
+            "the bf16 trajectories part after a few steps; which is closer to fp32 says "
+            "little after so few steps.")
     out.append(
-        "* **Where the time goes (mechanisms, not separately measured)**: the optimizer step "
-        "differs most: zero's AdamW is a handful of ATen ops over each flat shard, while "
+        "* **Where the time goes (mechanisms from the sources, not separately measured)**: in "
+        "the optimizer step zero's AdamW is a handful of ATen ops over each flat shard, while "
         "torch.optim.AdamW on CPU uses its per-parameter loop (foreach kernels are defaulted "
         "only on CUDA-like devices) over every DTensor parameter, each op going through "
         "DTensor dispatch. In forward/backward FSDP2 runs its Python hooks, DTensor wrapping "
@@ -914,14 +1034,15 @@ def render_markdown(summaries, interleaved, facts, args, command, wall_s):
         "",
         "| config | step ms interleaved median (p10) | step ms isolated median (p10) | "
         "model states measured | model-state formula | gathered params peak | buckets "
-        "(kept) | working set peak | step peak (profiler) | RSS peak | sent / step | "
-        "sent / 3Ψ·b |",
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "(kept) | working set peak | released params still held by autograd after forward | "
+        "step peak (profiler) | RSS peak | sent / step | sent / 3Ψ·b |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+        "---: |",
     ]
     for s in summaries:
         if "error" in s:
             first = s["error"].strip().splitlines()[-1][:300]
-            lines.append(f"| {s['config']} | FAILED: {first} | | | | | | | | | | |")
+            lines.append(f"| {s['config']} | FAILED: {first} | | | | | | | | | | | |")
             continue
         it = inter.get(s["config"])
         cell = (f"{it['total']['median']:.0f} ({it['total']['p10']:.0f})"
@@ -932,6 +1053,7 @@ def render_markdown(summaries, interleaved, facts, args, command, wall_s):
             f"{_pair(s['model_state_bytes'])} | {s['model_state_formula']} = "
             f"{_mib(s['model_state_expected_bytes'])} | {_pair(s['gathered_peak_bytes'])} | "
             f"{_pair(s['bucket_bytes'])} | {_pair(s['working_set_bytes'])} | "
+            f"{_pair(prof['autograd_held_param_bytes']) if prof else '-'} | "
             f"{_pair(prof['step_peak_bytes']) if prof else '-'} | {_pair(s['rss_peak_bytes'])} | "
             f"{_mib(s['comm_bytes_per_step'])} | "
             f"{s['comm_bytes_per_step'] / s['paper_3psi_b_bytes']:.4f} |")
@@ -945,8 +1067,12 @@ def render_markdown(summaries, interleaved, facts, args, command, wall_s):
         "`gathered_param` peak; FSDP2's unsharded parameter storages alive at once (sampled at "
         "its unshard / post-backward / reduce-scatter points). *buckets (kept)*: zero's "
         "reduce-scatter bucket pool, allocated at initialisation and kept; FSDP2 keeps none. "
-        "*working set peak*: zero = gathered peak + buckets; FSDP2 = peak of unsharded params + "
-        "the in-flight flat all-gather output or reduce-scatter input/output. *step peak*: "
+        "*working set peak*: zero = gathered peak + buckets (its registry's view); FSDP2 = "
+        "peak of unsharded params + the flat all-gather outputs and reduce-scatter inputs "
+        "still referenced (sampled). *released params still held by autograd*: parameter "
+        "storages that autograd saved during forward and that no module parameter uses any "
+        "more at the end of forward (i.e. the framework released them), summed at their size "
+        "then (FSDP2 frees by resizing the storage to 0; see the findings). *step peak*: "
         "bytes owned at the start of one extra step + the peak of the live bytes allocated "
         "during it (torch.profiler CPU allocation events: activations, gathered params, grads, "
         "temporaries). *sent / step*: paper convention (all-gather and reduce-scatter of a "

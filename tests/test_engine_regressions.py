@@ -169,3 +169,61 @@ def _optimizer_mismatch(rank, world, save_dir):
 
 def test_loading_another_optimizers_checkpoint_names_the_mismatch(tmp_path):
     assert run_distributed(_optimizer_mismatch, 2, args=(str(tmp_path),)) == [True, True]
+
+
+class _AuxNet(torch.nn.Module):
+    """Four layers, plus an aux head only some ranks use (a data-dependent branch)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32, bias=False) for _ in range(4))
+        self.aux = torch.nn.Linear(32, 32, bias=False)
+
+    def forward(self, x, use_aux):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        out = x.pow(2).mean()
+        return out + self.aux(x).pow(2).mean() if use_aux else out
+
+
+def _aux_inputs(rank):
+    return torch.randn(4, 32, generator=torch.Generator().manual_seed(rank))
+
+
+def _aux_step(rank, world, stage):
+    import zero
+
+    model = _AuxNet()
+    groups = [{"params": list(model.layers.parameters())}, {"params": list(model.aux.parameters())}]
+    config = {"train_micro_batch_size_per_gpu": 4,
+              "optimizer": {"type": "SGD", "params": {"lr": 1.0}},
+              "zero_optimization": {"stage": stage, "reduce_bucket_size": 1024,
+                                    "overlap_comm": True}}
+    engine, _, _, _ = zero.initialize(model=model, model_parameters=groups, config=config)
+    updates, buckets = [], []
+    for _ in range(3):
+        before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+        engine.backward(engine(_aux_inputs(rank), rank == 0))  # only rank 0 takes aux
+        engine.step()
+        updates.append({n: before[n] - p.detach() for n, p in engine.module.named_parameters()})
+        buckets.append(sum(engine._core.group_bucket_info(g)["buckets"]
+                           for g in range(engine._core.group_count)))
+    return updates[0], buckets
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_several_groups_with_a_rank_dependent_branch_average_the_right_gradients(stage):
+    world = 2
+    expected = {}
+    for rank in range(world):
+        model = _AuxNet()
+        model(_aux_inputs(rank), rank == 0).backward()
+        for name, param in model.named_parameters():
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            expected[name] = expected.get(name, 0) + grad / world
+    for update, buckets in run_distributed(_aux_step, world, args=(stage,)):
+        for name, value in expected.items():
+            assert torch.allclose(update[name], value, rtol=1e-4, atol=1e-7), name
+        if stage == 2:
+            assert buckets == [2, 2, 2]  # the bucket pool does not grow from step to step

@@ -29,7 +29,10 @@ std::size_t EngineCore::adopt_group(std::unique_ptr<Group> group, int stage) {
               " groups cannot be mixed with stage ", stage_, " groups in one engine");
   stage_ = std::max(stage_, stage);
   groups_.push_back(std::move(group));
-  return groups_.size() - 1;
+  const std::size_t index = groups_.size() - 1;
+  const std::size_t units = groups_.back()->reducer().unit_count();
+  for (std::size_t u = units; u-- > 0;) sequence_.emplace_back(index, u);
+  return index;
 }
 
 GatherSchedule& EngineCore::configure_schedule(std::vector<std::string> unit_names,
@@ -56,12 +59,73 @@ void EngineCore::prepare_backward() {
 
 void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
-  group(group_index).grad_ready(index, boundary);
+  const auto completed = group(group_index).grad_ready(index, boundary);
+  if (!completed) return;
+  if (learning_order_) observed_.emplace_back(group_index, *completed);
+  launch_in_order(boundary);
+}
+
+void EngineCore::launch_in_order(bool boundary) {
+  for (; cursor_ < sequence_.size(); ++cursor_) {
+    const auto [g, u] = sequence_[cursor_];
+    if (!groups_[g]->reduces(boundary)) continue;  // e.g. stage 3's persistent group mid-accumulation
+    GradReducer& reducer = groups_[g]->reducer();
+    if (!reducer.complete(u)) return;
+    reducer.launch(u);
+  }
 }
 
 void EngineCore::finish_backward(bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  bool reducing = false;
+  for (const auto& group : groups_) reducing = reducing || group->reduces(boundary);
+  if (reducing) {
+    // Units still waiting (unused parameters, or blocked behind one) go now, in order.
+    for (; cursor_ < sequence_.size(); ++cursor_) {
+      const auto [g, u] = sequence_[cursor_];
+      if (groups_[g]->reduces(boundary)) groups_[g]->reducer().launch(u);
+    }
+    for (auto& group : groups_) group->reducer().wait_all();
+    if (learning_order_) adopt_observed_order();
+  }
+  cursor_ = 0;
   for (auto& group : groups_) group->finish_backward(boundary);
+}
+
+void EngineCore::adopt_observed_order() {
+  // Rank 0's completion order becomes everyone's launch order (ranks may have observed
+  // different orders); units it never saw complete keep their default places at the end.
+  std::vector<std::int64_t> flat;
+  for (const auto& [g, u] : observed_) {
+    flat.push_back(static_cast<std::int64_t>(g));
+    flat.push_back(static_cast<std::int64_t>(u));
+  }
+  const auto options = at::TensorOptions().dtype(at::kLong).device(groups_.front()->device());
+  at::Tensor count = at::tensor({static_cast<std::int64_t>(flat.size())}, at::kLong).to(options.device());
+  communicator_.broadcast(count, 0)->wait();
+  at::Tensor pairs = at::zeros({count.item<std::int64_t>()}, options);
+  if (communicator_.rank() == 0 && !flat.empty()) {
+    pairs.copy_(at::tensor(flat, at::kLong));
+  }
+  communicator_.broadcast(pairs, 0)->wait();
+  const at::Tensor agreed = pairs.cpu();
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  std::vector<std::vector<bool>> placed;
+  for (const auto& group : groups_) placed.emplace_back(group->reducer().unit_count(), false);
+  for (std::int64_t i = 0; i + 1 < agreed.numel(); i += 2) {
+    const auto g = static_cast<std::size_t>(agreed[i].item<std::int64_t>());
+    const auto u = static_cast<std::size_t>(agreed[i + 1].item<std::int64_t>());
+    if (g < placed.size() && u < placed[g].size() && !placed[g][u]) {
+      placed[g][u] = true;
+      order.emplace_back(g, u);
+    }
+  }
+  for (const auto& [g, u] : sequence_) {
+    if (!placed[g][u]) order.emplace_back(g, u);
+  }
+  sequence_ = std::move(order);
+  observed_.clear();
+  learning_order_ = false;
 }
 
 bool EngineCore::any_rank_overflowed() {

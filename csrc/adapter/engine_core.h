@@ -33,6 +33,10 @@ class EngineCore {
   void prepare_backward();
   void grad_ready(std::size_t group, std::size_t index, bool boundary);
   void finish_backward(bool boundary);
+  // The launch sequence of gradient units over all groups, as (group, unit) pairs.
+  const std::vector<std::pair<std::size_t, std::size_t>>& launch_order() const {
+    return sequence_;
+  }
 
   // hypers: one per group. loss_scale divides the gradients; max_norm <= 0 disables clipping;
   // step is the 1-based count of applied steps including this one.
@@ -52,12 +56,21 @@ class EngineCore {
  private:
   bool any_rank_overflowed();
   double global_grad_norm(double loss_scale);
+  void launch_in_order(bool boundary);
+  void adopt_observed_order();
 
   // Declared first so it outlives every buffer that counts bytes in it.
   std::shared_ptr<core::MemoryRegistry> registry_;
   Communicator communicator_;
   std::vector<std::unique_ptr<Group>> groups_;
   std::unique_ptr<GatherSchedule> schedule_;  // stage 3 only; refers to groups_
+  // One launch sequence for every group's units, identical on all ranks: a default (groups in
+  // order, units last to first) until the first reducing backward, then the completion order
+  // rank 0 observed in it (so later steps launch units as soon as backward finishes them).
+  std::vector<std::pair<std::size_t, std::size_t>> sequence_;
+  std::size_t cursor_ = 0;
+  bool learning_order_ = true;
+  std::vector<std::pair<std::size_t, std::size_t>> observed_;
   int stage_ = -1;  // the highest stage of any group
 };
 

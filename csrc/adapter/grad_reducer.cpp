@@ -22,9 +22,10 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   TORCH_CHECK(expected_.size() == layout_.unit_count(), "zero: expected gradient counts for ",
               expected_.size(), " units but the layout has ", layout_.unit_count());
   missing_ = expected_;
+  launched_.assign(layout_.unit_count(), false);
   if (mode_ == ReduceMode::kReduceScatter) {
-    const std::size_t initial = overlap_comm ? 2 : 1;
-    for (std::size_t i = 0; i < initial && i < layout_.unit_count(); ++i) {
+    initial_slots_ = std::min<std::size_t>(overlap_comm ? 2 : 1, layout_.unit_count());
+    for (std::size_t i = 0; i < initial_slots_; ++i) {
       add_slot();  // up front, so the memory report shows them from the first step
     }
   }
@@ -78,30 +79,27 @@ GradReducer::Slot& GradReducer::slot_for(std::size_t unit) {
   return *slot_of_unit_[unit];
 }
 
-void GradReducer::grad_ready(std::size_t param, const at::Tensor& grad) {
+std::optional<std::size_t> GradReducer::grad_ready(std::size_t param, const at::Tensor& grad) {
   TORCH_CHECK(param < layout_.param_count(), "zero: gradient for parameter ", param,
               " but the group has ", layout_.param_count());
   const core::ParamLocation where = layout_.location(param);
-  TORCH_CHECK(missing_[where.buffer] > 0, "zero: the gradient of parameter ", param,
-              " arrived twice in one backward; each parameter's post-accumulate hook must "
-              "fire once per backward");
+  TORCH_CHECK(missing_[where.buffer] > 0 && !launched_[where.buffer], "zero: the gradient of "
+              "parameter ", param, " arrived twice in one backward; each parameter's "
+              "post-accumulate hook must fire once per backward (reentrant activation "
+              "checkpointing of shared weights is not supported)");
   if (mode_ == ReduceMode::kReduceScatter) {
     TORCH_CHECK(grad.defined(), "zero: parameter ", param, " reported ready without a gradient");
     const core::ParamSlot& slot = layout_.unit(where.buffer).params()[where.index];
     slot_for(where.buffer).full.tensor().narrow(0, slot.offset, slot.numel)
         .copy_(grad.reshape({-1}));
   }
-  --missing_[where.buffer];
-  launch_ready_units();
-}
-
-void GradReducer::launch_ready_units() {
-  while (next_position_ < layout_.unit_count() && missing_[unit_at(next_position_)] == 0) {
-    launch(unit_at(next_position_++));
-  }
+  if (--missing_[where.buffer] == 0) return where.buffer;
+  return std::nullopt;
 }
 
 void GradReducer::launch(std::size_t unit) {
+  TORCH_CHECK(!launched_.at(unit), "zero: unit ", unit, " launched twice in one backward");
+  launched_[unit] = true;
   const core::FlatBufferPlan& plan = layout_.unit(unit);
   if (mode_ == ReduceMode::kAllReduce) {
     at::Tensor range = grads_.narrow(0, layout_.full_offset(unit), plan.numel());
@@ -126,13 +124,17 @@ void GradReducer::wait_oldest() {
   if (entry.slot != nullptr) entry.slot->in_flight = false;
 }
 
-void GradReducer::finish() {
-  for (std::size_t u = 0; u < missing_.size(); ++u) missing_[u] = 0;  // unused params: zeros
-  launch_ready_units();
+void GradReducer::wait_all() {
   while (!in_flight_.empty()) wait_oldest();
+}
+
+void GradReducer::reset() {
+  TORCH_CHECK(in_flight_.empty(), "zero: reset() with collectives still in flight");
   missing_ = expected_;
+  launched_.assign(layout_.unit_count(), false);
   for (auto& slot : slot_of_unit_) slot = nullptr;
-  next_position_ = 0;
+  while (slots_.size() > initial_slots_) slots_.pop_back();  // a grown pool shrinks back
+  for (auto& slot : slots_) slot->filling = false;
 }
 
 }  // namespace zero::adapter

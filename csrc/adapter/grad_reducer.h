@@ -1,7 +1,8 @@
 #pragma once
-// Gradient reduction unit by unit, overlapped with backward. Units are launched strictly
-// from the last to the first (the order backward produces them), whatever order grads
-// arrive in, so every rank issues the same collective sequence.
+// Gradient reduction unit by unit, overlapped with backward. The reducer collects gradients
+// and says when a unit is complete; *when* a unit is launched is decided by EngineCore, which
+// keeps one launch sequence across all groups (the same on every rank), so ranks always issue
+// the same collectives in the same order.
 //
 //   kAllReduce     (stages 0, 1): grads live in a full buffer (param.grad are views of it);
 //                  a ready unit is all-reduced (averaged) in place.
@@ -12,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -35,9 +37,17 @@ class GradReducer {
               std::vector<std::size_t> expected = {});
 
   // Parameter `param`'s gradient is final for this backward (kReduceScatter copies it).
-  void grad_ready(std::size_t param, const at::Tensor& grad);
-  // Launches every unit not launched yet, in order, and waits for all of them.
-  void finish();
+  // Returns its unit if that unit is now complete.
+  std::optional<std::size_t> grad_ready(std::size_t param, const at::Tensor& grad);
+  bool complete(std::size_t unit) const { return missing_.at(unit) == 0; }
+  bool launched(std::size_t unit) const { return launched_.at(unit); }
+  std::size_t unit_count() const { return layout_.unit_count(); }
+  // Starts the unit's collective. Units with missing gradients (unused parameters) may be
+  // launched at the end of backward: their gradients count as zero.
+  void launch(std::size_t unit);
+  void wait_all();
+  // Ready for the next backward; buckets beyond the initial pool are freed.
+  void reset();
   std::size_t bucket_count() const { return slots_.size(); }
   std::int64_t bucket_bytes() const;
 
@@ -57,10 +67,7 @@ class GradReducer {
   Slot& slot_for(std::size_t unit);
   Slot& acquire_slot();
   Slot& add_slot();
-  void launch_ready_units();
-  void launch(std::size_t unit);
   void wait_oldest();
-  std::size_t unit_at(std::size_t position) const { return layout_.unit_count() - 1 - position; }
 
   ReduceMode mode_;
   const core::ShardedLayout& layout_;
@@ -70,7 +77,8 @@ class GradReducer {
   std::vector<std::size_t> expected_;  // gradients per backward, per unit
   std::vector<std::size_t> missing_;   // gradients still to arrive, per unit
   std::vector<Slot*> slot_of_unit_;
-  std::size_t next_position_ = 0;     // launch position (0 = last unit)
+  std::vector<bool> launched_;
+  std::size_t initial_slots_ = 0;
   std::deque<std::unique_ptr<Slot>> slots_;
   std::deque<InFlight> in_flight_;    // oldest first
 };

@@ -1,12 +1,14 @@
 #pragma once
 // What EngineCore needs from a parameter group, whatever its stage: ParamGroup (stages
 // 0-2, and stage 3's persistent small parameters) and Stage3Group (partitioned parameters).
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/Tensor.h>
 
+#include "adapter/grad_reducer.h"
 #include "adapter/optimizer_math.h"
 #include "core/sharded_layout.h"
 
@@ -18,7 +20,12 @@ class Group {
 
   // --- backward ---
   virtual void prepare_backward() = 0;
-  virtual void grad_ready(std::size_t index, bool boundary) = 0;
+  // Whether this backward reduces gradients (stages 2/3 always, 0/1 at the boundary).
+  virtual bool reduces(bool boundary) const = 0;
+  // Returns the unit that became complete, if any (EngineCore decides when it launches).
+  virtual std::optional<std::size_t> grad_ready(std::size_t index, bool boundary) = 0;
+  virtual GradReducer& reducer() = 0;
+  // After EngineCore has launched and waited for every unit of this backward.
   virtual void finish_backward(bool boundary) = 0;
 
   // --- step ---

@@ -120,21 +120,22 @@ void ParamGroup::prepare_backward() {
   }
 }
 
-void ParamGroup::grad_ready(std::size_t index, bool boundary) {
+bool ParamGroup::reduces(bool boundary) const { return options_.stage == 2 || boundary; }
+
+std::optional<std::size_t> ParamGroup::grad_ready(std::size_t index, bool boundary) {
   TORCH_CHECK(index < params_.size(), "zero: parameter index ", index, " outside the group's ",
               params_.size());
   if (options_.stage == 2) {
     at::Tensor& grad = params_[index].mutable_grad();
-    reducer_->grad_ready(index, grad);
+    const auto completed = reducer_->grad_ready(index, grad);
     grad = at::Tensor();  // the bucket has it; release autograd's full-size gradient
-  } else if (boundary) {
-    reducer_->grad_ready(index, params_[index].grad());
+    return completed;
   }
+  if (boundary) return reducer_->grad_ready(index, params_[index].grad());
+  return std::nullopt;
 }
 
-void ParamGroup::finish_backward(bool boundary) {
-  if (options_.stage == 2 || boundary) reducer_->finish();
-}
+void ParamGroup::finish_backward(bool /*boundary*/) { reducer_->reset(); }
 
 bool ParamGroup::has_nonfinite_grads() const {
   if (options_.stage == 2) return !at::isfinite(grad_shard_.tensor()).all().item<bool>();

@@ -42,7 +42,9 @@ class ParamGroup : public Group {
   // Stages 0/1: makes every param.grad our view again (a user's zero_grad may have set it
   // to None).
   void prepare_backward() override;
-  void grad_ready(std::size_t index, bool boundary) override;
+  bool reduces(bool boundary) const override;
+  std::optional<std::size_t> grad_ready(std::size_t index, bool boundary) override;
+  GradReducer& reducer() override { return *reducer_; }
   void finish_backward(bool boundary) override;
 
   bool has_nonfinite_grads() const override;

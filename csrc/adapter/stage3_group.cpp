@@ -152,20 +152,23 @@ void Stage3Group::refresh_master() {
 
 void Stage3Group::prepare_backward() {}
 
-void Stage3Group::grad_ready(std::size_t index, bool /*boundary*/) {
+bool Stage3Group::reduces(bool /*boundary*/) const { return true; }
+
+std::optional<std::size_t> Stage3Group::grad_ready(std::size_t index, bool /*boundary*/) {
   TORCH_CHECK(index < params_.size(), "zero: parameter index ", index, " outside the group's ",
               params_.size());
   at::Tensor& grad = params_[index].mutable_grad();
-  reducer_->grad_ready(index, grad);
+  const auto completed = reducer_->grad_ready(index, grad);
   grad = at::Tensor();  // the bucket has it
   Unit& unit = units_[layout_.location(index).buffer];
   TORCH_CHECK(unit.pending_grads > 0, "zero: more gradients than trainable parameters in unit ",
               layout_.location(index).buffer);
   if (--unit.pending_grads == 0) release(layout_.location(index).buffer);
+  return completed;
 }
 
 void Stage3Group::finish_backward(bool /*boundary*/) {
-  reducer_->finish();
+  reducer_->reset();
   for (std::size_t u = 0; u < units_.size(); ++u) {
     release(u);
     units_[u].pending_grads = units_[u].trainable;

@@ -45,7 +45,9 @@ class Stage3Group : public Group {
 
   // --- Group ---
   void prepare_backward() override;
-  void grad_ready(std::size_t index, bool boundary) override;
+  bool reduces(bool boundary) const override;
+  std::optional<std::size_t> grad_ready(std::size_t index, bool boundary) override;
+  GradReducer& reducer() override { return *reducer_; }
   void finish_backward(bool boundary) override;
   bool has_nonfinite_grads() const override;
   double grad_square_sum() const override;
