@@ -48,6 +48,8 @@ py::dict stats_dict(const adapter::CommStats& stats) {
   out["broadcast_bytes"] = stats.broadcast_bytes;
   out["total_bytes"] = stats.total_bytes();
   out["calls"] = stats.calls;
+  out["control_bytes"] = stats.control_bytes;
+  out["control_calls"] = stats.control_calls;
   return out;
 }
 

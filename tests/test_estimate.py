@@ -107,7 +107,10 @@ def test_stage3_and_offload_are_formulas_labelled_as_such():
     setup = est.Setup(world_size=4, precision="bf16", reduce_bucket_size=3000)
     rows = {e.name: e for e in est.estimate_all(shapes, setup)}
     for name, row in rows.items():
-        assert row.status == (est.BUILT if row.option.built else est.FORMULA_ONLY), name
+        offloaded = row.option.offload_optimizer or row.option.offload_param
+        expected = (est.BUILT if row.option.built else
+                    est.STAGE3_FORMULA if row.option.stage == 3 and not offloaded else est.FORMULA_ONLY)
+        assert row.status == expected, name
     stage3 = rows["stage 3"]
     assert stage3.model_state_bytes == 16 * stage3.shard_numel  # 16Ψ/N
     offload = rows["stage 2 + offload optimizer"]
@@ -148,8 +151,10 @@ def test_cli_estimate_json_and_table(capsys, tmp_path):
     for option in out["options"]:
         assert option["per_node"]["ranks"] == 2
         assert option["per_node"]["device_bytes"] == 2 * option["device_bytes"]
-        assert option["status"] == ("built" if option["stage"] <= 2 and
-                                    not option["offload_optimizer"] else est.FORMULA_ONLY)
+        offloaded = option["offload_optimizer"] or option.get("offload_param", False)
+        assert option["status"] == ("built" if option["stage"] <= 2 and not offloaded else
+                                    est.STAGE3_FORMULA if option["stage"] == 3 and not offloaded
+                                    else est.FORMULA_ONLY)
     config = tmp_path / "ds.json"
     config.write_text(json.dumps(training.engine_config(2, precision="bf16")))
     assert cli.main(["estimate", "--model", FACTORY, "--config", str(config),

@@ -98,11 +98,21 @@ std::string Communicator::describe(const char* op, const at::Tensor& tensor) con
   return out.str();
 }
 
-std::unique_ptr<PendingCollective> Communicator::all_gather(at::Tensor full, at::Tensor shard) {
+void Communicator::count(std::int64_t& payload, std::int64_t bytes, bool control) {
+  if (control) {
+    stats_.control_bytes += bytes;
+    ++stats_.control_calls;
+  } else {
+    payload += bytes;
+    ++stats_.calls;
+  }
+}
+
+std::unique_ptr<PendingCollective> Communicator::all_gather(at::Tensor full, at::Tensor shard,
+                                                            bool control) {
   check_pair("all_gather", full, shard, world_size_);
   auto work = group_->all_gather_single(full, shard);
-  stats_.all_gather_bytes += nbytes(full);
-  ++stats_.calls;
+  count(stats_.all_gather_bytes, nbytes(full), control);
   return std::make_unique<PendingCollective>(describe("all_gather", full), std::move(work),
                                              std::vector<at::Tensor>{full, shard});
 }
@@ -134,7 +144,8 @@ std::unique_ptr<PendingCollective> Communicator::all_reduce(at::Tensor tensor,
                                              finisher(reduction, tensor, world_size_));
 }
 
-std::unique_ptr<PendingCollective> Communicator::broadcast(at::Tensor tensor, int root) {
+std::unique_ptr<PendingCollective> Communicator::broadcast(at::Tensor tensor, int root,
+                                                           bool control) {
   check_flat("broadcast", "input", tensor);
   TORCH_CHECK(root >= 0 && root < world_size_, "zero broadcast: root ", root,
               " is outside [0, ", world_size_, ")");
@@ -142,8 +153,7 @@ std::unique_ptr<PendingCollective> Communicator::broadcast(at::Tensor tensor, in
   c10d::BroadcastOptions options;
   options.rootRank = root;
   auto work = group_->broadcast(tensors, options);
-  stats_.broadcast_bytes += nbytes(tensor);
-  ++stats_.calls;
+  count(stats_.broadcast_bytes, nbytes(tensor), control);
   return std::make_unique<PendingCollective>(describe("broadcast", tensor), std::move(work),
                                              std::move(tensors));
 }

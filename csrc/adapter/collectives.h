@@ -19,13 +19,17 @@ enum class Reduction { kSum, kAvg, kMax, kMin };
 Reduction parse_reduction(const std::string& name);
 
 // Payload bytes, counted the way the ZeRO paper counts volume: an all-gather or a
-// reduce-scatter of a buffer of B bytes moves B, an all-reduce 2B, a broadcast B.
+// reduce-scatter of a buffer of B bytes moves B, an all-reduce 2B, a broadcast B. Control
+// messages (rank agreement on event order, the learned launch order) are counted apart so
+// the payload can be compared with the paper's formulas.
 struct CommStats {
   std::int64_t all_gather_bytes = 0;
   std::int64_t reduce_scatter_bytes = 0;
   std::int64_t all_reduce_bytes = 0;
   std::int64_t broadcast_bytes = 0;
   std::int64_t calls = 0;
+  std::int64_t control_bytes = 0;
+  std::int64_t control_calls = 0;
   std::int64_t total_bytes() const {
     return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes;
   }
@@ -61,16 +65,18 @@ class Communicator {
   void reset_stats() { stats_ = CommStats{}; }
 
   // full (world_size * shard.numel() elements) <- every rank's shard, in rank order.
-  std::unique_ptr<PendingCollective> all_gather(at::Tensor full, at::Tensor shard);
+  std::unique_ptr<PendingCollective> all_gather(at::Tensor full, at::Tensor shard,
+                                                bool control = false);
   // shard <- this rank's slice of the reduction of every rank's full buffer.
   std::unique_ptr<PendingCollective> reduce_scatter(at::Tensor shard, at::Tensor full,
                                                     Reduction reduction = Reduction::kSum);
   std::unique_ptr<PendingCollective> all_reduce(at::Tensor tensor,
                                                 Reduction reduction = Reduction::kSum);
-  std::unique_ptr<PendingCollective> broadcast(at::Tensor tensor, int root);
+  std::unique_ptr<PendingCollective> broadcast(at::Tensor tensor, int root, bool control = false);
 
  private:
   std::string describe(const char* op, const at::Tensor& tensor) const;
+  void count(std::int64_t& payload, std::int64_t bytes, bool control);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   int rank_;

@@ -102,12 +102,12 @@ void EngineCore::adopt_observed_order() {
   }
   const auto options = at::TensorOptions().dtype(at::kLong).device(groups_.front()->device());
   at::Tensor count = at::tensor({static_cast<std::int64_t>(flat.size())}, at::kLong).to(options.device());
-  communicator_.broadcast(count, 0)->wait();
+  communicator_.broadcast(count, 0, /*control=*/true)->wait();
   at::Tensor pairs = at::zeros({count.item<std::int64_t>()}, options);
   if (communicator_.rank() == 0 && !flat.empty()) {
     pairs.copy_(at::tensor(flat, at::kLong));
   }
-  communicator_.broadcast(pairs, 0)->wait();
+  communicator_.broadcast(pairs, 0, /*control=*/true)->wait();
   const at::Tensor agreed = pairs.cpu();
   std::vector<std::pair<std::size_t, std::size_t>> order;
   std::vector<std::vector<bool>> placed;

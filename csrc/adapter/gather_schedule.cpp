@@ -38,7 +38,7 @@ void GatherSchedule::verify(Phase phase, std::size_t unit, std::int64_t step) {
                                 static_cast<std::int64_t>(unit), step}, options)
                         .to(options_.device);
   at::Tensor everyone = at::zeros({3 * world}, options.device(options_.device));
-  communicator_.all_gather(everyone, mine)->wait();
+  communicator_.all_gather(everyone, mine, /*control=*/true)->wait();
   everyone = everyone.cpu();
   const auto* values = everyone.data_ptr<std::int64_t>();
   bool agree = true;

@@ -19,8 +19,10 @@ one rank), and every category is the byte count the engine's accounting registry
 Ψ and Ψ/N are the padded element counts (ShardedLayout.full_numel / shard_numel), b the
 bytes of a 16-bit or 32-bit model parameter.
 
-Stage 3 and offload are not built yet: their rows are the ZeRO papers' formulas on the same
-padded numbers, labelled "formula only — not yet built/measured".
+Stage 3 is built, but its rows here are still the ZeRO paper's formula on the same padded
+numbers (the estimator does not yet lay out stage 3's module units), labelled "formula —
+stage 3 built, estimate not checked against it"; offload is not built: "formula only — not
+yet built/measured".
 
 Not estimated: activations (they depend on the model's forward, batch and sequence length,
 and the meta device cannot measure them), autograd's transient full-size gradients at
@@ -52,6 +54,7 @@ DEFAULT_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default, as in the confi
 
 BUILT = "built"
 FORMULA_ONLY = "formula only — not yet built/measured"
+STAGE3_FORMULA = "formula — stage 3 built, estimate not checked against it"
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -396,7 +399,11 @@ class Estimate:
 
     @property
     def status(self) -> str:
-        return BUILT if self.option.built else FORMULA_ONLY
+        if self.option.built:
+            return BUILT
+        if self.option.stage == 3 and not (self.option.offload_optimizer or self.option.offload_param):
+            return STAGE3_FORMULA
+        return FORMULA_ONLY
 
     def bytes_at(self, location: str) -> int:
         return sum(row["bytes"] for row in self.categories.values() if row["location"] == location)
