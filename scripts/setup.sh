@@ -30,8 +30,10 @@ export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 echo "setup: building the core (CMake) and zero._C"
 python3 setup.py -q build_ext --inplace > build.log 2>&1 || { tail -n 60 build.log; exit 1; }
 
-# Console scripts (`zero`) without rebuilding: an editable install of the pure-Python parts.
-if ! command -v zero >/dev/null || ! command -v zero-mem >/dev/null; then
+# Console scripts (`zero`, `zero-mem`) without rebuilding: an editable install of this
+# checkout (redone when the scripts are missing or point at another checkout).
+installed_at=$(python3 -m pip show zero 2>/dev/null | sed -n 's/^Editable project location: //p')
+if ! command -v zero >/dev/null || ! command -v zero-mem >/dev/null || [ "$installed_at" != "$PWD" ]; then
   ZERO_SKIP_EXT=1 python3 -m pip install --disable-pip-version-check -q --no-deps \
     --no-build-isolation -e . >/dev/null
 fi
