@@ -10,6 +10,10 @@ micro-batch per rank) with AdamW and gradient clipping. FSDP2 is applied the usu
 the final norm form the root's parameter group) -- the same units zero's stage 3 gathers
 (every ModuleList child is one unit, the rest is the root unit).
 
+zero runs twice per precision: `zero3` with the engine's default stage3_prefetch_bucket_size
+(5e7 elements, DeepSpeed's default; larger than this model), and `zero3pf` with the prefetch
+bounded to one transformer block's parameter count (--prefetch-numel).
+
 Two kinds of run:
 
 * isolated: each configuration alone in a fresh pair of processes (torch.multiprocessing
@@ -215,7 +219,7 @@ def _run_config(rank, world, name, args):
     runner = (_zero(model, kind, precision, args, out) if kind in ZERO_KINDS
               else _fsdp2(model, precision, args, out))
 
-    times, losses = [], []
+    times, losses, grad_norms = [], [], []
     for i, (tokens, targets) in enumerate(batches[:args.warmup + args.steps]):
         if i == args.warmup:
             out["comm_at_warmup_end"] = runner["comm"]()
@@ -224,9 +228,11 @@ def _run_config(rank, world, name, args):
         loss, phases = runner["step"](tokens, targets)
         elapsed = time.perf_counter() - t0
         losses.append(loss)
+        grad_norms.append(runner["grad_norm"]())
         if i >= args.warmup:
             times.append({"total": elapsed, **phases})
     out["comm_at_end"] = runner["comm"]()
+    out["grad_norms"] = grad_norms
     runner["finish"]()
     out["step_times"] = times
     out["losses"] = losses
@@ -404,10 +410,23 @@ def _zero(model, kind, precision, args, out):
         except Exception as exc:  # noqa: BLE001 -- an engine without a gather schedule
             out["schedule_stats"] = {"error": repr(exc)}
 
-    return {"step": step, "finish": finish, "model": engine.module,
+    def reset_peaks():
+        """Peaks from here on are the steady state; the warm-up's (first step: the engine
+        learns the unit order) are kept apart."""
+        report = engine.memory_report()
+        out["warmup_peaks"] = {"categories": {k: v["peak"] for k, v in
+                                              report["categories"].items()},
+                               "total": report["total"]["peak"]}
+        registry.reset_peaks()
+
+    def grad_norm():
+        value = engine.last_step_result.get("grad_norm")
+        return None if value is None else float(value)
+
+    return {"step": step, "finish": finish, "model": engine.module, "grad_norm": grad_norm,
             "comm": lambda: dict(engine.memory_report()["comm"]),
             "owned": lambda: int(registry.total()["current"]),
-            "reset_peaks": lambda: None}  # peaks cover the whole run (warm-up included)
+            "reset_peaks": reset_peaks}
 
 
 class _FsdpTracker:
@@ -588,7 +607,9 @@ def _fsdp2(model, precision, args, out, sample=True):
             loss.backward()
             t2 = time.perf_counter()
             if args.clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, args.clip)
+                norm = torch.nn.utils.clip_grad_norm_(params, args.clip)
+                state["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor")
+                                           else norm)
             opt.step()
             if sample:  # params, grads and Adam state all exist here (the steady-state peak)
                 measure_states()
@@ -599,7 +620,7 @@ def _fsdp2(model, precision, args, out, sample=True):
         return float(loss.detach()), {"forward": t1 - t0, "backward": t2 - t1, "step": t3 - t2}
 
     def finish():
-        out.update(state)
+        out.update({k: v for k, v in state.items() if k != "grad_norm"})
         out["unsharded_param_peak_bytes"] = tracker.unsharded_peak
         out["unsharded_plus_comm_peak_bytes"] = tracker.unsharded_plus_comm_peak
         out["all_gather_buffer_peak_bytes"] = tracker.ag_buffer_peak
@@ -615,6 +636,7 @@ def _fsdp2(model, precision, args, out, sample=True):
             [q.grad for q in params]) + _unique_storage_bytes(state_tensors())
 
     return {"step": step, "finish": finish, "model": model,
+            "grad_norm": lambda: state.get("grad_norm"),
             "comm": lambda: dict(tracker.comm),
             "owned": owned, "reset_peaks": tracker.reset_peaks}
 
@@ -676,15 +698,20 @@ def summarize(result, args):
         "rss_start_bytes": [r["rss_start_bytes"] for r in ranks],
         "rss_peak_bytes": [r["rss_peak_bytes"] for r in ranks],
         "losses_rank0": ranks[0]["losses"],
+        "grad_norms_rank0": ranks[0].get("grad_norms"),
         "loss_first": ranks[0]["losses"][0], "loss_last": ranks[0]["losses"][-1],
         "paper_3psi_b_bytes": 3 * numel * b,
         "formula_16psi_over_n_bytes": 16 * numel // world,
     }
     deltas = [_delta(r["comm_at_warmup_end"], r["comm_at_end"]) for r in ranks]
+    # every *_bytes counter but the total (zero counts control messages -- rank-agreement
+    # fingerprints, the learned launch order -- apart from the payload, as control_bytes)
     s["comm_bytes_per_step_by_op"] = {k: v / n for k, v in deltas[0].items()
-                                      if k not in ("calls", "total_bytes")}
+                                      if k.endswith("_bytes") and k != "total_bytes"}
     s["comm_bytes_per_step"] = sum(s["comm_bytes_per_step_by_op"].values())
-    s["comm_calls_per_step"] = deltas[0]["calls"] / n
+    s["comm_calls_per_step"] = sum(v for k, v in deltas[0].items()
+                                   if k == "calls" or k.endswith("_calls")) / n
+    s["comm_control_calls_per_step"] = deltas[0].get("control_calls", 0) / n
     prof = [r.get("profiled_step") for r in ranks]
     if all(prof):
         s["profiled"] = {k: [p[k] for p in prof] for k in
@@ -708,6 +735,12 @@ def summarize(result, args):
         s["working_set_bytes"] = [g + k for g, k in zip(s["gathered_peak_bytes"],
                                                         s["bucket_bytes"])]
         s["engine_total_peak_bytes"] = [x["total"]["peak"] for x in reports]
+        s["bucket_current_end_bytes"] = [cat(x, "bucket", "current") for x in reports]
+        warm = [r.get("warmup_peaks") or {} for r in ranks]
+        s["warmup_peak_bytes"] = {
+            "bucket": [w.get("categories", {}).get("bucket", 0) for w in warm],
+            "gathered_param": [w.get("categories", {}).get("gathered_param", 0) for w in warm],
+            "total": [w.get("total", 0) for w in warm]}
         psi3, psip = rep["numel"], rep["persistent_numel"]
         units = ranks[0]["units"]
         s["units"] = units
@@ -900,16 +933,25 @@ def findings(by, inter, args):
                  "forward and backward."
                  if any(h > 0 for _, h in zero_held) else
                  "Neither side keeps released parameters alive through autograd."))
-        out.append(
-            f"* **Buckets, {precision}**: zero keeps {_mib(z0['bucket_bytes'][0])} MiB of "
-            f"reduce-scatter buckets for the whole run: two pool slots (overlap_comm is on by "
-            f"default at stage 3), each a full-unit input plus its 1/N output, sized for the "
-            f"*largest* unit -- here the root with the {args.vocab}x{args.n_embd} tied "
-            f"embedding ({z0['root_numel']:,} elements) -- allocated at initialisation and "
-            f"never freed. FSDP2 allocates a group's reduce-scatter input only while that group "
-            f"reduces (largest seen: "
-            f"{_mib(f['comm_buffer_peak_bytes']['reduce_scatter_in_plus_out'][0])} MiB input + "
-            f"output).")
+        steady, kept = z0["bucket_bytes"][0], z0["bucket_current_end_bytes"][0]
+        slot = (1 + 1 / args.world_size) * z0["root_numel"] * b  # largest unit: full + 1/N
+        warm = z0["warmup_peak_bytes"]["bucket"][0]
+        text = (f"* **Buckets, {precision}**: after warm-up zero's reduce-scatter buckets peak at "
+                f"{_mib(steady)} MiB per step and {_mib(kept)} MiB stay allocated between steps "
+                f"(≈ {steady / slot:.1f} pool slots, each a full-unit input plus its 1/N output "
+                f"sized for the *largest* unit -- here the root with the {args.vocab}x"
+                f"{args.n_embd} tied embedding, {z0['root_numel']:,} elements; two slots with "
+                f"overlap_comm, the stage-3 default).")
+        if warm > 1.05 * steady:
+            text += (f" During the warm-up steps the pool peaked at {_mib(warm)} MiB "
+                     f"(≈ {warm / slot:.1f} slots); this engine learns the units' launch "
+                     f"order from rank 0's first backward and agrees on it by broadcast, and its "
+                     f"pool grows while that happens and shrinks back after the backward.")
+        text += (f" FSDP2 keeps no buckets: a group's reduce-scatter input exists only around "
+                 f"that group's reduction (largest seen: "
+                 f"{_mib(f['comm_buffer_peak_bytes']['reduce_scatter_in_plus_out'][0])} MiB "
+                 f"input + output).")
+        out.append(text)
         prof = [(x["config"], x.get("profiled")) for x in zs + [f]]
         if all(p for _, p in prof):
             out.append(
@@ -921,15 +963,19 @@ def findings(by, inter, args):
                 "owned-at-start has no gradients (zero_grad sets them to None; its gradient "
                 "shards are allocated in backward and show up in the transient part); zero's "
                 "includes its gradient shard and its buckets.")
-            fpk = f["profiled"]["step_peak_bytes"][0]
+            fp_ = f["profiled"]
             for z in zs:
-                gap = z["profiled"]["step_peak_bytes"][0] - fpk
-                bk = z["bucket_bytes"][0]
-                hd = z["profiled"]["autograd_held_param_bytes"][0]
-                out[-1] += (f" {z['config']} peaks {_mib(gap)} MiB above FSDP2; for "
-                            f"comparison, its kept buckets ({_mib(bk)}) and the released "
-                            f"parameters autograd still holds at the end of forward "
-                            f"({_mib(hd)}) add up to {_mib(bk + hd)} MiB.")
+                zp_ = z["profiled"]
+                gap = zp_["step_peak_bytes"][0] - fp_["step_peak_bytes"][0]
+                owned_gap = zp_["owned_at_start_bytes"][0] - fp_["owned_at_start_bytes"][0]
+                transient_gap = zp_["transient_peak_bytes"][0] - fp_["transient_peak_bytes"][0]
+                out[-1] += (
+                    f" {z['config']} peaks {_mib(gap)} MiB above FSDP2: {_mib(owned_gap)} MiB "
+                    f"already at the step's start (its buckets, {_mib(z['bucket_bytes'][0])}, "
+                    f"and its gradient shard, which FSDP2 drops at zero_grad and allocates "
+                    f"again in backward) and {_mib(transient_gap)} MiB more in the step's own "
+                    f"allocations, against {_mib(zp_['autograd_held_param_bytes'][0])} MiB of "
+                    f"released parameters that autograd holds at the end of its forward.")
         out.append(f"* **RSS peak, {precision}**: " + "; ".join(
             f"{x['config']} {_pair(x['rss_peak_bytes'])} MiB" for x in zs + [f]) +
             f" (RSS at start ≈ {_mib(f['rss_start_bytes'][0])} MiB is the torch runtime). RSS "
@@ -945,9 +991,11 @@ def findings(by, inter, args):
             f"3Ψp·b (gradient all-reduce 2Ψp·b + all-gather of the updated parameters Ψp·b), "
             f"so the total is 3Ψ·b on the padded Ψ; the excess is the fp64 gradient-norm "
             f"all-reduce (16 bytes) and the gather schedule's fingerprint all-gathers "
-            f"({2 * z0['units'] + 1} per step, 48 bytes each at N=2: one per unit event, so "
-            f"{2 * z0['units'] + 1} extra synchronising collectives per step, "
-            f"{z0['comm_calls_per_step']:.0f} calls in all vs FSDP2's "
+            f"(one per unit event, 2U+1 = {2 * z0['units'] + 1} per step, 48 bytes each at "
+            f"N=2; the engine counts "
+            f"{z0['comm_control_calls_per_step']:.0f} control calls per step): tiny, but each "
+            f"is a synchronising collective, {z0['comm_calls_per_step']:.0f} calls per step in "
+            f"all vs FSDP2's "
             f"{f['comm_calls_per_step']:.0f}). FSDP2 sends {(zc - fc) / MIB:.2f} MiB less because "
             f"its root group is not resharded after forward (FSDP2's default for the root), "
             f"so the root's {f['root_numel']:,} elements are all-gathered once per step "
@@ -967,6 +1015,19 @@ def findings(by, inter, args):
         if lo and hi:
             worst = max(abs(x - y) for x, y in zip(lo["losses_rank0"], hi["losses_rank0"]))
             drift.append(f"{kind} {worst:.1e}")
+    gn_parts = []
+    for precision in ("fp32", "bf16"):
+        f = by.get(f"fsdp2-{precision}")
+        z = next((by[f"{k}-{precision}"] for k in ZERO_KINDS if f"{k}-{precision}" in by), None)
+        if f and z and f.get("grad_norms_rank0") and z.get("grad_norms_rank0"):
+            pairs = [(a, c) for a, c in zip(z["grad_norms_rank0"][:3], f["grad_norms_rank0"][:3])
+                     if a and c]
+            if pairs:
+                rel = max(abs(a - c) / c for a, c in pairs)
+                gn_parts.append(f"{z['config']} vs {f['config']} {rel:.1e}")
+    gn_text = ("Pre-clipping gradient norms of the first 3 steps, largest relative "
+               "difference: " + ", ".join(gn_parts) + " (neither side mis-scales "
+               "gradients). ") if gn_parts else ""
     if parity:
         n = len(next(iter(by.values()))["losses_rank0"])
         out.append(
@@ -977,8 +1038,10 @@ def findings(by, inter, args):
             "clips on them; FSDP2 keeps fp32 shards and casts to bf16 for the all-gather, "
             "casting the bf16-reduced gradient back to fp32), and at this loss level (≈ "
             "ln(vocab), the model has barely started to learn) per-step noise dominates, so "
-            "the bf16 trajectories part after a few steps; which is closer to fp32 says "
-            "little after so few steps.")
+            "the bf16 trajectories part after a few steps. " + gn_text + "Whether one bf16 "
+            "recipe trains better cannot be read from "
+            "these few steps (run e.g. `--steps 40 --warmup 0 --interleaved-steps 0 "
+            "--no-profile --configs zero3pf-bf16,fsdp2-bf16,fsdp2-fp32` to follow the trend).")
     out.append(
         "* **Where the time goes (mechanisms from the sources, not separately measured)**: in "
         "the optimizer step zero's AdamW is a handful of ATen ops over each flat shard, while "
@@ -1066,7 +1129,8 @@ def render_markdown(summaries, interleaved, facts, args, command, wall_s):
         "after optimizer.step(), beside 16Ψ/N. *gathered params peak*: zero's registry "
         "`gathered_param` peak; FSDP2's unsharded parameter storages alive at once (sampled at "
         "its unshard / post-backward / reduce-scatter points). *buckets (kept)*: zero's "
-        "reduce-scatter bucket pool, allocated at initialisation and kept; FSDP2 keeps none. "
+        "reduce-scatter bucket pool, peak after warm-up (see the findings for what stays "
+        "allocated between steps and the warm-up peak); FSDP2 keeps none. "
         "*working set peak*: zero = gathered peak + buckets (its registry's view); FSDP2 = "
         "peak of unsharded params + the flat all-gather outputs and reduce-scatter inputs "
         "still referenced (sampled). *released params still held by autograd*: parameter "

@@ -229,3 +229,47 @@ def test_divergent_ranks_fail_with_the_module_and_step_named_instead_of_hanging(
         assert "ranks diverged at stage 3 (step 1)" in message
         assert "rank 0 is at forward of 'blocks.1'" in message
         assert "rank 1 is at forward of 'blocks.2'" in message
+
+
+class _EightLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(256, 256, bias=False) for _ in range(8))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+def _held_by_autograd(rank, world):
+    import zero
+
+    torch.manual_seed(0)
+    config = {"train_micro_batch_size_per_gpu": 1,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+              "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0}}
+    engine, _, _, _ = zero.initialize(model=_EightLayers(), config=config)
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr(), id(storage)] = storage  # the live storage object
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = engine(torch.randn(1, 256))
+    unit_bytes = 256 * 256 * 4
+    held = sum(s.nbytes() for s in saved.values() if s.nbytes() >= unit_bytes)
+    counted = engine.memory_report()["categories"]["gathered_param"]["current"]
+    engine.backward(loss)  # backward re-fills the same storages the saved views point at
+    engine.step()
+    return held, counted
+
+
+def test_released_units_free_their_memory_even_while_autograd_holds_views():
+    """A weight's transpose saved for backward must not keep a released unit's memory alive
+    (it did: the registry said 0 while every unit stayed allocated until backward)."""
+    for held, counted in run_distributed(_held_by_autograd, 2):
+        assert counted == 0
+        assert held == 0

@@ -9,6 +9,20 @@
 namespace zero::adapter {
 namespace {
 
+// Frees or re-allocates a storage's memory in place: every tensor viewing it (autograd's saved
+// views included) keeps pointing at the same StorageImpl.
+void free_storage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(0));
+  storage->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& tensor, std::size_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
 core::ShardedLayout stage3_layout(const std::vector<at::Tensor>& params,
                                   const std::vector<std::size_t>& unit_of_param,
                                   const GroupOptions& options, int world_size) {
@@ -84,12 +98,20 @@ at::Tensor Stage3Group::master() const {
 
 void Stage3Group::fetch(std::size_t index) {
   Unit& unit = units_.at(index);
-  if (unit.gathered.defined()) return;
+  if (unit.resident) return;
   const core::FlatBufferPlan& plan = layout_.unit(index);
-  unit.gathered = TrackedTensor(registry_, core::MemoryCategory::kGatheredParam,
-                                core::MemoryLocation::kDevice, plan.numel(),
-                                param_shard_.tensor().options());
-  unit.in_flight = communicator_.all_gather(unit.gathered.tensor(),
+  const auto options = param_shard_.tensor().options();
+  const std::int64_t bytes = plan.numel() * static_cast<std::int64_t>(c10::elementSize(
+                                                 options.dtype().toScalarType()));
+  if (!unit.gathered.defined()) {
+    unit.gathered = at::empty({plan.numel()}, options);
+  } else {
+    allocate_storage(unit.gathered, static_cast<std::size_t>(bytes));
+  }
+  unit.tracking = core::TrackedBytes(&registry_, core::MemoryCategory::kGatheredParam,
+                                     core::MemoryLocation::kDevice, bytes);
+  unit.resident = true;
+  unit.in_flight = communicator_.all_gather(unit.gathered,
                                             shard_piece(param_shard_.tensor(), index));
 }
 
@@ -108,38 +130,39 @@ void Stage3Group::attach(std::size_t index) {
   const core::FlatBufferPlan& plan = layout_.unit(index);
   for (const std::size_t p : unit.params) {
     const core::ParamSlot& slot = plan.params()[layout_.location(p).index];
-    params_[p].set_data(unit.gathered.tensor().narrow(0, slot.offset, slot.numel).view(slot.shape));
+    params_[p].set_data(unit.gathered.narrow(0, slot.offset, slot.numel).view(slot.shape));
   }
 }
 
 void Stage3Group::release(std::size_t index) {
   Unit& unit = units_.at(index);
-  if (!unit.gathered.defined()) return;
+  if (!unit.resident) return;
   if (unit.in_flight) {  // never free a buffer a collective is still writing
     unit.in_flight->wait();
     unit.in_flight.reset();
   }
   const at::TensorOptions options = param_shard_.tensor().options();
   for (const std::size_t p : unit.params) params_[p].set_data(at::empty({0}, options));
-  unit.gathered.reset();
+  free_storage(unit.gathered);
+  unit.tracking.release();
+  unit.resident = false;
 }
 
 std::int64_t Stage3Group::gathered_numel() const {
   std::int64_t numel = 0;
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    if (units_[u].gathered.defined()) numel += layout_.unit(u).numel();
+    if (units_[u].resident) numel += layout_.unit(u).numel();
   }
   return numel;
 }
 
 void Stage3Group::commit(std::size_t index) {
   Unit& unit = units_.at(index);
-  TORCH_CHECK(unit.gathered.defined() && !unit.in_flight, "zero: commit(", index,
+  TORCH_CHECK(unit.resident && !unit.in_flight, "zero: commit(", index,
               ") needs the unit gathered");
   const core::FlatBufferPlan& plan = layout_.unit(index);
   const int rank = communicator_.rank();
-  const at::Tensor mine = unit.gathered.tensor().narrow(0, rank * plan.shard_numel(),
-                                                         plan.shard_numel());
+  const at::Tensor mine = unit.gathered.narrow(0, rank * plan.shard_numel(), plan.shard_numel());
   shard_piece(param_shard_.tensor(), index).copy_(mine);
   if (mixed_precision()) {
     state_.master_piece(layout_.shard_offset(index), plan.shard_numel()).copy_(mine);

@@ -10,7 +10,11 @@
 //             rank's gradient shard and the unit is released;
 //   step:     the update runs on the shard alone; nothing is gathered afterwards.
 //
-// While released, a parameter's data is an empty tensor of its dtype and device.
+// While released, a parameter's data is an empty tensor of its dtype and device, and the
+// unit's gathered storage keeps its identity but holds no memory (its bytes are freed in
+// place, as FSDP does with resize_(0)): views that autograd saved during forward, such as a
+// weight's transpose, would otherwise keep every unit alive until backward. Gathering again
+// re-fills the same storage, so those saved views see the parameters again in backward.
 #include <memory>
 #include <vector>
 
@@ -36,7 +40,7 @@ class Stage3Group : public Group {
   void fetch(std::size_t unit);    // starts the all-gather (no-op if gathered or in flight)
   void gather(std::size_t unit);   // fetch + wait; the unit's parameters are full afterwards
   void release(std::size_t unit);  // frees the gathered buffer; parameters become empty
-  bool is_gathered(std::size_t unit) const { return units_.at(unit).gathered.defined(); }
+  bool is_gathered(std::size_t unit) const { return units_.at(unit).resident; }
   std::size_t unit_count() const { return layout_.unit_count(); }
   std::int64_t gathered_numel() const;  // elements of every unit gathered now
   // Writes the gathered unit's (possibly modified) full parameters back into this rank's
@@ -70,7 +74,9 @@ class Stage3Group : public Group {
     std::vector<std::size_t> params;  // indices into params_
     std::size_t trainable = 0;        // params that produce gradients
     std::size_t pending_grads = 0;    // still to arrive in this backward
-    TrackedTensor gathered;
+    at::Tensor gathered;              // one storage for the unit's life; memory only while resident
+    core::TrackedBytes tracking;      // counts the memory while resident
+    bool resident = false;
     std::unique_ptr<PendingCollective> in_flight;
   };
 
