@@ -248,7 +248,8 @@ def _held_by_autograd(rank, world):
     torch.manual_seed(0)
     config = {"train_micro_batch_size_per_gpu": 1,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-              "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0}}
+              "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 0,
+                                    "stage3_param_persistence_threshold": 1000}}
     engine, _, _, _ = zero.initialize(model=_EightLayers(), config=config)
     saved = {}
 
