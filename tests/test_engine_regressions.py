@@ -227,3 +227,22 @@ def test_several_groups_with_a_rank_dependent_branch_average_the_right_gradients
             assert torch.allclose(update[name], value, rtol=1e-4, atol=1e-7), name
         if stage == 2:
             assert buckets == [3, 3, 3]  # 2 (overlap) for the layers + 1 for aux; no growth
+
+
+def _mixed_momentum(rank, world):
+    import zero
+
+    model = training.make_model()
+    params = list(model.parameters())
+    groups = [{"params": params[:4], "momentum": 0.9}, {"params": params[4:], "momentum": 0.0}]
+    config = training.engine_config(1, gas=1, scheduler=False)
+    config["optimizer"] = {"type": "SGD", "params": {"lr": 0.05}}
+    engine, _, _, _ = zero.initialize(model=model, model_parameters=groups, config=config)
+    training.train_engine(engine, rank, world, 1, 1)
+    state = engine.memory_report()["categories"]["optimizer_state"]
+    return state["current"], state["expected"]
+
+
+def test_the_report_expects_momentum_only_for_groups_that_have_it():
+    for current, expected in run_distributed(_mixed_momentum, 2):
+        assert current == expected > 0

@@ -285,18 +285,18 @@ class ZeroEngine(nn.Module):
         """What the ZeRO formulas describe: one layout per engine group kind (stage 3's
         persistent parameters follow stage 1 and are reported as a separate layout)."""
         world = dist.get_world_size()
-        by_stage: dict[int, int] = {}
-        for g, (_, params) in enumerate(self._engine_groups):
+        numels: dict[tuple[int, bool], int] = {}  # (stage, SGD momentum buffer) -> elements
+        for g, (owner, params) in enumerate(self._engine_groups):
             if self.stage < 3:
                 stage = self.stage
             else:  # partitioned groups, or stage 3's persistent parameters (a stage-1 group)
                 stage = 3 if id(params[0]) in self._partitioned else 1
-            by_stage[stage] = by_stage.get(stage, 0) + self._core.group_numel(g)
+            momentum = spec.momentum_buffer_needed([self.optimizer.param_groups[owner]])
+            numels[stage, momentum] = numels.get((stage, momentum), 0) + self._core.group_numel(g)
         return [StateLayout(stage=stage, world_size=world, numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,
-                            sgd_momentum=spec.momentum_buffer_needed(self.optimizer.param_groups),
-                            persistent=self.stage == 3 and stage == 1)
-                for stage, numel in sorted(by_stage.items(), reverse=True)]
+                            sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1)
+                for (stage, momentum), numel in sorted(numels.items(), reverse=True)]
 
     # ---- internals -------------------------------------------------------------------------
     def _grad_hook(self, group: int, index: int):
