@@ -26,4 +26,21 @@ c10::ScalarType to_scalar_type(core::DType dtype) {
   TORCH_CHECK(false, "zero: unknown core dtype");
 }
 
+std::vector<core::TensorSpec> param_specs(const std::vector<at::Tensor>& params) {
+  TORCH_CHECK(!params.empty(), "zero: a parameter group has no parameters");
+  std::vector<core::TensorSpec> specs;
+  specs.reserve(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    TORCH_CHECK(p.scalar_type() == params.front().scalar_type(), "zero: parameter ", i,
+                " of a group is ", p.scalar_type(), " but parameter 0 is ",
+                params.front().scalar_type(), "; every managed parameter must have the training "
+                "dtype (is a parameter outside the model passed in model_parameters?)");
+    TORCH_CHECK(p.device() == params.front().device(), "zero: parameter ", i, " is on ",
+                p.device(), " but parameter 0 is on ", params.front().device());
+    specs.push_back({p.sizes().vec(), to_core_dtype(p.scalar_type())});
+  }
+  return specs;
+}
+
 }  // namespace zero::adapter

@@ -40,11 +40,9 @@ std::int64_t GradReducer::bucket_bytes() const {
 GradReducer::Slot& GradReducer::add_slot() {
   auto slot = std::make_unique<Slot>();
   const std::int64_t largest = layout_.max_unit_numel();
-  slot->full = TrackedTensor(registry_, core::MemoryCategory::kBucket,
-                             core::MemoryLocation::kDevice, largest, grads_.options());
-  slot->piece = TrackedTensor(registry_, core::MemoryCategory::kBucket,
-                              core::MemoryLocation::kDevice, largest / layout_.world_size(),
-                              grads_.options());
+  slot->full = device_buffer(registry_, core::MemoryCategory::kBucket, largest, grads_.options());
+  slot->piece = device_buffer(registry_, core::MemoryCategory::kBucket,
+                              largest / layout_.world_size(), grads_.options());
   slots_.push_back(std::move(slot));
   return *slots_.back();
 }

@@ -12,28 +12,12 @@ namespace {
 
 core::ShardedLayout layout_for(const std::vector<at::Tensor>& params, const GroupOptions& options,
                                int world_size) {
-  TORCH_CHECK(!params.empty(), "zero: a parameter group has no parameters");
   TORCH_CHECK(options.stage >= 0 && options.stage <= 2, "zero: stage ", options.stage,
               " is not handled by ParamGroup (stages 0, 1, 2)");
-  std::vector<core::TensorSpec> specs;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i];
-    TORCH_CHECK(p.scalar_type() == params.front().scalar_type(), "zero: parameter ", i,
-                " of a group is ", p.scalar_type(), " but parameter 0 is ",
-                params.front().scalar_type(), "; every managed parameter must have the training "
-                "dtype (is a parameter outside the model passed in model_parameters?)");
-    TORCH_CHECK(p.device() == params.front().device(), "zero: parameter ", i, " is on ",
-                p.device(), " but parameter 0 is on ", params.front().device());
-    specs.push_back({p.sizes().vec(), to_core_dtype(p.scalar_type())});
-  }
+  const std::vector<core::TensorSpec> specs = param_specs(params);
   // Stage 0 shards nothing: lay out for one rank, so "this rank's piece" is everything.
   return core::ShardedLayout(specs, options.stage == 0 ? 1 : world_size, options.alignment,
                              options.unit_numel);
-}
-
-TrackedTensor allocate(core::MemoryRegistry& registry, core::MemoryCategory category,
-                       std::int64_t numel, const c10::TensorOptions& options) {
-  return TrackedTensor(registry, category, core::MemoryLocation::kDevice, numel, options);
 }
 
 }  // namespace
@@ -49,7 +33,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
              options.sgd_momentum, /*keep_master=*/mixed_precision()) {
   const c10::TensorOptions model_options = params_.front().options();
   param_buffer_ =
-      allocate(registry, core::MemoryCategory::kParam, layout_.full_numel(), model_options);
+      device_buffer(registry, core::MemoryCategory::kParam, layout_.full_numel(), model_options);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor view = param_view(i);
     view.copy_(params_[i]);
@@ -58,12 +42,12 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
   const std::int64_t shard = layout_.shard_numel();
   refresh_master();
   if (options_.stage == 2) {
-    grad_shard_ = allocate(registry, core::MemoryCategory::kGradient, shard, model_options);
+    grad_shard_ = device_buffer(registry, core::MemoryCategory::kGradient, shard, model_options);
     reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
                                              options_.overlap_comm, grad_shard_.tensor(),
                                              registry, communicator_);
   } else {
-    grad_full_ = allocate(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
+    grad_full_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
                           model_options);
     reducer_ = std::make_unique<GradReducer>(ReduceMode::kAllReduce, layout_,
                                              options_.overlap_comm, grad_full_.tensor(),

@@ -7,8 +7,7 @@ namespace {
 
 TrackedTensor fp32_buffer(core::MemoryRegistry& registry, core::MemoryCategory category,
                           std::int64_t numel, const c10::TensorOptions& options) {
-  return TrackedTensor(registry, category, core::MemoryLocation::kDevice, numel,
-                       options.dtype(at::kFloat));
+  return device_buffer(registry, category, numel, options.dtype(at::kFloat));
 }
 
 }  // namespace

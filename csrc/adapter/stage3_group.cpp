@@ -26,18 +26,9 @@ void allocate_storage(const at::Tensor& tensor, std::size_t nbytes) {
 core::ShardedLayout stage3_layout(const std::vector<at::Tensor>& params,
                                   const std::vector<std::size_t>& unit_of_param,
                                   const GroupOptions& options, int world_size) {
-  TORCH_CHECK(!params.empty(), "zero: a parameter group has no parameters");
   TORCH_CHECK(unit_of_param.size() == params.size(), "zero: got ", unit_of_param.size(),
               " unit ids for ", params.size(), " parameters");
-  std::vector<core::TensorSpec> specs;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    TORCH_CHECK(params[i].scalar_type() == params.front().scalar_type(), "zero: parameter ", i,
-                " is ", params[i].scalar_type(), " but parameter 0 is ",
-                params.front().scalar_type(), "; every managed parameter must have the training "
-                "dtype (is a parameter outside the model passed in model_parameters?)");
-    specs.push_back({params[i].sizes().vec(), to_core_dtype(params[i].scalar_type())});
-  }
-  return core::ShardedLayout(specs, world_size, options.alignment, unit_of_param);
+  return core::ShardedLayout(param_specs(params), world_size, options.alignment, unit_of_param);
 }
 
 }  // namespace
@@ -55,11 +46,9 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
              options.sgd_momentum, /*keep_master=*/mixed_precision()),
       units_(layout_.unit_count()) {
   const c10::TensorOptions model_options = params_.front().options();
-  param_shard_ = TrackedTensor(registry, core::MemoryCategory::kParam,
-                               core::MemoryLocation::kDevice, layout_.shard_numel(),
+  param_shard_ = device_buffer(registry, core::MemoryCategory::kParam, layout_.shard_numel(),
                                model_options);
-  grad_shard_ = TrackedTensor(registry, core::MemoryCategory::kGradient,
-                              core::MemoryLocation::kDevice, layout_.shard_numel(),
+  grad_shard_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.shard_numel(),
                               model_options);
   const int rank = communicator_.rank();
   for (std::size_t i = 0; i < params_.size(); ++i) {

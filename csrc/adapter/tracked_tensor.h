@@ -28,4 +28,10 @@ class TrackedTensor {
   core::TrackedBytes tracking_;
 };
 
+// A zero-filled engine buffer on the compute device (the common case).
+inline TrackedTensor device_buffer(core::MemoryRegistry& registry, core::MemoryCategory category,
+                                   std::int64_t numel, const c10::TensorOptions& options) {
+  return TrackedTensor(registry, category, core::MemoryLocation::kDevice, numel, options);
+}
+
 }  // namespace zero::adapter
