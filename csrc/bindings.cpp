@@ -11,6 +11,7 @@
 #include "adapter/cpu_adam_op.h"
 #include "adapter/dtype_map.h"
 #include "adapter/engine_core.h"
+#include "adapter/backward_hooks.h"
 #include "adapter/stage3_group.h"
 #include "adapter/flat_buffer.h"
 #include "adapter/process_group.h"
@@ -298,7 +299,7 @@ adapter::GroupOptions group_options(int stage, std::int64_t alignment, std::int6
 }
 
 void bind_engine(py::module_& m) {
-  py::class_<adapter::EngineCore>(m, "EngineCore")
+  py::class_<adapter::EngineCore, std::shared_ptr<adapter::EngineCore>>(m, "EngineCore")
       .def(py::init<const std::string&>(), py::arg("group_name"))
       .def(
           "add_group",
@@ -314,31 +315,20 @@ void bind_engine(py::module_& m) {
       .def(
           "add_stage3_group",
           [](adapter::EngineCore& e, std::vector<at::Tensor> params,
-             const std::vector<std::size_t>& unit_of_param, std::int64_t alignment,
+             const std::vector<std::size_t>& unit_of_param,
+             const std::vector<std::vector<std::int64_t>>& full_shapes, std::int64_t alignment,
              bool overlap_comm, const std::string& optimizer, bool sgd_momentum) {
             at::NoGradGuard no_grad;
             auto options = group_options(3, alignment, 1, overlap_comm, optimizer, sgd_momentum);
             return e.adopt_group(
-                std::make_unique<adapter::Stage3Group>(std::move(params), unit_of_param, options,
-                                                       e.registry(), e.communicator()),
+                std::make_unique<adapter::Stage3Group>(std::move(params), unit_of_param,
+                                                       full_shapes, options, e.registry(),
+                                                       e.communicator()),
                 3);
           },
-          py::arg("params"), py::arg("unit_of_param"), py::arg("alignment"),
-          py::arg("overlap_comm"), py::arg("optimizer"), py::arg("sgd_momentum") = false)
-      .def("fetch", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
-             at::NoGradGuard no_grad;
-             stage3(e, g).fetch(u);
-           }, py::arg("group"), py::arg("unit"))
-      .def("gather", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
-             at::NoGradGuard no_grad;
-             py::gil_scoped_release no_gil;
-             stage3(e, g).gather(u);
-           }, py::arg("group"), py::arg("unit"))
-      .def("release", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
-             at::NoGradGuard no_grad;
-             py::gil_scoped_release no_gil;
-             stage3(e, g).release(u);
-           }, py::arg("group"), py::arg("unit"))
+          py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
+          py::arg("alignment"), py::arg("overlap_comm"), py::arg("optimizer"),
+          py::arg("sgd_momentum") = false)
       .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
              at::NoGradGuard no_grad;
              stage3(e, g).commit(u);
@@ -349,49 +339,70 @@ void bind_engine(py::module_& m) {
       .def(
           "configure_schedule",
           [](adapter::EngineCore& e, std::vector<std::string> names, std::int64_t prefetch_numel,
-             std::int64_t max_live_numel, at::Device device) {
+             std::int64_t max_live_numel, std::int64_t max_reuse_distance,
+             std::int64_t max_inflight, at::Device device) {
             adapter::ScheduleOptions options;
             options.prefetch_numel = prefetch_numel;
             options.max_live_numel = max_live_numel;
+            options.max_reuse_distance = max_reuse_distance;
+            options.max_inflight = max_inflight;
             options.device = device;
             e.configure_schedule(std::move(names), options);
           },
           py::arg("unit_names"), py::arg("prefetch_numel"), py::arg("max_live_numel"),
-          py::arg("device"))
+          py::arg("max_reuse_distance"), py::arg("max_inflight"), py::arg("device"))
       .def("place", [](adapter::EngineCore& e, std::size_t unit, std::size_t g, std::size_t local) {
              e.schedule().place(unit, &stage3(e, g), local);
            }, py::arg("unit"), py::arg("group"), py::arg("local"))
-      .def("before_forward", [](adapter::EngineCore& e, std::size_t unit, std::int64_t step) {
+      .def("add_external", [](adapter::EngineCore& e, std::size_t user, std::size_t owner) {
+             e.schedule().add_external(user, owner);
+           }, py::arg("user"), py::arg("owner"))
+      .def("before_forward", [](adapter::EngineCore& e, std::size_t unit, std::int64_t step,
+                                bool expects_backward) {
              at::NoGradGuard no_grad;
              py::gil_scoped_release no_gil;
-             e.schedule().before_forward(unit, step);
-           }, py::arg("unit"), py::arg("step"))
+             e.schedule().before_forward(unit, step, expects_backward);
+           }, py::arg("unit"), py::arg("step"), py::arg("expects_backward"))
       .def("after_forward", [](adapter::EngineCore& e, std::size_t unit) {
              at::NoGradGuard no_grad;
              py::gil_scoped_release no_gil;
              e.schedule().after_forward(unit);
            }, py::arg("unit"))
-      .def("before_backward", [](adapter::EngineCore& e, std::size_t unit, std::int64_t step) {
+      .def("hold", [](adapter::EngineCore& e, std::size_t unit) {
              at::NoGradGuard no_grad;
              py::gil_scoped_release no_gil;
-             e.schedule().before_backward(unit, step);
-           }, py::arg("unit"), py::arg("step"))
-      .def("end_backward", [](adapter::EngineCore& e, std::int64_t step) {
+             e.schedule().hold(unit);
+           }, py::arg("unit"))
+      .def("unhold", [](adapter::EngineCore& e, std::size_t unit) {
              at::NoGradGuard no_grad;
              py::gil_scoped_release no_gil;
-             e.schedule().end_backward(step);
-           }, py::arg("step"))
+             e.schedule().unhold(unit);
+           }, py::arg("unit"))
+      .def("attach_pre_backward",
+           [](const std::shared_ptr<adapter::EngineCore>& e, std::size_t unit,
+              std::vector<at::Tensor> outputs) {
+             return adapter::attach_pre_backward(e, unit, std::move(outputs));
+           }, py::arg("unit"), py::arg("outputs"))
+      .def("attach_post_backward",
+           [](const std::shared_ptr<adapter::EngineCore>& e, std::size_t unit,
+              std::vector<at::Tensor> inputs) {
+             return adapter::attach_post_backward(e, unit, std::move(inputs));
+           }, py::arg("unit"), py::arg("inputs"))
       .def("schedule_stats", [](adapter::EngineCore& e) {
              py::dict out;
              out["prefetches"] = e.schedule().prefetches();
+             out["gathers"] = e.schedule().gathers();
+             out["reuses"] = e.schedule().reuses();
+             out["max_inflight_seen"] = e.schedule().max_inflight_seen();
              out["gathered_numel"] = e.schedule().gathered_numel();
+             out["peak_gathered_numel"] = e.schedule().peak_gathered_numel();
              out["notice"] = e.schedule().notice();
              return out;
            })
       .def("gathered_numel", [](adapter::EngineCore& e, std::size_t g) {
              return stage3(e, g).gathered_numel();
            }, py::arg("group"))
-      .def("prepare_backward", &adapter::EngineCore::prepare_backward)
+      .def("prepare_backward", &adapter::EngineCore::prepare_backward, py::arg("boundary"))
       .def("grad_ready", &adapter::EngineCore::grad_ready, py::arg("group"), py::arg("index"),
            py::arg("boundary"), py::call_guard<py::gil_scoped_release>())
       .def("finish_backward", &adapter::EngineCore::finish_backward, py::arg("boundary"),

@@ -29,10 +29,33 @@ class ReusedBlockGPT(TinyGPT):
                                                  targets.view(-1))
 
 
+class ExternalUseGPT(TinyGPT):
+    """TinyGPT whose root forward also reads a weight of the first block directly (outside
+    that block's own forward), declared with register_external_parameter as DeepSpeed
+    requires."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__(config)
+        import zero
+
+        zero.register_external_parameter(self, self.blocks[0].attn.proj.weight)
+
+    def forward(self, tokens, targets=None):
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        for block in self.blocks:
+            x = block(x)
+        x = x + 0.5 * x @ self.blocks[0].attn.proj.weight.t()
+        logits = self.head(self.ln_f(x))
+        return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                                 targets.view(-1))
+
+
 def make_model(config: GPTConfig = MODEL, freeze_position_embedding: bool = False,
-               reuse_block: bool = False) -> TinyGPT:
+               reuse_block: bool = False, external_use: bool = False) -> TinyGPT:
     torch.manual_seed(SEED)
-    model = (ReusedBlockGPT if reuse_block else TinyGPT)(config)
+    kind = ExternalUseGPT if external_use else ReusedBlockGPT if reuse_block else TinyGPT
+    model = kind(config)
     if freeze_position_embedding:
         model.position_embedding.weight.requires_grad_(False)
     return model
@@ -88,13 +111,11 @@ def parameters_of(module) -> dict[str, torch.Tensor]:
     return {name: p.detach().float().clone() for name, p in module.named_parameters()}
 
 
-def train_reference(world: int, steps: int, gas: int, config: dict,
-                    freeze_position_embedding: bool = False, reuse_block: bool = False):
+def train_reference(world: int, steps: int, gas: int, config: dict, **model_options):
     """Single process, global batch, torch.optim.AdamW, clip_grad_norm_, zero's scheduler."""
     from zero.schedulers import build_scheduler
 
-    model = make_model(freeze_position_embedding=freeze_position_embedding,
-                       reuse_block=reuse_block)
+    model = make_model(**model_options)
     params = [p for p in model.parameters() if p.requires_grad]
     hyper = config["optimizer"]["params"]
     optimizer = torch.optim.AdamW(params, lr=hyper["lr"], betas=tuple(hyper["betas"]),

@@ -10,6 +10,11 @@ sharded optimizer step); the Python package holds config, hooks, the launcher an
 import torch as _torch  # noqa: F401  (loads libtorch, which zero._C links against)
 
 from .api import add_config_arguments, init_distributed, initialize
+from .init import Init
+from .stage3 import (GatheredParameters, gather_unit, register_external_parameter,
+                     set_z3_leaf_modules, unregister_external_parameter)
 
 __version__ = "0.1.0"
-__all__ = ["initialize", "init_distributed", "add_config_arguments"]
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "Init", "GatheredParameters",
+           "register_external_parameter", "unregister_external_parameter", "gather_unit",
+           "set_z3_leaf_modules"]

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _C, stage3
+from . import init as zero_init
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
@@ -45,6 +46,11 @@ class ZeroEngine(nn.Module):
         self.dtype = _DTYPES[config.precision]
         self.device = _training_device()
         model.to(device=self.device, dtype=self.dtype)
+        _convert_init_shards(model, self.device, self.dtype)
+        if self.stage < 3:  # built under zero.Init, trained whole
+            for param in model.parameters():
+                if zero_init.is_partitioned(param):
+                    zero_init.unpartition(param)
         _broadcast_from_rank0(model)  # every rank starts from rank 0's weights, like DDP
 
         spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters)
@@ -125,13 +131,9 @@ class ZeroEngine(nn.Module):
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
         self._boundary_in_backward = boundary
-        if self._stage3 is not None:
-            self._stage3.start_backward()
-        self._core.prepare_backward()
+        self._core.prepare_backward(boundary)
         scaled.backward(retain_graph=retain_graph)
-        if self._stage3 is not None:
-            self._stage3.end_backward()
-        self._core.finish_backward(boundary)
+        self._core.finish_backward(boundary)  # stage 3: already done by the end-of-backward callback
         return loss
 
     def step(self, lr_kwargs: dict | None = None):
@@ -247,10 +249,17 @@ class ZeroEngine(nn.Module):
         zero_cfg = self.config.zero_optimization
         threshold = int(zero_cfg.stage3_param_persistence_threshold)
         plan = stage3.plan_units(self.module)
+        partitioned_ids = {id(p) for params in trainables for p in params
+                           if zero_init.full_numel(p) > threshold}
+        # zero.Init partitioned everything large; what the engine keeps whole (small or frozen
+        # parameters) is gathered back once, in the same order on every rank.
+        for param in self.module.parameters():
+            if zero_init.is_partitioned(param) and id(param) not in partitioned_ids:
+                zero_init.unpartition(param)
         placement: dict[int, list[tuple[int, int]]] = {}
         for owner, (group, params) in enumerate(zip(groups, trainables)):
-            persistent = [p for p in params if p.numel() <= threshold]
-            partitioned = [p for p in params if p.numel() > threshold]
+            persistent = [p for p in params if id(p) not in partitioned_ids]
+            partitioned = [p for p in params if id(p) in partitioned_ids]
             if persistent:  # small: whole on every rank, optimizer state sharded
                 self._add_group(spec, owner, group, persistent, stage=1)
             if not partitioned:
@@ -259,7 +268,8 @@ class ZeroEngine(nn.Module):
             local = {unit: i for i, unit in enumerate(model_units)}
             index = self._core.add_stage3_group(
                 partitioned, [local[plan.unit_of_param[id(p)]] for p in partitioned],
-                self._alignment, self.config.zero_optimization.overlap_comm, spec.kind,
+                [list(p._zero_shape) if zero_init.is_partitioned(p) else [] for p in partitioned],
+                self._alignment, zero_cfg.overlap_comm, spec.kind,
                 spec.momentum_buffer_needed([group]))
             self._engine_groups.append((owner, partitioned))
             for unit in model_units:
@@ -268,10 +278,30 @@ class ZeroEngine(nn.Module):
             stage3._ENGINES.update((id(p), self) for p in partitioned)
         self._core.configure_schedule([name for name, _ in plan.modules],
                                       int(zero_cfg.stage3_prefetch_bucket_size),
-                                      int(zero_cfg.stage3_max_live_parameters), self.device)
+                                      int(zero_cfg.stage3_max_live_parameters),
+                                      int(zero_cfg.stage3_max_reuse_distance),
+                                      int(zero_cfg.stage3_max_inflight_gathers), self.device)
         engine = weakref.ref(self)
         self._stage3 = stage3.Stage3Hooks(self._core, plan, placement,
                                           step_counter=lambda: engine().global_steps)
+        self._adopt_init_shards(plan, placement)
+
+    def _adopt_init_shards(self, plan, placement) -> None:
+        """Moves zero.Init's per-parameter shards into the engine's per-unit shards, one unit
+        at a time: gather the unit (its zero.Init parameters read as zeros), write their full
+        values, keep this rank's piece, release."""
+        pending = [p for p in self._partitioned.values() if zero_init.is_partitioned(p)]
+        for unit in sorted({plan.unit_of_param[id(p)] for p in pending}):
+            self._stage3.hold(unit)
+            with torch.no_grad():
+                for param in pending:
+                    if plan.unit_of_param[id(param)] == unit:
+                        param.data.copy_(zero_init.gather_full(param))
+                for group, local in placement.get(unit, ()):
+                    self._core.commit(group, local)
+            self._stage3.unhold(unit)
+        for param in pending:
+            del param._zero_shard, param._zero_shape
 
     def _add_group(self, spec, owner: int, group: dict, params: list, stage: int) -> None:
         # A unit is the grain of communication: one all-reduce / reduce-scatter of its grads
@@ -318,9 +348,16 @@ class ZeroEngine(nn.Module):
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:
-    with torch.no_grad():
+    with torch.no_grad():  # zero.Init's shards were cut from rank 0's values already
         for tensor in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(tensor.data, src=0)
+            if not zero_init.is_partitioned(tensor):
+                dist.broadcast(tensor.data, src=0)
+
+
+def _convert_init_shards(model: nn.Module, device, dtype) -> None:
+    for param in model.parameters():
+        if zero_init.is_partitioned(param):
+            param._zero_shard = param._zero_shard.to(device=device, dtype=dtype)
 
 
 def _element_size(dtype: torch.dtype) -> int:

@@ -1,17 +1,20 @@
 """ZeRO-3 on the Python side: which parameters form which gather unit, and the thin module
-hooks that ask the C++ engine to gather and release units. The partitioning, the
-all-gathers, the reduce-scatters and the memory live in C++ (csrc/adapter/stage3_group.h).
+hooks that report each unit's forward to the C++ schedule and attach its C++ backward
+triggers. The partitioning, the scheduling, the all-gathers, the reduce-scatters and the
+memory live in C++ (csrc/adapter/stage3_group.h, gather_schedule.h, backward_hooks.h).
 
 Gather-unit policy (documented in docs/ARCHITECTURE.md):
-  * every child of an nn.ModuleList that owns parameters is one unit (the transformer
-    blocks of a GPT, the layers of most models);
+  * a module marked with gather_unit(module) (or whose class was named in
+    set_z3_leaf_modules, DeepSpeed's call) is one unit with everything inside it;
+  * every other child of an nn.ModuleList that owns parameters is one unit (the transformer
+    blocks of a GPT, the layers of most models), unless it contains a marked module;
   * every other managed parameter belongs to the root unit, which stays gathered for the
     whole forward (embeddings, final norm, and a head tied to the embedding);
   * parameters with at most `stage3_param_persistence_threshold` elements are not
     partitioned: they stay whole on every rank (a stage-1 group: gradients all-reduced,
     optimizer state sharded) and are reported separately.
-Units are numbered in forward order; backward releases each unit as soon as its last
-gradient has been handed to its reduce-scatter.
+Units are numbered in forward order. A parameter used by a module of another unit must be
+registered (register_external_parameter), as in DeepSpeed.
 """
 from __future__ import annotations
 
@@ -20,36 +23,106 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 
 @dataclass
 class UnitPlan:
     modules: list[tuple[str, nn.Module]]           # unit index -> (name, module)
     unit_of_param: dict[int, int] = field(default_factory=dict)  # id(param) -> unit
+    unit_of_module: dict[int, int] = field(default_factory=dict)  # id(module) -> unit
+
+
+UNIT_ATTR = "_zero_gather_unit"
+
+
+def gather_unit(module: nn.Module) -> nn.Module:
+    """Makes `module` (with everything inside it) one stage-3 gather unit: one all-gather
+    before it runs, one reduce-scatter of its gradients. Returns the module."""
+    module.__dict__[UNIT_ATTR] = True
+    return module
+
+
+def set_z3_leaf_modules(model: nn.Module, leaf_module_classes) -> list[nn.Module]:
+    """DeepSpeed's deepspeed.utils.set_z3_leaf_modules: every instance of the given classes
+    (or class names) inside `model` becomes one gather unit."""
+    classes = tuple(c for c in leaf_module_classes if isinstance(c, type))
+    names = {c for c in leaf_module_classes if isinstance(c, str)}
+    marked = [m for m in model.modules()
+              if isinstance(m, classes) or type(m).__name__ in names]
+    return [gather_unit(m) for m in marked]
 
 
 def plan_units(model: nn.Module) -> UnitPlan:
     units: list[tuple[str, nn.Module]] = [("", model)]
     inside_unit: set[int] = set()
+    has_params = lambda m: any(True for _ in m.parameters())  # noqa: E731
+    marked = {id(m) for m in model.modules() if m is not model and m.__dict__.get(UNIT_ATTR)}
+    for name, module in model.named_modules():  # marked modules first: they win
+        if id(module) in marked and id(module) not in inside_unit and has_params(module):
+            units.append((name, module))
+            inside_unit.update(id(m) for m in module.modules())
     for name, module in model.named_modules():
         if id(module) in inside_unit or not isinstance(module, nn.ModuleList):
             continue
         for child_name, child in module.named_children():
-            if any(True for _ in child.parameters()):
+            contains_marked = any(id(m) in marked for m in child.modules())
+            if has_params(child) and not contains_marked and id(child) not in inside_unit:
                 units.append((f"{name}.{child_name}" if name else child_name, child))
                 inside_unit.update(id(m) for m in child.modules())
+    order = {id(m): i for i, m in enumerate(model.modules())}
+    units[1:] = sorted(units[1:], key=lambda unit: order[id(unit[1])])  # definition order
     plan = UnitPlan(units)
     for index in range(len(units) - 1, -1, -1):  # blocks first, so the root gets the rest
         for param in units[index][1].parameters():
             plan.unit_of_param.setdefault(id(param), index)
+        for module in units[index][1].modules():
+            plan.unit_of_module.setdefault(id(module), index)
     return plan
 
 
+def external_links(plan: UnitPlan) -> list[tuple[int, int]]:
+    """(user unit, owner unit) for every parameter registered as used by a module of another
+    unit (register_external_parameter)."""
+    links = []
+    for _, unit_module in plan.modules:
+        for module in unit_module.modules():
+            for param in getattr(module, EXTERNAL_ATTR, ()):
+                user, owner = plan.unit_of_module[id(module)], plan.unit_of_param.get(id(param))
+                if owner is not None and owner != user and (user, owner) not in links:
+                    links.append((user, owner))
+    return links
+
+
+EXTERNAL_ATTR = "_zero_external_params"
+
+
+def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """deepspeed.zero.register_external_parameter: `module`'s forward uses `parameter`, which
+    belongs to another module (e.g. a head that reads the embedding's weight). At stage 3 the
+    parameter's unit is then gathered whenever `module`'s unit is, in forward and backward.
+    Call it before or after zero.initialize (the engine picks it up either way)."""
+    if not isinstance(parameter, torch.Tensor):
+        raise TypeError(f"zero: register_external_parameter expects a parameter, got "
+                        f"{type(parameter).__name__}")
+    registered = module.__dict__.setdefault(EXTERNAL_ATTR, [])
+    if not any(p is parameter for p in registered):
+        registered.append(parameter)
+    engine = _ENGINES.get(id(parameter))
+    if engine is not None and engine._stage3 is not None:
+        engine._stage3.link_externals()
+
+
+def unregister_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    registered = module.__dict__.get(EXTERNAL_ATTR, [])
+    module.__dict__[EXTERNAL_ATTR] = [p for p in registered if p is not parameter]
+
+
 class Stage3Hooks:
-    """Module hooks that report events to the C++ gather schedule (gather_schedule.h):
-    before/after each unit's forward, before its backward (a hook on its outputs' grads),
-    and the end of backward. The schedule gathers, prefetches, releases and checks that all
-    ranks agree on the event sequence."""
+    """Thin module hooks that report events to the C++ gather schedule (gather_schedule.h):
+    before/after each unit's forward. The backward triggers are C++ autograd functions
+    attached here to each unit's inputs and outputs (backward_hooks.h); the end-of-backward
+    flush is queued by the first of them. Python only flattens the tensors."""
 
     def __init__(self, core, plan: UnitPlan, placement: dict[int, list[tuple[int, int]]],
                  step_counter):
@@ -58,49 +131,45 @@ class Stage3Hooks:
         self._placement = placement  # model unit -> [(engine group, group-local unit)]
         self._step = step_counter     # callable: the engine's global step
         self._handles = []
-        self._gathered_for_backward: set[int] = set()
+        self._linked: set[tuple[int, int]] = set()
         for unit, (_, module) in enumerate(plan.modules):
             for group, local in placement.get(unit, ()):
                 core.place(unit, group, local)
             if unit == 0 or unit in placement:  # the root always: it opens every forward
-                self._handles.append(module.register_forward_pre_hook(self._pre_forward(unit)))
+                self._handles.append(module.register_forward_pre_hook(
+                    self._pre_forward(unit), with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._post_forward(unit)))
+        self.link_externals()
 
-    def gather(self, unit: int) -> None:
-        for group, local in self._placement.get(unit, ()):
-            self._core.gather(group, local)
+    def link_externals(self) -> None:
+        for user, owner in external_links(self._plan):
+            if (user, owner) not in self._linked:
+                self._core.add_external(user, owner)
+                self._linked.add((user, owner))
 
-    def release(self, unit: int) -> None:
-        for group, local in self._placement.get(unit, ()):
-            self._core.release(group, local)
+    def hold(self, unit: int) -> None:
+        """Gathers a unit outside forward/backward (state dicts, GatheredParameters)."""
+        self._core.hold(unit)
 
-    def start_backward(self) -> None:
-        self._gathered_for_backward.clear()
-
-    def end_backward(self) -> None:
-        self._core.end_backward(self._step())
+    def unhold(self, unit: int) -> None:
+        self._core.unhold(unit)
 
     def _pre_forward(self, unit):
-        def hook(_module, _inputs):
-            self._core.before_forward(unit, self._step())
+        def hook(_module, args, kwargs):
+            training = torch.is_grad_enabled()
+            self._core.before_forward(unit, self._step(), training)
+            if not training:
+                return None
+            attach = lambda tensors: self._core.attach_post_backward(unit, tensors)  # noqa: E731
+            return _map_tensors((args, kwargs), attach)
         return hook
 
     def _post_forward(self, unit):
         def hook(_module, _inputs, outputs):
             self._core.after_forward(unit)
-            if torch.is_grad_enabled():
-                for tensor in _tensors(outputs):
-                    if tensor.requires_grad:
-                        tensor.register_hook(self._pre_backward(unit))
-            return outputs
-        return hook
-
-    def _pre_backward(self, unit):
-        def hook(grad):
-            if unit not in self._gathered_for_backward:
-                self._gathered_for_backward.add(unit)
-                self._core.before_backward(unit, self._step())
-            return grad
+            if not torch.is_grad_enabled():
+                return None
+            return _map_tensors(outputs, lambda ts: self._core.attach_pre_backward(unit, ts))
         return hook
 
     def remove(self) -> None:
@@ -108,25 +177,26 @@ class Stage3Hooks:
             handle.remove()
 
 
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
+def _map_tensors(value, fn):
+    """`value` with its tensors (found through lists, tuples, dicts and other pytree nodes)
+    replaced by fn(all of them at once)."""
+    leaves, spec = tree_flatten(value)
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if not where:
+        return value
+    for i, tensor in zip(where, fn([leaves[i] for i in where])):
+        leaves[i] = tensor
+    return tree_unflatten(leaves, spec)
 
 
 def each_gathered_unit(hooks: Stage3Hooks):
     """Yields every unit index while that unit (and only it) is gathered."""
     for unit in range(len(hooks._plan.modules)):
-        hooks.gather(unit)
+        hooks.hold(unit)
         try:
             yield unit
         finally:
-            hooks.release(unit)
+            hooks.unhold(unit)
 
 
 def _unit_params(engine, unit: int):
@@ -183,7 +253,7 @@ def gathered_parameters(engine, params, modifier_rank=None):
     units = sorted({hooks._plan.unit_of_param[id(p)] for p in params
                     if id(p) in engine._partitioned})
     for unit in units:
-        hooks.gather(unit)
+        hooks.hold(unit)
     try:
         yield
         if modifier_rank is not None:
@@ -195,14 +265,14 @@ def gathered_parameters(engine, params, modifier_rank=None):
                         engine._core.commit(group, local)
     finally:
         for unit in units:
-            hooks.release(unit)
+            hooks.unhold(unit)
 
 
 class GatheredParameters:
     """deepspeed.zero.GatheredParameters(params, modifier_rank=None): inside the block the
-    (stage-3 partitioned) parameters are whole; with modifier_rank set, that rank's edits are
-    broadcast and written back into every rank's shard on exit. Parameters that are not
-    partitioned need nothing and pass through."""
+    (stage-3 partitioned, or zero.Init-partitioned) parameters are whole; with modifier_rank
+    set, that rank's edits are broadcast and written back into every rank's shard on exit.
+    Parameters that are not partitioned need nothing and pass through."""
 
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
         del fwd_module
@@ -212,9 +282,16 @@ class GatheredParameters:
         self._context = None
 
     def __enter__(self):
+        from . import init as zero_init
+
         engine = _ENGINES.get(_first_partitioned(self._params)) if self._enabled else None
-        self._context = (gathered_parameters(engine, self._params, self._modifier_rank)
-                         if engine is not None else contextlib.nullcontext())
+        if engine is not None:
+            self._context = gathered_parameters(engine, self._params, self._modifier_rank)
+        elif self._enabled and any(zero_init.is_partitioned(p) for p in self._params):
+            # built under zero.Init, no engine yet
+            self._context = zero_init.gathered(self._params, self._modifier_rank)
+        else:
+            self._context = contextlib.nullcontext()
         return self._context.__enter__()
 
     def __exit__(self, *exc):

@@ -52,14 +52,41 @@ Group& EngineCore::group(std::size_t index) {
   return *groups_[index];
 }
 
-void EngineCore::prepare_backward() {
+void EngineCore::prepare_backward(bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  TORCH_CHECK(!backward_pending_, "zero: a backward is still open (an earlier backward raised "
+              "before the engine finished it); the engine cannot start another one");
+  backward_pending_ = true;
+  flush_queued_ = false;
+  boundary_ = boundary;
   for (auto& group : groups_) group->prepare_backward();
+}
+
+bool EngineCore::unit_backward_begins(std::size_t unit) {
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(backward_pending_, "zero: at ZeRO stage 3 call engine.backward(loss), not "
+              "loss.backward(): the engine gathers each unit's parameters and reduces its "
+              "gradients around autograd");
+  schedule().before_backward(unit);
+  const bool first = !flush_queued_;
+  flush_queued_ = true;
+  return first;
+}
+
+void EngineCore::unit_backward_ends(std::size_t unit) {
+  at::NoGradGuard no_grad;
+  schedule().after_backward(unit);
 }
 
 void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
-  const auto completed = group(group_index).grad_ready(index, boundary);
+  Group& target = group(group_index);
+  const auto completed = target.grad_ready(index, boundary);
+  if (schedule_) {
+    if (const auto* partitioned = dynamic_cast<const Stage3Group*>(&target)) {
+      schedule_->grads_done(partitioned, target.layout().location(index).buffer);
+    }
+  }
   if (!completed) return;
   if (learning_order_) observed_.emplace_back(group_index, *completed);
   launch_in_order(boundary);
@@ -77,6 +104,9 @@ void EngineCore::launch_in_order(bool boundary) {
 
 void EngineCore::finish_backward(bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  if (!backward_pending_) return;
+  backward_pending_ = false;
+  if (schedule_) schedule_->end_backward();
   bool reducing = false;
   for (const auto& group : groups_) reducing = reducing || group->reduces(boundary);
   if (reducing) {
@@ -156,6 +186,8 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
               " hyperparameter sets for ", groups_.size(), " groups");
   TORCH_CHECK(loss_scale > 0.0, "zero: loss scale must be > 0, got ", loss_scale);
   StepResult result;
+  // A unit kept gathered (an eval forward, a reuse) would be stale after the update.
+  if (schedule_) schedule_->release_unused();
   if (check_overflow && any_rank_overflowed()) {
     result.overflow = true;
     zero_grads();

@@ -1,5 +1,5 @@
 #pragma once
-// The per-rank engine for ZeRO stages 0-2: owns the memory registry, the communicator and
+// The per-rank engine for ZeRO stages 0-3: owns the memory registry, the communicator and
 // the parameter groups, and runs the optimizer step across them (overflow agreement, global
 // gradient norm, clipping, update, parameter all-gather).
 #include <memory>
@@ -20,7 +20,7 @@ struct StepResult {
   double clip_coef = 1.0;
 };
 
-class EngineCore {
+class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
   explicit EngineCore(const std::string& group_name);
 
@@ -30,9 +30,17 @@ class EngineCore {
   Group& group(std::size_t index);
   std::size_t group_count() const { return groups_.size(); }
 
-  void prepare_backward();
+  void prepare_backward(bool boundary);
   void grad_ready(std::size_t group, std::size_t index, bool boundary);
+  // Launches what is left, waits, resets the groups. Once per backward: called by stage 3's
+  // end-of-backward callback and again by the engine after autograd returns (a no-op then).
   void finish_backward(bool boundary);
+  bool backward_boundary() const { return boundary_; }
+
+  // Stage 3's autograd triggers (backward_hooks.h). unit_backward_begins returns true the
+  // first time in a backward: the caller queues the end-of-backward flush.
+  bool unit_backward_begins(std::size_t unit);
+  void unit_backward_ends(std::size_t unit);
   // The launch sequence of gradient units over all groups, as (group, unit) pairs.
   const std::vector<std::pair<std::size_t, std::size_t>>& launch_order() const {
     return sequence_;
@@ -72,6 +80,9 @@ class EngineCore {
   bool learning_order_ = true;
   std::vector<std::pair<std::size_t, std::size_t>> observed_;
   int stage_ = -1;  // the highest stage of any group
+  bool backward_pending_ = false;  // between prepare_backward and finish_backward
+  bool flush_queued_ = false;
+  bool boundary_ = false;
 };
 
 }  // namespace zero::adapter

@@ -1,5 +1,6 @@
 #include "adapter/gather_schedule.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include <ATen/ops/tensor.h>
@@ -13,7 +14,11 @@ GatherSchedule::GatherSchedule(Communicator& communicator, std::vector<std::stri
     : communicator_(communicator),
       names_(std::move(unit_names)),
       options_(options),
-      placement_(names_.size()) {}
+      placement_(names_.size()),
+      state_(names_.size()) {
+  TORCH_CHECK(options_.max_inflight >= 1, "zero: stage3_max_inflight_gathers must be >= 1, got ",
+              options_.max_inflight);
+}
 
 void GatherSchedule::place(std::size_t unit, Stage3Group* group, std::size_t local) {
   TORCH_CHECK(unit < placement_.size(), "zero: unit ", unit, " outside the schedule's ",
@@ -21,13 +26,24 @@ void GatherSchedule::place(std::size_t unit, Stage3Group* group, std::size_t loc
   placement_[unit].emplace_back(group, local);
 }
 
+void GatherSchedule::add_external(std::size_t user, std::size_t owner) {
+  TORCH_CHECK(user < state_.size() && owner < state_.size(), "zero: external parameter link ",
+              user, " -> ", owner, " outside the schedule's ", state_.size(), " units");
+  auto& externals = state_[user].externals;
+  if (owner != user && std::find(externals.begin(), externals.end(), owner) == externals.end()) {
+    externals.push_back(owner);
+  }
+}
+
+const std::string& GatherSchedule::name(std::size_t unit) const {
+  static const std::string root = "<root module>";
+  return unit < names_.size() && !names_[unit].empty() ? names_[unit] : root;
+}
+
 std::string GatherSchedule::describe(std::int64_t phase, std::int64_t unit) const {
   if (phase == kEnd) return "the end of backward";
-  const std::string name =
-      unit >= 0 && unit < static_cast<std::int64_t>(names_.size()) && !names_[unit].empty()
-          ? names_[unit]
-          : "<root module>";
-  return std::string(phase == kForward ? "forward" : "backward") + " of '" + name + "'";
+  return std::string(phase == kForward ? "forward" : "backward") + " of '" +
+         name(static_cast<std::size_t>(unit)) + "'";
 }
 
 void GatherSchedule::verify(Phase phase, std::size_t unit, std::int64_t step) {
@@ -58,8 +74,7 @@ void GatherSchedule::verify(Phase phase, std::size_t unit, std::int64_t step) {
   TORCH_CHECK(false, message.str());
 }
 
-void GatherSchedule::advance(Order& order, std::size_t unit, std::int64_t step,
-                             const char* phase_name) {
+void GatherSchedule::advance(Order& order, std::size_t unit, const char* phase_name) {
   const std::size_t position = order.current.size();
   order.current.push_back(unit);
   if (!order.following) return;
@@ -67,20 +82,41 @@ void GatherSchedule::advance(Order& order, std::size_t unit, std::int64_t step,
   order.following = false;
   if (notice_.empty() && !order.recorded.empty()) {
     std::ostringstream message;
-    message << "zero: the stage-3 " << phase_name << " order changed at step " << step
+    message << "zero: the stage-3 " << phase_name << " order changed at step " << step_
             << " (position " << position << ": expected '"
-            << (position < order.recorded.size() ? names_[order.recorded[position]] : "<end>")
-            << "', got '" << names_[unit]
-            << "'); prefetching stops for this step and the new order is recorded";
+            << (position < order.recorded.size() ? name(order.recorded[position]) : "<end>")
+            << "', got '" << name(unit)
+            << "'); prefetching and reuse stop for this step and the new order is recorded";
     notice_ = message.str();
   }
 }
+
+void GatherSchedule::restart(Order& order) {
+  if (!order.following || order.recorded.empty()) order.recorded = order.current;
+  order.current.clear();
+  order.following = true;
+}
+
+// ---- residency ------------------------------------------------------------------------------
 
 bool GatherSchedule::is_live(std::size_t unit) const {
   for (const auto& [group, local] : placement_[unit]) {
     if (!group->is_gathered(local)) return false;
   }
   return !placement_[unit].empty();
+}
+
+std::int64_t GatherSchedule::inflight() const {
+  std::int64_t count = 0;
+  for (const auto& parts : placement_) {
+    for (const auto& [group, local] : parts) {
+      if (group->is_in_flight(local)) {
+        ++count;
+        break;
+      }
+    }
+  }
+  return count;
 }
 
 std::int64_t GatherSchedule::unit_numel(std::size_t unit) const {
@@ -99,8 +135,7 @@ std::int64_t GatherSchedule::gathered_numel() const {
 
 void GatherSchedule::check_live_bound(std::size_t unit) const {
   const std::int64_t live = gathered_numel();
-  TORCH_CHECK(live <= options_.max_live_numel, "zero: gathering unit '",
-              names_[unit].empty() ? "<root module>" : names_[unit],
+  TORCH_CHECK(live <= options_.max_live_numel, "zero: gathering unit '", name(unit),
               "' brings the gathered parameters to ", live,
               " elements, above zero_optimization.stage3_max_live_parameters = ",
               options_.max_live_numel,
@@ -109,16 +144,28 @@ void GatherSchedule::check_live_bound(std::size_t unit) const {
 }
 
 void GatherSchedule::fetch(std::size_t unit) {
+  if (!is_live(unit) && !placement_[unit].empty()) ++gathers_;
   for (const auto& [group, local] : placement_[unit]) group->fetch(local);
+  peak_gathered_numel_ = std::max(peak_gathered_numel_, gathered_numel());
 }
 
 void GatherSchedule::gather(std::size_t unit) {
+  if (!is_live(unit)) make_room(unit_numel(unit));
+  fetch(unit);
   for (const auto& [group, local] : placement_[unit]) group->gather(local);
   check_live_bound(unit);
 }
 
 void GatherSchedule::release(std::size_t unit) {
+  state_[unit].kept = false;
   for (const auto& [group, local] : placement_[unit]) group->release(local);
+}
+
+void GatherSchedule::make_room(std::int64_t numel) {
+  for (std::size_t u = 0; u < state_.size(); ++u) {
+    if (gathered_numel() + numel <= options_.max_live_numel) return;
+    if (state_[u].kept && state_[u].uses == 0 && !state_[u].backward_open) release(u);
+  }
 }
 
 void GatherSchedule::prefetch(const Order& order) {
@@ -129,44 +176,152 @@ void GatherSchedule::prefetch(const Order& order) {
     const std::size_t next = order.recorded[position];
     if (is_live(next)) continue;
     const std::int64_t numel = unit_numel(next);
-    if (ahead + numel > options_.prefetch_numel ||
+    if (inflight() >= options_.max_inflight || ahead + numel > options_.prefetch_numel ||
         gathered_numel() + numel > options_.max_live_numel) {
       return;
     }
     fetch(next);
+    max_inflight_seen_ = std::max(max_inflight_seen_, inflight());
     ahead += numel;
     ++prefetches_;
   }
 }
 
-void GatherSchedule::restart(Order& order) {
-  if (!order.following || order.recorded.empty()) order.recorded = order.current;
-  order.current.clear();
-  order.following = true;
+// ---- uses -----------------------------------------------------------------------------------
+
+void GatherSchedule::acquire(std::size_t unit) {
+  std::vector<std::size_t> units{unit};
+  units.insert(units.end(), state_[unit].externals.begin(), state_[unit].externals.end());
+  for (const std::size_t u : units) {
+    ++state_[u].uses;
+    state_[u].kept = false;
+  }
+  for (const std::size_t u : units) gather(u);
 }
 
-void GatherSchedule::before_forward(std::size_t unit, std::int64_t step) {
+void GatherSchedule::drop(std::size_t unit) {
+  std::vector<std::size_t> units{unit};
+  units.insert(units.end(), state_[unit].externals.begin(), state_[unit].externals.end());
+  for (const std::size_t u : units) {
+    TORCH_CHECK(state_[u].uses > 0, "zero: unit '", name(u), "' released more often than gathered");
+    if (--state_[u].uses == 0 && !state_[u].backward_open) retire(u);
+  }
+}
+
+void GatherSchedule::retire(std::size_t unit) {
+  const std::optional<std::int64_t> distance = reuse_distance(unit);
+  if (distance && *distance < options_.max_reuse_distance) {
+    state_[unit].kept = true;
+    ++reuses_;
+    return;
+  }
+  release(unit);
+}
+
+std::optional<std::int64_t> GatherSchedule::reuse_distance(std::size_t unit) const {
+  // The rest of this step in recorded order: forward (then backward, if one follows), or the
+  // rest of backward. Nothing is known about a step that left its record.
+  std::vector<std::size_t> ahead;
+  const Order& order = in_backward_ ? backward_ : forward_;
+  if (!order.following || order.recorded.empty()) return std::nullopt;
+  ahead.assign(order.recorded.begin() + static_cast<std::ptrdiff_t>(
+                                            std::min(order.current.size(), order.recorded.size())),
+               order.recorded.end());
+  if (!in_backward_ && expects_backward_) {
+    ahead.insert(ahead.end(), backward_.recorded.begin(), backward_.recorded.end());
+  }
+  std::int64_t distance = 0;
+  std::vector<bool> counted(state_.size(), false);
+  for (const std::size_t next : ahead) {
+    if (next == unit) return distance;
+    if (!counted[next]) {
+      counted[next] = true;
+      distance += unit_numel(next);
+    }
+  }
+  return std::nullopt;
+}
+
+// ---- events ---------------------------------------------------------------------------------
+
+void GatherSchedule::before_forward(std::size_t unit, std::int64_t step, bool expects_backward) {
   verify(kForward, unit, step);
-  if (unit == 0 && !forward_.current.empty()) restart(forward_);  // the root opens a forward
-  advance(forward_, unit, step, "forward");
-  gather(unit);
+  if (unit == 0) {  // the root opens every forward
+    if (!forward_.current.empty()) restart(forward_);
+    expects_backward_ = expects_backward;
+    in_backward_ = false;
+  }
+  step_ = step;
+  advance(forward_, unit, "forward");
+  acquire(unit);
   prefetch(forward_);
 }
 
-void GatherSchedule::after_forward(std::size_t unit) { release(unit); }
+void GatherSchedule::after_forward(std::size_t unit) { drop(unit); }
 
-
-void GatherSchedule::before_backward(std::size_t unit, std::int64_t step) {
-  verify(kBackward, unit, step);
-  advance(backward_, unit, step, "backward");
-  gather(unit);
+void GatherSchedule::before_backward(std::size_t unit) {
+  verify(kBackward, unit, step_);
+  in_backward_ = true;
+  advance(backward_, unit, "backward");
+  UnitState& state = state_[unit];
+  if (!state.backward_open) {
+    state.backward_open = true;
+    acquire(unit);
+  } else {
+    gather(unit);
+  }
   prefetch(backward_);
 }
 
-void GatherSchedule::end_backward(std::int64_t step) {
-  verify(kEnd, 0, step);
+void GatherSchedule::after_backward(std::size_t unit) {
+  UnitState& state = state_[unit];
+  if (!state.backward_open) return;
+  state.backward_open = false;
+  drop(unit);
+}
+
+void GatherSchedule::grads_done(const Stage3Group* group, std::size_t local) {
+  for (std::size_t u = 0; u < placement_.size(); ++u) {
+    bool mine = false;
+    bool done = true;
+    for (const auto& [g, l] : placement_[u]) {
+      mine = mine || (g == group && l == local);
+      done = done && g->pending_grads(l) == 0;
+    }
+    if (mine && done) after_backward(u);
+  }
+}
+
+void GatherSchedule::end_backward() {
+  verify(kEnd, 0, step_);
   restart(forward_);
   restart(backward_);
+  in_backward_ = false;
+  for (std::size_t u = 0; u < state_.size(); ++u) {
+    state_[u].uses = 0;
+    state_[u].backward_open = false;
+    release(u);
+  }
+}
+
+void GatherSchedule::hold(std::size_t unit) {
+  TORCH_CHECK(unit < state_.size(), "zero: unit ", unit, " outside the schedule's ",
+              state_.size());
+  ++state_[unit].uses;
+  state_[unit].kept = false;
+  gather(unit);
+}
+
+void GatherSchedule::unhold(std::size_t unit) {
+  TORCH_CHECK(unit < state_.size() && state_[unit].uses > 0, "zero: unit ", unit,
+              " is not held");
+  if (--state_[unit].uses == 0 && !state_[unit].backward_open) release(unit);
+}
+
+void GatherSchedule::release_unused() {
+  for (std::size_t u = 0; u < state_.size(); ++u) {
+    if (state_[u].uses == 0 && !state_[u].backward_open) release(u);
+  }
 }
 
 }  // namespace zero::adapter

@@ -1,20 +1,30 @@
 #pragma once
-// Stage 3's gather schedule: when each gather unit's parameters are all-gathered, prefetched
-// and released, and a guard that makes divergent control flow across ranks an error instead
-// of a hang.
+// Stage 3's gather schedule: when each gather unit's parameters are all-gathered, prefetched,
+// kept for reuse and released, and a guard that makes divergent control flow across ranks an
+// error instead of a hang.
 //
-// Events come from thin module hooks: before_forward / after_forward / before_backward per
-// unit, and end_backward once per backward. At each event every rank first exchanges a tiny
-// fingerprint (phase, unit, step) with one all-gather; if any rank disagrees, every rank
-// raises an error naming each rank's module and the step. All other collectives follow from
-// the events deterministically, so agreeing on events means agreeing on collectives.
+// Events come from thin module hooks and two C++ autograd functions (backward_hooks.h):
+// before_forward / after_forward per unit call, before_backward (the unit's outputs got their
+// gradients) and after_backward (its inputs got theirs) per unit call in backward, grads_done
+// (its last parameter gradient is in the bucket) and end_backward once per backward. At
+// before_forward, before_backward and end_backward every rank first exchanges a tiny
+// fingerprint (phase, unit, step) with one all-gather; if any rank disagrees, every rank raises
+// an error naming each rank's module and the step. All other collectives follow from the
+// events deterministically, so agreeing on events means agreeing on collectives.
+//
+// A unit is in use while one of its forward calls runs, while its backward runs, while a unit
+// that registered one of its parameters as external is in use, and while it is held
+// (GatheredParameters, state dicts). When the last use ends it is released, unless its next
+// use in the recorded order comes within `max_reuse_distance` elements of other gathers: then
+// it is kept (evicted first if a gather needs room under `max_live_numel`).
 //
 // Prefetch: the unit order of the first step's forward and backward is recorded; later steps
 // start the all-gathers of the next units in that order while the current one computes,
-// bounded by `prefetch_numel` (elements in flight ahead) and `max_live_numel` (all gathered
-// elements). When a step departs from the record, prefetching stops for that step, a notice
-// is given once, and the new order is recorded.
+// bounded by `prefetch_numel` (elements ahead), `max_live_numel` (all gathered elements) and
+// `max_inflight` (all-gathers in flight). When a step departs from the record, prefetching
+// and reuse stop for that step, a notice is given once, and the new order is recorded.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +36,8 @@ namespace zero::adapter {
 struct ScheduleOptions {
   std::int64_t prefetch_numel = 0;  // 0 disables prefetch
   std::int64_t max_live_numel = INT64_MAX;
+  std::int64_t max_reuse_distance = 0;  // keep a unit reused within fewer elements; 0: never
+  std::int64_t max_inflight = 2;        // all-gathers in flight at once
   c10::Device device = c10::Device(c10::kCPU);  // where the fingerprint exchange runs
 };
 
@@ -36,14 +48,33 @@ class GatherSchedule {
 
   // Model unit `unit` holds group-local unit `local` of `group` (a unit may span groups).
   void place(std::size_t unit, Stage3Group* group, std::size_t local);
+  // The modules of unit `user` use parameters of unit `owner` (register_external_parameter):
+  // whenever `user` is gathered, `owner` is too.
+  void add_external(std::size_t user, std::size_t owner);
 
-  void before_forward(std::size_t unit, std::int64_t step);
+  // --- events (every rank must report the same sequence) ---
+  void before_forward(std::size_t unit, std::int64_t step, bool expects_backward);
   void after_forward(std::size_t unit);
-  void before_backward(std::size_t unit, std::int64_t step);
-  void end_backward(std::int64_t step);
+  void before_backward(std::size_t unit);
+  void after_backward(std::size_t unit);
+  void grads_done(const Stage3Group* group, std::size_t local);
+  void end_backward();
+  bool in_backward() const { return in_backward_; }
+
+  // --- explicit gathers (GatheredParameters, state dicts), bounded like the rest ---
+  void hold(std::size_t unit);
+  void unhold(std::size_t unit);
+  // Releases every unit nobody holds (before an optimizer step changes the shards).
+  void release_unused();
 
   std::int64_t prefetches() const { return prefetches_; }
+  std::int64_t reuses() const { return reuses_; }
+  std::int64_t gathers() const { return gathers_; }
+  // The most all-gathers in flight right after a prefetch started one.
+  std::int64_t max_inflight_seen() const { return max_inflight_seen_; }
   std::int64_t gathered_numel() const;
+  std::int64_t peak_gathered_numel() const { return peak_gathered_numel_; }
+  std::size_t unit_count() const { return names_.size(); }
   const std::string& notice() const { return notice_; }  // the order-change notice, if any
 
  private:
@@ -53,26 +84,47 @@ class GatherSchedule {
     std::vector<std::size_t> current;
     bool following = false;  // this step has matched the record so far
   };
+  struct UnitState {
+    int uses = 0;                // forward calls, holds and external users running now
+    bool backward_open = false;  // between before_backward and after_backward / grads_done
+    bool kept = false;           // resident for a reuse coming soon
+    std::vector<std::size_t> externals;  // units gathered together with this one
+  };
 
   void verify(Phase phase, std::size_t unit, std::int64_t step);
   std::string describe(std::int64_t phase, std::int64_t unit) const;
-  void advance(Order& order, std::size_t unit, std::int64_t step, const char* phase_name);
+  void advance(Order& order, std::size_t unit, const char* phase_name);
   static void restart(Order& order);
   void prefetch(const Order& order);
+  void acquire(std::size_t unit);
+  void drop(std::size_t unit);
+  void retire(std::size_t unit);
+  std::optional<std::int64_t> reuse_distance(std::size_t unit) const;
+  void make_room(std::int64_t numel);
   void gather(std::size_t unit);
   void fetch(std::size_t unit);
   void release(std::size_t unit);
   bool is_live(std::size_t unit) const;
+  std::int64_t inflight() const;
   std::int64_t unit_numel(std::size_t unit) const;
   void check_live_bound(std::size_t unit) const;
+  const std::string& name(std::size_t unit) const;
 
   Communicator& communicator_;
   std::vector<std::string> names_;
   ScheduleOptions options_;
   std::vector<std::vector<std::pair<Stage3Group*, std::size_t>>> placement_;
+  std::vector<UnitState> state_;
   Order forward_;
   Order backward_;
+  std::int64_t step_ = 0;  // of the current forward/backward
+  bool expects_backward_ = false;
+  bool in_backward_ = false;
   std::int64_t prefetches_ = 0;
+  std::int64_t reuses_ = 0;
+  std::int64_t gathers_ = 0;
+  std::int64_t max_inflight_seen_ = 0;
+  std::int64_t peak_gathered_numel_ = 0;
   std::string notice_;
 };
 

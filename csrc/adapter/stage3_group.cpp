@@ -25,23 +25,32 @@ void allocate_storage(const at::Tensor& tensor, std::size_t nbytes) {
 
 core::ShardedLayout stage3_layout(const std::vector<at::Tensor>& params,
                                   const std::vector<std::size_t>& unit_of_param,
+                                  const std::vector<std::vector<std::int64_t>>& full_shapes,
                                   const GroupOptions& options, int world_size) {
   TORCH_CHECK(unit_of_param.size() == params.size(), "zero: got ", unit_of_param.size(),
               " unit ids for ", params.size(), " parameters");
-  return core::ShardedLayout(param_specs(params), world_size, options.alignment, unit_of_param);
+  TORCH_CHECK(full_shapes.empty() || full_shapes.size() == params.size(), "zero: got ",
+              full_shapes.size(), " full shapes for ", params.size(), " parameters");
+  std::vector<core::TensorSpec> specs = param_specs(params);
+  for (std::size_t i = 0; i < full_shapes.size(); ++i) {
+    if (!full_shapes[i].empty()) specs[i].shape = full_shapes[i];
+  }
+  return core::ShardedLayout(specs, world_size, options.alignment, unit_of_param);
 }
 
 }  // namespace
 
 Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                          const std::vector<std::size_t>& unit_of_param,
+                         const std::vector<std::vector<std::int64_t>>& full_shapes,
                          const GroupOptions& options, core::MemoryRegistry& registry,
                          Communicator& communicator)
     : params_(std::move(params)),
       options_(options),
       registry_(registry),
       communicator_(communicator),
-      layout_(stage3_layout(params_, unit_of_param, options, communicator.world_size())),
+      layout_(stage3_layout(params_, unit_of_param, full_shapes, options,
+                            communicator.world_size())),
       state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
              options.sgd_momentum, /*keep_master=*/mixed_precision()),
       units_(layout_.unit_count()) {
@@ -56,6 +65,8 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     Unit& unit = units_[where.buffer];
     unit.params.push_back(i);
     if (params_[i].requires_grad()) ++unit.trainable;
+    const bool partitioned_already = i < full_shapes.size() && !full_shapes[i].empty();
+    if (partitioned_already) continue;
     // Copy this rank's slices of the full parameter into its shard, then drop the full one.
     const std::int64_t base = layout_.shard_offset(where.buffer);
     for (const core::OwnedSlice& slice : layout_.unit(where.buffer).owned_slices(where.index)) {
@@ -175,7 +186,7 @@ std::optional<std::size_t> Stage3Group::grad_ready(std::size_t index, bool /*bou
   Unit& unit = units_[layout_.location(index).buffer];
   TORCH_CHECK(unit.pending_grads > 0, "zero: more gradients than trainable parameters in unit ",
               layout_.location(index).buffer);
-  if (--unit.pending_grads == 0) release(layout_.location(index).buffer);
+  --unit.pending_grads;  // the schedule releases the unit (gather_schedule.h)
   return completed;
 }
 

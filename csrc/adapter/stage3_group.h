@@ -32,7 +32,11 @@ namespace zero::adapter {
 class Stage3Group : public Group {
  public:
   // unit_of_param[i]: the gather unit of params[i] (units numbered 0..k-1 in forward order).
+  // full_shapes[i], when not empty, is the shape of a parameter that arrives already
+  // partitioned (zero.Init: its data is empty); its piece of the shard starts at zero and is
+  // filled by gather + copy + commit, one unit at a time.
   Stage3Group(std::vector<at::Tensor> params, const std::vector<std::size_t>& unit_of_param,
+              const std::vector<std::vector<std::int64_t>>& full_shapes,
               const GroupOptions& options, core::MemoryRegistry& registry,
               Communicator& communicator);
 
@@ -41,6 +45,9 @@ class Stage3Group : public Group {
   void gather(std::size_t unit);   // fetch + wait; the unit's parameters are full afterwards
   void release(std::size_t unit);  // frees the gathered buffer; parameters become empty
   bool is_gathered(std::size_t unit) const { return units_.at(unit).resident; }
+  bool is_in_flight(std::size_t unit) const { return units_.at(unit).in_flight != nullptr; }
+  // Trainable parameters of the unit whose gradients have not arrived in this backward.
+  std::size_t pending_grads(std::size_t unit) const { return units_.at(unit).pending_grads; }
   std::size_t unit_count() const { return layout_.unit_count(); }
   std::int64_t gathered_numel() const;  // elements of every unit gathered now
   // Writes the gathered unit's (possibly modified) full parameters back into this rank's

@@ -1,8 +1,7 @@
 """`import zero.compat.deepspeed as deepspeed`: DeepSpeed's names, backed by zero.
 
-zero.GatheredParameters works on an engine's parameters (stage 3 gathers them; other stages
-need nothing). zero.Init and register_external_parameter exist and raise a clear error until
-they are built.
+deepspeed.zero.Init, GatheredParameters and register_external_parameter are zero's own
+(zero/init.py, zero/stage3.py).
 """
 from __future__ import annotations
 
@@ -12,29 +11,22 @@ import torch.distributed as _dist
 
 from zero.api import add_config_arguments, init_distributed, initialize
 from zero.engine import ZeroEngine as DeepSpeedEngine
-from zero.stage3 import GatheredParameters
+from zero.init import Init
+from zero.stage3 import (GatheredParameters, register_external_parameter, set_z3_leaf_modules,
+                         unregister_external_parameter)
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "comm",
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "comm", "utils",
            "DeepSpeedEngine"]
 
 
-class _NeedsStage3:
-    """Placeholder for a ZeRO-3 API not built yet: calling it explains what is missing."""
-
-    def __init__(self, name: str):
-        self._name = name
-
-    def __call__(self, *args, **kwargs):
-        raise NotImplementedError(
-            f"deepspeed.zero.{self._name} needs ZeRO stage 3 features zero does not support yet; "
-            "construct the model normally and pass it to initialize() (stage 3 partitions it)")
-
-
 zero = types.SimpleNamespace(
-    Init=_NeedsStage3("Init"),
+    Init=Init,
     GatheredParameters=GatheredParameters,
-    register_external_parameter=_NeedsStage3("register_external_parameter"),
+    register_external_parameter=register_external_parameter,
+    unregister_external_parameter=unregister_external_parameter,
 )
+
+utils = types.SimpleNamespace(set_z3_leaf_modules=set_z3_leaf_modules)
 
 comm = types.SimpleNamespace(
     init_distributed=init_distributed,

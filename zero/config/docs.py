@@ -23,9 +23,10 @@ FEATURE_DOCS = {
                            "`stage3_prefetch_bucket_size` (elements all-gathered ahead in the "
                            "recorded order), `stage3_max_live_parameters` (a bound on all "
                            "gathered elements: prefetch stays under it, and a unit that cannot "
-                           "fit is an error), `stage3_gather_16bit_weights_on_model_save`",
+                           "fit is an error), `stage3_max_reuse_distance` (keep a unit "
+                           "gathered for a reuse coming soon), `stage3_max_inflight_gathers`, "
+                           "`stage3_gather_16bit_weights_on_model_save`",
     schema.FEATURE_STAGE3_PREFETCH: "non-default stage-3 fetch tuning not built yet: "
-                                    "`stage3_max_reuse_distance`, "
                                     "`stage3_model_persistence_threshold`, "
                                     "`stage3_module_granularity_threshold`, "
                                     "`stage3_use_all_reduce_for_fetch_params`, `sub_group_size`",

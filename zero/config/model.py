@@ -57,6 +57,7 @@ class ZeroOptimizationConfig:
     stage3_model_persistence_threshold: int
     stage3_max_live_parameters: int
     stage3_max_reuse_distance: int
+    stage3_max_inflight_gathers: int
     stage3_gather_16bit_weights_on_model_save: bool
     stage3_module_granularity_threshold: int
     stage3_use_all_reduce_for_fetch_params: bool

@@ -384,8 +384,11 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             minimum=0, default_doc="sys.maxsize"),
     _stage3(INT, "stage3_max_live_parameters", 1_000_000_000, "Parameter elements resident per GPU before "
             "releasing.", minimum=0, auto=AUTO_DEFAULT),
-    _stage3_tuning(INT, "stage3_max_reuse_distance", 1_000_000_000, "Keep a parameter if it is reused within this many "
-            "elements.", minimum=0, auto=AUTO_DEFAULT),
+    _stage3(INT, "stage3_max_reuse_distance", 1_000_000_000, "Keep a unit gathered after use if the recorded "
+            "order reuses it before this many elements of other units are gathered (0: never; "
+            "kept units make way when stage3_max_live_parameters needs room).", minimum=0, auto=AUTO_DEFAULT),
+    _stage3(INT, "stage3_max_inflight_gathers", 2, "zero only (DeepSpeed hard-codes 2): prefetch "
+            "all-gathers in flight at once.", minimum=1),
     _stage3(BOOL, "stage3_gather_16bit_weights_on_model_save", False, "Gather the full 16-bit weights when saving "
             "the model."),
     _stage3_tuning(INT, "stage3_module_granularity_threshold", 0, "Treat fine-grained modules as one fetch unit.",

@@ -1,0 +1,87 @@
+#include "adapter/backward_hooks.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include "adapter/engine_core.h"
+
+namespace zero::adapter {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What a node needs in backward; kept in the autograd context as a capsule.
+struct UnitRef : torch::CustomClassHolder {
+  UnitRef(std::weak_ptr<EngineCore> core, std::size_t unit) : core(std::move(core)), unit(unit) {}
+  std::weak_ptr<EngineCore> core;
+  std::size_t unit;
+};
+
+c10::intrusive_ptr<UnitRef> unit_ref(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<UnitRef>(ctx->saved_data.at("unit").toCapsule());
+}
+
+// Backward gets one gradient slot per forward argument: none for the capsule.
+variable_list pass_through(variable_list grads) {
+  grads.insert(grads.begin(), at::Tensor());
+  return grads;
+}
+
+struct PreBackward : torch::autograd::Function<PreBackward> {
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<UnitRef> ref,
+                               at::TensorList outputs) {
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(ref));
+    return outputs.vec();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto ref = unit_ref(ctx);
+    if (const auto core = ref->core.lock()) core->unit_backward_begins(ref->unit);
+    return pass_through(std::move(grads));
+  }
+};
+
+struct PostBackward : torch::autograd::Function<PostBackward> {
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<UnitRef> ref,
+                               at::TensorList inputs) {
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(ref));
+    return inputs.vec();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto ref = unit_ref(ctx);
+    if (const auto core = ref->core.lock()) core->unit_backward_ends(ref->unit);
+    return pass_through(std::move(grads));
+  }
+};
+
+template <typename Fn>
+std::vector<at::Tensor> attach(const std::shared_ptr<EngineCore>& core, std::size_t unit,
+                               std::vector<at::Tensor> tensors) {
+  variable_list differentiable;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.requires_grad()) differentiable.push_back(t);
+  }
+  if (differentiable.empty()) return tensors;
+  // A TensorList (not a vector) is what autograd counts as differentiable inputs.
+  variable_list wrapped =
+      Fn::apply(c10::make_intrusive<UnitRef>(core, unit), at::TensorList(differentiable));
+  std::size_t next = 0;
+  for (at::Tensor& t : tensors) {
+    if (t.defined() && t.requires_grad()) t = wrapped[next++];
+  }
+  return tensors;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> attach_pre_backward(const std::shared_ptr<EngineCore>& core,
+                                            std::size_t unit, std::vector<at::Tensor> outputs) {
+  return attach<PreBackward>(core, unit, std::move(outputs));
+}
+
+std::vector<at::Tensor> attach_post_backward(const std::shared_ptr<EngineCore>& core,
+                                             std::size_t unit, std::vector<at::Tensor> inputs) {
+  return attach<PostBackward>(core, unit, std::move(inputs));
+}
+
+}  // namespace zero::adapter
