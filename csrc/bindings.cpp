@@ -282,10 +282,22 @@ adapter::Stage3Group& stage3(adapter::EngineCore& e, std::size_t g) {
   return *group;
 }
 
+adapter::OffloadOptions offload_options(const py::dict& d) {
+  adapter::OffloadOptions options;
+  if (d.contains("enabled")) options.enabled = d["enabled"].cast<bool>();
+  if (d.contains("pin_memory")) options.pin_memory = d["pin_memory"].cast<bool>();
+  if (d.contains("tile_numel")) options.tile_numel = d["tile_numel"].cast<std::int64_t>();
+  if (d.contains("num_threads")) options.num_threads = d["num_threads"].cast<int>();
+  TORCH_CHECK_VALUE(options.num_threads >= 1, "zero: offload threads must be >= 1, got ",
+                    options.num_threads);
+  return options;
+}
+
 adapter::GroupOptions group_options(int stage, std::int64_t alignment, std::int64_t unit_numel,
                                     bool overlap_comm, const std::string& optimizer,
-                                    bool sgd_momentum) {
+                                    bool sgd_momentum, const py::dict& offload) {
   adapter::GroupOptions options;
+  options.offload = offload_options(offload);
   options.stage = stage;
   options.alignment = alignment;
   options.unit_numel = unit_numel;
@@ -305,21 +317,24 @@ void bind_engine(py::module_& m) {
           "add_group",
           [](adapter::EngineCore& e, std::vector<at::Tensor> params, int stage,
              std::int64_t alignment, std::int64_t unit_numel, bool overlap_comm,
-             const std::string& optimizer, bool sgd_momentum) {
+             const std::string& optimizer, bool sgd_momentum, const py::dict& offload) {
             return e.add_group(std::move(params),
                                group_options(stage, alignment, unit_numel, overlap_comm,
-                                             optimizer, sgd_momentum));
+                                             optimizer, sgd_momentum, offload));
           },
           py::arg("params"), py::arg("stage"), py::arg("alignment"), py::arg("unit_numel"),
-          py::arg("overlap_comm"), py::arg("optimizer"), py::arg("sgd_momentum") = false)
+          py::arg("overlap_comm"), py::arg("optimizer"), py::arg("sgd_momentum") = false,
+          py::arg("offload") = py::dict())
       .def(
           "add_stage3_group",
           [](adapter::EngineCore& e, std::vector<at::Tensor> params,
              const std::vector<std::size_t>& unit_of_param,
              const std::vector<std::vector<std::int64_t>>& full_shapes, std::int64_t alignment,
-             bool overlap_comm, const std::string& optimizer, bool sgd_momentum) {
+             bool overlap_comm, const std::string& optimizer, bool sgd_momentum,
+             const py::dict& offload) {
             at::NoGradGuard no_grad;
-            auto options = group_options(3, alignment, 1, overlap_comm, optimizer, sgd_momentum);
+            auto options =
+                group_options(3, alignment, 1, overlap_comm, optimizer, sgd_momentum, offload);
             return e.adopt_group(
                 std::make_unique<adapter::Stage3Group>(std::move(params), unit_of_param,
                                                        full_shapes, options, e.registry(),
@@ -328,7 +343,7 @@ void bind_engine(py::module_& m) {
           },
           py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
           py::arg("alignment"), py::arg("overlap_comm"), py::arg("optimizer"),
-          py::arg("sgd_momentum") = false)
+          py::arg("sgd_momentum") = false, py::arg("offload") = py::dict())
       .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
              at::NoGradGuard no_grad;
              stage3(e, g).commit(u);
@@ -445,6 +460,15 @@ void bind_engine(py::module_& m) {
              at::NoGradGuard no_grad;
              e.group(g).refresh_master();
            })
+      .def("group_offload_info",
+           [](adapter::EngineCore& e, std::size_t g) {
+             const adapter::ShardState& state = e.group(g).shard_state();
+             py::dict out;
+             out["offloaded"] = state.offloaded();
+             out["pinned"] = state.pinned();
+             out["why_not_pinned"] = state.why_not_pinned();
+             return out;
+           }, py::arg("group"))
       .def("group_load_master_shard",
            [](adapter::EngineCore& e, std::size_t g, const at::Tensor& saved) {
              at::NoGradGuard no_grad;

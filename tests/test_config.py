@@ -72,8 +72,12 @@ BAD = [
     ("fp16 and bf16", with_(fp16={"enabled": True}, bf16={"enabled": True}), "bf16.enabled",
      "cannot both be enabled"),
     ("stage out of range", with_(zero_optimization={"stage": 4}), "zero_optimization.stage", ">= 0 and <= 3"),
-    ("cpu offload not built", with_(zero_optimization={"offload_optimizer": {"device": "cpu"}}),
-     "zero_optimization.offload_optimizer.device", "needs engine feature 'offload'"),
+    ("cpu param offload not built", with_(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}),
+     "zero_optimization.offload_param.device", "needs engine feature 'offload_param'"),
+    ("partial offload not built", with_(zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}),
+     "zero_optimization.offload_optimizer.ratio", "needs engine feature 'offload_tuning'"),
+    ("cpu offload at stage 0", with_(zero_optimization={"offload_optimizer": {"device": "cpu"}}),
+     "zero_optimization.offload_optimizer.device", "optimizer offload needs ZeRO stage 1, 2 or 3"),
     ("nvme offload not built", with_(zero_optimization={"offload_param": {"device": "nvme"}}),
      "zero_optimization.offload_param.device", "needs engine feature 'nvme'"),
     ("offload device typo", with_(zero_optimization={"offload_optimizer": {"device": "gpu"}}),
@@ -199,7 +203,7 @@ def test_features_enable_gated_values_and_cross_checks():
 
 def test_partial_offload_needs_stage3():
     config = with_(zero_optimization={"stage": 1, "offload_optimizer": {"device": "cpu", "ratio": 0.5}})
-    errors = errors_of(config, enabled_features={"offload"})
+    errors = errors_of(config, enabled_features={"offload", "offload_tuning"})
     assert "needs stage 3" in errors_at(errors, "zero_optimization.offload_optimizer.ratio")[0]
 
 
@@ -364,11 +368,11 @@ def test_enabled_features_unlock_stage3_and_offload():
     config = with_(zero_optimization={"stage": 3, "stage3_max_live_parameters": 1e8,
                                       "offload_optimizer": {"device": "cpu", "pin_memory": True},
                                       "offload_param": {"device": "cpu"}})
-    cfg = load_config(config, 2, enabled_features={"stage3", "offload"})
+    cfg = load_config(config, 2, enabled_features={"stage3", "offload", "offload_param"})
     zero = cfg.zero_optimization
     assert zero.stage == 3 and zero.stage3_max_live_parameters == 100_000_000
     assert zero.offload_optimizer.enabled and zero.offload_optimizer.pin_memory is True
-    assert cfg.enabled_features == {"stage3", "offload"}
+    assert cfg.enabled_features == {"stage3", "offload", "offload_param"}
 
 
 def test_bad_arguments():

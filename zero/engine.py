@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import warnings
 import weakref
 from typing import Any, Iterable
 
@@ -31,6 +32,7 @@ logger = logging.getLogger("zero")
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffer
+OFFLOAD_TILE = 1 << 22  # elements per streamed tile of the offloaded step, at most
 
 
 class ZeroEngine(nn.Module):
@@ -77,6 +79,7 @@ class ZeroEngine(nn.Module):
             consecutive_hysteresis=config.fp16.consecutive_hysteresis,
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
         self._layouts = self._state_layouts(spec)
+        self._warn_if_not_pinned()
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
@@ -270,7 +273,7 @@ class ZeroEngine(nn.Module):
                 partitioned, [local[plan.unit_of_param[id(p)]] for p in partitioned],
                 [list(p._zero_shape) if zero_init.is_partitioned(p) else [] for p in partitioned],
                 self._alignment, zero_cfg.overlap_comm, spec.kind,
-                spec.momentum_buffer_needed([group]))
+                spec.momentum_buffer_needed([group]), offload=self._offload_options())
             self._engine_groups.append((owner, partitioned))
             for unit in model_units:
                 placement.setdefault(unit, []).append((index, local[unit]))
@@ -308,8 +311,31 @@ class ZeroEngine(nn.Module):
         # and one all-gather of its params, so reduce_bucket_size is its size.
         zero_cfg = self.config.zero_optimization
         self._core.add_group(params, stage, self._alignment, int(zero_cfg.reduce_bucket_size),
-                             zero_cfg.overlap_comm, spec.kind, spec.momentum_buffer_needed([group]))
+                             zero_cfg.overlap_comm, spec.kind, spec.momentum_buffer_needed([group]),
+                             offload=self._offload_options())
         self._engine_groups.append((owner, params))
+
+    def _warn_if_not_pinned(self) -> None:
+        offload = self.config.zero_optimization.offload_optimizer
+        if not offload.pin_memory:
+            return
+        reasons = {self._core.group_offload_info(g)["why_not_pinned"]
+                   for g in range(self._core.group_count)} - {""}
+        if reasons and dist.get_rank() == 0:
+            message = (f"zero: offload_optimizer.pin_memory is true but the offloaded state "
+                       f"could not be pinned ({'; '.join(sorted(reasons))}); it uses page-aligned "
+                       "pageable memory, and host<->device copies are slower")
+            warnings.warn(message, stacklevel=3)
+            logger.warning(message)
+
+    def _offload_options(self) -> dict:
+        """offload_optimizer: device "cpu" keeps the fp32 master and optimizer state in host
+        memory; the step streams tiles of min(sub_group_size, OFFLOAD_TILE) elements."""
+        zero_cfg = self.config.zero_optimization
+        offload = zero_cfg.offload_optimizer
+        return {"enabled": offload.device == "cpu", "pin_memory": offload.pin_memory,
+                "tile_numel": min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
+                "num_threads": torch.get_num_threads()}
 
     def _state_layouts(self, spec) -> list[StateLayout]:
         """What the ZeRO formulas describe: one layout per engine group kind (stage 3's
@@ -325,7 +351,9 @@ class ZeroEngine(nn.Module):
             numels[stage, momentum] = numels.get((stage, momentum), 0) + self._core.group_numel(g)
         return [StateLayout(stage=stage, world_size=world, numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,
-                            sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1)
+                            sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1,
+                            offload_optimizer=self.config.zero_optimization.offload_optimizer.device
+                            == "cpu")
                 for (stage, momentum), numel in sorted(numels.items(), reverse=True)]
 
     # ---- internals -------------------------------------------------------------------------

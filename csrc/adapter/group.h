@@ -10,6 +10,7 @@
 
 #include "adapter/grad_reducer.h"
 #include "adapter/optimizer_math.h"
+#include "adapter/shard_state.h"
 #include "core/sharded_layout.h"
 
 namespace zero::adapter {
@@ -45,6 +46,7 @@ class Group {
   // Re-derives the fp32 master from the current (e.g. just loaded) parameters.
   virtual void refresh_master() = 0;
   virtual std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const = 0;
+  virtual const ShardState& shard_state() const = 0;
   virtual std::size_t bucket_count() const = 0;
   virtual std::int64_t bucket_bytes() const = 0;
 };

@@ -30,7 +30,9 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
       rank_(options.stage == 0 ? 0 : communicator.rank()),
       layout_(layout_for(params_, options, communicator.world_size())),
       state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
-             options.sgd_momentum, /*keep_master=*/mixed_precision()) {
+             options.sgd_momentum, /*keep_master=*/mixed_precision(), options.offload) {
+  TORCH_CHECK(!options.offload.enabled || options.stage >= 1, "zero: offload_optimizer needs "
+              "ZeRO stage 1, 2 or 3 (at stage 0 nothing is sharded to offload)");
   const c10::TensorOptions model_options = params_.front().options();
   param_buffer_ =
       device_buffer(registry, core::MemoryCategory::kParam, layout_.full_numel(), model_options);
@@ -81,7 +83,7 @@ at::Tensor ParamGroup::master_piece(std::size_t unit) const {
 }
 
 void ParamGroup::refresh_master() {
-  if (!mixed_precision()) return;  // the master is the parameters themselves
+  if (!state_.has_master()) return;  // the master is the parameters themselves
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
     master_piece(u).copy_(full_piece(param_buffer_.tensor(), u));
   }
@@ -140,20 +142,15 @@ double ParamGroup::grad_square_sum() const {
 
 void ParamGroup::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
                                 std::int64_t step) {
+  std::vector<ShardPiece> pieces;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    at::Tensor grads = grad_piece(u).to(at::kFloat);  // a copy of 16-bit grads
-    if (grad_scale != 1.0) grads.mul_(grad_scale);
-    state_.update(master_piece(u), grads, layout_.shard_offset(u), hyper, step);
+    pieces.push_back({grad_piece(u), full_piece(param_buffer_.tensor(), u), layout_.shard_offset(u)});
   }
+  state_.step(pieces, hyper, grad_scale, step);  // leaves the new parameters in our pieces
 }
 
 void ParamGroup::gather_params() {
   const at::Tensor& full = param_buffer_.tensor();
-  if (mixed_precision()) {
-    for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-      full_piece(full, u).copy_(master_piece(u));
-    }
-  }
   if (options_.stage == 0) return;
   std::vector<std::unique_ptr<PendingCollective>> pending;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {

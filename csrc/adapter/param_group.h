@@ -32,6 +32,7 @@ struct GroupOptions {
   bool overlap_comm = true;
   OptimizerKind optimizer = OptimizerKind::kAdam;
   bool sgd_momentum = false;  // SGD keeps a momentum buffer only when momentum != 0
+  OffloadOptions offload;     // optimizer state in host memory (stages 1-3)
 };
 
 class ParamGroup : public Group {
@@ -61,6 +62,7 @@ class ParamGroup : public Group {
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const override {
     return state_.optimizer_state();
   }
+  const ShardState& shard_state() const override { return state_; }
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
 

@@ -52,7 +52,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
       layout_(stage3_layout(params_, unit_of_param, full_shapes, options,
                             communicator.world_size())),
       state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
-             options.sgd_momentum, /*keep_master=*/mixed_precision()),
+             options.sgd_momentum, /*keep_master=*/mixed_precision(), options.offload),
       units_(layout_.unit_count()) {
   const c10::TensorOptions model_options = params_.front().options();
   param_shard_ = device_buffer(registry, core::MemoryCategory::kParam, layout_.shard_numel(),
@@ -93,7 +93,8 @@ at::Tensor Stage3Group::shard_piece(const at::Tensor& shard, std::size_t unit) c
 }
 
 at::Tensor Stage3Group::master() const {
-  return mixed_precision() ? state_.master_piece(0, layout_.shard_numel()) : param_shard_.tensor();
+  return state_.has_master() ? state_.master_piece(0, layout_.shard_numel())
+                             : param_shard_.tensor();
 }
 
 void Stage3Group::fetch(std::size_t index) {
@@ -164,13 +165,13 @@ void Stage3Group::commit(std::size_t index) {
   const int rank = communicator_.rank();
   const at::Tensor mine = unit.gathered.narrow(0, rank * plan.shard_numel(), plan.shard_numel());
   shard_piece(param_shard_.tensor(), index).copy_(mine);
-  if (mixed_precision()) {
+  if (state_.has_master()) {
     state_.master_piece(layout_.shard_offset(index), plan.shard_numel()).copy_(mine);
   }
 }
 
 void Stage3Group::refresh_master() {
-  if (mixed_precision()) state_.master_piece(0, layout_.shard_numel()).copy_(param_shard_.tensor());
+  if (state_.has_master()) master().copy_(param_shard_.tensor());
 }
 
 void Stage3Group::prepare_backward() {}
@@ -208,10 +209,12 @@ double Stage3Group::grad_square_sum() const {
 
 void Stage3Group::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
                                  std::int64_t step) {
-  at::Tensor grads = grad_shard_.tensor().to(at::kFloat);
-  if (grad_scale != 1.0) grads.mul_(grad_scale);
-  state_.update(master(), grads, 0, hyper, step);
-  if (mixed_precision()) param_shard_.tensor().copy_(master());
+  std::vector<ShardPiece> pieces;
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    pieces.push_back({shard_piece(grad_shard_.tensor(), u), shard_piece(param_shard_.tensor(), u),
+                      layout_.shard_offset(u)});
+  }
+  state_.step(pieces, hyper, grad_scale, step);  // leaves the new parameters in the shard
 }
 
 void Stage3Group::gather_params() {}
@@ -225,7 +228,7 @@ void Stage3Group::load_master_shard(const at::Tensor& saved) {
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
               "; the checkpoint was written for another model or world size");
   master().copy_(saved);
-  if (mixed_precision()) param_shard_.tensor().copy_(saved);
+  if (state_.has_master()) param_shard_.tensor().copy_(saved);
 }
 
 }  // namespace zero::adapter

@@ -73,6 +73,7 @@ class Stage3Group : public Group {
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const override {
     return state_.optimizer_state();
   }
+  const ShardState& shard_state() const override { return state_; }
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
 

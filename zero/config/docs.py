@@ -29,9 +29,10 @@ FEATURE_DOCS = {
     schema.FEATURE_STAGE3_PREFETCH: "non-default stage-3 fetch tuning not built yet: "
                                     "`stage3_model_persistence_threshold`, "
                                     "`stage3_module_granularity_threshold`, "
-                                    "`stage3_use_all_reduce_for_fetch_params`, `sub_group_size`",
-    schema.FEATURE_OFFLOAD: "`device: \"cpu\"` in `offload_optimizer` / `offload_param`, `pin_memory`, `ratio`, "
-                            "`round_robin_gradients`",
+                                    "`stage3_use_all_reduce_for_fetch_params`",
+    schema.FEATURE_OFFLOAD: "`offload_optimizer.device: \"cpu\"` (stages 1-3) and its `pin_memory`",
+    schema.FEATURE_OFFLOAD_PARAM: "`offload_param.device: \"cpu\"` (stage 3) and its `pin_memory`",
+    schema.FEATURE_OFFLOAD_TUNING: "`offload_optimizer.ratio` < 1, `round_robin_gradients`",
     schema.FEATURE_NVME: "`device: \"nvme\"`, the NVMe buffer keys and every key of `aio`",
 }
 

@@ -33,14 +33,17 @@ from typing import Any, Mapping, Optional, Tuple
 
 FEATURE_STAGE3 = "stage3"  # ZeRO stage 3 (parameter partitioning), persistence, 16-bit save
 FEATURE_STAGE3_PREFETCH = "stage3_prefetch"  # stage-3 fetch-tuning knobs not built yet
-FEATURE_OFFLOAD = "offload"  # offload optimizer state / parameters to CPU memory
+FEATURE_OFFLOAD = "offload"  # offload optimizer state and the optimizer step to CPU memory
+FEATURE_OFFLOAD_PARAM = "offload_param"  # stage-3 parameters in CPU memory
+FEATURE_OFFLOAD_TUNING = "offload_tuning"  # partial offload (ratio < 1), round-robin gradients
 FEATURE_NVME = "nvme"  # offload to NVMe, and the aio block that tunes it
 
-ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_STAGE3_PREFETCH, FEATURE_OFFLOAD, FEATURE_NVME})
+ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_STAGE3_PREFETCH, FEATURE_OFFLOAD,
+                          FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_TUNING, FEATURE_NVME})
 
 # The features the engine implements today. When one lands, add it here (one
 # line) and regenerate docs/CONFIG.md with `python -m zero.config.docs`.
-BUILT_FEATURES: frozenset = frozenset({FEATURE_STAGE3})
+BUILT_FEATURES: frozenset = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD})
 
 # --------------------------------------------------------------------------- key kinds
 
@@ -324,10 +327,10 @@ _DEVICE_FEATURES = (("cpu", FEATURE_OFFLOAD), ("nvme", FEATURE_NVME))
 
 OFFLOAD_PARAM = Block("zero_optimization.offload_param", "Offload parameters (stage 3 only).", (
     _choice("device", "none", _DEVICES, "Where parameters live between uses (DeepSpeed's docs say cpu; its code "
-            "default is none).", value_features=_DEVICE_FEATURES),
+            "default is none).", value_features=(("cpu", FEATURE_OFFLOAD_PARAM), ("nvme", FEATURE_NVME))),
     Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
         feature=FEATURE_NVME),
-    _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD),
+    _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD_PARAM),
     _int("buffer_count", 5, "Buffers in the NVMe buffer pool.", minimum=0, feature=FEATURE_NVME),
     _int("buffer_size", 100_000_000, "Elements per NVMe buffer.", minimum=0, feature=FEATURE_NVME),
     _int("max_in_cpu", 1_000_000_000, "Parameter elements kept in CPU memory when offloading to NVMe.",
@@ -346,7 +349,7 @@ OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimi
     _bool("pipeline_write", False, "Overlap NVMe writes with the optimizer step.", feature=FEATURE_NVME),
     _bool("fast_init", False, "Fast optimizer initialisation with NVMe.", feature=FEATURE_NVME),
     _float("ratio", 1.0, "Fraction of optimizer state offloaded; < 1 needs stage 3.", minimum=0, maximum=1,
-           feature=FEATURE_OFFLOAD),
+           feature=FEATURE_OFFLOAD_TUNING),
     _unsupported(BOOL, "super_offload", False, "SuperOffload for superchips."),
     _unsupported(BOOL, "convert_grad_on_cpu", True, "Where SuperOffload converts grads."),
     _unsupported(FLOAT, "cpuadam_cores_perc", 0.8, "CPU share for SuperOffload's Adam."),
@@ -373,7 +376,7 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
           "for stage 3, false otherwise (DeepSpeed's docs say false).", nullable=True,
           auto="the stage-dependent default", default_doc="stage == 3"),
     _bool("round_robin_gradients", False, "Spread gradient copies to CPU across ranks (CPU offload, stages 1-2).",
-          feature=FEATURE_OFFLOAD),
+          feature=FEATURE_OFFLOAD_TUNING),
     _block("offload_optimizer", OFFLOAD_OPTIMIZER, "Optimizer-state offload (table below). Absent or null: none."),
     _block("offload_param", OFFLOAD_PARAM, "Parameter offload (table below). Absent or null: none."),
     _stage3(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
@@ -394,8 +397,9 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _stage3_tuning(INT, "stage3_module_granularity_threshold", 0, "Treat fine-grained modules as one fetch unit.",
             minimum=0),
     _stage3_tuning(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Fetch parameters with all-reduce."),
-    _stage3_tuning(INT, "sub_group_size", 1_000_000_000, "Elements per optimizer-step tile (ZeRO-3 offload / "
-            "ZeRO-Infinity).", minimum=0, auto=AUTO_DEFAULT),
+    _int("sub_group_size", 1_000_000_000, "Elements per tile of the offloaded optimizer step; zero streams "
+         "tiles of min(sub_group_size, 4,194,304) elements through two staging buffers.", minimum=1,
+         auto=AUTO_DEFAULT),
     _unsupported(BOOL, "allgather_partitions", True, "All-gather (true) or broadcast updated partitions."),
     _unsupported(BOOL, "load_from_fp32_weights", True, "Initialise fp32 master weights from checkpoint fp32 copies."),
     _unsupported(BOOL, "elastic_checkpoint", False, "Legacy elastic checkpointing."),

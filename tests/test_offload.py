@@ -1,0 +1,134 @@
+"""Optimizer offload (offload_optimizer.device = "cpu"): the fp32 master and the optimizer
+state live in host memory and the step streams tiles through the fused CPU Adam. It must
+train exactly like the engine without offload, resume exactly, and account for every byte
+where it lives."""
+import pytest
+import torch
+
+import training
+from distributed_harness import run_distributed
+
+STEPS = 12
+GAS = 2
+
+
+def _config(stage, offload, precision="fp32", tile=None, pin=False, optimizer=None):
+    extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
+    config = training.engine_config(stage, gas=GAS, precision=precision, **extra)
+    if offload:
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    if tile is not None:
+        config["zero_optimization"]["sub_group_size"] = tile
+    if optimizer is not None:
+        config["optimizer"] = optimizer
+    return config
+
+
+def _train(rank, world, config, steps=STEPS):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    losses = training.train_engine(engine, rank, world, steps, GAS)
+    state = engine.module_state_dict()
+    report = engine.memory_report()
+    params = {k: v.float() for k, v in state.items()} if rank == 0 else None
+    report["shard_numels"] = [engine._core.group_numel(g) // world
+                              for g in range(engine._core.group_count)]
+    return losses, params, report
+
+
+def _assert_same_training(expected, actual, tolerance):
+    for (ref_losses, _, _), (losses, _, _) in zip(expected, actual):
+        assert losses == pytest.approx(ref_losses, rel=tolerance)
+    for name, value in expected[0][1].items():
+        assert training.relative_error(actual[0][1][name], value) <= tolerance, name
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_fp32_offload_matches_the_engine_without_it(stage, world):
+    # Tiles of 1,000 elements: every unit's shard streams through both staging slots.
+    plain = run_distributed(_train, world, args=(_config(stage, False),), timeout=180)
+    offloaded = run_distributed(_train, world, args=(_config(stage, True, tile=1000),), timeout=180)
+    _assert_same_training(plain, offloaded, 1e-6)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_bf16_offload_matches_the_engine_without_it(stage):
+    plain = run_distributed(_train, 2, args=(_config(stage, False, "bf16"),), timeout=180)
+    offloaded = run_distributed(_train, 2, args=(_config(stage, True, "bf16"),), timeout=180)
+    # The CPU kernel and the device path round the same fp32 master to bf16 the same way.
+    _assert_same_training(plain, offloaded, 1e-6)
+
+
+def test_sgd_with_momentum_offloads_too():
+    sgd = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
+    plain = run_distributed(_train, 2, args=(_config(2, False, optimizer=sgd),), timeout=180)
+    offloaded = run_distributed(_train, 2, args=(_config(2, True, tile=777, optimizer=sgd),),
+                                timeout=180)
+    _assert_same_training(plain, offloaded, 1e-6)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_model_states_move_to_the_host_exactly_as_the_formula_says(stage):
+    plain = run_distributed(_train, 2, args=(_config(stage, False, "bf16"), 2), timeout=180)[0][2]
+    report = run_distributed(_train, 2, args=(_config(stage, True, "bf16", tile=1000), 2),
+                             timeout=180)[0][2]
+    by_location = report["model_state_by_location"]
+    assert by_location["measured"] == by_location["expected"]
+    # The device keeps params and grads only: master and Adam state left it, byte for byte.
+    moved = sum(plain["categories"][c]["current"] for c in ("fp32_master", "optimizer_state"))
+    assert by_location["measured"]["device"] == plain["model_state_bytes"] - moved
+    assert by_location["measured"]["host"] == moved
+    for category in ("fp32_master", "optimizer_state", "staging"):
+        # a CPU build of torch cannot pin: the host pool is pageable
+        assert set(report["categories"][category]["by_location"]) == {"host_pageable"}
+    # Two staging slots per group, each a tile (1,000 elements, or the whole shard if smaller;
+    # stage 3's persistent small parameters are a group of their own) of bf16 grads + params.
+    tiles = [min(1000, shard) for shard in report["shard_numels"]]
+    assert report["categories"]["staging"]["current"] == sum(2 * (2 * t + 2 * t) for t in tiles)
+
+
+def _resume(rank, world, config, save_dir, phase):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    if phase == "full":
+        return training.train_engine(engine, rank, world, 6, GAS)
+    if phase == "first":
+        losses = training.train_engine(engine, rank, world, 3, GAS)
+        engine.save_checkpoint(save_dir)
+        return losses
+    engine.load_checkpoint(save_dir)
+    return training.train_engine(engine, rank, world, 3, GAS, first_step=3)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_resume_with_offload_is_bit_for_bit(stage, tmp_path):
+    config = _config(stage, True, "bf16", tile=1000)
+    full = run_distributed(_resume, 2, args=(config, str(tmp_path), "full"))
+    first = run_distributed(_resume, 2, args=(config, str(tmp_path), "first"))
+    second = run_distributed(_resume, 2, args=(config, str(tmp_path), "second"))
+    assert first[0] + second[0] == full[0]
+
+
+def _pinned(rank, world):
+    import warnings
+
+    import zero
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                          config=_config(2, True, pin=True))
+    info = engine._core.group_offload_info(0)
+    return info, [str(w.message) for w in caught]
+
+
+def test_pin_memory_falls_back_to_pageable_memory_with_the_reason():
+    info, messages = run_distributed(_pinned, 1)[0]
+    assert info["offloaded"]
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build pins; this checks the CPU-build fallback")
+    assert not info["pinned"] and "CPU build" in info["why_not_pinned"]
+    assert any("could not be pinned" in m and "CPU build" in m for m in messages)
