@@ -40,6 +40,15 @@ def build_core_with_cmake() -> str:
     return os.path.join(CMAKE_BUILD_DIR, "libzero_core.a")
 
 
+def core_link_libraries() -> list[str]:
+    """What libzero_core.a needs beyond libtorch (liburing when CMake found it)."""
+    listing = os.path.join(CMAKE_BUILD_DIR, "zero_core_link_libraries.txt")
+    if not os.path.exists(listing):
+        return []
+    with open(listing) as file:
+        return [line.strip() for line in file if line.strip()]
+
+
 def relative(paths):
     return sorted(os.path.relpath(p, ROOT) for p in paths)
 
@@ -49,7 +58,7 @@ def make_extension(core_library: str):
     common = dict(
         name="zero._C",
         include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_objects=[core_library],
+        extra_objects=[core_library, *core_link_libraries()],
     )
     cxx_flags = ["-O2"]
     if cuda_build_wanted():

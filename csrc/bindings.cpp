@@ -288,6 +288,17 @@ adapter::OffloadOptions offload_options(const py::dict& d) {
   if (d.contains("pin_memory")) options.pin_memory = d["pin_memory"].cast<bool>();
   if (d.contains("tile_numel")) options.tile_numel = d["tile_numel"].cast<std::int64_t>();
   if (d.contains("num_threads")) options.num_threads = d["num_threads"].cast<int>();
+  if (d.contains("nvme_path") && !d["nvme_path"].is_none()) {
+    options.nvme_path = d["nvme_path"].cast<std::string>();
+  }
+  if (d.contains("aio")) {
+    const py::dict aio = d["aio"].cast<py::dict>();
+    if (aio.contains("block_size")) options.aio.block_size = aio["block_size"].cast<std::size_t>();
+    if (aio.contains("queue_depth")) options.aio.queue_depth = aio["queue_depth"].cast<std::size_t>();
+    if (aio.contains("intra_op_parallelism")) {
+      options.aio.intra_op_parallelism = aio["intra_op_parallelism"].cast<std::size_t>();
+    }
+  }
   TORCH_CHECK_VALUE(options.num_threads >= 1, "zero: offload threads must be >= 1, got ",
                     options.num_threads);
   return options;
@@ -467,8 +478,15 @@ void bind_engine(py::module_& m) {
              out["offloaded"] = state.offloaded();
              out["pinned"] = state.pinned();
              out["why_not_pinned"] = state.why_not_pinned();
+             out["swap"] = state.swap_description();
              return out;
            }, py::arg("group"))
+      .def("group_load_optimizer_state",
+           [](adapter::EngineCore& e, std::size_t g, const std::string& name,
+              const at::Tensor& values) {
+             at::NoGradGuard no_grad;
+             e.group(g).load_optimizer_state(name, values);
+           }, py::arg("group"), py::arg("name"), py::arg("values"))
       .def("group_load_master_shard",
            [](adapter::EngineCore& e, std::size_t g, const at::Tensor& saved) {
              at::NoGradGuard no_grad;

@@ -1,6 +1,6 @@
 """zero-mem estimate and tune: the estimate of every category equals the engine's measured
 bytes exactly (stages 0-2, world sizes 1/2/4, fp32/bf16, buckets included), and a tuned
-config runs within its budget."""
+config runs within its budget. Stage 3: tests/test_estimate_stage3.py."""
 import json
 import os
 
@@ -102,22 +102,23 @@ def test_alignment_matches_the_engine():
     assert est.ALIGNMENT_BYTES == engine.ALIGNMENT_BYTES
 
 
-def test_stage3_and_offload_are_formulas_labelled_as_such():
+def test_offload_is_a_formula_labelled_as_such_and_stage3_is_built():
     shapes = est.shapes_from_factory(FACTORY)
-    setup = est.Setup(world_size=4, precision="bf16", reduce_bucket_size=3000)
+    setup = est.Setup(world_size=4, precision="bf16", reduce_bucket_size=3000,
+                      persistence_threshold=40)
     rows = {e.name: e for e in est.estimate_all(shapes, setup)}
     for name, row in rows.items():
         offloaded = row.option.offload_optimizer or row.option.offload_param
-        expected = (est.BUILT if row.option.built else
-                    est.STAGE3_FORMULA if row.option.stage == 3 and not offloaded else est.FORMULA_ONLY)
-        assert row.status == expected, name
-    stage3 = rows["stage 3"]
-    assert stage3.model_state_bytes == 16 * stage3.shard_numel  # 16Ψ/N
+        assert row.option.built == (not offloaded), name
+        assert row.status == (est.FORMULA_ONLY if offloaded else est.BUILT), name
+    stage3 = rows["stage 3"]  # checked against the engine in test_estimate_stage3.py
+    assert stage3.model_state_bytes - stage3.persistent_bytes == 16 * stage3.shard_numel  # 16Ψ/N
     offload = rows["stage 2 + offload optimizer"]
     assert offload.host_bytes == 12 * offload.shard_numel  # master + Adam moved to the host
     assert offload.device_bytes == rows["stage 2"].device_bytes - offload.host_bytes
     everything = rows["stage 3 + offload optimizer + params"]
-    assert everything.host_bytes == 14 * everything.shard_numel
+    assert everything.host_bytes == (14 * everything.shard_numel + 2 * everything.persistent_numel
+                                     + 12 * everything.persistent_shard_numel)
 
 
 def test_a_bare_parameter_count_is_approximate_but_close():
@@ -152,9 +153,7 @@ def test_cli_estimate_json_and_table(capsys, tmp_path):
         assert option["per_node"]["ranks"] == 2
         assert option["per_node"]["device_bytes"] == 2 * option["device_bytes"]
         offloaded = option["offload_optimizer"] or option.get("offload_param", False)
-        assert option["status"] == ("built" if option["stage"] <= 2 and not offloaded else
-                                    est.STAGE3_FORMULA if option["stage"] == 3 and not offloaded
-                                    else est.FORMULA_ONLY)
+        assert option["status"] == (est.FORMULA_ONLY if offloaded else "built")
     config = tmp_path / "ds.json"
     config.write_text(json.dumps(training.engine_config(2, precision="bf16")))
     assert cli.main(["estimate", "--model", FACTORY, "--config", str(config),
@@ -177,18 +176,22 @@ def test_hf_config_without_transformers_says_so(tmp_path, capsys):
     assert "transformers" in err and "--model" in err
 
 
-def test_a_config_for_stage3_can_be_estimated_but_not_tuned_into(tmp_path, capsys):
-    config = training.engine_config(3, precision="bf16")
+def test_a_stage3_config_is_read_and_a_budget_nothing_built_fits_writes_nothing(tmp_path,
+                                                                                capsys):
+    config = training.engine_config(3, precision="bf16", stage3_param_persistence_threshold=40,
+                                    stage3_max_live_parameters=20_000)
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(config))
     setup, stage = est.setup_from_config(str(path), world_size=2)
     assert stage == 3 and setup.overlap_comm is None and setup.precision == "bf16"
+    assert setup.persistence_threshold == 40 and setup.max_live_parameters == 20_000
     # A budget nothing built fits: the tuner names the not-built option and writes nothing.
     out = tmp_path / "tuned.json"
     assert cli.main(["tune", "--model", FACTORY, "--config", str(path), "--world-size", "2",
                      "--budget", "0.1MiB", "--out", str(out)]) == 3
     text = capsys.readouterr().out
-    assert "nothing built fits" in text and "would need stage 3" in text
+    assert "nothing built fits" in text and "would need stage 2 + offload optimizer" in text
+    assert "stage 3, reduce_bucket_size" in text  # stage 3 was tried, with its bounds
     assert not out.exists()
 
 

@@ -13,10 +13,13 @@ GAS = 2
 
 
 def _config(stage, offload, precision="fp32", tile=None, pin=False, optimizer=None):
+    """offload: False, "cpu", or an NVMe directory (a path string)."""
     extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
     config = training.engine_config(stage, gas=GAS, precision=precision, **extra)
-    if offload:
+    if offload == "cpu" or offload is True:
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    elif offload:
+        config["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": offload}
     if tile is not None:
         config["zero_optimization"]["sub_group_size"] = tile
     if optimizer is not None:
@@ -132,3 +135,88 @@ def test_pin_memory_falls_back_to_pageable_memory_with_the_reason():
         pytest.skip("a CUDA build pins; this checks the CPU-build fallback")
     assert not info["pinned"] and "CPU build" in info["why_not_pinned"]
     assert any("could not be pinned" in m and "CPU build" in m for m in messages)
+
+
+# ---- NVMe (ZeRO-Infinity): the state lives in a swap file ------------------------------------
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_nvme_offload_matches_the_engine_without_it(stage, world, tmp_path):
+    plain = run_distributed(_train, world, args=(_config(stage, False),), timeout=180)
+    nvme = run_distributed(_train, world, args=(_config(stage, str(tmp_path), tile=1000),),
+                           timeout=180)
+    _assert_same_training(plain, nvme, 1e-6)
+    assert list(tmp_path.iterdir()) == []  # swap files are removed on clean exit
+
+
+def test_nvme_offload_bf16_and_its_accounting(tmp_path):
+    plain = run_distributed(_train, 2, args=(_config(2, False, "bf16"),), timeout=180)
+    nvme = run_distributed(_train, 2, args=(_config(2, str(tmp_path), "bf16", tile=1024),),
+                           timeout=180)
+    _assert_same_training(plain, nvme, 1e-6)
+    report = nvme[0][2]
+    by_location = report["model_state_by_location"]
+    assert by_location["measured"] == by_location["expected"]
+    assert by_location["measured"]["host"] == 0  # master and Adam state are on NVMe only
+    moved = sum(plain[0][2]["categories"][c]["current"] for c in ("fp32_master", "optimizer_state"))
+    assert by_location["measured"]["nvme"] == moved
+    # On the host: two chunks of each of the 3 arrays (page-rounded) + 2 x (grads + params).
+    shard = report["shard_numels"][0]
+    chunk = min(1024, shard)
+    assert report["categories"]["staging"]["current"] == 3 * 2 * 4096 + 2 * (2 * chunk + 2 * chunk)
+
+
+def test_nvme_resume_is_bit_for_bit(tmp_path):
+    swap, ckpt = tmp_path / "swap", tmp_path / "ckpt"
+    swap.mkdir()
+    config = _config(3, str(swap), "bf16", tile=1000)
+    full = run_distributed(_resume, 2, args=(config, str(ckpt), "full"))
+    first = run_distributed(_resume, 2, args=(config, str(ckpt), "first"))
+    second = run_distributed(_resume, 2, args=(config, str(ckpt), "second"))
+    assert first[0] + second[0] == full[0]
+
+
+def _fails_to_build(rank, world, path, file_size_limit=None):
+    import resource
+    import signal
+
+    import zero
+
+    if file_size_limit is not None:  # a disk that is full past this many bytes per file
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+    with pytest.raises(Exception) as info:
+        zero.initialize(model=training.make_model(), config=_config(2, path))
+    return str(info.value)
+
+
+def test_an_nvme_path_that_cannot_hold_files_is_a_clear_error(tmp_path):
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    message = run_distributed(_fails_to_build, 1, args=(str(not_a_directory),))[0]
+    assert str(not_a_directory) in message and "Not a directory" in message
+
+
+def test_a_full_disk_while_preallocating_the_swap_file_is_a_clear_error(tmp_path):
+    message = run_distributed(_fails_to_build, 1, args=(str(tmp_path), 4096))[0]
+    assert str(tmp_path) in message and "errno" in message
+    assert "File too large" in message or "No space left" in message
+
+
+def _truncated(rank, world, path):
+    import os
+
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config(2, path, tile=1000))
+    training.train_engine(engine, rank, world, 1, GAS)
+    swap_file = engine._core.group_offload_info(0)["swap"].split(" (")[0]
+    os.truncate(swap_file, 4096)  # the drive lost the tail of the state
+    with pytest.raises(Exception) as info:
+        training.train_engine(engine, rank, world, 1, GAS, first_step=1)
+    return swap_file, str(info.value)
+
+
+def test_a_truncated_swap_file_is_a_short_read_error_not_silent_corruption(tmp_path):
+    swap_file, message = run_distributed(_truncated, 1, args=(str(tmp_path),))[0]
+    assert swap_file in message and "offset" in message

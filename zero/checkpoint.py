@@ -110,7 +110,7 @@ def _write_files(engine, staging: str, rank: int, client_state: dict) -> None:
     core = engine._core
     shard = {"fingerprint": _fingerprint(engine), "groups": [
         {"master": core.group_master_shard(g),
-         "state": {k: v.detach().clone() for k, v in core.group_optimizer_state(g).items()}}
+         "state": dict(core.group_optimizer_state(g))}  # copies
         for g in range(core.group_count)]}
     _atomic_torch_save(shard, os.path.join(staging, _rank_file(rank)))
     module_state = engine.module_state_dict()  # every rank: stage 3 gathers unit by unit
@@ -175,9 +175,8 @@ def _load_shard(engine, path: str) -> None:
     with torch.no_grad():
         for g, saved in enumerate(shard["groups"]):
             core.group_load_master_shard(g, saved["master"])
-            state = core.group_optimizer_state(g)
             for name, tensor in saved["state"].items():
-                state[name].copy_(tensor)
+                core.group_load_optimizer_state(g, name, tensor)
 
 
 def _check_fingerprint(saved: dict, current: dict, path: str) -> None:

@@ -7,6 +7,7 @@ reduction, the sharded update and the all-gather run in C++.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -80,6 +81,8 @@ class ZeroEngine(nn.Module):
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
         self._layouts = self._state_layouts(spec)
         self._warn_if_not_pinned()
+        if self.config.zero_optimization.offload_optimizer.device == "nvme":
+            _LIVE_NVME_ENGINES.add(self)  # swap files go at exit even if the engine lingers
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
@@ -261,10 +264,7 @@ class ZeroEngine(nn.Module):
                 zero_init.unpartition(param)
         placement: dict[int, list[tuple[int, int]]] = {}
         for owner, (group, params) in enumerate(zip(groups, trainables)):
-            persistent = [p for p in params if id(p) not in partitioned_ids]
             partitioned = [p for p in params if id(p) in partitioned_ids]
-            if persistent:  # small: whole on every rank, optimizer state sharded
-                self._add_group(spec, owner, group, persistent, stage=1)
             if not partitioned:
                 continue
             model_units = sorted({plan.unit_of_param[id(p)] for p in partitioned})
@@ -279,6 +279,13 @@ class ZeroEngine(nn.Module):
                 placement.setdefault(unit, []).append((index, local[unit]))
             self._partitioned.update((id(p), p) for p in partitioned)
             stage3._ENGINES.update((id(p), self) for p in partitioned)
+        # Small parameters: whole on every rank, optimizer state sharded (a stage-1 group).
+        # Added after the partitioned groups: the default launch order (before the first
+        # backward teaches one) follows the groups, and these complete last in backward.
+        for owner, (group, params) in enumerate(zip(groups, trainables)):
+            persistent = [p for p in params if id(p) not in partitioned_ids]
+            if persistent:
+                self._add_group(spec, owner, group, persistent, stage=1)
         self._core.configure_schedule([name for name, _ in plan.modules],
                                       int(zero_cfg.stage3_prefetch_bucket_size),
                                       int(zero_cfg.stage3_max_live_parameters),
@@ -330,12 +337,17 @@ class ZeroEngine(nn.Module):
 
     def _offload_options(self) -> dict:
         """offload_optimizer: device "cpu" keeps the fp32 master and optimizer state in host
-        memory; the step streams tiles of min(sub_group_size, OFFLOAD_TILE) elements."""
+        memory, "nvme" in a swap file under nvme_path (removed when the engine goes); the step
+        streams chunks of min(sub_group_size, OFFLOAD_TILE) elements."""
         zero_cfg = self.config.zero_optimization
         offload = zero_cfg.offload_optimizer
-        return {"enabled": offload.device == "cpu", "pin_memory": offload.pin_memory,
+        aio = self.config.aio
+        return {"enabled": offload.device in ("cpu", "nvme"), "pin_memory": offload.pin_memory,
                 "tile_numel": min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
-                "num_threads": torch.get_num_threads()}
+                "num_threads": torch.get_num_threads(),
+                "nvme_path": offload.nvme_path if offload.device == "nvme" else None,
+                "aio": {"block_size": aio.block_size, "queue_depth": aio.queue_depth,
+                        "intra_op_parallelism": aio.intra_op_parallelism}}
 
     def _state_layouts(self, spec) -> list[StateLayout]:
         """What the ZeRO formulas describe: one layout per engine group kind (stage 3's
@@ -352,8 +364,7 @@ class ZeroEngine(nn.Module):
         return [StateLayout(stage=stage, world_size=world, numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,
                             sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1,
-                            offload_optimizer=self.config.zero_optimization.offload_optimizer.device
-                            == "cpu")
+                            offload_optimizer=self.config.zero_optimization.offload_optimizer.device)
                 for (stage, momentum), numel in sorted(numels.items(), reverse=True)]
 
     # ---- internals -------------------------------------------------------------------------
@@ -367,12 +378,25 @@ class ZeroEngine(nn.Module):
         return hook
 
     def destroy(self) -> None:
-        """Removes the engine's hooks from the model (the model can then get a new engine)."""
+        """Removes the engine's hooks from the model (the model can then get a new engine)
+        and lets go of the C++ engine: its buffers, host pools and NVMe swap files."""
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
         if self._stage3 is not None:
             self._stage3.remove()
+            self._stage3._core = None
+        self._core = None
+
+
+_LIVE_NVME_ENGINES: "weakref.WeakSet[ZeroEngine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _remove_swap_files() -> None:
+    # Objects alive at interpreter exit are not guaranteed to be destroyed; swap files must go.
+    for engine in list(_LIVE_NVME_ENGINES):
+        engine.destroy()
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:

@@ -25,7 +25,7 @@ class StateLayout:
     optimizer: str        # "adam" | "sgd"
     sgd_momentum: bool = False
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
-    offload_optimizer: bool = False  # fp32 master + optimizer state in host memory
+    offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
 
     @property
     def mixed_precision(self) -> bool:
@@ -42,7 +42,7 @@ def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     optimizer = {"adam": 8, "sgd": 4 if layout.sgd_momentum else 0}[layout.optimizer]
     # In fp32 training the master is the parameter's own shard (nothing extra), unless the
     # optimizer is offloaded: then the host keeps an fp32 copy of its own.
-    master = 4 if layout.mixed_precision or layout.offload_optimizer else 0
+    master = 4 if layout.mixed_precision or layout.offload_optimizer != "none" else 0
     return {
         "param": (b, stage >= 3),
         "gradient": (b, stage >= 2),
@@ -52,9 +52,10 @@ def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
 
 
 def category_location(layout: StateLayout, category: str) -> str:
-    """Where a model-state category lives: the device, or the host when offloaded."""
-    offloaded = layout.offload_optimizer and category in ("fp32_master", "optimizer_state")
-    return "host" if offloaded else "device"
+    """Where a model-state category lives: "device", "host" or "nvme" (when offloaded)."""
+    if category in ("fp32_master", "optimizer_state") and layout.offload_optimizer != "none":
+        return "host" if layout.offload_optimizer == "cpu" else "nvme"
+    return "device"
 
 
 def expected_model_state_bytes(layout: StateLayout) -> dict[str, dict]:
@@ -63,8 +64,8 @@ def expected_model_state_bytes(layout: StateLayout) -> dict[str, dict]:
     for name, (coefficient, sharded) in _coefficients(layout).items():
         numel = layout.sharded_numel if sharded else layout.numel
         formula = f"{coefficient}Ψ/N" if sharded and coefficient else f"{coefficient}Ψ"
-        if coefficient and category_location(layout, name) == "host":
-            formula += " (host)"
+        if coefficient and category_location(layout, name) != "device":
+            formula += f" ({category_location(layout, name)})"
         rows[name] = {"bytes": coefficient * numel, "formula": formula if coefficient else "0",
                       "location": category_location(layout, name)}
     return rows
@@ -104,7 +105,7 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         entry["peak"] = registry.category_usage(row["category"])["peak"]
         entry["by_location"][row["location"]] = {"current": row["current"], "peak": row["peak"]}
     expected_total = 0
-    expected_by_location = {"device": 0, "host": 0}
+    expected_by_location = {"device": 0, "host": 0, "nvme": 0}
     for layout in layouts:
         label = "persistent " if layout.persistent else ""
         for name, row in expected_model_state_bytes(layout).items():
@@ -115,11 +116,12 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
             expected_total += row["bytes"]
             expected_by_location[row["location"]] += row["bytes"]
     model_state = sum(categories[name]["current"] for name in _coefficients(layouts[0]))
-    measured_by_location = {"device": 0, "host": 0}
+    measured_by_location = {"device": 0, "host": 0, "nvme": 0}
     for name in _coefficients(layouts[0]):
         for location, usage in categories[name]["by_location"].items():
-            measured_by_location["device" if location == "device" else "host"] += usage["current"]
-    main = layouts[0]
+            where = location if location in ("device", "nvme") else "host"
+            measured_by_location[where] += usage["current"]
+    main = next((layout for layout in layouts if not layout.persistent), layouts[0])
     formula = " + ".join(("persistent: " if layout.persistent else "") + total_formula(layout)
                          for layout in layouts)
     return {
@@ -127,15 +129,15 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         "step": step,
         "stage": main.stage,
         "world_size": main.world_size,
-        "numel": main.numel,
+        "numel": sum(layout.numel for layout in layouts if not layout.persistent),
         "persistent_numel": sum(layout.numel for layout in layouts if layout.persistent),
         "param_bytes": main.param_bytes,
         "categories": categories,
         "model_state_bytes": model_state,
         "model_state_expected_bytes": expected_total,
         "model_state_formula": formula,
-        # model states by where they live (device vs host: pinned or pageable), measured and
-        # as the formulas place them
+        # model states by where they live (device, host: pinned or pageable, nvme), measured
+        # and as the formulas place them
         "model_state_by_location": {"measured": measured_by_location,
                                     "expected": expected_by_location},
         "total": registry.total(),

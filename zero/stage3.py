@@ -19,6 +19,7 @@ registered (register_external_parameter), as in DeepSpeed.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -154,22 +155,34 @@ class Stage3Hooks:
     def unhold(self, unit: int) -> None:
         self._core.unhold(unit)
 
+    # The model keeps its hooks; the hooks must not keep this object (and through it the C++
+    # engine, its buffers and swap files) alive, or model and engine would form a cycle.
     def _pre_forward(self, unit):
+        this = weakref.ref(self)
+
         def hook(_module, args, kwargs):
+            hooks = this()
+            if hooks is None:
+                return None
             training = torch.is_grad_enabled()
-            self._core.before_forward(unit, self._step(), training)
+            hooks._core.before_forward(unit, hooks._step(), training)
             if not training:
                 return None
-            attach = lambda tensors: self._core.attach_post_backward(unit, tensors)  # noqa: E731
+            attach = lambda tensors: hooks._core.attach_post_backward(unit, tensors)  # noqa: E731
             return _map_tensors((args, kwargs), attach)
         return hook
 
     def _post_forward(self, unit):
+        this = weakref.ref(self)
+
         def hook(_module, _inputs, outputs):
-            self._core.after_forward(unit)
+            hooks = this()
+            if hooks is None:
+                return None
+            hooks._core.after_forward(unit)
             if not torch.is_grad_enabled():
                 return None
-            return _map_tensors(outputs, lambda ts: self._core.attach_pre_backward(unit, ts))
+            return _map_tensors(outputs, lambda ts: hooks._core.attach_pre_backward(unit, ts))
         return hook
 
     def remove(self) -> None:
@@ -298,9 +311,9 @@ class GatheredParameters:
         return self._context.__exit__(*exc)
 
 
-# id(param) -> the stage-3 engine that partitions it (set by the engine, weakly by design:
-# an engine lives as long as training does).
-_ENGINES: dict = {}
+# id(param) -> the stage-3 engine that partitions it; weak, so this table never keeps an
+# engine (and its memory, swap files) alive.
+_ENGINES: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
 
 def _first_partitioned(params):

@@ -45,7 +45,9 @@ class Group {
   virtual void load_master_shard(const at::Tensor& saved) = 0;
   // Re-derives the fp32 master from the current (e.g. just loaded) parameters.
   virtual void refresh_master() = 0;
+  // Copies of the optimizer state tensors, and loading them back (checkpoints).
   virtual std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const = 0;
+  virtual void load_optimizer_state(const std::string& name, const at::Tensor& values) = 0;
   virtual const ShardState& shard_state() const = 0;
   virtual std::size_t bucket_count() const = 0;
   virtual std::int64_t bucket_bytes() const = 0;

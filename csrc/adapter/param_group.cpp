@@ -77,15 +77,10 @@ at::Tensor ParamGroup::grad_piece(std::size_t unit) const {
                              : full_piece(grad_full_.tensor(), unit);
 }
 
-at::Tensor ParamGroup::master_piece(std::size_t unit) const {
-  return state_.has_master() ? state_.master_piece(layout_.shard_offset(unit), piece_numel(unit))
-                             : full_piece(param_buffer_.tensor(), unit);
-}
-
 void ParamGroup::refresh_master() {
   if (!state_.has_master()) return;  // the master is the parameters themselves
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    master_piece(u).copy_(full_piece(param_buffer_.tensor(), u));
+    state_.write_master(layout_.shard_offset(u), full_piece(param_buffer_.tensor(), u));
   }
 }
 
@@ -166,8 +161,11 @@ void ParamGroup::zero_grads() {
 }
 
 at::Tensor ParamGroup::master_shard() const {
+  if (state_.has_master()) return state_.read_master(0, layout_.shard_numel());
   std::vector<at::Tensor> pieces;
-  for (std::size_t u = 0; u < layout_.unit_count(); ++u) pieces.push_back(master_piece(u));
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    pieces.push_back(full_piece(param_buffer_.tensor(), u));
+  }
   return at::cat(pieces);
 }
 
@@ -175,8 +173,13 @@ void ParamGroup::load_master_shard(const at::Tensor& saved) {
   TORCH_CHECK(saved.numel() == layout_.shard_numel(), "zero: saved master shard has ",
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
               "; the checkpoint was written for another model or world size");
+  if (state_.has_master()) {
+    state_.write_master(0, saved);
+    return;
+  }
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    master_piece(u).copy_(saved.narrow(0, layout_.shard_offset(u), piece_numel(u)));
+    full_piece(param_buffer_.tensor(), u)
+        .copy_(saved.narrow(0, layout_.shard_offset(u), piece_numel(u)));
   }
 }
 

@@ -62,6 +62,9 @@ class ParamGroup : public Group {
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const override {
     return state_.optimizer_state();
   }
+  void load_optimizer_state(const std::string& name, const at::Tensor& values) override {
+    state_.load_optimizer_state(name, values);
+  }
   const ShardState& shard_state() const override { return state_; }
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
@@ -72,7 +75,6 @@ class ParamGroup : public Group {
   at::Tensor full_piece(const at::Tensor& full, std::size_t unit) const;
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
   at::Tensor grad_piece(std::size_t unit) const;
-  at::Tensor master_piece(std::size_t unit) const;
   at::Tensor param_view(std::size_t index) const;
 
   std::vector<at::Tensor> params_;

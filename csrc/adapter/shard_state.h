@@ -3,9 +3,11 @@
 // and v or SGD's momentum, all laid out like the shard, and the step over its pieces.
 //
 // On the device (the default) the update runs with ATen ops. With offload (ZeRO-Offload) the
-// state lives in one host pool (pinned when possible) and the step streams the shard tile by
-// tile: a worker thread copies tile i+1's gradients to host staging and tile i-1's new
-// parameters back to the device while the fused CPU Adam updates tile i.
+// state lives in one host pool (pinned when possible) and the step streams the shard in
+// chunks: a worker thread copies chunk i+1's gradients to host staging and chunk i-1's new
+// parameters back to the device while the fused CPU Adam updates chunk i. With an NVMe path
+// (ZeRO-Infinity) the state lives in a swap file instead, and the host holds two chunks of
+// it: chunk i+1 is read and chunk i-1 written back while chunk i is updated.
 #include <memory>
 #include <string>
 #include <utility>
@@ -16,6 +18,8 @@
 #include "adapter/optimizer_math.h"
 #include "adapter/tracked_tensor.h"
 #include "core/host_pool.h"
+#include "core/io_backend.h"
+#include "core/swap_store.h"
 #include "core/task_worker.h"
 
 namespace zero::adapter {
@@ -23,8 +27,10 @@ namespace zero::adapter {
 struct OffloadOptions {
   bool enabled = false;
   bool pin_memory = false;
-  std::int64_t tile_numel = std::int64_t{1} << 22;  // elements per streamed tile
+  std::int64_t tile_numel = std::int64_t{1} << 22;  // elements per streamed chunk
   int num_threads = 1;                               // CPU Adam threads
+  std::string nvme_path;  // non-empty: the state lives in a swap file in this directory
+  core::AioConfig aio;
 };
 
 // One contiguous piece of this rank's shard: its gradients and the parameters the step
@@ -43,26 +49,39 @@ class ShardState {
              bool keep_master, const OffloadOptions& offload);
   ~ShardState();
 
-  bool has_master() const { return master_.defined(); }
+  bool has_master() const { return master_.defined() || nvme(); }
   bool offloaded() const { return offload_.enabled; }
+  bool nvme() const { return swap_ != nullptr; }
   bool pinned() const { return host_pool_ && host_pool_->pinned(); }
   // Why offloaded state is pageable ("" when pinned or not offloaded).
   std::string why_not_pinned() const {
     return host_pool_ && !host_pool_->pinned() ? host_pool_->why_not_pinned() : "";
   }
-  at::Tensor master_piece(std::int64_t offset, std::int64_t numel) const;
+  // The fp32 master of shard [offset, offset + numel): read returns a copy, write stores.
+  at::Tensor read_master(std::int64_t offset, std::int64_t numel) const;
+  void write_master(std::int64_t offset, const at::Tensor& values);
   // Updates the pieces (grads multiplied by grad_scale) and leaves the new parameters in each
   // piece's `param`. step is 1-based and counts this update.
   void step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper, double grad_scale,
             std::int64_t step);
+  // Copies of the optimizer state tensors (exp_avg / exp_avg_sq, or momentum_buffer).
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
+  void load_optimizer_state(const std::string& name, const at::Tensor& values);
+  // NVMe: where the state lives and which I/O backend moves it ("" otherwise).
+  std::string swap_description() const;
 
  private:
-  struct Tile {
+  struct Segment {  // the part of one piece that falls into one chunk
     const ShardPiece* piece;
     std::int64_t begin;  // within the piece
     std::int64_t numel;
+    std::int64_t at;     // within the chunk
   };
+  std::vector<std::string> state_names() const;
+  at::Tensor host_state(const std::string& name) const;  // host mode: the whole array
+  std::int64_t chunk_count() const;
+  std::int64_t chunk_numel(std::int64_t chunk) const;
+  std::string tile_name(const std::string& name, std::int64_t chunk) const;
   void check_kind(const OptimizerHyper& hyper) const;
   void update(at::Tensor master, const at::Tensor& grads, std::int64_t offset,
               const OptimizerHyper& hyper, std::int64_t step);
@@ -70,16 +89,26 @@ class ShardState {
                    double grad_scale, std::int64_t step);
   void offloaded_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
                       double grad_scale, std::int64_t step);
-  void update_tile(const Tile& tile, int slot, const OptimizerHyper& hyper, double grad_scale,
-                   std::int64_t step);
+  void update_chunk(std::int64_t chunk, int slot, const OptimizerHyper& hyper,
+                    double grad_scale, std::int64_t step);
+  at::Tensor chunk_view(const std::string& name, std::int64_t chunk, int slot) const;
+  std::vector<core::IoHandle> read_chunk(std::int64_t chunk, int slot);
+  std::vector<core::IoHandle> write_chunk(std::int64_t chunk, int slot);
   void allocate_on_host(core::MemoryRegistry& registry, std::int64_t shard_numel,
                         const c10::TensorOptions& device_options, bool sgd_momentum);
 
   OptimizerKind kind_;
   OffloadOptions offload_;
+  std::int64_t shard_numel_ = 0;
+  std::int64_t chunk_ = 0;  // elements per chunk (offload)
+  bool sgd_momentum_ = false;
   std::vector<TrackedTensor> device_owned_;
   std::unique_ptr<core::HostPool> host_pool_;  // offload: owns the memory the tensors view
+  std::unique_ptr<core::SwapStore> swap_;       // NVMe: the state's home
   std::unique_ptr<core::TaskWorker> copier_;
+  std::vector<core::TrackedBytes> nvme_bytes_;
+  // NVMe: two host slots per state array, each one chunk (page-aligned for O_DIRECT).
+  std::vector<std::pair<std::string, at::Tensor>> slots_[2];
   at::Tensor master_;
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;

@@ -92,11 +92,6 @@ at::Tensor Stage3Group::shard_piece(const at::Tensor& shard, std::size_t unit) c
   return shard.narrow(0, layout_.shard_offset(unit), layout_.unit(unit).shard_numel());
 }
 
-at::Tensor Stage3Group::master() const {
-  return state_.has_master() ? state_.master_piece(0, layout_.shard_numel())
-                             : param_shard_.tensor();
-}
-
 void Stage3Group::fetch(std::size_t index) {
   Unit& unit = units_.at(index);
   if (unit.resident) return;
@@ -165,13 +160,11 @@ void Stage3Group::commit(std::size_t index) {
   const int rank = communicator_.rank();
   const at::Tensor mine = unit.gathered.narrow(0, rank * plan.shard_numel(), plan.shard_numel());
   shard_piece(param_shard_.tensor(), index).copy_(mine);
-  if (state_.has_master()) {
-    state_.master_piece(layout_.shard_offset(index), plan.shard_numel()).copy_(mine);
-  }
+  if (state_.has_master()) state_.write_master(layout_.shard_offset(index), mine);
 }
 
 void Stage3Group::refresh_master() {
-  if (state_.has_master()) master().copy_(param_shard_.tensor());
+  if (state_.has_master()) state_.write_master(0, param_shard_.tensor());
 }
 
 void Stage3Group::prepare_backward() {}
@@ -221,14 +214,17 @@ void Stage3Group::gather_params() {}
 
 void Stage3Group::zero_grads() { grad_shard_.tensor().zero_(); }
 
-at::Tensor Stage3Group::master_shard() const { return master().clone(); }
+at::Tensor Stage3Group::master_shard() const {
+  return state_.has_master() ? state_.read_master(0, layout_.shard_numel())
+                             : param_shard_.tensor().clone();
+}
 
 void Stage3Group::load_master_shard(const at::Tensor& saved) {
   TORCH_CHECK(saved.numel() == layout_.shard_numel(), "zero: saved master shard has ",
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
               "; the checkpoint was written for another model or world size");
-  master().copy_(saved);
-  if (state_.has_master()) param_shard_.tensor().copy_(saved);
+  if (state_.has_master()) state_.write_master(0, saved);
+  param_shard_.tensor().copy_(saved);
 }
 
 }  // namespace zero::adapter

@@ -73,6 +73,9 @@ class Stage3Group : public Group {
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const override {
     return state_.optimizer_state();
   }
+  void load_optimizer_state(const std::string& name, const at::Tensor& values) override {
+    state_.load_optimizer_state(name, values);
+  }
   const ShardState& shard_state() const override { return state_; }
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
@@ -91,7 +94,6 @@ class Stage3Group : public Group {
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
   void attach(std::size_t unit);  // point the unit's parameters at the gathered buffer
-  at::Tensor master() const;
 
   std::vector<at::Tensor> params_;
   GroupOptions options_;

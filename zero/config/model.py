@@ -95,7 +95,6 @@ class AioConfig:
     intra_op_parallelism: int
     single_submit: bool
     overlap_events: bool
-    use_gds: bool
 
 
 @dataclass(frozen=True)

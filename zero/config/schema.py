@@ -36,14 +36,14 @@ FEATURE_STAGE3_PREFETCH = "stage3_prefetch"  # stage-3 fetch-tuning knobs not bu
 FEATURE_OFFLOAD = "offload"  # offload optimizer state and the optimizer step to CPU memory
 FEATURE_OFFLOAD_PARAM = "offload_param"  # stage-3 parameters in CPU memory
 FEATURE_OFFLOAD_TUNING = "offload_tuning"  # partial offload (ratio < 1), round-robin gradients
-FEATURE_NVME = "nvme"  # offload to NVMe, and the aio block that tunes it
+FEATURE_NVME = "nvme"  # optimizer state on NVMe, and the aio block that tunes it
 
 ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_STAGE3_PREFETCH, FEATURE_OFFLOAD,
                           FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_TUNING, FEATURE_NVME})
 
 # The features the engine implements today. When one lands, add it here (one
 # line) and regenerate docs/CONFIG.md with `python -m zero.config.docs`.
-BUILT_FEATURES: frozenset = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD})
+BUILT_FEATURES: frozenset = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD, FEATURE_NVME})
 
 # --------------------------------------------------------------------------- key kinds
 
@@ -327,14 +327,15 @@ _DEVICE_FEATURES = (("cpu", FEATURE_OFFLOAD), ("nvme", FEATURE_NVME))
 
 OFFLOAD_PARAM = Block("zero_optimization.offload_param", "Offload parameters (stage 3 only).", (
     _choice("device", "none", _DEVICES, "Where parameters live between uses (DeepSpeed's docs say cpu; its code "
-            "default is none).", value_features=(("cpu", FEATURE_OFFLOAD_PARAM), ("nvme", FEATURE_NVME))),
+            "default is none).", value_features=(("cpu", FEATURE_OFFLOAD_PARAM),
+                                                 ("nvme", FEATURE_OFFLOAD_PARAM))),
     Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
-        feature=FEATURE_NVME),
+        feature=FEATURE_OFFLOAD_PARAM),
     _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD_PARAM),
-    _int("buffer_count", 5, "Buffers in the NVMe buffer pool.", minimum=0, feature=FEATURE_NVME),
-    _int("buffer_size", 100_000_000, "Elements per NVMe buffer.", minimum=0, feature=FEATURE_NVME),
+    _int("buffer_count", 5, "Buffers in the NVMe buffer pool.", minimum=0, feature=FEATURE_OFFLOAD_PARAM),
+    _int("buffer_size", 100_000_000, "Elements per NVMe buffer.", minimum=0, feature=FEATURE_OFFLOAD_PARAM),
     _int("max_in_cpu", 1_000_000_000, "Parameter elements kept in CPU memory when offloading to NVMe.",
-         minimum=0, feature=FEATURE_NVME),
+         minimum=0, feature=FEATURE_OFFLOAD_PARAM),
 ))
 
 OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimizer state (and the optimizer "
@@ -344,10 +345,14 @@ OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimi
     Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
         feature=FEATURE_NVME),
     _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD),
-    _int("buffer_count", 4, "Buffers in the NVMe buffer pool.", minimum=0, feature=FEATURE_NVME),
-    _bool("pipeline_read", False, "Overlap NVMe reads with the optimizer step.", feature=FEATURE_NVME),
-    _bool("pipeline_write", False, "Overlap NVMe writes with the optimizer step.", feature=FEATURE_NVME),
-    _bool("fast_init", False, "Fast optimizer initialisation with NVMe.", feature=FEATURE_NVME),
+    _int("buffer_count", 4, "Buffers in the NVMe buffer pool (zero double-buffers: two chunks of state "
+         "are on the host at a time; any value >= 2 is accepted).", minimum=2),
+    _bool("pipeline_read", False, "Overlap NVMe reads with the optimizer step (zero always does).",
+          feature=FEATURE_NVME),
+    _bool("pipeline_write", False, "Overlap NVMe writes with the optimizer step (zero always does).",
+          feature=FEATURE_NVME),
+    _bool("fast_init", False, "Fast optimizer initialisation with NVMe (zero: no effect, its swap file is "
+          "preallocated and zero-filled).", feature=FEATURE_NVME),
     _float("ratio", 1.0, "Fraction of optimizer state offloaded; < 1 needs stage 3.", minimum=0, maximum=1,
            feature=FEATURE_OFFLOAD_TUNING),
     _unsupported(BOOL, "super_offload", False, "SuperOffload for superchips."),
@@ -427,14 +432,17 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
 # --------------------------------------------------------------------------- aio
 
 AIO = Block("aio", "Asynchronous I/O for NVMe offload (libaio). Only meaningful with feature 'nvme'.", (
-    _int("block_size", 1_048_576, "I/O block size in bytes.", minimum=1, feature=FEATURE_NVME),
-    _int("queue_depth", 8, "I/O queue depth.", minimum=1, feature=FEATURE_NVME),
-    _int("intra_op_parallelism", 1, "Parallelism of each read/write request (DeepSpeed's old name: "
-         "thread_count).", minimum=1, feature=FEATURE_NVME),
-    _bool("single_submit", False, "Submit requests one by one.", feature=FEATURE_NVME),
-    _bool("overlap_events", True, "Submit requests without waiting for earlier completions.",
+    _int("block_size", 1_048_576, "Bytes per I/O piece; a multiple of 4096 (O_DIRECT alignment).", minimum=4096,
+         feature=FEATURE_NVME),
+    _int("queue_depth", 8, "Requests in flight per worker (io_uring ring size).", minimum=1, maximum=4096,
+         feature=FEATURE_NVME),
+    _int("intra_op_parallelism", 1, "I/O worker threads (DeepSpeed's old name: thread_count).", minimum=1,
+         maximum=256, feature=FEATURE_NVME),
+    _bool("single_submit", False, "libaio submission mode (zero's backends submit per piece; no effect).",
           feature=FEATURE_NVME),
-    _bool("use_gds", False, "Use NVIDIA GPUDirect Storage.", feature=FEATURE_NVME),
+    _bool("overlap_events", True, "libaio completion mode (zero always overlaps; no effect).",
+          feature=FEATURE_NVME),
+    _unsupported(BOOL, "use_gds", False, "Use NVIDIA GPUDirect Storage."),
 ))
 
 # --------------------------------------------------------------------------- zero's own block

@@ -470,6 +470,13 @@ def _check_precision(v, values):
                 "lower min_loss_scale or raise initial_scale_power")
 
 
+def _check_aio(v, values):
+    aio = values.get("aio")
+    if _valid(aio) and _valid(aio.get("block_size", INVALID)) and aio["block_size"] % 4096:
+        v.error("aio.block_size", aio["block_size"], "must be a multiple of 4096 (the O_DIRECT "
+                "alignment of every I/O piece)", f"use {max(4096, aio['block_size'] // 4096 * 4096)}")
+
+
 def _check_zero(v, values):
     zero = values["zero_optimization"]
     if not _valid(zero):
@@ -487,9 +494,6 @@ def _check_zero(v, values):
     if _valid(optim) and optim["device"] not in ("none", INVALID) and stage == 0:
         v.error(f"{path}.offload_optimizer.device", optim["device"], "optimizer offload needs ZeRO stage 1, 2 or 3 "
                 "(stage is 0)", "set zero_optimization.stage or the device to \"none\"")
-    elif _valid(optim) and optim["device"] == "nvme" and stage != 3:
-        v.error(f"{path}.offload_optimizer.device", "nvme", f"NVMe optimizer offload needs stage 3 (stage is "
-                f"{stage})", "use device \"cpu\" or set zero_optimization.stage to 3")
     if _valid(optim) and _valid(optim["ratio"]) and optim["ratio"] < 1 and stage != 3:
         v.error(f"{path}.offload_optimizer.ratio", optim["ratio"], f"partial offload (ratio < 1) needs stage 3 "
                 f"(stage is {stage})", "set ratio to 1.0")
@@ -556,6 +560,7 @@ def validate(raw, world_size, features, source=None):
     _resolve_batch(v, values, world_size)
     _check_precision(v, values)
     _check_zero(v, values)
+    _check_aio(v, values)
     _resolve_optimizer(v, values)
     _resolve_scheduler(values)
     _resolve_memory_report(values)

@@ -47,6 +47,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-numel", type=_count, metavar="T",
                         help="with --params: elements per stand-in tensor (default: "
                              "min(N, reduce_bucket_size))")
+    parser.add_argument("--units", type=int, metavar="K",
+                        help="with --params: assume K stage-3 gather units of equal size (e.g. "
+                             "the transformer blocks); default: every stand-in tensor is one")
     parser.add_argument("--config", metavar="DS_CONFIG_JSON",
                         help="DeepSpeed-style config: stage, precision, optimizer, "
                              "reduce_bucket_size, overlap_comm (flags below override it)")
@@ -64,12 +67,29 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None,
                         help="two reduce buckets instead of one (default: the config's, else "
                              "DeepSpeed's: on at stage 3 only)")
+    stage3 = parser.add_argument_group("stage 3 (default: the config's, else the schema's)")
+    stage3.add_argument("--persistence-threshold", type=_count, metavar="ELEMENTS",
+                        help="stage3_param_persistence_threshold: parameters this small stay "
+                             "whole (default 1e5)")
+    stage3.add_argument("--prefetch-bucket-size", type=_count, metavar="ELEMENTS",
+                        help="stage3_prefetch_bucket_size (default 5e7)")
+    stage3.add_argument("--max-live-parameters", type=_count, metavar="ELEMENTS",
+                        help="stage3_max_live_parameters (default 1e9)")
+    stage3.add_argument("--max-reuse-distance", type=_count, metavar="ELEMENTS",
+                        help="stage3_max_reuse_distance (default 1e9)")
+    stage3.add_argument("--max-inflight-gathers", type=int, metavar="K",
+                        help="stage3_max_inflight_gathers (default 2)")
 
 
 def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
     world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
     overrides = dict(precision=args.precision, optimizer=args.optimizer,
-                     reduce_bucket_size=args.reduce_bucket_size, overlap_comm=args.overlap_comm)
+                     reduce_bucket_size=args.reduce_bucket_size, overlap_comm=args.overlap_comm,
+                     persistence_threshold=args.persistence_threshold,
+                     prefetch_bucket_size=args.prefetch_bucket_size,
+                     max_live_parameters=args.max_live_parameters,
+                     max_reuse_distance=args.max_reuse_distance,
+                     max_inflight_gathers=args.max_inflight_gathers)
     base = None
     if args.config:
         setup, stage = est.setup_from_config(args.config, world, args.num_nodes, stage=args.stage,
@@ -82,11 +102,15 @@ def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
 
 
 def _shapes(args, setup: est.Setup) -> est.ModelShapes:
+    if args.units is not None and args.params is None:
+        raise est.EstimateError("--units goes with --params (a model's own gather units come "
+                                "from the model)")
     if args.model:
         return est.shapes_from_factory(args.model)
     if args.hf_config:
         return est.shapes_from_hf_config(args.hf_config)
-    return est.shapes_from_count(args.params, args.tensor_numel, setup.reduce_bucket_size)
+    return est.shapes_from_count(args.params, args.tensor_numel, setup.reduce_bucket_size,
+                                 units=args.units)
 
 
 def cmd_estimate(args) -> int:
@@ -98,7 +122,8 @@ def cmd_estimate(args) -> int:
             "model": {"description": shapes.description, "exact": shapes.exact,
                       "trainable_numel": shapes.trainable_numel,
                       "frozen_numel": shapes.frozen_numel, "tensors": shapes.tensor_count,
-                      "largest_param_numel": shapes.largest_param_numel, "note": shapes.note},
+                      "largest_param_numel": shapes.largest_param_numel, "note": shapes.note,
+                      "stage3_units": list(shapes.unit_names)},
             "setup": setup.to_dict(), "selected_stage": stage,
             "options": [e.to_dict() for e in estimates],
             "not_included": ["activations", "autograd transient gradients",

@@ -1,33 +1,46 @@
 """Per-rank memory of model states before training: what the engine will allocate.
 
-For the stages the engine builds (0, 1, 2) the estimate is exact, not a paper formula: the
-parameters are laid out with the engine's own planner (`zero._C.ShardedLayout`: units of at
-most reduce_bucket_size elements cut from the last parameter, every unit padded to a
-multiple of world_size x alignment, alignment = 16 bytes / element size; stage 0 lays out for
-one rank), and every category is the byte count the engine's accounting registry reports as
-`current` after a step:
+The estimate is exact, not a paper formula: the parameters are laid out with the engine's own
+planner (`zero._C.ShardedLayout` / `plan_partition`: every unit padded to a multiple of
+world_size x alignment, alignment = 16 bytes / element size; stage 0 lays out for one rank),
+and every category is the byte count the engine's accounting registry reports after a step:
 
-    param            b·Ψ                      (all stages the engine builds)
-    gradient         b·Ψ (stages 0, 1)        b·Ψ/N (stage 2)
-    fp32_master      4·Ψ (stage 0)            4·Ψ/N (stages >= 1)   0 when training in fp32
+    param            b·Ψ (stages 0-2)         stage 3: b·Ψ/N + b·Ψp
+    gradient         b·Ψ (stages 0, 1)        b·Ψ/N (stage 2)      stage 3: b·Ψ/N + b·Ψp
+    fp32_master      4·Ψ (stage 0)            4·Ψ/N (stages >= 1; stage 3 + 4·Ψp/N)
+                     0 when training in fp32 (the parameter shard is the master)
     optimizer_state  8·Ψ or 8·Ψ/N (Adam)      4· (SGD with momentum)    0 (plain SGD)
-    bucket           0 (stages 0, 1)          stage 2: Σ over groups of
+    bucket           0 (stages 0, 1)          stages 2 and 3: Σ over groups of
                                               min(slots, units)·(U + U/N)·b,
                                               U = the group's largest unit, slots = 2 with
-                                              overlap_comm, else 1
+                                              overlap_comm, else 1 (stage 3, 1 slot: 2 in
+                                              backward when the root's bucket fills over all
+                                              of it; `stage3.bucket_kept_bytes` is the pool
+                                              between steps)
+    gathered_param   0 (stages 0-2)           stage 3: W·b, W = the most elements gathered at
+                                              once (peak), from the gather schedule's rule
 
-Ψ and Ψ/N are the padded element counts (ShardedLayout.full_numel / shard_numel), b the
-bytes of a 16-bit or 32-bit model parameter.
+Stages 0-2: units are cut from the parameters at reduce_bucket_size elements. Stage 3
+(`zero/stage3.py::plan_units`, the engine's rule): gather units are the modules marked with
+`zero.gather_unit` / `set_z3_leaf_modules`, else the children of every nn.ModuleList, plus
+the root unit with everything else; Ψ counts the partitioned parameters (numel >
+stage3_param_persistence_threshold), every unit its own buffer; Ψp the persistent ones, kept
+whole as a stage-1 group (units of reduce_bucket_size), reported apart.
 
-Stage 3 is built, but its rows here are still the ZeRO paper's formula on the same padded
-numbers (the estimator does not yet lay out stage 3's module units), labelled "formula —
-stage 3 built, estimate not checked against it"; offload is not built: "formula only — not
-yet built/measured".
+The stage-3 working set W comes from replaying the engine's gather schedule
+(csrc/adapter/gather_schedule.cpp) on the unit sizes, with the same bounds
+(stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance,
+stage3_max_inflight_gathers) over two micro-steps (the first records the order, the second
+prefetches and keeps units for reuse). It assumes the forward runs every unit once, in
+definition order, inside the root (a transformer's blocks); a model that calls a unit twice
+or in another order gathers differently. See `simulate_stage3_schedule`.
+
+Offload is not built: "formula only — not yet built/measured".
 
 Not estimated: activations (they depend on the model's forward, batch and sequence length,
-and the meta device cannot measure them), autograd's transient full-size gradients at
-stage 2 before a parameter's hook copies them into the bucket, temporaries of the optimizer
-step, and framework / allocator overhead. Leave room for them (`zero-mem tune --reserve`).
+and the meta device cannot measure them), autograd's transient full-size gradients before a
+parameter's hook copies them into the bucket, temporaries of the optimizer step, and
+framework / allocator overhead. Leave room for them (`zero-mem tune --reserve`).
 """
 from __future__ import annotations
 
@@ -51,10 +64,23 @@ OPTIMIZER_STATE_BYTES = {"adam": 8, "sgd": 0, "sgd_momentum": 4}  # fp32 bytes p
 # a test keeps the two equal).
 ALIGNMENT_BYTES = 16
 DEFAULT_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default, as in the config schema
+# Stage-3 defaults of the config schema (zero/config/schema.py; a test keeps them equal).
+DEFAULT_PERSISTENCE_THRESHOLD = 100_000
+DEFAULT_PREFETCH_BUCKET_SIZE = 50_000_000
+DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
+DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
+DEFAULT_MAX_INFLIGHT_GATHERS = 2
 
 BUILT = "built"
 FORMULA_ONLY = "formula only — not yet built/measured"
+# Stage 3 without gather units (a ModelShapes made by hand with no `units`): the paper's
+# formula on the padded numbers, not checked against the engine.
 STAGE3_FORMULA = "formula — stage 3 built, estimate not checked against it"
+# Stage 3 from --params: the units are assumed (see shapes_from_count), so are W and U.
+STAGE3_ASSUMED_UNITS = "built — stage-3 units assumed (--params), not the model's"
+
+# --params without --units: at most this many assumed stage-3 gather units.
+MAX_ASSUMED_UNITS = 1024
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -117,6 +143,16 @@ class ModelShapes:
     exact: bool = True            # False: --params N, shapes are a stand-in (see shapes_from_count)
     frozen_numel: int = 0          # requires_grad=False: not managed by the engine
     note: str = ""
+    # Stage 3: the gather unit (zero.stage3.plan_units; 0 is the root) of every shape above,
+    # nested like `groups`; None when unknown (stage 3 is then a formula only).
+    units: Optional[tuple[tuple[int, ...], ...]] = None
+    unit_names: tuple[str, ...] = ()          # per unit index ("" is the root)
+    # (user unit, owner unit) per register_external_parameter link
+    externals: tuple[tuple[int, int], ...] = ()
+    # Stage 3, per shape (nested like `groups`): a root-unit parameter registered after the
+    # first parameter of another unit (a final norm, an untied head): in a sequential model
+    # it is used after the blocks, so its gradient arrives at the start of backward.
+    root_late: Optional[tuple[tuple[bool, ...], ...]] = None
 
     @property
     def trainable_numel(self) -> int:
@@ -129,6 +165,10 @@ class ModelShapes:
     @property
     def tensor_count(self) -> int:
         return sum(len(group) for group in self.groups)
+
+    @property
+    def has_units(self) -> bool:
+        return self.units is not None
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -143,7 +183,9 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     """The shapes the engine will manage: trainable parameters in `module.parameters()` order
     (tied parameters once), one group, as `zero.initialize(model=..., config=...)` does with a
     config optimizer. `param_groups` (a list of lists of parameters, or of dicts with
-    "params") mirrors a client optimizer's groups instead."""
+    "params") mirrors a client optimizer's groups instead. Stage 3: every shape's gather unit
+    from `zero.stage3.plan_units` (the engine's rule), the units' names, the
+    register_external_parameter links, and which root parameters come after the blocks."""
     if not isinstance(module, torch.nn.Module):
         raise EstimateError(f"expected a torch.nn.Module, got {type(module).__name__}")
     if param_groups is None:
@@ -151,22 +193,36 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     else:
         raw_groups = [list(g["params"]) if isinstance(g, Mapping) else list(g)
                       for g in param_groups]
-    groups, seen = [], set()
+    from zero import stage3
+
+    plan = stage3.plan_units(module)  # the engine's gather units (stage 3)
+    position = {id(p): i for i, p in enumerate(module.parameters())}  # first registration
+    first_block = min((position[id(p)] for p in module.parameters()
+                       if plan.unit_of_param.get(id(p), 0) != 0), default=len(position))
+    groups, units, late, seen = [], [], [], set()
     for raw in raw_groups:
-        shapes = []
+        shapes, unit_ids, late_ids = [], [], []
         for param in raw:
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))
             shapes.append(tuple(int(d) for d in param.shape))
+            unit = plan.unit_of_param.get(id(param), 0)
+            unit_ids.append(unit)
+            late_ids.append(unit == 0 and position.get(id(param), -1) > first_block)
         if shapes:
             groups.append(tuple(shapes))
+            units.append(tuple(unit_ids))
+            late.append(tuple(late_ids))
     if not groups:
         raise EstimateError("the model has no trainable parameters")
     unique = {id(p): p for p in module.parameters()}
     frozen = sum(p.numel() for p in unique.values() if not p.requires_grad)
     return ModelShapes(groups=tuple(groups), description=description or type(module).__name__,
-                       exact=True, frozen_numel=frozen)
+                       exact=True, frozen_numel=frozen, units=tuple(units),
+                       unit_names=tuple(name for name, _ in plan.modules),
+                       externals=tuple(stage3.external_links(plan)),
+                       root_late=tuple(late))
 
 
 def _import_factory(spec: str):
@@ -247,33 +303,65 @@ def shapes_from_hf_config(path: str) -> ModelShapes:
 
 
 def shapes_from_count(count: int, tensor_numel: int | None = None,
-                      reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE) -> ModelShapes:
+                      reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE,
+                      units: int | None = None) -> ModelShapes:
     """`--params N` without shapes: N elements as ceil(N / T) tensors of T elements (the last
     one smaller), T = tensor_numel or, by default, min(N, reduce_bucket_size), so that the
     largest unit is about reduce_bucket_size, as in a real model whose layers are smaller than
     a bucket.
 
+    Stage 3 needs gather units, which a count does not have. The assumption: without `units`,
+    every stand-in tensor is one gather unit (the largest-tensor heuristic: a unit of T
+    elements; beyond MAX_ASSUMED_UNITS tensors they are split evenly over that many units, to
+    keep the schedule replay quick); with `units=K`, the model is K gather units of equal size (K transformer
+    blocks; the tensors are then K tensors of about N/K elements, or, with tensor_numel, the
+    T-element tensors split over K units as evenly as they go). The root unit holds nothing.
+
     What this gets right: every byte count that is a multiple of Ψ, to within the padding
     (at most world_size x alignment - 1 elements per unit). What it cannot know: the real
-    unit boundaries and the largest parameter, so the stage-2 bucket (and the stage-3
-    working set) are estimates; a model with a parameter larger than reduce_bucket_size has
-    larger buckets. Use --model for an exact answer."""
+    unit boundaries and the largest parameter, so the stage-2 bucket and the stage-3 bucket
+    and working set are estimates; a model with a parameter larger than reduce_bucket_size
+    has larger buckets. Use --model for an exact answer."""
     count = int(count)
     if count < 1:
         raise EstimateError(f"--params must be >= 1, got {count}")
-    size = int(tensor_numel) if tensor_numel else min(count, int(reduce_bucket_size))
-    if size < 1:
-        raise EstimateError(f"--tensor-numel must be >= 1, got {size}")
-    full, rest = divmod(count, size)
-    if full + bool(rest) > 200_000:
-        raise EstimateError(f"--params {count} as tensors of {size} elements is "
-                            f"{full + bool(rest):,} tensors; pass a larger --tensor-numel")
-    shapes = [(size,)] * full + ([(rest,)] if rest else [])
+    if units is not None and (int(units) < 1 or int(units) > count):
+        raise EstimateError(f"--units must be between 1 and --params ({count:,}), got {units}")
+    if units is not None and not tensor_numel:
+        k = int(units)
+        base, extra = divmod(count, k)
+        shapes = [(base + 1,)] * extra + [(base,)] * (k - extra)
+        unit_ids = list(range(1, k + 1))
+        size = base + bool(extra)
+    else:
+        size = int(tensor_numel) if tensor_numel else min(count, int(reduce_bucket_size))
+        if size < 1:
+            raise EstimateError(f"--tensor-numel must be >= 1, got {size}")
+        full, rest = divmod(count, size)
+        if full + bool(rest) > 200_000:
+            raise EstimateError(f"--params {count} as tensors of {size} elements is "
+                                f"{full + bool(rest):,} tensors; pass a larger --tensor-numel")
+        shapes = [(size,)] * full + ([(rest,)] if rest else [])
+        if units is None and len(shapes) <= MAX_ASSUMED_UNITS:
+            unit_ids = list(range(1, len(shapes) + 1))
+        elif units is None:
+            unit_ids = [1 + i * MAX_ASSUMED_UNITS // len(shapes) for i in range(len(shapes))]
+        else:
+            if int(units) > len(shapes):
+                raise EstimateError(f"--units {units}: only {len(shapes)} tensor(s) of "
+                                    f"{size:,} elements to split; pass a smaller --tensor-numel")
+            unit_ids = [1 + i * int(units) // len(shapes) for i in range(len(shapes))]
+    unit_count = max(unit_ids)
+    stage3_text = (f"{unit_count} equal gather unit(s) (--units)" if units is not None else
+                   "each tensor one gather unit (pass --units K for K equal blocks)"
+                   if unit_count == len(shapes) else
+                   f"the tensors split evenly over {unit_count} gather units (--units K for K)")
     return ModelShapes(groups=(tuple(shapes),), description=f"{count:,} parameters (--params)",
-                       exact=False,
+                       exact=False, units=(tuple(unit_ids),),
+                       unit_names=("",) + tuple(f"unit{i}" for i in range(1, unit_count + 1)),
                        note=f"approximate layout: {len(shapes)} tensor(s) of at most {size:,} "
-                            "elements stand in for the real shapes (exact padding and buckets "
-                            "need them: use --model)")
+                            f"elements stand in for the real shapes; stage 3: {stage3_text} "
+                            "(exact padding, buckets and working set need them: use --model)")
 
 
 # ---- the training set-up ----------------------------------------------------------------------
@@ -287,6 +375,12 @@ class Setup:
     optimizer: str = "adam"          # adam | sgd | sgd_momentum
     reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
     overlap_comm: Optional[bool] = None  # None: DeepSpeed's default, stage == 3
+    # stage 3 (zero_optimization.stage3_*), in elements
+    persistence_threshold: int = DEFAULT_PERSISTENCE_THRESHOLD
+    prefetch_bucket_size: int = DEFAULT_PREFETCH_BUCKET_SIZE
+    max_live_parameters: int = DEFAULT_MAX_LIVE_PARAMETERS
+    max_reuse_distance: int = DEFAULT_MAX_REUSE_DISTANCE
+    max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -300,6 +394,13 @@ class Setup:
             raise EstimateError(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
         if self.reduce_bucket_size < 1:
             raise EstimateError(f"reduce_bucket_size must be >= 1, got {self.reduce_bucket_size}")
+        for name in ("persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
+                     "max_reuse_distance"):
+            if getattr(self, name) < 0:
+                raise EstimateError(f"stage3 {name} must be >= 0, got {getattr(self, name)}")
+        if self.max_inflight_gathers < 1:
+            raise EstimateError(f"stage3 max_inflight_gathers must be >= 1, got "
+                                f"{self.max_inflight_gathers}")
 
     @property
     def ranks_per_node(self) -> int:
@@ -320,13 +421,30 @@ class Setup:
         return {"world_size": self.world_size, "num_nodes": self.num_nodes,
                 "ranks_per_node": self.ranks_per_node, "precision": self.precision,
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
-                "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm}
+                "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
+                "stage3": self.stage3_dict()}
+
+    def stage3_dict(self) -> dict:
+        """The stage-3 settings under their config names."""
+        return {"stage3_param_persistence_threshold": self.persistence_threshold,
+                "stage3_prefetch_bucket_size": self.prefetch_bucket_size,
+                "stage3_max_live_parameters": self.max_live_parameters,
+                "stage3_max_reuse_distance": self.max_reuse_distance,
+                "stage3_max_inflight_gathers": self.max_inflight_gathers}
+
+
+# config key -> Setup field (stage 3)
+STAGE3_KEYS = {"stage3_param_persistence_threshold": "persistence_threshold",
+               "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+               "stage3_max_live_parameters": "max_live_parameters",
+               "stage3_max_reuse_distance": "max_reuse_distance",
+               "stage3_max_inflight_gathers": "max_inflight_gathers"}
 
 
 def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     """(Setup, stage) from a DeepSpeed JSON config (a path or dict); keyword overrides that are
-    not None win (precision, optimizer, reduce_bucket_size, overlap_comm, stage). Stage 3 and
-    offload configs are read too (the estimate covers them as formulas)."""
+    not None win (precision, optimizer, reduce_bucket_size, overlap_comm, stage, and the
+    stage-3 fields of Setup). Stage-3 keys are read; offload configs too (formula only)."""
     from zero.config import ALL_FEATURES, ConfigError, load_config
 
     try:
@@ -343,6 +461,8 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
         "reduce_bucket_size": cfg.zero_optimization.reduce_bucket_size,
         "overlap_comm": raw_zero.get("overlap_comm"),  # None: the stage-dependent default
     }
+    for key, name in STAGE3_KEYS.items():
+        values[name] = int(getattr(cfg.zero_optimization, key))
     stage = cfg.zero_optimization.stage
     for key, value in overrides.items():
         if value is None:
@@ -365,7 +485,8 @@ class Option:
 
     @property
     def built(self) -> bool:
-        return self.stage <= 2 and not self.offload_optimizer and not self.offload_param
+        """The engine builds it (offload is not built yet)."""
+        return not self.offload_optimizer and not self.offload_param
 
 
 OPTIONS = (
@@ -387,11 +508,15 @@ class Estimate:
     option: Option
     setup: Setup
     categories: dict[str, dict]   # name -> {"bytes", "formula", "location": device|host}
-    numel: int                    # Ψ (padded)
+    numel: int                    # Ψ (padded; stage 3: the partitioned parameters)
     shard_numel: int              # Ψ/N (padded)
     max_unit_numel: int           # U
     unit_count: int
     groups: list[dict] = field(default_factory=list)
+    exact_units: bool = True      # stage 3: the model's gather units (False: assumed / none)
+    persistent_numel: int = 0     # stage 3: Ψp, the persistent (whole) parameters, padded
+    persistent_shard_numel: int = 0
+    stage3: Optional[dict] = None  # stage 3: units, working set, bounds (see estimate())
 
     @property
     def name(self) -> str:
@@ -399,11 +524,19 @@ class Estimate:
 
     @property
     def status(self) -> str:
-        if self.option.built:
-            return BUILT
-        if self.option.stage == 3 and not (self.option.offload_optimizer or self.option.offload_param):
-            return STAGE3_FORMULA
-        return FORMULA_ONLY
+        if not self.option.built:
+            return FORMULA_ONLY
+        if self.option.stage == 3:
+            if self.stage3 is None:
+                return STAGE3_FORMULA
+            return BUILT if self.exact_units else STAGE3_ASSUMED_UNITS
+        return BUILT
+
+    @property
+    def runs(self) -> bool:
+        """False when the engine would refuse this set-up (stage 3: a unit in use does not fit
+        under stage3_max_live_parameters)."""
+        return not (self.stage3 or {}).get("error")
 
     def bytes_at(self, location: str) -> int:
         return sum(row["bytes"] for row in self.categories.values() if row["location"] == location)
@@ -418,12 +551,18 @@ class Estimate:
 
     @property
     def model_state_bytes(self) -> int:
-        """param + gradient + fp32_master + optimizer_state, wherever they live."""
+        """param + gradient + fp32_master + optimizer_state, wherever they live (stage 3: the
+        persistent part included)."""
         return sum(self.categories[name]["bytes"] for name in CATEGORIES[:4])
+
+    @property
+    def persistent_bytes(self) -> int:
+        """Stage 3: the model-state bytes of the persistent parameters alone."""
+        return sum(self.categories[name].get("persistent_bytes", 0) for name in CATEGORIES[:4])
 
     def to_dict(self) -> dict:
         per_node = self.setup.ranks_per_node
-        return {
+        out = {
             "option": self.name, "stage": self.option.stage,
             "offload_optimizer": self.option.offload_optimizer,
             "offload_param": self.option.offload_param,
@@ -437,10 +576,15 @@ class Estimate:
             "max_unit_numel": self.max_unit_numel, "unit_count": self.unit_count,
             "groups": self.groups,
         }
+        if self.option.stage == 3:
+            out.update(persistent_numel=self.persistent_numel,
+                       persistent_shard_numel=self.persistent_shard_numel,
+                       persistent_bytes=self.persistent_bytes, stage3=self.stage3)
+        return out
 
 
 def layouts(shapes: ModelShapes, setup: Setup, stage: int, reduce_bucket_size: int | None = None):
-    """One zero._C.ShardedLayout per group, exactly as the engine builds it."""
+    """One zero._C.ShardedLayout per group, exactly as the engine builds it (stages 0-2)."""
     from zero import _C
 
     world = 1 if stage == 0 else setup.world_size
@@ -450,17 +594,364 @@ def layouts(shapes: ModelShapes, setup: Setup, stage: int, reduce_bucket_size: i
             for group in shapes.groups]
 
 
-def _term(coefficient: int, sharded: bool) -> str:
+def _term(coefficient: int, sharded: bool, symbol: str = "Ψ") -> str:
     if not coefficient:
         return "0"
-    return f"{coefficient}Ψ/N" if sharded else f"{coefficient}Ψ"
+    return f"{coefficient}{symbol}/N" if sharded else f"{coefficient}{symbol}"
 
+
+# ---- stage 3: units and the gather schedule ----------------------------------------------------
+
+@dataclass
+class Stage3Layout:
+    """What `ZeroEngine._build_stage3` lays out, per optimizer group: the partitioned
+    parameters as one buffer per gather unit, the persistent ones as a stage-1 group."""
+    unit_numel: list[int]                 # per model unit: padded elements over all groups
+    group_units: list[list[tuple[int, int, int]]]  # per group: (model unit, numel, shard numel)
+    persistent: list                      # per group with persistent parameters: ShardedLayout
+    persistent_count: int                 # persistent tensors
+    root_early_grads: list[bool] = field(default_factory=list)  # per partitioned group
+
+    @property
+    def numel(self) -> int:
+        return sum(numel for units in self.group_units for _, numel, _ in units)
+
+    @property
+    def shard_numel(self) -> int:
+        return sum(shard for units in self.group_units for _, _, shard in units)
+
+    @property
+    def persistent_numel(self) -> int:
+        return sum(layout.full_numel for layout in self.persistent)
+
+    @property
+    def persistent_shard_numel(self) -> int:
+        return sum(layout.shard_numel for layout in self.persistent)
+
+
+def stage3_layout(shapes: ModelShapes, setup: Setup,
+                  reduce_bucket_size: int | None = None) -> Stage3Layout:
+    """The engine's stage-3 layout from the shapes and their gather units: parameters with
+    more than `persistence_threshold` elements go to their unit's buffer (each unit padded to
+    a multiple of N x alignment, `zero._C.plan_partition`), the rest to a stage-1 group
+    (`ShardedLayout` with reduce_bucket_size units)."""
+    from zero import _C
+
+    if shapes.units is None:
+        raise EstimateError("stage 3 needs the model's gather units: describe the model with "
+                            "--model (or shapes_from_module)")
+    dtype = DTYPE_NAMES[setup.precision]
+    world, threshold = setup.world_size, setup.persistence_threshold
+    rbs = int(reduce_bucket_size or setup.reduce_bucket_size)
+    unit_total = max((u for group in shapes.units for u in group), default=0) + 1
+    unit_numel = [0] * max(unit_total, len(shapes.unit_names), 1)
+    group_units, persistent, persistent_count, root_early = [], [], 0, []
+    late_flags = shapes.root_late or tuple((False,) * len(group) for group in shapes.groups)
+    for group, units, late in zip(shapes.groups, shapes.units, late_flags):
+        small = [list(shape) for shape in group if _numel(shape) <= threshold]
+        large = [(list(shape), unit) for shape, unit in zip(group, units)
+                 if _numel(shape) > threshold]
+        if small:
+            persistent.append(_C.ShardedLayout(small, dtype, world, setup.alignment, rbs))
+            persistent_count += len(small)
+        if not large:
+            continue
+        model_units = sorted({unit for _, unit in large})
+        local = {unit: i for i, unit in enumerate(model_units)}
+        plan = _C.plan_partition([shape for shape, _ in large], [dtype] * len(large),
+                                 [local[unit] for _, unit in large], world, setup.alignment)
+        rows = []
+        for unit in model_units:
+            buffer = plan.buffers[local[unit]]
+            rows.append((unit, int(buffer.numel), int(buffer.shard_numel)))
+            unit_numel[unit] += int(buffer.numel)
+        group_units.append(rows)
+        root_early.append(any(flag and _numel(shape) > threshold
+                              for shape, flag in zip(group, late)))
+    return Stage3Layout(unit_numel=unit_numel, group_units=group_units, persistent=persistent,
+                        persistent_count=persistent_count, root_early_grads=root_early)
+
+
+@dataclass
+class WorkingSet:
+    """What the gather schedule does on a model's units (simulate_stage3_schedule)."""
+    peak_numel: int               # the most elements gathered at once (the registry's peak)
+    live_at_peak: tuple[int, ...]  # the units gathered at that moment
+    first_peak_numel: int         # the first micro-step's peak (no recorded order yet)
+    gathers: int                  # all-gathers of one micro-step once the order is recorded
+    gathered_numel: int           # elements all-gathered in that micro-step
+    prefetches: int               # of those, started ahead of use
+    reuses: int                   # units kept gathered for a use soon after
+    error: str = ""               # what the engine would raise (live bound too small)
+
+
+class _Schedule:
+    """A replay of csrc/adapter/gather_schedule.cpp (GatherSchedule) on unit sizes: same
+    residency, prefetch, reuse, eviction and live-bound rules, no tensors. Keep the two in
+    step (tests/test_estimate_stage3.py checks the peak against the engine's registry)."""
+
+    def __init__(self, numel, prefetch, max_live, reuse, max_inflight, externals):
+        self.numel = list(numel)
+        self.placed = [n > 0 for n in self.numel]
+        self.prefetch_numel, self.max_live = prefetch, max_live
+        self.reuse_limit, self.max_inflight = reuse, max_inflight
+        k = len(self.numel)
+        self.externals = [[] for _ in range(k)]
+        for user, owner in externals:
+            if owner != user and owner not in self.externals[user]:
+                self.externals[user].append(owner)
+        self.uses, self.open = [0] * k, [False] * k
+        self.kept, self.resident, self.flying = [False] * k, [False] * k, [False] * k
+        self.orders = {"F": [[], [], False], "B": [[], [], False]}  # recorded, current, following
+        self.expects_backward = self.in_backward = False
+        self.peak, self.live_at_peak = 0, ()
+        self.gathers = self.gathered = self.prefetches = self.reuses = 0
+        self.live_set: set[int] = set()  # resident units (placed ones only)
+        self.live_numel = self.flying_count = 0
+
+    # residency (GatherSchedule::is_live, gathered_numel, inflight, fetch, gather, release)
+    def live(self, u):
+        return u in self.live_set
+
+    def gathered_numel(self):
+        return self.live_numel
+
+    def inflight(self):
+        return self.flying_count
+
+    def fetch(self, u):
+        if not self.placed[u]:
+            return
+        if not self.resident[u]:
+            self.gathers += 1
+            self.gathered += self.numel[u]
+            self.resident[u] = self.flying[u] = True
+            self.live_set.add(u)
+            self.live_numel += self.numel[u]
+            self.flying_count += 1
+        if self.live_numel > self.peak:
+            self.peak = self.live_numel
+            self.live_at_peak = tuple(sorted(self.live_set))
+
+    def gather(self, u):
+        if not self.live(u):
+            self.make_room(self.numel[u])
+        self.fetch(u)
+        if self.flying[u]:
+            self.flying[u] = False
+            self.flying_count -= 1
+        if self.live_numel > self.max_live:
+            raise _LiveBoundError(u, self.live_numel)
+
+    def release(self, u):
+        if self.resident[u]:
+            self.live_set.discard(u)
+            self.live_numel -= self.numel[u]
+        if self.flying[u]:
+            self.flying_count -= 1
+        self.kept[u] = self.resident[u] = self.flying[u] = False
+
+    def make_room(self, numel):
+        for u in range(len(self.numel)):
+            if self.gathered_numel() + numel <= self.max_live:
+                return
+            if self.kept[u] and self.uses[u] == 0 and not self.open[u]:
+                self.release(u)
+
+    def prefetch(self, order):
+        recorded, current, following = order
+        if self.prefetch_numel <= 0 or not following:
+            return
+        ahead = 0
+        for position in range(len(current), len(recorded)):
+            nxt = recorded[position]
+            if self.live(nxt):
+                continue
+            numel = self.numel[nxt]
+            if (self.inflight() >= self.max_inflight or ahead + numel > self.prefetch_numel
+                    or self.gathered_numel() + numel > self.max_live):
+                return
+            self.fetch(nxt)
+            ahead += numel
+            self.prefetches += 1
+
+    # uses
+    def acquire(self, u):
+        units = [u] + self.externals[u]
+        for v in units:
+            self.uses[v] += 1
+            self.kept[v] = False
+        for v in units:
+            self.gather(v)
+
+    def drop(self, u):
+        for v in [u] + self.externals[u]:
+            self.uses[v] -= 1
+            if self.uses[v] == 0 and not self.open[v]:
+                self.retire(v)
+
+    def retire(self, u):
+        distance = self.reuse_distance(u)
+        if distance is not None and distance < self.reuse_limit:
+            self.kept[u] = True
+            self.reuses += 1
+        else:
+            self.release(u)
+
+    def reuse_distance(self, u):
+        recorded, current, following = self.orders["B" if self.in_backward else "F"]
+        if not following or not recorded:
+            return None
+        ahead = list(recorded[min(len(current), len(recorded)):])
+        if not self.in_backward and self.expects_backward:
+            ahead += self.orders["B"][0]
+        distance, counted = 0, set()
+        for nxt in ahead:
+            if nxt == u:
+                return distance
+            if nxt not in counted:
+                counted.add(nxt)
+                distance += self.numel[nxt]
+        return None
+
+    @staticmethod
+    def advance(order, u):
+        recorded, current, following = order
+        position = len(current)
+        current.append(u)
+        if following and not (position < len(recorded) and recorded[position] == u):
+            order[2] = False
+
+    @staticmethod
+    def restart(order):
+        if not order[2] or not order[0]:
+            order[0] = list(order[1])
+        order[1] = []
+        order[2] = True
+
+    # events
+    def before_forward(self, u):
+        forward = self.orders["F"]
+        if u == 0:
+            if forward[1]:
+                self.restart(forward)
+            self.expects_backward, self.in_backward = True, False
+        self.advance(forward, u)
+        self.acquire(u)
+        self.prefetch(forward)
+
+    def after_forward(self, u):
+        self.drop(u)
+
+    def before_backward(self, u):
+        self.in_backward = True
+        backward = self.orders["B"]
+        self.advance(backward, u)
+        if not self.open[u]:
+            self.open[u] = True
+            self.acquire(u)
+        else:
+            self.gather(u)
+        self.prefetch(backward)
+
+    def after_backward(self, u):
+        if self.open[u]:
+            self.open[u] = False
+            self.drop(u)
+
+    def end_backward(self):
+        self.restart(self.orders["F"])
+        self.restart(self.orders["B"])
+        self.in_backward = False
+        for u in range(len(self.numel)):
+            self.uses[u], self.open[u] = 0, False
+            self.release(u)
+
+    def micro_step(self, blocks):
+        self.before_forward(0)
+        for u in blocks:
+            self.before_forward(u)
+            self.after_forward(u)
+        self.after_forward(0)
+        self.before_backward(0)
+        for u in reversed(blocks):
+            self.before_backward(u)
+            self.after_backward(u)
+        if self.placed[0]:  # the root's last gradient reached its bucket (grads_done)
+            self.after_backward(0)
+        self.end_backward()
+
+
+class _LiveBoundError(Exception):
+    def __init__(self, unit, live):
+        super().__init__(unit, live)
+        self.unit, self.live = unit, live
+
+
+def simulate_stage3_schedule(unit_numel: Sequence[int], prefetch_bucket_size: int,
+                             max_live_parameters: int, max_reuse_distance: int,
+                             max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS,
+                             externals: Iterable[tuple[int, int]] = (),
+                             unit_names: Sequence[str] = ()) -> WorkingSet:
+    """The stage-3 gather schedule replayed on unit sizes (elements; unit 0 is the root,
+    units without partitioned parameters have 0). Training micro-steps as a sequential model
+    runs them: the root's forward opens, every other unit runs once in index (definition)
+    order, the root closes; backward starts in the root (the loss) and visits the units in
+    reverse, the root's gradients come last. The first micro-step records the order (no
+    prefetch, no reuse); the second follows it, and every later one repeats the second.
+    Returns the peak and the steady micro-step's gathers."""
+    numel = [int(n) for n in unit_numel] or [0]
+    blocks = [u for u in range(1, len(numel)) if numel[u] > 0]
+    schedule = _Schedule(numel, int(prefetch_bucket_size), int(max_live_parameters),
+                         int(max_reuse_distance), int(max_inflight_gathers), externals)
+    first_peak = 0
+    try:
+        schedule.micro_step(blocks)
+        first_peak = schedule.peak
+        before = (schedule.gathers, schedule.gathered, schedule.prefetches, schedule.reuses)
+        schedule.micro_step(blocks)
+    except _LiveBoundError as bound:
+        name = (unit_names[bound.unit] if bound.unit < len(unit_names) else "") or "<root module>"
+        return WorkingSet(peak_numel=schedule.peak, live_at_peak=schedule.live_at_peak,
+                          first_peak_numel=first_peak or schedule.peak, gathers=0,
+                          gathered_numel=0, prefetches=0, reuses=0,
+                          error=f"gathering unit '{name}' brings the gathered parameters to "
+                                f"{bound.live:,} elements, above stage3_max_live_parameters = "
+                                f"{int(max_live_parameters):,}: the engine raises")
+    return WorkingSet(peak_numel=schedule.peak, live_at_peak=schedule.live_at_peak,
+                      first_peak_numel=first_peak,
+                      gathers=schedule.gathers - before[0],
+                      gathered_numel=schedule.gathered - before[1],
+                      prefetches=schedule.prefetches - before[2],
+                      reuses=schedule.reuses - before[3])
+
+
+def _short(number: int) -> str:
+    """1000000000 -> '1e9', 50000000 -> '5e7', 13000 -> '13,000'."""
+    text = f"{number:.0e}".replace("e+0", "e").replace("e+", "e")
+    return text if number >= 10_000_000 and float(text) == number else f"{number:,}"
+
+
+def _describe_live(units: Sequence[int], names: Sequence[str]) -> str:
+    if not units:
+        return "nothing"
+    parts = ["root" if u == 0 else (names[u] if u < len(names) and names[u] else f"unit {u}")
+             for u in units]
+    if len(parts) > 4:
+        root = ["root"] if 0 in units else []
+        return " + ".join(root + [f"{len(units) - len(root)} units"])
+    return " + ".join(parts)
+
+
+# ---- the estimate -----------------------------------------------------------------------------
 
 def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
              reduce_bucket_size: int | None = None, overlap_comm: bool | None = None) -> Estimate:
     """Per-rank bytes by category for one option (an Option, or a stage number)."""
     if isinstance(option, int):
         option = next(o for o in OPTIONS if o.stage == option and not o.offload_optimizer)
+    if option.stage == 3 and shapes.units is not None:
+        return _estimate_stage3(shapes, setup, option, reduce_bucket_size, overlap_comm)
     stage = option.stage
     b = setup.param_bytes
     n = 1 if stage == 0 else setup.world_size
@@ -503,11 +994,111 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         max_unit_numel=largest_unit, unit_count=sum(l.unit_count for l in group_layouts),
         groups=[{"numel": l.full_numel, "shard_numel": l.shard_numel,
                  "max_unit_numel": l.max_unit_numel, "unit_count": l.unit_count}
-                for l in group_layouts])
+                for l in group_layouts], exact_units=False)
+
+
+def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
+                     reduce_bucket_size: int | None, overlap_comm: bool | None) -> Estimate:
+    """Stage 3 as the engine builds it: partitioned units (Ψ, every byte / N), the persistent
+    stage-1 group (Ψp), reduce-scatter buckets per partitioned group, and the working set of
+    the gather schedule."""
+    layout = stage3_layout(shapes, setup, reduce_bucket_size)
+    n, b = setup.world_size, setup.param_bytes
+    psi, shard = layout.numel, layout.shard_numel
+    psi_p, shard_p = layout.persistent_numel, layout.persistent_shard_numel
+    mixed = setup.precision != "fp32"
+    optimizer_bytes = OPTIMIZER_STATE_BYTES[setup.optimizer]
+    overlap = setup.overlap_for(3) if overlap_comm is None else overlap_comm
+    slots = 2 if overlap else 1
+    opt_location = "host" if option.offload_optimizer else "device"
+
+    def row(coefficient: int, persistent_sharded: bool, location: str = "device") -> dict:
+        main = coefficient * shard
+        extra = coefficient * (shard_p if persistent_sharded else psi_p)
+        terms = [t for t in (_term(coefficient, True) if psi else "0",
+                             _term(coefficient, persistent_sharded, "Ψp") if psi_p else "0")
+                 if t != "0"]
+        return {"bytes": main + extra, "persistent_bytes": extra,
+                "formula": " + ".join(terms) or "0", "location": location}
+
+    categories = {
+        # the persistent parameters stay whole (a stage-1 group: whole params and gradients,
+        # sharded master and optimizer state)
+        "param": row(b, False, "host" if option.offload_param else "device"),
+        "gradient": row(b, False),
+        "fp32_master": row(4 if mixed else 0, True, opt_location),
+        "optimizer_state": row(optimizer_bytes, True, opt_location),
+    }
+    # One GradReducer per partitioned group: min(slots, units) buckets of (U + U/N) elements,
+    # kept between steps. In backward the root unit's bucket may fill from the start (its
+    # parameters used after the blocks: final norm, untied head) to the end (the embeddings)
+    # while each block fills and launches its own; with one slot the pool then grows by one
+    # for the backward (grad_reducer.cpp: it grows only when every bucket is filling).
+    bucket_bytes = kept_bytes = 0
+    group_rows, grown = [], False
+    for rows, root_early in zip(layout.group_units, layout.root_early_grads):
+        largest = max(numel for _, numel, _ in rows)
+        kept = min(slots, len(rows))
+        blocks = sum(1 for unit, _, _ in rows if unit != 0)
+        filling = 1 + (1 if root_early and blocks and any(u == 0 for u, _, _ in rows) else 0)
+        peak = max(kept, min(filling, len(rows)))
+        grown = grown or peak > kept
+        kept_bytes += kept * (largest + largest // n) * b
+        bucket_bytes += peak * (largest + largest // n) * b
+        group_rows.append({"numel": sum(r[1] for r in rows), "shard_numel": sum(r[2] for r in rows),
+                           "max_unit_numel": largest, "unit_count": len(rows),
+                           "block_units": blocks, "buckets_kept": kept, "buckets_peak": peak})
+    sum_text = "Σ groups " if len(layout.group_units) > 1 else ""
+    if not psi:
+        bucket_formula = "0"
+    elif grown:
+        bucket_formula = (f"{sum_text}2·(U + U/N)·{b} (in backward: 1 kept between steps + 1 "
+                          "while the root's bucket fills over the whole backward)")
+    else:
+        bucket_formula = f"{sum_text}{slots}·(U + U/N)·{b}"
+    categories["bucket"] = {"bytes": bucket_bytes, "location": "device",
+                            "formula": bucket_formula}
+    work = simulate_stage3_schedule(layout.unit_numel, setup.prefetch_bucket_size,
+                                    setup.max_live_parameters, setup.max_reuse_distance,
+                                    setup.max_inflight_gathers, shapes.externals,
+                                    shapes.unit_names)
+    bounds = (f"prefetch ≤ {_short(setup.prefetch_bucket_size)}, reuse < "
+              f"{_short(setup.max_reuse_distance)}, live ≤ {_short(setup.max_live_parameters)}")
+    categories["gathered_param"] = {
+        "bytes": work.peak_numel * b, "location": "device",
+        "formula": (f"W·{b} (W = {work.peak_numel:,}: "
+                    f"{_describe_live(work.live_at_peak, shapes.unit_names)} gathered at once; "
+                    f"{bounds})") if psi else "0"}
+    largest_unit = max((numel for rows in layout.group_units for _, numel, _ in rows), default=0)
+    partitioned_units = [u for u, numel in enumerate(layout.unit_numel) if numel]
+    names = list(shapes.unit_names) + [""] * len(layout.unit_numel)
+    detail = {
+        "units": [{"unit": u, "name": names[u] or "<root>", "numel": layout.unit_numel[u]}
+                  for u in partitioned_units],
+        "persistent_tensors": layout.persistent_count,
+        "persistent_units": sum(group.unit_count for group in layout.persistent),
+        "bucket_kept_bytes": kept_bytes,  # the pool between steps (`current` after a step)
+        "working_set": {"peak_numel": work.peak_numel,
+                        "live_at_peak": [names[u] or "<root>" for u in work.live_at_peak],
+                        "live_at_peak_text": _describe_live(work.live_at_peak, names),
+                        "first_micro_step_peak_numel": work.first_peak_numel,
+                        "gathers_per_micro_step": work.gathers,
+                        "gathered_numel_per_micro_step": work.gathered_numel,
+                        "prefetches_per_micro_step": work.prefetches,
+                        "reuses_per_micro_step": work.reuses},
+        "bounds": setup.stage3_dict(),
+        "overlap_comm": overlap,
+        "error": work.error,
+    }
+    return Estimate(option=option, setup=setup, categories=categories, numel=psi,
+                    shard_numel=shard, max_unit_numel=largest_unit,
+                    unit_count=len(partitioned_units), groups=group_rows,
+                    exact_units=shapes.exact, persistent_numel=psi_p,
+                    persistent_shard_numel=shard_p, stage3=detail)
 
 
 def estimate_all(shapes: ModelShapes, setup: Setup) -> list[Estimate]:
-    """Every option of OPTIONS: stages 0-2 exact, stage 3 / offload as formulas."""
+    """Every option of OPTIONS: stages 0-3 as the engine builds them, offload as formulas."""
     return [estimate(shapes, setup, option) for option in OPTIONS]
 
 
@@ -525,13 +1116,29 @@ def format_estimates(shapes: ModelShapes, setup: Setup, estimates: list[Estimate
         f"{setup.ranks_per_node}, {setup.precision} (b = {setup.param_bytes}), "
         f"{setup.optimizer}, reduce_bucket_size {setup.reduce_bucket_size:,}, overlap_comm "
         + ("default (stage 3 only)" if setup.overlap_comm is None else str(setup.overlap_comm)),
+        f"stage 3: persistence threshold {setup.persistence_threshold:,}, prefetch "
+        f"{setup.prefetch_bucket_size:,}, max live {setup.max_live_parameters:,}, max reuse "
+        f"distance {setup.max_reuse_distance:,}, {setup.max_inflight_gathers} gather(s) in flight",
     ]
     if shapes.note:
         lines.append(f"note: {shapes.note}")
     sharded = next((e for e in estimates if e.option.stage >= 1), first)
-    lines.append(f"padded: Ψ = {first.numel:,} (stage 0), {sharded.numel:,} (stages 1-3, "
+    lines.append(f"padded: Ψ = {first.numel:,} (stage 0), {sharded.numel:,} (stages 1-2, "
                  f"Ψ/N = {sharded.shard_numel:,}); largest unit U = {sharded.max_unit_numel:,} "
                  f"elements in {sharded.unit_count} unit(s)")
+    stage3 = next((e for e in estimates if e.option.stage == 3 and e.stage3 is not None), None)
+    if stage3 is not None:
+        work = stage3.stage3["working_set"]
+        lines.append(
+            f"stage 3: Ψ = {stage3.numel:,} partitioned (Ψ/N = {stage3.shard_numel:,}) in "
+            f"{stage3.unit_count} gather unit(s), largest U = {stage3.max_unit_numel:,}; "
+            f"Ψp = {stage3.persistent_numel:,} persistent ({stage3.stage3['persistent_tensors']} "
+            f"tensor(s) of at most {setup.persistence_threshold:,} elements, whole on every "
+            f"rank: {format_bytes(stage3.persistent_bytes)}); working set W = "
+            f"{work['peak_numel']:,} ({work['live_at_peak_text']}), "
+            f"{work['gathers_per_micro_step']} all-gather(s) per micro-step")
+        if stage3.stage3["error"]:
+            lines.append(f"stage 3 does not run as configured: {stage3.stage3['error']}")
     lines.append("")
     names = ["param", "gradient", "fp32_master", "optimizer_state", "bucket", "gathered_param"]
     headers = ["per rank", *names, "device", "host (offload)"]
@@ -555,31 +1162,37 @@ def format_estimates(shapes: ModelShapes, setup: Setup, estimates: list[Estimate
              format_bytes(est.device_bytes * per_node), format_bytes(est.host_bytes * per_node),
              est.status] for est in estimates]
     lines.extend(_table(headers, rows, left={0, 1, 2, 5}))
-    lines.append(f"(Ψ padded parameter count, N = {setup.world_size} ranks, U = largest unit in "
-                 f"elements, b = {setup.param_bytes})")
+    lines.append(f"(Ψ padded parameter count (stage 3: partitioned), Ψp stage 3's persistent "
+                 f"parameters, N = {setup.world_size} ranks, U = largest unit in elements, W = "
+                 f"most elements gathered at once, b = {setup.param_bytes})")
     lines.append("")
-    lines.append("Built stages (0-2) are exact: each category equals the engine's measured "
-                 "`current` bytes. Not included anywhere: activations, autograd's transient "
+    lines.append("Built stages (0-3) are exact: each model-state category and the buckets equal "
+                 "the engine's measured `current` bytes; stage 3's gathered_param is the peak "
+                 "of the gather schedule replayed on the units (every unit once per forward, in "
+                 "definition order). Not included anywhere: activations, autograd's transient "
                  "gradients, optimizer-step temporaries, framework and allocator overhead.")
     return "\n".join(lines)
 
 
+_SYMBOLS = ("Ψ", "Ψ/N", "Ψp", "Ψp/N")
+
+
 def location_formula(est: Estimate, location: str) -> str:
-    """The bytes at one location in the paper's notation, e.g. '2Ψ + 14Ψ/N + 1·(U + U/N)·2'."""
-    full = divided = 0
+    """The bytes at one location in the paper's notation, e.g. '2Ψ + 14Ψ/N + 1·(U + U/N)·2'
+    (stage 3: '16Ψ/N + 8Ψp + 8Ψp/N + 2·(U + U/N)·2 + W·2')."""
+    coefficients = dict.fromkeys(_SYMBOLS, 0)
     extra = []
     for name in CATEGORIES:
         row = est.categories[name]
         if row["location"] != location or not row["bytes"]:
             continue
-        text = row["formula"]
-        if text.endswith("Ψ/N"):
-            divided += int(text[:-3])
-        elif text.endswith("Ψ"):
-            full += int(text[:-1])
-        else:
-            extra.append(text.split(" (")[0])
-    parts = ([f"{full}Ψ"] if full else []) + ([f"{divided}Ψ/N"] if divided else []) + extra
+        for term in row["formula"].split(" (")[0].split(" + "):
+            match = re.fullmatch(r"(\d+)(Ψp/N|Ψp|Ψ/N|Ψ)", term)
+            if match:
+                coefficients[match.group(2)] += int(match.group(1))
+            elif term != "0":
+                extra.append(term)
+    parts = [f"{c}{symbol}" for symbol, c in coefficients.items() if c] + extra
     return " + ".join(parts) or "0"
 
 

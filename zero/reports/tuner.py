@@ -5,6 +5,8 @@ Order of preference (least communication first, as the engine builds them):
     stage 0  (all-reduce of gradients)                       - nothing sharded
     stage 1  (all-reduce + all-gather of the updated params) - optimizer state + master sharded
     stage 2  (reduce-scatter + all-gather)                   - + gradients sharded; adds buckets
+    stage 3  (all-gathers in forward and backward,           - + parameters sharded; adds the
+              reduce-scatter every micro-step)                 gathered working set
 
 Within stage 2 the reduce bucket (= unit) size is the knob: it starts at the configured
 reduce_bucket_size and halves until the buckets fit (never below the largest parameter,
@@ -13,20 +15,30 @@ overlap_comm on (two buckets) and no fit, overlap is switched off (one bucket) b
 bucket shrinks further. The micro-batch, accumulation, optimizer and everything else stay
 as they are.
 
-Only the model states and buckets are estimated (exactly, for stages 0-2); activations and
-framework overhead are not, so pass --reserve (bytes kept free for them) or --headroom (a
-fraction of the budget kept free). When nothing built fits, the tuner says which
-not-yet-built option would ("would need stage 3 (not built yet)") and writes no config.
+Within stage 3 (needs the model's gather units, i.e. --model or --hf-config, or --params
+with assumed units) the knobs are overlap_comm (two buckets or one) and
+stage3_max_live_parameters: the configured settings are tried first; when the working set
+does not fit, the live bound is set to what the budget leaves after model states and
+buckets (the engine then evicts units kept for reuse and prefetches less, so it gathers
+more: the replayed schedule counts the all-gathers). Among the stage-3 settings that fit
+and run (the units in use must fit under the bound) the least communication wins, then
+overlap on. Prefetch and reuse distance stay as configured.
+
+Only the model states, buckets and stage 3's gathered working set are estimated (exactly,
+checked against the engine); activations and framework overhead are not, so pass --reserve
+(bytes kept free for them) or --headroom (a fraction of the budget kept free). When nothing
+built fits, the tuner says which not-yet-built option (offload) would and writes no config.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .estimate import (OPTIONS, Estimate, EstimateError, ModelShapes, Setup, estimate,
-                       format_bytes)
+from .estimate import (DEFAULT_MAX_INFLIGHT_GATHERS, OPTIONS, Estimate, EstimateError,
+                       ModelShapes, Setup, estimate, format_bytes)
 
 
 class TuneError(EstimateError):
@@ -50,15 +62,25 @@ class Candidate:
     def total(self) -> int:
         return self.estimate.device_bytes
 
+    @property
+    def stage3(self) -> Optional[dict]:
+        """The stage3_* config values of a stage-3 candidate."""
+        return self.estimate.setup.stage3_dict() if self.stage == 3 else None
+
     def describe(self) -> str:
-        return (f"stage {self.stage}, reduce_bucket_size {self.reduce_bucket_size:,}, "
+        text = (f"stage {self.stage}, reduce_bucket_size {self.reduce_bucket_size:,}, "
                 f"overlap_comm {str(self.overlap_comm).lower()}")
+        if self.stage == 3:
+            setup = self.estimate.setup
+            text += (f", max_live {setup.max_live_parameters:,}, prefetch "
+                     f"{setup.prefetch_bucket_size:,}, reuse {setup.max_reuse_distance:,}")
+        return text
 
     def to_dict(self) -> dict:
         return {"stage": self.stage, "reduce_bucket_size": self.reduce_bucket_size,
                 "overlap_comm": self.overlap_comm, "fits": self.fits,
                 "device_bytes": self.total, "comm_bytes_per_step": self.comm_bytes,
-                "collectives_per_step": self.collectives,
+                "collectives_per_step": self.collectives, "stage3": self.stage3,
                 "categories": {k: v["bytes"] for k, v in self.estimate.categories.items()}}
 
 
@@ -86,8 +108,19 @@ class Recommendation:
 def communication(stage: int, est: Estimate, param_bytes: int, gas: int) -> tuple[int, int]:
     """(payload bytes, collectives) per optimizer step per rank, counted as the engine's
     Communicator counts them (all-reduce 2x, reduce-scatter and all-gather 1x the full
-    unit, even on one rank). Scalar all-reduces (norm, overflow flag) are left out."""
+    unit, even on one rank). Scalar all-reduces (norm, overflow flag) and stage 3's control
+    exchanges are left out. Stage 3: every micro-step all-gathers what the replayed
+    schedule gathers (once the order is recorded) and reduce-scatters every unit; at the
+    boundary the persistent group all-reduces and all-gathers (3bΨp)."""
     psi, units = est.numel, est.unit_count
+    if stage == 3 and est.stage3 is not None:
+        work = est.stage3["working_set"]
+        persistent_units = est.stage3["persistent_units"]
+        payload = gas * (work["gathered_numel_per_micro_step"] + psi) * param_bytes
+        payload += 3 * est.persistent_numel * param_bytes
+        reduce_scatters = sum(group["unit_count"] for group in est.groups)  # per group
+        return payload, gas * (work["gathers_per_micro_step"] + reduce_scatters) + \
+            2 * persistent_units
     if stage == 0:
         return 2 * psi * param_bytes, units
     if stage == 1:
@@ -138,15 +171,74 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
                 if candidate.fits:
                     rec.chosen = candidate
                     return rec
+    if shapes.has_units:
+        fitting = []
+        for est in stage3_estimates(shapes, setup, usable):
+            comm, calls = communication(3, est, setup.param_bytes, gradient_accumulation_steps)
+            overlap = est.stage3["overlap_comm"]
+            candidate = Candidate(est, setup.reduce_bucket_size, overlap,
+                                  est.device_bytes <= usable and est.runs, comm, calls)
+            rec.tried.append(candidate)
+            if candidate.fits:
+                fitting.append(candidate)
+        if fitting:  # least communication, then overlap on
+            rec.chosen = min(fitting, key=lambda c: (c.comm_bytes, not c.overlap_comm))
+            note = first_boundary_note(rec.chosen.estimate, gradient_accumulation_steps)
+            if note:
+                rec.notes.append(note)
+            return rec
     # Nothing built fits: which formula-only option would?
     for option in OPTIONS:
-        if option.built:
+        if option.built and (option.stage < 3 or shapes.has_units):
             continue
         est = estimate(shapes, setup, option)
         host_ok = host_budget is None or est.host_bytes * setup.ranks_per_node <= host_budget
         if est.device_bytes <= usable and host_ok:
             rec.not_built.append(est)
     return rec
+
+
+def first_boundary_note(est: Estimate, gas: int) -> str:
+    """Stage 3 with persistent parameters and one micro-step per step: the engine launches
+    its first backward's reduce-scatters in a default order that puts the persistent group
+    first, so until that group's unit completes (in the first block's backward) every block
+    holds its bucket; the pool then grows to one bucket per block, for that one backward.
+    The estimate (and so the recommendation) is the steady state; this says what the first
+    step may add."""
+    if gas != 1 or not est.persistent_numel or not est.stage3:
+        return ""
+    extra = 0
+    for group in est.groups:
+        size = group["max_unit_numel"] + group["max_unit_numel"] // est.setup.world_size
+        blocks = group["block_units"]  # the root completes last
+        extra += max(0, blocks - group["buckets_peak"]) * size * est.setup.param_bytes
+    if not extra:
+        return ""
+    return (f"note: with gradient_accumulation_steps = 1 the engine's first backward can hold "
+            f"one reduce-scatter bucket per block until its launch order is learned (the "
+            f"persistent group is launched first by default): up to {format_bytes(extra)} more "
+            "than the estimate in the first step; accumulate over 2+ micro-steps or keep that "
+            "much in --reserve")
+
+
+def stage3_estimates(shapes: ModelShapes, setup: Setup, usable: int) -> list[Estimate]:
+    """The stage-3 settings worth trying: the configured ones with overlap_comm as set (then
+    off: one bucket); for each whose working set does not fit (or cannot run), the same
+    with stage3_max_live_parameters set to the elements the budget leaves after model states
+    and buckets."""
+    overlap = setup.overlap_for(3)
+    out = []
+    for ov in ([True, False] if overlap else [False]):
+        base = dataclasses.replace(setup, overlap_comm=ov)
+        est = estimate(shapes, base, 3)
+        out.append(est)
+        if est.device_bytes <= usable and est.runs:
+            continue
+        fixed = est.device_bytes - est.categories["gathered_param"]["bytes"]
+        room = (usable - fixed) // setup.param_bytes
+        if room > 0 and room != setup.max_live_parameters:
+            out.append(estimate(shapes, dataclasses.replace(base, max_live_parameters=room), 3))
+    return out
 
 
 # ---- the config it writes -------------------------------------------------------------------
@@ -183,12 +275,23 @@ def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = No
         setup, micro_batch, gradient_accumulation_steps)
     notes = []
     zero_block = dict(config.get("zero_optimization") or {})
+    not_built = _not_built_zero_keys()
     for key in list(zero_block):
-        if key.startswith("stage3_") or key in _ZERO_DROP_BELOW_STAGE3:
+        if chosen.stage < 3 and (key.startswith("stage3_") or key in _ZERO_DROP_BELOW_STAGE3):
             notes.append(f"dropped zero_optimization.{key} (stage 3 / offload only)")
+            del zero_block[key]
+        elif chosen.stage == 3 and (key in not_built or key.startswith("offload_")):
+            notes.append(f"dropped zero_optimization.{key} (the recommendation is estimated "
+                         "without it)")
             del zero_block[key]
     zero_block.update(stage=chosen.stage, reduce_bucket_size=chosen.reduce_bucket_size,
                       overlap_comm=chosen.overlap_comm)
+    if chosen.stage == 3:
+        values = dict(chosen.stage3)
+        if "stage3_max_inflight_gathers" not in zero_block and \
+                values["stage3_max_inflight_gathers"] == DEFAULT_MAX_INFLIGHT_GATHERS:
+            del values["stage3_max_inflight_gathers"]  # zero's own key: only when it matters
+        zero_block.update(values)
     if "allgather_bucket_size" in zero_block:
         zero_block["allgather_bucket_size"] = chosen.reduce_bucket_size
     config["zero_optimization"] = zero_block
@@ -205,18 +308,30 @@ def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = No
     return config, notes
 
 
+def _not_built_zero_keys() -> set[str]:
+    """zero_optimization keys whose feature is not built (offload, stage-3 fetch tuning)."""
+    from zero.config import BUILT_FEATURES
+    from zero.config.schema import ZERO_OPTIMIZATION
+
+    return {key.name for key in ZERO_OPTIMIZATION.keys
+            if key.feature is not None and key.feature not in BUILT_FEATURES}
+
+
 def format_recommendation(rec: Recommendation, setup: Setup) -> str:
     lines = [f"budget: {format_bytes(rec.budget)} per device"
-             + (f", {format_bytes(rec.usable)} usable for model states and buckets"
+             + (f", {format_bytes(rec.usable)} usable for model states, buckets and the "
+                "stage-3 working set"
                 if rec.usable != rec.budget else "")
              + (f"; host budget {format_bytes(rec.host_budget)} per node"
                 if rec.host_budget is not None else "")]
     lines.extend(rec.notes)
     lines.append("tried, least communication first:")
+    width = max((len(c.describe()) for c in rec.tried), default=0)
     for c in rec.tried:
         verdict = ("fits" if c.fits else
+                   "does not run: " + c.estimate.stage3["error"] if not c.estimate.runs else
                    f"over by {format_bytes(c.total - rec.usable)}")
-        lines.append(f"  {c.describe():<66} {format_bytes(c.total):>12} per device  "
+        lines.append(f"  {c.describe():<{width}} {format_bytes(c.total):>12} per device  "
                      f"comm {format_bytes(c.comm_bytes)}/step in {c.collectives} collective(s)"
                      f"  {verdict}")
     if rec.chosen is not None:
@@ -224,13 +339,20 @@ def format_recommendation(rec: Recommendation, setup: Setup) -> str:
         lines.append(f"recommended: {c.describe()}: {format_bytes(c.total)} per device "
                      f"({format_bytes(rec.usable - c.total)} to spare), "
                      f"{format_bytes(c.total * setup.ranks_per_node)} per node")
+        if c.stage == 3:
+            work = c.estimate.stage3["working_set"]
+            lines.append(f"  stage 3 working set: {work['peak_numel']:,} elements gathered at "
+                         f"most ({work['live_at_peak_text']}), "
+                         f"{work['gathers_per_micro_step']} all-gather(s) per micro-step")
     else:
-        smallest = min(rec.tried, key=lambda c: c.total)
+        smallest = min((c for c in rec.tried if c.estimate.runs), key=lambda c: c.total)
         lines.append(f"nothing built fits: the smallest is {smallest.describe()} at "
                      f"{format_bytes(smallest.total)} per device")
         if rec.not_built:
             for est in rec.not_built:
-                lines.append(f"  would need {est.name} (not built yet: formula only): "
+                what = ("formula only: the model's gather units are unknown"
+                        if est.option.built else "not built yet: formula only")
+                lines.append(f"  would need {est.name} ({what}): "
                              f"{format_bytes(est.device_bytes)} per device, "
                              f"{format_bytes(est.host_bytes * setup.ranks_per_node)} host RAM "
                              "per node")
