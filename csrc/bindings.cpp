@@ -342,10 +342,12 @@ void bind_engine(py::module_& m) {
              const std::vector<std::size_t>& unit_of_param,
              const std::vector<std::vector<std::int64_t>>& full_shapes, std::int64_t alignment,
              bool overlap_comm, const std::string& optimizer, bool sgd_momentum,
-             const py::dict& offload) {
+             const py::dict& offload, bool offload_param, bool offload_param_pin) {
             at::NoGradGuard no_grad;
             auto options =
                 group_options(3, alignment, 1, overlap_comm, optimizer, sgd_momentum, offload);
+            options.offload_param = offload_param;
+            options.offload_param_pin = offload_param_pin;
             return e.adopt_group(
                 std::make_unique<adapter::Stage3Group>(std::move(params), unit_of_param,
                                                        full_shapes, options, e.registry(),
@@ -354,7 +356,8 @@ void bind_engine(py::module_& m) {
           },
           py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
           py::arg("alignment"), py::arg("overlap_comm"), py::arg("optimizer"),
-          py::arg("sgd_momentum") = false, py::arg("offload") = py::dict())
+          py::arg("sgd_momentum") = false, py::arg("offload") = py::dict(),
+          py::arg("offload_param") = false, py::arg("offload_param_pin") = false)
       .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
              at::NoGradGuard no_grad;
              stage3(e, g).commit(u);
@@ -479,6 +482,10 @@ void bind_engine(py::module_& m) {
              out["pinned"] = state.pinned();
              out["why_not_pinned"] = state.why_not_pinned();
              out["swap"] = state.swap_description();
+             auto* partitioned = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
+             out["params_offloaded"] = partitioned != nullptr && partitioned->params_offloaded();
+             out["why_params_not_pinned"] =
+                 partitioned != nullptr ? partitioned->why_params_not_pinned() : "";
              return out;
            }, py::arg("group"))
       .def("group_load_optimizer_state",

@@ -273,7 +273,9 @@ class ZeroEngine(nn.Module):
                 partitioned, [local[plan.unit_of_param[id(p)]] for p in partitioned],
                 [list(p._zero_shape) if zero_init.is_partitioned(p) else [] for p in partitioned],
                 self._alignment, zero_cfg.overlap_comm, spec.kind,
-                spec.momentum_buffer_needed([group]), offload=self._offload_options())
+                spec.momentum_buffer_needed([group]), offload=self._offload_options(),
+                offload_param=zero_cfg.offload_param.device == "cpu",
+                offload_param_pin=zero_cfg.offload_param.pin_memory)
             self._engine_groups.append((owner, partitioned))
             for unit in model_units:
                 placement.setdefault(unit, []).append((index, local[unit]))
@@ -323,15 +325,18 @@ class ZeroEngine(nn.Module):
         self._engine_groups.append((owner, params))
 
     def _warn_if_not_pinned(self) -> None:
-        offload = self.config.zero_optimization.offload_optimizer
-        if not offload.pin_memory:
-            return
-        reasons = {self._core.group_offload_info(g)["why_not_pinned"]
-                   for g in range(self._core.group_count)} - {""}
+        zero_cfg = self.config.zero_optimization
+        infos = [self._core.group_offload_info(g) for g in range(self._core.group_count)]
+        reasons = set()
+        if zero_cfg.offload_optimizer.pin_memory:
+            reasons |= {info["why_not_pinned"] for info in infos}
+        if zero_cfg.offload_param.pin_memory:
+            reasons |= {info["why_params_not_pinned"] for info in infos}
+        reasons -= {""}
         if reasons and dist.get_rank() == 0:
-            message = (f"zero: offload_optimizer.pin_memory is true but the offloaded state "
-                       f"could not be pinned ({'; '.join(sorted(reasons))}); it uses page-aligned "
-                       "pageable memory, and host<->device copies are slower")
+            message = (f"zero: pin_memory is true but the offloaded state could not be pinned "
+                       f"({'; '.join(sorted(reasons))}); it uses page-aligned pageable memory, "
+                       "and host<->device copies are slower")
             warnings.warn(message, stacklevel=3)
             logger.warning(message)
 
@@ -364,7 +369,9 @@ class ZeroEngine(nn.Module):
         return [StateLayout(stage=stage, world_size=world, numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,
                             sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1,
-                            offload_optimizer=self.config.zero_optimization.offload_optimizer.device)
+                            offload_optimizer=self.config.zero_optimization.offload_optimizer.device,
+                            offload_param=stage == 3
+                            and self.config.zero_optimization.offload_param.device == "cpu")
                 for (stage, momentum), numel in sorted(numels.items(), reverse=True)]
 
     # ---- internals -------------------------------------------------------------------------

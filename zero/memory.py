@@ -26,6 +26,7 @@ class StateLayout:
     sgd_momentum: bool = False
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
     offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
+    offload_param: bool = False  # stage 3: the parameter shard lives in host memory
 
     @property
     def mixed_precision(self) -> bool:
@@ -55,6 +56,8 @@ def category_location(layout: StateLayout, category: str) -> str:
     """Where a model-state category lives: "device", "host" or "nvme" (when offloaded)."""
     if category in ("fp32_master", "optimizer_state") and layout.offload_optimizer != "none":
         return "host" if layout.offload_optimizer == "cpu" else "nvme"
+    if category == "param" and layout.offload_param:
+        return "host"
     return "device"
 
 

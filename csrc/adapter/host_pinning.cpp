@@ -1,5 +1,7 @@
 #include "adapter/host_pinning.h"
 
+#include <ATen/ops/from_blob.h>
+
 #ifdef ZERO_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -26,6 +28,19 @@ core::HostPinning host_pinning() {
   pinning.unpin = [](void*) {};
 #endif
   return pinning;
+}
+
+}  // namespace zero::adapter
+
+namespace zero::adapter {
+
+HostTensor::HostTensor(core::MemoryRegistry& registry, core::MemoryCategory category,
+                       std::int64_t numel, at::ScalarType dtype, bool pin) {
+  const std::int64_t bytes = numel * static_cast<std::int64_t>(c10::elementSize(dtype));
+  const core::HostPinning pinning = host_pinning();
+  pool_ = std::make_unique<core::HostPool>(std::vector<core::HostRegion>{{category, bytes}},
+                                           registry, pin ? &pinning : nullptr);
+  tensor_ = at::from_blob(pool_->region(0), {numel}, at::TensorOptions().dtype(dtype));
 }
 
 }  // namespace zero::adapter

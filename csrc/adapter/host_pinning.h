@@ -1,10 +1,33 @@
 #pragma once
-// Page-locking host memory for offload pools (core/host_pool.h). CUDA builds register the
-// slab with the CUDA runtime; CPU builds cannot pin and say so, and the pool stays pageable.
+// Host memory for offloaded state: page-locking (CUDA builds register the slab with the CUDA
+// runtime; CPU builds cannot pin and say so) and a single engine buffer in host memory.
+#include <memory>
+#include <string>
+
+#include <ATen/Tensor.h>
+
 #include "core/host_pool.h"
 
 namespace zero::adapter {
 
 core::HostPinning host_pinning();
+
+// One zero-filled engine buffer in host memory, pinned when asked and possible, counted in
+// the registry under `category` at kHostPinned or kHostPageable for as long as it lives.
+class HostTensor {
+ public:
+  HostTensor() = default;
+  HostTensor(core::MemoryRegistry& registry, core::MemoryCategory category, std::int64_t numel,
+             at::ScalarType dtype, bool pin);
+
+  const at::Tensor& tensor() const { return tensor_; }
+  bool defined() const { return tensor_.defined(); }
+  bool pinned() const { return pool_ && pool_->pinned(); }
+  std::string why_not_pinned() const { return pool_ ? pool_->why_not_pinned() : ""; }
+
+ private:
+  std::unique_ptr<core::HostPool> pool_;
+  at::Tensor tensor_;  // views the pool's memory
+};
 
 }  // namespace zero::adapter

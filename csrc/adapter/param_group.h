@@ -33,6 +33,8 @@ struct GroupOptions {
   OptimizerKind optimizer = OptimizerKind::kAdam;
   bool sgd_momentum = false;  // SGD keeps a momentum buffer only when momentum != 0
   OffloadOptions offload;     // optimizer state in host memory (stages 1-3)
+  bool offload_param = false;      // stage 3: this rank's parameter shard in host memory
+  bool offload_param_pin = false;
 };
 
 class ParamGroup : public Group {

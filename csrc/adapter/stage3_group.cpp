@@ -55,8 +55,15 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
              options.sgd_momentum, /*keep_master=*/mixed_precision(), options.offload),
       units_(layout_.unit_count()) {
   const c10::TensorOptions model_options = params_.front().options();
-  param_shard_ = device_buffer(registry, core::MemoryCategory::kParam, layout_.shard_numel(),
-                               model_options);
+  if (options_.offload_param) {
+    param_shard_host_ = HostTensor(registry, core::MemoryCategory::kParam, layout_.shard_numel(),
+                                   model_options.dtype().toScalarType(), options_.offload_param_pin);
+    param_shard_ = param_shard_host_.tensor();
+  } else {
+    param_shard_device_ = device_buffer(registry, core::MemoryCategory::kParam,
+                                        layout_.shard_numel(), model_options);
+    param_shard_ = param_shard_device_.tensor();
+  }
   grad_shard_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.shard_numel(),
                               model_options);
   const int rank = communicator_.rank();
@@ -72,7 +79,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     for (const core::OwnedSlice& slice : layout_.unit(where.buffer).owned_slices(where.index)) {
       if (slice.rank != rank) continue;
       const std::int64_t length = slice.param_end - slice.param_begin;
-      param_shard_.tensor().narrow(0, base + slice.shard_offset, length)
+      param_shard_.narrow(0, base + slice.shard_offset, length)
           .copy_(params_[i].detach().reshape({-1}).narrow(0, slice.param_begin, length));
     }
     params_[i].set_data(at::empty({0}, model_options));
@@ -96,7 +103,7 @@ void Stage3Group::fetch(std::size_t index) {
   Unit& unit = units_.at(index);
   if (unit.resident) return;
   const core::FlatBufferPlan& plan = layout_.unit(index);
-  const auto options = param_shard_.tensor().options();
+  const auto options = grad_shard_.tensor().options();
   const std::int64_t bytes = plan.numel() * static_cast<std::int64_t>(c10::elementSize(
                                                  options.dtype().toScalarType()));
   if (!unit.gathered.defined()) {
@@ -107,8 +114,14 @@ void Stage3Group::fetch(std::size_t index) {
   unit.tracking = core::TrackedBytes(&registry_, core::MemoryCategory::kGatheredParam,
                                      core::MemoryLocation::kDevice, bytes);
   unit.resident = true;
-  unit.in_flight = communicator_.all_gather(unit.gathered,
-                                            shard_piece(param_shard_.tensor(), index));
+  at::Tensor source = shard_piece(param_shard_, index);
+  if (params_offloaded()) {  // collectives send from the device
+    unit.staging = device_buffer(registry_, core::MemoryCategory::kStaging, source.numel(),
+                                 options);
+    unit.staging.tensor().copy_(source);
+    source = unit.staging.tensor();
+  }
+  unit.in_flight = communicator_.all_gather(unit.gathered, source);
 }
 
 void Stage3Group::gather(std::size_t index) {
@@ -117,6 +130,7 @@ void Stage3Group::gather(std::size_t index) {
   if (unit.in_flight) {
     unit.in_flight->wait();
     unit.in_flight.reset();
+    unit.staging.reset();
     attach(index);
   }
 }
@@ -136,8 +150,9 @@ void Stage3Group::release(std::size_t index) {
   if (unit.in_flight) {  // never free a buffer a collective is still writing
     unit.in_flight->wait();
     unit.in_flight.reset();
+    unit.staging.reset();
   }
-  const at::TensorOptions options = param_shard_.tensor().options();
+  const at::TensorOptions options = grad_shard_.tensor().options();
   for (const std::size_t p : unit.params) params_[p].set_data(at::empty({0}, options));
   free_storage(unit.gathered);
   unit.tracking.release();
@@ -159,12 +174,12 @@ void Stage3Group::commit(std::size_t index) {
   const core::FlatBufferPlan& plan = layout_.unit(index);
   const int rank = communicator_.rank();
   const at::Tensor mine = unit.gathered.narrow(0, rank * plan.shard_numel(), plan.shard_numel());
-  shard_piece(param_shard_.tensor(), index).copy_(mine);
+  shard_piece(param_shard_, index).copy_(mine);
   if (state_.has_master()) state_.write_master(layout_.shard_offset(index), mine);
 }
 
 void Stage3Group::refresh_master() {
-  if (state_.has_master()) state_.write_master(0, param_shard_.tensor());
+  if (state_.has_master()) state_.write_master(0, param_shard_);
 }
 
 void Stage3Group::prepare_backward() {}
@@ -204,7 +219,7 @@ void Stage3Group::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
                                  std::int64_t step) {
   std::vector<ShardPiece> pieces;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    pieces.push_back({shard_piece(grad_shard_.tensor(), u), shard_piece(param_shard_.tensor(), u),
+    pieces.push_back({shard_piece(grad_shard_.tensor(), u), shard_piece(param_shard_, u),
                       layout_.shard_offset(u)});
   }
   state_.step(pieces, hyper, grad_scale, step);  // leaves the new parameters in the shard
@@ -216,7 +231,7 @@ void Stage3Group::zero_grads() { grad_shard_.tensor().zero_(); }
 
 at::Tensor Stage3Group::master_shard() const {
   return state_.has_master() ? state_.read_master(0, layout_.shard_numel())
-                             : param_shard_.tensor().clone();
+                             : param_shard_.clone();
 }
 
 void Stage3Group::load_master_shard(const at::Tensor& saved) {
@@ -224,7 +239,7 @@ void Stage3Group::load_master_shard(const at::Tensor& saved) {
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
               "; the checkpoint was written for another model or world size");
   if (state_.has_master()) state_.write_master(0, saved);
-  param_shard_.tensor().copy_(saved);
+  param_shard_.copy_(saved);
 }
 
 }  // namespace zero::adapter

@@ -22,6 +22,7 @@
 
 #include "adapter/collectives.h"
 #include "adapter/grad_reducer.h"
+#include "adapter/host_pinning.h"
 #include "adapter/group.h"
 #include "adapter/param_group.h"
 #include "adapter/shard_state.h"
@@ -66,7 +67,11 @@ class Stage3Group : public Group {
   void gather_params() override;  // nothing: parameters are gathered on demand
   void zero_grads() override;
   const core::ShardedLayout& layout() const override { return layout_; }
-  at::Device device() const override { return param_shard_.tensor().device(); }
+  at::Device device() const override { return grad_shard_.tensor().device(); }
+  bool params_offloaded() const { return param_shard_host_.defined(); }
+  std::string why_params_not_pinned() const {
+    return param_shard_host_.pinned() ? "" : param_shard_host_.why_not_pinned();
+  }
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;
@@ -89,6 +94,7 @@ class Stage3Group : public Group {
     core::TrackedBytes tracking;      // counts the memory while resident
     bool resident = false;
     std::unique_ptr<PendingCollective> in_flight;
+    TrackedTensor staging;  // offload_param: the shard piece brought to the device to send
   };
 
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
@@ -100,7 +106,11 @@ class Stage3Group : public Group {
   core::MemoryRegistry& registry_;
   Communicator& communicator_;
   core::ShardedLayout layout_;
-  TrackedTensor param_shard_;  // this rank's 16-bit (or fp32) parameters
+  // This rank's 16-bit (or fp32) parameters: on the device, or in host memory with
+  // offload_param (then each gather first copies the unit's piece to the device).
+  TrackedTensor param_shard_device_;
+  HostTensor param_shard_host_;
+  at::Tensor param_shard_;
   TrackedTensor grad_shard_;
   ShardState state_;
   std::vector<Unit> units_;

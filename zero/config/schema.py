@@ -35,15 +35,18 @@ FEATURE_STAGE3 = "stage3"  # ZeRO stage 3 (parameter partitioning), persistence,
 FEATURE_STAGE3_PREFETCH = "stage3_prefetch"  # stage-3 fetch-tuning knobs not built yet
 FEATURE_OFFLOAD = "offload"  # offload optimizer state and the optimizer step to CPU memory
 FEATURE_OFFLOAD_PARAM = "offload_param"  # stage-3 parameters in CPU memory
+FEATURE_OFFLOAD_PARAM_NVME = "offload_param_nvme"  # stage-3 parameters on NVMe
 FEATURE_OFFLOAD_TUNING = "offload_tuning"  # partial offload (ratio < 1), round-robin gradients
 FEATURE_NVME = "nvme"  # optimizer state on NVMe, and the aio block that tunes it
 
 ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_STAGE3_PREFETCH, FEATURE_OFFLOAD,
-                          FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_TUNING, FEATURE_NVME})
+                          FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_PARAM_NVME, FEATURE_OFFLOAD_TUNING,
+                          FEATURE_NVME})
 
 # The features the engine implements today. When one lands, add it here (one
 # line) and regenerate docs/CONFIG.md with `python -m zero.config.docs`.
-BUILT_FEATURES: frozenset = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD, FEATURE_NVME})
+BUILT_FEATURES: frozenset = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD, FEATURE_NVME,
+                                       FEATURE_OFFLOAD_PARAM})
 
 # --------------------------------------------------------------------------- key kinds
 
@@ -328,14 +331,14 @@ _DEVICE_FEATURES = (("cpu", FEATURE_OFFLOAD), ("nvme", FEATURE_NVME))
 OFFLOAD_PARAM = Block("zero_optimization.offload_param", "Offload parameters (stage 3 only).", (
     _choice("device", "none", _DEVICES, "Where parameters live between uses (DeepSpeed's docs say cpu; its code "
             "default is none).", value_features=(("cpu", FEATURE_OFFLOAD_PARAM),
-                                                 ("nvme", FEATURE_OFFLOAD_PARAM))),
+                                                 ("nvme", FEATURE_OFFLOAD_PARAM_NVME))),
     Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
-        feature=FEATURE_OFFLOAD_PARAM),
+        feature=FEATURE_OFFLOAD_PARAM_NVME),
     _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD_PARAM),
-    _int("buffer_count", 5, "Buffers in the NVMe buffer pool.", minimum=0, feature=FEATURE_OFFLOAD_PARAM),
-    _int("buffer_size", 100_000_000, "Elements per NVMe buffer.", minimum=0, feature=FEATURE_OFFLOAD_PARAM),
+    _int("buffer_count", 5, "Buffers in the NVMe buffer pool.", minimum=0, feature=FEATURE_OFFLOAD_PARAM_NVME),
+    _int("buffer_size", 100_000_000, "Elements per NVMe buffer.", minimum=0, feature=FEATURE_OFFLOAD_PARAM_NVME),
     _int("max_in_cpu", 1_000_000_000, "Parameter elements kept in CPU memory when offloading to NVMe.",
-         minimum=0, feature=FEATURE_OFFLOAD_PARAM),
+         minimum=0, feature=FEATURE_OFFLOAD_PARAM_NVME),
 ))
 
 OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimizer state (and the optimizer "
