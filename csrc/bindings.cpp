@@ -288,6 +288,7 @@ adapter::OffloadOptions offload_options(const py::dict& d) {
   if (d.contains("pin_memory")) options.pin_memory = d["pin_memory"].cast<bool>();
   if (d.contains("tile_numel")) options.tile_numel = d["tile_numel"].cast<std::int64_t>();
   if (d.contains("num_threads")) options.num_threads = d["num_threads"].cast<int>();
+  if (d.contains("delayed_update")) options.delayed_update = d["delayed_update"].cast<bool>();
   if (d.contains("nvme_path") && !d["nvme_path"].is_none()) {
     options.nvme_path = d["nvme_path"].cast<std::string>();
   }
@@ -432,6 +433,8 @@ void bind_engine(py::module_& m) {
              return stage3(e, g).gathered_numel();
            }, py::arg("group"))
       .def("prepare_backward", &adapter::EngineCore::prepare_backward, py::arg("boundary"))
+      .def("apply_delayed_update", &adapter::EngineCore::apply_delayed_update,
+           py::call_guard<py::gil_scoped_release>())
       .def("grad_ready", &adapter::EngineCore::grad_ready, py::arg("group"), py::arg("index"),
            py::arg("boundary"), py::call_guard<py::gil_scoped_release>())
       .def("finish_backward", &adapter::EngineCore::finish_backward, py::arg("boundary"),
@@ -482,6 +485,7 @@ void bind_engine(py::module_& m) {
              out["pinned"] = state.pinned();
              out["why_not_pinned"] = state.why_not_pinned();
              out["swap"] = state.swap_description();
+             out["delayed_pending"] = state.delayed_pending();
              auto* partitioned = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
              out["params_offloaded"] = partitioned != nullptr && partitioned->params_offloaded();
              out["why_params_not_pinned"] =

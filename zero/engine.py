@@ -177,6 +177,12 @@ class ZeroEngine(nn.Module):
     def zero_grad(self):
         self._core.zero_grads()
 
+    def apply_delayed_update(self) -> None:
+        """With offload_optimizer.delayed_update the model trains on parameters one update
+        old; this waits for the last update and applies it (every rank must call it), e.g.
+        before evaluating or saving the final model."""
+        self._core.apply_delayed_update()
+
     # ---- memory ----------------------------------------------------------------------------
     def memory_report(self) -> dict:
         """Per-category current/peak bytes from the accounting registry, with the ZeRO formula's
@@ -350,6 +356,7 @@ class ZeroEngine(nn.Module):
         return {"enabled": offload.device in ("cpu", "nvme"), "pin_memory": offload.pin_memory,
                 "tile_numel": min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
                 "num_threads": torch.get_num_threads(),
+                "delayed_update": offload.delayed_update,
                 "nvme_path": offload.nvme_path if offload.device == "nvme" else None,
                 "aio": {"block_size": aio.block_size, "queue_depth": aio.queue_depth,
                         "intra_op_parallelism": aio.intra_op_parallelism}}

@@ -206,6 +206,13 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   return result;
 }
 
+void EngineCore::apply_delayed_update() {
+  at::NoGradGuard no_grad;
+  if (schedule_) schedule_->release_unused();  // gathered copies would go stale
+  for (auto& group : groups_) group->apply_delayed_update();
+  for (auto& group : groups_) group->gather_params();
+}
+
 void EngineCore::zero_grads() {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
   for (auto& group : groups_) group->zero_grads();

@@ -51,6 +51,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   StepResult step(const std::vector<OptimizerHyper>& hypers, double loss_scale, double max_norm,
                   bool check_overflow, std::int64_t step);
   void zero_grads();
+  // Delayed parameter update: applies every pending update now and gathers the parameters.
+  void apply_delayed_update();
 
   // Stage 3: the schedule that gathers, prefetches and releases units (see gather_schedule.h).
   GatherSchedule& configure_schedule(std::vector<std::string> unit_names,

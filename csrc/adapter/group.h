@@ -36,6 +36,9 @@ class Group {
   virtual void optimizer_step(const OptimizerHyper& hyper, double grad_scale,
                               std::int64_t step) = 0;
   virtual void gather_params() = 0;  // make the updated parameters visible after a step
+  // Delayed parameter update: applies a finished update's parameters to this rank's shard
+  // (the caller then gathers); a no-op when none is pending.
+  virtual void apply_delayed_update() = 0;
   virtual void zero_grads() = 0;
 
   // --- inspection and checkpoints (shard layout: this rank's pieces of every unit) ---

@@ -137,11 +137,15 @@ double ParamGroup::grad_square_sum() const {
 
 void ParamGroup::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
                                 std::int64_t step) {
+  state_.step(shard_pieces(), hyper, grad_scale, step);  // leaves the new parameters in our pieces
+}
+
+std::vector<ShardPiece> ParamGroup::shard_pieces() const {
   std::vector<ShardPiece> pieces;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
     pieces.push_back({grad_piece(u), full_piece(param_buffer_.tensor(), u), layout_.shard_offset(u)});
   }
-  state_.step(pieces, hyper, grad_scale, step);  // leaves the new parameters in our pieces
+  return pieces;
 }
 
 void ParamGroup::gather_params() {

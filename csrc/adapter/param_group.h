@@ -54,6 +54,7 @@ class ParamGroup : public Group {
   double grad_square_sum() const override;
   void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) override;
   void gather_params() override;
+  void apply_delayed_update() override { state_.apply_delayed(shard_pieces()); }
   void zero_grads() override;
 
   const core::ShardedLayout& layout() const override { return layout_; }
@@ -72,6 +73,7 @@ class ParamGroup : public Group {
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
 
  private:
+  std::vector<ShardPiece> shard_pieces() const;  // grads and params of each unit's piece
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
   std::int64_t piece_numel(std::size_t unit) const { return layout_.unit(unit).shard_numel(); }
   at::Tensor full_piece(const at::Tensor& full, std::size_t unit) const;

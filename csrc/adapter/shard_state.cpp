@@ -5,6 +5,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
 #include <c10/util/Exception.h>
 
 #include "adapter/host_pinning.h"
@@ -57,6 +58,7 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
 
 // The copier and the swap store may still use pool memory: they go first.
 ShardState::~ShardState() {
+  updater_.reset();
   copier_.reset();
   swap_.reset();
 }
@@ -115,6 +117,13 @@ void ShardState::allocate_on_host(core::MemoryRegistry& registry, std::int64_t s
     regions.push_back({core::MemoryCategory::kStaging, chunk_ * model_bytes});
     if (sixteen_bit) regions.push_back({core::MemoryCategory::kStaging, chunk_ * model_bytes});
   }
+  const std::size_t delayed = regions.size();
+  if (offload_.delayed_update) {
+    TORCH_CHECK(!on_nvme, "zero: the delayed parameter update works with offload_optimizer "
+                "device \"cpu\", not \"nvme\"; turn delayed_update off or use the CPU");
+    regions.push_back({core::MemoryCategory::kStaging, shard_numel * model_bytes});  // grads
+    regions.push_back({core::MemoryCategory::kStaging, shard_numel * model_bytes});  // params
+  }
   const core::HostPinning pinning = host_pinning();
   host_pool_ = std::make_unique<core::HostPool>(regions, registry,
                                                 offload_.pin_memory ? &pinning : nullptr);
@@ -139,6 +148,11 @@ void ShardState::allocate_on_host(core::MemoryRegistry& registry, std::int64_t s
   for (int slot = 0; slot < 2; ++slot) {
     staged_grads_[slot] = view(next++, chunk_, model);
     if (sixteen_bit) staged_params_[slot] = view(next++, chunk_, model);
+  }
+  if (offload_.delayed_update) {
+    delayed_grads_ = view(delayed, shard_numel, model);
+    delayed_params_ = view(delayed + 1, shard_numel, model);
+    updater_ = std::make_unique<core::TaskWorker>();
   }
   if (on_nvme) {
     std::vector<core::TileSpec> tiles;
@@ -197,8 +211,13 @@ std::vector<core::IoHandle> ShardState::write_chunk(std::int64_t chunk, int slot
   return handles;
 }
 
+void ShardState::wait_delayed() const {
+  if (delayed_job_.valid()) delayed_job_.get();  // rethrows a failed update
+}
+
 at::Tensor ShardState::read_master(std::int64_t offset, std::int64_t numel) const {
   TORCH_CHECK(has_master(), "zero: this shard keeps no separate master (fp32 training)");
+  wait_delayed();
   if (!nvme()) return master_.narrow(0, offset, numel).clone();
   std::vector<at::Tensor> parts;
   auto* self = const_cast<ShardState*>(this);  // reads reuse slot 0 as scratch
@@ -214,6 +233,7 @@ at::Tensor ShardState::read_master(std::int64_t offset, std::int64_t numel) cons
 
 void ShardState::write_master(std::int64_t offset, const at::Tensor& values) {
   TORCH_CHECK(has_master(), "zero: this shard keeps no separate master (fp32 training)");
+  wait_delayed();
   const at::Tensor source = values.reshape({-1});
   const std::int64_t numel = source.numel();
   if (!nvme()) {
@@ -233,7 +253,13 @@ void ShardState::write_master(std::int64_t offset, const at::Tensor& values) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardState::optimizer_state() const {
+  wait_delayed();
   std::vector<std::pair<std::string, at::Tensor>> state;
+  if (offload_.delayed_update) {
+    state.emplace_back("delayed_params", delayed_params_.clone());
+    state.emplace_back("delayed_pending",
+                       at::full({1}, delayed_pending_ ? 1.0 : 0.0, kFp32));
+  }
   for (const std::string& name : state_names()) {
     if (name == "master") continue;
     if (!nvme()) {
@@ -254,6 +280,17 @@ std::vector<std::pair<std::string, at::Tensor>> ShardState::optimizer_state() co
 }
 
 void ShardState::load_optimizer_state(const std::string& name, const at::Tensor& values) {
+  wait_delayed();
+  if (offload_.delayed_update && name == "delayed_pending") {
+    delayed_pending_ = values.item<double>() != 0.0;
+    return;
+  }
+  if (offload_.delayed_update && name == "delayed_params") {
+    TORCH_CHECK(values.numel() == shard_numel_, "zero: saved delayed_params has ", values.numel(),
+                " elements but this rank's shard has ", shard_numel_);
+    delayed_params_.copy_(values.reshape({-1}));
+    return;
+  }
   const std::vector<std::string> names = state_names();
   TORCH_CHECK(name != "master" && std::find(names.begin(), names.end(), name) != names.end(),
               "zero: the optimizer state has no '", name, "'");
@@ -299,7 +336,9 @@ void ShardState::update(at::Tensor master, const at::Tensor& grads, std::int64_t
 void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
                       double grad_scale, std::int64_t step) {
   check_kind(hyper);
-  if (offload_.enabled) {
+  if (offload_.delayed_update) {
+    delayed_step(pieces, hyper, grad_scale, step);
+  } else if (offload_.enabled) {
     offloaded_step(pieces, hyper, grad_scale, step);
   } else {
     device_step(pieces, hyper, grad_scale, step);
@@ -397,35 +436,73 @@ void ShardState::offloaded_step(const std::vector<ShardPiece>& pieces,
 void ShardState::update_chunk(std::int64_t chunk, int slot, const OptimizerHyper& hyper,
                               double grad_scale, std::int64_t step) {
   const std::int64_t numel = chunk_numel(chunk);
+  update_chunk_from(staged_grads_[slot].narrow(0, 0, numel),
+                    staged_params_[slot].defined() ? staged_params_[slot].narrow(0, 0, numel)
+                                                   : at::Tensor(),
+                    chunk, hyper, grad_scale, step);
+}
+
+void ShardState::delayed_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
+                              double grad_scale, std::int64_t step) {
+  apply_delayed(pieces);  // the previous update's parameters: the model's from now on
+  for (const ShardPiece& piece : pieces) {
+    delayed_grads_.narrow(0, piece.offset, piece.grad.numel()).copy_(piece.grad);
+  }
+  delayed_pending_ = true;
+  delayed_job_ = updater_->submit([this, hyper, grad_scale, step] {
+    for (std::int64_t c = 0; c < chunk_count(); ++c) {
+      update_chunk_from(delayed_grads_.narrow(0, c * chunk_, chunk_numel(c)),
+                        delayed_params_.narrow(0, c * chunk_, chunk_numel(c)), c, hyper,
+                        grad_scale, step);
+    }
+  });
+}
+
+void ShardState::apply_delayed(const std::vector<ShardPiece>& pieces) {
+  wait_delayed();
+  if (!delayed_pending_) return;
+  for (const ShardPiece& piece : pieces) {
+    piece.param.copy_(delayed_params_.narrow(0, piece.offset, piece.param.numel()));
+  }
+  delayed_pending_ = false;
+}
+
+// Updates one chunk of host state from `grads` (model dtype); `out`, when defined, receives
+// the new parameters in the model dtype.
+void ShardState::update_chunk_from(const at::Tensor& grads, const at::Tensor& out,
+                                   std::int64_t chunk, const OptimizerHyper& hyper,
+                                   double grad_scale, std::int64_t step) {
+  const std::int64_t numel = chunk_numel(chunk);
+  const int slot = static_cast<int>(chunk % 2);
   at::Tensor master = chunk_view("master", chunk, slot);
-  at::Tensor grads = staged_grads_[slot].narrow(0, 0, numel);
   if (kind_ != OptimizerKind::kAdam) {
     at::Tensor fp32 = grads.to(at::kFloat);
     if (grad_scale != 1.0) fp32.mul_(grad_scale);
     at::Tensor buffer = sgd_momentum_ ? chunk_view("momentum_buffer", chunk, slot) : at::Tensor();
     sgd_update(master, fp32, buffer, /*first_step=*/step == 1, hyper);
-  } else {
-    core::AdamParams params;
-    params.lr = hyper.lr;
-    params.beta1 = hyper.beta1;
-    params.beta2 = hyper.beta2;
-    params.eps = hyper.eps;
-    params.weight_decay = hyper.weight_decay;
-    params.adamw_mode = hyper.decoupled_weight_decay;
-    params.bias_correction = hyper.bias_correction;
-    params.step = step;
-    params.grad_scale = static_cast<float>(grad_scale);
-    void* out16 = staged_params_[slot].defined() ? staged_params_[slot].data_ptr() : nullptr;
-    const core::ElemType out_type =
-        out16 ? elem_type(staged_params_[slot].scalar_type()) : core::ElemType::kBF16;
-    core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
-                    elem_type(grads.scalar_type()),
-                    chunk_view("exp_avg", chunk, slot).data_ptr<float>(),
-                    chunk_view("exp_avg_sq", chunk, slot).data_ptr<float>(), numel, out16,
-                    out_type, core::best_isa(), offload_.num_threads);
+    if (out.defined()) out.copy_(master);
     return;
   }
-  if (staged_params_[slot].defined()) staged_params_[slot].narrow(0, 0, numel).copy_(master);
+  core::AdamParams params;
+  params.lr = hyper.lr;
+  params.beta1 = hyper.beta1;
+  params.beta2 = hyper.beta2;
+  params.eps = hyper.eps;
+  params.weight_decay = hyper.weight_decay;
+  params.adamw_mode = hyper.decoupled_weight_decay;
+  params.bias_correction = hyper.bias_correction;
+  params.step = step;
+  params.grad_scale = static_cast<float>(grad_scale);
+  const bool sixteen_bit_out = out.defined() && out.scalar_type() != at::kFloat;
+  void* out16 = sixteen_bit_out ? out.data_ptr() : nullptr;
+  const core::ElemType out_type = sixteen_bit_out ? elem_type(out.scalar_type())
+                                                  : core::ElemType::kBF16;
+  core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
+                  elem_type(grads.scalar_type()),
+                  chunk_view("exp_avg", chunk, slot).data_ptr<float>(),
+                  chunk_view("exp_avg_sq", chunk, slot).data_ptr<float>(), numel, out16,
+                  out_type, core::best_isa(), offload_.num_threads);
+  if (out.defined() && !sixteen_bit_out) out.copy_(master);  // fp32 model, delayed update
 }
 
 }  // namespace zero::adapter

@@ -31,6 +31,10 @@ struct OffloadOptions {
   int num_threads = 1;                               // CPU Adam threads
   std::string nvme_path;  // non-empty: the state lives in a swap file in this directory
   core::AioConfig aio;
+  // Delayed parameter update (ZeRO-Offload's DPU): the host update of step i runs on a
+  // worker while step i+1's forward and backward run; its parameters are applied at the
+  // start of step i+1's optimizer step, so the model trains on parameters one update old.
+  bool delayed_update = false;
 };
 
 // One contiguous piece of this rank's shard: its gradients and the parameters the step
@@ -64,7 +68,12 @@ class ShardState {
   // piece's `param`. step is 1-based and counts this update.
   void step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper, double grad_scale,
             std::int64_t step);
-  // Copies of the optimizer state tensors (exp_avg / exp_avg_sq, or momentum_buffer).
+  // Delayed update: writes the finished update's parameters into the pieces (waiting for it);
+  // a no-op when nothing is pending.
+  void apply_delayed(const std::vector<ShardPiece>& pieces);
+  bool delayed_pending() const { return delayed_pending_; }
+  // Copies of the optimizer state tensors (exp_avg / exp_avg_sq, or momentum_buffer; with a
+  // delayed update also its pending parameters, so a checkpoint resumes exactly).
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
   void load_optimizer_state(const std::string& name, const at::Tensor& values);
   // NVMe: where the state lives and which I/O backend moves it ("" otherwise).
@@ -91,6 +100,11 @@ class ShardState {
                       double grad_scale, std::int64_t step);
   void update_chunk(std::int64_t chunk, int slot, const OptimizerHyper& hyper,
                     double grad_scale, std::int64_t step);
+  void delayed_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
+                    double grad_scale, std::int64_t step);
+  void update_chunk_from(const at::Tensor& grads, const at::Tensor& out, std::int64_t chunk,
+                         const OptimizerHyper& hyper, double grad_scale, std::int64_t step);
+  void wait_delayed() const;
   at::Tensor chunk_view(const std::string& name, std::int64_t chunk, int slot) const;
   std::vector<core::IoHandle> read_chunk(std::int64_t chunk, int slot);
   std::vector<core::IoHandle> write_chunk(std::int64_t chunk, int slot);
@@ -115,6 +129,12 @@ class ShardState {
   at::Tensor momentum_;
   at::Tensor staged_grads_[2];   // offload: host copies of two tiles' gradients (model dtype)
   at::Tensor staged_params_[2];  // offload, 16-bit models: two tiles' new parameters
+  // Delayed update: the step's gradients, the parameters it produces, and the worker.
+  at::Tensor delayed_grads_;
+  at::Tensor delayed_params_;
+  std::unique_ptr<core::TaskWorker> updater_;
+  mutable std::shared_future<void> delayed_job_;
+  bool delayed_pending_ = false;
 };
 
 }  // namespace zero::adapter

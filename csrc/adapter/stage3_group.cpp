@@ -217,12 +217,16 @@ double Stage3Group::grad_square_sum() const {
 
 void Stage3Group::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
                                  std::int64_t step) {
+  state_.step(shard_pieces(), hyper, grad_scale, step);  // leaves the new parameters in the shard
+}
+
+std::vector<ShardPiece> Stage3Group::shard_pieces() const {
   std::vector<ShardPiece> pieces;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
     pieces.push_back({shard_piece(grad_shard_.tensor(), u), shard_piece(param_shard_, u),
                       layout_.shard_offset(u)});
   }
-  state_.step(pieces, hyper, grad_scale, step);  // leaves the new parameters in the shard
+  return pieces;
 }
 
 void Stage3Group::gather_params() {}

@@ -65,6 +65,7 @@ class Stage3Group : public Group {
   double grad_square_sum() const override;
   void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) override;
   void gather_params() override;  // nothing: parameters are gathered on demand
+  void apply_delayed_update() override { state_.apply_delayed(shard_pieces()); }
   void zero_grads() override;
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return grad_shard_.tensor().device(); }
@@ -97,6 +98,7 @@ class Stage3Group : public Group {
     TrackedTensor staging;  // offload_param: the shard piece brought to the device to send
   };
 
+  std::vector<ShardPiece> shard_pieces() const;  // grads and params of each unit's piece
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
   void attach(std::size_t unit);  // point the unit's parameters at the gathered buffer

@@ -21,6 +21,7 @@ class OffloadOptimizerConfig:
     pipeline_write: bool
     fast_init: bool
     ratio: float
+    delayed_update: bool
 
     @property
     def enabled(self):

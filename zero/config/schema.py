@@ -358,6 +358,9 @@ OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimi
           "preallocated and zero-filled).", feature=FEATURE_NVME),
     _float("ratio", 1.0, "Fraction of optimizer state offloaded; < 1 needs stage 3.", minimum=0, maximum=1,
            feature=FEATURE_OFFLOAD_TUNING),
+    _bool("delayed_update", False, "zero only: delayed parameter update (ZeRO-Offload's DPU): the CPU step of "
+          "step i overlaps the forward and backward of step i+1, which trains on parameters one update old "
+          "(device \"cpu\"; engine.apply_delayed_update() applies the last one).", feature=FEATURE_OFFLOAD),
     _unsupported(BOOL, "super_offload", False, "SuperOffload for superchips."),
     _unsupported(BOOL, "convert_grad_on_cpu", True, "Where SuperOffload converts grads."),
     _unsupported(FLOAT, "cpuadam_cores_perc", 0.8, "CPU share for SuperOffload's Adam."),

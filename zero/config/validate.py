@@ -494,6 +494,10 @@ def _check_zero(v, values):
     if _valid(optim) and optim["device"] not in ("none", INVALID) and stage == 0:
         v.error(f"{path}.offload_optimizer.device", optim["device"], "optimizer offload needs ZeRO stage 1, 2 or 3 "
                 "(stage is 0)", "set zero_optimization.stage or the device to \"none\"")
+    if _valid(optim) and optim.get("delayed_update") is True and optim["device"] != "cpu":
+        v.error(f"{path}.offload_optimizer.delayed_update", True, "the delayed parameter update needs "
+                f"device \"cpu\" (device is {_show(optim['device'])})", "set device to \"cpu\" or "
+                "delayed_update to false")
     if _valid(optim) and _valid(optim["ratio"]) and optim["ratio"] < 1 and stage != 3:
         v.error(f"{path}.offload_optimizer.ratio", optim["ratio"], f"partial offload (ratio < 1) needs stage 3 "
                 f"(stage is {stage})", "set ratio to 1.0")
