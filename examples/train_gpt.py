@@ -6,11 +6,13 @@ Every rank prints nothing but rank 0's progress; at the end every rank prints it
 report (measured bytes per category beside the ZeRO formula).
 """
 import argparse
+import json
 
 import torch
 import torch.distributed as dist
 
 import zero
+from zero.init import full_numel
 from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
 
 
@@ -22,20 +24,28 @@ def parse_args():
     return zero.add_config_arguments(parser).parse_args()
 
 
+def _stage(config_path) -> int:
+    with open(config_path) as file:
+        return int(json.load(file).get("zero_optimization", {}).get("stage", 0))
+
+
 def main():
     args = parse_args()
     zero.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = TinyGPT(GPTConfig(vocab_size=512, block_size=64, n_layer=args.n_layer,
-                              n_head=4, n_embd=args.n_embd))
+    # At stage 3 the model is built already partitioned: no rank ever holds all of it.
+    with zero.Init(config_dict_or_path=args.deepspeed_config,
+                   enabled=_stage(args.deepspeed_config) == 3):
+        model = TinyGPT(GPTConfig(vocab_size=512, block_size=64, n_layer=args.n_layer,
+                                  n_head=4, n_embd=args.n_embd))
     engine, _, _, _ = zero.initialize(args=args, model=model,
                                       model_parameters=model.parameters())
     gas = engine.gradient_accumulation_steps()
     micro = engine.train_micro_batch_size_per_gpu()
     data = synthetic_batches(model.config, micro, args.steps * gas * world, seed=1)
     if rank == 0:
-        print(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {world} "
+        print(f"training {sum(full_numel(p) for p in model.parameters()):,} parameters on {world} "
               f"ranks: ZeRO stage {engine.stage}, {engine.dtype}, micro-batch {micro}, "
               f"accumulation {gas}", flush=True)
     for step in range(args.steps):
