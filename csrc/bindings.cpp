@@ -433,6 +433,7 @@ void bind_engine(py::module_& m) {
              return stage3(e, g).gathered_numel();
            }, py::arg("group"))
       .def("prepare_backward", &adapter::EngineCore::prepare_backward, py::arg("boundary"))
+      .def_property_readonly("backward_pending", &adapter::EngineCore::backward_pending)
       .def("apply_delayed_update", &adapter::EngineCore::apply_delayed_update,
            py::call_guard<py::gil_scoped_release>())
       .def("grad_ready", &adapter::EngineCore::grad_ready, py::arg("group"), py::arg("index"),

@@ -400,3 +400,34 @@ def test_units_can_be_named_by_module_or_class():
     # rest of it (LayerNorms are persistent; its MLP) falls to the root.
     assert units == ["", "blocks.0.attn", "blocks.1.attn", "blocks.1.mlp"]
     assert losses == pytest.approx(ref_losses, rel=1e-5)
+
+
+class _CoreWithoutExplicitFlush:
+    """The engine's core, except that engine.backward's own finish_backward call does
+    nothing: only the end-of-backward callback queued on autograd's engine can flush."""
+
+    def __init__(self, core):
+        self._core = core
+        self.flushed_before_return = []
+
+    def finish_backward(self, boundary):
+        self.flushed_before_return.append(not self._core.backward_pending)
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+
+def _callback_flushes(rank, world):
+    engine = _make(rank)
+    proxy = _CoreWithoutExplicitFlush(engine._core)
+    engine._core = proxy
+    losses = training.train_engine(engine, rank, world, 3, GAS)
+    return losses, proxy.flushed_before_return
+
+
+def test_the_end_of_backward_callback_flushes_every_backward():
+    ref_losses, _ = training.train_reference(2, 3, GAS, _config(),
+                                             freeze_position_embedding=True, reuse_block=True)
+    for losses, flushed in run_distributed(_callback_flushes, 2):
+        assert flushed == [True] * (3 * GAS)
+        assert losses == pytest.approx(ref_losses, rel=1e-5)

@@ -28,29 +28,37 @@ variable_list pass_through(variable_list grads) {
   return grads;
 }
 
-struct PreBackward : torch::autograd::Function<PreBackward> {
+// An identity on a unit's tensors whose backward runs `Event` for the unit.
+template <typename Event>
+struct UnitEvent : torch::autograd::Function<UnitEvent<Event>> {
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<UnitRef> ref,
-                               at::TensorList outputs) {
+                               at::TensorList tensors) {
     ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(ref));
-    return outputs.vec();
+    return tensors.vec();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto ref = unit_ref(ctx);
-    if (const auto core = ref->core.lock()) core->unit_backward_begins(ref->unit);
+    if (const auto core = ref->core.lock()) Event::run(core, ref->unit);
     return pass_through(std::move(grads));
   }
 };
 
-struct PostBackward : torch::autograd::Function<PostBackward> {
-  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<UnitRef> ref,
-                               at::TensorList inputs) {
-    ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(ref));
-    return inputs.vec();
+// Before the unit's backward: gather it; the first one of a backward also queues the flush
+// that autograd's engine runs once the whole backward is done.
+struct BackwardBegins {
+  static void run(const std::shared_ptr<EngineCore>& core, std::size_t unit) {
+    if (!core->unit_backward_begins(unit)) return;
+    std::weak_ptr<EngineCore> weak = core;
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (const auto live = weak.lock()) live->finish_backward(live->backward_boundary());
+    });
   }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto ref = unit_ref(ctx);
-    if (const auto core = ref->core.lock()) core->unit_backward_ends(ref->unit);
-    return pass_through(std::move(grads));
+};
+
+// After the unit's backward (its inputs have their gradients): the unit may be released.
+struct BackwardEnds {
+  static void run(const std::shared_ptr<EngineCore>& core, std::size_t unit) {
+    core->unit_backward_ends(unit);
   }
 };
 
@@ -76,12 +84,12 @@ std::vector<at::Tensor> attach(const std::shared_ptr<EngineCore>& core, std::siz
 
 std::vector<at::Tensor> attach_pre_backward(const std::shared_ptr<EngineCore>& core,
                                             std::size_t unit, std::vector<at::Tensor> outputs) {
-  return attach<PreBackward>(core, unit, std::move(outputs));
+  return attach<UnitEvent<BackwardBegins>>(core, unit, std::move(outputs));
 }
 
 std::vector<at::Tensor> attach_post_backward(const std::shared_ptr<EngineCore>& core,
                                              std::size_t unit, std::vector<at::Tensor> inputs) {
-  return attach<PostBackward>(core, unit, std::move(inputs));
+  return attach<UnitEvent<BackwardEnds>>(core, unit, std::move(inputs));
 }
 
 }  // namespace zero::adapter

@@ -36,6 +36,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // end-of-backward callback and again by the engine after autograd returns (a no-op then).
   void finish_backward(bool boundary);
   bool backward_boundary() const { return boundary_; }
+  bool backward_pending() const { return backward_pending_; }
 
   // Stage 3's autograd triggers (backward_hooks.h). unit_backward_begins returns true the
   // first time in a backward: the caller queues the end-of-backward flush.
