@@ -289,6 +289,7 @@ adapter::OffloadOptions offload_options(const py::dict& d) {
   if (d.contains("tile_numel")) options.tile_numel = d["tile_numel"].cast<std::int64_t>();
   if (d.contains("num_threads")) options.num_threads = d["num_threads"].cast<int>();
   if (d.contains("delayed_update")) options.delayed_update = d["delayed_update"].cast<bool>();
+  if (d.contains("ratio")) options.ratio = d["ratio"].cast<double>();
   if (d.contains("nvme_path") && !d["nvme_path"].is_none()) {
     options.nvme_path = d["nvme_path"].cast<std::string>();
   }
@@ -487,6 +488,7 @@ void bind_engine(py::module_& m) {
              out["why_not_pinned"] = state.why_not_pinned();
              out["swap"] = state.swap_description();
              out["delayed_pending"] = state.delayed_pending();
+             out["offloaded_numel"] = state.offloaded_numel();
              auto* partitioned = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
              out["params_offloaded"] = partitioned != nullptr && partitioned->params_offloaded();
              out["why_params_not_pinned"] =

@@ -74,8 +74,11 @@ BAD = [
     ("stage out of range", with_(zero_optimization={"stage": 4}), "zero_optimization.stage", ">= 0 and <= 3"),
     ("param offload below stage 3", with_(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}}),
      "zero_optimization.offload_param.device", "parameter offload needs stage 3"),
-    ("partial offload not built", with_(zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}),
-     "zero_optimization.offload_optimizer.ratio", "needs engine feature 'offload_tuning'"),
+    ("round robin not built", with_(zero_optimization={"stage": 2, "round_robin_gradients": True}),
+     "zero_optimization.round_robin_gradients", "needs engine feature 'offload_tuning'"),
+    ("delayed update with partial offload", with_(zero_optimization={"stage": 2, "offload_optimizer": {
+        "device": "cpu", "ratio": 0.5, "delayed_update": True}}),
+     "zero_optimization.offload_optimizer.delayed_update", "needs the whole step on the host"),
     ("cpu offload at stage 0", with_(zero_optimization={"offload_optimizer": {"device": "cpu"}}),
      "zero_optimization.offload_optimizer.device", "optimizer offload needs ZeRO stage 1, 2 or 3"),
     ("nvme param offload not built", with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}),
@@ -202,12 +205,6 @@ def test_features_enable_gated_values_and_cross_checks():
     assert "only applies to stage 3" in errors_at(errors, "zero_optimization.stage3_max_live_parameters")[0]
     assert not errors_at(errors, "zero_optimization.offload_optimizer.device")  # NVMe at stage 2 is fine
     assert "required when device is \"nvme\"" in errors_at(errors, "zero_optimization.offload_optimizer.nvme_path")[0]
-
-
-def test_partial_offload_needs_stage3():
-    config = with_(zero_optimization={"stage": 1, "offload_optimizer": {"device": "cpu", "ratio": 0.5}})
-    errors = errors_of(config, enabled_features={"offload", "offload_tuning"})
-    assert "needs stage 3" in errors_at(errors, "zero_optimization.offload_optimizer.ratio")[0]
 
 
 # --------------------------------------------------------------------------- good configs

@@ -355,3 +355,47 @@ def test_resume_with_a_delayed_update_in_flight_is_bit_for_bit(tmp_path):
     first = run_distributed(_resume, 2, args=(config, str(tmp_path), "first"))
     second = run_distributed(_resume, 2, args=(config, str(tmp_path), "second"))
     assert first[0] + second[0] == full[0]
+
+
+# ---- partial offload (ratio < 1): the shard's tail on the host, its head on the device -------
+
+def _ratio_config(stage, ratio, target="cpu", precision="fp32"):
+    config = _config(stage, target, precision, tile=700)
+    config["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
+    return config
+
+
+def _ratio_split(rank, world, config):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    losses = training.train_engine(engine, rank, world, STEPS, GAS)
+    split = [(engine._core.group_numel(g) // world,
+              engine._core.group_offload_info(g)["offloaded_numel"])
+             for g in range(engine._core.group_count)]
+    state = engine.module_state_dict()
+    report = engine.memory_report()
+    params = {k: v.float() for k, v in state.items()} if rank == 0 else None
+    return losses, params, report, split
+
+
+@pytest.mark.parametrize("stage,ratio", [(1, 0.5), (2, 0.3), (3, 0.75)])
+def test_partial_offload_matches_the_engine_without_it(stage, ratio):
+    plain = run_distributed(_train, 2, args=(_config(stage, False),), timeout=180)
+    partial = run_distributed(_ratio_split, 2, args=(_ratio_config(stage, ratio),), timeout=180)
+    _assert_same_training(plain, [r[:3] for r in partial], 1e-6)
+    for shard, offloaded in partial[0][3]:
+        assert offloaded == round(ratio * shard)  # the tail: this fraction of every shard
+
+
+def test_partial_nvme_offload_and_resume(tmp_path):
+    swap, ckpt = tmp_path / "swap", tmp_path / "ckpt"
+    swap.mkdir()
+    config = _ratio_config(2, 0.6, target=str(swap), precision="bf16")
+    plain = run_distributed(_train, 2, args=(_config(2, False, "bf16"),), timeout=180)
+    partial = run_distributed(_ratio_split, 2, args=(config,), timeout=180)
+    _assert_same_training(plain, [r[:3] for r in partial], 1e-6)
+    full = run_distributed(_resume, 2, args=(config, str(ckpt), "full"))
+    first = run_distributed(_resume, 2, args=(config, str(ckpt), "first"))
+    second = run_distributed(_resume, 2, args=(config, str(ckpt), "second"))
+    assert first[0] + second[0] == full[0]

@@ -208,6 +208,27 @@ class ZeroEngine(nn.Module):
             if dist.get_rank() == 0:
                 print(format_report(report), flush=True)
 
+    def final_memory_report(self) -> dict | None:
+        """Writes the memory report now, whatever memory_report.every_n_steps says: one JSON
+        line to memory_report.path (marked "final", so `zero-mem report` folds it into the run
+        even after a periodic report of the same step) and the table on rank 0. Not collective
+        (every rank writes its own line); returns the report, None once destroyed."""
+        if self._core is None:
+            return None
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        report = build_report(self._core.registry(), self._layouts, rank, self.global_steps,
+                              self._core.comm_stats())
+        report["final"] = True
+        path = self.config.memory_report.path
+        if path:
+            target = _rank_path(path, rank)
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            with open(target, "a") as out:
+                out.write(json.dumps(report) + "\n")
+        if rank == 0:
+            print(format_report(report), flush=True)
+        return report
+
     # ---- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
         return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
@@ -356,7 +377,7 @@ class ZeroEngine(nn.Module):
         return {"enabled": offload.device in ("cpu", "nvme"), "pin_memory": offload.pin_memory,
                 "tile_numel": min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
                 "num_threads": torch.get_num_threads(),
-                "delayed_update": offload.delayed_update,
+                "delayed_update": offload.delayed_update, "ratio": float(offload.ratio),
                 "nvme_path": offload.nvme_path if offload.device == "nvme" else None,
                 "aio": {"block_size": aio.block_size, "queue_depth": aio.queue_depth,
                         "intra_op_parallelism": aio.intra_op_parallelism}}

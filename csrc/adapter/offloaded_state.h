@@ -35,6 +35,9 @@ struct OffloadOptions {
   std::string nvme_path;  // non-empty: the state lives in a swap file in this directory
   core::AioConfig aio;
   bool delayed_update = false;  // ZeRO-Offload's DPU (host only)
+  // Fraction of the shard whose state and step go to the host / NVMe (the shard's tail);
+  // the rest stays on the device.
+  double ratio = 1.0;
 };
 
 // One contiguous piece of this rank's shard: its gradients and the parameters the step

@@ -1,5 +1,9 @@
 #include "adapter/shard_state.h"
 
+#include <algorithm>
+#include <cmath>
+
+#include <ATen/ops/cat.h>
 #include <c10/util/Exception.h>
 
 namespace zero::adapter {
@@ -7,15 +11,25 @@ namespace zero::adapter {
 ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                        const c10::TensorOptions& device_options, OptimizerKind kind,
                        bool sgd_momentum, bool keep_master, const OffloadOptions& offload)
-    : kind_(kind), sgd_momentum_(sgd_momentum) {
+    : kind_(kind), sgd_momentum_(sgd_momentum), shard_numel_(shard_numel),
+      device_numel_(shard_numel) {
   if (offload.enabled) {
-    offloaded_ = std::make_unique<OffloadedState>(registry, shard_numel, device_options, kind,
-                                                  sgd_momentum, offload);
-    return;
+    TORCH_CHECK(offload.ratio >= 0.0 && offload.ratio <= 1.0, "zero: offload_optimizer.ratio "
+                "must be in [0, 1], got ", offload.ratio);
+    const auto host = static_cast<std::int64_t>(std::llround(offload.ratio * shard_numel));
+    TORCH_CHECK(host == shard_numel || !offload.delayed_update, "zero: the delayed parameter "
+                "update needs the whole optimizer step on the host (ratio 1)");
+    device_numel_ = shard_numel - host;
+    if (host > 0) {
+      offloaded_ = std::make_unique<OffloadedState>(registry, host, device_options, kind,
+                                                    sgd_momentum, offload);
+    }
+    keep_master = true;  // parameters and master are separate wherever the step runs
   }
+  if (device_numel_ == 0) return;
   auto fp32_buffer = [&](core::MemoryCategory category) {
     device_owned_.push_back(
-        device_buffer(registry, category, shard_numel, device_options.dtype(at::kFloat)));
+        device_buffer(registry, category, device_numel_, device_options.dtype(at::kFloat)));
     return device_owned_.back().tensor();
   };
   if (keep_master) master_ = fp32_buffer(core::MemoryCategory::kMaster);
@@ -28,15 +42,25 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
 }
 
 at::Tensor ShardState::read_master(std::int64_t offset, std::int64_t numel) const {
-  if (offloaded_) return offloaded_->read_master(offset, numel);
-  TORCH_CHECK(master_.defined(), "zero: this shard keeps no separate master (fp32 training)");
-  return master_.narrow(0, offset, numel).clone();
+  TORCH_CHECK(has_master(), "zero: this shard keeps no separate master (fp32 training)");
+  const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
+  std::vector<at::Tensor> parts;
+  if (head > 0) parts.push_back(master_.narrow(0, offset, head).clone());
+  if (head < numel) {
+    parts.push_back(offloaded_->read_master(offset + head - device_numel_, numel - head));
+  }
+  return parts.size() == 1 ? parts.front() : at::cat(parts);
 }
 
 void ShardState::write_master(std::int64_t offset, const at::Tensor& values) {
-  if (offloaded_) return offloaded_->write_master(offset, values);
-  TORCH_CHECK(master_.defined(), "zero: this shard keeps no separate master (fp32 training)");
-  master_.narrow(0, offset, values.numel()).copy_(values.reshape({-1}));
+  TORCH_CHECK(has_master(), "zero: this shard keeps no separate master (fp32 training)");
+  const at::Tensor source = values.reshape({-1});
+  const std::int64_t numel = source.numel();
+  const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
+  if (head > 0) master_.narrow(0, offset, head).copy_(source.narrow(0, 0, head));
+  if (head < numel) {
+    offloaded_->write_master(offset + head - device_numel_, source.narrow(0, head, numel - head));
+  }
 }
 
 at::Tensor ShardState::state(const std::string& name) const {
@@ -47,21 +71,51 @@ at::Tensor ShardState::state(const std::string& name) const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardState::optimizer_state() const {
-  if (offloaded_) return offloaded_->optimizer_state();
+  if (device_numel_ == 0) return offloaded_->optimizer_state();
   std::vector<std::pair<std::string, at::Tensor>> copies;
   for (const char* name : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
     if (state(name).defined()) copies.emplace_back(name, state(name).clone());
+  }
+  if (offloaded_) {  // the tail's part of each array follows the head's
+    for (auto& [name, tail] : offloaded_->optimizer_state()) {
+      for (auto& [head_name, head] : copies) {
+        if (head_name == name) head = at::cat({head, tail});
+      }
+    }
   }
   return copies;
 }
 
 void ShardState::load_optimizer_state(const std::string& name, const at::Tensor& values) {
-  if (offloaded_) return offloaded_->load_optimizer_state(name, values);
+  if (device_numel_ == 0) return offloaded_->load_optimizer_state(name, values);
   const at::Tensor target = state(name);
   TORCH_CHECK(target.defined(), "zero: the optimizer state has no '", name, "'");
-  TORCH_CHECK(values.numel() == target.numel(), "zero: saved ", name, " has ", values.numel(),
-              " elements but this rank's shard has ", target.numel());
-  target.copy_(values.reshape({-1}));
+  TORCH_CHECK(values.numel() == shard_numel_, "zero: saved ", name, " has ", values.numel(),
+              " elements but this rank's shard has ", shard_numel_);
+  const at::Tensor source = values.reshape({-1});
+  target.copy_(source.narrow(0, 0, device_numel_));
+  if (offloaded_) {
+    offloaded_->load_optimizer_state(name, source.narrow(0, device_numel_, offloaded_numel()));
+  }
+}
+
+std::pair<std::vector<ShardPiece>, std::vector<ShardPiece>> ShardState::split(
+    const std::vector<ShardPiece>& pieces) const {
+  std::vector<ShardPiece> head, tail;
+  for (const ShardPiece& piece : pieces) {
+    const std::int64_t numel = piece.grad.numel();
+    const std::int64_t in_head = std::clamp(device_numel_ - piece.offset, std::int64_t{0}, numel);
+    if (in_head > 0) {
+      head.push_back({piece.grad.narrow(0, 0, in_head), piece.param.narrow(0, 0, in_head),
+                      piece.offset});
+    }
+    if (in_head < numel) {
+      tail.push_back({piece.grad.narrow(0, in_head, numel - in_head),
+                      piece.param.narrow(0, in_head, numel - in_head),
+                      piece.offset + in_head - device_numel_});
+    }
+  }
+  return {std::move(head), std::move(tail)};
 }
 
 void ShardState::check_kind(const OptimizerHyper& hyper) const {
@@ -88,8 +142,9 @@ void ShardState::update(at::Tensor master, const at::Tensor& grads, std::int64_t
 void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
                       double grad_scale, std::int64_t step) {
   check_kind(hyper);
-  if (offloaded_) return offloaded_->step(pieces, hyper, grad_scale, step);
-  for (const ShardPiece& piece : pieces) {
+  auto [head, tail] = split(pieces);
+  if (!tail.empty()) offloaded_->step(tail, hyper, grad_scale, step);
+  for (const ShardPiece& piece : head) {
     at::Tensor grads = piece.grad.to(at::kFloat);  // a copy of 16-bit grads
     if (grad_scale != 1.0) grads.mul_(grad_scale);
     if (!master_.defined()) {  // fp32: the parameters are the master
@@ -103,7 +158,7 @@ void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHype
 }
 
 void ShardState::apply_delayed(const std::vector<ShardPiece>& pieces) {
-  if (offloaded_) offloaded_->apply_delayed(pieces);
+  if (offloaded_) offloaded_->apply_delayed(split(pieces).second);
 }
 
 }  // namespace zero::adapter

@@ -2,7 +2,8 @@
 // The optimizer side of a rank's shard: fp32 master (mixed precision, or offload), Adam's m
 // and v or SGD's momentum, all laid out like the shard, and the step over its pieces. On the
 // device (the default) the update runs with ATen ops; with offload the state and the step
-// move to the host or NVMe (offloaded_state.h).
+// move to the host or NVMe (offloaded_state.h): all of the shard, or with a ratio < 1 its
+// tail, [device_numel, shard_numel), while the head stays on the device.
 #include <memory>
 #include <string>
 #include <utility>
@@ -32,6 +33,7 @@ class ShardState {
     return offloaded_ ? offloaded_->swap_description() : "";
   }
   bool delayed_pending() const { return offloaded_ && offloaded_->delayed_pending(); }
+  std::int64_t offloaded_numel() const { return shard_numel_ - device_numel_; }
 
   // The fp32 master of shard [offset, offset + numel): read returns a copy, write stores.
   at::Tensor read_master(std::int64_t offset, std::int64_t numel) const;
@@ -48,6 +50,9 @@ class ShardState {
   void load_optimizer_state(const std::string& name, const at::Tensor& values);
 
  private:
+  // Cuts pieces at device_numel_: the head's pieces, and the tail's re-based to the tail.
+  std::pair<std::vector<ShardPiece>, std::vector<ShardPiece>> split(
+      const std::vector<ShardPiece>& pieces) const;
   void check_kind(const OptimizerHyper& hyper) const;
   void update(at::Tensor master, const at::Tensor& grads, std::int64_t offset,
               const OptimizerHyper& hyper, std::int64_t step);
@@ -55,6 +60,8 @@ class ShardState {
 
   OptimizerKind kind_;
   bool sgd_momentum_;
+  std::int64_t shard_numel_;
+  std::int64_t device_numel_;  // [0, device_numel_) of the shard keeps its state here
   std::vector<TrackedTensor> device_owned_;
   at::Tensor master_;
   at::Tensor exp_avg_;

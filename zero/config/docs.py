@@ -30,10 +30,11 @@ FEATURE_DOCS = {
                                     "`stage3_model_persistence_threshold`, "
                                     "`stage3_module_granularity_threshold`, "
                                     "`stage3_use_all_reduce_for_fetch_params`",
-    schema.FEATURE_OFFLOAD: "`offload_optimizer.device: \"cpu\"` (stages 1-3) and its `pin_memory`",
+    schema.FEATURE_OFFLOAD: "`offload_optimizer.device: \"cpu\"` (stages 1-3), its `pin_memory`, `ratio` and "
+                            "`delayed_update`",
     schema.FEATURE_OFFLOAD_PARAM: "`offload_param.device: \"cpu\"` (stage 3) and its `pin_memory`",
     schema.FEATURE_OFFLOAD_PARAM_NVME: "`offload_param.device: \"nvme\"` and its NVMe keys",
-    schema.FEATURE_OFFLOAD_TUNING: "`offload_optimizer.ratio` < 1, `round_robin_gradients`",
+    schema.FEATURE_OFFLOAD_TUNING: "`round_robin_gradients`",
     schema.FEATURE_NVME: "`offload_optimizer.device: \"nvme\"` (stages 1-3, unlike DeepSpeed's stage 3 only), "
                          "its NVMe keys and the `aio` block",
 }

@@ -36,7 +36,7 @@ FEATURE_STAGE3_PREFETCH = "stage3_prefetch"  # stage-3 fetch-tuning knobs not bu
 FEATURE_OFFLOAD = "offload"  # offload optimizer state and the optimizer step to CPU memory
 FEATURE_OFFLOAD_PARAM = "offload_param"  # stage-3 parameters in CPU memory
 FEATURE_OFFLOAD_PARAM_NVME = "offload_param_nvme"  # stage-3 parameters on NVMe
-FEATURE_OFFLOAD_TUNING = "offload_tuning"  # partial offload (ratio < 1), round-robin gradients
+FEATURE_OFFLOAD_TUNING = "offload_tuning"  # round-robin gradients
 FEATURE_NVME = "nvme"  # optimizer state on NVMe, and the aio block that tunes it
 
 ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_STAGE3_PREFETCH, FEATURE_OFFLOAD,
@@ -356,8 +356,8 @@ OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimi
           feature=FEATURE_NVME),
     _bool("fast_init", False, "Fast optimizer initialisation with NVMe (zero: no effect, its swap file is "
           "preallocated and zero-filled).", feature=FEATURE_NVME),
-    _float("ratio", 1.0, "Fraction of optimizer state offloaded; < 1 needs stage 3.", minimum=0, maximum=1,
-           feature=FEATURE_OFFLOAD_TUNING),
+    _float("ratio", 1.0, "Fraction of each shard's optimizer state (and step) offloaded; the rest stays on the "
+           "device (zero: stages 1-3; DeepSpeed: stage 3 only).", minimum=0, maximum=1, feature=FEATURE_OFFLOAD),
     _bool("delayed_update", False, "zero only: delayed parameter update (ZeRO-Offload's DPU): the CPU step of "
           "step i overlaps the forward and backward of step i+1, which trains on parameters one update old "
           "(device \"cpu\"; engine.apply_delayed_update() applies the last one).", feature=FEATURE_OFFLOAD),

@@ -498,9 +498,9 @@ def _check_zero(v, values):
         v.error(f"{path}.offload_optimizer.delayed_update", True, "the delayed parameter update needs "
                 f"device \"cpu\" (device is {_show(optim['device'])})", "set device to \"cpu\" or "
                 "delayed_update to false")
-    if _valid(optim) and _valid(optim["ratio"]) and optim["ratio"] < 1 and stage != 3:
-        v.error(f"{path}.offload_optimizer.ratio", optim["ratio"], f"partial offload (ratio < 1) needs stage 3 "
-                f"(stage is {stage})", "set ratio to 1.0")
+    if _valid(optim) and optim.get("delayed_update") is True and _valid(optim["ratio"]) and optim["ratio"] < 1:
+        v.error(f"{path}.offload_optimizer.delayed_update", True, "the delayed parameter update needs the whole "
+                f"step on the host (ratio is {optim['ratio']})", "set ratio to 1.0 or delayed_update to false")
     for name, block in (("offload_param", param), ("offload_optimizer", optim)):
         if _valid(block) and block["device"] == "nvme" and block["nvme_path"] is None:
             v.error(f"{path}.{name}.nvme_path", MISSING, "required when device is \"nvme\"",
