@@ -10,9 +10,17 @@ micro-batch per rank) with AdamW and gradient clipping. FSDP2 is applied the usu
 the final norm form the root's parameter group) -- the same units zero's stage 3 gathers
 (every ModuleList child is one unit, the rest is the root unit).
 
-zero runs twice per precision: `zero3` with the engine's default stage3_prefetch_bucket_size
-(5e7 elements, DeepSpeed's default; larger than this model), and `zero3pf` with the prefetch
-bounded to one transformer block's parameter count (--prefetch-numel).
+zero runs three times per precision:
+
+* `zero3`: the engine's stage-3 defaults (DeepSpeed's): stage3_prefetch_bucket_size 5e7
+  elements (larger than this model), stage3_max_reuse_distance 1e9 (a unit whose next use in
+  the recorded order comes within that many elements of other units stays gathered, so every
+  unit stays gathered from its forward to its backward), stage3_max_live_parameters 1e9,
+  stage3_max_inflight_gathers 2.
+* `zero3-noreuse`: the same with stage3_max_reuse_distance 0 (every unit is released after its
+  forward and all-gathered again for its backward: the ZeRO paper's 3Ψ schedule).
+* `zero3pf`: reuse distance 0 and the prefetch bounded to one transformer block's parameter
+  count (--prefetch-numel): the memory-lean setting.
 
 Two kinds of run:
 
@@ -43,7 +51,13 @@ What is measured (also written into the report):
   profiled step (zero: registry total; FSDP2: the local shards of params + grads + AdamW
   state) plus the peak of live bytes allocated *during* that step, from torch.profiler's
   CPU allocation events (activations, gathered parameters, gradients, buffers,
-  temporaries). Allocations made on threads other than the training thread are not seen.
+  temporaries), on every thread the profiler records (the training thread and others -- with
+  gloo, presumably its worker threads -- so collective temporaries count when they overlap
+  the peak). The
+  running total only drops for frees the profiler records: a buffer whose free it misses keeps
+  the total high for the rest of the process. The report shows each profiled step's "live at
+  the end" (allocated during the step, not seen freed) so that drift is visible; it was 0 when
+  nothing was missed.
 * RSS: ru_maxrss per rank (torch runtime + everything above + allocator caching), taken
   before the profiled step. "RSS start" is after import + process-group init.
 * bytes sent per step, paper convention (all-gather / reduce-scatter of a B-byte full buffer
@@ -75,6 +89,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import weakref
@@ -91,9 +106,17 @@ if ZERO_ROOT not in sys.path:
     sys.path.insert(0, ZERO_ROOT)
 
 MIB = 1024 * 1024
-ALL_CONFIGS = ["zero3-fp32", "zero3pf-fp32", "fsdp2-fp32",
-               "zero3-bf16", "zero3pf-bf16", "fsdp2-bf16"]
-ZERO_KINDS = ("zero3", "zero3pf")
+ALL_CONFIGS = ["zero3-fp32", "zero3-noreuse-fp32", "zero3pf-fp32", "fsdp2-fp32",
+               "zero3-bf16", "zero3-noreuse-bf16", "zero3pf-bf16", "fsdp2-bf16"]
+ZERO_KINDS = ("zero3", "zero3-noreuse", "zero3pf")
+# zero configurations that set stage3_max_reuse_distance to 0 (the others keep the default)
+NO_REUSE_KINDS = ("zero3-noreuse", "zero3pf")
+
+
+def _split(name):
+    """'zero3-noreuse-fp32' -> ('zero3-noreuse', 'fp32')."""
+    kind, precision = name.rsplit("-", 1)
+    return kind, precision
 
 
 def parse_args(argv=None):
@@ -114,8 +137,8 @@ def parse_args(argv=None):
                    help="zero stage3_param_persistence_threshold (elements)")
     p.add_argument("--prefetch-numel", type=int, default=0,
                    help="stage3_prefetch_bucket_size of the zero3pf configurations (elements; "
-                        "0: one transformer block's parameter count). The zero3 "
-                        "configurations keep the engine default")
+                        "0: one transformer block's parameter count). The zero3 and "
+                        "zero3-noreuse configurations keep the engine default")
     p.add_argument("--bucket-numel", type=int, default=50_000_000,
                    help="zero reduce_bucket_size (at stage 3 a unit is the grain of reduction)")
     p.add_argument("--threads", type=int, default=0,
@@ -125,6 +148,10 @@ def parse_args(argv=None):
                    help="comma-separated subset of " + ",".join(ALL_CONFIGS))
     p.add_argument("--no-profile", action="store_true",
                    help="skip the profiled step (no step-peak numbers)")
+    p.add_argument("--render-only", default="", metavar="JSON",
+                   help="measure nothing: rebuild the report from the raw data of an earlier "
+                        "run's fsdp2_vs_zero3.json (its command, machine facts and args) with "
+                        "this script's current tables and findings, and write it to --out")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
                    help="directory for fsdp2_vs_zero3.md / .json ('' to write nothing)")
     return p.parse_args(argv)
@@ -208,7 +235,7 @@ def _run_config(rank, world, name, args):
         out = _interleaved(rank, args)
         dist.destroy_process_group()
         return out
-    kind, precision = name.split("-")
+    kind, precision = _split(name)
     gpt = _gpt_config(args)
     torch.manual_seed(0)
     model = TinyGPT(gpt)
@@ -223,6 +250,8 @@ def _run_config(rank, world, name, args):
     for i, (tokens, targets) in enumerate(batches[:args.warmup + args.steps]):
         if i == args.warmup:
             out["comm_at_warmup_end"] = runner["comm"]()
+            if "schedule" in runner:
+                out["schedule_at_warmup_end"] = runner["schedule"]()
             runner["reset_peaks"]()
         t0 = time.perf_counter()
         loss, phases = runner["step"](tokens, targets)
@@ -333,7 +362,7 @@ def _interleaved(rank, args):
     batches = synthetic_batches(gpt, args.micro_batch, steps, seed=1000 + rank)
     runners = {}
     for name in args.config_list:
-        kind, precision = name.split("-")
+        kind, precision = _split(name)
         torch.manual_seed(0)
         model = TinyGPT(gpt)
         scratch = {}
@@ -377,6 +406,8 @@ def _zero(model, kind, precision, args, out):
                               "stage3_param_persistence_threshold": args.persistence_threshold,
                               "reduce_bucket_size": args.bucket_numel},
     }
+    if kind in NO_REUSE_KINDS:
+        cfg["zero_optimization"]["stage3_max_reuse_distance"] = 0
     if kind == "zero3pf":
         cfg["zero_optimization"]["stage3_prefetch_bucket_size"] = (
             args.prefetch_numel or sum(p.numel() for p in model.blocks[0].parameters()))
@@ -385,25 +416,37 @@ def _zero(model, kind, precision, args, out):
     out["engine_config"] = cfg
     engine, _, _, _ = zero.initialize(model=model, config=cfg)
     registry = engine._core.registry()
+    zc = engine.config.zero_optimization
+    out["stage3_settings"] = {k: int(getattr(zc, k)) for k in (
+        "stage3_prefetch_bucket_size", "stage3_max_reuse_distance", "stage3_max_live_parameters",
+        "stage3_max_inflight_gathers", "stage3_param_persistence_threshold")}
+    # per step: the elements the gather schedule still has gathered when forward returns (the
+    # units it keeps for their backward); read outside the timed region
+    kept_after_forward = out.setdefault("gathered_after_forward_numel", [])
 
     def step(tokens, targets, probe=None):
         t0 = time.perf_counter()
         with probe.hooks() if probe else contextlib.nullcontext():
             loss = engine(tokens, targets)
+        t_fwd = time.perf_counter()
         if probe:
             probe.after_forward()
-        t1 = time.perf_counter()
+        kept_after_forward.append(int(engine._core.schedule_stats()["gathered_numel"]))
+        t1 = time.perf_counter()  # the bookkeeping above is in no phase
         engine.backward(loss)
         t2 = time.perf_counter()
         engine.step()
         t3 = time.perf_counter()
-        return float(loss.detach()), {"forward": t1 - t0, "backward": t2 - t1, "step": t3 - t2}
+        return float(loss.detach()), {"forward": t_fwd - t0, "backward": t2 - t1,
+                                      "step": t3 - t2}
 
     def finish():
         report = engine.memory_report()
         out["report"] = report
         out["grad_norm_last"] = engine.last_step_result.get("grad_norm")
         out["prefetch_default"] = engine.config.zero_optimization.stage3_prefetch_bucket_size
+        out["gathered_param_current_end"] = int(report["categories"].get(
+            "gathered_param", {}).get("current", 0))
         out["units"] = len(engine._stage3._plan.modules)
         try:
             out["schedule_stats"] = dict(engine._core.schedule_stats())
@@ -423,10 +466,14 @@ def _zero(model, kind, precision, args, out):
         value = engine.last_step_result.get("grad_norm")
         return None if value is None else float(value)
 
+    def schedule():
+        stats = dict(engine._core.schedule_stats())
+        return {k: v for k, v in stats.items() if k != "notice"}
+
     return {"step": step, "finish": finish, "model": engine.module, "grad_norm": grad_norm,
             "comm": lambda: dict(engine.memory_report()["comm"]),
             "owned": lambda: int(registry.total()["current"]),
-            "reset_peaks": reset_peaks}
+            "reset_peaks": reset_peaks, "schedule": schedule}
 
 
 class _FsdpTracker:
@@ -679,7 +726,7 @@ def summarize(result, args):
     if "error" in result:
         return {"config": result["config"], "error": result["error"]}
     name, ranks = result["config"], result["ranks"]
-    kind, precision = name.split("-")
+    kind, precision = _split(name)
     b = 4 if precision == "fp32" else 2
     n = len(ranks[0]["step_times"])
     per_step = sorted(max(r["step_times"][i]["total"] for r in ranks) for i in range(n))
@@ -746,9 +793,29 @@ def summarize(result, args):
         s["units"] = units
         s["prefetch_numel"] = ranks[0]["prefetch_default"]
         s["schedule_stats"] = ranks[0].get("schedule_stats")
+        s["stage3_settings"] = ranks[0]["stage3_settings"]
+        # the gather schedule over the measured steps (rank 0; the ranks agree by construction
+        # -- every collective follows from the fingerprint-checked events)
+        st0, st1 = ranks[0]["schedule_at_warmup_end"], ranks[0]["schedule_stats"]
+        s["schedule_per_step"] = {k: (st1[k] - st0[k]) / n
+                                  for k in ("gathers", "reuses", "prefetches")}
+        s["max_inflight_seen"] = [r["schedule_stats"]["max_inflight_seen"] for r in ranks]
+        s["peak_gathered_numel"] = [r["schedule_stats"]["peak_gathered_numel"] for r in ranks]
+        s["gathered_numel_end"] = [r["schedule_stats"]["gathered_numel"] for r in ranks]
+        s["gathered_param_current_end"] = [r["gathered_param_current_end"] for r in ranks]
+        kept = ranks[0]["gathered_after_forward_numel"][args.warmup:args.warmup + n]
+        s["kept_after_forward_numel"] = {"mean": sum(kept) / n, "min": min(kept),
+                                         "max": max(kept)}
+        # The mechanism: every unit is all-gathered once in forward (it is used once there and
+        # released after, or kept for its backward), and again in backward unless it is still
+        # gathered when forward returns. K = elements still gathered at the end of forward
+        # (measured from the schedule, not from the byte counters), averaged per step.
+        k_mean = sum(kept) / n
         s["comm_predicted"] = {
-            "all_gather (2Ψ3·b fwd+bwd, + Ψp·b persistent params after the step)":
-                2 * psi3 * b + psip * b,
+            f"all_gather (Ψ3·b forward + (Ψ3 − K)·b backward re-gathers, K = elements kept "
+            f"gathered from forward to backward = {k_mean:,.0f}; + Ψp·b persistent params "
+            f"after the step)":
+                (2 * psi3 - k_mean) * b + psip * b,
             "reduce_scatter (Ψ3·b)": psi3 * b,
             "all_reduce (2·Ψp·b persistent grads + 2·8 B fp64 grad-norm scalar)":
                 2 * psip * b + 16,
@@ -802,6 +869,27 @@ def summarize_interleaved(result):
     for r in ranks:
         for name, err in r.get("failed", {}).items():
             summary[name] = {"error": err}
+    # Paired ratios: configuration a over b within the same round (the rounds rotate the order,
+    # so a and b ran seconds apart): a burst of load from other processes hits both, which
+    # the ratio of the two medians does not cancel.
+    timed = [n for n in ranks[0]["step_times"] if n in summary and "total" in summary[n]]
+    pairs = []
+    for a in timed:
+        kind, precision = _split(a)
+        if kind in ZERO_KINDS and f"fsdp2-{precision}" in timed:
+            pairs.append((a, f"fsdp2-{precision}"))
+        if kind == "zero3" and f"zero3-noreuse-{precision}" in timed:
+            pairs.append((a, f"zero3-noreuse-{precision}"))
+    paired = {}
+    for a, b in pairs:
+        n = min(len(r["step_times"][a]) for r in ranks)
+        n = min(n, min(len(r["step_times"][b]) for r in ranks))
+        ratios = sorted(max(r["step_times"][a][i]["total"] for r in ranks)
+                        / max(r["step_times"][b][i]["total"] for r in ranks) for i in range(n))
+        paired[f"{a}/{b}"] = {"median": statistics.median(ratios),
+                              "p10": ratios[n // 10], "p90": ratios[n - 1 - n // 10],
+                              "below_1": sum(x < 1 for x in ratios), "rounds": n}
+    summary["paired"] = paired
     return summary
 
 
@@ -821,6 +909,11 @@ def machine_facts():
             "loadavg_end": sh("cat /proc/loadavg"),
             "zero_tree_dirty": sh(f"git -C {shlex.quote(ZERO_ROOT)} status --porcelain "
                                   "-- zero csrc 2>/dev/null | head -c 2000"),
+            "zero_extension_sha256": sh(f"sha256sum {shlex.quote(ZERO_ROOT)}/zero/_C*.so "
+                                        "2>/dev/null | cut -c1-16"),
+            "checkout_commit": sh(f"git -C {shlex.quote(ROOT)} rev-parse HEAD 2>/dev/null"),
+            "checkout_dirty": sh(f"git -C {shlex.quote(ROOT)} status --porcelain 2>/dev/null "
+                                 "| head -c 2000"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -864,10 +957,29 @@ def findings(by, inter, args):
             phases = ", ".join(
                 f"{k} {inter[z['config']][k]['median']:.0f} vs "
                 f"{inter[f['config']][k]['median']:.0f} ms" for k in ("forward", "backward", "step"))
-            word = "faster than" if r < 0.95 else "slower than" if r > 1.05 else "within ±5% of"
-            parts.append(f"{z['config']} {r:.2f}x ({word} FSDP2; {phases})")
+            pr = inter.get("paired", {}).get(f"{z['config']}/{f['config']}")
+            paired = ""
+            if pr:
+                r = pr["median"]
+                paired = (f"paired per round {pr['median']:.2f}x, p10-p90 {pr['p10']:.2f}-"
+                          f"{pr['p90']:.2f}, zero faster in {pr['below_1']} of {pr['rounds']} "
+                          f"rounds; ")
+            word = "within ±5% of"
+            if pr and r < 0.95 and 3 * pr["below_1"] >= 2 * pr["rounds"]:
+                word = "faster than"
+            elif pr and r > 1.05 and 3 * (pr["rounds"] - pr["below_1"]) >= 2 * pr["rounds"]:
+                word = "slower than"
+            elif pr and (r < 0.95 or r > 1.05):
+                word = "not clearly apart from"
+            elif not pr:
+                word = ("faster than" if r < 0.95 else "slower than" if r > 1.05
+                        else "within ±5% of")
+            parts.append(f"{z['config']} {_ratio(inter, z['config'], f['config']):.2f}x of "
+                         f"medians ({paired}{word} FSDP2; {phases})")
         if parts:
-            out.append(f"* **Step time, {precision}** (interleaved medians, zero / FSDP2): "
+            out.append(f"* **Step time, {precision}** (interleaved run, zero / FSDP2; the "
+                       f"verdict follows the paired ratio: faster or slower when it is beyond "
+                       f"±5% and at least 2/3 of the rounds agree): "
                        + "; ".join(parts) + f". Isolated medians: "
                        + ", ".join(f"{x['config']} {x['step_ms_median']:.0f} ms"
                                    for x in zs + [f]) + ".")
@@ -892,27 +1004,51 @@ def findings(by, inter, args):
             return (g / b - x["root_numel"]) / max(1, x["blocks_numel"] / args.n_layer)
         ws = []
         for z in zs:
-            g = z["gathered_peak_bytes"][0]
-            ws.append(f"{z['config']} (stage3_prefetch_bucket_size {z['prefetch_numel']:,}) "
-                      f"gathers at most {_mib(g)} MiB = {g / whole:.2f} of the whole model at "
-                      f"once (≈ root + {blocks(g, z):.1f} blocks)")
+            g, st = z["gathered_peak_bytes"][0], z["stage3_settings"]
+            ws.append(f"{z['config']} (prefetch {st['stage3_prefetch_bucket_size']:,} elements, "
+                      f"reuse distance {st['stage3_max_reuse_distance']:,}, ≤ "
+                      f"{st['stage3_max_inflight_gathers']} all-gathers in flight) gathers at "
+                      f"most {_mib(g)} MiB = {g / whole:.2f} of the whole model at once (≈ root "
+                      f"+ {blocks(g, z):.1f} blocks; "
+                      f"{_mib(z['kept_after_forward_numel']['mean'] * b)} MiB still gathered "
+                      f"when forward returns)")
         fg = f["gathered_peak_bytes"][0]
         ws.append(f"FSDP2 at most {_mib(fg)} MiB = {fg / whole:.2f} of it (≈ root + "
                   f"{blocks(fg, f):.1f} blocks; its root group stays unsharded from forward "
                   f"through backward, and its backward may prefetch the next block's "
                   f"all-gather)")
-        default_pf = [z for z in zs if z["kind"] == "zero3"]
-        note = ""
+        note = []
+        reuse_all = [z["config"] for z in zs
+                     if z["kept_after_forward_numel"]["min"] >= z["padded_numel"]]
+        if reuse_all:
+            note.append(
+                f" In {', '.join(reuse_all)} every unit's next use after its forward is its "
+                f"own backward, within the default reuse distance, and the whole model is "
+                f"below stage3_max_live_parameters, so no unit is released between forward and "
+                f"backward: the whole model stays gathered from the end of forward until each "
+                f"unit's backward ends (then it is released).")
+        lean = [z for z in zs if z["kept_after_forward_numel"]["max"] == 0]
+        if lean:
+            note.append(
+                f" Without reuse ({', '.join(z['config'] for z in lean)}) a unit is released "
+                f"when its forward or its backward ends; the root unit is in use for the "
+                f"whole forward (its module's forward encloses the blocks'), so the peak is the "
+                f"root, the block computing and the prefetched blocks: at most "
+                f"stage3_max_inflight_gathers all-gathers in flight and at most "
+                f"stage3_prefetch_bucket_size elements ahead, whichever binds first.")
+        default_pf = [z for z in zs if z["kind"] == "zero3-noreuse"]
         if default_pf and default_pf[0]["prefetch_numel"] >= f["numel"]:
-            note = (f" The engine default stage3_prefetch_bucket_size "
-                    f"({default_pf[0]['prefetch_numel']:,} elements, DeepSpeed's default) is "
-                    f"larger than this whole model ({f['numel']:,}), so from the second step "
-                    f"on the schedule may have every unit gathered or in flight at once.")
+            note.append(
+                f" The default stage3_prefetch_bucket_size ({default_pf[0]['prefetch_numel']:,}"
+                f" elements, DeepSpeed's default) is larger than this whole model "
+                f"({f['numel']:,}), so in {default_pf[0]['config']} the in-flight bound sets "
+                f"the prefetch depth (most seen: "
+                f"{_pair(default_pf[0]['max_inflight_seen'], str)}); on 39a4e5b, before "
+                f"that bound existed, the same default prefetch had the whole model gathered "
+                f"or in flight at once.")
         out.append(f"* **Gathered parameters, {precision}**: " + "; ".join(ws) + ". zero's "
                    "gather schedule records the first step's unit order and later steps "
-                   "prefetch the next units while the current one computes, bounded by "
-                   "stage3_prefetch_bucket_size elements in flight and "
-                   "stage3_max_live_parameters gathered." + note)
+                   "prefetch the next units while the current one computes." + "".join(note))
         z0 = zs[0]
         held = [(x["config"], x["profiled"]["autograd_held_param_bytes"][0])
                 for x in zs + [f] if x.get("profiled")]
@@ -947,6 +1083,11 @@ def findings(by, inter, args):
                      f"(≈ {warm / slot:.1f} slots); this engine learns the units' launch "
                      f"order from rank 0's first backward and agrees on it by broadcast, and its "
                      f"pool grows while that happens and shrinks back after the backward.")
+        else:
+            text += (f" The warm-up steps peaked at {_mib(warm)} MiB too: the first backward, "
+                     f"which learns the units' launch order, no longer grows the pool (on "
+                     f"39a4e5b it reached ≈ 6 slots there; the persistent small-parameter group "
+                     f"now launches last).")
         text += (f" FSDP2 keeps no buckets: a group's reduce-scatter input exists only around "
                  f"that group's reduction (largest seen: "
                  f"{_mib(f['comm_buffer_peak_bytes']['reduce_scatter_in_plus_out'][0])} MiB "
@@ -976,31 +1117,108 @@ def findings(by, inter, args):
                     f"again in backward) and {_mib(transient_gap)} MiB more in the step's own "
                     f"allocations, against {_mib(zp_['autograd_held_param_bytes'][0])} MiB of "
                     f"released parameters that autograd holds at the end of its forward.")
+            uneven = [f"{c} {_pair(p['transient_peak_bytes'])}" for c, p in prof
+                      if max(p["transient_peak_bytes"]) - min(p["transient_peak_bytes"]) > MIB]
+            residue = [f"{c} {_pair(p['live_at_end_bytes'])}" for c, p in prof
+                       if max(p["live_at_end_bytes"]) > MIB]
+            out[-1] += (
+                " The transient peak is good to about a unit, not to the byte. The profiler "
+                "records allocations from threads other than the training thread too (with gloo, "
+                "presumably its worker threads), so whether collective temporaries overlap the "
+                "peak depends on thread timing"
+                + (f" (here the ranks differ: {'; '.join(uneven)} MiB)" if uneven else "")
+                + (f"; more than 1 MiB allocated during the step and not seen freed at its end: "
+                   f"{'; '.join(residue)} MiB (still alive, or a free the profiler did not "
+                   f"record, which leaves its running total high)" if residue else
+                   "; no profiled step ended with more than 1 MiB it allocated left unfreed")
+                + ".")
         out.append(f"* **RSS peak, {precision}**: " + "; ".join(
             f"{x['config']} {_pair(x['rss_peak_bytes'])} MiB" for x in zs + [f]) +
             f" (RSS at start ≈ {_mib(f['rss_start_bytes'][0])} MiB is the torch runtime). RSS "
             f"also holds whatever the allocator (glibc malloc) has not returned to the OS, so it "
             f"only roughly follows the peaks above.")
-        zc, fc = z0["comm_bytes_per_step"], f["comm_bytes_per_step"]
+        parts = []
+        for z in zs:
+            pred = sum(z["comm_predicted"].values())
+            parts.append(
+                f"{z['config']} {_mib(z['comm_bytes_per_step'])} MiB = "
+                f"{z['comm_bytes_per_step'] / z['paper_3psi_b_bytes']:.4f} x 3Ψ·b "
+                f"({z['comm_bytes_per_step'] - z['paper_3psi_b_bytes']:+,.0f} bytes; "
+                f"{z['schedule_per_step']['gathers']:.0f} unit all-gathers per step; measured "
+                f"− predicted {z['comm_bytes_per_step'] - pred:+,.0f} bytes)")
+        fc = f["comm_bytes_per_step"]
+        parts.append(f"FSDP2 {_mib(fc)} MiB = {fc / f['paper_3psi_b_bytes']:.4f} x 3Ψ·b")
+        calls = ", ".join(f"{z['config']} {z['comm_calls_per_step']:.0f} "
+                          f"({z['comm_control_calls_per_step']:.0f} of them control)"
+                          for z in zs)
         out.append(
-            f"* **Bytes sent per step, {precision}** (b = {b}): zero {_mib(zc)} MiB = "
-            f"3Ψ·b {zc - z0['paper_3psi_b_bytes']:+,.0f} bytes; FSDP2 {_mib(fc)} MiB = "
-            f"{fc / f['paper_3psi_b_bytes']:.3f} x 3Ψ·b. zero's volume is the paper's: "
-            f"all-gather of every unit in forward and again in backward (2Ψ3·b, the root unit "
-            f"included), one reduce-scatter (Ψ3·b), and for the persistent parameters stage 1's "
-            f"3Ψp·b (gradient all-reduce 2Ψp·b + all-gather of the updated parameters Ψp·b), "
-            f"so the total is 3Ψ·b on the padded Ψ; the excess is the fp64 gradient-norm "
-            f"all-reduce (16 bytes) and the gather schedule's fingerprint all-gathers "
-            f"(one per unit event, 2U+1 = {2 * z0['units'] + 1} per step, 48 bytes each at "
-            f"N=2; the engine counts "
-            f"{z0['comm_control_calls_per_step']:.0f} control calls per step): tiny, but each "
-            f"is a synchronising collective, {z0['comm_calls_per_step']:.0f} calls per step in "
-            f"all vs FSDP2's "
-            f"{f['comm_calls_per_step']:.0f}). FSDP2 sends {(zc - fc) / MIB:.2f} MiB less because "
-            f"its root group is not resharded after forward (FSDP2's default for the root), "
-            f"so the root's {f['root_numel']:,} elements are all-gathered once per step "
-            f"instead of twice; zero releases the root unit after forward and gathers it "
-            f"again for backward.")
+            f"* **Bytes sent per step, {precision}** (b = {b}): " + "; ".join(parts) + ". "
+            f"zero's counters match the mechanism's prediction (table above): forward "
+            f"all-gathers every unit once (Ψ3·b, the root included), backward all-gathers again "
+            f"only the units released after forward ((Ψ3 − K)·b; K, the elements kept "
+            f"gathered from forward to backward, is read from the schedule, not from the byte "
+            f"counters), one reduce-scatter (Ψ3·b), and for the persistent parameters stage "
+            f"1's 3Ψp·b (gradient all-reduce 2Ψp·b + all-gather of the updated parameters "
+            f"Ψp·b). With reuse 0 (K = 0) that is the paper's 3Ψ·b on the padded Ψ; with the "
+            f"default reuse distance (K = Ψ3) it is 2Ψ·b + Ψp·b, i.e. one all-gather of the "
+            f"model per step instead of two. The prediction also counts two things that are not "
+            f"payload: the fp64 gradient-norm all-reduce (16 bytes) and the schedule's "
+            f"fingerprint all-gathers (one per unit event, 2U+1 = {2 * z0['units'] + 1} per "
+            f"step, 48 bytes each at N=2). They are tiny, but each one is a synchronising "
+            f"collective. Calls per step: {calls}; FSDP2 {f['comm_calls_per_step']:.0f}. "
+            f"FSDP2 keeps only its root group unsharded after forward (FSDP2's default for the "
+            f"root), so it all-gathers the blocks twice and the root's {f['root_numel']:,} "
+            f"elements once: between zero's two schedules.")
+        nz = by.get(f"zero3-noreuse-{precision}")
+        rz = by.get(f"zero3-{precision}")
+        if nz and rz:
+            g = lambda x: x["gathered_peak_bytes"][0]  # noqa: E731
+            text = (
+                f"* **What reuse costs and saves, {precision}** (zero3 vs zero3-noreuse: same "
+                f"prefetch and in-flight bounds, reuse distance 1e9 vs 0): reuse keeps "
+                f"{_mib(rz['kept_after_forward_numel']['mean'] * b)} MiB gathered from forward "
+                f"into backward; gathered peak {_mib(g(rz))} vs {_mib(g(nz))} MiB "
+                f"({_mib(g(rz) - g(nz))} MiB more)")
+            if rz.get("profiled") and nz.get("profiled"):
+                rp, np_ = rz["profiled"]["step_peak_bytes"][0], nz["profiled"]["step_peak_bytes"][0]
+                text += f", step peak {_mib(rp)} vs {_mib(np_)} MiB ({_mib(rp - np_)} MiB more)"
+            text += (f", RSS peak {_pair(rz['rss_peak_bytes'])} vs {_pair(nz['rss_peak_bytes'])}"
+                     f" MiB. It saves "
+                     f"{_mib(nz['comm_bytes_per_step'] - rz['comm_bytes_per_step'])} MiB of "
+                     f"all-gather per step ({nz['schedule_per_step']['gathers']:.0f} → "
+                     f"{rz['schedule_per_step']['gathers']:.0f} unit all-gathers; sent per step "
+                     f"{nz['comm_bytes_per_step'] / nz['paper_3psi_b_bytes']:.3f} → "
+                     f"{rz['comm_bytes_per_step'] / rz['paper_3psi_b_bytes']:.3f} x 3Ψ·b)")
+            r = _ratio(inter, rz["config"], nz["config"])
+            pr = inter.get("paired", {}).get(f"{rz['config']}/{nz['config']}")
+            if r is not None:
+                text += (f"; step time with reuse / without: {r:.2f}x of the interleaved "
+                         f"medians ({inter[rz['config']]['total']['median']:.0f} vs "
+                         f"{inter[nz['config']]['total']['median']:.0f} ms; backward "
+                         f"{inter[rz['config']]['backward']['median']:.0f} vs "
+                         f"{inter[nz['config']]['backward']['median']:.0f} ms)")
+                if pr:
+                    text += (f", {pr['median']:.2f}x paired per round (p10-p90 "
+                             f"{pr['p10']:.2f}-{pr['p90']:.2f}; reuse faster in "
+                             f"{pr['below_1']} of {pr['rounds']} rounds)")
+            out.append(text + ".")
+        checks = []
+        for z in zs:
+            st = z["stage3_settings"]
+            inflight_ok = max(z["max_inflight_seen"]) <= st["stage3_max_inflight_gathers"]
+            live_ok = max(z["peak_gathered_numel"]) <= st["stage3_max_live_parameters"]
+            reg_eq = all(p * b == r for p, r in zip(z["peak_gathered_numel"],
+                                                    z["gathered_peak_bytes"]))
+            end_ok = (all(v == 0 for v in z["gathered_numel_end"])
+                      and all(v == 0 for v in z["gathered_param_current_end"]))
+            checks.append(
+                f"{z['config']}: in flight ≤ {_pair(z['max_inflight_seen'], str)} (bound "
+                f"{st['stage3_max_inflight_gathers']}, {'held' if inflight_ok else 'EXCEEDED'}), "
+                f"peak gathered {max(z['peak_gathered_numel']):,} elements (live bound "
+                f"{st['stage3_max_live_parameters']:,}, {'held' if live_ok else 'EXCEEDED'}; "
+                f"registry peak {'=' if reg_eq else '≠'} elements × b), "
+                f"{'nothing' if end_ok else 'SOMETHING'} gathered after the last step")
+        out.append(f"* **Schedule bounds, {precision}**: " + "; ".join(checks) + ".")
     parity = []
     for precision in ("fp32", "bf16"):
         f = by.get(f"fsdp2-{precision}")
@@ -1081,7 +1299,14 @@ def render_markdown(summaries, interleaved, facts, args, command, wall_s):
         f"gradient_accumulation_steps 1, AdamW(lr 1e-3, betas (0.9, 0.999), eps 1e-8, "
         f"wd 0.01), gradient clipping {args.clip}, {args.threads} torch thread(s) per rank. "
         f"zero: stage 3, stage3_param_persistence_threshold={args.persistence_threshold}, "
-        f"reduce_bucket_size={args.bucket_numel:,}, overlap_comm default (true at stage 3). "
+        f"reduce_bucket_size={args.bucket_numel:,}, overlap_comm default (true at stage 3); "
+        f"`zero3` = the engine's other stage-3 defaults (stage3_prefetch_bucket_size 5e7, "
+        f"stage3_max_reuse_distance 1e9, stage3_max_live_parameters 1e9, "
+        f"stage3_max_inflight_gathers 2), `zero3-noreuse` = the same with "
+        f"stage3_max_reuse_distance 0, `zero3pf` = stage3_max_reuse_distance 0 and "
+        f"stage3_prefetch_bucket_size = one block "
+        f"({args.prefetch_numel or (ok[0]['blocks_numel'] // max(1, args.n_layer) if ok else 0):,}"
+        f" elements). "
         f"FSDP2: `fully_shard` on each block then on the root, default reshard_after_forward, "
         f"`torch.optim.AdamW` (default implementation), `clip_grad_norm_`, "
         f"`zero_grad()` after the step. Isolated runs: {args.warmup} warm-up + {args.steps} "
@@ -1146,24 +1371,26 @@ def render_markdown(summaries, interleaved, facts, args, command, wall_s):
         "## Step time by phase (ms, interleaved medians; slower rank per step)",
         "",
         "| config | total median | p10 | forward | backward | step (FSDP2: clip + AdamW + "
-        "zero_grad) | isolated fwd / bwd / step |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "zero_grad) | / FSDP2, paired per round: median (p10-p90) | isolated fwd / bwd / step |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for s in summaries:
         if "error" in s:
-            lines.append(f"| {s['config']} | FAILED | | | | | |")
+            lines.append(f"| {s['config']} | FAILED | | | | | | |")
             continue
         it = inter.get(s["config"])
         iso = " / ".join(f"{s['phase_ms_median'][k]:.0f}" for k in ("forward", "backward", "step"))
+        pr = inter.get("paired", {}).get(f"{s['config']}/fsdp2-{s['precision']}")
+        pr_cell = (f"{pr['median']:.2f} ({pr['p10']:.2f}-{pr['p90']:.2f})" if pr else "-")
         if isinstance(it, dict) and "total" in it:
             lines.append(f"| {s['config']} | {it['total']['median']:.0f} | "
                          f"{it['total']['p10']:.0f} | {it['forward']['median']:.0f} | "
                          f"{it['backward']['median']:.0f} | {it['step']['median']:.0f} | "
-                         f"{iso} |")
+                         f"{pr_cell} | {iso} |")
         else:
             err = (it or {}).get("error", "not run") if isinstance(it, dict) else "not run"
             lines.append(f"| {s['config']} | - ({str(err).strip().splitlines()[-1][:120]}) "
-                         f"| | | | | {iso} |")
+                         f"| | | | | | {iso} |")
     if interleaved and "error" in interleaved:
         lines += ["", f"Interleaved run FAILED: "
                   f"{interleaved['error'].strip().splitlines()[-1]}"]
@@ -1188,6 +1415,46 @@ def render_markdown(summaries, interleaved, facts, args, command, wall_s):
             f"{_mib(s['paper_3psi_b_bytes'])} | "
             f"{s['comm_bytes_per_step'] - s['paper_3psi_b_bytes']:+,.0f} | "
             f"{s['comm_calls_per_step']:.0f} |")
+    zs_ok = [s for s in ok if s["kind"] in ZERO_KINDS]
+    if zs_ok:
+        lines += [
+            "",
+            "## zero's gather schedule (rank 0 per measured step; bounds over the whole run)",
+            "",
+            "| config | prefetch bound (elements) | reuse distance | in-flight bound | "
+            "live bound | unit all-gathers / step (2U − reuses) | reuses / step | "
+            "prefetches / step | kept gathered at the end of forward (MiB) | most all-gathers "
+            "in flight seen | peak gathered elements (× b, MiB) | registry gathered peak "
+            "(MiB) | gathered at the end |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+            "| ---: |",
+        ]
+        for z in zs_ok:
+            st, ps, b = z["stage3_settings"], z["schedule_per_step"], z["param_bytes_b"]
+            kept = z["kept_after_forward_numel"]
+            kept_cell = (_mib(kept["mean"] * b) if kept["min"] == kept["max"] else
+                         f"{_mib(kept['min'] * b)}..{_mib(kept['max'] * b)} "
+                         f"(mean {_mib(kept['mean'] * b)})")
+            lines.append(
+                f"| {z['config']} | {st['stage3_prefetch_bucket_size']:,} | "
+                f"{st['stage3_max_reuse_distance']:,} | {st['stage3_max_inflight_gathers']} | "
+                f"{st['stage3_max_live_parameters']:,} | {ps['gathers']:.1f} "
+                f"({2 * z['units'] - ps['reuses']:.1f}) | {ps['reuses']:.1f} | "
+                f"{ps['prefetches']:.1f} | {kept_cell} | {_pair(z['max_inflight_seen'], str)} | "
+                f"{_pair(z['peak_gathered_numel'], lambda v: f'{v:,}')} "
+                f"({_pair([v * b for v in z['peak_gathered_numel']])}) | "
+                f"{_pair(z['gathered_peak_bytes'])} | "
+                f"{_pair(z['gathered_numel_end'], str)} elements, registry "
+                f"{_pair(z['gathered_param_current_end'])} MiB |")
+        lines += [
+            "",
+            f"U = {zs_ok[0]['units']} gather units (6 blocks + the root). *most all-gathers in "
+            "flight seen*: the schedule's own counter, read right after each prefetch starts "
+            "one. *peak gathered elements*: the schedule's counter since the engine was built "
+            "(warm-up included); the registry peak is reset after warm-up. *kept gathered at "
+            "the end of forward*: the schedule's gathered elements when forward returns "
+            "(units it keeps for their backward under the reuse distance).",
+        ]
     lines += [
         "",
         "## Memory detail (rank 0, MiB)",
@@ -1224,7 +1491,8 @@ def render_markdown(summaries, interleaved, facts, args, command, wall_s):
         if prof:
             lines.append(f"  profiled step: owned at start {_pair(prof['owned_at_start_bytes'])}"
                          f", transient peak {_pair(prof['transient_peak_bytes'])}, step peak "
-                         f"{_pair(prof['step_peak_bytes'])}; RSS start "
+                         f"{_pair(prof['step_peak_bytes'])}, live at the end "
+                         f"{_pair(prof['live_at_end_bytes'])}; RSS start "
                          f"{_pair(s['rss_start_bytes'])}, RSS peak {_pair(s['rss_peak_bytes'])}.")
     lines += ["", "## Loss (rank 0, every step of the isolated run)", "",
               "| config | losses |", "| --- | --- |"]
@@ -1241,17 +1509,55 @@ def render_markdown(summaries, interleaved, facts, args, command, wall_s):
               facts["lscpu_head"], "$ free -g", facts["free_g"], "```", "",
               f"torch {facts['torch']}, Python {facts['python']}, {facts['platform']}. "
               f"/proc/loadavg at start: `{facts['loadavg_start']}`, at end: "
-              f"`{facts['loadavg_end']}` (above 2 means other processes shared the 2 cores; "
-              f"the interleaved timings are the ones to compare).",
+              f"`{facts['loadavg_end']}`; 1-minute load sampled every 5 s during the run: "
+              f"{facts.get('loadavg_samples_text', 'not sampled')} (above 2 means other "
+              f"processes shared the 2 cores; the interleaved timings are the ones to compare).",
               "",
               f"Engine under test: `{facts['zero_root']}` at commit {facts['zero_commit']}"
               + (" (with uncommitted changes under zero/ or csrc/)"
-                 if facts["zero_tree_dirty"] else "") + ".", ""]
+                 if facts["zero_tree_dirty"] else "")
+              + (f", extension `zero/_C*.so` sha256 {facts['zero_extension_sha256']}…"
+                 if facts.get("zero_extension_sha256") else "") + "."
+              + (f" The checkout `{ROOT}` was at {facts['checkout_commit']}"
+                 + (", with uncommitted changes: `"
+                    + " ".join(facts["checkout_dirty"].split()) + "`"
+                    if facts["checkout_dirty"] else ", clean") + "."
+                 if facts["zero_root"] != ROOT else ""), ""]
     return "\n".join(lines)
+
+
+def render_only(path, out_dir):
+    """The report of an earlier run, rebuilt from its JSON (nothing is measured)."""
+    with open(path) as f:
+        saved = json.load(f)
+    args = argparse.Namespace(**saved["args"])
+    interleaved = saved.get("interleaved")
+    if interleaved is not None and "error" not in interleaved:
+        interleaved["summary"] = summarize_interleaved(interleaved)
+    summaries = [summarize(r, args) for r in saved["raw"]]
+    md = render_markdown(summaries, interleaved, saved["machine"], args, saved["command"],
+                         saved["wall_s"])
+    md = md.replace("\n```\n\nModel:", "\n```\n\n(Report rebuilt from that run's JSON by "
+                    "`python benchmarks/bench_fsdp2.py --render-only "
+                    f"{os.path.relpath(os.path.abspath(path), ROOT)}`; the numbers are the "
+                    "run's.)\n\nModel:", 1)
+    print(md)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "fsdp2_vs_zero3.md"), "w") as f:
+            f.write(md)
+        if os.path.abspath(os.path.join(out_dir, "fsdp2_vs_zero3.json")) != os.path.abspath(path):
+            with open(os.path.join(out_dir, "fsdp2_vs_zero3.json"), "w") as f:
+                json.dump({**saved, "summary": summaries, "interleaved": interleaved}, f,
+                          indent=1)
+        print(f"wrote {out_dir}/fsdp2_vs_zero3.md")
+    return 0
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.render_only:
+        return render_only(args.render_only, args.out)
     if args.threads <= 0:
         args.threads = max(1, (os.cpu_count() or 1) // args.world_size)
     configs = list(dict.fromkeys(c.strip() for c in args.configs.split(",") if c.strip()))
@@ -1261,10 +1567,20 @@ def main(argv=None):
     args.config_list = configs
     command = "python " + " ".join(shlex.quote(a) for a in
                                    [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+    if os.environ.get("ZERO_COMMIT"):
+        command = f"ZERO_COMMIT={shlex.quote(os.environ['ZERO_COMMIT'])} " + command
     if ZERO_ROOT != ROOT:
         command = f"ZERO_ROOT={shlex.quote(ZERO_ROOT)} " + command
     t0 = time.perf_counter()
     loadavg_start = open("/proc/loadavg").read().strip()
+    load_samples, sampling = [], threading.Event()
+
+    def sample_load():
+        while not sampling.wait(5.0):
+            with open("/proc/loadavg") as f:
+                load_samples.append(float(f.read().split()[0]))
+    sampler = threading.Thread(target=sample_load, daemon=True)
+    sampler.start()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_fsdp2_") as tmp:
         interleaved = None
@@ -1289,8 +1605,15 @@ def main(argv=None):
                       f"({result['wall_s']:.1f}s)", flush=True)
         summaries = [summarize(r, args) for r in results]
     wall = time.perf_counter() - t0
+    sampling.set()
+    sampler.join()
     facts = machine_facts()
     facts["loadavg_start"] = loadavg_start
+    facts["loadavg_samples"] = load_samples
+    if load_samples:
+        facts["loadavg_samples_text"] = (
+            f"min {min(load_samples):.2f}, median {statistics.median(load_samples):.2f}, max "
+            f"{max(load_samples):.2f} over {len(load_samples)} samples")
     md = render_markdown(summaries, interleaved, facts, args, command, wall)
     print(md)
     if args.out:
