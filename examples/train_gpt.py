@@ -61,10 +61,11 @@ def main():
             print(f"step {step:4d}  loss {total.item() / (gas * world):.4f}  "
                   f"lr {engine.get_lr()[0]:.2e}  grad-norm "
                   f"{engine.last_step_result.get('grad_norm', 0.0):.3f}", flush=True)
-    for r in range(world):
+    for r in range(world):  # every rank's table, in rank order
         if r == rank:
             engine.print_memory_report()
         dist.barrier()
+    engine.final_memory_report(show=False)  # the run's last JSON line per rank (memory_report.path)
 
 
 if __name__ == "__main__":

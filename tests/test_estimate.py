@@ -102,23 +102,30 @@ def test_alignment_matches_the_engine():
     assert est.ALIGNMENT_BYTES == engine.ALIGNMENT_BYTES
 
 
-def test_offload_is_a_formula_labelled_as_such_and_stage3_is_built():
+def test_offload_rows_are_built_and_move_what_the_formula_says():
+    # Checked against the engine in tests/test_estimate_offload.py; here the formulas.
     shapes = est.shapes_from_factory(FACTORY)
     setup = est.Setup(world_size=4, precision="bf16", reduce_bucket_size=3000,
                       persistence_threshold=40)
     rows = {e.name: e for e in est.estimate_all(shapes, setup)}
     for name, row in rows.items():
-        offloaded = row.option.offload_optimizer or row.option.offload_param
-        assert row.option.built == (not offloaded), name
-        assert row.status == (est.FORMULA_ONLY if offloaded else est.BUILT), name
+        formula_only = row.option.offload_param == "nvme"  # not built
+        assert row.option.built == (not formula_only), name
+        assert row.status == (est.FORMULA_ONLY if formula_only else est.BUILT), name
     stage3 = rows["stage 3"]  # checked against the engine in test_estimate_stage3.py
     assert stage3.model_state_bytes - stage3.persistent_bytes == 16 * stage3.shard_numel  # 16Ψ/N
     offload = rows["stage 2 + offload optimizer"]
-    assert offload.host_bytes == 12 * offload.shard_numel  # master + Adam moved to the host
-    assert offload.device_bytes == rows["stage 2"].device_bytes - offload.host_bytes
+    assert offload.model_state_at("host") == 12 * offload.shard_numel  # master + Adam moved
+    moved = offload.host_bytes - offload.categories["staging"]["bytes"]
+    assert offload.device_bytes == rows["stage 2"].device_bytes - moved
+    nvme = rows["stage 2 + offload optimizer (NVMe)"]
+    assert nvme.nvme_bytes == 12 * nvme.shard_numel and nvme.model_state_at("host") == 0
     everything = rows["stage 3 + offload optimizer + params"]
-    assert everything.host_bytes == (14 * everything.shard_numel + 2 * everything.persistent_numel
-                                     + 12 * everything.persistent_shard_numel)
+    # the partitioned parameter shard goes to the host, the persistent parameters stay
+    assert everything.model_state_at("host") == (14 * everything.shard_numel
+                                                 + 12 * everything.persistent_shard_numel)
+    assert everything.categories["param"]["by_location"] == {
+        "host": 2 * everything.shard_numel, "device": 2 * everything.persistent_numel}
 
 
 def test_a_bare_parameter_count_is_approximate_but_close():
@@ -151,16 +158,18 @@ def test_cli_estimate_json_and_table(capsys, tmp_path):
     assert [o["option"] for o in out["options"]][:3] == ["stage 0", "stage 1", "stage 2"]
     for option in out["options"]:
         assert option["per_node"]["ranks"] == 2
-        assert option["per_node"]["device_bytes"] == 2 * option["device_bytes"]
-        offloaded = option["offload_optimizer"] or option.get("offload_param", False)
-        assert option["status"] == (est.FORMULA_ONLY if offloaded else "built")
+        for where in ("device", "host", "nvme"):
+            assert option["per_node"][f"{where}_bytes"] == 2 * option[f"{where}_bytes"]
+        formula_only = option["offload_param"] == "nvme"
+        assert option["status"] == (est.FORMULA_ONLY if formula_only else "built")
     config = tmp_path / "ds.json"
     config.write_text(json.dumps(training.engine_config(2, precision="bf16")))
     assert cli.main(["estimate", "--model", FACTORY, "--config", str(config),
                      "--world-size", "2"]) == 0
     text = capsys.readouterr().out
-    assert "*stage 2" in text and "MiB" in text and "formula only" in text
+    assert "*stage 2 " in text and "MiB" in text and "formula only" in text
     assert "2Ψ + 14Ψ/N + 1·(U + U/N)·2" in text
+    assert "12Ψ/N + 2·C·(2+2)" in text  # stage 2 + offload optimizer, on the host
 
 
 def test_hf_config_without_transformers_says_so(tmp_path, capsys):
@@ -176,8 +185,7 @@ def test_hf_config_without_transformers_says_so(tmp_path, capsys):
     assert "transformers" in err and "--model" in err
 
 
-def test_a_stage3_config_is_read_and_a_budget_nothing_built_fits_writes_nothing(tmp_path,
-                                                                                capsys):
+def test_a_stage3_config_is_read_and_a_budget_nothing_fits_writes_nothing(tmp_path, capsys):
     config = training.engine_config(3, precision="bf16", stage3_param_persistence_threshold=40,
                                     stage3_max_live_parameters=20_000)
     path = tmp_path / "ds.json"
@@ -185,14 +193,21 @@ def test_a_stage3_config_is_read_and_a_budget_nothing_built_fits_writes_nothing(
     setup, stage = est.setup_from_config(str(path), world_size=2)
     assert stage == 3 and setup.overlap_comm is None and setup.precision == "bf16"
     assert setup.persistence_threshold == 40 and setup.max_live_parameters == 20_000
-    # A budget nothing built fits: the tuner names the not-built option and writes nothing.
+    # A budget nothing fits, offload included: the tuner says so and writes nothing.
     out = tmp_path / "tuned.json"
     assert cli.main(["tune", "--model", FACTORY, "--config", str(path), "--world-size", "2",
-                     "--budget", "0.1MiB", "--out", str(out)]) == 3
+                     "--budget", "20KiB", "--out", str(out)]) == 3
     text = capsys.readouterr().out
-    assert "nothing built fits" in text and "would need stage 2 + offload optimizer" in text
+    assert "nothing fits" in text and "no option, offload included, fits" in text
     assert "stage 3, reduce_bucket_size" in text  # stage 3 was tried, with its bounds
+    assert "stage 3 + optimizer on the host + params on the host" in text
     assert not out.exists()
+    # Without offload (--no-offload) a budget only offload fits names what would.
+    stage1 = est.estimate(est.shapes_from_factory(FACTORY), setup,
+                          est.option_for(1, "cpu")).device_bytes
+    assert cli.main(["tune", "--model", FACTORY, "--config", str(path), "--world-size", "2",
+                     "--budget", str(stage1), "--no-offload", "--out", str(out)]) == 3
+    assert "nothing fits" in capsys.readouterr().out and not out.exists()
 
 
 # ---- the tuner ------------------------------------------------------------------------------
@@ -210,9 +225,16 @@ def test_the_tuner_takes_the_least_communication_that_fits():
     assert tuner.tune(shapes, _setup(), totals[0] - 1).chosen.stage == 1
     assert tuner.tune(shapes, _setup(), totals[1] - 1).chosen.stage == 2
     assert tuner.tune(shapes, _setup(), totals[1] + 100, reserve=101).chosen.stage == 2
-    nothing = tuner.tune(shapes, _setup(), totals[2] - 1)
-    assert nothing.chosen is None and nothing.not_built
-    assert all(not e.option.built for e in nothing.not_built)
+    # Below stage 2 (no stage 3 here: a bare count has no units) only offload fits; without
+    # offload nothing does.
+    shapes_no_units = est.ModelShapes(groups=shapes.groups, description="bare")
+    offload = tuner.tune(shapes_no_units, _setup(), totals[2] - 1)
+    assert offload.chosen.stage == 1 and offload.chosen.option.offload_optimizer == "cpu"
+    nothing = tuner.tune(shapes_no_units, _setup(), totals[2] - 1, offload=False)
+    assert nothing.chosen is None
+    # stage 3 would: a formula without the model's units, named as such
+    assert [e.name for e in nothing.not_built] == ["stage 3"]
+    assert "gather units are unknown" in tuner.why_not(nothing.not_built[0], None)
 
 
 def test_bucket_sizes_halve_down_to_the_largest_parameter():

@@ -1,5 +1,8 @@
-"""zero-mem report: the table and PNG timeline from a real 2-process run's JSON lines."""
+"""zero-mem report: the table and PNG timeline from real 2-process runs' JSON lines (stage 2,
+and stage 3 with the optimizer on NVMe and the parameters on the host: one column per
+location), the live table's location split, and the final report."""
 import json
+import os
 
 import pytest
 
@@ -75,3 +78,150 @@ def test_a_single_report_per_rank_still_draws(run_dir, tmp_path):
 def test_missing_reports_are_a_clear_error(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path)]) == 2
     assert "no *.rank<r>.jsonl" in capsys.readouterr().err
+
+
+# ---- offload: the location split, the final report, the command line ---------------------------
+
+STEPS = 4
+
+
+def _train_offloaded(rank, world, path, nvme_path, steps, every):
+    import zero
+
+    config = training.engine_config(3, gas=2, precision="bf16",
+                                    stage3_param_persistence_threshold=40,
+                                    stage3_prefetch_bucket_size=13_000,
+                                    stage3_max_reuse_distance=0)
+    config["zero_optimization"].update(
+        offload_optimizer={"device": "nvme", "nvme_path": nvme_path} if nvme_path else
+        {"device": "cpu", "pin_memory": False},
+        offload_param={"device": "cpu", "pin_memory": False})
+    config["memory_report"] = {"path": path, "every_n_steps": every}
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, steps, 2)
+    final = engine.final_memory_report()
+    engine.destroy()
+    assert engine.final_memory_report() is None  # nothing left to report once destroyed
+    return final
+
+
+@pytest.fixture(scope="module")
+def offload_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("offload")
+    swap = tmp_path_factory.mktemp("swap")
+    finals = run_distributed(_train_offloaded, 2,
+                             args=(str(folder / "mem.jsonl"), str(swap), STEPS, 1))
+    return folder, finals
+
+
+def test_the_report_command_renders_a_real_offloaded_run(offload_run, tmp_path):
+    import subprocess
+    import sys
+
+    import numpy
+
+    folder, finals = offload_run
+    png = tmp_path / "offload.png"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(render.__file__)))
+    # `zero-mem report` as a user runs it (the console script is `python -m zero.reports.cli`)
+    done = subprocess.run([sys.executable, "-m", "zero.reports.cli", "report", str(folder),
+                           "--png", str(png), "--table"], capture_output=True, text=True,
+                          cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": root},
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {png}" in done.stdout and "zero-mem" not in done.stderr  # no warnings
+    assert png.stat().st_size > 30_000
+    image = matplotlib.image.imread(str(png))
+    assert image.shape[0] > 500 and image.shape[1] > 1000  # 2 ranks x 3 locations
+    pixels = image[..., :3].reshape(-1, 3)
+    assert pixels.std() > 0.1 and len(numpy.unique(pixels.round(2), axis=0)) > 50
+    table = done.stdout
+    for header in ("device MiB", "host pinned MiB", "host pageable MiB", "NVMe MiB"):
+        assert header in table
+    assert "offload: optimizer on NVMe + parameters on the host" in table
+    assert "staging" in table and "engine peak" in table and "differs" not in table
+    # The final report (same step as the last periodic one) is folded into the run.
+    loaded = render.load([str(folder)])
+    assert [len(s.reports) for s in loaded.series] == [STEPS, STEPS] and not loaded.warnings
+    assert all(s.last.get("final") for s in loaded.series)
+    assert all(len((folder / f"mem.rank{r}.jsonl").read_text().splitlines()) == STEPS + 1
+               for r in (0, 1))
+    assert finals[0]["step"] == STEPS and finals[0]["final"]
+
+
+def test_the_live_table_shows_where_memory_lives(offload_run):
+    from zero.memory import format_report
+
+    _, finals = offload_run
+    text = format_report(finals[0])
+    header = text.splitlines()[1]
+    for column in ("device", "host pinned", "host pageable", "NVMe", "peak", "by formula"):
+        assert column in header
+    assert "offload: optimizer -> nvme, params -> cpu" in text
+    assert "model states by location:" in text and "(= formula)" in text
+    rows = {line.split()[0]: line.split()[1:5] for line in text.splitlines()[2:]
+            if line.startswith("  ")}
+    # param: the persistent part on the device, the partitioned shard in pageable host memory
+    device, pinned, pageable, nvme = rows["param"]
+    assert float(device) > 0 and pinned == "-" and float(pageable) > 0 and nvme == "-"
+    assert rows["fp32_master"][0] == "-" and float(rows["fp32_master"][3]) > 0  # on NVMe
+    assert "all, peak" in text and "(peak of the sum)" in text
+    assert "process RSS" in text and "CUDA" not in text  # a CPU run: the RSS, no allocator
+    locations = finals[0]["by_location"]
+    assert locations["nvme"]["current"] > 0 and locations["host_pageable"]["current"] > 0
+    assert locations["device"]["peak"] > locations["device"]["current"]  # gathers, staging
+
+
+def test_a_gpu_report_shows_the_allocator_peaks():
+    from zero.memory import format_report
+
+    report = {"rank": 1, "step": 3, "stage": 2, "world_size": 2, "numel": 1000,
+              "param_bytes": 2, "model_state_bytes": 0, "model_state_expected_bytes": 0,
+              "model_state_formula": "2Ψ + 14Ψ/N", "categories": {},
+              "total": {"current": 0, "peak": 0},
+              "process": {"rss_bytes": 2 << 30, "rss_peak_bytes": 3 << 30, "cuda_device": 1,
+                          "cuda_allocated_bytes": 5 << 30, "cuda_max_allocated_bytes": 7 << 30,
+                          "cuda_reserved_bytes": 8 << 30, "cuda_max_reserved_bytes": 9 << 30}}
+    text = format_report(report)
+    assert ("CUDA allocator (cuda:1): allocated 5.000 GiB (peak 7.000 GiB), reserved 8.000 GiB "
+            "(peak 9.000 GiB)") in text
+    assert "process RSS: 2.000 GiB (peak 3.000 GiB" in text
+
+
+def _reports_without_an_interval(rank, world, path):
+    import zero
+
+    config = training.engine_config(1, gas=1, precision="bf16")
+    config["memory_report"] = {"path": path}  # every_n_steps: steps_per_print, unset here
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, 2, 1)
+    before = os.path.exists(path.replace(".jsonl", f".rank{rank}.jsonl"))
+    engine.final_memory_report()
+    engine.destroy()
+    return before
+
+
+def test_a_path_without_an_interval_writes_only_the_final_report(tmp_path):
+    path = str(tmp_path / "mem.jsonl")
+    assert run_distributed(_reports_without_an_interval, 2, args=(path,)) == [False, False]
+    loaded = render.load([str(tmp_path)])
+    assert [len(s.reports) for s in loaded.series] == [1, 1]
+    assert all(s.last["final"] and s.last["step"] == 2 for s in loaded.series)
+
+
+def test_reports_written_before_the_location_keys_still_render(run_dir, tmp_path):
+    folder, _ = run_dir
+    for rank in (0, 1):
+        lines = []
+        for line in (folder / f"mem.rank{rank}.jsonl").read_text().splitlines():
+            report = json.loads(line)
+            for key in ("by_location", "model_state_by_location", "offload"):
+                report.pop(key, None)
+            lines.append(json.dumps(report))
+        (tmp_path / f"old.rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    loaded = render.load([str(tmp_path)])
+    table = render.format_table(loaded.series)
+    assert "= formula" in table and "differs" not in table
+    png = tmp_path / "old.png"
+    render.plot(loaded.series, str(png))
+    assert matplotlib.image.imread(str(png)).shape[0] > 200

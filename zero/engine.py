@@ -48,6 +48,8 @@ class ZeroEngine(nn.Module):
         self.stage = config.zero_optimization.stage
         self.dtype = _DTYPES[config.precision]
         self.device = _training_device()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # collectives and allocations on this rank's GPU
         model.to(device=self.device, dtype=self.dtype)
         _convert_init_shards(model, self.device, self.dtype)
         if self.stage < 3:  # built under zero.Init, trained whole
@@ -81,6 +83,11 @@ class ZeroEngine(nn.Module):
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
         self._layouts = self._state_layouts(spec)
         self._warn_if_not_pinned()
+        if self.config.memory_report.path and not self.config.memory_report.every_n_steps \
+                and dist.get_rank() == 0:
+            logger.warning("zero: memory_report.path is set but neither memory_report.every_n_steps "
+                           "nor steps_per_print is: only the final report (engine.destroy() or "
+                           "engine.final_memory_report()) is written")
         if self.config.zero_optimization.offload_optimizer.device == "nvme":
             _LIVE_NVME_ENGINES.add(self)  # swap files go at exit even if the engine lingers
         self.micro_steps = 0
@@ -91,6 +98,7 @@ class ZeroEngine(nn.Module):
         self.last_step_result: dict = {}
         self._boundary_in_backward = False
         self._no_sync = False
+        self._final_report_step = None  # destroy() writes a final report unless one was
 
     # ---- DeepSpeed's engine surface -------------------------------------------------------
     def forward(self, *inputs, **kwargs):
@@ -197,37 +205,35 @@ class ZeroEngine(nn.Module):
         every = self.config.memory_report.every_n_steps
         if not every or self.global_steps % every:
             return
-        report = self.memory_report()
-        path = self.config.memory_report.path
-        if path:
-            target = _rank_path(path, dist.get_rank())
-            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-            with open(target, "a") as out:
-                out.write(json.dumps(report) + "\n")
-        if self.config.steps_per_print and self.global_steps % self.config.steps_per_print == 0:
-            if dist.get_rank() == 0:
-                print(format_report(report), flush=True)
+        steps_per_print = self.config.steps_per_print
+        self._write_report(self.memory_report(),
+                           show=bool(steps_per_print) and self.global_steps % steps_per_print == 0)
 
-    def final_memory_report(self) -> dict | None:
+    def final_memory_report(self, show: bool = True) -> dict | None:
         """Writes the memory report now, whatever memory_report.every_n_steps says: one JSON
         line to memory_report.path (marked "final", so `zero-mem report` folds it into the run
         even after a periodic report of the same step) and the table on rank 0. Not collective
-        (every rank writes its own line); returns the report, None once destroyed."""
+        (every rank writes its own line); destroy() calls it when a path is configured.
+        Returns the report, None once destroyed."""
         if self._core is None:
             return None
         rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
         report = build_report(self._core.registry(), self._layouts, rank, self.global_steps,
                               self._core.comm_stats())
         report["final"] = True
+        self._write_report(report, show=show)
+        self._final_report_step = self.global_steps
+        return report
+
+    def _write_report(self, report: dict, show: bool) -> None:
         path = self.config.memory_report.path
         if path:
-            target = _rank_path(path, rank)
+            target = _rank_path(path, report["rank"])
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
             with open(target, "a") as out:
                 out.write(json.dumps(report) + "\n")
-        if rank == 0:
+        if show and report["rank"] == 0:
             print(format_report(report), flush=True)
-        return report
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
@@ -387,6 +393,7 @@ class ZeroEngine(nn.Module):
         persistent parameters follow stage 1 and are reported as a separate layout)."""
         world = dist.get_world_size()
         numels: dict[tuple[int, bool], int] = {}  # (stage, SGD momentum buffer) -> elements
+        offloaded: dict[tuple[int, bool], int] = {}  # -> shard elements whose state is offloaded
         for g, (owner, params) in enumerate(self._engine_groups):
             if self.stage < 3:
                 stage = self.stage
@@ -394,12 +401,15 @@ class ZeroEngine(nn.Module):
                 stage = 3 if id(params[0]) in self._partitioned else 1
             momentum = spec.momentum_buffer_needed([self.optimizer.param_groups[owner]])
             numels[stage, momentum] = numels.get((stage, momentum), 0) + self._core.group_numel(g)
+            offloaded[stage, momentum] = (offloaded.get((stage, momentum), 0)
+                                          + self._core.group_offload_info(g)["offloaded_numel"])
+        zero_cfg = self.config.zero_optimization
         return [StateLayout(stage=stage, world_size=world, numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,
                             sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1,
-                            offload_optimizer=self.config.zero_optimization.offload_optimizer.device,
-                            offload_param=stage == 3
-                            and self.config.zero_optimization.offload_param.device == "cpu")
+                            offload_optimizer=zero_cfg.offload_optimizer.device,
+                            offload_param=stage == 3 and zero_cfg.offload_param.device == "cpu",
+                            offloaded_numel=offloaded[stage, momentum])
                 for (stage, momentum), numel in sorted(numels.items(), reverse=True)]
 
     # ---- internals -------------------------------------------------------------------------
@@ -414,7 +424,11 @@ class ZeroEngine(nn.Module):
 
     def destroy(self) -> None:
         """Removes the engine's hooks from the model (the model can then get a new engine)
-        and lets go of the C++ engine: its buffers, host pools and NVMe swap files."""
+        and lets go of the C++ engine: its buffers, host pools and NVMe swap files. With a
+        memory_report.path configured the final report is written first."""
+        if self._core is not None and self.config.memory_report.path \
+                and self._final_report_step != self.global_steps:
+            self.final_memory_report()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []

@@ -27,6 +27,9 @@ class StateLayout:
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
     offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
     offload_param: bool = False  # stage 3: the parameter shard lives in host memory
+    # offload_optimizer.ratio < 1: of the shard's Ψ/N elements, how many keep their master and
+    # optimizer state offloaded (the rest, on the device, keep theirs there); None: all of them
+    offloaded_numel: int | None = None
 
     @property
     def mixed_precision(self) -> bool:
@@ -43,7 +46,8 @@ def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     optimizer = {"adam": 8, "sgd": 4 if layout.sgd_momentum else 0}[layout.optimizer]
     # In fp32 training the master is the parameter's own shard (nothing extra), unless the
     # optimizer is offloaded: then the host keeps an fp32 copy of its own.
-    master = 4 if layout.mixed_precision or layout.offload_optimizer != "none" else 0
+    master = 4 if (layout.mixed_precision or layout.offload_optimizer != "none"
+                   or layout.offload_param) else 0
     return {
         "param": (b, stage >= 3),
         "gradient": (b, stage >= 2),
@@ -62,15 +66,27 @@ def category_location(layout: StateLayout, category: str) -> str:
 
 
 def expected_model_state_bytes(layout: StateLayout) -> dict[str, dict]:
-    """Per category: the bytes this rank should own and the formula that gives them."""
+    """Per category: the bytes this rank should own, the formula that gives them and where
+    they are (`by_location`: split between the device and the host / NVMe with a partial
+    optimizer offload)."""
     rows = {}
     for name, (coefficient, sharded) in _coefficients(layout).items():
         numel = layout.sharded_numel if sharded else layout.numel
         formula = f"{coefficient}Ψ/N" if sharded and coefficient else f"{coefficient}Ψ"
-        if coefficient and category_location(layout, name) != "device":
-            formula += f" ({category_location(layout, name)})"
-        rows[name] = {"bytes": coefficient * numel, "formula": formula if coefficient else "0",
-                      "location": category_location(layout, name)}
+        location = category_location(layout, name)
+        value = coefficient * numel
+        by_location = {location: value}
+        partial = (location != "device" and name in ("fp32_master", "optimizer_state")
+                   and layout.offloaded_numel is not None and layout.offloaded_numel != numel)
+        if partial and coefficient:
+            offloaded = coefficient * layout.offloaded_numel
+            by_location = {location: offloaded, "device": value - offloaded}
+            share = layout.offloaded_numel / numel if numel else 0.0
+            formula += f" ({share:.3g} {location}, the rest on the device)"
+        elif coefficient and location != "device":
+            formula += f" ({location})"
+        rows[name] = {"bytes": value, "formula": formula if coefficient else "0",
+                      "location": location, "by_location": by_location}
     return rows
 
 
@@ -83,8 +99,16 @@ def total_formula(layout: StateLayout) -> str:
     return " + ".join(parts) or "0"
 
 
+LOCATIONS = ("device", "host_pinned", "host_pageable", "nvme")  # the registry's locations
+CATEGORY_ORDER = ("param", "gradient", "fp32_master", "optimizer_state", "bucket",
+                  "gathered_param", "staging", "other")
+_LOCATION_TEXT = {"device": "device", "host_pinned": "host pinned",
+                  "host_pageable": "host pageable", "nvme": "NVMe"}
+
+
 def process_memory() -> dict[str, int]:
-    """Process-level numbers the registry cannot see: RSS on CPU, allocator peaks on GPU."""
+    """Process-level numbers the registry cannot see: RSS on CPU, allocator peaks on GPU (of
+    the engine's device, cuda:LOCAL_RANK, as zero.engine picks it)."""
     out = {"rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     try:
         with open(f"/proc/{os.getpid()}/statm") as statm:
@@ -92,8 +116,12 @@ def process_memory() -> dict[str, int]:
     except OSError:
         pass
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda_allocated_bytes"] = torch.cuda.memory_allocated()
-        out["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        out["cuda_device"] = device.index
+        out["cuda_allocated_bytes"] = torch.cuda.memory_allocated(device)
+        out["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        out["cuda_reserved_bytes"] = torch.cuda.memory_reserved(device)
+        out["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
     return out
 
 
@@ -117,7 +145,8 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
             formula = f"{label}{row['formula']}"
             entry["formula"] = f"{entry['formula']} + {formula}" if "formula" in entry else formula
             expected_total += row["bytes"]
-            expected_by_location[row["location"]] += row["bytes"]
+            for location, value in row["by_location"].items():
+                expected_by_location[location] += value
     model_state = sum(categories[name]["current"] for name in _coefficients(layouts[0]))
     measured_by_location = {"device": 0, "host": 0, "nvme": 0}
     for name in _coefficients(layouts[0]):
@@ -144,25 +173,104 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         "model_state_by_location": {"measured": measured_by_location,
                                     "expected": expected_by_location},
         "total": registry.total(),
+        # every category at one location: current and peak (the peak of the sum)
+        "by_location": {location: registry.location_usage(location) for location in LOCATIONS},
+        "offload": {"optimizer": main.offload_optimizer,
+                    "param": "cpu" if any(layout.offload_param for layout in layouts) else "none"},
         "process": process_memory(),
         "comm": comm_stats,
     }
 
 
+def _unit(value: int) -> tuple[int, str]:
+    return (1024 ** 3, "GiB") if value >= 1024 ** 3 else (1024 ** 2, "MiB")
+
+
+def _size(value: int) -> str:
+    scale, unit = _unit(value)
+    return f"{value / scale:.3f} {unit}" if value else "0"
+
+
+def location_totals(report: dict) -> dict[str, dict[str, int | None]]:
+    """Per registry location: current and peak bytes over all categories (reports written
+    before the `by_location` key: current summed from the categories, peak unknown)."""
+    if "by_location" in report:
+        return report["by_location"]
+    out = {location: {"current": 0, "peak": None} for location in LOCATIONS}
+    for entry in report["categories"].values():
+        for location, usage in entry.get("by_location", {}).items():
+            out.setdefault(location, {"current": 0, "peak": None})["current"] += usage["current"]
+    return out
+
+
 def format_report(report: dict) -> str:
-    """A table for humans: one line per category, bytes in MiB (labelled MiB)."""
-    mib = 1024 * 1024
+    """A table for humans: per category the current bytes at each location (device, host
+    pinned, host pageable, NVMe), the peak, the formula's bytes and the formula; then every
+    location's current and peak, the model states by location against the formula, and the
+    process (RSS on CPU; the CUDA allocator on GPU). MiB, or GiB from 1 GiB up (labelled)."""
+    scale, unit = _unit(report["total"]["peak"])
+    offload = report.get("offload") or {}
+    where = [f"optimizer -> {offload['optimizer']}"] if offload.get("optimizer", "none") != \
+        "none" else []
+    where += [f"params -> {offload['param']}"] if offload.get("param", "none") != "none" else []
+    persistent = report.get("persistent_numel")
     lines = [f"[rank {report['rank']}] memory after step {report['step']} "
-             f"(stage {report['stage']}, N={report['world_size']}, Ψ={report['numel']:,}):",
-             f"  {'category':<16}{'current MiB':>12}{'peak MiB':>12}{'formula MiB':>13}  formula"]
-    for name, entry in sorted(report["categories"].items()):
+             f"(stage {report['stage']}, N={report['world_size']}, Ψ={report['numel']:,}"
+             + (f", Ψp={persistent:,} persistent" if persistent else "")
+             + f", {report['param_bytes']}-byte params"
+             + (f"; offload: {', '.join(where)}" if where else "") + f"), in {unit}:"]
+    headers = ["category", *(_LOCATION_TEXT[loc] for loc in LOCATIONS), "peak", "by formula",
+               "check", "formula"]
+    rows = []
+
+    def number(value) -> str:
+        return "-" if value is None else "0" if value == 0 else f"{value / scale:.3f}"
+
+    for name, entry in sorted(report["categories"].items(), key=lambda item: (
+            CATEGORY_ORDER.index(item[0]) if item[0] in CATEGORY_ORDER else len(CATEGORY_ORDER),
+            item[0])):
+        at = entry.get("by_location", {})
         expected = entry.get("expected")
-        expected_text = f"{expected / mib:>13.3f}" if expected is not None else f"{'-':>13}"
-        lines.append(f"  {name:<16}{entry['current'] / mib:>12.3f}{entry['peak'] / mib:>12.3f}"
-                     f"{expected_text}  {entry.get('formula', '')}")
-    lines.append(f"  model states: {report['model_state_bytes'] / mib:.3f} MiB measured, "
-                 f"{report['model_state_expected_bytes'] / mib:.3f} MiB by "
-                 f"{report['model_state_formula']}; engine total peak "
-                 f"{report['total']['peak'] / mib:.3f} MiB; "
-                 f"RSS peak {report['process']['rss_peak_bytes'] / mib:.1f} MiB")
+        check = "" if expected is None else ("=" if expected == entry["current"] else "differs")
+        rows.append([name, *(number(at[loc]["current"]) if loc in at else "-" for loc in LOCATIONS),
+                     number(entry["peak"]), number(expected), check, entry.get("formula", "")])
+    totals = location_totals(report)
+    rows.append(["all, current", *(number(totals.get(loc, {}).get("current")) for loc in LOCATIONS),
+                 number(report["total"]["current"]), "", "", ""])
+    rows.append(["all, peak", *(number(totals.get(loc, {}).get("peak")) for loc in LOCATIONS),
+                 number(report["total"]["peak"]), "", "", "(peak of the sum)"])
+    widths = [max(len(str(row[i])) for row in rows + [headers]) for i in range(len(headers))]
+
+    def line(cells):
+        return "  " + "  ".join(str(c).ljust(w) if i in (0, 7, 8) else str(c).rjust(w)
+                                for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    lines.append(line(headers))
+    lines.extend(line(row) for row in rows)
+    by_location = report.get("model_state_by_location")
+    if by_location:
+        measured, expected = by_location["measured"], by_location["expected"]
+        parts = ", ".join(f"{_LOCATION_TEXT.get(loc, loc)} {_size(measured.get(loc, 0))}"
+                          for loc in ("device", "host", "nvme")
+                          if measured.get(loc) or expected.get(loc) or loc == "device")
+        verdict = "= formula" if measured == expected else \
+            "formula: " + ", ".join(f"{loc} {_size(value)}" for loc, value in expected.items())
+        lines.append(f"  model states by location: {parts} ({verdict})")
+    lines.append(f"  model states: {_size(report['model_state_bytes'])} measured, "
+                 f"{_size(report['model_state_expected_bytes'])} by "
+                 f"{report['model_state_formula']}")
+    process = report.get("process", {})
+    if "cuda_allocated_bytes" in process:
+        text = (f"  CUDA allocator (cuda:{process.get('cuda_device', '?')}): allocated "
+                f"{_size(process['cuda_allocated_bytes'])} (peak "
+                f"{_size(process['cuda_max_allocated_bytes'])})")
+        if "cuda_reserved_bytes" in process:
+            text += (f", reserved {_size(process['cuda_reserved_bytes'])} (peak "
+                     f"{_size(process['cuda_max_reserved_bytes'])})")
+        lines.append(text + "; the engine's device bytes are part of it")
+    if "rss_peak_bytes" in process:
+        current = process.get("rss_bytes", 0)
+        lines.append(f"  process RSS: {_size(current)} (peak "
+                     f"{_size(max(current, process['rss_peak_bytes']))}; the whole process: "
+                     "framework, activations and allocator caches included)")
     return "\n".join(lines)

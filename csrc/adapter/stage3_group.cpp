@@ -52,7 +52,9 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
       layout_(stage3_layout(params_, unit_of_param, full_shapes, options,
                             communicator.world_size())),
       state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
-             options.sgd_momentum, /*keep_master=*/mixed_precision(), options.offload),
+             options.sgd_momentum,
+             // With the parameters on the host, a device-side step needs its own master.
+             /*keep_master=*/mixed_precision() || options.offload_param, options.offload),
       units_(layout_.unit_count()) {
   const c10::TensorOptions model_options = params_.front().options();
   if (options_.offload_param) {

@@ -3,6 +3,8 @@
     zero-mem estimate --model zero.models.tiny_gpt:TinyGPT --world-size 8 --precision bf16
     zero-mem estimate --params 7B --world-size 64 --num-nodes 8 --config ds_config.json --json
     zero-mem tune --model pkg.mod:build --world-size 2 --budget 2GiB --out cfg.json
+    zero-mem tune --model pkg.mod:build --world-size 8 --budget 16GiB --host-budget 200GiB \
+                  --nvme-path /local_nvme --out cfg.json
     zero-mem report runs/ --png memory.png --table
 
 (also `python -m zero.reports.cli ...`). Exit codes: 0 done, 2 bad input, 3 tune found no
@@ -79,6 +81,21 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stage3_max_reuse_distance (default 1e9)")
     stage3.add_argument("--max-inflight-gathers", type=int, metavar="K",
                         help="stage3_max_inflight_gathers (default 2)")
+    offload = parser.add_argument_group("offload (default: the config's, else none)")
+    offload.add_argument("--offload-optimizer", choices=est.OFFLOAD_DEVICES,
+                         help="where the fp32 master and optimizer state live: the row the "
+                              "estimate marks (every option is listed anyway)")
+    offload.add_argument("--offload-param", choices=est.OFFLOAD_DEVICES,
+                         help="stage 3: where the parameter shard lives (nvme: formula only)")
+    offload.add_argument("--sub-group-size", type=_count, metavar="ELEMENTS",
+                         help="elements per chunk of the offloaded step (capped at 4,194,304 and "
+                              "the shard; default 1e9)")
+    offload.add_argument("--offload-ratio", type=float, metavar="R",
+                         help="offload_optimizer.ratio: the fraction of each shard whose state "
+                              "and step are offloaded (default 1)")
+    offload.add_argument("--delayed-update", action=argparse.BooleanOptionalAction, default=None,
+                         help="offload_optimizer.delayed_update (cpu): the host also keeps the "
+                              "shard's gradients and new parameters")
 
 
 def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
@@ -89,7 +106,10 @@ def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
                      prefetch_bucket_size=args.prefetch_bucket_size,
                      max_live_parameters=args.max_live_parameters,
                      max_reuse_distance=args.max_reuse_distance,
-                     max_inflight_gathers=args.max_inflight_gathers)
+                     max_inflight_gathers=args.max_inflight_gathers,
+                     offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
+                     sub_group_size=args.sub_group_size, delayed_update=args.delayed_update,
+                     offload_ratio=args.offload_ratio)
     base = None
     if args.config:
         setup, stage = est.setup_from_config(args.config, world, args.num_nodes, stage=args.stage,
@@ -140,9 +160,11 @@ def cmd_tune(args) -> int:
     gas = 1
     if base is not None:
         gas = int(base.get("gradient_accumulation_steps") or 1)
+    nvme_path = os.path.abspath(args.nvme_path) if args.nvme_path else None
     rec = tuner.tune(shapes, setup, args.budget, host_budget=args.host_budget,
                      reserve=args.reserve, headroom=args.headroom,
-                     gradient_accumulation_steps=gas)
+                     gradient_accumulation_steps=gas, nvme_path=nvme_path,
+                     nvme_budget=args.nvme_budget, offload=not args.no_offload)
     config = notes = None
     if rec.chosen is not None:
         config, notes = tuner.recommended_config(rec, setup, base, micro_batch=args.micro_batch)
@@ -178,19 +200,26 @@ def build_parser() -> argparse.ArgumentParser:
         "tune a config to a budget, render what a run measured.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("estimate", help="per-rank and per-node bytes by category, stages 0-3 "
-                       "and offload")
+    p = sub.add_parser("estimate", help="per-rank and per-node bytes by category and location "
+                       "(device, host, NVMe), stages 0-3 and offload")
     _add_model_arguments(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=cmd_estimate)
 
-    p = sub.add_parser("tune", help="the config that fits a budget with the least "
-                       "communication")
+    p = sub.add_parser("tune", help="the config that fits a budget with the least offload, "
+                       "then the least communication")
     _add_model_arguments(p)
     p.add_argument("--budget", type=_size, required=True,
                    help="memory per device (per rank), e.g. 2GiB, 40GB")
     p.add_argument("--host-budget", type=_size,
-                   help="host RAM per node for offload options (formula only today)")
+                   help="host RAM per node the offload options may use (default: not checked)")
+    p.add_argument("--nvme-path", metavar="DIR",
+                   help="a directory on NVMe: lets the tuner recommend optimizer offload to "
+                        "NVMe (written as offload_optimizer.nvme_path)")
+    p.add_argument("--nvme-budget", type=_size,
+                   help="NVMe bytes per node the swap files may use (default: not checked)")
+    p.add_argument("--no-offload", action="store_true",
+                   help="recommend no offload (stages 0-3 only)")
     p.add_argument("--reserve", type=_size, default=0,
                    help="bytes of the budget kept for activations and overhead (default 0)")
     p.add_argument("--headroom", type=float, default=0.0,

@@ -8,7 +8,8 @@ and every category is the byte count the engine's accounting registry reports af
     param            b·Ψ (stages 0-2)         stage 3: b·Ψ/N + b·Ψp
     gradient         b·Ψ (stages 0, 1)        b·Ψ/N (stage 2)      stage 3: b·Ψ/N + b·Ψp
     fp32_master      4·Ψ (stage 0)            4·Ψ/N (stages >= 1; stage 3 + 4·Ψp/N)
-                     0 when training in fp32 (the parameter shard is the master)
+                     0 when training in fp32 without optimizer offload (the parameter
+                     shard is the master)
     optimizer_state  8·Ψ or 8·Ψ/N (Adam)      4· (SGD with momentum)    0 (plain SGD)
     bucket           0 (stages 0, 1)          stages 2 and 3: Σ over groups of
                                               min(slots, units)·(U + U/N)·b,
@@ -35,7 +36,30 @@ prefetches and keeps units for reuse). It assumes the forward runs every unit on
 definition order, inside the root (a transformer's blocks); a model that calls a unit twice
 or in another order gathers differently. See `simulate_stage3_schedule`.
 
-Offload is not built: "formula only — not yet built/measured".
+Offload (built, exact against the engine; `offload_optimizer` at stages 1-3, `offload_param`
+cpu at stage 3): fp32_master and optimizer_state move to the host (cpu) or to NVMe (the
+registry's `nvme` location: a swap file); an offloaded optimizer always keeps an fp32 master,
+fp32 training included. Every engine group (stages 1-2: one per optimizer group; stage 3: the
+partitioned group and the persistent stage-1 group) owns one host pool that adds `staging`:
+
+    chunk C          min(sub_group_size, 4,194,304, the group's Ψ/N) elements
+    cpu              2 slots x (C·b gradients + C·b parameters if the model is 16-bit);
+                     with offload_optimizer.delayed_update also the shard's gradients and
+                     new parameters, 2 x b·Ψ/N
+    nvme             the cpu chunks (no delayed update with NVMe) + 2 slots x each state
+                     array (master, exp_avg, exp_avg_sq; master + momentum; master) x
+                     round_up(4·C, 4096) bytes; the state itself on NVMe
+    offload_param    the partitioned parameter shard b·Ψ/N on the host (the persistent part
+                     stays on the device); every gather copies the unit's shard piece to a
+                     device staging buffer held until its all-gather completes: device
+                     staging = b x the most shard elements in flight at once (replayed)
+
+    ratio < 1        offload_optimizer.ratio: of every group's shard only the tail,
+                     llround(ratio x Ψ/N) elements, keeps its master and state offloaded (the
+                     pool and its chunks are sized for the tail); the head keeps master and
+                     state on the device, an fp32 master included
+
+offload_param "nvme" is not built: a formula row ("formula only — not yet built/measured").
 
 Not estimated: activations (they depend on the model's forward, batch and sequence length,
 and the meta device cannot measure them), autograd's transient full-size gradients before a
@@ -47,6 +71,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -70,6 +95,15 @@ DEFAULT_PREFETCH_BUCKET_SIZE = 50_000_000
 DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
 DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
 DEFAULT_MAX_INFLIGHT_GATHERS = 2
+
+# Offload (zero/engine.py OFFLOAD_TILE, csrc/core/aligned_buffer.h kIoAlignment; a test keeps
+# them equal): the offloaded step streams chunks of at most OFFLOAD_TILE elements, and NVMe
+# staging chunks are rounded up to whole I/O pages.
+OFFLOAD_TILE = 1 << 22
+IO_ALIGNMENT = 4096
+DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+LOCATIONS = ("device", "host", "nvme")
 
 BUILT = "built"
 FORMULA_ONLY = "formula only — not yet built/measured"
@@ -381,6 +415,13 @@ class Setup:
     max_live_parameters: int = DEFAULT_MAX_LIVE_PARAMETERS
     max_reuse_distance: int = DEFAULT_MAX_REUSE_DISTANCE
     max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS
+    # offload: the configured devices (which row `estimate(shapes, setup, stage)` gives and the
+    # table marks) and the chunk of the offloaded step
+    offload_optimizer: str = "none"   # none | cpu | nvme
+    offload_param: str = "none"       # none | cpu | nvme (nvme: formula only)
+    sub_group_size: int = DEFAULT_SUB_GROUP_SIZE
+    delayed_update: bool = False      # offload_optimizer.delayed_update (cpu only)
+    offload_ratio: float = 1.0        # offload_optimizer.ratio: the offloaded tail of each shard
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -401,6 +442,33 @@ class Setup:
         if self.max_inflight_gathers < 1:
             raise EstimateError(f"stage3 max_inflight_gathers must be >= 1, got "
                                 f"{self.max_inflight_gathers}")
+        for name in ("offload_optimizer", "offload_param"):
+            if getattr(self, name) not in OFFLOAD_DEVICES:
+                raise EstimateError(f"{name} {getattr(self, name)!r}: expected one of "
+                                    f"{OFFLOAD_DEVICES}")
+        if self.sub_group_size < 1:
+            raise EstimateError(f"sub_group_size must be >= 1, got {self.sub_group_size}")
+        if not 0.0 <= float(self.offload_ratio) <= 1.0:
+            raise EstimateError(f"offload_optimizer.ratio must be in [0, 1], got "
+                                f"{self.offload_ratio}")
+        if self.delayed_update and float(self.offload_ratio) < 1.0:
+            raise EstimateError("the delayed update needs the whole step on the host (ratio 1)")
+
+    def offloaded_numel(self, shard_numel: int) -> int:
+        """Of one engine group's shard, the elements whose state and step are offloaded (the
+        shard's tail): llround(ratio x shard), as the engine rounds (half away from zero)."""
+        value = float(self.offload_ratio) * int(shard_numel)
+        whole = math.floor(value)
+        return int(whole) + (1 if value - whole >= 0.5 else 0)
+
+    @property
+    def offload_chunk_limit(self) -> int:
+        """Elements per chunk of the offloaded step, before the shard caps it."""
+        return min(int(self.sub_group_size), OFFLOAD_TILE)
+
+    def offload_chunk(self, shard_numel: int) -> int:
+        """C of one engine group: min(sub_group_size, 4,194,304, the group's shard)."""
+        return min(self.offload_chunk_limit, max(int(shard_numel), 1))
 
     @property
     def ranks_per_node(self) -> int:
@@ -422,7 +490,12 @@ class Setup:
                 "ranks_per_node": self.ranks_per_node, "precision": self.precision,
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
                 "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
-                "stage3": self.stage3_dict()}
+                "stage3": self.stage3_dict(),
+                "offload": {"offload_optimizer": self.offload_optimizer,
+                            "offload_param": self.offload_param,
+                            "sub_group_size": self.sub_group_size,
+                            "delayed_update": self.delayed_update,
+                            "ratio": self.offload_ratio}}
 
     def stage3_dict(self) -> dict:
         """The stage-3 settings under their config names."""
@@ -444,7 +517,8 @@ STAGE3_KEYS = {"stage3_param_persistence_threshold": "persistence_threshold",
 def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     """(Setup, stage) from a DeepSpeed JSON config (a path or dict); keyword overrides that are
     not None win (precision, optimizer, reduce_bucket_size, overlap_comm, stage, and the
-    stage-3 fields of Setup). Stage-3 keys are read; offload configs too (formula only)."""
+    stage-3 and offload fields of Setup). Stage-3 keys are read, and the offload blocks
+    (devices, sub_group_size, ratio, delayed_update)."""
     from zero.config import ALL_FEATURES, ConfigError, load_config
 
     try:
@@ -463,6 +537,12 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     }
     for key, name in STAGE3_KEYS.items():
         values[name] = int(getattr(cfg.zero_optimization, key))
+    zero_cfg = cfg.zero_optimization
+    values["offload_ratio"] = float(zero_cfg.offload_optimizer.ratio)
+    values["offload_optimizer"] = zero_cfg.offload_optimizer.device
+    values["offload_param"] = zero_cfg.offload_param.device
+    values["sub_group_size"] = int(zero_cfg.sub_group_size)
+    values["delayed_update"] = bool(getattr(zero_cfg.offload_optimizer, "delayed_update", False))
     stage = cfg.zero_optimization.stage
     for key, value in overrides.items():
         if value is None:
@@ -478,36 +558,71 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
 
 @dataclass(frozen=True)
 class Option:
+    """One way to run: a ZeRO stage, where the optimizer state lives (none = on the device,
+    cpu = host memory, nvme = a swap file) and, at stage 3, where the parameter shard lives."""
     name: str
     stage: int
-    offload_optimizer: bool = False
-    offload_param: bool = False
+    offload_optimizer: str = "none"   # none | cpu | nvme
+    offload_param: str = "none"       # none | cpu | nvme
+
+    @property
+    def offloaded(self) -> bool:
+        return self.offload_optimizer != "none" or self.offload_param != "none"
 
     @property
     def built(self) -> bool:
-        """The engine builds it (offload is not built yet)."""
-        return not self.offload_optimizer and not self.offload_param
+        """The engine builds it (all but offload_param on NVMe)."""
+        return self.offload_param != "nvme"
 
 
 OPTIONS = (
     Option("stage 0", 0),
     Option("stage 1", 1),
     Option("stage 2", 2),
-    Option("stage 1 + offload optimizer", 1, offload_optimizer=True),
-    Option("stage 2 + offload optimizer", 2, offload_optimizer=True),
+    Option("stage 1 + offload optimizer", 1, "cpu"),
+    Option("stage 1 + offload optimizer (NVMe)", 1, "nvme"),
+    Option("stage 2 + offload optimizer", 2, "cpu"),
+    Option("stage 2 + offload optimizer (NVMe)", 2, "nvme"),
     Option("stage 3", 3),
-    Option("stage 3 + offload optimizer", 3, offload_optimizer=True),
-    Option("stage 3 + offload optimizer + params", 3, offload_optimizer=True, offload_param=True),
+    Option("stage 3 + offload optimizer", 3, "cpu"),
+    Option("stage 3 + offload optimizer (NVMe)", 3, "nvme"),
+    Option("stage 3 + offload params", 3, "none", "cpu"),
+    Option("stage 3 + offload optimizer + params", 3, "cpu", "cpu"),
+    Option("stage 3 + offload optimizer (NVMe) + params", 3, "nvme", "cpu"),
+    Option("stage 3 + offload optimizer + params (NVMe)", 3, "nvme", "nvme"),
 )
 
-CATEGORIES = ("param", "gradient", "fp32_master", "optimizer_state", "bucket", "gathered_param")
+
+def option_for(stage: int, offload_optimizer: str = "none", offload_param: str = "none"
+               ) -> Option:
+    """The option of OPTIONS for a stage and offload devices (an EstimateError naming why
+    when there is none: offload at stage 0, parameter offload below stage 3)."""
+    for option in OPTIONS:
+        if (option.stage, option.offload_optimizer, option.offload_param) == \
+                (stage, offload_optimizer, offload_param):
+            return option
+    if offload_param != "none" and stage != 3:
+        raise EstimateError(f"offload_param {offload_param!r} needs stage 3 (stage is {stage})")
+    if offload_optimizer != "none" and stage == 0:
+        raise EstimateError("offload_optimizer needs ZeRO stage 1, 2 or 3 (at stage 0 nothing is "
+                            "sharded to offload)")
+    raise EstimateError(f"no estimate for stage {stage} with offload_optimizer "
+                        f"{offload_optimizer!r} and offload_param {offload_param!r}")
+
+
+CATEGORIES = ("param", "gradient", "fp32_master", "optimizer_state", "bucket", "gathered_param",
+              "staging")
 
 
 @dataclass
 class Estimate:
     option: Option
     setup: Setup
-    categories: dict[str, dict]   # name -> {"bytes", "formula", "location": device|host}
+    # name -> {"bytes", "formula", "location": device|host|nvme, "by_location": {location:
+    # bytes}}; a category split over locations (stage 3's param with offload_param: the
+    # partitioned shard on the host, the persistent part on the device; staging) also has
+    # "formula_by_location", and "location" names where most of it is
+    categories: dict[str, dict]
     numel: int                    # Ψ (padded; stage 3: the partitioned parameters)
     shard_numel: int              # Ψ/N (padded)
     max_unit_numel: int           # U
@@ -517,6 +632,7 @@ class Estimate:
     persistent_numel: int = 0     # stage 3: Ψp, the persistent (whole) parameters, padded
     persistent_shard_numel: int = 0
     stage3: Optional[dict] = None  # stage 3: units, working set, bounds (see estimate())
+    offload: Optional[dict] = None  # offload: chunks, staging, swap file (see _offload_detail)
 
     @property
     def name(self) -> str:
@@ -539,7 +655,9 @@ class Estimate:
         return not (self.stage3 or {}).get("error")
 
     def bytes_at(self, location: str) -> int:
-        return sum(row["bytes"] for row in self.categories.values() if row["location"] == location)
+        """Bytes per rank at one location ("device", "host" or "nvme"); transient categories
+        (buckets, gathered parameters, device staging) at their peak."""
+        return sum(_by_location(row).get(location, 0) for row in self.categories.values())
 
     @property
     def device_bytes(self) -> int:
@@ -548,6 +666,16 @@ class Estimate:
     @property
     def host_bytes(self) -> int:
         return self.bytes_at("host")
+
+    @property
+    def nvme_bytes(self) -> int:
+        return self.bytes_at("nvme")
+
+    def model_state_at(self, location: str) -> int:
+        """The model states (param, gradient, master, optimizer state) at one location: what
+        the live report's model_state_by_location gives."""
+        return sum(_by_location(self.categories[name]).get(location, 0)
+                   for name in CATEGORIES[:4])
 
     @property
     def model_state_bytes(self) -> int:
@@ -569,9 +697,13 @@ class Estimate:
             "status": self.status, "built": self.option.built,
             "categories": self.categories,
             "device_bytes": self.device_bytes, "host_bytes": self.host_bytes,
+            "nvme_bytes": self.nvme_bytes,
             "model_state_bytes": self.model_state_bytes,
+            "model_state_by_location": {where: self.model_state_at(where)
+                                        for where in LOCATIONS},
             "per_node": {"ranks": per_node, "device_bytes": self.device_bytes * per_node,
-                         "host_bytes": self.host_bytes * per_node},
+                         "host_bytes": self.host_bytes * per_node,
+                         "nvme_bytes": self.nvme_bytes * per_node},
             "numel": self.numel, "shard_numel": self.shard_numel,
             "max_unit_numel": self.max_unit_numel, "unit_count": self.unit_count,
             "groups": self.groups,
@@ -580,7 +712,13 @@ class Estimate:
             out.update(persistent_numel=self.persistent_numel,
                        persistent_shard_numel=self.persistent_shard_numel,
                        persistent_bytes=self.persistent_bytes, stage3=self.stage3)
+        if self.offload is not None:
+            out["offload"] = self.offload
         return out
+
+
+def _by_location(row: dict) -> dict:
+    return row.get("by_location") or {row["location"]: row["bytes"]}
 
 
 def layouts(shapes: ModelShapes, setup: Setup, stage: int, reduce_bucket_size: int | None = None):
@@ -683,6 +821,10 @@ class WorkingSet:
     prefetches: int               # of those, started ahead of use
     reuses: int                   # units kept gathered for a use soon after
     error: str = ""               # what the engine would raise (live bound too small)
+    # the most elements whose all-gather was in flight at once (the unit being gathered
+    # included): with offload_param each holds its shard piece in device staging
+    peak_inflight_numel: int = 0
+    inflight_at_peak: tuple[int, ...] = ()
 
 
 class _Schedule:
@@ -708,6 +850,8 @@ class _Schedule:
         self.gathers = self.gathered = self.prefetches = self.reuses = 0
         self.live_set: set[int] = set()  # resident units (placed ones only)
         self.live_numel = self.flying_count = 0
+        self.flying_numel = self.peak_flying = 0
+        self.flying_at_peak: tuple[int, ...] = ()
 
     # residency (GatherSchedule::is_live, gathered_numel, inflight, fetch, gather, release)
     def live(self, u):
@@ -729,6 +873,10 @@ class _Schedule:
             self.live_set.add(u)
             self.live_numel += self.numel[u]
             self.flying_count += 1
+            self.flying_numel += self.numel[u]
+            if self.flying_numel > self.peak_flying:
+                self.peak_flying = self.flying_numel
+                self.flying_at_peak = tuple(v for v in range(len(self.numel)) if self.flying[v])
         if self.live_numel > self.peak:
             self.peak = self.live_numel
             self.live_at_peak = tuple(sorted(self.live_set))
@@ -740,6 +888,7 @@ class _Schedule:
         if self.flying[u]:
             self.flying[u] = False
             self.flying_count -= 1
+            self.flying_numel -= self.numel[u]
         if self.live_numel > self.max_live:
             raise _LiveBoundError(u, self.live_numel)
 
@@ -749,6 +898,7 @@ class _Schedule:
             self.live_numel -= self.numel[u]
         if self.flying[u]:
             self.flying_count -= 1
+            self.flying_numel -= self.numel[u]
         self.kept[u] = self.resident[u] = self.flying[u] = False
 
     def make_room(self, numel):
@@ -915,6 +1065,8 @@ def simulate_stage3_schedule(unit_numel: Sequence[int], prefetch_bucket_size: in
         return WorkingSet(peak_numel=schedule.peak, live_at_peak=schedule.live_at_peak,
                           first_peak_numel=first_peak or schedule.peak, gathers=0,
                           gathered_numel=0, prefetches=0, reuses=0,
+                          peak_inflight_numel=schedule.peak_flying,
+                          inflight_at_peak=schedule.flying_at_peak,
                           error=f"gathering unit '{name}' brings the gathered parameters to "
                                 f"{bound.live:,} elements, above stage3_max_live_parameters = "
                                 f"{int(max_live_parameters):,}: the engine raises")
@@ -923,7 +1075,9 @@ def simulate_stage3_schedule(unit_numel: Sequence[int], prefetch_bucket_size: in
                       gathers=schedule.gathers - before[0],
                       gathered_numel=schedule.gathered - before[1],
                       prefetches=schedule.prefetches - before[2],
-                      reuses=schedule.reuses - before[3])
+                      reuses=schedule.reuses - before[3],
+                      peak_inflight_numel=schedule.peak_flying,
+                      inflight_at_peak=schedule.flying_at_peak)
 
 
 def _short(number: int) -> str:
@@ -945,11 +1099,132 @@ def _describe_live(units: Sequence[int], names: Sequence[str]) -> str:
 
 # ---- the estimate -----------------------------------------------------------------------------
 
+_WHERE = {"none": "device", "cpu": "host", "nvme": "nvme"}  # offload device -> location
+
+
+def _row(value: int, formula: str, location: str = "device") -> dict:
+    return {"bytes": value, "formula": formula if value else "0", "location": location,
+            "by_location": {location: value}}
+
+
+def _master_bytes(setup: Setup, option: Option) -> int:
+    """4 in mixed precision; in fp32 the parameter shard is the master, unless the optimizer
+    is offloaded: the host (or NVMe) keeps an fp32 master of its own."""
+    return 4 if setup.precision != "fp32" or option.offload_optimizer != "none" else 0
+
+
+def state_arrays(setup: Setup) -> list[str]:
+    """The fp32 arrays an offloaded optimizer keeps per element (csrc ShardState)."""
+    return ["master"] + {"adam": ["exp_avg", "exp_avg_sq"], "sgd_momentum": ["momentum_buffer"],
+                         "sgd": []}[setup.optimizer]
+
+
+def _round_up(value: int, alignment: int = IO_ALIGNMENT) -> int:
+    return -(-int(value) // alignment) * alignment
+
+
+def _staging(setup: Setup, option: Option, group_shards: Sequence[int], device_bytes: int = 0,
+             device_formula: str = "0") -> tuple[dict, Optional[dict]]:
+    """The `staging` row and the offload detail. Host (offload_optimizer, per engine group):
+    2 slots x (C·b gradients + C·b parameters for a 16-bit model), with NVMe also 2 slots x
+    each state array x round_up(4·C, 4096). Device (offload_param): given."""
+    b = setup.param_bytes
+    sixteen_bit = b != 4
+    host, host_formula, detail = 0, "0", None
+    if option.offload_optimizer != "none" or option.offload_param != "none":
+        detail = {"offload_optimizer": option.offload_optimizer,
+                  "offload_param": option.offload_param,
+                  "device_staging_bytes": device_bytes, "host_staging_bytes": 0,
+                  "swap_file_bytes": 0}
+    if option.offload_optimizer != "none":
+        nvme = option.offload_optimizer == "nvme"
+        arrays = state_arrays(setup)
+        # with a ratio < 1 only each shard's tail is offloaded: the pool is sized for it, and
+        # a group whose tail is empty has no pool
+        tails = [setup.offloaded_numel(shard) for shard in group_shards]
+        group_shards = [tail for tail in tails if tail]
+        chunks = [setup.offload_chunk(shard) for shard in group_shards]
+        model = f"({b}+{b})" if sixteen_bit else f"{b}"
+        host = sum(2 * c * b * (2 if sixteen_bit else 1) for c in chunks)
+        host_formula = f"2·C·{model}"
+        if nvme:
+            host += sum(2 * len(arrays) * _round_up(4 * c) for c in chunks)
+            host_formula += f" + 2·{len(arrays)}·⌈4C⌉"
+        delayed = setup.delayed_update and not nvme  # the engine refuses it with NVMe
+        if delayed:  # the whole shard's gradients and new parameters, one update behind
+            host += sum(2 * int(shard) * b for shard in group_shards)
+            host_formula += f" + 2·S·{b}"
+        sigma = "Σ groups " if len(chunks) > 1 else ""
+        part = "Ψ/N" if setup.offload_ratio == 1 else f"the offloaded {setup.offload_ratio:g}·Ψ/N"
+        host_formula = (f"{sigma}{host_formula} (C = min(sub_group_size, {OFFLOAD_TILE:,}, {part} "
+                        f"of the group) = {', '.join(f'{c:,}' for c in chunks) or '-'}"
+                        + ("; ⌈⌉: whole 4 KiB pages" if nvme else "")
+                        + ("; S = the group's Ψ/N, the delayed update's gradients and "
+                           "parameters" if delayed else "") + ")")
+        swap = 0
+        if nvme:  # the swap file: every chunk of every array at a page-aligned offset
+            for shard, c in zip(group_shards, chunks):
+                full, rest = divmod(int(shard), c)
+                swap += len(arrays) * (full * _round_up(4 * c) + (_round_up(4 * rest) if rest
+                                                                   else 0))
+        detail.update(chunk_limit=setup.offload_chunk_limit, state_arrays=arrays,
+                      groups=[{"offloaded_numel": int(shard), "chunk_numel": c}
+                              for shard, c in zip(group_shards, chunks)],
+                      ratio=setup.offload_ratio, offloaded_numel=sum(tails),
+                      delayed_update=delayed,
+                      host_staging_bytes=host,
+                      swap_file_bytes=swap if nvme else 0)
+    by_location = {}
+    formulas = {}
+    if host:
+        by_location["host"], formulas["host"] = host, host_formula
+    if device_bytes:
+        by_location["device"], formulas["device"] = device_bytes, device_formula
+    if not by_location:
+        if detail is not None:  # no staging: nothing offloaded (a ratio rounding to 0)
+            detail.setdefault("host_staging_bytes", 0)
+        return _row(0, "0"), detail
+    location = max(by_location, key=lambda where: by_location[where])
+    text = "; ".join(f"{where}: {formula}" for where, formula in formulas.items()) \
+        if len(formulas) > 1 else formulas[location]
+    return {"bytes": host + device_bytes, "formula": text, "location": location,
+            "by_location": by_location, "formula_by_location": formulas}, detail
+
+
+def _split_partial(categories: dict, setup: Setup, option: Option,
+                   group_shards: Sequence[int]) -> None:
+    """offload_optimizer.ratio < 1: of every group's shard only the tail (llround(ratio x
+    shard) elements) keeps its master and optimizer state on the host / NVMe; the head keeps
+    them on the device (an fp32 master too: the parameters and master are separate wherever
+    the step runs)."""
+    if option.offload_optimizer == "none" or float(setup.offload_ratio) == 1.0:
+        return
+    total = sum(int(shard) for shard in group_shards)
+    tail = sum(setup.offloaded_numel(shard) for shard in group_shards)
+    where = _WHERE[option.offload_optimizer]
+    ratio = f"{setup.offload_ratio:g}"
+    rest = f"{1 - float(setup.offload_ratio):g}"
+    for name in ("fp32_master", "optimizer_state"):
+        row = categories[name]
+        if not row["bytes"] or not total:
+            continue
+        per_element = row["bytes"] // total  # 4 (master), 8 / 4 (Adam / momentum)
+        offloaded = per_element * tail
+        formula = row["formula"]
+        row["by_location"] = {k: v for k, v in ((where, offloaded),
+                                                ("device", row["bytes"] - offloaded)) if v}
+        row["formula_by_location"] = {where: f"{ratio}·({formula})",
+                                      "device": f"{rest}·({formula})"}
+        row["location"] = max(row["by_location"], key=lambda k: row["by_location"][k])
+        row["formula"] = f"{where}: {ratio}·({formula}); device: {rest}·({formula})"
+
+
 def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
              reduce_bucket_size: int | None = None, overlap_comm: bool | None = None) -> Estimate:
-    """Per-rank bytes by category for one option (an Option, or a stage number)."""
+    """Per-rank bytes by category for one option: an Option, or a stage number (then with the
+    setup's offload devices, none by default)."""
     if isinstance(option, int):
-        option = next(o for o in OPTIONS if o.stage == option and not o.offload_optimizer)
+        option = option_for(option, setup.offload_optimizer, setup.offload_param)
     if option.stage == 3 and shapes.units is not None:
         return _estimate_stage3(shapes, setup, option, reduce_bucket_size, overlap_comm)
     stage = option.stage
@@ -961,18 +1236,17 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
     largest_unit = max(layout.max_unit_numel for layout in group_layouts)
     overlap = setup.overlap_for(stage) if overlap_comm is None else overlap_comm
     slots = 2 if overlap else 1
-    mixed = setup.precision != "fp32"
     optimizer_bytes = OPTIMIZER_STATE_BYTES[setup.optimizer]
 
     def row(coefficient: int, sharded: bool, location: str = "device") -> dict:
-        return {"bytes": coefficient * (shard if sharded else psi),
-                "formula": _term(coefficient, sharded), "location": location}
+        return _row(coefficient * (shard if sharded else psi), _term(coefficient, sharded),
+                    location)
 
-    opt_location = "host" if option.offload_optimizer else "device"
+    opt_location = _WHERE[option.offload_optimizer]
     categories = {
-        "param": row(b, stage >= 3, "host" if option.offload_param else "device"),
+        "param": row(b, stage >= 3, _WHERE[option.offload_param]),
         "gradient": row(b, stage >= 2),
-        "fp32_master": row(4 if mixed else 0, stage >= 1, opt_location),
+        "fp32_master": row(_master_bytes(setup, option), stage >= 1, opt_location),
         "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
     }
     bucket_bytes = 0
@@ -982,51 +1256,72 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
                            (layout.max_unit_numel + layout.max_unit_numel // n) * b
                            for layout in group_layouts)
     sum_text = "Σ groups " if len(group_layouts) > 1 else ""
-    categories["bucket"] = {
-        "bytes": bucket_bytes, "location": "device",
-        "formula": f"{sum_text}{slots}·(U + U/N)·{b}" if stage >= 2 else "0"}
+    categories["bucket"] = _row(bucket_bytes, f"{sum_text}{slots}·(U + U/N)·{b}")
     gathered = 2 * largest_unit * b if stage >= 3 else 0
-    categories["gathered_param"] = {
-        "bytes": gathered, "location": "device",
-        "formula": f"2·U·{b} (unit in use + one prefetched)" if stage >= 3 else "0"}
+    categories["gathered_param"] = _row(gathered, f"2·U·{b} (unit in use + one prefetched)")
+    # stage 3 without units (a formula): two units' shard pieces in flight
+    device_staging = 2 * (largest_unit // n) * b if option.offload_param != "none" else 0
+    _split_partial(categories, setup, option, [layout.shard_numel for layout in group_layouts])
+    categories["staging"], offload = _staging(
+        setup, option, [layout.shard_numel for layout in group_layouts], device_staging,
+        f"2·(U/N)·{b} (two units' shard pieces in flight)")
     return Estimate(
         option=option, setup=setup, categories=categories, numel=psi, shard_numel=shard,
         max_unit_numel=largest_unit, unit_count=sum(l.unit_count for l in group_layouts),
         groups=[{"numel": l.full_numel, "shard_numel": l.shard_numel,
                  "max_unit_numel": l.max_unit_numel, "unit_count": l.unit_count}
-                for l in group_layouts], exact_units=False)
+                for l in group_layouts], exact_units=False, offload=offload)
 
 
 def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
                      reduce_bucket_size: int | None, overlap_comm: bool | None) -> Estimate:
     """Stage 3 as the engine builds it: partitioned units (Ψ, every byte / N), the persistent
-    stage-1 group (Ψp), reduce-scatter buckets per partitioned group, and the working set of
-    the gather schedule."""
+    stage-1 group (Ψp), reduce-scatter buckets per partitioned group, the working set of the
+    gather schedule, and offload (master + optimizer state of both groups; the partitioned
+    parameter shard with offload_param, the persistent parameters staying on the device)."""
     layout = stage3_layout(shapes, setup, reduce_bucket_size)
     n, b = setup.world_size, setup.param_bytes
     psi, shard = layout.numel, layout.shard_numel
     psi_p, shard_p = layout.persistent_numel, layout.persistent_shard_numel
-    mixed = setup.precision != "fp32"
     optimizer_bytes = OPTIMIZER_STATE_BYTES[setup.optimizer]
     overlap = setup.overlap_for(3) if overlap_comm is None else overlap_comm
     slots = 2 if overlap else 1
-    opt_location = "host" if option.offload_optimizer else "device"
+    opt_location = _WHERE[option.offload_optimizer]
 
-    def row(coefficient: int, persistent_sharded: bool, location: str = "device") -> dict:
+    def row(coefficient: int, persistent_sharded: bool, location: str = "device",
+            persistent_location: str | None = None,
+            persistent_coefficient: int | None = None) -> dict:
+        persistent_location = persistent_location or location
+        persistent_coefficient = coefficient if persistent_coefficient is None \
+            else persistent_coefficient
         main = coefficient * shard
-        extra = coefficient * (shard_p if persistent_sharded else psi_p)
-        terms = [t for t in (_term(coefficient, True) if psi else "0",
-                             _term(coefficient, persistent_sharded, "Ψp") if psi_p else "0")
-                 if t != "0"]
-        return {"bytes": main + extra, "persistent_bytes": extra,
-                "formula": " + ".join(terms) or "0", "location": location}
+        extra = persistent_coefficient * (shard_p if persistent_sharded else psi_p)
+        main_term = _term(coefficient, True) if psi else "0"
+        extra_term = _term(persistent_coefficient, persistent_sharded, "Ψp") if psi_p else "0"
+        terms = [t for t in (main_term, extra_term) if t != "0"]
+        by_location = {location: main}
+        by_location[persistent_location] = by_location.get(persistent_location, 0) + extra
+        out = {"bytes": main + extra, "persistent_bytes": extra,
+               "formula": " + ".join(terms) or "0", "location": location,
+               "by_location": by_location}
+        if persistent_location != location and main and extra:
+            out["formula_by_location"] = {location: main_term, persistent_location: extra_term}
+            out["location"] = max(by_location, key=lambda where: by_location[where])
+        elif not main and extra:
+            out["location"] = persistent_location
+            out["by_location"] = {persistent_location: extra}
+        return out
 
     categories = {
         # the persistent parameters stay whole (a stage-1 group: whole params and gradients,
-        # sharded master and optimizer state)
-        "param": row(b, False, "host" if option.offload_param else "device"),
+        # sharded master and optimizer state) and on the device: offload_param moves the
+        # partitioned shard only
+        "param": row(b, False, _WHERE[option.offload_param], "device"),
         "gradient": row(b, False),
-        "fp32_master": row(4 if mixed else 0, True, opt_location),
+        # with the parameter shard on the host, the partitioned group keeps its own master
+        # (also in fp32) for a device-side step; the persistent group does not need one
+        "fp32_master": row(4 if option.offload_param != "none" else _master_bytes(setup, option),
+                           True, opt_location, persistent_coefficient=_master_bytes(setup, option)),
         "optimizer_state": row(optimizer_bytes, True, opt_location),
     }
     # One GradReducer per partitioned group: min(slots, units) buckets of (U + U/N) elements,
@@ -1056,19 +1351,29 @@ def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
                           "while the root's bucket fills over the whole backward)")
     else:
         bucket_formula = f"{sum_text}{slots}·(U + U/N)·{b}"
-    categories["bucket"] = {"bytes": bucket_bytes, "location": "device",
-                            "formula": bucket_formula}
+    categories["bucket"] = _row(bucket_bytes, bucket_formula)
     work = simulate_stage3_schedule(layout.unit_numel, setup.prefetch_bucket_size,
                                     setup.max_live_parameters, setup.max_reuse_distance,
                                     setup.max_inflight_gathers, shapes.externals,
                                     shapes.unit_names)
     bounds = (f"prefetch ≤ {_short(setup.prefetch_bucket_size)}, reuse < "
               f"{_short(setup.max_reuse_distance)}, live ≤ {_short(setup.max_live_parameters)}")
-    categories["gathered_param"] = {
-        "bytes": work.peak_numel * b, "location": "device",
-        "formula": (f"W·{b} (W = {work.peak_numel:,}: "
-                    f"{_describe_live(work.live_at_peak, shapes.unit_names)} gathered at once; "
-                    f"{bounds})") if psi else "0"}
+    categories["gathered_param"] = _row(
+        work.peak_numel * b,
+        (f"W·{b} (W = {work.peak_numel:,}: "
+         f"{_describe_live(work.live_at_peak, shapes.unit_names)} gathered at once; "
+         f"{bounds})") if psi else "0")
+    # offload_param: every gather copies the unit's shard piece (numel / N, every unit padded
+    # to a multiple of N) into a device buffer held until its all-gather completes
+    inflight_shard = work.peak_inflight_numel // n
+    device_staging = inflight_shard * b if option.offload_param != "none" and psi else 0
+    group_shards = [sum(r[2] for r in rows) for rows in layout.group_units] + \
+        [group.shard_numel for group in layout.persistent]
+    _split_partial(categories, setup, option, group_shards)
+    categories["staging"], offload = _staging(
+        setup, option, group_shards, device_staging,
+        f"P·{b} (P = {inflight_shard:,}: the shard pieces of "
+        f"{_describe_live(work.inflight_at_peak, shapes.unit_names)} in flight at once)")
     largest_unit = max((numel for rows in layout.group_units for _, numel, _ in rows), default=0)
     partitioned_units = [u for u, numel in enumerate(layout.unit_numel) if numel]
     names = list(shapes.unit_names) + [""] * len(layout.unit_numel)
@@ -1085,7 +1390,10 @@ def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
                         "gathers_per_micro_step": work.gathers,
                         "gathered_numel_per_micro_step": work.gathered_numel,
                         "prefetches_per_micro_step": work.prefetches,
-                        "reuses_per_micro_step": work.reuses},
+                        "reuses_per_micro_step": work.reuses,
+                        "peak_inflight_numel": work.peak_inflight_numel,
+                        "inflight_at_peak": [names[u] or "<root>"
+                                             for u in work.inflight_at_peak]},
         "bounds": setup.stage3_dict(),
         "overlap_comm": overlap,
         "error": work.error,
@@ -1094,11 +1402,12 @@ def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
                     shard_numel=shard, max_unit_numel=largest_unit,
                     unit_count=len(partitioned_units), groups=group_rows,
                     exact_units=shapes.exact, persistent_numel=psi_p,
-                    persistent_shard_numel=shard_p, stage3=detail)
+                    persistent_shard_numel=shard_p, stage3=detail, offload=offload)
 
 
 def estimate_all(shapes: ModelShapes, setup: Setup) -> list[Estimate]:
-    """Every option of OPTIONS: stages 0-3 as the engine builds them, offload as formulas."""
+    """Every option of OPTIONS: stages 0-3 and their offload variants as the engine builds
+    them (offload_param on NVMe: a formula)."""
     return [estimate(shapes, setup, option) for option in OPTIONS]
 
 
@@ -1139,39 +1448,60 @@ def format_estimates(shapes: ModelShapes, setup: Setup, estimates: list[Estimate
             f"{work['gathers_per_micro_step']} all-gather(s) per micro-step")
         if stage3.stage3["error"]:
             lines.append(f"stage 3 does not run as configured: {stage3.stage3['error']}")
+    if any(e.option.offload_optimizer != "none" for e in estimates):
+        lines.append(f"offload: the step streams chunks of C = min(sub_group_size "
+                     f"{setup.sub_group_size:,}, {OFFLOAD_TILE:,}, the group's Ψ/N) elements "
+                     "through 2 host staging slots per engine group; an offloaded optimizer keeps "
+                     "an fp32 master (fp32 training too)")
     lines.append("")
-    names = ["param", "gradient", "fp32_master", "optimizer_state", "bucket", "gathered_param"]
-    headers = ["per rank", *names, "device", "host (offload)"]
+    names = list(CATEGORIES)
+    headers = ["per rank", *names, "device", "host (offload)", "NVMe"]
+    selected = None
+    if selected_stage is not None:
+        selected = (selected_stage, setup.offload_optimizer, setup.offload_param)
     rows = []
     for est in estimates:
-        mark = "*" if selected_stage is not None and est.option.stage == selected_stage and \
-            not est.option.offload_optimizer else " "
-        cells = []
-        for name in names:
-            row = est.categories[name]
-            text = format_bytes(row["bytes"])
-            cells.append(text + (" (host)" if row["location"] == "host" and row["bytes"] else ""))
+        option = est.option
+        mark = "*" if (option.stage, option.offload_optimizer, option.offload_param) == selected \
+            else " "
+        cells = [_cell(est.categories[name]) for name in names]
         rows.append([f"{mark}{est.name}", *cells, format_bytes(est.device_bytes),
-                     format_bytes(est.host_bytes)])
+                     format_bytes(est.host_bytes), format_bytes(est.nvme_bytes)])
     lines.extend(_table(headers, rows))
     lines.append("")
     per_node = setup.ranks_per_node
-    headers = ["formula per rank", "on the device", "on the host", f"devices/node (x{per_node})",
-               f"host RAM/node (x{per_node})", "status"]
+    headers = ["formula per rank", "on the device", "on the host", "on NVMe",
+               f"devices/node (x{per_node})", f"host RAM/node (x{per_node})",
+               f"NVMe/node (x{per_node})", "status"]
     rows = [[est.name, location_formula(est, "device"), location_formula(est, "host"),
-             format_bytes(est.device_bytes * per_node), format_bytes(est.host_bytes * per_node),
+             location_formula(est, "nvme"), format_bytes(est.device_bytes * per_node),
+             format_bytes(est.host_bytes * per_node), format_bytes(est.nvme_bytes * per_node),
              est.status] for est in estimates]
-    lines.extend(_table(headers, rows, left={0, 1, 2, 5}))
+    lines.extend(_table(headers, rows, left={0, 1, 2, 3, 7}))
     lines.append(f"(Ψ padded parameter count (stage 3: partitioned), Ψp stage 3's persistent "
                  f"parameters, N = {setup.world_size} ranks, U = largest unit in elements, W = "
-                 f"most elements gathered at once, b = {setup.param_bytes})")
+                 f"most elements gathered at once, C = offload chunk, P = shard elements whose "
+                 f"all-gather is in flight at once, b = {setup.param_bytes})")
     lines.append("")
-    lines.append("Built stages (0-3) are exact: each model-state category and the buckets equal "
-                 "the engine's measured `current` bytes; stage 3's gathered_param is the peak "
-                 "of the gather schedule replayed on the units (every unit once per forward, in "
-                 "definition order). Not included anywhere: activations, autograd's transient "
-                 "gradients, optimizer-step temporaries, framework and allocator overhead.")
+    lines.append("Built options are exact: each model-state category (on the device, the host "
+                 "and NVMe), the buckets and the host staging equal the engine's measured "
+                 "`current` bytes; stage 3's gathered_param (and, with offload_param, the device "
+                 "staging) is the peak of the gather schedule replayed on the units (every unit "
+                 "once per forward, in definition order). Not included anywhere: activations, "
+                 "autograd's transient gradients, optimizer-step temporaries, framework and "
+                 "allocator overhead.")
     return "\n".join(lines)
+
+
+def _cell(row: dict) -> str:
+    """Bytes of one category, marked with where they are when not (only) on the device:
+    '27.781 KiB (host) + 896 B'."""
+    parts = []
+    for where, value in sorted(_by_location(row).items(), key=lambda item: item[0] == "device"):
+        if not value:
+            continue
+        parts.append(format_bytes(value) + ("" if where == "device" else f" ({where})"))
+    return " + ".join(parts) or "0"
 
 
 _SYMBOLS = ("Ψ", "Ψ/N", "Ψp", "Ψp/N")
@@ -1179,14 +1509,19 @@ _SYMBOLS = ("Ψ", "Ψ/N", "Ψp", "Ψp/N")
 
 def location_formula(est: Estimate, location: str) -> str:
     """The bytes at one location in the paper's notation, e.g. '2Ψ + 14Ψ/N + 1·(U + U/N)·2'
-    (stage 3: '16Ψ/N + 8Ψp + 8Ψp/N + 2·(U + U/N)·2 + W·2')."""
+    (stage 3: '16Ψ/N + 8Ψp + 8Ψp/N + 2·(U + U/N)·2 + W·2'; offload to the host:
+    '14Ψ/N + 2·C·(2+2)')."""
     coefficients = dict.fromkeys(_SYMBOLS, 0)
     extra = []
     for name in CATEGORIES:
         row = est.categories[name]
-        if row["location"] != location or not row["bytes"]:
+        if not _by_location(row).get(location):
             continue
-        for term in row["formula"].split(" (")[0].split(" + "):
+        formula = row.get("formula_by_location", {row["location"]: row["formula"]}).get(location)
+        if formula is None:  # one formula for a split row: the location's bytes, labelled
+            extra.append(f"{name} {format_bytes(_by_location(row)[location])}")
+            continue
+        for term in formula.split(" (")[0].split(" + "):
             match = re.fullmatch(r"(\d+)(Ψp/N|Ψp|Ψ/N|Ψ)", term)
             if match:
                 coefficients[match.group(2)] += int(match.group(1))

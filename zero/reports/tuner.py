@@ -1,33 +1,44 @@
-"""Pick the configuration that fits a memory budget with the least communication.
+"""Pick the configuration that fits a memory budget with the least offload, then the least
+communication.
 
-Order of preference (least communication first, as the engine builds them):
+Tiers, tried in order; the first tier with a fitting configuration wins:
 
-    stage 0  (all-reduce of gradients)                       - nothing sharded
-    stage 1  (all-reduce + all-gather of the updated params) - optimizer state + master sharded
-    stage 2  (reduce-scatter + all-gather)                   - + gradients sharded; adds buckets
-    stage 3  (all-gathers in forward and backward,           - + parameters sharded; adds the
-              reduce-scatter every micro-step)                 gathered working set
+    1. no offload      stage 0 (all-reduce of gradients)
+                       stage 1 (all-reduce + all-gather of the updated params)
+                       stage 2 (reduce-scatter + all-gather; adds buckets)
+                       stage 3 (all-gathers in forward and backward, reduce-scatter every
+                                micro-step; adds the gathered working set)
+    2. optimizer -> host memory (offload_optimizer cpu): stage 1, 2, 3. The fp32 master and
+       the optimizer state leave the device (12Ψ/N in mixed precision); the host pays them
+       plus two staging chunks per engine group, and every step copies the gradient shard
+       to the host and the new parameters back.
+    3. parameters -> host memory (stage 3, offload_param cpu): parameters only, then
+       parameters + optimizer. The parameter shard leaves the device too; every gather
+       copies the unit's shard piece to the device first.
+    4. optimizer -> NVMe (offload_optimizer nvme, only with an NVMe path): stage 1, 2, 3,
+       then stage 3 + parameters on the host. The state goes to a swap file; the host keeps
+       two chunks of each state array.
 
-Within stage 2 the reduce bucket (= unit) size is the knob: it starts at the configured
-reduce_bucket_size and halves until the buckets fit (never below the largest parameter,
-which is a unit of its own anyway): bigger buckets mean fewer, larger collectives. With
-overlap_comm on (two buckets) and no fit, overlap is switched off (one bucket) before the
-bucket shrinks further. The micro-batch, accumulation, optimizer and everything else stay
-as they are.
+Within a tier the stages go in order of communication, as without offload. Within stage 2 the
+reduce bucket (= unit) size is the knob: it starts at the configured reduce_bucket_size and
+halves until the buckets fit (never below the largest parameter, which is a unit of its own
+anyway): bigger buckets mean fewer, larger collectives. With overlap_comm on (two buckets) and
+no fit, overlap is switched off (one bucket) before the bucket shrinks further. Within stage 3
+(needs the model's gather units, i.e. --model or --hf-config, or --params with assumed units)
+the knobs are overlap_comm (two buckets or one) and stage3_max_live_parameters: the configured
+settings are tried first; when the working set does not fit, the live bound is set to what the
+budget leaves after model states and buckets (the engine then evicts units kept for reuse and
+prefetches less, so it gathers more: the replayed schedule counts the all-gathers). Among the
+stage-3 settings that fit and run the least communication wins, then overlap on. The
+micro-batch, accumulation, optimizer and everything else stay as they are.
 
-Within stage 3 (needs the model's gather units, i.e. --model or --hf-config, or --params
-with assumed units) the knobs are overlap_comm (two buckets or one) and
-stage3_max_live_parameters: the configured settings are tried first; when the working set
-does not fit, the live bound is set to what the budget leaves after model states and
-buckets (the engine then evicts units kept for reuse and prefetches less, so it gathers
-more: the replayed schedule counts the all-gathers). Among the stage-3 settings that fit
-and run (the units in use must fit under the bound) the least communication wins, then
-overlap on. Prefetch and reuse distance stay as configured.
-
-Only the model states, buckets and stage 3's gathered working set are estimated (exactly,
-checked against the engine); activations and framework overhead are not, so pass --reserve
-(bytes kept free for them) or --headroom (a fraction of the budget kept free). When nothing
-built fits, the tuner says which not-yet-built option (offload) would and writes no config.
+A configuration fits when its device bytes fit budget - reserve - headroom, its host bytes x
+ranks per node fit --host-budget (when given) and its NVMe bytes x ranks per node fit
+--nvme-budget (when given). Only the model states, buckets, host staging and stage 3's
+gathered working set are estimated (exactly, checked against the engine); activations and
+framework overhead are not, so pass --reserve or --headroom. When nothing fits, the tuner says
+which option would (NVMe without a path, parameter offload to NVMe, which is not built) and
+writes no config.
 """
 from __future__ import annotations
 
@@ -37,12 +48,24 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .estimate import (DEFAULT_MAX_INFLIGHT_GATHERS, OPTIONS, Estimate, EstimateError,
-                       ModelShapes, Setup, estimate, format_bytes)
+from .estimate import (DEFAULT_MAX_INFLIGHT_GATHERS, DEFAULT_SUB_GROUP_SIZE, OPTIONS, Estimate,
+                       EstimateError, ModelShapes, Option, Setup, estimate, format_bytes,
+                       option_for)
 
 
 class TuneError(EstimateError):
     """The recommendation cannot be written as a valid config."""
+
+
+# Offload tiers, least offload first (see the module docstring); NVMe only with a path.
+TIERS = (
+    ("no offload", ((0, "none", "none"), (1, "none", "none"), (2, "none", "none"),
+                    (3, "none", "none"))),
+    ("optimizer on the host", ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "none"))),
+    ("parameters on the host", ((3, "none", "cpu"), (3, "cpu", "cpu"))),
+    ("optimizer on NVMe", ((1, "nvme", "none"), (2, "nvme", "none"), (3, "nvme", "none"),
+                           (3, "nvme", "cpu"))),
+)
 
 
 @dataclass
@@ -53,14 +76,28 @@ class Candidate:
     fits: bool
     comm_bytes: int          # gradient + parameter payload per optimizer step (paper counting)
     collectives: int         # gradient + parameter collectives per optimizer step
+    verdict: str = ""        # why it does not fit ("" when it fits)
 
     @property
     def stage(self) -> int:
         return self.estimate.option.stage
 
     @property
+    def option(self) -> Option:
+        return self.estimate.option
+
+    @property
     def total(self) -> int:
+        """Bytes per device (the budget's side)."""
         return self.estimate.device_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        return self.estimate.host_bytes
+
+    @property
+    def nvme_bytes(self) -> int:
+        return self.estimate.nvme_bytes
 
     @property
     def stage3(self) -> Optional[dict]:
@@ -68,8 +105,13 @@ class Candidate:
         return self.estimate.setup.stage3_dict() if self.stage == 3 else None
 
     def describe(self) -> str:
-        text = (f"stage {self.stage}, reduce_bucket_size {self.reduce_bucket_size:,}, "
-                f"overlap_comm {str(self.overlap_comm).lower()}")
+        text = f"stage {self.stage}"
+        if self.option.offload_optimizer != "none":
+            text += f" + optimizer on {_DEVICE_TEXT[self.option.offload_optimizer]}"
+        if self.option.offload_param != "none":
+            text += f" + params on {_DEVICE_TEXT[self.option.offload_param]}"
+        text += (f", reduce_bucket_size {self.reduce_bucket_size:,}, "
+                 f"overlap_comm {str(self.overlap_comm).lower()}")
         if self.stage == 3:
             setup = self.estimate.setup
             text += (f", max_live {setup.max_live_parameters:,}, prefetch "
@@ -77,11 +119,20 @@ class Candidate:
         return text
 
     def to_dict(self) -> dict:
-        return {"stage": self.stage, "reduce_bucket_size": self.reduce_bucket_size,
-                "overlap_comm": self.overlap_comm, "fits": self.fits,
-                "device_bytes": self.total, "comm_bytes_per_step": self.comm_bytes,
+        return {"stage": self.stage, "offload_optimizer": self.option.offload_optimizer,
+                "offload_param": self.option.offload_param,
+                "reduce_bucket_size": self.reduce_bucket_size,
+                "overlap_comm": self.overlap_comm, "fits": self.fits, "verdict": self.verdict,
+                "device_bytes": self.total, "host_bytes": self.host_bytes,
+                "nvme_bytes": self.nvme_bytes, "comm_bytes_per_step": self.comm_bytes,
                 "collectives_per_step": self.collectives, "stage3": self.stage3,
-                "categories": {k: v["bytes"] for k, v in self.estimate.categories.items()}}
+                "categories": {k: v["bytes"] for k, v in self.estimate.categories.items()},
+                "categories_by_location": {k: dict(v.get("by_location") or
+                                                   {v["location"]: v["bytes"]})
+                                           for k, v in self.estimate.categories.items()}}
+
+
+_DEVICE_TEXT = {"cpu": "the host", "nvme": "NVMe"}
 
 
 @dataclass
@@ -91,18 +142,33 @@ class Recommendation:
     host_budget: Optional[int]
     chosen: Optional[Candidate]
     tried: list[Candidate] = field(default_factory=list)
-    not_built: list[Estimate] = field(default_factory=list)   # formula-only options that fit
+    # options that would fit but cannot be recommended: NVMe without --nvme-path, options
+    # not built (parameters on NVMe), stage 3 without the model's gather units
+    not_built: list[Estimate] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    nvme_budget: Optional[int] = None
+    nvme_path: Optional[str] = None
 
     def to_dict(self) -> dict:
         return {
             "budget_bytes": self.budget, "usable_bytes": self.usable,
-            "host_budget_bytes": self.host_budget,
+            "host_budget_bytes": self.host_budget, "nvme_budget_bytes": self.nvme_budget,
+            "nvme_path": self.nvme_path,
             "recommended": self.chosen.to_dict() if self.chosen else None,
             "tried": [c.to_dict() for c in self.tried],
-            "would_need_not_built": [e.to_dict() for e in self.not_built],
+            "would_need_not_built": [{**e.to_dict(), "why_not": why_not(e, self.nvme_path)}
+                                     for e in self.not_built],
             "notes": self.notes,
         }
+
+
+def why_not(est: Estimate, nvme_path: Optional[str]) -> str:
+    """Why a fitting option was not recommended."""
+    if not est.option.built:
+        return "not built yet: formula only"
+    if est.option.offload_optimizer == "nvme" and nvme_path is None:
+        return "needs an NVMe path: pass --nvme-path"
+    return "formula only: the model's gather units are unknown (use --model)"
 
 
 def communication(stage: int, est: Estimate, param_bytes: int, gas: int) -> tuple[int, int]:
@@ -139,62 +205,112 @@ def bucket_sizes(start: int, largest_param: int) -> list[int]:
 
 
 def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None = None,
-         reserve: int = 0, headroom: float = 0.0, gradient_accumulation_steps: int = 1
+         reserve: int = 0, headroom: float = 0.0, gradient_accumulation_steps: int = 1,
+         nvme_path: str | None = None, nvme_budget: int | None = None, offload: bool = True
          ) -> Recommendation:
-    """The first configuration, in order of least communication, whose estimated per-rank
-    bytes fit in budget - reserve - headroom x budget."""
+    """The first configuration, in order of least offload, then least communication, whose
+    estimated per-rank device bytes fit in budget - reserve - headroom x budget (and whose
+    host / NVMe bytes per node fit host_budget / nvme_budget when given). NVMe is tried only
+    with an nvme_path; offload=False keeps to the first tier."""
     if not 0.0 <= headroom < 1.0:
         raise EstimateError(f"--headroom must be in [0, 1), got {headroom}")
     usable = int(budget - reserve - headroom * budget)
-    rec = Recommendation(budget=budget, usable=usable, host_budget=host_budget, chosen=None)
+    rec = Recommendation(budget=budget, usable=usable, host_budget=host_budget, chosen=None,
+                         nvme_budget=nvme_budget, nvme_path=nvme_path)
     if usable <= 0:
         rec.notes.append(f"reserve and headroom leave nothing of the budget "
                          f"({format_bytes(budget)})")
-    seen = set()
-    for stage in (0, 1, 2):
-        overlap = setup.overlap_for(stage)
-        overlaps = [overlap, False] if (stage == 2 and overlap) else [overlap]
-        sizes = (bucket_sizes(setup.reduce_bucket_size, shapes.largest_param_numel)
-                 if stage == 2 else [setup.reduce_bucket_size])
-        for size in sizes:
-            for ov in overlaps:
-                est = estimate(shapes, setup, stage, reduce_bucket_size=size, overlap_comm=ov)
-                key = (stage, ov, est.numel, est.unit_count, est.max_unit_numel,
-                       est.categories["bucket"]["bytes"])
-                if key in seen:
-                    continue  # a smaller bucket size that changes nothing
-                seen.add(key)
-                comm, calls = communication(stage, est, setup.param_bytes,
-                                            gradient_accumulation_steps)
-                candidate = Candidate(est, size, ov, est.device_bytes <= usable, comm, calls)
-                rec.tried.append(candidate)
-                if candidate.fits:
-                    rec.chosen = candidate
-                    return rec
-    if shapes.has_units:
-        fitting = []
-        for est in stage3_estimates(shapes, setup, usable):
-            comm, calls = communication(3, est, setup.param_bytes, gradient_accumulation_steps)
-            overlap = est.stage3["overlap_comm"]
-            candidate = Candidate(est, setup.reduce_bucket_size, overlap,
-                                  est.device_bytes <= usable and est.runs, comm, calls)
-            rec.tried.append(candidate)
-            if candidate.fits:
-                fitting.append(candidate)
-        if fitting:  # least communication, then overlap on
-            rec.chosen = min(fitting, key=lambda c: (c.comm_bytes, not c.overlap_comm))
-            note = first_boundary_note(rec.chosen.estimate, gradient_accumulation_steps)
-            if note:
-                rec.notes.append(note)
-            return rec
-    # Nothing built fits: which formula-only option would?
+    base = dataclasses.replace(setup, offload_optimizer="none", offload_param="none")
+    gas = gradient_accumulation_steps
+    rpn = setup.ranks_per_node
+
+    def judge(est: Estimate, size: int, overlap: bool) -> Candidate:
+        comm, calls = communication(est.option.stage, est, setup.param_bytes, gas)
+        verdicts = []
+        if not est.runs:
+            verdicts.append("does not run: " + est.stage3["error"])
+        if est.device_bytes > usable:
+            verdicts.append(f"over by {format_bytes(est.device_bytes - usable)}")
+        if host_budget is not None and est.host_bytes * rpn > host_budget:
+            verdicts.append(f"host RAM over by {format_bytes(est.host_bytes * rpn - host_budget)}"
+                            " per node")
+        if nvme_budget is not None and est.nvme_bytes * rpn > nvme_budget:
+            verdicts.append(f"NVMe over by {format_bytes(est.nvme_bytes * rpn - nvme_budget)} "
+                            "per node")
+        candidate = Candidate(est, size, overlap, not verdicts, comm, calls, "; ".join(verdicts))
+        rec.tried.append(candidate)
+        return candidate
+
+    tiers = TIERS if offload else TIERS[:1]
+    for _, members in tiers:
+        for stage, on_optimizer, on_param in members:
+            if on_optimizer == "nvme" and nvme_path is None:
+                continue
+            option = option_for(stage, on_optimizer, on_param)
+            if stage == 3:
+                if not shapes.has_units:
+                    continue
+                fitting = [c for c in (judge(est, setup.reduce_bucket_size,
+                                             est.stage3["overlap_comm"])
+                                       for est in stage3_estimates(shapes, base, usable, option))
+                           if c.fits]
+                if fitting:  # least communication, then overlap on
+                    rec.chosen = min(fitting, key=lambda c: (c.comm_bytes, not c.overlap_comm))
+                    note = first_boundary_note(rec.chosen.estimate, gas)
+                    if note:
+                        rec.notes.append(note)
+                    return _finish(rec, rpn)
+                continue
+            if _stage_below_3(shapes, base, option, judge):
+                rec.chosen = rec.tried[-1]
+                return _finish(rec, rpn)
+    # Nothing fits: which option would, that cannot be recommended?
     for option in OPTIONS:
-        if option.built and (option.stage < 3 or shapes.has_units):
+        needs_path = option.offload_optimizer == "nvme" and nvme_path is None
+        formula_stage3 = option.stage == 3 and not shapes.has_units
+        if option.built and not needs_path and not formula_stage3:
             continue
-        est = estimate(shapes, setup, option)
-        host_ok = host_budget is None or est.host_bytes * setup.ranks_per_node <= host_budget
-        if est.device_bytes <= usable and host_ok:
+        if (needs_path or option.offloaded) and not offload:
+            continue
+        est = estimate(shapes, base, option)
+        host_ok = host_budget is None or est.host_bytes * rpn <= host_budget
+        nvme_ok = nvme_budget is None or est.nvme_bytes * rpn <= nvme_budget
+        if est.device_bytes <= usable and host_ok and nvme_ok:
             rec.not_built.append(est)
+    return rec
+
+
+def _stage_below_3(shapes: ModelShapes, base: Setup, option: Option, judge) -> bool:
+    """Stages 0-2: bucket sizes from the configured one halving down (stage 2; overlap off
+    before a smaller bucket); True at the first that fits (the last judged)."""
+    stage = option.stage
+    overlap = base.overlap_for(stage)
+    overlaps = [overlap, False] if (stage == 2 and overlap) else [overlap]
+    sizes = (bucket_sizes(base.reduce_bucket_size, shapes.largest_param_numel)
+             if stage == 2 else [base.reduce_bucket_size])
+    seen = set()
+    for size in sizes:
+        for ov in overlaps:
+            est = estimate(shapes, base, option, reduce_bucket_size=size, overlap_comm=ov)
+            key = (ov, est.numel, est.unit_count, est.max_unit_numel,
+                   est.categories["bucket"]["bytes"])
+            if key in seen:
+                continue  # a smaller bucket size that changes nothing
+            seen.add(key)
+            if judge(est, size, ov).fits:
+                return True
+    return False
+
+
+def _finish(rec: Recommendation, ranks_per_node: int) -> Recommendation:
+    chosen = rec.chosen
+    if chosen.option.offloaded and rec.host_budget is None:
+        rec.notes.append(f"host RAM was not checked (no --host-budget): this needs "
+                         f"{format_bytes(chosen.host_bytes * ranks_per_node)} per node")
+    if chosen.option.offload_optimizer == "nvme" and rec.nvme_budget is None:
+        rec.notes.append(f"NVMe space was not checked (no --nvme-budget): the swap files need "
+                         f"{format_bytes(chosen.estimate.offload['swap_file_bytes'] * ranks_per_node)}"
+                         " per node")
     return rec
 
 
@@ -221,30 +337,40 @@ def first_boundary_note(est: Estimate, gas: int) -> str:
             "much in --reserve")
 
 
-def stage3_estimates(shapes: ModelShapes, setup: Setup, usable: int) -> list[Estimate]:
-    """The stage-3 settings worth trying: the configured ones with overlap_comm as set (then
-    off: one bucket); for each whose working set does not fit (or cannot run), the same
-    with stage3_max_live_parameters set to the elements the budget leaves after model states
-    and buckets."""
+def stage3_estimates(shapes: ModelShapes, setup: Setup, usable: int,
+                     option: Option | None = None) -> list[Estimate]:
+    """The stage-3 settings worth trying for one option (default: stage 3 without offload):
+    the configured ones with overlap_comm as set (then off: one bucket); for each whose
+    working set does not fit (or cannot run), the same with stage3_max_live_parameters set to
+    the elements the budget leaves after model states, buckets and staging."""
+    option = option or option_for(3)
     overlap = setup.overlap_for(3)
     out = []
     for ov in ([True, False] if overlap else [False]):
         base = dataclasses.replace(setup, overlap_comm=ov)
-        est = estimate(shapes, base, 3)
+        est = estimate(shapes, base, option)
         out.append(est)
         if est.device_bytes <= usable and est.runs:
             continue
-        fixed = est.device_bytes - est.categories["gathered_param"]["bytes"]
+        # the live bound also bounds what is in flight, so device staging shrinks with it
+        fixed = est.device_bytes - est.categories["gathered_param"]["bytes"] \
+            - est.categories["staging"]["by_location"].get("device", 0)
         room = (usable - fixed) // setup.param_bytes
+        if option.offload_param != "none":  # device staging: up to room/N more, in bytes
+            room = room * setup.world_size // (setup.world_size + 1)
         if room > 0 and room != setup.max_live_parameters:
-            out.append(estimate(shapes, dataclasses.replace(base, max_live_parameters=room), 3))
+            out.append(estimate(shapes, dataclasses.replace(base, max_live_parameters=room),
+                                option))
     return out
 
 
 # ---- the config it writes -------------------------------------------------------------------
 
-_ZERO_DROP_BELOW_STAGE3 = ("offload_optimizer", "offload_param", "round_robin_gradients",
-                           "sub_group_size")
+_ZERO_DROP_BELOW_STAGE3 = ("offload_param", "round_robin_gradients")
+# offload_optimizer keys kept from the base config when the device stays the same
+_OFFLOAD_KEYS = {"cpu": ("pin_memory", "delayed_update"),
+                 "nvme": ("pin_memory", "buffer_count", "pipeline_read", "pipeline_write",
+                          "fast_init")}
 
 
 def template_config(setup: Setup, micro_batch: int = 1, gradient_accumulation_steps: int = 1
@@ -261,29 +387,63 @@ def template_config(setup: Setup, micro_batch: int = 1, gradient_accumulation_st
             "optimizer": optimizer, "zero_optimization": {}}
 
 
+def _offload_block(device: str, previous, nvme_path: str | None, ratio: float = 1.0) -> dict:
+    """The offload block for `device` ("cpu" or "nvme"): pin_memory true unless the base
+    config says otherwise (pinned host memory makes the copies faster; where it cannot be
+    pinned the engine says why and uses pageable memory), the base's other keys that still
+    apply, and the ratio the estimate used (offload_optimizer only)."""
+    previous = previous if isinstance(previous, dict) else {}
+    block = {"device": device, "pin_memory": True}
+    if previous.get("device") == device:
+        block.update({k: previous[k] for k in _OFFLOAD_KEYS[device] if k in previous})
+    elif "pin_memory" in previous:
+        block["pin_memory"] = previous["pin_memory"]
+    if device == "nvme":
+        block["nvme_path"] = nvme_path
+    if ratio != 1.0:
+        block["ratio"] = ratio
+    return block
+
+
 def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = None,
                        micro_batch: int = 1, gradient_accumulation_steps: int = 1
                        ) -> tuple[dict, list[str]]:
     """(config dict, notes): `base` (or a template) with the recommended zero_optimization
-    and precision; checked with zero.config.load_config before it is returned."""
+    (stage, buckets, the stage-3 bounds, the offload blocks) and precision; checked with
+    zero.config.load_config before it is returned."""
     from zero.config import ConfigError, load_config
 
     if rec.chosen is None:
         raise TuneError("no built configuration fits the budget; nothing to write")
     chosen = rec.chosen
+    option = chosen.option
     config = copy.deepcopy(base) if base is not None else template_config(
         setup, micro_batch, gradient_accumulation_steps)
     notes = []
     zero_block = dict(config.get("zero_optimization") or {})
+    previous = {name: zero_block.pop(name, None) for name in ("offload_optimizer",
+                                                               "offload_param")}
     not_built = _not_built_zero_keys()
     for key in list(zero_block):
         if chosen.stage < 3 and (key.startswith("stage3_") or key in _ZERO_DROP_BELOW_STAGE3):
-            notes.append(f"dropped zero_optimization.{key} (stage 3 / offload only)")
+            notes.append(f"dropped zero_optimization.{key} (stage 3 only)")
             del zero_block[key]
-        elif chosen.stage == 3 and (key in not_built or key.startswith("offload_")):
-            notes.append(f"dropped zero_optimization.{key} (the recommendation is estimated "
-                         "without it)")
+        elif key in not_built:
+            notes.append(f"dropped zero_optimization.{key} (not built; the recommendation is "
+                         "estimated without it)")
             del zero_block[key]
+    for name, device in (("offload_optimizer", option.offload_optimizer),
+                         ("offload_param", option.offload_param)):
+        was = (previous[name] or {}).get("device", "none") if isinstance(previous[name], dict) \
+            else "none"
+        if device != "none":
+            ratio = float(setup.offload_ratio) if name == "offload_optimizer" else 1.0
+            zero_block[name] = _offload_block(device, previous[name], rec.nvme_path, ratio)
+        if device != was:
+            notes.append(f"zero_optimization.{name}: {was} -> {device}")
+    if option.offload_optimizer != "none" and "sub_group_size" not in zero_block and \
+            setup.sub_group_size != DEFAULT_SUB_GROUP_SIZE:
+        zero_block["sub_group_size"] = setup.sub_group_size  # the estimate's chunk
     zero_block.update(stage=chosen.stage, reduce_bucket_size=chosen.reduce_bucket_size,
                       overlap_comm=chosen.overlap_comm)
     if chosen.stage == 3:
@@ -309,7 +469,8 @@ def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = No
 
 
 def _not_built_zero_keys() -> set[str]:
-    """zero_optimization keys whose feature is not built (offload, stage-3 fetch tuning)."""
+    """zero_optimization keys whose feature is not built (round-robin gradients, stage-3
+    fetch tuning)."""
     from zero.config import BUILT_FEATURES
     from zero.config.schema import ZERO_OPTIMIZATION
 
@@ -318,47 +479,63 @@ def _not_built_zero_keys() -> set[str]:
 
 
 def format_recommendation(rec: Recommendation, setup: Setup) -> str:
+    rpn = setup.ranks_per_node
     lines = [f"budget: {format_bytes(rec.budget)} per device"
-             + (f", {format_bytes(rec.usable)} usable for model states, buckets and the "
-                "stage-3 working set"
-                if rec.usable != rec.budget else "")
+             + (f", {format_bytes(rec.usable)} usable for model states, buckets, staging and "
+                "the stage-3 working set" if rec.usable != rec.budget else "")
              + (f"; host budget {format_bytes(rec.host_budget)} per node"
-                if rec.host_budget is not None else "")]
+                if rec.host_budget is not None else "")
+             + (f"; NVMe budget {format_bytes(rec.nvme_budget)} per node"
+                if rec.nvme_budget is not None else "")]
     lines.extend(rec.notes)
-    lines.append("tried, least communication first:")
+    lines.append("tried, least offload then least communication first:")
     width = max((len(c.describe()) for c in rec.tried), default=0)
     for c in rec.tried:
-        verdict = ("fits" if c.fits else
-                   "does not run: " + c.estimate.stage3["error"] if not c.estimate.runs else
-                   f"over by {format_bytes(c.total - rec.usable)}")
-        lines.append(f"  {c.describe():<{width}} {format_bytes(c.total):>12} per device  "
+        where = ""
+        if c.host_bytes or c.nvme_bytes:
+            where = f" + host {format_bytes(c.host_bytes * rpn)}/node"
+            if c.nvme_bytes:
+                where += f" + NVMe {format_bytes(c.nvme_bytes * rpn)}/node"
+        lines.append(f"  {c.describe():<{width}} {format_bytes(c.total):>12} per device{where}  "
                      f"comm {format_bytes(c.comm_bytes)}/step in {c.collectives} collective(s)"
-                     f"  {verdict}")
+                     f"  {c.verdict or 'fits'}")
     if rec.chosen is not None:
         c = rec.chosen
         lines.append(f"recommended: {c.describe()}: {format_bytes(c.total)} per device "
                      f"({format_bytes(rec.usable - c.total)} to spare), "
-                     f"{format_bytes(c.total * setup.ranks_per_node)} per node")
+                     f"{format_bytes(c.total * rpn)} per node")
+        if c.option.offloaded:
+            text = f"  offloaded: {format_bytes(c.host_bytes)} host RAM per rank"
+            if c.nvme_bytes:
+                text += (f", {format_bytes(c.nvme_bytes)} on NVMe per rank (swap files "
+                         f"{format_bytes(c.estimate.offload['swap_file_bytes'])}) under "
+                         f"{rec.nvme_path}")
+            lines.append(text)
         if c.stage == 3:
             work = c.estimate.stage3["working_set"]
             lines.append(f"  stage 3 working set: {work['peak_numel']:,} elements gathered at "
                          f"most ({work['live_at_peak_text']}), "
                          f"{work['gathers_per_micro_step']} all-gather(s) per micro-step")
     else:
-        smallest = min((c for c in rec.tried if c.estimate.runs), key=lambda c: c.total)
-        lines.append(f"nothing built fits: the smallest is {smallest.describe()} at "
-                     f"{format_bytes(smallest.total)} per device")
+        runnable = [c for c in rec.tried if c.estimate.runs]
+        if runnable:
+            smallest = min(runnable, key=lambda c: c.total)
+            lines.append(f"nothing fits: the smallest on the device is {smallest.describe()} at "
+                         f"{format_bytes(smallest.total)} per device")
+        else:
+            lines.append("nothing fits")
         if rec.not_built:
             for est in rec.not_built:
-                what = ("formula only: the model's gather units are unknown"
-                        if est.option.built else "not built yet: formula only")
-                lines.append(f"  would need {est.name} ({what}): "
+                lines.append(f"  would need {est.name} ({why_not(est, rec.nvme_path)}): "
                              f"{format_bytes(est.device_bytes)} per device, "
-                             f"{format_bytes(est.host_bytes * setup.ranks_per_node)} host RAM "
-                             "per node")
+                             f"{format_bytes(est.host_bytes * rpn)} host RAM and "
+                             f"{format_bytes(est.nvme_bytes * rpn)} NVMe per node")
         else:
-            lines.append("  not even stage 3 with offload (formula only) fits: more ranks, a "
-                         "bigger budget or a smaller model are needed")
+            limits = " and ".join(["the device budget"]
+                                  + (["the host budget"] if rec.host_budget is not None else [])
+                                  + (["the NVMe budget"] if rec.nvme_budget is not None else []))
+            lines.append(f"  no option, offload included, fits {limits}: more ranks, bigger "
+                         "budgets or a smaller model are needed")
     lines.append("activations, autograd temporaries and framework overhead are not included: "
                  "keep room with --reserve / --headroom")
     return "\n".join(lines)

@@ -1,0 +1,408 @@
+"""zero-mem with offload: the estimate of every model-state category equals the engine's
+measured bytes exactly at each location (device, host, NVMe; world sizes 1/2/4; optimizer on
+the host or NVMe at stages 1-3, parameters on the host at stage 3), the host staging exactly,
+the device staging, buckets and gathered working set within 5% (they come out exact), the
+NVMe swap files byte for byte; and the tuner recommends offload when only offload fits, and
+the recommended config runs within its device budget."""
+import dataclasses
+import json
+import os
+
+import pytest
+
+import training
+from distributed_harness import run_distributed
+from zero.reports import cli, tuner
+from zero.reports import estimate as est
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FACTORY = os.path.join(HERE, "training.py") + ":make_model"
+DEEP_FACTORY = os.path.join(HERE, "test_estimate_stage3.py") + ":deep_model"
+GAS = 2
+PERSISTENCE = 40  # stage 3: LayerNorm weights and 32-element biases stay whole
+MODEL_STATES = ("param", "gradient", "fp32_master", "optimizer_state")
+SGD_MOMENTUM = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
+SGD = {"type": "SGD", "params": {"lr": 0.05}}
+
+# (label, stage, precision, zero_optimization overrides; "optimizer" picks SGD). Every offload
+# the engine builds, fp32 (the host keeps an fp32 master of its own) and bf16 (16-bit staging
+# of the parameters too), chunks smaller than the shard (sub_group_size), the state arrays of
+# Adam / SGD with momentum / plain SGD on NVMe, and stage-3 gather bounds that change how many
+# shard pieces are in flight at once (device staging with offload_param).
+GRID = [
+    ("s1-cpu-bf16", 1, "bf16", {"offload_optimizer": "cpu"}),
+    ("s2-cpu-fp32-chunks", 2, "fp32", {"offload_optimizer": "cpu", "sub_group_size": 1000}),
+    ("s1-nvme-fp32", 1, "fp32", {"offload_optimizer": "nvme"}),
+    ("s2-nvme-bf16-chunks-overlap", 2, "bf16", {"offload_optimizer": "nvme",
+                                                "sub_group_size": 1000, "overlap_comm": True}),
+    ("s2-nvme-sgd-momentum", 2, "bf16", {"offload_optimizer": "nvme", "sub_group_size": 777,
+                                         "optimizer": SGD_MOMENTUM}),
+    ("s1-nvme-sgd", 1, "fp32", {"offload_optimizer": "nvme", "optimizer": SGD}),
+    ("s3-cpu-bf16", 3, "bf16", {"offload_optimizer": "cpu"}),
+    ("s2-cpu-delayed-bf16", 2, "bf16", {"offload_optimizer": "cpu", "delayed_update": True,
+                                         "sub_group_size": 1000}),
+    ("s3-cpu-delayed-fp32", 3, "fp32", {"offload_optimizer": "cpu", "delayed_update": True}),
+    ("s3-nvme-fp32-chunks", 3, "fp32", {"offload_optimizer": "nvme", "sub_group_size": 1000}),
+    ("s3-params-fp32", 3, "fp32", {"offload_param": "cpu"}),
+    ("s3-cpu-params-bf16", 3, "bf16", {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+    ("s3-nvme-params-bf16-prefetch-1", 3, "bf16", {
+        "offload_optimizer": "nvme", "offload_param": "cpu",
+        "stage3_prefetch_bucket_size": 13_000, "stage3_max_reuse_distance": 0}),
+    ("s3-cpu-params-bf16-no-prefetch", 3, "bf16", {
+        "offload_optimizer": "cpu", "offload_param": "cpu", "overlap_comm": False,
+        "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}),
+    # partial offload: each shard's tail (ratio x Ψ/N, rounded) on the host / NVMe, its head
+    # with an fp32 master of its own on the device
+    ("s2-cpu-ratio-fp32", 2, "fp32", {"offload_optimizer": "cpu", "ratio": 0.5,
+                                      "sub_group_size": 700}),
+    ("s1-nvme-ratio-bf16", 1, "bf16", {"offload_optimizer": "nvme", "ratio": 0.3}),
+    ("s3-cpu-ratio-params-bf16", 3, "bf16", {"offload_optimizer": "cpu", "ratio": 0.75,
+                                             "offload_param": "cpu"}),
+    ("s2-cpu-ratio-0-bf16", 2, "bf16", {"offload_optimizer": "cpu", "ratio": 0.0}),
+]
+
+
+def _config(stage, precision, overrides, nvme_path, gas=GAS):
+    zero_extra = dict(overrides)
+    optimizer = zero_extra.pop("optimizer", None)
+    delayed = zero_extra.pop("delayed_update", False)
+    ratio = zero_extra.pop("ratio", None)
+    for name in ("offload_optimizer", "offload_param"):
+        device = zero_extra.pop(name, None)
+        if device == "cpu":
+            zero_extra[name] = {"device": "cpu", "pin_memory": False}
+            if delayed and name == "offload_optimizer":
+                zero_extra[name]["delayed_update"] = True
+        elif device == "nvme":
+            zero_extra[name] = {"device": "nvme", "nvme_path": nvme_path}
+        if device and ratio is not None and name == "offload_optimizer":
+            zero_extra[name]["ratio"] = ratio
+    if stage == 3:
+        zero_extra.setdefault("stage3_param_persistence_threshold", PERSISTENCE)
+    config = training.engine_config(stage, gas=gas, precision=precision, **zero_extra)
+    if optimizer is not None:
+        config["optimizer"] = optimizer
+    return config
+
+
+def _report_with_offloaded_numel(engine, rank):
+    """The report as the engine gives it once its StateLayouts carry each layout's offloaded
+    elements (the engine change that a partial offload needs; zero.memory takes them)."""
+    from zero.memory import build_report
+
+    offloaded = {}
+    for g, (_, params) in enumerate(engine._engine_groups):
+        persistent = engine.stage == 3 and id(params[0]) not in engine._partitioned
+        numel = engine._core.group_offload_info(g)["offloaded_numel"]
+        offloaded[persistent] = offloaded.get(persistent, 0) + numel
+    layouts = [dataclasses.replace(layout, offloaded_numel=offloaded.get(layout.persistent, 0))
+               for layout in engine._layouts]
+    return build_report(engine._core.registry(), layouts, rank, engine.global_steps, {})
+
+
+def _measure(rank, world, grid, nvme_path, factory=None, steps=2):
+    """Per grid entry: one engine, two steps; the report, every location's peak and the size
+    of each group's swap file."""
+    import zero
+
+    out = []
+    for _, stage, precision, overrides in grid:
+        config = _config(stage, precision, overrides, nvme_path)
+        model = (factory or training.make_model)()
+        engine, _, _, _ = zero.initialize(model=model, config=config)
+        training.train_engine(engine, rank, world, steps, GAS)
+        report = engine.memory_report()
+        swap = 0
+        for g in range(engine._core.group_count):
+            where = engine._core.group_offload_info(g).get("swap", "")
+            if where:
+                swap += os.path.getsize(where.split(" (")[0])
+        report["swap_file_bytes"] = swap
+        report["with_offloaded_numel"] = _report_with_offloaded_numel(engine, rank)
+        engine.destroy()
+        out.append(report)
+    return out
+
+
+def _close(estimated, measured, tolerance=0.05):
+    return abs(estimated - measured) <= tolerance * max(measured, 1)
+
+
+def _host(usage: dict) -> dict:
+    """Registry locations -> the estimate's (host pinned and pageable are one "host")."""
+    out = {}
+    for location, value in usage.items():
+        where = "host" if location.startswith("host") else location
+        out[where] = out.get(where, 0) + value
+    return {k: v for k, v in out.items() if v}
+
+
+def _estimate_for(shapes, world, stage, precision, overrides, nvme_path="/nvme"):
+    setup, selected = est.setup_from_config(_config(stage, precision, overrides, nvme_path), world)
+    assert selected == stage
+    return setup, est.estimate(shapes, setup, stage)  # the config's offload row
+
+
+def _check(shapes, world, grid, results):
+    for rank_result in results:
+        for (label, stage, precision, overrides), report in zip(grid, rank_result):
+            label = f"{label} N={world}"
+            setup, estimate = _estimate_for(shapes, world, stage, precision, overrides)
+            option = estimate.option
+            assert option.offloaded and estimate.status == est.BUILT, label
+            assert estimate.numel == report["numel"], label
+            cats = report["categories"]
+            # Model states: every category at every location, exactly, and the engine's own
+            # formula column.
+            for name in MODEL_STATES:
+                row = estimate.categories[name]
+                measured = _host({loc: u["current"] for loc, u in
+                                  cats.get(name, {}).get("by_location", {}).items()})
+                assert {k: v for k, v in row["by_location"].items() if v} == measured, \
+                    (label, name, row["by_location"], measured)
+                assert row["bytes"] == cats[name]["expected"], (label, name)
+            for where in ("device", "host", "nvme"):
+                assert estimate.model_state_at(where) == \
+                    report["model_state_by_location"]["measured"][where], (label, where)
+            # The live report's formula column by location: right for a whole offload; with a
+            # ratio < 1 once the engine passes the offloaded elements to zero.memory.
+            fixed = report["with_offloaded_numel"]["model_state_by_location"]
+            assert fixed["measured"] == fixed["expected"], (label, fixed)
+            if setup.offload_ratio == 1:
+                assert report["model_state_by_location"]["measured"] == \
+                    report["model_state_by_location"]["expected"], label
+            # Host: the pool (state + staging) exactly, current and peak; NVMe exactly.
+            staging = cats.get("staging", {}).get("by_location", {})
+            host_staging = sum(u["current"] for loc, u in staging.items() if loc != "device")
+            assert host_staging == estimate.categories["staging"]["by_location"].get("host", 0), \
+                (label, host_staging, estimate.categories["staging"])
+            locations = report["by_location"]
+            host_peak = locations["host_pinned"]["peak"] + locations["host_pageable"]["peak"]
+            assert host_peak == estimate.host_bytes, (label, host_peak, estimate.host_bytes)
+            assert locations["nvme"]["current"] == estimate.nvme_bytes, label
+            assert report["swap_file_bytes"] == estimate.offload["swap_file_bytes"], label
+            # Device: buckets exactly below stage 3; at stage 3 buckets, the gathered working
+            # set and the device staging (offload_param) within 5% at their peaks.
+            device_staging = staging.get("device", {"peak": 0, "current": 0})
+            assert device_staging["current"] == 0, label  # freed once the gathers complete
+            expected_staging = estimate.categories["staging"]["by_location"].get("device", 0)
+            assert _close(expected_staging, device_staging["peak"]), \
+                (label, expected_staging, device_staging)
+            assert (device_staging["peak"] > 0) == (option.offload_param == "cpu"), label
+            bucket = cats.get("bucket", {"peak": 0, "current": 0})
+            gathered = cats.get("gathered_param", {"peak": 0})
+            if stage < 3:
+                assert estimate.categories["bucket"]["bytes"] == bucket["current"], label
+                assert estimate.device_bytes == locations["device"]["peak"], label
+            else:
+                assert _close(estimate.categories["bucket"]["bytes"], bucket["peak"]), label
+                assert _close(estimate.categories["gathered_param"]["bytes"], gathered["peak"]), \
+                    label
+                assert _close(estimate.device_bytes, locations["device"]["peak"]), \
+                    (label, estimate.device_bytes, locations["device"])
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_offload_estimate_equals_the_engines_measured_bytes(world, tmp_path):
+    shapes = est.shapes_from_factory(FACTORY)  # built on meta, as `zero-mem estimate` does
+    results = run_distributed(_measure, world, args=(GRID, str(tmp_path)), timeout=120)
+    _check(shapes, world, GRID, results)
+    assert list(tmp_path.iterdir()) == []  # the swap files went with the engines
+
+
+def test_offload_rows_in_the_table_and_json(capsys, tmp_path):
+    config = _config(3, "bf16", {"offload_optimizer": "nvme", "offload_param": "cpu"},
+                     str(tmp_path))
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    assert cli.main(["estimate", "--model", FACTORY, "--config", str(path), "--world-size", "2",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["setup"]["offload"] == {"offload_optimizer": "nvme", "offload_param": "cpu",
+                                       "sub_group_size": 1_000_000_000,
+                                       "delayed_update": False, "ratio": 1.0}
+    rows = {o["option"]: o for o in out["options"]}
+    row = rows["stage 3 + offload optimizer (NVMe) + params"]
+    assert row["status"] == est.BUILT and row["nvme_bytes"] > 0
+    assert row["model_state_by_location"]["nvme"] == row["nvme_bytes"]
+    assert row["per_node"]["nvme_bytes"] == 2 * row["nvme_bytes"]
+    assert row["categories"]["staging"]["by_location"]["device"] > 0  # shard pieces in flight
+    assert row["offload"]["state_arrays"] == ["master", "exp_avg", "exp_avg_sq"]
+    assert rows["stage 3 + offload optimizer + params (NVMe)"]["status"] == est.FORMULA_ONLY
+    assert cli.main(["estimate", "--model", FACTORY, "--config", str(path),
+                     "--world-size", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "*stage 3 + offload optimizer (NVMe) + params " in text  # the config's row
+    assert "2·C·(2+2) + 2·3·⌈4C⌉" in text and "(nvme)" in text and "(host)" in text
+    # Flags pick the row too; parameter offload needs stage 3, offload stage 1+.
+    assert cli.main(["estimate", "--model", FACTORY, "--world-size", "2", "--stage", "1",
+                     "--offload-optimizer", "cpu"]) == 0
+    assert "*stage 1 + offload optimizer " in capsys.readouterr().out
+    assert cli.main(["estimate", "--model", FACTORY, "--world-size", "2", "--stage", "2",
+                     "--offload-param", "cpu", "--json"]) == 0  # every row is listed anyway
+    with pytest.raises(est.EstimateError, match="needs stage 3"):
+        est.estimate(est.shapes_from_factory(FACTORY),
+                     est.Setup(world_size=2, offload_param="cpu"), 2)
+    with pytest.raises(est.EstimateError, match="stage 1, 2 or 3"):
+        est.option_for(0, "cpu")
+
+
+def test_partial_offload_rounds_like_the_engine_and_the_constants_match(tmp_path, capsys):
+    from zero import engine
+    from zero.config.schema import ZERO_OPTIMIZATION
+
+    assert est.OFFLOAD_TILE == engine.OFFLOAD_TILE
+    assert ZERO_OPTIMIZATION.get("sub_group_size").default == est.DEFAULT_SUB_GROUP_SIZE
+    config = _config(3, "bf16", {"offload_optimizer": "cpu", "ratio": 0.5}, str(tmp_path))
+    setup, _ = est.setup_from_config(config, 2)
+    assert setup.offload_ratio == 0.5
+    # llround: half away from zero, per engine group
+    assert [setup.offloaded_numel(n) for n in (7, 8, 14_448, 1)] == [4, 4, 7_224, 1]
+    assert est.Setup(offload_ratio=0.3).offloaded_numel(14_448) == 4_334
+    with pytest.raises(est.EstimateError, match="whole step on the host"):
+        est.Setup(offload_ratio=0.5, delayed_update=True)
+    # The chunk: min(sub_group_size, 4,194,304, the group's offloaded shard).
+    setup = est.Setup(world_size=2, sub_group_size=10**9)
+    assert setup.offload_chunk(10**8) == est.OFFLOAD_TILE and setup.offload_chunk(7) == 7
+    assert est.Setup(sub_group_size=1000).offload_chunk(10**8) == 1000
+    # The flag, and the split in the table: the head's state on the device, the tail's on NVMe.
+    assert cli.main(["estimate", "--model", FACTORY, "--world-size", "2", "--stage", "2",
+                     "--offload-optimizer", "nvme", "--offload-ratio", "0.25",
+                     "--precision", "bf16"]) == 0
+    text = capsys.readouterr().out
+    assert "*stage 2 + offload optimizer (NVMe) " in text
+    assert "0.25·(4Ψ/N) + 0.25·(8Ψ/N)" in text and "0.75·(4Ψ/N) + 0.75·(8Ψ/N)" in text
+
+
+# ---- the tuner --------------------------------------------------------------------------------
+
+def _setup(**changes):
+    return est.Setup(world_size=2, precision="bf16", reduce_bucket_size=3000,
+                     persistence_threshold=PERSISTENCE, **changes)
+
+
+def _run_tuned(rank, world, config_path):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(
+        dataclasses.replace(training.MODEL, n_layer=8)), config=config_path)
+    training.train_engine(engine, rank, world, 2, engine.gradient_accumulation_steps())
+    report = engine.memory_report()
+    engine.destroy()
+    return report
+
+
+def _tune_and_run(tmp_path, budget, *extra):
+    base = _config(3, "bf16", {}, None)  # two micro-steps, stage-3 defaults
+    base_path = tmp_path / "base.json"
+    base_path.write_text(json.dumps(base))
+    out = tmp_path / "tuned.json"
+    code = cli.main(["tune", "--model", DEEP_FACTORY, "--config", str(base_path),
+                     "--world-size", "2", "--budget", str(budget), "--out", str(out), *extra])
+    assert code == 0
+    tuned = json.loads(out.read_text())
+    return tuned, run_distributed(_run_tuned, 2, args=(str(out),), timeout=120)
+
+
+def test_the_tuner_recommends_offload_when_only_offload_fits_and_it_runs_within(tmp_path, capsys):
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    setup = _setup()
+    # The smallest device footprint without offload (every stage, every bucket and stage-3
+    # setting the tuner tries), and with the optimizer on the host.
+    no_offload = tuner.tune(shapes, setup, 1, offload=False)
+    smallest = min(c.total for c in no_offload.tried if c.estimate.runs)
+    host_stage1 = est.estimate(shapes, setup, est.option_for(1, "cpu")).device_bytes
+    host_stage2 = est.estimate(shapes, setup, est.option_for(2, "cpu")).device_bytes
+    assert host_stage2 < host_stage1 < smallest
+    budget = (host_stage2 + host_stage1) // 2  # only stage 2 + optimizer on the host (or more)
+    rec = tuner.tune(shapes, setup, budget)
+    assert rec.chosen.option == est.option_for(2, "cpu")
+    assert all(not c.fits for c in rec.tried if not c.option.offloaded)
+
+    tuned, reports = _tune_and_run(tmp_path, budget)
+    text = capsys.readouterr().out
+    assert "recommended: stage 2 + optimizer on the host" in text
+    zero_block = tuned["zero_optimization"]
+    assert zero_block["stage"] == 2 and zero_block["offload_optimizer"]["device"] == "cpu"
+    assert "offload_param" not in zero_block and not any(k.startswith("stage3_")
+                                                         for k in zero_block)
+    for report in reports:
+        device = report["by_location"]["device"]
+        assert device["peak"] <= budget, (device, budget)
+        assert device["peak"] == rec.chosen.total  # exact below stage 3
+        assert report["model_state_by_location"]["measured"]["host"] > 0
+
+
+def test_the_tuner_takes_nvme_when_the_host_budget_rules_the_host_out(tmp_path, capsys):
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    setup = _setup()
+    host_stage2 = est.estimate(shapes, setup, est.option_for(2, "cpu"))
+    nvme_stage2 = est.estimate(shapes, setup, est.option_for(2, "nvme"))
+    host_stage3 = est.estimate(shapes, setup, est.option_for(3, "cpu"))
+    # Device: the stage-2 budget above; host: less than the host pool of optimizer offload,
+    # enough for NVMe's staging chunks (sub_group_size 1,000: 2 slots x 3 arrays x 4 KiB).
+    setup_chunks = _setup(sub_group_size=1000)
+    nvme_chunked = est.estimate(shapes, setup_chunks, est.option_for(2, "nvme"))
+    assert nvme_chunked.host_bytes * 2 < host_stage2.host_bytes * 2
+    host_budget = (nvme_chunked.host_bytes * 2 + min(host_stage2.host_bytes,
+                                                     host_stage3.host_bytes) * 2) // 2
+    budget = host_stage2.device_bytes + 1
+    assert nvme_stage2.device_bytes == host_stage2.device_bytes
+    # Without an NVMe path: nothing fits, and the tuner says NVMe would.
+    rec = tuner.tune(shapes, setup_chunks, budget, host_budget=host_budget)
+    assert rec.chosen is None
+    assert any(e.option.offload_optimizer == "nvme" for e in rec.not_built)
+    assert "needs an NVMe path" in tuner.why_not(rec.not_built[0], None)
+
+    base = _config(3, "bf16", {"sub_group_size": 1000}, None)
+    base_path = tmp_path / "base.json"
+    base_path.write_text(json.dumps(base))
+    out = tmp_path / "tuned.json"
+    swap = tmp_path / "nvme"
+    swap.mkdir()
+    assert cli.main(["tune", "--model", DEEP_FACTORY, "--config", str(base_path),
+                     "--world-size", "2", "--budget", str(budget), "--host-budget",
+                     str(host_budget), "--nvme-path", str(swap), "--out", str(out)]) == 0
+    assert "recommended: stage 2 + optimizer on NVMe" in capsys.readouterr().out
+    tuned = json.loads(out.read_text())
+    block = tuned["zero_optimization"]["offload_optimizer"]
+    assert block["device"] == "nvme" and block["nvme_path"] == str(swap)
+    assert tuned["zero_optimization"]["sub_group_size"] == 1000
+    for report in run_distributed(_run_tuned, 2, args=(str(out),), timeout=120):
+        locations = report["by_location"]
+        assert locations["device"]["peak"] <= budget
+        host = locations["host_pinned"]["peak"] + locations["host_pageable"]["peak"]
+        assert 2 * host <= host_budget  # two ranks on this node
+        assert locations["nvme"]["current"] == nvme_chunked.nvme_bytes
+    assert list(swap.iterdir()) == []
+
+
+def test_the_tuner_offloads_parameters_when_the_optimizer_alone_is_not_enough(tmp_path,
+                                                                              capsys):
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    setup = _setup()
+
+    def smallest(*option):  # the least device bytes an option can run in (live bound: the
+        # root + one block, one bucket)
+        least = dataclasses.replace(setup, overlap_comm=False,
+                                    max_live_parameters=3_616 + 12_416)
+        return min(est.estimate(shapes, s, est.option_for(*option)).device_bytes
+                   for s in (setup, least))
+
+    optimizer_only = min(smallest(1, "cpu"), smallest(2, "cpu"), smallest(3, "cpu"))
+    params_only = smallest(3, "none", "cpu")
+    with_params = smallest(3, "cpu", "cpu")
+    assert with_params < optimizer_only < params_only
+    budget = (with_params + optimizer_only) // 2
+    tuned, reports = _tune_and_run(tmp_path, budget)
+    text = capsys.readouterr().out
+    assert "recommended: stage 3 + optimizer on the host + params on the host" in text
+    zero_block = tuned["zero_optimization"]
+    assert zero_block["offload_param"]["device"] == "cpu"
+    assert zero_block["offload_optimizer"]["device"] == "cpu"
+    rec = tuner.tune(shapes, setup, budget)
+    for report in reports:
+        peak = report["by_location"]["device"]["peak"]
+        assert peak <= budget, (peak, budget)
+        assert _close(rec.chosen.total, peak), (rec.chosen.total, peak)
+        assert report["categories"]["staging"]["by_location"]["device"]["peak"] > 0
