@@ -17,6 +17,9 @@ import json
 import os
 import sys
 
+import torch
+
+from . import activations
 from . import estimate as est
 from . import render, tuner
 
@@ -46,6 +49,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--hf-config", metavar="CONFIG_JSON",
                         help="a Hugging Face config.json (needs `transformers`, not required "
                              "by zero)")
+    parser.add_argument("--sample-input", action="append", default=[], metavar="SHAPE:DTYPE",
+                        help="one positional input of a micro-batch, e.g. 4x128:int64 (repeat "
+                             "for more inputs); with --model or --hf-config, the activations "
+                             "autograd keeps for backward are estimated on the meta device")
     parser.add_argument("--tensor-numel", type=_count, metavar="T",
                         help="with --params: elements per stand-in tensor (default: "
                              "min(N, reduce_bucket_size))")
@@ -133,10 +140,27 @@ def _shapes(args, setup: est.Setup) -> est.ModelShapes:
                                  units=args.units)
 
 
+def _activations(args, setup: est.Setup) -> dict | None:
+    if not args.sample_input:
+        return None
+    if not (args.model or args.hf_config):
+        raise est.EstimateError("--sample-input needs the model itself (--model or --hf-config), "
+                                "not a parameter count")
+    samples = [activations.SampleInput.parse(text) for text in args.sample_input]
+    factory = (est._import_factory(args.model) if args.model
+               else lambda: est.model_from_hf_config(args.hf_config, on_meta=False))
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[setup.precision]
+    return {"bytes": activations.estimate_activations(factory, samples, dtype),
+            "sample_input": [list(s.shape) for s in samples], "dtype": str(dtype),
+            "what": "tensors autograd keeps for backward at the end of one micro-batch's "
+                    "forward, per rank (CPU kernels' choices, e.g. for attention)"}
+
+
 def cmd_estimate(args) -> int:
     setup, stage, _ = _setup(args)
     shapes = _shapes(args, setup)
     estimates = est.estimate_all(shapes, setup)
+    acts = _activations(args, setup)
     if args.json:
         print(json.dumps({
             "model": {"description": shapes.description, "exact": shapes.exact,
@@ -146,11 +170,17 @@ def cmd_estimate(args) -> int:
                       "stage3_units": list(shapes.unit_names)},
             "setup": setup.to_dict(), "selected_stage": stage,
             "options": [e.to_dict() for e in estimates],
-            "not_included": ["activations", "autograd transient gradients",
-                             "optimizer-step temporaries", "framework/allocator overhead"],
+            "activations": acts,
+            "not_included": ([] if acts else ["activations"]) + [
+                "autograd transient gradients", "optimizer-step temporaries",
+                "framework/allocator overhead"],
         }, indent=2, ensure_ascii=False))
     else:
         print(est.format_estimates(shapes, setup, estimates, selected_stage=stage))
+        if acts:
+            print(f"activations: {est.format_bytes(acts['bytes'])} per rank for one micro-batch "
+                  f"of {acts['sample_input']} ({acts['dtype']}): {acts['what']}; add them to the "
+                  "device column")
     return 0
 
 

@@ -309,7 +309,7 @@ def shapes_from_factory(spec: str) -> ModelShapes:
     return shapes_from_module(model, description=f"{type(model).__name__} ({spec})")
 
 
-def shapes_from_hf_config(path: str) -> ModelShapes:
+def model_from_hf_config(path: str, on_meta: bool = True) -> torch.nn.Module:
     """A Hugging Face config.json (or its folder), built on meta. Needs `transformers`, which
     zero does not require: without it this raises an EstimateError that says so."""
     try:
@@ -329,11 +329,18 @@ def shapes_from_hf_config(path: str) -> ModelShapes:
     if model_type is None:
         raise EstimateError(f"--hf-config {config_file}: no \"model_type\" key")
     config = transformers.AutoConfig.for_model(model_type, **values)
+    build = build_on_meta if on_meta else (lambda factory, *args: factory(*args))
     try:
-        model = build_on_meta(transformers.AutoModelForCausalLM.from_config, config)
+        model = build(transformers.AutoModelForCausalLM.from_config, config)
     except ValueError:
-        model = build_on_meta(transformers.AutoModel.from_config, config)
-    return shapes_from_module(model, description=f"{type(model).__name__} ({config_file})")
+        model = build(transformers.AutoModel.from_config, config)
+    model.zero_config_file = config_file
+    return model
+
+
+def shapes_from_hf_config(path: str) -> ModelShapes:
+    model = model_from_hf_config(path)
+    return shapes_from_module(model, description=f"{type(model).__name__} ({model.zero_config_file})")
 
 
 def shapes_from_count(count: int, tensor_numel: int | None = None,
@@ -1487,7 +1494,7 @@ def format_estimates(shapes: ModelShapes, setup: Setup, estimates: list[Estimate
                  "and NVMe), the buckets and the host staging equal the engine's measured "
                  "`current` bytes; stage 3's gathered_param (and, with offload_param, the device "
                  "staging) is the peak of the gather schedule replayed on the units (every unit "
-                 "once per forward, in definition order). Not included anywhere: activations, "
+                 "once per forward, in definition order). Not included (activations only with --sample-input): "
                  "autograd's transient gradients, optimizer-step temporaries, framework and "
                  "allocator overhead.")
     return "\n".join(lines)
