@@ -61,8 +61,8 @@ partitioned group and the persistent stage-1 group) owns one host pool that adds
 
 offload_param "nvme" is not built: a formula row ("formula only — not yet built/measured").
 
-Not estimated: activations (they depend on the model's forward, batch and sequence length,
-and the meta device cannot measure them), autograd's transient full-size gradients before a
+Activations are estimated separately, from a sample input (`activations.py`, CLI
+`--sample-input`). Not estimated: autograd's transient full-size gradients before a
 parameter's hook copies them into the bucket, temporaries of the optimizer step, and
 framework / allocator overhead. Leave room for them (`zero-mem tune --reserve`).
 """
