@@ -17,10 +17,10 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ..memory import LOCATIONS, location_totals
 from .estimate import GiB, MiB
 
 # the registry's locations, in the order shown, and how they are labelled
-LOCATIONS = ("device", "host_pinned", "host_pageable", "nvme")
 LOCATION_TEXT = {"device": "device", "host_pinned": "host pinned",
                  "host_pageable": "host pageable", "nvme": "NVMe"}
 
@@ -154,18 +154,6 @@ def ordered_categories(series: list[Series]) -> list[str]:
 
 def _unit(values) -> tuple[float, str]:
     return (GiB, "GiB") if max(values, default=0) >= GiB else (MiB, "MiB")
-
-
-def location_totals(report: dict) -> dict[str, dict]:
-    """Per location: current and peak bytes over all categories (older reports without the
-    `by_location` key: current summed from the categories, peak None)."""
-    if "by_location" in report:
-        return report["by_location"]
-    out = {location: {"current": 0, "peak": None} for location in LOCATIONS}
-    for entry in report["categories"].values():
-        for location, usage in entry.get("by_location", {}).items():
-            out.setdefault(location, {"current": 0, "peak": None})["current"] += usage["current"]
-    return out
 
 
 def used_locations(series: list[Series]) -> list[str]:
