@@ -44,11 +44,12 @@ def _train(rank, world, config, steps=STEPS):
     return losses, params, report
 
 
-def _assert_same_training(expected, actual, tolerance):
+def _assert_same_training(expected, actual, tolerance, param_tolerance=None):
     for (ref_losses, _, _), (losses, _, _) in zip(expected, actual):
         assert losses == pytest.approx(ref_losses, rel=tolerance)
     for name, value in expected[0][1].items():
-        assert training.relative_error(actual[0][1][name], value) <= tolerance, name
+        error = training.relative_error(actual[0][1][name], value)
+        assert error <= (param_tolerance or tolerance), name
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -399,3 +400,16 @@ def test_partial_nvme_offload_and_resume(tmp_path):
     first = run_distributed(_resume, 2, args=(config, str(ckpt), "first"))
     second = run_distributed(_resume, 2, args=(config, str(ckpt), "second"))
     assert first[0] + second[0] == full[0]
+
+
+def test_fp16_offload_with_loss_scaling_matches_the_engine_without_it():
+    # Dynamic loss scale starts at 2^8 (training.engine_config): the host step must unscale
+    # and clip as the device step does and skip the same overflowing steps. The fused CPU
+    # kernel follows torch's fused Adam and the device path torch's for-loop Adam: their
+    # masters can differ by an ulp, which rounding to fp16 (11-bit mantissa) occasionally
+    # turns into an fp16 ulp of a weight (~5e-4 relative). Stated tolerances: 1e-4 on the
+    # losses (observed 3.5e-6), 1e-3 on the weights (observed 1.7e-4).
+    plain = run_distributed(_train, 2, args=(_config(2, False, "fp16"),), timeout=180)
+    offloaded = run_distributed(_train, 2, args=(_config(2, "cpu", "fp16", tile=1000),),
+                                timeout=180)
+    _assert_same_training(plain, offloaded, 1e-4, param_tolerance=1e-3)
