@@ -7,7 +7,6 @@ reduction, the sharded update and the all-gather run in C++.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -19,6 +18,8 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+
+import offload
 
 from . import _C, stage3
 from . import init as zero_init
@@ -33,7 +34,6 @@ logger = logging.getLogger("zero")
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffer
-OFFLOAD_TILE = 1 << 22  # elements per streamed tile of the offloaded step, at most
 
 
 class ZeroEngine(nn.Module):
@@ -85,11 +85,11 @@ class ZeroEngine(nn.Module):
         self._warn_if_not_pinned()
         if self.config.memory_report.path and not self.config.memory_report.every_n_steps \
                 and dist.get_rank() == 0:
-            logger.warning("zero: memory_report.path is set but neither memory_report.every_n_steps "
-                           "nor steps_per_print is: only the final report (engine.destroy() or "
-                           "engine.final_memory_report()) is written")
+            logger.warning("zero: memory_report.path is set but neither "
+                           "memory_report.every_n_steps nor steps_per_print is: only the final "
+                           "report (engine.destroy() or engine.final_memory_report()) is written")
         if self.config.zero_optimization.offload_optimizer.device == "nvme":
-            _LIVE_NVME_ENGINES.add(self)  # swap files go at exit even if the engine lingers
+            offload.remove_at_exit(self)  # swap files go at exit even if the engine lingers
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
@@ -147,7 +147,7 @@ class ZeroEngine(nn.Module):
         self._boundary_in_backward = boundary
         self._core.prepare_backward(boundary)
         scaled.backward(retain_graph=retain_graph)
-        self._core.finish_backward(boundary)  # stage 3: already done by the end-of-backward callback
+        self._core.finish_backward(boundary)  # stage 3: already done by the end-of-backward hook
         return loss
 
     def step(self, lr_kwargs: dict | None = None):
@@ -306,7 +306,8 @@ class ZeroEngine(nn.Module):
                 partitioned, [local[plan.unit_of_param[id(p)]] for p in partitioned],
                 [list(p._zero_shape) if zero_init.is_partitioned(p) else [] for p in partitioned],
                 self._alignment, zero_cfg.overlap_comm, spec.kind,
-                spec.momentum_buffer_needed([group]), offload=self._offload_options(),
+                spec.momentum_buffer_needed([group]),
+                offload=offload.offload_options(self.config),
                 offload_param=zero_cfg.offload_param.device == "cpu",
                 offload_param_pin=zero_cfg.offload_param.pin_memory)
             self._engine_groups.append((owner, partitioned))
@@ -354,39 +355,15 @@ class ZeroEngine(nn.Module):
         zero_cfg = self.config.zero_optimization
         self._core.add_group(params, stage, self._alignment, int(zero_cfg.reduce_bucket_size),
                              zero_cfg.overlap_comm, spec.kind, spec.momentum_buffer_needed([group]),
-                             offload=self._offload_options())
+                             offload=offload.offload_options(self.config))
         self._engine_groups.append((owner, params))
 
     def _warn_if_not_pinned(self) -> None:
-        zero_cfg = self.config.zero_optimization
         infos = [self._core.group_offload_info(g) for g in range(self._core.group_count)]
-        reasons = set()
-        if zero_cfg.offload_optimizer.pin_memory:
-            reasons |= {info["why_not_pinned"] for info in infos}
-        if zero_cfg.offload_param.pin_memory:
-            reasons |= {info["why_params_not_pinned"] for info in infos}
-        reasons -= {""}
-        if reasons and dist.get_rank() == 0:
-            message = (f"zero: pin_memory is true but the offloaded state could not be pinned "
-                       f"({'; '.join(sorted(reasons))}); it uses page-aligned pageable memory, "
-                       "and host<->device copies are slower")
+        message = offload.pinning_warning(self.config, infos)
+        if message and dist.get_rank() == 0:
             warnings.warn(message, stacklevel=3)
             logger.warning(message)
-
-    def _offload_options(self) -> dict:
-        """offload_optimizer: device "cpu" keeps the fp32 master and optimizer state in host
-        memory, "nvme" in a swap file under nvme_path (removed when the engine goes); the step
-        streams chunks of min(sub_group_size, OFFLOAD_TILE) elements."""
-        zero_cfg = self.config.zero_optimization
-        offload = zero_cfg.offload_optimizer
-        aio = self.config.aio
-        return {"enabled": offload.device in ("cpu", "nvme"), "pin_memory": offload.pin_memory,
-                "tile_numel": min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
-                "num_threads": torch.get_num_threads(),
-                "delayed_update": offload.delayed_update, "ratio": float(offload.ratio),
-                "nvme_path": offload.nvme_path if offload.device == "nvme" else None,
-                "aio": {"block_size": aio.block_size, "queue_depth": aio.queue_depth,
-                        "intra_op_parallelism": aio.intra_op_parallelism}}
 
     def _state_layouts(self, spec) -> list[StateLayout]:
         """What the ZeRO formulas describe: one layout per engine group kind (stage 3's
@@ -436,16 +413,6 @@ class ZeroEngine(nn.Module):
             self._stage3.remove()
             self._stage3._core = None
         self._core = None
-
-
-_LIVE_NVME_ENGINES: "weakref.WeakSet[ZeroEngine]" = weakref.WeakSet()
-
-
-@atexit.register
-def _remove_swap_files() -> None:
-    # Objects alive at interpreter exit are not guaranteed to be destroyed; swap files must go.
-    for engine in list(_LIVE_NVME_ENGINES):
-        engine.destroy()
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:

@@ -1,0 +1,40 @@
+"""Offload settings for the C++ engine, from a validated ZeroConfig."""
+from __future__ import annotations
+
+import torch
+
+OFFLOAD_TILE = 1 << 22  # elements per streamed chunk of the offloaded step, at most
+
+
+def offload_options(config) -> dict:
+    """offload_optimizer: device "cpu" keeps the fp32 master and optimizer state in host
+    memory, "nvme" in a swap file under nvme_path (removed when the engine goes); the step
+    streams chunks of min(sub_group_size, OFFLOAD_TILE) elements, with torch's intra-op
+    thread count (the launcher's core binding sets it) running the CPU Adam."""
+    zero_cfg = config.zero_optimization
+    offload = zero_cfg.offload_optimizer
+    aio = config.aio
+    return {"enabled": offload.device in ("cpu", "nvme"), "pin_memory": offload.pin_memory,
+            "tile_numel": min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
+            "num_threads": torch.get_num_threads(),
+            "delayed_update": offload.delayed_update, "ratio": float(offload.ratio),
+            "nvme_path": offload.nvme_path if offload.device == "nvme" else None,
+            "aio": {"block_size": aio.block_size, "queue_depth": aio.queue_depth,
+                    "intra_op_parallelism": aio.intra_op_parallelism}}
+
+
+def pinning_warning(config, group_infos: list[dict]) -> str | None:
+    """The warning to give when pin_memory was asked for and could not be honoured (a CPU
+    build of torch, the locked-memory limit), naming why; None when there is nothing to say."""
+    zero_cfg = config.zero_optimization
+    reasons = set()
+    if zero_cfg.offload_optimizer.pin_memory:
+        reasons |= {info["why_not_pinned"] for info in group_infos}
+    if zero_cfg.offload_param.pin_memory:
+        reasons |= {info["why_params_not_pinned"] for info in group_infos}
+    reasons -= {""}
+    if not reasons:
+        return None
+    return (f"zero: pin_memory is true but the offloaded state could not be pinned "
+            f"({'; '.join(sorted(reasons))}); it uses page-aligned pageable memory, and "
+            "host<->device copies are slower")
