@@ -248,10 +248,8 @@ def test_offload_rows_in_the_table_and_json(capsys, tmp_path):
 
 
 def test_partial_offload_rounds_like_the_engine_and_the_constants_match(tmp_path, capsys):
-    from zero import engine
     from zero.config.schema import ZERO_OPTIMIZATION
 
-    assert est.OFFLOAD_TILE == engine.OFFLOAD_TILE
     assert ZERO_OPTIMIZATION.get("sub_group_size").default == est.DEFAULT_SUB_GROUP_SIZE
     config = _config(3, "bf16", {"offload_optimizer": "cpu", "ratio": 0.5}, str(tmp_path))
     setup, _ = est.setup_from_config(config, 2)

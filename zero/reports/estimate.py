@@ -80,6 +80,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import torch
 
+from offload import OFFLOAD_TILE
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -96,10 +98,9 @@ DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
 DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
 DEFAULT_MAX_INFLIGHT_GATHERS = 2
 
-# Offload (zero/engine.py OFFLOAD_TILE, csrc/core/aligned_buffer.h kIoAlignment; a test keeps
-# them equal): the offloaded step streams chunks of at most OFFLOAD_TILE elements, and NVMe
-# staging chunks are rounded up to whole I/O pages.
-OFFLOAD_TILE = 1 << 22
+# Offload (OFFLOAD_TILE from offload/options.py, the engine's own constant;
+# csrc/core/aligned_buffer.h kIoAlignment): the offloaded step streams chunks of at most
+# OFFLOAD_TILE elements, and NVMe staging chunks are rounded up to whole I/O pages.
 IO_ALIGNMENT = 4096
 DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
