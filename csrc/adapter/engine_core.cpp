@@ -83,8 +83,11 @@ void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool bou
   Group& target = group(group_index);
   const auto completed = target.grad_ready(index, boundary);
   if (schedule_) {
-    if (const auto* partitioned = dynamic_cast<const Stage3Group*>(&target)) {
-      schedule_->grads_done(partitioned, target.layout().location(index).buffer);
+    const auto* partitioned = dynamic_cast<const Stage3Group*>(&target);
+    const std::size_t local = target.layout().location(index).buffer;
+    // Only a gradient that completes its unit's part can complete the unit.
+    if (partitioned != nullptr && partitioned->pending_grads(local) == 0) {
+      schedule_->grads_done(partitioned, local);
     }
   }
   if (!completed) return;

@@ -32,13 +32,15 @@ class Group {
   // --- step ---
   virtual bool has_nonfinite_grads() const = 0;
   virtual double grad_square_sum() const = 0;  // over the gradients this rank owns, in fp32
-  // step: 1-based count of applied optimizer steps, including this one.
-  virtual void optimizer_step(const OptimizerHyper& hyper, double grad_scale,
-                              std::int64_t step) = 0;
+  // step: 1-based count of applied optimizer steps, including this one. The new parameters
+  // land in this rank's pieces (shard_pieces).
+  void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) {
+    shard_state().step(shard_pieces(), hyper, grad_scale, step);
+  }
   virtual void gather_params() = 0;  // make the updated parameters visible after a step
   // Delayed parameter update: applies a finished update's parameters to this rank's shard
   // (the caller then gathers); a no-op when none is pending.
-  virtual void apply_delayed_update() = 0;
+  void apply_delayed_update() { shard_state().apply_delayed(shard_pieces()); }
   virtual void zero_grads() = 0;
 
   // --- inspection and checkpoints (shard layout: this rank's pieces of every unit) ---
@@ -49,11 +51,20 @@ class Group {
   // Re-derives the fp32 master from the current (e.g. just loaded) parameters.
   virtual void refresh_master() = 0;
   // Copies of the optimizer state tensors, and loading them back (checkpoints).
-  virtual std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const = 0;
-  virtual void load_optimizer_state(const std::string& name, const at::Tensor& values) = 0;
-  virtual const ShardState& shard_state() const = 0;
+  std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const {
+    return shard_state().optimizer_state();
+  }
+  void load_optimizer_state(const std::string& name, const at::Tensor& values) {
+    shard_state().load_optimizer_state(name, values);
+  }
   virtual std::size_t bucket_count() const = 0;
   virtual std::int64_t bucket_bytes() const = 0;
+
+  // --- what the shared step and checkpoint code above works on ---
+  virtual ShardState& shard_state() = 0;
+  virtual const ShardState& shard_state() const = 0;
+  // This rank's pieces of the shard: each unit's gradients and the parameters a step writes.
+  virtual std::vector<ShardPiece> shard_pieces() const = 0;
 };
 
 }  // namespace zero::adapter

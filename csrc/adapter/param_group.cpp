@@ -135,11 +135,6 @@ double ParamGroup::grad_square_sum() const {
   return total.item<double>();
 }
 
-void ParamGroup::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
-                                std::int64_t step) {
-  state_.step(shard_pieces(), hyper, grad_scale, step);  // leaves the new parameters in our pieces
-}
-
 std::vector<ShardPiece> ParamGroup::shard_pieces() const {
   std::vector<ShardPiece> pieces;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {

@@ -52,9 +52,7 @@ class ParamGroup : public Group {
 
   bool has_nonfinite_grads() const override;
   double grad_square_sum() const override;
-  void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) override;
   void gather_params() override;
-  void apply_delayed_update() override { state_.apply_delayed(shard_pieces()); }
   void zero_grads() override;
 
   const core::ShardedLayout& layout() const override { return layout_; }
@@ -62,18 +60,13 @@ class ParamGroup : public Group {
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;
-  std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const override {
-    return state_.optimizer_state();
-  }
-  void load_optimizer_state(const std::string& name, const at::Tensor& values) override {
-    state_.load_optimizer_state(name, values);
-  }
+  ShardState& shard_state() override { return state_; }
   const ShardState& shard_state() const override { return state_; }
+  std::vector<ShardPiece> shard_pieces() const override;
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
 
  private:
-  std::vector<ShardPiece> shard_pieces() const;  // grads and params of each unit's piece
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
   std::int64_t piece_numel(std::size_t unit) const { return layout_.unit(unit).shard_numel(); }
   at::Tensor full_piece(const at::Tensor& full, std::size_t unit) const;

@@ -217,11 +217,6 @@ double Stage3Group::grad_square_sum() const {
   return grad_shard_.tensor().to(at::kFloat).square().sum().item<double>();
 }
 
-void Stage3Group::optimizer_step(const OptimizerHyper& hyper, double grad_scale,
-                                 std::int64_t step) {
-  state_.step(shard_pieces(), hyper, grad_scale, step);  // leaves the new parameters in the shard
-}
-
 std::vector<ShardPiece> Stage3Group::shard_pieces() const {
   std::vector<ShardPiece> pieces;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {

@@ -63,9 +63,7 @@ class Stage3Group : public Group {
   void finish_backward(bool boundary) override;
   bool has_nonfinite_grads() const override;
   double grad_square_sum() const override;
-  void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) override;
   void gather_params() override;  // nothing: parameters are gathered on demand
-  void apply_delayed_update() override { state_.apply_delayed(shard_pieces()); }
   void zero_grads() override;
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return grad_shard_.tensor().device(); }
@@ -76,13 +74,9 @@ class Stage3Group : public Group {
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;
-  std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const override {
-    return state_.optimizer_state();
-  }
-  void load_optimizer_state(const std::string& name, const at::Tensor& values) override {
-    state_.load_optimizer_state(name, values);
-  }
+  ShardState& shard_state() override { return state_; }
   const ShardState& shard_state() const override { return state_; }
+  std::vector<ShardPiece> shard_pieces() const override;
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
 
@@ -98,7 +92,6 @@ class Stage3Group : public Group {
     TrackedTensor staging;  // offload_param: the shard piece brought to the device to send
   };
 
-  std::vector<ShardPiece> shard_pieces() const;  // grads and params of each unit's piece
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
   void attach(std::size_t unit);  // point the unit's parameters at the gathered buffer
