@@ -282,6 +282,16 @@ adapter::Stage3Group& stage3(adapter::EngineCore& e, std::size_t g) {
   return *group;
 }
 
+core::AioConfig aio_config(const py::dict& aio) {
+  core::AioConfig config;
+  if (aio.contains("block_size")) config.block_size = aio["block_size"].cast<std::size_t>();
+  if (aio.contains("queue_depth")) config.queue_depth = aio["queue_depth"].cast<std::size_t>();
+  if (aio.contains("intra_op_parallelism")) {
+    config.intra_op_parallelism = aio["intra_op_parallelism"].cast<std::size_t>();
+  }
+  return config;
+}
+
 adapter::OffloadOptions offload_options(const py::dict& d) {
   adapter::OffloadOptions options;
   if (d.contains("enabled")) options.enabled = d["enabled"].cast<bool>();
@@ -293,16 +303,34 @@ adapter::OffloadOptions offload_options(const py::dict& d) {
   if (d.contains("nvme_path") && !d["nvme_path"].is_none()) {
     options.nvme_path = d["nvme_path"].cast<std::string>();
   }
-  if (d.contains("aio")) {
-    const py::dict aio = d["aio"].cast<py::dict>();
-    if (aio.contains("block_size")) options.aio.block_size = aio["block_size"].cast<std::size_t>();
-    if (aio.contains("queue_depth")) options.aio.queue_depth = aio["queue_depth"].cast<std::size_t>();
-    if (aio.contains("intra_op_parallelism")) {
-      options.aio.intra_op_parallelism = aio["intra_op_parallelism"].cast<std::size_t>();
-    }
-  }
+  if (d.contains("aio")) options.aio = aio_config(d["aio"].cast<py::dict>());
   TORCH_CHECK_VALUE(options.num_threads >= 1, "zero: offload threads must be >= 1, got ",
                     options.num_threads);
+  return options;
+}
+
+// offload_param: {"device": "none"|"cpu"|"nvme", "pin_memory", "nvme_path", "max_in_cpu",
+// "buffer_count", "buffer_size", "aio": {...}} (the Python side validated the config).
+adapter::ParamOffloadOptions param_offload_options(const py::dict& offload) {
+  adapter::ParamOffloadOptions options;
+  const std::string device =
+      offload.contains("device") ? offload["device"].cast<std::string>() : "none";
+  TORCH_CHECK_VALUE(device == "none" || device == "cpu" || device == "nvme",
+                    "zero: offload_param device '", device, "' is not none, cpu or nvme");
+  options.enabled = device != "none";
+  if (offload.contains("pin_memory")) options.pin = offload["pin_memory"].cast<bool>();
+  if (device != "nvme") return options;
+  TORCH_CHECK_VALUE(offload.contains("nvme_path") && !offload["nvme_path"].is_none(),
+                    "zero: offload_param device \"nvme\" needs nvme_path");
+  options.nvme_path = offload["nvme_path"].cast<std::string>();
+  if (offload.contains("max_in_cpu")) options.max_in_cpu = offload["max_in_cpu"].cast<std::int64_t>();
+  if (offload.contains("buffer_count")) {
+    options.buffer_count = offload["buffer_count"].cast<std::int64_t>();
+  }
+  if (offload.contains("buffer_size")) {
+    options.buffer_numel = offload["buffer_size"].cast<std::int64_t>();
+  }
+  if (offload.contains("aio")) options.aio = aio_config(offload["aio"].cast<py::dict>());
   return options;
 }
 
@@ -344,12 +372,11 @@ void bind_engine(py::module_& m) {
              const std::vector<std::size_t>& unit_of_param,
              const std::vector<std::vector<std::int64_t>>& full_shapes, std::int64_t alignment,
              bool overlap_comm, const std::string& optimizer, bool sgd_momentum,
-             const py::dict& offload, bool offload_param, bool offload_param_pin) {
+             const py::dict& offload, const py::dict& offload_param) {
             at::NoGradGuard no_grad;
             auto options =
                 group_options(3, alignment, 1, overlap_comm, optimizer, sgd_momentum, offload);
-            options.offload_param = offload_param;
-            options.offload_param_pin = offload_param_pin;
+            options.offload_param = param_offload_options(offload_param);
             return e.adopt_group(
                 std::make_unique<adapter::Stage3Group>(std::move(params), unit_of_param,
                                                        full_shapes, options, e.registry(),
@@ -359,7 +386,7 @@ void bind_engine(py::module_& m) {
           py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
           py::arg("alignment"), py::arg("overlap_comm"), py::arg("optimizer"),
           py::arg("sgd_momentum") = false, py::arg("offload") = py::dict(),
-          py::arg("offload_param") = false, py::arg("offload_param_pin") = false)
+          py::arg("offload_param") = py::dict())
       .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
              at::NoGradGuard no_grad;
              stage3(e, g).commit(u);
@@ -470,6 +497,10 @@ void bind_engine(py::module_& m) {
       .def("reset_comm_stats", [](adapter::EngineCore& e) { e.communicator().reset_stats(); })
       .def("group_numel",
            [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().full_numel(); })
+      .def("group_layout",
+           [](adapter::EngineCore& e, std::size_t g) -> const core::ShardedLayout& {
+             return e.group(g).layout();
+           }, py::arg("group"), py::return_value_policy::reference_internal)
       .def("group_units",
            [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().unit_count(); })
       .def("group_master_shard",
@@ -493,6 +524,11 @@ void bind_engine(py::module_& m) {
              out["params_offloaded"] = partitioned != nullptr && partitioned->params_offloaded();
              out["why_params_not_pinned"] =
                  partitioned != nullptr ? partitioned->why_params_not_pinned() : "";
+             out["nvme_param_numel"] = partitioned != nullptr ? partitioned->nvme_param_numel() : 0;
+             out["param_swap"] =
+                 partitioned != nullptr ? partitioned->param_swap_description() : "";
+             out["param_swap_reads"] =
+                 partitioned != nullptr ? partitioned->param_swap_reads() : 0;
              return out;
            }, py::arg("group"))
       .def("group_load_optimizer_state",

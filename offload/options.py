@@ -13,14 +13,33 @@ def offload_options(config) -> dict:
     thread count (the launcher's core binding sets it) running the CPU Adam."""
     zero_cfg = config.zero_optimization
     offload = zero_cfg.offload_optimizer
-    aio = config.aio
     return {"enabled": offload.device in ("cpu", "nvme"), "pin_memory": offload.pin_memory,
             "tile_numel": min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
             "num_threads": torch.get_num_threads(),
             "delayed_update": offload.delayed_update, "ratio": float(offload.ratio),
             "nvme_path": offload.nvme_path if offload.device == "nvme" else None,
-            "aio": {"block_size": aio.block_size, "queue_depth": aio.queue_depth,
-                    "intra_op_parallelism": aio.intra_op_parallelism}}
+            "aio": _aio(config)}
+
+
+def _aio(config) -> dict:
+    aio = config.aio
+    return {"block_size": aio.block_size, "queue_depth": aio.queue_depth,
+            "intra_op_parallelism": aio.intra_op_parallelism}
+
+
+def param_offload_options(config) -> dict:
+    """offload_param at stage 3: device "cpu" keeps each rank's parameter shard in host
+    memory; "nvme" keeps it in a swap file under nvme_path, except the first gather units up
+    to max_in_cpu elements, which stay in host memory. buffer_count host buffers (each one
+    unit's shard, not buffer_size elements) carry NVMe units in and out; buffer_size bounds
+    the shard elements of one unit."""
+    param = config.zero_optimization.offload_param
+    out = {"device": param.device, "pin_memory": param.pin_memory}
+    if param.device == "nvme":
+        out.update(nvme_path=param.nvme_path, max_in_cpu=int(param.max_in_cpu),
+                   buffer_count=int(param.buffer_count), buffer_size=int(param.buffer_size),
+                   aio=_aio(config))
+    return out
 
 
 def pinning_warning(config, group_infos: list[dict]) -> str | None:

@@ -81,8 +81,11 @@ BAD = [
      "zero_optimization.offload_optimizer.delayed_update", "needs the whole step on the host"),
     ("cpu offload at stage 0", with_(zero_optimization={"offload_optimizer": {"device": "cpu"}}),
      "zero_optimization.offload_optimizer.device", "optimizer offload needs ZeRO stage 1, 2 or 3"),
-    ("nvme param offload not built", with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}),
-     "zero_optimization.offload_param.device", "needs engine feature 'offload_param_nvme'"),
+    ("nvme params with one buffer", with_(zero_optimization={"stage": 3, "offload_param": {
+        "device": "nvme", "nvme_path": "/x", "buffer_count": 1}}),
+     "zero_optimization.offload_param.buffer_count", "at least 2 host buffers"),
+    ("nvme params without a path", with_(zero_optimization={"stage": 3, "offload_param": {"device": "nvme"}}),
+     "zero_optimization.offload_param.nvme_path", "required when device is \"nvme\""),
     ("aio block not O_DIRECT aligned", with_(aio={"block_size": 5000}), "aio.block_size", "multiple of 4096"),
     ("aio queue too deep", with_(aio={"queue_depth": 5000}), "aio.queue_depth", "<= 4096"),
     ("gpudirect storage", with_(aio={"use_gds": True}), "aio.use_gds", "not supported"),
@@ -260,7 +263,10 @@ def test_defaults_are_deepspeed_code_defaults():
     assert zero.offload_optimizer.device == "none" and not zero.offload_optimizer.enabled
     assert zero.offload_optimizer.buffer_count == 4 and zero.offload_optimizer.ratio == 1.0
     assert zero.offload_param.device == "none" and zero.offload_param.buffer_count == 5
-    assert zero.offload_param.buffer_size == 100_000_000 and zero.offload_param.max_in_cpu == 1_000_000_000
+    assert zero.offload_param.buffer_size == 100_000_000
+    # The one deliberate difference: DeepSpeed's 1e9 would keep every shard below 1e9 elements
+    # in host memory under zero's reading of max_in_cpu, i.e. treat "nvme" as "cpu".
+    assert zero.offload_param.max_in_cpu == 0
     assert zero.offload_param.pin_memory is False
     aio = cfg.aio
     assert (aio.block_size, aio.queue_depth, aio.intra_op_parallelism, aio.single_submit, aio.overlap_events) == \

@@ -308,8 +308,7 @@ class ZeroEngine(nn.Module):
                 self._alignment, zero_cfg.overlap_comm, spec.kind,
                 spec.momentum_buffer_needed([group]),
                 offload=offload.offload_options(self.config),
-                offload_param=zero_cfg.offload_param.device == "cpu",
-                offload_param_pin=zero_cfg.offload_param.pin_memory)
+                offload_param=offload.param_offload_options(self.config))
             self._engine_groups.append((owner, partitioned))
             for unit in model_units:
                 placement.setdefault(unit, []).append((index, local[unit]))
@@ -371,6 +370,7 @@ class ZeroEngine(nn.Module):
         world = dist.get_world_size()
         numels: dict[tuple[int, bool], int] = {}  # (stage, SGD momentum buffer) -> elements
         offloaded: dict[tuple[int, bool], int] = {}  # -> shard elements whose state is offloaded
+        param_nvme: dict[tuple[int, bool], int] = {}  # -> parameter shard elements on NVMe
         for g, (owner, params) in enumerate(self._engine_groups):
             if self.stage < 3:
                 stage = self.stage
@@ -378,14 +378,17 @@ class ZeroEngine(nn.Module):
                 stage = 3 if id(params[0]) in self._partitioned else 1
             momentum = spec.momentum_buffer_needed([self.optimizer.param_groups[owner]])
             numels[stage, momentum] = numels.get((stage, momentum), 0) + self._core.group_numel(g)
-            offloaded[stage, momentum] = (offloaded.get((stage, momentum), 0)
-                                          + self._core.group_offload_info(g)["offloaded_numel"])
+            info = self._core.group_offload_info(g)
+            offloaded[stage, momentum] = offloaded.get((stage, momentum), 0) + info["offloaded_numel"]
+            param_nvme[stage, momentum] = (param_nvme.get((stage, momentum), 0)
+                                           + info["nvme_param_numel"])
         zero_cfg = self.config.zero_optimization
         return [StateLayout(stage=stage, world_size=world, numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,
                             sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1,
                             offload_optimizer=zero_cfg.offload_optimizer.device,
-                            offload_param=stage == 3 and zero_cfg.offload_param.device == "cpu",
+                            offload_param=stage == 3 and zero_cfg.offload_param.device != "none",
+                            param_nvme_numel=param_nvme[stage, momentum],
                             offloaded_numel=offloaded[stage, momentum])
                 for (stage, momentum), numel in sorted(numels.items(), reverse=True)]
 

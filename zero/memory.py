@@ -26,7 +26,8 @@ class StateLayout:
     sgd_momentum: bool = False
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
     offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
-    offload_param: bool = False  # stage 3: the parameter shard lives in host memory
+    offload_param: bool = False  # stage 3: the parameter shard lives in host memory ...
+    param_nvme_numel: int = 0    # ... or this many of its elements on NVMe (offload_param nvme)
     # offload_optimizer.ratio < 1: of the shard's Ψ/N elements, how many keep their master and
     # optimizer state offloaded (the rest, on the device, keep theirs there); None: all of them
     offloaded_numel: int | None = None
@@ -60,6 +61,8 @@ def category_location(layout: StateLayout, category: str) -> str:
     """Where a model-state category lives: "device", "host" or "nvme" (when offloaded)."""
     if category in ("fp32_master", "optimizer_state") and layout.offload_optimizer != "none":
         return "host" if layout.offload_optimizer == "cpu" else "nvme"
+    if category == "param" and layout.param_nvme_numel:
+        return "nvme"
     if category == "param" and layout.offload_param:
         return "host"
     return "device"
@@ -83,6 +86,11 @@ def expected_model_state_bytes(layout: StateLayout) -> dict[str, dict]:
             by_location = {location: offloaded, "device": value - offloaded}
             share = layout.offloaded_numel / numel if numel else 0.0
             formula += f" ({share:.3g} {location}, the rest on the device)"
+        elif location == "nvme" and name == "param" and layout.param_nvme_numel != numel:
+            on_nvme = coefficient * layout.param_nvme_numel  # max_in_cpu keeps the rest on the host
+            by_location = {"nvme": on_nvme, "host": value - on_nvme}
+            share = layout.param_nvme_numel / numel if numel else 0.0
+            formula += f" ({share:.3g} nvme, the rest on the host)"
         elif coefficient and location != "device":
             formula += f" ({location})"
         rows[name] = {"bytes": value, "formula": formula if coefficient else "0",
@@ -176,7 +184,8 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         # every category at one location: current and peak (the peak of the sum)
         "by_location": {location: registry.location_usage(location) for location in LOCATIONS},
         "offload": {"optimizer": main.offload_optimizer,
-                    "param": "cpu" if any(layout.offload_param for layout in layouts) else "none"},
+                    "param": ("nvme" if any(layout.param_nvme_numel for layout in layouts) else
+                              "cpu" if any(layout.offload_param for layout in layouts) else "none")},
         "process": process_memory(),
         "comm": comm_stats,
     }

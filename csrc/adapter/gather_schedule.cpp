@@ -169,21 +169,30 @@ void GatherSchedule::make_room(std::int64_t numel) {
 }
 
 void GatherSchedule::prefetch(const Order& order) {
-  if (options_.prefetch_numel <= 0 || !order.following) return;
+  if (!order.following) return;
+  std::size_t position = order.current.size();
   std::int64_t ahead = 0;
-  for (std::size_t position = order.current.size(); position < order.recorded.size();
-       ++position) {
+  for (; options_.prefetch_numel > 0 && position < order.recorded.size(); ++position) {
     const std::size_t next = order.recorded[position];
     if (is_live(next)) continue;
     const std::int64_t numel = unit_numel(next);
     if (inflight() >= options_.max_inflight || ahead + numel > options_.prefetch_numel ||
         gathered_numel() + numel > options_.max_live_numel) {
-      return;
+      break;
     }
     fetch(next);
     max_inflight_seen_ = std::max(max_inflight_seen_, inflight());
     ahead += numel;
     ++prefetches_;
+  }
+  // Units beyond the all-gathers: parameters on NVMe start their reads now (rank-local, no
+  // collective), so the gather finds them in host memory. The swap only uses free buffers.
+  for (std::size_t hinted = 0; position < order.recorded.size() && hinted < kReadAhead;
+       ++position) {
+    const std::size_t next = order.recorded[position];
+    if (is_live(next)) continue;
+    for (const auto& [group, local] : placement_[next]) group->read_ahead(local);
+    ++hinted;
   }
 }
 

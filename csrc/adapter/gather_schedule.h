@@ -21,7 +21,8 @@
 // Prefetch: the unit order of the first step's forward and backward is recorded; later steps
 // start the all-gathers of the next units in that order while the current one computes,
 // bounded by `prefetch_numel` (elements ahead), `max_live_numel` (all gathered elements) and
-// `max_inflight` (all-gathers in flight). When a step departs from the record, prefetching
+// `max_inflight` (all-gathers in flight); parameters offloaded to NVMe are read ahead for a
+// few units past those. When a step departs from the record, prefetching
 // and reuse stop for that step, a notice is given once, and the new order is recorded.
 #include <cstdint>
 #include <optional>
@@ -79,6 +80,7 @@ class GatherSchedule {
 
  private:
   enum Phase : std::int64_t { kForward = 0, kBackward = 1, kEnd = 2 };
+  static constexpr std::size_t kReadAhead = 4;  // units past the prefetch whose NVMe reads start
   struct Order {
     std::vector<std::size_t> recorded;
     std::vector<std::size_t> current;

@@ -34,6 +34,22 @@ void wait_all(std::vector<core::IoHandle>& handles) {
 
 }  // namespace
 
+void store_params(const ShardPiece& piece, std::int64_t begin, const at::Tensor& values) {
+  if (piece.store) {
+    piece.store(piece.store_base + begin, values);
+  } else {
+    piece.param.narrow(0, begin, values.numel()).copy_(values);
+  }
+}
+
+ShardPiece sub_piece(const ShardPiece& piece, std::int64_t begin, std::int64_t numel,
+                     std::int64_t offset) {
+  ShardPiece part{piece.grad.narrow(0, begin, numel), at::Tensor(), offset, piece.store,
+                  piece.store_base + begin};
+  if (piece.param.defined()) part.param = piece.param.narrow(0, begin, numel);
+  return part;
+}
+
 OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                                const c10::TensorOptions& device_options, OptimizerKind kind,
                                bool sgd_momentum, const OffloadOptions& offload)
@@ -323,7 +339,7 @@ void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
                                    : chunk_view("master", chunk, static_cast<int>(chunk % 2));
     return copier_->submit([segments = chunks[chunk], updated] {
       for (const Segment& s : segments) {
-        s.piece->param.narrow(0, s.begin, s.numel).copy_(updated.narrow(0, s.at, s.numel));
+        store_params(*s.piece, s.begin, updated.narrow(0, s.at, s.numel));
       }
     });
   };
@@ -397,7 +413,7 @@ void OffloadedState::apply_delayed(const std::vector<ShardPiece>& pieces) {
   wait_delayed();
   if (!delayed_pending_) return;
   for (const ShardPiece& piece : pieces) {
-    piece.param.copy_(delayed_params_.narrow(0, piece.offset, piece.param.numel()));
+    store_params(piece, 0, delayed_params_.narrow(0, piece.offset, piece.grad.numel()));
   }
   delayed_pending_ = false;
 }

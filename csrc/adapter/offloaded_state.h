@@ -10,6 +10,7 @@
 //   delayed update (DPU, host only): the whole host update of step i runs on a second worker
 //                  during step i+1's forward and backward; its parameters are applied at the
 //                  start of step i+1's optimizer step.
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -41,12 +42,23 @@ struct OffloadOptions {
 };
 
 // One contiguous piece of this rank's shard: its gradients and the parameters the step
-// writes (both on the device, model dtype, `grad.numel()` elements) at `offset` in the shard.
+// writes (model dtype, `grad.numel()` elements) at `offset` in the shard. The new parameters
+// go into `param`, or, when the parameters live on NVMe, to `store`, which receives them in
+// order as (begin within the piece, values).
 struct ShardPiece {
+  using Store = std::function<void(std::int64_t begin, const at::Tensor& values)>;
   at::Tensor grad;
-  at::Tensor param;
+  at::Tensor param;  // undefined when `store` is set
   std::int64_t offset = 0;
+  Store store;
+  std::int64_t store_base = 0;  // this piece starts here in what `store` was made for
 };
+
+// Writes new parameters [begin, begin + values.numel()) of the piece.
+void store_params(const ShardPiece& piece, std::int64_t begin, const at::Tensor& values);
+// Elements [begin, begin + numel) of the piece, at `offset` in the shard.
+ShardPiece sub_piece(const ShardPiece& piece, std::int64_t begin, std::int64_t numel,
+                     std::int64_t offset);
 
 class OffloadedState {
  public:

@@ -12,6 +12,7 @@
 // they become ready and released. In fp32 training the master is the param buffer itself
 // (this rank's pieces of it): no extra copy.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -21,9 +22,21 @@
 #include "adapter/group.h"
 #include "adapter/shard_state.h"
 #include "adapter/tracked_tensor.h"
+#include "core/io_backend.h"
 #include "core/sharded_layout.h"
 
 namespace zero::adapter {
+
+// Stage 3: where this rank's parameter shard lives when it is not on the device.
+struct ParamOffloadOptions {
+  bool enabled = false;  // in host memory (offload_param device "cpu" or "nvme")
+  bool pin = false;
+  std::string nvme_path;  // non-empty: on NVMe, but for the first units up to max_in_cpu
+  std::int64_t max_in_cpu = 0;  // shard elements kept in host memory with NVMe
+  std::int64_t buffer_count = 5;  // host buffers carrying NVMe units in and out
+  std::int64_t buffer_numel = 100'000'000;  // the most shard elements one NVMe unit may have
+  core::AioConfig aio;
+};
 
 struct GroupOptions {
   int stage = 0;
@@ -33,8 +46,7 @@ struct GroupOptions {
   OptimizerKind optimizer = OptimizerKind::kAdam;
   bool sgd_momentum = false;  // SGD keeps a momentum buffer only when momentum != 0
   OffloadOptions offload;     // optimizer state in host memory (stages 1-3)
-  bool offload_param = false;      // stage 3: this rank's parameter shard in host memory
-  bool offload_param_pin = false;
+  ParamOffloadOptions offload_param;
 };
 
 class ParamGroup : public Group {

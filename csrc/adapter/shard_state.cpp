@@ -105,14 +105,10 @@ std::pair<std::vector<ShardPiece>, std::vector<ShardPiece>> ShardState::split(
   for (const ShardPiece& piece : pieces) {
     const std::int64_t numel = piece.grad.numel();
     const std::int64_t in_head = std::clamp(device_numel_ - piece.offset, std::int64_t{0}, numel);
-    if (in_head > 0) {
-      head.push_back({piece.grad.narrow(0, 0, in_head), piece.param.narrow(0, 0, in_head),
-                      piece.offset});
-    }
+    if (in_head > 0) head.push_back(sub_piece(piece, 0, in_head, piece.offset));
     if (in_head < numel) {
-      tail.push_back({piece.grad.narrow(0, in_head, numel - in_head),
-                      piece.param.narrow(0, in_head, numel - in_head),
-                      piece.offset + in_head - device_numel_});
+      tail.push_back(sub_piece(piece, in_head, numel - in_head,
+                               piece.offset + in_head - device_numel_));
     }
   }
   return {std::move(head), std::move(tail)};
@@ -143,7 +139,7 @@ void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHype
                       double grad_scale, std::int64_t step) {
   check_kind(hyper);
   auto [head, tail] = split(pieces);
-  if (!tail.empty()) offloaded_->step(tail, hyper, grad_scale, step);
+  // The head first: parameters stored through ShardPiece::store arrive in shard order.
   for (const ShardPiece& piece : head) {
     at::Tensor grads = piece.grad.to(at::kFloat);  // a copy of 16-bit grads
     if (grad_scale != 1.0) grads.mul_(grad_scale);
@@ -151,10 +147,11 @@ void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHype
       update(piece.param, grads, piece.offset, hyper, step);
       continue;
     }
-    at::Tensor master = master_.narrow(0, piece.offset, piece.param.numel());
+    at::Tensor master = master_.narrow(0, piece.offset, piece.grad.numel());
     update(master, grads, piece.offset, hyper, step);
-    piece.param.copy_(master);
+    store_params(piece, 0, master);
   }
+  if (!tail.empty()) offloaded_->step(tail, hyper, grad_scale, step);
 }
 
 void ShardState::apply_delayed(const std::vector<ShardPiece>& pieces) {

@@ -1,6 +1,8 @@
 #include "adapter/stage3_group.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/isfinite.h>
 #include <c10/util/Exception.h>
 
@@ -54,38 +56,18 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
       state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
              options.sgd_momentum,
              // With the parameters on the host, a device-side step needs its own master.
-             /*keep_master=*/mixed_precision() || options.offload_param, options.offload),
+             /*keep_master=*/mixed_precision() || options.offload_param.enabled,
+             options.offload),
       units_(layout_.unit_count()) {
-  const c10::TensorOptions model_options = params_.front().options();
-  if (options_.offload_param) {
-    param_shard_host_ = HostTensor(registry, core::MemoryCategory::kParam, layout_.shard_numel(),
-                                   model_options.dtype().toScalarType(), options_.offload_param_pin);
-    param_shard_ = param_shard_host_.tensor();
-  } else {
-    param_shard_device_ = device_buffer(registry, core::MemoryCategory::kParam,
-                                        layout_.shard_numel(), model_options);
-    param_shard_ = param_shard_device_.tensor();
-  }
-  grad_shard_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.shard_numel(),
-                              model_options);
-  const int rank = communicator_.rank();
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    const core::ParamLocation where = layout_.location(i);
-    Unit& unit = units_[where.buffer];
+    Unit& unit = units_[layout_.location(i).buffer];
     unit.params.push_back(i);
     if (params_[i].requires_grad()) ++unit.trainable;
-    const bool partitioned_already = i < full_shapes.size() && !full_shapes[i].empty();
-    if (partitioned_already) continue;
-    // Copy this rank's slices of the full parameter into its shard, then drop the full one.
-    const std::int64_t base = layout_.shard_offset(where.buffer);
-    for (const core::OwnedSlice& slice : layout_.unit(where.buffer).owned_slices(where.index)) {
-      if (slice.rank != rank) continue;
-      const std::int64_t length = slice.param_end - slice.param_begin;
-      param_shard_.narrow(0, base + slice.shard_offset, length)
-          .copy_(params_[i].detach().reshape({-1}).narrow(0, slice.param_begin, length));
-    }
-    params_[i].set_data(at::empty({0}, model_options));
   }
+  place_param_shard();
+  grad_shard_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.shard_numel(),
+                              params_.front().options());
+  fill_shard(full_shapes);
   refresh_master();
   std::vector<std::size_t> expected;
   for (Unit& unit : units_) {
@@ -95,6 +77,79 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
   reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
                                            options_.overlap_comm, grad_shard_.tensor(), registry,
                                            communicator_, std::move(expected));
+}
+
+void Stage3Group::place_param_shard() {
+  const ParamOffloadOptions& offload = options_.offload_param;
+  const c10::TensorOptions model_options = params_.front().options();
+  host_numel_ = layout_.shard_numel();
+  if (!offload.nvme_path.empty()) {
+    // The first units, up to max_in_cpu elements, stay in host memory; the rest go to NVMe.
+    std::vector<std::int64_t> nvme_numel(units_.size(), 0);
+    std::int64_t kept = 0;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const std::int64_t numel = layout_.unit(u).shard_numel();
+      if (host_numel_ == layout_.shard_numel() && kept + numel <= offload.max_in_cpu) {
+        kept += numel;
+        continue;
+      }
+      if (host_numel_ == layout_.shard_numel()) host_numel_ = layout_.shard_offset(u);
+      TORCH_CHECK_VALUE(numel <= offload.buffer_numel, "zero: gather unit ", u, " has ", numel,
+                        " parameter elements per rank on NVMe, more than zero_optimization."
+                        "offload_param.buffer_size = ", offload.buffer_numel, "; raise "
+                        "buffer_size to at least ", numel, " or split the unit (every "
+                        "ModuleList child is one unit)");
+      nvme_numel[u] = numel;
+    }
+    if (host_numel_ < layout_.shard_numel()) {
+      ParamSwapOptions swap;
+      swap.nvme_path = offload.nvme_path;
+      swap.aio = offload.aio;
+      swap.buffer_count = offload.buffer_count;
+      swap.pin = offload.pin;
+      param_swap_ = std::make_unique<ParamSwap>(registry_, nvme_numel,
+                                                model_options.dtype().toScalarType(), swap);
+    }
+  }
+  if (offload.enabled) {
+    if (host_numel_ > 0) {
+      param_shard_host_ = HostTensor(registry_, core::MemoryCategory::kParam, host_numel_,
+                                     model_options.dtype().toScalarType(), offload.pin);
+      param_shard_ = param_shard_host_.tensor();
+    } else {
+      param_shard_ = at::empty({0}, model_options.device(at::kCPU));
+    }
+  } else {
+    param_shard_device_ = device_buffer(registry_, core::MemoryCategory::kParam,
+                                        layout_.shard_numel(), model_options);
+    param_shard_ = param_shard_device_.tensor();
+  }
+}
+
+// Copies this rank's slices of every full parameter into its shard (unit by unit, so an NVMe
+// unit needs one unit of host memory), then drops the full parameters. Parameters that arrive
+// partitioned (zero.Init) start at zero and are filled by gather + copy + commit later.
+void Stage3Group::fill_shard(const std::vector<std::vector<std::int64_t>>& full_shapes) {
+  const c10::TensorOptions model_options = params_.front().options();
+  const int rank = communicator_.rank();
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const at::Tensor target = on_nvme(u)
+        ? at::zeros({layout_.unit(u).shard_numel()}, model_options.device(at::kCPU))
+        : shard_piece(param_shard_, u);
+    bool filled = false;
+    for (const std::size_t i : units_[u].params) {
+      if (i < full_shapes.size() && !full_shapes[i].empty()) continue;
+      for (const core::OwnedSlice& slice : layout_.unit(u).owned_slices(layout_.location(i).index)) {
+        if (slice.rank != rank) continue;
+        const std::int64_t length = slice.param_end - slice.param_begin;
+        target.narrow(0, slice.shard_offset, length)
+            .copy_(params_[i].detach().reshape({-1}).narrow(0, slice.param_begin, length));
+      }
+      params_[i].set_data(at::empty({0}, model_options));
+      filled = true;
+    }
+    if (filled && on_nvme(u)) param_swap_->write(u, target);
+  }
 }
 
 at::Tensor Stage3Group::shard_piece(const at::Tensor& shard, std::size_t unit) const {
@@ -116,14 +171,27 @@ void Stage3Group::fetch(std::size_t index) {
   unit.tracking = core::TrackedBytes(&registry_, core::MemoryCategory::kGatheredParam,
                                      core::MemoryLocation::kDevice, bytes);
   unit.resident = true;
-  at::Tensor source = shard_piece(param_shard_, index);
+  at::Tensor source = on_nvme(index) ? param_swap_->read(index) : shard_piece(param_shard_, index);
   if (params_offloaded()) {  // collectives send from the device
     unit.staging = device_buffer(registry_, core::MemoryCategory::kStaging, source.numel(),
                                  options);
     unit.staging.tensor().copy_(source);
     source = unit.staging.tensor();
+    if (on_nvme(index)) param_swap_->finish_read(index);
   }
   unit.in_flight = communicator_.all_gather(unit.gathered, source);
+}
+
+void Stage3Group::read_ahead(std::size_t unit) {
+  if (on_nvme(unit) && !units_.at(unit).resident) param_swap_->prefetch(unit);
+}
+
+std::string Stage3Group::why_params_not_pinned() const {
+  if (!options_.offload_param.enabled) return "";
+  if (param_shard_host_.defined() && !param_shard_host_.pinned()) {
+    return param_shard_host_.why_not_pinned();
+  }
+  return param_swap_ ? param_swap_->why_not_pinned() : "";
 }
 
 void Stage3Group::gather(std::size_t index) {
@@ -176,12 +244,38 @@ void Stage3Group::commit(std::size_t index) {
   const core::FlatBufferPlan& plan = layout_.unit(index);
   const int rank = communicator_.rank();
   const at::Tensor mine = unit.gathered.narrow(0, rank * plan.shard_numel(), plan.shard_numel());
-  shard_piece(param_shard_, index).copy_(mine);
+  if (on_nvme(index)) {
+    param_swap_->write(index, mine);
+  } else {
+    shard_piece(param_shard_, index).copy_(mine);
+  }
   if (state_.has_master()) state_.write_master(layout_.shard_offset(index), mine);
 }
 
 void Stage3Group::refresh_master() {
-  if (state_.has_master()) state_.write_master(0, param_shard_);
+  if (!state_.has_master()) return;
+  state_.write_master(0, param_shard_.narrow(0, 0, host_numel_));
+  // NVMe units in batches of about one offload chunk: the master may be on NVMe too, where
+  // each write is a read-modify-write of whole chunks.
+  constexpr std::int64_t kBatch = std::int64_t{1} << 22;
+  std::vector<at::Tensor> batch;
+  std::int64_t batch_offset = host_numel_;
+  std::int64_t batch_numel = 0;
+  auto write_batch = [&] {
+    if (batch.empty()) return;
+    state_.write_master(batch_offset, at::cat(batch));
+    batch.clear();
+    batch_offset += batch_numel;
+    batch_numel = 0;
+  };
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (!on_nvme(u)) continue;
+    batch.push_back(param_swap_->read(u).clone());
+    param_swap_->finish_read(u);
+    batch_numel += batch.back().numel();
+    if (batch_numel >= kBatch) write_batch();
+  }
+  write_batch();
 }
 
 void Stage3Group::prepare_backward() {}
@@ -220,6 +314,15 @@ double Stage3Group::grad_square_sum() const {
 std::vector<ShardPiece> Stage3Group::shard_pieces() const {
   std::vector<ShardPiece> pieces;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    if (on_nvme(u)) {
+      ParamSwap* swap = param_swap_.get();
+      pieces.push_back({shard_piece(grad_shard_.tensor(), u), at::Tensor(),
+                        layout_.shard_offset(u),
+                        [swap, u](std::int64_t begin, const at::Tensor& values) {
+                          swap->write_part(u, begin, values);
+                        }});
+      continue;
+    }
     pieces.push_back({shard_piece(grad_shard_.tensor(), u), shard_piece(param_shard_, u),
                       layout_.shard_offset(u)});
   }
@@ -240,7 +343,10 @@ void Stage3Group::load_master_shard(const at::Tensor& saved) {
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
               "; the checkpoint was written for another model or world size");
   if (state_.has_master()) state_.write_master(0, saved);
-  param_shard_.copy_(saved);
+  param_shard_.copy_(saved.narrow(0, 0, host_numel_));
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (on_nvme(u)) param_swap_->write(u, shard_piece(saved, u));
+  }
 }
 
 }  // namespace zero::adapter

@@ -10,6 +10,11 @@
 //             rank's gradient shard and the unit is released;
 //   step:     the update runs on the shard alone; nothing is gathered afterwards.
 //
+// With offload_param the shard lives in host memory (each gather first copies the unit's
+// piece to the device), or with device "nvme" in a swap file (param_swap.h) except for the
+// first units up to max_in_cpu elements; the gather schedule hints which NVMe units to read
+// ahead, and the optimizer step streams the new parameters back to the file.
+//
 // While released, a parameter's data is an empty tensor of its dtype and device, and the
 // unit's gathered storage keeps its identity but holds no memory (its bytes are freed in
 // place, as FSDP does with resize_(0)): views that autograd saved during forward, such as a
@@ -25,6 +30,7 @@
 #include "adapter/host_pinning.h"
 #include "adapter/group.h"
 #include "adapter/param_group.h"
+#include "adapter/param_swap.h"
 #include "adapter/shard_state.h"
 #include "adapter/tracked_tensor.h"
 
@@ -43,6 +49,7 @@ class Stage3Group : public Group {
 
   // --- gathering ---
   void fetch(std::size_t unit);    // starts the all-gather (no-op if gathered or in flight)
+  void read_ahead(std::size_t unit);  // NVMe: start reading the unit's shard (a hint)
   void gather(std::size_t unit);   // fetch + wait; the unit's parameters are full afterwards
   void release(std::size_t unit);  // frees the gathered buffer; parameters become empty
   bool is_gathered(std::size_t unit) const { return units_.at(unit).resident; }
@@ -67,10 +74,14 @@ class Stage3Group : public Group {
   void zero_grads() override;
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return grad_shard_.tensor().device(); }
-  bool params_offloaded() const { return param_shard_host_.defined(); }
-  std::string why_params_not_pinned() const {
-    return param_shard_host_.pinned() ? "" : param_shard_host_.why_not_pinned();
+  bool params_offloaded() const { return options_.offload_param.enabled; }
+  std::string why_params_not_pinned() const;
+  // offload_param "nvme": the shard elements on NVMe, the swap file, its reads so far.
+  std::int64_t nvme_param_numel() const { return layout_.shard_numel() - host_numel_; }
+  std::string param_swap_description() const {
+    return param_swap_ ? param_swap_->description() : "";
   }
+  std::int64_t param_swap_reads() const { return param_swap_ ? param_swap_->reads() : 0; }
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;
@@ -93,6 +104,9 @@ class Stage3Group : public Group {
   };
 
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
+  bool on_nvme(std::size_t unit) const { return param_swap_ && param_swap_->holds(unit); }
+  void place_param_shard();  // the host / device shard and the NVMe units
+  void fill_shard(const std::vector<std::vector<std::int64_t>>& full_shapes);
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
   void attach(std::size_t unit);  // point the unit's parameters at the gathered buffer
 
@@ -105,7 +119,9 @@ class Stage3Group : public Group {
   // offload_param (then each gather first copies the unit's piece to the device).
   TrackedTensor param_shard_device_;
   HostTensor param_shard_host_;
-  at::Tensor param_shard_;
+  at::Tensor param_shard_;      // the shard's first host_numel_ elements (all but NVMe's)
+  std::int64_t host_numel_ = 0;
+  std::unique_ptr<ParamSwap> param_swap_;  // offload_param "nvme": the rest
   TrackedTensor grad_shard_;
   ShardState state_;
   std::vector<Unit> units_;

@@ -46,7 +46,7 @@ ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_STAGE3_PREFETCH, FEATURE_OFFLO
 # The features the engine implements today. When one lands, add it here (one
 # line) and regenerate docs/CONFIG.md with `python -m zero.config.docs`.
 BUILT_FEATURES: frozenset = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD, FEATURE_NVME,
-                                       FEATURE_OFFLOAD_PARAM})
+                                       FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_PARAM_NVME})
 
 # --------------------------------------------------------------------------- key kinds
 
@@ -335,9 +335,14 @@ OFFLOAD_PARAM = Block("zero_optimization.offload_param", "Offload parameters (st
     Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
         feature=FEATURE_OFFLOAD_PARAM_NVME),
     _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD_PARAM),
-    _int("buffer_count", 5, "Buffers in the NVMe buffer pool.", minimum=0, feature=FEATURE_OFFLOAD_PARAM_NVME),
-    _int("buffer_size", 100_000_000, "Elements per NVMe buffer.", minimum=0, feature=FEATURE_OFFLOAD_PARAM_NVME),
-    _int("max_in_cpu", 1_000_000_000, "Parameter elements kept in CPU memory when offloading to NVMe.",
+    _int("buffer_count", 5, "Host buffers that carry parameter units to and from NVMe (zero: each is one "
+         "unit's shard, the largest, not buffer_size elements; at least 2).", minimum=0,
+         feature=FEATURE_OFFLOAD_PARAM_NVME),
+    _int("buffer_size", 100_000_000, "Elements per NVMe buffer (zero: the most parameter elements one gather "
+         "unit may have per rank on NVMe).", minimum=0, feature=FEATURE_OFFLOAD_PARAM_NVME),
+    _int("max_in_cpu", 0, "Parameter elements kept in CPU memory when offloading to NVMe (zero: the first "
+         "gather units' shards up to this many elements stay in host memory, the rest go to NVMe; default 0, "
+         "all on NVMe. DeepSpeed's default is 1e9 but it writes every partition to NVMe whatever the value).",
          minimum=0, feature=FEATURE_OFFLOAD_PARAM_NVME),
 ))
 

@@ -1,0 +1,197 @@
+"""Parameter offload to NVMe (ZeRO-Infinity, stage 3 offload_param device "nvme"): each rank's
+parameter shard lives in a swap file, a few host buffers carry units in and out, the gather
+schedule reads units ahead, and the optimizer step writes the new parameters back. It must
+train exactly like the engine without offload (alone and with the optimizer on the host or
+NVMe, with a partial or delayed update), resume exactly, place every byte where the formula
+says, and fail with clear errors."""
+import pytest
+
+import training
+from distributed_harness import run_distributed
+from test_offload import GAS, STEPS, _assert_same_training, _config, _resume, _train
+
+
+def _nvme_params(config, path, **keys):
+    config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": path, **keys}
+    return config
+
+
+def _swap_dirs(tmp_path, *names):
+    dirs = []
+    for name in names:
+        (tmp_path / name).mkdir()
+        dirs.append(str(tmp_path / name))
+    return dirs
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("optimizer_offload", [False, "cpu", "nvme"])
+def test_parameters_on_nvme_train_like_the_engine_without_offload(world, optimizer_offload, tmp_path):
+    params_dir, optimizer_dir = _swap_dirs(tmp_path, "params", "optimizer")
+    optimizer = optimizer_dir if optimizer_offload == "nvme" else optimizer_offload
+    plain = run_distributed(_train, world, args=(_config(3, False),), timeout=180)
+    # Two buffers: every gather reads from the file, every step writes every unit back.
+    config = _nvme_params(_config(3, optimizer, tile=1000), params_dir, buffer_count=2)
+    offloaded = run_distributed(_train, world, args=(config,), timeout=180)
+    _assert_same_training(plain, offloaded, 1e-6)
+
+
+def _accounting(rank, world, config):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    losses = training.train_engine(engine, rank, world, 2, GAS)
+    groups = range(engine._core.group_count)
+    infos = [engine._core.group_offload_info(g) for g in groups]
+    unit_shards = [[engine._core.group_layout(g).unit(u).shard_numel
+                    for u in range(engine._core.group_units(g))] for g in groups]
+    return losses, infos, unit_shards, engine.memory_report()
+
+
+def test_parameters_on_nvme_leave_only_buffers_on_the_host(tmp_path):
+    (params_dir,) = _swap_dirs(tmp_path, "params")
+    config = _nvme_params(_config(3, "cpu", "bf16"), params_dir, buffer_count=3)
+    losses, infos, unit_shards, report = run_distributed(_accounting, 2, args=(config,))[0]
+    by_location = report["model_state_by_location"]
+    assert by_location["measured"] == by_location["expected"]
+    param = report["categories"]["param"]["by_location"]
+    assert param["nvme"]["current"] == 2 * report["numel"] // 2  # the whole bf16 shard
+    assert param["device"]["current"] == 2 * report["persistent_numel"]
+    assert "host_pageable" not in param or param["host_pageable"]["current"] == 0
+    assert report["offload"]["param"] == "nvme"
+    # Host buffers: buffer_count x the largest unit's shard, page-rounded; nothing else of the
+    # parameters. The rest of the host staging is the optimizer's chunked step: 2 slots x
+    # (grads + new params) x one chunk, in every group.
+    partitioned = [i for i, info in enumerate(infos) if info["params_offloaded"]]
+    largest = max(max(unit_shards[g]) for g in partitioned)
+    buffers = 3 * (-(-2 * largest // 4096) * 4096)
+    assert infos[partitioned[0]]["param_swap"].startswith(params_dir)
+    chunk_staging = report["categories"]["staging"]["current"] - buffers
+    assert chunk_staging == sum(2 * 2 * 2 * min(1 << 22, sum(shards)) for shards in unit_shards)
+
+
+def test_max_in_cpu_keeps_the_first_units_in_host_memory(tmp_path):
+    (params_dir,) = _swap_dirs(tmp_path, "params")
+    plain = run_distributed(_train, 2, args=(_config(3, False),), timeout=180)
+    probe = run_distributed(_accounting, 2, args=(_nvme_params(_config(3, "cpu"), params_dir),))[0]
+    unit_shards = probe[2][[i for i, info in enumerate(probe[1]) if info["params_offloaded"]][0]]
+    kept = unit_shards[0] + unit_shards[1]  # the first two units fit, the third does not
+    config = _nvme_params(_config(3, "cpu"), params_dir, max_in_cpu=kept + unit_shards[2] - 1)
+    offloaded = run_distributed(_train, 2, args=(config,), timeout=180)
+    _assert_same_training(plain, offloaded, 1e-6)
+    _, infos, _, report = run_distributed(_accounting, 2, args=(config,))[0]
+    on_nvme = sum(info["nvme_param_numel"] for info in infos)
+    assert on_nvme == sum(unit_shards) - kept
+    param = report["categories"]["param"]["by_location"]
+    assert param["nvme"]["current"] == 4 * on_nvme
+    assert param["host_pageable"]["current"] == 4 * kept
+    assert report["model_state_by_location"]["measured"] == report["model_state_by_location"]["expected"]
+
+
+def _reads_per_step(rank, world, config):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, 2, GAS)  # the first step records the order
+    group = next(g for g in range(engine._core.group_count)
+                 if engine._core.group_offload_info(g)["params_offloaded"])
+    before = engine._core.group_offload_info(group)["param_swap_reads"]
+    training.train_engine(engine, rank, world, 2, GAS, first_step=2)
+    reads = engine._core.group_offload_info(group)["param_swap_reads"] - before
+    return reads, engine._core.group_units(group), engine._core.schedule_stats()
+
+
+@pytest.mark.parametrize("buffers", [2, 64])
+def test_units_are_read_once_per_use_or_served_from_the_buffers(buffers, tmp_path):
+    (params_dir,) = _swap_dirs(tmp_path, "params")
+    config = _nvme_params(_config(3, "cpu"), params_dir, buffer_count=buffers)
+    reads, units, _ = run_distributed(_reads_per_step, 1, args=(config,))[0]
+    if buffers >= units:  # every unit stays in a buffer: no reads after the first
+        assert reads == 0
+    else:  # 2 steps x GAS micro-batches x (forward + backward) gathers at most
+        assert 0 < reads <= 2 * GAS * 2 * units
+
+
+def test_parameters_on_nvme_with_a_partial_and_with_a_delayed_update(tmp_path):
+    params_dir, other = _swap_dirs(tmp_path, "params", "other")
+    plain = run_distributed(_train, 2, args=(_config(3, False),), timeout=180)
+    partial = _config(3, "cpu", tile=700)
+    partial["zero_optimization"]["offload_optimizer"]["ratio"] = 0.6  # units straddle the cut
+    offloaded = run_distributed(_train, 2, args=(_nvme_params(partial, params_dir, buffer_count=2),),
+                                timeout=180)
+    _assert_same_training(plain, offloaded, 1e-6)
+    delayed = _config(3, "cpu")
+    delayed["zero_optimization"]["offload_optimizer"]["delayed_update"] = True
+    reference = run_distributed(_train, 2, args=(delayed,), timeout=180)
+    with_nvme = run_distributed(_train, 2, args=(_nvme_params(dict(delayed), other),), timeout=180)
+    _assert_same_training(reference, with_nvme, 1e-6)
+
+
+def test_resume_with_parameters_on_nvme_is_bit_for_bit(tmp_path):
+    params_dir, ckpt = _swap_dirs(tmp_path, "params", "ckpt")
+    config = _nvme_params(_config(3, "cpu", "bf16"), params_dir, buffer_count=2)
+    full = run_distributed(_resume, 2, args=(config, ckpt, "full"))
+    first = run_distributed(_resume, 2, args=(config, ckpt, "first"))
+    second = run_distributed(_resume, 2, args=(config, ckpt, "second"))
+    assert first[0] + second[0] == full[0]
+
+
+def _zero_init_training(rank, world, config):
+    import zero
+
+    with zero.Init(config_dict_or_path=config):
+        model = training.make_model()
+    engine, _, _, _ = zero.initialize(model=model, config=config)
+    return training.train_engine(engine, rank, world, 3, GAS)
+
+
+def test_a_model_built_under_zero_init_trains_with_parameters_on_nvme(tmp_path):
+    (params_dir,) = _swap_dirs(tmp_path, "params")
+    plain = run_distributed(_zero_init_training, 2, args=(_config(3, False),))
+    config = _nvme_params(_config(3, "cpu"), params_dir, buffer_count=2)
+    offloaded = run_distributed(_zero_init_training, 2, args=(config,))
+    assert offloaded[0] == pytest.approx(plain[0], rel=1e-6)
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+def _build_error(rank, world, config):
+    import zero
+
+    with pytest.raises(Exception) as info:
+        zero.initialize(model=training.make_model(), config=config)
+    return str(info.value)
+
+
+def test_a_unit_larger_than_buffer_size_names_the_key_and_the_size_needed(tmp_path):
+    config = _nvme_params(_config(3, "cpu"), str(tmp_path), buffer_size=100)
+    message = run_distributed(_build_error, 1, args=(config,))[0]
+    assert "offload_param.buffer_size = 100" in message and "raise buffer_size to at least" in message
+
+
+def test_one_buffer_is_a_config_error(tmp_path):
+    config = _nvme_params(_config(3, "cpu"), str(tmp_path), buffer_count=1)
+    message = run_distributed(_build_error, 1, args=(config,))[0]
+    assert "zero_optimization.offload_param.buffer_count" in message and "at least 2" in message
+
+
+def _truncated_params(rank, world, path):
+    import os
+
+    import zero
+
+    config = _nvme_params(_config(3, "cpu"), path, buffer_count=2)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, 1, GAS)
+    group = next(g for g in range(engine._core.group_count)
+                 if engine._core.group_offload_info(g)["params_offloaded"])
+    swap_file = engine._core.group_offload_info(group)["param_swap"].split(" (")[0]
+    os.truncate(swap_file, 4096)  # the drive lost every unit but the first
+    with pytest.raises(Exception) as info:
+        training.train_engine(engine, rank, world, 1, GAS, first_step=1)
+    return swap_file, str(info.value)
+
+
+def test_a_truncated_parameter_swap_file_is_a_short_read_error(tmp_path):
+    swap_file, message = run_distributed(_truncated_params, 1, args=(str(tmp_path),))[0]
+    assert swap_file in message and "offset" in message
