@@ -61,12 +61,44 @@ GRID = [
     ("s2-cpu-ratio-0-bf16", 2, "bf16", {"offload_optimizer": "cpu", "ratio": 0.0}),
 ]
 
+# Parameters on NVMe (offload_param "nvme"): alone and with the optimizer on the host or NVMe,
+# fp32 and bf16; buffer_count 3 and buffer_size exactly the largest unit's shard on one rank;
+# max_in_cpu that keeps the root unit (N = 1, 2) or the root and the first block (N = 4:
+# 904 + 3,104 <= 5,000; and = 4,008, the bound itself) in host memory and the rest on NVMe,
+# and one that keeps everything; a
+# partial optimizer offload whose cut falls inside the NVMe units.
+NVME_PARAMS_GRID = [
+    ("s3-params-nvme-fp32", 3, "fp32", {"offload_param": "nvme"}),
+    ("s3-params-nvme-bf16-buffers-3", 3, "bf16", {"offload_param": "nvme",
+                                                  "param_buffer_count": 3}),
+    ("s3-cpu-params-nvme-bf16", 3, "bf16", {"offload_optimizer": "cpu", "offload_param": "nvme",
+                                            "param_buffer_size": 12_416}),
+    ("s3-cpu-params-nvme-fp32-max-in-cpu", 3, "fp32", {
+        "offload_optimizer": "cpu", "offload_param": "nvme", "param_max_in_cpu": 5_000,
+        "param_buffer_count": 2}),
+    ("s3-nvme-params-nvme-bf16-chunks", 3, "bf16", {
+        "offload_optimizer": "nvme", "offload_param": "nvme", "sub_group_size": 1000,
+        "stage3_prefetch_bucket_size": 13_000, "stage3_max_reuse_distance": 0}),
+    ("s3-nvme-params-nvme-fp32-max-in-cpu-exact", 3, "fp32", {
+        "offload_optimizer": "nvme", "offload_param": "nvme", "param_max_in_cpu": 4_008}),
+    ("s3-cpu-ratio-params-nvme-bf16", 3, "bf16", {
+        "offload_optimizer": "cpu", "ratio": 0.6, "sub_group_size": 700,
+        "offload_param": "nvme", "param_buffer_count": 2}),
+    ("s3-params-nvme-all-in-cpu-bf16", 3, "bf16", {"offload_param": "nvme",
+                                                   "param_max_in_cpu": 10**9}),
+]
+# offload_param keys of the grid -> their names in the config
+PARAM_KEYS = {"param_buffer_count": "buffer_count", "param_buffer_size": "buffer_size",
+              "param_max_in_cpu": "max_in_cpu"}
+
 
 def _config(stage, precision, overrides, nvme_path, gas=GAS):
     zero_extra = dict(overrides)
     optimizer = zero_extra.pop("optimizer", None)
     delayed = zero_extra.pop("delayed_update", False)
     ratio = zero_extra.pop("ratio", None)
+    param_keys = {PARAM_KEYS[key]: zero_extra.pop(key) for key in list(zero_extra)
+                  if key in PARAM_KEYS}
     for name in ("offload_optimizer", "offload_param"):
         device = zero_extra.pop(name, None)
         if device == "cpu":
@@ -75,6 +107,8 @@ def _config(stage, precision, overrides, nvme_path, gas=GAS):
                 zero_extra[name]["delayed_update"] = True
         elif device == "nvme":
             zero_extra[name] = {"device": "nvme", "nvme_path": nvme_path}
+            if name == "offload_param":
+                zero_extra[name].update(param_keys)
         if device and ratio is not None and name == "offload_optimizer":
             zero_extra[name]["ratio"] = ratio
     if stage == 3:
@@ -112,12 +146,17 @@ def _measure(rank, world, grid, nvme_path, factory=None, steps=2):
         engine, _, _, _ = zero.initialize(model=model, config=config)
         training.train_engine(engine, rank, world, steps, GAS)
         report = engine.memory_report()
-        swap = 0
+        swap = param_swap = nvme_param_numel = 0
         for g in range(engine._core.group_count):
-            where = engine._core.group_offload_info(g).get("swap", "")
-            if where:
-                swap += os.path.getsize(where.split(" (")[0])
-        report["swap_file_bytes"] = swap
+            info = engine._core.group_offload_info(g)
+            if info.get("swap", ""):
+                swap += os.path.getsize(info["swap"].split(" (")[0])
+            if info.get("param_swap", ""):
+                param_swap += os.path.getsize(info["param_swap"].split(" (")[0])
+            nvme_param_numel += info.get("nvme_param_numel", 0)
+        report["swap_file_bytes"] = swap + param_swap
+        report["param_swap_file_bytes"] = param_swap
+        report["nvme_param_numel"] = nvme_param_numel
         report["with_offloaded_numel"] = _report_with_offloaded_numel(engine, rank)
         engine.destroy()
         out.append(report)
@@ -181,6 +220,9 @@ def _check(shapes, world, grid, results):
             assert host_peak == estimate.host_bytes, (label, host_peak, estimate.host_bytes)
             assert locations["nvme"]["current"] == estimate.nvme_bytes, label
             assert report["swap_file_bytes"] == estimate.offload["swap_file_bytes"], label
+            params = estimate.offload.get("param_nvme", {"nvme_numel": 0, "swap_file_bytes": 0})
+            assert report["nvme_param_numel"] == params["nvme_numel"], label
+            assert report["param_swap_file_bytes"] == params["swap_file_bytes"], label
             # Device: buckets exactly below stage 3; at stage 3 buckets, the gathered working
             # set and the device staging (offload_param) within 5% at their peaks.
             device_staging = staging.get("device", {"peak": 0, "current": 0})
@@ -188,7 +230,7 @@ def _check(shapes, world, grid, results):
             expected_staging = estimate.categories["staging"]["by_location"].get("device", 0)
             assert _close(expected_staging, device_staging["peak"]), \
                 (label, expected_staging, device_staging)
-            assert (device_staging["peak"] > 0) == (option.offload_param == "cpu"), label
+            assert (device_staging["peak"] > 0) == (option.offload_param != "none"), label
             bucket = cats.get("bucket", {"peak": 0, "current": 0})
             gathered = cats.get("gathered_param", {"peak": 0})
             if stage < 3:
@@ -208,6 +250,29 @@ def test_offload_estimate_equals_the_engines_measured_bytes(world, tmp_path):
     results = run_distributed(_measure, world, args=(GRID, str(tmp_path)), timeout=120)
     _check(shapes, world, GRID, results)
     assert list(tmp_path.iterdir()) == []  # the swap files went with the engines
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_parameters_on_nvme_estimate_equals_the_engines_measured_bytes(world, tmp_path):
+    shapes = est.shapes_from_factory(FACTORY)
+    results = run_distributed(_measure, world, args=(NVME_PARAMS_GRID, str(tmp_path)),
+                              timeout=120)
+    _check(shapes, world, NVME_PARAMS_GRID, results)
+    # what the grid means to cover, on the estimate's side: a host / NVMe split, everything
+    # kept in host memory, buffers of 3 and of 2
+    for label, stage, precision, overrides in NVME_PARAMS_GRID:
+        _, estimate = _estimate_for(shapes, world, stage, precision, overrides)
+        params = estimate.offload["param_nvme"]
+        where = estimate.categories["param"]["by_location"]
+        if "max-in-cpu" in label:
+            assert params["host_numel"] > 0 and params["nvme_numel"] > 0, label
+            assert where["host"] == estimate.setup.param_bytes * params["host_numel"], label
+        elif "all-in-cpu" in label:
+            assert params["nvme_numel"] == 0 and "nvme" not in where, label
+            assert estimate.categories["staging"]["by_location"].get("host", 0) == 0, label
+        else:
+            assert params["host_numel"] == 0 and "host" not in where, label
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_offload_rows_in_the_table_and_json(capsys, tmp_path):

@@ -34,9 +34,12 @@ void wait_all(std::vector<core::IoHandle>& handles) {
 
 }  // namespace
 
-void store_params(const ShardPiece& piece, std::int64_t begin, const at::Tensor& values) {
+void store_params(const ShardPiece& piece, std::int64_t begin, const at::Tensor& values,
+                  void (*copy)(const at::Tensor& dst, const at::Tensor& src)) {
   if (piece.store) {
     piece.store(piece.store_base + begin, values);
+  } else if (copy != nullptr) {
+    copy(piece.param.narrow(0, begin, values.numel()), values);
   } else {
     piece.param.narrow(0, begin, values.numel()).copy_(values);
   }
@@ -134,7 +137,7 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
     options.aio = offload_.aio;
     swap_ = std::make_unique<core::SwapStore>(offload_.nvme_path, tiles, options);
   }
-  copier_ = std::make_unique<core::TaskWorker>();
+  copier_ = std::make_unique<CopyEngine>(device_options.device());
 }
 
 // The workers and the swap store may still use pool memory: they go first.
@@ -329,7 +332,8 @@ void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
   auto stage_in = [this, &chunks](std::int64_t chunk) {
     return copier_->submit([this, segments = chunks[chunk], slot = chunk % 2] {
       for (const Segment& s : segments) {
-        staged_grads_[slot].narrow(0, s.at, s.numel).copy_(s.piece->grad.narrow(0, s.begin, s.numel));
+        CopyEngine::copy(staged_grads_[slot].narrow(0, s.at, s.numel),
+                         s.piece->grad.narrow(0, s.begin, s.numel));
       }
     });
   };
@@ -339,7 +343,7 @@ void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
                                    : chunk_view("master", chunk, static_cast<int>(chunk % 2));
     return copier_->submit([segments = chunks[chunk], updated] {
       for (const Segment& s : segments) {
-        store_params(*s.piece, s.begin, updated.narrow(0, s.at, s.numel));
+        store_params(*s.piece, s.begin, updated.narrow(0, s.at, s.numel), CopyEngine::copy);
       }
     });
   };

@@ -2,9 +2,10 @@
 // A shard's fp32 master and optimizer state offloaded from the device (ZeRO-Offload /
 // ZeRO-Infinity), and the step that streams the shard through them in chunks:
 //
-//   host ("cpu"):  the state lives in one host pool (pinned when possible); a worker thread
-//                  copies chunk c+1's gradients to host staging and chunk c-1's new parameters
-//                  back to the device while the fused CPU Adam updates chunk c.
+//   host ("cpu"):  the state lives in one host pool (pinned when possible); the copy engine
+//                  (copy_engine.h: its own CUDA stream, or a worker thread on CPU) copies
+//                  chunk c+1's gradients to host staging and chunk c-1's new parameters back
+//                  to the device while the fused CPU Adam updates chunk c.
 //   NVMe ("nvme"): the state lives in a swap file; the host holds two chunks of it, read
 //                  ahead and written back around each chunk's update.
 //   delayed update (DPU, host only): the whole host update of step i runs on a second worker
@@ -19,6 +20,7 @@
 
 #include <ATen/Tensor.h>
 
+#include "adapter/copy_engine.h"
 #include "adapter/optimizer_math.h"
 #include "core/host_pool.h"
 #include "core/io_backend.h"
@@ -54,8 +56,10 @@ struct ShardPiece {
   std::int64_t store_base = 0;  // this piece starts here in what `store` was made for
 };
 
-// Writes new parameters [begin, begin + values.numel()) of the piece.
-void store_params(const ShardPiece& piece, std::int64_t begin, const at::Tensor& values);
+// Writes new parameters [begin, begin + values.numel()) of the piece; `copy` moves them into
+// `param` (CopyEngine::copy inside a copy-engine batch).
+void store_params(const ShardPiece& piece, std::int64_t begin, const at::Tensor& values,
+                  void (*copy)(const at::Tensor& dst, const at::Tensor& src) = nullptr);
 // Elements [begin, begin + numel) of the piece, at `offset` in the shard.
 ShardPiece sub_piece(const ShardPiece& piece, std::int64_t begin, std::int64_t numel,
                      std::int64_t offset);
@@ -116,7 +120,7 @@ class OffloadedState {
   std::unique_ptr<core::HostPool> host_pool_;  // owns the memory every host tensor views
   std::unique_ptr<core::SwapStore> swap_;       // NVMe: the state's home
   std::vector<core::TrackedBytes> nvme_bytes_;
-  std::unique_ptr<core::TaskWorker> copier_;
+  std::unique_ptr<CopyEngine> copier_;
   at::Tensor master_;  // host mode: the whole arrays
   at::Tensor exp_avg_;
   at::Tensor exp_avg_sq_;

@@ -37,7 +37,7 @@ definition order, inside the root (a transformer's blocks); a model that calls a
 or in another order gathers differently. See `simulate_stage3_schedule`.
 
 Offload (built, exact against the engine; `offload_optimizer` at stages 1-3, `offload_param`
-cpu at stage 3): fp32_master and optimizer_state move to the host (cpu) or to NVMe (the
+cpu and nvme at stage 3): fp32_master and optimizer_state move to the host (cpu) or to NVMe (the
 registry's `nvme` location: a swap file); an offloaded optimizer always keeps an fp32 master,
 fp32 training included. Every engine group (stages 1-2: one per optimizer group; stage 3: the
 partitioned group and the persistent stage-1 group) owns one host pool that adds `staging`:
@@ -54,12 +54,18 @@ partitioned group and the persistent stage-1 group) owns one host pool that adds
                      device staging buffer held until its all-gather completes: device
                      staging = b x the most shard elements in flight at once (replayed)
 
+    offload_param    as cpu, but per partitioned group the units in order stay in host
+      nvme           memory while their shards add up to at most max_in_cpu (default 0); the
+                     first that does not fit and every later one go to the swap file (param at
+                     `nvme`: b x their shard elements, unrounded). Host staging + buffer_count
+                     x round_up(b·V, 4096), V = the group's largest NVMe unit shard (the
+                     engine raises when V > buffer_size: so does the estimate); swap file
+                     Σ round_up(b·s_u, 4096) over the NVMe units
+
     ratio < 1        offload_optimizer.ratio: of every group's shard only the tail,
                      llround(ratio x Ψ/N) elements, keeps its master and state offloaded (the
                      pool and its chunks are sized for the tail); the head keeps master and
                      state on the device, an fp32 master included
-
-offload_param "nvme" is not built: a formula row ("formula only — not yet built/measured").
 
 Activations are estimated separately, from a sample input (`activations.py`, CLI
 `--sample-input`). Not estimated: autograd's transient full-size gradients before a
@@ -104,9 +110,18 @@ DEFAULT_MAX_INFLIGHT_GATHERS = 2
 IO_ALIGNMENT = 4096
 DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# offload_param "nvme" defaults (zero/config/schema.py OFFLOAD_PARAM; a test keeps them equal)
+DEFAULT_PARAM_BUFFER_COUNT = 5
+DEFAULT_PARAM_BUFFER_SIZE = 100_000_000
+DEFAULT_PARAM_MAX_IN_CPU = 0
+_BUFFER_COUNT_ERROR = ("zero_optimization.offload_param.buffer_count = {}: parameters on NVMe "
+                       "need at least 2 host buffers (one unit is read while another is written "
+                       "back)")
 LOCATIONS = ("device", "host", "nvme")
 
 BUILT = "built"
+# No option of OPTIONS is formula-only any more (offload_param nvme is built); the status
+# stays for an option added before the engine builds it.
 FORMULA_ONLY = "formula only — not yet built/measured"
 # Stage 3 without gather units (a ModelShapes made by hand with no `units`): the paper's
 # formula on the padded numbers, not checked against the engine.
@@ -426,10 +441,16 @@ class Setup:
     # offload: the configured devices (which row `estimate(shapes, setup, stage)` gives and the
     # table marks) and the chunk of the offloaded step
     offload_optimizer: str = "none"   # none | cpu | nvme
-    offload_param: str = "none"       # none | cpu | nvme (nvme: formula only)
+    offload_param: str = "none"       # none | cpu | nvme
     sub_group_size: int = DEFAULT_SUB_GROUP_SIZE
     delayed_update: bool = False      # offload_optimizer.delayed_update (cpu only)
     offload_ratio: float = 1.0        # offload_optimizer.ratio: the offloaded tail of each shard
+    # offload_param "nvme" (zero_optimization.offload_param.*): host buffers that carry units
+    # to and from the swap file, the most shard elements one NVMe unit may have, and the shard
+    # elements of the first units kept in host memory
+    param_buffer_count: int = DEFAULT_PARAM_BUFFER_COUNT
+    param_buffer_size: int = DEFAULT_PARAM_BUFFER_SIZE
+    param_max_in_cpu: int = DEFAULT_PARAM_MAX_IN_CPU
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -461,6 +482,14 @@ class Setup:
                                 f"{self.offload_ratio}")
         if self.delayed_update and float(self.offload_ratio) < 1.0:
             raise EstimateError("the delayed update needs the whole step on the host (ratio 1)")
+        for name in ("param_buffer_count", "param_buffer_size", "param_max_in_cpu"):
+            if getattr(self, name) < 0:
+                raise EstimateError(f"offload_param.{name[len('param_'):]} must be >= 0, got "
+                                    f"{getattr(self, name)}")
+        # as the config validator: only parameters on NVMe use the buffers (the NVMe rows of
+        # another set-up say that they do not run instead)
+        if self.offload_param == "nvme" and self.param_buffer_count < 2:
+            raise EstimateError(_BUFFER_COUNT_ERROR.format(self.param_buffer_count))
 
     def offloaded_numel(self, shard_numel: int) -> int:
         """Of one engine group's shard, the elements whose state and step are offloaded (the
@@ -503,7 +532,10 @@ class Setup:
                             "offload_param": self.offload_param,
                             "sub_group_size": self.sub_group_size,
                             "delayed_update": self.delayed_update,
-                            "ratio": self.offload_ratio}}
+                            "ratio": self.offload_ratio,
+                            "param_buffer_count": self.param_buffer_count,
+                            "param_buffer_size": self.param_buffer_size,
+                            "param_max_in_cpu": self.param_max_in_cpu}}
 
     def stage3_dict(self) -> dict:
         """The stage-3 settings under their config names."""
@@ -526,7 +558,8 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     """(Setup, stage) from a DeepSpeed JSON config (a path or dict); keyword overrides that are
     not None win (precision, optimizer, reduce_bucket_size, overlap_comm, stage, and the
     stage-3 and offload fields of Setup). Stage-3 keys are read, and the offload blocks
-    (devices, sub_group_size, ratio, delayed_update)."""
+    (devices, sub_group_size, ratio, delayed_update; offload_param's buffer_count, buffer_size
+    and max_in_cpu)."""
     from zero.config import ALL_FEATURES, ConfigError, load_config
 
     try:
@@ -551,6 +584,10 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     values["offload_param"] = zero_cfg.offload_param.device
     values["sub_group_size"] = int(zero_cfg.sub_group_size)
     values["delayed_update"] = bool(getattr(zero_cfg.offload_optimizer, "delayed_update", False))
+    param = zero_cfg.offload_param
+    values["param_buffer_count"] = int(param.buffer_count)
+    values["param_buffer_size"] = int(param.buffer_size)
+    values["param_max_in_cpu"] = int(param.max_in_cpu)
     stage = cfg.zero_optimization.stage
     for key, value in overrides.items():
         if value is None:
@@ -579,8 +616,9 @@ class Option:
 
     @property
     def built(self) -> bool:
-        """The engine builds it (all but offload_param on NVMe)."""
-        return self.offload_param != "nvme"
+        """The engine builds it: every option of OPTIONS (offload_param on NVMe since the
+        parameter swap, csrc/adapter/param_swap.h)."""
+        return True
 
 
 OPTIONS = (
@@ -597,7 +635,9 @@ OPTIONS = (
     Option("stage 3 + offload params", 3, "none", "cpu"),
     Option("stage 3 + offload optimizer + params", 3, "cpu", "cpu"),
     Option("stage 3 + offload optimizer (NVMe) + params", 3, "nvme", "cpu"),
-    Option("stage 3 + offload optimizer + params (NVMe)", 3, "nvme", "nvme"),
+    Option("stage 3 + offload params (NVMe)", 3, "none", "nvme"),
+    Option("stage 3 + offload optimizer (host) + params (NVMe)", 3, "cpu", "nvme"),
+    Option("stage 3 + offload optimizer + params (NVMe)", 3, "nvme", "nvme"),  # both on NVMe
 )
 
 
@@ -659,8 +699,14 @@ class Estimate:
     @property
     def runs(self) -> bool:
         """False when the engine would refuse this set-up (stage 3: a unit in use does not fit
-        under stage3_max_live_parameters)."""
-        return not (self.stage3 or {}).get("error")
+        under stage3_max_live_parameters; parameters on NVMe: a unit above buffer_size)."""
+        return not self.error
+
+    @property
+    def error(self) -> str:
+        """What the engine would raise ("" when it builds and runs)."""
+        params = (self.offload or {}).get("param_nvme") or {}
+        return (self.stage3 or {}).get("error") or params.get("error", "")
 
     def bytes_at(self, location: str) -> int:
         """Bytes per rank at one location ("device", "host" or "nvme"); transient categories
@@ -722,6 +768,8 @@ class Estimate:
                        persistent_bytes=self.persistent_bytes, stage3=self.stage3)
         if self.offload is not None:
             out["offload"] = self.offload
+        if self.error:
+            out["error"] = self.error
         return out
 
 
@@ -1131,72 +1179,195 @@ def _round_up(value: int, alignment: int = IO_ALIGNMENT) -> int:
     return -(-int(value) // alignment) * alignment
 
 
-def _staging(setup: Setup, option: Option, group_shards: Sequence[int], device_bytes: int = 0,
-             device_formula: str = "0") -> tuple[dict, Optional[dict]]:
-    """The `staging` row and the offload detail. Host (offload_optimizer, per engine group):
-    2 slots x (C·b gradients + C·b parameters for a 16-bit model), with NVMe also 2 slots x
-    each state array x round_up(4·C, 4096). Device (offload_param): given."""
+# ---- offload_param on NVMe -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ParamPlacement:
+    """Where offload_param "nvme" puts one rank's partitioned parameter shard, summed over
+    the partitioned groups (Stage3Group::place_param_shard, per group)."""
+    host_numel: int = 0           # the first units' shards, up to max_in_cpu, in host memory
+    nvme_numel: int = 0           # the rest, in the group's swap file
+    nvme_units: int = 0
+    buffer_bytes: int = 0         # host staging: per group with an NVMe unit, buffer_count x
+    largest_shards: tuple[int, ...] = ()  # ... round_up(b x its largest NVMe unit's shard)
+    swap_file_bytes: int = 0      # every NVMe unit's shard at a page-aligned offset
+    error: str = ""               # what the engine raises at initialize ("" when it builds)
+
+    def to_dict(self) -> dict:
+        return {"host_numel": self.host_numel, "nvme_numel": self.nvme_numel,
+                "nvme_units": self.nvme_units, "buffer_bytes": self.buffer_bytes,
+                "largest_nvme_unit_shards": list(self.largest_shards),
+                "swap_file_bytes": self.swap_file_bytes, "error": self.error}
+
+
+def _kept_in_host_memory(unit_shards: Sequence[int], max_in_cpu: int) -> int:
+    """How many of a group's units stay in host memory: the engine walks them in order and
+    keeps each while the kept shard elements stay within max_in_cpu; the first that does not
+    fit goes to NVMe, and so does every unit after it (one host tensor holds a prefix of the
+    shard, the swap file the rest)."""
+    kept = 0
+    for count, shard in enumerate(unit_shards):
+        if kept + shard >= max_in_cpu:
+            return count
+        kept += shard
+    return len(unit_shards)
+
+
+def param_placement(setup: Setup, groups: Sequence[Sequence[tuple[str, int]]]
+                    ) -> ParamPlacement:
+    """offload_param "nvme": per partitioned group (its units in order as (name, shard
+    elements)), the units up to max_in_cpu in host memory and the rest on NVMe, buffer_count
+    page-rounded host buffers of the largest NVMe unit, and the engine's errors: a unit above
+    buffer_size (named with the size that every unit fits), fewer than 2 buffers."""
     b = setup.param_bytes
-    sixteen_bit = b != 4
-    host, host_formula, detail = 0, "0", None
+    host = nvme = units = buffers = swap = 0
+    largest, too_big = [], []
+    for rows in groups:
+        shards = [int(shard) for _, shard in rows]
+        kept = _kept_in_host_memory(shards, setup.param_max_in_cpu)
+        host += sum(shards[:kept])
+        on_nvme = rows[kept:]
+        if not on_nvme:
+            continue
+        nvme += sum(shard for _, shard in on_nvme)
+        units += len(on_nvme)
+        largest.append(max(shard for _, shard in on_nvme))
+        buffers += setup.param_buffer_count * _round_up(b * largest[-1])
+        swap += sum(_round_up(b * shard) for _, shard in on_nvme)
+        too_big += [(name, shard) for name, shard in on_nvme if shard > setup.param_buffer_size]
+    error = ""
+    if too_big:  # the engine's message names the key and its value the same way
+        name, shard = too_big[0]
+        error = (f"gather unit '{name}' has {shard:,} parameter elements per rank on NVMe, more "
+                 f"than zero_optimization.offload_param.buffer_size = {setup.param_buffer_size}"
+                 f": the engine raises; raise buffer_size to at least "
+                 f"{max(s for _, s in too_big)} or split the unit (every ModuleList child is "
+                 "one unit)")
+    elif units and setup.param_buffer_count < 2:
+        error = _BUFFER_COUNT_ERROR.format(setup.param_buffer_count)
+    return ParamPlacement(host_numel=host, nvme_numel=nvme, nvme_units=units,
+                          buffer_bytes=buffers, largest_shards=tuple(largest),
+                          swap_file_bytes=swap, error=error)
+
+
+def _param_row_on_nvme(placement: ParamPlacement, b: int, persistent_bytes: int = 0,
+                       persistent_term: str = "0") -> dict:
+    """The `param` row with offload_param on NVMe: the shard's NVMe units at `nvme`, the
+    first units kept within max_in_cpu (H elements) at `host`, stage 3's persistent
+    parameters whole on the device. Exact bytes: the registry counts the NVMe tiles unrounded."""
+    host, nvme = placement.host_numel, placement.nvme_numel
+    note = (f" (H = {host:,}: the first units' shards within max_in_cpu, in host memory)"
+            if host and nvme else "")
+    parts = [("nvme", b * nvme, f"{b}·(Ψ/N − H)" if host else f"{b}Ψ/N"),
+             ("host", b * host, f"{b}·H{note}" if nvme else f"{b}Ψ/N"),
+             ("device", persistent_bytes, persistent_term)]
+    parts = [(where, value, text) for where, value, text in parts if value]
+    if not parts:
+        return _row(0, "0", "nvme")
+    by_location = {where: value for where, value, _ in parts}
+    total = " + ".join(t for t in (f"{b}Ψ/N" if host or nvme else "", persistent_term)
+                       if t and t != "0")
+    out = {"bytes": sum(by_location.values()), "persistent_bytes": persistent_bytes,
+           "formula": total + note, "location": max(by_location, key=by_location.get),
+           "by_location": by_location}
+    if len(parts) > 1:
+        out["formula_by_location"] = {where: text for where, _, text in parts}
+    return out
+
+
+def _staging(setup: Setup, option: Option, group_shards: Sequence[int], device_bytes: int = 0,
+             device_formula: str = "0", params: Optional[ParamPlacement] = None
+             ) -> tuple[dict, Optional[dict]]:
+    """The `staging` row and the offload detail. Host: the optimizer's chunks (see
+    _optimizer_staging) and, with offload_param on NVMe, the parameter buffers. Device
+    (offload_param): given."""
+    host, terms, notes, detail = 0, [], [], None
     if option.offload_optimizer != "none" or option.offload_param != "none":
         detail = {"offload_optimizer": option.offload_optimizer,
                   "offload_param": option.offload_param,
                   "device_staging_bytes": device_bytes, "host_staging_bytes": 0,
                   "swap_file_bytes": 0}
     if option.offload_optimizer != "none":
-        nvme = option.offload_optimizer == "nvme"
-        arrays = state_arrays(setup)
-        # with a ratio < 1 only each shard's tail is offloaded: the pool is sized for it, and
-        # a group whose tail is empty has no pool
-        tails = [setup.offloaded_numel(shard) for shard in group_shards]
-        group_shards = [tail for tail in tails if tail]
-        chunks = [setup.offload_chunk(shard) for shard in group_shards]
-        model = f"({b}+{b})" if sixteen_bit else f"{b}"
-        host = sum(2 * c * b * (2 if sixteen_bit else 1) for c in chunks)
-        host_formula = f"2·C·{model}"
-        if nvme:
-            host += sum(2 * len(arrays) * _round_up(4 * c) for c in chunks)
-            host_formula += f" + 2·{len(arrays)}·⌈4C⌉"
-        delayed = setup.delayed_update and not nvme  # the engine refuses it with NVMe
-        if delayed:  # the whole shard's gradients and new parameters, one update behind
-            host += sum(2 * int(shard) * b for shard in group_shards)
-            host_formula += f" + 2·S·{b}"
-        sigma = "Σ groups " if len(chunks) > 1 else ""
-        part = "Ψ/N" if setup.offload_ratio == 1 else f"the offloaded {setup.offload_ratio:g}·Ψ/N"
-        host_formula = (f"{sigma}{host_formula} (C = min(sub_group_size, {OFFLOAD_TILE:,}, {part} "
-                        f"of the group) = {', '.join(f'{c:,}' for c in chunks) or '-'}"
-                        + ("; ⌈⌉: whole 4 KiB pages" if nvme else "")
-                        + ("; S = the group's Ψ/N, the delayed update's gradients and "
-                           "parameters" if delayed else "") + ")")
-        swap = 0
-        if nvme:  # the swap file: every chunk of every array at a page-aligned offset
-            for shard, c in zip(group_shards, chunks):
-                full, rest = divmod(int(shard), c)
-                swap += len(arrays) * (full * _round_up(4 * c) + (_round_up(4 * rest) if rest
-                                                                   else 0))
-        detail.update(chunk_limit=setup.offload_chunk_limit, state_arrays=arrays,
-                      groups=[{"offloaded_numel": int(shard), "chunk_numel": c}
-                              for shard, c in zip(group_shards, chunks)],
-                      ratio=setup.offload_ratio, offloaded_numel=sum(tails),
-                      delayed_update=delayed,
-                      host_staging_bytes=host,
-                      swap_file_bytes=swap if nvme else 0)
+        host, term, note, more = _optimizer_staging(setup, option, group_shards)
+        terms.append(term)
+        notes.append(note)
+        detail.update(more)
+    if params is not None:
+        detail["param_nvme"] = params.to_dict()
+        detail["swap_file_bytes"] += params.swap_file_bytes
+        if params.buffer_bytes:
+            # each buffer holds one whole unit's shard (the largest on NVMe), page-rounded for
+            # O_DIRECT; prefetches and write-backs share them
+            b = setup.param_bytes
+            sigma = "Σ groups " if len(params.largest_shards) > 1 else ""
+            terms.append(f"{sigma}{setup.param_buffer_count}·⌈{b}·V⌉")
+            notes.append(f"V = the largest NVMe unit's shard = "
+                         f"{', '.join(f'{v:,}' for v in params.largest_shards)}"
+                         + ("" if option.offload_optimizer == "nvme" else
+                            "; ⌈⌉: whole 4 KiB pages"))
+            host += params.buffer_bytes
+    if detail is not None:
+        detail["host_staging_bytes"] = host
     by_location = {}
     formulas = {}
     if host:
-        by_location["host"], formulas["host"] = host, host_formula
+        by_location["host"] = host
+        formulas["host"] = f"{' + '.join(terms)} ({'; '.join(notes)})"
     if device_bytes:
         by_location["device"], formulas["device"] = device_bytes, device_formula
-    if not by_location:
-        if detail is not None:  # no staging: nothing offloaded (a ratio rounding to 0)
-            detail.setdefault("host_staging_bytes", 0)
+    if not by_location:  # no staging: nothing offloaded (a ratio rounding to 0)
         return _row(0, "0"), detail
     location = max(by_location, key=lambda where: by_location[where])
     text = "; ".join(f"{where}: {formula}" for where, formula in formulas.items()) \
         if len(formulas) > 1 else formulas[location]
     return {"bytes": host + device_bytes, "formula": text, "location": location,
             "by_location": by_location, "formula_by_location": formulas}, detail
+
+
+def _optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
+                       ) -> tuple[int, str, str, dict]:
+    """offload_optimizer, per engine group: 2 slots x (C·b gradients + C·b parameters for a
+    16-bit model), with NVMe also 2 slots x each state array x round_up(4·C, 4096); the
+    delayed update adds the shard's gradients and new parameters. (host bytes, formula term,
+    its note, the offload detail's fields)."""
+    b = setup.param_bytes
+    sixteen_bit = b != 4
+    nvme = option.offload_optimizer == "nvme"
+    arrays = state_arrays(setup)
+    # with a ratio < 1 only each shard's tail is offloaded: the pool is sized for it, and a
+    # group whose tail is empty has no pool
+    tails = [setup.offloaded_numel(shard) for shard in group_shards]
+    group_shards = [tail for tail in tails if tail]
+    chunks = [setup.offload_chunk(shard) for shard in group_shards]
+    model = f"({b}+{b})" if sixteen_bit else f"{b}"
+    host = sum(2 * c * b * (2 if sixteen_bit else 1) for c in chunks)
+    term = f"2·C·{model}"
+    if nvme:
+        host += sum(2 * len(arrays) * _round_up(4 * c) for c in chunks)
+        term += f" + 2·{len(arrays)}·⌈4C⌉"
+    delayed = setup.delayed_update and not nvme  # the engine refuses it with NVMe
+    if delayed:  # the whole shard's gradients and new parameters, one update behind
+        host += sum(2 * int(shard) * b for shard in group_shards)
+        term += f" + 2·S·{b}"
+    sigma = "Σ groups " if len(chunks) > 1 else ""
+    part = "Ψ/N" if setup.offload_ratio == 1 else f"the offloaded {setup.offload_ratio:g}·Ψ/N"
+    note = (f"C = min(sub_group_size, {OFFLOAD_TILE:,}, {part} of the group) = "
+            f"{', '.join(f'{c:,}' for c in chunks) or '-'}"
+            + ("; ⌈⌉: whole 4 KiB pages" if nvme else "")
+            + ("; S = the group's Ψ/N, the delayed update's gradients and parameters"
+               if delayed else ""))
+    swap = 0
+    if nvme:  # the swap file: every chunk of every array at a page-aligned offset
+        for shard, c in zip(group_shards, chunks):
+            full, rest = divmod(int(shard), c)
+            swap += len(arrays) * (full * _round_up(4 * c) + (_round_up(4 * rest) if rest
+                                                               else 0))
+    detail = dict(chunk_limit=setup.offload_chunk_limit, state_arrays=arrays,
+                  groups=[{"offloaded_numel": int(shard), "chunk_numel": c}
+                          for shard, c in zip(group_shards, chunks)],
+                  ratio=setup.offload_ratio, offloaded_numel=sum(tails),
+                  delayed_update=delayed, swap_file_bytes=swap)
+    return host, f"{sigma}{term}", note, detail
 
 
 def _split_partial(categories: dict, setup: Setup, option: Option,
@@ -1228,11 +1399,24 @@ def _split_partial(categories: dict, setup: Setup, option: Option,
 
 
 def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
-             reduce_bucket_size: int | None = None, overlap_comm: bool | None = None) -> Estimate:
+             reduce_bucket_size: int | None = None, overlap_comm: bool | None = None,
+             strict: bool = True) -> Estimate:
     """Per-rank bytes by category for one option: an Option, or a stage number (then with the
-    setup's offload devices, none by default)."""
+    setup's offload devices, none by default). Parameters on NVMe that the engine would
+    refuse to build (a unit above offload_param.buffer_size) raise an EstimateError naming
+    the key; strict=False returns the row with `error` set instead (`runs` is False), as
+    for a stage-3 live bound that is too small."""
     if isinstance(option, int):
         option = option_for(option, setup.offload_optimizer, setup.offload_param)
+    result = _estimate(shapes, setup, option, reduce_bucket_size, overlap_comm)
+    params = (result.offload or {}).get("param_nvme") or {}
+    if strict and params.get("error"):
+        raise EstimateError(f"{option.name}: {params['error']}")
+    return result
+
+
+def _estimate(shapes: ModelShapes, setup: Setup, option: Option,
+              reduce_bucket_size: int | None, overlap_comm: bool | None) -> Estimate:
     if option.stage == 3 and shapes.units is not None:
         return _estimate_stage3(shapes, setup, option, reduce_bucket_size, overlap_comm)
     stage = option.stage
@@ -1251,8 +1435,14 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
                     location)
 
     opt_location = _WHERE[option.offload_optimizer]
+    params = None
+    if option.offload_param == "nvme":  # stage 3 without units: the layout's units stand in
+        params = param_placement(setup, [[(f"unit {u}", layout.unit(u).shard_numel)
+                                          for u in range(layout.unit_count)]
+                                         for layout in group_layouts])
     categories = {
-        "param": row(b, stage >= 3, _WHERE[option.offload_param]),
+        "param": (row(b, stage >= 3, _WHERE[option.offload_param]) if params is None
+                  else _param_row_on_nvme(params, b)),
         "gradient": row(b, stage >= 2),
         "fp32_master": row(_master_bytes(setup, option), stage >= 1, opt_location),
         "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
@@ -1272,7 +1462,7 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
     _split_partial(categories, setup, option, [layout.shard_numel for layout in group_layouts])
     categories["staging"], offload = _staging(
         setup, option, [layout.shard_numel for layout in group_layouts], device_staging,
-        f"2·(U/N)·{b} (two units' shard pieces in flight)")
+        f"2·(U/N)·{b} (two units' shard pieces in flight)", params)
     return Estimate(
         option=option, setup=setup, categories=categories, numel=psi, shard_numel=shard,
         max_unit_numel=largest_unit, unit_count=sum(l.unit_count for l in group_layouts),
@@ -1320,11 +1510,18 @@ def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
             out["by_location"] = {persistent_location: extra}
         return out
 
+    params = None
+    if option.offload_param == "nvme":  # the partitioned groups' units, in the engine's order
+        names = list(shapes.unit_names) + [""] * len(layout.unit_numel)
+        params = param_placement(setup, [[(names[unit] or "<root>", shard)
+                                          for unit, _, shard in rows]
+                                         for rows in layout.group_units])
     categories = {
         # the persistent parameters stay whole (a stage-1 group: whole params and gradients,
         # sharded master and optimizer state) and on the device: offload_param moves the
         # partitioned shard only
-        "param": row(b, False, _WHERE[option.offload_param], "device"),
+        "param": (row(b, False, _WHERE[option.offload_param], "device") if params is None else
+                  _param_row_on_nvme(params, b, b * psi_p, _term(b, False, "Ψp"))),
         "gradient": row(b, False),
         # with the parameter shard on the host, the partitioned group keeps its own master
         # (also in fp32) for a device-side step; the persistent group does not need one
@@ -1381,7 +1578,7 @@ def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
     categories["staging"], offload = _staging(
         setup, option, group_shards, device_staging,
         f"P·{b} (P = {inflight_shard:,}: the shard pieces of "
-        f"{_describe_live(work.inflight_at_peak, shapes.unit_names)} in flight at once)")
+        f"{_describe_live(work.inflight_at_peak, shapes.unit_names)} in flight at once)", params)
     largest_unit = max((numel for rows in layout.group_units for _, numel, _ in rows), default=0)
     partitioned_units = [u for u, numel in enumerate(layout.unit_numel) if numel]
     names = list(shapes.unit_names) + [""] * len(layout.unit_numel)
@@ -1404,7 +1601,8 @@ def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
                                              for u in work.inflight_at_peak]},
         "bounds": setup.stage3_dict(),
         "overlap_comm": overlap,
-        "error": work.error,
+        # what the engine raises: the live bound, parameters on NVMe (offload detail)
+        "error": "; ".join(e for e in (work.error, params.error if params else "") if e),
     }
     return Estimate(option=option, setup=setup, categories=categories, numel=psi,
                     shard_numel=shard, max_unit_numel=largest_unit,
@@ -1415,8 +1613,9 @@ def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
 
 def estimate_all(shapes: ModelShapes, setup: Setup) -> list[Estimate]:
     """Every option of OPTIONS: stages 0-3 and their offload variants as the engine builds
-    them (offload_param on NVMe: a formula)."""
-    return [estimate(shapes, setup, option) for option in OPTIONS]
+    them. A row the engine would refuse (parameters on NVMe with a unit above buffer_size)
+    is listed with its `error`, as one whose live bound is too small: the table says so."""
+    return [estimate(shapes, setup, option, strict=False) for option in OPTIONS]
 
 
 # ---- text ---------------------------------------------------------------------------------
@@ -1461,6 +1660,9 @@ def format_estimates(shapes: ModelShapes, setup: Setup, estimates: list[Estimate
                      f"{setup.sub_group_size:,}, {OFFLOAD_TILE:,}, the group's Ψ/N) elements "
                      "through 2 host staging slots per engine group; an offloaded optimizer keeps "
                      "an fp32 master (fp32 training too)")
+    on_nvme = next((e for e in estimates if e.option.offload_param == "nvme"), None)
+    if on_nvme is not None:
+        lines.append(_params_on_nvme_line(on_nvme))
     lines.append("")
     names = list(CATEGORIES)
     headers = ["per rank", *names, "device", "host (offload)", "NVMe"]
@@ -1499,6 +1701,21 @@ def format_estimates(shapes: ModelShapes, setup: Setup, estimates: list[Estimate
                  "autograd's transient gradients, optimizer-step temporaries, framework and "
                  "allocator overhead.")
     return "\n".join(lines)
+
+
+def _params_on_nvme_line(est: Estimate) -> str:
+    """offload_param nvme in one line: what stays in host memory, what the buffers hold, or
+    why the engine refuses it."""
+    setup, params = est.setup, est.offload["param_nvme"]
+    if params["error"]:
+        return f"params on NVMe do not run as configured: {params['error']}"
+    kept = (f"{params['host_numel']:,} shard elements of the first units in host memory "
+            f"(max_in_cpu {setup.param_max_in_cpu:,}), " if params["host_numel"] else "")
+    largest = ", ".join(f"{v:,}" for v in params["largest_nvme_unit_shards"]) or "-"
+    return (f"params on NVMe: {kept}{params['nvme_numel']:,} in a swap file; the host holds "
+            f"buffer_count = {setup.param_buffer_count} buffers of the largest NVMe unit's shard "
+            f"(V = {largest} elements, whole 4 KiB pages) per partitioned group; every gather "
+            "reads its unit through them")
 
 
 def _cell(row: dict) -> str:
