@@ -14,6 +14,9 @@ and AdamW state), one TinyGPT, the same seed, data and micro-batch for every con
     z3            stage 3, no offload
     z3-cpu-param  stage 3, offload_optimizer {device: cpu} + offload_param {device: cpu}
     z2-cpu-r0.5   stage 2, offload_optimizer {device: cpu, ratio: 0.5}
+    z3-cpu-pnvme  stage 3, offload_optimizer {device: cpu} + offload_param {device: nvme}
+    z3-infinity   stage 3, offload_optimizer {device: nvme} + offload_param {device: nvme}
+                  (ZeRO-Infinity: every model state but the gradient shard on disk)
     anchor        one process: torch.optim.AdamW(fused=True) on the model's Ψ fp32 parameters,
                   the same on one flat Ψ/N tensor (a rank's shard), zero._C.cpu_adam_step on Ψ/N
                   with bf16 grads + bf16 copy (the host kernel of the offloaded step), and a
@@ -85,6 +88,10 @@ CONFIGS = {
     "z3-cpu-param": (3, {"offload_optimizer": {"device": "cpu"},
                          "offload_param": {"device": "cpu"}}),
     "z2-cpu-r0.5": (2, {"offload_optimizer": {"device": "cpu", "ratio": 0.5}}),
+    "z3-cpu-pnvme": (3, {"offload_optimizer": {"device": "cpu"},
+                         "offload_param": {"device": "nvme", "nvme_path": None}}),
+    "z3-infinity": (3, {"offload_optimizer": {"device": "nvme", "nvme_path": None},
+                        "offload_param": {"device": "nvme", "nvme_path": None}}),
 }
 ALL = list(CONFIGS) + [ANCHOR, PROBE]
 
@@ -346,7 +353,7 @@ def _launch(name, args, nvme_root, shard_numel, tag):
             ranks = run_distributed(_run_probe, args.world_size, args=(a, shard_numel),
                                     timeout=args.timeout)
         else:
-            if "nvme" in name:
+            if any(block.get("device") == "nvme" for block in CONFIGS.get(name, (0, {}))[1].values()):
                 nvme_path = os.path.join(nvme_root, f"{name}-{tag}")
                 os.makedirs(nvme_path, exist_ok=True)
             ranks = run_distributed(_run_config, args.world_size, args=(name, a, nvme_path),
@@ -543,7 +550,8 @@ def _pair(values, fmt=_mib):
 
 
 PAIRS = [("z2-cpu", "z2"), ("z2-cpu-dpu", "z2-cpu"), ("z2-nvme", "z2-cpu"),
-         ("z3-cpu-param", "z3"), ("z2-cpu-r0.5", "z2")]
+         ("z3-cpu-param", "z3"), ("z2-cpu-r0.5", "z2"), ("z3-cpu-pnvme", "z3-cpu-param"),
+         ("z3-infinity", "z3-cpu-pnvme")]
 
 
 def paired(by, a, b, phase="total"):
@@ -663,6 +671,25 @@ def findings(by, anchor, probe, args):
         "copies cross PCIe (pinned memory, which this CPU build cannot use) and the host "
         "cores idle during forward/backward, so offload typically costs step time there and "
         "DPU has something to overlap; only the byte columns carry over.")
+    if all(k in by for k in ("z3-cpu-pnvme", "z3-infinity")):
+        pn, inf = by["z3-cpu-pnvme"], by["z3-infinity"]
+        d_pn, d_inf = paired(by, "z3-cpu-pnvme", "z3-cpu-param"), paired(by, "z3-infinity",
+                                                                          "z3-cpu-pnvme")
+        io_pn, io_inf = pn["io_per_step"], inf["io_per_step"]
+        out.append(
+            f"7. **Parameters on NVMe (ZeRO-Infinity).** offload_param nvme moves the "
+            f"{_mib(loc(pn, 'nvme'))} MiB bf16 parameter shard from host memory to the swap "
+            f"file (host model states {_mib(loc(z3p, 'host'))} -> {_mib(loc(pn, 'host'))} MiB; "
+            f"the host keeps buffer_count buffers of one unit each, staging "
+            f"{_pair(pn['staging_peak'])} MiB) at {rng(d_pn)} per step over parameters in "
+            f"host memory ({_verdict(d_pn)}; {_pair(io_pn['read_bytes'])} MiB read + "
+            f"{_pair(io_pn['write_bytes'])} MiB written per rank per step: each unit is read "
+            f"for forward and again for backward when the buffers cannot hold it, and written "
+            f"once by the step). With the optimizer on NVMe too, device model states are "
+            f"{_mib(loc(inf, 'device'))} MiB and host {_mib(loc(inf, 'host'))} MiB per rank, "
+            f"everything else ({_mib(loc(inf, 'nvme'))} MiB) on disk, at {rng(d_inf)} more "
+            f"per step ({_verdict(d_inf)}; {_pair(io_inf['read_bytes'])} MiB read + "
+            f"{_pair(io_inf['write_bytes'])} MiB written per rank per step).")
     return out
 
 
