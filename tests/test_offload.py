@@ -84,13 +84,21 @@ def test_model_states_move_to_the_host_exactly_as_the_formula_says(stage):
                              timeout=180)[0][2]
     by_location = report["model_state_by_location"]
     assert by_location["measured"] == by_location["expected"]
-    # The device keeps params and grads only: master and Adam state left it, byte for byte.
-    moved = sum(plain["categories"][c]["current"] for c in ("fp32_master", "optimizer_state"))
+    # The device keeps the params only: master, Adam state and the gradient shard left it,
+    # byte for byte (stage 3's persistent small parameters, a stage-1 group, keep their full
+    # gradients on the device).
+    persistent_grads = 2 * report["persistent_numel"]
+    moved = sum(plain["categories"][c]["current"] for c in ("fp32_master", "optimizer_state",
+                                                             "gradient")) - persistent_grads
     assert by_location["measured"]["device"] == plain["model_state_bytes"] - moved
     assert by_location["measured"]["host"] == moved
-    for category in ("fp32_master", "optimizer_state", "staging"):
+    gradient = report["categories"]["gradient"]["by_location"]
+    assert gradient["host_pageable"]["current"] == 2 * report["numel"] // 2
+    assert gradient.get("device", {"current": 0})["current"] == persistent_grads
+    for category in ("fp32_master", "optimizer_state", "staging", "gradient"):
         # a CPU build of torch cannot pin: the host pool is pageable
-        assert set(report["categories"][category]["by_location"]) == {"host_pageable"}
+        assert "host_pageable" in report["categories"][category]["by_location"]
+        assert "host_pinned" not in report["categories"][category]["by_location"]
     # Two staging slots per group, each a tile (1,000 elements, or the whole shard if smaller;
     # stage 3's persistent small parameters are a group of their own) of bf16 grads + params.
     tiles = [min(1000, shard) for shard in report["shard_numels"]]
@@ -162,7 +170,8 @@ def test_nvme_offload_bf16_and_its_accounting(tmp_path):
     report = nvme[0][2]
     by_location = report["model_state_by_location"]
     assert by_location["measured"] == by_location["expected"]
-    assert by_location["measured"]["host"] == 0  # master and Adam state are on NVMe only
+    # Master and Adam state are on NVMe only; the host holds the bf16 gradient shard.
+    assert by_location["measured"]["host"] == plain[0][2]["categories"]["gradient"]["current"]
     moved = sum(plain[0][2]["categories"][c]["current"] for c in ("fp32_master", "optimizer_state"))
     assert by_location["measured"]["nvme"] == moved
     # On the host: two chunks of each of the 3 arrays (page-rounded) + 2 x (grads + params).
@@ -246,16 +255,16 @@ def test_parameter_offload_bf16_accounting(tmp_path):
     report, base = offloaded[0][2], plain[0][2]
     by_location = report["model_state_by_location"]
     assert by_location["measured"] == by_location["expected"]
-    # The partitioned parameter shard left the device; the persistent small parameters (a
-    # stage-1 group, whole on every rank) stay there, as do the gradients.
+    # The partitioned parameter and gradient shards left the device; the persistent small
+    # parameters (a stage-1 group, whole on every rank) stay there with their gradients.
     param = report["categories"]["param"]["by_location"]
     assert param["host_pageable"]["current"] == 2 * report["numel"] // 2
     assert param["device"]["current"] == 2 * report["persistent_numel"]
-    # On the device only the gathered working set, gradients and buckets remain of the model.
-    device_states = by_location["measured"]["device"]
-    assert device_states == base["model_state_bytes"] - sum(
-        base["categories"][c]["current"] for c in ("fp32_master", "optimizer_state")) \
-        - 2 * report["numel"] // 2
+    # Of the partitioned model only the gathered working set (and the buckets) remain on the
+    # device: its model states are the persistent parameters and their gradients, nothing else.
+    assert by_location["measured"]["device"] == 2 * 2 * report["persistent_numel"]
+    assert report["categories"]["gradient"]["by_location"]["host_pageable"]["current"] == \
+        2 * report["numel"] // 2
     assert report["categories"]["gathered_param"]["peak"] > 0
 
 

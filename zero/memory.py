@@ -57,10 +57,19 @@ def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     }
 
 
+def grads_offloaded(layout: StateLayout) -> bool:
+    """Stages 2-3 with the whole optimizer step offloaded keep the gradient shard in host
+    memory (ZeRO-Offload); a partial offload (ratio < 1) keeps it on the device."""
+    whole = layout.offloaded_numel is None or layout.offloaded_numel == layout.sharded_numel
+    return layout.stage >= 2 and layout.offload_optimizer != "none" and whole
+
+
 def category_location(layout: StateLayout, category: str) -> str:
     """Where a model-state category lives: "device", "host" or "nvme" (when offloaded)."""
     if category in ("fp32_master", "optimizer_state") and layout.offload_optimizer != "none":
         return "host" if layout.offload_optimizer == "cpu" else "nvme"
+    if category == "gradient" and grads_offloaded(layout):
+        return "host"
     if category == "param" and layout.param_nvme_numel:
         return "nvme"
     if category == "param" and layout.offload_param:

@@ -6,10 +6,12 @@ namespace zero::adapter {
 
 GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
                          at::Tensor grads, core::MemoryRegistry& registry,
-                         Communicator& communicator, std::vector<std::size_t> expected)
+                         Communicator& communicator, std::vector<std::size_t> expected,
+                         std::optional<at::TensorOptions> bucket_options)
     : mode_(mode),
       layout_(layout),
       grads_(std::move(grads)),
+      bucket_options_(bucket_options.value_or(grads_.options())),
       registry_(registry),
       communicator_(communicator),
       expected_(std::move(expected)),
@@ -40,9 +42,9 @@ std::int64_t GradReducer::bucket_bytes() const {
 GradReducer::Slot& GradReducer::add_slot() {
   auto slot = std::make_unique<Slot>();
   const std::int64_t largest = layout_.max_unit_numel();
-  slot->full = device_buffer(registry_, core::MemoryCategory::kBucket, largest, grads_.options());
+  slot->full = device_buffer(registry_, core::MemoryCategory::kBucket, largest, bucket_options_);
   slot->piece = device_buffer(registry_, core::MemoryCategory::kBucket,
-                              largest / layout_.world_size(), grads_.options());
+                              largest / layout_.world_size(), bucket_options_);
   slots_.push_back(std::move(slot));
   return *slots_.back();
 }
@@ -111,7 +113,12 @@ void GradReducer::launch(std::size_t unit) {
   at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   at::Tensor target = grads_.narrow(0, layout_.shard_offset(unit), plan.shard_numel());
   in_flight_.push_back({&slot, communicator_.reduce_scatter(output, input, Reduction::kAvg),
-                        [target, output]() mutable { target.add_(output); }});
+                        [target, output]() mutable {
+                          // A host shard (optimizer offload): this unit's 1/N leaves the device.
+                          target.add_(output.device() == target.device()
+                                          ? output
+                                          : output.to(target.device()));
+                        }});
 }
 
 void GradReducer::wait_oldest() {

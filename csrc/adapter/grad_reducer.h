@@ -9,7 +9,9 @@
 //   kReduceScatter (stage 2): each ready grad is copied into a unit-sized bucket and may be
 //                  freed; the bucket is reduce-scattered and each rank adds its 1/N into its
 //                  gradient shard. Buckets come from a small pool (two with overlap_comm, one
-//                  without) that grows only if more units fill at once than it holds.
+//                  without) that grows only if more units fill at once than it holds. The
+//                  shard may be in host memory (optimizer offload): then each unit's 1/N
+//                  leaves the device as soon as its reduce-scatter is waited for.
 #include <deque>
 #include <functional>
 #include <memory>
@@ -31,10 +33,12 @@ class GradReducer {
   // `grads`: the full gradient buffer (kAllReduce) or this rank's gradient shard
   // (kReduceScatter), laid out by `layout`; written, never owned.
   // expected[u]: how many gradients unit u receives per backward (default: all its
-  // parameters; stage 3 units may hold frozen ones).
+  // parameters; stage 3 units may hold frozen ones). Buckets are allocated with
+  // `bucket_options` (default: the gradients').
   GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
               at::Tensor grads, core::MemoryRegistry& registry, Communicator& communicator,
-              std::vector<std::size_t> expected = {});
+              std::vector<std::size_t> expected = {},
+              std::optional<at::TensorOptions> bucket_options = std::nullopt);
 
   // Parameter `param`'s gradient is final for this backward (kReduceScatter copies it).
   // Returns its unit if that unit is now complete.
@@ -72,6 +76,7 @@ class GradReducer {
   ReduceMode mode_;
   const core::ShardedLayout& layout_;
   at::Tensor grads_;
+  at::TensorOptions bucket_options_;
   core::MemoryRegistry& registry_;
   Communicator& communicator_;
   std::vector<std::size_t> expected_;  // gradients per backward, per unit

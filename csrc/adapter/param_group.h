@@ -20,6 +20,7 @@
 #include "adapter/collectives.h"
 #include "adapter/grad_reducer.h"
 #include "adapter/group.h"
+#include "adapter/host_pinning.h"
 #include "adapter/shard_state.h"
 #include "adapter/tracked_tensor.h"
 #include "core/io_backend.h"
@@ -37,6 +38,11 @@ struct ParamOffloadOptions {
   std::int64_t buffer_numel = 100'000'000;  // the most shard elements one NVMe unit may have
   core::AioConfig aio;
 };
+
+struct GroupOptions;
+// Stages 2-3 with the whole optimizer step offloaded: the gradient shard lives in host memory
+// (ZeRO-Offload), only what the device still updates (ratio < 1) keeps it on the device.
+bool grads_offloaded(const GroupOptions& options);
 
 struct GroupOptions {
   int stage = 0;
@@ -93,7 +99,9 @@ class ParamGroup : public Group {
   core::ShardedLayout layout_;
   TrackedTensor param_buffer_;
   TrackedTensor grad_full_;   // stages 0, 1
-  TrackedTensor grad_shard_;  // stage 2
+  TrackedTensor grad_shard_device_;  // stage 2: on the device ...
+  HostTensor grad_shard_host_;       // ... or in host memory (grads_offloaded)
+  at::Tensor grad_shard_;
   ShardState state_;
   std::unique_ptr<GradReducer> reducer_;
 };

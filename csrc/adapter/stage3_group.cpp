@@ -53,7 +53,8 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
       communicator_(communicator),
       layout_(stage3_layout(params_, unit_of_param, full_shapes, options,
                             communicator.world_size())),
-      state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
+      model_options_(params_.front().options()),
+      state_(registry, layout_.shard_numel(), model_options_, options.optimizer,
              options.sgd_momentum,
              // With the parameters on the host, a device-side step needs its own master.
              /*keep_master=*/mixed_precision() || options.offload_param.enabled,
@@ -65,8 +66,15 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     if (params_[i].requires_grad()) ++unit.trainable;
   }
   place_param_shard();
-  grad_shard_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.shard_numel(),
-                              params_.front().options());
+  if (grads_offloaded(options_)) {
+    grad_shard_host_ = HostTensor(registry, core::MemoryCategory::kGradient, layout_.shard_numel(),
+                                  model_options_.dtype().toScalarType(), options_.offload.pin_memory);
+    grad_shard_ = grad_shard_host_.tensor();
+  } else {
+    grad_shard_device_ = device_buffer(registry, core::MemoryCategory::kGradient,
+                                       layout_.shard_numel(), model_options_);
+    grad_shard_ = grad_shard_device_.tensor();
+  }
   fill_shard(full_shapes);
   refresh_master();
   std::vector<std::size_t> expected;
@@ -75,8 +83,8 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     expected.push_back(unit.trainable);
   }
   reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
-                                           options_.overlap_comm, grad_shard_.tensor(), registry,
-                                           communicator_, std::move(expected));
+                                           options_.overlap_comm, grad_shard_, registry,
+                                           communicator_, std::move(expected), model_options_);
 }
 
 void Stage3Group::place_param_shard() {
@@ -160,7 +168,7 @@ void Stage3Group::fetch(std::size_t index) {
   Unit& unit = units_.at(index);
   if (unit.resident) return;
   const core::FlatBufferPlan& plan = layout_.unit(index);
-  const auto options = grad_shard_.tensor().options();
+  const auto options = model_options_;
   const std::int64_t bytes = plan.numel() * static_cast<std::int64_t>(c10::elementSize(
                                                  options.dtype().toScalarType()));
   if (!unit.gathered.defined()) {
@@ -222,7 +230,7 @@ void Stage3Group::release(std::size_t index) {
     unit.in_flight.reset();
     unit.staging.reset();
   }
-  const at::TensorOptions options = grad_shard_.tensor().options();
+  const at::TensorOptions options = model_options_;
   for (const std::size_t p : unit.params) params_[p].set_data(at::empty({0}, options));
   free_storage(unit.gathered);
   unit.tracking.release();
@@ -304,11 +312,11 @@ void Stage3Group::finish_backward(bool /*boundary*/) {
 }
 
 bool Stage3Group::has_nonfinite_grads() const {
-  return !at::isfinite(grad_shard_.tensor()).all().item<bool>();
+  return !at::isfinite(grad_shard_).all().item<bool>();
 }
 
 double Stage3Group::grad_square_sum() const {
-  return grad_shard_.tensor().to(at::kFloat).square().sum().item<double>();
+  return grad_shard_.to(at::kFloat).square().sum().item<double>();
 }
 
 std::vector<ShardPiece> Stage3Group::shard_pieces() const {
@@ -316,14 +324,14 @@ std::vector<ShardPiece> Stage3Group::shard_pieces() const {
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
     if (on_nvme(u)) {
       ParamSwap* swap = param_swap_.get();
-      pieces.push_back({shard_piece(grad_shard_.tensor(), u), at::Tensor(),
+      pieces.push_back({shard_piece(grad_shard_, u), at::Tensor(),
                         layout_.shard_offset(u),
                         [swap, u](std::int64_t begin, const at::Tensor& values) {
                           swap->write_part(u, begin, values);
                         }});
       continue;
     }
-    pieces.push_back({shard_piece(grad_shard_.tensor(), u), shard_piece(param_shard_, u),
+    pieces.push_back({shard_piece(grad_shard_, u), shard_piece(param_shard_, u),
                       layout_.shard_offset(u)});
   }
   return pieces;
@@ -331,7 +339,7 @@ std::vector<ShardPiece> Stage3Group::shard_pieces() const {
 
 void Stage3Group::gather_params() {}
 
-void Stage3Group::zero_grads() { grad_shard_.tensor().zero_(); }
+void Stage3Group::zero_grads() { grad_shard_.zero_(); }
 
 at::Tensor Stage3Group::master_shard() const {
   return state_.has_master() ? state_.read_master(0, layout_.shard_numel())

@@ -73,7 +73,7 @@ class Stage3Group : public Group {
   void gather_params() override;  // nothing: parameters are gathered on demand
   void zero_grads() override;
   const core::ShardedLayout& layout() const override { return layout_; }
-  at::Device device() const override { return grad_shard_.tensor().device(); }
+  at::Device device() const override { return model_options_.device(); }
   bool params_offloaded() const { return options_.offload_param.enabled; }
   std::string why_params_not_pinned() const;
   // offload_param "nvme": the shard elements on NVMe, the swap file, its reads so far.
@@ -122,7 +122,10 @@ class Stage3Group : public Group {
   at::Tensor param_shard_;      // the shard's first host_numel_ elements (all but NVMe's)
   std::int64_t host_numel_ = 0;
   std::unique_ptr<ParamSwap> param_swap_;  // offload_param "nvme": the rest
-  TrackedTensor grad_shard_;
+  c10::TensorOptions model_options_;  // the parameters' dtype and device
+  TrackedTensor grad_shard_device_;   // on the device, or in host memory (grads_offloaded)
+  HostTensor grad_shard_host_;
+  at::Tensor grad_shard_;
   ShardState state_;
   std::vector<Unit> units_;
   std::unique_ptr<GradReducer> reducer_;
