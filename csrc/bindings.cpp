@@ -520,6 +520,7 @@ void bind_engine(py::module_& m) {
              out["swap"] = state.swap_description();
              out["delayed_pending"] = state.delayed_pending();
              out["offloaded_numel"] = state.offloaded_numel();
+             out["grads_on_host"] = e.group(g).grads_on_host();
              auto* partitioned = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
              out["params_offloaded"] = partitioned != nullptr && partitioned->params_offloaded();
              out["why_params_not_pinned"] =

@@ -109,20 +109,21 @@ def test_offload_rows_are_built_and_move_what_the_formula_says():
                       persistence_threshold=40)
     rows = {e.name: e for e in est.estimate_all(shapes, setup)}
     for name, row in rows.items():
-        formula_only = row.option.offload_param == "nvme"  # not built
-        assert row.option.built == (not formula_only), name
-        assert row.status == (est.FORMULA_ONLY if formula_only else est.BUILT), name
+        assert row.option.built and row.status == est.BUILT, name
     stage3 = rows["stage 3"]  # checked against the engine in test_estimate_stage3.py
     assert stage3.model_state_bytes - stage3.persistent_bytes == 16 * stage3.shard_numel  # 16Ψ/N
     offload = rows["stage 2 + offload optimizer"]
-    assert offload.model_state_at("host") == 12 * offload.shard_numel  # master + Adam moved
+    # master + Adam moved, and the gradient shard with the whole step on the host
+    assert offload.model_state_at("host") == 14 * offload.shard_numel
     moved = offload.host_bytes - offload.categories["staging"]["bytes"]
     assert offload.device_bytes == rows["stage 2"].device_bytes - moved
     nvme = rows["stage 2 + offload optimizer (NVMe)"]
-    assert nvme.nvme_bytes == 12 * nvme.shard_numel and nvme.model_state_at("host") == 0
+    assert nvme.nvme_bytes == 12 * nvme.shard_numel
+    assert nvme.model_state_at("host") == 2 * nvme.shard_numel  # the gradient shard
     everything = rows["stage 3 + offload optimizer + params"]
-    # the partitioned parameter shard goes to the host, the persistent parameters stay
-    assert everything.model_state_at("host") == (14 * everything.shard_numel
+    # the partitioned parameter and gradient shards go to the host, the persistent
+    # parameters stay
+    assert everything.model_state_at("host") == (16 * everything.shard_numel
                                                  + 12 * everything.persistent_shard_numel)
     assert everything.categories["param"]["by_location"] == {
         "host": 2 * everything.shard_numel, "device": 2 * everything.persistent_numel}
@@ -160,14 +161,13 @@ def test_cli_estimate_json_and_table(capsys, tmp_path):
         assert option["per_node"]["ranks"] == 2
         for where in ("device", "host", "nvme"):
             assert option["per_node"][f"{where}_bytes"] == 2 * option[f"{where}_bytes"]
-        formula_only = option["offload_param"] == "nvme"
-        assert option["status"] == (est.FORMULA_ONLY if formula_only else "built")
+        assert option["status"] == "built"
     config = tmp_path / "ds.json"
     config.write_text(json.dumps(training.engine_config(2, precision="bf16")))
     assert cli.main(["estimate", "--model", FACTORY, "--config", str(config),
                      "--world-size", "2"]) == 0
     text = capsys.readouterr().out
-    assert "*stage 2 " in text and "MiB" in text and "formula only" in text
+    assert "*stage 2 " in text and "MiB" in text and "formula only" not in text
     assert "2Ψ + 14Ψ/N + 1·(U + U/N)·2" in text
     assert "12Ψ/N + 2·C·(2+2)" in text  # stage 2 + offload optimizer, on the host
 

@@ -1,9 +1,11 @@
 """zero-mem with offload: the estimate of every model-state category equals the engine's
 measured bytes exactly at each location (device, host, NVMe; world sizes 1/2/4; optimizer on
-the host or NVMe at stages 1-3, parameters on the host at stage 3), the host staging exactly,
-the device staging, buckets and gathered working set within 5% (they come out exact), the
-NVMe swap files byte for byte; and the tuner recommends offload when only offload fits, and
-the recommended config runs within its device budget."""
+the host or NVMe at stages 1-3, parameters on the host or NVMe at stage 3), the host staging
+exactly, the device staging, buckets and gathered working set within 5% (they come out
+exact), the NVMe swap files byte for byte; parameters on NVMe follow the engine's max_in_cpu
+rule and buffer_size error; and the tuner recommends offload when only offload fits (NVMe
+for the parameters when the host cannot hold them), and the recommended config runs within
+its budgets."""
 import dataclasses
 import json
 import os
@@ -285,7 +287,10 @@ def test_offload_rows_in_the_table_and_json(capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert out["setup"]["offload"] == {"offload_optimizer": "nvme", "offload_param": "cpu",
                                        "sub_group_size": 1_000_000_000,
-                                       "delayed_update": False, "ratio": 1.0}
+                                       "delayed_update": False, "ratio": 1.0,
+                                       "param_buffer_count": 5,
+                                       "param_buffer_size": 100_000_000,
+                                       "param_max_in_cpu": 0}
     rows = {o["option"]: o for o in out["options"]}
     row = rows["stage 3 + offload optimizer (NVMe) + params"]
     assert row["status"] == est.BUILT and row["nvme_bytes"] > 0
@@ -293,12 +298,27 @@ def test_offload_rows_in_the_table_and_json(capsys, tmp_path):
     assert row["per_node"]["nvme_bytes"] == 2 * row["nvme_bytes"]
     assert row["categories"]["staging"]["by_location"]["device"] > 0  # shard pieces in flight
     assert row["offload"]["state_arrays"] == ["master", "exp_avg", "exp_avg_sq"]
-    assert rows["stage 3 + offload optimizer + params (NVMe)"]["status"] == est.FORMULA_ONLY
+    # Parameters on NVMe: built; the shard in the swap file, buffer_count (5) page-rounded
+    # buffers of the largest unit's shard on the host, beside the optimizer's chunks.
+    both = rows["stage 3 + offload optimizer + params (NVMe)"]
+    assert both["status"] == est.BUILT and both["built"] and "error" not in both
+    params = both["offload"]["param_nvme"]
+    assert both["categories"]["param"]["by_location"]["nvme"] == 2 * params["nvme_numel"]
+    assert params["buffer_bytes"] == 5 * -(-2 * params["largest_nvme_unit_shards"][0]
+                                            // 4096) * 4096
+    assert both["offload"]["host_staging_bytes"] == \
+        row["offload"]["host_staging_bytes"] + params["buffer_bytes"]
+    assert both["offload"]["swap_file_bytes"] == \
+        row["offload"]["swap_file_bytes"] + params["swap_file_bytes"]
+    assert all(o["status"] == est.BUILT for o in out["options"])
     assert cli.main(["estimate", "--model", FACTORY, "--config", str(path),
                      "--world-size", "2"]) == 0
     text = capsys.readouterr().out
     assert "*stage 3 + offload optimizer (NVMe) + params " in text  # the config's row
     assert "2·C·(2+2) + 2·3·⌈4C⌉" in text and "(nvme)" in text and "(host)" in text
+    assert "Σ groups 2·C·(2+2) + 2·3·⌈4C⌉ + 5·⌈2·V⌉" in text  # optimizer and params on NVMe
+    assert "params on NVMe: 14,224 in a swap file; the host holds buffer_count = 5" in text
+    assert "formula only" not in text
     # Flags pick the row too; parameter offload needs stage 3, offload stage 1+.
     assert cli.main(["estimate", "--model", FACTORY, "--world-size", "2", "--stage", "1",
                      "--offload-optimizer", "cpu"]) == 0
@@ -335,6 +355,62 @@ def test_partial_offload_rounds_like_the_engine_and_the_constants_match(tmp_path
     text = capsys.readouterr().out
     assert "*stage 2 + offload optimizer (NVMe) " in text
     assert "0.25·(4Ψ/N) + 0.25·(8Ψ/N)" in text and "0.75·(4Ψ/N) + 0.75·(8Ψ/N)" in text
+
+
+def test_parameters_on_nvme_follow_the_engines_rules_and_errors(tmp_path):
+    from zero.config.schema import OFFLOAD_PARAM
+
+    defaults = {key.name: key.default for key in OFFLOAD_PARAM.keys}
+    assert (defaults["buffer_count"], defaults["buffer_size"], defaults["max_in_cpu"]) == (
+        est.DEFAULT_PARAM_BUFFER_COUNT, est.DEFAULT_PARAM_BUFFER_SIZE,
+        est.DEFAULT_PARAM_MAX_IN_CPU)
+    config = _config(3, "bf16", {"offload_param": "nvme", "param_buffer_count": 3,
+                                 "param_buffer_size": 7_000, "param_max_in_cpu": 2_000},
+                     str(tmp_path))
+    setup, _ = est.setup_from_config(config, 2)
+    assert (setup.param_buffer_count, setup.param_buffer_size, setup.param_max_in_cpu) == \
+        (3, 7_000, 2_000)
+    # The first unit that does not fit under max_in_cpu goes to NVMe, and every one after it,
+    # even one that would fit; per partitioned group.
+    placement = est.param_placement(setup, [[("a", 1_500), ("b", 600), ("c", 400)],
+                                            [("d", 2_500), ("e", 300)]])
+    assert placement.host_numel == 1_500 and placement.nvme_numel == 3_800
+    assert placement.nvme_units == 4 and placement.largest_shards == (600, 2_500)
+    assert placement.buffer_bytes == 3 * 4096 + 3 * 8192  # per group, page-rounded 2-byte units
+    assert placement.swap_file_bytes == 3 * 4096 + 8192  # every unit from a page boundary
+    assert not placement.error
+    too_big = est.param_placement(setup, [[("a", 1_500), ("b", 8_000)], [("c", 9_000)]])
+    assert "gather unit 'b'" in too_big.error and "raise buffer_size to at least 9000" in \
+        too_big.error
+    # A unit above buffer_size: the engine refuses to build, the estimate raises the same key
+    # (and the size every unit fits), the table lists the row as not running.
+    shapes = est.shapes_from_factory(FACTORY)
+    small = _config(3, "bf16", {"offload_optimizer": "cpu", "offload_param": "nvme",
+                                "param_buffer_size": 5_000}, str(tmp_path))
+    setup, stage = est.setup_from_config(small, 1)  # one rank: blocks of 12,416 elements
+    with pytest.raises(est.EstimateError,
+                       match=r"offload_param\.buffer_size = 5000\b.*at least 12416"):
+        est.estimate(shapes, setup, stage)
+    engine_message = run_distributed(_build_error, 1, args=(small,))[0]
+    assert "offload_param.buffer_size = 5000" in engine_message
+    assert "raise buffer_size to at least 12416" in engine_message
+    rows = {e.name: e for e in est.estimate_all(shapes, setup)}
+    refused = rows["stage 3 + offload optimizer (host) + params (NVMe)"]
+    assert not refused.runs and "buffer_size = 5000" in refused.error
+    assert rows["stage 3 + offload optimizer + params"].runs
+    text = est.format_estimates(shapes, setup, list(rows.values()), 3)
+    assert "params on NVMe do not run as configured: gather unit 'blocks.0'" in text
+    with pytest.raises(est.EstimateError, match="at least 2 host buffers"):
+        est.Setup(offload_param="nvme", param_buffer_count=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _build_error(rank, world, config):
+    import zero
+
+    with pytest.raises(Exception) as info:
+        zero.initialize(model=training.make_model(), config=config)
+    return str(info.value)
 
 
 # ---- the tuner --------------------------------------------------------------------------------
@@ -469,3 +545,65 @@ def test_the_tuner_offloads_parameters_when_the_optimizer_alone_is_not_enough(tm
         assert peak <= budget, (peak, budget)
         assert _close(rec.chosen.total, peak), (rec.chosen.total, peak)
         assert report["categories"]["staging"]["by_location"]["device"]["peak"] > 0
+
+
+def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_path, capsys):
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    # sub_group_size 1,000 and 2 parameter buffers (from the base config): small host staging
+    setup = _setup(sub_group_size=1000, param_buffer_count=2)
+
+    def estimate(*option):
+        return est.estimate(shapes, setup, est.option_for(*option))
+
+    def smallest(*option):  # the least device bytes an option can run in (see above)
+        least = dataclasses.replace(setup, overlap_comm=False,
+                                    max_live_parameters=3_616 + 12_416)
+        return min(est.estimate(shapes, s, est.option_for(*option)).device_bytes
+                   for s in (setup, least))
+
+    # Device: only parameter offload fits (as in the test above). Host: less than any option
+    # with the parameter shard in host memory, enough for 2 buffers of one block's shard.
+    optimizer_only = min(smallest(1, "cpu"), smallest(2, "cpu"), smallest(3, "cpu"))
+    budget = (smallest(3, "cpu", "cpu") + optimizer_only) // 2
+    both = estimate(3, "nvme", "nvme")
+    assert both.device_bytes == estimate(3, "nvme", "cpu").device_bytes  # the same device side
+    host_params = min(estimate(3, "nvme", "cpu").host_bytes, estimate(3, "cpu", "cpu").host_bytes,
+                      estimate(3, "cpu", "nvme").host_bytes)
+    assert both.host_bytes < host_params
+    host_budget = 2 * (both.host_bytes + host_params) // 2  # two ranks on this node
+    # Without an NVMe path: nothing fits, and the tuner says that NVMe would.
+    rec = tuner.tune(shapes, setup, budget, host_budget=host_budget)
+    assert rec.chosen is None
+    assert both.name in [e.name for e in rec.not_built]
+    assert all(tuner.why_not(e, None).startswith("needs an NVMe path") for e in rec.not_built)
+    # A buffer_size below the blocks' shards: the option does not run, so nothing fits.
+    refused = tuner.tune(shapes, dataclasses.replace(setup, param_buffer_size=1_000), budget,
+                         host_budget=host_budget, nvme_path=str(tmp_path))
+    assert refused.chosen is None
+    assert any("buffer_size = 1000" in c.verdict for c in refused.tried)
+
+    base = _config(3, "bf16", {"sub_group_size": 1000}, None)
+    base["zero_optimization"]["offload_param"] = {"device": "none", "buffer_count": 2}
+    base_path = tmp_path / "base.json"
+    base_path.write_text(json.dumps(base))
+    out = tmp_path / "tuned.json"
+    swap = tmp_path / "nvme"
+    swap.mkdir()
+    assert cli.main(["tune", "--model", DEEP_FACTORY, "--config", str(base_path),
+                     "--world-size", "2", "--budget", str(budget), "--host-budget",
+                     str(host_budget), "--nvme-path", str(swap), "--out", str(out)]) == 0
+    assert "recommended: stage 3 + optimizer on NVMe + params on NVMe" in capsys.readouterr().out
+    zero_block = json.loads(out.read_text())["zero_optimization"]
+    assert zero_block["offload_param"] == {"device": "nvme", "pin_memory": True,
+                                           "nvme_path": str(swap), "buffer_count": 2}
+    assert zero_block["offload_optimizer"]["device"] == "nvme"
+    rec = tuner.tune(shapes, setup, budget, host_budget=host_budget, nvme_path=str(swap))
+    for report in run_distributed(_run_tuned, 2, args=(str(out),), timeout=120):
+        locations = report["by_location"]
+        assert locations["device"]["peak"] <= budget
+        assert _close(rec.chosen.total, locations["device"]["peak"])
+        host = locations["host_pinned"]["peak"] + locations["host_pageable"]["peak"]
+        assert host == rec.chosen.host_bytes and 2 * host <= host_budget
+        assert locations["nvme"]["current"] == rec.chosen.nvme_bytes
+        assert report["offload"]["param"] == "nvme"
+    assert list(swap.iterdir()) == []

@@ -371,6 +371,7 @@ class ZeroEngine(nn.Module):
         numels: dict[tuple[int, bool], int] = {}  # (stage, SGD momentum buffer) -> elements
         offloaded: dict[tuple[int, bool], int] = {}  # -> shard elements whose state is offloaded
         param_nvme: dict[tuple[int, bool], int] = {}  # -> parameter shard elements on NVMe
+        grads_on_host: dict[tuple[int, bool], bool] = {}  # -> the gradient shard is on the host
         for g, (owner, params) in enumerate(self._engine_groups):
             if self.stage < 3:
                 stage = self.stage
@@ -382,6 +383,8 @@ class ZeroEngine(nn.Module):
             offloaded[stage, momentum] = offloaded.get((stage, momentum), 0) + info["offloaded_numel"]
             param_nvme[stage, momentum] = (param_nvme.get((stage, momentum), 0)
                                            + info["nvme_param_numel"])
+            grads_on_host[stage, momentum] = (grads_on_host.get((stage, momentum), True)
+                                              and info["grads_on_host"])
         zero_cfg = self.config.zero_optimization
         return [StateLayout(stage=stage, world_size=world, numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,
@@ -389,6 +392,7 @@ class ZeroEngine(nn.Module):
                             offload_optimizer=zero_cfg.offload_optimizer.device,
                             offload_param=stage == 3 and zero_cfg.offload_param.device != "none",
                             param_nvme_numel=param_nvme[stage, momentum],
+                            grads_on_host=grads_on_host[stage, momentum],
                             offloaded_numel=offloaded[stage, momentum])
                 for (stage, momentum), numel in sorted(numels.items(), reverse=True)]
 

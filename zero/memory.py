@@ -28,6 +28,8 @@ class StateLayout:
     offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
     offload_param: bool = False  # stage 3: the parameter shard lives in host memory ...
     param_nvme_numel: int = 0    # ... or this many of its elements on NVMe (offload_param nvme)
+    # stages 2-3 with the whole optimizer step offloaded: the gradient shard is in host memory
+    grads_on_host: bool = False
     # offload_optimizer.ratio < 1: of the shard's Ψ/N elements, how many keep their master and
     # optimizer state offloaded (the rest, on the device, keep theirs there); None: all of them
     offloaded_numel: int | None = None
@@ -57,18 +59,11 @@ def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     }
 
 
-def grads_offloaded(layout: StateLayout) -> bool:
-    """Stages 2-3 with the whole optimizer step offloaded keep the gradient shard in host
-    memory (ZeRO-Offload); a partial offload (ratio < 1) keeps it on the device."""
-    whole = layout.offloaded_numel is None or layout.offloaded_numel == layout.sharded_numel
-    return layout.stage >= 2 and layout.offload_optimizer != "none" and whole
-
-
 def category_location(layout: StateLayout, category: str) -> str:
     """Where a model-state category lives: "device", "host" or "nvme" (when offloaded)."""
     if category in ("fp32_master", "optimizer_state") and layout.offload_optimizer != "none":
         return "host" if layout.offload_optimizer == "cpu" else "nvme"
-    if category == "gradient" and grads_offloaded(layout):
+    if category == "gradient" and layout.grads_on_host:
         return "host"
     if category == "param" and layout.param_nvme_numel:
         return "nvme"

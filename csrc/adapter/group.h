@@ -47,6 +47,7 @@ class Group {
   virtual const core::ShardedLayout& layout() const = 0;
   virtual at::Device device() const = 0;
   virtual at::Tensor master_shard() const = 0;  // a copy
+  virtual bool grads_on_host() const { return false; }  // the gradient shard (offload)
   virtual void load_master_shard(const at::Tensor& saved) = 0;
   // Re-derives the fp32 master from the current (e.g. just loaded) parameters.
   virtual void refresh_master() = 0;

@@ -75,6 +75,7 @@ class ParamGroup : public Group {
 
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return param_buffer_.tensor().device(); }
+  bool grads_on_host() const override { return grad_shard_host_.defined(); }
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;

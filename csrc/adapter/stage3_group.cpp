@@ -95,6 +95,7 @@ void Stage3Group::place_param_shard() {
     // The first units, up to max_in_cpu elements, stay in host memory; the rest go to NVMe.
     std::vector<std::int64_t> nvme_numel(units_.size(), 0);
     std::int64_t kept = 0;
+    std::size_t largest = 0;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const std::int64_t numel = layout_.unit(u).shard_numel();
       if (host_numel_ == layout_.shard_numel() && kept + numel <= offload.max_in_cpu) {
@@ -102,13 +103,14 @@ void Stage3Group::place_param_shard() {
         continue;
       }
       if (host_numel_ == layout_.shard_numel()) host_numel_ = layout_.shard_offset(u);
-      TORCH_CHECK_VALUE(numel <= offload.buffer_numel, "zero: gather unit ", u, " has ", numel,
-                        " parameter elements per rank on NVMe, more than zero_optimization."
-                        "offload_param.buffer_size = ", offload.buffer_numel, "; raise "
-                        "buffer_size to at least ", numel, " or split the unit (every "
-                        "ModuleList child is one unit)");
       nvme_numel[u] = numel;
+      if (numel > nvme_numel[largest]) largest = u;
     }
+    TORCH_CHECK_VALUE(nvme_numel[largest] <= offload.buffer_numel, "zero: gather unit ", largest,
+                      " has ", nvme_numel[largest], " parameter elements per rank on NVMe, more "
+                      "than zero_optimization.offload_param.buffer_size = ", offload.buffer_numel,
+                      "; raise buffer_size to at least ", nvme_numel[largest], " (the largest "
+                      "unit) or split the unit (every ModuleList child is one unit)");
     if (host_numel_ < layout_.shard_numel()) {
       ParamSwapOptions swap;
       swap.nvme_path = offload.nvme_path;

@@ -74,6 +74,7 @@ class Stage3Group : public Group {
   void zero_grads() override;
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return model_options_.device(); }
+  bool grads_on_host() const override { return grad_shard_host_.defined(); }
   bool params_offloaded() const { return options_.offload_param.enabled; }
   std::string why_params_not_pinned() const;
   // offload_param "nvme": the shard elements on NVMe, the swap file, its reads so far.

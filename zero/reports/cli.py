@@ -93,7 +93,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                          help="where the fp32 master and optimizer state live: the row the "
                               "estimate marks (every option is listed anyway)")
     offload.add_argument("--offload-param", choices=est.OFFLOAD_DEVICES,
-                         help="stage 3: where the parameter shard lives (nvme: formula only)")
+                         help="stage 3: where the parameter shard lives (nvme: with --config for "
+                              "buffer_count, buffer_size, max_in_cpu)")
     offload.add_argument("--sub-group-size", type=_count, metavar="ELEMENTS",
                          help="elements per chunk of the offloaded step (capped at 4,194,304 and "
                               "the shard; default 1e9)")

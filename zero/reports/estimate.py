@@ -7,6 +7,8 @@ and every category is the byte count the engine's accounting registry reports af
 
     param            b·Ψ (stages 0-2)         stage 3: b·Ψ/N + b·Ψp
     gradient         b·Ψ (stages 0, 1)        b·Ψ/N (stage 2)      stage 3: b·Ψ/N + b·Ψp
+                     (stages 2-3 with the whole optimizer step offloaded: the b·Ψ/N shard
+                     in host memory)
     fp32_master      4·Ψ (stage 0)            4·Ψ/N (stages >= 1; stage 3 + 4·Ψp/N)
                      0 when training in fp32 without optimizer offload (the parameter
                      shard is the master)
@@ -37,10 +39,12 @@ definition order, inside the root (a transformer's blocks); a model that calls a
 or in another order gathers differently. See `simulate_stage3_schedule`.
 
 Offload (built, exact against the engine; `offload_optimizer` at stages 1-3, `offload_param`
-cpu and nvme at stage 3): fp32_master and optimizer_state move to the host (cpu) or to NVMe (the
-registry's `nvme` location: a swap file); an offloaded optimizer always keeps an fp32 master,
-fp32 training included. Every engine group (stages 1-2: one per optimizer group; stage 3: the
-partitioned group and the persistent stage-1 group) owns one host pool that adds `staging`:
+cpu and nvme at stage 3): fp32_master and optimizer_state move to the host (cpu) or to NVMe
+(the registry's `nvme` location: a swap file); an offloaded optimizer always keeps an fp32
+master, fp32 training included. At stages 2-3 with the whole step offloaded (ratio 1) the
+gradient shard is in host memory too (stage 3: the partitioned group's). Every engine group
+(stages 1-2: one per optimizer group; stage 3: the partitioned group and the persistent
+stage-1 group) owns one host pool that adds `staging`:
 
     chunk C          min(sub_group_size, 4,194,304, the group's Ψ/N) elements
     cpu              2 slots x (C·b gradients + C·b parameters if the model is 16-bit);
@@ -1163,6 +1167,16 @@ def _row(value: int, formula: str, location: str = "device") -> dict:
             "by_location": {location: value}}
 
 
+def _gradient_location(setup: Setup, option: Option) -> str:
+    """Where the gradient shard lives (csrc grads_offloaded): with the whole optimizer step
+    offloaded (ratio 1) at stages 2-3 the shard is reduced straight into host memory
+    (ZeRO-Offload); at stage 3 only the partitioned group's, the persistent parameters are a
+    stage-1 group whose whole gradients stay on the device. A partial offload keeps it on
+    the device, where the head's step runs."""
+    offloaded = option.offload_optimizer != "none" and float(setup.offload_ratio) >= 1.0
+    return "host" if option.stage >= 2 and offloaded else "device"
+
+
 def _master_bytes(setup: Setup, option: Option) -> int:
     """4 in mixed precision; in fp32 the parameter shard is the master, unless the optimizer
     is offloaded: the host (or NVMe) keeps an fp32 master of its own."""
@@ -1207,7 +1221,7 @@ def _kept_in_host_memory(unit_shards: Sequence[int], max_in_cpu: int) -> int:
     shard, the swap file the rest)."""
     kept = 0
     for count, shard in enumerate(unit_shards):
-        if kept + shard >= max_in_cpu:
+        if kept + shard > max_in_cpu:
             return count
         kept += shard
     return len(unit_shards)
@@ -1443,7 +1457,7 @@ def _estimate(shapes: ModelShapes, setup: Setup, option: Option,
     categories = {
         "param": (row(b, stage >= 3, _WHERE[option.offload_param]) if params is None
                   else _param_row_on_nvme(params, b)),
-        "gradient": row(b, stage >= 2),
+        "gradient": row(b, stage >= 2, _gradient_location(setup, option)),
         "fp32_master": row(_master_bytes(setup, option), stage >= 1, opt_location),
         "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
     }
@@ -1522,7 +1536,7 @@ def _estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
         # partitioned shard only
         "param": (row(b, False, _WHERE[option.offload_param], "device") if params is None else
                   _param_row_on_nvme(params, b, b * psi_p, _term(b, False, "Ψp"))),
-        "gradient": row(b, False),
+        "gradient": row(b, False, _gradient_location(setup, option), "device"),
         # with the parameter shard on the host, the partitioned group keeps its own master
         # (also in fp32) for a device-side step; the persistent group does not need one
         "fp32_master": row(4 if option.offload_param != "none" else _master_bytes(setup, option),

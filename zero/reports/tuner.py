@@ -9,15 +9,21 @@ Tiers, tried in order; the first tier with a fitting configuration wins:
                        stage 3 (all-gathers in forward and backward, reduce-scatter every
                                 micro-step; adds the gathered working set)
     2. optimizer -> host memory (offload_optimizer cpu): stage 1, 2, 3. The fp32 master and
-       the optimizer state leave the device (12Ψ/N in mixed precision); the host pays them
-       plus two staging chunks per engine group, and every step copies the gradient shard
-       to the host and the new parameters back.
+       the optimizer state leave the device (12Ψ/N in mixed precision; at stages 2-3 the
+       gradient shard too, 2Ψ/N more); the host pays them plus two staging chunks per
+       engine group, and every step copies the gradient shard to the host (stage 1; stages
+       2-3 reduce into host memory) and the new parameters back.
     3. parameters -> host memory (stage 3, offload_param cpu): parameters only, then
        parameters + optimizer. The parameter shard leaves the device too; every gather
        copies the unit's shard piece to the device first.
     4. optimizer -> NVMe (offload_optimizer nvme, only with an NVMe path): stage 1, 2, 3,
        then stage 3 + parameters on the host. The state goes to a swap file; the host keeps
        two chunks of each state array.
+    5. parameters -> NVMe (stage 3, offload_param nvme, only with an NVMe path): parameters
+       only, then with the optimizer on the host, then on NVMe too. The device holds what it
+       holds with parameters on the host; the host keeps buffer_count buffers of one unit's
+       shard instead of the whole shard, so this tier is for a host budget that tier 3 does
+       not fit. Every gather reads its unit from the swap file (or a buffer).
 
 Within a tier the stages go in order of communication, as without offload. Within stage 2 the
 reduce bucket (= unit) size is the knob: it starts at the configured reduce_bucket_size and
@@ -36,9 +42,10 @@ A configuration fits when its device bytes fit budget - reserve - headroom, its 
 ranks per node fit --host-budget (when given) and its NVMe bytes x ranks per node fit
 --nvme-budget (when given). Only the model states, buckets, host staging and stage 3's
 gathered working set are estimated (exactly, checked against the engine); activations and
-framework overhead are not, so pass --reserve or --headroom. When nothing fits, the tuner says
-which option would (NVMe without a path, parameter offload to NVMe, which is not built) and
-writes no config.
+framework overhead are not, so pass --reserve or --headroom. An option the engine would refuse
+(a stage-3 live bound below the units in use, a unit above offload_param.buffer_size) does not
+fit. When nothing fits, the tuner says which option would (NVMe without a path, stage 3
+without the model's gather units) and writes no config.
 """
 from __future__ import annotations
 
@@ -48,9 +55,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .estimate import (DEFAULT_MAX_INFLIGHT_GATHERS, DEFAULT_SUB_GROUP_SIZE, OPTIONS, Estimate,
-                       EstimateError, ModelShapes, Option, Setup, estimate, format_bytes,
-                       option_for)
+from .estimate import (DEFAULT_MAX_INFLIGHT_GATHERS, DEFAULT_PARAM_BUFFER_COUNT,
+                       DEFAULT_PARAM_BUFFER_SIZE, DEFAULT_PARAM_MAX_IN_CPU,
+                       DEFAULT_SUB_GROUP_SIZE, OPTIONS, Estimate, EstimateError, ModelShapes,
+                       Option, Setup, estimate, format_bytes, option_for)
 
 
 class TuneError(EstimateError):
@@ -65,7 +73,12 @@ TIERS = (
     ("parameters on the host", ((3, "none", "cpu"), (3, "cpu", "cpu"))),
     ("optimizer on NVMe", ((1, "nvme", "none"), (2, "nvme", "none"), (3, "nvme", "none"),
                            (3, "nvme", "cpu"))),
+    ("parameters on NVMe", ((3, "none", "nvme"), (3, "cpu", "nvme"), (3, "nvme", "nvme"))),
 )
+
+
+def _needs_nvme_path(option: Option) -> bool:
+    return "nvme" in (option.offload_optimizer, option.offload_param)
 
 
 @dataclass
@@ -142,8 +155,8 @@ class Recommendation:
     host_budget: Optional[int]
     chosen: Optional[Candidate]
     tried: list[Candidate] = field(default_factory=list)
-    # options that would fit but cannot be recommended: NVMe without --nvme-path, options
-    # not built (parameters on NVMe), stage 3 without the model's gather units
+    # options that would fit but cannot be recommended: NVMe without --nvme-path, stage 3
+    # without the model's gather units (and an option not built, should one be added)
     not_built: list[Estimate] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     nvme_budget: Optional[int] = None
@@ -166,7 +179,7 @@ def why_not(est: Estimate, nvme_path: Optional[str]) -> str:
     """Why a fitting option was not recommended."""
     if not est.option.built:
         return "not built yet: formula only"
-    if est.option.offload_optimizer == "nvme" and nvme_path is None:
+    if _needs_nvme_path(est.option) and nvme_path is None:
         return "needs an NVMe path: pass --nvme-path"
     return "formula only: the model's gather units are unknown (use --model)"
 
@@ -228,7 +241,7 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
         comm, calls = communication(est.option.stage, est, setup.param_bytes, gas)
         verdicts = []
         if not est.runs:
-            verdicts.append("does not run: " + est.stage3["error"])
+            verdicts.append("does not run: " + est.error)
         if est.device_bytes > usable:
             verdicts.append(f"over by {format_bytes(est.device_bytes - usable)}")
         if host_budget is not None and est.host_bytes * rpn > host_budget:
@@ -244,9 +257,9 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
     tiers = TIERS if offload else TIERS[:1]
     for _, members in tiers:
         for stage, on_optimizer, on_param in members:
-            if on_optimizer == "nvme" and nvme_path is None:
-                continue
             option = option_for(stage, on_optimizer, on_param)
+            if _needs_nvme_path(option) and nvme_path is None:
+                continue
             if stage == 3:
                 if not shapes.has_units:
                     continue
@@ -266,17 +279,21 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
                 return _finish(rec, rpn)
     # Nothing fits: which option would, that cannot be recommended?
     for option in OPTIONS:
-        needs_path = option.offload_optimizer == "nvme" and nvme_path is None
+        needs_path = _needs_nvme_path(option) and nvme_path is None
         formula_stage3 = option.stage == 3 and not shapes.has_units
         if option.built and not needs_path and not formula_stage3:
             continue
         if (needs_path or option.offloaded) and not offload:
             continue
-        est = estimate(shapes, base, option)
-        host_ok = host_budget is None or est.host_bytes * rpn <= host_budget
-        nvme_ok = nvme_budget is None or est.nvme_bytes * rpn <= nvme_budget
-        if est.device_bytes <= usable and host_ok and nvme_ok:
-            rec.not_built.append(est)
+        # stage 3 with units: the same settings the tiers try (a lower live bound)
+        tries = (stage3_estimates(shapes, base, usable, option) if option.stage == 3
+                 and shapes.has_units else [estimate(shapes, base, option, strict=False)])
+        for est in tries:
+            host_ok = host_budget is None or est.host_bytes * rpn <= host_budget
+            nvme_ok = nvme_budget is None or est.nvme_bytes * rpn <= nvme_budget
+            if est.device_bytes <= usable and host_ok and nvme_ok and est.runs:
+                rec.not_built.append(est)
+                break
     return rec
 
 
@@ -307,7 +324,7 @@ def _finish(rec: Recommendation, ranks_per_node: int) -> Recommendation:
     if chosen.option.offloaded and rec.host_budget is None:
         rec.notes.append(f"host RAM was not checked (no --host-budget): this needs "
                          f"{format_bytes(chosen.host_bytes * ranks_per_node)} per node")
-    if chosen.option.offload_optimizer == "nvme" and rec.nvme_budget is None:
+    if _needs_nvme_path(chosen.option) and rec.nvme_budget is None:
         rec.notes.append(f"NVMe space was not checked (no --nvme-budget): the swap files need "
                          f"{format_bytes(chosen.estimate.offload['swap_file_bytes'] * ranks_per_node)}"
                          " per node")
@@ -348,7 +365,7 @@ def stage3_estimates(shapes: ModelShapes, setup: Setup, usable: int,
     out = []
     for ov in ([True, False] if overlap else [False]):
         base = dataclasses.replace(setup, overlap_comm=ov)
-        est = estimate(shapes, base, option)
+        est = estimate(shapes, base, option, strict=False)
         out.append(est)
         if est.device_bytes <= usable and est.runs:
             continue
@@ -360,17 +377,19 @@ def stage3_estimates(shapes: ModelShapes, setup: Setup, usable: int,
             room = room * setup.world_size // (setup.world_size + 1)
         if room > 0 and room != setup.max_live_parameters:
             out.append(estimate(shapes, dataclasses.replace(base, max_live_parameters=room),
-                                option))
+                                option, strict=False))
     return out
 
 
 # ---- the config it writes -------------------------------------------------------------------
 
 _ZERO_DROP_BELOW_STAGE3 = ("offload_param", "round_robin_gradients")
-# offload_optimizer keys kept from the base config when the device stays the same
-_OFFLOAD_KEYS = {"cpu": ("pin_memory", "delayed_update"),
-                 "nvme": ("pin_memory", "buffer_count", "pipeline_read", "pipeline_write",
-                          "fast_init")}
+# offload block keys kept from the base config when the device stays the same
+_OFFLOAD_KEYS = {("offload_optimizer", "cpu"): ("pin_memory", "delayed_update"),
+                 ("offload_optimizer", "nvme"): ("pin_memory", "buffer_count", "pipeline_read",
+                                                 "pipeline_write", "fast_init"),
+                 ("offload_param", "cpu"): ("pin_memory",),
+                 ("offload_param", "nvme"): ("pin_memory",)}
 
 
 def template_config(setup: Setup, micro_batch: int = 1, gradient_accumulation_steps: int = 1
@@ -387,21 +406,30 @@ def template_config(setup: Setup, micro_batch: int = 1, gradient_accumulation_st
             "optimizer": optimizer, "zero_optimization": {}}
 
 
-def _offload_block(device: str, previous, nvme_path: str | None, ratio: float = 1.0) -> dict:
-    """The offload block for `device` ("cpu" or "nvme"): pin_memory true unless the base
-    config says otherwise (pinned host memory makes the copies faster; where it cannot be
-    pinned the engine says why and uses pageable memory), the base's other keys that still
-    apply, and the ratio the estimate used (offload_optimizer only)."""
+def _offload_block(name: str, device: str, previous, nvme_path: str | None,
+                   setup: Setup) -> dict:
+    """The `name` block ("offload_optimizer" or "offload_param") for `device` ("cpu" or
+    "nvme"): pin_memory true unless the base config says otherwise (pinned host memory makes
+    the copies faster; where it cannot be pinned the engine says why and uses pageable
+    memory), the base's other keys that still apply, and what the estimate used: the
+    optimizer's ratio, the parameter buffers and max_in_cpu (when not the defaults)."""
     previous = previous if isinstance(previous, dict) else {}
     block = {"device": device, "pin_memory": True}
     if previous.get("device") == device:
-        block.update({k: previous[k] for k in _OFFLOAD_KEYS[device] if k in previous})
+        block.update({k: previous[k] for k in _OFFLOAD_KEYS[name, device] if k in previous})
     elif "pin_memory" in previous:
         block["pin_memory"] = previous["pin_memory"]
     if device == "nvme":
         block["nvme_path"] = nvme_path
-    if ratio != 1.0:
-        block["ratio"] = ratio
+    if name == "offload_optimizer" and float(setup.offload_ratio) != 1.0:
+        block["ratio"] = float(setup.offload_ratio)
+    if name == "offload_param" and device == "nvme":
+        for key, value, default in (
+                ("buffer_count", setup.param_buffer_count, DEFAULT_PARAM_BUFFER_COUNT),
+                ("buffer_size", setup.param_buffer_size, DEFAULT_PARAM_BUFFER_SIZE),
+                ("max_in_cpu", setup.param_max_in_cpu, DEFAULT_PARAM_MAX_IN_CPU)):
+            if value != default or key in previous:
+                block[key] = value
     return block
 
 
@@ -437,8 +465,8 @@ def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = No
         was = (previous[name] or {}).get("device", "none") if isinstance(previous[name], dict) \
             else "none"
         if device != "none":
-            ratio = float(setup.offload_ratio) if name == "offload_optimizer" else 1.0
-            zero_block[name] = _offload_block(device, previous[name], rec.nvme_path, ratio)
+            zero_block[name] = _offload_block(name, device, previous[name], rec.nvme_path,
+                                              setup)
         if device != was:
             notes.append(f"zero_optimization.{name}: {was} -> {device}")
     if option.offload_optimizer != "none" and "sub_group_size" not in zero_block and \
