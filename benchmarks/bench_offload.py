@@ -613,8 +613,9 @@ def findings(by, anchor, probe, args):
     io_bytes = sum(io["read_bytes"]) + sum(io["write_bytes"])
     rss = lambda s: max(s["rss_peak_bytes"])  # noqa: E731
     out.append(
-        f"1. **Saves (device).** CPU offload takes the fp32 master and Adam m, v (12Ψ/N = "
-        f"{_mib(loc(cpu, 'host'))} MiB per rank) off the device, so device model states fall "
+        f"1. **Saves (device).** CPU offload takes the fp32 master, Adam m, v and the gradient "
+        f"shard (12Ψ/N + 2Ψ/N = {_mib(loc(cpu, 'host'))} MiB per rank) off the device, so "
+        f"device model states fall "
         f"from {_mib(loc(z2, 'device'))} to {_mib(loc(cpu, 'device'))} MiB per rank at stage 2 "
         f"(-{1 - loc(cpu, 'device') / loc(z2, 'device'):.0%}; ratio 0.5 keeps "
         f"{_mib(loc(half, 'device'))} MiB there) and, with offload_param too, from "
