@@ -443,6 +443,25 @@ def _tune_and_run(tmp_path, budget, *extra):
     return tuned, run_distributed(_run_tuned, 2, args=(str(out),), timeout=120)
 
 
+def _tune_with_nvme(tmp_path, base: dict, budget: int, host_budget: int):
+    """`zero-mem tune` on the model with `base` as its config and an NVMe directory; returns
+    the written config's path, the NVMe directory and what the command printed."""
+    import contextlib
+    import io
+
+    base_path = tmp_path / "base.json"
+    base_path.write_text(json.dumps(base))
+    out = tmp_path / "tuned.json"
+    swap = tmp_path / "nvme"
+    swap.mkdir()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(["tune", "--model", DEEP_FACTORY, "--config", str(base_path),
+                         "--world-size", "2", "--budget", str(budget), "--host-budget",
+                         str(host_budget), "--nvme-path", str(swap), "--out", str(out)]) == 0
+    return out, swap, printed.getvalue()
+
+
 def test_the_tuner_recommends_offload_when_only_offload_fits_and_it_runs_within(tmp_path, capsys):
     shapes = est.shapes_from_factory(DEEP_FACTORY)
     setup = _setup()
@@ -493,16 +512,9 @@ def test_the_tuner_takes_nvme_when_the_host_budget_rules_the_host_out(tmp_path, 
     assert any(e.option.offload_optimizer == "nvme" for e in rec.not_built)
     assert "needs an NVMe path" in tuner.why_not(rec.not_built[0], None)
 
-    base = _config(3, "bf16", {"sub_group_size": 1000}, None)
-    base_path = tmp_path / "base.json"
-    base_path.write_text(json.dumps(base))
-    out = tmp_path / "tuned.json"
-    swap = tmp_path / "nvme"
-    swap.mkdir()
-    assert cli.main(["tune", "--model", DEEP_FACTORY, "--config", str(base_path),
-                     "--world-size", "2", "--budget", str(budget), "--host-budget",
-                     str(host_budget), "--nvme-path", str(swap), "--out", str(out)]) == 0
-    assert "recommended: stage 2 + optimizer on NVMe" in capsys.readouterr().out
+    out, swap, printed = _tune_with_nvme(tmp_path, _config(3, "bf16", {"sub_group_size": 1000}, None),
+                                         budget, host_budget)
+    assert "recommended: stage 2 + optimizer on NVMe" in printed
     tuned = json.loads(out.read_text())
     block = tuned["zero_optimization"]["offload_optimizer"]
     assert block["device"] == "nvme" and block["nvme_path"] == str(swap)
@@ -584,15 +596,8 @@ def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_pa
 
     base = _config(3, "bf16", {"sub_group_size": 1000}, None)
     base["zero_optimization"]["offload_param"] = {"device": "none", "buffer_count": 2}
-    base_path = tmp_path / "base.json"
-    base_path.write_text(json.dumps(base))
-    out = tmp_path / "tuned.json"
-    swap = tmp_path / "nvme"
-    swap.mkdir()
-    assert cli.main(["tune", "--model", DEEP_FACTORY, "--config", str(base_path),
-                     "--world-size", "2", "--budget", str(budget), "--host-budget",
-                     str(host_budget), "--nvme-path", str(swap), "--out", str(out)]) == 0
-    assert "recommended: stage 3 + optimizer on NVMe + params on NVMe" in capsys.readouterr().out
+    out, swap, printed = _tune_with_nvme(tmp_path, base, budget, host_budget)
+    assert "recommended: stage 3 + optimizer on NVMe + params on NVMe" in printed
     zero_block = json.loads(out.read_text())["zero_optimization"]
     assert zero_block["offload_param"] == {"device": "nvme", "pin_memory": True,
                                            "nvme_path": str(swap), "buffer_count": 2}

@@ -217,22 +217,27 @@ def test_a_full_disk_while_preallocating_the_swap_file_is_a_clear_error(tmp_path
     assert "File too large" in message or "No space left" in message
 
 
-def _truncated(rank, world, path):
+def _truncated(rank, world, config, swap_key="swap"):
+    """Trains a step, truncates the first group's swap file named by group_offload_info's
+    `swap_key` to one page (the drive lost the rest), trains again; returns the file and the
+    error."""
     import os
 
     import zero
 
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config(2, path, tile=1000))
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     training.train_engine(engine, rank, world, 1, GAS)
-    swap_file = engine._core.group_offload_info(0)["swap"].split(" (")[0]
-    os.truncate(swap_file, 4096)  # the drive lost the tail of the state
+    infos = [engine._core.group_offload_info(g) for g in range(engine._core.group_count)]
+    swap_file = next(info[swap_key] for info in infos if info[swap_key]).split(" (")[0]
+    os.truncate(swap_file, 4096)
     with pytest.raises(Exception) as info:
         training.train_engine(engine, rank, world, 1, GAS, first_step=1)
     return swap_file, str(info.value)
 
 
 def test_a_truncated_swap_file_is_a_short_read_error_not_silent_corruption(tmp_path):
-    swap_file, message = run_distributed(_truncated, 1, args=(str(tmp_path),))[0]
+    config = _config(2, str(tmp_path), tile=1000)
+    swap_file, message = run_distributed(_truncated, 1, args=(config,))[0]
     assert swap_file in message and "offset" in message
 
 

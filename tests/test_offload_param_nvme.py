@@ -8,7 +8,7 @@ import pytest
 
 import training
 from distributed_harness import run_distributed
-from test_offload import GAS, STEPS, _assert_same_training, _config, _resume, _train
+from test_offload import GAS, _assert_same_training, _config, _resume, _train, _truncated
 
 
 def _nvme_params(config, path, **keys):
@@ -175,23 +175,7 @@ def test_one_buffer_is_a_config_error(tmp_path):
     assert "zero_optimization.offload_param.buffer_count" in message and "at least 2" in message
 
 
-def _truncated_params(rank, world, path):
-    import os
-
-    import zero
-
-    config = _nvme_params(_config(3, "cpu"), path, buffer_count=2)
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
-    training.train_engine(engine, rank, world, 1, GAS)
-    group = next(g for g in range(engine._core.group_count)
-                 if engine._core.group_offload_info(g)["params_offloaded"])
-    swap_file = engine._core.group_offload_info(group)["param_swap"].split(" (")[0]
-    os.truncate(swap_file, 4096)  # the drive lost every unit but the first
-    with pytest.raises(Exception) as info:
-        training.train_engine(engine, rank, world, 1, GAS, first_step=1)
-    return swap_file, str(info.value)
-
-
 def test_a_truncated_parameter_swap_file_is_a_short_read_error(tmp_path):
-    swap_file, message = run_distributed(_truncated_params, 1, args=(str(tmp_path),))[0]
+    config = _nvme_params(_config(3, "cpu"), str(tmp_path), buffer_count=2)
+    swap_file, message = run_distributed(_truncated, 1, args=(config, "param_swap"))[0]
     assert swap_file in message and "offset" in message
