@@ -530,6 +530,8 @@ void bind_engine(py::module_& m) {
                  partitioned != nullptr ? partitioned->param_swap_description() : "";
              out["param_swap_reads"] =
                  partitioned != nullptr ? partitioned->param_swap_reads() : 0;
+             out["param_swap_read_aheads"] =
+                 partitioned != nullptr ? partitioned->param_swap_read_aheads() : 0;
              return out;
            }, py::arg("group"))
       .def("group_load_optimizer_state",

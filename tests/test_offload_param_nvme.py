@@ -95,21 +95,30 @@ def _reads_per_step(rank, world, config):
     training.train_engine(engine, rank, world, 2, GAS)  # the first step records the order
     group = next(g for g in range(engine._core.group_count)
                  if engine._core.group_offload_info(g)["params_offloaded"])
-    before = engine._core.group_offload_info(group)["param_swap_reads"]
+    before = engine._core.group_offload_info(group)
     training.train_engine(engine, rank, world, 2, GAS, first_step=2)
-    reads = engine._core.group_offload_info(group)["param_swap_reads"] - before
-    return reads, engine._core.group_units(group), engine._core.schedule_stats()
+    after = engine._core.group_offload_info(group)
+    reads = after["param_swap_reads"] - before["param_swap_reads"]
+    read_aheads = after["param_swap_read_aheads"] - before["param_swap_read_aheads"]
+    return reads, read_aheads, engine._core.group_units(group)
 
 
-@pytest.mark.parametrize("buffers", [2, 64])
-def test_units_are_read_once_per_use_or_served_from_the_buffers(buffers, tmp_path):
-    (params_dir,) = _swap_dirs(tmp_path, "params")
-    config = _nvme_params(_config(3, "cpu"), params_dir, buffer_count=buffers)
-    reads, units, _ = run_distributed(_reads_per_step, 1, args=(config,))[0]
-    if buffers >= units:  # every unit stays in a buffer: no reads after the first
-        assert reads == 0
-    else:  # 2 steps x GAS micro-batches x (forward + backward) gathers at most
-        assert 0 < reads <= 2 * GAS * 2 * units
+def test_with_a_buffer_per_unit_nothing_is_read_after_the_first_step(tmp_path):
+    config = _nvme_params(_config(3, "cpu"), str(tmp_path), buffer_count=64)
+    reads, read_aheads, units = run_distributed(_reads_per_step, 1, args=(config,))[0]
+    assert units < 64 and reads == 0 and read_aheads == 0
+
+
+def test_units_are_read_ahead_of_their_gather(tmp_path):
+    # Two buffers for three units, and no all-gather prefetch (which would gather the next
+    # units itself, reading them on demand): once the order is recorded, the schedule starts
+    # the reads of the units ahead while the current one computes.
+    config = _nvme_params(_config(3, "cpu"), str(tmp_path), buffer_count=2)
+    config["zero_optimization"]["stage3_prefetch_bucket_size"] = 0
+    reads, read_aheads, units = run_distributed(_reads_per_step, 1, args=(config,))[0]
+    # 2 steps x GAS micro-batches x (forward + backward) gathers at most
+    assert units > 2 and 0 < reads <= 2 * GAS * 2 * units
+    assert 0 < read_aheads <= reads
 
 
 def test_parameters_on_nvme_with_a_partial_and_with_a_delayed_update(tmp_path):

@@ -95,6 +95,7 @@ std::size_t ParamSwap::acquire(std::size_t unit) {
   buffer.state = State::kFree;
   buffer.unit = unit;
   buffer.filled = 0;
+  buffer.ahead = false;
   buffer.last_use = ++clock_;
   return *index;
 }
@@ -121,12 +122,21 @@ void ParamSwap::start_write(Buffer& buffer) {
 void ParamSwap::prefetch(std::size_t unit) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!holds(unit) || buffer_of(unit)) return;
+  std::optional<std::size_t> pick;
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
-    if (buffers_[i].state == State::kFree) {
-      start_read(i, unit);
-      return;
+    const Buffer& buffer = buffers_[i];
+    if (buffer.state == State::kFree) {
+      pick = i;
+      break;
     }
+    const bool reclaimable = buffer.state == State::kClean && !buffer.ahead;
+    if (reclaimable && (!pick || buffer.last_use < buffers_[*pick].last_use)) pick = i;
   }
+  if (!pick) return;
+  settle(buffers_[*pick]);  // a clean buffer's own read may still be running
+  start_read(*pick, unit);
+  buffers_[*pick].ahead = true;
+  ++read_aheads_;
 }
 
 at::Tensor ParamSwap::read(std::size_t unit) {
@@ -142,6 +152,7 @@ at::Tensor ParamSwap::read(std::size_t unit) {
               "zero: unit ", unit, " is read while its buffer is lent out or being filled");
   settle(buffer);
   buffer.state = State::kTaken;
+  buffer.ahead = false;
   buffer.last_use = ++clock_;
   return shard_view(buffer);
 }
@@ -180,6 +191,7 @@ void ParamSwap::write_part(std::size_t unit, std::int64_t begin, const at::Tenso
     }
     buffers_[*index].state = State::kFilling;
     buffers_[*index].filled = begin;
+    buffers_[*index].ahead = false;
   }
   Buffer& buffer = buffers_[*index];
   TORCH_CHECK(begin == buffer.filled, "zero: unit ", unit, "'s new parameters arrived out of "

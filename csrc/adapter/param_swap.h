@@ -13,7 +13,7 @@
 //   filling   receiving the new shard piece by piece during an optimizer step;
 //   writing   a write of the unit in flight.
 // When every buffer is in use, the oldest write is waited for, else the least recently used
-// clean buffer is reclaimed. A read never races a write of the same unit: both go through the
+// clean buffer is reclaimed (read-aheads take only free or clean buffers). A read never races a write of the same unit: both go through the
 // unit's buffer.
 //
 // Thread safety: one mutex guards the table. The optimizer step calls write_part() from the
@@ -53,8 +53,9 @@ class ParamSwap {
   bool holds(std::size_t unit) const {
     return unit < unit_numel_.size() && unit_numel_[unit] > 0;
   }
-  // Starts reading the unit into a free buffer ahead of use; does nothing when none is free
-  // or the unit is already in a buffer (a hint never evicts).
+  // Starts reading the unit ahead of use into a free buffer, else into the least recently
+  // used clean one that no other read-ahead is holding; does nothing when there is none or
+  // the unit is already in a buffer.
   void prefetch(std::size_t unit);
   // The unit's shard in a host buffer (waiting for its read or write), valid until
   // finish_read(unit).
@@ -73,6 +74,7 @@ class ParamSwap {
   std::string description() const;  // the swap file and its I/O backend
   std::int64_t buffer_count() const { return static_cast<std::int64_t>(buffers_.size()); }
   std::int64_t reads() const { return reads_; }  // reads issued so far (tests, reports)
+  std::int64_t read_aheads() const { return read_aheads_; }  // of those, started by prefetch()
 
  private:
   enum class State { kFree, kClean, kTaken, kFilling, kWriting };
@@ -83,6 +85,7 @@ class ParamSwap {
     core::IoHandle io;
     std::int64_t filled = 0;
     std::uint64_t last_use = 0;
+    bool ahead = false;  // read by prefetch() and not used yet: other hints leave it alone
   };
 
   static std::string tile_name(std::size_t unit);
@@ -102,6 +105,7 @@ class ParamSwap {
   core::TrackedBytes nvme_bytes_;
   std::uint64_t clock_ = 0;
   std::int64_t reads_ = 0;
+  std::int64_t read_aheads_ = 0;
   mutable std::mutex mutex_;
 };
 

@@ -83,6 +83,9 @@ class Stage3Group : public Group {
     return param_swap_ ? param_swap_->description() : "";
   }
   std::int64_t param_swap_reads() const { return param_swap_ ? param_swap_->reads() : 0; }
+  std::int64_t param_swap_read_aheads() const {
+    return param_swap_ ? param_swap_->read_aheads() : 0;
+  }
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;
