@@ -188,3 +188,33 @@ def test_a_truncated_parameter_swap_file_is_a_short_read_error(tmp_path):
     config = _nvme_params(_config(3, "cpu"), str(tmp_path), buffer_count=2)
     swap_file, message = run_distributed(_truncated, 1, args=(config, "param_swap"))[0]
     assert swap_file in message and "offset" in message
+
+
+def _write_fails(rank, world, path):
+    import os
+    import resource
+    import signal
+
+    import zero
+
+    config = _nvme_params(_config(3, "cpu"), path, buffer_count=64)  # every unit stays cached
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, 1, GAS)
+    infos = [engine._core.group_offload_info(g) for g in range(engine._core.group_count)]
+    swap_file = next(info["param_swap"] for info in infos if info["param_swap"]).split(" (")[0]
+    # The drive fills up: the file shrinks to one page and may not grow past it, so every
+    # write-back but the first unit's fails (forward and backward run from the buffers).
+    os.truncate(swap_file, 4096)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+    with pytest.raises(Exception) as step_error:
+        training.train_engine(engine, rank, world, 1, GAS, first_step=1)
+    with pytest.raises(Exception) as later_error:  # the lost units are never read back silently
+        training.train_engine(engine, rank, world, 1, GAS, first_step=2)
+    return swap_file, str(step_error.value), str(later_error.value)
+
+
+def test_a_failed_parameter_write_is_an_error_and_the_unit_is_not_read_back(tmp_path):
+    swap_file, at_step, later = run_distributed(_write_fails, 1, args=(str(tmp_path),))[0]
+    assert swap_file in at_step and "errno" in at_step
+    assert "failed earlier" in later and "restore the run from a checkpoint" in later

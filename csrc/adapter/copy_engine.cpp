@@ -58,7 +58,12 @@ std::shared_future<void> CopyEngine::submit(std::function<void()> copies) {
     return worker_.submit([stream = stream_->stream, queued, copies = std::move(copies)] {
       c10::cuda::CUDAStreamGuard guard(stream);
       queued->block(stream);
-      copies();
+      try {
+        copies();
+      } catch (...) {
+        stream.synchronize();  // nothing already queued may outlive the batch
+        throw;
+      }
       stream.synchronize();  // the batch is done when its bytes are
     });
   }

@@ -372,6 +372,7 @@ void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
       if (c + 1 < chunk_count()) begin_chunk(c + 1);
       update_chunk(c, slot, hyper, grad_scale, step);
       if (nvme()) writes[slot] = write_chunk(c, slot);
+      if (params_out[slot].valid()) params_out[slot].get();  // chunk c-2's: done, rethrows
       params_out[slot] = stage_out(c);
     }
     for (int slot = 0; slot < 2; ++slot) {

@@ -20,6 +20,7 @@ ParamSwap::ParamSwap(core::MemoryRegistry& registry, const std::vector<std::int6
   // Page-multiple buffers in one page-aligned slab: each starts O_DIRECT-aligned.
   const auto buffer_bytes = static_cast<std::int64_t>(
       core::round_up(static_cast<std::size_t>(largest) * element_bytes()));
+  lost_.assign(unit_numel_.size(), false);
   const std::vector<core::HostRegion> regions(
       static_cast<std::size_t>(options.buffer_count),
       core::HostRegion{core::MemoryCategory::kStaging, buffer_bytes});
@@ -71,8 +72,22 @@ std::optional<std::size_t> ParamSwap::buffer_of(std::size_t unit) const {
 }
 
 void ParamSwap::settle(Buffer& buffer) {
-  if (buffer.io.pending()) buffer.io.wait();
+  try {
+    if (buffer.io.pending()) buffer.io.wait();
+  } catch (...) {
+    // A failed read leaves garbage in the buffer; a failed write leaves the unit's only
+    // up-to-date copy unsaved: either way the buffer no longer stands for the tile.
+    if (buffer.state == State::kWriting) lost_.at(buffer.unit) = true;
+    buffer.state = State::kFree;
+    throw;
+  }
   if (buffer.state == State::kWriting) buffer.state = State::kClean;
+}
+
+void ParamSwap::check_not_lost(std::size_t unit) const {
+  TORCH_CHECK(!lost_.at(unit), "zero: writing the parameters of unit ", unit, " to ",
+              description(), " failed earlier, so the file holds stale values for it; restore "
+              "the run from a checkpoint (and check the drive: free space, errors in dmesg)");
 }
 
 std::size_t ParamSwap::acquire(std::size_t unit) {
@@ -84,9 +99,16 @@ std::size_t ParamSwap::acquire(std::size_t unit) {
     }
     return oldest;
   };
+  // Free first; then a write that has finished (nothing to wait for); then the least
+  // recently used clean buffer (a cache entry); waiting for a write in flight comes last.
   std::optional<std::size_t> index = pick(State::kFree);
-  if (!index) index = pick(State::kWriting);
+  if (!index) {
+    for (std::size_t i = 0; i < buffers_.size() && !index; ++i) {
+      if (buffers_[i].state == State::kWriting && buffers_[i].io.ready()) index = i;
+    }
+  }
   if (!index) index = pick(State::kClean);
+  if (!index) index = pick(State::kWriting);
   TORCH_CHECK(index.has_value(), "zero: all ", buffers_.size(), " offload_param buffers are in "
               "use while unit ", unit, " needs one; raise zero_optimization.offload_param."
               "buffer_count");
@@ -100,28 +122,44 @@ std::size_t ParamSwap::acquire(std::size_t unit) {
   return *index;
 }
 
+// The buffer's state changes only once the request is submitted: a refused submission
+// leaves a free buffer (read) or a lost unit (write).
 void ParamSwap::start_read(std::size_t index, std::size_t unit) {
+  check_not_lost(unit);
   Buffer& buffer = buffers_[index];
+  buffer.io = swap_->read_async(tile_name(unit), static_cast<std::byte*>(buffer.memory.data_ptr()),
+                                pool_->region_bytes(index));
   buffer.unit = unit;
   buffer.state = State::kClean;
   buffer.last_use = ++clock_;
-  buffer.io = swap_->read_async(tile_name(unit), static_cast<std::byte*>(buffer.memory.data_ptr()),
-                                pool_->region_bytes(index));
   ++reads_;
 }
 
 void ParamSwap::start_write(Buffer& buffer) {
   const std::size_t index = static_cast<std::size_t>(&buffer - buffers_.data());
+  try {
+    buffer.io = swap_->write_async(tile_name(buffer.unit),
+                                   static_cast<const std::byte*>(buffer.memory.data_ptr()),
+                                   pool_->region_bytes(index));
+  } catch (...) {
+    lost_.at(buffer.unit) = true;
+    buffer.state = State::kFree;
+    throw;
+  }
   buffer.state = State::kWriting;
   buffer.last_use = ++clock_;
-  buffer.io = swap_->write_async(tile_name(buffer.unit),
-                                 static_cast<const std::byte*>(buffer.memory.data_ptr()),
-                                 pool_->region_bytes(index));
 }
 
 void ParamSwap::prefetch(std::size_t unit) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!holds(unit) || buffer_of(unit)) return;
+  if (!holds(unit) || lost_[unit]) return;
+  if (const std::optional<std::size_t> held = buffer_of(unit)) {
+    if (buffers_[*held].state == State::kClean) {  // already here: keep it for its gather
+      buffers_[*held].ahead = true;
+      buffers_[*held].last_use = ++clock_;
+    }
+    return;
+  }
   std::optional<std::size_t> pick;
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     const Buffer& buffer = buffers_[i];
@@ -142,6 +180,7 @@ void ParamSwap::prefetch(std::size_t unit) {
 at::Tensor ParamSwap::read(std::size_t unit) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(holds(unit), "zero: unit ", unit, " does not live on NVMe");
+  check_not_lost(unit);
   std::optional<std::size_t> index = buffer_of(unit);
   if (!index) {
     index = acquire(unit);
@@ -176,26 +215,26 @@ void ParamSwap::write_part(std::size_t unit, std::int64_t begin, const at::Tenso
   TORCH_CHECK(holds(unit), "zero: unit ", unit, " does not live on NVMe");
   std::optional<std::size_t> index = buffer_of(unit);
   if (!index || buffers_[*index].state != State::kFilling) {
-    // Start filling at `begin`; [0, begin) keeps the values on disk (a step that updates only
-    // the shard's tail on the host, ratio < 1, stores just the unit's tail).
+    // A fill starts at the unit's first element: every piece of it is about to be replaced.
+    TORCH_CHECK(begin == 0, "zero: unit ", unit, "'s new parameters start at element ", begin,
+                ", not 0; every piece of an NVMe unit must be stored, in order");
     if (index) {
       TORCH_CHECK(buffers_[*index].state != State::kTaken, "zero: unit ", unit,
                   " is written while read() lends its buffer out");
-      settle(buffers_[*index]);  // the buffer holds the unit as on disk
+      settle(buffers_[*index]);
     } else {
       index = acquire(unit);
-      if (begin > 0) {
-        start_read(*index, unit);
-        settle(buffers_[*index]);
-      }
     }
     buffers_[*index].state = State::kFilling;
-    buffers_[*index].filled = begin;
+    buffers_[*index].filled = 0;
     buffers_[*index].ahead = false;
+    lost_[unit] = false;  // the whole unit is being written afresh
   }
   Buffer& buffer = buffers_[*index];
-  TORCH_CHECK(begin == buffer.filled, "zero: unit ", unit, "'s new parameters arrived out of "
-              "order (at ", begin, ", expected ", buffer.filled, ")");
+  TORCH_CHECK(begin == buffer.filled && begin + values.numel() <= unit_numel_[unit], "zero: unit ",
+              unit, "'s new parameters arrived out of order or past its end (elements [", begin,
+              ", ", begin + values.numel(), ") after ", buffer.filled, " of ", unit_numel_[unit],
+              ")");
   buffer.memory.narrow(0, begin, values.numel()).copy_(values.reshape({-1}));
   buffer.filled += values.numel();
   if (buffer.filled == unit_numel_[unit]) start_write(buffer);
@@ -204,9 +243,12 @@ void ParamSwap::write_part(std::size_t unit, std::int64_t begin, const at::Tenso
 void ParamSwap::flush() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (Buffer& buffer : buffers_) {
-    TORCH_CHECK(buffer.state != State::kFilling, "zero: unit ", buffer.unit,
-                "'s new parameters are incomplete (", buffer.filled, " of ",
-                unit_numel_[buffer.unit], " elements)");
+    if (buffer.state == State::kFilling) {  // a step that failed part-way through this unit
+      lost_.at(buffer.unit) = true;
+      buffer.state = State::kFree;
+      TORCH_CHECK(false, "zero: unit ", buffer.unit, "'s new parameters are incomplete (",
+                  buffer.filled, " of ", unit_numel_[buffer.unit], " elements stored)");
+    }
     if (buffer.state == State::kWriting) settle(buffer);
   }
 }

@@ -12,9 +12,10 @@
 //   taken     lent out by read() until finish_read();
 //   filling   receiving the new shard piece by piece during an optimizer step;
 //   writing   a write of the unit in flight.
-// When every buffer is in use, the oldest write is waited for, else the least recently used
-// clean buffer is reclaimed (read-aheads take only free or clean buffers). A read never races a write of the same unit: both go through the
-// unit's buffer.
+// When no buffer is free, a finished write's buffer is taken, else the least recently used
+// clean one, else the oldest write is waited for. Read-aheads take only free or clean buffers
+// that no other read-ahead holds. A failed write marks its unit lost: reading it is an error.
+// A read never races a write of the same unit: both go through the unit's buffer.
 //
 // Thread safety: one mutex guards the table. The optimizer step calls write_part() from the
 // copy worker while the engine thread waits for the step.
@@ -63,10 +64,11 @@ class ParamSwap {
   void finish_read(std::size_t unit);
   // Stores the whole shard (copied; the write completes in the background).
   void write(std::size_t unit, const at::Tensor& values);
-  // Stores [begin, begin + values.numel()) of the shard. Pieces arrive in order up to the
-  // shard's end, where the write starts; elements before the first piece keep their values.
+  // Stores [begin, begin + values.numel()) of the shard. Pieces arrive in order from element
+  // 0 to the shard's end, where the write starts.
   void write_part(std::size_t unit, std::int64_t begin, const at::Tensor& values);
-  // Waits for every write in flight (and throws the first failure).
+  // After a step: waits for every write in flight and throws the first failure; a unit left
+  // part-way filled (a step that failed) is an error too.
   void flush();
 
   bool pinned() const { return pool_->pinned(); }
@@ -91,7 +93,8 @@ class ParamSwap {
   static std::string tile_name(std::size_t unit);
   std::optional<std::size_t> buffer_of(std::size_t unit) const;
   std::size_t acquire(std::size_t unit);  // a free buffer, reclaiming one if needed
-  void settle(Buffer& buffer);            // waits for its I/O
+  void settle(Buffer& buffer);            // waits for its I/O; a failure frees the buffer
+  void check_not_lost(std::size_t unit) const;
   void start_read(std::size_t index, std::size_t unit);
   void start_write(Buffer& buffer);
   at::Tensor shard_view(const Buffer& buffer) const;
@@ -106,6 +109,7 @@ class ParamSwap {
   std::uint64_t clock_ = 0;
   std::int64_t reads_ = 0;
   std::int64_t read_aheads_ = 0;
+  std::vector<bool> lost_;  // per unit: a write failed, the file's copy is stale
   mutable std::mutex mutex_;
 };
 

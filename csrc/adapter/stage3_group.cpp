@@ -169,26 +169,38 @@ at::Tensor Stage3Group::shard_piece(const at::Tensor& shard, std::size_t unit) c
 void Stage3Group::fetch(std::size_t index) {
   Unit& unit = units_.at(index);
   if (unit.resident) return;
+  // The shard piece to send first: if bringing it to the device fails, the unit stays
+  // released and nothing is lent out.
+  at::Tensor source = on_nvme(index) ? at::Tensor() : shard_piece(param_shard_, index);
+  if (params_offloaded()) {  // collectives send from the device
+    unit.staging = device_buffer(registry_, core::MemoryCategory::kStaging,
+                                 layout_.unit(index).shard_numel(), model_options_);
+    if (on_nvme(index)) {
+      const at::Tensor host = param_swap_->read(index);
+      try {
+        unit.staging.tensor().copy_(host);
+      } catch (...) {
+        param_swap_->finish_read(index);
+        unit.staging.reset();
+        throw;
+      }
+      param_swap_->finish_read(index);
+    } else {
+      unit.staging.tensor().copy_(source);
+    }
+    source = unit.staging.tensor();
+  }
   const core::FlatBufferPlan& plan = layout_.unit(index);
-  const auto options = model_options_;
   const std::int64_t bytes = plan.numel() * static_cast<std::int64_t>(c10::elementSize(
-                                                 options.dtype().toScalarType()));
+                                                 model_options_.dtype().toScalarType()));
   if (!unit.gathered.defined()) {
-    unit.gathered = at::empty({plan.numel()}, options);
+    unit.gathered = at::empty({plan.numel()}, model_options_);
   } else {
     allocate_storage(unit.gathered, static_cast<std::size_t>(bytes));
   }
   unit.tracking = core::TrackedBytes(&registry_, core::MemoryCategory::kGatheredParam,
                                      core::MemoryLocation::kDevice, bytes);
   unit.resident = true;
-  at::Tensor source = on_nvme(index) ? param_swap_->read(index) : shard_piece(param_shard_, index);
-  if (params_offloaded()) {  // collectives send from the device
-    unit.staging = device_buffer(registry_, core::MemoryCategory::kStaging, source.numel(),
-                                 options);
-    unit.staging.tensor().copy_(source);
-    source = unit.staging.tensor();
-    if (on_nvme(index)) param_swap_->finish_read(index);
-  }
   unit.in_flight = communicator_.all_gather(unit.gathered, source);
 }
 
@@ -339,7 +351,11 @@ std::vector<ShardPiece> Stage3Group::shard_pieces() const {
   return pieces;
 }
 
-void Stage3Group::gather_params() {}
+// After the step: the NVMe units' new parameters must all be on their way to the file, and a
+// write that failed is reported here rather than at some later gather.
+void Stage3Group::gather_params() {
+  if (param_swap_) param_swap_->flush();
+}
 
 void Stage3Group::zero_grads() { grad_shard_.zero_(); }
 

@@ -70,7 +70,7 @@ class Stage3Group : public Group {
   void finish_backward(bool boundary) override;
   bool has_nonfinite_grads() const override;
   double grad_square_sum() const override;
-  void gather_params() override;  // nothing: parameters are gathered on demand
+  void gather_params() override;  // parameters are gathered on demand; flushes NVMe writes
   void zero_grads() override;
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return model_options_.device(); }
