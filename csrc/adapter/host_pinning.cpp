@@ -1,5 +1,6 @@
 #include "adapter/host_pinning.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
 #ifdef ZERO_WITH_CUDA
@@ -34,6 +35,25 @@ HostTensor::HostTensor(core::MemoryRegistry& registry, core::MemoryCategory cate
   pool_ = std::make_unique<core::HostPool>(std::vector<core::HostRegion>{{category, bytes}},
                                            registry, pin ? &pinning : nullptr);
   tensor_ = at::from_blob(pool_->region(0), {numel}, at::TensorOptions().dtype(dtype));
+}
+
+PlacedBuffer::PlacedBuffer(core::MemoryRegistry& registry, core::MemoryCategory category,
+                           std::int64_t numel, const c10::TensorOptions& options, bool on_host,
+                           bool pin)
+    : on_host_(on_host) {
+  if (!on_host) {
+    device_ = device_buffer(registry, category, numel, options);
+    tensor_ = device_.tensor();
+  } else if (numel > 0) {
+    host_ = HostTensor(registry, category, numel, options.dtype().toScalarType(), pin);
+    tensor_ = host_.tensor();
+  } else {  // nothing to hold (e.g. every parameter unit on NVMe)
+    tensor_ = at::empty({0}, options.device(at::kCPU));
+  }
+}
+
+std::string PlacedBuffer::why_not_pinned() const {
+  return host_.defined() && !host_.pinned() ? host_.why_not_pinned() : "";
 }
 
 }  // namespace zero::adapter

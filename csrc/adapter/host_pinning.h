@@ -6,6 +6,7 @@
 
 #include <ATen/Tensor.h>
 
+#include "adapter/tracked_tensor.h"
 #include "core/host_pool.h"
 
 namespace zero::adapter {
@@ -28,6 +29,27 @@ class HostTensor {
  private:
   std::unique_ptr<core::HostPool> pool_;
   at::Tensor tensor_;  // views the pool's memory
+};
+
+// A zero-filled engine buffer of `options`' dtype that lives on the compute device, or, when
+// offloaded, in host memory (a HostTensor): a shard that offload may move off the device.
+class PlacedBuffer {
+ public:
+  PlacedBuffer() = default;
+  PlacedBuffer(core::MemoryRegistry& registry, core::MemoryCategory category, std::int64_t numel,
+               const c10::TensorOptions& options, bool on_host, bool pin);
+
+  const at::Tensor& tensor() const { return tensor_; }
+  bool on_host() const { return on_host_; }
+  bool pinned() const { return host_.pinned(); }
+  // Why a host buffer is pageable ("" when pinned, empty or on the device).
+  std::string why_not_pinned() const;
+
+ private:
+  TrackedTensor device_;
+  HostTensor host_;
+  at::Tensor tensor_;
+  bool on_host_ = false;
 };
 
 }  // namespace zero::adapter

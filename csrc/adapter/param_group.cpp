@@ -49,18 +49,10 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
   const std::int64_t shard = layout_.shard_numel();
   refresh_master();
   if (options_.stage == 2) {
-    if (grads_offloaded(options_)) {
-      grad_shard_host_ = HostTensor(registry, core::MemoryCategory::kGradient, shard,
-                                    model_options.dtype().toScalarType(),
-                                    options_.offload.pin_memory);
-      grad_shard_ = grad_shard_host_.tensor();
-    } else {
-      grad_shard_device_ =
-          device_buffer(registry, core::MemoryCategory::kGradient, shard, model_options);
-      grad_shard_ = grad_shard_device_.tensor();
-    }
+    grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient, shard, model_options,
+                               grads_offloaded(options_), options_.offload.pin_memory);
     reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
-                                             options_.overlap_comm, grad_shard_, registry,
+                                             options_.overlap_comm, grad_shard_.tensor(), registry,
                                              communicator_, std::vector<std::size_t>{},
                                              model_options);
   } else {
@@ -88,7 +80,7 @@ at::Tensor ParamGroup::shard_piece(const at::Tensor& shard, std::size_t unit) co
 }
 
 at::Tensor ParamGroup::grad_piece(std::size_t unit) const {
-  return options_.stage == 2 ? shard_piece(grad_shard_, unit)
+  return options_.stage == 2 ? shard_piece(grad_shard_.tensor(), unit)
                              : full_piece(grad_full_.tensor(), unit);
 }
 
@@ -134,7 +126,7 @@ std::optional<std::size_t> ParamGroup::grad_ready(std::size_t index, bool bounda
 void ParamGroup::finish_backward(bool /*boundary*/) { reducer_->reset(); }
 
 bool ParamGroup::has_nonfinite_grads() const {
-  if (options_.stage == 2) return !at::isfinite(grad_shard_).all().item<bool>();
+  if (options_.stage == 2) return !at::isfinite(grad_shard_.tensor()).all().item<bool>();
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
     if (!at::isfinite(grad_piece(u)).all().item<bool>()) return true;
   }
@@ -142,7 +134,7 @@ bool ParamGroup::has_nonfinite_grads() const {
 }
 
 double ParamGroup::grad_square_sum() const {
-  if (options_.stage == 2) return grad_shard_.to(at::kFloat).square().sum().item<double>();
+  if (options_.stage == 2) return grad_shard_.tensor().to(at::kFloat).square().sum().item<double>();
   at::Tensor total = at::zeros({}, grad_full_.tensor().options().dtype(at::kFloat));
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
     total.add_(grad_piece(u).to(at::kFloat).square().sum());
@@ -171,7 +163,7 @@ void ParamGroup::gather_params() {
 
 void ParamGroup::zero_grads() {
   if (grad_full_.defined()) grad_full_.tensor().zero_();
-  if (grad_shard_.defined()) grad_shard_.zero_();
+  if (grad_shard_.tensor().defined()) grad_shard_.tensor().zero_();
 }
 
 at::Tensor ParamGroup::master_shard() const {

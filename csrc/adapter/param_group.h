@@ -75,7 +75,7 @@ class ParamGroup : public Group {
 
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return param_buffer_.tensor().device(); }
-  bool grads_on_host() const override { return grad_shard_host_.defined(); }
+  bool grads_on_host() const override { return grad_shard_.on_host(); }
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;
@@ -100,9 +100,7 @@ class ParamGroup : public Group {
   core::ShardedLayout layout_;
   TrackedTensor param_buffer_;
   TrackedTensor grad_full_;   // stages 0, 1
-  TrackedTensor grad_shard_device_;  // stage 2: on the device ...
-  HostTensor grad_shard_host_;       // ... or in host memory (grads_offloaded)
-  at::Tensor grad_shard_;
+  PlacedBuffer grad_shard_;  // stage 2: on the device, or in host memory (grads_offloaded)
   ShardState state_;
   std::unique_ptr<GradReducer> reducer_;
 };

@@ -66,15 +66,9 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     if (params_[i].requires_grad()) ++unit.trainable;
   }
   place_param_shard();
-  if (grads_offloaded(options_)) {
-    grad_shard_host_ = HostTensor(registry, core::MemoryCategory::kGradient, layout_.shard_numel(),
-                                  model_options_.dtype().toScalarType(), options_.offload.pin_memory);
-    grad_shard_ = grad_shard_host_.tensor();
-  } else {
-    grad_shard_device_ = device_buffer(registry, core::MemoryCategory::kGradient,
-                                       layout_.shard_numel(), model_options_);
-    grad_shard_ = grad_shard_device_.tensor();
-  }
+  grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient, layout_.shard_numel(),
+                             model_options_, grads_offloaded(options_),
+                             options_.offload.pin_memory);
   fill_shard(full_shapes);
   refresh_master();
   std::vector<std::size_t> expected;
@@ -83,7 +77,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     expected.push_back(unit.trainable);
   }
   reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
-                                           options_.overlap_comm, grad_shard_, registry,
+                                           options_.overlap_comm, grad_shard_.tensor(), registry,
                                            communicator_, std::move(expected), model_options_);
 }
 
@@ -121,19 +115,9 @@ void Stage3Group::place_param_shard() {
                                                 model_options.dtype().toScalarType(), swap);
     }
   }
-  if (offload.enabled) {
-    if (host_numel_ > 0) {
-      param_shard_host_ = HostTensor(registry_, core::MemoryCategory::kParam, host_numel_,
-                                     model_options.dtype().toScalarType(), offload.pin);
-      param_shard_ = param_shard_host_.tensor();
-    } else {
-      param_shard_ = at::empty({0}, model_options.device(at::kCPU));
-    }
-  } else {
-    param_shard_device_ = device_buffer(registry_, core::MemoryCategory::kParam,
-                                        layout_.shard_numel(), model_options);
-    param_shard_ = param_shard_device_.tensor();
-  }
+  // Offloaded: the host holds the shard but for its NVMe units.
+  param_shard_ = PlacedBuffer(registry_, core::MemoryCategory::kParam, host_numel_, model_options,
+                              offload.enabled, offload.pin);
 }
 
 // Copies this rank's slices of every full parameter into its shard (unit by unit, so an NVMe
@@ -145,7 +129,7 @@ void Stage3Group::fill_shard(const std::vector<std::vector<std::int64_t>>& full_
   for (std::size_t u = 0; u < units_.size(); ++u) {
     const at::Tensor target = on_nvme(u)
         ? at::zeros({layout_.unit(u).shard_numel()}, model_options.device(at::kCPU))
-        : shard_piece(param_shard_, u);
+        : shard_piece(param_shard_.tensor(), u);
     bool filled = false;
     for (const std::size_t i : units_[u].params) {
       if (i < full_shapes.size() && !full_shapes[i].empty()) continue;
@@ -171,7 +155,7 @@ void Stage3Group::fetch(std::size_t index) {
   if (unit.resident) return;
   // The shard piece to send first: if bringing it to the device fails, the unit stays
   // released and nothing is lent out.
-  at::Tensor source = on_nvme(index) ? at::Tensor() : shard_piece(param_shard_, index);
+  at::Tensor source = on_nvme(index) ? at::Tensor() : shard_piece(param_shard_.tensor(), index);
   if (params_offloaded()) {  // collectives send from the device
     unit.staging = device_buffer(registry_, core::MemoryCategory::kStaging,
                                  layout_.unit(index).shard_numel(), model_options_);
@@ -210,9 +194,8 @@ void Stage3Group::read_ahead(std::size_t unit) {
 
 std::string Stage3Group::why_params_not_pinned() const {
   if (!options_.offload_param.enabled) return "";
-  if (param_shard_host_.defined() && !param_shard_host_.pinned()) {
-    return param_shard_host_.why_not_pinned();
-  }
+  const std::string why = param_shard_.why_not_pinned();
+  if (!why.empty()) return why;
   return param_swap_ ? param_swap_->why_not_pinned() : "";
 }
 
@@ -269,14 +252,14 @@ void Stage3Group::commit(std::size_t index) {
   if (on_nvme(index)) {
     param_swap_->write(index, mine);
   } else {
-    shard_piece(param_shard_, index).copy_(mine);
+    shard_piece(param_shard_.tensor(), index).copy_(mine);
   }
   if (state_.has_master()) state_.write_master(layout_.shard_offset(index), mine);
 }
 
 void Stage3Group::refresh_master() {
   if (!state_.has_master()) return;
-  state_.write_master(0, param_shard_.narrow(0, 0, host_numel_));
+  state_.write_master(0, param_shard_.tensor().narrow(0, 0, host_numel_));
   // NVMe units in batches of about one offload chunk: the master may be on NVMe too, where
   // each write is a read-modify-write of whole chunks.
   constexpr std::int64_t kBatch = std::int64_t{1} << 22;
@@ -326,11 +309,11 @@ void Stage3Group::finish_backward(bool /*boundary*/) {
 }
 
 bool Stage3Group::has_nonfinite_grads() const {
-  return !at::isfinite(grad_shard_).all().item<bool>();
+  return !at::isfinite(grad_shard_.tensor()).all().item<bool>();
 }
 
 double Stage3Group::grad_square_sum() const {
-  return grad_shard_.to(at::kFloat).square().sum().item<double>();
+  return grad_shard_.tensor().to(at::kFloat).square().sum().item<double>();
 }
 
 std::vector<ShardPiece> Stage3Group::shard_pieces() const {
@@ -338,14 +321,14 @@ std::vector<ShardPiece> Stage3Group::shard_pieces() const {
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
     if (on_nvme(u)) {
       ParamSwap* swap = param_swap_.get();
-      pieces.push_back({shard_piece(grad_shard_, u), at::Tensor(),
+      pieces.push_back({shard_piece(grad_shard_.tensor(), u), at::Tensor(),
                         layout_.shard_offset(u),
                         [swap, u](std::int64_t begin, const at::Tensor& values) {
                           swap->write_part(u, begin, values);
                         }});
       continue;
     }
-    pieces.push_back({shard_piece(grad_shard_, u), shard_piece(param_shard_, u),
+    pieces.push_back({shard_piece(grad_shard_.tensor(), u), shard_piece(param_shard_.tensor(), u),
                       layout_.shard_offset(u)});
   }
   return pieces;
@@ -357,11 +340,11 @@ void Stage3Group::gather_params() {
   if (param_swap_) param_swap_->flush();
 }
 
-void Stage3Group::zero_grads() { grad_shard_.zero_(); }
+void Stage3Group::zero_grads() { grad_shard_.tensor().zero_(); }
 
 at::Tensor Stage3Group::master_shard() const {
   return state_.has_master() ? state_.read_master(0, layout_.shard_numel())
-                             : param_shard_.clone();
+                             : param_shard_.tensor().clone();
 }
 
 void Stage3Group::load_master_shard(const at::Tensor& saved) {
@@ -369,7 +352,7 @@ void Stage3Group::load_master_shard(const at::Tensor& saved) {
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
               "; the checkpoint was written for another model or world size");
   if (state_.has_master()) state_.write_master(0, saved);
-  param_shard_.copy_(saved.narrow(0, 0, host_numel_));
+  param_shard_.tensor().copy_(saved.narrow(0, 0, host_numel_));
   for (std::size_t u = 0; u < units_.size(); ++u) {
     if (on_nvme(u)) param_swap_->write(u, shard_piece(saved, u));
   }

@@ -74,7 +74,7 @@ class Stage3Group : public Group {
   void zero_grads() override;
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return model_options_.device(); }
-  bool grads_on_host() const override { return grad_shard_host_.defined(); }
+  bool grads_on_host() const override { return grad_shard_.on_host(); }
   bool params_offloaded() const { return options_.offload_param.enabled; }
   std::string why_params_not_pinned() const;
   // offload_param "nvme": the shard elements on NVMe, the swap file, its reads so far.
@@ -121,15 +121,11 @@ class Stage3Group : public Group {
   core::ShardedLayout layout_;
   // This rank's 16-bit (or fp32) parameters: on the device, or in host memory with
   // offload_param (then each gather first copies the unit's piece to the device).
-  TrackedTensor param_shard_device_;
-  HostTensor param_shard_host_;
-  at::Tensor param_shard_;      // the shard's first host_numel_ elements (all but NVMe's)
+  PlacedBuffer param_shard_;  // the shard's first host_numel_ elements (all but NVMe's)
   std::int64_t host_numel_ = 0;
   std::unique_ptr<ParamSwap> param_swap_;  // offload_param "nvme": the rest
   c10::TensorOptions model_options_;  // the parameters' dtype and device
-  TrackedTensor grad_shard_device_;   // on the device, or in host memory (grads_offloaded)
-  HostTensor grad_shard_host_;
-  at::Tensor grad_shard_;
+  PlacedBuffer grad_shard_;           // on the device, or in host memory (grads_offloaded)
   ShardState state_;
   std::vector<Unit> units_;
   std::unique_ptr<GradReducer> reducer_;
