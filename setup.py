@@ -87,6 +87,7 @@ def main():
             "zero = zero.launcher.runner:main",
             "zero-mem = zero.reports.cli:main",
         ]},
+        install_requires=["tqdm"],
         python_requires=">=3.10",
     )
 

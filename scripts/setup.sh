@@ -1,40 +1,96 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine of this kind (Debian, root, PyPI reachable):
-# system packages, Python packages, then the build. A second run only rebuilds what changed.
-set -euo pipefail
+# system packages, Python packages, the build, then the `zero` / `zero-mem` commands.
+# A second run checks what is there and only rebuilds what changed (seconds).
+#
+# Every step says what it does; a step that fails prints its command, the last lines of its
+# output and what to do, then exits 1. The full output of each step is in build/setup-logs/.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
+PYTHON="${PYTHON:-python3}"
+LOGS="build/setup-logs"
+mkdir -p "$LOGS"
+
+say() { echo "setup: $*"; }
+
+fail() {  # fail <what went wrong> <what to do>
+  say "FAILED: $1"
+  say "fix: $2"
+  exit 1
+}
+
+# run_step <name> <fix hint> <command...>: runs the command with its output in
+# $LOGS/<name>.log; on failure prints the command, the log's last lines and the fix.
+run_step() {
+  local name="$1" hint="$2"
+  shift 2
+  local log="$LOGS/$name.log"
+  if ! "$@" > "$log" 2>&1; then
+    say "FAILED: step '$name': $*"
+    say "last lines of $log:"
+    tail -n 40 "$log" | sed 's/^/    /'
+    fail "step '$name' exited non-zero" "$hint"
+  fi
+}
+
+# -- the interpreter ---------------------------------------------------------------------
+command -v "$PYTHON" >/dev/null || fail "no '$PYTHON' on PATH" \
+  "install Python 3.10+ (apt-get install python3 python3-venv python3-dev) or set PYTHON=/path/to/python3"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || fail \
+  "$("$PYTHON" --version 2>&1) is too old" "use Python 3.10 or newer (set PYTHON=/path/to/python3)"
+"$PYTHON" -m pip --version >/dev/null 2>&1 || fail "'$PYTHON -m pip' does not run" \
+  "install pip for this interpreter (apt-get install python3-pip, or $PYTHON -m ensurepip)"
+
+# -- system packages -----------------------------------------------------------------------
 missing=()
 for pkg in catch2 ccache cmake ninja-build g++ liburing-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
-  echo "setup: installing Debian packages: ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  [ "$(id -u)" = 0 ] || fail "Debian packages missing: ${missing[*]}" \
+    "run this script as root, or: sudo apt-get install -y ${missing[*]}"
+  say "installing Debian packages: ${missing[*]} (about a minute)"
+  run_step apt-update "check that Debian's package mirrors are reachable" apt-get update -qq
+  run_step apt-install "install them by hand: apt-get install -y ${missing[*]}" \
+    env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
-PIP="python3 -m pip install --disable-pip-version-check -q -c requirements/constraints.txt"
-if ! python3 -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
-  echo "setup: installing torch==2.13.0 (the CPU wheel on this machine)"
-  $PIP torch==2.13.0
+# -- Python packages -----------------------------------------------------------------------
+PIP=("$PYTHON" -m pip install --disable-pip-version-check -c requirements/constraints.txt)
+if ! "$PYTHON" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+  say "installing torch==2.13.0 (the CPU wheel on this machine; a few minutes)"
+  run_step pip-torch "pip must find torch==2.13.0 (a CPU wheel); see requirements/constraints.txt" \
+    "${PIP[@]}" torch==2.13.0
 fi
-if ! python3 -c "import pybind11, pytest, pytest_timeout, ninja, numpy, matplotlib" 2>/dev/null; then
-  echo "setup: installing Python packages from requirements/dev.txt"
-  $PIP -r requirements/dev.txt
+if ! "$PYTHON" scripts/check_requirements.py requirements/dev.txt 2>/dev/null; then
+  say "installing Python packages from requirements/dev.txt"
+  run_step pip-dev "install them by hand: $PYTHON -m pip install -r requirements/dev.txt" \
+    "${PIP[@]}" -r requirements/dev.txt
 fi
 
+# -- the build -------------------------------------------------------------------------------
 # ccache's compiler wrappers first on PATH: the extension build and CMake both hit the cache.
 export PATH="/usr/lib/ccache:$PATH"
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-echo "setup: building the core (CMake) and zero._C"
-python3 setup.py -q build_ext --inplace > build.log 2>&1 || { tail -n 60 build.log; exit 1; }
+say "building the core (CMake) and zero._C (about 3 minutes the first time, seconds after)"
+run_step build "read the compiler error above; 'rm -rf build' forces a clean rebuild" \
+  "$PYTHON" setup.py build_ext --inplace
 
-# Console scripts (`zero`, `zero-mem`) without rebuilding: an editable install of this
-# checkout (redone when the scripts are missing or point at another checkout).
-installed_at=$(python3 -m pip show zero 2>/dev/null | sed -n 's/^Editable project location: //p')
+# -- the commands --------------------------------------------------------------------------
+# `zero` and `zero-mem` come from an editable install of this checkout (no rebuild); it is
+# redone when a command is missing or the install points at another checkout.
+installed_at=$("$PYTHON" -m pip show zero 2>/dev/null | sed -n 's/^Editable project location: //p' || true)
 if ! command -v zero >/dev/null || ! command -v zero-mem >/dev/null || [ "$installed_at" != "$PWD" ]; then
-  ZERO_SKIP_EXT=1 python3 -m pip install --disable-pip-version-check -q --no-deps \
-    --no-build-isolation -e . >/dev/null
+  say "installing the zero and zero-mem commands (editable install of $PWD)"
+  run_step pip-editable "install by hand: ZERO_SKIP_EXT=1 $PYTHON -m pip install --no-deps --no-build-isolation -e ." \
+    env ZERO_SKIP_EXT=1 "$PYTHON" -m pip install --disable-pip-version-check --no-deps \
+    --no-build-isolation -e .
 fi
-echo "setup: done"
+command -v zero >/dev/null || fail "the 'zero' command is not on PATH after the install" \
+  "add $("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))') to PATH"
+"$PYTHON" -c "import zero._C" 2>"$LOGS/import.log" || {
+  tail -n 20 "$LOGS/import.log" | sed 's/^/    /'
+  fail "zero._C was built but does not import" "rm -rf build zero/_C*.so and run this script again"
+}
+say "done"

@@ -78,6 +78,12 @@ child = subprocess.Popen(["sleep", "120"])
 (OUT / f"ready{os.environ['RANK']}").write_text("")
 time.sleep(120)
 """,
+    # no torch: says it is ready, sleeps (no children)
+    "idle.py": RECORD_PID + """
+import time
+(OUT / f"ready{os.environ['RANK']}").write_text("")
+time.sleep(120)
+""",
     "probe.sh": """#!/bin/sh
 echo "$RANK $*" > "$OUT_DIR/probe_sh_$RANK.txt"
 """,
@@ -227,10 +233,11 @@ def explain(proc):
 def test_cpu_ranks_init_and_all_reduce(sandbox):
     """A 2-rank and a 4-rank job, run side by side to save time."""
     jobs = {}
-    for nprocs in (2, 4):
+    for nprocs in (2, 4):   # the 4-rank job prefixes its output lines
         out = sandbox.out / f"job{nprocs}"
+        prefix = ["--rank_prefix"] if nprocs == 4 else []
         jobs[nprocs] = sandbox.start(
-            ["--num_procs", str(nprocs), "--master_port", str(free_port()),
+            ["--num_procs", str(nprocs), "--master_port", str(free_port()), *prefix,
              "--enable_each_rank_log", str(out / "logs"), "dist_job.py", "--lr", "0.1"],
             env={"OUT_DIR": str(out)})
     for nprocs, proc in jobs.items():
@@ -245,8 +252,12 @@ def test_cpu_ranks_init_and_all_reduce(sandbox):
             assert (env["CROSS_RANK"], env["CROSS_SIZE"]) == ("0", "1")
             assert env["MASTER_ADDR"] == "127.0.0.1" and env["CUDA_VISIBLE_DEVICES"] is None
             assert seen["sum"] == nprocs * (nprocs + 1) / 2
-            assert seen["argv"] == ["--lr", "0.1", f"--local_rank={rank}"]
-            assert f"[rank {rank}] hello from rank {rank}" in proc.out
+            assert seen["argv"] == [f"--local_rank={rank}", "--lr", "0.1"]   # deepspeed's order
+            lines = proc.out.splitlines()
+            if nprocs == 4:
+                assert f"[rank {rank}] hello from rank {rank}" in lines
+            else:   # as the rank wrote it, like deepspeed's launcher
+                assert f"hello from rank {rank}" in lines and "[rank" not in proc.out
             (log,) = (out / "logs").glob(f"*_rank{rank}.log")
             assert f"hello from rank {rank}" in log.read_text()
 
@@ -295,6 +306,18 @@ def test_ctrl_c_or_sigterm_stops_all_ranks_and_their_children(sandbox, signum, c
     wait_until(lambda: not any(is_alive(p) for p in pids), 5, "every rank pid to be gone")
 
 
+def test_sigkilled_launcher_leaves_no_rank_behind(sandbox):
+    """SIGKILL cannot be caught: the kernel's parent-death signal ends the ranks."""
+    proc = sandbox.start(["--num_procs", "2", "idle.py"])
+    wait_until(lambda: all((sandbox.out / f"ready{r}").exists() for r in (0, 1)), 30, "ranks")
+    pids = sandbox.rank_pids()
+    assert len(pids) == 2 and all(is_alive(p) for p in pids)
+    os.kill(proc.pid, signal.SIGKILL)
+    sandbox.finish(proc, timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    wait_until(lambda: not any(is_alive(p) for p in pids), 5, "every rank pid to be gone")
+
+
 def test_node_launcher_stops_when_stdin_closes(sandbox):
     """How remote nodes stop when their ssh session ends."""
     world = launch.encode_world_info({"localhost": [0]})
@@ -327,7 +350,7 @@ def test_module_no_local_rank_and_core_binding(sandbox):
 def test_no_python_runs_an_executable(sandbox):
     proc = sandbox.run(["--num_procs", "1", "--no_python", "./probe.sh", "a b"])
     assert proc.returncode == 0, explain(proc)
-    assert (sandbox.out / "probe_sh_0.txt").read_text().strip() == "0 a b --local_rank=0"
+    assert (sandbox.out / "probe_sh_0.txt").read_text().strip() == "0 --local_rank=0 a b"
 
 
 def test_rank_from_env_mode_maps_openmpi_env_and_execs(sandbox):
@@ -382,7 +405,7 @@ def test_ssh_launch_forwards_only_the_allow_list_and_env_file(sandbox):
         assert remote["RANK"] == str(rank) and remote["WORLD_SIZE"] == "2"
         assert remote["FROM_FILE"] == "x = y # kept" and remote["NCCL_DEBUG"] == "INFO"
         assert "SECRET_TOKEN" not in remote and "CUDA_VISIBLE_DEVICES" not in remote
-        assert seen["argv"] == ["it's quoted", "--local_rank=0"]
+        assert seen["argv"] == ["--local_rank=0", "it's quoted"]
 
 
 def test_pdsh_launch_fails_fast_and_stops_other_nodes_by_pid(sandbox):
@@ -459,6 +482,12 @@ def test_remote_exports_follow_the_allow_list():
      "needs --master_addr"),
     (["-H", "{hosts}", "--launcher", "openmpi", "-e", "h1:0", "--no_ssh_check", "s.py"],
      "runs whole hosts"),
+    (["--num_procs", "0", "s.py"], "--num_procs 0: must be at least 1"),
+    (["--num_gpus", "-2", "s.py"], "--num_gpus -2: must be at least 1"),
+    (["--num_nodes", "0", "s.py"], "--num_nodes 0: must be at least 1"),
+    (["--num_procs", "2", "--master_port", "70000", "s.py"], "--master_port 70000: must be"),
+    (["--num_procs", "2", "--kill_grace", "-1", "s.py"], "--kill_grace -1.0: must be 0 or more"),
+    (["--num_procs", "2", "missing.py"], "missing.py: no such file"),
 ])
 def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)                       # no env file can leak in
@@ -475,7 +504,7 @@ def test_cli_errors_are_clear(tmp_path, capsys, monkeypatch, args, message):
 # -- pure pieces -------------------------------------------------------------------
 def test_user_command_and_rank_env():
     py = sys.executable
-    assert launch.user_command("t.py", ["-a"], 1) == [py, "-u", "t.py", "-a", "--local_rank=1"]
+    assert launch.user_command("t.py", ["-a"], 1) == [py, "-u", "t.py", "--local_rank=1", "-a"]
     assert launch.user_command("pkg.m", [], 0, module=True, no_local_rank=True) == \
         [py, "-u", "-m", "pkg.m"]
     assert launch.user_command("./run", [], 2, no_python=True) == ["./run", "--local_rank=2"]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 
 import torch
 import torch.distributed as dist
@@ -9,28 +11,71 @@ import torch.distributed as dist
 from .config import load_config
 from .distributed import init_distributed
 
+logger = logging.getLogger("zero")
+
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds DeepSpeed's --deepspeed / --deepspeed_config flags (and --zero_config)."""
-    group = parser.add_argument_group("zero", "zero / DeepSpeed configuration")
+    """DeepSpeed's add_config_arguments: adds --deepspeed, --deepspeed_config and the deprecated
+    --deepscale / --deepscale_config, and nothing else. --local_rank stays the script's own
+    (DeepSpeed scripts add it themselves; the launcher passes --local_rank=N unless
+    --no_local_rank, and LOCAL_RANK is always in the environment)."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
     group.add_argument("--deepspeed", default=False, action="store_true",
-                       help="Enable the engine (accepted for DeepSpeed compatibility).")
-    group.add_argument("--deepspeed_config", "--zero_config", dest="deepspeed_config",
-                       default=None, type=str, help="Path to the DeepSpeed-style JSON config.")
-    group.add_argument("--local_rank", type=int, default=-1,
-                       help="Set by the launcher; prefer the LOCAL_RANK environment variable.")
+                       help="Enable DeepSpeed (helper flag for user code, no impact on the engine)")
+    group.add_argument("--deepspeed_config", default=None, type=str,
+                       help="DeepSpeed json configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true",
+                       help="Deprecated: --deepspeed")
+    group.add_argument("--deepscale_config", default=None, type=str,
+                       help="Deprecated: --deepspeed_config")
     return parser
 
 
+class ConfigSourceError(ValueError):
+    """initialize() was given no config, or two."""
+
+
 def _config_source(args, config):
-    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
-    if config is not None and from_args is not None:
-        raise ValueError("zero: a config was passed to initialize() and args.deepspeed_config is "
-                         f"set ({from_args}); pass only one")
-    if config is None and from_args is None:
-        raise ValueError("zero: no config: pass config=<dict or path> to initialize() or "
-                         "--deepspeed_config <path> on the command line")
-    return config if config is not None else from_args
+    """The config to use, by DeepSpeed's rules: config= (or config_params=), else
+    args.deepspeed_config (or the deprecated args.deepscale_config); two is an error."""
+    deepscale = getattr(args, "deepscale_config", None)
+    if deepscale is not None:
+        logger.warning("zero: --deepscale_config is deprecated, please use --deepspeed_config")
+        if getattr(args, "deepspeed_config", None) is not None:
+            raise ConfigSourceError(
+                "Not sure how to proceed, we were given both a deepscale_config and "
+                f"deepspeed_config ({deepscale} and {args.deepspeed_config}): pass only "
+                "--deepspeed_config")
+        args.deepspeed_config, args.deepscale_config = deepscale, None
+    from_args = getattr(args, "deepspeed_config", None)
+    if from_args is not None:
+        if config is not None:
+            raise ConfigSourceError(
+                "Not sure how to proceed, we were given deepspeed configs in the deepspeed "
+                f"arguments (--deepspeed_config {from_args}) and deepspeed.initialize() function "
+                "call (config=...): pass only one of them")
+        return from_args
+    if config is None:
+        raise ConfigSourceError(
+            "DeepSpeed requires --deepspeed_config to specify configuration file (or pass "
+            "config=<dict or path> to initialize())")
+    return config
+
+
+def _align_local_rank(args) -> None:
+    """DeepSpeed's args check: args.local_rank, when the script set it (>= 0), must agree with
+    LOCAL_RANK; afterwards args.local_rank is LOCAL_RANK for scripts that read it."""
+    local_rank = getattr(args, "local_rank", None)
+    if args is None or local_rank is None:
+        return
+    if not isinstance(local_rank, int):
+        raise ValueError(f"args.local_rank of {local_rank!r} is an unknown type "
+                         f"{type(local_rank).__name__}; declare it with type=int")
+    env = int(os.environ.get("LOCAL_RANK", "0"))
+    if local_rank >= 0 and local_rank != env:
+        raise ValueError(f"Mismatch in local rank setting, args.local_rank={local_rank} but "
+                         f"env['LOCAL_RANK']={env}.")
+    args.local_rank = env
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
@@ -45,9 +90,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise ValueError("zero.initialize: mpu (model parallelism) is not supported yet")
     if config is None and config_params is not None:
         config = config_params
+    source = _config_source(args, config)   # before any rendezvous: a wrong call fails at once
     if dist_init_required is not False and not dist.is_initialized():
         init_distributed()
-    zero_config = load_config(_config_source(args, config), world_size=dist.get_world_size())
+    _align_local_rank(args)
+    zero_config = load_config(source, world_size=dist.get_world_size())
     engine = ZeroEngine(model, zero_config, optimizer=optimizer,
                         model_parameters=model_parameters, lr_scheduler=lr_scheduler)
     dataloader = None

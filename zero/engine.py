@@ -7,6 +7,7 @@ reduction, the sharded update and the all-gather run in C++.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -26,7 +27,7 @@ from . import init as zero_init
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
-from .memory import StateLayout, build_report, format_report
+from .memory import StateLayout, build_report, format_report, format_report_line
 from .optimizer import OptimizerSpec, ZeroOptimizer
 from .schedulers import build_scheduler
 
@@ -88,6 +89,11 @@ class ZeroEngine(nn.Module):
             logger.warning("zero: memory_report.path is set but neither "
                            "memory_report.every_n_steps nor steps_per_print is: only the final "
                            "report (engine.destroy() or engine.final_memory_report()) is written")
+        self._report_at_exit = None
+        if config.steps_per_print or config.memory_report.path:
+            # a script that never calls destroy() still ends with its final report (this keeps
+            # the engine alive until exit or destroy())
+            self._report_at_exit = atexit.register(self._final_report_once)
         if self.config.zero_optimization.offload_optimizer.device == "nvme":
             offload.remove_at_exit(self)  # swap files go at exit even if the engine lingers
         self.micro_steps = 0
@@ -103,6 +109,27 @@ class ZeroEngine(nn.Module):
     # ---- DeepSpeed's engine surface -------------------------------------------------------
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def global_rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
+    def bfloat16_enabled(self) -> bool:
+        return self.config.precision == "bf16"
+
+    def fp16_enabled(self) -> bool:
+        return self.config.precision == "fp16"
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage
 
     def train_batch_size(self) -> int:
         return self.config.train_batch_size
@@ -203,11 +230,16 @@ class ZeroEngine(nn.Module):
 
     def _maybe_report(self) -> None:
         every = self.config.memory_report.every_n_steps
-        if not every or self.global_steps % every:
-            return
         steps_per_print = self.config.steps_per_print
-        self._write_report(self.memory_report(),
-                           show=bool(steps_per_print) and self.global_steps % steps_per_print == 0)
+        write = bool(every) and self.global_steps % every == 0
+        show = bool(steps_per_print) and self.global_steps % steps_per_print == 0
+        if not (write or show):
+            return
+        report = self.memory_report()
+        if write:
+            self._write_report(report, show=False)
+        if show:
+            print(format_report_line(report), flush=True)  # one line per rank
 
     def final_memory_report(self, show: bool = True) -> dict | None:
         """Writes the memory report now, whatever memory_report.every_n_steps says: one JSON
@@ -224,6 +256,13 @@ class ZeroEngine(nn.Module):
         self._write_report(report, show=show)
         self._final_report_step = self.global_steps
         return report
+
+    def _final_report_once(self) -> None:
+        """The final report (JSON line; the table on rank 0 with steps_per_print), unless the
+        last step already has one."""
+        if self._core is not None and self._final_report_step != self.global_steps \
+                and (self.config.memory_report.path or self.config.steps_per_print):
+            self.final_memory_report(show=bool(self.config.steps_per_print))
 
     def _write_report(self, report: dict, show: bool) -> None:
         path = self.config.memory_report.path
@@ -409,10 +448,12 @@ class ZeroEngine(nn.Module):
     def destroy(self) -> None:
         """Removes the engine's hooks from the model (the model can then get a new engine)
         and lets go of the C++ engine: its buffers, host pools and NVMe swap files. With a
-        memory_report.path configured the final report is written first."""
-        if self._core is not None and self.config.memory_report.path \
-                and self._final_report_step != self.global_steps:
-            self.final_memory_report()
+        memory_report.path configured the final report is written first; with
+        steps_per_print set rank 0 prints it as the full table."""
+        self._final_report_once()
+        if self._report_at_exit is not None:
+            atexit.unregister(self._report_at_exit)
+            self._report_at_exit = None
         for handle in self._hooks:
             handle.remove()
         self._hooks = []

@@ -216,6 +216,22 @@ def location_totals(report: dict) -> dict[str, dict[str, int | None]]:
     return out
 
 
+def format_report_line(report: dict) -> str:
+    """One line per rank for a training log (the periodic report): model states measured
+    against the formula, then every location's current and peak bytes. The full table is
+    format_report's (the end of a run, or engine.print_memory_report())."""
+    measured = report["model_state_bytes"]
+    verdict = "= formula" if measured == report["model_state_expected_bytes"] else \
+        f"formula {_size(report['model_state_expected_bytes'])}"
+    totals = location_totals(report)
+    used = [(loc, usage) for loc, usage in totals.items()
+            if usage.get("current") or usage.get("peak") or loc == "device"]
+    where = ", ".join(f"{_LOCATION_TEXT.get(loc, loc)} {_size(usage.get('current') or 0)} "
+                      f"(peak {_size(usage.get('peak') or 0)})" for loc, usage in used)
+    return (f"[zero] step {report['step']} rank {report['rank']}: model states "
+            f"{_size(measured)} ({verdict}); {where}")
+
+
 def format_report(report: dict) -> str:
     """A table for humans: per category the current bytes at each location (device, host
     pinned, host pageable, NVMe), the peak, the formula's bytes and the formula; then every

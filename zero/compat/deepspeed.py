@@ -10,13 +10,14 @@ import types
 import torch.distributed as _dist
 
 from zero.api import add_config_arguments, init_distributed, initialize
+from zero.compat import accelerator
 from zero.engine import ZeroEngine as DeepSpeedEngine
 from zero.init import Init
 from zero.stage3 import (GatheredParameters, register_external_parameter, set_z3_leaf_modules,
                          unregister_external_parameter)
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "comm", "utils",
-           "DeepSpeedEngine"]
+           "accelerator", "DeepSpeedEngine"]
 
 
 zero = types.SimpleNamespace(

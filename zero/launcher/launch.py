@@ -10,7 +10,9 @@ nodes)::
 node derives the same global ranks. Each rank gets ``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``CROSS_RANK``, ``CROSS_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT`` (and ``CUDA_VISIBLE_DEVICES`` with
-``--use_gpus``) and, unless ``--no_local_rank``, a ``--local_rank=N`` argument.
+``--use_gpus``) and, unless ``--no_local_rank``, a ``--local_rank=N`` argument
+before the script's own (DeepSpeed's order). Output passes through as the rank
+wrote it (``--rank_prefix`` prefixes every line with ``[rank N] ``).
 
 ``--rank_from_env`` is the one-rank mode used under srun/mpirun: read this
 process's rank from the MPI/SLURM environment, set the same variables and
@@ -50,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--module", action="store_true")
     p.add_argument("--no_local_rank", action="store_true")
     p.add_argument("--enable_each_rank_log", default=None, metavar="DIR")
+    p.add_argument("--rank_prefix", action="store_true",
+                   help='prefix every output line with "[rank N] "')
     p.add_argument("--bind_cores_to_rank", action="store_true")
     p.add_argument("--bind_core_list", default=None)
     p.add_argument("--save_pid", default=None, metavar="MAIN_PID",
@@ -108,8 +112,8 @@ def user_command(script, script_args, local_rank, no_python=False, module=False,
         head = [script]
     else:
         head = [sys.executable, "-u"] + (["-m"] if module else []) + [script]
-    tail = [] if no_local_rank else [f"--local_rank={local_rank}"]
-    return head + list(script_args) + tail
+    local = [] if no_local_rank else [f"--local_rank={local_rank}"]
+    return head + local + list(script_args)   # DeepSpeed's order: --local_rank=N first
 
 
 def rank_env(base, active, node, global_rank, local_rank, master_addr, master_port,
@@ -174,7 +178,6 @@ def build_workers(args, active, node, log_dir, base_env):
         all_cores = (parse_core_list(args.bind_core_list) if args.bind_core_list
                      else sorted(os.sched_getaffinity(0)))
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    prefixed = world_size(active) > 1
     stdin = subprocess.DEVNULL if args.exit_on_stdin_eof else None
     workers = []
     for global_rank, local_rank, _slot in layout:
@@ -190,7 +193,7 @@ def build_workers(args, active, node, log_dir, base_env):
         if args.enable_each_rank_log:
             name = f"{stamp}_{name}"
         workers.append(Worker(f"rank {global_rank}", argv, env, os.path.join(log_dir, name),
-                              prefix=f"[rank {global_rank}] " if prefixed else "", stdin=stdin))
+                              prefix=f"[rank {global_rank}] " if args.rank_prefix else "", stdin=stdin))
     return workers
 
 

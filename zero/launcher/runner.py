@@ -81,6 +81,9 @@ def parse_args(argv=None):
     p.add_argument("--enable_each_rank_log", default=None, metavar="DIR",
                    help="keep each rank's output in DIR/<time>_rank<N>.log (it is still "
                         "printed too); without it logs go to a temp dir kept on failure")
+    p.add_argument("--rank_prefix", action="store_true",
+                   help='prefix every line a rank prints with "[rank N] " (off by default, as '
+                        'in deepspeed: output a script parses stays as it wrote it)')
     p.add_argument("--bind_cores_to_rank", action="store_true",
                    help="give each local rank an equal share of the cores (numactl/taskset)")
     p.add_argument("--bind_core_list", default=None, help="cores to share, e.g. 0-7,16-23")
@@ -93,6 +96,23 @@ def parse_args(argv=None):
     p.add_argument("user_script", help="the training script (or module / executable)")
     p.add_argument("user_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p.parse_args(argv)
+
+
+def check_numbers(args):
+    """Flags whose value cannot describe a job are errors that name the flag (-1 is "unset")."""
+    for flag in ("num_nodes", "num_gpus", "num_procs"):
+        value = getattr(args, flag)
+        if value != -1 and value < 1:
+            raise RunnerError(f"--{flag} {value}: must be at least 1 (leave it out to use "
+                              f"{'every host' if flag == 'num_nodes' else 'the default'})")
+    if not 1 <= args.master_port <= 65535:
+        raise RunnerError(f"--master_port {args.master_port}: must be a TCP port, 1..65535")
+    if args.node_rank < -1:
+        raise RunnerError(f"--node_rank {args.node_rank}: must be 0 or more (this node's index)")
+    if args.kill_grace < 0:
+        raise RunnerError(f"--kill_grace {args.kill_grace}: must be 0 or more seconds")
+    if args.ssh_port is not None and not 1 <= args.ssh_port <= 65535:
+        raise RunnerError(f"--ssh_port {args.ssh_port}: must be a TCP port, 1..65535")
 
 
 # -- resources -----------------------------------------------------------------
@@ -160,7 +180,7 @@ def launch_flags(args, active, master_addr, use_gpus):
     flags = [f"--world_info={launch.encode_world_info(active)}",
              f"--master_addr={master_addr}", f"--master_port={args.master_port}",
              f"--kill_grace={args.kill_grace}"]
-    for name in ("no_python", "module", "no_local_rank", "bind_cores_to_rank"):
+    for name in ("no_python", "module", "no_local_rank", "rank_prefix", "bind_cores_to_rank"):
         if getattr(args, name):
             flags.append(f"--{name}")
     if use_gpus:
@@ -191,6 +211,9 @@ def local_node_rank(args, nodes):
 
 def run_local(args, active, use_gpus, file_vars):
     node = local_node_rank(args, len(active))
+    if not (args.no_python or args.module) and not os.path.isfile(args.user_script):
+        raise RunnerError(f"{args.user_script}: no such file (the training script; give its "
+                          f"path from {os.getcwd()}, or --module for 'python -m')")
     master_addr = args.master_addr or "127.0.0.1"
     argv = (launch_flags(args, active, master_addr, use_gpus) + [f"--node_rank={node}"]
             + [args.user_script] + args.user_args)
@@ -283,6 +306,7 @@ def _run_quietly(argv, env):
 def main(argv=None):
     args = parse_args(argv)
     try:
+        check_numbers(args)
         env_file, file_vars = envrule.load_env_file()
         if env_file:
             _note(f"env file {env_file}: {', '.join(sorted(file_vars)) or '(empty)'}")

@@ -12,8 +12,12 @@ name or pattern.
   worker, its exit code or signal, and the last lines of its log.
 * When the supervisor itself gets SIGINT/SIGTERM/SIGHUP it forwards the
   signal to every worker (SIGKILL after ``grace``) and returns 128 + signal.
+* When the supervisor is killed outright (SIGKILL, OOM killer), the kernel
+  SIGKILLs every worker (Linux's parent-death signal, ``die_with_parent``).
+  What a worker itself started is reached only through the worker.
 """
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -26,6 +30,7 @@ FAILURE_MARKER = "[zero.launch] FAILED:"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_SECONDS = 0.05
 TAIL_LINES = 20
+PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
 
 _console_lock = threading.Lock()
 
@@ -48,7 +53,8 @@ class Worker:
         try:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdin=self.stdin,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         preexec_fn=die_with_parent())
         except OSError as e:
             self._log.close()
             raise LaunchError(f"cannot start {self.label}: {self.argv[0]}: {e.strerror}") from e
@@ -80,6 +86,23 @@ class Worker:
         if self._log:
             with self._log_lock:
                 self._log.close()
+
+
+def die_with_parent():
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when this process dies, however
+    it dies (SIGKILL included): ranks never outlive their launcher. Linux only (prctl
+    PR_SET_PDEATHSIG, kept across exec); elsewhere None. The libc call is looked up here, in
+    the parent, so the forked child runs no import."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def arm():
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:   # the launcher died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+    return arm
 
 
 def _write_console(console, data):

@@ -1,0 +1,148 @@
+"""DeepSpeed scripts run unmodified but for the import line: their argparse patterns, their
+config rules, and whole scripts launched by `zero --num_procs 2` (train, save, resume).
+
+The scripts are examples/deepspeed/*.py, written in the shape of DeepSpeedExamples' CIFAR and
+bing_bert / HelloDeepSpeed training loops.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import zero.compat.deepspeed as deepspeed
+from distributed_harness import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "deepspeed"
+LAUNCH_TIMEOUT = 240
+
+
+# -- argparse: the patterns DeepSpeed scripts use ------------------------------------------
+def script_parser():
+    """The most common shape: the script's own --local_rank, then DeepSpeed's flags."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    parser.add_argument("--epochs", type=int, default=1)
+    return deepspeed.add_config_arguments(parser)
+
+
+def test_script_with_its_own_local_rank_parses_launcher_arguments():
+    args = script_parser().parse_args(
+        ["--local_rank=1", "--epochs", "3", "--deepspeed", "--deepspeed_config", "ds.json"])
+    assert (args.local_rank, args.epochs, args.deepspeed, args.deepspeed_config) == \
+        (1, 3, True, "ds.json")
+    assert (args.deepscale, args.deepscale_config) == (False, None)
+
+
+def test_add_config_arguments_adds_exactly_deepspeeds_flags():
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    flags = {option for action in parser._actions for option in action.option_strings}
+    assert flags == {"-h", "--help", "--deepspeed", "--deepspeed_config", "--deepscale",
+                     "--deepscale_config"}
+    args = parser.parse_args([])
+    assert (args.deepspeed, args.deepspeed_config) == (False, None)
+
+
+def test_script_without_local_rank_uses_parse_known_args_or_no_local_rank():
+    """A script that never declares --local_rank: parse_known_args leaves the launcher's
+    --local_rank=N aside (with --no_local_rank there is none)."""
+    parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+    args, rest = parser.parse_known_args(["--local_rank=0", "--deepspeed_config", "c.json"])
+    assert args.deepspeed_config == "c.json" and rest == ["--local_rank=0"]
+
+
+def _model():
+    import torch
+    return torch.nn.Linear(4, 4)
+
+
+@pytest.mark.parametrize("argv, config, message", [
+    (["--deepspeed_config", "a.json"], {"train_batch_size": 1},
+     "we were given deepspeed configs in the deepspeed arguments (--deepspeed_config a.json) "
+     "and deepspeed.initialize() function call"),
+    (["--deepspeed_config", "a.json", "--deepscale_config", "b.json"], None,
+     "both a deepscale_config and deepspeed_config"),
+    ([], None, "DeepSpeed requires --deepspeed_config to specify configuration file"),
+])
+def test_config_source_errors_are_deepspeeds(argv, config, message):
+    args = script_parser().parse_args(argv)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        deepspeed.initialize(args=args, model=_model(), config=config)
+
+
+def test_deprecated_deepscale_config_is_taken_as_deepspeed_config():
+    args = script_parser().parse_args(["--deepscale_config", "old.json"])
+    with pytest.raises(ValueError, match=re.escape("(--deepspeed_config old.json)")):
+        deepspeed.initialize(args=args, model=_model(), config={"train_batch_size": 1})
+    assert (args.deepspeed_config, args.deepscale_config) == ("old.json", None)
+
+
+# -- whole scripts under the launcher --------------------------------------------------------
+def launch(tmp_path, script, *script_args, procs=2):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "zero.launcher.runner", "--num_procs", str(procs),
+            "--master_port", str(free_port()), str(script), *map(str, script_args)]
+    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def losses(output):
+    return {int(m[1]): float(m[2]) for m in re.finditer(r"^step (\d+) loss ([\d.]+)$", output,
+                                                        re.M)}
+
+
+def bert_config(tmp_path, stage):
+    config = json.loads((EXAMPLES / "ds_config_bert.json").read_text())
+    config["zero_optimization"]["stage"] = stage
+    path = tmp_path / f"ds_config_stage{stage}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bert_style_script_trains_saves_and_resumes_at_the_saved_step(tmp_path, stage):
+    """Unmodified but for the import: --deepspeed --deepspeed_config, initialize(args=args),
+    save_checkpoint with client_state, load_checkpoint; the resumed run continues from the
+    saved step with the losses of an uninterrupted run."""
+    config = bert_config(tmp_path, stage)
+    script = EXAMPLES / "train_bert_ds.py"
+    flags = ["--deepspeed", "--deepspeed_config", config]
+    whole = losses(launch(tmp_path, script, *flags, "--num_steps", 20))
+    assert sorted(whole) == list(range(1, 21))
+    assert sum(list(whole.values())[-3:]) < 0.8 * sum(list(whole.values())[:3])  # it learns
+
+    first = launch(tmp_path, script, *flags, "--num_steps", 10, "--checkpoint_dir", "ckpt")
+    assert losses(first) == {s: whole[s] for s in range(1, 11)}
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "global_step10"
+    resumed = launch(tmp_path, script, *flags, "--num_steps", 20, "--load_checkpoint_dir",
+                     "ckpt")
+    assert "resumed from step 10" in resumed
+    assert losses(resumed) == {s: whole[s] for s in range(11, 21)}
+
+    # the periodic memory report is one line per rank (steps_per_print 10), the table comes
+    # once, at the end
+    for rank in (0, 1):
+        line = next(l for l in first.splitlines() if l.startswith(f"[zero] step 10 rank {rank}:"))
+        assert "model states" in line and "= formula" in line
+    assert first.count("memory after step") == 1
+    assert first.index("memory after step 10") > first.index("step 10 loss")
+
+
+@pytest.mark.timeout(300)
+def test_cifar_style_script_with_config_dict_and_training_data(tmp_path):
+    out = launch(tmp_path, EXAMPLES / "cifar10_deepspeed.py", "--stage", 3, "--dtype", "bf16",
+                 "--epochs", 2, "--samples", 640)
+    logged = [float(m) for m in re.findall(r"loss:\s+([\d.]+)", out)]
+    assert len(logged) >= 4, out
+    assert logged[-1] < 0.7 * logged[0], out
+    assert out.count("Finished Training") == 2
