@@ -18,6 +18,8 @@ from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--local_rank", type=int, default=-1,
+                        help="passed by the launcher (zero / deepspeed)")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--n_layer", type=int, default=4)
     parser.add_argument("--n_embd", type=int, default=128)

@@ -146,3 +146,11 @@ def test_cifar_style_script_with_config_dict_and_training_data(tmp_path):
     assert len(logged) >= 4, out
     assert logged[-1] < 0.7 * logged[0], out
     assert out.count("Finished Training") == 2
+
+
+@pytest.mark.timeout(300)
+def test_main_job_script_runs_under_the_launcher(tmp_path):
+    """scripts/main.sh's job, shortened: the README's first command ends in this run."""
+    out = launch(tmp_path, REPO / "examples" / "train_gpt.py", "--deepspeed_config",
+                 REPO / "configs" / "stage2_bf16.json", "--steps", 4, "--n_layer", 1)
+    assert "memory after step 4" in out, out

@@ -89,13 +89,6 @@ class ZeroEngine(nn.Module):
             logger.warning("zero: memory_report.path is set but neither "
                            "memory_report.every_n_steps nor steps_per_print is: only the final "
                            "report (engine.destroy() or engine.final_memory_report()) is written")
-        self._report_at_exit = None
-        if config.steps_per_print or config.memory_report.path:
-            # a script that never calls destroy() still ends with its final report (this keeps
-            # the engine alive until exit or destroy())
-            self._report_at_exit = atexit.register(self._final_report_once)
-        if self.config.zero_optimization.offload_optimizer.device == "nvme":
-            offload.remove_at_exit(self)  # swap files go at exit even if the engine lingers
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
@@ -105,6 +98,7 @@ class ZeroEngine(nn.Module):
         self._boundary_in_backward = False
         self._no_sync = False
         self._final_report_step = None  # destroy() writes a final report unless one was
+        _LIVE_ENGINES.add(self)
 
     # ---- DeepSpeed's engine surface -------------------------------------------------------
     def forward(self, *inputs, **kwargs):
@@ -256,6 +250,11 @@ class ZeroEngine(nn.Module):
         self._write_report(report, show=show)
         self._final_report_step = self.global_steps
         return report
+
+    def __del__(self):
+        """An engine dropped without destroy() still ends with its final report."""
+        if "_final_report_step" in self.__dict__:   # construction finished
+            self._final_report_once()
 
     def _final_report_once(self) -> None:
         """The final report (JSON line; the table on rank 0 with steps_per_print), unless the
@@ -451,9 +450,7 @@ class ZeroEngine(nn.Module):
         memory_report.path configured the final report is written first; with
         steps_per_print set rank 0 prints it as the full table."""
         self._final_report_once()
-        if self._report_at_exit is not None:
-            atexit.unregister(self._report_at_exit)
-            self._report_at_exit = None
+        _LIVE_ENGINES.discard(self)
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
@@ -461,6 +458,17 @@ class ZeroEngine(nn.Module):
             self._stage3.remove()
             self._stage3._core = None
         self._core = None
+
+
+# Engines not yet destroyed. Those still alive at interpreter exit are destroyed while Python
+# and torch.distributed still work: final report, hooks, C++ buffers and threads, swap files.
+_LIVE_ENGINES: "weakref.WeakSet[ZeroEngine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _destroy_live_engines() -> None:
+    for engine in list(_LIVE_ENGINES):
+        engine.destroy()
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:
