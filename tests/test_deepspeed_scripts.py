@@ -82,6 +82,26 @@ def test_deprecated_deepscale_config_is_taken_as_deepspeed_config():
     assert (args.deepspeed_config, args.deepscale_config) == ("old.json", None)
 
 
+def test_local_rank_argument_must_agree_with_the_environment(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    args = script_parser().parse_args(["--local_rank=1"])
+    with pytest.raises(ValueError, match=re.escape(
+            "Mismatch in local rank setting, args.local_rank=1 but env['LOCAL_RANK']=0")):
+        deepspeed.initialize(args=args, model=_model(), config={"train_batch_size": 1},
+                             dist_init_required=False)
+
+
+def test_unset_local_rank_argument_takes_the_environments(monkeypatch):
+    """args.local_rank = LOCAL_RANK (DeepSpeed sets it for scripts that read it later); the
+    call then stops for want of a process group, which this test does not make."""
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    args = script_parser().parse_args([])
+    with pytest.raises(Exception, match="process group"):
+        deepspeed.initialize(args=args, model=_model(), config={"train_batch_size": 1},
+                             dist_init_required=False)
+    assert args.local_rank == 3
+
+
 # -- whole scripts under the launcher --------------------------------------------------------
 def launch(tmp_path, script, *script_args, procs=2):
     env = {k: v for k, v in os.environ.items()
