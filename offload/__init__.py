@@ -1,8 +1,7 @@
 """The Python side of offload: what the C++ memory manager is asked for (offload/options.py).
-Swap files go with their engine (ZeroEngine.destroy(), or at interpreter exit for engines still
-alive then). The host pools, the chunked CPU step,
-the copy worker and the NVMe I/O are C++ (csrc/adapter/offloaded_state.h,
-param_swap.h, csrc/core/)."""
+Swap files go with their engine (ZeroEngine.destroy(), or at interpreter exit for engines
+still alive then). The host pools, the chunked CPU step, the copy worker and the NVMe I/O
+are C++ (csrc/adapter/offloaded_state.h, param_swap.h, csrc/core/)."""
 from .options import OFFLOAD_TILE, offload_options, param_offload_options, pinning_warning
 
 __all__ = ["OFFLOAD_TILE", "offload_options", "param_offload_options", "pinning_warning"]

@@ -1,6 +1,7 @@
 """Exits 0 when every package a requirements file names is installed, else 1 (and names them).
 
-Used by scripts/setup.sh so that a second run does not call pip. Lines are package names with an
+Used by scripts/setup.sh (on requirements/constraints.txt for torch, on requirements/dev.txt
+for the rest) so that a second run does not call pip. Lines are package names with an
 optional ``==version``; comments and blank lines are skipped.
 """
 import importlib.metadata

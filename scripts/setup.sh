@@ -58,7 +58,7 @@ fi
 
 # -- Python packages -----------------------------------------------------------------------
 PIP=("$PYTHON" -m pip install --disable-pip-version-check -c requirements/constraints.txt)
-if ! "$PYTHON" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+if ! "$PYTHON" scripts/check_requirements.py requirements/constraints.txt 2>/dev/null; then
   say "installing torch==2.13.0 (the CPU wheel on this machine; a few minutes)"
   run_step pip-torch "pip must find torch==2.13.0 (a CPU wheel); see requirements/constraints.txt" \
     "${PIP[@]}" torch==2.13.0

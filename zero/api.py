@@ -65,8 +65,8 @@ def _config_source(args, config):
 def _align_local_rank(args) -> None:
     """DeepSpeed's args check: args.local_rank, when the script set it (>= 0), must agree with
     LOCAL_RANK; afterwards args.local_rank is LOCAL_RANK for scripts that read it."""
-    local_rank = getattr(args, "local_rank", None)
-    if args is None or local_rank is None:
+    local_rank = getattr(args, "local_rank", None)   # args may be None
+    if local_rank is None:
         return
     if not isinstance(local_rank, int):
         raise ValueError(f"args.local_rank of {local_rank!r} is an unknown type "

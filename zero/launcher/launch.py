@@ -192,8 +192,9 @@ def build_workers(args, active, node, log_dir, base_env):
         name = f"rank{global_rank}.log"
         if args.enable_each_rank_log:
             name = f"{stamp}_{name}"
+        prefix = f"[rank {global_rank}] " if args.rank_prefix else ""
         workers.append(Worker(f"rank {global_rank}", argv, env, os.path.join(log_dir, name),
-                              prefix=f"[rank {global_rank}] " if args.rank_prefix else "", stdin=stdin))
+                              prefix=prefix, stdin=stdin))
     return workers
 
 
