@@ -2,6 +2,7 @@
 // thin translation between Python values and the core/adapter types.
 #include <torch/extension.h>
 
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include "core/memory_registry.h"
@@ -304,6 +305,9 @@ adapter::OffloadOptions offload_options(const py::dict& d) {
     options.nvme_path = d["nvme_path"].cast<std::string>();
   }
   if (d.contains("aio")) options.aio = aio_config(d["aio"].cast<py::dict>());
+  if (d.contains("on_swap_write") && !d["on_swap_write"].is_none()) {
+    options.on_swap_write = d["on_swap_write"].cast<std::function<void(std::int64_t)>>();
+  }
   TORCH_CHECK_VALUE(options.num_threads >= 1, "zero: offload threads must be >= 1, got ",
                     options.num_threads);
   return options;
@@ -331,6 +335,9 @@ adapter::ParamOffloadOptions param_offload_options(const py::dict& offload) {
     options.buffer_numel = offload["buffer_size"].cast<std::int64_t>();
   }
   if (offload.contains("aio")) options.aio = aio_config(offload["aio"].cast<py::dict>());
+  if (offload.contains("on_swap_write") && !offload["on_swap_write"].is_none()) {
+    options.on_swap_write = offload["on_swap_write"].cast<std::function<void(std::int64_t)>>();
+  }
   return options;
 }
 

@@ -6,11 +6,12 @@ import torch
 OFFLOAD_TILE = 1 << 22  # elements per streamed chunk of the offloaded step, at most
 
 
-def offload_options(config) -> dict:
+def offload_options(config, on_swap_write=None) -> dict:
     """offload_optimizer: device "cpu" keeps the fp32 master and optimizer state in host
     memory, "nvme" in a swap file under nvme_path (removed when the engine goes); the step
     streams chunks of min(sub_group_size, OFFLOAD_TILE) elements, with torch's intra-op
-    thread count (the launcher's core binding sets it) running the CPU Adam."""
+    thread count (the launcher's core binding sets it) running the CPU Adam.
+    on_swap_write(bytes) is told each chunk written to the swap file outside the step."""
     zero_cfg = config.zero_optimization
     offload = zero_cfg.offload_optimizer
     return {"enabled": offload.device in ("cpu", "nvme"), "pin_memory": offload.pin_memory,
@@ -18,7 +19,7 @@ def offload_options(config) -> dict:
             "num_threads": torch.get_num_threads(),
             "delayed_update": offload.delayed_update, "ratio": float(offload.ratio),
             "nvme_path": offload.nvme_path if offload.device == "nvme" else None,
-            "aio": _aio(config)}
+            "aio": _aio(config), "on_swap_write": on_swap_write}
 
 
 def _aio(config) -> dict:
@@ -27,18 +28,19 @@ def _aio(config) -> dict:
             "intra_op_parallelism": aio.intra_op_parallelism}
 
 
-def param_offload_options(config) -> dict:
+def param_offload_options(config, on_swap_write=None) -> dict:
     """offload_param at stage 3: device "cpu" keeps each rank's parameter shard in host
     memory; "nvme" keeps it in a swap file under nvme_path, except the first gather units up
     to max_in_cpu elements, which stay in host memory. buffer_count host buffers (each one
     unit's shard, not buffer_size elements) carry NVMe units in and out; buffer_size bounds
-    the shard elements of one unit."""
+    the shard elements of one unit. on_swap_write(bytes) is told each unit written to the
+    swap file at start-up."""
     param = config.zero_optimization.offload_param
     out = {"device": param.device, "pin_memory": param.pin_memory}
     if param.device == "nvme":
         out.update(nvme_path=param.nvme_path, max_in_cpu=int(param.max_in_cpu),
                    buffer_count=int(param.buffer_count), buffer_size=int(param.buffer_size),
-                   aio=_aio(config))
+                   aio=_aio(config), on_swap_write=on_swap_write)
     return out
 
 

@@ -6,6 +6,8 @@ leaves nothing running.
 """
 import json
 import os
+import pty
+import select
 import signal
 import stat
 import subprocess
@@ -83,6 +85,16 @@ time.sleep(120)
 import time
 (OUT / f"ready{os.environ['RANK']}").write_text("")
 time.sleep(120)
+""",
+    # no torch: a progress bar's redraw (no newline), then waits until the test has seen it
+    "redraw.py": RECORD_PID + """
+import time
+sys.stdout.write("progress 50%\\r")
+sys.stdout.flush()
+deadline = time.monotonic() + 30
+while not (OUT / "seen").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("done", flush=True)
 """,
     "probe.sh": """#!/bin/sh
 echo "$RANK $*" > "$OUT_DIR/probe_sh_$RANK.txt"
@@ -316,6 +328,37 @@ def test_sigkilled_launcher_leaves_no_rank_behind(sandbox):
     sandbox.finish(proc, timeout=10)
     assert proc.returncode == -signal.SIGKILL
     wait_until(lambda: not any(is_alive(p) for p in pids), 5, "every rank pid to be gone")
+
+
+def test_a_progress_bar_redraw_reaches_the_console_before_its_line_ends(sandbox):
+    proc = sandbox.start(["--num_procs", "1", "--rank_prefix", "redraw.py"])
+    seen, deadline = b"", time.monotonic() + 30
+    while b"progress 50%\r" not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            seen += os.read(proc.stdout.fileno(), 4096)
+    assert seen == b"[rank 0] progress 50%\r", seen   # not held back until "\n"
+    (sandbox.out / "seen").write_text("")
+    sandbox.finish(proc)
+    assert proc.returncode == 0 and "[rank 0] done" in proc.out, explain(proc)
+
+
+def test_ranks_are_told_when_the_launchers_console_is_a_terminal(sandbox):
+    for terminal in (False, True):
+        out = sandbox.out / ("tty" if terminal else "pipe")
+        master, console = pty.openpty() if terminal else (None, subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, "-m", "zero.launcher.runner", "--num_procs", "1",
+                                 "env_probe.py"], cwd=sandbox.cwd, stdout=console, stderr=console,
+                                env=dict(sandbox.env, OUT_DIR=str(out)), start_new_session=True)
+        sandbox.procs.append(proc)
+        try:
+            assert proc.wait(timeout=TIMEOUT) == 0
+        finally:
+            if terminal:
+                os.close(master)
+                os.close(console)
+        seen = json.loads((out / "env0.json").read_text())["env"]
+        assert seen.get("ZERO_CONSOLE_IS_TTY") == ("1" if terminal else None)
 
 
 def test_node_launcher_stops_when_stdin_closes(sandbox):

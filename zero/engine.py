@@ -29,6 +29,7 @@ from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import StateLayout, build_report, format_report, format_report_line
 from .optimizer import OptimizerSpec, ZeroOptimizer
+from .progress import SwapWriteProgress
 from .schedulers import build_scheduler
 
 logger = logging.getLogger("zero")
@@ -67,11 +68,15 @@ class ZeroEngine(nn.Module):
         self._param_names = _names_by_id(model)
         # engine group -> (optimizer group, its parameters), for hypers and grad hooks
         self._engine_groups: list[tuple[int, list[nn.Parameter]]] = []
-        if self.stage == 3:
-            self._build_stage3(spec, groups, trainables)
-        else:
-            for owner, (group, params) in enumerate(zip(groups, trainables)):
-                self._add_group(spec, owner, group, params, self.stage)
+        zero_cfg = config.zero_optimization
+        self._swap_writes = SwapWriteProgress(enabled="nvme" in (
+            zero_cfg.offload_optimizer.device, zero_cfg.offload_param.device))
+        with self._swap_writes.shown("zero: writing NVMe swap files"):
+            if self.stage == 3:
+                self._build_stage3(spec, groups, trainables)
+            else:
+                for owner, (group, params) in enumerate(zip(groups, trainables)):
+                    self._add_group(spec, owner, group, params, self.stage)
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
                        for g, (_, params) in enumerate(self._engine_groups)
                        for i, param in enumerate(params)]
@@ -280,8 +285,10 @@ class ZeroEngine(nn.Module):
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
-        return load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
-                               load_lr_scheduler_states, load_module_only)
+        with self._swap_writes.shown("zero: loading the checkpoint into NVMe swap files"):
+            return load_checkpoint(self, load_dir, tag, load_module_strict,
+                                   load_optimizer_states, load_lr_scheduler_states,
+                                   load_module_only)
 
     # ---- stage 3 ----------------------------------------------------------------------------
     def gathered_parameters(self, params, modifier_rank=None):
@@ -345,8 +352,8 @@ class ZeroEngine(nn.Module):
                 [list(p._zero_shape) if zero_init.is_partitioned(p) else [] for p in partitioned],
                 self._alignment, zero_cfg.overlap_comm, spec.kind,
                 spec.momentum_buffer_needed([group]),
-                offload=offload.offload_options(self.config),
-                offload_param=offload.param_offload_options(self.config))
+                offload=offload.offload_options(self.config, self._swap_writes.add),
+                offload_param=offload.param_offload_options(self.config, self._swap_writes.add))
             self._engine_groups.append((owner, partitioned))
             for unit in model_units:
                 placement.setdefault(unit, []).append((index, local[unit]))
@@ -392,7 +399,8 @@ class ZeroEngine(nn.Module):
         zero_cfg = self.config.zero_optimization
         self._core.add_group(params, stage, self._alignment, int(zero_cfg.reduce_bucket_size),
                              zero_cfg.overlap_comm, spec.kind, spec.momentum_buffer_needed([group]),
-                             offload=offload.offload_options(self.config))
+                             offload=offload.offload_options(self.config,
+                                                             self._swap_writes.add))
         self._engine_groups.append((owner, params))
 
     def _warn_if_not_pinned(self) -> None:

@@ -217,6 +217,15 @@ std::vector<core::IoHandle> OffloadedState::write_chunk(std::int64_t chunk, int 
   return handles;
 }
 
+void OffloadedState::write_chunk_and_report(std::int64_t chunk) {
+  auto writes = write_chunk(chunk, 0);
+  wait_all(writes);
+  if (offload_.on_swap_write) {
+    const std::size_t bytes = slots_[0].size() * core::round_up(4 * chunk_);
+    offload_.on_swap_write(static_cast<std::int64_t>(bytes));
+  }
+}
+
 void OffloadedState::wait_delayed() const {
   if (delayed_job_.valid()) delayed_job_.get();  // rethrows a failed update
 }
@@ -251,8 +260,7 @@ void OffloadedState::write_master(std::int64_t offset, const at::Tensor& values)
     const std::int64_t end = std::min(offset + numel, c * chunk_ + chunk_numel(c));
     chunk_view("master", c, 0).narrow(0, begin - c * chunk_, end - begin)
         .copy_(source.narrow(0, begin - offset, end - begin));
-    auto writes = write_chunk(c, 0);
-    wait_all(writes);
+    write_chunk_and_report(c);
   }
 }
 
@@ -309,8 +317,7 @@ void OffloadedState::load_optimizer_state(const std::string& name, const at::Ten
     auto reads = read_chunk(c, 0);
     wait_all(reads);
     chunk_view(name, c, 0).copy_(source.narrow(0, c * chunk_, chunk_numel(c)));
-    auto writes = write_chunk(c, 0);
-    wait_all(writes);
+    write_chunk_and_report(c);
   }
 }
 

@@ -41,6 +41,9 @@ struct OffloadOptions {
   // Fraction of the shard whose state and step go to the host / NVMe (the shard's tail);
   // the rest stays on the device.
   double ratio = 1.0;
+  // With NVMe: told the bytes of each chunk written outside the step (start-up, checkpoint
+  // load, commit), for a progress display. Never called from the step.
+  std::function<void(std::int64_t bytes)> on_swap_write;
 };
 
 // One contiguous piece of this rank's shard: its gradients and the parameters the step
@@ -102,6 +105,7 @@ class OffloadedState {
   at::Tensor chunk_view(const std::string& name, std::int64_t chunk, int slot) const;
   std::vector<core::IoHandle> read_chunk(std::int64_t chunk, int slot);
   std::vector<core::IoHandle> write_chunk(std::int64_t chunk, int slot);
+  void write_chunk_and_report(std::int64_t chunk);  // slot 0, waited for, told to on_swap_write
   void offloaded_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
                       double grad_scale, std::int64_t step);
   void delayed_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,

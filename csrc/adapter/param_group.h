@@ -11,6 +11,7 @@
 // buffer (autograd accumulates in place); at stage 2 grads are copied into unit buckets as
 // they become ready and released. In fp32 training the master is the param buffer itself
 // (this rank's pieces of it): no extra copy.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,8 @@ struct ParamOffloadOptions {
   std::int64_t buffer_count = 5;  // host buffers carrying NVMe units in and out
   std::int64_t buffer_numel = 100'000'000;  // the most shard elements one NVMe unit may have
   core::AioConfig aio;
+  // Told the bytes of each unit written to the swap file at start-up (a progress display).
+  std::function<void(std::int64_t bytes)> on_swap_write;
 };
 
 struct GroupOptions;

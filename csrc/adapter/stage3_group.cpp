@@ -142,7 +142,11 @@ void Stage3Group::fill_shard(const std::vector<std::vector<std::int64_t>>& full_
       params_[i].set_data(at::empty({0}, model_options));
       filled = true;
     }
-    if (filled && on_nvme(u)) param_swap_->write(u, target);
+    if (filled && on_nvme(u)) {
+      param_swap_->write(u, target);
+      const auto& report = options_.offload_param.on_swap_write;
+      if (report) report(static_cast<std::int64_t>(target.nbytes()));
+    }
   }
 }
 

@@ -121,3 +121,8 @@ def remote_exports(environ, env_file_vars):
     exports = {k: v for k, v in sorted(environ.items()) if is_exported(k)}
     exports.update(env_file_vars)
     return exports
+
+
+# Set to "1" for the ranks when the launcher's own console is a terminal: a rank's output is a
+# pipe to the launcher, so progress bars (zero/progress.py) ask this instead of isatty().
+CONSOLE_IS_TTY = "ZERO_CONSOLE_IS_TTY"

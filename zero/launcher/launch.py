@@ -12,7 +12,9 @@ node derives the same global ranks. Each rank gets ``RANK``, ``LOCAL_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT`` (and ``CUDA_VISIBLE_DEVICES`` with
 ``--use_gpus``) and, unless ``--no_local_rank``, a ``--local_rank=N`` argument
 before the script's own (DeepSpeed's order). Output passes through as the rank
-wrote it (``--rank_prefix`` prefixes every line with ``[rank N] ``).
+wrote it (``--rank_prefix`` prefixes every line with ``[rank N] ``); when this
+launcher's console is a terminal, ranks get ``ZERO_CONSOLE_IS_TTY=1`` (their own
+output is a pipe) so that their progress bars draw.
 
 ``--rank_from_env`` is the one-rank mode used under srun/mpirun: read this
 process's rank from the MPI/SLURM environment, set the same variables and
@@ -30,6 +32,7 @@ import tempfile
 import time
 from collections import OrderedDict
 
+from .env import CONSOLE_IS_TTY
 from .hostfile import rank_layout, world_size
 from .supervisor import LaunchError, Supervisor, Worker
 
@@ -179,12 +182,15 @@ def build_workers(args, active, node, log_dir, base_env):
                      else sorted(os.sched_getaffinity(0)))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stdin = subprocess.DEVNULL if args.exit_on_stdin_eof else None
+    console_is_tty = sys.stderr.isatty()   # ranks write to pipes: tell their progress bars
     workers = []
     for global_rank, local_rank, _slot in layout:
         env = rank_env(base_env, active, node, global_rank, local_rank, args.master_addr,
                        args.master_port, args.use_gpus)
         argv = user_command(args.user_script, args.user_args, local_rank, args.no_python,
                             args.module, args.no_local_rank)
+        if console_is_tty:
+            env[CONSOLE_IS_TTY] = "1"
         if all_cores is not None:
             cores = cores_for_rank(all_cores, local_rank, len(layout))
             env["OMP_NUM_THREADS"] = str(len(cores))

@@ -6,7 +6,8 @@ Processes are only ever signalled by the ids we started; nothing is killed by
 name or pattern.
 
 * Every line a worker prints goes to the console (optionally prefixed, e.g.
-  ``[rank 3] ``) and to the worker's log file.
+  ``[rank 3] ``) and to the worker's log file; a line ended by a carriage
+  return (a progress bar's redraw) is passed on at once.
 * When a worker exits non-zero or dies from a signal, every other worker gets
   SIGTERM, then SIGKILL after ``grace`` seconds; the supervisor reports the
   worker, its exit code or signal, and the last lines of its log.
@@ -19,6 +20,7 @@ name or pattern.
 
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +33,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_SECONDS = 0.05
 TAIL_LINES = 20
 PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
+_LINE_ENDS = re.compile(rb"[\r\n]")
 
 _console_lock = threading.Lock()
 
@@ -64,12 +67,15 @@ class Worker:
             self._pumps.append(pump)
 
     def _pump(self, stream, console, on_line):
-        for line in iter(stream.readline, b""):
+        at_line_start = True
+        for piece in _pieces(stream):
             with self._log_lock:
-                self._log.write(line)
+                self._log.write(piece)
                 self._log.flush()
-            _write_console(console, self.prefix + line)
-            on_line(self, line)
+            _write_console(console, (self.prefix if at_line_start else b"") + piece)
+            at_line_start = piece.endswith((b"\n", b"\r"))
+            if piece.endswith(b"\n"):
+                on_line(self, piece)
         stream.close()
 
     def signal_group(self, signum):
@@ -86,6 +92,22 @@ class Worker:
         if self._log:
             with self._log_lock:
                 self._log.close()
+
+
+def _pieces(stream, size=65536):
+    """What a process writes, cut after every \\n and \\r: whole lines, and a progress bar's
+    redraw (which ends in \\r) passed on at once instead of when its line ends. Whatever
+    follows the last of them comes at EOF."""
+    pending = b""
+    while data := stream.read1(size):
+        pending += data
+        start = 0
+        for end in _LINE_ENDS.finditer(pending):
+            yield pending[start:end.end()]
+            start = end.end()
+        pending = pending[start:]
+    if pending:
+        yield pending
 
 
 def die_with_parent():
