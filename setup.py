@@ -17,7 +17,9 @@ import torch
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CMAKE_BUILD_DIR = os.path.join(ROOT, "build", "cmake")
+# ZERO_CMAKE_BUILD_DIR and ZERO_BUILD_TESTS=0 let a machine without Catch2 (the GPU machine of
+# scripts/gpu_check.sh) build the core alone, apart from this checkout's usual build.
+CMAKE_BUILD_DIR = os.environ.get("ZERO_CMAKE_BUILD_DIR", os.path.join(ROOT, "build", "cmake"))
 
 
 def cuda_build_wanted() -> bool:
@@ -34,6 +36,7 @@ def build_core_with_cmake() -> str:
             "cmake", "-S", ROOT, "-B", CMAKE_BUILD_DIR, "-G", "Ninja",
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            "-DZERO_BUILD_TESTS=" + ("OFF" if os.environ.get("ZERO_BUILD_TESTS") == "0" else "ON"),
         ])
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
     subprocess.check_call(["cmake", "--build", CMAKE_BUILD_DIR, "-j", jobs])

@@ -39,17 +39,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env):
+def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env, backend):
     import torch
     import torch.distributed as dist
 
-    os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.update(env)  # after the defaults: a test may put every rank on LOCAL_RANK 0
     torch.set_num_threads(1)  # N ranks share 2 cores
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
         value = fn(rank, world_size, *args, **kwargs)
         # Plain pickle copies tensors into the message; the queue's own pickler would share
@@ -73,15 +75,17 @@ def _kill_all(processes):
 
 def run_distributed(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
                     kwargs: dict | None = None, timeout: float = 90.0,
-                    env: dict[str, str] | None = None) -> list[Any]:
-    """Runs fn on `world_size` ranks; returns the per-rank results in rank order."""
+                    env: dict[str, str] | None = None, backend: str = "gloo") -> list[Any]:
+    """Runs fn on `world_size` ranks; returns the per-rank results in rank order. `env` is
+    set in every rank after the harness's own variables (RANK, LOCAL_RANK, ...), so it may
+    override them; `backend` is the process group's ("nccl" sets the CUDA device first)."""
     port = free_port()
     results = _CONTEXT.Queue()
     processes = [
         _CONTEXT.Process(
             target=_rank_main,
             args=(fn, rank, world_size, port, tuple(args), kwargs or {}, results, timeout,
-                  env or {}),
+                  env or {}, backend),
             name=f"rank{rank}", daemon=True)
         for rank in range(world_size)
     ]

@@ -91,11 +91,12 @@ def train_engine(engine, rank: int, world: int, steps: int, gas: int, first_step
     import torch.distributed as dist
 
     data = batches(world, first_step + steps, gas)
+    device = getattr(engine, "device", torch.device("cpu"))  # the batches go where the model is
     losses = []
     for step in range(first_step, first_step + steps):
-        total = torch.zeros(1)
+        total = torch.zeros(1, device=device)
         for micro in range(gas):
-            tokens, targets = data[(step * gas + micro) * world + rank]
+            tokens, targets = (t.to(device) for t in data[(step * gas + micro) * world + rank])
             loss = engine(tokens, targets)
             if on_step is not None:
                 loss = on_step(step, loss)

@@ -1,0 +1,379 @@
+"""ZeRO-Offload on one GPU, side by side in one run: zero with its optimizer (and parameters)
+offloaded to pinned host memory against the same model without offload, and against PyTorch
+FSDP2 with and without CPU offload.
+
+    python benchmarks/bench_gpu_offload.py                  # GPT 1.3B, bf16: step-time split
+    python benchmarks/bench_gpu_offload.py --largest        # the largest GPT that trains
+    python benchmarks/bench_gpu_offload.py --model 350m --steps 3 --out /tmp/bench   # smoke
+
+Every configuration runs in a fresh process (world size 1, NCCL), so its GPU peak and host
+RSS are its own. Per optimizer step (micro-batch × gradient accumulation) the report gives
+forward, backward and the optimizer step (CUDA-synchronised wall time, median of the measured
+steps), the GPU's peak allocation and the process's peak RSS.
+
+Where the offloaded step's time goes: the zero2-offload worker also times, alone and on the
+same number of elements, the three pieces its step pipelines: the gradient copy to pinned
+host memory (D2H), zero's CPU Adam, and the parameter copy back (H2D). `hidden` is the share
+of their sum that the pipelined step did not add (1 - step / (D2H + Adam + H2D)); with the
+delayed update (dpu) the CPU step runs behind the next forward and backward instead.
+
+--largest: for each size, zero2 without offload and zero3 with parameters and optimizer
+offloaded (micro-batch 1, 3 steps), until a size fails; the failure (out of memory, time)
+is recorded, not hidden.
+
+DeepSpeed's ZeRO-Offload is measured when `deepspeed` imports (the GPU machine this was
+written for has no internet, so the report says when it did not).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import free_port, machine_facts, markdown_table  # noqa: E402
+from zero.models.tiny_gpt import GPTConfig, TinyGPT  # noqa: E402
+
+# name: (layers, heads, width); GPT-2 vocabulary padded to 50304, 1024 positions.
+MODELS = {"350m": (24, 16, 1024), "1.3b": (24, 16, 2048), "2.7b": (32, 32, 2560),
+          "6.7b": (32, 32, 4096), "8.3b": (40, 32, 4096), "13b": (40, 40, 5120)}
+CONFIGS = ("zero2", "zero2-offload", "zero2-offload-dpu", "zero3-offload", "fsdp2",
+           "fsdp2-offload", "deepspeed-offload")
+LR = 1e-4
+
+
+def gpt_config(model: str) -> GPTConfig:
+    layers, heads, width = MODELS[model]
+    return GPTConfig(vocab_size=50304, block_size=1024, n_layer=layers, n_head=heads,
+                     n_embd=width)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="1.3b", choices=sorted(MODELS))
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--gas", type=int, default=4, help="gradient accumulation steps")
+    parser.add_argument("--steps", type=int, default=5, help="measured optimizer steps")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--timeout", type=int, default=420, help="seconds per configuration")
+    parser.add_argument("--largest", action="store_true")
+    parser.add_argument("--sizes", default="2.7b,6.7b,8.3b,13b", help="--largest: sizes to try")
+    parser.add_argument("--out", default="benchmarks/results/gpu")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+# ---- one configuration, in its own process ---------------------------------------------------
+def ds_config(name: str, args) -> dict:
+    zero = {"stage": 3 if name.startswith("zero3") else 2, "overlap_comm": True,
+            "contiguous_gradients": True}
+    if "offload" in name:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if name.startswith("zero3") and "offload" in name:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if name.endswith("dpu"):
+        zero["offload_optimizer"]["delayed_update"] = True
+    return {"train_micro_batch_size_per_gpu": args.micro_batch,
+            "gradient_accumulation_steps": args.gas, "gradient_clipping": 1.0,
+            "bf16": {"enabled": True}, "steps_per_print": 0,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.95],
+                                                      "eps": 1e-8, "weight_decay": 0.1}},
+            "zero_optimization": zero}
+
+
+class StepTimer:
+    """CUDA-synchronised wall time of each phase, summed over one optimizer step."""
+
+    def __init__(self):
+        self.phases = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+
+    def __call__(self, phase, fn, *args):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = fn(*args)
+        torch.cuda.synchronize()
+        self.phases[phase] += time.perf_counter() - start
+        return out
+
+
+def batches(config: GPTConfig, args, count: int):
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    shape = (args.micro_batch, config.block_size)
+    return [(torch.randint(0, config.vocab_size, shape, device="cuda", generator=generator),
+             torch.randint(0, config.vocab_size, shape, device="cuda", generator=generator))
+            for _ in range(count)]
+
+
+def train_zero(name, model, args):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=model, config=ds_config(name, args))
+    data = batches(model.config, args, args.gas)
+
+    def one_step():
+        timer = StepTimer()
+        for tokens, targets in data:
+            loss = timer("forward", engine, tokens, targets)
+            timer("backward", engine.backward, loss)
+            timer("step", engine.step)
+        return timer.phases, loss.item()
+    return engine, one_step
+
+
+def train_fsdp2(name, model, args):
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                reduce_dtype=torch.float32)}
+    if name.endswith("offload"):
+        policy["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    for block in model.blocks:
+        fully_shard(block, **policy)
+    fully_shard(model, **policy)
+    hyper = dict(lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True, **hyper)
+    data = batches(model.config, args, args.gas)
+
+    def optimizer_step():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def one_step():
+        timer = StepTimer()
+        for tokens, targets in data:
+            loss = timer("forward", model, tokens, targets)
+            timer("backward", (loss / args.gas).backward)
+        timer("step", optimizer_step)
+        return timer.phases, loss.item()
+    return None, one_step
+
+
+def train_deepspeed(name, model, args):
+    import deepspeed  # noqa: F401 - ImportError is recorded as the reason
+
+    config = ds_config("zero2-offload", args)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
+    data = batches(model.config, args, args.gas)
+
+    def one_step():
+        timer = StepTimer()
+        for tokens, targets in data:
+            loss = timer("forward", engine, tokens, targets)
+            timer("backward", engine.backward, loss)
+            timer("step", engine.step)
+        return timer.phases, loss.item()
+    return engine, one_step
+
+
+def offload_components(numel: int) -> dict:
+    """D2H of numel bf16 gradients into pinned memory, zero's CPU AdamW on numel fp32 elements
+    (bf16 gradients in, bf16 parameters out), H2D of the bf16 parameters, each timed alone."""
+    from zero import _C
+
+    device_buf = torch.empty(numel, dtype=torch.bfloat16, device="cuda")
+    host_grad = torch.empty(numel, dtype=torch.bfloat16, pin_memory=True)
+    host_param = torch.empty(numel, dtype=torch.bfloat16, pin_memory=True)
+    master, exp_avg, exp_avg_sq = (torch.zeros(numel) for _ in range(3))
+
+    def timed(fn):
+        best = float("inf")
+        for _ in range(2):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    d2h = timed(lambda: host_grad.copy_(device_buf, non_blocking=True))
+    adam = timed(lambda: _C.cpu_adam_step(master, host_grad, exp_avg, exp_avg_sq, LR, 0.9, 0.95,
+                                          1e-8, 0.1, True, True, 1, 1.0, out16=host_param,
+                                          num_threads=torch.get_num_threads()))
+    h2d = timed(lambda: device_buf.copy_(host_param, non_blocking=True))
+    return {"d2h_s": d2h, "cpu_adam_s": adam, "h2d_s": h2d,
+            "d2h_gb_s": numel * 2 / d2h / 1e9, "h2d_gb_s": numel * 2 / h2d / 1e9,
+            "cpu_adam_params_per_s": numel / adam, "adam_threads": torch.get_num_threads()}
+
+
+def worker(args) -> dict:
+    import torch.distributed as dist
+
+    name = args.worker
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    config = gpt_config(args.model)
+    with torch.device("cuda"):
+        model = TinyGPT(config)
+    numel = sum(p.numel() for p in model.parameters())
+    build = train_zero if name.startswith("zero") else \
+        train_fsdp2 if name.startswith("fsdp2") else train_deepspeed
+    engine, one_step = build(name, model, args)
+    times, losses = [], []
+    for index in range(args.warmup + args.steps):
+        phases, loss = one_step()
+        losses.append(loss)
+        if index >= args.warmup:
+            times.append(phases)
+    result = {"config": name, "model": args.model, "params": numel, "losses": losses,
+              "micro_batch": args.micro_batch, "gas": args.gas,
+              "tokens_per_step": args.micro_batch * args.gas * config.block_size,
+              "gpu_peak_bytes": torch.cuda.max_memory_allocated(),
+              "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    for phase in ("forward", "backward", "step"):
+        result[f"{phase}_s"] = statistics.median(t[phase] for t in times)
+    result["total_s"] = statistics.median(sum(t.values()) for t in times)
+    if engine is not None and hasattr(engine, "destroy"):
+        engine.destroy()
+    del engine, model
+    if name == "zero2-offload":
+        torch.cuda.empty_cache()
+        result["components"] = offload_components(numel)
+    return result
+
+
+# ---- the driver ----------------------------------------------------------------------------
+def run_config(name: str, args, **overrides) -> dict:
+    """Runs one configuration in a fresh process; a failure comes back as its reason."""
+    options = {**vars(args), **overrides}
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [sys.executable, os.path.abspath(__file__), "--worker", name, "--result",
+                   out.name, "--model", options["model"], "--micro-batch",
+                   str(options["micro_batch"]), "--gas", str(options["gas"]), "--steps",
+                   str(options["steps"]), "--warmup", str(options["warmup"])]
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+               "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        print(f"[bench] {name} {options['model']} ...", flush=True)
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(command, env=env, capture_output=True, text=True,
+                                  timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            return {"config": name, "model": options["model"],
+                    "error": f"did not finish in {args.timeout} s"}
+        wall = time.monotonic() - start
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
+            print("\n".join(tail), flush=True)
+            return {"config": name, "model": options["model"], "error": _reason(tail),
+                    "output_tail": tail}
+        with open(out.name) as file:
+            result = json.load(file)
+    result["process_wall_s"] = wall
+    print(f"[bench] {name}: {result['total_s']:.3f} s/step, GPU peak "
+          f"{result['gpu_peak_bytes'] / 2**30:.1f} GiB", flush=True)
+    return result
+
+
+def _reason(tail: list[str]) -> str:
+    for line in reversed(tail):
+        if "OutOfMemoryError" in line or "out of memory" in line.lower():
+            return "out of memory: " + line.strip()[:200]
+    for line in reversed(tail):
+        if "Error" in line:
+            return line.strip()[:240]
+    return tail[-1][:240] if tail else "exited without output"
+
+
+def gib(value) -> str:
+    return f"{value / 2**30:.1f}"
+
+
+def write_report(kind: str, facts: dict, results: list[dict], args) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "largest_model" if kind == "largest" else "gpu_offload")
+    with open(stem + ".json", "w") as file:
+        json.dump({"facts": facts, "command": " ".join(sys.argv), "results": results}, file,
+                  indent=1)
+    with open(stem + ".md", "w") as file:
+        file.write(render(kind, facts, results))
+    print(f"[bench] wrote {stem}.md and .json", flush=True)
+
+
+def render(kind: str, facts: dict, results: list[dict]) -> str:
+    lines = [f"# {'Largest GPT that trains on one GPU' if kind == 'largest' else 'ZeRO-Offload on one GPU'}",
+             "", "`" + " ".join(["python"] + sys.argv) + "`", "",
+             ", ".join(f"{key}: {value}" for key, value in facts.items()), ""]
+    header = ["config", "model", "params", "tokens/step", "forward s", "backward s", "step s",
+              "total s", "GPU peak GiB", "RSS peak GiB", "loss first→last"]
+    rows = []
+    for r in results:
+        if "error" in r:
+            rows.append([r["config"], r["model"], "", "", "", "", "", "", "", "",
+                         "failed: " + r["error"].replace("|", "/")])
+            continue
+        rows.append([r["config"], r["model"], f"{r['params'] / 1e9:.2f}B", r["tokens_per_step"],
+                     f"{r['forward_s']:.3f}", f"{r['backward_s']:.3f}", f"{r['step_s']:.3f}",
+                     f"{r['total_s']:.3f}", gib(r["gpu_peak_bytes"]), gib(r["rss_peak_bytes"]),
+                     f"{r['losses'][0]:.3f}→{r['losses'][-1]:.3f}"])
+    lines += [markdown_table(header, rows), ""]
+    lines += _offload_summary(results)
+    return "\n".join(lines) + "\n"
+
+
+def _offload_summary(results: list[dict]) -> list[str]:
+    by_name = {r["config"]: r for r in results if "error" not in r}
+    lines = []
+    base = by_name.get("zero2")
+    for name in ("zero2-offload", "zero2-offload-dpu", "zero3-offload", "deepspeed-offload"):
+        if base and name in by_name:
+            added = by_name[name]["total_s"] / base["total_s"] - 1
+            lines.append(f"- {name} adds {added:+.1%} to the step of zero2 without offload "
+                         f"(goal: at most +10%).")
+    parts = by_name.get("zero2-offload", {}).get("components")
+    if parts:
+        serial = parts["d2h_s"] + parts["cpu_adam_s"] + parts["h2d_s"]
+        step = by_name["zero2-offload"]["step_s"]
+        lines.append(f"- zero2-offload's step pieces alone: D2H {parts['d2h_s']:.3f} s "
+                     f"({parts['d2h_gb_s']:.1f} GB/s), CPU Adam {parts['cpu_adam_s']:.3f} s "
+                     f"({parts['cpu_adam_params_per_s'] / 1e9:.2f} G params/s on "
+                     f"{parts['adam_threads']} threads), H2D {parts['h2d_s']:.3f} s "
+                     f"({parts['h2d_gb_s']:.1f} GB/s); sum {serial:.3f} s against the "
+                     f"pipelined step's {step:.3f} s: hidden {1 - step / serial:.0%}.")
+    return lines
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        result = worker(args)
+        with open(args.result, "w") as file:
+            json.dump(result, file)
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_gpu_offload: no CUDA GPU here; nothing to measure")
+        return 0
+    facts = machine_facts()
+    if args.largest:
+        results = largest(args)
+    else:
+        results = [run_config(name, args) for name in args.configs.split(",")]
+    write_report("largest" if args.largest else "offload", facts, results, args)
+    return 0
+
+
+def largest(args) -> list[dict]:
+    results = []
+    for config in ("zero2", "zero3-offload"):
+        for size in args.sizes.split(","):
+            result = run_config(config, args, model=size, micro_batch=1, gas=1, steps=2,
+                                warmup=1)
+            results.append(result)
+            if "error" in result:
+                break
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())
