@@ -39,7 +39,7 @@ export ZERO_COMMIT=${ZERO_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || ec
   echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo "- commit: $ZERO_COMMIT"
   echo "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
-  echo "- $("$PYTHON" -c 'import sys, torch; print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, NCCL {\".\".join(map(str, torch.cuda.nccl.version()))}")')"
+  echo "- $("$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0] + ", torch", torch.__version__ + ", CUDA", torch.version.cuda + ", NCCL", torch.cuda.nccl.version())')"
   echo "- host: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB memory"
   echo
   echo "| step | result | seconds |"

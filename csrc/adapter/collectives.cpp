@@ -1,5 +1,7 @@
 #include "adapter/collectives.h"
 
+#include "adapter/c10d_compat.h"
+
 #include <sstream>
 
 #include <c10/util/Exception.h>
@@ -111,7 +113,7 @@ void Communicator::count(std::int64_t& payload, std::int64_t bytes, bool control
 std::unique_ptr<PendingCollective> Communicator::all_gather(at::Tensor full, at::Tensor shard,
                                                             bool control) {
   check_pair("all_gather", full, shard, world_size_);
-  auto work = group_->all_gather_single(full, shard);
+  auto work = all_gather_into(*group_, full, shard);
   count(stats_.all_gather_bytes, nbytes(full), control);
   return std::make_unique<PendingCollective>(describe("all_gather", full), std::move(work),
                                              std::vector<at::Tensor>{full, shard});
@@ -122,7 +124,7 @@ std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard
   check_pair("reduce_scatter", full, shard, world_size_);
   c10d::ReduceScatterOptions options;
   options.reduceOp = to_c10d(reduction);
-  auto work = group_->reduce_scatter_single(shard, full, options);
+  auto work = reduce_scatter_into(*group_, shard, full, options);
   stats_.reduce_scatter_bytes += nbytes(full);
   ++stats_.calls;
   return std::make_unique<PendingCollective>(describe("reduce_scatter", full), std::move(work),
