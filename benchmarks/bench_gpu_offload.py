@@ -85,7 +85,7 @@ def ds_config(name: str, args) -> dict:
         zero["offload_optimizer"]["delayed_update"] = True
     return {"train_micro_batch_size_per_gpu": args.micro_batch,
             "gradient_accumulation_steps": args.gas, "gradient_clipping": 1.0,
-            "bf16": {"enabled": True}, "steps_per_print": 0,
+            "bf16": {"enabled": True}, "steps_per_print": 1000,
             "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.95],
                                                       "eps": 1e-8, "weight_decay": 0.1}},
             "zero_optimization": zero}
