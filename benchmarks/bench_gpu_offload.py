@@ -45,8 +45,9 @@ from zero.models.tiny_gpt import GPTConfig, TinyGPT  # noqa: E402
 # name: (layers, heads, width); GPT-2 vocabulary padded to 50304, 1024 positions.
 MODELS = {"350m": (24, 16, 1024), "1.3b": (24, 16, 2048), "2.7b": (32, 32, 2560),
           "6.7b": (32, 32, 4096), "8.3b": (40, 32, 4096), "13b": (40, 40, 5120)}
-CONFIGS = ("zero2", "zero2-offload", "zero2-offload-dpu", "zero3-offload", "fsdp2",
-           "fsdp2-offload", "deepspeed-offload")
+# Most telling first: a run cut short by its budget still compares offload with none.
+CONFIGS = ("zero2", "zero2-offload", "fsdp2-offload", "fsdp2", "zero2-offload-dpu",
+           "zero3-offload", "deepspeed-offload")
 LR = 1e-4
 
 
@@ -62,9 +63,12 @@ def parse_args(argv=None):
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--gas", type=int, default=4, help="gradient accumulation steps")
-    parser.add_argument("--steps", type=int, default=5, help="measured optimizer steps")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--timeout", type=int, default=420, help="seconds per configuration")
+    parser.add_argument("--steps", type=int, default=3, help="measured optimizer steps")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--timeout", type=int, default=240, help="seconds per configuration")
+    parser.add_argument("--budget", type=int, default=0,
+                        help="seconds for the whole run (0: none); configurations left when it "
+                             "is spent are reported as skipped")
     parser.add_argument("--largest", action="store_true")
     parser.add_argument("--sizes", default="2.7b,6.7b,8.3b,13b", help="--largest: sizes to try")
     parser.add_argument("--out", default="benchmarks/results/gpu")
@@ -354,25 +358,27 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_gpu_offload: no CUDA GPU here; nothing to measure")
         return 0
+    kind = "largest" if args.largest else "offload"
     facts = machine_facts()
-    if args.largest:
-        results = largest(args)
-    else:
-        results = [run_config(name, args) for name in args.configs.split(",")]
-    write_report("largest" if args.largest else "offload", facts, results, args)
+    deadline = time.monotonic() + args.budget if args.budget else float("inf")
+    results = []
+    for name, overrides in (largest_runs(args) if args.largest else
+                            [(name, {}) for name in args.configs.split(",")]):
+        if args.largest and any("error" in r and r["config"] == name for r in results):
+            continue  # a smaller size of this configuration already failed
+        if time.monotonic() > deadline:
+            results.append({"config": name, "model": overrides.get("model", args.model),
+                            "error": f"skipped: the run's --budget of {args.budget} s was spent"})
+        else:
+            results.append(run_config(name, args, **overrides))
+        write_report(kind, facts, results, args)  # after each: a run cut short keeps its numbers
     return 0
 
 
-def largest(args) -> list[dict]:
-    results = []
-    for config in ("zero2", "zero3-offload"):
-        for size in args.sizes.split(","):
-            result = run_config(config, args, model=size, micro_batch=1, gas=1, steps=2,
-                                warmup=1)
-            results.append(result)
-            if "error" in result:
-                break
-    return results
+def largest_runs(args) -> list[tuple[str, dict]]:
+    """zero2 without offload, then zero3 with everything offloaded, each up the sizes."""
+    return [(config, dict(model=size, micro_batch=1, gas=1, steps=2, warmup=1))
+            for config in ("zero2", "zero3-offload") for size in args.sizes.split(",")]
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ def machine_facts() -> dict:
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        # CPU-side work (CPU Adam, torch's CPU optimizers) runs on this many threads
+        "torch_threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
     }
     if torch.cuda.is_available():
         facts["gpu"] = torch.cuda.get_device_name(0)

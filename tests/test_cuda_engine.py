@@ -24,6 +24,8 @@ def _train(rank, world, stage, precision, zero_extra):
     import zero
 
     model = training.make_model()
+    if stage == 3:  # partition every tensor but the biases and norms (default: all whole)
+        zero_extra = {"stage3_param_persistence_threshold": 40, **zero_extra}
     config = training.engine_config(stage, gas=GAS, precision=precision, **zero_extra)
     engine, _, _, _ = zero.initialize(model=model, config=config)
     assert engine.device.type == "cuda"
@@ -85,13 +87,15 @@ def test_parameter_and_optimizer_offload(world):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_memory_report_device_bytes_against_the_allocator(stage):
-    """What the registry counts on the device is memory torch's allocator handed out: the
-    registry's device peak never exceeds torch.cuda.max_memory_allocated, and after a step
-    the registry accounts for all but the few MiB of loose tensors (data, loss, RNG)."""
+    """What the registry counts on the device is memory torch's allocator handed out: its
+    device peak never exceeds torch.cuda.max_memory_allocated, its model states on the device
+    are the formula's, and the report names what the allocator holds outside zero (on an
+    H100 about 64 MiB of cuBLAS workspaces, which torch allocates through the same allocator)."""
     [(_, _, report)] = _run(1, stage, "bf16")
     device = report["by_location"]["device"]
     process = report["process"]
-    assert process["cuda_max_allocated_bytes"] > 0
     assert 0 < device["peak"] <= process["cuda_max_allocated_bytes"]
-    assert device["current"] <= process["cuda_allocated_bytes"]
-    assert process["cuda_allocated_bytes"] - device["current"] < 16 * 2 ** 20
+    assert 0 < device["current"] <= process["cuda_allocated_bytes"]
+    by_location = report["model_state_by_location"]
+    assert by_location["measured"]["device"] == by_location["expected"]["device"]
+    assert process["cuda_outside_zero_bytes"] == process["cuda_allocated_bytes"] - device["current"]

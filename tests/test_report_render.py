@@ -122,7 +122,7 @@ def test_the_report_command_renders_a_real_offloaded_run(offload_run, tmp_path):
 
     folder, finals = offload_run
     png = tmp_path / "offload.png"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(render.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(render.__file__))))
     # `zero-mem report` as a user runs it (the console script is `python -m zero.reports.cli`)
     done = subprocess.run([sys.executable, "-m", "zero.reports.cli", "report", str(folder),
                            "--png", str(png), "--table"], capture_output=True, text=True,
@@ -181,10 +181,11 @@ def test_a_gpu_report_shows_the_allocator_peaks():
               "total": {"current": 0, "peak": 0},
               "process": {"rss_bytes": 2 << 30, "rss_peak_bytes": 3 << 30, "cuda_device": 1,
                           "cuda_allocated_bytes": 5 << 30, "cuda_max_allocated_bytes": 7 << 30,
-                          "cuda_reserved_bytes": 8 << 30, "cuda_max_reserved_bytes": 9 << 30}}
+                          "cuda_reserved_bytes": 8 << 30, "cuda_max_reserved_bytes": 9 << 30,
+                          "cuda_outside_zero_bytes": 64 << 20}}
     text = format_report(report)
     assert ("CUDA allocator (cuda:1): allocated 5.000 GiB (peak 7.000 GiB), reserved 8.000 GiB "
-            "(peak 9.000 GiB)") in text
+            "(peak 9.000 GiB); 64.000 MiB of it outside zero's accounting") in text
     assert "process RSS: 2.000 GiB (peak 3.000 GiB" in text
 
 

@@ -166,6 +166,10 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
             where = location if location in ("device", "nvme") else "host"
             measured_by_location[where] += usage["current"]
     main = next((layout for layout in layouts if not layout.persistent), layouts[0])
+    process = process_memory()
+    if "cuda_allocated_bytes" in process:  # e.g. cuBLAS workspaces, the user's own tensors
+        process["cuda_outside_zero_bytes"] = (process["cuda_allocated_bytes"] -
+                                              registry.location_usage("device")["current"])
     formula = " + ".join(("persistent: " if layout.persistent else "") + total_formula(layout)
                          for layout in layouts)
     return {
@@ -190,7 +194,7 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         "offload": {"optimizer": main.offload_optimizer,
                     "param": ("nvme" if any(layout.param_nvme_numel for layout in layouts) else
                               "cpu" if any(layout.offload_param for layout in layouts) else "none")},
-        "process": process_memory(),
+        "process": process,
         "comm": comm_stats,
     }
 
@@ -296,7 +300,10 @@ def format_report(report: dict) -> str:
         if "cuda_reserved_bytes" in process:
             text += (f", reserved {_size(process['cuda_reserved_bytes'])} (peak "
                      f"{_size(process['cuda_max_reserved_bytes'])})")
-        lines.append(text + "; the engine's device bytes are part of it")
+        outside = process.get("cuda_outside_zero_bytes")
+        lines.append(text + ("; the engine's device bytes are part of it" if outside is None else
+                             f"; {_size(outside)} of it outside zero's accounting (activations, "
+                             "cuBLAS workspaces, the script's own tensors)"))
     if "rss_peak_bytes" in process:
         current = process.get("rss_bytes", 0)
         lines.append(f"  process RSS: {_size(current)} (peak "
