@@ -257,7 +257,8 @@ def run_config(name: str, args, **overrides) -> dict:
                    str(options["micro_batch"]), "--gas", str(options["gas"]), "--steps",
                    str(options["steps"]), "--warmup", str(options["warmup"])]
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-               "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+               "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "PYTHONFAULTHANDLER": "1"}  # a crash in native code still names its frame
         print(f"[bench] {name} {options['model']} ...", flush=True)
         start = time.monotonic()
         try:
@@ -267,13 +268,16 @@ def run_config(name: str, args, **overrides) -> dict:
             return {"config": name, "model": options["model"],
                     "error": f"did not finish in {args.timeout} s"}
         wall = time.monotonic() - start
-        if proc.returncode != 0:
+        measured = os.path.getsize(out.name) > 0
+        if proc.returncode != 0 and not measured:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
             print("\n".join(tail), flush=True)
-            return {"config": name, "model": options["model"], "error": _reason(tail),
-                    "output_tail": tail}
+            return {"config": name, "model": options["model"], "output_tail": tail,
+                    "error": f"exit code {proc.returncode}: " + _reason(tail)}
         with open(out.name) as file:
             result = json.load(file)
+        if proc.returncode != 0:  # measured, then failed on the way out: say so
+            result["teardown_exit_code"] = proc.returncode
     result["process_wall_s"] = wall
     print(f"[bench] {name}: {result['total_s']:.3f} s/step, GPU peak "
           f"{result['gpu_peak_bytes'] / 2**30:.1f} GiB", flush=True)
