@@ -1,5 +1,6 @@
 #include "adapter/grad_reducer.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 namespace zero::adapter {
@@ -25,6 +26,7 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
               expected_.size(), " units but the layout has ", layout_.unit_count());
   missing_ = expected_;
   launched_.assign(layout_.unit_count(), false);
+  zeroed_.assign(layout_.unit_count(), false);
   if (mode_ == ReduceMode::kReduceScatter) {
     initial_slots_ = std::min<std::size_t>(overlap_comm ? 2 : 1, layout_.unit_count());
     for (std::size_t i = 0; i < initial_slots_; ++i) {
@@ -113,13 +115,26 @@ void GradReducer::launch(std::size_t unit) {
   at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   at::Tensor target = grads_.narrow(0, layout_.shard_offset(unit), plan.shard_numel());
   in_flight_.push_back({&slot, communicator_.reduce_scatter(output, input, Reduction::kAvg),
-                        [target, output]() mutable {
-                          // A host shard (optimizer offload): this unit's 1/N leaves the device.
-                          target.add_(output.device() == target.device()
-                                          ? output
-                                          : output.to(target.device()));
+                        [this, unit, target, output]() mutable {
+                          accumulate(unit, target, output);
                         }});
 }
+
+void GradReducer::accumulate(std::size_t unit, at::Tensor& target, const at::Tensor& reduced) {
+  if (zeroed_[unit]) {  // the window's first gradient: a host shard's one D2H copy
+    zeroed_[unit] = false;
+    target.copy_(reduced);
+  } else if (reduced.device() == target.device()) {
+    target.add_(reduced);
+  } else {  // a host shard already holding gradients: staged through pinned memory when it is
+    at::Tensor staged = at::empty(reduced.sizes(), reduced.options().device(at::kCPU)
+                                                       .pinned_memory(target.is_pinned()));
+    staged.copy_(reduced);
+    target.add_(staged);
+  }
+}
+
+void GradReducer::grads_zeroed() { zeroed_.assign(layout_.unit_count(), true); }
 
 void GradReducer::wait_oldest() {
   InFlight entry = std::move(in_flight_.front());

@@ -52,6 +52,11 @@ class GradReducer {
   void wait_all();
   // Ready for the next backward; buckets beyond the initial pool are freed.
   void reset();
+  // The owner has just zeroed `grads` (a new accumulation window): each unit's next reduced
+  // gradient is copied in instead of added, which for a host shard (optimizer offload) is one
+  // copy into its pinned memory instead of a temporary, a copy and an add on the CPU. Until
+  // the first call every unit adds, which is right whatever `grads` holds.
+  void grads_zeroed();
   std::size_t bucket_count() const { return slots_.size(); }
   std::int64_t bucket_bytes() const;
 
@@ -69,6 +74,7 @@ class GradReducer {
   };
 
   Slot& slot_for(std::size_t unit);
+  void accumulate(std::size_t unit, at::Tensor& target, const at::Tensor& reduced);
   Slot& acquire_slot();
   Slot& add_slot();
   void wait_oldest();
@@ -83,6 +89,7 @@ class GradReducer {
   std::vector<std::size_t> missing_;   // gradients still to arrive, per unit
   std::vector<Slot*> slot_of_unit_;
   std::vector<bool> launched_;
+  std::vector<bool> zeroed_;  // per unit: its range of `grads` holds zeros (grads_zeroed)
   std::size_t initial_slots_ = 0;
   std::deque<std::unique_ptr<Slot>> slots_;
   std::deque<InFlight> in_flight_;    // oldest first

@@ -163,7 +163,10 @@ void ParamGroup::gather_params() {
 
 void ParamGroup::zero_grads() {
   if (grad_full_.defined()) grad_full_.tensor().zero_();
-  if (grad_shard_.tensor().defined()) grad_shard_.tensor().zero_();
+  if (grad_shard_.tensor().defined()) {
+    grad_shard_.tensor().zero_();
+    reducer_->grads_zeroed();
+  }
 }
 
 at::Tensor ParamGroup::master_shard() const {
