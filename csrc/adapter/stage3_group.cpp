@@ -344,7 +344,10 @@ void Stage3Group::gather_params() {
   if (param_swap_) param_swap_->flush();
 }
 
-void Stage3Group::zero_grads() { grad_shard_.tensor().zero_(); }
+void Stage3Group::zero_grads() {
+  grad_shard_.tensor().zero_();
+  reducer_->grads_zeroed();
+}
 
 at::Tensor Stage3Group::master_shard() const {
   return state_.has_master() ? state_.read_master(0, layout_.shard_numel())
