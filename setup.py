@@ -2,7 +2,7 @@
 
 The torch-free core (csrc/core) is compiled once, by CMake, into libzero_core.a (the same
 library the Catch2 tests link); this script links it into the extension together with the
-ATen/c10d adapter (csrc/adapter) and the one binding TU (csrc/bindings.cpp).
+ATen/c10d adapter (csrc/adapter) and the bindings (csrc/bindings/, one file per concern).
 
 CUDA build only when the installed torch was built with CUDA *and* a toolkit is found:
 nvcc alone (as on the CPU-only CI machine) does not make a CUDA build.
@@ -57,7 +57,8 @@ def relative(paths):
 
 
 def make_extension(core_library: str):
-    sources = relative(["csrc/bindings.cpp", *glob.glob(os.path.join(ROOT, "csrc/adapter/*.cpp"))])
+    sources = relative([*glob.glob(os.path.join(ROOT, "csrc/bindings/*.cpp")),
+                        *glob.glob(os.path.join(ROOT, "csrc/adapter/*.cpp"))])
     common = dict(
         name="zero._C",
         include_dirs=[os.path.join(ROOT, "csrc")],

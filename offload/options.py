@@ -1,47 +1,55 @@
-"""Offload settings for the C++ engine, from a validated ZeroConfig."""
+"""Offload settings for the C++ engine (typed, see zero/boundary.py), from a validated
+ZeroConfig."""
 from __future__ import annotations
 
 import torch
 
+from zero import _C
+from zero.boundary import typed
+
 OFFLOAD_TILE = 1 << 22  # elements per streamed chunk of the offloaded step, at most
 
 
-def offload_options(config, on_swap_write=None) -> dict:
-    """offload_optimizer: device "cpu" keeps the fp32 master and optimizer state in host
-    memory, "nvme" in a swap file under nvme_path (removed when the engine goes); the step
-    streams chunks of min(sub_group_size, OFFLOAD_TILE) elements, with torch's intra-op
-    thread count (the launcher's core binding sets it) running the CPU Adam.
-    on_swap_write(bytes) is told each chunk written to the swap file outside the step."""
+def offload_options(config, on_swap_write=None):
+    """offload_optimizer as _C.OffloadOptions: device "cpu" keeps the fp32 master and
+    optimizer state in host memory, "nvme" in a swap file under nvme_path (removed when the
+    engine goes); the step streams chunks of min(sub_group_size, OFFLOAD_TILE) elements,
+    with torch's intra-op thread count (the launcher's core binding sets it) running the CPU
+    Adam. on_swap_write(bytes) is told each chunk written to the swap file outside the step."""
     zero_cfg = config.zero_optimization
     offload = zero_cfg.offload_optimizer
-    return {"enabled": offload.device in ("cpu", "nvme"), "pin_memory": offload.pin_memory,
-            "tile_numel": min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
-            "num_threads": torch.get_num_threads(),
-            "delayed_update": offload.delayed_update, "ratio": float(offload.ratio),
-            "nvme_path": offload.nvme_path if offload.device == "nvme" else None,
-            "aio": _aio(config), "on_swap_write": on_swap_write}
+    nvme = offload.device == "nvme"
+    return typed(_C.OffloadOptions, enabled=offload.device in ("cpu", "nvme"),
+                 pin_memory=bool(offload.pin_memory),
+                 tile_numel=min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
+                 num_threads=torch.get_num_threads(),
+                 delayed_update=bool(offload.delayed_update), ratio=float(offload.ratio),
+                 nvme_path=offload.nvme_path if nvme else "", aio=aio_config(config),
+                 on_swap_write=on_swap_write)
 
 
-def _aio(config) -> dict:
+def aio_config(config):
     aio = config.aio
-    return {"block_size": aio.block_size, "queue_depth": aio.queue_depth,
-            "intra_op_parallelism": aio.intra_op_parallelism}
+    return typed(_C.AioConfig, block_size=int(aio.block_size), queue_depth=int(aio.queue_depth),
+                 intra_op_parallelism=int(aio.intra_op_parallelism))
 
 
-def param_offload_options(config, on_swap_write=None) -> dict:
-    """offload_param at stage 3: device "cpu" keeps each rank's parameter shard in host
-    memory; "nvme" keeps it in a swap file under nvme_path, except the first gather units up
-    to max_in_cpu elements, which stay in host memory. buffer_count host buffers (each one
-    unit's shard, not buffer_size elements) carry NVMe units in and out; buffer_size bounds
-    the shard elements of one unit. on_swap_write(bytes) is told each unit written to the
-    swap file at start-up."""
+def param_offload_options(config, on_swap_write=None):
+    """offload_param at stage 3 as _C.ParamOffloadOptions: device "cpu" keeps each rank's
+    parameter shard in host memory; "nvme" keeps it in a swap file under nvme_path, except the
+    first gather units up to max_in_cpu elements, which stay in host memory. buffer_count host
+    buffers (each one unit's shard, not buffer_size elements) carry NVMe units in and out;
+    buffer_size bounds the shard elements of one unit. on_swap_write(bytes) is told each unit
+    written to the swap file at start-up."""
     param = config.zero_optimization.offload_param
-    out = {"device": param.device, "pin_memory": param.pin_memory}
-    if param.device == "nvme":
-        out.update(nvme_path=param.nvme_path, max_in_cpu=int(param.max_in_cpu),
-                   buffer_count=int(param.buffer_count), buffer_size=int(param.buffer_size),
-                   aio=_aio(config), on_swap_write=on_swap_write)
-    return out
+    nvme = param.device == "nvme"
+    if nvme and not param.nvme_path:
+        raise ValueError('zero: offload_param device "nvme" needs nvme_path')
+    return typed(_C.ParamOffloadOptions, enabled=param.device != "none",
+                 pin_memory=bool(param.pin_memory), nvme_path=param.nvme_path if nvme else "",
+                 max_in_cpu=int(param.max_in_cpu), buffer_count=int(param.buffer_count),
+                 buffer_numel=int(param.buffer_size), aio=aio_config(config),
+                 on_swap_write=on_swap_write if nvme else None)
 
 
 def pinning_warning(config, group_infos: list[dict]) -> str | None:

@@ -16,6 +16,7 @@ Failure handling, so that no test can hang CI:
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
@@ -48,6 +49,8 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env, 
                       LOCAL_WORLD_SIZE=str(world_size))
     os.environ.update(env)  # after the defaults: a test may put every rank on LOCAL_RANK 0
     torch.set_num_threads(1)  # N ranks share 2 cores
+    # A rank still running just before the run's deadline prints where it is stuck (stderr).
+    faulthandler.dump_traceback_later(max(timeout - 3, 1))
     try:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -61,6 +64,7 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env, 
         results.put((rank, "error", traceback.format_exc()))
         raise SystemExit(1)
     finally:
+        faulthandler.cancel_dump_traceback_later()
         if dist.is_initialized():
             dist.destroy_process_group()
 

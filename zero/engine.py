@@ -22,7 +22,7 @@ from torch import nn
 
 import offload
 
-from . import _C, stage3
+from . import _C, boundary, stage3
 from . import init as zero_init
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
@@ -347,13 +347,15 @@ class ZeroEngine(nn.Module):
                 continue
             model_units = sorted({plan.unit_of_param[id(p)] for p in partitioned})
             local = {unit: i for i, unit in enumerate(model_units)}
+            options = boundary.group_options(
+                self.config, stage=3, alignment=self._alignment, optimizer_kind=spec.kind,
+                sgd_momentum=spec.momentum_buffer_needed([group]),
+                offload=offload.offload_options(self.config, self._swap_writes.add),
+                offload_param=offload.param_offload_options(self.config, self._swap_writes.add))
             index = self._core.add_stage3_group(
                 partitioned, [local[plan.unit_of_param[id(p)]] for p in partitioned],
                 [list(p._zero_shape) if zero_init.is_partitioned(p) else [] for p in partitioned],
-                self._alignment, zero_cfg.overlap_comm, spec.kind,
-                spec.momentum_buffer_needed([group]),
-                offload=offload.offload_options(self.config, self._swap_writes.add),
-                offload_param=offload.param_offload_options(self.config, self._swap_writes.add))
+                options)
             self._engine_groups.append((owner, partitioned))
             for unit in model_units:
                 placement.setdefault(unit, []).append((index, local[unit]))
@@ -367,10 +369,7 @@ class ZeroEngine(nn.Module):
             if persistent:
                 self._add_group(spec, owner, group, persistent, stage=1)
         self._core.configure_schedule([name for name, _ in plan.modules],
-                                      int(zero_cfg.stage3_prefetch_bucket_size),
-                                      int(zero_cfg.stage3_max_live_parameters),
-                                      int(zero_cfg.stage3_max_reuse_distance),
-                                      int(zero_cfg.stage3_max_inflight_gathers), self.device)
+                                      boundary.schedule_options(self.config, self.device))
         engine = weakref.ref(self)
         self._stage3 = stage3.Stage3Hooks(self._core, plan, placement,
                                           step_counter=lambda: engine().global_steps)
@@ -396,11 +395,10 @@ class ZeroEngine(nn.Module):
     def _add_group(self, spec, owner: int, group: dict, params: list, stage: int) -> None:
         # A unit is the grain of communication: one all-reduce / reduce-scatter of its grads
         # and one all-gather of its params, so reduce_bucket_size is its size.
-        zero_cfg = self.config.zero_optimization
-        self._core.add_group(params, stage, self._alignment, int(zero_cfg.reduce_bucket_size),
-                             zero_cfg.overlap_comm, spec.kind, spec.momentum_buffer_needed([group]),
-                             offload=offload.offload_options(self.config,
-                                                             self._swap_writes.add))
+        self._core.add_group(params, boundary.group_options(
+            self.config, stage=stage, alignment=self._alignment, optimizer_kind=spec.kind,
+            sgd_momentum=spec.momentum_buffer_needed([group]),
+            offload=offload.offload_options(self.config, self._swap_writes.add)))
         self._engine_groups.append((owner, params))
 
     def _warn_if_not_pinned(self) -> None:

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from zero.boundary import optimizer_hyper
+
 ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
 
@@ -66,23 +68,11 @@ class ZeroOptimizer:
         self.param_groups = param_groups
         self.defaults = spec.defaults
 
-    def hypers(self) -> list[dict]:
-        """Per-group hyperparameters for EngineCore.step, read fresh each step so schedulers
-        and scripts that edit param_groups take effect."""
-        out = []
-        for group in self.param_groups:
-            hyper = {"kind": self.spec.kind, "lr": float(group["lr"]),
-                     "weight_decay": float(group.get("weight_decay", 0.0))}
-            if self.spec.kind == "adam":
-                hyper.update(betas=tuple(float(b) for b in group["betas"]),
-                             eps=float(group["eps"]),
-                             decoupled_weight_decay=self.spec.decoupled_weight_decay)
-            else:
-                hyper.update(momentum=float(group.get("momentum", 0.0)),
-                             dampening=float(group.get("dampening", 0.0)),
-                             nesterov=bool(group.get("nesterov", False)))
-            out.append(hyper)
-        return out
+    def hypers(self) -> list:
+        """Per-group hyperparameters for EngineCore.step (_C.OptimizerHyper), read fresh each
+        step so schedulers and scripts that edit param_groups take effect."""
+        return [optimizer_hyper(self.spec.kind, group, self.spec.decoupled_weight_decay)
+                for group in self.param_groups]
 
     def state_dict(self) -> dict:
         return {"param_groups": [{k: v for k, v in g.items() if k != "params"}

@@ -35,9 +35,10 @@
 namespace zero::adapter {
 
 struct ScheduleOptions {
-  std::int64_t prefetch_numel = 0;  // 0 disables prefetch
-  std::int64_t max_live_numel = INT64_MAX;
-  std::int64_t max_reuse_distance = 0;  // keep a unit reused within fewer elements; 0: never
+  // Defaults: the schema's (stage3_prefetch_bucket_size, stage3_max_live_parameters, ...).
+  std::int64_t prefetch_numel = 50'000'000;  // 0 disables prefetch
+  std::int64_t max_live_numel = 1'000'000'000;
+  std::int64_t max_reuse_distance = 1'000'000'000;  // keep a unit reused within fewer elements; 0: never
   std::int64_t max_inflight = 2;        // all-gathers in flight at once
   c10::Device device = c10::Device(c10::kCPU);  // where the fingerprint exchange runs
 };

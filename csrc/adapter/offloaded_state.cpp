@@ -57,6 +57,8 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
                                const c10::TensorOptions& device_options, OptimizerKind kind,
                                bool sgd_momentum, const OffloadOptions& offload)
     : kind_(kind), offload_(offload), shard_numel_(shard_numel), sgd_momentum_(sgd_momentum) {
+  TORCH_CHECK_VALUE(offload_.num_threads >= 1, "zero: offload threads must be >= 1, got ",
+                    offload_.num_threads);
   TORCH_CHECK(offload_.tile_numel > 0, "zero: offload chunk size (sub_group_size) must be > 0, "
               "got ", offload_.tile_numel);
   const bool on_nvme = !offload_.nvme_path.empty();

@@ -32,7 +32,7 @@ namespace zero::adapter {
 // Stage 3: where this rank's parameter shard lives when it is not on the device.
 struct ParamOffloadOptions {
   bool enabled = false;  // in host memory (offload_param device "cpu" or "nvme")
-  bool pin = false;
+  bool pin_memory = false;
   std::string nvme_path;  // non-empty: on NVMe, but for the first units up to max_in_cpu
   std::int64_t max_in_cpu = 0;  // shard elements kept in host memory with NVMe
   std::int64_t buffer_count = 5;  // host buffers carrying NVMe units in and out

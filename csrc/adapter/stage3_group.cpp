@@ -110,14 +110,14 @@ void Stage3Group::place_param_shard() {
       swap.nvme_path = offload.nvme_path;
       swap.aio = offload.aio;
       swap.buffer_count = offload.buffer_count;
-      swap.pin = offload.pin;
+      swap.pin = offload.pin_memory;
       param_swap_ = std::make_unique<ParamSwap>(registry_, nvme_numel,
                                                 model_options.dtype().toScalarType(), swap);
     }
   }
   // Offloaded: the host holds the shard but for its NVMe units.
   param_shard_ = PlacedBuffer(registry_, core::MemoryCategory::kParam, host_numel_, model_options,
-                              offload.enabled, offload.pin);
+                              offload.enabled, offload.pin_memory);
 }
 
 // Copies this rank's slices of every full parameter into its shard (unit by unit, so an NVMe

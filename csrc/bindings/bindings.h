@@ -1,0 +1,23 @@
+#pragma once
+// zero._C, bound by concern (one file each, registered by module.cpp). Bindings translate
+// between Python values and the core/adapter types and hold no logic of their own.
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include "adapter/collectives.h"
+
+namespace zero::bindings {
+
+namespace py = pybind11;
+
+void bind_options(py::module_& m);      // options.cpp: the typed configuration
+void bind_planner(py::module_& m);      // planner.cpp: flat buffers, layouts, partitions
+void bind_memory(py::module_& m);       // memory.cpp: the accounting registry, tracked buffers
+void bind_collectives(py::module_& m);  // collectives.cpp: Communicator, PendingCollective
+void bind_engine(py::module_& m);       // engine.cpp: EngineCore
+
+py::dict stats_dict(const adapter::CommStats& stats);  // collectives.cpp
+
+}  // namespace zero::bindings

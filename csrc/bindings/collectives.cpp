@@ -1,0 +1,75 @@
+#include "bindings/bindings.h"
+
+#include "adapter/process_group.h"
+
+namespace zero::bindings {
+namespace {
+
+// Runs a collective; waits (without the GIL) unless async_op, in which case the caller
+// owns the handle and must wait() on it.
+py::object finish(std::unique_ptr<adapter::PendingCollective> pending, bool async_op) {
+  if (async_op) return py::cast(std::move(pending));
+  {
+    py::gil_scoped_release no_gil;
+    pending->wait();
+  }
+  return py::none();
+}
+
+}  // namespace
+
+py::dict stats_dict(const adapter::CommStats& stats) {
+  py::dict out;
+  out["all_gather_bytes"] = stats.all_gather_bytes;
+  out["reduce_scatter_bytes"] = stats.reduce_scatter_bytes;
+  out["all_reduce_bytes"] = stats.all_reduce_bytes;
+  out["broadcast_bytes"] = stats.broadcast_bytes;
+  out["total_bytes"] = stats.total_bytes();
+  out["calls"] = stats.calls;
+  out["control_bytes"] = stats.control_bytes;
+  out["control_calls"] = stats.control_calls;
+  return out;
+}
+
+void bind_collectives(py::module_& m) {
+  py::class_<adapter::PendingCollective>(m, "PendingCollective")
+      .def("wait", &adapter::PendingCollective::wait, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("completed", &adapter::PendingCollective::completed);
+
+  py::class_<adapter::Communicator>(m, "Communicator")
+      .def(py::init([](const std::string& group_name) {
+             return adapter::Communicator(adapter::resolve_group(group_name));
+           }),
+           py::arg("group_name"))
+      .def_property_readonly("rank", &adapter::Communicator::rank)
+      .def_property_readonly("world_size", &adapter::Communicator::world_size)
+      .def("stats", [](const adapter::Communicator& c) { return stats_dict(c.stats()); })
+      .def("reset_stats", &adapter::Communicator::reset_stats)
+      .def(
+          "all_gather",
+          [](adapter::Communicator& c, at::Tensor full, at::Tensor shard, bool async_op) {
+            return finish(c.all_gather(full, shard), async_op);
+          },
+          py::arg("full"), py::arg("shard"), py::arg("async_op") = false)
+      .def(
+          "reduce_scatter",
+          [](adapter::Communicator& c, at::Tensor shard, at::Tensor full, const std::string& op,
+             bool async_op) {
+            return finish(c.reduce_scatter(shard, full, adapter::parse_reduction(op)), async_op);
+          },
+          py::arg("shard"), py::arg("full"), py::arg("op") = "sum", py::arg("async_op") = false)
+      .def(
+          "all_reduce",
+          [](adapter::Communicator& c, at::Tensor tensor, const std::string& op, bool async_op) {
+            return finish(c.all_reduce(tensor, adapter::parse_reduction(op)), async_op);
+          },
+          py::arg("tensor"), py::arg("op") = "sum", py::arg("async_op") = false)
+      .def(
+          "broadcast",
+          [](adapter::Communicator& c, at::Tensor tensor, int root, bool async_op) {
+            return finish(c.broadcast(tensor, root), async_op);
+          },
+          py::arg("tensor"), py::arg("root"), py::arg("async_op") = false);
+}
+
+}  // namespace zero::bindings

@@ -1,0 +1,88 @@
+// The typed configuration Python hands C++ (built from the validated config in one place,
+// zero/boundary.py). Plain structs with named fields: assigning a field that does not exist is
+// an AttributeError, so a misspelled option cannot silently take a default. Each default
+// that has a config key matches the schema's (tests/test_boundary.py).
+#include "bindings/bindings.h"
+
+#include "adapter/gather_schedule.h"
+#include "adapter/offloaded_state.h"
+#include "adapter/optimizer_math.h"
+#include "adapter/param_group.h"
+#include "core/io_backend.h"
+
+namespace zero::bindings {
+
+void bind_options(py::module_& m) {
+  py::enum_<adapter::OptimizerKind>(m, "OptimizerKind")
+      .value("adam", adapter::OptimizerKind::kAdam)
+      .value("sgd", adapter::OptimizerKind::kSgd);
+
+  using Hyper = adapter::OptimizerHyper;
+  py::class_<Hyper>(m, "OptimizerHyper")
+      .def(py::init<>())
+      .def_readwrite("kind", &Hyper::kind)
+      .def_readwrite("lr", &Hyper::lr)
+      .def_readwrite("weight_decay", &Hyper::weight_decay)
+      .def_readwrite("beta1", &Hyper::beta1)
+      .def_readwrite("beta2", &Hyper::beta2)
+      .def_readwrite("eps", &Hyper::eps)
+      .def_readwrite("decoupled_weight_decay", &Hyper::decoupled_weight_decay)
+      .def_readwrite("bias_correction", &Hyper::bias_correction)
+      .def_readwrite("momentum", &Hyper::momentum)
+      .def_readwrite("dampening", &Hyper::dampening)
+      .def_readwrite("nesterov", &Hyper::nesterov);
+
+  py::class_<core::AioConfig>(m, "AioConfig")
+      .def(py::init<>())
+      .def_readwrite("block_size", &core::AioConfig::block_size)
+      .def_readwrite("queue_depth", &core::AioConfig::queue_depth)
+      .def_readwrite("intra_op_parallelism", &core::AioConfig::intra_op_parallelism);
+
+  using Offload = adapter::OffloadOptions;
+  py::class_<Offload>(m, "OffloadOptions")
+      .def(py::init<>())
+      .def_readwrite("enabled", &Offload::enabled)
+      .def_readwrite("pin_memory", &Offload::pin_memory)
+      .def_readwrite("tile_numel", &Offload::tile_numel)
+      .def_readwrite("num_threads", &Offload::num_threads)
+      .def_readwrite("nvme_path", &Offload::nvme_path)
+      .def_readwrite("aio", &Offload::aio)
+      .def_readwrite("delayed_update", &Offload::delayed_update)
+      .def_readwrite("ratio", &Offload::ratio)
+      .def_readwrite("on_swap_write", &Offload::on_swap_write);
+
+  using ParamOffload = adapter::ParamOffloadOptions;
+  py::class_<ParamOffload>(m, "ParamOffloadOptions")
+      .def(py::init<>())
+      .def_readwrite("enabled", &ParamOffload::enabled)
+      .def_readwrite("pin_memory", &ParamOffload::pin_memory)
+      .def_readwrite("nvme_path", &ParamOffload::nvme_path)
+      .def_readwrite("max_in_cpu", &ParamOffload::max_in_cpu)
+      .def_readwrite("buffer_count", &ParamOffload::buffer_count)
+      .def_readwrite("buffer_numel", &ParamOffload::buffer_numel)
+      .def_readwrite("aio", &ParamOffload::aio)
+      .def_readwrite("on_swap_write", &ParamOffload::on_swap_write);
+
+  using Group = adapter::GroupOptions;
+  py::class_<Group>(m, "GroupOptions")
+      .def(py::init<>())
+      .def_readwrite("stage", &Group::stage)
+      .def_readwrite("alignment", &Group::alignment)
+      .def_readwrite("unit_numel", &Group::unit_numel)
+      .def_readwrite("overlap_comm", &Group::overlap_comm)
+      .def_readwrite("optimizer", &Group::optimizer)
+      .def_readwrite("sgd_momentum", &Group::sgd_momentum)
+      .def_readwrite("offload", &Group::offload)
+      .def_readwrite("offload_param", &Group::offload_param);
+
+  using Schedule = adapter::ScheduleOptions;
+  py::class_<Schedule>(m, "ScheduleOptions")
+      .def(py::init<>())
+      .def_readwrite("prefetch_numel", &Schedule::prefetch_numel)
+      .def_readwrite("max_live_numel", &Schedule::max_live_numel)
+      .def_readwrite("max_reuse_distance", &Schedule::max_reuse_distance)
+      .def_readwrite("max_inflight", &Schedule::max_inflight)
+      .def_readwrite("device", &Schedule::device);
+}
+
+}  // namespace zero::bindings

@@ -1,0 +1,68 @@
+"""The typed options the C++ engine takes, built here from the validated config and nowhere else.
+
+Each is a plain C++ struct bound field by field (csrc/bindings/options.cpp). `typed()` fills
+one by name: a name the struct does not have is an AttributeError naming it, so a misspelled
+option can never fall back to a default. The values come from the schema-validated config,
+whose defaults are the only ones written down (tests/test_boundary.py checks that the C++
+structs' own defaults agree with the schema's).
+
+The path of a config key, e.g. zero_optimization.offload_optimizer.pin_memory:
+JSON -> zero.config (schema check, defaults) -> offload.offload_options() -> typed() ->
+_C.OffloadOptions.pin_memory -> GroupOptions.offload -> EngineCore.add_group (C++)."""
+from __future__ import annotations
+
+import torch
+
+from zero import _C
+
+
+def typed(cls, **fields):
+    """An instance of the bound struct `cls` with `fields` set."""
+    value = cls()
+    for name, field in fields.items():
+        if not hasattr(value, name):
+            raise AttributeError(f"zero: {cls.__name__} has no field '{name}'; its fields: "
+                                 f"{', '.join(_fields(cls))}")
+        setattr(value, name, field)
+    return value
+
+
+def _fields(cls) -> list[str]:
+    return sorted(name for name, member in vars(cls).items()
+                  if isinstance(member, property))
+
+
+def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
+                  sgd_momentum: bool, offload, offload_param=None):
+    """One parameter group's options. A unit (the grain of one reduce-scatter / all-gather)
+    is reduce_bucket_size elements at stages 0-2; stage 3 units are the model's modules."""
+    zero_cfg = config.zero_optimization
+    return typed(_C.GroupOptions, stage=stage, alignment=alignment,
+                 unit_numel=1 if stage == 3 else int(zero_cfg.reduce_bucket_size),
+                 overlap_comm=bool(zero_cfg.overlap_comm),
+                 optimizer=_C.OptimizerKind.__members__[optimizer_kind],
+                 sgd_momentum=sgd_momentum, offload=offload,
+                 offload_param=offload_param or _C.ParamOffloadOptions())
+
+
+def schedule_options(config, device: torch.device):
+    """Stage 3's gather schedule (prefetch, live and reuse bounds, gathers in flight)."""
+    zero_cfg = config.zero_optimization
+    return typed(_C.ScheduleOptions,
+                 prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
+                 max_live_numel=int(zero_cfg.stage3_max_live_parameters),
+                 max_reuse_distance=int(zero_cfg.stage3_max_reuse_distance),
+                 max_inflight=int(zero_cfg.stage3_max_inflight_gathers), device=device)
+
+
+def optimizer_hyper(kind: str, group: dict, decoupled_weight_decay: bool):
+    """One optimizer group's hyperparameters for this step (read fresh each step)."""
+    common = dict(kind=_C.OptimizerKind.__members__[kind], lr=float(group["lr"]),
+                  weight_decay=float(group.get("weight_decay", 0.0)))
+    if kind == "adam":
+        beta1, beta2 = (float(b) for b in group["betas"])
+        return typed(_C.OptimizerHyper, beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+                     decoupled_weight_decay=decoupled_weight_decay, **common)
+    return typed(_C.OptimizerHyper, momentum=float(group.get("momentum", 0.0)),
+                 dampening=float(group.get("dampening", 0.0)),
+                 nesterov=bool(group.get("nesterov", False)), **common)
