@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "adapter/process_group.h"
+#include "adapter/stage3_group.h"
 
 namespace zero::adapter {
 
@@ -37,8 +38,16 @@ std::size_t EngineCore::adopt_group(std::unique_ptr<Group> group, int stage) {
 
 GatherSchedule& EngineCore::configure_schedule(std::vector<std::string> unit_names,
                                                const ScheduleOptions& options) {
-  schedule_ = std::make_unique<GatherSchedule>(communicator_, std::move(unit_names), options);
+  schedule_.reset();
+  units_ = std::make_unique<GroupUnits>(unit_names.size());
+  schedule_ = std::make_unique<GatherSchedule>(*units_, std::move(unit_names), options,
+                                               &communicator_);
   return *schedule_;
+}
+
+GroupUnits& EngineCore::units() {
+  TORCH_CHECK(units_, "zero: no stage-3 units; this engine is not at stage 3");
+  return *units_;
 }
 
 GatherSchedule& EngineCore::schedule() {
@@ -87,7 +96,9 @@ void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool bou
     const std::size_t local = target.layout().location(index).buffer;
     // Only a gradient that completes its unit's part can complete the unit.
     if (partitioned != nullptr && partitioned->pending_grads(local) == 0) {
-      schedule_->grads_done(partitioned, local);
+      for (const std::size_t unit : units_->completed_by(partitioned, local)) {
+        schedule_->after_backward(unit);
+      }
     }
   }
   if (!completed) return;

@@ -8,6 +8,7 @@
 
 #include "adapter/collectives.h"
 #include "adapter/gather_schedule.h"
+#include "adapter/group_units.h"
 #include "adapter/group.h"
 #include "adapter/param_group.h"
 #include "core/memory_registry.h"
@@ -59,6 +60,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   GatherSchedule& configure_schedule(std::vector<std::string> unit_names,
                                      const ScheduleOptions& options);
   GatherSchedule& schedule();
+  GroupUnits& units();  // which Stage3Group pieces make each model unit
 
   core::MemoryRegistry& registry() { return *registry_; }
   std::shared_ptr<core::MemoryRegistry> shared_registry() const { return registry_; }
@@ -74,7 +76,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::shared_ptr<core::MemoryRegistry> registry_;
   Communicator communicator_;
   std::vector<std::unique_ptr<Group>> groups_;
-  std::unique_ptr<GatherSchedule> schedule_;  // stage 3 only; refers to groups_
+  std::unique_ptr<GroupUnits> units_;          // stage 3 only; refers to groups_
+  std::unique_ptr<GatherSchedule> schedule_;  // stage 3 only; refers to units_
   // One launch sequence for every group's units, identical on all ranks: a default (groups in
   // order, units last to first) until the first reducing backward, then the completion order
   // rank 0 observed in it (so later steps launch units as soon as backward finishes them).

@@ -9,21 +9,17 @@
 
 namespace zero::adapter {
 
-GatherSchedule::GatherSchedule(Communicator& communicator, std::vector<std::string> unit_names,
-                               ScheduleOptions options)
-    : communicator_(communicator),
+GatherSchedule::GatherSchedule(UnitStore& units, std::vector<std::string> unit_names,
+                               ScheduleOptions options, Communicator* fingerprints)
+    : units_(units),
+      fingerprints_(fingerprints),
       names_(std::move(unit_names)),
       options_(options),
-      placement_(names_.size()),
       state_(names_.size()) {
   TORCH_CHECK(options_.max_inflight >= 1, "zero: stage3_max_inflight_gathers must be >= 1, got ",
               options_.max_inflight);
-}
-
-void GatherSchedule::place(std::size_t unit, Stage3Group* group, std::size_t local) {
-  TORCH_CHECK(unit < placement_.size(), "zero: unit ", unit, " outside the schedule's ",
-              placement_.size());
-  placement_[unit].emplace_back(group, local);
+  TORCH_CHECK(units_.unit_count() == names_.size(), "zero: ", names_.size(),
+              " unit names for ", units_.unit_count(), " units");
 }
 
 void GatherSchedule::add_external(std::size_t user, std::size_t owner) {
@@ -47,14 +43,15 @@ std::string GatherSchedule::describe(std::int64_t phase, std::int64_t unit) cons
 }
 
 void GatherSchedule::verify(Phase phase, std::size_t unit, std::int64_t step) {
-  const int world = communicator_.world_size();
+  if (fingerprints_ == nullptr) return;
+  const int world = fingerprints_->world_size();
   if (world == 1) return;
   const auto options = at::TensorOptions().dtype(at::kLong);
   at::Tensor mine = at::tensor({static_cast<std::int64_t>(phase),
                                 static_cast<std::int64_t>(unit), step}, options)
                         .to(options_.device);
   at::Tensor everyone = at::zeros({3 * world}, options.device(options_.device));
-  communicator_.all_gather(everyone, mine, /*control=*/true)->wait();
+  fingerprints_->all_gather(everyone, mine, /*control=*/true)->wait();
   everyone = everyone.cpu();
   const auto* values = everyone.data_ptr<std::int64_t>();
   bool agree = true;
@@ -100,34 +97,20 @@ void GatherSchedule::restart(Order& order) {
 // ---- residency ------------------------------------------------------------------------------
 
 bool GatherSchedule::is_live(std::size_t unit) const {
-  for (const auto& [group, local] : placement_[unit]) {
-    if (!group->is_gathered(local)) return false;
-  }
-  return !placement_[unit].empty();
+  return units_.placed(unit) && units_.is_gathered(unit);
 }
 
 std::int64_t GatherSchedule::inflight() const {
   std::int64_t count = 0;
-  for (const auto& parts : placement_) {
-    for (const auto& [group, local] : parts) {
-      if (group->is_in_flight(local)) {
-        ++count;
-        break;
-      }
-    }
-  }
+  for (std::size_t u = 0; u < state_.size(); ++u) count += units_.is_in_flight(u) ? 1 : 0;
   return count;
 }
 
-std::int64_t GatherSchedule::unit_numel(std::size_t unit) const {
-  std::int64_t numel = 0;
-  for (const auto& [group, local] : placement_[unit]) numel += group->layout().unit(local).numel();
-  return numel;
-}
+std::int64_t GatherSchedule::unit_numel(std::size_t unit) const { return units_.numel(unit); }
 
 std::int64_t GatherSchedule::gathered_numel() const {
   std::int64_t numel = 0;
-  for (std::size_t u = 0; u < placement_.size(); ++u) {
+  for (std::size_t u = 0; u < state_.size(); ++u) {
     if (is_live(u)) numel += unit_numel(u);
   }
   return numel;
@@ -144,21 +127,21 @@ void GatherSchedule::check_live_bound(std::size_t unit) const {
 }
 
 void GatherSchedule::fetch(std::size_t unit) {
-  if (!is_live(unit) && !placement_[unit].empty()) ++gathers_;
-  for (const auto& [group, local] : placement_[unit]) group->fetch(local);
+  if (!is_live(unit) && units_.placed(unit)) ++gathers_;
+  units_.fetch(unit);
   peak_gathered_numel_ = std::max(peak_gathered_numel_, gathered_numel());
 }
 
 void GatherSchedule::gather(std::size_t unit) {
   if (!is_live(unit)) make_room(unit_numel(unit));
   fetch(unit);
-  for (const auto& [group, local] : placement_[unit]) group->gather(local);
+  units_.gather(unit);
   check_live_bound(unit);
 }
 
 void GatherSchedule::release(std::size_t unit) {
   state_[unit].kept = false;
-  for (const auto& [group, local] : placement_[unit]) group->release(local);
+  units_.release(unit);
 }
 
 void GatherSchedule::make_room(std::int64_t numel) {
@@ -191,7 +174,7 @@ void GatherSchedule::prefetch(const Order& order) {
        ++position) {
     const std::size_t next = order.recorded[position];
     if (is_live(next)) continue;
-    for (const auto& [group, local] : placement_[next]) group->read_ahead(local);
+    units_.read_ahead(next);
     ++hinted;
   }
 }
@@ -287,18 +270,6 @@ void GatherSchedule::after_backward(std::size_t unit) {
   if (!state.backward_open) return;
   state.backward_open = false;
   drop(unit);
-}
-
-void GatherSchedule::grads_done(const Stage3Group* group, std::size_t local) {
-  for (std::size_t u = 0; u < placement_.size(); ++u) {
-    bool mine = false;
-    bool done = true;
-    for (const auto& [g, l] : placement_[u]) {
-      mine = mine || (g == group && l == local);
-      done = done && g->pending_grads(l) == 0;
-    }
-    if (mine && done) after_backward(u);
-  }
 }
 
 void GatherSchedule::end_backward() {

@@ -24,13 +24,16 @@
 // `max_inflight` (all-gathers in flight); parameters offloaded to NVMe are read ahead for a
 // few units past those. When a step departs from the record, prefetching
 // and reuse stop for that step, a notice is given once, and the new order is recorded.
+//
+// The units are a UnitStore: the engine's Stage3Group pieces (group_units.h), or sizes alone
+// for the estimator (schedule_simulation.h), which runs this same schedule without tensors.
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "adapter/collectives.h"
-#include "adapter/stage3_group.h"
+#include "adapter/unit_store.h"
 
 namespace zero::adapter {
 
@@ -45,11 +48,10 @@ struct ScheduleOptions {
 
 class GatherSchedule {
  public:
-  GatherSchedule(Communicator& communicator, std::vector<std::string> unit_names,
-                 ScheduleOptions options);
-
-  // Model unit `unit` holds group-local unit `local` of `group` (a unit may span groups).
-  void place(std::size_t unit, Stage3Group* group, std::size_t local);
+  // `fingerprints`: the ranks that must agree on every event; null checks nothing (one
+  // process replaying the schedule, as the estimator does).
+  GatherSchedule(UnitStore& units, std::vector<std::string> unit_names, ScheduleOptions options,
+                 Communicator* fingerprints);
   // The modules of unit `user` use parameters of unit `owner` (register_external_parameter):
   // whenever `user` is gathered, `owner` is too.
   void add_external(std::size_t user, std::size_t owner);
@@ -59,7 +61,6 @@ class GatherSchedule {
   void after_forward(std::size_t unit);
   void before_backward(std::size_t unit);
   void after_backward(std::size_t unit);
-  void grads_done(const Stage3Group* group, std::size_t local);
   void end_backward();
   bool in_backward() const { return in_backward_; }
 
@@ -113,10 +114,10 @@ class GatherSchedule {
   void check_live_bound(std::size_t unit) const;
   const std::string& name(std::size_t unit) const;
 
-  Communicator& communicator_;
+  UnitStore& units_;
+  Communicator* fingerprints_;
   std::vector<std::string> names_;
   ScheduleOptions options_;
-  std::vector<std::vector<std::pair<Stage3Group*, std::size_t>>> placement_;
   std::vector<UnitState> state_;
   Order forward_;
   Order backward_;

@@ -53,7 +53,7 @@ void bind_engine(py::module_& m) {
            },
            py::arg("unit_names"), py::arg("options"))
       .def("place", [](adapter::EngineCore& e, std::size_t unit, std::size_t g, std::size_t local) {
-             e.schedule().place(unit, &stage3(e, g), local);
+             e.units().place(unit, &stage3(e, g), local);
            }, py::arg("unit"), py::arg("group"), py::arg("local"))
       .def("add_external", [](adapter::EngineCore& e, std::size_t user, std::size_t owner) {
              e.schedule().add_external(user, owner);

@@ -1,6 +1,7 @@
 #include "bindings/bindings.h"
 
 #include "adapter/dtype_map.h"
+#include "adapter/schedule_simulation.h"
 #include "core/partition_plan.h"
 #include "core/sharded_layout.h"
 
@@ -93,6 +94,23 @@ void bind_planner(py::module_& m) {
       },
       py::arg("shapes"), py::arg("dtypes"), py::arg("buffer_of_param"), py::arg("world_size"),
       py::arg("alignment") = 1);
+
+  using Simulation = adapter::ScheduleSimulation;
+  py::class_<Simulation>(m, "ScheduleSimulation")
+      .def_readonly("peak_numel", &Simulation::peak_numel)
+      .def_readonly("live_at_peak", &Simulation::live_at_peak)
+      .def_readonly("first_peak_numel", &Simulation::first_peak_numel)
+      .def_readonly("gathers", &Simulation::gathers)
+      .def_readonly("gathered_numel", &Simulation::gathered_numel)
+      .def_readonly("prefetches", &Simulation::prefetches)
+      .def_readonly("reuses", &Simulation::reuses)
+      .def_readonly("peak_inflight_numel", &Simulation::peak_inflight_numel)
+      .def_readonly("inflight_at_peak", &Simulation::inflight_at_peak)
+      .def_readonly("bound_unit", &Simulation::bound_unit)
+      .def_readonly("bound_live_numel", &Simulation::bound_live_numel);
+  m.def("simulate_schedule", &adapter::simulate_schedule, py::arg("unit_numel"),
+        py::arg("options"), py::arg("externals") = std::vector<std::pair<std::size_t, std::size_t>>{},
+        "The engine's stage-3 gather schedule run on unit sizes (csrc/adapter/schedule_simulation.h)");
 }
 
 }  // namespace zero::bindings

@@ -30,8 +30,9 @@ the root unit with everything else; Ψ counts the partitioned parameters (numel 
 stage3_param_persistence_threshold), every unit its own buffer; Ψp the persistent ones, kept
 whole as a stage-1 group (units of reduce_bucket_size), reported apart.
 
-The stage-3 working set W comes from replaying the engine's gather schedule
-(csrc/adapter/gather_schedule.cpp) on the unit sizes, with the same bounds
+The stage-3 working set W comes from running the engine's own gather schedule
+(csrc/adapter/gather_schedule.cpp, through _C.simulate_schedule: no tensors, no process
+group) on the unit sizes, with the same bounds
 (stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance,
 stage3_max_inflight_gathers) over two micro-steps (the first records the order, the second
 prefetches and keeps units for reuse). It assumes the forward runs every unit once, in
@@ -887,257 +888,36 @@ class WorkingSet:
     inflight_at_peak: tuple[int, ...] = ()
 
 
-class _Schedule:
-    """A replay of csrc/adapter/gather_schedule.cpp (GatherSchedule) on unit sizes: same
-    residency, prefetch, reuse, eviction and live-bound rules, no tensors. Keep the two in
-    step (tests/test_estimate_stage3.py checks the peak against the engine's registry)."""
-
-    def __init__(self, numel, prefetch, max_live, reuse, max_inflight, externals):
-        self.numel = list(numel)
-        self.placed = [n > 0 for n in self.numel]
-        self.prefetch_numel, self.max_live = prefetch, max_live
-        self.reuse_limit, self.max_inflight = reuse, max_inflight
-        k = len(self.numel)
-        self.externals = [[] for _ in range(k)]
-        for user, owner in externals:
-            if owner != user and owner not in self.externals[user]:
-                self.externals[user].append(owner)
-        self.uses, self.open = [0] * k, [False] * k
-        self.kept, self.resident, self.flying = [False] * k, [False] * k, [False] * k
-        self.orders = {"F": [[], [], False], "B": [[], [], False]}  # recorded, current, following
-        self.expects_backward = self.in_backward = False
-        self.peak, self.live_at_peak = 0, ()
-        self.gathers = self.gathered = self.prefetches = self.reuses = 0
-        self.live_set: set[int] = set()  # resident units (placed ones only)
-        self.live_numel = self.flying_count = 0
-        self.flying_numel = self.peak_flying = 0
-        self.flying_at_peak: tuple[int, ...] = ()
-
-    # residency (GatherSchedule::is_live, gathered_numel, inflight, fetch, gather, release)
-    def live(self, u):
-        return u in self.live_set
-
-    def gathered_numel(self):
-        return self.live_numel
-
-    def inflight(self):
-        return self.flying_count
-
-    def fetch(self, u):
-        if not self.placed[u]:
-            return
-        if not self.resident[u]:
-            self.gathers += 1
-            self.gathered += self.numel[u]
-            self.resident[u] = self.flying[u] = True
-            self.live_set.add(u)
-            self.live_numel += self.numel[u]
-            self.flying_count += 1
-            self.flying_numel += self.numel[u]
-            if self.flying_numel > self.peak_flying:
-                self.peak_flying = self.flying_numel
-                self.flying_at_peak = tuple(v for v in range(len(self.numel)) if self.flying[v])
-        if self.live_numel > self.peak:
-            self.peak = self.live_numel
-            self.live_at_peak = tuple(sorted(self.live_set))
-
-    def gather(self, u):
-        if not self.live(u):
-            self.make_room(self.numel[u])
-        self.fetch(u)
-        if self.flying[u]:
-            self.flying[u] = False
-            self.flying_count -= 1
-            self.flying_numel -= self.numel[u]
-        if self.live_numel > self.max_live:
-            raise _LiveBoundError(u, self.live_numel)
-
-    def release(self, u):
-        if self.resident[u]:
-            self.live_set.discard(u)
-            self.live_numel -= self.numel[u]
-        if self.flying[u]:
-            self.flying_count -= 1
-            self.flying_numel -= self.numel[u]
-        self.kept[u] = self.resident[u] = self.flying[u] = False
-
-    def make_room(self, numel):
-        for u in range(len(self.numel)):
-            if self.gathered_numel() + numel <= self.max_live:
-                return
-            if self.kept[u] and self.uses[u] == 0 and not self.open[u]:
-                self.release(u)
-
-    def prefetch(self, order):
-        recorded, current, following = order
-        if self.prefetch_numel <= 0 or not following:
-            return
-        ahead = 0
-        for position in range(len(current), len(recorded)):
-            nxt = recorded[position]
-            if self.live(nxt):
-                continue
-            numel = self.numel[nxt]
-            if (self.inflight() >= self.max_inflight or ahead + numel > self.prefetch_numel
-                    or self.gathered_numel() + numel > self.max_live):
-                return
-            self.fetch(nxt)
-            ahead += numel
-            self.prefetches += 1
-
-    # uses
-    def acquire(self, u):
-        units = [u] + self.externals[u]
-        for v in units:
-            self.uses[v] += 1
-            self.kept[v] = False
-        for v in units:
-            self.gather(v)
-
-    def drop(self, u):
-        for v in [u] + self.externals[u]:
-            self.uses[v] -= 1
-            if self.uses[v] == 0 and not self.open[v]:
-                self.retire(v)
-
-    def retire(self, u):
-        distance = self.reuse_distance(u)
-        if distance is not None and distance < self.reuse_limit:
-            self.kept[u] = True
-            self.reuses += 1
-        else:
-            self.release(u)
-
-    def reuse_distance(self, u):
-        recorded, current, following = self.orders["B" if self.in_backward else "F"]
-        if not following or not recorded:
-            return None
-        ahead = list(recorded[min(len(current), len(recorded)):])
-        if not self.in_backward and self.expects_backward:
-            ahead += self.orders["B"][0]
-        distance, counted = 0, set()
-        for nxt in ahead:
-            if nxt == u:
-                return distance
-            if nxt not in counted:
-                counted.add(nxt)
-                distance += self.numel[nxt]
-        return None
-
-    @staticmethod
-    def advance(order, u):
-        recorded, current, following = order
-        position = len(current)
-        current.append(u)
-        if following and not (position < len(recorded) and recorded[position] == u):
-            order[2] = False
-
-    @staticmethod
-    def restart(order):
-        if not order[2] or not order[0]:
-            order[0] = list(order[1])
-        order[1] = []
-        order[2] = True
-
-    # events
-    def before_forward(self, u):
-        forward = self.orders["F"]
-        if u == 0:
-            if forward[1]:
-                self.restart(forward)
-            self.expects_backward, self.in_backward = True, False
-        self.advance(forward, u)
-        self.acquire(u)
-        self.prefetch(forward)
-
-    def after_forward(self, u):
-        self.drop(u)
-
-    def before_backward(self, u):
-        self.in_backward = True
-        backward = self.orders["B"]
-        self.advance(backward, u)
-        if not self.open[u]:
-            self.open[u] = True
-            self.acquire(u)
-        else:
-            self.gather(u)
-        self.prefetch(backward)
-
-    def after_backward(self, u):
-        if self.open[u]:
-            self.open[u] = False
-            self.drop(u)
-
-    def end_backward(self):
-        self.restart(self.orders["F"])
-        self.restart(self.orders["B"])
-        self.in_backward = False
-        for u in range(len(self.numel)):
-            self.uses[u], self.open[u] = 0, False
-            self.release(u)
-
-    def micro_step(self, blocks):
-        self.before_forward(0)
-        for u in blocks:
-            self.before_forward(u)
-            self.after_forward(u)
-        self.after_forward(0)
-        self.before_backward(0)
-        for u in reversed(blocks):
-            self.before_backward(u)
-            self.after_backward(u)
-        if self.placed[0]:  # the root's last gradient reached its bucket (grads_done)
-            self.after_backward(0)
-        self.end_backward()
-
-
-class _LiveBoundError(Exception):
-    def __init__(self, unit, live):
-        super().__init__(unit, live)
-        self.unit, self.live = unit, live
-
-
 def simulate_stage3_schedule(unit_numel: Sequence[int], prefetch_bucket_size: int,
                              max_live_parameters: int, max_reuse_distance: int,
                              max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS,
                              externals: Iterable[tuple[int, int]] = (),
                              unit_names: Sequence[str] = ()) -> WorkingSet:
-    """The stage-3 gather schedule replayed on unit sizes (elements; unit 0 is the root,
-    units without partitioned parameters have 0). Training micro-steps as a sequential model
-    runs them: the root's forward opens, every other unit runs once in index (definition)
-    order, the root closes; backward starts in the root (the loss) and visits the units in
-    reverse, the root's gradients come last. The first micro-step records the order (no
-    prefetch, no reuse); the second follows it, and every later one repeats the second.
-    Returns the peak and the steady micro-step's gathers."""
-    numel = [int(n) for n in unit_numel] or [0]
-    blocks = [u for u in range(1, len(numel)) if numel[u] > 0]
-    schedule = _Schedule(numel, int(prefetch_bucket_size), int(max_live_parameters),
-                         int(max_reuse_distance), int(max_inflight_gathers), externals)
-    first_peak = 0
-    try:
-        schedule.micro_step(blocks)
-        first_peak = schedule.peak
-        before = (schedule.gathers, schedule.gathered, schedule.prefetches, schedule.reuses)
-        schedule.micro_step(blocks)
-    except _LiveBoundError as bound:
-        name = (unit_names[bound.unit] if bound.unit < len(unit_names) else "") or "<root module>"
-        return WorkingSet(peak_numel=schedule.peak, live_at_peak=schedule.live_at_peak,
-                          first_peak_numel=first_peak or schedule.peak, gathers=0,
-                          gathered_numel=0, prefetches=0, reuses=0,
-                          peak_inflight_numel=schedule.peak_flying,
-                          inflight_at_peak=schedule.flying_at_peak,
-                          error=f"gathering unit '{name}' brings the gathered parameters to "
-                                f"{bound.live:,} elements, above stage3_max_live_parameters = "
-                                f"{int(max_live_parameters):,}: the engine raises")
-    return WorkingSet(peak_numel=schedule.peak, live_at_peak=schedule.live_at_peak,
-                      first_peak_numel=first_peak,
-                      gathers=schedule.gathers - before[0],
-                      gathered_numel=schedule.gathered - before[1],
-                      prefetches=schedule.prefetches - before[2],
-                      reuses=schedule.reuses - before[3],
-                      peak_inflight_numel=schedule.peak_flying,
-                      inflight_at_peak=schedule.flying_at_peak)
+    """The engine's own stage-3 gather schedule (csrc/adapter/gather_schedule.cpp) run on unit
+    sizes (elements; unit 0 is the root, units without partitioned parameters have 0) by
+    _C.simulate_schedule: two training micro-steps of a sequential model, the first recording
+    the order, the second following it. Returns the peak and the steady micro-step's gathers."""
+    from zero import _C
+    from zero.boundary import typed
+
+    options = typed(_C.ScheduleOptions, prefetch_numel=int(prefetch_bucket_size),
+                    max_live_numel=int(max_live_parameters),
+                    max_reuse_distance=int(max_reuse_distance),
+                    max_inflight=int(max_inflight_gathers))
+    run = _C.simulate_schedule([int(n) for n in unit_numel], options,
+                               [(int(user), int(owner)) for user, owner in externals])
+    working = WorkingSet(peak_numel=run.peak_numel, live_at_peak=tuple(run.live_at_peak),
+                         first_peak_numel=run.first_peak_numel, gathers=run.gathers,
+                         gathered_numel=run.gathered_numel, prefetches=run.prefetches,
+                         reuses=run.reuses, peak_inflight_numel=run.peak_inflight_numel,
+                         inflight_at_peak=tuple(run.inflight_at_peak))
+    if run.bound_unit >= 0:
+        unit = run.bound_unit
+        name = (unit_names[unit] if unit < len(unit_names) else "") or "<root module>"
+        working.error = (f"gathering unit '{name}' brings the gathered parameters to "
+                         f"{run.bound_live_numel:,} elements, above stage3_max_live_parameters "
+                         f"= {int(max_live_parameters):,}: the engine raises")
+    return working
 
 
 def _short(number: int) -> str:

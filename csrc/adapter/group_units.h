@@ -1,0 +1,37 @@
+#pragma once
+// The engine's stage-3 units for the gather schedule: model unit u is group-local unit l of
+// each Stage3Group it spans (a unit may span parameter groups).
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "adapter/unit_store.h"
+
+namespace zero::adapter {
+
+class Stage3Group;
+
+class GroupUnits : public UnitStore {
+ public:
+  explicit GroupUnits(std::size_t unit_count) : parts_(unit_count) {}
+
+  // Model unit `unit` holds group-local unit `local` of `group`.
+  void place(std::size_t unit, Stage3Group* group, std::size_t local);
+  // The units that (group, local) belongs to and whose gradients are now all reduced.
+  std::vector<std::size_t> completed_by(const Stage3Group* group, std::size_t local) const;
+
+  std::size_t unit_count() const override { return parts_.size(); }
+  bool placed(std::size_t unit) const override { return !parts_[unit].empty(); }
+  std::int64_t numel(std::size_t unit) const override;
+  bool is_gathered(std::size_t unit) const override;
+  bool is_in_flight(std::size_t unit) const override;
+  void fetch(std::size_t unit) override;
+  void gather(std::size_t unit) override;
+  void release(std::size_t unit) override;
+  void read_ahead(std::size_t unit) override;
+
+ private:
+  std::vector<std::vector<std::pair<Stage3Group*, std::size_t>>> parts_;
+};
+
+}  // namespace zero::adapter

@@ -1,0 +1,141 @@
+#include "adapter/schedule_simulation.h"
+
+#include <algorithm>
+#include <string>
+
+#include <c10/util/Exception.h>
+
+namespace zero::adapter {
+namespace {
+
+// Units that are sizes: an all-gather completes when waited for, and every move is counted.
+class SizedUnits : public UnitStore {
+ public:
+  explicit SizedUnits(std::vector<std::int64_t> numel)
+      : numel_(std::move(numel)), resident_(numel_.size()), flying_(numel_.size()) {}
+
+  std::size_t unit_count() const override { return numel_.size(); }
+  bool placed(std::size_t unit) const override { return numel_[unit] > 0; }
+  std::int64_t numel(std::size_t unit) const override { return placed(unit) ? numel_[unit] : 0; }
+  bool is_gathered(std::size_t unit) const override { return resident_[unit]; }
+  bool is_in_flight(std::size_t unit) const override { return flying_[unit]; }
+  void read_ahead(std::size_t) override {}
+
+  void fetch(std::size_t unit) override {
+    if (!placed(unit)) return;
+    if (!resident_[unit]) {
+      gathered_ += numel_[unit];
+      resident_[unit] = flying_[unit] = true;
+      live_ += numel_[unit];
+      flying_numel_ += numel_[unit];
+      if (flying_numel_ > peak_flying_) {
+        peak_flying_ = flying_numel_;
+        flying_at_peak_ = marked(flying_);
+      }
+    }
+    if (live_ > peak_) {
+      peak_ = live_;
+      live_at_peak_ = marked(resident_);
+    }
+  }
+  void gather(std::size_t unit) override {
+    last_gathered_ = unit;
+    if (flying_[unit]) {
+      flying_[unit] = false;
+      flying_numel_ -= numel_[unit];
+    }
+  }
+  void release(std::size_t unit) override {
+    if (resident_[unit]) live_ -= numel_[unit];
+    if (flying_[unit]) flying_numel_ -= numel_[unit];
+    resident_[unit] = flying_[unit] = false;
+  }
+
+  std::int64_t gathered() const { return gathered_; }
+  std::int64_t peak() const { return peak_; }
+  std::int64_t live() const { return live_; }
+  std::size_t last_gathered() const { return last_gathered_; }
+  void report(ScheduleSimulation& out) const {
+    out.peak_numel = peak_;
+    out.live_at_peak = live_at_peak_;
+    out.peak_inflight_numel = peak_flying_;
+    out.inflight_at_peak = flying_at_peak_;
+  }
+
+ private:
+  static std::vector<std::size_t> marked(const std::vector<bool>& flags) {
+    std::vector<std::size_t> units;
+    for (std::size_t u = 0; u < flags.size(); ++u) {
+      if (flags[u]) units.push_back(u);
+    }
+    return units;
+  }
+
+  std::vector<std::int64_t> numel_;
+  std::vector<bool> resident_;
+  std::vector<bool> flying_;
+  std::int64_t live_ = 0;
+  std::int64_t gathered_ = 0;
+  std::int64_t peak_ = 0;
+  std::vector<std::size_t> live_at_peak_;
+  std::int64_t flying_numel_ = 0;
+  std::int64_t peak_flying_ = 0;
+  std::vector<std::size_t> flying_at_peak_;
+  std::size_t last_gathered_ = 0;
+};
+
+// One training micro-step of a sequential model (see the header), as the hooks report it.
+void micro_step(GatherSchedule& schedule, const UnitStore& units, std::int64_t step) {
+  std::vector<std::size_t> blocks;
+  for (std::size_t u = 1; u < units.unit_count(); ++u) {
+    if (units.placed(u)) blocks.push_back(u);
+  }
+  schedule.before_forward(0, step, /*expects_backward=*/true);
+  for (const std::size_t u : blocks) {
+    schedule.before_forward(u, step, true);
+    schedule.after_forward(u);
+  }
+  schedule.after_forward(0);
+  schedule.before_backward(0);
+  for (auto u = blocks.rbegin(); u != blocks.rend(); ++u) {
+    schedule.before_backward(*u);
+    schedule.after_backward(*u);
+  }
+  if (units.placed(0)) schedule.after_backward(0);  // the root's last gradient is reduced
+  schedule.end_backward();
+}
+
+}  // namespace
+
+ScheduleSimulation simulate_schedule(const std::vector<std::int64_t>& unit_numel,
+                                     const ScheduleOptions& options,
+                                     const std::vector<std::pair<std::size_t, std::size_t>>&
+                                         externals) {
+  SizedUnits units(unit_numel.empty() ? std::vector<std::int64_t>{0} : unit_numel);
+  GatherSchedule schedule(units, std::vector<std::string>(units.unit_count()), options,
+                          /*fingerprints=*/nullptr);
+  for (const auto& [user, owner] : externals) schedule.add_external(user, owner);
+  ScheduleSimulation out;
+  try {
+    micro_step(schedule, units, 0);
+    out.first_peak_numel = units.peak();
+    const std::int64_t gathers = schedule.gathers();
+    const std::int64_t gathered = units.gathered();
+    const std::int64_t prefetches = schedule.prefetches();
+    const std::int64_t reuses = schedule.reuses();
+    micro_step(schedule, units, 1);
+    out.gathers = schedule.gathers() - gathers;
+    out.gathered_numel = units.gathered() - gathered;
+    out.prefetches = schedule.prefetches() - prefetches;
+    out.reuses = schedule.reuses() - reuses;
+  } catch (const c10::Error&) {
+    if (units.live() <= options.max_live_numel) throw;  // not the live bound: a real error
+    out.bound_unit = static_cast<std::int64_t>(units.last_gathered());
+    out.bound_live_numel = units.live();
+    if (out.first_peak_numel == 0) out.first_peak_numel = units.peak();
+  }
+  units.report(out);
+  return out;
+}
+
+}  // namespace zero::adapter

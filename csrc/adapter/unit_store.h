@@ -1,0 +1,27 @@
+#pragma once
+// What the stage-3 gather schedule (gather_schedule.h) needs of the units it manages: their
+// sizes and residency, and the four moves. The engine's units are pieces of Stage3Groups
+// (group_units.h); the estimator's are sizes alone (schedule_simulation.h), so both run the
+// one schedule.
+#include <cstddef>
+#include <cstdint>
+
+namespace zero::adapter {
+
+class UnitStore {
+ public:
+  virtual ~UnitStore() = default;
+  virtual std::size_t unit_count() const = 0;
+  // The unit holds partitioned parameters (a unit with none is never gathered).
+  virtual bool placed(std::size_t unit) const = 0;
+  virtual std::int64_t numel(std::size_t unit) const = 0;
+  // Whole on this rank, or its all-gather in flight (its memory is taken either way).
+  virtual bool is_gathered(std::size_t unit) const = 0;
+  virtual bool is_in_flight(std::size_t unit) const = 0;
+  virtual void fetch(std::size_t unit) = 0;       // starts the all-gather
+  virtual void gather(std::size_t unit) = 0;      // ... and waits for it
+  virtual void release(std::size_t unit) = 0;     // back to this rank's shard only
+  virtual void read_ahead(std::size_t unit) = 0;  // parameters on NVMe: start reading
+};
+
+}  // namespace zero::adapter
