@@ -447,7 +447,7 @@ def _zero(model, kind, precision, args, out):
         out["prefetch_default"] = engine.config.zero_optimization.stage3_prefetch_bucket_size
         out["gathered_param_current_end"] = int(report["categories"].get(
             "gathered_param", {}).get("current", 0))
-        out["units"] = len(engine._stage3._plan.modules)
+        out["units"] = len(engine._stage3.plan.modules)
         try:
             out["schedule_stats"] = dict(engine._core.schedule_stats())
         except Exception as exc:  # noqa: BLE001 -- an engine without a gather schedule

@@ -211,6 +211,28 @@ def offload_components(numel: int) -> dict:
             "cpu_adam_params_per_s": numel / adam, "adam_threads": torch.get_num_threads()}
 
 
+OFFLOAD_FIELDS = ("grads_in_wait_s", "cpu_optimizer_s", "params_out_wait_s", "step_s")
+
+
+def offload_timings(engine) -> dict | None:
+    """zero's own account of its offloaded steps so far (C++ OffloadTimings, all groups)."""
+    core = getattr(engine, "core", None)
+    if core is None or not hasattr(core, "group_offload_timings"):
+        return None
+    totals = dict.fromkeys(OFFLOAD_FIELDS, 0.0)
+    for group in range(core.group_count):
+        timings = core.group_offload_timings(group)
+        for field in OFFLOAD_FIELDS:
+            totals[field] += getattr(timings, field)
+    return totals
+
+
+def _per_step(before, after, steps: int) -> dict | None:
+    if not before or not after or after["step_s"] == before["step_s"]:
+        return None
+    return {field: (after[field] - before[field]) / steps for field in OFFLOAD_FIELDS}
+
+
 def worker(args) -> dict:
     import torch.distributed as dist
 
@@ -226,10 +248,13 @@ def worker(args) -> dict:
     engine, one_step = build(name, model, args)
     times, losses = [], []
     for index in range(args.warmup + args.steps):
+        if index == args.warmup:
+            before = offload_timings(engine)
         phases, loss = one_step()
         losses.append(loss)
         if index >= args.warmup:
             times.append(phases)
+    inside = _per_step(before, offload_timings(engine), args.steps)
     result = {"config": name, "model": args.model, "params": numel, "losses": losses,
               "micro_batch": args.micro_batch, "gas": args.gas,
               "tokens_per_step": args.micro_batch * args.gas * config.block_size,
@@ -238,6 +263,8 @@ def worker(args) -> dict:
     for phase in ("forward", "backward", "step"):
         result[f"{phase}_s"] = statistics.median(t[phase] for t in times)
     result["total_s"] = statistics.median(sum(t.values()) for t in times)
+    if inside:
+        result["offloaded_step"] = inside
     if engine is not None and hasattr(engine, "destroy"):
         engine.destroy()
     del engine, model
@@ -339,6 +366,12 @@ def _offload_summary(results: list[dict]) -> list[str]:
             added = by_name[name]["total_s"] / base["total_s"] - 1
             lines.append(f"- {name} adds {added:+.1%} to the step of zero2 without offload "
                          f"(goal: at most +10%).")
+    inside = by_name.get("zero2-offload", {}).get("offloaded_step")
+    if inside:
+        lines.append(f"- zero2-offload's optimizer step from the inside: waiting for gradients "
+                     f"{inside['grads_in_wait_s']:.3f} s, CPU optimizer "
+                     f"{inside['cpu_optimizer_s']:.3f} s, waiting for parameters "
+                     f"{inside['params_out_wait_s']:.3f} s, of {inside['step_s']:.3f} s.")
     parts = by_name.get("zero2-offload", {}).get("components")
     if parts:
         serial = parts["d2h_s"] + parts["cpu_adam_s"] + parts["h2d_s"]

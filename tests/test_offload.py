@@ -427,3 +427,24 @@ def test_fp16_offload_with_loss_scaling_matches_the_engine_without_it():
     offloaded = run_distributed(_train, 2, args=(_config(2, "cpu", "fp16", tile=1000),),
                                 timeout=180)
     _assert_same_training(plain, offloaded, 1e-4, param_tolerance=1e-3)
+
+
+def _offload_timings(rank, world, config, steps):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, steps, GAS)
+    timings = [engine.core.group_offload_timings(g) for g in range(engine.core.group_count)]
+    return [(t.steps, t.grads_in_wait_s, t.cpu_optimizer_s, t.params_out_wait_s, t.step_s)
+            for t in timings]
+
+
+def test_the_offloaded_step_accounts_for_its_time():
+    """Each offloaded group counts its steps and splits their time into waiting for
+    gradients, the CPU optimizer and waiting for parameters, parts of the whole."""
+    for groups in run_distributed(_offload_timings, 2, args=(_config(2, True, tile=1000), 3)):
+        assert groups
+        for steps, grads_in, optimizer, params_out, whole in groups:
+            assert steps == 3
+            assert optimizer > 0 and grads_in >= 0 and params_out >= 0
+            assert grads_in + optimizer + params_out <= whole

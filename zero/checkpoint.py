@@ -46,7 +46,7 @@ def _atomic_write_text(path: str, text: str) -> None:
 
 
 def _fingerprint(engine) -> dict:
-    core = engine._core
+    core = engine.core
     return {"stage": engine.stage, "world_size": dist.get_world_size(),
             "dtype": str(engine.dtype), "optimizer": engine.optimizer.spec.kind,
             "group_numels": [core.group_numel(g) for g in range(core.group_count)]}
@@ -107,7 +107,7 @@ class _all_ranks_or_none:
 
 
 def _write_files(engine, staging: str, rank: int, client_state: dict) -> None:
-    core = engine._core
+    core = engine.core
     shard = {"fingerprint": _fingerprint(engine), "groups": [
         {"master": core.group_master_shard(g),
          "state": dict(core.group_optimizer_state(g))}  # copies
@@ -151,8 +151,8 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
         if load_shards:
             _load_shard(engine, path)
         else:  # keep the fp32 master in step with the weights just loaded
-            for g in range(engine._core.group_count):
-                engine._core.group_refresh_master(g)
+            for g in range(engine.core.group_count):
+                engine.core.group_refresh_master(g)
     if not load_module_only:
         if load_optimizer_states:
             engine.optimizer.load_state_dict(model_state["optimizer"])
@@ -163,7 +163,7 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
             engine.lr_scheduler.load_state_dict(model_state["lr_scheduler"])
         for name, value in model_state["counters"].items():
             setattr(engine, name, value)
-    engine._core.zero_grads()
+    engine.core.zero_grads()
     dist.barrier()
     return path, model_state["client_state"]
 
@@ -171,7 +171,7 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
 def _load_shard(engine, path: str) -> None:
     shard_file = os.path.join(path, _rank_file(dist.get_rank()))
     shard = torch.load(shard_file, map_location="cpu", weights_only=False)
-    core = engine._core
+    core = engine.core
     with torch.no_grad():
         for g, saved in enumerate(shard["groups"]):
             core.group_load_master_shard(g, saved["master"])

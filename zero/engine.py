@@ -110,6 +110,12 @@ class ZeroEngine(nn.Module):
         return self.module(*inputs, **kwargs)
 
     @property
+    def core(self):
+        """The C++ engine (zero._C.EngineCore): the groups' shards, optimizer state and
+        registry. zero.checkpoint reads and writes through it; None once destroyed."""
+        return self._core
+
+    @property
     def local_rank(self) -> int:
         return int(os.environ.get("LOCAL_RANK", "0"))
 
@@ -295,20 +301,20 @@ class ZeroEngine(nn.Module):
         """Context in which `params` are whole (stage 3); see zero.GatheredParameters."""
         if self._stage3 is None:
             return contextlib.nullcontext()
-        return stage3.gathered_parameters(self, params, modifier_rank)
+        return stage3.gathered_parameters(self._stage3, params, modifier_rank)
 
     def module_state_dict(self) -> dict:
         """The module's state dict with whole parameters (gathered unit by unit at stage 3).
         Every rank must call it; at stage 3 only rank 0 gets the full copy."""
         if self._stage3 is None:
             return self.module.state_dict()
-        return stage3.full_state_dict(self, keep=dist.get_rank() == 0)
+        return stage3.full_state_dict(self._stage3, self.module, keep=dist.get_rank() == 0)
 
     def load_module_state_dict(self, state: dict, strict: bool = True) -> None:
         if self._stage3 is None:
             self.module.load_state_dict(state, strict=strict)
         else:
-            stage3.load_full_state_dict(self, state, strict)
+            stage3.load_full_state_dict(self._stage3, self.module, state, strict)
 
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
         """Rank 0 writes the whole model in its training dtype (gathered unit by unit). At
@@ -360,7 +366,6 @@ class ZeroEngine(nn.Module):
             for unit in model_units:
                 placement.setdefault(unit, []).append((index, local[unit]))
             self._partitioned.update((id(p), p) for p in partitioned)
-            stage3._ENGINES.update((id(p), self) for p in partitioned)
         # Small parameters: whole on every rank, optimizer state sharded (a stage-1 group).
         # Added after the partitioned groups: the default launch order (before the first
         # backward teaches one) follows the groups, and these complete last in backward.
@@ -372,10 +377,12 @@ class ZeroEngine(nn.Module):
                                       boundary.schedule_options(self.config, self.device))
         engine = weakref.ref(self)
         self._stage3 = stage3.Stage3Hooks(self._core, plan, placement,
-                                          step_counter=lambda: engine().global_steps)
-        self._adopt_init_shards(plan, placement)
+                                          step_counter=lambda: engine().global_steps,
+                                          partitioned=self._partitioned,
+                                          param_names=self._param_names)
+        self._adopt_init_shards(plan)
 
-    def _adopt_init_shards(self, plan, placement) -> None:
+    def _adopt_init_shards(self, plan) -> None:
         """Moves zero.Init's per-parameter shards into the engine's per-unit shards, one unit
         at a time: gather the unit (its zero.Init parameters read as zeros), write their full
         values, keep this rank's piece, release."""
@@ -386,8 +393,7 @@ class ZeroEngine(nn.Module):
                 for param in pending:
                     if plan.unit_of_param[id(param)] == unit:
                         param.data.copy_(zero_init.gather_full(param))
-                for group, local in placement.get(unit, ()):
-                    self._core.commit(group, local)
+                self._stage3.commit(unit)
             self._stage3.unhold(unit)
         for param in pending:
             del param._zero_shard, param._zero_shape
@@ -462,7 +468,6 @@ class ZeroEngine(nn.Module):
         self._hooks = []
         if self._stage3 is not None:
             self._stage3.remove()
-            self._stage3._core = None
         self._core = None
 
 

@@ -15,6 +15,11 @@ Gather-unit policy (documented in docs/ARCHITECTURE.md):
     optimizer state sharded) and are reported separately.
 Units are numbered in forward order. A parameter used by a module of another unit must be
 registered (register_external_parameter), as in DeepSpeed.
+
+Each partitioned parameter carries `param._zero_owner` (OWNER_ATTR), a weak handle to the
+Stage3Hooks of the engine that partitions it: GatheredParameters and
+register_external_parameter find their engine through it. It never keeps an engine alive,
+and a copy or pickle of the parameter is owned by nobody.
 """
 from __future__ import annotations
 
@@ -109,9 +114,9 @@ def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> N
     registered = module.__dict__.setdefault(EXTERNAL_ATTR, [])
     if not any(p is parameter for p in registered):
         registered.append(parameter)
-    engine = _ENGINES.get(id(parameter))
-    if engine is not None and engine._stage3 is not None:
-        engine._stage3.link_externals()
+    hooks = owner_of(parameter)
+    if hooks is not None:
+        hooks.link_externals()
 
 
 def unregister_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
@@ -126,10 +131,13 @@ class Stage3Hooks:
     flush is queued by the first of them. Python only flattens the tensors."""
 
     def __init__(self, core, plan: UnitPlan, placement: dict[int, list[tuple[int, int]]],
-                 step_counter):
+                 step_counter, partitioned: dict[int, nn.Parameter],
+                 param_names: dict[int, list[str]]):
         self._core = core
-        self._plan = plan
-        self._placement = placement  # model unit -> [(engine group, group-local unit)]
+        self.plan = plan
+        self.placement = placement  # model unit -> [(engine group, group-local unit)]
+        self.partitioned = partitioned  # id(param) -> param, for every partitioned parameter
+        self.param_names = param_names  # id(param) -> its names in the model (ties: several)
         self._step = step_counter     # callable: the engine's global step
         self._handles = []
         self._linked: set[tuple[int, int]] = set()
@@ -140,10 +148,12 @@ class Stage3Hooks:
                 self._handles.append(module.register_forward_pre_hook(
                     self._pre_forward(unit), with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._post_forward(unit)))
+        for param in partitioned.values():
+            setattr(param, OWNER_ATTR, _Owner(self))
         self.link_externals()
 
     def link_externals(self) -> None:
-        for user, owner in external_links(self._plan):
+        for user, owner in external_links(self.plan):
             if (user, owner) not in self._linked:
                 self._core.add_external(user, owner)
                 self._linked.add((user, owner))
@@ -154,6 +164,22 @@ class Stage3Hooks:
 
     def unhold(self, unit: int) -> None:
         self._core.unhold(unit)
+
+    def commit(self, unit: int) -> None:
+        """The unit's gathered values (edited in place) become every rank's shard and fp32
+        master; call while it is held."""
+        for group, local in self.placement.get(unit, ()):
+            self._core.commit(group, local)
+
+    def unit_params(self, unit: int):
+        """(param, [names]) of the partitioned parameters of one unit."""
+        for param_id, param in self.partitioned.items():
+            if self.plan.unit_of_param[param_id] == unit:
+                yield param, self.param_names[param_id]
+
+    def units_of(self, params) -> list[int]:
+        return sorted({self.plan.unit_of_param[id(p)] for p in params
+                       if id(p) in self.partitioned})
 
     # The model keeps its hooks; the hooks must not keep this object (and through it the C++
     # engine, its buffers and swap files) alive, or model and engine would form a cycle.
@@ -186,8 +212,13 @@ class Stage3Hooks:
         return hook
 
     def remove(self) -> None:
+        """Takes the hooks off the model and lets go of the C++ engine."""
         for handle in self._handles:
             handle.remove()
+        for param in self.partitioned.values():
+            if getattr(param, OWNER_ATTR, None) is not None and owner_of(param) is self:
+                delattr(param, OWNER_ATTR)
+        self._core = None
 
 
 def _map_tensors(value, fn):
@@ -204,7 +235,7 @@ def _map_tensors(value, fn):
 
 def each_gathered_unit(hooks: Stage3Hooks):
     """Yields every unit index while that unit (and only it) is gathered."""
-    for unit in range(len(hooks._plan.modules)):
+    for unit in range(len(hooks.plan.modules)):
         hooks.hold(unit)
         try:
             yield unit
@@ -212,43 +243,34 @@ def each_gathered_unit(hooks: Stage3Hooks):
             hooks.unhold(unit)
 
 
-def _unit_params(engine, unit: int):
-    """(param, [names]) of the partitioned parameters of one unit."""
-    hooks = engine._stage3
-    for param_id, param in engine._partitioned.items():
-        if hooks._plan.unit_of_param[param_id] == unit:
-            yield param, engine._param_names[param_id]
-
-
-def full_state_dict(engine, keep: bool) -> dict:
+def full_state_dict(hooks: Stage3Hooks, module: nn.Module, keep: bool) -> dict:
     """The module's state dict with every partitioned parameter whole, built unit by unit so
     no rank ever holds more than one gathered unit beyond its shards. Every rank takes part
     in the gathers; only ranks with keep=True keep the (CPU) copies."""
-    state = ({k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items()}
+    state = ({k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
              if keep else {})
-    for unit in each_gathered_unit(engine._stage3):
-        for param, names in _unit_params(engine, unit):
+    for unit in each_gathered_unit(hooks):
+        for param, names in hooks.unit_params(unit):
             for name in names if keep else ():
                 state[name] = param.detach().cpu().clone()
     return state
 
 
-def load_full_state_dict(engine, state: dict, strict: bool) -> None:
+def load_full_state_dict(hooks: Stage3Hooks, module: nn.Module, state: dict,
+                         strict: bool) -> None:
     """Loads a whole-parameter state dict into the shards: unit by unit, gather, overwrite,
     commit this rank's piece (and fp32 master), release. Everything else (persistent and
     frozen parameters, buffers) loads through the module as usual."""
-    partitioned_names = {name for pid in engine._partitioned for name in engine._param_names[pid]}
-    hooks = engine._stage3
+    partitioned_names = {name for pid in hooks.partitioned for name in hooks.param_names[pid]}
     with torch.no_grad():
         for unit in each_gathered_unit(hooks):
-            for param, names in _unit_params(engine, unit):
+            for param, names in hooks.unit_params(unit):
                 source = next((state[name] for name in names if name in state), None)
                 if source is not None:
                     param.data.copy_(source)
-            for group, local in hooks._placement.get(unit, ()):
-                engine._core.commit(group, local)
+            hooks.commit(unit)
     rest = {k: v for k, v in state.items() if k not in partitioned_names}
-    missing, unexpected = engine.module.load_state_dict(rest, strict=False)
+    missing, unexpected = module.load_state_dict(rest, strict=False)
     missing = [k for k in missing if k not in partitioned_names]
     if strict and (missing or unexpected):
         raise RuntimeError(f"zero: state dict mismatch: missing {missing}, "
@@ -256,15 +278,13 @@ def load_full_state_dict(engine, state: dict, strict: bool) -> None:
 
 
 @contextlib.contextmanager
-def gathered_parameters(engine, params, modifier_rank=None):
+def gathered_parameters(hooks: Stage3Hooks, params, modifier_rank=None):
     """zero.GatheredParameters: the units holding `params` are gathered inside the block;
     with modifier_rank set, that rank's edits are broadcast and written back on exit."""
     import torch.distributed as dist
 
-    hooks = engine._stage3
     params = [params] if isinstance(params, torch.Tensor) else list(params)
-    units = sorted({hooks._plan.unit_of_param[id(p)] for p in params
-                    if id(p) in engine._partitioned})
+    units = hooks.units_of(params)
     for unit in units:
         hooks.hold(unit)
     try:
@@ -272,10 +292,9 @@ def gathered_parameters(engine, params, modifier_rank=None):
         if modifier_rank is not None:
             with torch.no_grad():
                 for unit in units:
-                    for param, _ in _unit_params(engine, unit):
+                    for param, _ in hooks.unit_params(unit):
                         dist.broadcast(param.data, src=modifier_rank)
-                    for group, local in hooks._placement.get(unit, ()):
-                        engine._core.commit(group, local)
+                    hooks.commit(unit)
     finally:
         for unit in units:
             hooks.unhold(unit)
@@ -297,9 +316,10 @@ class GatheredParameters:
     def __enter__(self):
         from . import init as zero_init
 
-        engine = _ENGINES.get(_first_partitioned(self._params)) if self._enabled else None
-        if engine is not None:
-            self._context = gathered_parameters(engine, self._params, self._modifier_rank)
+        hooks = next((h for h in map(owner_of, self._params) if h is not None), None) \
+            if self._enabled else None
+        if hooks is not None:
+            self._context = gathered_parameters(hooks, self._params, self._modifier_rank)
         elif self._enabled and any(zero_init.is_partitioned(p) for p in self._params):
             # built under zero.Init, no engine yet
             self._context = zero_init.gathered(self._params, self._modifier_rank)
@@ -311,13 +331,29 @@ class GatheredParameters:
         return self._context.__exit__(*exc)
 
 
-# id(param) -> the stage-3 engine that partitions it; weak, so this table never keeps an
-# engine (and its memory, swap files) alive.
-_ENGINES: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+OWNER_ATTR = "_zero_owner"
 
 
-def _first_partitioned(params):
-    for param in params:
-        if id(param) in _ENGINES:
-            return id(param)
-    return None
+class _Owner:
+    """What param._zero_owner holds: a weak handle to the Stage3Hooks partitioning it."""
+
+    __slots__ = ("_hooks",)
+
+    def __init__(self, hooks: Stage3Hooks | None = None):
+        self._hooks = weakref.ref(hooks) if hooks is not None else None
+
+    def __call__(self) -> Stage3Hooks | None:
+        return self._hooks() if self._hooks is not None else None
+
+    def __reduce__(self):  # a pickled parameter is owned by nobody
+        return (_Owner, ())
+
+    def __deepcopy__(self, memo):  # nor is a copy
+        return _Owner()
+
+
+def owner_of(param) -> Stage3Hooks | None:
+    """The live stage-3 engine (its Stage3Hooks) that partitions `param`, if any."""
+    owner = getattr(param, OWNER_ATTR, None)
+    hooks = owner() if owner is not None else None
+    return hooks if hooks is not None and hooks._core is not None else None

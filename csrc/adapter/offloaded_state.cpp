@@ -1,6 +1,7 @@
 #include "adapter/offloaded_state.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -363,6 +364,11 @@ void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
   std::shared_future<void> params_out[2];
   std::vector<core::IoHandle> reads[2];
   std::vector<core::IoHandle> writes[2];
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point since) {
+    return std::chrono::duration<double>(Clock::now() - since).count();
+  };
+  const Clock::time_point step_start = Clock::now();
   auto begin_chunk = [&](std::int64_t chunk) {
     const int slot = static_cast<int>(chunk % 2);
     if (nvme()) {
@@ -376,18 +382,28 @@ void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
     if (chunk_count() > 0) begin_chunk(0);
     for (std::int64_t c = 0; c < chunk_count(); ++c) {
       const int slot = static_cast<int>(c % 2);
+      Clock::time_point start = Clock::now();
       grads_in[slot].get();  // rethrows a failed copy
       wait_all(reads[slot]);
+      timings_.grads_in_wait_s += seconds(start);
       if (c + 1 < chunk_count()) begin_chunk(c + 1);
+      start = Clock::now();
       update_chunk(c, slot, hyper, grad_scale, step);
+      timings_.cpu_optimizer_s += seconds(start);
       if (nvme()) writes[slot] = write_chunk(c, slot);
+      start = Clock::now();
       if (params_out[slot].valid()) params_out[slot].get();  // chunk c-2's: done, rethrows
+      timings_.params_out_wait_s += seconds(start);
       params_out[slot] = stage_out(c);
     }
+    const Clock::time_point start = Clock::now();
     for (int slot = 0; slot < 2; ++slot) {
       if (params_out[slot].valid()) params_out[slot].get();
       wait_all(writes[slot]);
     }
+    timings_.params_out_wait_s += seconds(start);
+    timings_.step_s += seconds(step_start);
+    ++timings_.steps;
   } catch (...) {
     // Nothing queued may outlive this call: the copies use `chunks` and the pieces.
     for (int slot = 0; slot < 2; ++slot) {

@@ -46,6 +46,18 @@ struct OffloadOptions {
   std::function<void(std::int64_t bytes)> on_swap_write;
 };
 
+// Where the offloaded steps' time went (host mode, summed over steps): waiting for gradient
+// chunks to reach host staging, the CPU optimizer, waiting for new parameters to reach the
+// model, and the whole step. Measured on the engine thread, so the waits are what the copies
+// did not hide behind the CPU Adam.
+struct OffloadTimings {
+  std::int64_t steps = 0;
+  double grads_in_wait_s = 0;
+  double cpu_optimizer_s = 0;
+  double params_out_wait_s = 0;
+  double step_s = 0;
+};
+
 // One contiguous piece of this rank's shard: its gradients and the parameters the step
 // writes (model dtype, `grad.numel()` elements) at `offset` in the shard. The new parameters
 // go into `param`, or, when the parameters live on NVMe, to `store`, which receives them in
@@ -81,6 +93,7 @@ class OffloadedState {
   std::string why_not_pinned() const { return pinned() ? "" : host_pool_->why_not_pinned(); }
   std::string swap_description() const;  // the swap file and its I/O backend ("" on the host)
   bool delayed_pending() const { return delayed_pending_; }
+  const OffloadTimings& timings() const { return timings_; }
 
   at::Tensor read_master(std::int64_t offset, std::int64_t numel) const;  // a copy
   void write_master(std::int64_t offset, const at::Tensor& values);
@@ -139,6 +152,7 @@ class OffloadedState {
   std::unique_ptr<core::TaskWorker> updater_;
   mutable std::shared_future<void> delayed_job_;
   bool delayed_pending_ = false;
+  OffloadTimings timings_;
 };
 
 }  // namespace zero::adapter

@@ -33,6 +33,7 @@ class ShardState {
     return offloaded_ ? offloaded_->swap_description() : "";
   }
   bool delayed_pending() const { return offloaded_ && offloaded_->delayed_pending(); }
+  OffloadTimings offload_timings() const { return offloaded_ ? offloaded_->timings() : OffloadTimings{}; }
   std::int64_t offloaded_numel() const { return shard_numel_ - device_numel_; }
 
   // The fp32 master of shard [offset, offset + numel): read returns a copy, write stores.

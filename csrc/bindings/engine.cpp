@@ -175,6 +175,10 @@ void bind_engine(py::module_& m) {
                  partitioned != nullptr ? partitioned->param_swap_read_aheads() : 0;
              return out;
            }, py::arg("group"))
+      .def("group_offload_timings",
+           [](adapter::EngineCore& e, std::size_t g) {
+             return e.group(g).shard_state().offload_timings();
+           }, py::arg("group"))
       .def("group_load_optimizer_state",
            [](adapter::EngineCore& e, std::size_t g, const std::string& name,
               const at::Tensor& values) {
