@@ -122,8 +122,12 @@ def train_zero(name, model, args):
     import zero
 
     engine, _, _, _ = zero.initialize(model=model, config=ds_config(name, args))
-    data = batches(model.config, args, args.gas)
+    return engine, engine_step(engine, batches(model.config, args, args.gas))
 
+
+def engine_step(engine, data):
+    """One optimizer step of a DeepSpeed-shaped engine (zero's or DeepSpeed's): forward,
+    engine.backward and engine.step per micro-batch, each phase timed."""
     def one_step():
         timer = StepTimer()
         for tokens, targets in data:
@@ -131,7 +135,7 @@ def train_zero(name, model, args):
             timer("backward", engine.backward, loss)
             timer("step", engine.step)
         return timer.phases, loss.item()
-    return engine, one_step
+    return one_step
 
 
 def train_fsdp2(name, model, args):
@@ -169,16 +173,7 @@ def train_deepspeed(name, model, args):
     config = ds_config("zero2-offload", args)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=config)
-    data = batches(model.config, args, args.gas)
-
-    def one_step():
-        timer = StepTimer()
-        for tokens, targets in data:
-            loss = timer("forward", engine, tokens, targets)
-            timer("backward", engine.backward, loss)
-            timer("step", engine.step)
-        return timer.phases, loss.item()
-    return engine, one_step
+    return engine, engine_step(engine, batches(model.config, args, args.gas))
 
 
 def offload_components(numel: int) -> dict:
@@ -246,7 +241,7 @@ def worker(args) -> dict:
     build = train_zero if name.startswith("zero") else \
         train_fsdp2 if name.startswith("fsdp2") else train_deepspeed
     engine, one_step = build(name, model, args)
-    times, losses = [], []
+    times, losses, before = [], [], None
     for index in range(args.warmup + args.steps):
         if index == args.warmup:
             before = offload_timings(engine)
