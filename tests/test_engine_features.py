@@ -131,9 +131,9 @@ def _memory(rank, world, stage, precision):
                                       config=training.engine_config(stage, precision=precision))
     training.train_engine(engine, rank, world, 2, 2)
     report = engine.memory_report()
-    groups = range(engine._core.group_count)
-    buckets = [engine._core.group_bucket_info(g) for g in groups]
-    return report, sum(engine._core.group_numel(g) for g in groups), buckets
+    groups = range(engine.core.group_count)
+    buckets = [engine.core.group_bucket_info(g) for g in groups]
+    return report, sum(engine.core.group_numel(g) for g in groups), buckets
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -188,16 +188,16 @@ def _no_sync(rank, world, stage):
     engine, _, _, _ = zero.initialize(model=training.make_model(),
                                       config=training.engine_config(stage, gas=2))
     data = training.batches(world, 1, 2)
-    engine._core.reset_comm_stats()
+    engine.core.reset_comm_stats()
     with engine.no_sync():
         tokens, targets = data[rank]
         engine.backward(engine(tokens, targets))
-    during = engine._core.comm_stats()["total_bytes"]
+    during = engine.core.comm_stats()["total_bytes"]
     engine.step()
     tokens, targets = data[world + rank]
     engine.backward(engine(tokens, targets))
     engine.step()
-    return during, engine._core.comm_stats()["total_bytes"] > 0, training.parameters_of(engine.module)
+    return during, engine.core.comm_stats()["total_bytes"] > 0, training.parameters_of(engine.module)
 
 
 def test_no_sync_sends_nothing_and_accumulation_still_matches_the_reference():

@@ -207,8 +207,8 @@ def _aux_step(rank, world, stage):
         engine.backward(engine(_aux_inputs(rank), rank == 0))  # only rank 0 takes aux
         engine.step()
         updates.append({n: before[n] - p.detach() for n, p in engine.module.named_parameters()})
-        buckets.append(sum(engine._core.group_bucket_info(g)["buckets"]
-                           for g in range(engine._core.group_count)))
+        buckets.append(sum(engine.core.group_bucket_info(g)["buckets"]
+                           for g in range(engine.core.group_count)))
     return updates[0], buckets
 
 

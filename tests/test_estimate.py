@@ -40,10 +40,10 @@ def _measure(rank, world, grid):
     for stage, precision, overrides in grid:
         config, _ = _config(stage, precision, overrides)
         engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
-        engine._core.reset_comm_stats()
+        engine.core.reset_comm_stats()
         training.train_engine(engine, rank, world, 1, 1)
         report = engine.memory_report()
-        comm = engine._core.comm_stats()
+        comm = engine.core.comm_stats()
         out.append({"numel": report["numel"],
                     "current": {k: v["current"] for k, v in report["categories"].items()},
                     "peak_total": report["total"]["peak"],

@@ -41,10 +41,10 @@ def _accounting(rank, world, config):
 
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     losses = training.train_engine(engine, rank, world, 2, GAS)
-    groups = range(engine._core.group_count)
-    infos = [engine._core.group_offload_info(g) for g in groups]
-    unit_shards = [[engine._core.group_layout(g).unit(u).shard_numel
-                    for u in range(engine._core.group_units(g))] for g in groups]
+    groups = range(engine.core.group_count)
+    infos = [engine.core.group_offload_info(g) for g in groups]
+    unit_shards = [[engine.core.group_layout(g).unit(u).shard_numel
+                    for u in range(engine.core.group_units(g))] for g in groups]
     return losses, infos, unit_shards, engine.memory_report()
 
 
@@ -93,14 +93,14 @@ def _reads_per_step(rank, world, config):
 
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     training.train_engine(engine, rank, world, 2, GAS)  # the first step records the order
-    group = next(g for g in range(engine._core.group_count)
-                 if engine._core.group_offload_info(g)["params_offloaded"])
-    before = engine._core.group_offload_info(group)
+    group = next(g for g in range(engine.core.group_count)
+                 if engine.core.group_offload_info(g)["params_offloaded"])
+    before = engine.core.group_offload_info(group)
     training.train_engine(engine, rank, world, 2, GAS, first_step=2)
-    after = engine._core.group_offload_info(group)
+    after = engine.core.group_offload_info(group)
     reads = after["param_swap_reads"] - before["param_swap_reads"]
     read_aheads = after["param_swap_read_aheads"] - before["param_swap_read_aheads"]
-    return reads, read_aheads, engine._core.group_units(group)
+    return reads, read_aheads, engine.core.group_units(group)
 
 
 def test_with_a_buffer_per_unit_nothing_is_read_after_the_first_step(tmp_path):
@@ -200,7 +200,7 @@ def _write_fails(rank, world, path):
     config = _nvme_params(_config(3, "cpu"), path, buffer_count=64)  # every unit stays cached
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     training.train_engine(engine, rank, world, 1, GAS)
-    infos = [engine._core.group_offload_info(g) for g in range(engine._core.group_count)]
+    infos = [engine.core.group_offload_info(g) for g in range(engine.core.group_count)]
     swap_file = next(info["param_swap"] for info in infos if info["param_swap"]).split(" (")[0]
     # The drive fills up: the file shrinks to one page and may not grow past it, so every
     # write-back but the first unit's fails (forward and backward run from the buffers).

@@ -29,8 +29,9 @@ def _train(rank, world, prefetch):
     engine = _make(rank, prefetch)
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
     state = engine.module_state_dict()
-    released = all(p.numel() == 0 for p in engine._partitioned.values())
-    stats = engine._core.schedule_stats()
+    released = all(p.numel() == 0 for group in engine.groups if group.stage == 3
+                   for p in group.params)
+    stats = engine.core.schedule_stats()
     return losses, ({k: v.float() for k, v in state.items()} if rank == 0 else None), stats, released
 
 
@@ -64,11 +65,11 @@ def _memory(rank, world, prefetch=0, **extra):
     plan = plan_units(fresh)
     units = [(name, sum(p.numel() for p in fresh.parameters() if plan.unit_of_param[id(p)] == u))
              for u, (name, _) in enumerate(plan.modules)]
-    groups = range(engine._core.group_count)
-    partitioned = [g for g in groups if id(engine._engine_groups[g][1][0]) in engine._partitioned]
-    psi = sum(engine._core.group_numel(g) for g in partitioned)
-    persistent = sum(engine._core.group_numel(g) for g in groups if g not in partitioned)
-    buckets = sum(engine._core.group_bucket_info(g)["bucket_bytes"] for g in groups)
+    groups = range(engine.core.group_count)
+    partitioned = [g for g in groups if engine.groups[g].stage == 3]
+    psi = sum(engine.core.group_numel(g) for g in partitioned)
+    persistent = sum(engine.core.group_numel(g) for g in groups if g not in partitioned)
+    buckets = sum(engine.core.group_bucket_info(g)["bucket_bytes"] for g in groups)
     return report, psi, persistent, buckets, units
 
 
@@ -282,7 +283,7 @@ def _schedule_run(rank, world, **extra):
     engine = _make(rank, **extra)
     losses = training.train_engine(engine, rank, world, 4, GAS)
     report = engine.memory_report()
-    return losses, dict(engine._core.schedule_stats()), report["categories"]["gathered_param"]["peak"]
+    return losses, dict(engine.core.schedule_stats()), report["categories"]["gathered_param"]["peak"]
 
 
 def test_reuse_distance_keeps_units_for_their_next_use_and_saves_gathers():

@@ -22,8 +22,7 @@ from torch import nn
 
 import offload
 
-from . import _C, boundary, stage3
-from . import init as zero_init
+from . import _C, sharding, stage3
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
@@ -52,34 +51,25 @@ class ZeroEngine(nn.Module):
         self.device = _training_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # collectives and allocations on this rank's GPU
-        model.to(device=self.device, dtype=self.dtype)
-        _convert_init_shards(model, self.device, self.dtype)
-        if self.stage < 3:  # built under zero.Init, trained whole
-            for param in model.parameters():
-                if zero_init.is_partitioned(param):
-                    zero_init.unpartition(param)
-        _broadcast_from_rank0(model)  # every rank starts from rank 0's weights, like DDP
-
+        sharding.prepare_model(model, self.device, self.dtype, self.stage)
         spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters)
         self._core = _C.EngineCore(dist.group.WORLD.group_name)
-        self._alignment = max(1, ALIGNMENT_BYTES // _element_size(self.dtype))
-        self._stage3 = None
-        self._partitioned: dict[int, nn.Parameter] = {}
-        self._param_names = _names_by_id(model)
-        # engine group -> (optimizer group, its parameters), for hypers and grad hooks
-        self._engine_groups: list[tuple[int, list[nn.Parameter]]] = []
         zero_cfg = config.zero_optimization
         self._swap_writes = SwapWriteProgress(enabled="nvme" in (
             zero_cfg.offload_optimizer.device, zero_cfg.offload_param.device))
+        builder = sharding.GroupBuilder(
+            self._core, config, spec, groups,
+            alignment=max(1, ALIGNMENT_BYTES // _element_size(self.dtype)),
+            on_swap_write=self._swap_writes.add)
+        engine = weakref.ref(self)
         with self._swap_writes.shown("zero: writing NVMe swap files"):
-            if self.stage == 3:
-                self._build_stage3(spec, groups, trainables)
-            else:
-                for owner, (group, params) in enumerate(zip(groups, trainables)):
-                    self._add_group(spec, owner, group, params, self.stage)
+            layout = sharding.shard_groups(builder, model, trainables, self.stage, self.device,
+                                           step_counter=lambda: engine().global_steps)
+        self._engine_groups = layout.groups
+        self._stage3 = layout.stage3
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
-                       for g, (_, params) in enumerate(self._engine_groups)
-                       for i, param in enumerate(params)]
+                       for g, group in enumerate(self._engine_groups)
+                       for i, param in enumerate(group.params)]
         self.optimizer = ZeroOptimizer(spec, groups)
         self.lr_scheduler = _scheduler(config, lr_scheduler, self.optimizer)
         self.loss_scaler = (loss_scaler_from_config(
@@ -114,6 +104,12 @@ class ZeroEngine(nn.Module):
         """The C++ engine (zero._C.EngineCore): the groups' shards, optimizer state and
         registry. zero.checkpoint reads and writes through it; None once destroyed."""
         return self._core
+
+    @property
+    def groups(self) -> list[sharding.EngineGroup]:
+        """The C++ engine's groups in order: each one's optimizer group, parameters and stage
+        (3: partitioned; 1 at stage 3: the parameters kept whole)."""
+        return self._engine_groups
 
     @property
     def local_rank(self) -> int:
@@ -195,7 +191,7 @@ class ZeroEngine(nn.Module):
         if not boundary:
             return
         hypers = self.optimizer.hypers()
-        result = self._core.step([hypers[owner] for owner, _ in self._engine_groups],
+        result = self._core.step([hypers[group.owner] for group in self._engine_groups],
                                  self.loss_scale,
                                  float(self.config.gradient_clipping),
                                  self.loss_scaler is not None, self.applied_steps + 1)
@@ -335,78 +331,6 @@ class ZeroEngine(nn.Module):
         dist.barrier()
         return True
 
-    def _build_stage3(self, spec, groups, trainables) -> None:
-        zero_cfg = self.config.zero_optimization
-        threshold = int(zero_cfg.stage3_param_persistence_threshold)
-        plan = stage3.plan_units(self.module)
-        partitioned_ids = {id(p) for params in trainables for p in params
-                           if zero_init.full_numel(p) > threshold}
-        # zero.Init partitioned everything large; what the engine keeps whole (small or frozen
-        # parameters) is gathered back once, in the same order on every rank.
-        for param in self.module.parameters():
-            if zero_init.is_partitioned(param) and id(param) not in partitioned_ids:
-                zero_init.unpartition(param)
-        placement: dict[int, list[tuple[int, int]]] = {}
-        for owner, (group, params) in enumerate(zip(groups, trainables)):
-            partitioned = [p for p in params if id(p) in partitioned_ids]
-            if not partitioned:
-                continue
-            model_units = sorted({plan.unit_of_param[id(p)] for p in partitioned})
-            local = {unit: i for i, unit in enumerate(model_units)}
-            options = boundary.group_options(
-                self.config, stage=3, alignment=self._alignment, optimizer_kind=spec.kind,
-                sgd_momentum=spec.momentum_buffer_needed([group]),
-                offload=offload.offload_options(self.config, self._swap_writes.add),
-                offload_param=offload.param_offload_options(self.config, self._swap_writes.add))
-            index = self._core.add_stage3_group(
-                partitioned, [local[plan.unit_of_param[id(p)]] for p in partitioned],
-                [list(p._zero_shape) if zero_init.is_partitioned(p) else [] for p in partitioned],
-                options)
-            self._engine_groups.append((owner, partitioned))
-            for unit in model_units:
-                placement.setdefault(unit, []).append((index, local[unit]))
-            self._partitioned.update((id(p), p) for p in partitioned)
-        # Small parameters: whole on every rank, optimizer state sharded (a stage-1 group).
-        # Added after the partitioned groups: the default launch order (before the first
-        # backward teaches one) follows the groups, and these complete last in backward.
-        for owner, (group, params) in enumerate(zip(groups, trainables)):
-            persistent = [p for p in params if id(p) not in partitioned_ids]
-            if persistent:
-                self._add_group(spec, owner, group, persistent, stage=1)
-        self._core.configure_schedule([name for name, _ in plan.modules],
-                                      boundary.schedule_options(self.config, self.device))
-        engine = weakref.ref(self)
-        self._stage3 = stage3.Stage3Hooks(self._core, plan, placement,
-                                          step_counter=lambda: engine().global_steps,
-                                          partitioned=self._partitioned,
-                                          param_names=self._param_names)
-        self._adopt_init_shards(plan)
-
-    def _adopt_init_shards(self, plan) -> None:
-        """Moves zero.Init's per-parameter shards into the engine's per-unit shards, one unit
-        at a time: gather the unit (its zero.Init parameters read as zeros), write their full
-        values, keep this rank's piece, release."""
-        pending = [p for p in self._partitioned.values() if zero_init.is_partitioned(p)]
-        for unit in sorted({plan.unit_of_param[id(p)] for p in pending}):
-            self._stage3.hold(unit)
-            with torch.no_grad():
-                for param in pending:
-                    if plan.unit_of_param[id(param)] == unit:
-                        param.data.copy_(zero_init.gather_full(param))
-                self._stage3.commit(unit)
-            self._stage3.unhold(unit)
-        for param in pending:
-            del param._zero_shard, param._zero_shape
-
-    def _add_group(self, spec, owner: int, group: dict, params: list, stage: int) -> None:
-        # A unit is the grain of communication: one all-reduce / reduce-scatter of its grads
-        # and one all-gather of its params, so reduce_bucket_size is its size.
-        self._core.add_group(params, boundary.group_options(
-            self.config, stage=stage, alignment=self._alignment, optimizer_kind=spec.kind,
-            sgd_momentum=spec.momentum_buffer_needed([group]),
-            offload=offload.offload_options(self.config, self._swap_writes.add)))
-        self._engine_groups.append((owner, params))
-
     def _warn_if_not_pinned(self) -> None:
         infos = [self._core.group_offload_info(g) for g in range(self._core.group_count)]
         message = offload.pinning_warning(self.config, infos)
@@ -422,12 +346,9 @@ class ZeroEngine(nn.Module):
         offloaded: dict[tuple[int, bool], int] = {}  # -> shard elements whose state is offloaded
         param_nvme: dict[tuple[int, bool], int] = {}  # -> parameter shard elements on NVMe
         grads_on_host: dict[tuple[int, bool], bool] = {}  # -> the gradient shard is on the host
-        for g, (owner, params) in enumerate(self._engine_groups):
-            if self.stage < 3:
-                stage = self.stage
-            else:  # partitioned groups, or stage 3's persistent parameters (a stage-1 group)
-                stage = 3 if id(params[0]) in self._partitioned else 1
-            momentum = spec.momentum_buffer_needed([self.optimizer.param_groups[owner]])
+        for g, group in enumerate(self._engine_groups):
+            stage = group.stage
+            momentum = spec.momentum_buffer_needed([self.optimizer.param_groups[group.owner]])
             numels[stage, momentum] = numels.get((stage, momentum), 0) + self._core.group_numel(g)
             info = self._core.group_offload_info(g)
             offloaded[stage, momentum] = offloaded.get((stage, momentum), 0) + info["offloaded_numel"]
@@ -482,28 +403,8 @@ def _destroy_live_engines() -> None:
         engine.destroy()
 
 
-def _broadcast_from_rank0(model: nn.Module) -> None:
-    with torch.no_grad():  # zero.Init's shards were cut from rank 0's values already
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            if not zero_init.is_partitioned(tensor):
-                dist.broadcast(tensor.data, src=0)
-
-
-def _convert_init_shards(model: nn.Module, device, dtype) -> None:
-    for param in model.parameters():
-        if zero_init.is_partitioned(param):
-            param._zero_shard = param._zero_shard.to(device=device, dtype=dtype)
-
-
 def _element_size(dtype: torch.dtype) -> int:
     return torch.tensor([], dtype=dtype).element_size()
-
-
-def _names_by_id(model: nn.Module) -> dict[int, list[str]]:
-    names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    return names
 
 
 def _training_device() -> torch.device:

@@ -82,6 +82,22 @@ def gather_full(param: torch.Tensor) -> torch.Tensor:
 def unpartition(param: torch.Tensor) -> None:
     """Makes a partitioned parameter whole for good (collective)."""
     param.data = gather_full(param)
+    release_shard(param)
+
+
+def shard_shape(param: torch.Tensor) -> list[int]:
+    """The full shape of a partitioned parameter; [] for a whole one."""
+    return list(param._zero_shape) if is_partitioned(param) else []
+
+
+def convert_shard(param: torch.Tensor, device, dtype) -> None:
+    """Moves a partitioned parameter's shard to the training device and dtype."""
+    param._zero_shard = param._zero_shard.to(device=device, dtype=dtype)
+
+
+def release_shard(param: torch.Tensor) -> None:
+    """Forgets a parameter's zero.Init shard: it is whole again, or the engine's shard holds
+    its values now."""
     del param._zero_shard, param._zero_shape
 
 

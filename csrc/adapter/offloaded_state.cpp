@@ -3,13 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include <ATen/ops/cat.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/full.h>
 #include <c10/util/Exception.h>
 
-#include "adapter/host_pinning.h"
 #include "core/cpu_adam.h"
 
 namespace zero::adapter {
@@ -24,333 +19,136 @@ core::ElemType elem_type(at::ScalarType type) {
   }
 }
 
-const at::TensorOptions kFp32 = at::TensorOptions().dtype(at::kFloat);
+using Clock = std::chrono::steady_clock;
 
-void wait_all(std::vector<core::IoHandle>& handles) {
-  for (core::IoHandle& handle : handles) {
-    if (handle.pending()) handle.wait();
-  }
-  handles.clear();
+double seconds_since(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
 }  // namespace
 
-void store_params(const ShardPiece& piece, std::int64_t begin, const at::Tensor& values,
-                  void (*copy)(const at::Tensor& dst, const at::Tensor& src)) {
-  if (piece.store) {
-    piece.store(piece.store_base + begin, values);
-  } else if (copy != nullptr) {
-    copy(piece.param.narrow(0, begin, values.numel()), values);
-  } else {
-    piece.param.narrow(0, begin, values.numel()).copy_(values);
-  }
-}
-
-ShardPiece sub_piece(const ShardPiece& piece, std::int64_t begin, std::int64_t numel,
-                     std::int64_t offset) {
-  ShardPiece part{piece.grad.narrow(0, begin, numel), at::Tensor(), offset, piece.store,
-                  piece.store_base + begin};
-  if (piece.param.defined()) part.param = piece.param.narrow(0, begin, numel);
-  return part;
-}
-
 OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                                const c10::TensorOptions& device_options, OptimizerKind kind,
                                bool sgd_momentum, const OffloadOptions& offload)
-    : kind_(kind), offload_(offload), shard_numel_(shard_numel), sgd_momentum_(sgd_momentum) {
-  TORCH_CHECK_VALUE(offload_.num_threads >= 1, "zero: offload threads must be >= 1, got ",
-                    offload_.num_threads);
-  TORCH_CHECK(offload_.tile_numel > 0, "zero: offload chunk size (sub_group_size) must be > 0, "
-              "got ", offload_.tile_numel);
-  const bool on_nvme = !offload_.nvme_path.empty();
+    : kind_(kind), sgd_momentum_(sgd_momentum), num_threads_(offload.num_threads) {
+  TORCH_CHECK_VALUE(offload.num_threads >= 1, "zero: offload threads must be >= 1, got ",
+                    offload.num_threads);
+  TORCH_CHECK(offload.tile_numel > 0, "zero: offload chunk size (sub_group_size) must be > 0, "
+              "got ", offload.tile_numel);
+  TORCH_CHECK(!offload.delayed_update || offload.nvme_path.empty(), "zero: the delayed "
+              "parameter update works with offload_optimizer device \"cpu\", not \"nvme\"; turn "
+              "delayed_update off or use the CPU");
+  grid_ = {shard_numel, std::min(offload.tile_numel, std::max<std::int64_t>(shard_numel, 1))};
+  store_ = make_offload_store(registry, grid_, state_array_names(kind, sgd_momentum), offload);
   const at::ScalarType model_type = device_options.dtype().toScalarType();
-  const std::int64_t model_bytes = static_cast<std::int64_t>(c10::elementSize(model_type));
-  chunk_ = std::min(offload_.tile_numel, std::max<std::int64_t>(shard_numel, 1));
-  const bool sixteen_bit = model_type != at::kFloat;
-  const std::vector<std::string> names = state_names();
-  auto category = [](const std::string& name) {
-    return name == "master" ? core::MemoryCategory::kMaster
-                            : core::MemoryCategory::kOptimizerState;
-  };
-  // Page-multiple chunk regions first, so each starts page-aligned for O_DIRECT.
-  const std::int64_t chunk_bytes =
-      static_cast<std::int64_t>(core::round_up(static_cast<std::size_t>(4 * chunk_)));
-  std::vector<core::HostRegion> regions;
-  for (const std::string& name : names) {
-    if (on_nvme) {  // two chunks of the state in flight: staging, the state itself is on NVMe
-      for (int slot = 0; slot < 2; ++slot) {
-        regions.push_back({core::MemoryCategory::kStaging, chunk_bytes});
-      }
-    } else {
-      regions.push_back({category(name), 4 * shard_numel});
-    }
-  }
-  const std::size_t staging = regions.size();
   for (int slot = 0; slot < 2; ++slot) {
-    regions.push_back({core::MemoryCategory::kStaging, chunk_ * model_bytes});
-    if (sixteen_bit) regions.push_back({core::MemoryCategory::kStaging, chunk_ * model_bytes});
-  }
-  const std::size_t delayed = regions.size();
-  if (offload_.delayed_update) {
-    TORCH_CHECK(!on_nvme, "zero: the delayed parameter update works with offload_optimizer "
-                "device \"cpu\", not \"nvme\"; turn delayed_update off or use the CPU");
-    regions.push_back({core::MemoryCategory::kStaging, shard_numel * model_bytes});  // grads
-    regions.push_back({core::MemoryCategory::kStaging, shard_numel * model_bytes});  // params
-  }
-  const core::HostPinning pinning = host_pinning();
-  host_pool_ = std::make_unique<core::HostPool>(regions, registry,
-                                                offload_.pin_memory ? &pinning : nullptr);
-  // A refused pin is not an error: the engine warns once with why_not_pinned().
-  auto view = [&](std::size_t region, std::int64_t numel, const at::TensorOptions& options) {
-    return at::from_blob(host_pool_->region(region), {numel}, options);
-  };
-  std::size_t next = 0;
-  for (const std::string& name : names) {
-    if (on_nvme) {
-      for (int slot = 0; slot < 2; ++slot) slots_[slot].emplace_back(name, view(next++, chunk_, kFp32));
-      continue;
+    staged_grads_[slot] = HostTensor(registry, core::MemoryCategory::kStaging, grid_.chunk,
+                                     model_type, offload.pin_memory);
+    if (model_type != at::kFloat) {
+      staged_params_[slot] = HostTensor(registry, core::MemoryCategory::kStaging, grid_.chunk,
+                                        model_type, offload.pin_memory);
     }
-    at::Tensor array = view(next++, shard_numel, kFp32);
-    if (name == "master") master_ = array;
-    if (name == "exp_avg") exp_avg_ = array;
-    if (name == "exp_avg_sq") exp_avg_sq_ = array;
-    if (name == "momentum_buffer") momentum_ = array;
   }
-  next = staging;
-  const auto model = at::TensorOptions().dtype(model_type);
-  for (int slot = 0; slot < 2; ++slot) {
-    staged_grads_[slot] = view(next++, chunk_, model);
-    if (sixteen_bit) staged_params_[slot] = view(next++, chunk_, model);
-  }
-  if (offload_.delayed_update) {
-    delayed_grads_ = view(delayed, shard_numel, model);
-    delayed_params_ = view(delayed + 1, shard_numel, model);
-    updater_ = std::make_unique<core::TaskWorker>();
-  }
-  if (on_nvme) {
-    std::vector<core::TileSpec> tiles;
-    for (const std::string& name : names) {
-      for (std::int64_t c = 0; c < chunk_count(); ++c) {
-        tiles.push_back({tile_name(name, c), static_cast<std::size_t>(4 * chunk_numel(c))});
-      }
-      nvme_bytes_.emplace_back(&registry, category(name), core::MemoryLocation::kNvme,
-                               4 * shard_numel);
-    }
-    core::SwapStoreOptions options;
-    options.aio = offload_.aio;
-    swap_ = std::make_unique<core::SwapStore>(offload_.nvme_path, tiles, options);
+  if (offload.delayed_update) {
+    delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, model_type, offload.pin_memory);
   }
   copier_ = std::make_unique<CopyEngine>(device_options.device());
 }
 
-// The workers and the swap store may still use pool memory: they go first.
-OffloadedState::~OffloadedState() {
-  updater_.reset();
-  copier_.reset();
-  swap_.reset();
-}
-
-void OffloadedState::step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
-                          double grad_scale, std::int64_t step) {
-  if (offload_.delayed_update) {
-    delayed_step(pieces, hyper, grad_scale, step);
-  } else {
-    offloaded_step(pieces, hyper, grad_scale, step);
+std::string OffloadedState::why_not_pinned() const {
+  std::string why = store_->why_not_pinned();
+  for (int slot = 0; slot < 2 && why.empty(); ++slot) {
+    why = staged_grads_[slot].why_not_pinned();
+    if (why.empty() && staged_params_[slot].defined()) why = staged_params_[slot].why_not_pinned();
   }
-}
-
-std::vector<std::string> OffloadedState::state_names() const {
-  std::vector<std::string> names{"master"};
-  if (kind_ == OptimizerKind::kAdam) {
-    names.insert(names.end(), {"exp_avg", "exp_avg_sq"});
-  } else if (sgd_momentum_) {
-    names.push_back("momentum_buffer");
-  }
-  return names;
-}
-
-std::int64_t OffloadedState::chunk_count() const {
-  return chunk_ == 0 ? 0 : (shard_numel_ + chunk_ - 1) / chunk_;
-}
-
-std::int64_t OffloadedState::chunk_numel(std::int64_t chunk) const {
-  return std::min(chunk_, shard_numel_ - chunk * chunk_);
-}
-
-std::string OffloadedState::tile_name(const std::string& name, std::int64_t chunk) const {
-  return name + "." + std::to_string(chunk);
-}
-
-std::string OffloadedState::swap_description() const {
-  if (!swap_) return "";
-  return swap_->file().path() + " (" + swap_->backend_name() + ")";
-}
-
-at::Tensor OffloadedState::host_state(const std::string& name) const {
-  if (name == "master") return master_;
-  if (name == "exp_avg") return exp_avg_;
-  if (name == "exp_avg_sq") return exp_avg_sq_;
-  return momentum_;
-}
-
-at::Tensor OffloadedState::chunk_view(const std::string& name, std::int64_t chunk, int slot) const {
-  if (!nvme()) return host_state(name).narrow(0, chunk * chunk_, chunk_numel(chunk));
-  for (const auto& [slot_name, buffer] : slots_[slot]) {
-    if (slot_name == name) return buffer.narrow(0, 0, chunk_numel(chunk));
-  }
-  TORCH_CHECK(false, "zero: no state array '", name, "'");
-}
-
-std::vector<core::IoHandle> OffloadedState::read_chunk(std::int64_t chunk, int slot) {
-  std::vector<core::IoHandle> handles;
-  for (const auto& [name, buffer] : slots_[slot]) {
-    handles.push_back(swap_->read_async(tile_name(name, chunk), static_cast<std::byte*>(buffer.data_ptr()),
-                                        core::round_up(4 * chunk_)));
-  }
-  return handles;
-}
-
-std::vector<core::IoHandle> OffloadedState::write_chunk(std::int64_t chunk, int slot) {
-  std::vector<core::IoHandle> handles;
-  for (const auto& [name, buffer] : slots_[slot]) {
-    handles.push_back(swap_->write_async(tile_name(name, chunk),
-                                         static_cast<const std::byte*>(buffer.data_ptr()),
-                                         core::round_up(4 * chunk_)));
-  }
-  return handles;
-}
-
-void OffloadedState::write_chunk_and_report(std::int64_t chunk) {
-  auto writes = write_chunk(chunk, 0);
-  wait_all(writes);
-  if (offload_.on_swap_write) {
-    const std::size_t bytes = slots_[0].size() * core::round_up(4 * chunk_);
-    offload_.on_swap_write(static_cast<std::int64_t>(bytes));
-  }
+  if (why.empty() && delayed_) why = delayed_->why_not_pinned();
+  return why;
 }
 
 void OffloadedState::wait_delayed() const {
-  if (delayed_job_.valid()) delayed_job_.get();  // rethrows a failed update
+  if (delayed_) delayed_->wait();
 }
 
 at::Tensor OffloadedState::read_master(std::int64_t offset, std::int64_t numel) const {
   wait_delayed();
-  if (!nvme()) return master_.narrow(0, offset, numel).clone();
-  std::vector<at::Tensor> parts;
-  auto* self = const_cast<OffloadedState*>(this);  // reads reuse slot 0 as scratch
-  for (std::int64_t c = offset / chunk_; c * chunk_ < offset + numel; ++c) {
-    auto handles = self->read_chunk(c, 0);
-    wait_all(handles);
-    const std::int64_t begin = std::max(offset, c * chunk_);
-    const std::int64_t end = std::min(offset + numel, c * chunk_ + chunk_numel(c));
-    parts.push_back(chunk_view("master", c, 0).narrow(0, begin - c * chunk_, end - begin).clone());
-  }
-  return parts.empty() ? at::empty({0}, kFp32) : at::cat(parts);
+  return store_->read("master", offset, numel);
 }
 
 void OffloadedState::write_master(std::int64_t offset, const at::Tensor& values) {
   wait_delayed();
-  const at::Tensor source = values.reshape({-1});
-  const std::int64_t numel = source.numel();
-  if (!nvme()) {
-    master_.narrow(0, offset, numel).copy_(source);
-    return;
-  }
-  for (std::int64_t c = offset / chunk_; c * chunk_ < offset + numel; ++c) {
-    auto reads = read_chunk(c, 0);  // read-modify-write the whole chunk of every array
-    wait_all(reads);
-    const std::int64_t begin = std::max(offset, c * chunk_);
-    const std::int64_t end = std::min(offset + numel, c * chunk_ + chunk_numel(c));
-    chunk_view("master", c, 0).narrow(0, begin - c * chunk_, end - begin)
-        .copy_(source.narrow(0, begin - offset, end - begin));
-    write_chunk_and_report(c);
-  }
+  store_->write("master", offset, values);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> OffloadedState::optimizer_state() const {
   wait_delayed();
   std::vector<std::pair<std::string, at::Tensor>> state;
-  if (offload_.delayed_update) {
-    state.emplace_back("delayed_params", delayed_params_.clone());
-    state.emplace_back("delayed_pending",
-                       at::full({1}, delayed_pending_ ? 1.0 : 0.0, kFp32));
-  }
-  for (const std::string& name : state_names()) {
-    if (name == "master") continue;
-    if (!nvme()) {
-      const at::Tensor array = host_state(name);
-      if (array.defined()) state.emplace_back(name, array.clone());
-      continue;
-    }
-    std::vector<at::Tensor> parts;
-    auto* self = const_cast<OffloadedState*>(this);
-    for (std::int64_t c = 0; c < chunk_count(); ++c) {
-      auto handles = self->read_chunk(c, 0);
-      wait_all(handles);
-      parts.push_back(chunk_view(name, c, 0).clone());
-    }
-    state.emplace_back(name, at::cat(parts));
+  if (delayed_) state = delayed_->state();
+  for (const std::string& name : store_->names()) {
+    if (name != "master") state.emplace_back(name, store_->read(name, 0, grid_.shard_numel));
   }
   return state;
 }
 
 void OffloadedState::load_optimizer_state(const std::string& name, const at::Tensor& values) {
+  if (delayed_ && delayed_->load(name, values)) return;
   wait_delayed();
-  if (offload_.delayed_update && name == "delayed_pending") {
-    delayed_pending_ = values.item<double>() != 0.0;
-    return;
-  }
-  if (offload_.delayed_update && name == "delayed_params") {
-    TORCH_CHECK(values.numel() == shard_numel_, "zero: saved delayed_params has ", values.numel(),
-                " elements but this rank's shard has ", shard_numel_);
-    delayed_params_.copy_(values.reshape({-1}));
-    return;
-  }
-  const std::vector<std::string> names = state_names();
-  TORCH_CHECK(name != "master" && std::find(names.begin(), names.end(), name) != names.end(),
-              "zero: the optimizer state has no '", name, "'");
-  TORCH_CHECK(values.numel() == shard_numel_, "zero: saved ", name, " has ", values.numel(),
-              " elements but this rank's shard has ", shard_numel_);
-  const at::Tensor source = values.reshape({-1});
-  if (!nvme()) {
-    host_state(name).copy_(source);
-    return;
-  }
-  for (std::int64_t c = 0; c < chunk_count(); ++c) {
-    auto reads = read_chunk(c, 0);
-    wait_all(reads);
-    chunk_view(name, c, 0).copy_(source.narrow(0, c * chunk_, chunk_numel(c)));
-    write_chunk_and_report(c);
-  }
+  TORCH_CHECK(name != "master" && store_->has(name), "zero: the optimizer state has no '", name,
+              "'");
+  TORCH_CHECK(values.numel() == grid_.shard_numel, "zero: saved ", name, " has ",
+              values.numel(), " elements but this rank's shard has ", grid_.shard_numel);
+  store_->write(name, 0, values);
 }
 
-void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
-                                const OptimizerHyper& hyper, double grad_scale,
-                                std::int64_t step) {
-  // The pieces tile the shard; cut them at chunk boundaries.
-  std::vector<std::vector<Segment>> chunks(static_cast<std::size_t>(chunk_count()));
+void OffloadedState::step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
+                          double grad_scale, std::int64_t step) {
+  if (!delayed_) {
+    streamed_step(pieces, hyper, grad_scale, step);
+    return;
+  }
+  delayed_->start(pieces, [this, hyper, grad_scale, step](const at::Tensor& grads,
+                                                           const at::Tensor& out,
+                                                           std::int64_t chunk) {
+    update_chunk(grads, out, chunk, hyper, grad_scale, step);
+  });
+}
+
+void OffloadedState::apply_delayed(const std::vector<ShardPiece>& pieces) {
+  if (delayed_) delayed_->apply(pieces);
+}
+
+// The pieces tile the shard; cut them at chunk boundaries.
+std::vector<std::vector<OffloadedState::Segment>> OffloadedState::segments(
+    const std::vector<ShardPiece>& pieces) const {
+  std::vector<std::vector<Segment>> chunks(static_cast<std::size_t>(grid_.count()));
   for (const ShardPiece& piece : pieces) {
     const std::int64_t numel = piece.grad.numel();
     for (std::int64_t begin = 0; begin < numel;) {
       const std::int64_t at = piece.offset + begin;
-      const std::int64_t chunk = at / chunk_;
-      const std::int64_t length = std::min(numel - begin, (chunk + 1) * chunk_ - at);
-      chunks[chunk].push_back({&piece, begin, length, at - chunk * chunk_});
+      const std::int64_t chunk = at / grid_.chunk;
+      const std::int64_t length = std::min(numel - begin, (chunk + 1) * grid_.chunk - at);
+      chunks[chunk].push_back({&piece, begin, length, at - chunk * grid_.chunk});
       begin += length;
     }
   }
+  return chunks;
+}
+
+void OffloadedState::streamed_step(const std::vector<ShardPiece>& pieces,
+                                   const OptimizerHyper& hyper, double grad_scale,
+                                   std::int64_t step) {
+  const std::vector<std::vector<Segment>> chunks = segments(pieces);
   auto stage_in = [this, &chunks](std::int64_t chunk) {
     return copier_->submit([this, segments = chunks[chunk], slot = chunk % 2] {
       for (const Segment& s : segments) {
-        CopyEngine::copy(staged_grads_[slot].narrow(0, s.at, s.numel),
+        CopyEngine::copy(staged_grads_[slot].tensor().narrow(0, s.at, s.numel),
                          s.piece->grad.narrow(0, s.begin, s.numel));
       }
     });
   };
   auto stage_out = [this, &chunks](std::int64_t chunk) {
-    const at::Tensor updated = staged_params_[chunk % 2].defined()
-                                   ? staged_params_[chunk % 2]
-                                   : chunk_view("master", chunk, static_cast<int>(chunk % 2));
+    const int slot = static_cast<int>(chunk % 2);
+    const at::Tensor updated = staged_params_[slot].defined() ? staged_params_[slot].tensor()
+                                                              : store_->view("master", chunk, slot);
     return copier_->submit([segments = chunks[chunk], updated] {
       for (const Segment& s : segments) {
         store_params(*s.piece, s.begin, updated.narrow(0, s.at, s.numel), CopyEngine::copy);
@@ -358,42 +156,42 @@ void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
     });
   };
   // One worker runs copies in order, so chunk c+2's staging-in is queued behind chunk c's
-  // staging-out; the NVMe slot of chunk c is re-read only after its write-back and its
+  // staging-out; a reused (NVMe) slot is fetched into only after its write-back and its
   // staging-out (which may read the master slot) are done.
   std::shared_future<void> grads_in[2];
   std::shared_future<void> params_out[2];
   std::vector<core::IoHandle> reads[2];
   std::vector<core::IoHandle> writes[2];
-  using Clock = std::chrono::steady_clock;
-  const auto seconds = [](Clock::time_point since) {
-    return std::chrono::duration<double>(Clock::now() - since).count();
-  };
   const Clock::time_point step_start = Clock::now();
   auto begin_chunk = [&](std::int64_t chunk) {
     const int slot = static_cast<int>(chunk % 2);
-    if (nvme()) {
+    if (store_->slots_reused()) {
       wait_all(writes[slot]);
       if (params_out[slot].valid()) params_out[slot].get();
-      reads[slot] = read_chunk(chunk, slot);
     }
+    reads[slot] = store_->fetch(chunk, slot);
     grads_in[slot] = stage_in(chunk);
   };
   try {
-    if (chunk_count() > 0) begin_chunk(0);
-    for (std::int64_t c = 0; c < chunk_count(); ++c) {
+    if (grid_.count() > 0) begin_chunk(0);
+    for (std::int64_t c = 0; c < grid_.count(); ++c) {
       const int slot = static_cast<int>(c % 2);
       Clock::time_point start = Clock::now();
       grads_in[slot].get();  // rethrows a failed copy
       wait_all(reads[slot]);
-      timings_.grads_in_wait_s += seconds(start);
-      if (c + 1 < chunk_count()) begin_chunk(c + 1);
+      timings_.grads_in_wait_s += seconds_since(start);
+      if (c + 1 < grid_.count()) begin_chunk(c + 1);
       start = Clock::now();
-      update_chunk(c, slot, hyper, grad_scale, step);
-      timings_.cpu_optimizer_s += seconds(start);
-      if (nvme()) writes[slot] = write_chunk(c, slot);
+      const std::int64_t numel = grid_.numel(c);
+      update_chunk(staged_grads_[slot].tensor().narrow(0, 0, numel),
+                   staged_params_[slot].defined()
+                       ? staged_params_[slot].tensor().narrow(0, 0, numel) : at::Tensor(),
+                   c, hyper, grad_scale, step);
+      timings_.cpu_optimizer_s += seconds_since(start);
+      writes[slot] = store_->flush(c, slot);
       start = Clock::now();
       if (params_out[slot].valid()) params_out[slot].get();  // chunk c-2's: done, rethrows
-      timings_.params_out_wait_s += seconds(start);
+      timings_.params_out_wait_s += seconds_since(start);
       params_out[slot] = stage_out(c);
     }
     const Clock::time_point start = Clock::now();
@@ -401,8 +199,8 @@ void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
       if (params_out[slot].valid()) params_out[slot].get();
       wait_all(writes[slot]);
     }
-    timings_.params_out_wait_s += seconds(start);
-    timings_.step_s += seconds(step_start);
+    timings_.params_out_wait_s += seconds_since(start);
+    timings_.step_s += seconds_since(step_start);
     ++timings_.steps;
   } catch (...) {
     // Nothing queued may outlive this call: the copies use `chunks` and the pieces.
@@ -414,52 +212,18 @@ void OffloadedState::offloaded_step(const std::vector<ShardPiece>& pieces,
   }
 }
 
-void OffloadedState::update_chunk(std::int64_t chunk, int slot, const OptimizerHyper& hyper,
-                              double grad_scale, std::int64_t step) {
-  const std::int64_t numel = chunk_numel(chunk);
-  update_chunk_from(staged_grads_[slot].narrow(0, 0, numel),
-                    staged_params_[slot].defined() ? staged_params_[slot].narrow(0, 0, numel)
-                                                   : at::Tensor(),
-                    chunk, hyper, grad_scale, step);
-}
-
-void OffloadedState::delayed_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
-                              double grad_scale, std::int64_t step) {
-  apply_delayed(pieces);  // the previous update's parameters: the model's from now on
-  for (const ShardPiece& piece : pieces) {
-    delayed_grads_.narrow(0, piece.offset, piece.grad.numel()).copy_(piece.grad);
-  }
-  delayed_pending_ = true;
-  delayed_job_ = updater_->submit([this, hyper, grad_scale, step] {
-    for (std::int64_t c = 0; c < chunk_count(); ++c) {
-      update_chunk_from(delayed_grads_.narrow(0, c * chunk_, chunk_numel(c)),
-                        delayed_params_.narrow(0, c * chunk_, chunk_numel(c)), c, hyper,
-                        grad_scale, step);
-    }
-  });
-}
-
-void OffloadedState::apply_delayed(const std::vector<ShardPiece>& pieces) {
-  wait_delayed();
-  if (!delayed_pending_) return;
-  for (const ShardPiece& piece : pieces) {
-    store_params(piece, 0, delayed_params_.narrow(0, piece.offset, piece.grad.numel()));
-  }
-  delayed_pending_ = false;
-}
-
-// Updates one chunk of host state from `grads` (model dtype); `out`, when defined, receives
+// Updates one chunk of the state from `grads` (model dtype); `out`, when defined, receives
 // the new parameters in the model dtype.
-void OffloadedState::update_chunk_from(const at::Tensor& grads, const at::Tensor& out,
-                                   std::int64_t chunk, const OptimizerHyper& hyper,
-                                   double grad_scale, std::int64_t step) {
-  const std::int64_t numel = chunk_numel(chunk);
+void OffloadedState::update_chunk(const at::Tensor& grads, const at::Tensor& out,
+                                  std::int64_t chunk, const OptimizerHyper& hyper,
+                                  double grad_scale, std::int64_t step) {
   const int slot = static_cast<int>(chunk % 2);
-  at::Tensor master = chunk_view("master", chunk, slot);
+  at::Tensor master = store_->view("master", chunk, slot);
   if (kind_ != OptimizerKind::kAdam) {
     at::Tensor fp32 = grads.to(at::kFloat);
     if (grad_scale != 1.0) fp32.mul_(grad_scale);
-    at::Tensor buffer = sgd_momentum_ ? chunk_view("momentum_buffer", chunk, slot) : at::Tensor();
+    at::Tensor buffer =
+        sgd_momentum_ ? store_->view("momentum_buffer", chunk, slot) : at::Tensor();
     sgd_update(master, fp32, buffer, /*first_step=*/step == 1, hyper);
     if (out.defined()) out.copy_(master);
     return;
@@ -480,9 +244,9 @@ void OffloadedState::update_chunk_from(const at::Tensor& grads, const at::Tensor
                                                   : core::ElemType::kBF16;
   core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
                   elem_type(grads.scalar_type()),
-                  chunk_view("exp_avg", chunk, slot).data_ptr<float>(),
-                  chunk_view("exp_avg_sq", chunk, slot).data_ptr<float>(), numel, out16,
-                  out_type, core::best_isa(), offload_.num_threads);
+                  store_->view("exp_avg", chunk, slot).data_ptr<float>(),
+                  store_->view("exp_avg_sq", chunk, slot).data_ptr<float>(), grid_.numel(chunk),
+                  out16, out_type, core::best_isa(), num_threads_);
   if (out.defined() && !sixteen_bit_out) out.copy_(master);  // fp32 model, delayed update
 }
 

@@ -1,0 +1,96 @@
+#include "adapter/nvme_store.h"
+
+#include <algorithm>
+
+#include <c10/util/Exception.h>
+
+namespace zero::adapter {
+
+NvmeStore::NvmeStore(core::MemoryRegistry& registry, ChunkGrid grid,
+                     std::vector<std::string> names, const OffloadOptions& options)
+    : OffloadStore(grid, std::move(names)), on_swap_write_(options.on_swap_write) {
+  const auto slot_numel = static_cast<std::int64_t>(padded_chunk_bytes() / 4);
+  std::vector<core::TileSpec> tiles;
+  for (std::size_t a = 0; a < this->names().size(); ++a) {
+    for (int slot = 0; slot < 2; ++slot) {
+      slots_[slot].emplace_back(registry, core::MemoryCategory::kStaging, slot_numel, at::kFloat,
+                                options.pin_memory);
+    }
+    for (std::int64_t c = 0; c < grid.count(); ++c) {
+      tiles.push_back({tile_name(a, c), static_cast<std::size_t>(4 * grid.numel(c))});
+    }
+    const auto category = this->names()[a] == "master" ? core::MemoryCategory::kMaster
+                                                       : core::MemoryCategory::kOptimizerState;
+    nvme_bytes_.emplace_back(&registry, category, core::MemoryLocation::kNvme,
+                             4 * grid.shard_numel);
+  }
+  core::SwapStoreOptions swap_options;
+  swap_options.aio = options.aio;
+  swap_ = std::make_unique<core::SwapStore>(options.nvme_path, tiles, swap_options);
+}
+
+std::string NvmeStore::tile_name(std::size_t array, std::int64_t chunk) const {
+  return names()[array] + "." + std::to_string(chunk);
+}
+
+std::size_t NvmeStore::padded_chunk_bytes() const {
+  return core::round_up(static_cast<std::size_t>(4 * grid().chunk));
+}
+
+at::Tensor NvmeStore::view(const std::string& name, std::int64_t chunk, int slot) const {
+  const auto& all = names();
+  const auto it = std::find(all.begin(), all.end(), name);
+  TORCH_CHECK(it != all.end(), "zero: the offloaded state has no array '", name, "'");
+  return slots_[slot][static_cast<std::size_t>(it - all.begin())].tensor().narrow(
+      0, 0, grid().numel(chunk));
+}
+
+std::vector<core::IoHandle> NvmeStore::fetch(std::int64_t chunk, int slot) {
+  std::vector<core::IoHandle> handles;
+  for (std::size_t a = 0; a < names().size(); ++a) {
+    auto* data = static_cast<std::byte*>(slots_[slot][a].tensor().data_ptr());
+    handles.push_back(swap_->read_async(tile_name(a, chunk), data, padded_chunk_bytes()));
+  }
+  return handles;
+}
+
+std::vector<core::IoHandle> NvmeStore::flush(std::int64_t chunk, int slot) {
+  std::vector<core::IoHandle> handles;
+  for (std::size_t a = 0; a < names().size(); ++a) {
+    const auto* data = static_cast<const std::byte*>(slots_[slot][a].tensor().data_ptr());
+    handles.push_back(swap_->write_async(tile_name(a, chunk), data, padded_chunk_bytes()));
+  }
+  return handles;
+}
+
+void NvmeStore::commit(std::int64_t chunk) {
+  auto writes = flush(chunk, 0);
+  wait_all(writes);
+  if (on_swap_write_) {
+    on_swap_write_(static_cast<std::int64_t>(names().size() * padded_chunk_bytes()));
+  }
+}
+
+bool NvmeStore::pinned() const {
+  for (const auto& slot : slots_) {
+    for (const HostTensor& buffer : slot) {
+      if (!buffer.pinned()) return false;
+    }
+  }
+  return true;
+}
+
+std::string NvmeStore::why_not_pinned() const {
+  for (const auto& slot : slots_) {
+    for (const HostTensor& buffer : slot) {
+      if (!buffer.pinned()) return buffer.why_not_pinned();
+    }
+  }
+  return "";
+}
+
+std::string NvmeStore::description() const {
+  return swap_->file().path() + " (" + swap_->backend_name() + ")";
+}
+
+}  // namespace zero::adapter

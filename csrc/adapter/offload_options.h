@@ -1,0 +1,28 @@
+#pragma once
+// What offload_optimizer asks of the engine (filled from the validated config in
+// zero/boundary.py and offload/options.py; bound field by field as _C.OffloadOptions).
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/io_backend.h"
+
+namespace zero::adapter {
+
+struct OffloadOptions {
+  bool enabled = false;
+  bool pin_memory = false;
+  std::int64_t tile_numel = std::int64_t{1} << 22;  // elements per streamed chunk
+  int num_threads = 1;                               // CPU Adam threads
+  std::string nvme_path;  // non-empty: the state lives in a swap file in this directory
+  core::AioConfig aio;
+  bool delayed_update = false;  // ZeRO-Offload's DPU (host only)
+  // Fraction of the shard whose state and step go to the host / NVMe (the shard's tail);
+  // the rest stays on the device.
+  double ratio = 1.0;
+  // With NVMe: told the bytes of each chunk written outside the step (start-up, checkpoint
+  // load, commit), for a progress display. Never called from the step.
+  std::function<void(std::int64_t bytes)> on_swap_write;
+};
+
+}  // namespace zero::adapter

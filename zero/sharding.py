@@ -1,0 +1,162 @@
+"""How an engine lays its parameters out, in one pass (ZeroEngine.__init__ calls these in
+order):
+
+1. prepare_model: the model in the training dtype and on the training device; zero.Init's
+   shards converted too; below stage 3 every partitioned parameter is made whole; every
+   rank starts from rank 0's values.
+2. shard_groups: the C++ engine groups, one per optimizer group and kind:
+   - stages 0-2: one group of the config's stage per optimizer group;
+   - stage 3: the gather units are planned (stage3.plan_units); trainable parameters above
+     stage3_param_persistence_threshold are partitioned (a stage-3 group per optimizer group,
+     sharded per unit), the rest stay whole with their optimizer state sharded (a stage-1
+     group, added last); the module hooks are attached (Stage3Hooks), and zero.Init's
+     per-parameter shards are adopted into the engine's per-unit shards, unit by unit.
+
+The engine then attaches its gradient hooks to each group's parameters and builds the
+optimizer over the optimizer groups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import offload
+
+from . import boundary, stage3
+from . import init as zero_init
+
+
+@dataclass
+class EngineGroup:
+    """One C++ engine group: parameters of one optimizer group (`owner`), at `stage` (3:
+    partitioned; 1 at stage 3: the persistent parameters)."""
+    owner: int
+    params: list[nn.Parameter]
+    stage: int
+
+
+@dataclass
+class Sharding:
+    groups: list[EngineGroup]
+    stage3: stage3.Stage3Hooks | None = None
+
+
+@dataclass
+class GroupBuilder:
+    """What every engine group is built from: the C++ engine, the validated config, the
+    optimizer spec and the optimizer groups."""
+    core: object
+    config: object
+    spec: object
+    optimizer_groups: list[dict]
+    alignment: int
+    on_swap_write: object = None
+
+    def options(self, owner: int, stage: int):
+        return boundary.group_options(
+            self.config, stage=stage, alignment=self.alignment, optimizer_kind=self.spec.kind,
+            sgd_momentum=self.spec.momentum_buffer_needed([self.optimizer_groups[owner]]),
+            offload=offload.offload_options(self.config, self.on_swap_write),
+            offload_param=(offload.param_offload_options(self.config, self.on_swap_write)
+                           if stage == 3 else None))
+
+    def add_flat(self, owner: int, params: list, stage: int) -> EngineGroup:
+        # A group is the grain of communication below stage 3: its gradients are reduced in
+        # buckets of reduce_bucket_size, its parameters all-gathered after the step.
+        self.core.add_group(params, self.options(owner, stage))
+        return EngineGroup(owner, params, stage)
+
+
+def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
+                  stage: int) -> None:
+    model.to(device=device, dtype=dtype)
+    for param in model.parameters():
+        if zero_init.is_partitioned(param):
+            zero_init.convert_shard(param, device, dtype)
+            if stage < 3:  # built under zero.Init, trained whole
+                zero_init.unpartition(param)
+    with torch.no_grad():  # zero.Init's shards were cut from rank 0's values already
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            if not zero_init.is_partitioned(tensor):
+                dist.broadcast(tensor.data, src=0)
+
+
+def shard_groups(builder: GroupBuilder, model: nn.Module, trainables: list[list],
+                 stage: int, device: torch.device, step_counter) -> Sharding:
+    if stage < 3:
+        return Sharding([builder.add_flat(owner, params, stage)
+                         for owner, params in enumerate(trainables)])
+    return _shard_stage3(builder, model, trainables, device, step_counter)
+
+
+def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list],
+                  device: torch.device, step_counter) -> Sharding:
+    threshold = int(builder.config.zero_optimization.stage3_param_persistence_threshold)
+    plan = stage3.plan_units(model)
+    partitioned = {id(p): p for params in trainables for p in params
+                   if zero_init.full_numel(p) > threshold}
+    # zero.Init partitioned everything large; what the engine keeps whole (small or frozen
+    # parameters) is gathered back once, in the same order on every rank.
+    for param in model.parameters():
+        if zero_init.is_partitioned(param) and id(param) not in partitioned:
+            zero_init.unpartition(param)
+    groups: list[EngineGroup] = []
+    placement: dict[int, list[tuple[int, int]]] = {}  # model unit -> [(group, local unit)]
+    for owner, params in enumerate(trainables):
+        mine = [p for p in params if id(p) in partitioned]
+        if mine:
+            _add_stage3_group(builder, plan, owner, mine, placement)
+            groups.append(EngineGroup(owner, mine, 3))
+    # Small parameters: whole on every rank, optimizer state sharded (a stage-1 group).
+    # Added after the partitioned groups: the default launch order (before the first
+    # backward teaches one) follows the groups, and these complete last in backward.
+    for owner, params in enumerate(trainables):
+        persistent = [p for p in params if id(p) not in partitioned]
+        if persistent:
+            groups.append(builder.add_flat(owner, persistent, stage=1))
+    builder.core.configure_schedule([name for name, _ in plan.modules],
+                                    boundary.schedule_options(builder.config, device))
+    hooks = stage3.Stage3Hooks(builder.core, plan, placement, step_counter=step_counter,
+                               partitioned=partitioned, param_names=_names_by_id(model))
+    _adopt_init_shards(hooks)
+    return Sharding(groups, hooks)
+
+
+def _add_stage3_group(builder: GroupBuilder, plan, owner: int, params: list,
+                      placement: dict) -> None:
+    """One stage-3 group: its parameters sharded per gather unit (the group-local units are
+    the model units its parameters belong to, in model order)."""
+    model_units = sorted({plan.unit_of_param[id(p)] for p in params})
+    local = {unit: i for i, unit in enumerate(model_units)}
+    index = builder.core.add_stage3_group(
+        params, [local[plan.unit_of_param[id(p)]] for p in params],
+        [zero_init.shard_shape(p) for p in params], builder.options(owner, stage=3))
+    for unit in model_units:
+        placement.setdefault(unit, []).append((index, local[unit]))
+
+
+def _adopt_init_shards(hooks: stage3.Stage3Hooks) -> None:
+    """Moves zero.Init's per-parameter shards into the engine's per-unit shards, one unit
+    at a time: gather the unit (its zero.Init parameters read as zeros), write their full
+    values, keep this rank's piece, release."""
+    pending = [p for p in hooks.partitioned.values() if zero_init.is_partitioned(p)]
+    for unit in hooks.units_of(pending):
+        hooks.hold(unit)
+        with torch.no_grad():
+            for param, _names in hooks.unit_params(unit):
+                if zero_init.is_partitioned(param):
+                    param.data.copy_(zero_init.gather_full(param))
+            hooks.commit(unit)
+        hooks.unhold(unit)
+    for param in pending:
+        zero_init.release_shard(param)
+
+
+def _names_by_id(model: nn.Module) -> dict[int, list[str]]:
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return names
