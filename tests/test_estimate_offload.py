@@ -127,13 +127,13 @@ def _report_with_offloaded_numel(engine, rank):
     from zero.memory import build_report
 
     offloaded = {}
-    for g, (_, params) in enumerate(engine._engine_groups):
-        persistent = engine.stage == 3 and id(params[0]) not in engine._partitioned
-        numel = engine._core.group_offload_info(g)["offloaded_numel"]
+    for g, group in enumerate(engine.groups):
+        persistent = engine.stage == 3 and group.stage != 3
+        numel = engine.core.group_offload_info(g)["offloaded_numel"]
         offloaded[persistent] = offloaded.get(persistent, 0) + numel
     layouts = [dataclasses.replace(layout, offloaded_numel=offloaded.get(layout.persistent, 0))
                for layout in engine._layouts]
-    return build_report(engine._core.registry(), layouts, rank, engine.global_steps, {})
+    return build_report(engine.core.registry(), layouts, rank, engine.global_steps, {})
 
 
 def _measure(rank, world, grid, nvme_path, factory=None, steps=2):
@@ -149,8 +149,8 @@ def _measure(rank, world, grid, nvme_path, factory=None, steps=2):
         training.train_engine(engine, rank, world, steps, GAS)
         report = engine.memory_report()
         swap = param_swap = nvme_param_numel = 0
-        for g in range(engine._core.group_count):
-            info = engine._core.group_offload_info(g)
+        for g in range(engine.core.group_count):
+            info = engine.core.group_offload_info(g)
             if info.get("swap", ""):
                 swap += os.path.getsize(info["swap"].split(" (")[0])
             if info.get("param_swap", ""):

@@ -78,11 +78,11 @@ def _measure(rank, world, grid, knobs=KNOBS, model="tiny"):
         engine, _, _, _ = zero.initialize(model=MODELS[model][0](),
                                           config=_config(precision, knobs[name]))
         training.train_engine(engine, rank, world, 1, GAS)
-        engine._core.reset_comm_stats()
+        engine.core.reset_comm_stats()
         training.train_engine(engine, rank, world, 1, GAS, first_step=1)
         report = engine.memory_report()
-        comm = engine._core.comm_stats()
-        groups = range(engine._core.group_count)
+        comm = engine.core.comm_stats()
+        groups = range(engine.core.group_count)
         out.append({
             "numel": report["numel"], "persistent_numel": report["persistent_numel"],
             "current": {k: v["current"] for k, v in report["categories"].items()},
@@ -91,8 +91,8 @@ def _measure(rank, world, grid, knobs=KNOBS, model="tiny"):
                          if "expected" in v},
             "model_state_bytes": report["model_state_bytes"],
             "total": report["total"],
-            "bucket_info": sum(engine._core.group_bucket_info(g)["bucket_bytes"] for g in groups),
-            "schedule": dict(engine._core.schedule_stats()),
+            "bucket_info": sum(engine.core.group_bucket_info(g)["bucket_bytes"] for g in groups),
+            "schedule": dict(engine.core.schedule_stats()),
             "comm": (comm["total_bytes"], comm["calls"]),
         })
         engine.destroy()
@@ -306,7 +306,7 @@ def _run_tuned(rank, world, config_path):
     training.train_engine(engine, rank, world, 2, engine.gradient_accumulation_steps())
     report = engine.memory_report()
     return (report["stage"], report["total"], report["categories"]["gathered_param"]["peak"],
-            dict(engine._core.schedule_stats()))
+            dict(engine.core.schedule_stats()))
 
 
 def test_the_tuner_recommends_stage3_when_only_stage3_fits_and_it_runs_within(tmp_path, capsys):

@@ -39,8 +39,8 @@ def _train(rank, world, config, steps=STEPS):
     state = engine.module_state_dict()
     report = engine.memory_report()
     params = {k: v.float() for k, v in state.items()} if rank == 0 else None
-    report["shard_numels"] = [engine._core.group_numel(g) // world
-                              for g in range(engine._core.group_count)]
+    report["shard_numels"] = [engine.core.group_numel(g) // world
+                              for g in range(engine.core.group_count)]
     return losses, params, report
 
 
@@ -137,7 +137,7 @@ def _pinned(rank, world):
         warnings.simplefilter("always")
         engine, _, _, _ = zero.initialize(model=training.make_model(),
                                           config=_config(2, True, pin=True))
-    info = engine._core.group_offload_info(0)
+    info = engine.core.group_offload_info(0)
     return info, [str(w.message) for w in caught]
 
 
@@ -227,7 +227,7 @@ def _truncated(rank, world, config, swap_key="swap"):
 
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     training.train_engine(engine, rank, world, 1, GAS)
-    infos = [engine._core.group_offload_info(g) for g in range(engine._core.group_count)]
+    infos = [engine.core.group_offload_info(g) for g in range(engine.core.group_count)]
     swap_file = next(info[swap_key] for info in infos if info[swap_key]).split(" (")[0]
     os.truncate(swap_file, 4096)
     with pytest.raises(Exception) as info:
@@ -296,7 +296,7 @@ def _train_dpu(rank, world, config, steps=STEPS):
     pending = []
 
     def watch(step, loss):
-        pending.append(engine._core.group_offload_info(0)["delayed_pending"])
+        pending.append(engine.core.group_offload_info(0)["delayed_pending"])
         return loss
     losses = training.train_engine(engine, rank, world, steps, GAS, on_step=watch)
     engine.apply_delayed_update()
@@ -385,9 +385,9 @@ def _ratio_split(rank, world, config):
 
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
-    split = [(engine._core.group_numel(g) // world,
-              engine._core.group_offload_info(g)["offloaded_numel"])
-             for g in range(engine._core.group_count)]
+    split = [(engine.core.group_numel(g) // world,
+              engine.core.group_offload_info(g)["offloaded_numel"])
+             for g in range(engine.core.group_count)]
     state = engine.module_state_dict()
     report = engine.memory_report()
     params = {k: v.float() for k, v in state.items()} if rank == 0 else None

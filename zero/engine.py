@@ -22,7 +22,7 @@ from torch import nn
 
 import offload
 
-from . import _C, sharding, stage3
+from . import _C, agreement, sharding, stage3
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
@@ -51,6 +51,7 @@ class ZeroEngine(nn.Module):
         self.device = _training_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # collectives and allocations on this rank's GPU
+        agreement.agree(config.raw, model)  # before any collective that could hang on it
         sharding.prepare_model(model, self.device, self.dtype, self.stage)
         spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters)
         self._core = _C.EngineCore(dist.group.WORLD.group_name)
@@ -91,6 +92,7 @@ class ZeroEngine(nn.Module):
         self.applied_steps = 0  # optimizer updates actually made (Adam's step count)
         self.last_step_result: dict = {}
         self._boundary_in_backward = False
+        self._boundary_backward_seen = False  # engine.backward ran for this boundary
         self._no_sync = False
         self._final_report_step = None  # destroy() writes a final report unless one was
         _LIVE_ENGINES.add(self)
@@ -173,6 +175,7 @@ class ZeroEngine(nn.Module):
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
         self._boundary_in_backward = boundary
+        self._boundary_backward_seen = self._boundary_backward_seen or boundary
         self._core.prepare_backward(boundary)
         scaled.backward(retain_graph=retain_graph)
         self._core.finish_backward(boundary)  # stage 3: already done by the end-of-backward hook
@@ -186,10 +189,18 @@ class ZeroEngine(nn.Module):
             raise RuntimeError("zero: engine.step() at an accumulation boundary inside no_sync() "
                                "would apply unreduced gradients; leave no_sync() before the "
                                "boundary's backward and step")
+        if boundary and not self._boundary_backward_seen:
+            raise RuntimeError(
+                f"zero: engine.step() at the end of step {self.global_steps + 1}, but that "
+                "micro-batch's backward did not go through engine.backward(loss): call "
+                "engine.backward(loss) instead of loss.backward(). The engine scales the loss and "
+                "reduces the gradients across ranks there; this step would apply unreduced "
+                "gradients (at stages 2 and 3: none)")
         self.micro_steps += 1
         self.global_samples += self.train_micro_batch_size_per_gpu() * dist.get_world_size()
         if not boundary:
             return
+        self._boundary_backward_seen = False
         hypers = self.optimizer.hypers()
         result = self._core.step([hypers[group.owner] for group in self._engine_groups],
                                  self.loss_scale,
@@ -199,10 +210,7 @@ class ZeroEngine(nn.Module):
         if self.loss_scaler is not None:
             self.loss_scaler.update_scale(result["overflow"])
         if result["overflow"]:
-            self.skipped_steps += 1
-            if dist.get_rank() == 0:
-                logger.warning("zero: step %d skipped on every rank: fp16 gradients overflowed; "
-                               "loss scale is now %s", self.global_steps + 1, self.loss_scale)
+            self._skip_nonfinite_step(result)
         else:
             self.applied_steps += 1
             if self.lr_scheduler is not None:
@@ -212,6 +220,29 @@ class ZeroEngine(nn.Module):
 
     def zero_grad(self):
         self._core.zero_grads()
+
+    def _skip_nonfinite_step(self, result: dict) -> None:
+        """The C++ step found non-finite gradients (every rank agrees) and left the weights
+        alone: fp16 lowers its loss scale; other precisions skip, or raise when
+        nonfinite_gradients is "raise"."""
+        step = self.global_steps + 1
+        if self.loss_scaler is None and self.config.nonfinite_gradients == "raise":
+            raise FloatingPointError(
+                f"zero: step {step}: the gradients are not finite (global norm "
+                f"{result['grad_norm']}) in {self.config.precision}; the weights were not "
+                "updated. Set \"nonfinite_gradients\": \"skip\" in the config to skip such steps "
+                "and go on")
+        self.skipped_steps += 1
+        if dist.get_rank() != 0:
+            return
+        if self.loss_scaler is not None:
+            logger.warning("zero: step %d skipped on every rank: fp16 gradients overflowed; "
+                           "loss scale is now %s", step, self.loss_scale)
+        else:
+            logger.warning("zero: step %d skipped on every rank: the gradients are not finite "
+                           "(global norm %s) in %s; the weights were not updated (%d skipped "
+                           "so far)", step, result["grad_norm"], self.config.precision,
+                           self.skipped_steps)
 
     def apply_delayed_update(self) -> None:
         """With offload_optimizer.delayed_update the model trains on parameters one update

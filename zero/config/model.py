@@ -152,6 +152,7 @@ class ZeroConfig:
     zero_allow_untested_optimizer: bool  # accepted for compatibility, no effect
     zero_force_ds_cpu_optimizer: bool  # accepted for compatibility, no effect
     memory_report: MemoryReportConfig
+    nonfinite_gradients: str  # "skip" | "raise"
     world_size: int
     enabled_features: FrozenSet[str]
     raw: Mapping[str, Any]  # the config as given (a private deep copy)

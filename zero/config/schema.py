@@ -497,6 +497,10 @@ TOP = Block("", "Top-level keys.", (
     _bool("zero_force_ds_cpu_optimizer", True, "Accepted for compatibility; no effect in zero (there is no "
           "DeepSpeed CPU optimizer to force)."),
     _block("memory_report", MEMORY_REPORT, "zero's memory report (table below)."),
+    _choice("nonfinite_gradients", "skip", ("skip", "raise"), "zero only: what a step whose gradients "
+            "(or their global norm) are not finite does, in every precision: \"skip\" skips it on every "
+            "rank and counts it (as fp16's loss scaler does), \"raise\" stops training with "
+            "FloatingPointError on every rank. The weights never take a NaN or Inf."),
     # DeepSpeed scalar keys zero does not implement: only their defaults are accepted.
     _unsupported(BOOL, "sparse_gradients", False, "CSR gradients for sparse embeddings."),
     _unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),

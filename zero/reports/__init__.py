@@ -10,7 +10,7 @@ measured.
 The command line is `zero-mem` (`python -m zero.reports.cli`): `estimate`, `tune`, `report`.
 See docs/MEMORY.md.
 """
-# The submodules keep their names (zero.reports.estimate is the module, whose function
+# The submodules keep their names (zero.reports.estimate is the package, whose function
 # estimate.estimate() gives one option); the common entry points are re-exported here.
 from .estimate import (OPTIONS, Estimate, ModelShapes, Option, Setup, estimate_all, option_for,
                        shapes_from_count, shapes_from_factory, shapes_from_module)

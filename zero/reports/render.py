@@ -176,64 +176,97 @@ def format_table(series: list[Series]) -> str:
     names = ordered_categories(series)
     biggest = [s.last["total"]["peak"] for s in series]
     scale, unit = _unit(biggest)
-    rows = []
 
     def number(value) -> str:
         return "-" if value is None else "0" if value == 0 else f"{value / scale:.3f}"
 
+    rows = []
     for s in series:
         report = s.last
         head = [s.label, str(report["step"])]
-        for name in names:
-            entry = report["categories"].get(name, {"current": 0, "peak": 0})
-            at = entry.get("by_location", {})
-            expected = entry.get("expected")
-            check = "" if expected is None else ("= formula" if expected == entry["current"]
-                                                 else "differs")
-            rows.append([*head, name, *(number(at[loc]["current"]) if loc in at else "-"
-                                        for loc in LOCATIONS),
-                         number(entry["current"]), number(entry["peak"]), number(expected),
-                         entry.get("formula", ""), check])
-        by_location = report.get("model_state_by_location")
-        measured = (by_location or {}).get("measured", {})
-        states = {loc: 0 for loc in LOCATIONS}
-        for name in MODEL_STATES:
-            for loc, usage in report["categories"].get(name, {}).get("by_location", {}).items():
-                states[loc] = states.get(loc, 0) + usage["current"]
-        rows.append([*head, "model states", *(number(states[loc]) for loc in LOCATIONS),
-                     number(report["model_state_bytes"]), "",
-                     number(report["model_state_expected_bytes"]),
-                     report.get("model_state_formula", ""),
-                     "= formula" if report["model_state_bytes"] ==
-                     report["model_state_expected_bytes"] and
-                     (not by_location or measured == by_location["expected"]) else "differs"])
-        totals = location_totals(report)
-        rows.append([*head, "engine total", *(number(totals.get(loc, {}).get("current"))
-                                              for loc in LOCATIONS),
-                     number(report["total"]["current"]), number(report["total"]["peak"]), "",
-                     "", ""])
-        rows.append([*head, "engine peak", *(number(totals.get(loc, {}).get("peak"))
-                                             for loc in LOCATIONS), "",
-                     number(report["total"]["peak"]), "", "(peak of each sum)", ""])
-        process = report.get("process", {})
-        if "cuda_allocated_bytes" in process:
-            rows.append([*head, "CUDA allocated", number(process["cuda_allocated_bytes"]), "",
-                         "", "", number(process["cuda_allocated_bytes"]),
-                         number(process["cuda_max_allocated_bytes"]), "", "",
-                         "(allocator)"])
-            if "cuda_reserved_bytes" in process:
-                rows.append([*head, "CUDA reserved", number(process["cuda_reserved_bytes"]),
-                             "", "", "", number(process["cuda_reserved_bytes"]),
-                             number(process["cuda_max_reserved_bytes"]), "", "",
-                             "(allocator)"])
-        if "rss_peak_bytes" in process:
-            # ru_maxrss is read before statm, so the current RSS can exceed it by a page or so.
-            current = process.get("rss_bytes", 0)
-            rows.append([*head, "process RSS", "", "", "", "", number(current),
-                         number(max(current, process["rss_peak_bytes"])), "", "",
-                         "(whole process)"])
+        rows.extend(_category_rows(head, report, names, number))
+        rows.append(_model_states_row(head, report, number))
+        rows.extend(_engine_rows(head, report, number))
+        rows.extend(_process_rows(head, report, number))
     headers = ["rank", "step", "category", *(f"{LOCATION_TEXT[loc]} {unit}" for loc in LOCATIONS),
                f"current {unit}", f"peak {unit}", f"formula {unit}", "formula", "check"]
+    first = series[0].last
+    title = (f"memory report: stage {first['stage']}, N = {first['world_size']}, "
+             f"Ψ = {first['numel']:,}, {first['param_bytes']}-byte parameters"
+             + _offload_text(first) + " (last report of each rank)")
+    return _table_text(title, headers, rows)
+
+
+def _category_rows(head: list[str], report: dict, names: list[str], number) -> list[list[str]]:
+    """One row per category: current bytes at each location, current, peak, the formula's."""
+    rows = []
+    for name in names:
+        entry = report["categories"].get(name, {"current": 0, "peak": 0})
+        at = entry.get("by_location", {})
+        expected = entry.get("expected")
+        check = "" if expected is None else ("= formula" if expected == entry["current"]
+                                             else "differs")
+        rows.append([*head, name, *(number(at[loc]["current"]) if loc in at else "-"
+                                    for loc in LOCATIONS),
+                     number(entry["current"]), number(entry["peak"]), number(expected),
+                     entry.get("formula", ""), check])
+    return rows
+
+
+def _model_states_row(head: list[str], report: dict, number) -> list[str]:
+    """param + gradient + fp32_master + optimizer_state at each location, against the formula
+    (and, when the report has it, the formula's split over the locations)."""
+    by_location = report.get("model_state_by_location")
+    measured = (by_location or {}).get("measured", {})
+    states = {loc: 0 for loc in LOCATIONS}
+    for name in MODEL_STATES:
+        for loc, usage in report["categories"].get(name, {}).get("by_location", {}).items():
+            states[loc] = states.get(loc, 0) + usage["current"]
+    return [*head, "model states", *(number(states[loc]) for loc in LOCATIONS),
+            number(report["model_state_bytes"]), "",
+            number(report["model_state_expected_bytes"]),
+            report.get("model_state_formula", ""),
+            "= formula" if report["model_state_bytes"] ==
+            report["model_state_expected_bytes"] and
+            (not by_location or measured == by_location["expected"]) else "differs"]
+
+
+def _engine_rows(head: list[str], report: dict, number) -> list[list[str]]:
+    """Everything the engine accounts for: now at each location, and each location's peak."""
+    totals = location_totals(report)
+    return [[*head, "engine total", *(number(totals.get(loc, {}).get("current"))
+                                      for loc in LOCATIONS),
+             number(report["total"]["current"]), number(report["total"]["peak"]), "", "", ""],
+            [*head, "engine peak", *(number(totals.get(loc, {}).get("peak"))
+                                     for loc in LOCATIONS), "",
+             number(report["total"]["peak"]), "", "(peak of each sum)", ""]]
+
+
+def _process_rows(head: list[str], report: dict, number) -> list[list[str]]:
+    """What the process holds beyond the engine: the CUDA allocator's bytes, the RSS."""
+    process = report.get("process", {})
+    rows = []
+    if "cuda_allocated_bytes" in process:
+        rows.append([*head, "CUDA allocated", number(process["cuda_allocated_bytes"]), "",
+                     "", "", number(process["cuda_allocated_bytes"]),
+                     number(process["cuda_max_allocated_bytes"]), "", "",
+                     "(allocator)"])
+        if "cuda_reserved_bytes" in process:
+            rows.append([*head, "CUDA reserved", number(process["cuda_reserved_bytes"]),
+                         "", "", "", number(process["cuda_reserved_bytes"]),
+                         number(process["cuda_max_reserved_bytes"]), "", "",
+                         "(allocator)"])
+    if "rss_peak_bytes" in process:
+        # ru_maxrss is read before statm, so the current RSS can exceed it by a page or so.
+        current = process.get("rss_bytes", 0)
+        rows.append([*head, "process RSS", "", "", "", "", number(current),
+                     number(max(current, process["rss_peak_bytes"])), "", "",
+                     "(whole process)"])
+    return rows
+
+
+def _table_text(title: str, headers: list[str], rows: list[list[str]]) -> str:
+    """The title, the aligned table, a blank line between ranks."""
     widths = [max(len(r[i]) for r in rows + [headers]) for i in range(len(headers))]
     left = {0, 2, 10, 11}
 
@@ -241,11 +274,7 @@ def format_table(series: list[Series]) -> str:
         return "  ".join(c.ljust(w) if i in left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-    first = series[0].last
-    out = [f"memory report: stage {first['stage']}, N = {first['world_size']}, "
-           f"Ψ = {first['numel']:,}, {first['param_bytes']}-byte parameters"
-           + _offload_text(first) + " (last report of each rank)",
-           line(headers), line(["-" * w for w in widths])]
+    out = [title, line(headers), line(["-" * w for w in widths])]
     previous = None
     for row in rows:
         if previous is not None and row[0] != previous:
@@ -276,22 +305,11 @@ def plot(series: list[Series], png: str, max_panels: int = 16) -> str:
     peak so far (dashed; the band between it and the stack is what was transient during the
     steps: gathered parameters, device staging, a grown bucket pool), and the ZeRO formula's
     model states at that location (dotted). Each column has its own unit (MiB or GiB)."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ReportError("--png needs matplotlib (pip install matplotlib)") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
+    plt = _pyplot()
     shown = series[:max_panels]
     names = ordered_categories(shown)
     locations = used_locations(shown)
-    host_columns = [loc for loc in locations if loc.startswith("host")]
-    # the host column that holds the offloaded model states gets the formula's host bytes
-    formula_host = max(host_columns, key=lambda loc: sum(
-        r["categories"].get(n, {}).get("by_location", {}).get(loc, {}).get("current", 0)
-        for s in shown for r in s.reports for n in MODEL_STATES), default=None)
+    formula_host = _formula_host(shown, locations)
     units = {}
     for loc in locations:
         values = [_location_peak(r, loc) or _location_current(r, loc) for s in shown
@@ -302,81 +320,151 @@ def plot(series: list[Series], png: str, max_panels: int = 16) -> str:
                              sharex=True, sharey="col", squeeze=False)
     handles = {}
     for row, s in enumerate(shown):
-        steps = [r["step"] for r in s.reports]
         for col, loc in enumerate(locations):
-            ax = axes[row, col]
-            scale, unit = units[loc]
-            here = [n for n in names if any(
-                r["categories"].get(n, {}).get("by_location", {}).get(loc, {}).get("current")
-                for r in s.reports)]
-            stacks = [[r["categories"].get(n, {}).get("by_location", {}).get(loc, {})
-                       .get("current", 0) / scale for r in s.reports] for n in here]
-            tops = [sum(values) for values in zip(*stacks)] if stacks else [0.0] * len(steps)
-            peaks = [_location_peak(r, loc) for r in s.reports]
-            expected = [_formula_at(r, loc, formula_host) for r in s.reports]
-            single = len(steps) == 1
-            xs = [steps[0] - 0.3, steps[0] + 0.3] if single else steps
-            if single:  # one report: a bar, the lines become segments across it
-                bottom = 0.0
-                for name, values in zip(here, stacks):
-                    bar = ax.bar(steps, values, width=0.6, bottom=bottom,
-                                 color=_COLORS.get(name), label=name)
-                    handles.setdefault(name, bar)
-                    bottom += values[0]
-                ax.set_xlim(steps[0] - 1, steps[0] + 1)
-                tops, peaks, expected = tops * 2, peaks * 2, expected * 2
-            elif stacks:
-                polys = ax.stackplot(steps, *stacks, colors=[_COLORS.get(n) for n in here],
-                                     alpha=0.85)
-                for name, poly in zip(here, polys):
-                    handles.setdefault(name, poly)
-            if all(p is not None for p in peaks) and any(peaks):
-                peak = [p / scale for p in peaks]
-                if any(p > t * 1.0001 for p, t in zip(peak, tops)):
-                    band = ax.fill_between(xs, tops, peak, facecolor="none", edgecolor="#777777",
-                                           hatch="///", linewidth=0)
-                    handles.setdefault("transient in steps (peak − now)", band)
-                style = dict(marker="o", markersize=3) if 1 < len(steps) < 30 else {}
-                (line,) = ax.plot(xs, peak, color="black", linestyle="--", linewidth=1.2,
-                                  **style)
-                handles.setdefault("peak so far (this location)", line)
-            if any(value is not None for value in expected):
-                values = [(value or 0) / scale for value in expected]
-                (line,) = ax.plot(xs, values, color="#111111", linestyle=":", linewidth=2.2)
-                handles.setdefault("ZeRO formula: model states here", line)
-            last = s.last
-            now = _location_current(last, loc)
-            peak_text = _location_peak(last, loc)
-            title = (f"{s.label} · {LOCATION_TEXT.get(loc, loc)}: {now / scale:.3f} {unit} now"
-                     + (f", peak {peak_text / scale:.3f} {unit}" if peak_text is not None
-                        else ""))
-            states = sum(last["categories"].get(n, {}).get("by_location", {}).get(loc, {})
-                         .get("current", 0) for n in MODEL_STATES)
-            formula = _formula_at(last, loc, formula_host)
-            if formula is not None and (states or formula):
-                title += "\nmodel states " + (
-                    f"{states / scale:.3f} {unit} = formula" if states == formula else
-                    f"{states / scale:.3f} {unit}, formula {formula / scale:.3f} {unit}")
-            ax.set_title(title, fontsize=9.5)
-            ax.set_ylabel(f"{LOCATION_TEXT.get(loc, loc)} memory ({unit})")
-            ax.grid(True, alpha=0.3)
-            ax.set_ylim(bottom=0)
-            ax.margins(x=0.01)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            _draw_panel(axes[row, col], s, loc, names, units[loc], formula_host, handles)
     for col in range(cols):
         axes[-1, col].set_xlabel("optimizer step")
+    fig.suptitle(_suptitle(series, shown), fontsize=10.5)
+    _add_legend(fig, handles, names)
+    directory = os.path.dirname(os.path.abspath(png))
+    os.makedirs(directory, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (drawing to a file, no display)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("--png needs matplotlib (pip install matplotlib)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _category_current(report: dict, name: str, location: str) -> int:
+    return (report["categories"].get(name, {}).get("by_location", {}).get(location, {})
+            .get("current", 0))
+
+
+def _formula_host(shown: list[Series], locations: list[str]) -> str | None:
+    """The host column that holds the offloaded model states: it gets the formula's host
+    bytes."""
+    host_columns = [loc for loc in locations if loc.startswith("host")]
+    return max(host_columns, key=lambda loc: sum(
+        _category_current(r, n, loc) for s in shown for r in s.reports for n in MODEL_STATES),
+        default=None)
+
+
+def _draw_panel(ax, s: Series, loc: str, names: list[str], scale_unit: tuple[float, str],
+                formula_host: str | None, handles: dict) -> None:
+    """One rank at one location: the categories stacked across steps (a bar for a single
+    report), the location's peak so far, the formula's model states, and a title with the
+    last report's numbers."""
+    scale, unit = scale_unit
+    steps = [r["step"] for r in s.reports]
+    here = [n for n in names if any(_category_current(r, n, loc) for r in s.reports)]
+    stacks = [[_category_current(r, n, loc) / scale for r in s.reports] for n in here]
+    tops = [sum(values) for values in zip(*stacks)] if stacks else [0.0] * len(steps)
+    peaks = [_location_peak(r, loc) for r in s.reports]
+    expected = [_formula_at(r, loc, formula_host) for r in s.reports]
+    single = len(steps) == 1
+    xs = [steps[0] - 0.3, steps[0] + 0.3] if single else steps
+    if single:  # one report: a bar, the lines become segments across it
+        bottom = 0.0
+        for name, values in zip(here, stacks):
+            bar = ax.bar(steps, values, width=0.6, bottom=bottom,
+                         color=_COLORS.get(name), label=name)
+            handles.setdefault(name, bar)
+            bottom += values[0]
+        ax.set_xlim(steps[0] - 1, steps[0] + 1)
+        tops, peaks, expected = tops * 2, peaks * 2, expected * 2
+    elif stacks:
+        polys = ax.stackplot(steps, *stacks, colors=[_COLORS.get(n) for n in here],
+                             alpha=0.85)
+        for name, poly in zip(here, polys):
+            handles.setdefault(name, poly)
+    _draw_peak(ax, xs, peaks, tops, scale, len(steps), handles)
+    _draw_formula(ax, xs, expected, scale, handles)
+    ax.set_title(_panel_title(s, loc, scale, unit, formula_host), fontsize=9.5)
+    _style_axes(ax, loc, unit)
+
+
+def _draw_peak(ax, xs: list, peaks: list, tops: list, scale: float, step_count: int,
+               handles: dict) -> None:
+    """The location's peak so far (dashed), and the band between it and the stack (hatched):
+    what was transient within the steps."""
+    if not (all(p is not None for p in peaks) and any(peaks)):
+        return
+    peak = [p / scale for p in peaks]
+    if any(p > t * 1.0001 for p, t in zip(peak, tops)):
+        band = ax.fill_between(xs, tops, peak, facecolor="none", edgecolor="#777777",
+                               hatch="///", linewidth=0)
+        handles.setdefault("transient in steps (peak − now)", band)
+    style = dict(marker="o", markersize=3) if 1 < step_count < 30 else {}
+    (line,) = ax.plot(xs, peak, color="black", linestyle="--", linewidth=1.2, **style)
+    handles.setdefault("peak so far (this location)", line)
+
+
+def _draw_formula(ax, xs: list, expected: list, scale: float, handles: dict) -> None:
+    """The ZeRO formula's model states at this location (dotted)."""
+    if not any(value is not None for value in expected):
+        return
+    values = [(value or 0) / scale for value in expected]
+    (line,) = ax.plot(xs, values, color="#111111", linestyle=":", linewidth=2.2)
+    handles.setdefault("ZeRO formula: model states here", line)
+
+
+def _panel_title(s: Series, loc: str, scale: float, unit: str, formula_host: str | None) -> str:
+    """'rank 0 · device: 1.234 MiB now, peak 2.345 MiB' and the model states against the
+    formula."""
+    last = s.last
+    now = _location_current(last, loc)
+    peak_text = _location_peak(last, loc)
+    title = (f"{s.label} · {LOCATION_TEXT.get(loc, loc)}: {now / scale:.3f} {unit} now"
+             + (f", peak {peak_text / scale:.3f} {unit}" if peak_text is not None
+                else ""))
+    states = sum(_category_current(last, n, loc) for n in MODEL_STATES)
+    formula = _formula_at(last, loc, formula_host)
+    if formula is not None and (states or formula):
+        title += "\nmodel states " + (
+            f"{states / scale:.3f} {unit} = formula" if states == formula else
+            f"{states / scale:.3f} {unit}, formula {formula / scale:.3f} {unit}")
+    return title
+
+
+def _style_axes(ax, loc: str, unit: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_ylabel(f"{LOCATION_TEXT.get(loc, loc)} memory ({unit})")
+    ax.grid(True, alpha=0.3)
+    ax.set_ylim(bottom=0)
+    ax.margins(x=0.01)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _suptitle(series: list[Series], shown: list[Series]) -> str:
+    """The run: stage, ranks, dtype, Ψ (and Ψp), offload, the model-state formula."""
     first = shown[0].last
     extra = f" (first {len(shown)} of {len(series)} ranks)" if len(series) > len(shown) else ""
     dtype = {2: "16-bit", 4: "fp32"}.get(first["param_bytes"], f"{first['param_bytes']}-byte")
     persistent = first.get("persistent_numel")
     offload = _offload_text(first).removeprefix(", ")
-    fig.suptitle(f"zero memory by location and category{extra}: ZeRO stage {first['stage']}, "
-                 f"N = {first['world_size']} ranks, {dtype} parameters\n"
-                 f"Ψ = {first['numel']:,}" + (" partitioned" if persistent else "")
-                 + (f" + Ψp = {persistent:,} persistent" if persistent else "")
-                 + (f"; {offload}" if offload else "") + "\n"
-                 f"model states {first['model_state_formula']} · stacked: bytes after each "
-                 "reported step · hatched: transient within a step", fontsize=10.5)
+    return (f"zero memory by location and category{extra}: ZeRO stage {first['stage']}, "
+            f"N = {first['world_size']} ranks, {dtype} parameters\n"
+            f"Ψ = {first['numel']:,}" + (" partitioned" if persistent else "")
+            + (f" + Ψp = {persistent:,} persistent" if persistent else "")
+            + (f"; {offload}" if offload else "") + "\n"
+            f"model states {first['model_state_formula']} · stacked: bytes after each "
+            "reported step · hatched: transient within a step")
+
+
+def _add_legend(fig, handles: dict, names: list[str]) -> None:
+    """One legend under the panels (categories first, in order), the panels laid out above
+    it."""
     ordered = {n: handles[n] for n in names if n in handles}
     ordered.update({k: v for k, v in handles.items() if k not in ordered})
     columns = max(1, min(len(ordered), int(fig.get_figwidth() / 2.9)))
@@ -385,11 +473,6 @@ def plot(series: list[Series], png: str, max_panels: int = 16) -> str:
     fig.legend(list(ordered.values()), list(ordered.keys()), loc="lower center",
                ncol=columns, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, (0.15 + 0.25 * legend_rows) / height, 1, 1))
-    directory = os.path.dirname(os.path.abspath(png))
-    os.makedirs(directory, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
 
 
 def _location_current(report: dict, location: str) -> int:

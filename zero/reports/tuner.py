@@ -91,26 +91,13 @@ class Candidate:
     collectives: int         # gradient + parameter collectives per optimizer step
     verdict: str = ""        # why it does not fit ("" when it fits)
 
-    @property
-    def stage(self) -> int:
-        return self.estimate.option.stage
-
-    @property
-    def option(self) -> Option:
-        return self.estimate.option
-
-    @property
-    def total(self) -> int:
-        """Bytes per device (the budget's side)."""
-        return self.estimate.device_bytes
-
-    @property
-    def host_bytes(self) -> int:
-        return self.estimate.host_bytes
-
-    @property
-    def nvme_bytes(self) -> int:
-        return self.estimate.nvme_bytes
+    # the estimate's option and bytes per rank, under the tuner's names
+    stage = property(lambda self: self.estimate.option.stage)
+    option = property(lambda self: self.estimate.option)
+    total = property(lambda self: self.estimate.device_bytes,
+                     doc="Bytes per device (the budget's side).")
+    host_bytes = property(lambda self: self.estimate.host_bytes)
+    nvme_bytes = property(lambda self: self.estimate.nvme_bytes)
 
     @property
     def stage3(self) -> Optional[dict]:

@@ -1,0 +1,75 @@
+"""Start-up agreement: before the engine's first collective, every rank checks that the others
+were given the same config and built the same model.
+
+Ranks started with different configs (another stage, bucket size, dtype, learning rate) or
+different models otherwise hang or abort deep inside a collective, fail late, or train
+silently apart. Here each rank hashes the config as given (every key and value) and the
+model's parameters (name, full shape, dtype, requires_grad); one all-gather of the hashes
+compares them. On a mismatch a second all-gather brings every rank's values, and every rank
+raises the same StartupMismatch naming the differing keys or parameters and the ranks.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch.distributed as dist
+from torch import nn
+
+from . import init as zero_init
+
+MAX_LISTED = 10  # differences named in the message
+
+
+class StartupMismatch(RuntimeError):
+    """The ranks were started with different configs or models."""
+
+
+def fingerprint(raw_config, model: nn.Module) -> dict[str, str]:
+    """What must be equal on every rank: "config <key.path>" and "parameter <name>" entries."""
+    entries: dict[str, str] = {}
+    _flatten("config", raw_config, entries)
+    for name, param in model.named_parameters():
+        shape = zero_init.shard_shape(param) or list(param.shape)
+        entries[f"parameter {name}"] = (f"shape {tuple(shape)}, {param.dtype}, "
+                                        f"requires_grad={param.requires_grad}")
+    return entries
+
+
+def agree(raw_config, model: nn.Module) -> None:
+    """Collective. Returns when every rank has the same fingerprint; raises StartupMismatch
+    on every rank otherwise."""
+    mine = fingerprint(raw_config, model)
+    digest = hashlib.sha256(json.dumps(sorted(mine.items())).encode()).hexdigest()
+    world = dist.get_world_size()
+    digests = [None] * world
+    dist.all_gather_object(digests, digest)
+    if len(set(digests)) == 1:
+        return
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    raise StartupMismatch(describe(everyone))
+
+
+def describe(fingerprints: list[dict[str, str]]) -> str:
+    keys = sorted(set().union(*fingerprints))
+    differing = [key for key in keys
+                 if len({f.get(key, "<absent>") for f in fingerprints}) > 1]
+    lines = []
+    for key in differing[:MAX_LISTED]:
+        values = "; ".join(f"rank {r}: {f.get(key, '<absent>')}"
+                           for r, f in enumerate(fingerprints))
+        lines.append(f"  {key}: {values}")
+    if len(differing) > MAX_LISTED:
+        lines.append(f"  ... and {len(differing) - MAX_LISTED} more")
+    return ("zero: the ranks were started with different configs or models, so training would "
+            "hang or drift apart; nothing was trained. Differences:\n" + "\n".join(lines) +
+            "\nStart every rank with the same config file and the same model code.")
+
+
+def _flatten(prefix: str, value, out: dict[str, str]) -> None:
+    if isinstance(value, dict) or hasattr(value, "items"):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}" if prefix != "config" else f"config {key}", item, out)
+    else:
+        out[prefix] = json.dumps(value, default=repr, sort_keys=True)

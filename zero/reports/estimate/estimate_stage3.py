@@ -1,0 +1,205 @@
+"""The stage-3 estimate from the model's gather units: one function per category (model
+states, buckets, the gathered working set, staging) and the stage-3 detail."""
+from __future__ import annotations
+
+from typing import Optional
+
+from .categories import (WHERE, category_row, gradient_location, master_bytes, split_partial,
+                         term)
+from .gather_schedule import WorkingSet, describe_live, short_count, simulate_stage3_schedule
+from .layout import Stage3Layout, stage3_layout
+from .options import Option
+from .params_on_nvme import ParamPlacement, param_placement, param_row_on_nvme
+from .result import Estimate
+from .shapes import ModelShapes
+from .staging import staging_row
+from .training_setup import OPTIMIZER_STATE_BYTES, Setup
+
+
+def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
+                    reduce_bucket_size: int | None, overlap_comm: bool | None) -> Estimate:
+    """Stage 3 as the engine builds it: partitioned units (Ψ, every byte / N), the persistent
+    stage-1 group (Ψp), reduce-scatter buckets per partitioned group, the working set of the
+    gather schedule, and offload (master + optimizer state of both groups; the partitioned
+    parameter shard with offload_param, the persistent parameters staying on the device)."""
+    layout = stage3_layout(shapes, setup, reduce_bucket_size)
+    overlap = setup.overlap_for(3) if overlap_comm is None else overlap_comm
+    params = _param_placement(shapes, setup, option, layout)
+    categories = _model_states(layout, setup, option, params)
+    categories["bucket"], kept_bytes, group_rows = _buckets(layout, setup, overlap)
+    work = simulate_stage3_schedule(layout.unit_numel, setup.prefetch_bucket_size,
+                                    setup.max_live_parameters, setup.max_reuse_distance,
+                                    setup.max_inflight_gathers, shapes.externals,
+                                    shapes.unit_names)
+    categories["gathered_param"] = _gathered_param(work, shapes, setup, layout.numel)
+    group_shards = [sum(r[2] for r in rows) for rows in layout.group_units] + \
+        [group.shard_numel for group in layout.persistent]
+    split_partial(categories, setup, option, group_shards)
+    categories["staging"], offload = _staging(shapes, setup, option, layout.numel, work,
+                                              group_shards, params)
+    detail = _detail(shapes, setup, layout, work, kept_bytes, overlap, params)
+    largest_unit = max((numel for rows in layout.group_units for _, numel, _ in rows), default=0)
+    return Estimate(option=option, setup=setup, categories=categories, numel=layout.numel,
+                    shard_numel=layout.shard_numel, max_unit_numel=largest_unit,
+                    unit_count=len(detail["units"]), groups=group_rows,
+                    exact_units=shapes.exact, persistent_numel=layout.persistent_numel,
+                    persistent_shard_numel=layout.persistent_shard_numel, stage3=detail,
+                    offload=offload)
+
+
+def _param_placement(shapes: ModelShapes, setup: Setup, option: Option,
+                     layout: Stage3Layout) -> Optional[ParamPlacement]:
+    """offload_param "nvme": the partitioned groups' units, in the engine's order."""
+    if option.offload_param != "nvme":
+        return None
+    names = list(shapes.unit_names) + [""] * len(layout.unit_numel)
+    return param_placement(setup, [[(names[unit] or "<root>", shard)
+                                     for unit, _, shard in rows]
+                                    for rows in layout.group_units])
+
+
+def _model_state_row(layout: Stage3Layout, coefficient: int, persistent_sharded: bool,
+                     location: str = "device", persistent_location: str | None = None,
+                     persistent_coefficient: int | None = None) -> dict:
+    """A model-state row: `coefficient` bytes per element of the partitioned shard (Ψ/N) at
+    `location`, plus the persistent parameters' bytes (Ψp, or Ψp/N when sharded) at
+    `persistent_location` (default: the same)."""
+    psi, shard = layout.numel, layout.shard_numel
+    psi_p, shard_p = layout.persistent_numel, layout.persistent_shard_numel
+    persistent_location = persistent_location or location
+    persistent_coefficient = coefficient if persistent_coefficient is None \
+        else persistent_coefficient
+    main = coefficient * shard
+    extra = persistent_coefficient * (shard_p if persistent_sharded else psi_p)
+    main_term = term(coefficient, True) if psi else "0"
+    extra_term = term(persistent_coefficient, persistent_sharded, "Ψp") if psi_p else "0"
+    terms = [t for t in (main_term, extra_term) if t != "0"]
+    by_location = {location: main}
+    by_location[persistent_location] = by_location.get(persistent_location, 0) + extra
+    out = {"bytes": main + extra, "persistent_bytes": extra,
+           "formula": " + ".join(terms) or "0", "location": location,
+           "by_location": by_location}
+    if persistent_location != location and main and extra:
+        out["formula_by_location"] = {location: main_term, persistent_location: extra_term}
+        out["location"] = max(by_location, key=lambda where: by_location[where])
+    elif not main and extra:
+        out["location"] = persistent_location
+        out["by_location"] = {persistent_location: extra}
+    return out
+
+
+def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
+                  params: Optional[ParamPlacement]) -> dict:
+    """param, gradient, fp32_master and optimizer_state rows."""
+    b = setup.param_bytes
+    opt_location = WHERE[option.offload_optimizer]
+    return {
+        # the persistent parameters stay whole (a stage-1 group: whole params and gradients,
+        # sharded master and optimizer state) and on the device: offload_param moves the
+        # partitioned shard only
+        "param": (_model_state_row(layout, b, False, WHERE[option.offload_param], "device")
+                  if params is None else
+                  param_row_on_nvme(params, b, b * layout.persistent_numel,
+                                    term(b, False, "Ψp"))),
+        "gradient": _model_state_row(layout, b, False, gradient_location(setup, option),
+                                     "device"),
+        # with the parameter shard on the host, the partitioned group keeps its own master
+        # (also in fp32) for a device-side step; the persistent group does not need one
+        "fp32_master": _model_state_row(
+            layout, 4 if option.offload_param != "none" else master_bytes(setup, option),
+            True, opt_location, persistent_coefficient=master_bytes(setup, option)),
+        "optimizer_state": _model_state_row(layout, OPTIMIZER_STATE_BYTES[setup.optimizer],
+                                            True, opt_location),
+    }
+
+
+def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, int, list[dict]]:
+    """(the bucket row, the bytes kept between steps, the per-group rows).
+
+    One GradReducer per partitioned group: min(slots, units) buckets of (U + U/N) elements,
+    kept between steps. In backward the root unit's bucket may fill from the start (its
+    parameters used after the blocks: final norm, untied head) to the end (the embeddings)
+    while each block fills and launches its own; with one slot the pool then grows by one
+    for the backward (grad_reducer.cpp: it grows only when every bucket is filling)."""
+    n, b = setup.world_size, setup.param_bytes
+    slots = 2 if overlap else 1
+    bucket_bytes = kept_bytes = 0
+    group_rows, grown = [], False
+    for rows, root_early in zip(layout.group_units, layout.root_early_grads):
+        largest = max(numel for _, numel, _ in rows)
+        kept = min(slots, len(rows))
+        blocks = sum(1 for unit, _, _ in rows if unit != 0)
+        filling = 1 + (1 if root_early and blocks and any(u == 0 for u, _, _ in rows) else 0)
+        peak = max(kept, min(filling, len(rows)))
+        grown = grown or peak > kept
+        kept_bytes += kept * (largest + largest // n) * b
+        bucket_bytes += peak * (largest + largest // n) * b
+        group_rows.append({"numel": sum(r[1] for r in rows), "shard_numel": sum(r[2] for r in rows),
+                           "max_unit_numel": largest, "unit_count": len(rows),
+                           "block_units": blocks, "buckets_kept": kept, "buckets_peak": peak})
+    sum_text = "Σ groups " if len(layout.group_units) > 1 else ""
+    if not layout.numel:
+        bucket_formula = "0"
+    elif grown:
+        bucket_formula = (f"{sum_text}2·(U + U/N)·{b} (in backward: 1 kept between steps + 1 "
+                          "while the root's bucket fills over the whole backward)")
+    else:
+        bucket_formula = f"{sum_text}{slots}·(U + U/N)·{b}"
+    return category_row(bucket_bytes, bucket_formula), kept_bytes, group_rows
+
+
+def _gathered_param(work: WorkingSet, shapes: ModelShapes, setup: Setup, psi: int) -> dict:
+    """W·b: the most elements the replayed gather schedule holds gathered at once."""
+    b = setup.param_bytes
+    bounds = (f"prefetch ≤ {short_count(setup.prefetch_bucket_size)}, reuse < "
+              f"{short_count(setup.max_reuse_distance)}, "
+              f"live ≤ {short_count(setup.max_live_parameters)}")
+    return category_row(
+        work.peak_numel * b,
+        (f"W·{b} (W = {work.peak_numel:,}: "
+         f"{describe_live(work.live_at_peak, shapes.unit_names)} gathered at once; "
+         f"{bounds})") if psi else "0")
+
+
+def _staging(shapes: ModelShapes, setup: Setup, option: Option, psi: int, work: WorkingSet,
+             group_shards: list[int], params: Optional[ParamPlacement]
+             ) -> tuple[dict, Optional[dict]]:
+    """The staging row: the host's (staging_row) and, with offload_param, the device's."""
+    b = setup.param_bytes
+    # offload_param: every gather copies the unit's shard piece (numel / N, every unit padded
+    # to a multiple of N) into a device buffer held until its all-gather completes
+    inflight_shard = work.peak_inflight_numel // setup.world_size
+    device_staging = inflight_shard * b if option.offload_param != "none" and psi else 0
+    return staging_row(
+        setup, option, group_shards, device_staging,
+        f"P·{b} (P = {inflight_shard:,}: the shard pieces of "
+        f"{describe_live(work.inflight_at_peak, shapes.unit_names)} in flight at once)", params)
+
+
+def _detail(shapes: ModelShapes, setup: Setup, layout: Stage3Layout, work: WorkingSet,
+            kept_bytes: int, overlap: bool, params: Optional[ParamPlacement]) -> dict:
+    """Estimate.stage3: the units, the working set, the bounds and what the engine raises."""
+    partitioned_units = [u for u, numel in enumerate(layout.unit_numel) if numel]
+    names = list(shapes.unit_names) + [""] * len(layout.unit_numel)
+    return {
+        "units": [{"unit": u, "name": names[u] or "<root>", "numel": layout.unit_numel[u]}
+                  for u in partitioned_units],
+        "persistent_tensors": layout.persistent_count,
+        "persistent_units": sum(group.unit_count for group in layout.persistent),
+        "bucket_kept_bytes": kept_bytes,  # the pool between steps (`current` after a step)
+        "working_set": {"peak_numel": work.peak_numel,
+                        "live_at_peak": [names[u] or "<root>" for u in work.live_at_peak],
+                        "live_at_peak_text": describe_live(work.live_at_peak, names),
+                        "first_micro_step_peak_numel": work.first_peak_numel,
+                        "gathers_per_micro_step": work.gathers,
+                        "gathered_numel_per_micro_step": work.gathered_numel,
+                        "prefetches_per_micro_step": work.prefetches,
+                        "reuses_per_micro_step": work.reuses,
+                        "peak_inflight_numel": work.peak_inflight_numel,
+                        "inflight_at_peak": [names[u] or "<root>"
+                                             for u in work.inflight_at_peak]},
+        "bounds": setup.stage3_dict(),
+        "overlap_comm": overlap,
+        # what the engine raises: the live bound, parameters on NVMe (offload detail)
+        "error": "; ".join(e for e in (work.error, params.error if params else "") if e),
+    }

@@ -1,0 +1,70 @@
+"""Stages 0-2 as the engine builds them: every group one flat buffer cut into units of
+reduce_bucket_size (stage 0 laid out for one rank). Also stage 3 described without gather
+units: the paper's formula on those padded numbers, not checked against the engine."""
+from __future__ import annotations
+
+from .categories import (WHERE, category_row, gradient_location, master_bytes, split_partial,
+                         term)
+from .layout import layouts
+from .options import Option
+from .params_on_nvme import param_placement, param_row_on_nvme
+from .result import Estimate
+from .shapes import ModelShapes
+from .staging import staging_row
+from .training_setup import OPTIMIZER_STATE_BYTES, Setup
+
+
+def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
+                        reduce_bucket_size: int | None, overlap_comm: bool | None) -> Estimate:
+    stage = option.stage
+    b = setup.param_bytes
+    n = 1 if stage == 0 else setup.world_size
+    group_layouts = layouts(shapes, setup, stage, reduce_bucket_size)
+    psi = sum(layout.full_numel for layout in group_layouts)
+    shard = sum(layout.shard_numel for layout in group_layouts)
+    largest_unit = max(layout.max_unit_numel for layout in group_layouts)
+    overlap = setup.overlap_for(stage) if overlap_comm is None else overlap_comm
+    slots = 2 if overlap else 1
+    optimizer_bytes = OPTIMIZER_STATE_BYTES[setup.optimizer]
+
+    def row(coefficient: int, sharded: bool, location: str = "device") -> dict:
+        return category_row(coefficient * (shard if sharded else psi),
+                            term(coefficient, sharded), location)
+
+    opt_location = WHERE[option.offload_optimizer]
+    params = None
+    if option.offload_param == "nvme":  # stage 3 without units: the layout's units stand in
+        params = param_placement(setup, [[(f"unit {u}", layout.unit(u).shard_numel)
+                                          for u in range(layout.unit_count)]
+                                         for layout in group_layouts])
+    categories = {
+        "param": (row(b, stage >= 3, WHERE[option.offload_param]) if params is None
+                  else param_row_on_nvme(params, b)),
+        "gradient": row(b, stage >= 2, gradient_location(setup, option)),
+        "fp32_master": row(master_bytes(setup, option), stage >= 1, opt_location),
+        "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
+    }
+    bucket_bytes = 0
+    if stage >= 2:
+        # GradReducer: min(slots, units) buckets per group, each a full unit + its 1/N piece.
+        bucket_bytes = sum(min(slots, layout.unit_count) *
+                           (layout.max_unit_numel + layout.max_unit_numel // n) * b
+                           for layout in group_layouts)
+    sum_text = "Σ groups " if len(group_layouts) > 1 else ""
+    categories["bucket"] = category_row(bucket_bytes, f"{sum_text}{slots}·(U + U/N)·{b}")
+    gathered = 2 * largest_unit * b if stage >= 3 else 0
+    categories["gathered_param"] = category_row(gathered,
+                                                f"2·U·{b} (unit in use + one prefetched)")
+    # stage 3 without units (a formula): two units' shard pieces in flight
+    device_staging = 2 * (largest_unit // n) * b if option.offload_param != "none" else 0
+    group_shards = [layout.shard_numel for layout in group_layouts]
+    split_partial(categories, setup, option, group_shards)
+    categories["staging"], offload = staging_row(
+        setup, option, group_shards, device_staging,
+        f"2·(U/N)·{b} (two units' shard pieces in flight)", params)
+    return Estimate(
+        option=option, setup=setup, categories=categories, numel=psi, shard_numel=shard,
+        max_unit_numel=largest_unit, unit_count=sum(l.unit_count for l in group_layouts),
+        groups=[{"numel": l.full_numel, "shard_numel": l.shard_numel,
+                 "max_unit_numel": l.max_unit_numel, "unit_count": l.unit_count}
+                for l in group_layouts], exact_units=False, offload=offload)

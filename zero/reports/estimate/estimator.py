@@ -1,0 +1,37 @@
+"""estimate(): one option, by the rules of its stage; estimate_all(): every option."""
+from __future__ import annotations
+
+from .errors import EstimateError
+from .estimate_stage3 import estimate_stage3
+from .estimate_stages_0_2 import estimate_stages_0_2
+from .options import OPTIONS, Option, option_for
+from .result import Estimate
+from .shapes import ModelShapes
+from .training_setup import Setup
+
+
+def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
+             reduce_bucket_size: int | None = None, overlap_comm: bool | None = None,
+             strict: bool = True) -> Estimate:
+    """Per-rank bytes by category for one option: an Option, or a stage number (then with the
+    setup's offload devices, none by default). Parameters on NVMe that the engine would
+    refuse to build (a unit above offload_param.buffer_size) raise an EstimateError naming
+    the key; strict=False returns the row with `error` set instead (`runs` is False), as
+    for a stage-3 live bound that is too small."""
+    if isinstance(option, int):
+        option = option_for(option, setup.offload_optimizer, setup.offload_param)
+    if option.stage == 3 and shapes.units is not None:
+        result = estimate_stage3(shapes, setup, option, reduce_bucket_size, overlap_comm)
+    else:  # stages 0-2, and stage 3 without gather units (a formula)
+        result = estimate_stages_0_2(shapes, setup, option, reduce_bucket_size, overlap_comm)
+    params = (result.offload or {}).get("param_nvme") or {}
+    if strict and params.get("error"):
+        raise EstimateError(f"{option.name}: {params['error']}")
+    return result
+
+
+def estimate_all(shapes: ModelShapes, setup: Setup) -> list[Estimate]:
+    """Every option of OPTIONS: stages 0-3 and their offload variants as the engine builds
+    them. A row the engine would refuse (parameters on NVMe with a unit above buffer_size)
+    is listed with its `error`, as one whose live bound is too small: the table says so."""
+    return [estimate(shapes, setup, option, strict=False) for option in OPTIONS]

@@ -1,0 +1,90 @@
+"""How the engine lays out the parameters: flat sharded groups (stages 0-2) and, at stage 3,
+one buffer per gather unit plus a stage-1 group of the persistent parameters."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import EstimateError
+from .shapes import ModelShapes, shape_numel
+from .training_setup import DTYPE_NAMES, Setup
+
+
+def layouts(shapes: ModelShapes, setup: Setup, stage: int, reduce_bucket_size: int | None = None):
+    """One zero._C.ShardedLayout per group, exactly as the engine builds it (stages 0-2)."""
+    from zero import _C
+
+    world = 1 if stage == 0 else setup.world_size
+    unit = int(reduce_bucket_size or setup.reduce_bucket_size)
+    return [_C.ShardedLayout([list(s) for s in group], DTYPE_NAMES[setup.precision], world,
+                             setup.alignment, unit)
+            for group in shapes.groups]
+
+
+@dataclass
+class Stage3Layout:
+    """What `zero.sharding.shard_groups` lays out, per optimizer group: the partitioned
+    parameters as one buffer per gather unit, the persistent ones as a stage-1 group."""
+    unit_numel: list[int]                 # per model unit: padded elements over all groups
+    group_units: list[list[tuple[int, int, int]]]  # per group: (model unit, numel, shard numel)
+    persistent: list                      # per group with persistent parameters: ShardedLayout
+    persistent_count: int                 # persistent tensors
+    root_early_grads: list[bool] = field(default_factory=list)  # per partitioned group
+
+    @property
+    def numel(self) -> int:
+        return sum(numel for units in self.group_units for _, numel, _ in units)
+
+    @property
+    def shard_numel(self) -> int:
+        return sum(shard for units in self.group_units for _, _, shard in units)
+
+    @property
+    def persistent_numel(self) -> int:
+        return sum(layout.full_numel for layout in self.persistent)
+
+    @property
+    def persistent_shard_numel(self) -> int:
+        return sum(layout.shard_numel for layout in self.persistent)
+
+
+def stage3_layout(shapes: ModelShapes, setup: Setup,
+                  reduce_bucket_size: int | None = None) -> Stage3Layout:
+    """The engine's stage-3 layout from the shapes and their gather units: parameters with
+    more than `persistence_threshold` elements go to their unit's buffer (each unit padded to
+    a multiple of N x alignment, `zero._C.plan_partition`), the rest to a stage-1 group
+    (`ShardedLayout` with reduce_bucket_size units)."""
+    from zero import _C
+
+    if shapes.units is None:
+        raise EstimateError("stage 3 needs the model's gather units: describe the model with "
+                            "--model (or shapes_from_module)")
+    dtype = DTYPE_NAMES[setup.precision]
+    world, threshold = setup.world_size, setup.persistence_threshold
+    rbs = int(reduce_bucket_size or setup.reduce_bucket_size)
+    unit_total = max((u for group in shapes.units for u in group), default=0) + 1
+    unit_numel = [0] * max(unit_total, len(shapes.unit_names), 1)
+    group_units, persistent, persistent_count, root_early = [], [], 0, []
+    late_flags = shapes.root_late or tuple((False,) * len(group) for group in shapes.groups)
+    for group, units, late in zip(shapes.groups, shapes.units, late_flags):
+        small = [list(shape) for shape in group if shape_numel(shape) <= threshold]
+        large = [(list(shape), unit) for shape, unit in zip(group, units)
+                 if shape_numel(shape) > threshold]
+        if small:
+            persistent.append(_C.ShardedLayout(small, dtype, world, setup.alignment, rbs))
+            persistent_count += len(small)
+        if not large:
+            continue
+        model_units = sorted({unit for _, unit in large})
+        local = {unit: i for i, unit in enumerate(model_units)}
+        plan = _C.plan_partition([shape for shape, _ in large], [dtype] * len(large),
+                                 [local[unit] for _, unit in large], world, setup.alignment)
+        rows = []
+        for unit in model_units:
+            buffer = plan.buffers[local[unit]]
+            rows.append((unit, int(buffer.numel), int(buffer.shard_numel)))
+            unit_numel[unit] += int(buffer.numel)
+        group_units.append(rows)
+        root_early.append(any(flag and shape_numel(shape) > threshold
+                              for shape, flag in zip(group, late)))
+    return Stage3Layout(unit_numel=unit_numel, group_units=group_units, persistent=persistent,
+                        persistent_count=persistent_count, root_early_grads=root_early)

@@ -1,0 +1,166 @@
+"""The model as the estimate sees it: trainable parameter shapes per optimizer group and, for
+stage 3, every shape's gather unit; from a module (exact) or from a parameter count (assumed)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional, Sequence
+
+import torch
+
+from .errors import EstimateError
+from .training_setup import DEFAULT_REDUCE_BUCKET_SIZE
+
+# --params without --units: at most this many assumed stage-3 gather units.
+MAX_ASSUMED_UNITS = 1024
+
+
+@dataclass(frozen=True)
+class ModelShapes:
+    """Trainable parameter shapes per optimizer group (engine order), and what is frozen."""
+    groups: tuple[tuple[tuple[int, ...], ...], ...]
+    description: str
+    exact: bool = True            # False: --params N, shapes are a stand-in (see shapes_from_count)
+    frozen_numel: int = 0          # requires_grad=False: not managed by the engine
+    note: str = ""
+    # Stage 3: the gather unit (zero.stage3.plan_units; 0 is the root) of every shape above,
+    # nested like `groups`; None when unknown (stage 3 is then a formula only).
+    units: Optional[tuple[tuple[int, ...], ...]] = None
+    unit_names: tuple[str, ...] = ()          # per unit index ("" is the root)
+    # (user unit, owner unit) per register_external_parameter link
+    externals: tuple[tuple[int, int], ...] = ()
+    # Stage 3, per shape (nested like `groups`): a root-unit parameter registered after the
+    # first parameter of another unit (a final norm, an untied head): in a sequential model
+    # it is used after the blocks, so its gradient arrives at the start of backward.
+    root_late: Optional[tuple[tuple[bool, ...], ...]] = None
+
+    @property
+    def trainable_numel(self) -> int:
+        return sum(shape_numel(shape) for group in self.groups for shape in group)
+
+    @property
+    def largest_param_numel(self) -> int:
+        return max((shape_numel(shape) for group in self.groups for shape in group), default=0)
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(group) for group in self.groups)
+
+    @property
+    def has_units(self) -> bool:
+        return self.units is not None
+
+
+def shape_numel(shape: Sequence[int]) -> int:
+    out = 1
+    for dim in shape:
+        out *= max(int(dim), 0)
+    return out
+
+
+def shapes_from_module(module: torch.nn.Module, description: str | None = None,
+                       param_groups: Iterable | None = None) -> ModelShapes:
+    """The shapes the engine will manage: trainable parameters in `module.parameters()` order
+    (tied parameters once), one group, as `zero.initialize(model=..., config=...)` does with a
+    config optimizer. `param_groups` (a list of lists of parameters, or of dicts with
+    "params") mirrors a client optimizer's groups instead. Stage 3: every shape's gather unit
+    from `zero.stage3.plan_units` (the engine's rule), the units' names, the
+    register_external_parameter links, and which root parameters come after the blocks."""
+    if not isinstance(module, torch.nn.Module):
+        raise EstimateError(f"expected a torch.nn.Module, got {type(module).__name__}")
+    if param_groups is None:
+        raw_groups = [list(module.parameters())]
+    else:
+        raw_groups = [list(g["params"]) if isinstance(g, Mapping) else list(g)
+                      for g in param_groups]
+    from zero import stage3
+
+    plan = stage3.plan_units(module)  # the engine's gather units (stage 3)
+    position = {id(p): i for i, p in enumerate(module.parameters())}  # first registration
+    first_block = min((position[id(p)] for p in module.parameters()
+                       if plan.unit_of_param.get(id(p), 0) != 0), default=len(position))
+    groups, units, late, seen = [], [], [], set()
+    for raw in raw_groups:
+        shapes, unit_ids, late_ids = [], [], []
+        for param in raw:
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            shapes.append(tuple(int(d) for d in param.shape))
+            unit = plan.unit_of_param.get(id(param), 0)
+            unit_ids.append(unit)
+            late_ids.append(unit == 0 and position.get(id(param), -1) > first_block)
+        if shapes:
+            groups.append(tuple(shapes))
+            units.append(tuple(unit_ids))
+            late.append(tuple(late_ids))
+    if not groups:
+        raise EstimateError("the model has no trainable parameters")
+    unique = {id(p): p for p in module.parameters()}
+    frozen = sum(p.numel() for p in unique.values() if not p.requires_grad)
+    return ModelShapes(groups=tuple(groups), description=description or type(module).__name__,
+                       exact=True, frozen_numel=frozen, units=tuple(units),
+                       unit_names=tuple(name for name, _ in plan.modules),
+                       externals=tuple(stage3.external_links(plan)),
+                       root_late=tuple(late))
+
+
+def shapes_from_count(count: int, tensor_numel: int | None = None,
+                      reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE,
+                      units: int | None = None) -> ModelShapes:
+    """`--params N` without shapes: N elements as ceil(N / T) tensors of T elements (the last
+    one smaller), T = tensor_numel or, by default, min(N, reduce_bucket_size), so that the
+    largest unit is about reduce_bucket_size, as in a real model whose layers are smaller than
+    a bucket.
+
+    Stage 3 needs gather units, which a count does not have. The assumption: without `units`,
+    every stand-in tensor is one gather unit (the largest-tensor heuristic: a unit of T
+    elements; beyond MAX_ASSUMED_UNITS tensors they are split evenly over that many units, to
+    keep the schedule replay quick); with `units=K`, the model is K gather units of equal size (K transformer
+    blocks; the tensors are then K tensors of about N/K elements, or, with tensor_numel, the
+    T-element tensors split over K units as evenly as they go). The root unit holds nothing.
+
+    What this gets right: every byte count that is a multiple of Ψ, to within the padding
+    (at most world_size x alignment - 1 elements per unit). What it cannot know: the real
+    unit boundaries and the largest parameter, so the stage-2 bucket and the stage-3 bucket
+    and working set are estimates; a model with a parameter larger than reduce_bucket_size
+    has larger buckets. Use --model for an exact answer."""
+    count = int(count)
+    if count < 1:
+        raise EstimateError(f"--params must be >= 1, got {count}")
+    if units is not None and (int(units) < 1 or int(units) > count):
+        raise EstimateError(f"--units must be between 1 and --params ({count:,}), got {units}")
+    if units is not None and not tensor_numel:
+        k = int(units)
+        base, extra = divmod(count, k)
+        shapes = [(base + 1,)] * extra + [(base,)] * (k - extra)
+        unit_ids = list(range(1, k + 1))
+        size = base + bool(extra)
+    else:
+        size = int(tensor_numel) if tensor_numel else min(count, int(reduce_bucket_size))
+        if size < 1:
+            raise EstimateError(f"--tensor-numel must be >= 1, got {size}")
+        full, rest = divmod(count, size)
+        if full + bool(rest) > 200_000:
+            raise EstimateError(f"--params {count} as tensors of {size} elements is "
+                                f"{full + bool(rest):,} tensors; pass a larger --tensor-numel")
+        shapes = [(size,)] * full + ([(rest,)] if rest else [])
+        if units is None and len(shapes) <= MAX_ASSUMED_UNITS:
+            unit_ids = list(range(1, len(shapes) + 1))
+        elif units is None:
+            unit_ids = [1 + i * MAX_ASSUMED_UNITS // len(shapes) for i in range(len(shapes))]
+        else:
+            if int(units) > len(shapes):
+                raise EstimateError(f"--units {units}: only {len(shapes)} tensor(s) of "
+                                    f"{size:,} elements to split; pass a smaller --tensor-numel")
+            unit_ids = [1 + i * int(units) // len(shapes) for i in range(len(shapes))]
+    unit_count = max(unit_ids)
+    stage3_text = (f"{unit_count} equal gather unit(s) (--units)" if units is not None else
+                   "each tensor one gather unit (pass --units K for K equal blocks)"
+                   if unit_count == len(shapes) else
+                   f"the tensors split evenly over {unit_count} gather units (--units K for K)")
+    return ModelShapes(groups=(tuple(shapes),), description=f"{count:,} parameters (--params)",
+                       exact=False, units=(tuple(unit_ids),),
+                       unit_names=("",) + tuple(f"unit{i}" for i in range(1, unit_count + 1)),
+                       note=f"approximate layout: {len(shapes)} tensor(s) of at most {size:,} "
+                            f"elements stand in for the real shapes; stage 3: {stage3_text} "
+                            "(exact padding, buckets and working set need them: use --model)")

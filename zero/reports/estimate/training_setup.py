@@ -1,0 +1,215 @@
+"""The training set-up the estimate depends on besides the shapes (ranks, precision, optimizer,
+bucket sizes, stage-3 bounds, offload), and how a DeepSpeed config fills it in."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from offload import OFFLOAD_TILE
+
+from .errors import EstimateError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
+OPTIMIZER_STATE_BYTES = {"adam": 8, "sgd": 0, "sgd_momentum": 4}  # fp32 bytes per element
+# Every parameter starts 16-byte aligned in its flat buffer (zero/engine.py ALIGNMENT_BYTES;
+# a test keeps the two equal).
+ALIGNMENT_BYTES = 16
+DEFAULT_REDUCE_BUCKET_SIZE = 500_000_000  # DeepSpeed's default, as in the config schema
+# Stage-3 defaults of the config schema (zero/config/schema.py; a test keeps them equal).
+DEFAULT_PERSISTENCE_THRESHOLD = 100_000
+DEFAULT_PREFETCH_BUCKET_SIZE = 50_000_000
+DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
+DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
+DEFAULT_MAX_INFLIGHT_GATHERS = 2
+
+# Offload (OFFLOAD_TILE from offload/options.py, the engine's own constant): the offloaded
+# step streams chunks of at most OFFLOAD_TILE elements.
+DEFAULT_SUB_GROUP_SIZE = 1_000_000_000
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# offload_param "nvme" defaults (zero/config/schema.py OFFLOAD_PARAM; a test keeps them equal)
+DEFAULT_PARAM_BUFFER_COUNT = 5
+DEFAULT_PARAM_BUFFER_SIZE = 100_000_000
+DEFAULT_PARAM_MAX_IN_CPU = 0
+BUFFER_COUNT_ERROR = ("zero_optimization.offload_param.buffer_count = {}: parameters on NVMe "
+                      "need at least 2 host buffers (one unit is read while another is written "
+                      "back)")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the estimate depends on besides the shapes."""
+    world_size: int = 1
+    num_nodes: int = 1
+    precision: str = "fp32"
+    optimizer: str = "adam"          # adam | sgd | sgd_momentum
+    reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
+    overlap_comm: Optional[bool] = None  # None: DeepSpeed's default, stage == 3
+    # stage 3 (zero_optimization.stage3_*), in elements
+    persistence_threshold: int = DEFAULT_PERSISTENCE_THRESHOLD
+    prefetch_bucket_size: int = DEFAULT_PREFETCH_BUCKET_SIZE
+    max_live_parameters: int = DEFAULT_MAX_LIVE_PARAMETERS
+    max_reuse_distance: int = DEFAULT_MAX_REUSE_DISTANCE
+    max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS
+    # offload: the configured devices (which row `estimate(shapes, setup, stage)` gives and the
+    # table marks) and the chunk of the offloaded step
+    offload_optimizer: str = "none"   # none | cpu | nvme
+    offload_param: str = "none"       # none | cpu | nvme
+    sub_group_size: int = DEFAULT_SUB_GROUP_SIZE
+    delayed_update: bool = False      # offload_optimizer.delayed_update (cpu only)
+    offload_ratio: float = 1.0        # offload_optimizer.ratio: the offloaded tail of each shard
+    # offload_param "nvme" (zero_optimization.offload_param.*): host buffers that carry units
+    # to and from the swap file, the most shard elements one NVMe unit may have, and the shard
+    # elements of the first units kept in host memory
+    param_buffer_count: int = DEFAULT_PARAM_BUFFER_COUNT
+    param_buffer_size: int = DEFAULT_PARAM_BUFFER_SIZE
+    param_max_in_cpu: int = DEFAULT_PARAM_MAX_IN_CPU
+
+    def __post_init__(self):
+        if self.world_size < 1:
+            raise EstimateError(f"world size must be >= 1, got {self.world_size}")
+        if self.num_nodes < 1 or self.world_size % self.num_nodes:
+            raise EstimateError(f"{self.world_size} ranks do not split evenly over "
+                                f"{self.num_nodes} nodes")
+        if self.precision not in PRECISIONS:
+            raise EstimateError(f"precision {self.precision!r}: expected one of {PRECISIONS}")
+        if self.optimizer not in OPTIMIZERS:
+            raise EstimateError(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
+        if self.reduce_bucket_size < 1:
+            raise EstimateError(f"reduce_bucket_size must be >= 1, got {self.reduce_bucket_size}")
+        for name in ("persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
+                     "max_reuse_distance"):
+            if getattr(self, name) < 0:
+                raise EstimateError(f"stage3 {name} must be >= 0, got {getattr(self, name)}")
+        if self.max_inflight_gathers < 1:
+            raise EstimateError(f"stage3 max_inflight_gathers must be >= 1, got "
+                                f"{self.max_inflight_gathers}")
+        for name in ("offload_optimizer", "offload_param"):
+            if getattr(self, name) not in OFFLOAD_DEVICES:
+                raise EstimateError(f"{name} {getattr(self, name)!r}: expected one of "
+                                    f"{OFFLOAD_DEVICES}")
+        if self.sub_group_size < 1:
+            raise EstimateError(f"sub_group_size must be >= 1, got {self.sub_group_size}")
+        if not 0.0 <= float(self.offload_ratio) <= 1.0:
+            raise EstimateError(f"offload_optimizer.ratio must be in [0, 1], got "
+                                f"{self.offload_ratio}")
+        if self.delayed_update and float(self.offload_ratio) < 1.0:
+            raise EstimateError("the delayed update needs the whole step on the host (ratio 1)")
+        for name in ("param_buffer_count", "param_buffer_size", "param_max_in_cpu"):
+            if getattr(self, name) < 0:
+                raise EstimateError(f"offload_param.{name[len('param_'):]} must be >= 0, got "
+                                    f"{getattr(self, name)}")
+        # as the config validator: only parameters on NVMe use the buffers (the NVMe rows of
+        # another set-up say that they do not run instead)
+        if self.offload_param == "nvme" and self.param_buffer_count < 2:
+            raise EstimateError(BUFFER_COUNT_ERROR.format(self.param_buffer_count))
+
+    def offloaded_numel(self, shard_numel: int) -> int:
+        """Of one engine group's shard, the elements whose state and step are offloaded (the
+        shard's tail): llround(ratio x shard), as the engine rounds (half away from zero)."""
+        value = float(self.offload_ratio) * int(shard_numel)
+        whole = math.floor(value)
+        return int(whole) + (1 if value - whole >= 0.5 else 0)
+
+    @property
+    def offload_chunk_limit(self) -> int:
+        """Elements per chunk of the offloaded step, before the shard caps it."""
+        return min(int(self.sub_group_size), OFFLOAD_TILE)
+
+    def offload_chunk(self, shard_numel: int) -> int:
+        """C of one engine group: min(sub_group_size, 4,194,304, the group's shard)."""
+        return min(self.offload_chunk_limit, max(int(shard_numel), 1))
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.num_nodes
+
+    @property
+    def param_bytes(self) -> int:
+        return PARAM_BYTES[self.precision]
+
+    @property
+    def alignment(self) -> int:
+        return max(1, ALIGNMENT_BYTES // self.param_bytes)
+
+    def overlap_for(self, stage: int) -> bool:
+        return (stage == 3) if self.overlap_comm is None else bool(self.overlap_comm)
+
+    def to_dict(self) -> dict:
+        return {"world_size": self.world_size, "num_nodes": self.num_nodes,
+                "ranks_per_node": self.ranks_per_node, "precision": self.precision,
+                "param_bytes": self.param_bytes, "optimizer": self.optimizer,
+                "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
+                "stage3": self.stage3_dict(),
+                "offload": {"offload_optimizer": self.offload_optimizer,
+                            "offload_param": self.offload_param,
+                            "sub_group_size": self.sub_group_size,
+                            "delayed_update": self.delayed_update,
+                            "ratio": self.offload_ratio,
+                            "param_buffer_count": self.param_buffer_count,
+                            "param_buffer_size": self.param_buffer_size,
+                            "param_max_in_cpu": self.param_max_in_cpu}}
+
+    def stage3_dict(self) -> dict:
+        """The stage-3 settings under their config names."""
+        return {"stage3_param_persistence_threshold": self.persistence_threshold,
+                "stage3_prefetch_bucket_size": self.prefetch_bucket_size,
+                "stage3_max_live_parameters": self.max_live_parameters,
+                "stage3_max_reuse_distance": self.max_reuse_distance,
+                "stage3_max_inflight_gathers": self.max_inflight_gathers}
+
+
+# config key -> Setup field (stage 3)
+STAGE3_KEYS = {"stage3_param_persistence_threshold": "persistence_threshold",
+               "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+               "stage3_max_live_parameters": "max_live_parameters",
+               "stage3_max_reuse_distance": "max_reuse_distance",
+               "stage3_max_inflight_gathers": "max_inflight_gathers"}
+
+
+def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
+    """(Setup, stage) from a DeepSpeed JSON config (a path or dict); keyword overrides that are
+    not None win (precision, optimizer, reduce_bucket_size, overlap_comm, stage, and the
+    stage-3 and offload fields of Setup). Stage-3 keys are read, and the offload blocks
+    (devices, sub_group_size, ratio, delayed_update; offload_param's buffer_count, buffer_size
+    and max_in_cpu)."""
+    from zero.config import ALL_FEATURES, ConfigError, load_config
+
+    try:
+        cfg = load_config(config, world_size=world_size, enabled_features=ALL_FEATURES)
+    except ConfigError as error:
+        raise EstimateError(f"--config: {error}") from None
+    raw_zero = cfg.raw.get("zero_optimization") or {}
+    optimizer = "adam"
+    if cfg.optimizer is not None and cfg.optimizer.type == "SGD":
+        optimizer = "sgd_momentum" if cfg.optimizer.params.get("momentum", 0.0) else "sgd"
+    values = {
+        "precision": cfg.precision,
+        "optimizer": optimizer,
+        "reduce_bucket_size": cfg.zero_optimization.reduce_bucket_size,
+        "overlap_comm": raw_zero.get("overlap_comm"),  # None: the stage-dependent default
+    }
+    for key, name in STAGE3_KEYS.items():
+        values[name] = int(getattr(cfg.zero_optimization, key))
+    zero_cfg = cfg.zero_optimization
+    values["offload_ratio"] = float(zero_cfg.offload_optimizer.ratio)
+    values["offload_optimizer"] = zero_cfg.offload_optimizer.device
+    values["offload_param"] = zero_cfg.offload_param.device
+    values["sub_group_size"] = int(zero_cfg.sub_group_size)
+    values["delayed_update"] = bool(getattr(zero_cfg.offload_optimizer, "delayed_update", False))
+    param = zero_cfg.offload_param
+    values["param_buffer_count"] = int(param.buffer_count)
+    values["param_buffer_size"] = int(param.buffer_size)
+    values["param_max_in_cpu"] = int(param.max_in_cpu)
+    stage = cfg.zero_optimization.stage
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "stage":
+            stage = value
+        else:
+            values[key] = value
+    return Setup(world_size=world_size, num_nodes=num_nodes, **values), stage
