@@ -208,6 +208,13 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
     return result;
   }
   result.grad_norm = global_grad_norm(loss_scale);
+  // The norm is all-reduced, so every rank sees the same non-finite value: in any dtype, a
+  // NaN or Inf gradient anywhere skips the step everywhere and never reaches the weights.
+  if (!std::isfinite(result.grad_norm)) {
+    result.overflow = true;
+    zero_grads();
+    return result;
+  }
   if (max_norm > 0.0) {
     // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1.
     result.clip_coef = std::min(1.0, max_norm / (result.grad_norm + 1e-6));

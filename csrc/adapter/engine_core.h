@@ -16,7 +16,7 @@
 namespace zero::adapter {
 
 struct StepResult {
-  bool overflow = false;   // non-finite gradients on any rank: the step was skipped everywhere
+  bool overflow = false;   // non-finite gradients (or norm) on any rank: skipped everywhere
   double grad_norm = 0.0;  // global L2 norm of the unscaled gradients
   double clip_coef = 1.0;
 };
