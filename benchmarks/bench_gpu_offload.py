@@ -29,17 +29,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import free_port, machine_facts, markdown_table  # noqa: E402
+from benchmarks import models  # noqa: E402
+from benchmarks.facts import machine_facts  # noqa: E402
+from benchmarks.launch import free_port, rendezvous_env, run_worker  # noqa: E402
+from benchmarks.memory import rss_peak  # noqa: E402
+from benchmarks.report import gib, markdown_table, write_results  # noqa: E402
 from zero.models.tiny_gpt import GPTConfig, TinyGPT  # noqa: E402
 
 # name: (layers, heads, width); GPT-2 vocabulary padded to 50304, 1024 positions.
@@ -53,8 +55,8 @@ LR = 1e-4
 
 def gpt_config(model: str) -> GPTConfig:
     layers, heads, width = MODELS[model]
-    return GPTConfig(vocab_size=50304, block_size=1024, n_layer=layers, n_head=heads,
-                     n_embd=width)
+    return models.gpt_config(dict(vocab=50304, block=1024, n_layer=layers, n_head=heads,
+                                  n_embd=width))
 
 
 def parse_args(argv=None):
@@ -237,7 +239,7 @@ def worker(args) -> dict:
     config = gpt_config(args.model)
     with torch.device("cuda"):
         model = TinyGPT(config)
-    numel = sum(p.numel() for p in model.parameters())
+    numel = models.count_params(model)
     build = train_zero if name.startswith("zero") else \
         train_fsdp2 if name.startswith("fsdp2") else train_deepspeed
     engine, one_step = build(name, model, args)
@@ -254,7 +256,7 @@ def worker(args) -> dict:
               "micro_batch": args.micro_batch, "gas": args.gas,
               "tokens_per_step": args.micro_batch * args.gas * config.block_size,
               "gpu_peak_bytes": torch.cuda.max_memory_allocated(),
-              "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+              "rss_peak_bytes": rss_peak()}
     for phase in ("forward", "backward", "step"):
         result[f"{phase}_s"] = statistics.median(t[phase] for t in times)
     result["total_s"] = statistics.median(sum(t.values()) for t in times)
@@ -273,33 +275,27 @@ def worker(args) -> dict:
 def run_config(name: str, args, **overrides) -> dict:
     """Runs one configuration in a fresh process; a failure comes back as its reason."""
     options = {**vars(args), **overrides}
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        command = [sys.executable, os.path.abspath(__file__), "--worker", name, "--result",
-                   out.name, "--model", options["model"], "--micro-batch",
-                   str(options["micro_batch"]), "--gas", str(options["gas"]), "--steps",
-                   str(options["steps"]), "--warmup", str(options["warmup"])]
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-               "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-               "PYTHONFAULTHANDLER": "1"}  # a crash in native code still names its frame
-        print(f"[bench] {name} {options['model']} ...", flush=True)
-        start = time.monotonic()
-        try:
-            proc = subprocess.run(command, env=env, capture_output=True, text=True,
-                                  timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {"config": name, "model": options["model"],
-                    "error": f"did not finish in {args.timeout} s"}
-        wall = time.monotonic() - start
-        measured = os.path.getsize(out.name) > 0
-        if proc.returncode != 0 and not measured:
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
-            print("\n".join(tail), flush=True)
-            return {"config": name, "model": options["model"], "output_tail": tail,
-                    "error": f"exit code {proc.returncode}: " + _reason(tail)}
-        with open(out.name) as file:
-            result = json.load(file)
-        if proc.returncode != 0:  # measured, then failed on the way out: say so
-            result["teardown_exit_code"] = proc.returncode
+    command = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model",
+               options["model"], "--micro-batch", str(options["micro_batch"]), "--gas",
+               str(options["gas"]), "--steps", str(options["steps"]), "--warmup",
+               str(options["warmup"])]
+    env = {**os.environ, **rendezvous_env(0, 1, free_port()), "LOCAL_WORLD_SIZE": "1",
+           "PYTHONFAULTHANDLER": "1"}  # a crash in native code still names its frame
+    print(f"[bench] {name} {options['model']} ...", flush=True)
+    start = time.monotonic()
+    try:
+        result, proc = run_worker(command, "--result", env, timeout=args.timeout, capture=True)
+    except subprocess.TimeoutExpired:
+        return {"config": name, "model": options["model"],
+                "error": f"did not finish in {args.timeout} s"}
+    wall = time.monotonic() - start
+    if proc.returncode != 0 and result is None:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
+        print("\n".join(tail), flush=True)
+        return {"config": name, "model": options["model"], "output_tail": tail,
+                "error": f"exit code {proc.returncode}: " + _reason(tail)}
+    if proc.returncode != 0:  # measured, then failed on the way out: say so
+        result["teardown_exit_code"] = proc.returncode
     result["process_wall_s"] = wall
     print(f"[bench] {name}: {result['total_s']:.3f} s/step, GPU peak "
           f"{result['gpu_peak_bytes'] / 2**30:.1f} GiB", flush=True)
@@ -316,19 +312,11 @@ def _reason(tail: list[str]) -> str:
     return tail[-1][:240] if tail else "exited without output"
 
 
-def gib(value) -> str:
-    return f"{value / 2**30:.1f}"
-
-
 def write_report(kind: str, facts: dict, results: list[dict], args) -> None:
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "largest_model" if kind == "largest" else "gpu_offload")
-    with open(stem + ".json", "w") as file:
-        json.dump({"facts": facts, "command": " ".join(sys.argv), "results": results}, file,
-                  indent=1)
-    with open(stem + ".md", "w") as file:
-        file.write(render(kind, facts, results))
-    print(f"[bench] wrote {stem}.md and .json", flush=True)
+    stem = "largest_model" if kind == "largest" else "gpu_offload"
+    write_results(args.out, stem, render(kind, facts, results),
+                  {"facts": facts, "command": " ".join(sys.argv), "results": results})
+    print(f"[bench] wrote {os.path.join(args.out, stem)}.md and .json", flush=True)
 
 
 def render(kind: str, facts: dict, results: list[dict]) -> str:
