@@ -72,7 +72,8 @@ def test_resume_from_checkpoint_is_bit_for_bit(stage, tmp_path):
     second = run_distributed(_run_with_checkpoint, world, args=(stage, str(tmp_path), "resume"))
     assert (tmp_path / "latest").read_text() == "global_step3"
     assert sorted(os.listdir(tmp_path / "global_step3")) == [
-        "model_states.pt", "zero_rank0_optim_states.pt", "zero_rank1_optim_states.pt"]
+        "manifest.json", "model_states.pt", "zero_rank0_optim_states.pt",
+        "zero_rank1_optim_states.pt"]
     for rank in range(world):
         assert first[rank][0] + second[rank][0] == full[rank][0]
         assert second[rank][2] == full[rank][2]

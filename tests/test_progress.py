@@ -1,4 +1,4 @@
-"""Progress bars for the waits without output (zero/progress.py): the bytes written to NVMe swap
+"""Progress bars for the waits without output (offload/progress.py): the bytes written to NVMe swap
 files at start-up and while a checkpoint loads into them. Drawn on rank 0 only, and only when
 stderr reaches a terminal (here: the launcher's word for it, ZERO_CONSOLE_IS_TTY)."""
 import re
@@ -20,9 +20,9 @@ def _stderr_of_build_and_load(rank, world, config, save_dir, console_is_tty):
     import sys
 
     import zero
-    import zero.progress
+    import offload.progress
 
-    zero.progress.DELAY_SECONDS = 0   # the test's writes are far shorter than the real delay
+    offload.progress.DELAY_SECONDS = 0   # the test's writes are far shorter than the real delay
     if console_is_tty:
         os.environ["ZERO_CONSOLE_IS_TTY"] = "1"
     captured, real = io.StringIO(), sys.stderr

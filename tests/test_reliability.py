@@ -106,3 +106,75 @@ def test_ranks_started_with_different_configs_or_models_stop_naming_the_differen
     for message in run_distributed(_started_apart, 2, args=(change,), timeout=TIMEOUT):
         assert message is not None, "the mismatch was not caught"
         assert named in message and "rank 0" in message and "rank 1" in message
+
+
+BASE = {"train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"optimizer": []}, "optimizer"),
+    ({"zero_optimization": 0}, "zero_optimization"),
+    ({"zero_optimization": {"stage": 2, "reduce_bucket_size": 10**15}},
+     "zero_optimization.reduce_bucket_size"),
+    ({"train_micro_batch_size_per_gpu": 10**12}, "train_micro_batch_size_per_gpu"),
+    ({"gradient_clipping": 1e30}, "gradient_clipping"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "Hugging Face Trainer"),
+])
+def test_bad_config_values_are_named_not_a_traceback(change, named):
+    from zero.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as error:
+        load_config({**BASE, **change}, world_size=2)
+    assert named in str(error.value)
+
+
+FINISHED_JOB = """
+import sys
+import torch
+import zero
+from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
+
+args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+stage, optimizer, destroy = int(args[0]), args[1], args[2] == "destroy"
+config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+          "optimizer": {"type": optimizer, "params": {"lr": 1e-3}},
+          "zero_optimization": {"stage": stage, "reduce_bucket_size": 2000}}
+if stage == 3:
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 100
+model_config = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=32)
+torch.manual_seed(0)
+engine, *_ = zero.initialize(model=TinyGPT(model_config), config=config)
+for tokens, targets in synthetic_batches(model_config, 2, 6, seed=engine.global_rank):
+    engine.backward(engine(tokens, targets))
+    engine.step()
+print("done", engine.global_steps, flush=True)
+if destroy:
+    engine.destroy()
+"""
+
+
+def test_a_finished_job_exits_0_every_time(tmp_path):
+    """20 short 2-rank jobs in a row (stages 2 and 3, Adam and SGD with accumulation, with
+    and without engine.destroy() before exit): each exits 0, no SIGABRT, no hang."""
+    import os
+    import subprocess
+    import sys
+
+    from distributed_harness import free_port
+
+    script = tmp_path / "job.py"
+    script.write_text(FINISHED_JOB)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    for run in range(20):
+        stage, optimizer = (2, "SGD") if run % 2 else (3, "AdamW")
+        ending = "destroy" if run % 4 < 2 else "exit"
+        argv = [sys.executable, "-m", "zero.launcher.runner", "--num_procs", "2",
+                "--master_port", str(free_port()), str(script), str(stage), optimizer, ending]
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        assert proc.returncode == 0 and proc.stdout.count("done 3") == 2, \
+            f"run {run} (stage {stage}, {optimizer}, {ending}): rc={proc.returncode}\n" \
+            f"{proc.stdout}\n{proc.stderr}"

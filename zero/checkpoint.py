@@ -5,44 +5,38 @@ Layout (DeepSpeed-like names):
     save_dir/<tag>/model_states.pt               rank 0: module, counters, scheduler, scaler,
                                                  client_state, layout fingerprint
     save_dir/<tag>/zero_rank<r>_optim_states.pt  rank r: fp32 master shard + optimizer state
+    save_dir/<tag>/manifest.json                 every file's size and SHA-256, written last
 
-Nothing is lost on a crash: ranks write into save_dir/.<tag>.tmp, rank 0 renames the whole
-directory into place after a barrier (replacing an older copy of the same tag), and only
-then rewrites `latest` through a temporary file and os.replace. A crash at any point leaves
-the previous checkpoint and `latest` intact.
+Nothing is lost on a crash (checkpoint_files.py): ranks write into save_dir/.<tag>.tmp, each
+file fsynced and renamed, rank 0 writes the manifest from every rank's digests, renames the
+whole directory into place (an older copy of the same tag moved aside first, and found again
+by load if the crash came in between), and only then rewrites `latest`. Every step that can
+fail runs on every rank inside one agreement: any failure raises CheckpointError on all ranks.
+Load verifies each file it reads against the manifest and names the file and rank on a
+mismatch.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
 import torch
 import torch.distributed as dist
 
+from . import checkpoint_files as files
+
 MODEL_FILE = "model_states.pt"
 LATEST = "latest"
+logger = logging.getLogger("zero")
 
 
 def _rank_file(rank: int) -> str:
     return f"zero_rank{rank}_optim_states.pt"
 
 
-def _atomic_torch_save(obj, path: str) -> None:
-    temporary = path + ".partial"
-    with open(temporary, "wb") as out:
-        torch.save(obj, out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
-
-
-def _atomic_write_text(path: str, text: str) -> None:
-    temporary = path + ".partial"
-    with open(temporary, "w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+def _atomic_torch_save(obj, path: str) -> dict:
+    return files.save_torch(obj, path)
 
 
 def _fingerprint(engine) -> dict:
@@ -56,27 +50,20 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     rank = dist.get_rank()
     staging = os.path.join(save_dir, f".{tag}.tmp")
-    final = os.path.join(save_dir, tag)
-    if rank == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        os.makedirs(staging)
-    dist.barrier()
-
+    with _all_ranks_or_none(f"preparing checkpoint {tag} in {save_dir}"):
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            os.makedirs(staging)
     with _all_ranks_or_none(f"saving checkpoint {tag} to {save_dir}"):
-        _write_files(engine, staging, rank, client_state)
-    dist.barrier()  # every shard is on disk before the tag becomes visible
-    if rank == 0:
-        if os.path.exists(final):
-            retired = os.path.join(save_dir, f".{tag}.old")
-            shutil.rmtree(retired, ignore_errors=True)
-            os.replace(final, retired)
-            os.replace(staging, final)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.replace(staging, final)
-        if save_latest:
-            _atomic_write_text(os.path.join(save_dir, LATEST), tag)
-    dist.barrier()
+        written = _write_files(engine, staging, rank, client_state)
+    entries = [None] * dist.get_world_size()
+    dist.all_gather_object(entries, written)  # every shard is on disk before the tag appears
+    with _all_ranks_or_none(f"publishing checkpoint {tag} in {save_dir}"):
+        if rank == 0:
+            files.write_manifest(staging, {k: v for part in entries for k, v in part.items()})
+            files.publish(save_dir, staging, tag)
+            if save_latest:
+                files.write_text(os.path.join(save_dir, LATEST), tag)
     return True
 
 
@@ -89,8 +76,8 @@ class _all_ranks_or_none:
     raises CheckpointError naming the ranks and their errors (instead of the others hanging in
     the next collective or dying of a reset connection)."""
 
-    def __init__(self, what: str):
-        self.what = what
+    def __init__(self, what: str, after: str = "the previous checkpoint and 'latest' are untouched"):
+        self.what, self.after = what, after
 
     def __enter__(self):
         return self
@@ -101,21 +88,24 @@ class _all_ranks_or_none:
         dist.all_gather_object(messages, message)
         failures = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
         if failures:
-            raise CheckpointError(f"zero: {self.what} failed ({'; '.join(failures)}); the "
-                                  "previous checkpoint and 'latest' are untouched") from error
+            raise CheckpointError(f"zero: {self.what} failed ({'; '.join(failures)}); "
+                                  f"{self.after}") from error
         return False
 
 
-def _write_files(engine, staging: str, rank: int, client_state: dict) -> None:
+def _write_files(engine, staging: str, rank: int, client_state: dict) -> dict[str, dict]:
+    """Writes this rank's files; returns their manifest entries."""
+    # The one collective first (stage 3 gathers unit by unit), so that a write failing on one
+    # rank cannot leave the others waiting in it.
+    module_state = engine.module_state_dict()
     core = engine.core
     shard = {"fingerprint": _fingerprint(engine), "groups": [
         {"master": core.group_master_shard(g),
          "state": dict(core.group_optimizer_state(g))}  # copies
         for g in range(core.group_count)]}
-    _atomic_torch_save(shard, os.path.join(staging, _rank_file(rank)))
-    module_state = engine.module_state_dict()  # every rank: stage 3 gathers unit by unit
+    written = {_rank_file(rank): _atomic_torch_save(shard, os.path.join(staging, _rank_file(rank)))}
     if rank == 0:
-        _atomic_torch_save({
+        written[MODEL_FILE] = _atomic_torch_save({
             "module": module_state,
             "fingerprint": _fingerprint(engine),
             "optimizer": engine.optimizer.state_dict(),
@@ -125,6 +115,7 @@ def _write_files(engine, staging: str, rank: int, client_state: dict) -> None:
                 "micro_steps", "global_steps", "global_samples", "skipped_steps", "applied_steps")},
             "client_state": client_state,
         }, os.path.join(staging, MODEL_FILE))
+    return written
 
 
 def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_states,
@@ -138,11 +129,16 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
             return None, None
         with open(latest) as file:
             tag = file.read().strip()
-    path = os.path.join(load_dir, str(tag))
-    model_file = os.path.join(path, MODEL_FILE)
-    if not os.path.isfile(model_file):
-        raise FileNotFoundError(f"zero: checkpoint {path} has no {MODEL_FILE}; is the tag right?")
-    model_state = torch.load(model_file, map_location="cpu", weights_only=False)
+    with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
+        path, note = files.find(load_dir, str(tag))
+        reads = [MODEL_FILE]
+        if load_optimizer_states and not load_module_only:
+            reads.append(_rank_file(dist.get_rank()))
+        files.verify(path, reads)
+    if note and dist.get_rank() == 0:
+        logger.warning(note)
+    model_state = torch.load(os.path.join(path, MODEL_FILE), map_location="cpu",
+                             weights_only=False)
     _check_fingerprint(model_state["fingerprint"], _fingerprint(engine), path)
 
     with _all_ranks_or_none(f"loading checkpoint {path}"):

@@ -28,7 +28,7 @@ from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import StateLayout, build_report, format_report, format_report_line
 from .optimizer import OptimizerSpec, ZeroOptimizer
-from .progress import SwapWriteProgress
+from offload.progress import SwapWriteProgress
 from .schedulers import build_scheduler
 
 logger = logging.getLogger("zero")
@@ -420,6 +420,8 @@ class ZeroEngine(nn.Module):
         self._hooks = []
         if self._stage3 is not None:
             self._stage3.remove()
+        if self._core is not None:
+            self._core.close()  # waits for and frees everything without holding the GIL
         self._core = None
 
 

@@ -234,6 +234,14 @@ void EngineCore::apply_delayed_update() {
   for (auto& group : groups_) group->gather_params();
 }
 
+void EngineCore::close() {
+  schedule_.reset();  // refers to units_, which refers to groups_
+  units_.reset();
+  groups_.clear();
+  sequence_.clear();
+  observed_.clear();
+}
+
 void EngineCore::zero_grads() {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
   for (auto& group : groups_) group->zero_grads();

@@ -55,6 +55,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void zero_grads();
   // Delayed parameter update: applies every pending update now and gathers the parameters.
   void apply_delayed_update();
+  // Lets go of every group (buffers, host pools, swap files, worker threads) after waiting
+  // for their collectives; nothing may be called afterwards. Bound without the GIL, so that
+  // nothing dropped here waits on a thread that needs it (a gloo worker dropping a tensor).
+  void close();
 
   // Stage 3: the schedule that gathers, prefetches and releases units (see gather_schedule.h).
   GatherSchedule& configure_schedule(std::vector<std::string> unit_names,

@@ -1,18 +1,25 @@
 #include "bindings/bindings.h"
 
+#include <functional>
+
 #include "adapter/process_group.h"
 
 namespace zero::bindings {
 namespace {
 
-// Runs a collective; waits (without the GIL) unless async_op, in which case the caller
-// owns the handle and must wait() on it.
-py::object finish(std::unique_ptr<adapter::PendingCollective> pending, bool async_op) {
-  if (async_op) return py::cast(std::move(pending));
+// Starts a collective and, unless async_op, waits for it, all without the GIL: c10d's gloo
+// enqueue takes the lock its workers hold while they drop a finished work item, and dropping
+// a tensor whose Python object is gone needs the GIL, so a caller holding the GIL can
+// deadlock with a worker. With async_op the caller owns the handle and must wait() on it.
+py::object run(const std::function<std::unique_ptr<adapter::PendingCollective>()>& start,
+               bool async_op) {
+  std::unique_ptr<adapter::PendingCollective> pending;
   {
     py::gil_scoped_release no_gil;
-    pending->wait();
+    pending = start();
+    if (!async_op) pending->wait();
   }
+  if (async_op) return py::cast(std::move(pending));
   return py::none();
 }
 
@@ -48,26 +55,28 @@ void bind_collectives(py::module_& m) {
       .def(
           "all_gather",
           [](adapter::Communicator& c, at::Tensor full, at::Tensor shard, bool async_op) {
-            return finish(c.all_gather(full, shard), async_op);
+            return run([&] { return c.all_gather(full, shard); }, async_op);
           },
           py::arg("full"), py::arg("shard"), py::arg("async_op") = false)
       .def(
           "reduce_scatter",
           [](adapter::Communicator& c, at::Tensor shard, at::Tensor full, const std::string& op,
              bool async_op) {
-            return finish(c.reduce_scatter(shard, full, adapter::parse_reduction(op)), async_op);
+            const adapter::Reduction reduction = adapter::parse_reduction(op);
+            return run([&] { return c.reduce_scatter(shard, full, reduction); }, async_op);
           },
           py::arg("shard"), py::arg("full"), py::arg("op") = "sum", py::arg("async_op") = false)
       .def(
           "all_reduce",
           [](adapter::Communicator& c, at::Tensor tensor, const std::string& op, bool async_op) {
-            return finish(c.all_reduce(tensor, adapter::parse_reduction(op)), async_op);
+            const adapter::Reduction reduction = adapter::parse_reduction(op);
+            return run([&] { return c.all_reduce(tensor, reduction); }, async_op);
           },
           py::arg("tensor"), py::arg("op") = "sum", py::arg("async_op") = false)
       .def(
           "broadcast",
           [](adapter::Communicator& c, at::Tensor tensor, int root, bool async_op) {
-            return finish(c.broadcast(tensor, root), async_op);
+            return run([&] { return c.broadcast(tensor, root); }, async_op);
           },
           py::arg("tensor"), py::arg("root"), py::arg("async_op") = false);
 }

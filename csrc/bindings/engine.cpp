@@ -23,7 +23,7 @@ void bind_engine(py::module_& m) {
               const adapter::GroupOptions& options) {
              return e.add_group(std::move(params), options);
            },
-           py::arg("params"), py::arg("options"))
+           py::arg("params"), py::arg("options"), py::call_guard<py::gil_scoped_release>())
       .def(
           "add_stage3_group",
           [](adapter::EngineCore& e, std::vector<at::Tensor> params,
@@ -38,11 +38,11 @@ void bind_engine(py::module_& m) {
                 3);
           },
           py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
-          py::arg("options"))
+          py::arg("options"), py::call_guard<py::gil_scoped_release>())
       .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
              at::NoGradGuard no_grad;
              stage3(e, g).commit(u);
-           }, py::arg("group"), py::arg("unit"))
+           }, py::arg("group"), py::arg("unit"), py::call_guard<py::gil_scoped_release>())
       .def("is_gathered", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
              return stage3(e, g).is_gathered(u);
            }, py::arg("group"), py::arg("unit"))
@@ -51,7 +51,7 @@ void bind_engine(py::module_& m) {
               const adapter::ScheduleOptions& options) {
              e.configure_schedule(std::move(names), options);
            },
-           py::arg("unit_names"), py::arg("options"))
+           py::arg("unit_names"), py::arg("options"), py::call_guard<py::gil_scoped_release>())
       .def("place", [](adapter::EngineCore& e, std::size_t unit, std::size_t g, std::size_t local) {
              e.units().place(unit, &stage3(e, g), local);
            }, py::arg("unit"), py::arg("group"), py::arg("local"))
@@ -103,10 +103,12 @@ void bind_engine(py::module_& m) {
       .def("gathered_numel", [](adapter::EngineCore& e, std::size_t g) {
              return stage3(e, g).gathered_numel();
            }, py::arg("group"))
-      .def("prepare_backward", &adapter::EngineCore::prepare_backward, py::arg("boundary"))
+      .def("prepare_backward", &adapter::EngineCore::prepare_backward, py::arg("boundary"),
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("backward_pending", &adapter::EngineCore::backward_pending)
       .def("apply_delayed_update", &adapter::EngineCore::apply_delayed_update,
            py::call_guard<py::gil_scoped_release>())
+      .def("close", &adapter::EngineCore::close, py::call_guard<py::gil_scoped_release>())
       .def("grad_ready", &adapter::EngineCore::grad_ready, py::arg("group"), py::arg("index"),
            py::arg("boundary"), py::call_guard<py::gil_scoped_release>())
       .def("finish_backward", &adapter::EngineCore::finish_backward, py::arg("boundary"),
@@ -128,7 +130,7 @@ void bind_engine(py::module_& m) {
           },
           py::arg("hypers"), py::arg("loss_scale"), py::arg("max_norm"),
           py::arg("check_overflow"), py::arg("step"))
-      .def("zero_grads", &adapter::EngineCore::zero_grads)
+      .def("zero_grads", &adapter::EngineCore::zero_grads, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("group_count", &adapter::EngineCore::group_count)
       .def_property_readonly("rank", [](adapter::EngineCore& e) { return e.communicator().rank(); })
       .def_property_readonly("world_size",

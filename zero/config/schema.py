@@ -172,6 +172,7 @@ def _block(name, block, doc, optional=False):
 # model and its own arguments before DeepSpeed sees the config; DeepSpeed's own config
 # classes drop "auto" and use the default. zero does the latter.)
 AUTO_DEFAULT = "the default"
+MAX_ELEMENTS, MAX_SAMPLES = 1 << 40, (1 << 31) - 1  # sanity bounds: beyond these it is a typo
 
 # --------------------------------------------------------------------------- optimizer
 
@@ -386,8 +387,10 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
          minimum=0, maximum=3, value_features=((3, FEATURE_STAGE3),)),
     _bool("contiguous_gradients", True, "Copy gradients into a contiguous buffer as they are produced."),
     _bool("reduce_scatter", True, "Average gradients with reduce/reduce-scatter instead of all-reduce."),
-    _int("reduce_bucket_size", 500_000_000, "Elements reduced per bucket.", minimum=1, auto=AUTO_DEFAULT),
-    _int("allgather_bucket_size", 500_000_000, "Elements all-gathered per bucket.", minimum=1, auto=AUTO_DEFAULT),
+    _int("reduce_bucket_size", 500_000_000, "Elements reduced per bucket.", minimum=1,
+         maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
+    _int("allgather_bucket_size", 500_000_000, "Elements all-gathered per bucket.", minimum=1,
+         maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _bool("overlap_comm", None, "Overlap gradient reduction with the backward pass. Default (DeepSpeed code): true "
           "for stage 3, false otherwise (DeepSpeed's docs say false).", nullable=True,
           auto="the stage-dependent default", default_doc="stage == 3"),
@@ -396,16 +399,17 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _block("offload_optimizer", OFFLOAD_OPTIMIZER, "Optimizer-state offload (table below). Absent or null: none."),
     _block("offload_param", OFFLOAD_PARAM, "Parameter offload (table below). Absent or null: none."),
     _stage3(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
-            "say 5e8; its code default is 5e7).", minimum=0, auto=AUTO_DEFAULT),
+            "say 5e8; its code default is 5e7).", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_param_persistence_threshold", 100_000, "Parameters smaller than this stay unpartitioned.",
-            minimum=0, auto=AUTO_DEFAULT),
+            minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3_tuning(INT, "stage3_model_persistence_threshold", sys.maxsize, "Cap on the total unpartitioned elements.",
             minimum=0, default_doc="sys.maxsize"),
     _stage3(INT, "stage3_max_live_parameters", 1_000_000_000, "Parameter elements resident per GPU before "
-            "releasing.", minimum=0, auto=AUTO_DEFAULT),
+            "releasing.", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_max_reuse_distance", 1_000_000_000, "Keep a unit gathered after use if the recorded "
             "order reuses it before this many elements of other units are gathered (0: never; "
-            "kept units make way when stage3_max_live_parameters needs room).", minimum=0, auto=AUTO_DEFAULT),
+            "kept units make way when stage3_max_live_parameters needs room).", minimum=0,
+            maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_max_inflight_gathers", 2, "zero only (DeepSpeed hard-codes 2): prefetch "
             "all-gathers in flight at once.", minimum=1),
     _stage3(BOOL, "stage3_gather_16bit_weights_on_model_save", False, "Gather the full 16-bit weights when saving "
@@ -415,7 +419,7 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _stage3_tuning(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Fetch parameters with all-reduce."),
     _int("sub_group_size", 1_000_000_000, "Elements per tile of the offloaded optimizer step; zero streams "
          "tiles of min(sub_group_size, 4,194,304) elements through two staging buffers.", minimum=1,
-         auto=AUTO_DEFAULT),
+         maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _unsupported(BOOL, "allgather_partitions", True, "All-gather (true) or broadcast updated partitions."),
     _unsupported(BOOL, "load_from_fp32_weights", True, "Initialise fp32 master weights from checkpoint fp32 copies."),
     _unsupported(BOOL, "elastic_checkpoint", False, "Legacy elastic checkpointing."),
@@ -470,18 +474,18 @@ _BATCH_AUTO = "derive it from the other two batch keys (same as leaving it out)"
 
 TOP = Block("", "Top-level keys.", (
     _int("train_batch_size", None, "Samples per optimizer step, over all ranks = micro batch * accumulation "
-         "steps * world size.", minimum=1, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
+         "steps * world size.", minimum=1, maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
     _int("train_micro_batch_size_per_gpu", None, "Samples per rank per forward/backward.", minimum=1,
-         nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
+         maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
     _int("gradient_accumulation_steps", None, "Micro batches accumulated per optimizer step.", minimum=1,
-         nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
+         maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
     _block("optimizer", OPTIMIZER, "Optimizer (table below). Absent or null: client optimizer.", optional=True),
     _block("scheduler", SCHEDULER, "Learning-rate schedule (table below). Absent or null: none.",
            optional=True),
     _block("fp16", FP16, "fp16 mixed precision (table below)."),
     _block("bf16", BF16, "bf16 mixed precision (table below)."),
     _float("gradient_clipping", 0.0, "Clip the global gradient norm to this value; 0 disables clipping "
-           "(DeepSpeed's docs say 1.0; its code default is 0).", minimum=0),
+           "(DeepSpeed's docs say 1.0; its code default is 0).", minimum=0, maximum=1e6),
     _block("zero_optimization", ZERO_OPTIMIZATION, "ZeRO settings (table below)."),
     _block("aio", AIO, "Asynchronous I/O (table below)."),
     _int("steps_per_print", None, "Log progress every N steps. Null (DeepSpeed's current code default; its docs "

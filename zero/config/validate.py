@@ -354,7 +354,10 @@ class _Validator:
             else:
                 fix = "keys that accept \"auto\": " + ", ".join(schema.auto_keys())
                 self.listed_auto_keys = True
-            self.error(path, "auto", "\"auto\" is not accepted here; give an explicit value", fix)
+            self.error(path, "auto", "\"auto\" is not accepted here: it is a placeholder that the Hugging "
+                       "Face Trainer and Accelerate replace with values from their own arguments "
+                       "before the engine sees the config; given to zero directly, give an explicit "
+                       "value", fix)
             return INVALID
         return self.default(key, path)
 
@@ -390,7 +393,8 @@ class _Validator:
     def enabled_alternatives(self, key):
         if key.choices:
             values = list(key.choices)
-        elif key.kind == INT and key.minimum is not None and key.maximum is not None:
+        elif key.kind == INT and key.minimum is not None and key.maximum is not None \
+                and key.maximum - key.minimum <= 64:
             values = list(range(int(key.minimum), int(key.maximum) + 1))
         else:
             return []
@@ -517,8 +521,8 @@ def _check_zero(v, values):
 
 def _resolve_optimizer(v, values):
     optimizer = values["optimizer"]
-    if optimizer is None or not _valid(optimizer, optimizer["type"], optimizer["params"]):
-        return
+    if optimizer is None or not _valid(optimizer) or not _valid(optimizer["type"], optimizer["params"]):
+        return  # an invalid block (e.g. "optimizer": []) is already reported
     kind, params = optimizer["type"], optimizer["params"]
     path = "optimizer.params"
     if kind == "SGD":

@@ -124,5 +124,5 @@ def remote_exports(environ, env_file_vars):
 
 
 # Set to "1" for the ranks when the launcher's own console is a terminal: a rank's output is a
-# pipe to the launcher, so progress bars (zero/progress.py) ask this instead of isatty().
+# pipe to the launcher, so progress bars (offload/progress.py) ask this instead of isatty().
 CONSOLE_IS_TTY = "ZERO_CONSOLE_IS_TTY"

@@ -148,7 +148,7 @@ def _activations(args, setup: est.Setup) -> dict | None:
         raise est.EstimateError("--sample-input needs the model itself (--model or --hf-config), "
                                 "not a parameter count")
     samples = [activations.SampleInput.parse(text) for text in args.sample_input]
-    factory = (est._import_factory(args.model) if args.model
+    factory = (est.import_factory(args.model) if args.model
                else lambda: est.model_from_hf_config(args.hf_config, on_meta=False))
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[setup.precision]
     return {"bytes": activations.estimate_activations(factory, samples, dtype),

@@ -101,9 +101,8 @@ from .errors import EstimateError
 from .estimator import estimate, estimate_all
 from .gather_schedule import WorkingSet, simulate_stage3_schedule
 from .layout import Stage3Layout, layouts, stage3_layout
-from .model_loading import build_on_meta, model_from_hf_config, shapes_from_factory, \
-    shapes_from_hf_config
-from .model_loading import import_factory as _import_factory  # zero-mem --sample-input
+from .model_loading import build_on_meta, import_factory, model_from_hf_config, \
+    shapes_from_factory, shapes_from_hf_config
 from .options import OPTIONS, Option, option_for
 from .params_on_nvme import ParamPlacement, param_placement
 from .result import BUILT, FORMULA_ONLY, STAGE3_ASSUMED_UNITS, STAGE3_FORMULA, Estimate
@@ -130,7 +129,7 @@ __all__ = [
     "OPTIMIZERS", "OPTIMIZER_STATE_BYTES", "OPTIONS", "Option", "PARAM_BYTES", "PRECISIONS",
     "ParamPlacement", "STAGE3_ASSUMED_UNITS", "STAGE3_FORMULA", "STAGE3_KEYS", "Setup",
     "Stage3Layout", "WorkingSet", "build_on_meta", "estimate", "estimate_all", "format_bytes",
-    "format_estimates", "layouts", "location_formula", "model_from_hf_config", "option_for",
+    "format_estimates", "import_factory", "layouts", "location_formula", "model_from_hf_config", "option_for",
     "param_placement", "parse_bytes", "parse_count", "setup_from_config", "shapes_from_count",
     "shapes_from_factory", "shapes_from_hf_config", "shapes_from_module",
     "simulate_stage3_schedule", "stage3_layout", "state_arrays",

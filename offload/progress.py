@@ -13,7 +13,7 @@ import sys
 
 from tqdm import tqdm
 
-from .launcher.env import CONSOLE_IS_TTY
+from zero.launcher.env import CONSOLE_IS_TTY
 
 DELAY_SECONDS = 2.0
 

@@ -1,0 +1,120 @@
+"""Checkpoints survive crashes and corruption: a kill at any instant of save_checkpoint
+(re-saving the same tag, as real scripts do with tag="latest_model") leaves `latest` loadable;
+a flipped byte or a missing rank file is named on load, on every rank, before anything loads."""
+import os
+import shutil
+
+import pytest
+
+import training
+from distributed_harness import RankFailed, run_distributed
+
+TAG = "latest_model"
+TIMEOUT = 60
+# Filesystem operations a save makes; the crash test dies at the n-th of them on one rank.
+OPERATIONS = [("os", "makedirs"), ("os", "replace"), ("os", "fsync"), ("shutil", "rmtree"),
+              ("os", "open")]
+
+
+def _engine():
+    import zero
+
+    config = training.engine_config(2, gas=1, scheduler=False)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    return engine
+
+
+def _first_save(rank, world, save_dir):
+    engine = _engine()
+    training.train_engine(engine, rank, world, 2, 1)
+    engine.save_checkpoint(save_dir, tag=TAG)
+    return engine.global_steps
+
+
+def _die_at(operation: int) -> None:
+    """Makes this process exit (as if killed) at its operation-th filesystem call."""
+    import importlib
+
+    calls = [0]
+    for module_name, name in OPERATIONS:
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+
+        def counted(*args, _original=original, **kwargs):
+            calls[0] += 1
+            if calls[0] == operation:
+                os._exit(137)
+            return _original(*args, **kwargs)
+        setattr(module, name, counted)
+
+
+def _resave_and_die(rank, world, save_dir, crash_rank, operation):
+    engine = _engine()
+    engine.load_checkpoint(save_dir)
+    training.train_engine(engine, rank, world, 1, 1, first_step=engine.global_steps)
+    if rank == crash_rank:
+        _die_at(operation)
+    engine.save_checkpoint(save_dir, tag=TAG)
+    return "finished"
+
+
+def _load_and_step(rank, world, save_dir):
+    engine = _engine()
+    path, _ = engine.load_checkpoint(save_dir)
+    loaded = engine.global_steps
+    training.train_engine(engine, rank, world, 1, 1, first_step=loaded)
+    return loaded, path is not None
+
+
+def test_a_kill_at_any_instant_of_a_save_leaves_latest_loadable(tmp_path):
+    template = tmp_path / "template"
+    assert run_distributed(_first_save, 2, args=(str(template),), timeout=TIMEOUT) == [2, 2]
+    killed_at = {0: [], 1: []}
+    for crash_rank in (0, 1):
+        for operation in range(1, 40):
+            save_dir = tmp_path / f"rank{crash_rank}_op{operation}"
+            shutil.copytree(template, save_dir)
+            try:
+                outcome = run_distributed(_resave_and_die, 2, timeout=TIMEOUT,
+                                          args=(str(save_dir), crash_rank, operation))
+            except RankFailed:
+                outcome = None  # killed mid-save, as intended
+                killed_at[crash_rank].append(operation)
+            for loaded, found in run_distributed(_load_and_step, 2, args=(str(save_dir),),
+                                                 timeout=TIMEOUT):
+                assert found and loaded in (2, 3), (crash_rank, operation, loaded)
+            if outcome == ["finished", "finished"]:
+                break  # past the save's last operation on this rank
+        else:
+            pytest.fail(f"the save on rank {crash_rank} made more than 40 operations")
+    # rank 0 writes, publishes and updates latest; rank 1 writes its shard
+    assert len(killed_at[0]) >= 10 and len(killed_at[1]) >= 2, killed_at
+
+
+def _load_expecting_error(rank, world, save_dir):
+    from zero.checkpoint import CheckpointError
+
+    engine = _engine()
+    try:
+        engine.load_checkpoint(save_dir)
+    except CheckpointError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "remove"])
+def test_a_damaged_rank_file_is_named_on_every_rank_and_nothing_loads(tmp_path, damage):
+    assert run_distributed(_first_save, 2, args=(str(tmp_path),), timeout=TIMEOUT) == [2, 2]
+    victim = tmp_path / TAG / "zero_rank1_optim_states.pt"
+    data = victim.read_bytes()
+    if damage == "flip":
+        middle = len(data) // 2
+        victim.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+    elif damage == "truncate":
+        victim.write_bytes(data[:-100])
+    else:
+        victim.unlink()
+    for message in run_distributed(_load_expecting_error, 2, args=(str(tmp_path),),
+                                   timeout=TIMEOUT):
+        assert message is not None and "rank 1" in message
+        assert "zero_rank1_optim_states.pt" in message and "nothing was loaded" in message

@@ -1,0 +1,211 @@
+"""zero-mem tune with offload: the tuner recommends offload when only offload fits (NVMe for
+the optimizer when the host budget rules the host out, NVMe for the parameters when the host
+cannot hold them), and the recommended config runs within its budgets."""
+import dataclasses
+import json
+
+import training
+from distributed_harness import run_distributed
+from estimate_offload_config import DEEP_FACTORY, PERSISTENCE, _close, _config
+from zero.reports import cli, tuner
+from zero.reports import estimate as est
+
+# ---- the tuner --------------------------------------------------------------------------------
+
+def _setup(**changes):
+    return est.Setup(world_size=2, precision="bf16", reduce_bucket_size=3000,
+                     persistence_threshold=PERSISTENCE, **changes)
+
+
+def _run_tuned(rank, world, config_path):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(
+        dataclasses.replace(training.MODEL, n_layer=8)), config=config_path)
+    training.train_engine(engine, rank, world, 2, engine.gradient_accumulation_steps())
+    report = engine.memory_report()
+    engine.destroy()
+    return report
+
+
+def _tune_and_run(tmp_path, budget, *extra):
+    base = _config(3, "bf16", {}, None)  # two micro-steps, stage-3 defaults
+    base_path = tmp_path / "base.json"
+    base_path.write_text(json.dumps(base))
+    out = tmp_path / "tuned.json"
+    code = cli.main(["tune", "--model", DEEP_FACTORY, "--config", str(base_path),
+                     "--world-size", "2", "--budget", str(budget), "--out", str(out), *extra])
+    assert code == 0
+    tuned = json.loads(out.read_text())
+    return tuned, run_distributed(_run_tuned, 2, args=(str(out),), timeout=120)
+
+
+def _tune_with_nvme(tmp_path, base: dict, budget: int, host_budget: int):
+    """`zero-mem tune` on the model with `base` as its config and an NVMe directory; returns
+    the written config's path, the NVMe directory and what the command printed."""
+    import contextlib
+    import io
+
+    base_path = tmp_path / "base.json"
+    base_path.write_text(json.dumps(base))
+    out = tmp_path / "tuned.json"
+    swap = tmp_path / "nvme"
+    swap.mkdir()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli.main(["tune", "--model", DEEP_FACTORY, "--config", str(base_path),
+                         "--world-size", "2", "--budget", str(budget), "--host-budget",
+                         str(host_budget), "--nvme-path", str(swap), "--out", str(out)]) == 0
+    return out, swap, printed.getvalue()
+
+
+def test_the_tuner_recommends_offload_when_only_offload_fits_and_it_runs_within(tmp_path, capsys):
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    setup = _setup()
+    # The smallest device footprint without offload (every stage, every bucket and stage-3
+    # setting the tuner tries), and with the optimizer on the host.
+    no_offload = tuner.tune(shapes, setup, 1, offload=False)
+    smallest = min(c.total for c in no_offload.tried if c.estimate.runs)
+    host_stage1 = est.estimate(shapes, setup, est.option_for(1, "cpu")).device_bytes
+    host_stage2 = est.estimate(shapes, setup, est.option_for(2, "cpu")).device_bytes
+    assert host_stage2 < host_stage1 < smallest
+    budget = (host_stage2 + host_stage1) // 2  # only stage 2 + optimizer on the host (or more)
+    rec = tuner.tune(shapes, setup, budget)
+    assert rec.chosen.option == est.option_for(2, "cpu")
+    assert all(not c.fits for c in rec.tried if not c.option.offloaded)
+
+    tuned, reports = _tune_and_run(tmp_path, budget)
+    text = capsys.readouterr().out
+    assert "recommended: stage 2 + optimizer on the host" in text
+    zero_block = tuned["zero_optimization"]
+    assert zero_block["stage"] == 2 and zero_block["offload_optimizer"]["device"] == "cpu"
+    assert "offload_param" not in zero_block and not any(k.startswith("stage3_")
+                                                         for k in zero_block)
+    for report in reports:
+        device = report["by_location"]["device"]
+        assert device["peak"] <= budget, (device, budget)
+        assert device["peak"] == rec.chosen.total  # exact below stage 3
+        assert report["model_state_by_location"]["measured"]["host"] > 0
+
+
+def test_the_tuner_takes_nvme_when_the_host_budget_rules_the_host_out(tmp_path, capsys):
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    setup = _setup()
+    host_stage2 = est.estimate(shapes, setup, est.option_for(2, "cpu"))
+    nvme_stage2 = est.estimate(shapes, setup, est.option_for(2, "nvme"))
+    host_stage3 = est.estimate(shapes, setup, est.option_for(3, "cpu"))
+    # Device: the stage-2 budget above; host: less than the host pool of optimizer offload,
+    # enough for NVMe's staging chunks (sub_group_size 1,000: 2 slots x 3 arrays x 4 KiB).
+    setup_chunks = _setup(sub_group_size=1000)
+    nvme_chunked = est.estimate(shapes, setup_chunks, est.option_for(2, "nvme"))
+    assert nvme_chunked.host_bytes * 2 < host_stage2.host_bytes * 2
+    host_budget = (nvme_chunked.host_bytes * 2 + min(host_stage2.host_bytes,
+                                                     host_stage3.host_bytes) * 2) // 2
+    budget = host_stage2.device_bytes + 1
+    assert nvme_stage2.device_bytes == host_stage2.device_bytes
+    # Without an NVMe path: nothing fits, and the tuner says NVMe would.
+    rec = tuner.tune(shapes, setup_chunks, budget, host_budget=host_budget)
+    assert rec.chosen is None
+    assert any(e.option.offload_optimizer == "nvme" for e in rec.not_built)
+    assert "needs an NVMe path" in tuner.why_not(rec.not_built[0], None)
+
+    out, swap, printed = _tune_with_nvme(tmp_path, _config(3, "bf16", {"sub_group_size": 1000}, None),
+                                         budget, host_budget)
+    assert "recommended: stage 2 + optimizer on NVMe" in printed
+    tuned = json.loads(out.read_text())
+    block = tuned["zero_optimization"]["offload_optimizer"]
+    assert block["device"] == "nvme" and block["nvme_path"] == str(swap)
+    assert tuned["zero_optimization"]["sub_group_size"] == 1000
+    for report in run_distributed(_run_tuned, 2, args=(str(out),), timeout=120):
+        locations = report["by_location"]
+        assert locations["device"]["peak"] <= budget
+        host = locations["host_pinned"]["peak"] + locations["host_pageable"]["peak"]
+        assert 2 * host <= host_budget  # two ranks on this node
+        assert locations["nvme"]["current"] == nvme_chunked.nvme_bytes
+    assert list(swap.iterdir()) == []
+
+
+def test_the_tuner_offloads_parameters_when_the_optimizer_alone_is_not_enough(tmp_path,
+                                                                              capsys):
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    setup = _setup()
+
+    def smallest(*option):  # the least device bytes an option can run in (live bound: the
+        # root + one block, one bucket)
+        least = dataclasses.replace(setup, overlap_comm=False,
+                                    max_live_parameters=3_616 + 12_416)
+        return min(est.estimate(shapes, s, est.option_for(*option)).device_bytes
+                   for s in (setup, least))
+
+    optimizer_only = min(smallest(1, "cpu"), smallest(2, "cpu"), smallest(3, "cpu"))
+    params_only = smallest(3, "none", "cpu")
+    with_params = smallest(3, "cpu", "cpu")
+    assert with_params < optimizer_only < params_only
+    budget = (with_params + optimizer_only) // 2
+    tuned, reports = _tune_and_run(tmp_path, budget)
+    text = capsys.readouterr().out
+    assert "recommended: stage 3 + optimizer on the host + params on the host" in text
+    zero_block = tuned["zero_optimization"]
+    assert zero_block["offload_param"]["device"] == "cpu"
+    assert zero_block["offload_optimizer"]["device"] == "cpu"
+    rec = tuner.tune(shapes, setup, budget)
+    for report in reports:
+        peak = report["by_location"]["device"]["peak"]
+        assert peak <= budget, (peak, budget)
+        assert _close(rec.chosen.total, peak), (rec.chosen.total, peak)
+        assert report["categories"]["staging"]["by_location"]["device"]["peak"] > 0
+
+
+def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_path, capsys):
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    # sub_group_size 1,000 and 2 parameter buffers (from the base config): small host staging
+    setup = _setup(sub_group_size=1000, param_buffer_count=2)
+
+    def estimate(*option):
+        return est.estimate(shapes, setup, est.option_for(*option))
+
+    def smallest(*option):  # the least device bytes an option can run in (see above)
+        least = dataclasses.replace(setup, overlap_comm=False,
+                                    max_live_parameters=3_616 + 12_416)
+        return min(est.estimate(shapes, s, est.option_for(*option)).device_bytes
+                   for s in (setup, least))
+
+    # Device: only parameter offload fits (as in the test above). Host: less than any option
+    # with the parameter shard in host memory, enough for 2 buffers of one block's shard.
+    optimizer_only = min(smallest(1, "cpu"), smallest(2, "cpu"), smallest(3, "cpu"))
+    budget = (smallest(3, "cpu", "cpu") + optimizer_only) // 2
+    both = estimate(3, "nvme", "nvme")
+    assert both.device_bytes == estimate(3, "nvme", "cpu").device_bytes  # the same device side
+    host_params = min(estimate(3, "nvme", "cpu").host_bytes, estimate(3, "cpu", "cpu").host_bytes,
+                      estimate(3, "cpu", "nvme").host_bytes)
+    assert both.host_bytes < host_params
+    host_budget = 2 * (both.host_bytes + host_params) // 2  # two ranks on this node
+    # Without an NVMe path: nothing fits, and the tuner says that NVMe would.
+    rec = tuner.tune(shapes, setup, budget, host_budget=host_budget)
+    assert rec.chosen is None
+    assert both.name in [e.name for e in rec.not_built]
+    assert all(tuner.why_not(e, None).startswith("needs an NVMe path") for e in rec.not_built)
+    # A buffer_size below the blocks' shards: the option does not run, so nothing fits.
+    refused = tuner.tune(shapes, dataclasses.replace(setup, param_buffer_size=1_000), budget,
+                         host_budget=host_budget, nvme_path=str(tmp_path))
+    assert refused.chosen is None
+    assert any("buffer_size = 1000" in c.verdict for c in refused.tried)
+
+    base = _config(3, "bf16", {"sub_group_size": 1000}, None)
+    base["zero_optimization"]["offload_param"] = {"device": "none", "buffer_count": 2}
+    out, swap, printed = _tune_with_nvme(tmp_path, base, budget, host_budget)
+    assert "recommended: stage 3 + optimizer on NVMe + params on NVMe" in printed
+    zero_block = json.loads(out.read_text())["zero_optimization"]
+    assert zero_block["offload_param"] == {"device": "nvme", "pin_memory": True,
+                                           "nvme_path": str(swap), "buffer_count": 2}
+    assert zero_block["offload_optimizer"]["device"] == "nvme"
+    rec = tuner.tune(shapes, setup, budget, host_budget=host_budget, nvme_path=str(swap))
+    for report in run_distributed(_run_tuned, 2, args=(str(out),), timeout=120):
+        locations = report["by_location"]
+        assert locations["device"]["peak"] <= budget
+        assert _close(rec.chosen.total, locations["device"]["peak"])
+        host = locations["host_pinned"]["peak"] + locations["host_pageable"]["peak"]
+        assert host == rec.chosen.host_bytes and 2 * host <= host_budget
+        assert locations["nvme"]["current"] == rec.chosen.nvme_bytes
+        assert report["offload"]["param"] == "nvme"
+    assert list(swap.iterdir()) == []

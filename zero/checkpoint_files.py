@@ -1,0 +1,136 @@
+"""The files of a checkpoint directory, written so that a crash at any instant loses nothing:
+each file goes to `<name>.partial`, is fsynced and renamed; its SHA-256 is taken from the bytes
+written; `manifest.json` (every file's size and digest, written last) marks the directory
+complete. A directory without a manifest was never finished (or predates manifests, see
+`verify`).
+
+Publishing a directory under a tag that already exists (re-saving `tag="latest_model"`) moves
+the old one aside as `.<tag>.old` first; `find` looks there, and in the finished staging
+directory `.<tag>.tmp`, when a crash left the tag itself missing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import torch
+
+MANIFEST = "manifest.json"
+
+
+class CorruptCheckpoint(RuntimeError):
+    """A checkpoint file is missing, truncated or does not match its manifest."""
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Hashing:
+    """A file that hashes what is written through it."""
+
+    def __init__(self, file):
+        self.file, self.digest, self.bytes = file, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.bytes += memoryview(data).nbytes
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _write(path: str, write) -> dict:
+    """write(file) into `path` through `path.partial`, fsynced, then renamed into place;
+    returns the manifest entry of what was written."""
+    temporary = path + ".partial"
+    with open(temporary, "wb") as out:
+        hashing = _Hashing(out)
+        write(hashing)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
+    return {"bytes": hashing.bytes, "sha256": hashing.digest.hexdigest()}
+
+
+def save_torch(obj, path: str) -> dict:
+    """torch.save, crash-safe; returns the file's manifest entry."""
+    return _write(path, lambda file: torch.save(obj, file))
+
+
+def write_text(path: str, text: str) -> None:
+    _write(path, lambda file: file.write(text.encode()))
+
+
+def write_manifest(directory: str, entries: dict[str, dict]) -> None:
+    write_text(os.path.join(directory, MANIFEST), json.dumps(entries, indent=1, sort_keys=True))
+    _fsync_dir(directory)
+
+
+def read_manifest(directory: str) -> dict[str, dict] | None:
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as file:
+        return json.load(file)
+
+
+def publish(save_dir: str, staging: str, tag: str) -> str:
+    """Renames the finished staging directory to `tag`, replacing an older copy; returns it."""
+    final = os.path.join(save_dir, tag)
+    retired = os.path.join(save_dir, f".{tag}.old")
+    if os.path.exists(final):
+        shutil.rmtree(retired, ignore_errors=True)
+        os.replace(final, retired)  # until the next line, find() recovers the tag from here
+        os.replace(staging, final)
+        _fsync_dir(save_dir)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+        _fsync_dir(save_dir)
+    return final
+
+
+def find(load_dir: str, tag: str) -> tuple[str, str | None]:
+    """The directory holding `tag`, and a note when it was recovered after a crash in the
+    middle of publishing (the new copy when its staging directory was finished, else the old
+    one). A missing tag is FileNotFoundError naming what was looked for."""
+    path = os.path.join(load_dir, tag)
+    if os.path.isdir(path):
+        return path, None
+    for name, what in ((f".{tag}.tmp", "the finished new copy"), (f".{tag}.old", "the old copy")):
+        candidate = os.path.join(load_dir, name)
+        if os.path.isdir(candidate) and read_manifest(candidate) is not None:
+            return candidate, (f"zero: checkpoint {path} is missing (a save was interrupted "
+                               f"while publishing it); loading {what} from {candidate}")
+    raise FileNotFoundError(f"zero: no checkpoint {path}; is the tag right? (no finished "
+                            f".{tag}.tmp or .{tag}.old next to it either)")
+
+
+def verify(directory: str, names: list[str]) -> None:
+    """Checks `names` against the directory's manifest (size and SHA-256); a directory without
+    one is accepted only when it has every name (written before manifests existed)."""
+    manifest = read_manifest(directory)
+    for name in names:
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise CorruptCheckpoint(f"zero: checkpoint {directory} has no {name}")
+        if manifest is None:
+            continue
+        if name not in manifest:
+            raise CorruptCheckpoint(f"zero: {path} is not in the checkpoint's manifest")
+        expected = manifest[name]
+        with open(path, "rb") as file:
+            data = file.read()
+        if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            raise CorruptCheckpoint(
+                f"zero: {path} is corrupt: {len(data)} bytes whose SHA-256 does not match the "
+                f"manifest's ({expected['bytes']} bytes); restore it from a copy or load "
+                "another tag")
