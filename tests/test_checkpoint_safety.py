@@ -59,11 +59,14 @@ def _resave_and_die(rank, world, save_dir, crash_rank, operation):
 
 
 def _load_and_step(rank, world, save_dir):
+    """Loads `latest`, trains a step, saves the same tag again and loads that back."""
     engine = _engine()
     path, _ = engine.load_checkpoint(save_dir)
     loaded = engine.global_steps
     training.train_engine(engine, rank, world, 1, 1, first_step=loaded)
-    return loaded, path is not None
+    engine.save_checkpoint(save_dir, tag=TAG)
+    engine.load_checkpoint(save_dir)
+    return loaded, path is not None and engine.global_steps == loaded + 1
 
 
 def test_a_kill_at_any_instant_of_a_save_leaves_latest_loadable(tmp_path):
@@ -118,3 +121,9 @@ def test_a_damaged_rank_file_is_named_on_every_rank_and_nothing_loads(tmp_path, 
                                    timeout=TIMEOUT):
         assert message is not None and "rank 1" in message
         assert "zero_rank1_optim_states.pt" in message and "nothing was loaded" in message
+
+
+def test_loading_at_another_world_size_names_the_world_size_not_a_missing_file(tmp_path):
+    assert run_distributed(_first_save, 2, args=(str(tmp_path),), timeout=TIMEOUT) == [2, 2]
+    [message] = run_distributed(_load_expecting_error, 1, args=(str(tmp_path),), timeout=TIMEOUT)
+    assert message is not None and "world_size=2" in message and "world_size=1" in message

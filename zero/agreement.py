@@ -4,7 +4,8 @@ were given the same config and built the same model.
 Ranks started with different configs (another stage, bucket size, dtype, learning rate) or
 different models otherwise hang or abort deep inside a collective, fail late, or train
 silently apart. Here each rank hashes the config as given (every key and value) and the
-model's parameters (name, full shape, dtype, requires_grad); one all-gather of the hashes
+model's parameters (name, full shape, requires_grad; not the dtype, which the engine sets);
+host-local keys (NVMe paths, aio tuning) are left out. One all-gather of the hashes
 compares them. On a mismatch a second all-gather brings every rank's values, and every rank
 raises the same StartupMismatch naming the differing keys or parameters and the ranks.
 """
@@ -19,6 +20,7 @@ from torch import nn
 from . import init as zero_init
 
 MAX_LISTED = 10  # differences named in the message
+HOST_LOCAL = ("nvme_path", "aio")  # may differ between nodes or ranks
 
 
 class StartupMismatch(RuntimeError):
@@ -31,8 +33,7 @@ def fingerprint(raw_config, model: nn.Module) -> dict[str, str]:
     _flatten("config", raw_config, entries)
     for name, param in model.named_parameters():
         shape = zero_init.shard_shape(param) or list(param.shape)
-        entries[f"parameter {name}"] = (f"shape {tuple(shape)}, {param.dtype}, "
-                                        f"requires_grad={param.requires_grad}")
+        entries[f"parameter {name}"] = f"shape {tuple(shape)}, requires_grad={param.requires_grad}"
     return entries
 
 
@@ -70,6 +71,8 @@ def describe(fingerprints: list[dict[str, str]]) -> str:
 def _flatten(prefix: str, value, out: dict[str, str]) -> None:
     if isinstance(value, dict) or hasattr(value, "items"):
         for key, item in value.items():
+            if key in HOST_LOCAL:
+                continue
             _flatten(f"{prefix}.{key}" if prefix != "config" else f"config {key}", item, out)
     else:
         out[prefix] = json.dumps(value, default=repr, sort_keys=True)

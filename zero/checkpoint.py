@@ -52,13 +52,15 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
     staging = os.path.join(save_dir, f".{tag}.tmp")
     with _all_ranks_or_none(f"preparing checkpoint {tag} in {save_dir}"):
         if rank == 0:
+            files.recover(save_dir, tag)  # an earlier save of this tag died while publishing
             shutil.rmtree(staging, ignore_errors=True)
             os.makedirs(staging)
     with _all_ranks_or_none(f"saving checkpoint {tag} to {save_dir}"):
         written = _write_files(engine, staging, rank, client_state)
     entries = [None] * dist.get_world_size()
     dist.all_gather_object(entries, written)  # every shard is on disk before the tag appears
-    with _all_ranks_or_none(f"publishing checkpoint {tag} in {save_dir}"):
+    with _all_ranks_or_none(f"publishing checkpoint {tag} in {save_dir}",
+                            "'latest' names a complete checkpoint (the previous or this one)"):
         if rank == 0:
             files.write_manifest(staging, {k: v for part in entries for k, v in part.items()})
             files.publish(save_dir, staging, tag)
@@ -131,15 +133,14 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
             tag = file.read().strip()
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         path, note = files.find(load_dir, str(tag))
-        reads = [MODEL_FILE]
+        files.verify(path, [MODEL_FILE])
+        model_state = torch.load(os.path.join(path, MODEL_FILE), map_location="cpu",
+                                 weights_only=False)
+        _check_fingerprint(model_state["fingerprint"], _fingerprint(engine), path)
         if load_optimizer_states and not load_module_only:
-            reads.append(_rank_file(dist.get_rank()))
-        files.verify(path, reads)
+            files.verify(path, [_rank_file(dist.get_rank())])
     if note and dist.get_rank() == 0:
         logger.warning(note)
-    model_state = torch.load(os.path.join(path, MODEL_FILE), map_location="cpu",
-                             weights_only=False)
-    _check_fingerprint(model_state["fingerprint"], _fingerprint(engine), path)
 
     with _all_ranks_or_none(f"loading checkpoint {path}"):
         engine.load_module_state_dict(model_state["module"], strict=load_module_strict)

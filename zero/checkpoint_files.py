@@ -95,7 +95,23 @@ def publish(save_dir: str, staging: str, tag: str) -> str:
     else:
         os.replace(staging, final)
         _fsync_dir(save_dir)
+        shutil.rmtree(retired, ignore_errors=True)  # left by a crash that recover() undid
     return final
+
+
+def recover(save_dir: str, tag: str) -> None:
+    """Before saving `tag` again: if a crash in publish() left the tag missing, puts back the
+    newest complete copy (the finished staging directory, else the old one), so the next
+    save's clean-up of its staging directory never deletes it."""
+    final = os.path.join(save_dir, tag)
+    if os.path.exists(final):
+        return
+    for name in (f".{tag}.tmp", f".{tag}.old"):
+        candidate = os.path.join(save_dir, name)
+        if os.path.isdir(candidate) and read_manifest(candidate) is not None:
+            os.replace(candidate, final)
+            _fsync_dir(save_dir)
+            return
 
 
 def find(load_dir: str, tag: str) -> tuple[str, str | None]:
@@ -127,10 +143,18 @@ def verify(directory: str, names: list[str]) -> None:
         if name not in manifest:
             raise CorruptCheckpoint(f"zero: {path} is not in the checkpoint's manifest")
         expected = manifest[name]
-        with open(path, "rb") as file:
-            data = file.read()
-        if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        size, digest = _digest(path)
+        if size != expected["bytes"] or digest != expected["sha256"]:
             raise CorruptCheckpoint(
-                f"zero: {path} is corrupt: {len(data)} bytes whose SHA-256 does not match the "
+                f"zero: {path} is corrupt: {size} bytes whose SHA-256 does not match the "
                 f"manifest's ({expected['bytes']} bytes); restore it from a copy or load "
                 "another tag")
+
+
+def _digest(path: str, block: int = 1 << 24) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as file:
+        while chunk := file.read(block):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
