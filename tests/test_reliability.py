@@ -178,3 +178,27 @@ def test_a_finished_job_exits_0_every_time(tmp_path):
         assert proc.returncode == 0 and proc.stdout.count("done 3") == 2, \
             f"run {run} (stage {stage}, {optimizer}, {ending}): rc={proc.returncode}\n" \
             f"{proc.stdout}\n{proc.stderr}"
+
+
+def _state_dict_on_one_rank_forward_on_the_other(rank, world):
+    import zero
+
+    config = training.engine_config(3, gas=1, scheduler=False,
+                                     stage3_param_persistence_threshold=10)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    tokens, targets = training.batches(world, 1, 1)[rank]
+    try:
+        if rank == 0:
+            engine.module_state_dict()
+        else:
+            engine(tokens, targets)
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+def test_a_stage3_gather_on_one_rank_only_is_named_instead_of_hanging():
+    for message in run_distributed(_state_dict_on_one_rank_forward_on_the_other, 2,
+                                   timeout=TIMEOUT):
+        assert message is not None and "ranks diverged" in message
+        assert "outside forward and backward" in message

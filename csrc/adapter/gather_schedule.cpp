@@ -38,6 +38,10 @@ const std::string& GatherSchedule::name(std::size_t unit) const {
 
 std::string GatherSchedule::describe(std::int64_t phase, std::int64_t unit) const {
   if (phase == kEnd) return "the end of backward";
+  if (phase == kHold) {
+    return "a gather of '" + name(static_cast<std::size_t>(unit)) +
+           "' outside forward and backward (a state dict, a save or GatheredParameters)";
+  }
   return std::string(phase == kForward ? "forward" : "backward") + " of '" +
          name(static_cast<std::size_t>(unit)) + "'";
 }
@@ -287,6 +291,7 @@ void GatherSchedule::end_backward() {
 void GatherSchedule::hold(std::size_t unit) {
   TORCH_CHECK(unit < state_.size(), "zero: unit ", unit, " outside the schedule's ",
               state_.size());
+  verify(kHold, unit, step_);
   ++state_[unit].uses;
   state_[unit].kept = false;
   gather(unit);

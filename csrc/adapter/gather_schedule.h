@@ -6,8 +6,9 @@
 // Events come from thin module hooks and two C++ autograd functions (backward_hooks.h):
 // before_forward / after_forward per unit call, before_backward (the unit's outputs got their
 // gradients) and after_backward (its inputs got theirs) per unit call in backward, grads_done
-// (its last parameter gradient is in the bucket) and end_backward once per backward. At
-// before_forward, before_backward and end_backward every rank first exchanges a tiny
+// (its last parameter gradient is in the bucket) and end_backward once per backward; hold
+// gathers a unit outside them (state dicts, saves, GatheredParameters). At before_forward,
+// before_backward, end_backward and hold every rank first exchanges a tiny
 // fingerprint (phase, unit, step) with one all-gather; if any rank disagrees, every rank raises
 // an error naming each rank's module and the step. All other collectives follow from the
 // events deterministically, so agreeing on events means agreeing on collectives.
@@ -81,7 +82,7 @@ class GatherSchedule {
   const std::string& notice() const { return notice_; }  // the order-change notice, if any
 
  private:
-  enum Phase : std::int64_t { kForward = 0, kBackward = 1, kEnd = 2 };
+  enum Phase : std::int64_t { kForward = 0, kBackward = 1, kEnd = 2, kHold = 3 };
   static constexpr std::size_t kReadAhead = 4;  // units past the prefetch whose NVMe reads start
   struct Order {
     std::vector<std::size_t> recorded;

@@ -545,11 +545,11 @@ def _resolve_optimizer(v, values):
 
 def _resolve_scheduler(values):
     scheduler, optimizer = values["scheduler"], values["optimizer"]
-    if scheduler is None or not _valid(scheduler, scheduler["type"], scheduler["params"]):
+    if scheduler is None or not _valid(scheduler) or not _valid(scheduler["type"], scheduler["params"]):
         return
     params = scheduler["params"]
     if scheduler["type"] == "WarmupLR" and params["warmup_max_lr"] is None \
-            and optimizer is not None and _valid(optimizer, optimizer["params"]):
+            and optimizer is not None and _valid(optimizer) and _valid(optimizer["params"]):
         params["warmup_max_lr"] = optimizer["params"]["lr"]  # DeepSpeed: the optimizer's lr
 
 
