@@ -10,7 +10,7 @@ import training
 from distributed_harness import RankFailed, run_distributed
 
 TAG = "latest_model"
-TIMEOUT = 60
+TIMEOUT = 30
 # Filesystem operations a save makes; the crash test dies at the n-th of them on one rank.
 OPERATIONS = [("os", "makedirs"), ("os", "replace"), ("os", "fsync"), ("shutil", "rmtree"),
               ("os", "open")]

@@ -10,7 +10,7 @@ import torch
 import training
 from distributed_harness import run_distributed
 
-TIMEOUT = 60  # every case must end well within this (in practice: seconds)
+TIMEOUT = 30  # every case must end within this (in practice: seconds)
 
 
 def _nan_at_step(rank, world, stage, precision, policy):

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint_files as files
+from . import checkpoint_layout
 
 MODEL_FILE = "model_states.pt"
 LATEST = "latest"
@@ -110,6 +111,7 @@ def _write_files(engine, staging: str, rank: int, client_state: dict) -> dict[st
         written[MODEL_FILE] = _atomic_torch_save({
             "module": module_state,
             "fingerprint": _fingerprint(engine),
+            "layout": checkpoint_layout.describe(engine),
             "optimizer": engine.optimizer.state_dict(),
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler else None,

@@ -13,6 +13,8 @@ from zero.api import add_config_arguments, init_distributed, initialize
 from zero.compat import accelerator
 from zero.engine import ZeroEngine as DeepSpeedEngine
 from zero.init import Init
+from zero.checkpoint_layout import (get_fp32_state_dict_from_zero_checkpoint,
+                                   load_state_dict_from_zero_checkpoint)
 from zero.stage3 import (GatheredParameters, register_external_parameter, set_z3_leaf_modules,
                          unregister_external_parameter)
 
@@ -27,7 +29,11 @@ zero = types.SimpleNamespace(
     unregister_external_parameter=unregister_external_parameter,
 )
 
-utils = types.SimpleNamespace(set_z3_leaf_modules=set_z3_leaf_modules)
+utils = types.SimpleNamespace(
+    set_z3_leaf_modules=set_z3_leaf_modules,
+    zero_to_fp32=types.SimpleNamespace(  # deepspeed.utils.zero_to_fp32 (attribute access)
+        get_fp32_state_dict_from_zero_checkpoint=get_fp32_state_dict_from_zero_checkpoint,
+        load_state_dict_from_zero_checkpoint=load_state_dict_from_zero_checkpoint))
 
 comm = types.SimpleNamespace(
     init_distributed=init_distributed,
