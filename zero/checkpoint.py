@@ -13,7 +13,8 @@ whole directory into place (an older copy of the same tag moved aside first, and
 by load if the crash came in between), and only then rewrites `latest`. Every step that can
 fail runs on every rank inside one agreement: any failure raises CheckpointError on all ranks.
 Load verifies each file it reads against the manifest and names the file and rank on a
-mismatch.
+mismatch. A checkpoint saved at another world size (same stage, dtype, optimizer and
+parameter groups) is resharded on load from the layout it records (checkpoint_layout.py).
 """
 from __future__ import annotations
 
@@ -138,16 +139,21 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
         files.verify(path, [MODEL_FILE])
         model_state = torch.load(os.path.join(path, MODEL_FILE), map_location="cpu",
                                  weights_only=False)
-        _check_fingerprint(model_state["fingerprint"], _fingerprint(engine), path)
-        if load_optimizer_states and not load_module_only:
+    # The same file and engine on every rank: every rank raises the same error, or none.
+    reshard = _check_fingerprint(model_state, engine, path)
+    with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
+        if load_optimizer_states and not load_module_only and not reshard:
             files.verify(path, [_rank_file(dist.get_rank())])
     if note and dist.get_rank() == 0:
         logger.warning(note)
 
-    with _all_ranks_or_none(f"loading checkpoint {path}"):
+    with _all_ranks_or_none(f"loading checkpoint {path}",
+                            "the engine may be partly loaded: load a checkpoint again"):
         engine.load_module_state_dict(model_state["module"], strict=load_module_strict)
         load_shards = load_optimizer_states and not load_module_only
-        if load_shards:
+        if load_shards and reshard:
+            checkpoint_layout.reshard_into(engine, path, model_state)
+        elif load_shards:
             _load_shard(engine, path)
         else:  # keep the fp32 master in step with the weights just loaded
             for g in range(engine.core.group_count):
@@ -178,10 +184,26 @@ def _load_shard(engine, path: str) -> None:
                 core.group_load_optimizer_state(g, name, tensor)
 
 
-def _check_fingerprint(saved: dict, current: dict, path: str) -> None:
-    for key in ("stage", "world_size", "dtype", "optimizer", "group_numels"):
+def _check_fingerprint(model_state: dict, engine, path: str) -> bool:
+    """Whether the checkpoint fits this engine as saved (False) or must be resharded (True:
+    another world size, same stage, dtype, optimizer and parameter groups); raises naming
+    the difference otherwise."""
+    saved, current = model_state["fingerprint"], _fingerprint(engine)
+    for key in ("stage", "dtype", "optimizer"):
         if saved.get(key) != current[key]:
             raise ValueError(
                 f"zero: checkpoint {path} was written with {key}={saved[key]!r} but this engine "
-                f"has {key}={current[key]!r}; resume with the same {key} (changing the world size "
-                "or stage of a checkpoint is not supported yet)")
+                f"has {key}={current[key]!r}; resume with the same {key}")
+    if saved["world_size"] == current["world_size"] \
+            and saved["group_numels"] == current["group_numels"]:
+        return False
+    layout = model_state.get("layout")
+    groups = checkpoint_layout.group_param_names(engine)
+    if layout is None or [[n[0] for n, _ in g["params"]] for g in layout["groups"]] != groups:
+        raise ValueError(
+            f"zero: checkpoint {path} was written with world_size={saved['world_size']} and "
+            f"groups of {saved['group_numels']} elements but this engine has "
+            f"world_size={current['world_size']} and {current['group_numels']}"
+            + ("" if layout is None else " with other parameter groups") +
+            "; resume with the same world size and model")
+    return True

@@ -23,6 +23,14 @@ def rank_file(rank: int) -> str:
     return f"zero_rank{rank}_optim_states.pt"
 
 
+def group_param_names(engine) -> list[list[str]]:
+    """Each engine group's parameters, by their first name in the model."""
+    names = {}
+    for name, param in engine.module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), name)
+    return [[names[id(p)] for p in group.params] for group in engine.groups]
+
+
 def describe(engine) -> dict:
     """The layout of every engine group, and the frozen parameters' names."""
     names = {}
@@ -54,28 +62,97 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
     files.verify(path, [MODEL_FILE])
     model_state = torch.load(os.path.join(path, MODEL_FILE), map_location="cpu",
                              weights_only=False)
+    state = dict(model_state["module"])
+    if exclude_frozen_parameters:
+        for name in _layout(model_state, path)["frozen"]:
+            state.pop(name, None)
+    for params in full_arrays(path, model_state, "master"):
+        for names, value in params:
+            for name in names:
+                state[name] = value.float()
+    return state
+
+
+def _layout(model_state: dict, path: str) -> dict:
     layout = model_state.get("layout")
     if layout is None:
         raise ValueError(f"zero: {path} was saved before checkpoints recorded their layout; "
-                         "load it into an engine and save it again to export it")
-    state = dict(model_state["module"])
-    if exclude_frozen_parameters:
-        for name in layout["frozen"]:
-            state.pop(name, None)
-    world = max(group["world_size"] for group in layout["groups"])
+                         "load it into an engine at the world size it was saved with and save "
+                         "it again")
+    return layout
+
+
+def read_shards(path: str, model_state: dict) -> list[list[dict]]:
+    """Every saved rank's groups (master and optimizer state shards), verified."""
+    world = max(group["world_size"] for group in _layout(model_state, path)["groups"])
     files.verify(path, [rank_file(r) for r in range(world)])
-    shards = [torch.load(os.path.join(path, rank_file(r)), map_location="cpu",
-                         weights_only=False)["groups"] for r in range(world)]
+    return [torch.load(os.path.join(path, rank_file(r)), map_location="cpu",
+                       weights_only=False)["groups"] for r in range(world)]
+
+
+def full_arrays(path: str, model_state: dict, array: str, shards=None):
+    """Per group: [(names, whole value)] of array `array` ("master", "exp_avg", ...) for every
+    parameter, put back together from the saved ranks' shards."""
+    layout = _layout(model_state, path)
+    shards = shards if shards is not None else read_shards(path, model_state)
+    result = []
     for g, group in enumerate(layout["groups"]):
-        full = torch.cat([torch.cat([shards[r][g]["master"][begin:begin + numel]
-                                     for r in range(group["world_size"])])
+        pieces = [shards[r][g]["master" if array == "master" else "state"] for r in
+                  range(group["world_size"])]
+        if array != "master":
+            pieces = [piece[array] for piece in pieces]
+        full = torch.cat([torch.cat([piece[begin:begin + numel] for piece in pieces])
                           for begin, numel in group["units"]])
+        params = []
         for names, offset in group["params"]:
             shape = model_state["module"][names[0]].shape  # the saved whole parameter's
-            value = full[offset:offset + shape.numel()].view(shape).float().clone()
-            for name in names:
-                state[name] = value
-    return state
+            params.append((names, full[offset:offset + shape.numel()].view(shape)))
+        result.append(params)
+    return result
+
+
+def reshard_into(engine, path: str, model_state: dict) -> None:
+    """Loads a checkpoint saved at another world size: each array of each group is put back
+    together from every saved rank's shard and this rank's new shard cut from it."""
+    shards = read_shards(path, model_state)
+    rank, core = engine.core.rank, engine.core
+    names = {}
+    for name, param in engine.module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), name)
+    cache = {}
+
+    def saved(array: str, g: int) -> dict:
+        if array not in cache:
+            cache[array] = full_arrays(path, model_state, array, shards)
+        return {names[0]: value for names, value in cache[array][g]}
+
+    for g, group in enumerate(engine.groups):
+        layout = core.group_layout(g)
+        wanted = [names[id(p)] for p in group.params]
+        core.group_load_master_shard(g, _new_shard(layout, rank, saved("master", g), wanted))
+        shard_numel = shards[0][g]["master"].numel()
+        for array, value in shards[0][g]["state"].items():
+            if value.numel() != shard_numel:  # not laid out like the shard (a flag): as saved
+                core.group_load_optimizer_state(g, array, value)
+                continue
+            core.group_load_optimizer_state(g, array,
+                                            _new_shard(layout, rank, saved(array, g), wanted))
+
+
+def _new_shard(layout, rank: int, values: dict, wanted: list[str]) -> torch.Tensor:
+    """This rank's shard laid out by `layout`: the full buffer with each wanted parameter's
+    value at its offset, then this rank's piece of every unit."""
+    first = values[wanted[0]]
+    full = torch.zeros(layout.full_numel, dtype=first.dtype)
+    for i, name in enumerate(wanted):
+        offset = layout.param_offset(i)
+        full[offset:offset + values[name].numel()] = values[name].reshape(-1)
+    pieces = []
+    for u in range(layout.unit_count):
+        numel = layout.unit(u).shard_numel
+        begin = layout.full_offset(u) + (rank % layout.world_size) * numel
+        pieces.append(full[begin:begin + numel])
+    return torch.cat(pieces)
 
 
 def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):

@@ -1,0 +1,77 @@
+"""Checkpoints load at another world size: the fp32 master, Adam's moments and the counters
+are resharded from the saved layout to the new one, and training continues exactly as if it
+had not been interrupted (same losses to fp32 rounding, given the same global batch)."""
+import pytest
+import torch
+
+import training
+from distributed_harness import run_distributed
+
+STEPS = 4
+
+
+def _config(stage, gas, offload):
+    extra = {"stage3_param_persistence_threshold": 10} if stage == 3 else {}
+    if offload:
+        extra["offload_optimizer"] = {"device": "cpu"}
+    return training.engine_config(stage, gas=gas, precision="bf16", scheduler=False, **extra)
+
+
+def _train(rank, world, stage, gas, offload, first, steps, load_dir, save_dir):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=_config(stage, gas, offload))
+    if load_dir:
+        engine.load_checkpoint(load_dir)
+        assert engine.global_steps == first
+    losses = training.train_engine(engine, rank, world, steps, gas, first_step=first)
+    if save_dir:
+        engine.save_checkpoint(save_dir)
+    return losses
+
+
+@pytest.mark.parametrize("stage,offload", [(1, False), (2, False), (3, False), (2, True)])
+@pytest.mark.parametrize("saved_world,loaded_world", [(2, 1), (1, 2)])
+def test_resume_at_another_world_size_continues_the_same_run(tmp_path, stage, offload,
+                                                              saved_world, loaded_world):
+    # world * gas is the same on both sides: the same global batch, micro-batch for micro-batch
+    gas = {1: 2, 2: 1}
+    whole = run_distributed(_train, 2, args=(stage, 1, offload, 0, STEPS, None, None))[0]
+    run_distributed(_train, saved_world, args=(stage, gas[saved_world], offload, 0, 2, None,
+                                               str(tmp_path)))
+    resumed = run_distributed(_train, loaded_world, args=(stage, gas[loaded_world], offload, 2,
+                                                          STEPS - 2, str(tmp_path), None))[0]
+    assert resumed == pytest.approx(whole[2:], rel=1e-4, abs=1e-5)
+
+
+def _save_consolidated(rank, world, load_dir, save_dir):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config(2, 1, False))
+    engine.load_checkpoint(load_dir)
+    engine.save_checkpoint(save_dir)
+    return engine.global_steps
+
+
+def test_every_array_survives_a_trip_through_another_world_size(tmp_path):
+    from zero.checkpoint_layout import full_arrays
+    from zero import checkpoint_files as files
+
+    first, second = tmp_path / "at2", tmp_path / "at3"
+    run_distributed(_train, 2, args=(2, 1, False, 0, 2, None, str(first)))
+    assert run_distributed(_save_consolidated, 3, args=(str(first), str(second))) == [2, 2, 2]
+
+    def arrays(root):
+        tag = (root / "latest").read_text()
+        path, _ = files.find(str(root), tag)
+        state = torch.load(f"{path}/model_states.pt", weights_only=False)
+        return {array: {names[0]: value for group in full_arrays(path, state, array)
+                        for names, value in group}
+                for array in ("master", "exp_avg", "exp_avg_sq")}
+
+    before, after = arrays(first), arrays(second)
+    for array in before:
+        assert set(before[array]) == set(after[array])
+        for name, value in before[array].items():
+            assert torch.equal(after[array][name], value), (array, name)
