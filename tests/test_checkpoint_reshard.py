@@ -1,6 +1,6 @@
-"""Checkpoints load at another world size: the fp32 master, Adam's moments and the counters
-are resharded from the saved layout to the new one, and training continues exactly as if it
-had not been interrupted (same losses to fp32 rounding, given the same global batch)."""
+"""Checkpoints load at another world size or stage: the fp32 master, Adam's moments and the
+counters are resharded from the saved layout to the new one, and training continues exactly as
+if it had not been interrupted (same losses to fp32 rounding, given the same global batch)."""
 import pytest
 import torch
 
@@ -75,3 +75,15 @@ def test_every_array_survives_a_trip_through_another_world_size(tmp_path):
         assert set(before[array]) == set(after[array])
         for name, value in before[array].items():
             assert torch.equal(after[array][name], value), (array, name)
+
+
+@pytest.mark.parametrize("saved_stage,loaded_stage,loaded_world",
+                         [(2, 3, 2), (3, 2, 2), (1, 3, 1), (3, 1, 1)])
+def test_resume_at_another_stage_continues_the_same_run(tmp_path, saved_stage, loaded_stage,
+                                                         loaded_world):
+    gas = {1: 2, 2: 1}
+    whole = run_distributed(_train, 2, args=(saved_stage, 1, False, 0, STEPS, None, None))[0]
+    run_distributed(_train, 2, args=(saved_stage, 1, False, 0, 2, None, str(tmp_path)))
+    resumed = run_distributed(_train, loaded_world, args=(loaded_stage, gas[loaded_world], False,
+                                                          2, STEPS - 2, str(tmp_path), None))[0]
+    assert resumed == pytest.approx(whole[2:], rel=1e-4, abs=1e-5)

@@ -13,8 +13,8 @@ whole directory into place (an older copy of the same tag moved aside first, and
 by load if the crash came in between), and only then rewrites `latest`. Every step that can
 fail runs on every rank inside one agreement: any failure raises CheckpointError on all ranks.
 Load verifies each file it reads against the manifest and names the file and rank on a
-mismatch. A checkpoint saved at another world size (same stage, dtype, optimizer and
-parameter groups) is resharded on load from the layout it records (checkpoint_layout.py).
+mismatch. A checkpoint saved at another world size or stage (the same dtype, optimizer and
+trainable parameters) is resharded on load from the layout it records (checkpoint_layout.py).
 """
 from __future__ import annotations
 
@@ -186,24 +186,26 @@ def _load_shard(engine, path: str) -> None:
 
 def _check_fingerprint(model_state: dict, engine, path: str) -> bool:
     """Whether the checkpoint fits this engine as saved (False) or must be resharded (True:
-    another world size, same stage, dtype, optimizer and parameter groups); raises naming
-    the difference otherwise."""
+    another world size or stage, the same dtype, optimizer and trainable parameters); raises
+    naming the difference otherwise."""
     saved, current = model_state["fingerprint"], _fingerprint(engine)
-    for key in ("stage", "dtype", "optimizer"):
+    for key in ("dtype", "optimizer"):
         if saved.get(key) != current[key]:
             raise ValueError(
                 f"zero: checkpoint {path} was written with {key}={saved[key]!r} but this engine "
                 f"has {key}={current[key]!r}; resume with the same {key}")
-    if saved["world_size"] == current["world_size"] \
-            and saved["group_numels"] == current["group_numels"]:
+    if all(saved[key] == current[key] for key in ("stage", "world_size", "group_numels")):
         return False
     layout = model_state.get("layout")
-    groups = checkpoint_layout.group_param_names(engine)
-    if layout is None or [[n[0] for n, _ in g["params"]] for g in layout["groups"]] != groups:
+    trainable = sorted(n for group in checkpoint_layout.group_param_names(engine) for n in group)
+    if layout is None or sorted(n[0] for g in layout["groups"] for n, _ in g["params"]) \
+            != trainable:
         raise ValueError(
-            f"zero: checkpoint {path} was written with world_size={saved['world_size']} and "
-            f"groups of {saved['group_numels']} elements but this engine has "
-            f"world_size={current['world_size']} and {current['group_numels']}"
-            + ("" if layout is None else " with other parameter groups") +
-            "; resume with the same world size and model")
+            f"zero: checkpoint {path} was written with stage={saved['stage']}, "
+            f"world_size={saved['world_size']} and groups of {saved['group_numels']} elements "
+            f"but this engine has stage={current['stage']}, world_size={current['world_size']} "
+            f"and {current['group_numels']}"
+            + (" (saved before checkpoints recorded their layout)" if layout is None
+               else " with other trainable parameters") +
+            "; resume with the same stage, world size and model")
     return True

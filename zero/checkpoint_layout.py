@@ -112,31 +112,35 @@ def full_arrays(path: str, model_state: dict, array: str, shards=None):
 
 
 def reshard_into(engine, path: str, model_state: dict) -> None:
-    """Loads a checkpoint saved at another world size: each array of each group is put back
-    together from every saved rank's shard and this rank's new shard cut from it."""
+    """Loads a checkpoint saved at another world size or stage: each array is put back
+    together, parameter by parameter, from every saved rank's shard, and this rank's new
+    shard of each engine group is cut from it (parameters are matched by name, so groups may
+    differ, as stage 3's persistent parameters do)."""
     shards = read_shards(path, model_state)
     rank, core = engine.core.rank, engine.core
-    names = {}
-    for name, param in engine.module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), name)
+    saved_group = {names[0]: g for g, group in enumerate(_layout(model_state, path)["groups"])
+                   for names, _ in group["params"]}
     cache = {}
 
-    def saved(array: str, g: int) -> dict:
+    def saved(array: str) -> dict:
         if array not in cache:
-            cache[array] = full_arrays(path, model_state, array, shards)
-        return {names[0]: value for names, value in cache[array][g]}
+            cache[array] = {names[0]: value
+                            for g, group in enumerate(full_arrays(path, model_state, array, shards))
+                            if array == "master" or array in shards[0][g]["state"]
+                            for names, value in group}
+        return cache[array]
 
-    for g, group in enumerate(engine.groups):
+    for g, wanted in enumerate(group_param_names(engine)):
         layout = core.group_layout(g)
-        wanted = [names[id(p)] for p in group.params]
-        core.group_load_master_shard(g, _new_shard(layout, rank, saved("master", g), wanted))
-        shard_numel = shards[0][g]["master"].numel()
-        for array, value in shards[0][g]["state"].items():
+        core.group_load_master_shard(g, _new_shard(layout, rank, saved("master"), wanted))
+        source = saved_group[wanted[0]]  # the saved group these parameters' state came from
+        shard_numel = shards[0][source]["master"].numel()
+        for array, value in shards[0][source]["state"].items():
             if value.numel() != shard_numel:  # not laid out like the shard (a flag): as saved
                 core.group_load_optimizer_state(g, array, value)
                 continue
             core.group_load_optimizer_state(g, array,
-                                            _new_shard(layout, rank, saved(array, g), wanted))
+                                            _new_shard(layout, rank, saved(array), wanted))
 
 
 def _new_shard(layout, rank: int, values: dict, wanted: list[str]) -> torch.Tensor:
