@@ -27,14 +27,9 @@ import torch.distributed as dist
 
 from . import checkpoint_files as files
 from . import checkpoint_layout
+from .checkpoint_files import LATEST, MODEL_FILE, rank_file
 
-MODEL_FILE = "model_states.pt"
-LATEST = "latest"
 logger = logging.getLogger("zero")
-
-
-def _rank_file(rank: int) -> str:
-    return f"zero_rank{rank}_optim_states.pt"
 
 
 def _atomic_torch_save(obj, path: str) -> dict:
@@ -107,7 +102,7 @@ def _write_files(engine, staging: str, rank: int, client_state: dict) -> dict[st
         {"master": core.group_master_shard(g),
          "state": dict(core.group_optimizer_state(g))}  # copies
         for g in range(core.group_count)]}
-    written = {_rank_file(rank): _atomic_torch_save(shard, os.path.join(staging, _rank_file(rank)))}
+    written = {rank_file(rank): _atomic_torch_save(shard, os.path.join(staging, rank_file(rank)))}
     if rank == 0:
         written[MODEL_FILE] = _atomic_torch_save({
             "module": module_state,
@@ -143,7 +138,7 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     reshard = _check_fingerprint(model_state, engine, path)
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         if load_optimizer_states and not load_module_only and not reshard:
-            files.verify(path, [_rank_file(dist.get_rank())])
+            files.verify(path, [rank_file(dist.get_rank())])
     if note and dist.get_rank() == 0:
         logger.warning(note)
 
@@ -174,7 +169,7 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
 
 
 def _load_shard(engine, path: str) -> None:
-    shard_file = os.path.join(path, _rank_file(dist.get_rank()))
+    shard_file = os.path.join(path, rank_file(dist.get_rank()))
     shard = torch.load(shard_file, map_location="cpu", weights_only=False)
     core = engine.core
     with torch.no_grad():

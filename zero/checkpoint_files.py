@@ -18,6 +18,13 @@ import shutil
 import torch
 
 MANIFEST = "manifest.json"
+MODEL_FILE = "model_states.pt"  # rank 0: module, counters, scheduler, scaler, layout
+LATEST = "latest"               # the newest complete tag
+
+
+def rank_file(rank: int) -> str:
+    """Rank `rank`'s fp32 master shard and optimizer state."""
+    return f"zero_rank{rank}_optim_states.pt"
 
 
 class CorruptCheckpoint(RuntimeError):

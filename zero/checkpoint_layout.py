@@ -14,28 +14,19 @@ import os
 import torch
 
 from . import checkpoint_files as files
-
-MODEL_FILE = "model_states.pt"
-LATEST = "latest"
-
-
-def rank_file(rank: int) -> str:
-    return f"zero_rank{rank}_optim_states.pt"
+from .checkpoint_files import LATEST, MODEL_FILE, rank_file
+from .sharding import names_by_id
 
 
 def group_param_names(engine) -> list[list[str]]:
     """Each engine group's parameters, by their first name in the model."""
-    names = {}
-    for name, param in engine.module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), name)
-    return [[names[id(p)] for p in group.params] for group in engine.groups]
+    names = names_by_id(engine.module)
+    return [[names[id(p)][0] for p in group.params] for group in engine.groups]
 
 
 def describe(engine) -> dict:
     """The layout of every engine group, and the frozen parameters' names."""
-    names = {}
-    for name, param in engine.module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
+    names = names_by_id(engine.module)
     groups = []
     for g, group in enumerate(engine.groups):
         layout = engine.core.group_layout(g)
@@ -100,6 +91,9 @@ def full_arrays(path: str, model_state: dict, array: str, shards=None):
         pieces = [shards[r][g]["master" if array == "master" else "state"] for r in
                   range(group["world_size"])]
         if array != "master":
+            if array not in pieces[0]:  # this group's optimizer keeps no such array
+                result.append([])
+                continue
             pieces = [piece[array] for piece in pieces]
         full = torch.cat([torch.cat([piece[begin:begin + numel] for piece in pieces])
                           for begin, numel in group["units"]])
@@ -125,8 +119,7 @@ def reshard_into(engine, path: str, model_state: dict) -> None:
     def saved(array: str) -> dict:
         if array not in cache:
             cache[array] = {names[0]: value
-                            for g, group in enumerate(full_arrays(path, model_state, array, shards))
-                            if array == "master" or array in shards[0][g]["state"]
+                            for group in full_arrays(path, model_state, array, shards)
                             for names, value in group}
         return cache[array]
 

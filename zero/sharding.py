@@ -120,7 +120,7 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
     builder.core.configure_schedule([name for name, _ in plan.modules],
                                     boundary.schedule_options(builder.config, device))
     hooks = stage3.Stage3Hooks(builder.core, plan, placement, step_counter=step_counter,
-                               partitioned=partitioned, param_names=_names_by_id(model))
+                               partitioned=partitioned, param_names=names_by_id(model))
     _adopt_init_shards(hooks)
     return Sharding(groups, hooks)
 
@@ -155,7 +155,8 @@ def _adopt_init_shards(hooks: stage3.Stage3Hooks) -> None:
         zero_init.release_shard(param)
 
 
-def _names_by_id(model: nn.Module) -> dict[int, list[str]]:
+def names_by_id(model: nn.Module) -> dict[int, list[str]]:
+    """id(parameter) -> its names in the model (tied parameters have several), in order."""
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)

@@ -37,6 +37,13 @@ HostTensor::HostTensor(core::MemoryRegistry& registry, core::MemoryCategory cate
   tensor_ = at::from_blob(pool_->region(0), {numel}, at::TensorOptions().dtype(dtype));
 }
 
+std::string first_why_not_pinned(const std::vector<HostTensor>& buffers) {
+  for (const HostTensor& buffer : buffers) {
+    if (!buffer.pinned()) return buffer.why_not_pinned();
+  }
+  return "";
+}
+
 PlacedBuffer::PlacedBuffer(core::MemoryRegistry& registry, core::MemoryCategory category,
                            std::int64_t numel, const c10::TensorOptions& options, bool on_host,
                            bool pin)

@@ -3,6 +3,7 @@
 // runtime; CPU builds cannot pin and say so) and a single engine buffer in host memory.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/Tensor.h>
 
@@ -30,6 +31,9 @@ class HostTensor {
   std::unique_ptr<core::HostPool> pool_;
   at::Tensor tensor_;  // views the pool's memory
 };
+
+// Why the first of `buffers` that is pageable is so; "" when every one is pinned.
+std::string first_why_not_pinned(const std::vector<HostTensor>& buffers);
 
 // A zero-filled engine buffer of `options`' dtype that lives on the compute device, or, when
 // offloaded, in host memory (a HostTensor): a shard that offload may move off the device.

@@ -20,8 +20,7 @@ class HostStore final : public OffloadStore {
   void commit(std::int64_t) override {}
   bool slots_reused() const override { return false; }
 
-  bool pinned() const override;
-  std::string why_not_pinned() const override;
+  std::string why_not_pinned() const override { return first_why_not_pinned(arrays_); }
   std::string description() const override { return ""; }
 
  private:

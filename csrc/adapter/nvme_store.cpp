@@ -1,9 +1,5 @@
 #include "adapter/nvme_store.h"
 
-#include <algorithm>
-
-#include <c10/util/Exception.h>
-
 namespace zero::adapter {
 
 NvmeStore::NvmeStore(core::MemoryRegistry& registry, ChunkGrid grid,
@@ -19,9 +15,7 @@ NvmeStore::NvmeStore(core::MemoryRegistry& registry, ChunkGrid grid,
     for (std::int64_t c = 0; c < grid.count(); ++c) {
       tiles.push_back({tile_name(a, c), static_cast<std::size_t>(4 * grid.numel(c))});
     }
-    const auto category = this->names()[a] == "master" ? core::MemoryCategory::kMaster
-                                                       : core::MemoryCategory::kOptimizerState;
-    nvme_bytes_.emplace_back(&registry, category, core::MemoryLocation::kNvme,
+    nvme_bytes_.emplace_back(&registry, state_category(this->names()[a]), core::MemoryLocation::kNvme,
                              4 * grid.shard_numel);
   }
   core::SwapStoreOptions swap_options;
@@ -38,11 +32,7 @@ std::size_t NvmeStore::padded_chunk_bytes() const {
 }
 
 at::Tensor NvmeStore::view(const std::string& name, std::int64_t chunk, int slot) const {
-  const auto& all = names();
-  const auto it = std::find(all.begin(), all.end(), name);
-  TORCH_CHECK(it != all.end(), "zero: the offloaded state has no array '", name, "'");
-  return slots_[slot][static_cast<std::size_t>(it - all.begin())].tensor().narrow(
-      0, 0, grid().numel(chunk));
+  return slots_[slot][index_of(name)].tensor().narrow(0, 0, grid().numel(chunk));
 }
 
 std::vector<core::IoHandle> NvmeStore::fetch(std::int64_t chunk, int slot) {
@@ -71,22 +61,9 @@ void NvmeStore::commit(std::int64_t chunk) {
   }
 }
 
-bool NvmeStore::pinned() const {
-  for (const auto& slot : slots_) {
-    for (const HostTensor& buffer : slot) {
-      if (!buffer.pinned()) return false;
-    }
-  }
-  return true;
-}
-
 std::string NvmeStore::why_not_pinned() const {
-  for (const auto& slot : slots_) {
-    for (const HostTensor& buffer : slot) {
-      if (!buffer.pinned()) return buffer.why_not_pinned();
-    }
-  }
-  return "";
+  const std::string why = first_why_not_pinned(slots_[0]);
+  return why.empty() ? first_why_not_pinned(slots_[1]) : why;
 }
 
 std::string NvmeStore::description() const {

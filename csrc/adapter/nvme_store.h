@@ -23,7 +23,6 @@ class NvmeStore final : public OffloadStore {
   void commit(std::int64_t chunk) override;
   bool slots_reused() const override { return true; }
 
-  bool pinned() const override;
   std::string why_not_pinned() const override;
   std::string description() const override;
 

@@ -21,6 +21,10 @@ std::vector<std::string> state_array_names(OptimizerKind kind, bool sgd_momentum
   return names;
 }
 
+core::MemoryCategory state_category(const std::string& name) {
+  return name == "master" ? core::MemoryCategory::kMaster : core::MemoryCategory::kOptimizerState;
+}
+
 void wait_all(std::vector<core::IoHandle>& handles) {
   for (core::IoHandle& handle : handles) {
     if (handle.pending()) handle.wait();
@@ -30,6 +34,12 @@ void wait_all(std::vector<core::IoHandle>& handles) {
 
 bool OffloadStore::has(const std::string& name) const {
   return std::find(names_.begin(), names_.end(), name) != names_.end();
+}
+
+std::size_t OffloadStore::index_of(const std::string& name) const {
+  const auto it = std::find(names_.begin(), names_.end(), name);
+  TORCH_CHECK(it != names_.end(), "zero: the offloaded state has no array '", name, "'");
+  return static_cast<std::size_t>(it - names_.begin());
 }
 
 at::Tensor OffloadStore::read(const std::string& name, std::int64_t offset, std::int64_t numel) {

@@ -36,6 +36,8 @@ struct ChunkGrid {
 // The state arrays an optimizer keeps: "master", then "exp_avg" and "exp_avg_sq" (Adam) or
 // "momentum_buffer" (SGD with momentum).
 std::vector<std::string> state_array_names(OptimizerKind kind, bool sgd_momentum);
+// The registry category of a state array: kMaster for "master", else kOptimizerState.
+core::MemoryCategory state_category(const std::string& name);
 
 // Waits for every pending handle (rethrowing the first failure) and clears the list.
 void wait_all(std::vector<core::IoHandle>& handles);
@@ -51,6 +53,8 @@ class OffloadStore {
   const ChunkGrid& grid() const { return grid_; }
   const std::vector<std::string>& names() const { return names_; }
   bool has(const std::string& name) const;
+  // Position of array `name` in names(); an error naming it when there is none.
+  std::size_t index_of(const std::string& name) const;
 
   // Chunk `chunk` of array `name` in host memory, in `slot` (0 or 1: the step works on two
   // chunks at once). With NVMe it holds the chunk once fetch(chunk, slot) has completed.
@@ -65,7 +69,6 @@ class OffloadStore {
   // written back and copied out before the slot is fetched into again.
   virtual bool slots_reused() const = 0;
 
-  virtual bool pinned() const = 0;
   virtual std::string why_not_pinned() const = 0;  // "" when pinned
   virtual std::string description() const = 0;     // the swap file and its backend; "" on host
 
