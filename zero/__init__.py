@@ -9,6 +9,8 @@ sharded optimizer step); the Python package holds config, hooks, the launcher an
 """
 import torch as _torch  # noqa: F401  (loads libtorch, which zero._C links against)
 
+from . import clean_exit as _clean_exit  # noqa: F401  (first, so its exit handler runs last)
+
 from .api import add_config_arguments, init_distributed, initialize
 from .init import Init
 from .stage3 import (GatheredParameters, gather_unit, register_external_parameter,

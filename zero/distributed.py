@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional
 
+from . import clean_exit
+
 TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
 
 
@@ -285,6 +287,7 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True,
              f"environment, rendezvous at {where}")
     dist.init_process_group(backend=backend, init_method=init_method or "env://",
                             timeout=timeout, rank=info.rank, world_size=info.world_size)
+    clean_exit.note_process_group()
 
 
 def _log(message):
