@@ -6,6 +6,8 @@ Layout (DeepSpeed-like names):
                                                  client_state, layout fingerprint
     save_dir/<tag>/zero_rank<r>_optim_states.pt  rank r: fp32 master shard + optimizer state
     save_dir/<tag>/manifest.json                 every file's size and SHA-256, written last
+    save_dir/zero_to_fp32.py                     DeepSpeed's command: the fp32 weights from
+                                                 the files (checkpoint_export.py)
 
 Nothing is lost on a crash (checkpoint_files.py): ranks write into save_dir/.<tag>.tmp, each
 file fsynced and renamed, rank 0 writes the manifest from every rank's digests, renames the
@@ -30,6 +32,19 @@ from . import checkpoint_layout
 from .checkpoint_files import LATEST, MODEL_FILE, rank_file
 
 logger = logging.getLogger("zero")
+
+# Written beside the tags, as DeepSpeed does: the fp32 weights out of the files, no processes.
+RECOVERY_SCRIPT = "zero_to_fp32.py"
+_RECOVERY_SCRIPT_TEXT = """#!/usr/bin/env python
+# Written by zero beside its checkpoints: the full fp32 weights from the files alone, without a
+# process group (needs zero importable). DeepSpeed's flags:
+#   python zero_to_fp32.py . OUTPUT_DIR [--safe_serialization] [--max_shard_size 5GB] [-t TAG]
+#                          [--exclude_frozen_parameters]
+from zero.checkpoint_export import main
+
+if __name__ == "__main__":
+    main()
+"""
 
 
 def _atomic_torch_save(obj, path: str) -> dict:
@@ -63,6 +78,7 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
             files.publish(save_dir, staging, tag)
             if save_latest:
                 files.write_text(os.path.join(save_dir, LATEST), tag)
+            files.write_text(os.path.join(save_dir, RECOVERY_SCRIPT), _RECOVERY_SCRIPT_TEXT)
     return True
 
 
@@ -98,13 +114,15 @@ def _write_files(engine, staging: str, rank: int, client_state: dict) -> dict[st
     # rank cannot leave the others waiting in it.
     module_state = engine.module_state_dict()
     core = engine.core
-    shard = {"fingerprint": _fingerprint(engine), "groups": [
-        {"master": core.group_master_shard(g),
-         "state": dict(core.group_optimizer_state(g))}  # copies
-        for g in range(core.group_count)]}
+    groups = [{"master": core.group_master_shard(g),
+               "state": dict(core.group_optimizer_state(g))}  # copies
+              for g in range(core.group_count)]
+    shard = {"format_version": files.FORMAT_VERSION, "fingerprint": _fingerprint(engine),
+             "groups": groups}
     written = {rank_file(rank): _atomic_torch_save(shard, os.path.join(staging, rank_file(rank)))}
     if rank == 0:
         written[MODEL_FILE] = _atomic_torch_save({
+            "format_version": files.FORMAT_VERSION,
             "module": module_state,
             "fingerprint": _fingerprint(engine),
             "layout": checkpoint_layout.describe(engine),
@@ -132,9 +150,9 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         path, note = files.find(load_dir, str(tag))
         files.verify(path, [MODEL_FILE])
-        model_state = torch.load(os.path.join(path, MODEL_FILE), map_location="cpu",
-                                 weights_only=False)
+        model_state = files.load_torch(os.path.join(path, MODEL_FILE))
     # The same file and engine on every rank: every rank raises the same error, or none.
+    _check_shapes(model_state["module"], engine.full_shapes, path)
     reshard = _check_fingerprint(model_state, engine, path)
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         if load_optimizer_states and not load_module_only and not reshard:
@@ -170,13 +188,25 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
 
 def _load_shard(engine, path: str) -> None:
     shard_file = os.path.join(path, rank_file(dist.get_rank()))
-    shard = torch.load(shard_file, map_location="cpu", weights_only=False)
+    shard = files.load_torch(shard_file)
     core = engine.core
     with torch.no_grad():
         for g, saved in enumerate(shard["groups"]):
             core.group_load_master_shard(g, saved["master"])
             for name, tensor in saved["state"].items():
                 core.group_load_optimizer_state(g, name, tensor)
+
+
+def _check_shapes(saved: dict, expected: dict, path: str) -> None:
+    """Before anything is loaded: every saved tensor the model also has must have its shape."""
+    wrong = [(name, tuple(value.shape), tuple(expected[name])) for name, value in saved.items()
+             if name in expected and value.shape != expected[name]]
+    if wrong:
+        listed = "; ".join(f"{name}: saved {s}, the model has {e}" for name, s, e in wrong[:5])
+        raise ValueError(
+            f"zero: checkpoint {os.path.join(path, MODEL_FILE)} is of another model: {listed}"
+            + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else "") +
+            "; nothing was loaded. Build the model the checkpoint was saved from")
 
 
 def _check_fingerprint(model_state: dict, engine, path: str) -> bool:

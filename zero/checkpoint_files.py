@@ -20,6 +20,8 @@ import torch
 MANIFEST = "manifest.json"
 MODEL_FILE = "model_states.pt"  # rank 0: module, counters, scheduler, scaler, layout
 LATEST = "latest"               # the newest complete tag
+# The version of what the torch files hold; written into each, checked by load_torch.
+FORMAT_VERSION = 1
 
 
 def rank_file(rank: int) -> str:
@@ -70,6 +72,21 @@ def _write(path: str, write) -> dict:
 def save_torch(obj, path: str) -> dict:
     """torch.save, crash-safe; returns the file's manifest entry."""
     return _write(path, lambda file: torch.save(obj, file))
+
+
+def load_torch(path: str, mmap: bool = False) -> dict:
+    """A checkpoint's torch file (memory-mapped with `mmap`: tensors are read when touched),
+    refused when a newer zero wrote a format this one does not know."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except Exception as error:
+        raise CorruptCheckpoint(f"zero: cannot read {path}: {error}") from error
+    version = obj.get("format_version", 1) if isinstance(obj, dict) else None
+    if version is None or version > FORMAT_VERSION:
+        raise CorruptCheckpoint(
+            f"zero: {path} is in checkpoint format {version!r}, but this zero reads format "
+            f"{FORMAT_VERSION} and older; load it with the zero version that wrote it")
+    return obj
 
 
 def write_text(path: str, text: str) -> None:

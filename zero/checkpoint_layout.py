@@ -1,11 +1,12 @@
-"""Where each trainable parameter lives in a checkpoint's rank files, and the full fp32
-weights read back from them without a process group (DeepSpeed's zero_to_fp32).
+"""Where each trainable parameter lives in a checkpoint's rank files, and loading a
+checkpoint saved at another world size or stage.
 
 The shapes come from the module state dict saved beside it. A rank file holds, per engine
-group, that rank's shard: its piece of every unit of the
-group's sharded layout (csrc/core/sharded_layout.h), in unit order. `describe` records the
-layout at save time in model_states.pt; `get_fp32_state_dict_from_zero_checkpoint` puts each
-unit back together from the ranks' pieces and cuts the parameters out of it.
+group, that rank's shard: its piece of every unit of the group's sharded layout
+(csrc/core/sharded_layout.h), in unit order. `describe` records the layout at save time in
+model_states.pt; `reshard_into` puts each unit back together from the ranks' pieces, cuts the
+parameters out of it and this rank's new shard from them. checkpoint_export.py reads the fp32
+weights from the same layout without a process group.
 """
 from __future__ import annotations
 
@@ -41,30 +42,8 @@ def describe(engine) -> dict:
     return {"groups": groups, "frozen": frozen}
 
 
-def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
-                                             exclude_frozen_parameters=False) -> dict:
-    """DeepSpeed's function of the same name: the model's state dict with every trainable
-    parameter in fp32 from the checkpoint's master weights, and buffers (and, unless
-    excluded, frozen parameters) as saved. Reads only files; needs no process group."""
-    if tag is None:
-        with open(os.path.join(checkpoint_dir, LATEST)) as file:
-            tag = file.read().strip()
-    path, _ = files.find(checkpoint_dir, str(tag))
-    files.verify(path, [MODEL_FILE])
-    model_state = torch.load(os.path.join(path, MODEL_FILE), map_location="cpu",
-                             weights_only=False)
-    state = dict(model_state["module"])
-    if exclude_frozen_parameters:
-        for name in _layout(model_state, path)["frozen"]:
-            state.pop(name, None)
-    for params in full_arrays(path, model_state, "master"):
-        for names, value in params:
-            for name in names:
-                state[name] = value.float()
-    return state
-
-
-def _layout(model_state: dict, path: str) -> dict:
+def layout_of(model_state: dict, path: str) -> dict:
+    """The layout a checkpoint recorded (`describe`), or an error saying how to get one."""
     layout = model_state.get("layout")
     if layout is None:
         raise ValueError(f"zero: {path} was saved before checkpoints recorded their layout; "
@@ -75,16 +54,15 @@ def _layout(model_state: dict, path: str) -> dict:
 
 def read_shards(path: str, model_state: dict) -> list[list[dict]]:
     """Every saved rank's groups (master and optimizer state shards), verified."""
-    world = max(group["world_size"] for group in _layout(model_state, path)["groups"])
+    world = max(group["world_size"] for group in layout_of(model_state, path)["groups"])
     files.verify(path, [rank_file(r) for r in range(world)])
-    return [torch.load(os.path.join(path, rank_file(r)), map_location="cpu",
-                       weights_only=False)["groups"] for r in range(world)]
+    return [files.load_torch(os.path.join(path, rank_file(r)))["groups"] for r in range(world)]
 
 
 def full_arrays(path: str, model_state: dict, array: str, shards=None):
     """Per group: [(names, whole value)] of array `array` ("master", "exp_avg", ...) for every
     parameter, put back together from the saved ranks' shards."""
-    layout = _layout(model_state, path)
+    layout = layout_of(model_state, path)
     shards = shards if shards is not None else read_shards(path, model_state)
     result = []
     for g, group in enumerate(layout["groups"]):
@@ -112,7 +90,7 @@ def reshard_into(engine, path: str, model_state: dict) -> None:
     differ, as stage 3's persistent parameters do)."""
     shards = read_shards(path, model_state)
     rank, core = engine.core.rank, engine.core
-    saved_group = {names[0]: g for g, group in enumerate(_layout(model_state, path)["groups"])
+    saved_group = {names[0]: g for g, group in enumerate(layout_of(model_state, path)["groups"])
                    for names, _ in group["params"]}
     cache = {}
 
@@ -150,12 +128,3 @@ def _new_shard(layout, rank: int, values: dict, wanted: list[str]) -> torch.Tens
         begin = layout.full_offset(u) + (rank % layout.world_size) * numel
         pieces.append(full[begin:begin + numel])
     return torch.cat(pieces)
-
-
-def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
-    """DeepSpeed's function of the same name: loads the fp32 weights into `model` (moved to
-    the CPU) and returns it."""
-    state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
-    model = model.cpu()
-    model.load_state_dict(state, strict=False)
-    return model

@@ -52,6 +52,7 @@ class ZeroEngine(nn.Module):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # collectives and allocations on this rank's GPU
         agreement.agree(config.raw, model)  # before any collective that could hang on it
+        self.full_shapes = sharding.full_shapes(model)  # checkpoint loads check against them
         sharding.prepare_model(model, self.device, self.dtype, self.stage)
         spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters)
         self._core = _C.EngineCore(dist.group.WORLD.group_name)

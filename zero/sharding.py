@@ -155,6 +155,15 @@ def _adopt_init_shards(hooks: stage3.Stage3Hooks) -> None:
         zero_init.release_shard(param)
 
 
+def full_shapes(model: nn.Module) -> dict[str, torch.Size]:
+    """Every state-dict name's whole shape (a zero.Init parameter's, not its shard's), taken
+    before the engine partitions anything."""
+    shapes = {name: torch.Size(zero_init.shard_shape(param) or param.shape)
+              for name, param in model.named_parameters(remove_duplicate=False)}
+    shapes.update((name, buffer.shape) for name, buffer in model.named_buffers())
+    return shapes
+
+
 def names_by_id(model: nn.Module) -> dict[int, list[str]]:
     """id(parameter) -> its names in the model (tied parameters have several), in order."""
     names: dict[int, list[str]] = {}

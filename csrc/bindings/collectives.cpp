@@ -11,6 +11,16 @@ namespace {
 // enqueue takes the lock its workers hold while they drop a finished work item, and dropping
 // a tensor whose Python object is gone needs the GIL, so a caller holding the GIL can
 // deadlock with a worker. With async_op the caller owns the handle and must wait() on it.
+// The Python handle of an async collective. A handle dropped without wait() waits in its
+// destructor; that wait runs without the GIL for the same reason as above.
+struct DeleteWithoutGil {
+  void operator()(adapter::PendingCollective* pending) const {
+    py::gil_scoped_release no_gil;
+    delete pending;
+  }
+};
+using PendingHandle = std::unique_ptr<adapter::PendingCollective, DeleteWithoutGil>;
+
 py::object run(const std::function<std::unique_ptr<adapter::PendingCollective>()>& start,
                bool async_op) {
   std::unique_ptr<adapter::PendingCollective> pending;
@@ -19,7 +29,7 @@ py::object run(const std::function<std::unique_ptr<adapter::PendingCollective>()
     pending = start();
     if (!async_op) pending->wait();
   }
-  if (async_op) return py::cast(std::move(pending));
+  if (async_op) return py::cast(PendingHandle(pending.release()));
   return py::none();
 }
 
@@ -39,7 +49,7 @@ py::dict stats_dict(const adapter::CommStats& stats) {
 }
 
 void bind_collectives(py::module_& m) {
-  py::class_<adapter::PendingCollective>(m, "PendingCollective")
+  py::class_<adapter::PendingCollective, PendingHandle>(m, "PendingCollective")
       .def("wait", &adapter::PendingCollective::wait, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("completed", &adapter::PendingCollective::completed);
 

@@ -13,8 +13,9 @@ from zero.api import add_config_arguments, init_distributed, initialize
 from zero.compat import accelerator
 from zero.engine import ZeroEngine as DeepSpeedEngine
 from zero.init import Init
-from zero.checkpoint_layout import (get_fp32_state_dict_from_zero_checkpoint,
-                                   load_state_dict_from_zero_checkpoint)
+from zero.checkpoint_export import (convert_zero_checkpoint_to_fp32_state_dict,
+                                    get_fp32_state_dict_from_zero_checkpoint,
+                                    load_state_dict_from_zero_checkpoint)
 from zero.stage3 import (GatheredParameters, register_external_parameter, set_z3_leaf_modules,
                          unregister_external_parameter)
 
@@ -33,6 +34,7 @@ utils = types.SimpleNamespace(
     set_z3_leaf_modules=set_z3_leaf_modules,
     zero_to_fp32=types.SimpleNamespace(  # deepspeed.utils.zero_to_fp32 (attribute access)
         get_fp32_state_dict_from_zero_checkpoint=get_fp32_state_dict_from_zero_checkpoint,
+        convert_zero_checkpoint_to_fp32_state_dict=convert_zero_checkpoint_to_fp32_state_dict,
         load_state_dict_from_zero_checkpoint=load_state_dict_from_zero_checkpoint))
 
 comm = types.SimpleNamespace(

@@ -1,0 +1,242 @@
+"""The full fp32 weights out of a checkpoint's files, without a process group: DeepSpeed's
+`zero_to_fp32` (the three functions under their names and arguments, and the command).
+
+Memory stays bounded by one output shard: the rank files are memory-mapped, each parameter is
+put together from the ranks' pieces of its unit (checkpoint_layout.py) only when its output
+shard is written, and the shard is dropped before the next one is built.
+
+Output, as DeepSpeed and Hugging Face write it: `pytorch_model.bin` (torch.save) or
+`model.safetensors`; above `max_shard_size`, numbered shards (`model-00001-of-00003.safetensors`)
+and an index (`model.safetensors.index.json`: total size and which file holds each name).
+A parameter the module uses under several names (tied weights) is stored once: in the torch
+files under every name (one storage), in safetensors, which cannot alias, under its first name
+only, as `save_pretrained` does (`from_pretrained` ties the others again).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from . import checkpoint_files as files
+from .checkpoint_files import LATEST, MODEL_FILE, rank_file
+from .checkpoint_layout import layout_of
+
+DEFAULT_MAX_SHARD_SIZE = "5GB"
+
+
+def open_checkpoint(checkpoint_dir: str, tag=None) -> tuple[str, dict]:
+    """The tag's directory (from `latest` when no tag is given) and its model state, mapped."""
+    if tag is None:
+        latest = os.path.join(checkpoint_dir, LATEST)
+        if not os.path.isfile(latest):
+            raise FileNotFoundError(f"zero: no '{LATEST}' file in {checkpoint_dir}; pass tag= "
+                                    "(a directory name such as global_step100)")
+        with open(latest) as file:
+            tag = file.read().strip()
+    path, _ = files.find(checkpoint_dir, str(tag))
+    files.verify(path, [MODEL_FILE])
+    return path, files.load_torch(os.path.join(path, MODEL_FILE), mmap=True)
+
+
+class Fp32Parameters:
+    """The trainable parameters of a checkpoint, each built on request from the rank files'
+    fp32 master pieces (memory-mapped, so only what is read is paged in)."""
+
+    def __init__(self, path: str, model_state: dict):
+        layout = layout_of(model_state, path)
+        self.groups = layout["groups"]
+        world = max(group["world_size"] for group in self.groups)
+        files.verify(path, [rank_file(r) for r in range(world)])
+        self.masters = [[group["master"] for group in
+                         files.load_torch(os.path.join(path, rank_file(r)), mmap=True)["groups"]]
+                        for r in range(world)]
+        self.shapes = {name: tensor.shape for name, tensor in model_state["module"].items()}
+
+    def __iter__(self) -> Iterator[tuple[list[str], torch.Size, tuple[int, int]]]:
+        """(names, shape, where) of every trainable parameter; `value(where, shape)` builds it."""
+        for g, group in enumerate(self.groups):
+            for names, offset in group["params"]:
+                yield names, self.shapes[names[0]], (g, offset)
+
+    def value(self, where: tuple[int, int], shape: torch.Size) -> torch.Tensor:
+        g, offset = where
+        group, numel = self.groups[g], shape.numel()
+        out = torch.empty(numel, dtype=torch.float32)
+        world, unit_begin = group["world_size"], 0
+        for shard_offset, shard_numel in group["units"]:
+            unit_end = unit_begin + shard_numel * world
+            if unit_begin <= offset < unit_end:  # a parameter lies in one unit
+                for r in range(world):
+                    piece_begin = unit_begin + r * shard_numel
+                    lo, hi = max(offset, piece_begin), min(offset + numel, piece_begin + shard_numel)
+                    if lo < hi:
+                        source = self.masters[r][g][shard_offset + lo - piece_begin:
+                                                    shard_offset + hi - piece_begin]
+                        out[lo - offset:hi - offset] = source
+                return out.view(shape)
+            unit_begin = unit_end
+        raise files.CorruptCheckpoint(f"zero: the layout in {MODEL_FILE} puts {numel} elements "
+                                      f"at offset {offset} of group {g}, outside its units")
+
+
+@dataclass
+class Entry:
+    """One tensor of the output under all its names; `build()` makes it."""
+    names: list[str]
+    nbytes: int
+    build: Callable[[], torch.Tensor]
+
+
+def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool) -> list[Entry]:
+    """The module's state dict in its own order: trainable parameters in fp32 from the master
+    weights, buffers and frozen parameters as saved."""
+    params = Fp32Parameters(path, model_state)
+    frozen = set(layout_of(model_state, path)["frozen"])
+    first_name = {}
+    trainable = {}
+    for names, shape, where in params:
+        trainable[names[0]] = (names, shape, where)
+        first_name.update((name, names[0]) for name in names)
+    entries = []
+    for name, saved in model_state["module"].items():
+        if name in first_name:
+            if first_name[name] == name:
+                names, shape, where = trainable[name]
+                entries.append(Entry(names, shape.numel() * 4,
+                                     lambda w=where, s=shape: params.value(w, s)))
+        elif not (exclude_frozen_parameters and name in frozen):
+            entries.append(Entry([name], saved.numel() * saved.element_size(),
+                                 lambda t=saved: t.clone()))
+    return entries
+
+
+def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
+                                             exclude_frozen_parameters=False) -> dict:
+    """DeepSpeed's function of the same name: the model's state dict with every trainable
+    parameter in fp32 from the checkpoint's master weights, buffers (and, unless excluded,
+    frozen parameters) as saved, tied names sharing one tensor."""
+    path, model_state = open_checkpoint(checkpoint_dir, tag)
+    state = {}
+    for entry in _entries(path, model_state, exclude_frozen_parameters):
+        value = entry.build()
+        for name in entry.names:
+            state[name] = value
+    return {name: state[name] for name in model_state["module"] if name in state}
+
+
+def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
+    """DeepSpeed's function of the same name: loads the fp32 weights into `model` (moved to
+    the CPU) and returns it."""
+    state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
+    model = model.cpu()
+    model.load_state_dict(state, strict=False)
+    return model
+
+
+def parse_size(size) -> int:
+    """Bytes in `size`: an int, or digits and a unit as Hugging Face writes them ("5GB" is
+    5*10**9 bytes, "5GiB" 5*2**30)."""
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B)\s*", str(size), re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"zero: max_shard_size={size!r} is not a size; write bytes as an int "
+                         "or digits and a unit, e.g. \"5GB\", \"500MB\" or \"2GiB\"")
+    unit = match.group(2).upper()
+    power = "KMGT".index(unit[0]) + 1
+    return int(float(match.group(1)) * ((1024 if "I" in unit else 1000) ** power))
+
+
+def plan_shards(entries: list[Entry], limit: int) -> list[list[Entry]]:
+    """Consecutive entries in files of at most `limit` bytes (an entry larger than that gets a
+    file of its own), each entry counted once however many names it has."""
+    shards, current, used = [], [], 0
+    for entry in entries:
+        if current and used + entry.nbytes > limit:
+            shards.append(current)
+            current, used = [], 0
+        current.append(entry)
+        used += entry.nbytes
+    return shards + [current] if current else shards
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir,
+                                               max_shard_size=DEFAULT_MAX_SHARD_SIZE,
+                                               safe_serialization=False, tag=None,
+                                               exclude_frozen_parameters=False) -> list[str]:
+    """DeepSpeed's function of the same name: writes the fp32 state dict into `output_dir` as
+    `pytorch_model.bin` or, with `safe_serialization`, `model.safetensors`; sharded with an
+    index JSON above `max_shard_size` (None: one file). Returns the files written."""
+    from tqdm import tqdm
+
+    if safe_serialization:
+        from safetensors.torch import save_file
+    path, model_state = open_checkpoint(checkpoint_dir, tag)
+    entries = _entries(path, model_state, exclude_frozen_parameters)
+    total = sum(entry.nbytes for entry in entries)
+    limit = parse_size(max_shard_size) if max_shard_size is not None else total
+    shards = plan_shards(entries, max(limit, 1))
+    names = _shard_names("model.safetensors" if safe_serialization else "pytorch_model.bin",
+                         len(shards))
+    os.makedirs(output_dir, exist_ok=True)
+    weight_map = {}
+    for file_name, shard in tqdm(list(zip(names, shards)), desc="zero: writing fp32 shards",
+                                 disable=len(shards) < 2):
+        state = {}
+        for entry in shard:
+            value = entry.build()
+            for name in entry.names[:1] if safe_serialization else entry.names:
+                state[name] = value
+                weight_map[name] = file_name
+        target = os.path.join(output_dir, file_name)
+        if safe_serialization:
+            save_file(state, target, metadata={"format": "pt"})
+        else:
+            torch.save(state, target)
+        del state
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        index_name = names[0].split("-00001-")[0] + (
+            ".safetensors.index.json" if safe_serialization else ".bin.index.json")
+        with open(os.path.join(output_dir, index_name), "w") as file:
+            file.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        names = names + [index_name]
+    return names
+
+
+def _shard_names(weights_name: str, count: int) -> list[str]:
+    if count == 1:
+        return [weights_name]
+    stem, ext = weights_name.split(".", 1)
+    return [f"{stem}-{i:05d}-of-{count:05d}.{ext}" for i in range(1, count + 1)]
+
+
+def main(argv=None) -> None:
+    """`python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [...]`, DeepSpeed's flags."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint_dir", help="the directory holding 'latest' and the tags")
+    parser.add_argument("output_dir", help="where the fp32 state dict files go")
+    parser.add_argument("--max_shard_size", default=DEFAULT_MAX_SHARD_SIZE,
+                        help="largest output file before sharding (default 5GB)")
+    parser.add_argument("--safe_serialization", action="store_true",
+                        help="write safetensors instead of torch.save files")
+    parser.add_argument("-t", "--tag", default=None, help="the tag, e.g. global_step100 "
+                        "(default: the one named in 'latest')")
+    parser.add_argument("--exclude_frozen_parameters", action="store_true")
+    parser.add_argument("-d", "--debug", action="store_true", help="accepted, no effect")
+    args = parser.parse_args(argv)
+    written = convert_zero_checkpoint_to_fp32_state_dict(
+        args.checkpoint_dir, args.output_dir, max_shard_size=args.max_shard_size,
+        safe_serialization=args.safe_serialization, tag=args.tag,
+        exclude_frozen_parameters=args.exclude_frozen_parameters)
+    print(f"zero: wrote {', '.join(written)} to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    main()
