@@ -14,6 +14,8 @@
 #   bash scripts/gpu_check.sh                        # everything
 #   GPU_CHECK_STEPS="build tests" bash scripts/gpu_check.sh
 #   ZERO_COMMIT=<sha>  names the commit measured where the checkout has no .git
+#   BENCH_ARGS / LARGEST_ARGS  more arguments for the bench / largest steps
+#                      (e.g. BENCH_ARGS="--configs zero2,zero2-offload --timeout 120")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -98,9 +100,10 @@ if step build build; then
   step tests tests
   # Budgets keep the whole script inside one 10-minute call of a lent machine; what a budget
   # cuts is reported as skipped.
-  step bench "$PYTHON" benchmarks/bench_gpu_offload.py --budget "${BENCH_BUDGET:-300}" --out "$RESULTS"
+  step bench "$PYTHON" benchmarks/bench_gpu_offload.py --budget "${BENCH_BUDGET:-300}" --out "$RESULTS" \
+    ${BENCH_ARGS:-}
   step largest "$PYTHON" benchmarks/bench_gpu_offload.py --largest --budget "${LARGEST_BUDGET:-300}" \
-    --out "$RESULTS"
+    --out "$RESULTS" ${LARGEST_ARGS:-}
 fi
 echo "gpu_check: summary in $SUMMARY"
 cat "$SUMMARY"
