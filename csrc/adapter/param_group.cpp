@@ -1,11 +1,11 @@
 #include "adapter/param_group.h"
 
 #include <ATen/ops/cat.h>
-#include <ATen/ops/isfinite.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include "adapter/dtype_map.h"
+#include "adapter/grad_norm.h"
 
 namespace zero::adapter {
 
@@ -126,20 +126,18 @@ std::optional<std::size_t> ParamGroup::grad_ready(std::size_t index, bool bounda
 void ParamGroup::finish_backward(bool /*boundary*/) { reducer_->reset(); }
 
 bool ParamGroup::has_nonfinite_grads() const {
-  if (options_.stage == 2) return !at::isfinite(grad_shard_.tensor()).all().item<bool>();
+  if (options_.stage == 2) return has_nonfinite(grad_shard_.tensor());
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    if (!at::isfinite(grad_piece(u)).all().item<bool>()) return true;
+    if (has_nonfinite(grad_piece(u))) return true;
   }
   return false;
 }
 
 double ParamGroup::grad_square_sum() const {
-  if (options_.stage == 2) return grad_shard_.tensor().to(at::kFloat).square().sum().item<double>();
-  at::Tensor total = at::zeros({}, grad_full_.tensor().options().dtype(at::kFloat));
-  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    total.add_(grad_piece(u).to(at::kFloat).square().sum());
-  }
-  return total.item<double>();
+  if (options_.stage == 2) return square_sum(grad_shard_.tensor());
+  double total = 0.0;
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) total += square_sum(grad_piece(u));
+  return total;
 }
 
 std::vector<ShardPiece> ParamGroup::shard_pieces() const {

@@ -3,10 +3,10 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/ops/isfinite.h>
 #include <c10/util/Exception.h>
 
 #include "adapter/dtype_map.h"
+#include "adapter/grad_norm.h"
 
 namespace zero::adapter {
 namespace {
@@ -313,11 +313,11 @@ void Stage3Group::finish_backward(bool /*boundary*/) {
 }
 
 bool Stage3Group::has_nonfinite_grads() const {
-  return !at::isfinite(grad_shard_.tensor()).all().item<bool>();
+  return has_nonfinite(grad_shard_.tensor());
 }
 
 double Stage3Group::grad_square_sum() const {
-  return grad_shard_.tensor().to(at::kFloat).square().sum().item<double>();
+  return square_sum(grad_shard_.tensor());
 }
 
 std::vector<ShardPiece> Stage3Group::shard_pieces() const {

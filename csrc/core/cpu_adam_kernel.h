@@ -1,7 +1,7 @@
 #pragma once
 // Internal to the cpu_adam*.cpp files: the per-step constants, the scalar reference of one element
-// update (used by the scalar ISA and for every vector kernel's tail), 16-bit conversions, and the
-// per-ISA range entry points that cpu_adam.cpp dispatches to.
+// update (used by the scalar ISA and for every vector kernel's tail), 16-bit conversions (also
+// read by square_sum.cpp), and the per-ISA range entry points that cpu_adam.cpp dispatches to.
 //
 // Everything here is `static inline` on purpose: each ISA file inlines it into functions compiled
 // with a different target attribute, and a shared out-of-line copy would be an ODR hazard.
