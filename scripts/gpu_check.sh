@@ -14,6 +14,8 @@
 #   bash scripts/gpu_check.sh                        # everything
 #   GPU_CHECK_STEPS="build tests" bash scripts/gpu_check.sh
 #   ZERO_COMMIT=<sha>  names the commit measured where the checkout has no .git
+#   .whl/ (from scripts/gpu_wheels.sh, carried)  DeepSpeed and its needs, installed into
+#                      build/gpu-site so the bench's deepspeed rows run
 #   BENCH_ARGS / LARGEST_ARGS  more arguments for the bench / largest steps
 #                      (e.g. BENCH_ARGS="--configs zero2,zero2-offload --timeout 120")
 set -uo pipefail
@@ -95,6 +97,21 @@ tests() {
     tests/test_cuda_engine.py 2>&1 | tee "$RESULTS/cuda_tests.txt"
   return "${PIPESTATUS[0]}"
 }
+
+# DeepSpeed for the bench's deepspeed rows, from wheels carried in .whl/ (no internet there).
+deepspeed_from_wheels() {
+  local site="$PWD/build/gpu-site"
+  ls .whl/deepspeed-*.tar.gz >/dev/null 2>&1 || { echo "no .whl/deepspeed-*.tar.gz: DeepSpeed rows will say why"; return 0; }
+  if ! PYTHONPATH="$site" "$PYTHON" -c 'import deepspeed' >/dev/null 2>&1; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl &&
+      (cd /tmp && DS_BUILD_OPS=0 "$PYTHON" -m pip install -q --no-index --no-deps \
+        --no-build-isolation --upgrade --target "$site" "$OLDPWD"/.whl/deepspeed-*.tar.gz) || return 1
+  fi
+  export PYTHONPATH="$PYTHONPATH:$site"
+  PYTHONPATH="$site" "$PYTHON" -c 'import deepspeed; print("deepspeed", deepspeed.__version__, "from .whl")'
+}
+case " $STEPS " in *" bench "*|*" largest "*) deepspeed_from_wheels >>"$LOG" 2>&1 || echo "gpu_check: DeepSpeed from .whl failed (see $LOG)" ;; esac
+export CXX="$(compiler)"  # DeepSpeed's JIT-built CPU Adam too
 
 if step build build; then
   step tests tests
