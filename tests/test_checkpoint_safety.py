@@ -121,3 +121,78 @@ def test_a_damaged_rank_file_is_named_on_every_rank_and_nothing_loads(tmp_path, 
                                    timeout=TIMEOUT):
         assert message is not None and "rank 1" in message
         assert "zero_rank1_optim_states.pt" in message and "nothing was loaded" in message
+
+
+def _damage(tag_dir, damage: str) -> None:
+    """Damages rank 1's file: removed, a byte flipped, cut short, or rewritten (manifest
+    updated to match) in a format version no zero reads yet."""
+    import hashlib
+    import json
+
+    import torch
+
+    victim = tag_dir / "zero_rank1_optim_states.pt"
+    data = victim.read_bytes()
+    if damage == "remove":
+        victim.unlink()
+    elif damage == "flip":
+        middle = len(data) // 2
+        victim.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+    elif damage == "truncate":
+        victim.write_bytes(data[:-100])
+    else:
+        shard = torch.load(victim, weights_only=False)
+        shard["format_version"] = 99
+        torch.save(shard, victim)
+        manifest = json.loads((tag_dir / "manifest.json").read_text())
+        data = victim.read_bytes()
+        manifest[victim.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (tag_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _engine_state(engine) -> dict:
+    """Everything a load writes into the engine: weights, this rank's fp32 master and
+    optimizer state, counters."""
+    core = engine.core
+    state = {f"module.{k}": v.clone() for k, v in engine.module_state_dict().items()}
+    for g in range(core.group_count):
+        state[f"master.{g}"] = core.group_master_shard(g).clone()
+        for name, value in core.group_optimizer_state(g).items():
+            state[f"state.{g}.{name}"] = value.clone()
+    state["global_steps"] = engine.global_steps
+    return state
+
+
+def _load_expecting_error_untouched(rank, world, save_dir):
+    import torch
+
+    from zero.checkpoint import CheckpointError
+
+    engine = _engine()
+    before = _engine_state(engine)
+    try:
+        engine.load_checkpoint(save_dir)
+    except CheckpointError as error:
+        after = _engine_state(engine)
+        changed = [k for k in before if not (torch.equal(before[k], after[k])
+                                             if isinstance(before[k], torch.Tensor)
+                                             else before[k] == after[k])]
+        return str(error), changed
+    return None, None
+
+
+@pytest.mark.parametrize("damage,loaded_world", [("remove", 1), ("flip", 1), ("version", 1),
+                                                 ("truncate", 3), ("version", 2)])
+def test_a_damaged_rank_file_at_another_world_size_is_named_before_anything_loads(
+        tmp_path, damage, loaded_world):
+    # At another world size every rank reads every saved rank's file: all of them are checked
+    # (present, manifest, format version) before the weights go in, so nothing is half-loaded.
+    assert run_distributed(_first_save, 2, args=(str(tmp_path),), timeout=TIMEOUT) == [2, 2]
+    _damage(tmp_path / TAG, damage)
+    for message, changed in run_distributed(_load_expecting_error_untouched, loaded_world,
+                                            args=(str(tmp_path),), timeout=TIMEOUT):
+        assert message is not None and "zero_rank1_optim_states.pt" in message
+        assert "nothing was loaded" in message
+        if damage == "version":
+            assert "checkpoint format 99" in message
+        assert changed == []

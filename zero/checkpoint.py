@@ -14,8 +14,9 @@ file fsynced and renamed, rank 0 writes the manifest from every rank's digests, 
 whole directory into place (an older copy of the same tag moved aside first, and found again
 by load if the crash came in between), and only then rewrites `latest`. Every step that can
 fail runs on every rank inside one agreement: any failure raises CheckpointError on all ranks.
-Load verifies each file it reads against the manifest and names the file and rank on a
-mismatch. A checkpoint saved at another world size or stage (the same dtype, optimizer and
+Load verifies each file it reads against the manifest and its format version, all of them
+before anything is written into the engine (at another world size every saved rank's file), and
+names the file and rank on a mismatch. A checkpoint saved at another world size or stage (the same dtype, optimizer and
 trainable parameters) is resharded on load from the layout it records (checkpoint_layout.py).
 """
 from __future__ import annotations
@@ -154,20 +155,27 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     # The same file and engine on every rank: every rank raises the same error, or none.
     _check_shapes(model_state["module"], engine.full_shapes, path)
     reshard = _check_fingerprint(model_state, engine, path)
+    load_shards = load_optimizer_states and not load_module_only
+    shards = None
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
-        if load_optimizer_states and not load_module_only and not reshard:
+        # Every rank file this rank will read, before anything is written into the engine:
+        # present, equal to the manifest, in a format this zero reads (mapped, not read).
+        if load_shards and reshard:
+            shards = checkpoint_layout.read_shards(path, model_state)
+        elif load_shards:
             files.verify(path, [rank_file(dist.get_rank())])
+            shards = files.load_torch(os.path.join(path, rank_file(dist.get_rank())),
+                                      mmap=True)["groups"]
     if note and dist.get_rank() == 0:
         logger.warning(note)
 
     with _all_ranks_or_none(f"loading checkpoint {path}",
                             "the engine may be partly loaded: load a checkpoint again"):
         engine.load_module_state_dict(model_state["module"], strict=load_module_strict)
-        load_shards = load_optimizer_states and not load_module_only
         if load_shards and reshard:
-            checkpoint_layout.reshard_into(engine, path, model_state)
+            checkpoint_layout.reshard_into(engine, path, model_state, shards)
         elif load_shards:
-            _load_shard(engine, path)
+            _load_shard(engine, shards)
         else:  # keep the fp32 master in step with the weights just loaded
             for g in range(engine.core.group_count):
                 engine.core.group_refresh_master(g)
@@ -186,12 +194,11 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     return path, model_state["client_state"]
 
 
-def _load_shard(engine, path: str) -> None:
-    shard_file = os.path.join(path, rank_file(dist.get_rank()))
-    shard = files.load_torch(shard_file)
+def _load_shard(engine, groups: list[dict]) -> None:
+    """This rank's own shard, saved at the same layout (its groups, verified and mapped)."""
     core = engine.core
     with torch.no_grad():
-        for g, saved in enumerate(shard["groups"]):
+        for g, saved in enumerate(groups):
             core.group_load_master_shard(g, saved["master"])
             for name, tensor in saved["state"].items():
                 core.group_load_optimizer_state(g, name, tensor)

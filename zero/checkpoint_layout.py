@@ -53,10 +53,13 @@ def layout_of(model_state: dict, path: str) -> dict:
 
 
 def read_shards(path: str, model_state: dict) -> list[list[dict]]:
-    """Every saved rank's groups (master and optimizer state shards), verified."""
+    """Every saved rank's groups (master and optimizer state shards): each rank file present,
+    equal to the manifest and in a format this zero reads (a CorruptCheckpoint naming the file
+    otherwise), memory-mapped (tensors are read when touched)."""
     world = max(group["world_size"] for group in layout_of(model_state, path)["groups"])
     files.verify(path, [rank_file(r) for r in range(world)])
-    return [files.load_torch(os.path.join(path, rank_file(r)))["groups"] for r in range(world)]
+    return [files.load_torch(os.path.join(path, rank_file(r)), mmap=True)["groups"]
+            for r in range(world)]
 
 
 def full_arrays(path: str, model_state: dict, array: str, shards=None):
@@ -83,12 +86,13 @@ def full_arrays(path: str, model_state: dict, array: str, shards=None):
     return result
 
 
-def reshard_into(engine, path: str, model_state: dict) -> None:
+def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
     """Loads a checkpoint saved at another world size or stage: each array is put back
     together, parameter by parameter, from every saved rank's shard, and this rank's new
     shard of each engine group is cut from it (parameters are matched by name, so groups may
-    differ, as stage 3's persistent parameters do)."""
-    shards = read_shards(path, model_state)
+    differ, as stage 3's persistent parameters do). `shards`: `read_shards`' result, when the
+    caller checked the files already."""
+    shards = shards if shards is not None else read_shards(path, model_state)
     rank, core = engine.core.rank, engine.core
     saved_group = {names[0]: g for g, group in enumerate(layout_of(model_state, path)["groups"])
                    for names, _ in group["params"]}
