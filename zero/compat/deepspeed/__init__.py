@@ -1,0 +1,21 @@
+"""`import zero.compat.deepspeed as deepspeed`: DeepSpeed's API, backed by zero.
+
+A package laid out like DeepSpeed's, so `from deepspeed.X import Y` works once zero stands in
+for `deepspeed` (zero/compat/deepspeed_alias.py; the HF Trainer and Accelerate import it by
+name). Each submodule holds only names that DeepSpeed scripts and the Hugging Face libraries
+use (docs/HUGGINGFACE.md), each backed by zero's own implementation.
+"""
+from __future__ import annotations
+
+from zero.api import add_config_arguments, init_distributed, initialize
+from zero.engine import ZeroEngine as DeepSpeedEngine
+
+from . import accelerator, checkpoint, comm, launcher, ops, runtime, utils
+from .runtime import zero  # deepspeed.zero is deepspeed.runtime.zero, as in DeepSpeed
+
+__version__ = "0.19.8"  # the DeepSpeed API version zero mirrors (as_deepspeed's dist-info)
+__version_major__, __version_minor__, __version_patch__ = 0, 19, 8
+
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "comm", "utils",
+           "accelerator", "checkpoint", "launcher", "ops", "runtime", "DeepSpeedEngine",
+           "__version__"]
