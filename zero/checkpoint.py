@@ -17,7 +17,12 @@ fail runs on every rank inside one agreement: any failure raises CheckpointError
 Load verifies each file it reads against the manifest and its format version, all of them
 before anything is written into the engine (at another world size every saved rank's file), and
 names the file and rank on a mismatch. A checkpoint saved at another world size or stage (the same dtype, optimizer and
-trainable parameters) is resharded on load from the layout it records (checkpoint_layout.py).
+trainable parameters) is resharded on load from the layout it records (checkpoint_layout.py), so
+DeepSpeed's `checkpoint.load_universal` needs nothing more.
+
+DeepSpeed's `checkpoint` config block: `tag_validation` compares the ranks' tags before anything
+is written; with `use_node_local_storage` every node's local rank 0 writes model_states.pt, the
+manifest and `latest` into its node's save_dir (each node then holds its own ranks' shards).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint_files as files
-from . import checkpoint_layout
+from . import checkpoint_layout, stage3
 from .checkpoint_files import LATEST, MODEL_FILE, rank_file
 
 logger = logging.getLogger("zero")
@@ -60,27 +65,91 @@ def _fingerprint(engine) -> dict:
 
 
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool) -> bool:
-    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    settings = engine.config.checkpoint
+    tag = _agreed_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}",
+                      settings.tag_validation)
     rank = dist.get_rank()
+    # The files every rank shares (model_states.pt, manifest, latest) are written by rank 0, or
+    # with node-local storage by each node's local rank 0 into its node's save_dir.
+    writer = engine.local_rank == 0 if settings.use_node_local_storage else rank == 0
+    if settings.use_node_local_storage:
+        _check_node_local(save_dir, writer)
     staging = os.path.join(save_dir, f".{tag}.tmp")
     with _all_ranks_or_none(f"preparing checkpoint {tag} in {save_dir}"):
-        if rank == 0:
+        if writer:
             files.recover(save_dir, tag)  # an earlier save of this tag died while publishing
             shutil.rmtree(staging, ignore_errors=True)
             os.makedirs(staging)
     with _all_ranks_or_none(f"saving checkpoint {tag} to {save_dir}"):
-        written = _write_files(engine, staging, rank, client_state)
+        written = _write_files(engine, staging, rank, writer, client_state)
     entries = [None] * dist.get_world_size()
     dist.all_gather_object(entries, written)  # every shard is on disk before the tag appears
     with _all_ranks_or_none(f"publishing checkpoint {tag} in {save_dir}",
                             "'latest' names a complete checkpoint (the previous or this one)"):
-        if rank == 0:
-            files.write_manifest(staging, {k: v for part in entries for k, v in part.items()})
+        if writer:
+            # every rank's shard, and this writer's own model_states.pt
+            manifest = {k: v for part in entries for k, v in part.items() if k != MODEL_FILE}
+            manifest[MODEL_FILE] = written[MODEL_FILE]
+            files.write_manifest(staging, manifest)
             files.publish(save_dir, staging, tag)
             if save_latest:
                 files.write_text(os.path.join(save_dir, LATEST), tag)
             files.write_text(os.path.join(save_dir, RECOVERY_SCRIPT), _RECOVERY_SCRIPT_TEXT)
     return True
+
+
+def _agreed_tag(tag: str, validation: str) -> str:
+    """The one tag every rank saves under: the ranks' tags are compared (checkpoint.
+    tag_validation): when they differ, "Fail" raises on every rank, "Warn" logs them and, like
+    "Ignore", saves under rank 0's tag."""
+    tags = [None] * dist.get_world_size()
+    dist.all_gather_object(tags, tag)
+    if all(t == tags[0] for t in tags):
+        return tag
+    differing = [f"rank {r}: {t!r}" for r, t in enumerate(tags) if t != tags[0]]
+    message = (f"zero: save_checkpoint was given different tags (rank 0: {tags[0]!r}; "
+               + "; ".join(differing[:4]) + (f"; and {len(differing) - 4} more" if
+                                             len(differing) > 4 else "") + ")")
+    if validation == "Fail":
+        raise CheckpointError(f"{message}; nothing was saved (checkpoint.tag_validation is "
+                              "\"Fail\"). Pass the same tag on every rank: a tag holding a rank's "
+                              "own information cannot be found again at another world size")
+    if validation == "Warn" and dist.get_rank() == 0:
+        logger.warning("%s; saving under rank 0's tag %r (checkpoint.tag_validation \"Warn\"; "
+                       "\"Fail\" stops instead, \"Ignore\" says nothing)", message, tags[0])
+    return tags[0]
+
+
+def _check_node_local(save_dir: str, writer: bool) -> None:
+    """With checkpoint.use_node_local_storage every node's local rank 0 writes its own copy of
+    the shared files; two of them in one shared directory would overwrite each other's work.
+    Each writer leaves a marker in save_dir, then looks for the others' markers."""
+    import uuid
+
+    marker = f".zero-node-local-{dist.get_rank()}-{uuid.uuid4().hex}" if writer else None
+    with _all_ranks_or_none(f"preparing node-local save_dir {save_dir}", "nothing was saved"):
+        if writer:
+            os.makedirs(save_dir, exist_ok=True)
+            files.write_text(os.path.join(save_dir, marker), "")
+    markers = [None] * dist.get_world_size()
+    dist.all_gather_object(markers, marker)
+    try:
+        with _all_ranks_or_none(f"checking that save_dir {save_dir} is node-local",
+                                "nothing was saved"):
+            seen = [r for r, other in enumerate(markers) if other is not None and other != marker
+                    and writer and os.path.exists(os.path.join(save_dir, other))]
+            if seen:
+                raise ValueError(
+                    f"checkpoint.use_node_local_storage is true but {save_dir} is shared: ranks "
+                    f"{dist.get_rank()} and {', '.join(map(str, seen))} (local rank 0 of their "
+                    "nodes) both see it; set use_node_local_storage to false (rank 0 then writes "
+                    "the shared files once) or give each node a local save_dir")
+    finally:
+        if writer:
+            try:
+                os.remove(os.path.join(save_dir, marker))
+            except OSError:
+                pass
 
 
 class CheckpointError(RuntimeError):
@@ -109,11 +178,14 @@ class _all_ranks_or_none:
         return False
 
 
-def _write_files(engine, staging: str, rank: int, client_state: dict) -> dict[str, dict]:
-    """Writes this rank's files; returns their manifest entries."""
+def _write_files(engine, staging: str, rank: int, writer: bool,
+                 client_state: dict) -> dict[str, dict]:
+    """Writes this rank's files (and model_states.pt on a writer); returns their manifest
+    entries."""
     # The one collective first (stage 3 gathers unit by unit), so that a write failing on one
     # rank cannot leave the others waiting in it.
-    module_state = engine.module_state_dict()
+    module_state = (engine.module.state_dict() if engine._stage3 is None else
+                    stage3.full_state_dict(engine._stage3, engine.module, keep=writer))
     core = engine.core
     groups = [{"master": core.group_master_shard(g),
                "state": dict(core.group_optimizer_state(g))}  # copies
@@ -121,7 +193,7 @@ def _write_files(engine, staging: str, rank: int, client_state: dict) -> dict[st
     shard = {"format_version": files.FORMAT_VERSION, "fingerprint": _fingerprint(engine),
              "groups": groups}
     written = {rank_file(rank): _atomic_torch_save(shard, os.path.join(staging, rank_file(rank)))}
-    if rank == 0:
+    if writer:
         written[MODEL_FILE] = _atomic_torch_save({
             "format_version": files.FORMAT_VERSION,
             "module": module_state,
@@ -161,7 +233,7 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
         # Every rank file this rank will read, before anything is written into the engine:
         # present, equal to the manifest, in a format this zero reads (mapped, not read).
         if load_shards and reshard:
-            shards = checkpoint_layout.read_shards(path, model_state)
+            shards = _read_every_shard(engine, path, model_state)
         elif load_shards:
             files.verify(path, [rank_file(dist.get_rank())])
             shards = files.load_torch(os.path.join(path, rank_file(dist.get_rank())),
@@ -192,6 +264,18 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     engine.core.zero_grads()
     dist.barrier()
     return path, model_state["client_state"]
+
+
+def _read_every_shard(engine, path: str, model_state: dict) -> list[list[dict]]:
+    try:
+        return checkpoint_layout.read_shards(path, model_state)
+    except files.CorruptCheckpoint as error:
+        if not engine.config.checkpoint.use_node_local_storage:
+            raise
+        raise files.CorruptCheckpoint(
+            f"{error} (checkpoint.use_node_local_storage is true: each node's copy holds its own "
+            "ranks' files only; to load at another world size, copy every node's "
+            "zero_rank*_optim_states.pt into one directory)") from error
 
 
 def _load_shard(engine, groups: list[dict]) -> None:

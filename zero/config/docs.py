@@ -287,7 +287,7 @@ def render():
     parts += [_section("`scheduler`", schema.SCHEDULER)]
     parts += _variants("scheduler.params", schema.SCHEDULER_PARAMS)
     for block in (schema.FP16, schema.BF16, schema.ZERO_OPTIMIZATION, schema.OFFLOAD_OPTIMIZER,
-                  schema.OFFLOAD_PARAM, schema.AIO, schema.MEMORY_REPORT):
+                  schema.OFFLOAD_PARAM, schema.AIO, schema.MEMORY_REPORT, schema.CHECKPOINT):
         parts.append(_section(f"`{block.path}`", block))
     parts.append("### DeepSpeed sections zero does not implement\n\nAccepted only while inert (empty, "
                  "`\"enabled\": false`, or all values false/0/null/empty).\n\n" + _table(sections) + "\n")

@@ -133,6 +133,13 @@ class MemoryReportConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    tag_validation: str  # "Ignore" | "Warn" | "Fail"
+    load_universal: bool  # accepted: zero's checkpoints load at any world size anyway
+    use_node_local_storage: bool  # each node's local rank 0 writes the shared files
+
+
+@dataclass(frozen=True)
 class ZeroConfig:
     train_batch_size: int
     train_micro_batch_size_per_gpu: int
@@ -153,6 +160,7 @@ class ZeroConfig:
     zero_force_ds_cpu_optimizer: bool  # accepted for compatibility, no effect
     memory_report: MemoryReportConfig
     nonfinite_gradients: str  # "skip" | "raise"
+    checkpoint: CheckpointConfig
     world_size: int
     enabled_features: FrozenSet[str]
     raw: Mapping[str, Any]  # the config as given (a private deep copy)
@@ -163,6 +171,14 @@ class ZeroConfig:
         if self.fp16.enabled:
             return "fp16"
         return "bf16" if self.bf16.enabled else "fp32"
+
+    # DeepSpeed's engine.config is the config dict; the HF Trainer reads it with .get()
+    # (`engine.config.get("zero_optimization", {}).get("stage")`). Both read the config as given.
+    def get(self, key, default=None):
+        return self.raw.get(key, default)
+
+    def __getitem__(self, key):
+        return self.raw[key]
 
 
 # --------------------------------------------------------------------------- building
@@ -198,6 +214,7 @@ def build(values, raw, world_size, features):
         zero_optimization=_make(ZeroOptimizationConfig, zero),
         aio=_make(AioConfig, values["aio"]),
         memory_report=_make(MemoryReportConfig, values["memory_report"]),
+        checkpoint=_make(CheckpointConfig, values["checkpoint"]),
         world_size=world_size,
         enabled_features=frozenset(features),
         raw=raw,
@@ -214,4 +231,5 @@ DATACLASS_FOR_BLOCK = {  # schema block path -> dataclass (for the schema/model 
     "zero_optimization.offload_param": OffloadParamConfig,
     "aio": AioConfig,
     "memory_report": MemoryReportConfig,
+    "checkpoint": CheckpointConfig,
 }

@@ -468,6 +468,33 @@ MEMORY_REPORT = Block("memory_report", "zero's own block: periodic memory report
          "too, no periodic report).", minimum=1, nullable=True, default_doc="steps_per_print"),
 ))
 
+# --------------------------------------------------------------------------- checkpoint
+
+CHECKPOINT = Block("checkpoint", "DeepSpeed's checkpoint options (zero's checkpoint files: "
+                   "docs/ARCHITECTURE.md, zero/checkpoint.py).", (
+    _choice("tag_validation", "Warn", ("Ignore", "Warn", "Fail"), "What save_checkpoint does when the "
+            "ranks were given different tags (every rank's tag is compared first): \"Warn\" logs the "
+            "ranks' tags on rank 0 and saves under rank 0's tag; \"Fail\" raises CheckpointError on every "
+            "rank and saves nothing; \"Ignore\" saves under rank 0's tag without a word (zero writes one "
+            "directory per tag, so the ranks always agree on one). Case-insensitive, as in DeepSpeed.",
+            ignore_case=True),
+    _bool("load_universal", False, "DeepSpeed: load a universal checkpoint (converted by "
+          "ds_to_universal.py, found through latest_universal) at another parallel layout. zero's own "
+          "checkpoints load at any world size and stage already, so true loads them as usual (through "
+          "`latest`); DeepSpeed's universal-checkpoint directories are not read."),
+    _bool("use_node_local_storage", False, "save_dir is storage local to each node, not shared: as in "
+          "DeepSpeed, the local rank 0 of every node writes model_states.pt (and here also the manifest, "
+          "`latest` and zero_to_fp32.py) into its node's copy, every rank its own shard file; each node then "
+          "loads from its own copy (the same world size and rank placement). A save_dir that two nodes see "
+          "is an error at save naming the ranks. Loading at another world size, or exporting, needs every "
+          "rank's zero_rank*_optim_states.pt in one directory: copy the nodes' files together."),
+    _unsupported(BOOL, "checkpoint_serialization", True, "DeepSpeed: torch.save's zipfile format (false: "
+                 "its legacy format); zero always writes the zipfile format."),
+    Key("writer", SECTION, None, "DeepSpeed's FastPersist checkpoint writer.", supported=False, nullable=True),
+    Key("parallel_write", SECTION, None, "DeepSpeed: pipeline stages write in parallel.", supported=False,
+        nullable=True),
+))
+
 # --------------------------------------------------------------------------- top level
 
 _BATCH_AUTO = "derive it from the other two batch keys (same as leaving it out)"
@@ -505,6 +532,7 @@ TOP = Block("", "Top-level keys.", (
             "(or their global norm) are not finite does, in every precision: \"skip\" skips it on every "
             "rank and counts it (as fp16's loss scaler does), \"raise\" stops training with "
             "FloatingPointError on every rank. The weights never take a NaN or Inf."),
+    _block("checkpoint", CHECKPOINT, "Checkpoint options (table below)."),
     # DeepSpeed scalar keys zero does not implement: only their defaults are accepted.
     _unsupported(BOOL, "sparse_gradients", False, "CSR gradients for sparse embeddings."),
     _unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),
@@ -539,7 +567,6 @@ TOP = Block("", "Top-level keys.", (
     _section("eigenvalue", "Eigenvalue computation."),
     _section("autotuning", "Autotuner."),
     _section("elasticity", "Elastic training."),
-    _section("checkpoint", "Checkpoint options."),
     _section("data_types", "Gradient-accumulation / parameter dtypes."),
     _section("hybrid_engine", "RLHF hybrid engine."),
     _section("compile", "torch.compile / DeepCompile."),
