@@ -205,7 +205,7 @@ def test_features_enable_gated_values_and_cross_checks():
                                       "offload_optimizer": {"device": "nvme"}})
     errors = errors_of(config, enabled_features=ALL)
     assert "parameter offload needs stage 3" in errors_at(errors, "zero_optimization.offload_param.device")[0]
-    assert "only applies to stage 3" in errors_at(errors, "zero_optimization.stage3_max_live_parameters")[0]
+    assert not errors_at(errors, "zero_optimization.stage3_max_live_parameters")  # ignored, see below
     assert not errors_at(errors, "zero_optimization.offload_optimizer.device")  # NVMe at stage 2 is fine
     assert "required when device is \"nvme\"" in errors_at(errors, "zero_optimization.offload_optimizer.nvme_path")[0]
 
@@ -483,3 +483,21 @@ def test_schema_is_consistent():
             assert {f for f in features if f} <= schema.ALL_FEATURES
             assert key.kind in (schema.BOOL, schema.INT, schema.FLOAT, schema.STR, schema.CHOICE, schema.BETAS,
                                 schema.BLOCK, schema.PARAMS, schema.SECTION, schema.OBJECT)
+
+
+def test_stage3_keys_below_stage_3_are_ignored_with_a_warning(caplog):
+    # DeepSpeed ignores them, and Accelerate writes stage3_prefetch_bucket_size and
+    # stage3_param_persistence_threshold at every stage.
+    config = with_(zero_optimization={"stage": 2, "stage3_prefetch_bucket_size": 921,
+                                      "stage3_param_persistence_threshold": 320})
+    with caplog.at_level("WARNING", logger="zero"):
+        resolved = load_config(config, world_size=2)
+    assert resolved.zero_optimization.stage == 2
+    assert "stage3_prefetch_bucket_size = 921 only applies to stage 3 (stage is 2): ignored" in caplog.text
+
+
+@pytest.mark.parametrize("value", [float("inf"), None])
+def test_steps_per_print_infinity_means_never(value):
+    # Accelerate's DeepSpeedPlugin always sets "steps_per_print": inf.
+    assert load_config(with_(steps_per_print=value), world_size=2).steps_per_print is None
+    assert errors_at(errors_of(with_(steps_per_print=float("-inf"))), "steps_per_print")

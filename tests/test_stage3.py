@@ -432,3 +432,22 @@ def test_the_end_of_backward_callback_flushes_every_backward():
     for losses, flushed in run_distributed(_callback_flushes, 2):
         assert flushed == [True] * (3 * GAS)
         assert losses == pytest.approx(ref_losses, rel=1e-5)
+
+
+def _scale_loss_in_place(step, loss):
+    loss *= 1.0  # the HF Trainer's `loss *= loss_scale` (trainer.py's compute_loss)
+    return loss
+
+
+def _train_scaling_in_place(rank, world):
+    engine = _make(rank)
+    return training.train_engine(engine, rank, world, 4, GAS, on_step=_scale_loss_in_place)
+
+
+def test_a_units_output_can_be_modified_in_place():
+    """The model's loss comes out of the root unit's backward hook; an in-place op on it
+    raised ("a view of a function that returns multiple views") and must train as before."""
+    ref_losses, _ = training.train_reference(2, 4, GAS, _config(), freeze_position_embedding=True,
+                                             reuse_block=True)
+    for losses in run_distributed(_train_scaling_in_place, 2):
+        assert losses == pytest.approx(ref_losses, rel=1e-5)

@@ -95,6 +95,7 @@ class ZeroEngine(nn.Module):
         self._boundary_in_backward = False
         self._boundary_backward_seen = False  # engine.backward ran for this boundary
         self._no_sync = False
+        self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary
         self._final_report_step = None  # destroy() writes a final report unless one was
         _LIVE_ENGINES.add(self)
 
@@ -145,7 +146,16 @@ class ZeroEngine(nn.Module):
         return self.config.gradient_accumulation_steps
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether this micro-batch ends the accumulation window: counted from the micro-steps,
+        unless set_gradient_accumulation_boundary() says otherwise."""
+        if self._boundary_override is not None:
+            return self._boundary_override
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool | None) -> None:
+        """DeepSpeed's override of the boundary (Accelerate and the HF Trainer set it before each
+        backward and call step() only at the boundary); None goes back to counting."""
+        self._boundary_override = None if is_boundary is None else bool(is_boundary)
 
     def get_lr(self) -> list[float]:
         return [float(group["lr"]) for group in self.optimizer.param_groups]
@@ -168,11 +178,12 @@ class ZeroEngine(nn.Module):
         finally:
             self._no_sync = previous
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False):
-        """Scales the loss (1/gradient_accumulation_steps, and the fp16 loss scale), runs
-        backward with gradient reduction overlapped, and waits for the reductions."""
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True):
+        """Scales the loss (1/gradient_accumulation_steps unless scale_wrt_gas is False, as
+        DeepSpeed; and the fp16 loss scale), runs backward with gradient reduction overlapped,
+        and waits for the reductions."""
         boundary = self.is_gradient_accumulation_boundary() and not self._no_sync
-        scaled = loss.float() / self.gradient_accumulation_steps()
+        scaled = loss.float() / self.gradient_accumulation_steps() if scale_wrt_gas else loss.float()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
         self._boundary_in_backward = boundary
@@ -208,6 +219,7 @@ class ZeroEngine(nn.Module):
                                  float(self.config.gradient_clipping),
                                  self.loss_scaler is not None, self.applied_steps + 1)
         self.last_step_result = result
+        self.optimizer.overflow = bool(result["overflow"])  # Accelerate's step_was_skipped
         if self.loss_scaler is not None:
             self.loss_scaler.update_scale(result["overflow"])
         if result["overflow"]:
@@ -337,6 +349,27 @@ class ZeroEngine(nn.Module):
         if self._stage3 is None:
             return self.module.state_dict()
         return stage3.full_state_dict(self._stage3, self.module, keep=dist.get_rank() == 0)
+
+    def get_global_grad_norm(self) -> float | None:
+        """The global gradient norm of the last optimizer step, before clipping (None before
+        the first step), as DeepSpeed's engine reports it."""
+        norm = self.last_step_result.get("grad_norm")
+        return None if norm is None else float(norm)
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        return bool(self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """DeepSpeed's name, used by the HF Trainer and Accelerate to save a stage-3 model: the
+        whole state dict in the training dtype on rank 0, None on the other ranks. Every rank
+        must call it."""
+        state = self.module_state_dict()
+        if dist.get_rank() != 0:
+            return None
+        if exclude_frozen_parameters:
+            frozen = {name for name, p in self.module.named_parameters() if not p.requires_grad}
+            state = {name: value for name, value in state.items() if name not in frozen}
+        return state
 
     def load_module_state_dict(self, state: dict, strict: bool = True) -> None:
         if self._stage3 is None:

@@ -182,8 +182,11 @@ class Init:
         if config is not None and config_dict_or_path is not None:
             raise ValueError("zero.Init: pass config_dict_or_path or config, not both")
         raw = _read_config(config_dict_or_path if config is None else config)
-        self.threshold = int((raw.get("zero_optimization") or {}).get(
-            "stage3_param_persistence_threshold", DEFAULT_PERSISTENCE_THRESHOLD))
+        threshold = (raw.get("zero_optimization") or {}).get(
+            "stage3_param_persistence_threshold", "auto")
+        # "auto": the HF Trainer's config is not finalised yet when from_pretrained runs
+        # zero.Init; DeepSpeed's config then uses its default, and so does zero.
+        self.threshold = DEFAULT_PERSISTENCE_THRESHOLD if threshold == "auto" else int(threshold)
         self.dtype = dtype or _config_dtype(raw)
         if not self.dtype.is_floating_point:
             raise ValueError(f"zero.Init: dtype={self.dtype} is not a floating-point type")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import collections
+
 import torch
 
 from zero.boundary import optimizer_hyper
@@ -60,13 +62,19 @@ def _pick(values: dict, keys) -> dict:
     return {k: values[k] for k in keys if k in values}
 
 
-class ZeroOptimizer:
-    """param_groups[i] describes engine group i (its 'params' are the model parameters)."""
+class ZeroOptimizer(torch.optim.Optimizer):
+    """param_groups[i] describes engine group i (its 'params' are the model parameters).
 
-    def __init__(self, spec: OptimizerSpec, param_groups: list[dict]):
+    A torch Optimizer by type, so LR schedulers built on it (torch's LambdaLR from the HF
+    Trainer, a client scheduler callable) accept it, as they accept DeepSpeed's; torch's
+    __init__ is not run: the state is sharded inside the engine, not in `state`."""
+
+    def __init__(self, spec: OptimizerSpec, param_groups: list[dict]):  # noqa: super-init-not-called
         self.spec = spec
         self.param_groups = param_groups
         self.defaults = spec.defaults
+        self.state = collections.defaultdict(dict)
+        self.overflow = False  # the last step was skipped (fp16 overflow, non-finite grads)
 
     def hypers(self) -> list:
         """Per-group hyperparameters for EngineCore.step (_C.OptimizerHyper), read fresh each

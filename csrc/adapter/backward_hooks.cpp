@@ -28,13 +28,19 @@ variable_list pass_through(variable_list grads) {
   return grads;
 }
 
-// An identity on a unit's tensors whose backward runs `Event` for the unit.
+// An identity on a unit's tensors whose backward runs `Event` for the unit. The outputs share
+// the inputs' storage but are not autograd views of them: an input returned as is becomes one
+// of several views of one node, which autograd forbids to modify in place (the HF Trainer
+// scales its loss with `loss *= ...`); an in-place op on a detached alias keeps this node.
 template <typename Event>
 struct UnitEvent : torch::autograd::Function<UnitEvent<Event>> {
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<UnitRef> ref,
                                at::TensorList tensors) {
     ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(ref));
-    return tensors.vec();
+    variable_list outputs;
+    outputs.reserve(tensors.size());
+    for (const at::Tensor& t : tensors) outputs.push_back(t.detach());
+    return outputs;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto ref = unit_ref(ctx);

@@ -21,11 +21,18 @@ into frozen dataclasses by ``model.build``.
 
 import difflib
 import json
+import logging
 import math
+import os
 from collections.abc import Mapping
 
 from . import schema
 from .schema import BETAS, BLOCK, BOOL, CHOICE, FLOAT, INT, PARAMS, SECTION, STR, RENAMED
+
+logger = logging.getLogger("zero")
+# Integer keys whose null means "never", where +Infinity means the same (Accelerate's
+# DeepSpeedPlugin always writes "steps_per_print": inf).
+INFINITY_MEANS_NEVER = ("steps_per_print",)
 
 
 class ConfigError(ValueError):
@@ -286,6 +293,8 @@ class _Validator:
         return value if isinstance(value, bool) else self.wrong_type(key, value, path)
 
     def check_int(self, key, value, path):
+        if key.name in INFINITY_MEANS_NEVER and isinstance(value, float) and value == math.inf:
+            return None
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)  # DeepSpeed configs write sizes as 5e8
         elif isinstance(value, float):
@@ -515,8 +524,18 @@ def _check_zero(v, values):
     for key in schema.ZERO_OPTIMIZATION.keys:
         value = zero.get(key.name, INVALID)
         if key.feature == schema.FEATURE_STAGE3 and _valid(value) and not _same(value, key.default) and stage != 3:
-            v.error(f"{path}.{key.name}", value, f"only applies to stage 3 (stage is {stage})",
-                    "remove it or set zero_optimization.stage to 3")
+            # DeepSpeed ignores them, and Accelerate fills two of them in at every stage.
+            _note_once(f"{path}.{key.name} = {_show(value)} only applies to stage 3 (stage is {stage}): ignored")
+
+
+def _note_once(message):
+    """A warning on rank 0 (or a process outside a launcher), once per message."""
+    if message not in _NOTED and os.environ.get("RANK", "0") == "0":
+        _NOTED.add(message)
+        logger.warning("zero: config: %s", message)
+
+
+_NOTED: set = set()
 
 
 def _resolve_optimizer(v, values):

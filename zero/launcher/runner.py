@@ -26,6 +26,8 @@ import tempfile
 import uuid
 from collections import OrderedDict
 
+from zero.compat import deepspeed_alias
+
 from . import env as envrule
 from . import launch, multinode
 from .hostfile import (HostfileError, limit_resources, read_hostfile, resolve_resources,
@@ -93,6 +95,10 @@ def parse_args(argv=None):
                    help="seconds between SIGTERM and SIGKILL when stopping ranks")
     p.add_argument("--comment", default="", help="slurm: srun --comment")
     p.add_argument("--account", default="", help="slurm: srun --account")
+    p.add_argument("--no_deepspeed_alias", action="store_true",
+                   help="do not let the ranks import zero as `deepspeed` (by default zero's "
+                        "launcher puts zero/compat/as_deepspeed first on their PYTHONPATH, so "
+                        "the HF Trainer and Accelerate find it; also ZERO_DEEPSPEED_ALIAS=0)")
     p.add_argument("user_script", help="the training script (or module / executable)")
     p.add_argument("user_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p.parse_args(argv)
@@ -307,6 +313,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         check_numbers(args)
+        _alias_deepspeed(args)
         env_file, file_vars = envrule.load_env_file()
         if env_file:
             _note(f"env file {env_file}: {', '.join(sorted(file_vars)) or '(empty)'}")
@@ -319,6 +326,21 @@ def main(argv=None):
             multinode.MultiNodeError, LaunchError) as e:
         print(f"zero: error: {e}", file=sys.stderr, flush=True)
         return 2
+
+
+def _alias_deepspeed(args):
+    """The ranks import zero as `deepspeed` (zero/compat/deepspeed_alias.py), unless asked not
+    to; a real DeepSpeed installed here is named, since the ranks will not see it."""
+    if args.no_deepspeed_alias:
+        os.environ[deepspeed_alias.ENV_SWITCH] = "0"
+    added = deepspeed_alias.launcher_environment(os.environ)
+    if not added:
+        return
+    real = deepspeed_alias.real_deepspeed_origin()
+    if real:
+        _note(f"the ranks import zero as `deepspeed`, not the DeepSpeed installed at "
+              f"{os.path.dirname(real)}; --no_deepspeed_alias keeps that one")
+    os.environ.update(added)
 
 
 def _note(message):

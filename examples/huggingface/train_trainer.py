@@ -1,0 +1,58 @@
+"""A plain Hugging Face Trainer script: nothing in it names zero or DeepSpeed.
+
+    zero --num_procs 2 train_trainer.py --deepspeed ds_config.json --output_dir out --max_steps 8
+    torchrun --nproc_per_node 2 train_trainer.py --output_dir out --max_steps 8   # plain DDP
+
+A small GPT-2 built from its config (no download) learns a synthetic copy task; the loss of
+every step is in out/log_history.json. --resume_from_checkpoint resumes, --init_from loads a
+saved model with from_pretrained (under ZeRO-3 inside zero.Init, as the Trainer does).
+"""
+import dataclasses
+import json
+import os
+
+import torch
+from transformers import (GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer,
+                          TrainingArguments, set_seed)
+
+
+@dataclasses.dataclass
+class ScriptArguments:
+    init_from: str = dataclasses.field(default="", metadata={"help": "from_pretrained this dir"})
+    samples: int = dataclasses.field(default=256, metadata={"help": "training sequences"})
+
+
+def dataset(samples: int, seed: int = 1234) -> list[dict]:
+    """Sequences whose second half repeats the first: learnable, so the loss falls."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(samples):
+        half = torch.randint(0, 96, (16,), generator=generator)
+        ids = torch.cat([half, half])
+        rows.append({"input_ids": ids, "labels": ids.clone()})
+    return rows
+
+
+def main():
+    script_args, args = HfArgumentParser((ScriptArguments, TrainingArguments)) \
+        .parse_args_into_dataclasses()
+    set_seed(args.seed)
+    if script_args.init_from:
+        model = GPT2LMHeadModel.from_pretrained(script_args.init_from)
+    else:
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=96,
+                                           n_positions=32))
+    data = dataset(script_args.samples)
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:16])
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    metrics = trainer.evaluate()
+    trainer.save_model(os.path.join(args.output_dir, "final"))
+    if trainer.is_world_process_zero():
+        with open(os.path.join(args.output_dir, "log_history.json"), "w") as file:
+            json.dump({"log_history": trainer.state.log_history, "eval": metrics,
+                       "wrapped": type(trainer.model_wrapped).__module__ + "." +
+                       type(trainer.model_wrapped).__name__}, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
