@@ -151,3 +151,86 @@ def test_a_checkpoint_of_another_model_is_named_and_nothing_is_loaded(saved):
     assert message is not None and "model_states.pt is of another model" in message
     assert "token_embedding.weight: saved (97, 32), the model has (97, 48)" in message
     assert untouched
+
+
+def test_lazy_mode_builds_each_tensor_on_contiguous(saved):
+    from zero.checkpoint_export import LazyTensor, get_fp32_state_dict_from_zero_checkpoint
+
+    save_dir, _ = saved
+    eager = get_fp32_state_dict_from_zero_checkpoint(save_dir)
+    lazy = get_fp32_state_dict_from_zero_checkpoint(save_dir, lazy_mode=True)
+    assert list(lazy) == list(eager)
+    assert all(isinstance(value, LazyTensor) for value in lazy.values())
+    assert lazy["head.weight"] is lazy["token_embedding.weight"]  # tied: one lazy tensor
+    for name, value in lazy.items():
+        assert (value.shape, value.dtype) == (eager[name].shape, eager[name].dtype), name
+        assert torch.equal(value.contiguous(), eager[name]), name
+
+
+def test_an_output_file_path_writes_that_file(saved, tmp_path):
+    """DeepSpeed's older form: `python zero_to_fp32.py . pytorch_model.bin`, or output_file=."""
+    from safetensors.torch import load_file
+
+    from zero.checkpoint_export import (convert_zero_checkpoint_to_fp32_state_dict,
+                                        get_fp32_state_dict_from_zero_checkpoint, main)
+
+    save_dir, _ = saved
+    expected = get_fp32_state_dict_from_zero_checkpoint(save_dir)
+    target = tmp_path / "out" / "pytorch_model.bin"
+    # one file, whatever max_shard_size says
+    assert convert_zero_checkpoint_to_fp32_state_dict(save_dir, target, max_shard_size="1KB") \
+        == ["pytorch_model.bin"]
+    assert target.is_file() and os.listdir(tmp_path / "out") == ["pytorch_model.bin"]
+    state = torch.load(target, weights_only=True)
+    assert set(state) == set(expected) and all(torch.equal(state[k], expected[k]) for k in state)
+    assert state["head.weight"].data_ptr() == state["token_embedding.weight"].data_ptr()
+
+    assert convert_zero_checkpoint_to_fp32_state_dict(
+        save_dir, output_file=str(tmp_path / "weights.pt")) == ["weights.pt"]
+    assert set(torch.load(tmp_path / "weights.pt", weights_only=True)) == set(expected)
+
+    main([save_dir, str(tmp_path / "model.safetensors")])  # the suffix picks safetensors
+    assert set(load_file(tmp_path / "model.safetensors")) == set(expected) - {"head.weight"}
+
+    with pytest.raises(ValueError, match="safe_serialization writes safetensors but .*x.bin"):
+        convert_zero_checkpoint_to_fp32_state_dict(save_dir, tmp_path / "x.bin",
+                                                   safe_serialization=True)
+    # an existing directory stays a directory, whatever its name
+    (tmp_path / "dir.bin").mkdir()
+    assert convert_zero_checkpoint_to_fp32_state_dict(save_dir, tmp_path / "dir.bin") == \
+        ["pytorch_model.bin"]
+    assert (tmp_path / "dir.bin" / "pytorch_model.bin").is_file()
+
+
+def _train_with_a_frozen_tied_embedding(rank, world, save_dir):
+    import zero
+
+    model = training.make_model()
+    model.token_embedding.weight.requires_grad_(False)  # also head.weight: the same parameter
+    engine, _, _, _ = zero.initialize(model=model, config=training.engine_config(
+        2, gas=1, scheduler=False))
+    training.train_engine(engine, rank, world, 1, 1)
+    engine.save_checkpoint(save_dir)
+
+
+def test_a_frozen_tied_weight_is_one_tensor_under_every_name(tmp_path):
+    from safetensors.torch import load_file
+
+    from zero.checkpoint_export import (convert_zero_checkpoint_to_fp32_state_dict,
+                                        get_fp32_state_dict_from_zero_checkpoint)
+
+    run_distributed(_train_with_a_frozen_tied_embedding, 2, args=(str(tmp_path / "ckpt"),))
+    state = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "ckpt"))
+    assert state["head.weight"] is state["token_embedding.weight"]
+    written = convert_zero_checkpoint_to_fp32_state_dict(str(tmp_path / "ckpt"), tmp_path / "bin")
+    exported = torch.load(tmp_path / "bin" / written[0], weights_only=True)
+    assert exported["head.weight"].data_ptr() == exported["token_embedding.weight"].data_ptr()
+    model = training.make_model()
+    model.load_state_dict(exported, strict=True)
+    # safetensors cannot alias: the first name only (from_pretrained ties the rest again)
+    convert_zero_checkpoint_to_fp32_state_dict(str(tmp_path / "ckpt"), tmp_path / "st",
+                                               safe_serialization=True)
+    assert "head.weight" not in load_file(tmp_path / "st" / "model.safetensors")
+    without = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "ckpt"),
+                                                       exclude_frozen_parameters=True)
+    assert "head.weight" not in without and "token_embedding.weight" not in without

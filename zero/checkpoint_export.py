@@ -8,9 +8,15 @@ shard is written, and the shard is dropped before the next one is built.
 Output, as DeepSpeed and Hugging Face write it: `pytorch_model.bin` (torch.save) or
 `model.safetensors`; above `max_shard_size`, numbered shards (`model-00001-of-00003.safetensors`)
 and an index (`model.safetensors.index.json`: total size and which file holds each name).
-A parameter the module uses under several names (tied weights) is stored once: in the torch
-files under every name (one storage), in safetensors, which cannot alias, under its first name
-only, as `save_pretrained` does (`from_pretrained` ties the others again).
+An `output_dir` that names a file (`pytorch_model.bin`, `model.safetensors`: DeepSpeed's older
+`output_file` form, still in Hugging Face's docs) gets that one file, never sharded.
+
+A tensor the module holds under several names (tied weights, trainable or frozen, and shared
+buffers) is stored once: in the torch files and the state dict under every name (one storage),
+in safetensors, which cannot alias, under its first name only, as `save_pretrained` does. A
+Hugging Face model's `from_pretrained` ties the other names again (its `tie_weights`); a plain
+module loading a safetensors export needs `load_state_dict(..., strict=False)` and the tie
+restored by its own code, or the torch export instead.
 """
 from __future__ import annotations
 
@@ -89,13 +95,26 @@ class Fp32Parameters:
 class Entry:
     """One tensor of the output under all its names; `build()` makes it."""
     names: list[str]
-    nbytes: int
+    shape: torch.Size
+    dtype: torch.dtype
     build: Callable[[], torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape.numel() * self.dtype.itemsize
+
+
+def _same_tensor(tensor: torch.Tensor) -> tuple:
+    """What identifies one saved tensor however many names point at it (torch.save keeps the
+    storage shared between tied names)."""
+    return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+            tuple(tensor.stride()), tensor.dtype)
 
 
 def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool) -> list[Entry]:
     """The module's state dict in its own order: trainable parameters in fp32 from the master
-    weights, buffers and frozen parameters as saved."""
+    weights, buffers and frozen parameters as saved; one entry per tensor, with every name the
+    module has for it."""
     params = Fp32Parameters(path, model_state)
     frozen = set(layout_of(model_state, path)["frozen"])
     first_name = {}
@@ -104,27 +123,54 @@ def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool) -> l
         trainable[names[0]] = (names, shape, where)
         first_name.update((name, names[0]) for name in names)
     entries = []
+    saved_entries = {}  # _same_tensor -> the entry of a frozen parameter or buffer
     for name, saved in model_state["module"].items():
         if name in first_name:
             if first_name[name] == name:
                 names, shape, where = trainable[name]
-                entries.append(Entry(names, shape.numel() * 4,
+                entries.append(Entry(names, shape, torch.float32,
                                      lambda w=where, s=shape: params.value(w, s)))
         elif not (exclude_frozen_parameters and name in frozen):
-            entries.append(Entry([name], saved.numel() * saved.element_size(),
-                                 lambda t=saved: t.clone()))
+            key = _same_tensor(saved)
+            if key in saved_entries:  # another name of a tensor already listed
+                saved_entries[key].names.append(name)
+                continue
+            saved_entries[key] = Entry([name], saved.shape, saved.dtype,
+                                       lambda t=saved: t.clone())
+            entries.append(saved_entries[key])
     return entries
 
 
+class LazyTensor:
+    """One tensor of a lazy_mode state dict (DeepSpeed's GatheredTensor): `shape` and `dtype`
+    now, the values (read from the memory-mapped rank files) on `.contiguous()`. Tied names
+    share one LazyTensor."""
+
+    def __init__(self, build: Callable[[], torch.Tensor], shape: torch.Size, dtype: torch.dtype):
+        self._build, self.shape, self.dtype = build, shape, dtype
+
+    def contiguous(self) -> torch.Tensor:
+        return self._build()
+
+    def __repr__(self) -> str:
+        return f"LazyTensor(shape={tuple(self.shape)}, dtype={self.dtype})"
+
+
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
-                                             exclude_frozen_parameters=False) -> dict:
+                                             exclude_frozen_parameters=False,
+                                             lazy_mode=False) -> dict:
     """DeepSpeed's function of the same name: the model's state dict with every trainable
     parameter in fp32 from the checkpoint's master weights, buffers (and, unless excluded,
-    frozen parameters) as saved, tied names sharing one tensor."""
+    frozen parameters) as saved, tied names sharing one tensor. With `lazy_mode` the values
+    are LazyTensors, each built (and held) only when its `.contiguous()` is called, as
+    DeepSpeed's lazy mode does: memory for one tensor at a time."""
     path, model_state = open_checkpoint(checkpoint_dir, tag)
     state = {}
     for entry in _entries(path, model_state, exclude_frozen_parameters):
-        value = entry.build()
+        if lazy_mode:
+            value = LazyTensor(entry.build, entry.shape, entry.dtype)
+        else:
+            value = entry.build()
         for name in entry.names:
             state[name] = value
     return {name: state[name] for name in model_state["module"] if name in state}
@@ -166,24 +212,59 @@ def plan_shards(entries: list[Entry], limit: int) -> list[list[Entry]]:
     return shards + [current] if current else shards
 
 
-def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir,
+# An output path ending so names a file (DeepSpeed's older output_file form), not a directory.
+WEIGHT_FILE_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors")
+
+
+def _output_file(output) -> str | None:
+    """The file `output` names, or None when it is a directory (an existing one, or a name
+    without a weights file's suffix)."""
+    output = os.fspath(output)
+    if os.path.isdir(output) or not output.endswith(WEIGHT_FILE_SUFFIXES):
+        return None
+    return output
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir=None,
                                                max_shard_size=DEFAULT_MAX_SHARD_SIZE,
                                                safe_serialization=False, tag=None,
-                                               exclude_frozen_parameters=False) -> list[str]:
+                                               exclude_frozen_parameters=False,
+                                               output_file=None) -> list[str]:
     """DeepSpeed's function of the same name: writes the fp32 state dict into `output_dir` as
     `pytorch_model.bin` or, with `safe_serialization`, `model.safetensors`; sharded with an
-    index JSON above `max_shard_size` (None: one file). Returns the files written."""
+    index JSON above `max_shard_size` (None: one file). Returns the files written (names in
+    `output_dir`).
+
+    DeepSpeed's older form, `output_dir` (or `output_file=`) naming a file ending in .bin, .pt,
+    .pth or .safetensors, writes that one file, whole whatever `max_shard_size` says; a
+    .safetensors name writes safetensors."""
     from tqdm import tqdm
 
+    if output_file is not None and output_dir is not None:
+        raise TypeError("zero: give output_dir or output_file, not both")
+    output = output_file if output_file is not None else output_dir
+    if output is None:
+        raise TypeError("zero: convert_zero_checkpoint_to_fp32_state_dict needs output_dir "
+                        "(a directory, or the file to write)")
+    single = _output_file(output) if output_file is None else os.fspath(output_file)
+    if single is not None:
+        if safe_serialization and not single.endswith(".safetensors"):
+            raise ValueError(f"zero: safe_serialization writes safetensors but {single} is named "
+                             "as a torch file; name it *.safetensors or drop safe_serialization")
+        safe_serialization = single.endswith(".safetensors")
     if safe_serialization:
         from safetensors.torch import save_file
     path, model_state = open_checkpoint(checkpoint_dir, tag)
     entries = _entries(path, model_state, exclude_frozen_parameters)
     total = sum(entry.nbytes for entry in entries)
-    limit = parse_size(max_shard_size) if max_shard_size is not None else total
-    shards = plan_shards(entries, max(limit, 1))
-    names = _shard_names("model.safetensors" if safe_serialization else "pytorch_model.bin",
-                         len(shards))
+    if single is not None:
+        output_dir, names, shards = os.path.dirname(single) or ".", [os.path.basename(single)], \
+            [entries]
+    else:
+        limit = parse_size(max_shard_size) if max_shard_size is not None else total
+        shards = plan_shards(entries, max(limit, 1))
+        names = _shard_names("model.safetensors" if safe_serialization else "pytorch_model.bin",
+                             len(shards))
     os.makedirs(output_dir, exist_ok=True)
     weight_map = {}
     for file_name, shard in tqdm(list(zip(names, shards)), desc="zero: writing fp32 shards",
@@ -221,7 +302,8 @@ def main(argv=None) -> None:
     """`python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [...]`, DeepSpeed's flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint_dir", help="the directory holding 'latest' and the tags")
-    parser.add_argument("output_dir", help="where the fp32 state dict files go")
+    parser.add_argument("output_dir", help="where the fp32 state dict files go, or the one "
+                        "file to write (a name ending in .bin, .pt, .pth or .safetensors)")
     parser.add_argument("--max_shard_size", default=DEFAULT_MAX_SHARD_SIZE,
                         help="largest output file before sharding (default 5GB)")
     parser.add_argument("--safe_serialization", action="store_true",
@@ -235,7 +317,8 @@ def main(argv=None) -> None:
         args.checkpoint_dir, args.output_dir, max_shard_size=args.max_shard_size,
         safe_serialization=args.safe_serialization, tag=args.tag,
         exclude_frozen_parameters=args.exclude_frozen_parameters)
-    print(f"zero: wrote {', '.join(written)} to {args.output_dir}")
+    where = os.path.dirname(args.output_dir) if _output_file(args.output_dir) else args.output_dir
+    print(f"zero: wrote {', '.join(written)} to {where or '.'}")
 
 
 if __name__ == "__main__":
