@@ -1,0 +1,83 @@
+"""An unmodified Hugging Face Trainer script (examples/huggingface/train_trainer.py: nothing in
+it names zero or DeepSpeed) launched by `zero --num_procs 2` with a DeepSpeed config trains on
+zero's engine like plain DDP, resumes from its checkpoint, and saves a model that
+from_pretrained loads."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distributed_harness import free_port
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "huggingface"
+SCRIPT = EXAMPLES / "train_trainer.py"
+TIMEOUT = 240
+ARGS = ["--max_steps", "8", "--per_device_train_batch_size", "4",
+        "--gradient_accumulation_steps", "2", "--logging_steps", "1", "--save_steps", "4",
+        "--learning_rate", "3e-3", "--report_to", "none", "--disable_tqdm", "true"]
+
+
+def run_trainer(out, *extra, launcher=()):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "zero.launcher.runner", "--num_procs", "2", "--master_port",
+            str(free_port()), *launcher, str(SCRIPT), "--output_dir", str(out), *ARGS, *extra]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return json.loads((Path(out) / "log_history.json").read_text())
+
+
+def step_losses(result):
+    return [entry["loss"] for entry in result["log_history"] if "loss" in entry]
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    """The same script under plain DDP (gloo on the CPU), zero not standing in for deepspeed."""
+    out = tmp_path_factory.mktemp("ddp")
+    return {**run_trainer(out, "--use_cpu", "true", launcher=["--no_deepspeed_alias"]), "out": out}
+
+
+def saved_weights(path):
+    model = transformers.GPT2LMHeadModel.from_pretrained(path)
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_trainer_on_zero_matches_ddp_and_saves_a_loadable_model(tmp_path, ddp, stage):
+    result = run_trainer(tmp_path, "--deepspeed", str(EXAMPLES / f"ds_zero{stage}.json"))
+    assert result["wrapped"] == "zero.engine.ZeroEngine"  # trainer.model_wrapped
+    assert ddp["wrapped"] == "torch.nn.parallel.distributed.DistributedDataParallel"
+    assert len(step_losses(result)) == 8
+    assert step_losses(result) == pytest.approx(step_losses(ddp), rel=2e-3)
+    assert result["eval"]["eval_loss"] == pytest.approx(ddp["eval"]["eval_loss"], rel=2e-3)
+    assert result["eval"]["eval_loss"] < step_losses(result)[0]
+    # save_model (at stage 3: the 16-bit gather) wrote a model that from_pretrained loads,
+    # with the weights DDP's run saved.
+    ours, theirs = saved_weights(tmp_path / "final"), saved_weights(ddp["out"] / "final")
+    assert ours.keys() == theirs.keys()
+    for name, weight in ours.items():
+        assert torch.allclose(weight, theirs[name], rtol=2e-3, atol=1e-5), name
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_trainer_resumes_from_its_checkpoint_on_the_same_curve(tmp_path, stage):
+    config = str(EXAMPLES / f"ds_zero{stage}.json")
+    whole = run_trainer(tmp_path / "whole", "--deepspeed", config)
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "whole" / "checkpoint-4", resumed_dir / "checkpoint-4")
+    assert (resumed_dir / "checkpoint-4" / "latest").exists()  # the engine's own checkpoint
+    resumed = run_trainer(resumed_dir, "--deepspeed", config, "--resume_from_checkpoint",
+                          str(resumed_dir / "checkpoint-4"))
+    assert step_losses(resumed) == pytest.approx(step_losses(whole), rel=2e-3)
+    assert resumed["eval"]["eval_loss"] == pytest.approx(whole["eval"]["eval_loss"], rel=2e-3)
