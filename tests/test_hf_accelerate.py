@@ -1,0 +1,53 @@
+"""An unmodified Accelerate training loop (examples/huggingface/train_accelerate.py: a
+DeepSpeedPlugin, the script's own torch AdamW and LambdaLR, accumulate(), save_state,
+get_state_dict) launched by `zero --num_procs 2` trains on zero's engine like plain DDP."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distributed_harness import free_port
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "examples" / "huggingface" / "train_accelerate.py"
+TIMEOUT = 240
+
+
+def run_script(out, *extra, launcher=()):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "zero.launcher.runner", "--num_procs", "2", "--master_port",
+            str(free_port()), *launcher, str(SCRIPT), "--out", str(out), *extra]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return json.loads((Path(out) / "losses.json").read_text()), torch.load(Path(out) / "model.pt")
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    return run_script(tmp_path_factory.mktemp("ddp"), "--cpu", launcher=["--no_deepspeed_alias"])
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_accelerate_loop_on_zero_matches_ddp(tmp_path, ddp, stage):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+        "gradient_clipping": 0.0,  # the script clips nothing, under DDP neither
+        "zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True}}))
+    (result, model), (reference, reference_model) = run_script(tmp_path, "--ds_config", config), ddp
+    assert result["engine"] == "zero.engine.ZeroEngine"
+    assert reference["engine"] == "torch.nn.parallel.distributed.DistributedDataParallel"
+    assert len(result["losses"]) == 8
+    assert result["losses"] == pytest.approx(reference["losses"], rel=2e-3)
+    assert (tmp_path / "state" / "pytorch_model" / "manifest.json").exists()  # save_state
+    for name, weight in reference_model.items():  # get_state_dict: the whole model
+        assert torch.allclose(model[name], weight, rtol=2e-3, atol=1e-5), name
