@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "half_reference.h"
 #include "core/cpu_adam.h"
 #include "core/cpu_adam_kernel.h"
 #include "core/cpu_features.h"
@@ -31,22 +32,8 @@ const std::int64_t kOddLengths[] = {0, 1, 7, 15, 17, 33, 1000003};
 
 // ---- independent 16-bit references ----
 
-double bf16_value(std::uint16_t h) {
-  std::uint32_t u = std::uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-double fp16_value(std::uint16_t h) {
-  const int exp = (h >> 10) & 0x1F;
-  const int mant = h & 0x3FF;
-  const double sign = (h & 0x8000) ? -1.0 : 1.0;
-  if (exp == 0x1F) return mant ? std::numeric_limits<double>::quiet_NaN()
-                               : sign * std::numeric_limits<double>::infinity();
-  if (exp == 0) return sign * std::ldexp(mant, -24);
-  return sign * std::ldexp(1024 + mant, exp - 25);
-}
+using zero_test::bf16_value;
+using zero_test::fp16_value;
 
 // Nearest of the two representable neighbours of |f|, ties to the even encoding. `value` decodes a
 // magnitude encoding; encodings are monotonic in value, which is what makes the search valid.

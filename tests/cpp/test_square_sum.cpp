@@ -2,6 +2,8 @@
 // gradient norm, read in one pass from fp32, bf16 or fp16 shards.
 #include <catch2/catch.hpp>
 
+#include "half_reference.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,23 +19,8 @@ using zero::core::square_sum;
 
 namespace {
 
-// Independent decodings: bf16 is the top half of a float; fp16 from its fields.
-double bf16_value(std::uint16_t h) {
-  const std::uint32_t u = std::uint32_t{h} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-double fp16_value(std::uint16_t h) {
-  const int exp = (h >> 10) & 0x1F;
-  const int mant = h & 0x3FF;
-  const double sign = (h & 0x8000) ? -1.0 : 1.0;
-  if (exp == 0x1F) return mant ? std::numeric_limits<double>::quiet_NaN()
-                               : sign * std::numeric_limits<double>::infinity();
-  if (exp == 0) return sign * std::ldexp(mant, -24);
-  return sign * std::ldexp(1024 + mant, exp - 25);
-}
+using zero_test::bf16_value;
+using zero_test::fp16_value;
 
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
   std::mt19937 gen(seed);
