@@ -267,8 +267,6 @@ def _initialize_errors(rank, world):
     messages = []
     for kwargs in (
         {"config": training.engine_config(1), "optimizer": torch.optim.AdamW(model.parameters())},
-        {"config": {**training.engine_config(1), "optimizer": None} if False else
-         {k: v for k, v in training.engine_config(1).items() if k != "optimizer"}},
         {"config": training.engine_config(1),
          "lr_scheduler": torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), 0.1), 1)},
     ):
@@ -280,11 +278,41 @@ def _initialize_errors(rank, world):
     return messages
 
 
-def test_initialize_explains_conflicting_or_missing_pieces():
-    both_optimizers, no_optimizer, both_schedulers = run_distributed(_initialize_errors, 1)[0]
+def test_initialize_explains_conflicting_pieces():
+    both_optimizers, both_schedulers = run_distributed(_initialize_errors, 1)[0]
     assert "remove one of them" in both_optimizers
-    assert "no optimizer" in no_optimizer
     assert "scheduler" in both_schedulers and "remove one of them" in both_schedulers
+
+
+def _without_optimizer(rank, world):
+    import zero
+
+    torch.manual_seed(0)
+    plain = training.make_model()
+    config = {k: v for k, v in training.engine_config(3, stage3_param_persistence_threshold=40)
+              .items() if k != "optimizer"}
+    engine, optimizer, _, scheduler = zero.initialize(model=training.make_model(), config=config)
+    tokens, targets = training.batches(world, 1, 1)[rank]
+    with torch.no_grad():
+        ours, theirs = engine(tokens, targets).item(), plain(tokens, targets).item()
+    loss = engine(tokens, targets)
+    engine.backward(loss)
+    try:
+        engine.step()
+        refusal = None
+    except RuntimeError as error:
+        refusal = str(error)
+    return ours, theirs, optimizer, scheduler, refusal
+
+
+def test_initialize_without_an_optimizer_gives_an_engine_for_forward_passes():
+    """DeepSpeed's inference engine (the HF Trainer evaluates through one at stage 3 before it
+    trains; accelerator.prepare(model) alone builds one): no optimizer is returned, forward
+    gathers as usual, and step() names what is missing."""
+    for ours, theirs, optimizer, scheduler, refusal in run_distributed(_without_optimizer, 2):
+        assert ours == pytest.approx(theirs, rel=1e-6)
+        assert optimizer is None and scheduler is None
+        assert "without an optimizer" in refusal
 
 
 # ---- the DeepSpeed-shaped namespace ---------------------------------------------------------

@@ -100,7 +100,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     dataloader = None
     if training_data is not None:
         dataloader = _dataloader(training_data, zero_config, collate_fn)
-    return engine, engine.optimizer, dataloader, engine.lr_scheduler
+    optimizer = None if engine.inference_only else engine.optimizer  # DeepSpeed: None
+    return engine, optimizer, dataloader, engine.lr_scheduler
 
 
 def _dataloader(dataset, config, collate_fn):

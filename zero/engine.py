@@ -73,7 +73,11 @@ class ZeroEngine(nn.Module):
                        for g, group in enumerate(self._engine_groups)
                        for i, param in enumerate(group.params)]
         self.optimizer = ZeroOptimizer(spec, groups)
-        self.lr_scheduler = _scheduler(config, lr_scheduler, self.optimizer)
+        # No optimizer passed or configured: an engine for forward passes (DeepSpeed's
+        # inference engine; the HF Trainer evaluates through one at stage 3).
+        self.inference_only = optimizer is None and config.optimizer is None
+        self.lr_scheduler = None if self.inference_only else \
+            _scheduler(config, lr_scheduler, self.optimizer)
         self.loss_scaler = (loss_scaler_from_config(
             loss_scale=config.fp16.loss_scale, initial_scale_power=config.fp16.initial_scale_power,
             loss_scale_window=config.fp16.loss_scale_window, hysteresis=config.fp16.hysteresis,
@@ -208,6 +212,10 @@ class ZeroEngine(nn.Module):
                 "engine.backward(loss) instead of loss.backward(). The engine scales the loss and "
                 "reduces the gradients across ranks there; this step would apply unreduced "
                 "gradients (at stages 2 and 3: none)")
+        if self.inference_only:
+            raise RuntimeError("zero: engine.step() on an engine built without an optimizer "
+                               "(no \"optimizer\" block and no optimizer= to initialize()); "
+                               "add one to train")
         self.micro_steps += 1
         self.global_samples += self.train_micro_batch_size_per_gpu() * dist.get_world_size()
         if not boundary:
@@ -491,14 +499,12 @@ def _parameter_groups(model, config, optimizer, model_parameters):
     if optimizer is not None and config.optimizer is not None:
         raise ValueError("zero: an optimizer was passed to initialize() and the config has an "
                          "\"optimizer\" block; remove one of them")
-    if optimizer is None and config.optimizer is None:
-        raise ValueError("zero: no optimizer: add an \"optimizer\" block to the config or pass "
-                         "optimizer= to initialize()")
     if isinstance(optimizer, torch.optim.Optimizer):
         spec = OptimizerSpec.from_torch(optimizer)
         raw_groups = optimizer.param_groups
     else:
-        spec = OptimizerSpec.from_config(config.optimizer)
+        spec = OptimizerSpec.from_config(config.optimizer) if config.optimizer is not None \
+            else OptimizerSpec.inference_only()
         source = model.parameters() if model_parameters is None else model_parameters
         raw_groups = _as_groups(source)
     groups, trainables, seen = [], [], set()

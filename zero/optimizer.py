@@ -36,6 +36,13 @@ class OptimizerSpec:
         return cls("adam", defaults, optimizer_config.decoupled_weight_decay)
 
     @classmethod
+    def inference_only(cls) -> "OptimizerSpec":
+        """No optimizer at all (DeepSpeed's inference engine: initialize without one): the
+        engine shards and gathers as usual; step() is refused. A stateless SGD with lr 0
+        stands in so the groups build the same way."""
+        return cls("sgd", {"lr": 0.0}, decoupled_weight_decay=False)
+
+    @classmethod
     def from_torch(cls, optimizer: torch.optim.Optimizer) -> "OptimizerSpec":
         """A client optimizer: its type and hyperparameters are taken over; its state is not
         (the engine keeps state only for its shard)."""
