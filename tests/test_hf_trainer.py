@@ -81,3 +81,16 @@ def test_trainer_resumes_from_its_checkpoint_on_the_same_curve(tmp_path, stage):
                           str(resumed_dir / "checkpoint-4"))
     assert step_losses(resumed) == pytest.approx(step_losses(whole), rel=2e-3)
     assert resumed["eval"]["eval_loss"] == pytest.approx(whole["eval"]["eval_loss"], rel=2e-3)
+
+
+def test_from_pretrained_under_zero3_loads_the_saved_model_and_trains(tmp_path, ddp):
+    """ZeRO-3 from_pretrained builds the model inside zero.Init (the config still holds
+    "auto" then) and loads the weights through GatheredParameters: the first evaluation
+    equals the one DDP's run made with those weights, and training goes on from them."""
+    result = run_trainer(tmp_path, "--deepspeed", str(EXAMPLES / "ds_zero3.json"), "--init_from",
+                         str(ddp["out"] / "final"), "--eval_on_start", "true",
+                         "--max_steps", "4")
+    evals = [entry["eval_loss"] for entry in result["log_history"] if "eval_loss" in entry]
+    assert evals[0] == pytest.approx(ddp["eval"]["eval_loss"], rel=1e-4)
+    assert len(step_losses(result)) == 4
+    assert evals[-1] < evals[0]

@@ -52,6 +52,10 @@ def test_stage3_matches_single_process_adamw(world, prefetch):
     for name, expected in ref_params.items():
         assert training.relative_error(state[name], expected) < 1e-5, name
     assert torch.equal(state["head.weight"], state["token_embedding.weight"])  # still tied
+    # ... and one tensor under both names, as in the module (HF's save_pretrained then stores
+    # it once, and from_pretrained under zero.Init ties it the same way on every rank)
+    assert state["head.weight"].untyped_storage().data_ptr() == \
+        state["token_embedding.weight"].untyped_storage().data_ptr()
     assert ref_losses[-1] < ref_losses[0] - 0.2
 
 

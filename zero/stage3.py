@@ -247,12 +247,17 @@ def full_state_dict(hooks: Stage3Hooks, module: nn.Module, keep: bool) -> dict:
     """The module's state dict with every partitioned parameter whole, built unit by unit so
     no rank ever holds more than one gathered unit beyond its shards. Every rank takes part
     in the gathers; only ranks with keep=True keep the (CPU) copies."""
-    state = ({k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-             if keep else {})
+    state, copies = {}, {}
+    if keep:  # one copy per tensor: tied names share it, as in the module (and DeepSpeed)
+        for name, value in module.state_dict(keep_vars=True).items():
+            if id(value) not in copies:
+                copies[id(value)] = value.detach().cpu().clone()
+            state[name] = copies[id(value)]
     for unit in each_gathered_unit(hooks):
         for param, names in hooks.unit_params(unit):
-            for name in names if keep else ():
-                state[name] = param.detach().cpu().clone()
+            if keep:
+                whole = param.detach().cpu().clone()
+                state.update(dict.fromkeys(names, whole))
     return state
 
 
