@@ -51,3 +51,22 @@ def test_accelerate_loop_on_zero_matches_ddp(tmp_path, ddp, stage):
     assert (tmp_path / "state" / "pytorch_model" / "manifest.json").exists()  # save_state
     for name, weight in reference_model.items():  # get_state_dict: the whole model
         assert torch.allclose(model[name], weight, rtol=2e-3, atol=1e-5), name
+
+
+def test_accelerate_launch_use_deepspeed_runs_on_zero_with_the_alias_on_the_path(tmp_path, ddp):
+    """`accelerate launch --use_deepspeed` starts torchrun in its own process, not zero's
+    launcher: with the alias folder on PYTHONPATH (docs/HUGGINGFACE.md) it gets zero too."""
+    from zero.compat.deepspeed_alias import ALIAS_PATH
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=os.pathsep.join([ALIAS_PATH, str(REPO)]), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed",
+            "--num_processes", "2", "--main_process_port", str(free_port()),
+            "--deepspeed_config_file", str(REPO / "examples" / "huggingface" / "ds_accelerate.json"),
+            str(SCRIPT), "--out", str(tmp_path)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    result = json.loads((tmp_path / "losses.json").read_text())
+    assert result["engine"] == "zero.engine.ZeroEngine"
+    assert result["losses"] == pytest.approx(ddp[0]["losses"], rel=2e-3)

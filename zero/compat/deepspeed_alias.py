@@ -140,3 +140,8 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    # `PYTHONPATH=$(python -m zero.compat.deepspeed_alias):$PYTHONPATH accelerate launch ...`
+    print(ALIAS_PATH)
