@@ -53,9 +53,27 @@ def saved_weights(path):
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_trainer_on_zero_matches_ddp_and_saves_a_loadable_model(tmp_path, ddp, stage):
-    result = run_trainer(tmp_path, "--deepspeed", str(EXAMPLES / f"ds_zero{stage}.json"))
+def variant_config(tmp_path, variant):
+    """The example configs, and the offload variants HF users write: stage 3 with parameters
+    and optimizer in host memory; stage 2 offloading the Trainer's own torch AdamW (no
+    "optimizer" block: Accelerate swaps it for deepspeed.ops.adam.DeepSpeedCPUAdam)."""
+    stage = 3 if variant.startswith("zero3") else 2
+    config = json.loads((EXAMPLES / f"ds_zero{stage}.json").read_text())
+    if "offload" in variant:
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    if variant == "zero3-offload":
+        config["zero_optimization"]["offload_param"] = {"device": "cpu"}
+    if variant == "zero2-offload-torch-adamw":
+        del config["optimizer"]
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize("variant", ["zero2", "zero3", "zero3-offload",
+                                     "zero2-offload-torch-adamw"])
+def test_trainer_on_zero_matches_ddp_and_saves_a_loadable_model(tmp_path, ddp, variant):
+    result = run_trainer(tmp_path, "--deepspeed", variant_config(tmp_path, variant))
     assert result["wrapped"] == "zero.engine.ZeroEngine"  # trainer.model_wrapped
     assert ddp["wrapped"] == "torch.nn.parallel.distributed.DistributedDataParallel"
     assert len(step_losses(result)) == 8
