@@ -136,7 +136,7 @@ import zero
 from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
 
 args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
-stage, optimizer, destroy = int(args[0]), args[1], args[2] == "destroy"
+stage, optimizer, ending = int(args[0]), args[1], args[2]
 config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
           "optimizer": {"type": optimizer, "params": {"lr": 1e-3}},
           "zero_optimization": {"stage": stage, "reduce_bucket_size": 2000}}
@@ -149,7 +149,11 @@ for tokens, targets in synthetic_batches(model_config, 2, 6, seed=engine.global_
     engine.backward(engine(tokens, targets))
     engine.step()
 print("done", engine.global_steps, flush=True)
-if destroy:
+if ending == "group_first":  # the script tears down torch.distributed while the engine lives
+    torch.distributed.destroy_process_group()
+    engine.destroy()
+    sys.exit(0)
+if ending == "destroy":
     engine.destroy()
 # The script's own last collective, as real scripts average a metric: its gloo worker drops the
 # finished work just as the script ends (the exit race of pytorch/pytorch#190489).
@@ -169,6 +173,17 @@ def test_a_finished_job_exits_0_every_time(tmp_path):
         assert proc.returncode == 0 and proc.stdout.count("done 3") == 2, \
             f"run {run} (stage {stage}, {optimizer}, {ending}): rc={proc.returncode}\n" \
             f"{proc.stdout}\n{proc.stderr}"
+
+
+def test_destroying_the_process_group_before_the_engine_exits_0(tmp_path):
+    """dist.destroy_process_group() while the engine lives leaves the engine holding the last
+    reference to the group; engine.destroy() lets go of it without the GIL (gloo's workers may
+    need the GIL to drop finished work, so a teardown under it could deadlock)."""
+    for run in range(6):
+        stage, optimizer = (2, "SGD") if run % 2 else (3, "AdamW")
+        proc = _launch_two_ranks(tmp_path, FINISHED_JOB, str(stage), optimizer, "group_first")
+        assert proc.returncode == 0 and proc.stdout.count("done 3") == 2, \
+            f"run {run} (stage {stage}): rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
 
 
 SCRIPT_ENDING_IN_A_COLLECTIVE = """

@@ -240,7 +240,8 @@ class ZeroEngine(nn.Module):
         self._maybe_report()
 
     def zero_grad(self):
-        self._core.zero_grads()
+        if self._core is not None:  # after destroy() there are no gradients left to clear
+            self._core.zero_grads()
 
     def _skip_nonfinite_step(self, result: dict) -> None:
         """The C++ step found non-finite gradients (every rank agrees) and left the weights

@@ -93,6 +93,12 @@ void PendingCollective::wait() {
 Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group)
     : group_(std::move(group)), rank_(group_->getRank()), world_size_(group_->getSize()) {}
 
+c10d::ProcessGroup& Communicator::group() const {
+  TORCH_CHECK(group_, "zero: this engine was closed (engine.destroy()); it has no process group "
+              "any more: build a new engine to train again");
+  return *group_;
+}
+
 std::string Communicator::describe(const char* op, const at::Tensor& tensor) const {
   std::ostringstream out;
   out << op << " of " << tensor.numel() << " " << tensor.scalar_type() << " elements on rank "
@@ -113,7 +119,7 @@ void Communicator::count(std::int64_t& payload, std::int64_t bytes, bool control
 std::unique_ptr<PendingCollective> Communicator::all_gather(at::Tensor full, at::Tensor shard,
                                                             bool control) {
   check_pair("all_gather", full, shard, world_size_);
-  auto work = all_gather_into(*group_, full, shard);
+  auto work = all_gather_into(group(), full, shard);
   count(stats_.all_gather_bytes, nbytes(full), control);
   return std::make_unique<PendingCollective>(describe("all_gather", full), std::move(work),
                                              std::vector<at::Tensor>{full, shard});
@@ -124,7 +130,7 @@ std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard
   check_pair("reduce_scatter", full, shard, world_size_);
   c10d::ReduceScatterOptions options;
   options.reduceOp = to_c10d(reduction);
-  auto work = reduce_scatter_into(*group_, shard, full, options);
+  auto work = reduce_scatter_into(group(), shard, full, options);
   stats_.reduce_scatter_bytes += nbytes(full);
   ++stats_.calls;
   return std::make_unique<PendingCollective>(describe("reduce_scatter", full), std::move(work),
@@ -138,7 +144,7 @@ std::unique_ptr<PendingCollective> Communicator::all_reduce(at::Tensor tensor,
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(reduction);
-  auto work = group_->allreduce(tensors, options);
+  auto work = group().allreduce(tensors, options);
   stats_.all_reduce_bytes += 2 * nbytes(tensor);
   ++stats_.calls;
   return std::make_unique<PendingCollective>(describe("all_reduce", tensor), std::move(work),
@@ -154,7 +160,7 @@ std::unique_ptr<PendingCollective> Communicator::broadcast(at::Tensor tensor, in
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
-  auto work = group_->broadcast(tensors, options);
+  auto work = group().broadcast(tensors, options);
   count(stats_.broadcast_bytes, nbytes(tensor), control);
   return std::make_unique<PendingCollective>(describe("broadcast", tensor), std::move(work),
                                              std::move(tensors));

@@ -62,6 +62,11 @@ class Communicator {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   const CommStats& stats() const { return stats_; }
+  // Lets go of the process group (EngineCore::close, without the GIL): the engine must not
+  // hold the last reference to a group the script has destroyed, or that group's teardown
+  // would run wherever the engine is dropped, possibly under the GIL that gloo's workers need.
+  // A collective after this is an error.
+  void release() { group_.reset(); }
   void reset_stats() { stats_ = CommStats{}; }
 
   // full (world_size * shard.numel() elements) <- every rank's shard, in rank order.
@@ -75,6 +80,7 @@ class Communicator {
   std::unique_ptr<PendingCollective> broadcast(at::Tensor tensor, int root, bool control = false);
 
  private:
+  c10d::ProcessGroup& group() const;
   std::string describe(const char* op, const at::Tensor& tensor) const;
   void count(std::int64_t& payload, std::int64_t bytes, bool control);
 

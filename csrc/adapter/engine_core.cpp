@@ -240,6 +240,7 @@ void EngineCore::close() {
   groups_.clear();
   sequence_.clear();
   observed_.clear();
+  communicator_.release();
 }
 
 void EngineCore::zero_grads() {
