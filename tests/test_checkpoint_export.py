@@ -234,3 +234,46 @@ def test_a_frozen_tied_weight_is_one_tensor_under_every_name(tmp_path):
     without = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "ckpt"),
                                                        exclude_frozen_parameters=True)
     assert "head.weight" not in without and "token_embedding.weight" not in without
+
+
+def _train_hf_gpt2_and_save(rank, world, save_dir):
+    import transformers
+
+    import zero
+
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
+    config = training.engine_config(3, gas=1, scheduler=False,
+                                    stage3_param_persistence_threshold=10)
+    engine, _, _, _ = zero.initialize(model=model, config=config)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(2):
+        ids = torch.randint(0, 64, (2, 16), generator=generator)
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+    engine.save_checkpoint(save_dir)
+    state = engine.module_state_dict()
+    return {k: v.clone() for k, v in state.items()} if rank == 0 else None
+
+
+def test_the_safetensors_export_of_an_hf_model_loads_with_from_pretrained(tmp_path):
+    """A GPT-2 trained at stage 3, exported to sharded safetensors with the HF index: the
+    model from_pretrained builds holds the engine's fp32 weights bit for bit (the tied head
+    stored once and re-tied)."""
+    transformers = pytest.importorskip("transformers")
+    from zero.compat.deepspeed.utils.zero_to_fp32 import \
+        convert_zero_checkpoint_to_fp32_state_dict
+
+    weights = run_distributed(_train_hf_gpt2_and_save, 2, args=(str(tmp_path / "ckpt"),))[0]
+    out = tmp_path / "export"
+    written = convert_zero_checkpoint_to_fp32_state_dict(str(tmp_path / "ckpt"), str(out),
+                                                         max_shard_size="20KB",
+                                                         safe_serialization=True)
+    assert len(written) > 1 and (out / "model.safetensors.index.json").exists()
+    transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                            n_positions=16).save_pretrained(out)
+    model = transformers.GPT2LMHeadModel.from_pretrained(out)
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+    for name, value in model.named_parameters():
+        assert torch.equal(value, weights[name]), name
