@@ -6,7 +6,8 @@
 Accelerate brings up DeepSpeed (here: zero standing in for it) from a DeepSpeedPlugin; the
 script's own torch AdamW and LambdaLR are handed to deepspeed.initialize. The global mean
 loss of every step goes to out/losses.json; the state is saved with save_state and the final
-model with get_state_dict.
+model with get_state_dict. --save_at N also saves after step N; --resume DIR --resume_step N
+goes on from there (load_state, skip_first_batches).
 """
 import argparse
 import json
@@ -27,6 +28,9 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--gas", type=int, default=2)
+    parser.add_argument("--save_at", type=int, default=0, help="save_state after this step too")
+    parser.add_argument("--resume", default="", help="load_state from here and go on")
+    parser.add_argument("--resume_step", type=int, default=0, help="the step it was saved at")
     args, _ = parser.parse_known_args()  # the launcher's --local_rank=N is left aside
 
     plugin = DeepSpeedPlugin(hf_ds_config=args.ds_config, gradient_accumulation_steps=args.gas) \
@@ -41,7 +45,10 @@ def main():
     loader = torch.utils.data.DataLoader(dataset(256), batch_size=4, shuffle=False)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
-    losses, window = [], []
+    if args.resume:
+        accelerator.load_state(args.resume)
+        loader = accelerator.skip_first_batches(loader, args.resume_step * args.gas)
+    losses, window = [None] * args.resume_step, []
     model.train()
     for batch in loader:
         with accelerator.accumulate(model):
@@ -54,6 +61,8 @@ def main():
         if accelerator.sync_gradients:
             losses.append(sum(window) / len(window))
             window = []
+            if len(losses) == args.save_at:
+                accelerator.save_state(os.path.join(args.out, f"state_{args.save_at}"))
             if len(losses) == args.steps:
                 break
     accelerator.save_state(os.path.join(args.out, "state"))
