@@ -345,3 +345,40 @@ def test_a_deepspeed_script_runs_with_only_its_import_changed(tmp_path):
     for losses, world, batch in results:
         assert world == 2 and batch == 8
         assert losses == pytest.approx(reference_losses, rel=1e-5)
+
+
+class _FloatInputModel(torch.nn.Module):
+    """Takes a float feature tensor and integer ids: auto_cast must cast the first only."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(8, 4)
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, features, ids):
+        return (self.linear(features) + self.embed(ids).sum(-1, keepdim=True)).float().pow(2).mean()
+
+
+def _auto_cast(rank, world, auto_cast):
+    import zero
+
+    torch.manual_seed(0)
+    config = {"train_micro_batch_size_per_gpu": 2,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+              "fp16": {"enabled": True, "auto_cast": auto_cast},
+              "zero_optimization": {"stage": 2}}
+    engine, _, _, _ = zero.initialize(model=_FloatInputModel(), config=config)
+    try:
+        loss = engine(torch.randn(2, 4), torch.tensor([[1], [2]]))
+    except RuntimeError as error:
+        return str(error)
+    engine.backward(loss)
+    engine.step()
+    return loss.dtype
+
+
+def test_fp16_auto_cast_casts_float_inputs_and_leaves_integer_ids():
+    """Accelerate adds "auto_cast": true for --fp16 without an fp16 block: fp32 features
+    reach the fp16 model as fp16 (without it the Linear refuses them); ids stay integers."""
+    assert run_distributed(_auto_cast, 1, args=(True,))[0] == torch.float32
+    assert "dtype" in run_distributed(_auto_cast, 1, args=(False,))[0]

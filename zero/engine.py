@@ -105,6 +105,8 @@ class ZeroEngine(nn.Module):
 
     # ---- DeepSpeed's engine surface -------------------------------------------------------
     def forward(self, *inputs, **kwargs):
+        if self.config.fp16.enabled and self.config.fp16.auto_cast:
+            inputs = _floats_to_half(inputs)
         return self.module(*inputs, **kwargs)
 
     @property
@@ -529,6 +531,18 @@ def _parameter_groups(model, config, optimizer, model_parameters):
     if not groups:
         raise ValueError("zero: the model has no trainable parameters")
     return spec, groups, trainables
+
+
+def _floats_to_half(value):
+    """fp16.auto_cast: floating-point tensors in (nested lists, tuples and dicts of) forward's
+    positional inputs, as fp16."""
+    if isinstance(value, torch.Tensor):
+        return value.half() if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_floats_to_half(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _floats_to_half(v) for k, v in value.items()}
+    return value
 
 
 def _as_groups(source) -> list[dict[str, Any]]:

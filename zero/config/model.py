@@ -74,6 +74,7 @@ class FP16Config:
     hysteresis: int
     consecutive_hysteresis: bool
     min_loss_scale: float
+    auto_cast: bool  # forward's floating-point positional inputs cast to fp16
 
     @property
     def dynamic_loss_scale(self):

@@ -312,7 +312,9 @@ FP16 = Block("fp16", "fp16 mixed precision with loss scaling.", (
     _bool("consecutive_hysteresis", False, "Refill hysteresis after every overflow-free step."),
     _float("min_loss_scale", 1.0, "Lower bound of the dynamic loss scale (DeepSpeed types it int; zero also "
            "accepts fractions).", minimum=0, minimum_exclusive=True, auto=AUTO_DEFAULT),
-    _unsupported(BOOL, "auto_cast", False, "Cast inputs to fp16 automatically."),
+    _bool("auto_cast", False, "Cast the floating-point tensors among forward's positional inputs to fp16 "
+          "(DeepSpeed casts every tensor with a .half(), integer token ids too; zero leaves those alone). "
+          "Accelerate adds it for --fp16 without an fp16 block."),
     _unsupported(BOOL, "fp16_master_weights_and_grads", False, "Keep master weights in fp16."),
 ))
 
