@@ -382,3 +382,27 @@ def test_fp16_auto_cast_casts_float_inputs_and_leaves_integer_ids():
     reach the fp16 model as fp16 (without it the Linear refuses them); ids stay integers."""
     assert run_distributed(_auto_cast, 1, args=(True,))[0] == torch.float32
     assert "dtype" in run_distributed(_auto_cast, 1, args=(False,))[0]
+
+
+def _bytes_of_one_step(rank, world, stage):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(stage, gas=1))
+    training.train_engine(engine, rank, world, 1, 1)  # warm-up (stage 3 learns its order)
+    engine.core.reset_comm_stats()
+    training.train_engine(engine, rank, world, 1, 1, first_step=1)
+    stats = dict(engine.core.comm_stats())
+    padded = sum(engine.core.group_numel(g) for g in range(engine.core.group_count))
+    return stats, padded, engine.dtype.itemsize
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_stage_1_or_2_step_sends_2_psi(stage):
+    """The ZeRO paper's P_os and P_os+g: reduce-scatter the gradients, all-gather the
+    parameters: 2Ψ per step per rank (stage 1 used to all-reduce: 3Ψ). Scalars (the norm)
+    aside, nothing else moves."""
+    for stats, padded, itemsize in run_distributed(_bytes_of_one_step, 2, args=(stage,)):
+        assert stats["reduce_scatter_bytes"] == padded * itemsize
+        assert stats["all_gather_bytes"] == padded * itemsize
+        assert stats["all_reduce_bytes"] <= 64  # the global norm

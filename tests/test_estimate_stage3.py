@@ -252,7 +252,7 @@ def test_stage3_needs_units_and_says_what_it_assumes_for_a_count():
     assert rows["stage 3 + offload optimizer"].status == est.BUILT  # test_estimate_offload.py
     assert rows["stage 3 + offload optimizer + params (NVMe)"].status == est.BUILT
     formula = est.location_formula(rows["stage 3"], "device")
-    assert formula == "16Ψ/N + 4Ψp + 12Ψp/N + 2·(U + U/N)·2 + W·2", formula
+    assert formula == "16Ψ/N + 4Ψp + 12Ψp/N + 2·(U + U/N)·2 + 2·Up/N·2 + W·2", formula
     # By hand, without units: the old formula, labelled as such.
     bare = est.ModelShapes(groups=shapes.groups, description="bare")
     assert est.estimate(bare, setup, 3).status == est.STAGE3_FORMULA

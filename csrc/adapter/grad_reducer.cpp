@@ -27,7 +27,7 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   missing_ = expected_;
   launched_.assign(layout_.unit_count(), false);
   zeroed_.assign(layout_.unit_count(), false);
-  if (mode_ == ReduceMode::kReduceScatter) {
+  if (mode_ != ReduceMode::kAllReduce) {
     initial_slots_ = std::min<std::size_t>(overlap_comm ? 2 : 1, layout_.unit_count());
     for (std::size_t i = 0; i < initial_slots_; ++i) {
       add_slot();  // up front, so the memory report shows them from the first step
@@ -44,7 +44,9 @@ std::int64_t GradReducer::bucket_bytes() const {
 GradReducer::Slot& GradReducer::add_slot() {
   auto slot = std::make_unique<Slot>();
   const std::int64_t largest = layout_.max_unit_numel();
-  slot->full = device_buffer(registry_, core::MemoryCategory::kBucket, largest, bucket_options_);
+  if (mode_ == ReduceMode::kReduceScatter) {
+    slot->full = device_buffer(registry_, core::MemoryCategory::kBucket, largest, bucket_options_);
+  }
   slot->piece = device_buffer(registry_, core::MemoryCategory::kBucket,
                               largest / layout_.world_size(), bucket_options_);
   slots_.push_back(std::move(slot));
@@ -108,6 +110,10 @@ void GradReducer::launch(std::size_t unit) {
     in_flight_.push_back({nullptr, communicator_.all_reduce(range, Reduction::kAvg), {}});
     return;
   }
+  if (mode_ == ReduceMode::kReduceScatterInPlace) {
+    launch_in_place(unit);
+    return;
+  }
   Slot& slot = slot_for(unit);
   slot.filling = false;
   slot.in_flight = true;
@@ -118,6 +124,18 @@ void GradReducer::launch(std::size_t unit) {
                         [this, unit, target, output]() mutable {
                           accumulate(unit, target, output);
                         }});
+}
+
+void GradReducer::launch_in_place(std::size_t unit) {
+  const core::FlatBufferPlan& plan = layout_.unit(unit);
+  Slot& slot = acquire_slot();
+  slot.filling = false;
+  slot.in_flight = true;
+  at::Tensor range = grads_.narrow(0, layout_.full_offset(unit), plan.numel());
+  at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
+  at::Tensor mine = range.narrow(0, communicator_.rank() * plan.shard_numel(), plan.shard_numel());
+  in_flight_.push_back({&slot, communicator_.reduce_scatter(output, range, Reduction::kAvg),
+                        [mine, output]() mutable { mine.copy_(output); }});
 }
 
 void GradReducer::accumulate(std::size_t unit, at::Tensor& target, const at::Tensor& reduced) {

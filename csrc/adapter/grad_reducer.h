@@ -4,8 +4,13 @@
 // keeps one launch sequence across all groups (the same on every rank), so ranks always issue
 // the same collectives in the same order.
 //
-//   kAllReduce     (stages 0, 1): grads live in a full buffer (param.grad are views of it);
+//   kAllReduce     (stage 0): grads live in a full buffer (param.grad are views of it);
 //                  a ready unit is all-reduced (averaged) in place.
+//   kReduceScatterInPlace (stage 1, and stage 3's persistent group): grads live in a full
+//                  buffer too, but only this rank's piece of each unit is stepped, so a ready
+//                  unit is reduce-scattered: the piece receives the average (through a
+//                  piece-sized bucket) and the rest of the unit stays this rank's own. The
+//                  step moves 2Ψ (this and the parameters' all-gather), not all-reduce's 3Ψ.
 //   kReduceScatter (stage 2): each ready grad is copied into a unit-sized bucket and may be
 //                  freed; the bucket is reduce-scattered and each rank adds its 1/N into its
 //                  gradient shard. Buckets come from a small pool (two with overlap_comm, one
@@ -26,12 +31,12 @@
 
 namespace zero::adapter {
 
-enum class ReduceMode { kAllReduce, kReduceScatter };
+enum class ReduceMode { kAllReduce, kReduceScatterInPlace, kReduceScatter };
 
 class GradReducer {
  public:
-  // `grads`: the full gradient buffer (kAllReduce) or this rank's gradient shard
-  // (kReduceScatter), laid out by `layout`; written, never owned.
+  // `grads`: the full gradient buffer (kAllReduce, kReduceScatterInPlace) or this rank's
+  // gradient shard (kReduceScatter), laid out by `layout`; written, never owned.
   // expected[u]: how many gradients unit u receives per backward (default: all its
   // parameters; stage 3 units may hold frozen ones). Buckets are allocated with
   // `bucket_options` (default: the gradients').
@@ -62,18 +67,19 @@ class GradReducer {
 
  private:
   struct Slot {
-    TrackedTensor full;   // one unit's gradients, reduce-scatter input
+    TrackedTensor full;   // one unit's gradients, reduce-scatter input (kReduceScatter only)
     TrackedTensor piece;  // this rank's 1/N, reduce-scatter output
     bool filling = false;
     bool in_flight = false;
   };
   struct InFlight {
-    Slot* slot = nullptr;  // kReduceScatter only
+    Slot* slot = nullptr;  // the reduce-scatter modes only
     std::unique_ptr<PendingCollective> work;
     std::function<void()> then;  // runs after the wait
   };
 
   Slot& slot_for(std::size_t unit);
+  void launch_in_place(std::size_t unit);
   void accumulate(std::size_t unit, at::Tensor& target, const at::Tensor& reduced);
   Slot& acquire_slot();
   Slot& add_slot();

@@ -58,9 +58,11 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
   } else {
     grad_full_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
                           model_options);
-    reducer_ = std::make_unique<GradReducer>(ReduceMode::kAllReduce, layout_,
-                                             options_.overlap_comm, grad_full_.tensor(),
-                                             registry, communicator_);
+    // Stage 0 steps every element and needs the whole average; stage 1 only its pieces.
+    const ReduceMode mode = options_.stage == 0 ? ReduceMode::kAllReduce
+                                                : ReduceMode::kReduceScatterInPlace;
+    reducer_ = std::make_unique<GradReducer>(mode, layout_, options_.overlap_comm,
+                                             grad_full_.tensor(), registry, communicator_);
     prepare_backward();
   }
 }

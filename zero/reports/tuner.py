@@ -177,20 +177,20 @@ def communication(stage: int, est: Estimate, param_bytes: int, gas: int) -> tupl
     unit, even on one rank). Scalar all-reduces (norm, overflow flag) and stage 3's control
     exchanges are left out. Stage 3: every micro-step all-gathers what the replayed
     schedule gathers (once the order is recorded) and reduce-scatters every unit; at the
-    boundary the persistent group all-reduces and all-gathers (3bΨp)."""
+    boundary the persistent group reduce-scatters and all-gathers (2bΨp)."""
     psi, units = est.numel, est.unit_count
     if stage == 3 and est.stage3 is not None:
         work = est.stage3["working_set"]
         persistent_units = est.stage3["persistent_units"]
         payload = gas * (work["gathered_numel_per_micro_step"] + psi) * param_bytes
-        payload += 3 * est.persistent_numel * param_bytes
+        payload += 2 * est.persistent_numel * param_bytes
         reduce_scatters = sum(group["unit_count"] for group in est.groups)  # per group
         return payload, gas * (work["gathers_per_micro_step"] + reduce_scatters) + \
             2 * persistent_units
     if stage == 0:
         return 2 * psi * param_bytes, units
-    if stage == 1:
-        return 3 * psi * param_bytes, 2 * units
+    if stage == 1:  # reduce-scatter + all-gather
+        return 2 * psi * param_bytes, 2 * units
     return (gas + 1) * psi * param_bytes, (gas + 1) * units
 
 

@@ -13,8 +13,10 @@ and every category is the byte count the engine's accounting registry reports af
                      0 when training in fp32 without optimizer offload (the parameter
                      shard is the master)
     optimizer_state  8·Ψ or 8·Ψ/N (Adam)      4· (SGD with momentum)    0 (plain SGD)
-    bucket           0 (stages 0, 1)          stages 2 and 3: Σ over groups of
-                                              min(slots, units)·(U + U/N)·b,
+    bucket           0 (stage 0)              stage 1: Σ over groups of min(slots, units)·U/N·b;
+                                              stages 2 and 3: Σ over groups of
+                                              min(slots, units)·(U + U/N)·b (stage 3's
+                                              persistent group: + min(slots, units)·Up/N·b),
                                               U = the group's largest unit, slots = 2 with
                                               overlap_comm, else 1 (stage 3, 1 slot: 2 in
                                               backward when the root's bucket fills over all

@@ -117,7 +117,8 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
     """(the bucket row, the bytes kept between steps, the per-group rows).
 
     One GradReducer per partitioned group: min(slots, units) buckets of (U + U/N) elements,
-    kept between steps. In backward the root unit's bucket may fill from the start (its
+    kept between steps; the persistent (stage-1) group's reducer keeps min(slots, units)
+    pieces of Up/N. In backward the root unit's bucket may fill from the start (its
     parameters used after the blocks: final norm, untied head) to the end (the embeddings)
     while each block fills and launches its own; with one slot the pool then grows by one
     for the backward (grad_reducer.cpp: it grows only when every bucket is filling)."""
@@ -137,6 +138,10 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
         group_rows.append({"numel": sum(r[1] for r in rows), "shard_numel": sum(r[2] for r in rows),
                            "max_unit_numel": largest, "unit_count": len(rows),
                            "block_units": blocks, "buckets_kept": kept, "buckets_peak": peak})
+    for group in layout.persistent:  # a stage-1 group: piece-sized buckets
+        pieces = min(slots, group.unit_count) * (group.max_unit_numel // n) * b
+        kept_bytes += pieces
+        bucket_bytes += pieces
     sum_text = "Σ groups " if len(layout.group_units) > 1 else ""
     if not layout.numel:
         bucket_formula = "0"
@@ -145,6 +150,8 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
                           "while the root's bucket fills over the whole backward)")
     else:
         bucket_formula = f"{sum_text}{slots}·(U + U/N)·{b}"
+    if layout.persistent:
+        bucket_formula += f" + {slots}·Up/N·{b} (persistent group)"
     return category_row(bucket_bytes, bucket_formula), kept_bytes, group_rows
 
 

@@ -44,14 +44,16 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
         "fp32_master": row(master_bytes(setup, option), stage >= 1, opt_location),
         "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
     }
-    bucket_bytes = 0
-    if stage >= 2:
-        # GradReducer: min(slots, units) buckets per group, each a full unit + its 1/N piece.
-        bucket_bytes = sum(min(slots, layout.unit_count) *
-                           (layout.max_unit_numel + layout.max_unit_numel // n) * b
-                           for layout in group_layouts)
+    # GradReducer: min(slots, units) buckets per group; at stage 2 each a full unit + its 1/N
+    # piece, at stage 1 the piece alone (the unit is reduce-scattered out of the gradients).
+    full_unit = 1 if stage >= 2 else 0
+    bucket_bytes = 0 if stage == 0 else sum(
+        min(slots, layout.unit_count) *
+        (full_unit * layout.max_unit_numel + layout.max_unit_numel // n) * b
+        for layout in group_layouts)
     sum_text = "Σ groups " if len(group_layouts) > 1 else ""
-    categories["bucket"] = category_row(bucket_bytes, f"{sum_text}{slots}·(U + U/N)·{b}")
+    categories["bucket"] = category_row(bucket_bytes, f"{sum_text}{slots}·(U + U/N)·{b}"
+                                        if stage >= 2 else f"{sum_text}{slots}·U/N·{b}")
     gathered = 2 * largest_unit * b if stage >= 3 else 0
     categories["gathered_param"] = category_row(gathered,
                                                 f"2·U·{b} (unit in use + one prefetched)")
