@@ -4,12 +4,14 @@ import copy
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
 from zero.config import ConfigError, ZeroConfig, load_config
 from zero.config import docs, model, schema
+from zero.config.validate import _describe_range, _show
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"train_micro_batch_size_per_gpu": 2}
@@ -501,3 +503,209 @@ def test_steps_per_print_infinity_means_never(value):
     # Accelerate's DeepSpeedPlugin always sets "steps_per_print": inf.
     assert load_config(with_(steps_per_print=value), world_size=2).steps_per_print is None
     assert errors_at(errors_of(with_(steps_per_print=float("-inf"))), "steps_per_print")
+
+
+# --------------------------------------------------------------------------- upper bounds (#14)
+
+# Supported numeric keys with no upper bound, on purpose: a new INT/FLOAT key must get a `maximum`
+# in schema.py or a line here saying why none is sane (test_every_number_has_an_upper_bound_or_a_reason).
+UNBOUNDED = {
+    # torch.optim and DeepSpeed reject only negative values here, and a useful size depends on the
+    # loss's scale (SGD lr 30 in AWD-LSTM, Adam eps 1.0 in TensorFlow's Inception recipe): any cap
+    # would be a guess that can reject a real run.
+    "optimizer.params.lr": "no cap in torch.optim or DeepSpeed; scale-dependent",
+    "optimizer.params.eps": "no cap in torch.optim or DeepSpeed; scale-dependent",
+    "optimizer.params.weight_decay": "no cap in torch.optim or DeepSpeed; scale-dependent",
+    # The schedules' learning rates are the optimizer's lr at some step: the same reasoning.
+    "scheduler.params.warmup_min_lr": "an lr",
+    "scheduler.params.warmup_max_lr": "an lr",
+    "scheduler.params.cycle_min_lr": "an lr",
+    "scheduler.params.cycle_max_lr": "an lr",
+    # OneCycle's post-cycle decay: lr / (1 + rate * intervals), momentum * (1 + rate * intervals);
+    # DeepSpeed checks nothing and any rate >= 0 is a valid (if odd) schedule.
+    "scheduler.params.decay_lr_rate": "any rate >= 0 is a valid schedule",
+    "scheduler.params.decay_mom_rate": "any rate >= 0 is a valid schedule",
+    # A divisor applied before the all-reduce and undone after it: its useful range is 1..world_size,
+    # and a config written for a large world must still load on a small one.
+    "gradient_predivide_factor": "its natural bound is the world size, which a config does not know",
+}
+
+# Valid values of the required keys, to reach a key inside a "type"-dependent params block.
+REQUIRED_VALUES = {"total_num_steps": 100, "cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}
+
+
+def _numeric_keys():
+    """(dotted path, Key, make(value) -> a config holding value at that path) for every INT/FLOAT key."""
+    found = []
+
+    def walk(block, wrap, prefix):
+        for key in block.keys:
+            path = prefix + key.name
+            if key.kind in (schema.INT, schema.FLOAT):
+                found.append((path, key, lambda value, name=key.name, wrap=wrap: wrap({name: value})))
+            elif key.kind == schema.BLOCK:
+                walk(key.block, lambda d, name=key.name, wrap=wrap: wrap({name: d}), path + ".")
+            elif key.kind == schema.PARAMS:
+                seen = set()
+                for type_name, variant in key.variants.items():
+                    if id(variant) in seen:  # Adam and AdamW share one block
+                        continue
+                    seen.add(id(variant))
+                    required = {k.name: REQUIRED_VALUES[k.name] for k in variant.keys if k.required}
+                    walk(variant, lambda d, t=type_name, r=required, name=key.name, wrap=wrap:
+                         wrap({"type": t, name: {**r, **d}}), path + ".")
+
+    walk(schema.TOP, lambda d: d, "")
+    return found
+
+
+NUMERIC = _numeric_keys()
+BOUNDED = [(path, key, make) for path, key, make in NUMERIC if key.supported and key.maximum is not None]
+# One base that reaches every key at world size 1 (the batch trio is then derivable at any bound).
+BOUNDS_BASE = {"train_micro_batch_size_per_gpu": 1}
+
+
+def _above(key):
+    """A value just past the key's maximum, of the key's own kind."""
+    if key.kind == schema.INT:
+        return int(key.maximum) + 1
+    return float(key.maximum * 2 if key.maximum > 0 else key.maximum + 1)
+
+
+def test_every_number_has_an_upper_bound_or_a_reason():
+    assert {path for path, _, _ in NUMERIC} >= set(UNBOUNDED), "UNBOUNDED names a key the schema lacks"
+    unbounded = {path for path, key, _ in NUMERIC if key.supported and key.maximum is None}
+    assert unbounded - set(UNBOUNDED) == set(), \
+        "give these keys a maximum in zero/config/schema.py, or say in UNBOUNDED why none is sane"
+    assert set(UNBOUNDED) - unbounded == set(), "these keys have a maximum now: drop them from UNBOUNDED"
+    for path, key, _ in NUMERIC:  # every default lies inside its own range
+        if key.maximum is not None and key.default is not None and not key.required:
+            assert key.minimum is None or key.default >= key.minimum, path
+            assert key.default <= key.maximum, path
+
+
+@pytest.mark.parametrize("path,key,make", BOUNDED, ids=[path for path, _, _ in BOUNDED])
+def test_a_value_above_the_maximum_names_key_value_and_range(path, key, make):
+    value = _above(key)
+    errors = errors_of(merged(BOUNDS_BASE, make(value)), world_size=1, enabled_features=ALL)
+    assert errors == [f"{path} = {_show(value)}: out of range: must be {_describe_range(key)}"]
+    assert f"<= {_show(key.maximum)}" in errors[0]
+
+
+@pytest.mark.parametrize("path,key,make", BOUNDED, ids=[path for path, _, _ in BOUNDED])
+def test_the_maximum_itself_is_accepted(path, key, make):
+    load_config(merged(BOUNDS_BASE, make(key.maximum)), world_size=1, enabled_features=ALL)
+
+
+@pytest.mark.parametrize("path,key,make", [c for c in NUMERIC if not c[1].supported],
+                         ids=[path for path, key, _ in NUMERIC if not key.supported])
+def test_unsupported_numbers_need_no_bound_only_their_default_is_accepted(path, key, make):
+    errors = errors_of(merged(BOUNDS_BASE, make(10**15)), world_size=1, enabled_features=ALL)
+    assert errors_at(errors, path) and "not supported yet" in errors[0], errors
+
+
+@pytest.mark.parametrize("patch,path", [
+    ({"zero_optimization": {"reduce_bucket_size": 1e15}}, "zero_optimization.reduce_bucket_size"),
+    ({"zero_optimization": {"allgather_bucket_size": 10**15}}, "zero_optimization.allgather_bucket_size"),
+    ({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 1e15}},
+     "zero_optimization.stage3_prefetch_bucket_size"),
+    ({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e15}},
+     "zero_optimization.stage3_max_live_parameters"),
+    ({"zero_optimization": {"stage": 3, "stage3_max_inflight_gathers": 1e6}},
+     "zero_optimization.stage3_max_inflight_gathers"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme",
+                                                          "buffer_count": 1e6}}},
+     "zero_optimization.offload_param.buffer_count"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme",
+                                                          "max_in_cpu": 1e15}}},
+     "zero_optimization.offload_param.max_in_cpu"),
+    ({"aio": {"block_size": 4096 * 10**9}}, "aio.block_size"),
+    ({"train_micro_batch_size_per_gpu": 1e12}, "train_micro_batch_size_per_gpu"),
+    ({"gradient_clipping": 1e30}, "gradient_clipping"),
+    ({"fp16": {"enabled": True, "loss_scale": 1e39}}, "fp16.loss_scale"),
+    ({"fp16": {"enabled": True, "loss_scale_window": 1e15}}, "fp16.loss_scale_window"),
+    ({"fp16": {"enabled": True, "hysteresis": 1e15}}, "fp16.hysteresis"),
+    ({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 9}}}, "optimizer.params.momentum"),
+    ({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 1e15}}},
+     "scheduler.params.total_num_steps"),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 1e15}}},
+     "scheduler.params.warmup_num_steps"),
+    ({"steps_per_print": 1e30}, "steps_per_print"),
+])
+def test_absurd_values_are_named_with_the_range(patch, path):
+    errors = errors_of(with_(**patch), world_size=2)
+    [line] = errors_at(errors, path)
+    assert "out of range: must be" in line and "<=" in line, line
+
+
+# Values real DeepSpeed configs use (DeepSpeed's code defaults and docs, the HF DeepSpeed docs,
+# DeepSpeedExamples, public training scripts): the bounds must leave every one of them accepted.
+DEEPSPEED_IN_THE_WILD = {
+    "train_batch_size": 2048, "train_micro_batch_size_per_gpu": 16, "gradient_clipping": 1.0,
+    "steps_per_print": 2000, "prescale_gradients": False, "gradient_predivide_factor": 8.0,
+    "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 32, "loss_scale_window": 10000,
+             "hysteresis": 10, "min_loss_scale": 1},
+    "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 10_000_000, "warmup_num_steps": 375_000,
+                                                      "warmup_min_lr": 0, "warmup_max_lr": 6e-4,
+                                                      "last_batch_iteration": -1}},
+    "zero_optimization": {
+        "stage": 3, "overlap_comm": True, "contiguous_gradients": True,
+        "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8,  # DeepSpeed's defaults
+        "sub_group_size": 1e12,  # DeepSpeed's ZERO_FORMAT sample
+        "stage3_prefetch_bucket_size": int(0.9 * 8192 * 8192), "stage3_param_persistence_threshold": 10 * 8192,
+        "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+        "stage3_model_persistence_threshold": sys.maxsize,  # DeepSpeed's default, written out
+        "stage3_gather_16bit_weights_on_model_save": True,
+        "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True,
+                          "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e9},  # DeepSpeed's defaults
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True,
+                              "buffer_count": 4, "ratio": 1.0},
+    },
+    "aio": {"block_size": 262144, "queue_depth": 32, "intra_op_parallelism": 1, "single_submit": False,
+            "overlap_events": True},  # the HF DeepSpeed docs' NVMe sample
+    "memory_report": {"every_n_steps": 1e12},
+}
+
+ONE_CYCLE = {"type": "OneCycle", "params": {  # DeepSpeed's 1Cycle tutorial
+    "cycle_first_step_size": 1000, "cycle_first_stair_count": 500, "cycle_second_step_size": 1000,
+    "cycle_second_stair_count": 500, "decay_step_size": 1000, "cycle_min_lr": 0.0001, "cycle_max_lr": 0.0010,
+    "decay_lr_rate": 0.001, "cycle_min_mom": 0.85, "cycle_max_mom": 0.99, "decay_mom_rate": 0.0}}
+
+
+def test_deepspeed_configs_in_the_wild_stay_accepted():
+    cfg = load_config(DEEPSPEED_IN_THE_WILD, world_size=128)
+    assert cfg.zero_optimization.sub_group_size == 10**12 and cfg.fp16.loss_scale_window == 10000
+    load_config(with_(scheduler=ONE_CYCLE, optimizer={"type": "SGD", "params": {"lr": 30, "momentum": 0.9,
+                                                                                 "nesterov": True}}), 2)
+    load_config(with_(optimizer={"type": "Adam", "params": {"lr": 1e-3, "eps": 1.0}},
+                      fp16={"enabled": True, "loss_scale": 512}), 2)
+
+
+# "Never print" as public DeepSpeed configs write it (Accelerate writes inf, tested above).
+@pytest.mark.parametrize("value", [1e5, 1e8, 1e10, 1e12, 999999999999, 9999999999, 2**31 - 1, 2**31, 1e18])
+def test_steps_per_print_as_never_in_real_configs_is_accepted(value):
+    assert load_config(with_(steps_per_print=value), world_size=2).steps_per_print == int(value)
+
+
+# What the HF Trainer writes for "auto" (hidden size 768) in the shipped examples/huggingface configs.
+HF_FILLS = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "train_batch_size": 16,
+            "gradient_clipping": 1.0, "enabled": True, "lr": 5e-5, "betas": [0.9, 0.999], "eps": 1e-8,
+            "weight_decay": 0.0, "reduce_bucket_size": 768 * 768, "stage3_prefetch_bucket_size": 530841,
+            "stage3_param_persistence_threshold": 7680}
+
+
+def _fill_auto(value, name=None):
+    if isinstance(value, dict):
+        return {k: _fill_auto(v, k) for k, v in value.items()}
+    return HF_FILLS[name] if value == "auto" else value
+
+
+SHIPPED = sorted((ROOT / "configs").glob("*.json")) + sorted((ROOT / "examples").rglob("*.json"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(ROOT)) for p in SHIPPED])
+def test_every_shipped_config_loads_within_the_bounds(path):
+    raw = _fill_auto(json.loads(path.read_text()))
+    raw.pop("train_batch_size", None)  # written for its own world size
+    load_config(raw, world_size=2)

@@ -119,6 +119,10 @@ BASE = {"train_micro_batch_size_per_gpu": 2,
      "zero_optimization.reduce_bucket_size"),
     ({"train_micro_batch_size_per_gpu": 10**12}, "train_micro_batch_size_per_gpu"),
     ({"gradient_clipping": 1e30}, "gradient_clipping"),
+    ({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e15}},
+     "zero_optimization.stage3_max_live_parameters = 1000000000000000: out of range"),
+    ({"fp16": {"enabled": True, "loss_scale_window": 1e15}}, "fp16.loss_scale_window = 1000000000000000: out of range"),
+    ({"aio": {"block_size": 4096 * 10**9}}, "aio.block_size = 4096000000000: out of range"),
     ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "Hugging Face Trainer"),
 ])
 def test_bad_config_values_are_named_not_a_traceback(change, named):

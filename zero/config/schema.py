@@ -172,7 +172,20 @@ def _block(name, block, doc, optional=False):
 # model and its own arguments before DeepSpeed sees the config; DeepSpeed's own config
 # classes drop "auto" and use the default. zero does the latter.)
 AUTO_DEFAULT = "the default"
-MAX_ELEMENTS, MAX_SAMPLES = 1 << 40, (1 << 31) - 1  # sanity bounds: beyond these it is a typo
+# Upper bounds (issue #14). DeepSpeed bounds almost nothing from above (its pydantic models say ge=0
+# and stop), so these are sanity bounds: every value above one is a typo or cannot work, and every
+# value a real DeepSpeed config uses stays below it. tests/test_config.py walks the schema and
+# requires every supported number to have one, or to be in its commented UNBOUNDED allow-list.
+MAX_ELEMENTS = 1 << 40  # tensor elements (~1.1e12: 4 TiB of fp32 on one rank); DeepSpeed's own
+#                         sample config writes sub_group_size 1e12, its defaults are 1e9 at most
+MAX_SAMPLES = (1 << 31) - 1  # samples per batch
+MAX_STEPS = 10 ** 12  # optimizer steps: 31 years at one step per millisecond
+MAX_INT64 = (1 << 63) - 1  # keys whose huge values mean "never"/"no cap" (sys.maxsize on 64-bit):
+#                            real configs write steps_per_print 1e10, 1e12, 999999999999 for never
+MAX_BUFFERS = 1024  # host buffers / collectives in flight (defaults 2 to 5)
+MAX_LOSS_SCALE = 2.0 ** 127  # the largest power of two in fp32, as initial_scale_power <= 127
+MAX_AIO_BLOCK = (1 << 31) - 4096  # DeepSpeed's aio handle takes block_size as a C int: the largest
+#                                   multiple of 4096 (the O_DIRECT alignment) that fits one
 
 # --------------------------------------------------------------------------- optimizer
 
@@ -200,8 +213,9 @@ _ADAM_PARAMS = (
 _SGD_PARAMS = (
     _float("lr", 1e-3, "Learning rate (torch.optim.SGD's default; DeepSpeed passes params straight to torch).",
            minimum=0),
-    _float("momentum", 0.0, "Momentum factor.", minimum=0),
-    _float("dampening", 0.0, "Dampening for momentum.", minimum=0),
+    _float("momentum", 0.0, "Momentum factor (above 1 the momentum buffer grows without bound).", minimum=0,
+           maximum=1),
+    _float("dampening", 0.0, "Dampening for momentum (above 1 the gradient's sign flips).", minimum=0, maximum=1),
     _float("weight_decay", 0.0, "L2 penalty added to the gradient (coupled, as in torch.optim.SGD).", minimum=0),
     _bool("nesterov", False, "Nesterov momentum (needs momentum > 0 and dampening = 0)."),
     _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
@@ -245,15 +259,16 @@ def _warmup_keys(max_lr_default, max_lr_doc):
         _float("warmup_max_lr", max_lr_default, max_lr_doc, minimum=0, nullable=max_lr_default is None,
                default_doc="optimizer lr" if max_lr_default is None else None),
         _int("warmup_num_steps", 1000, "Warmup length in steps (DeepSpeed uses max(2, value) internally).",
-             minimum=1),
+             minimum=1, maximum=MAX_STEPS),
         _choice("warmup_type", "log", _WARMUP_TYPES, "Warmup curve (DeepSpeed warns and falls back to log on "
                 "an unknown value; zero rejects it)."),
         _int("last_batch_iteration", -1, "Index of the last step already taken (-1: start of the schedule).",
-             minimum=-1),
+             minimum=-1, maximum=MAX_STEPS),
     )
 
 
-_TOTAL_NUM_STEPS = _int("total_num_steps", REQUIRED, "Total number of training steps.", minimum=1)
+_TOTAL_NUM_STEPS = _int("total_num_steps", REQUIRED, "Total number of training steps.", minimum=1,
+                        maximum=MAX_STEPS)
 
 SCHEDULER_PARAMS = {
     "WarmupLR": Block("scheduler.params", "Parameters of type \"WarmupLR\": warm up, then hold warmup_max_lr.",
@@ -267,27 +282,32 @@ SCHEDULER_PARAMS = {
                             "optimizer lr to 1, then cosine-decay it to cos_min_ratio.", (
         _TOTAL_NUM_STEPS,
         _float("warmup_min_ratio", 0.0, "lr ratio at the start of warmup.", minimum=0, maximum=1),
-        _int("warmup_num_steps", 1000, "Warmup length in steps.", minimum=1),
+        _int("warmup_num_steps", 1000, "Warmup length in steps.", minimum=1, maximum=MAX_STEPS),
         _float("cos_min_ratio", 0.0001, "lr ratio at the end of the cosine decay.", minimum=0, maximum=1),
         _choice("warmup_type", "log", _WARMUP_TYPES, "Warmup curve."),
-        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1),
+        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1,
+             maximum=MAX_STEPS),
     )),
     "OneCycle": Block("scheduler.params", "Parameters of type \"OneCycle\" (1Cycle lr and momentum policy).", (
         _float("cycle_min_lr", REQUIRED, "Lower lr bound of the cycle.", minimum=0),
         _float("cycle_max_lr", REQUIRED, "Upper lr bound of the cycle.", minimum=0),
         _float("decay_lr_rate", 0.0, "Post-cycle lr decay rate (0: no decay).", minimum=0),
-        _int("cycle_first_step_size", 2000, "Steps in the increasing half of the cycle.", minimum=1),
+        _int("cycle_first_step_size", 2000, "Steps in the increasing half of the cycle.", minimum=1,
+             maximum=MAX_STEPS),
         _int("cycle_second_step_size", None, "Steps in the decreasing half (null: cycle_first_step_size).",
-             minimum=1, nullable=True, default_doc="cycle_first_step_size"),
-        _int("cycle_first_stair_count", 0, "Stairs in the first half (0: continuous).", minimum=0),
+             minimum=1, maximum=MAX_STEPS, nullable=True, default_doc="cycle_first_step_size"),
+        _int("cycle_first_stair_count", 0, "Stairs in the first half (0: continuous).", minimum=0,
+             maximum=MAX_STEPS),
         _int("cycle_second_stair_count", None, "Stairs in the second half (null: cycle_first_stair_count).",
-             minimum=0, nullable=True, default_doc="cycle_first_stair_count"),
-        _int("decay_step_size", 0, "Steps between post-cycle decays (0: no decay).", minimum=0),
+             minimum=0, maximum=MAX_STEPS, nullable=True, default_doc="cycle_first_stair_count"),
+        _int("decay_step_size", 0, "Steps between post-cycle decays (0: no decay).", minimum=0,
+             maximum=MAX_STEPS),
         _bool("cycle_momentum", True, "Cycle momentum inversely to the lr."),
         _float("cycle_min_mom", 0.8, "Lower momentum bound.", minimum=0, maximum=1),
         _float("cycle_max_mom", 0.9, "Upper momentum bound.", minimum=0, maximum=1),
         _float("decay_mom_rate", 0.0, "Post-cycle momentum decay rate.", minimum=0),
-        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1),
+        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1,
+             maximum=MAX_STEPS),
     )),
 }
 
@@ -302,16 +322,19 @@ SCHEDULER = Block("scheduler", "Learning-rate schedule, stepped once per optimiz
 
 FP16 = Block("fp16", "fp16 mixed precision with loss scaling.", (
     _bool("enabled", False, "Train in fp16 (fp32 master weights)."),
-    _float("loss_scale", 0.0, "Static loss scale; 0 selects dynamic loss scaling.", minimum=0, auto=AUTO_DEFAULT),
+    _float("loss_scale", 0.0, "Static loss scale; 0 selects dynamic loss scaling. At most 2**127 (the largest "
+           "power of two in fp32, as for initial_scale_power).", minimum=0, maximum=MAX_LOSS_SCALE,
+           auto=AUTO_DEFAULT),
     _int("initial_scale_power", 16, "Dynamic scaling starts at 2**initial_scale_power.", minimum=0, maximum=127,
          auto=AUTO_DEFAULT),
     _int("loss_scale_window", 1000, "Overflow-free steps before the dynamic scale grows.", minimum=1,
-         auto=AUTO_DEFAULT),
+         maximum=MAX_STEPS, auto=AUTO_DEFAULT),
     _int("hysteresis", 2, "Overflows tolerated before the dynamic scale shrinks (delayed shift).", minimum=1,
-         auto=AUTO_DEFAULT),
+         maximum=MAX_STEPS, auto=AUTO_DEFAULT),
     _bool("consecutive_hysteresis", False, "Refill hysteresis after every overflow-free step."),
     _float("min_loss_scale", 1.0, "Lower bound of the dynamic loss scale (DeepSpeed types it int; zero also "
-           "accepts fractions).", minimum=0, minimum_exclusive=True, auto=AUTO_DEFAULT),
+           "accepts fractions; at most 2**127, as loss_scale).", minimum=0, minimum_exclusive=True,
+           maximum=MAX_LOSS_SCALE, auto=AUTO_DEFAULT),
     _bool("auto_cast", False, "Cast the floating-point tensors among forward's positional inputs to fp16 "
           "(DeepSpeed casts every tensor with a .half(), integer token ids too; zero leaves those alone). "
           "Accelerate adds it for --fp16 without an fp16 block."),
@@ -339,14 +362,14 @@ OFFLOAD_PARAM = Block("zero_optimization.offload_param", "Offload parameters (st
         feature=FEATURE_OFFLOAD_PARAM_NVME),
     _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD_PARAM),
     _int("buffer_count", 5, "Host buffers that carry parameter units to and from NVMe (zero: each is one "
-         "unit's shard, the largest, not buffer_size elements; at least 2).", minimum=0,
+         "unit's shard, the largest, not buffer_size elements; at least 2).", minimum=0, maximum=MAX_BUFFERS,
          feature=FEATURE_OFFLOAD_PARAM_NVME),
     _int("buffer_size", 100_000_000, "Elements per NVMe buffer (zero: the most parameter elements one gather "
-         "unit may have per rank on NVMe).", minimum=0, feature=FEATURE_OFFLOAD_PARAM_NVME),
+         "unit may have per rank on NVMe).", minimum=0, maximum=MAX_ELEMENTS, feature=FEATURE_OFFLOAD_PARAM_NVME),
     _int("max_in_cpu", 0, "Parameter elements kept in CPU memory when offloading to NVMe (zero: the first "
          "gather units' shards up to this many elements stay in host memory, the rest go to NVMe; default 0, "
          "all on NVMe. DeepSpeed's default is 1e9 but it writes every partition to NVMe whatever the value).",
-         minimum=0, feature=FEATURE_OFFLOAD_PARAM_NVME),
+         minimum=0, maximum=MAX_ELEMENTS, feature=FEATURE_OFFLOAD_PARAM_NVME),
 ))
 
 OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimizer state (and the optimizer "
@@ -357,7 +380,7 @@ OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimi
         feature=FEATURE_NVME),
     _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD),
     _int("buffer_count", 4, "Buffers in the NVMe buffer pool (zero double-buffers: two chunks of state "
-         "are on the host at a time; any value >= 2 is accepted).", minimum=2),
+         "are on the host at a time; any value from 2 to 1024 is accepted).", minimum=2, maximum=MAX_BUFFERS),
     _bool("pipeline_read", False, "Overlap NVMe reads with the optimizer step (zero always does).",
           feature=FEATURE_NVME),
     _bool("pipeline_write", False, "Overlap NVMe writes with the optimizer step (zero always does).",
@@ -405,7 +428,7 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _stage3(INT, "stage3_param_persistence_threshold", 100_000, "Parameters smaller than this stay unpartitioned.",
             minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3_tuning(INT, "stage3_model_persistence_threshold", sys.maxsize, "Cap on the total unpartitioned elements.",
-            minimum=0, default_doc="sys.maxsize"),
+            minimum=0, maximum=MAX_INT64, default_doc="sys.maxsize"),
     _stage3(INT, "stage3_max_live_parameters", 1_000_000_000, "Parameter elements resident per GPU before "
             "releasing.", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_max_reuse_distance", 1_000_000_000, "Keep a unit gathered after use if the recorded "
@@ -413,11 +436,11 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "kept units make way when stage3_max_live_parameters needs room).", minimum=0,
             maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_max_inflight_gathers", 2, "zero only (DeepSpeed hard-codes 2): prefetch "
-            "all-gathers in flight at once.", minimum=1),
+            "all-gathers in flight at once.", minimum=1, maximum=MAX_BUFFERS),
     _stage3(BOOL, "stage3_gather_16bit_weights_on_model_save", False, "Gather the full 16-bit weights when saving "
             "the model."),
     _stage3_tuning(INT, "stage3_module_granularity_threshold", 0, "Treat fine-grained modules as one fetch unit.",
-            minimum=0),
+            minimum=0, maximum=MAX_ELEMENTS),
     _stage3_tuning(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Fetch parameters with all-reduce."),
     _int("sub_group_size", 1_000_000_000, "Elements per tile of the offloaded optimizer step; zero streams "
          "tiles of min(sub_group_size, 4,194,304) elements through two staging buffers.", minimum=1,
@@ -449,8 +472,9 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
 # --------------------------------------------------------------------------- aio
 
 AIO = Block("aio", "Asynchronous I/O for NVMe offload (libaio). Only meaningful with feature 'nvme'.", (
-    _int("block_size", 1_048_576, "Bytes per I/O piece; a multiple of 4096 (O_DIRECT alignment).", minimum=4096,
-         feature=FEATURE_NVME),
+    _int("block_size", 1_048_576, "Bytes per I/O piece; a multiple of 4096 (O_DIRECT alignment), at most the "
+         "largest one a C int holds (DeepSpeed's aio handle takes it as an int).", minimum=4096,
+         maximum=MAX_AIO_BLOCK, feature=FEATURE_NVME),
     _int("queue_depth", 8, "Requests in flight per worker (io_uring ring size).", minimum=1, maximum=4096,
          feature=FEATURE_NVME),
     _int("intra_op_parallelism", 1, "I/O worker threads (DeepSpeed's old name: thread_count).", minimum=1,
@@ -467,7 +491,7 @@ AIO = Block("aio", "Asynchronous I/O for NVMe offload (libaio). Only meaningful 
 MEMORY_REPORT = Block("memory_report", "zero's own block: periodic memory reports.", (
     Key("path", STR, None, "JSON-lines file the report is appended to (null: no file).", nullable=True),
     _int("every_n_steps", None, "Report every N optimizer steps. Null: steps_per_print (and when that is null "
-         "too, no periodic report).", minimum=1, nullable=True, default_doc="steps_per_print"),
+         "too, no periodic report).", minimum=1, maximum=MAX_INT64, nullable=True, default_doc="steps_per_print"),
 ))
 
 # --------------------------------------------------------------------------- checkpoint
@@ -518,7 +542,8 @@ TOP = Block("", "Top-level keys.", (
     _block("zero_optimization", ZERO_OPTIMIZATION, "ZeRO settings (table below)."),
     _block("aio", AIO, "Asynchronous I/O (table below)."),
     _int("steps_per_print", None, "Log progress every N steps. Null (DeepSpeed's current code default; its docs "
-         "say 10): never.", minimum=1, nullable=True),
+         "say 10) or Infinity: never (so is any huge value; up to 2**63-1).", minimum=1, maximum=MAX_INT64,
+         nullable=True),
     _bool("wall_clock_breakdown", False, "Time forward/backward/step and log the breakdown."),
     _bool("prescale_gradients", False, "Scale gradients before the all-reduce instead of after."),
     _float("gradient_predivide_factor", 1.0, "Divide gradients by this before the all-reduce (the rest after).",
