@@ -40,6 +40,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a job started as a subprocess (a launcher, a script):
+    without the rank variables a test runner may carry, the checkout on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
+    env["PYTHONPATH"] = REPO
+    env.update(extra)
+    return env
+
+
+def launcher_argv(procs: int, *rest: str) -> list[str]:
+    """`zero --num_procs N --master_port <free> REST...` as this Python runs it."""
+    import sys
+
+    return [sys.executable, "-m", "zero.launcher.runner", "--num_procs", str(procs),
+            "--master_port", str(free_port()), *map(str, rest)]
+
+
 def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env, backend):
     import torch
     import torch.distributed as dist

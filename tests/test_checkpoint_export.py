@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import training
-from distributed_harness import run_distributed
+from distributed_harness import run_distributed, subprocess_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -91,9 +91,7 @@ def test_the_script_beside_the_checkpoint_exports_without_a_process_group(saved,
     from safetensors.torch import load_file
 
     save_dir, weights = saved
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = subprocess_env()
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, os.path.join(save_dir, "zero_to_fp32.py"), save_dir,
                            str(out), "--safe_serialization"], env=env, capture_output=True,

@@ -6,16 +6,14 @@ bing_bert / HelloDeepSpeed training loops.
 """
 import argparse
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import zero.compat.deepspeed as deepspeed
-from distributed_harness import free_port
+from distributed_harness import launcher_argv, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "deepspeed"
@@ -104,13 +102,9 @@ def test_unset_local_rank_argument_takes_the_environments(monkeypatch):
 
 # -- whole scripts under the launcher --------------------------------------------------------
 def launch(tmp_path, script, *script_args, procs=2):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    argv = [sys.executable, "-m", "zero.launcher.runner", "--num_procs", str(procs),
-            "--master_port", str(free_port()), str(script), *map(str, script_args)]
-    proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT)
+    proc = subprocess.run(launcher_argv(procs, script, *script_args), cwd=tmp_path,
+                          env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=LAUNCH_TIMEOUT)
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distributed_harness import free_port
+from distributed_harness import free_port, launcher_argv, subprocess_env
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -22,12 +22,9 @@ TIMEOUT = 240
 
 def run_script(out, *extra, launcher=()):
     Path(out).mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    argv = [sys.executable, "-m", "zero.launcher.runner", "--num_procs", "2", "--master_port",
-            str(free_port()), *launcher, str(SCRIPT), "--out", str(out), *map(str, extra)]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    argv = launcher_argv(2, *launcher, SCRIPT, "--out", out, *extra)
+    proc = subprocess.run(argv, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return json.loads((Path(out) / "losses.json").read_text()), torch.load(Path(out) / "model.pt")
 
@@ -69,9 +66,8 @@ def test_accelerate_launch_use_deepspeed_runs_on_zero_with_the_alias_on_the_path
     launcher: with the alias folder on PYTHONPATH (docs/HUGGINGFACE.md) it gets zero too."""
     from zero.compat.deepspeed_alias import ALIAS_PATH
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONPATH=os.pathsep.join([ALIAS_PATH, str(REPO)]), OMP_NUM_THREADS="1")
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([ALIAS_PATH, str(REPO)]),
+                         OMP_NUM_THREADS="1")
     argv = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed",
             "--num_processes", "2", "--main_process_port", str(free_port()),
             "--deepspeed_config_file", str(REPO / "examples" / "huggingface" / "ds_accelerate.json"),

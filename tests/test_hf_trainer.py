@@ -3,16 +3,14 @@ it names zero or DeepSpeed) launched by `zero --num_procs 2` with a DeepSpeed co
 zero's engine like plain DDP, resumes from its checkpoint, and saves a model that
 from_pretrained loads."""
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from distributed_harness import free_port
+from distributed_harness import launcher_argv, subprocess_env
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -27,12 +25,9 @@ ARGS = ["--max_steps", "8", "--per_device_train_batch_size", "4",
 
 
 def run_trainer(out, *extra, launcher=()):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    argv = [sys.executable, "-m", "zero.launcher.runner", "--num_procs", "2", "--master_port",
-            str(free_port()), *launcher, str(SCRIPT), "--output_dir", str(out), *ARGS, *extra]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    argv = launcher_argv(2, *launcher, SCRIPT, "--output_dir", out, *ARGS, *extra)
+    proc = subprocess.run(argv, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return json.loads((Path(out) / "log_history.json").read_text())
 

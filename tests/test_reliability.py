@@ -212,21 +212,15 @@ def test_a_short_script_ending_in_a_collective_exits_0_every_time(tmp_path):
 
 
 def _launch_two_ranks(tmp_path, text, *args):
-    import os
     import subprocess
-    import sys
 
-    from distributed_harness import free_port
+    from distributed_harness import launcher_argv, subprocess_env
 
     script = tmp_path / "job.py"
     script.write_text(text)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
-    argv = [sys.executable, "-m", "zero.launcher.runner", "--num_procs", "2",
-            "--master_port", str(free_port()), str(script), *args]
-    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    return subprocess.run(launcher_argv(2, script, *args), cwd=tmp_path,
+                          env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=TIMEOUT)
 
 
 def _state_dict_on_one_rank_forward_on_the_other(rank, world):
