@@ -122,8 +122,12 @@ BAD = [
      "< 1"),
     ("active unsupported section", with_(activation_checkpointing={"partition_activations": True}),
      "activation_checkpointing", "not supported yet"),
-    ("enabled monitor", with_(tensorboard={"enabled": True, "output_path": "tb"}), "tensorboard",
-     "not supported yet"),
+    ("monitor key misspelled", with_(tensorboard={"enabled": True, "output_dir": "tb"}),
+     "tensorboard.output_dir", "output_path"),
+    ("unknown collective", with_(comms_logger={"enabled": True, "prof_ops": ["allreduce"]}),
+     "comms_logger.prof_ops", "\"all_reduce\""),
+    ("profile step negative", with_(flops_profiler={"enabled": True, "profile_step": -1}),
+     "flops_profiler.profile_step", ">= 0"),
     ("unsupported scalar", with_(sparse_gradients=True), "sparse_gradients", "DeepSpeed's default false"),
     ("unsupported zero key", with_(zero_optimization={"zero_quantized_weights": True}),
      "zero_optimization.zero_quantized_weights", "not supported yet"),
@@ -484,7 +488,8 @@ def test_schema_is_consistent():
             features = [key.feature] + [f for _, f in key.value_features]
             assert {f for f in features if f} <= schema.ALL_FEATURES
             assert key.kind in (schema.BOOL, schema.INT, schema.FLOAT, schema.STR, schema.CHOICE, schema.BETAS,
-                                schema.BLOCK, schema.PARAMS, schema.SECTION, schema.OBJECT)
+                                schema.BLOCK, schema.PARAMS, schema.SECTION, schema.OBJECT,
+                                schema.STRINGS)
 
 
 def test_stage3_keys_below_stage_3_are_ignored_with_a_warning(caplog):

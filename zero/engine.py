@@ -27,6 +27,8 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import StateLayout, build_report, format_report, format_report_line
+from .monitor import Watch
+from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
 from .optimizer import OptimizerSpec, ZeroOptimizer
 from offload.progress import SwapWriteProgress
 from .schedulers import build_scheduler
@@ -101,13 +103,28 @@ class ZeroEngine(nn.Module):
         self._no_sync = False
         self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary
         self._final_report_step = None  # destroy() writes a final report unless one was
+        self._watch = Watch(self)  # monitors, wall_clock_breakdown, comms_logger, flops_profiler
         _LIVE_ENGINES.add(self)
 
     # ---- DeepSpeed's engine surface -------------------------------------------------------
     def forward(self, *inputs, **kwargs):
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             inputs = _floats_to_half(inputs)
-        return self.module(*inputs, **kwargs)
+        with self._watch.phase(FORWARD):
+            return self.module(*inputs, **kwargs)
+
+    @property
+    def monitor(self):
+        """DeepSpeed's MonitorMaster: write_events([(name, value, step)]) reaches every enabled
+        monitor block (rank 0 writes)."""
+        return self._watch.monitor
+
+    @property
+    def watch(self):
+        """What the run reports (zero.monitor.Watch): `.monitor`, `.comms` (the comms_logger
+        block's records; `.comms.log_all()` prints DeepSpeed's summary) and `.flops_profile`
+        (the flops_profiler block's per-module profile, once made)."""
+        return self._watch
 
     @property
     def core(self):
@@ -195,8 +212,12 @@ class ZeroEngine(nn.Module):
         self._boundary_in_backward = boundary
         self._boundary_backward_seen = self._boundary_backward_seen or boundary
         self._core.prepare_backward(boundary)
-        scaled.backward(retain_graph=retain_graph)
-        self._core.finish_backward(boundary)  # stage 3: already done by the end-of-backward hook
+        self._watch.add_loss(loss)
+        with self._watch.phase(BACKWARD):
+            with self._watch.phase(BACKWARD_INNER):
+                scaled.backward(retain_graph=retain_graph)
+            with self._watch.phase(BACKWARD_REDUCE):  # stage 3: the end-of-backward hook did it
+                self._core.finish_backward(boundary)
         return loss
 
     def step(self, lr_kwargs: dict | None = None):
@@ -218,10 +239,16 @@ class ZeroEngine(nn.Module):
             raise RuntimeError("zero: engine.step() on an engine built without an optimizer "
                                "(no \"optimizer\" block and no optimizer= to initialize()); "
                                "add one to train")
-        self.micro_steps += 1
-        self.global_samples += self.train_micro_batch_size_per_gpu() * dist.get_world_size()
-        if not boundary:
-            return
+        with self._watch.phase(STEP):
+            self.micro_steps += 1
+            self.global_samples += self.train_micro_batch_size_per_gpu() * dist.get_world_size()
+            if not boundary:
+                return
+            self._optimizer_step(lr_kwargs)
+        self._watch.after_step()
+        self._maybe_report()
+
+    def _optimizer_step(self, lr_kwargs: dict | None) -> None:
         self._boundary_backward_seen = False
         hypers = self.optimizer.hypers()
         result = self._core.step([hypers[group.owner] for group in self._engine_groups],
@@ -239,7 +266,6 @@ class ZeroEngine(nn.Module):
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
         self.global_steps += 1
-        self._maybe_report()
 
     def zero_grad(self):
         if self._core is not None:  # after destroy() there are no gradients left to clear
@@ -459,6 +485,8 @@ class ZeroEngine(nn.Module):
         memory_report.path configured the final report is written first; with
         steps_per_print set rank 0 prints it as the full table."""
         self._final_report_once()
+        if self._core is not None:
+            self._watch.close()
         _LIVE_ENGINES.discard(self)
         for handle in self._hooks:
             handle.remove()
@@ -473,6 +501,11 @@ class ZeroEngine(nn.Module):
 # Engines not yet destroyed. Those still alive at interpreter exit are destroyed while Python
 # and torch.distributed still work: final report, hooks, C++ buffers and threads, swap files.
 _LIVE_ENGINES: "weakref.WeakSet[ZeroEngine]" = weakref.WeakSet()
+
+
+def live_engines() -> list["ZeroEngine"]:
+    """The engines built and not yet destroyed (deepspeed.comm.log_summary reads theirs)."""
+    return list(_LIVE_ENGINES)
 
 
 @atexit.register

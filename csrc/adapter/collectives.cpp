@@ -62,11 +62,13 @@ Reduction parse_reduction(const std::string& name) {
 
 PendingCollective::PendingCollective(std::string description, c10::intrusive_ptr<c10d::Work> work,
                                      std::vector<at::Tensor> keep_alive,
-                                     std::function<void()> on_complete)
+                                     std::function<void()> on_complete,
+                                     std::shared_ptr<CollectiveTiming> timing)
     : description_(std::move(description)),
       work_(std::move(work)),
       keep_alive_(std::move(keep_alive)),
-      on_complete_(std::move(on_complete)) {}
+      on_complete_(std::move(on_complete)),
+      timing_(std::move(timing)) {}
 
 PendingCollective::~PendingCollective() {
   if (waited_) return;
@@ -86,6 +88,7 @@ void PendingCollective::wait() {
     keep_alive_.clear();
     TORCH_CHECK(false, "zero: ", description_, " failed: ", message_of(error));
   }
+  if (timing_) timing_->commit();
   if (on_complete_) on_complete_();
   keep_alive_.clear();
 }
@@ -116,13 +119,37 @@ void Communicator::count(std::int64_t& payload, std::int64_t bytes, bool control
   }
 }
 
+std::shared_ptr<CollectiveTiming> Communicator::timing(CollectiveOp op, std::int64_t bytes,
+                                                      bool control,
+                                                      const c10::intrusive_ptr<c10d::Work>& work,
+                                                      const at::Tensor& tensor) const {
+  if (!log_->enabled()) return nullptr;
+  CollectiveRecord record;
+  record.op = op;
+  record.message_bytes = bytes;
+  record.control = control;
+  record.label = log_->label();
+  auto timing = std::make_shared<CollectiveTiming>(log_, std::move(record));
+  if (tensor.is_cpu()) {
+    // gloo completes the work's future on its worker thread, when the data has arrived.
+    try {
+      work->getFuture()->addCallback([timing](c10::ivalue::Future&) { timing->complete(); });
+    } catch (const std::exception&) {
+      // no future for this backend: the wait stamps the completion instead
+    }
+  }
+  return timing;
+}
+
 std::unique_ptr<PendingCollective> Communicator::all_gather(at::Tensor full, at::Tensor shard,
                                                             bool control) {
   check_pair("all_gather", full, shard, world_size_);
   auto work = all_gather_into(group(), full, shard);
   count(stats_.all_gather_bytes, nbytes(full), control);
+  auto timed = timing(CollectiveOp::kAllGather, nbytes(full), control, work, full);
   return std::make_unique<PendingCollective>(describe("all_gather", full), std::move(work),
-                                             std::vector<at::Tensor>{full, shard});
+                                             std::vector<at::Tensor>{full, shard},
+                                             std::function<void()>{}, std::move(timed));
 }
 
 std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard, at::Tensor full,
@@ -133,9 +160,11 @@ std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard
   auto work = reduce_scatter_into(group(), shard, full, options);
   stats_.reduce_scatter_bytes += nbytes(full);
   ++stats_.calls;
+  auto timed = timing(CollectiveOp::kReduceScatter, nbytes(full), false, work, full);
   return std::make_unique<PendingCollective>(describe("reduce_scatter", full), std::move(work),
                                              std::vector<at::Tensor>{full, shard},
-                                             finisher(reduction, shard, world_size_));
+                                             finisher(reduction, shard, world_size_),
+                                             std::move(timed));
 }
 
 std::unique_ptr<PendingCollective> Communicator::all_reduce(at::Tensor tensor,
@@ -147,9 +176,11 @@ std::unique_ptr<PendingCollective> Communicator::all_reduce(at::Tensor tensor,
   auto work = group().allreduce(tensors, options);
   stats_.all_reduce_bytes += 2 * nbytes(tensor);
   ++stats_.calls;
+  auto timed = timing(CollectiveOp::kAllReduce, nbytes(tensor), false, work, tensor);
   return std::make_unique<PendingCollective>(describe("all_reduce", tensor), std::move(work),
                                              std::move(tensors),
-                                             finisher(reduction, tensor, world_size_));
+                                             finisher(reduction, tensor, world_size_),
+                                             std::move(timed));
 }
 
 std::unique_ptr<PendingCollective> Communicator::broadcast(at::Tensor tensor, int root,
@@ -162,8 +193,10 @@ std::unique_ptr<PendingCollective> Communicator::broadcast(at::Tensor tensor, in
   options.rootRank = root;
   auto work = group().broadcast(tensors, options);
   count(stats_.broadcast_bytes, nbytes(tensor), control);
+  auto timed = timing(CollectiveOp::kBroadcast, nbytes(tensor), control, work, tensor);
   return std::make_unique<PendingCollective>(describe("broadcast", tensor), std::move(work),
-                                             std::move(tensors));
+                                             std::move(tensors), std::function<void()>{},
+                                             std::move(timed));
 }
 
 }  // namespace zero::adapter

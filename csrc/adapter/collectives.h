@@ -13,6 +13,8 @@
 #include <ATen/Tensor.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "adapter/comm_log.h"
+
 namespace zero::adapter {
 
 enum class Reduction { kSum, kAvg, kMax, kMin };
@@ -38,7 +40,8 @@ struct CommStats {
 class PendingCollective {
  public:
   PendingCollective(std::string description, c10::intrusive_ptr<c10d::Work> work,
-                    std::vector<at::Tensor> keep_alive, std::function<void()> on_complete = {});
+                    std::vector<at::Tensor> keep_alive, std::function<void()> on_complete = {},
+                    std::shared_ptr<CollectiveTiming> timing = nullptr);
   PendingCollective(const PendingCollective&) = delete;
   PendingCollective& operator=(const PendingCollective&) = delete;
   ~PendingCollective();
@@ -52,6 +55,7 @@ class PendingCollective {
   c10::intrusive_ptr<c10d::Work> work_;
   std::vector<at::Tensor> keep_alive_;
   std::function<void()> on_complete_;
+  std::shared_ptr<CollectiveTiming> timing_;  // set while the comms logger is on
   bool waited_ = false;
 };
 
@@ -68,6 +72,8 @@ class Communicator {
   // A collective after this is an error.
   void release() { group_.reset(); }
   void reset_stats() { stats_ = CommStats{}; }
+  // The comms logger's records (off until enabled); shared with the pending collectives.
+  CommLog& log() { return *log_; }
 
   // full (world_size * shard.numel() elements) <- every rank's shard, in rank order.
   std::unique_ptr<PendingCollective> all_gather(at::Tensor full, at::Tensor shard,
@@ -83,11 +89,17 @@ class Communicator {
   c10d::ProcessGroup& group() const;
   std::string describe(const char* op, const at::Tensor& tensor) const;
   void count(std::int64_t& payload, std::int64_t bytes, bool control);
+  // A timing for the comms logger when it is on (else null), finished by the work's future
+  // on CPU or by the wait.
+  std::shared_ptr<CollectiveTiming> timing(CollectiveOp op, std::int64_t bytes, bool control,
+                                           const c10::intrusive_ptr<c10d::Work>& work,
+                                           const at::Tensor& tensor) const;
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   int rank_;
   int world_size_;
   CommStats stats_;
+  std::shared_ptr<CommLog> log_ = std::make_shared<CommLog>();
 };
 
 }  // namespace zero::adapter

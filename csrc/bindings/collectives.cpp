@@ -49,6 +49,19 @@ py::dict stats_dict(const adapter::CommStats& stats) {
 }
 
 void bind_collectives(py::module_& m) {
+  py::enum_<adapter::CollectiveOp>(m, "CollectiveOp")
+      .value("all_gather", adapter::CollectiveOp::kAllGather)
+      .value("reduce_scatter", adapter::CollectiveOp::kReduceScatter)
+      .value("all_reduce", adapter::CollectiveOp::kAllReduce)
+      .value("broadcast", adapter::CollectiveOp::kBroadcast);
+
+  py::class_<adapter::CollectiveRecord>(m, "CollectiveRecord")
+      .def_readonly("op", &adapter::CollectiveRecord::op)
+      .def_readonly("message_bytes", &adapter::CollectiveRecord::message_bytes)
+      .def_readonly("latency_ms", &adapter::CollectiveRecord::latency_ms)
+      .def_readonly("control", &adapter::CollectiveRecord::control)
+      .def_readonly("label", &adapter::CollectiveRecord::label);
+
   py::class_<adapter::PendingCollective, PendingHandle>(m, "PendingCollective")
       .def("wait", &adapter::PendingCollective::wait, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("completed", &adapter::PendingCollective::completed);

@@ -138,6 +138,14 @@ void bind_engine(py::module_& m) {
       .def("registry", &adapter::EngineCore::shared_registry)
       .def("comm_stats", [](adapter::EngineCore& e) { return stats_dict(e.communicator().stats()); })
       .def("reset_comm_stats", [](adapter::EngineCore& e) { e.communicator().reset_stats(); })
+      .def("set_comm_logging",
+           [](adapter::EngineCore& e, bool enabled) { e.communicator().log().set_enabled(enabled); },
+           py::arg("enabled"))
+      .def("set_comm_label",
+           [](adapter::EngineCore& e, std::string label) {
+             e.communicator().log().set_label(std::move(label));
+           }, py::arg("label"))
+      .def("drain_comm_records", [](adapter::EngineCore& e) { return e.communicator().log().drain(); })
       .def("group_numel",
            [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().full_numel(); })
       .def("group_layout",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import schema
 from .validate import format_number
-from .schema import (BETAS, BLOCK, BOOL, CHOICE, FLOAT, INT, OBJECT, PARAMS, SECTION, STR, REQUIRED,
+from .schema import (BETAS, BLOCK, BOOL, CHOICE, FLOAT, INT, OBJECT, PARAMS, SECTION, STR, STRINGS, REQUIRED,
                      ALL_FEATURES, BUILT_FEATURES, RENAMED)
 
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
@@ -93,7 +93,7 @@ invalid zero config ds_config.json: 2 errors
   2. *DeepSpeed keys zero does not implement* ("supported: no"): accepted only at
      DeepSpeed's default value, which describes what zero does anyway.
   3. *DeepSpeed sections zero does not implement* (`activation_checkpointing`,
-     `tensorboard`, ...): accepted only while inert, that is empty, `"enabled": false`, or
+     `pipeline`, ...): accepted only while inert, that is empty, `"enabled": false`, or
      with every value false/0/null/empty. The contents of an inert section are not checked.
 """
 
@@ -183,7 +183,8 @@ def _value(value):
 
 def _type(key):
     name = {BOOL: "bool", INT: "int", FLOAT: "float", STR: "string", CHOICE: "string", BETAS: "[float, float]",
-            BLOCK: "object", PARAMS: "object", SECTION: "object", OBJECT: "object"}[key.kind]
+            BLOCK: "object", PARAMS: "object", SECTION: "object", OBJECT: "object",
+            STRINGS: "[string]"}[key.kind]
     return name + (" or null" if key.nullable and key.kind not in (BLOCK, PARAMS, SECTION) else "")
 
 
@@ -287,7 +288,9 @@ def render():
     parts += [_section("`scheduler`", schema.SCHEDULER)]
     parts += _variants("scheduler.params", schema.SCHEDULER_PARAMS)
     for block in (schema.FP16, schema.BF16, schema.ZERO_OPTIMIZATION, schema.OFFLOAD_OPTIMIZER,
-                  schema.OFFLOAD_PARAM, schema.AIO, schema.MEMORY_REPORT, schema.CHECKPOINT):
+                  schema.OFFLOAD_PARAM, schema.AIO, schema.MEMORY_REPORT, schema.CHECKPOINT,
+                  schema.TENSORBOARD, schema.CSV_MONITOR, schema.WANDB, schema.COMET,
+                  schema.COMMS_LOGGER, schema.FLOPS_PROFILER):
         parts.append(_section(f"`{block.path}`", block))
     parts.append("### DeepSpeed sections zero does not implement\n\nAccepted only while inert (empty, "
                  "`\"enabled\": false`, or all values false/0/null/empty).\n\n" + _table(sections) + "\n")

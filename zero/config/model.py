@@ -8,7 +8,7 @@ test checks that each dataclass matches the supported keys of its schema block.
 
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Any, FrozenSet, Mapping, Optional
+from typing import Any, FrozenSet, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,54 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class MonitorDirConfig:  # tensorboard, csv_monitor
+    enabled: bool
+    output_path: str
+    job_name: str
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    enabled: bool
+    group: Optional[str]
+    team: Optional[str]
+    project: str
+
+
+@dataclass(frozen=True)
+class CometConfig:
+    enabled: bool
+    samples_log_interval: int
+    project: Optional[str]
+    workspace: Optional[str]
+    api_key: Optional[str]
+    experiment_name: Optional[str]
+    experiment_key: Optional[str]
+    online: Optional[bool]
+    mode: Optional[str]
+
+
+@dataclass(frozen=True)
+class CommsLoggerConfig:
+    enabled: bool
+    verbose: bool
+    prof_all: bool
+    prof_ops: Tuple[str, ...]
+    debug: bool
+
+
+@dataclass(frozen=True)
+class FlopsProfilerConfig:
+    enabled: bool
+    recompute_fwd_factor: float
+    profile_step: int
+    module_depth: int
+    top_modules: int
+    detailed: bool
+    output_file: Optional[str]
+
+
+@dataclass(frozen=True)
 class ZeroConfig:
     train_batch_size: int
     train_micro_batch_size_per_gpu: int
@@ -162,6 +210,12 @@ class ZeroConfig:
     memory_report: MemoryReportConfig
     nonfinite_gradients: str  # "skip" | "raise"
     checkpoint: CheckpointConfig
+    tensorboard: MonitorDirConfig
+    csv_monitor: MonitorDirConfig
+    wandb: WandbConfig
+    comet: CometConfig
+    comms_logger: CommsLoggerConfig
+    flops_profiler: FlopsProfilerConfig
     world_size: int
     enabled_features: FrozenSet[str]
     raw: Mapping[str, Any]  # the config as given (a private deep copy)
@@ -216,6 +270,12 @@ def build(values, raw, world_size, features):
         aio=_make(AioConfig, values["aio"]),
         memory_report=_make(MemoryReportConfig, values["memory_report"]),
         checkpoint=_make(CheckpointConfig, values["checkpoint"]),
+        tensorboard=_make(MonitorDirConfig, values["tensorboard"]),
+        csv_monitor=_make(MonitorDirConfig, values["csv_monitor"]),
+        wandb=_make(WandbConfig, values["wandb"]),
+        comet=_make(CometConfig, values["comet"]),
+        comms_logger=_make(CommsLoggerConfig, values["comms_logger"]),
+        flops_profiler=_make(FlopsProfilerConfig, values["flops_profiler"]),
         world_size=world_size,
         enabled_features=frozenset(features),
         raw=raw,
@@ -233,4 +293,10 @@ DATACLASS_FOR_BLOCK = {  # schema block path -> dataclass (for the schema/model 
     "aio": AioConfig,
     "memory_report": MemoryReportConfig,
     "checkpoint": CheckpointConfig,
+    "tensorboard": MonitorDirConfig,
+    "csv_monitor": MonitorDirConfig,
+    "wandb": WandbConfig,
+    "comet": CometConfig,
+    "comms_logger": CommsLoggerConfig,
+    "flops_profiler": FlopsProfilerConfig,
 }

@@ -18,7 +18,7 @@ Support status has two levels:
   (and has no plan to yet). Such a key is accepted only at its DeepSpeed
   default (which describes what zero does anyway); any other value is
   rejected as "not supported yet". Unsupported DeepSpeed *sections*
-  (``activation_checkpointing``, ``tensorboard``, ...) are accepted only while
+  (``activation_checkpointing``, ``pipeline``, ...) are accepted only while
   inert (see ``SECTION``).
 * per value: ``feature`` / ``value_features`` name an engine feature that is
   declared but not built yet (ZeRO stage 3, offload, NVMe). A value that needs
@@ -60,6 +60,7 @@ BLOCK = "block"  # a nested object described by `block`
 PARAMS = "params"  # a nested object whose schema depends on the sibling "type"
 SECTION = "section"  # an unsupported DeepSpeed block; accepted only while inert
 OBJECT = "object"  # a free-form object (only used by unsupported keys)
+STRINGS = "strings"  # a list of strings, each one of `choices`
 
 REQUIRED = object()  # default of keys that must be given
 
@@ -494,6 +495,75 @@ MEMORY_REPORT = Block("memory_report", "zero's own block: periodic memory report
          "too, no periodic report).", minimum=1, maximum=MAX_INT64, nullable=True, default_doc="steps_per_print"),
 ))
 
+# --------------------------------------------------------------------------- monitoring
+
+# DeepSpeed 0.19: monitor/config.py, profiling/constants.py, comm/constants.py. zero/monitor/
+# writes what each block asks for (docs/MONITORING.md).
+_JOB_NAME = "DeepSpeedJobName"
+
+
+def _monitor_dir_keys(what):
+    return (
+        _bool("enabled", False, f"Write {what}."),
+        Key("output_path", STR, "", "Folder of the job folder (\"\": the working directory).",
+            default_doc="\"\""),
+        Key("job_name", STR, _JOB_NAME, "Name of the folder inside output_path the files go to."),
+    )
+
+
+TENSORBOARD = Block("tensorboard", "DeepSpeed's TensorBoard monitor: rank 0 writes event files to "
+                    "output_path/job_name (needs the tensorboard package).",
+                    _monitor_dir_keys("TensorBoard event files"))
+CSV_MONITOR = Block("csv_monitor", "DeepSpeed's CSV monitor: rank 0 writes one file per scalar to "
+                    "output_path/job_name.", _monitor_dir_keys("CSV files"))
+WANDB = Block("wandb", "DeepSpeed's Weights & Biases monitor (needs the wandb package; WANDB_MODE=offline "
+              "writes locally).", (
+    _bool("enabled", False, "Log to Weights & Biases from rank 0."),
+    Key("group", STR, None, "Run group.", nullable=True),
+    Key("team", STR, None, "Team (wandb's entity).", nullable=True),
+    Key("project", STR, "deepspeed", "Project."),
+))
+COMET = Block("comet", "DeepSpeed's Comet monitor (needs comet_ml >= 3.41.0; online false writes an "
+              "offline experiment).", (
+    _bool("enabled", False, "Log to Comet from rank 0."),
+    _int("samples_log_interval", 100, "Log a scalar again only after this many more samples.", minimum=1,
+         maximum=MAX_INT64),
+    Key("project", STR, None, "Comet project (else COMET_PROJECT_NAME or .comet.config).", nullable=True),
+    Key("workspace", STR, None, "Comet workspace (else COMET_WORKSPACE).", nullable=True),
+    Key("api_key", STR, None, "Comet API key (else COMET_API_KEY).", nullable=True),
+    Key("experiment_name", STR, None, "Experiment name.", nullable=True),
+    Key("experiment_key", STR, None, "Key of the experiment to log to.", nullable=True),
+    Key("online", BOOL, None, "false: an offline experiment on disk (null: comet_ml's default, online).",
+        nullable=True),
+    _choice("mode", None, ("get", "create", "get_or_create"), "How the experiment is started (null: "
+            "comet_ml's default, get_or_create).", nullable=True),
+))
+COMM_OPS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "broadcast")
+COMMS_LOGGER = Block("comms_logger", "DeepSpeed's communication logger: every collective the engine "
+                     "issues, with size, latency and bandwidth; the summary at the end "
+                     "(deepspeed.comm.log_summary()).", (
+    _bool("enabled", False, "Record the engine's collectives."),
+    _bool("verbose", False, "Print each collective as it completes (rank 0)."),
+    _bool("prof_all", True, "Record every kind of collective (false: only those in prof_ops)."),
+    Key("prof_ops", STRINGS, (), "With prof_all false: the collectives to record.", choices=COMM_OPS,
+        default_doc="[]"),
+    _bool("debug", False, "Name each record after what the engine was doing (forward, backward, step, "
+          "control) as well as the collective."),
+))
+FLOPS_PROFILER = Block("flops_profiler", "DeepSpeed's FLOPs profiler (counts from "
+                       "torch.utils.flop_counter): one forward profiled on rank 0, printed at the "
+                       "end of that step.", (
+    _bool("enabled", False, "Profile one step."),
+    _float("recompute_fwd_factor", 0.0, "Fraction of the forward recomputed in the backward (activation "
+           "checkpointing), for the backward FLOPs.", minimum=0, maximum=1),
+    _int("profile_step", 1, "The step whose forward is profiled (counted from 0: 1 is the second step).",
+         minimum=0, maximum=MAX_STEPS),
+    _int("module_depth", -1, "Depth of the module tree printed (-1: all).", minimum=-1, maximum=1000),
+    _int("top_modules", 1, "Modules listed per depth in the aggregated profile.", minimum=1, maximum=10 ** 6),
+    _bool("detailed", True, "Print the per-module tree."),
+    Key("output_file", STR, None, "File the profile is written to (null: standard output).", nullable=True),
+))
+
 # --------------------------------------------------------------------------- checkpoint
 
 CHECKPOINT = Block("checkpoint", "DeepSpeed's checkpoint options (zero's checkpoint files: "
@@ -544,7 +614,8 @@ TOP = Block("", "Top-level keys.", (
     _int("steps_per_print", None, "Log progress every N steps. Null (DeepSpeed's current code default; its docs "
          "say 10) or Infinity: never (so is any huge value; up to 2**63-1).", minimum=1, maximum=MAX_INT64,
          nullable=True),
-    _bool("wall_clock_breakdown", False, "Time forward/backward/step and log the breakdown."),
+    _bool("wall_clock_breakdown", False, "Time forward, backward (and its gradient reduction) and step, and "
+          "print the breakdown on rank 0 every steps_per_print steps (every step when that is null)."),
     _bool("prescale_gradients", False, "Scale gradients before the all-reduce instead of after."),
     _float("gradient_predivide_factor", 1.0, "Divide gradients by this before the all-reduce (the rest after).",
            minimum=0, minimum_exclusive=True),
@@ -560,6 +631,12 @@ TOP = Block("", "Top-level keys.", (
             "rank and counts it (as fp16's loss scaler does), \"raise\" stops training with "
             "FloatingPointError on every rank. The weights never take a NaN or Inf."),
     _block("checkpoint", CHECKPOINT, "Checkpoint options (table below)."),
+    _block("tensorboard", TENSORBOARD, "TensorBoard monitor (table below)."),
+    _block("csv_monitor", CSV_MONITOR, "CSV monitor (table below)."),
+    _block("wandb", WANDB, "Weights & Biases monitor (table below)."),
+    _block("comet", COMET, "Comet monitor (table below)."),
+    _block("comms_logger", COMMS_LOGGER, "Communication logger (table below)."),
+    _block("flops_profiler", FLOPS_PROFILER, "FLOPs profiler (table below)."),
     # DeepSpeed scalar keys zero does not implement: only their defaults are accepted.
     _unsupported(BOOL, "sparse_gradients", False, "CSR gradients for sparse embeddings."),
     _unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),
@@ -576,12 +653,6 @@ TOP = Block("", "Top-level keys.", (
     _unsupported(INT, "sequence_parallel_size", 1, "Ulysses sequence parallelism."),
     # DeepSpeed sections zero does not implement: accepted only while inert.
     _section("activation_checkpointing", "Activation checkpointing."),
-    _section("flops_profiler", "FLOPs profiler."),
-    _section("tensorboard", "TensorBoard monitor."),
-    _section("wandb", "Weights & Biases monitor."),
-    _section("csv_monitor", "CSV monitor."),
-    _section("comet", "Comet monitor."),
-    _section("comms_logger", "Communication logger."),
     _section("sparse_attention", "Sparse attention kernels."),
     _section("pipeline", "Pipeline parallelism."),
     _section("amp", "NVIDIA Apex AMP."),

@@ -27,7 +27,7 @@ import os
 from collections.abc import Mapping
 
 from . import schema
-from .schema import BETAS, BLOCK, BOOL, CHOICE, FLOAT, INT, PARAMS, SECTION, STR, RENAMED
+from .schema import BETAS, BLOCK, BOOL, CHOICE, FLOAT, INT, PARAMS, SECTION, STR, STRINGS, RENAMED
 
 logger = logging.getLogger("zero")
 # Integer keys whose null means "never", where +Infinity means the same (Accelerate's
@@ -265,7 +265,8 @@ class _Validator:
             self.error(path, value, f"null is not allowed; expected {self.expected(key)}")
             return INVALID
         checker = {BOOL: self.check_bool, INT: self.check_int, FLOAT: self.check_float, STR: self.check_str,
-                   CHOICE: self.check_choice, BETAS: self.check_betas, BLOCK: self.check_block}[key.kind]
+                   CHOICE: self.check_choice, BETAS: self.check_betas, BLOCK: self.check_block,
+                   STRINGS: self.check_strings}[key.kind]
         resolved = checker(key, value, path)
         if resolved is INVALID or not self.feature_enabled(key, resolved, path):
             return INVALID
@@ -274,7 +275,8 @@ class _Validator:
     def expected(self, key):
         return {BOOL: "true or false", INT: "an integer", FLOAT: "a number", STR: "a string",
                 CHOICE: "one of " + ", ".join(_show(c) for c in key.choices),
-                BETAS: "[beta1, beta2]", BLOCK: "an object"}[key.kind]
+                BETAS: "[beta1, beta2]", BLOCK: "an object",
+                STRINGS: "a list of strings from " + ", ".join(_show(c) for c in key.choices)}[key.kind]
 
     def wrong_type(self, key, value, path):
         fix = None
@@ -316,6 +318,16 @@ class _Validator:
 
     def check_str(self, key, value, path):
         return value if isinstance(value, str) else self.wrong_type(key, value, path)
+
+    def check_strings(self, key, value, path):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            return self.wrong_type(key, value, path)
+        unknown = [v for v in value if v not in key.choices]
+        if unknown:
+            self.error(path, unknown[0], "unknown name in the list",
+                       "use names from " + ", ".join(_show(c) for c in key.choices))
+            return INVALID
+        return tuple(value)
 
     def check_choice(self, key, value, path):
         if not isinstance(value, str):

@@ -1,0 +1,4 @@
+"""`deepspeed.monitor.monitor`: MonitorMaster (zero.monitor.MonitorMaster)."""
+from zero.monitor import MonitorMaster
+
+__all__ = ["MonitorMaster"]
