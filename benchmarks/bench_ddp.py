@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.under_test import ROOT, ZERO_ROOT, command_line  # noqa: E402  (first: which zero)
 from benchmarks import facts as machine  # noqa: E402
 from benchmarks.cli import (add_comparison_args, add_model_args, add_run_args,  # noqa: E402
-                            chosen_configs, threads_per_rank)
+                            settle)
 from benchmarks.ddp_report import render_markdown, summarize, summarize_interleaved  # noqa: E402
 from benchmarks.launch import spawn_interleaved, spawn_ranks  # noqa: E402
 from benchmarks.memory import (MIB, optimizer_state_tensors, rss_now, rss_peak,  # noqa: E402
@@ -248,9 +248,7 @@ def _print_run(tag, result, args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    args.threads = threads_per_rank(args)
-    args.config_list = chosen_configs(args.configs, ALL_CONFIGS)
+    args = settle(parse_args(argv), ALL_CONFIGS)
     command = command_line(name_commit=False)
     t0 = time.perf_counter()
     loadavg_start = machine.loadavg()

@@ -48,3 +48,10 @@ def chosen_configs(configs: str, known: list[str]) -> list[str]:
     if unknown:
         sys.exit(f"unknown configs {unknown}; choose from {known}")
     return chosen
+
+
+def settle(args, known: list[str]):
+    """The derived settings every comparison reads: threads per rank and the chosen configs."""
+    args.threads = threads_per_rank(args)
+    args.config_list = chosen_configs(args.configs, known)
+    return args

@@ -26,6 +26,9 @@ def _base(path: Path, tmp: str) -> dict:
         offload = config.get("zero_optimization", {}).get(block)
         if isinstance(offload, dict) and "nvme_path" in offload:
             offload["nvme_path"] = tmp
+    for monitor in ("tensorboard", "csv_monitor"):
+        if isinstance(config.get(monitor), dict) and "output_path" in config[monitor]:
+            config[monitor]["output_path"] = tmp
     return config
 
 
@@ -85,7 +88,10 @@ def _fuzz(rank, world, tmp):
             micro = engine.train_micro_batch_size_per_gpu()
             for tokens, targets in training.synthetic_batches(
                     training.MODEL, micro, engine.gradient_accumulation_steps(), seed=case):
-                engine.backward(engine(tokens, targets))
+                loss = engine(tokens, targets)
+                if engine.inference_only:  # no optimizer block: a forward-only engine
+                    break
+                engine.backward(loss)
                 engine.step()
             engine.destroy()
         except Exception as error:  # noqa: BLE001

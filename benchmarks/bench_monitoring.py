@@ -1,0 +1,136 @@
+"""What watching a run costs: zero's step time with each monitor block on, against all off.
+
+    python benchmarks/bench_monitoring.py                      # the full run (~2 minutes)
+    python benchmarks/bench_monitoring.py --interleaved-steps 5 --warmup 2 \
+        --configs off,tensorboard --out /tmp/bench             # smoke test
+
+World size 2 on gloo (CPU), ZeRO stage 2, the TinyGPT of bench_ddp.py. One pair of processes
+holds one engine per configuration and steps them round-robin (config A step i, config B step
+i, ...), so load from other processes hits every configuration alike. steps_per_print stays
+at its default (null): the monitors write every optimizer step (lr, loss, timers, payload
+bytes, every rank's memory: one small all-gather), wall_clock_breakdown prints its line every
+step. wandb runs offline (WANDB_MODE=offline), comet with "online": false; both write under a
+temporary folder. The FLOPs profiler profiles one step (profile_step 1), as configured by
+default, so its cost is that step's and not the median's.
+
+Overhead = median step time with the block on / median with every block off - 1.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.under_test import ROOT, ZERO_ROOT, command_line  # noqa: E402  (first: which zero)
+from benchmarks import facts as machine  # noqa: E402
+from benchmarks.cli import add_comparison_args, add_model_args, add_run_args  # noqa: E402
+from benchmarks.cli import settle  # noqa: E402
+from benchmarks.launch import spawn_ranks  # noqa: E402
+from benchmarks.models import engine_config, gpt_config, rank_batches, seeded_model  # noqa: E402
+from benchmarks.report import header, machine_section, markdown_table, publish  # noqa: E402
+from benchmarks.timing import engine_step, interleave_steps, step_stats  # noqa: E402
+
+
+def monitor_blocks(out: str) -> dict[str, dict]:
+    """Each configuration's config blocks on top of the plain engine config."""
+    def folder(job):
+        return {"enabled": True, "output_path": out, "job_name": job}
+    blocks = {
+        "off": {},
+        "tensorboard": {"tensorboard": folder("tb")},
+        "csv_monitor": {"csv_monitor": folder("csv")},
+        "wandb": {"wandb": {"enabled": True, "project": "bench"}},
+        "comet": {"comet": {"enabled": True, "online": False, "project": "bench"}},
+        "wall_clock_breakdown": {"wall_clock_breakdown": True},
+        "comms_logger": {"comms_logger": {"enabled": True}},
+        "flops_profiler": {"flops_profiler": {"enabled": True, "output_file": os.path.join(out, "flops.txt")}},
+    }
+    blocks["all"] = {key: value for config in blocks.values() for key, value in config.items()}
+    return blocks
+
+
+ALL_CONFIGS = list(monitor_blocks(""))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_args(p, steps=0, steps_help="(unused: only the interleaved run)", warmup=5,
+                 interleaved_steps=60)
+    add_model_args(p, micro_batch=4, vocab=4096, n_layer=4, n_embd=256)
+    add_comparison_args(p, ALL_CONFIGS)
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
+                   help="where monitoring.md/.json go ('' = print only)")
+    return p.parse_args(argv)
+
+
+def _interleaved(rank, world, name, args):
+    """Every configuration's engine in this process, stepped round-robin."""
+    import zero
+
+    out = args.monitor_dir  # the same on every rank: the ranks check they share one config
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=out,
+                      COMET_OFFLINE_DIRECTORY=out)
+    gpt = gpt_config(args)
+    steps = {}
+    for config_name in args.config_list:
+        config = engine_config(args.micro_batch, args.clip,
+                               {"stage": 2, "reduce_bucket_size": 5e5, "overlap_comm": True})
+        config.update(monitor_blocks(os.path.join(out, config_name))[config_name])
+        engine, *_ = zero.initialize(model=seeded_model(gpt), config=config)
+        steps[config_name] = lambda tokens, targets, engine=engine: engine_step(engine, tokens, targets)
+    batches = rank_batches(gpt, args.micro_batch, args.warmup + args.interleaved_steps, rank)
+    return {"rank": rank, "step_times": interleave_steps(steps, batches, args.warmup)}
+
+
+def summarize(result: dict, configs: list[str]) -> dict:
+    stats = {name: step_stats([rank["step_times"][name] for rank in result["ranks"]])
+             for name in configs}
+    off = stats["off"]["total"]["median"] if "off" in stats else None
+    return {name: {"median_ms": s["total"]["median"], "p10_ms": s["total"]["p10"],
+                   "steps": s["steps"],
+                   "overhead": None if off is None else s["total"]["median"] / off - 1}
+            for name, s in stats.items()}
+
+
+def render(summary: dict, args, facts: dict, command: str, wall: float) -> str:
+    rows = [[name, f"{s['median_ms']:.1f}", f"{s['p10_ms']:.1f}",
+             "-" if s["overhead"] is None or name == "off" else f"{100 * s['overhead']:+.1f}%"]
+            for name, s in summary.items()]
+    lines = header("Monitoring overhead: zero stage 2 with each monitor block on",
+                   "bench_monitoring.py", facts["date"], wall, command)
+    lines += [f"TinyGPT (vocab {args.vocab}, {args.n_layer} layers, width {args.n_embd}), micro-batch "
+              f"{args.micro_batch} x {args.block} tokens per rank, world size {args.world_size} (gloo), "
+              f"{args.threads} torch threads per rank; {args.interleaved_steps} measured steps per "
+              f"configuration after {args.warmup} warm-up steps, all configurations stepping "
+              "round-robin in one pair of processes; steps_per_print at its default (null).", "",
+              markdown_table(["configuration", "median step (ms)", "p10 (ms)", "vs off"], rows), "",
+              f"Engine under test: `{ZERO_ROOT}` at commit {facts['zero_commit']}."]
+    lines += machine_section(facts)
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = settle(parse_args(argv), ALL_CONFIGS)
+    command = command_line(name_commit=False)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench_monitoring_") as tmp:
+        args.monitor_dir = tmp
+        result = spawn_ranks(_interleaved, "interleaved", args, tmp)
+    wall = time.perf_counter() - t0
+    if result.get("error"):
+        print(result["error"], file=sys.stderr)
+        return 1
+    facts = {**machine.host_facts(), "date": machine.utc_now(),
+             "zero_commit": machine.git_commit(ZERO_ROOT)}
+    summary = summarize(result, args.config_list)
+    publish(args.out, "monitoring", render(summary, args, facts, command, wall),
+            {"command": command, "args": vars(args), "machine": facts, "wall_s": wall,
+             "summary": summary, "raw": result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
