@@ -51,11 +51,46 @@ class ExternalUseGPT(TinyGPT):
                                                  targets.view(-1))
 
 
+class CheckpointedGPT(TinyGPT):
+    """TinyGPT whose blocks run under activation checkpointing (recomputed in backward):
+    "reentrant" / "non_reentrant" (torch.utils.checkpoint) or "deepspeed"
+    (deepspeed.checkpointing.checkpoint). Its head is tied to the token embedding."""
+
+    def __init__(self, config: GPTConfig, checkpointing: str):
+        super().__init__(config)
+        self.checkpointing = checkpointing
+
+    def forward(self, tokens, targets=None):
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        for block in self.blocks:
+            x = self._checkpointed(block, x)
+        logits = self._checkpointed(self._logits, x)  # the tied head, recomputed too
+        return torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                                 targets.view(-1))
+
+    def _logits(self, x):
+        return self.head(self.ln_f(x))
+
+    def _checkpointed(self, block, x):
+        if self.checkpointing == "deepspeed":
+            import zero.compat.deepspeed as deepspeed
+
+            return deepspeed.checkpointing.checkpoint(block, x)
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(block, x, use_reentrant=self.checkpointing == "reentrant")
+
+
 def make_model(config: GPTConfig = MODEL, freeze_position_embedding: bool = False,
-               reuse_block: bool = False, external_use: bool = False) -> TinyGPT:
+               reuse_block: bool = False, external_use: bool = False,
+               checkpointing: str | None = None) -> TinyGPT:
     torch.manual_seed(SEED)
-    kind = ExternalUseGPT if external_use else ReusedBlockGPT if reuse_block else TinyGPT
-    model = kind(config)
+    if checkpointing is not None:
+        model = CheckpointedGPT(config, checkpointing)
+    else:
+        kind = ExternalUseGPT if external_use else ReusedBlockGPT if reuse_block else TinyGPT
+        model = kind(config)
     if freeze_position_embedding:
         model.position_embedding.weight.requires_grad_(False)
     return model

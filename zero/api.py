@@ -8,6 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from . import activation_checkpointing
 from .config import load_config
 from .distributed import init_distributed
 
@@ -95,6 +96,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         init_distributed()
     _align_local_rank(args)
     zero_config = load_config(source, world_size=dist.get_world_size())
+    if "activation_checkpointing" in zero_config.raw and not activation_checkpointing.is_configured():
+        activation_checkpointing.configure(deepspeed_config=zero_config)  # the block applies
     engine = ZeroEngine(model, zero_config, optimizer=optimizer,
                         model_parameters=model_parameters, lr_scheduler=lr_scheduler)
     dataloader = None

@@ -33,7 +33,7 @@ def _fields(cls) -> list[str]:
 
 
 def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
-                  sgd_momentum: bool, offload, offload_param=None):
+                  sgd_momentum: bool, offload, offload_param=None, shared_params=()):
     """One parameter group's options. A unit (the grain of one reduce-scatter / all-gather)
     is reduce_bucket_size elements at stages 0-2; stage 3 units are the model's modules."""
     zero_cfg = config.zero_optimization
@@ -42,7 +42,8 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  overlap_comm=bool(zero_cfg.overlap_comm),
                  optimizer=_C.OptimizerKind.__members__[optimizer_kind],
                  sgd_momentum=sgd_momentum, offload=offload,
-                 offload_param=offload_param or _C.ParamOffloadOptions())
+                 offload_param=offload_param or _C.ParamOffloadOptions(),
+                 shared_params=list(shared_params))
 
 
 def schedule_options(config, device: torch.device):

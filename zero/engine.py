@@ -64,7 +64,7 @@ class ZeroEngine(nn.Module):
         builder = sharding.GroupBuilder(
             self._core, config, spec, groups,
             alignment=max(1, ALIGNMENT_BYTES // _element_size(self.dtype)),
-            on_swap_write=self._swap_writes.add)
+            on_swap_write=self._swap_writes.add, shared=sharding.shared_parameters(model))
         engine = weakref.ref(self)
         with self._swap_writes.shown("zero: writing NVMe swap files"):
             layout = sharding.shard_groups(builder, model, trainables, self.stage, self.device,
@@ -305,7 +305,8 @@ class ZeroEngine(nn.Module):
         """Per-category current/peak bytes from the accounting registry, with the ZeRO formula's
         expected value beside each model-state category."""
         return build_report(self._core.registry(), self._layouts, dist.get_rank(),
-                            self.global_steps, self._core.comm_stats())
+                            self.global_steps, self._core.comm_stats(),
+                            self._watch.activation_bytes)
 
     def print_memory_report(self) -> None:
         print(format_report(self.memory_report()), flush=True)
@@ -333,7 +334,7 @@ class ZeroEngine(nn.Module):
             return None
         rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
         report = build_report(self._core.registry(), self._layouts, rank, self.global_steps,
-                              self._core.comm_stats())
+                              self._core.comm_stats(), self._watch.activation_bytes)
         report["final"] = True
         self._write_report(report, show=show)
         self._final_report_step = self.global_steps

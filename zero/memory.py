@@ -138,7 +138,7 @@ def process_memory() -> dict[str, int]:
 
 
 def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
-                 comm_stats: dict) -> dict:
+                 comm_stats: dict, activation_bytes: int | None = None) -> dict:
     """The per-rank memory report: measured current/peak per category beside the formula
     (summed over the engine's layouts: stage 3 has its persistent parameters as a second)."""
     categories = {}
@@ -196,6 +196,9 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
                               "cpu" if any(layout.offload_param for layout in layouts) else "none")},
         "process": process,
         "comm": comm_stats,
+        # what the last forward kept for backward (autograd's saved tensors, parameters
+        # excluded), measured; None when not measured
+        "activations_bytes": activation_bytes,
     }
 
 
@@ -309,4 +312,7 @@ def format_report(report: dict) -> str:
         lines.append(f"  process RSS: {_size(current)} (peak "
                      f"{_size(max(current, process['rss_peak_bytes']))}; the whole process: "
                      "framework, activations and allocator caches included)")
+    if report.get("activations_bytes") is not None:
+        lines.append(f"  activations: {_size(report['activations_bytes'])} kept for backward by the "
+                     "last forward (measured; activation checkpointing keeps less)")
     return "\n".join(lines)

@@ -54,19 +54,21 @@ class GroupBuilder:
     optimizer_groups: list[dict]
     alignment: int
     on_swap_write: object = None
+    shared: frozenset = frozenset()  # ids of the parameters held under several names (tied)
 
-    def options(self, owner: int, stage: int):
+    def options(self, owner: int, stage: int, params: list):
         return boundary.group_options(
             self.config, stage=stage, alignment=self.alignment, optimizer_kind=self.spec.kind,
             sgd_momentum=self.spec.momentum_buffer_needed([self.optimizer_groups[owner]]),
             offload=offload.offload_options(self.config, self.on_swap_write),
             offload_param=(offload.param_offload_options(self.config, self.on_swap_write)
-                           if stage == 3 else None))
+                           if stage == 3 else None),
+            shared_params=[i for i, p in enumerate(params) if id(p) in self.shared])
 
     def add_flat(self, owner: int, params: list, stage: int) -> EngineGroup:
         # A group is the grain of communication below stage 3: its gradients are reduced in
         # buckets of reduce_bucket_size, its parameters all-gathered after the step.
-        self.core.add_group(params, self.options(owner, stage))
+        self.core.add_group(params, self.options(owner, stage, params))
         return EngineGroup(owner, params, stage)
 
 
@@ -133,7 +135,7 @@ def _add_stage3_group(builder: GroupBuilder, plan, owner: int, params: list,
     local = {unit: i for i, unit in enumerate(model_units)}
     index = builder.core.add_stage3_group(
         params, [local[plan.unit_of_param[id(p)]] for p in params],
-        [zero_init.shard_shape(p) for p in params], builder.options(owner, stage=3))
+        [zero_init.shard_shape(p) for p in params], builder.options(owner, 3, params))
     for unit in model_units:
         placement.setdefault(unit, []).append((index, local[unit]))
 
@@ -162,6 +164,11 @@ def full_shapes(model: nn.Module) -> dict[str, torch.Size]:
               for name, param in model.named_parameters(remove_duplicate=False)}
     shapes.update((name, buffer.shape) for name, buffer in model.named_buffers())
     return shapes
+
+
+def shared_parameters(model: nn.Module) -> frozenset:
+    """Ids of the parameters the model holds under more than one name (tied weights)."""
+    return frozenset(key for key, names in names_by_id(model).items() if len(names) > 1)
 
 
 def names_by_id(model: nn.Module) -> dict[int, list[str]]:

@@ -8,7 +8,8 @@ namespace zero::adapter {
 GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
                          at::Tensor grads, core::MemoryRegistry& registry,
                          Communicator& communicator, std::vector<std::size_t> expected,
-                         std::optional<at::TensorOptions> bucket_options)
+                         std::optional<at::TensorOptions> bucket_options,
+                         const std::vector<std::size_t>& shared)
     : mode_(mode),
       layout_(layout),
       grads_(std::move(grads)),
@@ -25,6 +26,19 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   TORCH_CHECK(expected_.size() == layout_.unit_count(), "zero: expected gradient counts for ",
               expected_.size(), " units but the layout has ", layout_.unit_count());
   missing_ = expected_;
+  shared_.assign(layout_.param_count(), false);
+  holds_shared_.assign(layout_.unit_count(), false);
+  arrivals_.assign(layout_.param_count(), 0);
+  for (const std::size_t param : shared) {
+    TORCH_CHECK(param < layout_.param_count(), "zero: shared parameter ", param,
+                " outside the group's ", layout_.param_count());
+    const std::size_t unit = layout_.location(param).buffer;
+    shared_[param] = true;
+    holds_shared_[unit] = true;
+    TORCH_CHECK(missing_[unit] > 0, "zero: shared parameter ", param, " is not trainable");
+    --missing_[unit];  // counted by arrival instead: the unit completes at the end of backward
+  }
+  expected_ = missing_;
   launched_.assign(layout_.unit_count(), false);
   zeroed_.assign(layout_.unit_count(), false);
   if (mode_ != ReduceMode::kAllReduce) {
@@ -87,16 +101,24 @@ std::optional<std::size_t> GradReducer::grad_ready(std::size_t param, const at::
   TORCH_CHECK(param < layout_.param_count(), "zero: gradient for parameter ", param,
               " but the group has ", layout_.param_count());
   const core::ParamLocation where = layout_.location(param);
-  TORCH_CHECK(missing_[where.buffer] > 0 && !launched_[where.buffer], "zero: the gradient of "
-              "parameter ", param, " arrived twice in one backward; each parameter's "
-              "post-accumulate hook must fire once per backward (reentrant activation "
-              "checkpointing of shared weights is not supported)");
+  const bool again = arrivals_[param]++ > 0;
+  TORCH_CHECK(!launched_[where.buffer] && (shared_[param] || !again), "zero: the gradient of "
+              "parameter ", param, " arrived twice in one backward. A weight the model uses in "
+              "two reentrant activation-checkpointed regions (torch.utils.checkpoint with "
+              "use_reentrant=True) gets one gradient per region; the engine adds them up only "
+              "for weights registered under two names (tied). Use use_reentrant=False, or "
+              "deepspeed.checkpointing.checkpoint");
   if (mode_ == ReduceMode::kReduceScatter) {
     TORCH_CHECK(grad.defined(), "zero: parameter ", param, " reported ready without a gradient");
     const core::ParamSlot& slot = layout_.unit(where.buffer).params()[where.index];
-    slot_for(where.buffer).full.tensor().narrow(0, slot.offset, slot.numel)
-        .copy_(grad.reshape({-1}));
+    at::Tensor target = slot_for(where.buffer).full.tensor().narrow(0, slot.offset, slot.numel);
+    if (again) {
+      target.add_(grad.reshape({-1}));
+    } else {
+      target.copy_(grad.reshape({-1}));
+    }
   }
+  if (shared_[param]) return std::nullopt;  // complete at the end of backward
   if (--missing_[where.buffer] == 0) return where.buffer;
   return std::nullopt;
 }
@@ -169,6 +191,7 @@ void GradReducer::wait_all() {
 void GradReducer::reset() {
   TORCH_CHECK(in_flight_.empty(), "zero: reset() with collectives still in flight");
   missing_ = expected_;
+  arrivals_.assign(layout_.param_count(), 0);
   launched_.assign(layout_.unit_count(), false);
   for (auto& slot : slot_of_unit_) slot = nullptr;
   while (slots_.size() > initial_slots_) slots_.pop_back();  // a grown pool shrinks back

@@ -39,16 +39,23 @@ class GradReducer {
   // gradient shard (kReduceScatter), laid out by `layout`; written, never owned.
   // expected[u]: how many gradients unit u receives per backward (default: all its
   // parameters; stage 3 units may hold frozen ones). Buckets are allocated with
-  // `bucket_options` (default: the gradients').
+  // `bucket_options` (default: the gradients'). `shared`: parameters whose gradient may
+  // arrive several times per backward (GroupOptions::shared_params): their arrivals add up
+  // and their units complete only at the end of backward (launched by the owner then).
   GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
               at::Tensor grads, core::MemoryRegistry& registry, Communicator& communicator,
               std::vector<std::size_t> expected = {},
-              std::optional<at::TensorOptions> bucket_options = std::nullopt);
+              std::optional<at::TensorOptions> bucket_options = std::nullopt,
+              const std::vector<std::size_t>& shared = {});
 
-  // Parameter `param`'s gradient is final for this backward (kReduceScatter copies it).
-  // Returns its unit if that unit is now complete.
+  // Parameter `param`'s gradient (or, for a shared one, one more contribution to it) is
+  // final for this backward (kReduceScatter copies it). Returns its unit if that unit is now
+  // complete.
   std::optional<std::size_t> grad_ready(std::size_t param, const at::Tensor& grad);
-  bool complete(std::size_t unit) const { return missing_.at(unit) == 0; }
+  bool complete(std::size_t unit) const {
+    return missing_.at(unit) == 0 && !holds_shared_.at(unit);
+  }
+  bool shared(std::size_t param) const { return shared_.at(param); }
   bool launched(std::size_t unit) const { return launched_.at(unit); }
   std::size_t unit_count() const { return layout_.unit_count(); }
   // Starts the unit's collective. Units with missing gradients (unused parameters) may be
@@ -93,6 +100,9 @@ class GradReducer {
   Communicator& communicator_;
   std::vector<std::size_t> expected_;  // gradients per backward, per unit
   std::vector<std::size_t> missing_;   // gradients still to arrive, per unit
+  std::vector<bool> shared_;           // per parameter: GroupOptions::shared_params
+  std::vector<bool> holds_shared_;     // per unit: it has a shared parameter
+  std::vector<std::uint32_t> arrivals_;  // per parameter: contributions this backward
   std::vector<Slot*> slot_of_unit_;
   std::vector<bool> launched_;
   std::vector<bool> zeroed_;  // per unit: its range of `grads` holds zeros (grads_zeroed)

@@ -54,7 +54,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
     reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
                                              options_.overlap_comm, grad_shard_.tensor(), registry,
                                              communicator_, std::vector<std::size_t>{},
-                                             model_options);
+                                             model_options, options_.shared_params);
   } else {
     grad_full_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
                           model_options);
@@ -62,7 +62,9 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
     const ReduceMode mode = options_.stage == 0 ? ReduceMode::kAllReduce
                                                 : ReduceMode::kReduceScatterInPlace;
     reducer_ = std::make_unique<GradReducer>(mode, layout_, options_.overlap_comm,
-                                             grad_full_.tensor(), registry, communicator_);
+                                             grad_full_.tensor(), registry, communicator_,
+                                             std::vector<std::size_t>{}, std::nullopt,
+                                             options_.shared_params);
     prepare_backward();
   }
 }

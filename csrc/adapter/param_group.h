@@ -56,6 +56,11 @@ struct GroupOptions {
   bool sgd_momentum = false;  // SGD keeps a momentum buffer only when momentum != 0
   OffloadOptions offload;     // optimizer state in host memory (stages 1-3)
   ParamOffloadOptions offload_param;
+  // Indices (in this group) of parameters the model holds under more than one name (tied
+  // weights). Their gradient may reach the engine more than once in one backward (each
+  // reentrant activation-checkpointed region accumulates its own), so their units reduce at
+  // the end of backward, after every contribution (GradReducer, Stage3Group).
+  std::vector<std::size_t> shared_params;
 };
 
 class ParamGroup : public Group {

@@ -78,7 +78,8 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
   }
   reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
                                            options_.overlap_comm, grad_shard_.tensor(), registry,
-                                           communicator_, std::move(expected), model_options_);
+                                           communicator_, std::move(expected), model_options_,
+                                           options_.shared_params);
 }
 
 void Stage3Group::place_param_shard() {
@@ -297,6 +298,9 @@ std::optional<std::size_t> Stage3Group::grad_ready(std::size_t index, bool /*bou
   at::Tensor& grad = params_[index].mutable_grad();
   const auto completed = reducer_->grad_ready(index, grad);
   grad = at::Tensor();  // the bucket has it
+  // A shared parameter's unit stays pending (gathered) until the end of backward: more of
+  // its gradient may come, and autograd needs the whole parameter to accumulate it.
+  if (reducer_->shared(index)) return completed;
   Unit& unit = units_[layout_.location(index).buffer];
   TORCH_CHECK(unit.pending_grads > 0, "zero: more gradients than trainable parameters in unit ",
               layout_.location(index).buffer);

@@ -73,7 +73,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("optimizer", &Group::optimizer)
       .def_readwrite("sgd_momentum", &Group::sgd_momentum)
       .def_readwrite("offload", &Group::offload)
-      .def_readwrite("offload_param", &Group::offload_param);
+      .def_readwrite("offload_param", &Group::offload_param)
+      .def_readwrite("shared_params", &Group::shared_params);
 
   using Timings = adapter::OffloadTimings;  // read back, not an option
   py::class_<Timings>(m, "OffloadTimings")

@@ -92,8 +92,8 @@ invalid zero config ds_config.json: 2 errors
      one line changes and this file is regenerated.
   2. *DeepSpeed keys zero does not implement* ("supported: no"): accepted only at
      DeepSpeed's default value, which describes what zero does anyway.
-  3. *DeepSpeed sections zero does not implement* (`activation_checkpointing`,
-     `pipeline`, ...): accepted only while inert, that is empty, `"enabled": false`, or
+  3. *DeepSpeed sections zero does not implement* (`pipeline`,
+     `amp`, ...): accepted only while inert, that is empty, `"enabled": false`, or
      with every value false/0/null/empty. The contents of an inert section are not checked.
 """
 
@@ -289,7 +289,7 @@ def render():
     parts += _variants("scheduler.params", schema.SCHEDULER_PARAMS)
     for block in (schema.FP16, schema.BF16, schema.ZERO_OPTIMIZATION, schema.OFFLOAD_OPTIMIZER,
                   schema.OFFLOAD_PARAM, schema.AIO, schema.MEMORY_REPORT, schema.CHECKPOINT,
-                  schema.TENSORBOARD, schema.CSV_MONITOR, schema.WANDB, schema.COMET,
+                  schema.ACTIVATION_CHECKPOINTING, schema.TENSORBOARD, schema.CSV_MONITOR, schema.WANDB, schema.COMET,
                   schema.COMMS_LOGGER, schema.FLOPS_PROFILER):
         parts.append(_section(f"`{block.path}`", block))
     parts.append("### DeepSpeed sections zero does not implement\n\nAccepted only while inert (empty, "

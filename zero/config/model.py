@@ -141,6 +141,16 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class ActivationCheckpointingConfig:
+    partition_activations: bool
+    cpu_checkpointing: bool
+    contiguous_memory_optimization: bool
+    number_checkpoints: Optional[int]
+    synchronize_checkpoint_boundary: bool
+    profile: bool
+
+
+@dataclass(frozen=True)
 class MonitorDirConfig:  # tensorboard, csv_monitor
     enabled: bool
     output_path: str
@@ -210,6 +220,7 @@ class ZeroConfig:
     memory_report: MemoryReportConfig
     nonfinite_gradients: str  # "skip" | "raise"
     checkpoint: CheckpointConfig
+    activation_checkpointing: ActivationCheckpointingConfig
     tensorboard: MonitorDirConfig
     csv_monitor: MonitorDirConfig
     wandb: WandbConfig
@@ -270,6 +281,8 @@ def build(values, raw, world_size, features):
         aio=_make(AioConfig, values["aio"]),
         memory_report=_make(MemoryReportConfig, values["memory_report"]),
         checkpoint=_make(CheckpointConfig, values["checkpoint"]),
+        activation_checkpointing=_make(ActivationCheckpointingConfig,
+                                       values["activation_checkpointing"]),
         tensorboard=_make(MonitorDirConfig, values["tensorboard"]),
         csv_monitor=_make(MonitorDirConfig, values["csv_monitor"]),
         wandb=_make(WandbConfig, values["wandb"]),

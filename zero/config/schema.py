@@ -18,7 +18,7 @@ Support status has two levels:
   (and has no plan to yet). Such a key is accepted only at its DeepSpeed
   default (which describes what zero does anyway); any other value is
   rejected as "not supported yet". Unsupported DeepSpeed *sections*
-  (``activation_checkpointing``, ``pipeline``, ...) are accepted only while
+  (``pipeline``, ``amp``, ...) are accepted only while
   inert (see ``SECTION``).
 * per value: ``feature`` / ``value_features`` name an engine feature that is
   declared but not built yet (ZeRO stage 3, offload, NVMe). A value that needs
@@ -495,6 +495,24 @@ MEMORY_REPORT = Block("memory_report", "zero's own block: periodic memory report
          "too, no periodic report).", minimum=1, maximum=MAX_INT64, nullable=True, default_doc="steps_per_print"),
 ))
 
+# --------------------------------------------------------------------------- activation checkpointing
+
+# DeepSpeed 0.19: runtime/activation_checkpointing/config.py. Read by deepspeed.checkpointing's
+# configure(deepspeed_config=...) and applied by the engine (zero/activation_checkpointing.py).
+ACTIVATION_CHECKPOINTING = Block("activation_checkpointing", "deepspeed.checkpointing.checkpoint's "
+                                 "options (zero/activation_checkpointing.py).", (
+    _bool("partition_activations", False, "Split each kept activation over the model-parallel ranks "
+          "(zero has one model-parallel rank: nothing to split, no effect)."),
+    _bool("cpu_checkpointing", False, "Keep what a checkpointed region saves for backward in host memory "
+          "(DeepSpeed: only with partition_activations; zero: on its own too)."),
+    _bool("contiguous_memory_optimization", False, "Copy partitioned activations into one buffer (needs "
+          "partition_activations and number_checkpoints; no effect without model parallelism)."),
+    _int("number_checkpoints", None, "Checkpointed regions per forward (for "
+         "contiguous_memory_optimization).", minimum=1, maximum=10 ** 6, nullable=True),
+    _bool("synchronize_checkpoint_boundary", False, "Synchronize the GPU at each region's start and end."),
+    _bool("profile", False, "Print each region's forward and recomputation time on rank 0."),
+))
+
 # --------------------------------------------------------------------------- monitoring
 
 # DeepSpeed 0.19: monitor/config.py, profiling/constants.py, comm/constants.py. zero/monitor/
@@ -631,6 +649,8 @@ TOP = Block("", "Top-level keys.", (
             "rank and counts it (as fp16's loss scaler does), \"raise\" stops training with "
             "FloatingPointError on every rank. The weights never take a NaN or Inf."),
     _block("checkpoint", CHECKPOINT, "Checkpoint options (table below)."),
+    _block("activation_checkpointing", ACTIVATION_CHECKPOINTING, "deepspeed.checkpointing's options "
+           "(table below)."),
     _block("tensorboard", TENSORBOARD, "TensorBoard monitor (table below)."),
     _block("csv_monitor", CSV_MONITOR, "CSV monitor (table below)."),
     _block("wandb", WANDB, "Weights & Biases monitor (table below)."),
@@ -652,7 +672,6 @@ TOP = Block("", "Top-level keys.", (
     _unsupported(BOOL, "managed_gradient_accumulation", True, "Engine-managed accumulation boundaries."),
     _unsupported(INT, "sequence_parallel_size", 1, "Ulysses sequence parallelism."),
     # DeepSpeed sections zero does not implement: accepted only while inert.
-    _section("activation_checkpointing", "Activation checkpointing."),
     _section("sparse_attention", "Sparse attention kernels."),
     _section("pipeline", "Pipeline parallelism."),
     _section("amp", "NVIDIA Apex AMP."),

@@ -495,6 +495,20 @@ def _check_precision(v, values):
                 "lower min_loss_scale or raise initial_scale_power")
 
 
+def _check_activation_checkpointing(v, values):
+    block = values.get("activation_checkpointing")
+    if not _valid(block) or not block.get("contiguous_memory_optimization"):
+        return
+    if block.get("partition_activations") is False:
+        v.error("activation_checkpointing.contiguous_memory_optimization", True,
+                "needs partition_activations (as in DeepSpeed)",
+                "set partition_activations to true, or contiguous_memory_optimization to false")
+    elif block.get("number_checkpoints") is None:
+        v.error("activation_checkpointing.number_checkpoints", None,
+                "contiguous_memory_optimization needs the number of checkpointed regions",
+                "set number_checkpoints (e.g. the number of layers)")
+
+
 def _check_aio(v, values):
     aio = values.get("aio")
     if _valid(aio) and _valid(aio.get("block_size", INVALID)) and aio["block_size"] % 4096:
@@ -603,6 +617,7 @@ def validate(raw, world_size, features, source=None):
     _check_precision(v, values)
     _check_zero(v, values)
     _check_aio(v, values)
+    _check_activation_checkpointing(v, values)
     _resolve_optimizer(v, values)
     _resolve_scheduler(values)
     _resolve_memory_report(values)

@@ -47,9 +47,10 @@ def comm_events(samples: int, before: Mapping[str, int], after: Mapping[str, int
     return events
 
 
-def memory_scalars(registry) -> list[float]:
+def memory_scalars(registry, activation_bytes: int | None) -> list[float]:
     """This rank's memory as a flat list in the order of memory_names(): current bytes per
-    category, current and peak bytes per location, the process's resident set."""
+    category, current and peak bytes per location, the process's resident set, the
+    activations the last forward kept for backward."""
     by_category: dict[str, int] = {}
     for row in registry.records():
         by_category[row["category"]] = by_category.get(row["category"], 0) + row["current"]
@@ -58,6 +59,7 @@ def memory_scalars(registry) -> list[float]:
         usage = registry.location_usage(location)
         values += [float(usage["current"]), float(usage["peak"])]
     values.append(float(process_memory().get("rss_bytes", 0)))
+    values.append(float(activation_bytes or 0))
     return values
 
 
@@ -65,7 +67,7 @@ def memory_names() -> list[str]:
     names = [f"category/{name}" for name in CATEGORY_ORDER]
     for location in LOCATIONS:
         names += [f"location/{location}", f"location/{location}_peak"]
-    return names + ["process/rss"]
+    return names + ["process/rss", "activations"]
 
 
 def memory_events(samples: int, per_rank: list[list[float]]) -> list:

@@ -12,6 +12,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from ..saved_activations import SavedActivations
 from . import events, timers
 from .comms_logger import CommsLogger
 from .master import MonitorMaster
@@ -33,7 +34,13 @@ class Watch:
             else None
         timed = config.wall_clock_breakdown or self.monitor.enabled or config.flops_profiler.enabled
         self.timers = timers.EngineTimers(engine.device) if timed else None
-        self.active = timed or self.comms.enabled
+        # The memory report's activations: what autograd keeps from each forward, measured
+        # when a report or a monitor will show it.
+        reports = bool(config.memory_report.path or config.memory_report.every_n_steps
+                       or config.steps_per_print or self.monitor.enabled)
+        self._activations = SavedActivations(engine.module) if reports else None
+        self._counting = None
+        self.active = timed or self.comms.enabled or reports
         self._labels: list[str] = []
         self._loss = None
         self._profiled = False
@@ -61,6 +68,9 @@ class Watch:
         if name == timers.FORWARD and self._profile_now():
             self.flops.start_profile()
             self._profiled = True
+        if name == timers.FORWARD and self._activations is not None:
+            self._counting = self._activations.counting()
+            self._counting.__enter__()
 
     def _exit(self, name: str) -> None:
         if self.timers is not None:
@@ -70,6 +80,14 @@ class Watch:
             self._core.set_comm_label(self._labels[-1] if self._labels else "")
         if name == timers.FORWARD and self.flops is not None and self._profiled:
             self.flops.stop_profile()
+        if name == timers.FORWARD and self._counting is not None:
+            counting, self._counting = self._counting, None
+            counting.__exit__(None, None, None)
+
+    @property
+    def activation_bytes(self) -> int | None:
+        """What the last forward kept for backward (None: not measured, no report is on)."""
+        return self._activations.bytes if self._activations is not None else None
 
     def _profile_now(self) -> bool:
         return (self.flops is not None and not self._profiled
@@ -118,8 +136,8 @@ class Watch:
         every = self._config.memory_report.every_n_steps or 1
         if engine.global_steps % every:
             return None
-        mine = torch.tensor(events.memory_scalars(self._core.registry()), dtype=torch.float64,
-                            device=engine.device)
+        mine = torch.tensor(events.memory_scalars(self._core.registry(), self.activation_bytes),
+                            dtype=torch.float64, device=engine.device)
         everyone = [torch.empty_like(mine) for _ in range(self._world)]
         dist.all_gather(everyone, mine)
         return [values.tolist() for values in everyone]

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..saved_activations import SavedActivations
+
 _DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32,
            "fp32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
            "fp16": torch.float16, "float16": torch.float16, "bool": torch.bool}
@@ -56,22 +58,9 @@ def saved_activation_bytes(model: torch.nn.Module, inputs: list[torch.Tensor]) -
     """Bytes of the distinct storages autograd saves for backward during model(*inputs),
     parameters' storages excluded. Works on meta tensors (nothing is allocated) and on real
     ones alike."""
-    params = {_storage_key(p) for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor):
-        key = _storage_key(tensor)
-        if key not in params:
-            saved[key] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.enable_grad(), SavedActivations(model).counting() as counter:
         model(*inputs)
-    return sum(saved.values())
-
-
-def _storage_key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage()._cdata
+    return counter.bytes
 
 
 def estimate_activations(factory, samples: list[SampleInput], dtype: torch.dtype) -> int:

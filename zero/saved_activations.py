@@ -1,0 +1,45 @@
+"""Activation memory, measured: the bytes autograd keeps for backward during a forward.
+
+While counting, a saved-tensors hook sees every tensor autograd saves; the distinct storages
+among them, parameters excluded, are what one micro-batch's forward leaves alive for its
+backward. Activation checkpointing shows here as the bytes it did not keep: a checkpointed
+region saves only its inputs. The estimator (`zero/reports/activations.py`) counts the same
+on fake tensors, the engine on the real forward when memory reports are on.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+class SavedActivations:
+    """Counts what autograd saves inside `counting()`; `bytes` is the last count."""
+
+    def __init__(self, model: nn.Module):
+        self._model = model
+        self.bytes = 0
+
+    @contextlib.contextmanager
+    def counting(self):
+        # Parameters are not activations: not the model's storages at entry (stages 0-2), nor
+        # a Parameter saved as it is (stage 3 gathers into buffers of its own).
+        params = {storage_key(p) for p in self._model.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(tensor):
+            key = storage_key(tensor)
+            if key not in params and not isinstance(tensor, nn.Parameter):
+                saved[key] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                yield self
+        finally:
+            self.bytes = sum(saved.values())
