@@ -65,6 +65,9 @@ def _fuzz(rank, world, tmp):
     import zero
     from zero.config import ConfigError, load_config
 
+    import os
+
+    os.chdir(tmp)  # a mutated monitor path (say "") writes under the working directory
     rng = random.Random(SEED)
     bases = [_base(path, tmp) for path in CONFIGS]
     problems, accepted, rejected = [], 0, 0
