@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -149,11 +150,18 @@ void SwapFile::preallocate(FaultInjector* faults) {
     } while (error == EINTR);
   }
   if (error == 0) return;
-  const std::string hint =
-      error == ENOSPC || error == EDQUOT
-          ? "; the device holding '" + directory_ +
-                "' is full: free space there or point nvme_path at a larger device"
-          : "";
+  std::string hint;
+  if (error == ENOSPC || error == EDQUOT) {
+    hint = "; the device holding '" + directory_ + "' is full: this swap file needs " +
+           std::to_string(size_) + " bytes";
+    struct statvfs device {};
+    if (::statvfs(directory_.c_str(), &device) == 0) {
+      hint += ", " + std::to_string(static_cast<std::uint64_t>(device.f_bavail) * device.f_frsize) +
+              " are available";
+    }
+    hint += " (every rank on the node makes its own): free space there or point nvme_path at a "
+            "larger device";
+  }
   throw IoError::system("preallocation (posix_fallocate)", path_, 0, size_, error, hint);
 }
 

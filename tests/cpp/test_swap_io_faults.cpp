@@ -106,7 +106,9 @@ TEST_CASE("ENOSPC from preallocation fails the swap file and leaves nothing behi
     CHECK(error.error_number() == ENOSPC);
     CHECK_THAT(error.what(), Catch::Contains("posix_fallocate") &&
                                  Catch::Contains("No space left on device") &&
-                                 Catch::Contains("is full") && Catch::Contains(dir.str()));
+                                 Catch::Contains("is full") && Catch::Contains(dir.str()) &&
+                                 Catch::Contains("needs 1048576 bytes") &&
+                                 Catch::Contains("are available"));
   }
   CHECK(swap_files_in(dir.path()).empty());
 }
