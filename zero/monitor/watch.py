@@ -1,8 +1,9 @@
 """What an engine reports while it trains: the one object engine.py calls around forward,
 backward and step, feeding the monitors (tensorboard, csv_monitor, wandb, comet), the
-wall_clock_breakdown timers, the comms logger and the FLOPs profiler.
+wall_clock_breakdown timers, the comms logger, the FLOPs profiler and the memory report's
+measured activations.
 
-With all of those blocks off, every call here is a check of one flag.
+With all of those off, every call here is a check of one flag.
 """
 from __future__ import annotations
 
