@@ -1,0 +1,215 @@
+"""Beyond the memory wall: a GPT whose model states do not fit in this machine's memory, trained
+with ZeRO stage 3 and both parameters and optimizer state on NVMe (ZeRO-Infinity).
+
+    python benchmarks/bench_beyond_memory.py --nvme-path /tmp/zero_nvme     # ~2B parameters
+    python benchmarks/bench_beyond_memory.py --n-layer 2 --n-embd 256 --steps 2 \
+        --nvme-path /tmp/zero_nvme --out /tmp/bench                         # smoke test
+
+One rank (the machine's two cores), bf16 parameters, fp32 master weights and Adam state. The
+model is built under zero.Init (each parameter partitioned as it is created), the engine writes
+the parameter shards and the optimizer state into its swap files, and every step streams the
+units in for forward and backward and the optimizer state through the CPU Adam chunk by chunk.
+The same micro-batch every step, so a few steps show the loss fall.
+
+Measured in the same run: the disk's own sequential bandwidth (O_DIRECT, a file of
+--probe-bytes), then per step the bytes the process read from and wrote to storage
+(/proc/self/io), the phases, and the offloaded step's split (OffloadTimings). The I/O floor of a
+step is its bytes over the measured bandwidths: no step that moves those bytes can be faster.
+"""
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.under_test import ROOT, ZERO_ROOT, command_line  # noqa: E402  (first: which zero)
+from benchmarks import facts as machine  # noqa: E402
+from benchmarks.memory import rss_peak  # noqa: E402
+from benchmarks.models import ADAMW, gpt_config, rank_batches  # noqa: E402
+from benchmarks.report import header, machine_section, markdown_table, publish  # noqa: E402
+from benchmarks.timing import engine_step  # noqa: E402
+
+CHUNK = 64 << 20
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nvme-path", required=True, help="folder for the swap files (a local disk)")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--n-layer", type=int, default=32)
+    p.add_argument("--n-head", type=int, default=8)
+    p.add_argument("--n-embd", type=int, default=2304)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--probe-bytes", type=int, default=4 << 30, help="disk bandwidth probe size")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
+                   help="where beyond_memory.md/.json go ('' = print only)")
+    return p.parse_args(argv)
+
+
+def disk_bandwidth(folder: str, size: int) -> dict:
+    """Sequential O_DIRECT write then read of `size` bytes in 64 MiB requests, bytes/s."""
+    path = os.path.join(folder, "bandwidth_probe.bin")
+    buffer = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
+    buffer.write(os.urandom(1 << 20) * (CHUNK >> 20))
+    out = {}
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC | os.O_DIRECT, 0o600)
+        start = time.perf_counter()
+        for _ in range(size // CHUNK):
+            os.write(fd, buffer)
+        os.fsync(fd)
+        out["write_bytes_per_s"] = size / (time.perf_counter() - start)
+        os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        start = time.perf_counter()
+        while os.readv(fd, [buffer]) > 0:
+            pass
+        out["read_bytes_per_s"] = size / (time.perf_counter() - start)
+        os.close(fd)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    return out
+
+
+def storage_io() -> dict[str, int]:
+    """Bytes this process has read from and written to storage (not the page cache)."""
+    with open("/proc/self/io") as io:
+        fields = dict(line.split(": ") for line in io.read().splitlines())
+    return {"read": int(fields["read_bytes"]), "write": int(fields["write_bytes"])}
+
+
+def engine_config(args) -> dict:
+    nvme = {"device": "nvme", "nvme_path": args.nvme_path}
+    return {"train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": 1,
+            "gradient_clipping": 1.0, "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {**ADAMW, "lr": args.lr}},
+            "zero_optimization": {"stage": 3, "offload_param": dict(nvme),
+                                  "offload_optimizer": dict(nvme)}}
+
+
+def offload_seconds(engine) -> dict[str, float]:
+    totals = {"grads_in_wait_s": 0.0, "cpu_optimizer_s": 0.0, "params_out_wait_s": 0.0}
+    for group in range(engine.core.group_count):
+        timing = engine.core.group_offload_timings(group)
+        for name in totals:
+            totals[name] += getattr(timing, name)
+    return totals
+
+
+def train(args) -> dict:
+    import zero
+    from zero.init import full_numel
+    from zero.models.tiny_gpt import TinyGPT
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(machine_port()), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    zero.init_distributed()
+    config = engine_config(args)
+    gpt = gpt_config(vars(args))
+    start = time.perf_counter()
+    with zero.Init(config_dict_or_path=config):
+        model = TinyGPT(gpt)
+    params = sum(full_numel(p) for p in model.parameters())
+    engine, *_ = zero.initialize(model=model, config=config)
+    build_s = time.perf_counter() - start
+    tokens, targets = rank_batches(gpt, args.micro_batch, 1, 0)[0]
+    steps = []
+    for _ in range(args.steps):
+        before_io, before_offload = storage_io(), offload_seconds(engine)
+        t0 = time.perf_counter()
+        loss, phases = engine_step(engine, tokens, targets)
+        elapsed = time.perf_counter() - t0
+        after_io, after_offload = storage_io(), offload_seconds(engine)
+        steps.append({"loss": loss, "s": elapsed, **{f"{k}_s": v for k, v in phases.items()},
+                      "read_bytes": after_io["read"] - before_io["read"],
+                      "write_bytes": after_io["write"] - before_io["write"],
+                      **{k: after_offload[k] - before_offload[k] for k in after_offload}})
+        print(f"[step] {steps[-1]}", flush=True)
+    report = engine.memory_report()
+    engine.destroy()
+    left = [name for name in os.listdir(args.nvme_path) if name.startswith("zero")]
+    return {"params": params, "build_s": build_s, "steps": steps, "peak_rss_bytes": rss_peak(),
+            "model_state_bytes": 16 * params, "registry": report["by_location"],
+            "swap_files_left": left}
+
+
+def machine_port() -> int:
+    from benchmarks.launch import free_port
+    return free_port()
+
+
+def summarize(run: dict, bandwidth: dict) -> dict:
+    measured = run["steps"][1:] or run["steps"]  # the first step also fills the read-ahead
+    read = statistics.median(s["read_bytes"] for s in measured)
+    write = statistics.median(s["write_bytes"] for s in measured)
+    floor = read / bandwidth["read_bytes_per_s"] + write / bandwidth["write_bytes_per_s"]
+    step_s = statistics.median(s["s"] for s in measured)
+    return {"params": run["params"], "model_state_bytes": run["model_state_bytes"],
+            "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "peak_rss_bytes": run["peak_rss_bytes"], "step_s": step_s, "io_floor_s": floor,
+            "step_over_floor": step_s / floor if floor else None,
+            "read_bytes_per_step": read, "write_bytes_per_step": write,
+            "losses": [s["loss"] for s in run["steps"]], "build_s": run["build_s"],
+            "disk": bandwidth, "swap_files_left": run["swap_files_left"]}
+
+
+def render(summary: dict, run: dict, args, facts: dict, command: str, wall: float) -> str:
+    gib = 1 << 30
+    rows = [[i + 1, f"{s['loss']:.4f}", f"{s['s']:.1f}", f"{s['forward_s']:.1f}",
+             f"{s['backward_s']:.1f}", f"{s['step_s']:.1f}", f"{s['cpu_optimizer_s']:.1f}",
+             f"{(s['grads_in_wait_s'] + s['params_out_wait_s']):.1f}",
+             f"{s['read_bytes'] / gib:.2f}", f"{s['write_bytes'] / gib:.2f}"]
+            for i, s in enumerate(run["steps"])]
+    lines = header("Beyond the memory wall: ZeRO-3 with parameters and optimizer on NVMe",
+                   "bench_beyond_memory.py", facts["date"], wall, command)
+    lines += [
+        f"GPT with {summary['params'] / 1e9:.2f} B parameters ({args.n_layer} layers, width "
+        f"{args.n_embd}, vocab {args.vocab}), bf16, micro-batch {args.micro_batch} x {args.block} "
+        f"tokens, one rank. Model states (16 bytes per parameter): "
+        f"{summary['model_state_bytes'] / gib:.1f} GiB; this machine's memory: "
+        f"{summary['mem_total_bytes'] / gib:.1f} GiB.", "",
+        markdown_table(["what", "value"], [
+            ["peak RSS", f"{summary['peak_rss_bytes'] / gib:.2f} GiB "
+                         f"({summary['peak_rss_bytes'] / summary['model_state_bytes']:.2f} of the model states)"],
+            ["build (zero.Init + engine, swap files written)", f"{summary['build_s']:.0f} s"],
+            ["step (median after the first)", f"{summary['step_s']:.1f} s"],
+            ["disk, measured (O_DIRECT, sequential)",
+             f"write {summary['disk']['write_bytes_per_s'] / gib:.2f} GiB/s, read "
+             f"{summary['disk']['read_bytes_per_s'] / gib:.2f} GiB/s"],
+            ["I/O floor of a step (its bytes / those bandwidths)", f"{summary['io_floor_s']:.1f} s"],
+            ["step / I/O floor", f"{summary['step_over_floor']:.2f}"],
+            ["swap files left after the run", str(len(summary["swap_files_left"]))]]), "",
+        markdown_table(["step", "loss", "s", "forward", "backward", "optimizer step", "CPU Adam",
+                        "waiting for I/O in the step", "read GiB", "written GiB"], rows), "",
+        f"Engine under test: `{ZERO_ROOT}` at commit {facts['zero_commit']}."]
+    return "\n".join(lines + machine_section(facts))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.nvme_path, exist_ok=True)
+    command = command_line(name_commit=False)
+    t0 = time.perf_counter()
+    bandwidth = disk_bandwidth(args.nvme_path, args.probe_bytes)
+    print(f"[disk] {bandwidth}", flush=True)
+    run = train(args)
+    wall = time.perf_counter() - t0
+    summary = summarize(run, bandwidth)
+    facts = {**machine.host_facts(), "date": machine.utc_now(),
+             "zero_commit": machine.git_commit(ZERO_ROOT)}
+    publish(args.out, "beyond_memory", render(summary, run, args, facts, command, wall),
+            {**summary, "command": command, "args": vars(args), "machine": facts,
+             "wall_s": wall, "raw": run})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
