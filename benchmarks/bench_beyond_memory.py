@@ -39,14 +39,14 @@ CHUNK = 64 << 20
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nvme-path", required=True, help="folder for the swap files (a local disk)")
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--steps", type=int, default=5)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--block", type=int, default=64)
     p.add_argument("--n-layer", type=int, default=32)
     p.add_argument("--n-head", type=int, default=8)
     p.add_argument("--n-embd", type=int, default=2304)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--probe-bytes", type=int, default=4 << 30, help="disk bandwidth probe size")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
                    help="where beyond_memory.md/.json go ('' = print only)")
