@@ -162,6 +162,18 @@ def test_a_model_built_under_zero_init_trains_with_parameters_on_nvme(tmp_path):
     assert offloaded[0] == pytest.approx(plain[0], rel=1e-6)
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_beyond_memory_path_trains_like_the_in_memory_engine(world, tmp_path):
+    # bench_beyond_memory.py's path at a small scale: zero.Init, then parameters and optimizer
+    # state on NVMe; the same losses as the engine without offload, and no swap file left
+    params_dir, optimizer_dir = _swap_dirs(tmp_path, "params", "optimizer")
+    plain = run_distributed(_zero_init_training, world, args=(_config(3, False),))
+    config = _nvme_params(_config(3, optimizer_dir), params_dir, buffer_count=2)
+    offloaded = run_distributed(_zero_init_training, world, args=(config,))
+    assert offloaded[0] == pytest.approx(plain[0], rel=1e-6)
+    assert not list((tmp_path / "params").iterdir()) and not list((tmp_path / "optimizer").iterdir())
+
+
 # ---- errors --------------------------------------------------------------------------------
 
 def _build_error(rank, world, config):
