@@ -104,6 +104,26 @@ def offload_seconds(engine) -> dict[str, float]:
     return totals
 
 
+def predicted_bytes(config: dict, gpt) -> dict[str, int]:
+    """zero-mem estimate's per-rank bytes at each location for this model and config, before
+    anything is built (the model on the meta device)."""
+    from zero.models.tiny_gpt import TinyGPT
+    from zero.reports import estimate as est
+
+    shapes = est.shapes_from_module(est.build_on_meta(TinyGPT, gpt))
+    setup, stage = est.setup_from_config(config, 1)
+    estimate = est.estimate(shapes, setup, stage)
+    return {where: estimate.bytes_at(where) for where in ("device", "host", "nvme")}
+
+
+def measured_bytes(by_location: dict) -> dict[str, int]:
+    """The registry's peak per location, host pinned and pageable together."""
+    out = {"device": 0, "host": 0, "nvme": 0}
+    for location, usage in by_location.items():
+        out["host" if location.startswith("host") else location] += usage["peak"]
+    return out
+
+
 def train(args) -> dict:
     import zero
     from zero.init import full_numel
@@ -114,6 +134,7 @@ def train(args) -> dict:
     zero.init_distributed()
     config = engine_config(args)
     gpt = gpt_config(vars(args))
+    predicted = predicted_bytes(config, gpt)
     start = time.perf_counter()
     with zero.Init(config_dict_or_path=config):
         model = TinyGPT(gpt)
@@ -138,6 +159,7 @@ def train(args) -> dict:
     left = [name for name in os.listdir(args.nvme_path) if name.startswith("zero")]
     return {"params": params, "build_s": build_s, "steps": steps, "peak_rss_bytes": rss_peak(),
             "model_state_bytes": 16 * params, "registry": report["by_location"],
+            "predicted_bytes": predicted, "measured_bytes": measured_bytes(report["by_location"]),
             "swap_files_left": left}
 
 
@@ -158,7 +180,8 @@ def summarize(run: dict, bandwidth: dict) -> dict:
             "step_over_floor": step_s / floor if floor else None,
             "read_bytes_per_step": read, "write_bytes_per_step": write,
             "losses": [s["loss"] for s in run["steps"]], "build_s": run["build_s"],
-            "disk": bandwidth, "swap_files_left": run["swap_files_left"]}
+            "disk": bandwidth, "swap_files_left": run["swap_files_left"],
+            "predicted_bytes": run["predicted_bytes"], "measured_bytes": run["measured_bytes"]}
 
 
 def render(summary: dict, run: dict, args, facts: dict, command: str, wall: float) -> str:
@@ -187,6 +210,14 @@ def render(summary: dict, run: dict, args, facts: dict, command: str, wall: floa
             ["I/O floor of a step (its bytes / those bandwidths)", f"{summary['io_floor_s']:.1f} s"],
             ["step / I/O floor", f"{summary['step_over_floor']:.2f}"],
             ["swap files left after the run", str(len(summary["swap_files_left"]))]]), "",
+        "Estimated before the run (`zero-mem estimate`'s row for this config) against the "
+        "engine's accounting registry (peak per location):", "",
+        markdown_table(["location", "estimated GiB", "measured GiB", "estimate / measured"],
+                       [[where, f"{summary['predicted_bytes'][where] / gib:.3f}",
+                         f"{summary['measured_bytes'][where] / gib:.3f}",
+                         f"{summary['predicted_bytes'][where] / summary['measured_bytes'][where]:.3f}"
+                         if summary["measured_bytes"][where] else "-"]
+                        for where in ("device", "host", "nvme")]), "",
         markdown_table(["step", "loss", "s", "forward", "backward", "optimizer step", "CPU Adam",
                         "waiting for I/O in the step", "read GiB", "written GiB"], rows), "",
         f"Engine under test: `{ZERO_ROOT}` at commit {facts['zero_commit']}."]
