@@ -24,27 +24,10 @@ DS_VERSION="0.19.8"
 SDIST=".whl/deepspeed-$DS_VERSION.tar.gz"
 LOGS="build/setup-logs"
 CONSTRAINTS="requirements/constraints.txt"
-mkdir -p "$LOGS"
-
-say() { echo "deepspeed_cpu: $*"; }
-
-fail() {  # fail <what went wrong> <what to do>
-  say "FAILED: $1"
-  say "fix: $2"
-  exit 1
-}
-
-run_step() {  # run_step <name> <fix hint> <command...>
-  local name="$1" hint="$2"
-  shift 2
-  local log="$LOGS/deepspeed-$name.log"
-  if ! "$@" > "$log" 2>&1; then
-    say "FAILED: step '$name': $*"
-    say "last lines of $log:"
-    tail -n 40 "$log" | sed 's/^/    /'
-    fail "step '$name' exited non-zero" "$hint"
-  fi
-}
+STEP_NAME="deepspeed_cpu"
+LOG_PREFIX="deepspeed-"
+# shellcheck source=lib/steps.sh
+source scripts/lib/steps.sh  # say, fail, run_step
 
 # -- the system Python and its torch -------------------------------------------------------
 command -v "$PYTHON" >/dev/null || fail "no '$PYTHON' on PATH" "set PYTHON=/path/to/python3"

@@ -10,29 +10,10 @@ cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
 LOGS="build/setup-logs"
-mkdir -p "$LOGS"
-
-say() { echo "setup: $*"; }
-
-fail() {  # fail <what went wrong> <what to do>
-  say "FAILED: $1"
-  say "fix: $2"
-  exit 1
-}
-
-# run_step <name> <fix hint> <command...>: runs the command with its output in
-# $LOGS/<name>.log; on failure prints the command, the log's last lines and the fix.
-run_step() {
-  local name="$1" hint="$2"
-  shift 2
-  local log="$LOGS/$name.log"
-  if ! "$@" > "$log" 2>&1; then
-    say "FAILED: step '$name': $*"
-    say "last lines of $log:"
-    tail -n 40 "$log" | sed 's/^/    /'
-    fail "step '$name' exited non-zero" "$hint"
-  fi
-}
+STEP_NAME="setup"
+LOG_PREFIX=""
+# shellcheck source=lib/steps.sh
+source scripts/lib/steps.sh  # say, fail, run_step
 
 # -- the interpreter ---------------------------------------------------------------------
 command -v "$PYTHON" >/dev/null || fail "no '$PYTHON' on PATH" \
