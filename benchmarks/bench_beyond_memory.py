@@ -46,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--n-layer", type=int, default=32)
     p.add_argument("--n-head", type=int, default=8)
     p.add_argument("--n-embd", type=int, default=2304)
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--probe-bytes", type=int, default=4 << 30, help="disk bandwidth probe size")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
                    help="where beyond_memory.md/.json go ('' = print only)")
