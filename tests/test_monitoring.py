@@ -41,7 +41,7 @@ def _train(rank, world, extra, steps=STEPS, stage=2, precision="fp16", **zero_ex
             seen["lrs"].append(engine.get_lr()[0])
             seen["loss_scales"].append(engine.loss_scale)
             seen["comm"].append(dict(engine.core.comm_stats()))
-        seen["memory"] = events.memory_scalars(engine.core.registry())
+        seen["memory"] = events.memory_scalars(engine.core.registry(), engine.watch.activation_bytes)
         seen["memory_names"] = events.memory_names()
         seen["numel"] = sum(engine.core.group_numel(g) for g in range(engine.core.group_count))
         engine.destroy()
