@@ -28,6 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.under_test import ROOT, ZERO_ROOT, command_line  # noqa: E402  (first: which zero)
 from benchmarks import facts as machine  # noqa: E402
+from benchmarks.launch import free_port  # noqa: E402
 from benchmarks.memory import rss_peak  # noqa: E402
 from benchmarks.models import ADAMW, gpt_config, rank_batches  # noqa: E402
 from benchmarks.report import header, machine_section, markdown_table, publish  # noqa: E402
@@ -95,15 +96,6 @@ def engine_config(args) -> dict:
                                   "offload_optimizer": dict(nvme)}}
 
 
-def offload_seconds(engine) -> dict[str, float]:
-    totals = {"grads_in_wait_s": 0.0, "cpu_optimizer_s": 0.0, "params_out_wait_s": 0.0}
-    for group in range(engine.core.group_count):
-        timing = engine.core.group_offload_timings(group)
-        for name in totals:
-            totals[name] += getattr(timing, name)
-    return totals
-
-
 def predicted_bytes(config: dict, gpt) -> dict[str, int]:
     """zero-mem estimate's per-rank bytes at each location for this model and config, before
     anything is built (the model on the meta device)."""
@@ -125,11 +117,12 @@ def measured_bytes(by_location: dict) -> dict[str, int]:
 
 
 def train(args) -> dict:
+    import offload
     import zero
     from zero.init import full_numel
     from zero.models.tiny_gpt import TinyGPT
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(machine_port()), RANK="0",
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                       WORLD_SIZE="1", LOCAL_RANK="0")
     zero.init_distributed()
     config = engine_config(args)
@@ -144,15 +137,16 @@ def train(args) -> dict:
     tokens, targets = rank_batches(gpt, args.micro_batch, 1, 0)[0]
     steps = []
     for _ in range(args.steps):
-        before_io, before_offload = storage_io(), offload_seconds(engine)
+        before_io, before_offload = storage_io(), offload.step_timings(engine.core)
         t0 = time.perf_counter()
         loss, phases = engine_step(engine, tokens, targets)
         elapsed = time.perf_counter() - t0
-        after_io, after_offload = storage_io(), offload_seconds(engine)
+        after_io, after_offload = storage_io(), offload.step_timings(engine.core)
         steps.append({"loss": loss, "s": elapsed, **{f"{k}_s": v for k, v in phases.items()},
                       "read_bytes": after_io["read"] - before_io["read"],
                       "write_bytes": after_io["write"] - before_io["write"],
-                      **{k: after_offload[k] - before_offload[k] for k in after_offload}})
+                      **{k: after_offload[k] - before_offload[k]
+                         for k in ("grads_in_wait_s", "cpu_optimizer_s", "params_out_wait_s")}})
         print(f"[step] {steps[-1]}", flush=True)
     report = engine.memory_report()
     engine.destroy()
@@ -161,11 +155,6 @@ def train(args) -> dict:
             "model_state_bytes": 16 * params, "registry": report["by_location"],
             "predicted_bytes": predicted, "measured_bytes": measured_bytes(report["by_location"]),
             "swap_files_left": left}
-
-
-def machine_port() -> int:
-    from benchmarks.launch import free_port
-    return free_port()
 
 
 def summarize(run: dict, bandwidth: dict) -> dict:

@@ -208,26 +208,20 @@ def offload_components(numel: int) -> dict:
             "cpu_adam_params_per_s": numel / adam, "adam_threads": torch.get_num_threads()}
 
 
-OFFLOAD_FIELDS = ("grads_in_wait_s", "cpu_optimizer_s", "params_out_wait_s", "step_s")
-
-
 def offload_timings(engine) -> dict | None:
     """zero's own account of its offloaded steps so far (C++ OffloadTimings, all groups)."""
     core = getattr(engine, "core", None)
     if core is None or not hasattr(core, "group_offload_timings"):
         return None
-    totals = dict.fromkeys(OFFLOAD_FIELDS, 0.0)
-    for group in range(core.group_count):
-        timings = core.group_offload_timings(group)
-        for field in OFFLOAD_FIELDS:
-            totals[field] += getattr(timings, field)
-    return totals
+    import offload
+
+    return offload.step_timings(core)
 
 
 def _per_step(before, after, steps: int) -> dict | None:
     if not before or not after or after["step_s"] == before["step_s"]:
         return None
-    return {field: (after[field] - before[field]) / steps for field in OFFLOAD_FIELDS}
+    return {field: (after[field] - before[field]) / steps for field in after}
 
 
 def worker(args) -> dict:

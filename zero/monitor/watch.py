@@ -13,6 +13,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
+import offload
+
 from ..saved_activations import SavedActivations
 from . import events, timers
 from .comms_logger import CommsLogger
@@ -160,12 +162,8 @@ class Watch:
     def _offload_timings(self) -> dict[str, float]:
         if self._config.zero_optimization.offload_optimizer.device == "none":
             return {}
-        totals = dict.fromkeys(_OFFLOAD_PARTS, 0.0)
-        for group in range(self._core.group_count):
-            timing = self._core.group_offload_timings(group)
-            for name, field in _OFFLOAD_PARTS.items():
-                totals[name] += getattr(timing, field) * 1000
-        return totals
+        seconds = offload.step_timings(self._core)
+        return {name: 1000 * seconds[field] for name, field in _OFFLOAD_PARTS.items()}
 
     def log_comms(self, print_log: bool = True, show_straggler: bool = False,
                   return_dict: bool = False):
