@@ -27,26 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import time
 
 import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-logger = logging.getLogger("zero")
+from .config.model import ActivationCheckpointingConfig as Settings
+from .config.schema import ACTIVATION_CHECKPOINTING
 
-
-@dataclasses.dataclass
-class Settings:
-    partition_activations: bool = False
-    contiguous_memory_optimization: bool = False
-    number_checkpoints: int | None = None
-    cpu_checkpointing: bool = False
-    synchronize_checkpoint_boundary: bool = False
-    profile: bool = False
-
-
+DEFAULTS = Settings(**{key.name: key.default for key in ACTIVATION_CHECKPOINTING.keys})
 _settings: Settings | None = None  # None until configure(): DeepSpeed's is_configured()
 
 
@@ -58,21 +48,19 @@ def configure(mpu_=None, deepspeed_config=None, partition_activations=None,
     model-parallel world size of 1."""
     global _settings
     _check_mpu(mpu_)
-    settings = settings_from_config(deepspeed_config) if deepspeed_config is not None else Settings()
-    for name, value in (("partition_activations", partition_activations),
-                        ("contiguous_memory_optimization", contiguous_checkpointing),
-                        ("number_checkpoints", num_checkpoints),
-                        ("cpu_checkpointing", checkpoint_in_cpu),
-                        ("synchronize_checkpoint_boundary", synchronize), ("profile", profile)):
-        if value is not None:
-            setattr(settings, name, value)
-    if settings.contiguous_memory_optimization and not settings.partition_activations:
+    given = {"partition_activations": partition_activations,
+             "contiguous_memory_optimization": contiguous_checkpointing,
+             "number_checkpoints": num_checkpoints, "cpu_checkpointing": checkpoint_in_cpu,
+             "synchronize_checkpoint_boundary": synchronize, "profile": profile}
+    base = settings_from_config(deepspeed_config) if deepspeed_config is not None else DEFAULTS
+    chosen = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    if chosen.contiguous_memory_optimization and not chosen.partition_activations:
         raise ValueError("zero: activation_checkpointing.contiguous_memory_optimization needs "
                          "partition_activations true (as in DeepSpeed); set both or neither")
-    if settings.contiguous_memory_optimization and settings.number_checkpoints is None:
+    if chosen.contiguous_memory_optimization and chosen.number_checkpoints is None:
         raise ValueError("zero: activation_checkpointing.contiguous_memory_optimization needs "
                          "number_checkpoints (the number of checkpointed regions per forward)")
-    _settings = settings
+    _settings = chosen
 
 
 def is_configured() -> bool:
@@ -80,8 +68,8 @@ def is_configured() -> bool:
 
 
 def settings() -> Settings:
-    """The settings checkpoint() uses: configure()'s, or the defaults."""
-    return _settings or Settings()
+    """The settings checkpoint() uses: configure()'s, or the defaults (schema.py's)."""
+    return _settings or DEFAULTS
 
 
 def reset() -> None:
@@ -90,11 +78,13 @@ def reset() -> None:
 
 
 def partition_activations_in_checkpoint(partition_activation: bool) -> None:
-    _current().partition_activations = bool(partition_activation)
+    global _settings
+    _settings = dataclasses.replace(settings(), partition_activations=bool(partition_activation))
 
 
 def set_num_layers(nlayers: int) -> None:
-    _current().number_checkpoints = nlayers
+    global _settings
+    _settings = dataclasses.replace(settings(), number_checkpoints=nlayers)
 
 
 def checkpoint(function, *args, **kwargs):
@@ -120,14 +110,7 @@ def settings_from_config(config) -> Settings:
         from .config import load_config
         world = dist.get_world_size() if dist.is_initialized() else 1
         config = load_config(config, world_size=world)
-    return Settings(**dataclasses.asdict(config.activation_checkpointing))
-
-
-def _current() -> Settings:
-    global _settings
-    if _settings is None:
-        _settings = Settings()
-    return _settings
+    return config.activation_checkpointing
 
 
 def _check_mpu(mpu) -> None:

@@ -98,7 +98,7 @@ class GradReducer {
   at::TensorOptions bucket_options_;
   core::MemoryRegistry& registry_;
   Communicator& communicator_;
-  std::vector<std::size_t> expected_;  // gradients per backward, per unit
+  std::vector<std::size_t> expected_;  // per unit: gradients of unshared params per backward
   std::vector<std::size_t> missing_;   // gradients still to arrive, per unit
   std::vector<bool> shared_;           // per parameter: GroupOptions::shared_params
   std::vector<bool> holds_shared_;     // per unit: it has a shared parameter

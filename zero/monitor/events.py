@@ -51,10 +51,7 @@ def memory_scalars(registry, activation_bytes: int | None) -> list[float]:
     """This rank's memory as a flat list in the order of memory_names(): current bytes per
     category, current and peak bytes per location, the process's resident set, the
     activations the last forward kept for backward."""
-    by_category: dict[str, int] = {}
-    for row in registry.records():
-        by_category[row["category"]] = by_category.get(row["category"], 0) + row["current"]
-    values = [float(by_category.get(name, 0)) for name in CATEGORY_ORDER]
+    values = [float(registry.category_usage(name)["current"]) for name in CATEGORY_ORDER]
     for location in LOCATIONS:
         usage = registry.location_usage(location)
         values += [float(usage["current"]), float(usage["peak"])]
