@@ -85,10 +85,11 @@ def main():
         version="0.1.0",
         description="ZeRO / sharded-optimizer memory engine for PyTorch",
         packages=find_packages(include=["zero", "zero.*", "offload", "offload.*"]),
-        # zero standing in for `deepspeed` under its launcher: a folder the ranks get on their
-        # PYTHONPATH, not a package of zero's (zero/compat/deepspeed_alias.py).
+        # Folders the launcher's ranks get on their PYTHONPATH, not packages of zero's: zero
+        # standing in for `deepspeed` (zero/compat/deepspeed_alias.py) and the rank start-up.
         package_data={"zero.compat": ["as_deepspeed/*.py", "as_deepspeed/deepspeed/*.py",
-                                      "as_deepspeed/deepspeed-*.dist-info/*"]},
+                                      "as_deepspeed/deepspeed-*.dist-info/*"],
+                      "zero.launcher": ["rank_startup/*.py"]},
         ext_modules=ext_modules,
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
         entry_points={"console_scripts": [

@@ -187,3 +187,34 @@ def test_rank_from_env_mode_maps_openmpi_env_and_execs(sandbox):
         "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "head",
         "MASTER_PORT": "4321"}
     assert seen["argv"] == ["--local_rank=1"]
+
+
+STARTUP_PROBE = """
+import json, os, subprocess, sys
+from pathlib import Path
+child = subprocess.run([sys.executable, "-c", "import os, sys; print(os.environ['ZERO_EXIT_GRACE'], "
+                        "'zero.clean_exit' in sys.modules)"], capture_output=True, text=True)
+exit_module = sys.modules.get("zero.clean_exit")
+Path(os.environ["OUT_DIR"], "startup.json").write_text(json.dumps({
+    "hidden_ran": os.environ.get("HIDDEN_SITECUSTOMIZE_RAN"), "zero_imported": "zero" in sys.modules,
+    "torch_imported": "torch" in sys.modules,
+    "launched_rank": exit_module is not None and exit_module._launched_rank,
+    "child": child.stdout.split()}))
+"""
+
+
+def test_each_rank_gets_the_exit_grace_and_the_sitecustomize_it_hides_still_runs(sandbox):
+    """zero's rank start-up (rank_startup/sitecustomize.py) runs before the script without
+    importing zero or torch, marks the rank's first Python process only (not the processes it
+    starts), and then runs the job's own sitecustomize, which it would otherwise hide."""
+    hidden = sandbox.cwd / "site"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text(
+        "import os\nos.environ['HIDDEN_SITECUSTOMIZE_RAN'] = 'yes'\n")
+    (sandbox.cwd / "startup_probe.py").write_text(STARTUP_PROBE)
+    proc = sandbox.run(["--num_procs", "1", "--no_deepspeed_alias", "startup_probe.py"],
+                       env={"PYTHONPATH": f"{hidden}{os.pathsep}{sandbox.env['PYTHONPATH']}"})
+    assert proc.returncode == 0, explain(proc)
+    seen = sandbox.result("startup.json")
+    assert seen == {"hidden_ran": "yes", "zero_imported": False, "torch_imported": False,
+                    "launched_rank": True, "child": ["taken", "False"]}

@@ -57,7 +57,12 @@ def test_user_command_and_rank_env():
     assert env == {"X": "1", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
                    "LOCAL_WORLD_SIZE": "2", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
                    "CROSS_SIZE": "2", "GROUP_RANK": "1", "MASTER_ADDR": "a",
-                   "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": "2,5"}
+                   "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": "2,5",
+                   "PYTHONPATH": launch.RANK_STARTUP, "ZERO_EXIT_GRACE": "1"}
+    # The rank start-up folder goes first, once, before what the job had.
+    env = launch.rank_env({"PYTHONPATH": f"/x{os.pathsep}{launch.RANK_STARTUP}"}, active, 0, 0,
+                          0, "a", 29500)
+    assert env["PYTHONPATH"] == os.pathsep.join([launch.RANK_STARTUP, "/x"])
 
 
 def test_world_info_round_trip_and_node_rank_by_name():

@@ -37,6 +37,7 @@ from .hostfile import rank_layout, world_size
 from .supervisor import LaunchError, Supervisor, Worker
 
 DEFAULT_KILL_GRACE = 5.0
+RANK_STARTUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_startup")
 
 
 class LaunchConfigError(ValueError):
@@ -131,7 +132,16 @@ def rank_env(base, active, node, global_rank, local_rank, master_addr, master_po
                GROUP_RANK=str(node), MASTER_ADDR=str(master_addr), MASTER_PORT=str(master_port))
     if use_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
-    return env
+    return with_exit_grace(env)
+
+
+def with_exit_grace(env):
+    """``env`` with rank_startup/ first on PYTHONPATH (before zero's `deepspeed` alias folder:
+    each sitecustomize runs the next) and ZERO_EXIT_GRACE=1: the rank's first
+    Python process takes zero.clean_exit's exit grace even if the script never imports zero
+    (rank_startup/sitecustomize.py)."""
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != RANK_STARTUP]
+    return dict(env, PYTHONPATH=os.pathsep.join([RANK_STARTUP] + rest), ZERO_EXIT_GRACE="1")
 
 
 # -- core binding ------------------------------------------------------------
@@ -212,7 +222,7 @@ def exec_rank_from_env(args):
     except DistributedEnvError as e:
         _say(f"error: {e}")
         return 2
-    env = dict(os.environ, **info.as_env())
+    env = with_exit_grace(dict(os.environ, **info.as_env()))
     argv = user_command(args.user_script, args.user_args, info.local_rank, args.no_python,
                         args.module, args.no_local_rank)
     sys.stdout.flush()
