@@ -63,7 +63,8 @@ class GroupBuilder:
             offload=offload.offload_options(self.config, self.on_swap_write),
             offload_param=(offload.param_offload_options(self.config, self.on_swap_write)
                            if stage == 3 else None),
-            shared_params=[i for i, p in enumerate(params) if id(p) in self.shared])
+            shared_params=[i for i, p in enumerate(params) if id(p) in self.shared],
+            quantized=stage == 3)
 
     def add_flat(self, owner: int, params: list, stage: int) -> EngineGroup:
         # A group is the grain of communication below stage 3: its gradients are reduced in

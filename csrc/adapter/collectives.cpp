@@ -142,14 +142,15 @@ std::shared_ptr<CollectiveTiming> Communicator::timing(CollectiveOp op, std::int
 }
 
 std::unique_ptr<PendingCollective> Communicator::all_gather(at::Tensor full, at::Tensor shard,
-                                                            bool control) {
+                                                            bool control,
+                                                            std::function<void()> on_complete) {
   check_pair("all_gather", full, shard, world_size_);
   auto work = all_gather_into(group(), full, shard);
   count(stats_.all_gather_bytes, nbytes(full), control);
   auto timed = timing(CollectiveOp::kAllGather, nbytes(full), control, work, full);
   return std::make_unique<PendingCollective>(describe("all_gather", full), std::move(work),
                                              std::vector<at::Tensor>{full, shard},
-                                             std::function<void()>{}, std::move(timed));
+                                             std::move(on_complete), std::move(timed));
 }
 
 std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard, at::Tensor full,
@@ -197,6 +198,22 @@ std::unique_ptr<PendingCollective> Communicator::broadcast(at::Tensor tensor, in
   return std::make_unique<PendingCollective>(describe("broadcast", tensor), std::move(work),
                                              std::move(tensors), std::function<void()>{},
                                              std::move(timed));
+}
+
+std::unique_ptr<PendingCollective> Communicator::exchange(at::Tensor out, at::Tensor in,
+                                                          std::function<void()> on_complete) {
+  check_flat("all_to_all", "output", out);
+  check_flat("all_to_all", "input", in);
+  TORCH_CHECK(out.numel() == in.numel() && in.numel() % world_size_ == 0, "zero all_to_all: "
+              "input and output must have the same size, a multiple of the world size (",
+              world_size_, "); got ", in.numel(), " and ", out.numel());
+  auto work = all_to_all_into(group(), out, in);
+  stats_.reduce_scatter_bytes += nbytes(in);
+  ++stats_.calls;
+  auto timed = timing(CollectiveOp::kReduceScatter, nbytes(in), false, work, in);
+  return std::make_unique<PendingCollective>(describe("all_to_all", in), std::move(work),
+                                             std::vector<at::Tensor>{out, in},
+                                             std::move(on_complete), std::move(timed));
 }
 
 }  // namespace zero::adapter

@@ -76,14 +76,21 @@ class Communicator {
   CommLog& log() { return *log_; }
 
   // full (world_size * shard.numel() elements) <- every rank's shard, in rank order.
+  // on_complete runs after the wait (quantized_comm.h decodes there).
   std::unique_ptr<PendingCollective> all_gather(at::Tensor full, at::Tensor shard,
-                                                bool control = false);
+                                                bool control = false,
+                                                std::function<void()> on_complete = {});
   // shard <- this rank's slice of the reduction of every rank's full buffer.
   std::unique_ptr<PendingCollective> reduce_scatter(at::Tensor shard, at::Tensor full,
                                                     Reduction reduction = Reduction::kSum);
   std::unique_ptr<PendingCollective> all_reduce(at::Tensor tensor,
                                                 Reduction reduction = Reduction::kSum);
   std::unique_ptr<PendingCollective> broadcast(at::Tensor tensor, int root, bool control = false);
+  // The all-to-all a quantized reduce-scatter is made of (quantized_comm.h): piece r of `in`
+  // goes to rank r, piece s of `out` comes from rank s (equal pieces); on_complete runs after
+  // the wait. Counted as reduce-scatter payload, `in`'s bytes, like reduce_scatter's full buffer.
+  std::unique_ptr<PendingCollective> exchange(at::Tensor out, at::Tensor in,
+                                              std::function<void()> on_complete);
 
  private:
   c10d::ProcessGroup& group() const;

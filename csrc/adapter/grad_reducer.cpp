@@ -3,14 +3,17 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include "adapter/quantized_comm.h"
+
 namespace zero::adapter {
 
 GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
                          at::Tensor grads, core::MemoryRegistry& registry,
                          Communicator& communicator, std::vector<std::size_t> expected,
                          std::optional<at::TensorOptions> bucket_options,
-                         const std::vector<std::size_t>& shared)
+                         const std::vector<std::size_t>& shared, bool quantized)
     : mode_(mode),
+      quantized_(quantized),
       layout_(layout),
       grads_(std::move(grads)),
       bucket_options_(bucket_options.value_or(grads_.options())),
@@ -142,7 +145,9 @@ void GradReducer::launch(std::size_t unit) {
   at::Tensor input = slot.full.tensor().narrow(0, 0, plan.numel());
   at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   at::Tensor target = grads_.narrow(0, layout_.shard_offset(unit), plan.shard_numel());
-  in_flight_.push_back({&slot, communicator_.reduce_scatter(output, input, Reduction::kAvg),
+  auto work = quantized_ ? quantized_reduce_scatter(communicator_, output, input, Reduction::kAvg)
+                        : communicator_.reduce_scatter(output, input, Reduction::kAvg);
+  in_flight_.push_back({&slot, std::move(work),
                         [this, unit, target, output]() mutable {
                           accumulate(unit, target, output);
                         }});

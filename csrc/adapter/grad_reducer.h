@@ -42,11 +42,12 @@ class GradReducer {
   // `bucket_options` (default: the gradients'). `shared`: parameters whose gradient may
   // arrive several times per backward (GroupOptions::shared_params): their arrivals add up
   // and their units complete only at the end of backward (launched by the owner then).
+  // `quantized`: kReduceScatter sends block-wise int8 (quantized_comm.h, ZeRO++ qgZ).
   GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
               at::Tensor grads, core::MemoryRegistry& registry, Communicator& communicator,
               std::vector<std::size_t> expected = {},
               std::optional<at::TensorOptions> bucket_options = std::nullopt,
-              const std::vector<std::size_t>& shared = {});
+              const std::vector<std::size_t>& shared = {}, bool quantized = false);
 
   // Parameter `param`'s gradient (or, for a shared one, one more contribution to it) is
   // final for this backward (kReduceScatter copies it). Returns its unit if that unit is now
@@ -93,6 +94,7 @@ class GradReducer {
   void wait_oldest();
 
   ReduceMode mode_;
+  bool quantized_;
   const core::ShardedLayout& layout_;
   at::Tensor grads_;
   at::TensorOptions bucket_options_;

@@ -61,6 +61,10 @@ struct GroupOptions {
   // reentrant activation-checkpointed region accumulates its own), so their units reduce at
   // the end of backward, after every contribution (GradReducer, Stage3Group).
   std::vector<std::size_t> shared_params;
+  // Stage 3, ZeRO++ (quantized_comm.h): units all-gathered (qwZ) and gradients
+  // reduce-scattered (qgZ) as block-wise int8.
+  bool quantized_weights = false;
+  bool quantized_gradients = false;
 };
 
 class ParamGroup : public Group {

@@ -1,5 +1,7 @@
 #include "adapter/stage3_group.h"
 
+#include "adapter/quantized_comm.h"
+
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -79,7 +81,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
   reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
                                            options_.overlap_comm, grad_shard_.tensor(), registry,
                                            communicator_, std::move(expected), model_options_,
-                                           options_.shared_params);
+                                           options_.shared_params, options_.quantized_gradients);
 }
 
 void Stage3Group::place_param_shard() {
@@ -190,7 +192,9 @@ void Stage3Group::fetch(std::size_t index) {
   unit.tracking = core::TrackedBytes(&registry_, core::MemoryCategory::kGatheredParam,
                                      core::MemoryLocation::kDevice, bytes);
   unit.resident = true;
-  unit.in_flight = communicator_.all_gather(unit.gathered, source);
+  unit.in_flight = options_.quantized_weights
+                       ? quantized_all_gather(communicator_, unit.gathered, source)
+                       : communicator_.all_gather(unit.gathered, source);
 }
 
 void Stage3Group::read_ahead(std::size_t unit) {

@@ -3,6 +3,8 @@
 #include <functional>
 
 #include "adapter/process_group.h"
+#include "adapter/quantized_comm.h"
+#include "core/block_quantizer.h"
 
 namespace zero::bindings {
 namespace {
@@ -101,7 +103,25 @@ void bind_collectives(py::module_& m) {
           [](adapter::Communicator& c, at::Tensor tensor, int root, bool async_op) {
             return run([&] { return c.broadcast(tensor, root); }, async_op);
           },
-          py::arg("tensor"), py::arg("root"), py::arg("async_op") = false);
+          py::arg("tensor"), py::arg("root"), py::arg("async_op") = false)
+      .def(
+          "quantized_all_gather",
+          [](adapter::Communicator& c, at::Tensor full, at::Tensor shard, bool async_op) {
+            return run([&] { return adapter::quantized_all_gather(c, full, shard); }, async_op);
+          },
+          py::arg("full"), py::arg("shard"), py::arg("async_op") = false)
+      .def(
+          "quantized_reduce_scatter",
+          [](adapter::Communicator& c, at::Tensor shard, at::Tensor full, const std::string& op,
+             bool async_op) {
+            const adapter::Reduction reduction = adapter::parse_reduction(op);
+            return run([&] { return adapter::quantized_reduce_scatter(c, shard, full, reduction); },
+                       async_op);
+          },
+          py::arg("shard"), py::arg("full"), py::arg("op") = "sum", py::arg("async_op") = false);
+
+  m.def("quantized_bytes", [](std::int64_t n) { return core::quantized_bytes(n); }, py::arg("n"),
+        "Bytes of n values in the block-wise int8 code of quantized communication (ZeRO++).");
 }
 
 }  // namespace zero::bindings
