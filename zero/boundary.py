@@ -34,11 +34,11 @@ def _fields(cls) -> list[str]:
 
 def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                   sgd_momentum: bool, offload, offload_param=None, shared_params=(),
-                  quantized: bool = False):
+                  stage3: bool = False, hpz_group: str = ""):
     """One parameter group's options. A unit (the grain of one reduce-scatter / all-gather)
     is reduce_bucket_size elements at stages 0-2; stage 3 units are the model's modules.
-    `quantized`: the group takes ZeRO++'s quantized communication where the config asks for it
-    (stage 3's partitioned groups)."""
+    `stage3`: a partitioned group, which takes ZeRO++'s quantized communication where the config
+    asks for it, and hpZ's secondary group `hpz_group` (process_groups.py) when there is one."""
     zero_cfg = config.zero_optimization
     return typed(_C.GroupOptions, stage=stage, alignment=alignment,
                  unit_numel=1 if stage == 3 else int(zero_cfg.reduce_bucket_size),
@@ -47,8 +47,9 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  sgd_momentum=sgd_momentum, offload=offload,
                  offload_param=offload_param or _C.ParamOffloadOptions(),
                  shared_params=list(shared_params),
-                 quantized_weights=quantized and bool(zero_cfg.zero_quantized_weights),
-                 quantized_gradients=quantized and bool(zero_cfg.zero_quantized_gradients))
+                 quantized_weights=stage3 and bool(zero_cfg.zero_quantized_weights),
+                 quantized_gradients=stage3 and bool(zero_cfg.zero_quantized_gradients),
+                 hpz_group=hpz_group)
 
 
 def schedule_options(config, device: torch.device):

@@ -22,7 +22,7 @@ from torch import nn
 
 import offload
 
-from . import _C, agreement, sharding, stage3
+from . import _C, agreement, process_groups, sharding, stage3
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
@@ -64,7 +64,9 @@ class ZeroEngine(nn.Module):
         builder = sharding.GroupBuilder(
             self._core, config, spec, groups,
             alignment=max(1, ALIGNMENT_BYTES // _element_size(self.dtype)),
-            on_swap_write=self._swap_writes.add, shared=sharding.shared_parameters(model))
+            on_swap_write=self._swap_writes.add, shared=sharding.shared_parameters(model),
+            hpz_group=process_groups.hpz_group_name(zero_cfg.zero_hpz_partition_size)
+            if self.stage == 3 else "")
         engine = weakref.ref(self)
         with self._swap_writes.shown("zero: writing NVMe swap files"):
             layout = sharding.shard_groups(builder, model, trainables, self.stage, self.device,

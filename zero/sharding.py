@@ -55,6 +55,7 @@ class GroupBuilder:
     alignment: int
     on_swap_write: object = None
     shared: frozenset = frozenset()  # ids of the parameters held under several names (tied)
+    hpz_group: str = ""  # stage 3, ZeRO++ hpZ: this rank's secondary group (process_groups.py)
 
     def options(self, owner: int, stage: int, params: list):
         return boundary.group_options(
@@ -64,7 +65,7 @@ class GroupBuilder:
             offload_param=(offload.param_offload_options(self.config, self.on_swap_write)
                            if stage == 3 else None),
             shared_params=[i for i, p in enumerate(params) if id(p) in self.shared],
-            quantized=stage == 3)
+            stage3=stage == 3, hpz_group=self.hpz_group if stage == 3 else "")
 
     def add_flat(self, owner: int, params: list, stage: int) -> EngineGroup:
         # A group is the grain of communication below stage 3: its gradients are reduced in

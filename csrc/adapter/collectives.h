@@ -35,6 +35,16 @@ struct CommStats {
   std::int64_t total_bytes() const {
     return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes;
   }
+  CommStats& operator+=(const CommStats& other) {
+    all_gather_bytes += other.all_gather_bytes;
+    reduce_scatter_bytes += other.reduce_scatter_bytes;
+    all_reduce_bytes += other.all_reduce_bytes;
+    broadcast_bytes += other.broadcast_bytes;
+    calls += other.calls;
+    control_bytes += other.control_bytes;
+    control_calls += other.control_calls;
+    return *this;
+  }
 };
 
 class PendingCollective {

@@ -65,6 +65,10 @@ struct GroupOptions {
   // reduce-scattered (qgZ) as block-wise int8.
   bool quantized_weights = false;
   bool quantized_gradients = false;
+  // Stage 3, ZeRO++ hpZ: the registered name of this rank's secondary group (a few ranks of
+  // one node; empty: none). After a unit's first gather of a step, each rank keeps its 1/H of
+  // the unit; later gathers until the parameters change come from those copies, inside the group.
+  std::string hpz_group;
 };
 
 class ParamGroup : public Group {

@@ -1,5 +1,6 @@
 #include "adapter/stage3_group.h"
 
+#include "adapter/process_group.h"
 #include "adapter/quantized_comm.h"
 
 #include <ATen/ops/cat.h>
@@ -62,6 +63,13 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
              /*keep_master=*/mixed_precision() || options.offload_param.enabled,
              options.offload),
       units_(layout_.unit_count()) {
+  if (!options.hpz_group.empty()) {
+    secondary_ = std::make_unique<Communicator>(resolve_group(options.hpz_group));
+    TORCH_CHECK_VALUE(communicator_.world_size() % secondary_->world_size() == 0,
+                      "zero: zero_optimization.zero_hpz_partition_size = ",
+                      secondary_->world_size(), " does not divide the world size ",
+                      communicator_.world_size());
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Unit& unit = units_[layout_.location(i).buffer];
     unit.params.push_back(i);
@@ -157,9 +165,29 @@ at::Tensor Stage3Group::shard_piece(const at::Tensor& shard, std::size_t unit) c
   return shard.narrow(0, layout_.shard_offset(unit), layout_.unit(unit).shard_numel());
 }
 
+void Stage3Group::allocate_gathered(std::size_t index) {
+  Unit& unit = units_[index];
+  const core::FlatBufferPlan& plan = layout_.unit(index);
+  const std::int64_t bytes = plan.numel() * static_cast<std::int64_t>(c10::elementSize(
+                                                 model_options_.dtype().toScalarType()));
+  if (!unit.gathered.defined()) {
+    unit.gathered = at::empty({plan.numel()}, model_options_);
+  } else {
+    allocate_storage(unit.gathered, static_cast<std::size_t>(bytes));
+  }
+  unit.tracking = core::TrackedBytes(&registry_, core::MemoryCategory::kGatheredParam,
+                                     core::MemoryLocation::kDevice, bytes);
+  unit.resident = true;
+}
+
 void Stage3Group::fetch(std::size_t index) {
   Unit& unit = units_.at(index);
   if (unit.resident) return;
+  if (unit.secondary_valid) {  // hpZ: within the secondary group, from its copies
+    allocate_gathered(index);
+    unit.in_flight = secondary_->all_gather(unit.gathered, unit.secondary.tensor());
+    return;
+  }
   // The shard piece to send first: if bringing it to the device fails, the unit stays
   // released and nothing is lent out.
   at::Tensor source = on_nvme(index) ? at::Tensor() : shard_piece(param_shard_.tensor(), index);
@@ -181,17 +209,7 @@ void Stage3Group::fetch(std::size_t index) {
     }
     source = unit.staging.tensor();
   }
-  const core::FlatBufferPlan& plan = layout_.unit(index);
-  const std::int64_t bytes = plan.numel() * static_cast<std::int64_t>(c10::elementSize(
-                                                 model_options_.dtype().toScalarType()));
-  if (!unit.gathered.defined()) {
-    unit.gathered = at::empty({plan.numel()}, model_options_);
-  } else {
-    allocate_storage(unit.gathered, static_cast<std::size_t>(bytes));
-  }
-  unit.tracking = core::TrackedBytes(&registry_, core::MemoryCategory::kGatheredParam,
-                                     core::MemoryLocation::kDevice, bytes);
-  unit.resident = true;
+  allocate_gathered(index);
   unit.in_flight = options_.quantized_weights
                        ? quantized_all_gather(communicator_, unit.gathered, source)
                        : communicator_.all_gather(unit.gathered, source);
@@ -216,6 +234,24 @@ void Stage3Group::gather(std::size_t index) {
     unit.in_flight.reset();
     unit.staging.reset();
     attach(index);
+    if (secondary_ && !unit.secondary_valid) keep_secondary(index);
+  }
+}
+
+void Stage3Group::keep_secondary(std::size_t index) {
+  Unit& unit = units_[index];
+  const std::int64_t piece = layout_.unit(index).numel() / secondary_->world_size();
+  if (!unit.secondary.defined()) {
+    unit.secondary = device_buffer(registry_, core::MemoryCategory::kParam, piece, model_options_);
+  }
+  unit.secondary.tensor().copy_(unit.gathered.narrow(0, secondary_->rank() * piece, piece));
+  unit.secondary_valid = true;
+}
+
+void Stage3Group::drop_secondaries() {
+  for (Unit& unit : units_) {
+    unit.secondary_valid = false;
+    unit.secondary.reset();
   }
 }
 
@@ -264,6 +300,7 @@ void Stage3Group::commit(std::size_t index) {
     shard_piece(param_shard_.tensor(), index).copy_(mine);
   }
   if (state_.has_master()) state_.write_master(layout_.shard_offset(index), mine);
+  if (unit.secondary_valid) keep_secondary(index);  // the gathered values are the new ones
 }
 
 void Stage3Group::refresh_master() {
@@ -349,6 +386,7 @@ std::vector<ShardPiece> Stage3Group::shard_pieces() const {
 // After the step: the NVMe units' new parameters must all be on their way to the file, and a
 // write that failed is reported here rather than at some later gather.
 void Stage3Group::gather_params() {
+  drop_secondaries();  // the step changed the parameters
   if (param_swap_) param_swap_->flush();
 }
 
@@ -367,6 +405,7 @@ void Stage3Group::load_master_shard(const at::Tensor& saved) {
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
               "; the checkpoint was written for another model or world size");
   if (state_.has_master()) state_.write_master(0, saved);
+  drop_secondaries();
   param_shard_.tensor().copy_(saved.narrow(0, 0, host_numel_));
   for (std::size_t u = 0; u < units_.size(); ++u) {
     if (on_nvme(u)) param_swap_->write(u, shard_piece(saved, u));

@@ -10,6 +10,12 @@
 //             rank's gradient shard and the unit is released;
 //   step:     the update runs on the shard alone; nothing is gathered afterwards.
 //
+// ZeRO++ hpZ (GroupOptions::hpz_group): a unit's first gather after the parameters changed
+// runs over every rank; then each rank keeps a secondary copy of its 1/H of the unit (H: the
+// secondary group's size, ranks of one node), and the unit's later gathers (backward, the next
+// micro-batches) all-gather those copies within the group. The copies are counted as `param`
+// and dropped whenever the parameters change (step, commit, load).
+//
 // With offload_param the shard lives in host memory (each gather first copies the unit's
 // piece to the device), or with device "nvme" in a swap file (param_swap.h) except for the
 // first units up to max_in_cpu elements; the gather schedule hints which NVMe units to read
@@ -21,6 +27,7 @@
 // weight's transpose, would otherwise keep every unit alive until backward. Gathering again
 // re-fills the same storage, so those saved views see the parameters again in backward.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -58,6 +65,9 @@ class Stage3Group : public Group {
   std::size_t pending_grads(std::size_t unit) const { return units_.at(unit).pending_grads; }
   std::size_t unit_count() const { return layout_.unit_count(); }
   std::int64_t gathered_numel() const;  // elements of every unit gathered now
+  // hpZ: the secondary group's collectives (null without hpZ).
+  const Communicator* secondary_communicator() const { return secondary_.get(); }
+  Communicator* secondary_communicator() { return secondary_.get(); }
   // Writes the gathered unit's (possibly modified) full parameters back into this rank's
   // shard and master, e.g. after loading a checkpoint or GatheredParameters edits.
   void commit(std::size_t unit);
@@ -105,6 +115,8 @@ class Stage3Group : public Group {
     bool resident = false;
     std::unique_ptr<PendingCollective> in_flight;
     TrackedTensor staging;  // offload_param: the shard piece brought to the device to send
+    TrackedTensor secondary;  // hpZ: this rank's 1/H of the unit, while `secondary_valid`
+    bool secondary_valid = false;
   };
 
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
@@ -113,11 +125,15 @@ class Stage3Group : public Group {
   void fill_shard(const std::vector<std::vector<std::int64_t>>& full_shapes);
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
   void attach(std::size_t unit);  // point the unit's parameters at the gathered buffer
+  void allocate_gathered(std::size_t unit);  // the unit's storage, counted as gathered
+  void keep_secondary(std::size_t unit);     // hpZ: copy this rank's 1/H of the gathered unit
+  void drop_secondaries();                   // hpZ: the parameters changed
 
   std::vector<at::Tensor> params_;
   GroupOptions options_;
   core::MemoryRegistry& registry_;
   Communicator& communicator_;
+  std::unique_ptr<Communicator> secondary_;  // hpZ
   core::ShardedLayout layout_;
   // This rank's 16-bit (or fp32) parameters: on the device, or in host memory with
   // offload_param (then each gather first copies the unit's piece to the device).

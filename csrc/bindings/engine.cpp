@@ -13,6 +13,18 @@ adapter::Stage3Group& stage3(adapter::EngineCore& e, std::size_t g) {
   return *group;
 }
 
+// hpZ: the secondary groups' communicators (the stage-3 groups that have one).
+std::vector<adapter::Communicator*> secondaries(adapter::EngineCore& e) {
+  std::vector<adapter::Communicator*> found;
+  for (std::size_t g = 0; g < e.group_count(); ++g) {
+    auto* group = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
+    if (group != nullptr && group->secondary_communicator() != nullptr) {
+      found.push_back(group->secondary_communicator());
+    }
+  }
+  return found;
+}
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
@@ -137,7 +149,17 @@ void bind_engine(py::module_& m) {
                              [](adapter::EngineCore& e) { return e.communicator().world_size(); })
       .def("registry", &adapter::EngineCore::shared_registry)
       .def("comm_stats", [](adapter::EngineCore& e) { return stats_dict(e.communicator().stats()); })
-      .def("reset_comm_stats", [](adapter::EngineCore& e) { e.communicator().reset_stats(); })
+      .def("secondary_comm_stats",  // hpZ: the bytes that stayed within the secondary groups
+           [](adapter::EngineCore& e) {
+             adapter::CommStats total;
+             for (const adapter::Communicator* c : secondaries(e)) total += c->stats();
+             return stats_dict(total);
+           })
+      .def("reset_comm_stats",
+           [](adapter::EngineCore& e) {
+             e.communicator().reset_stats();
+             for (adapter::Communicator* c : secondaries(e)) c->reset_stats();
+           })
       .def("set_comm_logging",
            [](adapter::EngineCore& e, bool enabled) { e.communicator().log().set_enabled(enabled); },
            py::arg("enabled"))

@@ -76,7 +76,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("offload_param", &Group::offload_param)
       .def_readwrite("shared_params", &Group::shared_params)
       .def_readwrite("quantized_weights", &Group::quantized_weights)
-      .def_readwrite("quantized_gradients", &Group::quantized_gradients);
+      .def_readwrite("quantized_gradients", &Group::quantized_gradients)
+      .def_readwrite("hpz_group", &Group::hpz_group);
 
   using Timings = adapter::OffloadTimings;  // read back, not an option
   py::class_<Timings>(m, "OffloadTimings")

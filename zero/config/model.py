@@ -63,6 +63,7 @@ class ZeroOptimizationConfig:
     stage3_module_granularity_threshold: int
     stage3_use_all_reduce_for_fetch_params: bool
     sub_group_size: int
+    zero_hpz_partition_size: int
     zero_quantized_weights: bool
     zero_quantized_gradients: bool
 

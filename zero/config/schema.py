@@ -452,7 +452,11 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _unsupported(BOOL, "ignore_unused_parameters", True, "Tolerate parameters without gradients (stage 2)."),
     _unsupported(BOOL, "legacy_stage1", False, "Old stage 1 implementation."),
     _unsupported(BOOL, "use_multi_rank_bucket_allreduce", True, "Combine reduce buckets of several ranks."),
-    _unsupported(INT, "zero_hpz_partition_size", 1, "ZeRO++ hierarchical partition size."),
+    _stage3(INT, "zero_hpz_partition_size", 1, "ZeRO++ hpZ: ranks per secondary group (consecutive "
+            "ranks within one node, e.g. the GPUs per node). After a unit's first all-gather of a step "
+            "each rank keeps its 1/H of it, and the unit's later gathers (backward, further micro-batches) "
+            "stay within the group; costs Psi/H more parameter bytes per rank. 1, or the world size: off. "
+            "Must divide the world size and the ranks per node.", minimum=1, maximum=MAX_BUFFERS),
     _stage3(BOOL, "zero_quantized_weights", False, "ZeRO++ qwZ: parameters all-gathered as block-wise "
             "int8 (one fp32 scale per 256 values), about 1/4 of fp32's bytes, 1/2 of bf16's. Runs on gloo; "
             "the (de)quantization runs on the CPU, so CUDA tensors pass through host memory (no CUDA kernel "

@@ -554,6 +554,16 @@ def _check_zero(v, values):
             _note_once(f"{path}.{key.name} = {_show(value)} only applies to stage 3 (stage is {stage}): ignored")
 
 
+def _check_hpz(v, values, world_size):
+    """hpZ's secondary groups cut the world into equal groups of consecutive ranks."""
+    zero = values["zero_optimization"]
+    size = zero.get("zero_hpz_partition_size", INVALID) if _valid(zero) else INVALID
+    if _valid(size) and _valid(zero["stage"]) and zero["stage"] == 3 and size > 1 \
+            and world_size % size:
+        v.error("zero_optimization.zero_hpz_partition_size", size, f"does not divide the world "
+                f"size {world_size}", "use a divisor of it, such as the ranks per node")
+
+
 def _note_once(message):
     """A warning on rank 0 (or a process outside a launcher), once per message."""
     if message not in _NOTED and os.environ.get("RANK", "0") == "0":
@@ -616,6 +626,7 @@ def validate(raw, world_size, features, source=None):
     _resolve_batch(v, values, world_size)
     _check_precision(v, values)
     _check_zero(v, values)
+    _check_hpz(v, values, world_size)
     _check_aio(v, values)
     _check_activation_checkpointing(v, values)
     _resolve_optimizer(v, values)
