@@ -71,3 +71,36 @@ def test_a_size_that_does_not_divide_the_world_names_the_key():
     with pytest.raises(RankFailed) as failed:
         run_distributed(_engine, WORLD, args=(3,), timeout=30)
     assert "zero_hpz_partition_size = 3: does not divide the world size 4" in str(failed.value)
+
+
+
+def _steps(rank, world, hpz, gas, first, steps, load_dir, save_dir):
+    import zero
+
+    config = training.engine_config(3, gas=gas, scheduler=False,
+                                    stage3_param_persistence_threshold=10,
+                                    stage3_max_reuse_distance=0, zero_hpz_partition_size=hpz)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    if load_dir:
+        engine.load_checkpoint(load_dir)
+    losses = training.train_engine(engine, rank, world, steps, gas, first_step=first)
+    if save_dir:
+        engine.save_checkpoint(save_dir)
+    return losses
+
+
+def test_an_hpz_checkpoint_loads_at_another_world_size_and_layout(tmp_path):
+    """hpZ keeps plain stage 3's shards: a checkpoint saved at 4 ranks (2 nodes x 2) with hpZ
+    resumes at 2 ranks without it exactly as one saved without hpZ does, and a checkpoint saved
+    without it resumes at 4 ranks with hpZ exactly as without (the same global batch on both
+    sides: 4 ranks x 1 micro-batch, 2 ranks x 2)."""
+    resumed = {}
+    for hpz in (1, PER_NODE):
+        folder = tmp_path / f"hpz{hpz}"
+        run_distributed(_steps, 4, args=(hpz, 1, 0, 2, None, str(folder)), env=NODES)
+        resumed[hpz] = run_distributed(_steps, 2, args=(1, 2, 2, 2, str(folder), None))[0]
+    assert resumed[PER_NODE] == resumed[1]
+    with_hpz, without = (run_distributed(_steps, 4, args=(hpz, 1, 2, 2, str(tmp_path / "hpz1"),
+                                                           None), env=NODES)[0]
+                         for hpz in (PER_NODE, 1))
+    assert with_hpz == without
