@@ -99,3 +99,25 @@ def test_memory_report_device_bytes_against_the_allocator(stage):
     by_location = report["model_state_by_location"]
     assert by_location["measured"]["device"] == by_location["expected"]["device"]
     assert process["cuda_outside_zero_bytes"] == process["cuda_allocated_bytes"] - device["current"]
+
+
+def test_the_int8_code_is_the_same_bytes_on_the_gpu():
+    """ZeRO++'s CUDA kernels (csrc/cuda/quantize_kernels.cu) encode byte for byte as the CPU
+    code does, an inf block included, and decode to the same values."""
+    from zero import _C
+
+    values = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 3
+    values[300] = float("inf")  # block 1 decodes to NaN
+    on_cpu, on_gpu = _C.quantize_int8(values), _C.quantize_int8(values.cuda())
+    assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), on_cpu)
+    decoded_cpu, decoded_gpu = _C.dequantize_int8(on_cpu, 1000), _C.dequantize_int8(on_gpu, 1000)
+    assert torch.allclose(decoded_gpu.cpu(), decoded_cpu, rtol=0, atol=0, equal_nan=True)
+    assert torch.isnan(decoded_cpu[256:512]).all() and torch.isfinite(decoded_cpu[512:]).all()
+
+
+def test_quantized_weights_and_gradients_train_on_the_gpu():
+    """qwZ and qgZ on NCCL (world 1: the collectives still send their int8 code): the losses
+    follow the reference within the quantization's 1%."""
+    results = _run(1, 3, "bf16", zero_quantized_weights=True, zero_quantized_gradients=True)
+    ref_losses, _ = training.train_reference(1, STEPS, GAS, training.engine_config(3, gas=GAS))
+    assert results[0][0] == pytest.approx(ref_losses, rel=2e-2)

@@ -6,13 +6,14 @@
 
 #include "core/block_quantizer.h"
 
+#ifdef ZERO_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/quantize_kernels.h"
+#endif
+
 namespace zero::adapter {
 namespace {
-
-// The tensor's values as a contiguous fp32 CPU tensor (the CPU kernels' input).
-at::Tensor as_float(const at::Tensor& values) {
-  return values.to(at::TensorOptions().dtype(at::kFloat).device(at::kCPU)).contiguous();
-}
 
 void check_floating(const char* op, const at::Tensor& tensor) {
   TORCH_CHECK(tensor.defined() && tensor.is_contiguous() && at::isFloatingType(tensor.scalar_type()),
@@ -20,20 +21,86 @@ void check_floating(const char* op, const at::Tensor& tensor) {
               tensor.defined() ? c10::toString(tensor.scalar_type()) : "an undefined tensor");
 }
 
-// pieces packed end to end: piece i of `values` (each `piece` values long) at i * stride bytes.
-at::Tensor pack(const at::Tensor& values, std::int64_t pieces, std::int64_t piece) {
-  const at::Tensor source = as_float(values);
-  const std::int64_t stride = core::quantized_bytes(piece);
-  at::Tensor packed = at::empty({pieces * stride}, at::TensorOptions().dtype(at::kByte));
-  const float* in = source.data_ptr<float>();
-  std::uint8_t* out = packed.data_ptr<std::uint8_t>();
-  for (std::int64_t i = 0; i < pieces; ++i) {
-    core::quantize_int8(in + i * piece, piece, out + i * stride);
+#ifdef ZERO_WITH_CUDA
+void check_cuda(cudaError_t status, const char* what) {
+  TORCH_CHECK(status == cudaSuccess, "zero: ", what, " failed: ", cudaGetErrorString(status));
+}
+#endif
+
+// The int8 code of n fp32 values at `values` into `packed`, on the device they live on.
+void encode(const at::Tensor& on, const float* values, std::int64_t n, std::uint8_t* packed) {
+  if (on.is_cuda()) {
+#ifdef ZERO_WITH_CUDA
+    check_cuda(cuda::quantize_int8(values, n, packed, core::kQuantBlock,
+                                   c10::cuda::getCurrentCUDAStream(on.get_device()).stream()),
+               "quantize_int8");
+    return;
+#else
+    TORCH_CHECK(false, "zero: quantized communication of a CUDA tensor needs a CUDA build");
+#endif
   }
-  return packed.to(values.device());
+  core::quantize_int8(values, n, packed);
+}
+
+// out[0, n) = (add: +=) the values of the packed piece, on the device they live on.
+void decode(const at::Tensor& on, const std::uint8_t* packed, std::int64_t n, float* out,
+            bool add) {
+  if (on.is_cuda()) {
+#ifdef ZERO_WITH_CUDA
+    check_cuda(cuda::dequantize_int8(packed, n, out, core::kQuantBlock, add,
+                                     c10::cuda::getCurrentCUDAStream(on.get_device()).stream()),
+               "dequantize_int8");
+    return;
+#else
+    TORCH_CHECK(false, "zero: quantized communication of a CUDA tensor needs a CUDA build");
+#endif
+  }
+  if (add) {
+    core::dequantize_add_int8(packed, n, out);
+  } else {
+    core::dequantize_int8(packed, n, out);
+  }
+}
+
+// `pieces` pieces of `values` (each `piece` values long) packed end to end, piece i at
+// i * quantized_bytes(piece), on values' device.
+at::Tensor pack(const at::Tensor& values, std::int64_t pieces, std::int64_t piece) {
+  const at::Tensor source = values.to(at::kFloat).contiguous();
+  const std::int64_t stride = core::quantized_bytes(piece);
+  at::Tensor packed = at::empty({pieces * stride}, values.options().dtype(at::kByte));
+  for (std::int64_t i = 0; i < pieces; ++i) {
+    encode(source, source.data_ptr<float>() + i * piece, piece,
+           packed.data_ptr<std::uint8_t>() + i * stride);
+  }
+  return packed;
+}
+
+// The `pieces` packed pieces decoded, each into its place (add: all summed into one piece).
+at::Tensor unpack(const at::Tensor& packed, std::int64_t pieces, std::int64_t piece, bool add) {
+  const auto options = packed.options().dtype(at::kFloat);
+  at::Tensor values = add ? at::zeros({piece}, options) : at::empty({pieces * piece}, options);
+  const std::int64_t stride = core::quantized_bytes(piece);
+  for (std::int64_t i = 0; i < pieces; ++i) {
+    decode(packed, packed.data_ptr<std::uint8_t>() + i * stride, piece,
+           values.data_ptr<float>() + (add ? 0 : i * piece), add);
+  }
+  return values;
 }
 
 }  // namespace
+
+at::Tensor quantize(const at::Tensor& values) {
+  check_floating("quantize", values);
+  return pack(values, 1, values.numel());
+}
+
+at::Tensor dequantize(const at::Tensor& packed, std::int64_t numel) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.numel() == core::quantized_bytes(numel),
+              "zero dequantize: expected ", core::quantized_bytes(numel), " contiguous bytes for ",
+              numel, " values, got ", packed.numel(), " ", packed.scalar_type());
+  return unpack(packed, 1, numel, /*add=*/false);
+}
 
 std::unique_ptr<PendingCollective> quantized_all_gather(Communicator& communicator,
                                                         at::Tensor full, at::Tensor shard) {
@@ -45,17 +112,10 @@ std::unique_ptr<PendingCollective> quantized_all_gather(Communicator& communicat
               full.numel(), " elements, expected ", piece * world, " (shard x world size)");
   at::Tensor mine = pack(shard, 1, piece);
   at::Tensor everyone = at::empty({world * mine.numel()}, mine.options());
-  auto decode = [full, everyone, world, piece]() mutable {
-    const at::Tensor packed = everyone.to(at::kCPU);
-    at::Tensor values = at::empty({world * piece}, at::TensorOptions().dtype(at::kFloat));
-    const std::int64_t stride = core::quantized_bytes(piece);
-    for (std::int64_t r = 0; r < world; ++r) {
-      core::dequantize_int8(packed.data_ptr<std::uint8_t>() + r * stride, piece,
-                            values.data_ptr<float>() + r * piece);
-    }
-    full.copy_(values);
+  auto decode_all = [full, everyone, world, piece]() mutable {
+    full.copy_(unpack(everyone, world, piece, /*add=*/false));
   };
-  return communicator.all_gather(everyone, mine, /*control=*/false, std::move(decode));
+  return communicator.all_gather(everyone, mine, /*control=*/false, std::move(decode_all));
 }
 
 std::unique_ptr<PendingCollective> quantized_reduce_scatter(Communicator& communicator,
@@ -73,13 +133,7 @@ std::unique_ptr<PendingCollective> quantized_reduce_scatter(Communicator& commun
   at::Tensor incoming = at::empty_like(outgoing);
   const bool average = reduction == Reduction::kAvg;
   auto reduce = [shard, incoming, world, piece, average]() mutable {
-    const at::Tensor packed = incoming.to(at::kCPU);
-    at::Tensor sum = at::zeros({piece}, at::TensorOptions().dtype(at::kFloat));
-    const std::int64_t stride = core::quantized_bytes(piece);
-    for (std::int64_t r = 0; r < world; ++r) {
-      core::dequantize_add_int8(packed.data_ptr<std::uint8_t>() + r * stride, piece,
-                                sum.data_ptr<float>());
-    }
+    at::Tensor sum = unpack(incoming, world, piece, /*add=*/true);
     if (average) sum.div_(static_cast<double>(world));
     shard.copy_(sum);
   };

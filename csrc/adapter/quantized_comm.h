@@ -18,6 +18,10 @@
 
 namespace zero::adapter {
 
+// One piece: the packed code of `values` (uint8, on values' device) and back (fp32).
+at::Tensor quantize(const at::Tensor& values);
+at::Tensor dequantize(const at::Tensor& packed, std::int64_t numel);
+
 std::unique_ptr<PendingCollective> quantized_all_gather(Communicator& communicator,
                                                         at::Tensor full, at::Tensor shard);
 

@@ -122,6 +122,10 @@ void bind_collectives(py::module_& m) {
 
   m.def("quantized_bytes", [](std::int64_t n) { return core::quantized_bytes(n); }, py::arg("n"),
         "Bytes of n values in the block-wise int8 code of quantized communication (ZeRO++).");
+  m.def("quantize_int8", &adapter::quantize, py::arg("values"),
+        "The packed int8 code of `values` (uint8, on their device): what ZeRO++ sends.");
+  m.def("dequantize_int8", &adapter::dequantize, py::arg("packed"), py::arg("numel"),
+        "The fp32 values a packed piece of `numel` values holds.");
 }
 
 }  // namespace zero::bindings

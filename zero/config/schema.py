@@ -458,9 +458,8 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "stay within the group; costs Psi/H more parameter bytes per rank. 1, or the world size: off. "
             "Must divide the world size and the ranks per node.", minimum=1, maximum=MAX_BUFFERS),
     _stage3(BOOL, "zero_quantized_weights", False, "ZeRO++ qwZ: parameters all-gathered as block-wise "
-            "int8 (one fp32 scale per 256 values), about 1/4 of fp32's bytes, 1/2 of bf16's. Runs on gloo; "
-            "the (de)quantization runs on the CPU, so CUDA tensors pass through host memory (no CUDA kernel "
-            "yet)."),
+            "int8 (one fp32 scale per 256 values), about 1/4 of fp32's bytes, 1/2 of bf16's. Runs on gloo "
+            "(CPU) and NCCL (CUDA kernels)."),
     _unsupported(BOOL, "zero_quantized_nontrainable_weights", False, "ZeRO++ quantized frozen weights."),
     _stage3(BOOL, "zero_quantized_gradients", False, "ZeRO++ qgZ: gradients reduce-scattered as block-wise "
             "int8 through one all-to-all, summed in fp32 by the receiving rank."),
