@@ -1,17 +1,20 @@
-"""ZeRO++ layouts at stage 3: bytes and step time per layout (plain, qwZ, qgZ, hpZ, all).
+"""Stage-3 layouts for scale-out: bytes and step time per layout (plain, qwZ, qgZ, hpZ, ZeRO++'s
+three together, MiCS).
 
     python benchmarks/bench_zeropp.py                       # the full run (~3 minutes)
     python benchmarks/bench_zeropp.py --interleaved-steps 3 --warmup 1 \
         --configs plain-fp32,hpz-fp32 --out /tmp/bench      # smoke test
 
 World size 4 on gloo (CPU), laid out as 2 "nodes" of 2 ranks (LOCAL_WORLD_SIZE=2, so hpZ's
-secondary groups are ranks {0,1} and {2,3}). ZeRO stage 3, the TinyGPT of bench_ddp.py,
+secondary groups and MiCS's shard groups are ranks {0,1} and {2,3}, MiCS's replicate groups
+{0,2} and {1,3}). ZeRO stage 3, the TinyGPT of bench_ddp.py,
 stage3_param_persistence_threshold 0 and stage3_max_reuse_distance 0 in every layout (every
 unit is gathered for its forward and again for its backward: what hpZ is for). One set of 4
 processes holds one engine per configuration and steps them round-robin, so load hits every
 configuration alike. Bytes: the last measured step's, rank 0, the ZeRO paper's convention (an
-all-gather or reduce-scatter of a B-byte buffer moves B); "world" = collectives over all 4
-ranks (they cross "nodes"), "in-node" = hpZ's secondary groups.
+all-gather or reduce-scatter of a B-byte buffer moves B, an all-reduce 2B); "cross-node" =
+collectives over all 4 ranks and MiCS's replicate groups, "in-node" = hpZ's secondary groups
+and MiCS's shard groups.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ LAYOUTS = {
     "hpz": {"zero_hpz_partition_size": PER_NODE},
     "all": {"zero_quantized_weights": True, "zero_quantized_gradients": True,
             "zero_hpz_partition_size": PER_NODE},
+    "mics": {"mics_shard_size": PER_NODE},
 }
 ALL_CONFIGS = [f"{layout}-{dtype}" for dtype in ("fp32", "bf16") for layout in LAYOUTS]
 STAT_KEYS = ("all_gather_bytes", "reduce_scatter_bytes", "all_reduce_bytes")
@@ -72,13 +76,19 @@ def _interleaved(rank, world, name, args):
         def step(tokens, targets, engine=engine, name=config_name):
             engine.core.reset_comm_stats()
             loss, phases = engine_step(engine, tokens, targets)
-            last[name] = {"loss": loss, "world": dict(engine.core.comm_stats()),
-                          "in_node": dict(engine.core.secondary_comm_stats())}
+            mics = engine.core.mics_comm_stats()
+            last[name] = {"loss": loss,
+                          "cross": _summed(engine.core.comm_stats(), mics["replicate"]),
+                          "in_node": _summed(engine.core.secondary_comm_stats(), mics["shard"])}
             return loss, phases
         steps[config_name] = step
     batches = rank_batches(gpt, args.micro_batch, args.warmup + args.interleaved_steps, rank)
     return {"rank": rank, "step_times": interleave_steps(steps, batches, args.warmup),
             "last": last}
+
+
+def _summed(*stats) -> dict:
+    return {key: sum(s[key] for s in stats) for key in STAT_KEYS}
 
 
 def summarize(result: dict, configs: list[str]) -> dict:
@@ -89,7 +99,7 @@ def summarize(result: dict, configs: list[str]) -> dict:
         last = rank0[name]
         summary[name] = {"median_ms": s["total"]["median"], "p10_ms": s["total"]["p10"],
                          "steps": s["steps"], "last_loss": last["loss"],
-                         **{f"world_{k}": last["world"][k] for k in STAT_KEYS},
+                         **{f"cross_{k}": last["cross"][k] for k in STAT_KEYS},
                          **{f"in_node_{k}": last["in_node"][k] for k in STAT_KEYS}}
     return summary
 
@@ -101,14 +111,16 @@ def render(summary: dict, args, facts: dict, command: str, wall: float) -> str:
     rows = []
     for name, s in summary.items():
         base = summary.get(f"plain-{name.split('-')[1]}")
-        world = sum(s[f"world_{k}"] for k in STAT_KEYS)
-        vs = "-" if base is None else f"{world / sum(base[f'world_{k}'] for k in STAT_KEYS):.3f}"
+        cross = sum(s[f"cross_{k}"] for k in STAT_KEYS)
+        vs = "-" if base is None else f"{cross / sum(base[f'cross_{k}'] for k in STAT_KEYS):.3f}"
         speed = "-" if base is None else f"{s['median_ms'] / base['median_ms']:.2f}"
         rows.append([name, f"{s['median_ms']:.1f}", f"{s['p10_ms']:.1f}", speed,
-                     kib(s["world_all_gather_bytes"]), kib(s["world_reduce_scatter_bytes"]),
-                     kib(s["world_all_reduce_bytes"]), kib(s["in_node_all_gather_bytes"]), vs,
+                     kib(s["cross_all_gather_bytes"]), kib(s["cross_reduce_scatter_bytes"]),
+                     kib(s["cross_all_reduce_bytes"]), kib(s["in_node_all_gather_bytes"]),
+                     kib(s["in_node_reduce_scatter_bytes"]), vs,
                      f"{s['last_loss']:.4f}"])
-    lines = header("ZeRO++ at stage 3: bytes and step time per layout", "bench_zeropp.py",
+    lines = header("Stage-3 layouts for scale-out (ZeRO++, MiCS): bytes and step time",
+                   "bench_zeropp.py",
                    facts["date"], wall, command)
     lines += [f"TinyGPT (vocab {args.vocab}, {args.n_layer} layers, width {args.n_embd}), "
               f"micro-batch {args.micro_batch} x {args.block} tokens per rank, world size "
@@ -116,11 +128,13 @@ def render(summary: dict, args, facts: dict, command: str, wall: float) -> str:
               f"ranks, {args.threads} torch thread(s) per rank; {args.interleaved_steps} measured "
               f"steps per configuration after {args.warmup} warm-up steps, round-robin in one set "
               "of processes. qwz = zero_quantized_weights, qgz = zero_quantized_gradients, hpz = "
-              f"zero_hpz_partition_size {PER_NODE}, all = the three. Bytes in KiB per step, rank 0.",
+              f"zero_hpz_partition_size {PER_NODE}, all = the three, mics = mics_shard_size "
+              f"{PER_NODE}. Bytes in KiB per step, rank 0.",
               "", markdown_table(
                   ["configuration", "median step (ms)", "p10 (ms)", "step / plain",
-                   "world all-gather", "world reduce-scatter", "world all-reduce",
-                   "in-node all-gather", "world bytes / plain", "loss at the last step"], rows),
+                   "cross-node all-gather", "cross-node reduce-scatter", "cross-node all-reduce",
+                   "in-node all-gather", "in-node reduce-scatter", "cross-node bytes / plain",
+                   "loss at the last step"], rows),
               "", "On one machine the \"nodes\" share memory bandwidth: gloo over loopback makes "
               "bytes cheap, while quantizing costs CPU time, so the step times here show the "
               "cost of the int8 code, not the saving a slow inter-node link would bring.", "",

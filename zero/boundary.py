@@ -34,12 +34,13 @@ def _fields(cls) -> list[str]:
 
 def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                   sgd_momentum: bool, offload, offload_param=None, shared_params=(),
-                  stage3: bool = False, hpz_group: str = ""):
+                  stage3_groups=None):
     """One parameter group's options. A unit (the grain of one reduce-scatter / all-gather)
     is reduce_bucket_size elements at stages 0-2; stage 3 units are the model's modules.
-    `stage3`: a partitioned group, which takes ZeRO++'s quantized communication where the config
-    asks for it, and hpZ's secondary group `hpz_group` (process_groups.py) when there is one."""
+    `stage3_groups` (a partitioned group's, process_groups.Stage3Groups): hpZ's and MiCS's
+    groups; such a group also takes ZeRO++'s quantized communication where the config asks."""
     zero_cfg = config.zero_optimization
+    stage3 = stage3_groups is not None
     return typed(_C.GroupOptions, stage=stage, alignment=alignment,
                  unit_numel=1 if stage == 3 else int(zero_cfg.reduce_bucket_size),
                  overlap_comm=bool(zero_cfg.overlap_comm),
@@ -49,7 +50,9 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  shared_params=list(shared_params),
                  quantized_weights=stage3 and bool(zero_cfg.zero_quantized_weights),
                  quantized_gradients=stage3 and bool(zero_cfg.zero_quantized_gradients),
-                 hpz_group=hpz_group)
+                 hpz_group=stage3_groups.hpz if stage3 else "",
+                 mics_shard_group=stage3_groups.mics_shard if stage3 else "",
+                 mics_replicate_group=stage3_groups.mics_replicate if stage3 else "")
 
 
 def schedule_options(config, device: torch.device):

@@ -61,7 +61,9 @@ def _fingerprint(engine) -> dict:
     core = engine.core
     return {"stage": engine.stage, "world_size": dist.get_world_size(),
             "dtype": str(engine.dtype), "optimizer": engine.optimizer.spec.kind,
-            "group_numels": [core.group_numel(g) for g in range(core.group_count)]}
+            "group_numels": [core.group_numel(g) for g in range(core.group_count)],
+            # the ranks each group is sharded over (MiCS: its shard groups', below the world)
+            "group_worlds": [core.group_layout(g).world_size for g in range(core.group_count)]}
 
 
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool) -> bool:
@@ -310,7 +312,10 @@ def _check_fingerprint(model_state: dict, engine, path: str) -> bool:
             raise ValueError(
                 f"zero: checkpoint {path} was written with {key}={saved[key]!r} but this engine "
                 f"has {key}={current[key]!r}; resume with the same {key}")
-    if all(saved[key] == current[key] for key in ("stage", "world_size", "group_numels")):
+    # Saved before group_worlds was recorded: every group was sharded over the world.
+    saved_worlds = saved.get("group_worlds", [saved["world_size"]] * len(saved["group_numels"]))
+    if all(saved[key] == current[key] for key in ("stage", "world_size", "group_numels")) \
+            and saved_worlds == current["group_worlds"]:
         return False
     layout = model_state.get("layout")
     trainable = sorted(n for group in checkpoint_layout.group_param_names(engine) for n in group)

@@ -65,8 +65,8 @@ class ZeroEngine(nn.Module):
             self._core, config, spec, groups,
             alignment=max(1, ALIGNMENT_BYTES // _element_size(self.dtype)),
             on_swap_write=self._swap_writes.add, shared=sharding.shared_parameters(model),
-            hpz_group=process_groups.hpz_group_name(zero_cfg.zero_hpz_partition_size)
-            if self.stage == 3 else "")
+            stage3_groups=process_groups.stage3_groups(zero_cfg) if self.stage == 3
+            else process_groups.Stage3Groups())
         engine = weakref.ref(self)
         with self._swap_writes.shown("zero: writing NVMe swap files"):
             layout = sharding.shard_groups(builder, model, trainables, self.stage, self.device,

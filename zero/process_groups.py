@@ -1,34 +1,76 @@
 """Process-group layouts from the config, beyond the one world group: ZeRO++ hpZ's secondary
-groups. Every rank calls these in the same order (torch.distributed.new_group is collective).
+groups and MiCS's shard and replicate groups, for stage 3. Every rank builds them in the same
+order (torch.distributed.new_group is collective); the C++ groups find them by name.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
 HPZ_KEY = "zero_optimization.zero_hpz_partition_size"
+MICS_KEY = "zero_optimization.mics_shard_size"
 
 
-def hpz_group_name(partition_size: int) -> str:
-    """The registered name of this rank's hpZ secondary group: the `partition_size`
-    consecutive ranks it belongs to, which must lie within one node (LOCAL_WORLD_SIZE, as the
-    launcher exports it). '' when hpZ is off: a size of 1, or of the whole world (then the
-    secondary group is the world group and would gather the same bytes again)."""
-    world, rank = dist.get_world_size(), dist.get_rank()
+@dataclass(frozen=True)
+class Stage3Groups:
+    """The registered names of this rank's groups ('' = none)."""
+    hpz: str = ""              # hpZ: the few ranks of a node that share secondary copies
+    mics_shard: str = ""       # MiCS: the ranks that partition the parameters among themselves
+    mics_replicate: str = ""   # MiCS: the ranks that hold the same shard
+
+
+def stage3_groups(zero_cfg) -> Stage3Groups:
+    """This rank's groups for the validated zero_optimization block (off: all '')."""
+    shard, replicate = _mics_groups(zero_cfg.mics_shard_size)
+    return Stage3Groups(hpz=_hpz_group(zero_cfg.zero_hpz_partition_size),
+                        mics_shard=shard, mics_replicate=replicate)
+
+
+def _hpz_group(partition_size: int) -> str:
+    """The `partition_size` consecutive ranks this rank belongs to, which must lie within one
+    node (LOCAL_WORLD_SIZE, as the launcher exports it). Off for a size of 1, or of the whole
+    world (then the secondary group is the world group and would gather the same bytes again)."""
+    world = dist.get_world_size()
     if partition_size <= 1 or partition_size >= world:
         return ""
-    if world % partition_size:
-        raise ValueError(f"zero: {HPZ_KEY} = {partition_size} does not divide the world size "
-                         f"{world}; use a divisor of it, such as the ranks per node")
+    _check_divides(HPZ_KEY, partition_size, world)
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if local and local.isdigit() and int(local) % partition_size:
         raise ValueError(f"zero: {HPZ_KEY} = {partition_size} does not divide the ranks per node "
                          f"(LOCAL_WORLD_SIZE = {local}): a secondary group must lie within one "
                          f"node; use a divisor of {local}")
-    mine = None
-    for start in range(0, world, partition_size):
-        group = dist.new_group(list(range(start, start + partition_size)))
-        if start <= rank < start + partition_size:
+    return _new_groups([list(range(start, start + partition_size))
+                        for start in range(0, world, partition_size)])
+
+
+def _mics_groups(shard_size: int) -> tuple[str, str]:
+    """(shard group, replicate group): shard groups of `shard_size` consecutive ranks (a node,
+    or a few), replicate groups of the ranks at the same place in every shard group. Off for
+    a size <= 0 (DeepSpeed's -1) or of the whole world (plain stage 3)."""
+    world = dist.get_world_size()
+    if shard_size <= 0 or shard_size >= world:
+        return "", ""
+    _check_divides(MICS_KEY, shard_size, world)
+    shard = _new_groups([list(range(start, start + shard_size))
+                         for start in range(0, world, shard_size)])
+    replicate = _new_groups([list(range(offset, world, shard_size))
+                             for offset in range(shard_size)])
+    return shard, replicate
+
+
+def _check_divides(key: str, size: int, world: int) -> None:
+    if world % size:
+        raise ValueError(f"zero: {key} = {size} does not divide the world size {world}; use a "
+                         "divisor of it, such as the ranks per node")
+
+
+def _new_groups(partition: list[list[int]]) -> str:
+    """Creates every group of `partition` (on every rank, in order); the name of this rank's."""
+    rank, mine = dist.get_rank(), None
+    for ranks in partition:
+        group = dist.new_group(ranks)
+        if rank in ranks:
             mine = group
     return mine.group_name

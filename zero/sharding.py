@@ -25,7 +25,7 @@ from torch import nn
 
 import offload
 
-from . import boundary, stage3
+from . import boundary, process_groups, stage3
 from . import init as zero_init
 
 
@@ -55,7 +55,8 @@ class GroupBuilder:
     alignment: int
     on_swap_write: object = None
     shared: frozenset = frozenset()  # ids of the parameters held under several names (tied)
-    hpz_group: str = ""  # stage 3, ZeRO++ hpZ: this rank's secondary group (process_groups.py)
+    # stage 3: hpZ's and MiCS's groups of this rank (process_groups.py)
+    stage3_groups: process_groups.Stage3Groups = process_groups.Stage3Groups()
 
     def options(self, owner: int, stage: int, params: list):
         return boundary.group_options(
@@ -65,7 +66,7 @@ class GroupBuilder:
             offload_param=(offload.param_offload_options(self.config, self.on_swap_write)
                            if stage == 3 else None),
             shared_params=[i for i, p in enumerate(params) if id(p) in self.shared],
-            stage3=stage == 3, hpz_group=self.hpz_group if stage == 3 else "")
+            stage3_groups=self.stage3_groups if stage == 3 else None)
 
     def add_flat(self, owner: int, params: list, stage: int) -> EngineGroup:
         # A group is the grain of communication below stage 3: its gradients are reduced in
@@ -104,6 +105,12 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
                    if zero_init.full_numel(p) > threshold}
     # zero.Init partitioned everything large; what the engine keeps whole (small or frozen
     # parameters) is gathered back once, in the same order on every rank.
+    if builder.stage3_groups.mics_shard and any(zero_init.is_partitioned(p)
+                                                for p in model.parameters()):
+        raise NotImplementedError(
+            f"zero: {process_groups.MICS_KEY} with a model built under zero.Init: zero.Init "
+            "partitions over every rank, MiCS within a shard group; build the model without "
+            "zero.Init, or leave mics_shard_size at -1")
     for param in model.parameters():
         if zero_init.is_partitioned(param) and id(param) not in partitioned:
             zero_init.unpartition(param)

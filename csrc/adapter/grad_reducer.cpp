@@ -11,7 +11,8 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
                          at::Tensor grads, core::MemoryRegistry& registry,
                          Communicator& communicator, std::vector<std::size_t> expected,
                          std::optional<at::TensorOptions> bucket_options,
-                         const std::vector<std::size_t>& shared, bool quantized)
+                         const std::vector<std::size_t>& shared, bool quantized,
+                         Communicator* replicate)
     : mode_(mode),
       quantized_(quantized),
       layout_(layout),
@@ -19,6 +20,7 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
       bucket_options_(bucket_options.value_or(grads_.options())),
       registry_(registry),
       communicator_(communicator),
+      replicate_(replicate),
       expected_(std::move(expected)),
       slot_of_unit_(layout.unit_count(), nullptr) {
   if (expected_.empty()) {
@@ -149,6 +151,9 @@ void GradReducer::launch(std::size_t unit) {
                         : communicator_.reduce_scatter(output, input, Reduction::kAvg);
   in_flight_.push_back({&slot, std::move(work),
                         [this, unit, target, output]() mutable {
+                          if (replicate_ != nullptr) {
+                            replicate_->all_reduce(output, Reduction::kAvg)->wait();
+                          }
                           accumulate(unit, target, output);
                         }});
 }

@@ -43,11 +43,14 @@ class GradReducer {
   // arrive several times per backward (GroupOptions::shared_params): their arrivals add up
   // and their units complete only at the end of backward (launched by the owner then).
   // `quantized`: kReduceScatter sends block-wise int8 (quantized_comm.h, ZeRO++ qgZ).
+  // `replicate` (kReduceScatter, MiCS): the ranks holding the same shard; each reduced piece
+  // is averaged over them before it is added to the shard.
   GradReducer(ReduceMode mode, const core::ShardedLayout& layout, bool overlap_comm,
               at::Tensor grads, core::MemoryRegistry& registry, Communicator& communicator,
               std::vector<std::size_t> expected = {},
               std::optional<at::TensorOptions> bucket_options = std::nullopt,
-              const std::vector<std::size_t>& shared = {}, bool quantized = false);
+              const std::vector<std::size_t>& shared = {}, bool quantized = false,
+              Communicator* replicate = nullptr);
 
   // Parameter `param`'s gradient (or, for a shared one, one more contribution to it) is
   // final for this backward (kReduceScatter copies it). Returns its unit if that unit is now
@@ -100,6 +103,7 @@ class GradReducer {
   at::TensorOptions bucket_options_;
   core::MemoryRegistry& registry_;
   Communicator& communicator_;
+  Communicator* replicate_;
   std::vector<std::size_t> expected_;  // per unit: gradients of unshared params per backward
   std::vector<std::size_t> missing_;   // gradients still to arrive, per unit
   std::vector<bool> shared_;           // per parameter: GroupOptions::shared_params

@@ -69,6 +69,11 @@ struct GroupOptions {
   // one node; empty: none). After a unit's first gather of a step, each rank keeps its 1/H of
   // the unit; later gathers until the parameters change come from those copies, inside the group.
   std::string hpz_group;
+  // Stage 3, MiCS: the registered names of this rank's shard group (the ranks that partition
+  // the parameters among themselves) and replicate group (the ranks holding the same shard,
+  // which average their reduced gradient shards). Empty: the engine's world group shards.
+  std::string mics_shard_group;
+  std::string mics_replicate_group;
 };
 
 class ParamGroup : public Group {

@@ -53,9 +53,15 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     : params_(std::move(params)),
       options_(options),
       registry_(registry),
-      communicator_(communicator),
+      shard_(options.mics_shard_group.empty()
+                 ? nullptr
+                 : std::make_unique<Communicator>(resolve_group(options.mics_shard_group))),
+      replicate_(options.mics_replicate_group.empty()
+                     ? nullptr
+                     : std::make_unique<Communicator>(resolve_group(options.mics_replicate_group))),
+      communicator_(shard_ ? *shard_ : communicator),
       layout_(stage3_layout(params_, unit_of_param, full_shapes, options,
-                            communicator.world_size())),
+                            communicator_.world_size())),
       model_options_(params_.front().options()),
       state_(registry, layout_.shard_numel(), model_options_, options.optimizer,
              options.sgd_momentum,
@@ -89,7 +95,8 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
   reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
                                            options_.overlap_comm, grad_shard_.tensor(), registry,
                                            communicator_, std::move(expected), model_options_,
-                                           options_.shared_params, options_.quantized_gradients);
+                                           options_.shared_params, options_.quantized_gradients,
+                                           replicate_.get());
 }
 
 void Stage3Group::place_param_shard() {
@@ -362,7 +369,8 @@ bool Stage3Group::has_nonfinite_grads() const {
 }
 
 double Stage3Group::grad_square_sum() const {
-  return square_sum(grad_shard_.tensor());
+  // MiCS: every replicate holds this shard; the engine sums over all ranks.
+  return square_sum(grad_shard_.tensor()) / (replicate_ ? replicate_->world_size() : 1);
 }
 
 std::vector<ShardPiece> Stage3Group::shard_pieces() const {

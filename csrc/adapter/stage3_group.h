@@ -16,6 +16,11 @@
 // micro-batches) all-gather those copies within the group. The copies are counted as `param`
 // and dropped whenever the parameters change (step, commit, load).
 //
+// MiCS (GroupOptions::mics_shard_group): the parameters are partitioned within a shard group
+// of S ranks instead of the world, and replicated across the N/S shard groups. Gathers and
+// reduce-scatters stay within the shard group; each reduced gradient piece is then averaged
+// over the replicate group (the ranks holding the same shard) with one all-reduce.
+//
 // With offload_param the shard lives in host memory (each gather first copies the unit's
 // piece to the device), or with device "nvme" in a swap file (param_swap.h) except for the
 // first units up to max_in_cpu elements; the gather schedule hints which NVMe units to read
@@ -65,9 +70,11 @@ class Stage3Group : public Group {
   std::size_t pending_grads(std::size_t unit) const { return units_.at(unit).pending_grads; }
   std::size_t unit_count() const { return layout_.unit_count(); }
   std::int64_t gathered_numel() const;  // elements of every unit gathered now
-  // hpZ: the secondary group's collectives (null without hpZ).
-  const Communicator* secondary_communicator() const { return secondary_.get(); }
+  // hpZ: the secondary group's collectives; MiCS: the shard and replicate groups' (null
+  // without them).
   Communicator* secondary_communicator() { return secondary_.get(); }
+  Communicator* mics_shard_communicator() { return shard_.get(); }
+  Communicator* mics_replicate_communicator() { return replicate_.get(); }
   // Writes the gathered unit's (possibly modified) full parameters back into this rank's
   // shard and master, e.g. after loading a checkpoint or GatheredParameters edits.
   void commit(std::size_t unit);
@@ -132,7 +139,9 @@ class Stage3Group : public Group {
   std::vector<at::Tensor> params_;
   GroupOptions options_;
   core::MemoryRegistry& registry_;
-  Communicator& communicator_;
+  std::unique_ptr<Communicator> shard_;      // MiCS: the shard group (then communicator_)
+  std::unique_ptr<Communicator> replicate_;  // MiCS: the ranks holding the same shard
+  Communicator& communicator_;               // the ranks that partition the parameters
   std::unique_ptr<Communicator> secondary_;  // hpZ
   core::ShardedLayout layout_;
   // This rank's 16-bit (or fp32) parameters: on the device, or in host memory with

@@ -13,16 +13,28 @@ adapter::Stage3Group& stage3(adapter::EngineCore& e, std::size_t g) {
   return *group;
 }
 
-// hpZ: the secondary groups' communicators (the stage-3 groups that have one).
-std::vector<adapter::Communicator*> secondaries(adapter::EngineCore& e) {
+// The stage-3 groups' own communicators of one kind (hpZ's secondary, MiCS's shard or
+// replicate group), for those that have one.
+std::vector<adapter::Communicator*> own_communicators(
+    adapter::EngineCore& e, adapter::Communicator* (adapter::Stage3Group::*which)()) {
   std::vector<adapter::Communicator*> found;
   for (std::size_t g = 0; g < e.group_count(); ++g) {
     auto* group = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
-    if (group != nullptr && group->secondary_communicator() != nullptr) {
-      found.push_back(group->secondary_communicator());
-    }
+    if (group != nullptr && (group->*which)() != nullptr) found.push_back((group->*which)());
   }
   return found;
+}
+
+constexpr adapter::Communicator* (adapter::Stage3Group::*kOwnCommunicators[])() = {
+    &adapter::Stage3Group::secondary_communicator,
+    &adapter::Stage3Group::mics_shard_communicator,
+    &adapter::Stage3Group::mics_replicate_communicator};
+
+py::dict summed_stats(adapter::EngineCore& e,
+                      adapter::Communicator* (adapter::Stage3Group::*which)()) {
+  adapter::CommStats total;
+  for (const adapter::Communicator* c : own_communicators(e, which)) total += c->stats();
+  return stats_dict(total);
 }
 
 }  // namespace
@@ -151,14 +163,22 @@ void bind_engine(py::module_& m) {
       .def("comm_stats", [](adapter::EngineCore& e) { return stats_dict(e.communicator().stats()); })
       .def("secondary_comm_stats",  // hpZ: the bytes that stayed within the secondary groups
            [](adapter::EngineCore& e) {
-             adapter::CommStats total;
-             for (const adapter::Communicator* c : secondaries(e)) total += c->stats();
-             return stats_dict(total);
+             return summed_stats(e, &adapter::Stage3Group::secondary_communicator);
+           })
+      .def("mics_comm_stats",  // MiCS: the bytes within the shard and the replicate groups
+           [](adapter::EngineCore& e) {
+             py::dict out;
+             out["shard"] = summed_stats(e, &adapter::Stage3Group::mics_shard_communicator);
+             out["replicate"] =
+                 summed_stats(e, &adapter::Stage3Group::mics_replicate_communicator);
+             return out;
            })
       .def("reset_comm_stats",
            [](adapter::EngineCore& e) {
              e.communicator().reset_stats();
-             for (adapter::Communicator* c : secondaries(e)) c->reset_stats();
+             for (auto which : kOwnCommunicators) {
+               for (adapter::Communicator* c : own_communicators(e, which)) c->reset_stats();
+             }
            })
       .def("set_comm_logging",
            [](adapter::EngineCore& e, bool enabled) { e.communicator().log().set_enabled(enabled); },

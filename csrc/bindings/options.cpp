@@ -77,7 +77,9 @@ void bind_options(py::module_& m) {
       .def_readwrite("shared_params", &Group::shared_params)
       .def_readwrite("quantized_weights", &Group::quantized_weights)
       .def_readwrite("quantized_gradients", &Group::quantized_gradients)
-      .def_readwrite("hpz_group", &Group::hpz_group);
+      .def_readwrite("hpz_group", &Group::hpz_group)
+      .def_readwrite("mics_shard_group", &Group::mics_shard_group)
+      .def_readwrite("mics_replicate_group", &Group::mics_replicate_group);
 
   using Timings = adapter::OffloadTimings;  // read back, not an option
   py::class_<Timings>(m, "OffloadTimings")

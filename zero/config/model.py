@@ -66,6 +66,7 @@ class ZeroOptimizationConfig:
     zero_hpz_partition_size: int
     zero_quantized_weights: bool
     zero_quantized_gradients: bool
+    mics_shard_size: int
 
 
 @dataclass(frozen=True)

@@ -464,7 +464,11 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _stage3(BOOL, "zero_quantized_gradients", False, "ZeRO++ qgZ: gradients reduce-scattered as block-wise "
             "int8 through one all-to-all, summed in fp32 by the receiving rank."),
     _unsupported(OBJECT, "zeropp_loco_param", None, "LoCo-ZeRO++ parameters.", nullable=True),
-    _unsupported(INT, "mics_shard_size", -1, "MiCS shard size."),
+    _stage3(INT, "mics_shard_size", -1, "MiCS (FSDP2's HSDP): parameters, gradients and optimizer state "
+            "partitioned within shard groups of this many consecutive ranks (e.g. one node) and "
+            "replicated across the groups; each reduced gradient shard is averaged over its replicas "
+            "with one all-reduce. -1, or the world size: plain stage 3. Must divide the world size.",
+            minimum=-1, maximum=MAX_BUFFERS),
     _unsupported(BOOL, "mics_hierarchical_params_gather", False, "MiCS hierarchical gather."),
     _unsupported(BOOL, "memory_efficient_linear", True, "Stage 3 memory-efficient linear."),
     _unsupported(BOOL, "pipeline_loading_checkpoint", False, "Stage 3 pipelined checkpoint loading."),

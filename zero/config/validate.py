@@ -554,14 +554,25 @@ def _check_zero(v, values):
             _note_once(f"{path}.{key.name} = {_show(value)} only applies to stage 3 (stage is {stage}): ignored")
 
 
-def _check_hpz(v, values, world_size):
-    """hpZ's secondary groups cut the world into equal groups of consecutive ranks."""
+def _check_stage3_layouts(v, values, world_size):
+    """hpZ's secondary groups and MiCS's shard groups cut the world into equal groups of
+    consecutive ranks; the two are not combined (yet)."""
     zero = values["zero_optimization"]
-    size = zero.get("zero_hpz_partition_size", INVALID) if _valid(zero) else INVALID
-    if _valid(size) and _valid(zero["stage"]) and zero["stage"] == 3 and size > 1 \
-            and world_size % size:
-        v.error("zero_optimization.zero_hpz_partition_size", size, f"does not divide the world "
-                f"size {world_size}", "use a divisor of it, such as the ranks per node")
+    if not _valid(zero) or not _valid(zero["stage"]) or zero["stage"] != 3:
+        return
+    active = {}
+    for key, off in (("zero_hpz_partition_size", 1), ("mics_shard_size", 0)):
+        size = zero.get(key, INVALID)
+        if not _valid(size) or size <= off or size >= world_size:
+            continue
+        active[key] = size
+        if world_size % size:
+            v.error(f"zero_optimization.{key}", size, f"does not divide the world size "
+                    f"{world_size}", "use a divisor of it, such as the ranks per node")
+    if len(active) == 2:
+        v.error("zero_optimization.zero_hpz_partition_size", active["zero_hpz_partition_size"],
+                f"hpZ together with MiCS (mics_shard_size = {active['mics_shard_size']}) is not "
+                "built yet (#21)", "use one of them")
 
 
 def _note_once(message):
@@ -626,7 +637,7 @@ def validate(raw, world_size, features, source=None):
     _resolve_batch(v, values, world_size)
     _check_precision(v, values)
     _check_zero(v, values)
-    _check_hpz(v, values, world_size)
+    _check_stage3_layouts(v, values, world_size)
     _check_aio(v, values)
     _check_activation_checkpointing(v, values)
     _resolve_optimizer(v, values)
