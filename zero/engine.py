@@ -445,8 +445,9 @@ class ZeroEngine(nn.Module):
 
     def _state_layouts(self, spec) -> list[StateLayout]:
         """What the ZeRO formulas describe: one layout per engine group kind (stage 3's
-        persistent parameters follow stage 1 and are reported as a separate layout)."""
-        world = dist.get_world_size()
+        persistent parameters follow stage 1 and are reported as a separate layout). N is the
+        ranks a group shards over: the world, or with MiCS the shard group."""
+        worlds: dict[tuple[int, bool], int] = {}  # (stage, SGD momentum buffer) -> N
         numels: dict[tuple[int, bool], int] = {}  # (stage, SGD momentum buffer) -> elements
         offloaded: dict[tuple[int, bool], int] = {}  # -> shard elements whose state is offloaded
         param_nvme: dict[tuple[int, bool], int] = {}  # -> parameter shard elements on NVMe
@@ -455,6 +456,7 @@ class ZeroEngine(nn.Module):
             stage = group.stage
             momentum = spec.momentum_buffer_needed([self.optimizer.param_groups[group.owner]])
             numels[stage, momentum] = numels.get((stage, momentum), 0) + self._core.group_numel(g)
+            worlds[stage, momentum] = self._core.group_layout(g).world_size
             info = self._core.group_offload_info(g)
             offloaded[stage, momentum] = offloaded.get((stage, momentum), 0) + info["offloaded_numel"]
             param_nvme[stage, momentum] = (param_nvme.get((stage, momentum), 0)
@@ -462,7 +464,7 @@ class ZeroEngine(nn.Module):
             grads_on_host[stage, momentum] = (grads_on_host.get((stage, momentum), True)
                                               and info["grads_on_host"])
         zero_cfg = self.config.zero_optimization
-        return [StateLayout(stage=stage, world_size=world, numel=numel,
+        return [StateLayout(stage=stage, world_size=worlds[stage, momentum], numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,
                             sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1,
                             offload_optimizer=zero_cfg.offload_optimizer.device,

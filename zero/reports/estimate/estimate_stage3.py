@@ -123,6 +123,7 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
     while each block fills and launches its own; with one slot the pool then grows by one
     for the backward (grad_reducer.cpp: it grows only when every bucket is filling)."""
     n, b = setup.world_size, setup.param_bytes
+    n3 = setup.partition_world  # the partitioned groups' ranks (MiCS: the shard group)
     slots = 2 if overlap else 1
     bucket_bytes = kept_bytes = 0
     group_rows, grown = [], False
@@ -133,8 +134,8 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
         filling = 1 + (1 if root_early and blocks and any(u == 0 for u, _, _ in rows) else 0)
         peak = max(kept, min(filling, len(rows)))
         grown = grown or peak > kept
-        kept_bytes += kept * (largest + largest // n) * b
-        bucket_bytes += peak * (largest + largest // n) * b
+        kept_bytes += kept * (largest + largest // n3) * b
+        bucket_bytes += peak * (largest + largest // n3) * b
         group_rows.append({"numel": sum(r[1] for r in rows), "shard_numel": sum(r[2] for r in rows),
                            "max_unit_numel": largest, "unit_count": len(rows),
                            "block_units": blocks, "buckets_kept": kept, "buckets_peak": peak})
@@ -175,7 +176,7 @@ def _staging(shapes: ModelShapes, setup: Setup, option: Option, psi: int, work: 
     b = setup.param_bytes
     # offload_param: every gather copies the unit's shard piece (numel / N, every unit padded
     # to a multiple of N) into a device buffer held until its all-gather completes
-    inflight_shard = work.peak_inflight_numel // setup.world_size
+    inflight_shard = work.peak_inflight_numel // setup.partition_world
     device_staging = inflight_shard * b if option.offload_param != "none" and psi else 0
     return staging_row(
         setup, option, group_shards, device_staging,

@@ -60,6 +60,7 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
                             "--model (or shapes_from_module)")
     dtype = DTYPE_NAMES[setup.precision]
     world, threshold = setup.world_size, setup.persistence_threshold
+    partition_world = setup.partition_world  # MiCS: the shard group
     rbs = int(reduce_bucket_size or setup.reduce_bucket_size)
     unit_total = max((u for group in shapes.units for u in group), default=0) + 1
     unit_numel = [0] * max(unit_total, len(shapes.unit_names), 1)
@@ -77,7 +78,8 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
         model_units = sorted({unit for _, unit in large})
         local = {unit: i for i, unit in enumerate(model_units)}
         plan = _C.plan_partition([shape for shape, _ in large], [dtype] * len(large),
-                                 [local[unit] for _, unit in large], world, setup.alignment)
+                                 [local[unit] for _, unit in large], partition_world,
+                                 setup.alignment)
         rows = []
         for unit in model_units:
             buffer = plan.buffers[local[unit]]

@@ -54,6 +54,7 @@ class Setup:
     max_live_parameters: int = DEFAULT_MAX_LIVE_PARAMETERS
     max_reuse_distance: int = DEFAULT_MAX_REUSE_DISTANCE
     max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS
+    mics_shard_size: int = -1  # MiCS: partitioned within groups of this many ranks (-1: off)
     # offload: the configured devices (which row `estimate(shapes, setup, stage)` gives and the
     # table marks) and the chunk of the offloaded step
     offload_optimizer: str = "none"   # none | cpu | nvme
@@ -124,6 +125,12 @@ class Setup:
         return min(self.offload_chunk_limit, max(int(shard_numel), 1))
 
     @property
+    def partition_world(self) -> int:
+        """The ranks stage 3's partitioned groups shard over: MiCS's shard group, or all."""
+        size = self.mics_shard_size
+        return size if 0 < size < self.world_size else self.world_size
+
+    @property
     def ranks_per_node(self) -> int:
         return self.world_size // self.num_nodes
 
@@ -143,7 +150,7 @@ class Setup:
                 "ranks_per_node": self.ranks_per_node, "precision": self.precision,
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
                 "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
-                "stage3": self.stage3_dict(),
+                "stage3": self.stage3_dict(), "mics_shard_size": self.mics_shard_size,
                 "offload": {"offload_optimizer": self.offload_optimizer,
                             "offload_param": self.offload_param,
                             "sub_group_size": self.sub_group_size,
@@ -167,7 +174,8 @@ STAGE3_KEYS = {"stage3_param_persistence_threshold": "persistence_threshold",
                "stage3_prefetch_bucket_size": "prefetch_bucket_size",
                "stage3_max_live_parameters": "max_live_parameters",
                "stage3_max_reuse_distance": "max_reuse_distance",
-               "stage3_max_inflight_gathers": "max_inflight_gathers"}
+               "stage3_max_inflight_gathers": "max_inflight_gathers",
+               "mics_shard_size": "mics_shard_size"}
 
 
 def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
