@@ -218,3 +218,75 @@ def test_each_rank_gets_the_exit_grace_and_the_sitecustomize_it_hides_still_runs
     seen = sandbox.result("startup.json")
     assert seen == {"hidden_ran": "yes", "zero_imported": False, "torch_imported": False,
                     "launched_rank": True, "child": ["taken", "False"]}
+
+
+TWO_NODE_TRAINING = """
+import json, os, sys
+from pathlib import Path
+import torch
+import zero
+from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
+
+layout = json.loads(sys.argv[-1])
+fail_rank = int(os.environ.get("FAIL_RANK", "-1"))
+torch.manual_seed(0)
+config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, **layout}}
+engine, _, _, _ = zero.initialize(model=TinyGPT(GPTConfig()), config=config)
+rank, world = engine.global_rank, engine.world_size
+batches = synthetic_batches(GPTConfig(), 2, 3 * world)
+losses = []
+for step in range(3):
+    if step == 1 and rank == fail_rank:
+        raise RuntimeError(f"rank {rank} fails on purpose")
+    loss = engine(*batches[step * world + rank])
+    engine.backward(loss)
+    engine.step()
+    losses.append(loss.item())
+mics = engine.core.mics_comm_stats()
+Path(os.environ["OUT_DIR"], f"train{rank}.json").write_text(json.dumps({
+    "local_rank": engine.local_rank, "shard_world": engine.core.group_layout(0).world_size,
+    "secondary_gathered": engine.core.secondary_comm_stats()["all_gather_bytes"] > 0,
+    "replicated": mics["replicate"]["all_reduce_bytes"] > 0, "losses": losses}))
+"""
+
+
+@pytest.mark.parametrize("layout", [{"zero_hpz_partition_size": 2}, {"mics_shard_size": 2}],
+                         ids=["hpz", "mics"])
+def test_two_nodes_on_one_machine_train_with_node_local_groups(sandbox, layout):
+    """Two launcher invocations against one rendezvous (2 nodes x 2 ranks, --no_ssh) train
+    a stage-3 engine whose hpZ or MiCS groups come from the node layout the launcher exports
+    (LOCAL_WORLD_SIZE 2): every rank trains, its groups are its node's."""
+    (sandbox.cwd / "train_two_nodes.py").write_text(TWO_NODE_TRAINING)
+    port = str(free_port())
+    common = ["--no_ssh", "--num_nodes", "2", "--num_procs", "2", "--master_addr", "127.0.0.1",
+              "--master_port", port, "--no_local_rank", "train_two_nodes.py", json.dumps(layout)]
+    nodes = [sandbox.start(["--node_rank", str(i)] + common) for i in (0, 1)]
+    for node in nodes:
+        sandbox.finish(node, timeout=120)
+        assert node.returncode == 0, explain(node)
+    seen = [sandbox.result(f"train{rank}.json") for rank in range(4)]
+    for rank, result in enumerate(seen):
+        assert result["local_rank"] == rank % 2 and len(result["losses"]) == 3
+        if "mics_shard_size" in layout:
+            assert result["shard_world"] == 2 and result["replicated"]
+        else:
+            assert result["shard_world"] == 4 and result["secondary_gathered"]
+
+
+def test_a_rank_failing_on_one_node_stops_both_nodes(sandbox):
+    """The same fail-fast rules across nodes: rank 3 (node 1) raises in its second step; node
+    1's launcher names it and exits non-zero, and node 0's ranks, left waiting in a collective,
+    are stopped by their launcher when the rendezvous breaks, well before the test's timeout."""
+    (sandbox.cwd / "train_two_nodes.py").write_text(TWO_NODE_TRAINING)
+    port = str(free_port())
+    common = ["--no_ssh", "--num_nodes", "2", "--num_procs", "2", "--master_addr", "127.0.0.1",
+              "--master_port", port, "--kill_grace", "1", "--no_local_rank",
+              "train_two_nodes.py", json.dumps({"mics_shard_size": 2})]
+    nodes = [sandbox.start(["--node_rank", str(i)] + common, env={"FAIL_RANK": "3"})
+             for i in (0, 1)]
+    for node in nodes:
+        sandbox.finish(node, timeout=120)
+        assert node.returncode != 0, explain(node)
+    assert "rank 3" in nodes[1].err and "fails on purpose" in nodes[1].err + nodes[1].out
