@@ -17,20 +17,15 @@ Overhead = median step time with the block on / median with every block off - 1.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.under_test import ROOT, ZERO_ROOT, command_line  # noqa: E402  (first: which zero)
-from benchmarks import facts as machine  # noqa: E402
-from benchmarks.cli import add_comparison_args, add_model_args, add_run_args  # noqa: E402
+import benchmarks.under_test  # noqa: E402,F401  (first: which zero)
+from benchmarks import interleaved  # noqa: E402
 from benchmarks.cli import settle  # noqa: E402
-from benchmarks.launch import spawn_ranks  # noqa: E402
 from benchmarks.models import engine_config, gpt_config, rank_batches, seeded_model  # noqa: E402
-from benchmarks.report import header, machine_section, markdown_table, publish  # noqa: E402
+from benchmarks.report import header, markdown_table  # noqa: E402
 from benchmarks.timing import engine_step, interleave_steps, step_stats  # noqa: E402
 
 
@@ -56,14 +51,8 @@ ALL_CONFIGS = list(monitor_blocks(""))
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_run_args(p, steps=0, steps_help="(unused: only the interleaved run)", warmup=5,
-                 interleaved_steps=60)
-    add_model_args(p, micro_batch=4, vocab=4096, n_layer=4, n_embd=256)
-    add_comparison_args(p, ALL_CONFIGS)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
-                   help="where monitoring.md/.json go ('' = print only)")
-    return p.parse_args(argv)
+    return interleaved.parser(__doc__, "monitoring", ALL_CONFIGS, warmup=5,
+                              steps=60).parse_args(argv)
 
 
 def _interleaved(rank, world, name, args):
@@ -112,30 +101,19 @@ def render(summary: dict, args, facts: dict, command: str, wall: float) -> str:
                               "p10 vs off"], rows), "",
               "The p10 (the fast end of each configuration's steps) is the steadier comparison "
               "when other processes share the cores: load lengthens some steps of every "
-              "configuration but rarely its fastest.", "",
-              f"Engine under test: `{ZERO_ROOT}` at commit {facts['zero_commit']}."]
-    lines += machine_section(facts)
+              "configuration but rarely its fastest."]
+    lines += interleaved.footer(facts)
     return "\n".join(lines)
+
+
+def _monitor_dir(args, tmp):
+    args.monitor_dir = tmp  # the same on every rank: the ranks check they share one config
 
 
 def main(argv=None):
     args = settle(parse_args(argv), ALL_CONFIGS)
-    command = command_line(name_commit=False)
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench_monitoring_") as tmp:
-        args.monitor_dir = tmp
-        result = spawn_ranks(_interleaved, "interleaved", args, tmp)
-    wall = time.perf_counter() - t0
-    if result.get("error"):
-        print(result["error"], file=sys.stderr)
-        return 1
-    facts = {**machine.host_facts(), "date": machine.utc_now(),
-             "zero_commit": machine.git_commit(ZERO_ROOT)}
-    summary = summarize(result, args.config_list)
-    publish(args.out, "monitoring", render(summary, args, facts, command, wall),
-            {"command": command, "args": vars(args), "machine": facts, "wall_s": wall,
-             "summary": summary, "raw": result})
-    return 0
+    return interleaved.run("monitoring", _interleaved, args, summarize, render,
+                           prepare=_monitor_dir)
 
 
 if __name__ == "__main__":

@@ -18,19 +18,15 @@ and MiCS's shard groups.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.under_test import ROOT, ZERO_ROOT, command_line  # noqa: E402  (first: which zero)
-from benchmarks import facts as machine  # noqa: E402
-from benchmarks.cli import add_comparison_args, add_model_args, add_run_args, settle  # noqa: E402
-from benchmarks.launch import spawn_ranks  # noqa: E402
+import benchmarks.under_test  # noqa: E402,F401  (first: which zero)
+from benchmarks import interleaved  # noqa: E402
+from benchmarks.cli import settle  # noqa: E402
 from benchmarks.models import engine_config, gpt_config, rank_batches, seeded_model  # noqa: E402
-from benchmarks.report import header, machine_section, markdown_table, publish  # noqa: E402
+from benchmarks.report import header, markdown_table  # noqa: E402
 from benchmarks.timing import engine_step, interleave_steps, step_stats  # noqa: E402
 
 PER_NODE = 2
@@ -48,14 +44,8 @@ STAT_KEYS = ("all_gather_bytes", "reduce_scatter_bytes", "all_reduce_bytes")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_run_args(p, steps=0, steps_help="(unused: only the interleaved run)", warmup=3,
-                 interleaved_steps=20)
-    add_model_args(p, micro_batch=4, vocab=4096, n_layer=4, n_embd=256)
-    add_comparison_args(p, ALL_CONFIGS)
+    p = interleaved.parser(__doc__, "zeropp", ALL_CONFIGS, warmup=3, steps=20)
     p.set_defaults(world_size=4)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
-                   help="where zeropp.md/.json go ('' = print only)")
     return p.parse_args(argv)
 
 
@@ -137,29 +127,14 @@ def render(summary: dict, args, facts: dict, command: str, wall: float) -> str:
                    "loss at the last step"], rows),
               "", "On one machine the \"nodes\" share memory bandwidth: gloo over loopback makes "
               "bytes cheap, while quantizing costs CPU time, so the step times here show the "
-              "cost of the int8 code, not the saving a slow inter-node link would bring.", "",
-              f"Engine under test: `{ZERO_ROOT}` at commit {facts['zero_commit']}."]
-    lines += machine_section(facts)
+              "cost of the int8 code, not the saving a slow inter-node link would bring."]
+    lines += interleaved.footer(facts)
     return "\n".join(lines)
 
 
 def main(argv=None):
     args = settle(parse_args(argv), ALL_CONFIGS)
-    command = command_line(name_commit=False)
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench_zeropp_") as tmp:
-        result = spawn_ranks(_interleaved, "interleaved", args, tmp)
-    wall = time.perf_counter() - t0
-    if result.get("error"):
-        print(result["error"], file=sys.stderr)
-        return 1
-    facts = {**machine.host_facts(), "date": machine.utc_now(),
-             "zero_commit": machine.git_commit(ZERO_ROOT)}
-    summary = summarize(result, args.config_list)
-    publish(args.out, "zeropp", render(summary, args, facts, command, wall),
-            {"command": command, "args": vars(args), "machine": facts, "wall_s": wall,
-             "summary": summary})
-    return 0
+    return interleaved.run("zeropp", _interleaved, args, summarize, render)
 
 
 if __name__ == "__main__":

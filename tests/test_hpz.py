@@ -75,18 +75,10 @@ def test_a_size_that_does_not_divide_the_world_names_the_key():
 
 
 def _steps(rank, world, hpz, gas, first, steps, load_dir, save_dir):
-    import zero
-
     config = training.engine_config(3, gas=gas, scheduler=False,
                                     stage3_param_persistence_threshold=10,
                                     stage3_max_reuse_distance=0, zero_hpz_partition_size=hpz)
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
-    if load_dir:
-        engine.load_checkpoint(load_dir)
-    losses = training.train_engine(engine, rank, world, steps, gas, first_step=first)
-    if save_dir:
-        engine.save_checkpoint(save_dir)
-    return losses
+    return training.resume_and_train(config, rank, world, first, steps, load_dir, save_dir)
 
 
 def test_an_hpz_checkpoint_loads_at_another_world_size_and_layout(tmp_path):

@@ -60,18 +60,10 @@ def test_mics_trains_like_plain_stage3_and_crosses_nodes_only_to_average_gradien
 
 
 def _steps(rank, world, shard_size, gas, first, steps, load_dir, save_dir):
-    import zero
-
     config = training.engine_config(3, gas=gas, scheduler=False,
                                     stage3_param_persistence_threshold=10,
                                     mics_shard_size=shard_size)
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
-    if load_dir:
-        engine.load_checkpoint(load_dir)
-    losses = training.train_engine(engine, rank, world, steps, gas, first_step=first)
-    if save_dir:
-        engine.save_checkpoint(save_dir)
-    return losses
+    return training.resume_and_train(config, rank, world, first, steps, load_dir, save_dir)
 
 
 def test_a_mics_checkpoint_loads_at_another_world_size_and_layout(tmp_path):

@@ -143,6 +143,22 @@ def train_engine(engine, rank: int, world: int, steps: int, gas: int, first_step
     return losses
 
 
+def resume_and_train(config: dict, rank: int, world: int, first: int, steps: int,
+                     load_dir=None, save_dir=None) -> list[float]:
+    """An engine of `config` on the test model: loads `load_dir`'s checkpoint when given,
+    trains `steps` steps from step `first`, saves into `save_dir` when given; the losses."""
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=make_model(), config=config)
+    if load_dir:
+        engine.load_checkpoint(load_dir)
+    gas = config["gradient_accumulation_steps"]
+    losses = train_engine(engine, rank, world, steps, gas, first_step=first)
+    if save_dir:
+        engine.save_checkpoint(save_dir)
+    return losses
+
+
 def parameters_of(module) -> dict[str, torch.Tensor]:
     return {name: p.detach().float().clone() for name, p in module.named_parameters()}
 
