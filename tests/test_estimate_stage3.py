@@ -377,21 +377,27 @@ def test_the_first_boundary_backward_keeps_the_bucket_pool_at_its_slots():
         assert peak == bucket, (peak, bucket)  # measured: 2 buckets (TinyGPT has 2 blocks)
 
 
-MICS_KNOBS = {"mics-2": {"mics_shard_size": 2}, "mics-2-no-reuse": {
-    "mics_shard_size": 2, "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}}
-MICS_GRID = [(precision, name) for name in MICS_KNOBS for precision in ("fp32", "bf16")]
+NO_REUSE = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}
+LAYOUT_KNOBS = {"mics-2": {"mics_shard_size": 2},
+                "mics-2-no-reuse": {"mics_shard_size": 2, **NO_REUSE},
+                "hpz-2-no-reuse": {"zero_hpz_partition_size": 2, **NO_REUSE},
+                "hpz-2": {"zero_hpz_partition_size": 2}}
+LAYOUT_GRID = [(precision, name) for name in LAYOUT_KNOBS for precision in ("fp32", "bf16")]
 
 
-def test_the_estimate_and_the_report_know_mics_shard_groups():
-    """MiCS at 4 ranks, shard groups of 2: the model states are Ψ/S per rank, exactly, in the
-    estimate and the engine's own formula; buckets and the gathered peak within 5%."""
+def test_the_estimate_and_the_report_know_mics_and_hpz():
+    """At 4 ranks as 2 nodes x 2. MiCS with shard groups of 2: the model states are Ψ/S per
+    rank, exactly, in the estimate and the engine's own formula. hpZ with groups of 2: the
+    gathered peak holds every unit's secondary copy too (Ψ/H). Buckets and the gathered peak
+    within 5%."""
     shapes = est.shapes_from_factory(FACTORY)
-    results = run_distributed(_measure, 4, args=(MICS_GRID, MICS_KNOBS),
+    results = run_distributed(_measure, 4, args=(LAYOUT_GRID, LAYOUT_KNOBS),
                               env={"LOCAL_WORLD_SIZE": "2"}, timeout=120)
     for rank_result in results:
-        for (precision, name), measured in zip(MICS_GRID, rank_result):
-            setup, _ = est.setup_from_config(_config(precision, MICS_KNOBS[name]), 4)
-            assert setup.partition_world == 2
+        for (precision, name), measured in zip(LAYOUT_GRID, rank_result):
+            setup, _ = est.setup_from_config(_config(precision, LAYOUT_KNOBS[name]), 4)
+            assert setup.partition_world == (2 if name.startswith("mics") else 4)
+            assert setup.hpz_world == (2 if name.startswith("hpz") else None)
             estimate = est.estimate(shapes, setup, 3)
             label = f"{precision} {name}"
             for category in MODEL_STATES:
@@ -401,7 +407,7 @@ def test_the_estimate_and_the_report_know_mics_shard_groups():
             b = setup.param_bytes
             master = 4 if precision == "bf16" else 0
             assert estimate.model_state_bytes - estimate.persistent_bytes == \
-                (2 * b + master + 8) * estimate.numel // 2, label  # Adam: 16Ψ/S
+                (2 * b + master + 8) * estimate.numel // setup.partition_world, label  # 16Ψ/S
             assert _close(estimate.categories["bucket"]["bytes"], measured["peak"].get("bucket", 0))
             assert _close(estimate.categories["gathered_param"]["bytes"],
                           measured["peak"].get("gathered_param", 0)), label

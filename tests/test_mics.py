@@ -113,3 +113,29 @@ def test_bad_layouts_name_the_key(extra, message):
     with pytest.raises(RankFailed) as failed:
         run_distributed(_engine, WORLD, args=(extra,), timeout=30)
     assert message in str(failed.value)
+
+
+@pytest.mark.parametrize("names,shard_size", [
+    ({"dp_shard_size": 2}, 2), ({"dp_replicate_size": 2}, 4),
+    ({"dp_shard_size": 4, "dp_replicate_size": 2}, 4), ({"mics_shard_size": 2}, 2),
+    ({"dp_shard_size": 2, "mics_shard_size": 2}, 2)])
+def test_fsdp2_names_for_the_layout_resolve_to_the_shard_size(names, shard_size):
+    """Accelerate / FSDP2's HSDP names (dp_shard_size, dp_replicate_size) mean MiCS too."""
+    from zero.config import load_config
+
+    config = load_config({"train_micro_batch_size_per_gpu": 1,
+                          "zero_optimization": {"stage": 3, **names}}, 8)
+    assert config.zero_optimization.mics_shard_size == shard_size
+
+
+@pytest.mark.parametrize("names,message", [
+    ({"dp_replicate_size": 3}, "dp_replicate_size = 3: does not divide the world size 8"),
+    ({"dp_shard_size": 2, "dp_replicate_size": 2}, "times dp_replicate_size (2) must be the "
+                                                   "world size 8"),
+    ({"dp_shard_size": 2, "mics_shard_size": 4}, "mics_shard_size = 4: disagrees with")])
+def test_contradicting_layout_names_are_refused(names, message):
+    from zero.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config({"train_micro_batch_size_per_gpu": 1,
+                     "zero_optimization": {"stage": 3, **names}}, 8)

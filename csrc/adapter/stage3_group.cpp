@@ -249,7 +249,8 @@ void Stage3Group::keep_secondary(std::size_t index) {
   Unit& unit = units_[index];
   const std::int64_t piece = layout_.unit(index).numel() / secondary_->world_size();
   if (!unit.secondary.defined()) {
-    unit.secondary = device_buffer(registry_, core::MemoryCategory::kParam, piece, model_options_);
+    unit.secondary =
+        device_buffer(registry_, core::MemoryCategory::kGatheredParam, piece, model_options_);
   }
   unit.secondary.tensor().copy_(unit.gathered.narrow(0, secondary_->rank() * piece, piece));
   unit.secondary_valid = true;

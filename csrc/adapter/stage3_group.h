@@ -13,8 +13,9 @@
 // ZeRO++ hpZ (GroupOptions::hpz_group): a unit's first gather after the parameters changed
 // runs over every rank; then each rank keeps a secondary copy of its 1/H of the unit (H: the
 // secondary group's size, ranks of one node), and the unit's later gathers (backward, the next
-// micro-batches) all-gather those copies within the group. The copies are counted as `param`
-// and dropped whenever the parameters change (step, commit, load).
+// micro-batches) all-gather those copies within the group. The copies are counted as
+// `gathered_param` (working copies, like the gathered units) and dropped whenever the
+// parameters change (step, commit, load).
 //
 // MiCS (GroupOptions::mics_shard_group): the parameters are partitioned within a shard group
 // of S ranks instead of the world, and replicated across the N/S shard groups. Gathers and

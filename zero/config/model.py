@@ -66,7 +66,9 @@ class ZeroOptimizationConfig:
     zero_hpz_partition_size: int
     zero_quantized_weights: bool
     zero_quantized_gradients: bool
-    mics_shard_size: int
+    mics_shard_size: int  # resolved: from dp_shard_size / dp_replicate_size when those are given
+    dp_shard_size: int
+    dp_replicate_size: int
 
 
 @dataclass(frozen=True)

@@ -470,6 +470,11 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "with one all-reduce. -1, or the world size: plain stage 3. Must divide the world size.",
             minimum=-1, maximum=MAX_BUFFERS),
     _unsupported(BOOL, "mics_hierarchical_params_gather", False, "MiCS hierarchical gather."),
+    _stage3(INT, "dp_shard_size", -1, "zero only, FSDP2 / Accelerate naming of MiCS (HSDP): the ranks "
+            "that shard; the same as mics_shard_size. -1: not given.", minimum=-1, maximum=MAX_BUFFERS),
+    _stage3(INT, "dp_replicate_size", -1, "zero only, FSDP2 / Accelerate naming of MiCS (HSDP): the "
+            "shard groups that replicate; shard size = world size / dp_replicate_size. -1: not given.",
+            minimum=-1, maximum=MAX_BUFFERS),
     _unsupported(BOOL, "memory_efficient_linear", True, "Stage 3 memory-efficient linear."),
     _unsupported(BOOL, "pipeline_loading_checkpoint", False, "Stage 3 pipelined checkpoint loading."),
     _unsupported(BOOL, "override_module_apply", True, "Stage 3 nn.Module.apply override."),

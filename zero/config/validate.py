@@ -560,6 +560,7 @@ def _check_stage3_layouts(v, values, world_size):
     zero = values["zero_optimization"]
     if not _valid(zero) or not _valid(zero["stage"]) or zero["stage"] != 3:
         return
+    _resolve_hsdp_names(v, zero, world_size)
     active = {}
     for key, off in (("zero_hpz_partition_size", 1), ("mics_shard_size", 0)):
         size = zero.get(key, INVALID)
@@ -573,6 +574,29 @@ def _check_stage3_layouts(v, values, world_size):
         v.error("zero_optimization.zero_hpz_partition_size", active["zero_hpz_partition_size"],
                 f"hpZ together with MiCS (mics_shard_size = {active['mics_shard_size']}) is not "
                 "built yet (#21)", "use one of them")
+
+
+def _resolve_hsdp_names(v, zero, world_size):
+    """dp_shard_size / dp_replicate_size (FSDP2's HSDP as Accelerate names it) into
+    mics_shard_size: the shard size, or the world size over the replicate size."""
+    shard, replicate = zero.get("dp_shard_size", INVALID), zero.get("dp_replicate_size", INVALID)
+    if not _valid(shard, replicate) or (shard <= 0 and replicate <= 0):
+        return
+    path = "zero_optimization"
+    if replicate > 0 and world_size % replicate:
+        v.error(f"{path}.dp_replicate_size", replicate, f"does not divide the world size "
+                f"{world_size}", "use a divisor of it")
+        return
+    size = shard if shard > 0 else world_size // replicate
+    if shard > 0 and replicate > 0 and shard * replicate != world_size:
+        v.error(f"{path}.dp_shard_size", shard, f"times dp_replicate_size ({replicate}) must be "
+                f"the world size {world_size}", "give one of them, or a pair whose product is it")
+    elif _valid(zero["mics_shard_size"]) and zero["mics_shard_size"] > 0 \
+            and zero["mics_shard_size"] != size:
+        v.error(f"{path}.mics_shard_size", zero["mics_shard_size"], f"disagrees with "
+                f"dp_shard_size / dp_replicate_size (shard size {size})", "give one of them")
+    else:
+        zero["mics_shard_size"] = size
 
 
 def _note_once(message):

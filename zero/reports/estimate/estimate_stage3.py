@@ -157,16 +157,19 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
 
 
 def _gathered_param(work: WorkingSet, shapes: ModelShapes, setup: Setup, psi: int) -> dict:
-    """W·b: the most elements the replayed gather schedule holds gathered at once."""
+    """W·b: the most elements the replayed gather schedule holds gathered at once; with hpZ
+    plus every unit's secondary copy, Ψ/H·b (all of them held from forward to the step)."""
     b = setup.param_bytes
     bounds = (f"prefetch ≤ {short_count(setup.prefetch_bucket_size)}, reuse < "
               f"{short_count(setup.max_reuse_distance)}, "
               f"live ≤ {short_count(setup.max_live_parameters)}")
-    return category_row(
-        work.peak_numel * b,
-        (f"W·{b} (W = {work.peak_numel:,}: "
-         f"{describe_live(work.live_at_peak, shapes.unit_names)} gathered at once; "
-         f"{bounds})") if psi else "0")
+    formula = (f"W·{b} (W = {work.peak_numel:,}: "
+               f"{describe_live(work.live_at_peak, shapes.unit_names)} gathered at once; "
+               f"{bounds})") if psi else "0"
+    secondary = psi // setup.hpz_world * b if setup.hpz_world and psi else 0
+    if secondary:
+        formula += f" + Ψ/{setup.hpz_world}·{b} (hpZ's secondary copies)"
+    return category_row(work.peak_numel * b + secondary, formula)
 
 
 def _staging(shapes: ModelShapes, setup: Setup, option: Option, psi: int, work: WorkingSet,

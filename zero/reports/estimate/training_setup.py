@@ -55,6 +55,7 @@ class Setup:
     max_reuse_distance: int = DEFAULT_MAX_REUSE_DISTANCE
     max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS
     mics_shard_size: int = -1  # MiCS: partitioned within groups of this many ranks (-1: off)
+    hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary copies shared by this many ranks
     # offload: the configured devices (which row `estimate(shapes, setup, stage)` gives and the
     # table marks) and the chunk of the offloaded step
     offload_optimizer: str = "none"   # none | cpu | nvme
@@ -131,6 +132,12 @@ class Setup:
         return size if 0 < size < self.world_size else self.world_size
 
     @property
+    def hpz_world(self) -> int | None:
+        """hpZ's secondary group size H when hpZ is on (1 < H < N), else None."""
+        size = self.hpz_partition_size
+        return size if 1 < size < self.world_size else None
+
+    @property
     def ranks_per_node(self) -> int:
         return self.world_size // self.num_nodes
 
@@ -151,6 +158,7 @@ class Setup:
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
                 "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
                 "stage3": self.stage3_dict(), "mics_shard_size": self.mics_shard_size,
+                "zero_hpz_partition_size": self.hpz_partition_size,
                 "offload": {"offload_optimizer": self.offload_optimizer,
                             "offload_param": self.offload_param,
                             "sub_group_size": self.sub_group_size,
@@ -175,7 +183,8 @@ STAGE3_KEYS = {"stage3_param_persistence_threshold": "persistence_threshold",
                "stage3_max_live_parameters": "max_live_parameters",
                "stage3_max_reuse_distance": "max_reuse_distance",
                "stage3_max_inflight_gathers": "max_inflight_gathers",
-               "mics_shard_size": "mics_shard_size"}
+               "mics_shard_size": "mics_shard_size",
+               "zero_hpz_partition_size": "hpz_partition_size"}
 
 
 def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
