@@ -20,19 +20,32 @@ void check(std::int64_t n, std::int64_t block, const void* a, const void* b, con
   }
 }
 
-// One block: its scale, and its values as int8. The loops have no branches, so the compiler
-// vectorizes them (the build uses -O3).
-float quantize_block(const float* x, std::int64_t len, std::int8_t* q) {
-  float largest = 0.0f;
-  float probe = 0.0f;  // NaN if any value is inf or NaN (x * 0 is NaN for those only)
+// The largest |x| of a block, as its bit pattern: for non-negative floats the integer order is
+// the float order, and inf and NaN (exponent all ones) come above every finite value. An
+// integer max reduction, which the compiler vectorizes (a float one it would not, without
+// -ffast-math).
+std::uint32_t largest_magnitude_bits(const float* x, std::int64_t len) {
+  std::uint32_t top = 0;
   for (std::int64_t i = 0; i < len; ++i) {
-    largest = std::fmax(largest, std::fabs(x[i]));
-    probe += x[i] * 0.0f;
+    std::uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bits &= 0x7fffffffu;  // |x|
+    top = bits > top ? bits : top;
   }
-  if (!std::isfinite(probe)) {
+  return top;
+}
+
+constexpr std::uint32_t kInfinityBits = 0x7f800000u;
+
+// One block: its scale, and its values as int8 (a branch-free loop the compiler vectorizes).
+float quantize_block(const float* x, std::int64_t len, std::int8_t* q) {
+  const std::uint32_t top = largest_magnitude_bits(x, len);
+  if (top >= kInfinityBits) {  // an inf or a NaN: the whole block decodes to NaN
     std::memset(q, 0, static_cast<std::size_t>(len));
     return std::numeric_limits<float>::quiet_NaN();
   }
+  float largest;
+  std::memcpy(&largest, &top, sizeof largest);
   const float scale = largest / 127.0f;
   const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
   for (std::int64_t i = 0; i < len; ++i) {

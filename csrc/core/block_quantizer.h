@@ -6,6 +6,9 @@
 // magnitude; a block holding an inf or a NaN decodes to NaN throughout, so non-finite gradients
 // stay visible to the overflow check.
 //
+// Every loop is one the compiler vectorizes at -O3 (checked with -fopt-info-vec): the scale
+// from an integer max over the values' bit patterns, the encode and the decode branch-free.
+//
 // A packed piece of n values is the blocks' scales (4 bytes each) followed by the n int8 values,
 // padded to a multiple of 4 bytes, so pieces can be laid end to end in one message and each
 // piece's scales stay 4-byte aligned.
