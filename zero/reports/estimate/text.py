@@ -10,6 +10,7 @@ from .categories import CATEGORIES, by_location
 from .result import Estimate
 from .shapes import ModelShapes
 from .sizes import format_bytes
+from .traffic import stage3_traffic
 from .training_setup import Setup
 
 _SYMBOLS = ("Ψ", "Ψ/N", "Ψp", "Ψp/N")
@@ -71,9 +72,24 @@ def _layout_lines(setup: Setup, estimates: list[Estimate]) -> list[str]:
             f"rank: {format_bytes(stage3.persistent_bytes)}); working set W = "
             f"{work['peak_numel']:,} ({work['live_at_peak_text']}), "
             f"{work['gathers_per_micro_step']} all-gather(s) per micro-step")
+        traffic = stage3_traffic(stage3, setup, gas=1)
+        lines.append(f"stage 3 sends per rank per micro-step: {format_bytes(traffic.cross_node)} "
+                     f"across nodes, {format_bytes(traffic.in_node)} within a node"
+                     f"{_layout_names(setup)}")
         if stage3.stage3["error"]:
             lines.append(f"stage 3 does not run as configured: {stage3.stage3['error']}")
     return lines
+
+
+def _layout_names(setup: Setup) -> str:
+    """' (qwZ, MiCS S=2)': the stage-3 layouts the setup uses, or ''."""
+    names = [name for name, on in (("qwZ", setup.quantized_weights),
+                                   ("qgZ", setup.quantized_gradients)) if on]
+    if setup.hpz_world:
+        names.append(f"hpZ H={setup.hpz_world}")
+    if setup.partition_world < setup.world_size:
+        names.append(f"MiCS S={setup.partition_world}")
+    return f" ({', '.join(names)})" if names else ""
 
 
 def _offload_lines(setup: Setup, estimates: list[Estimate]) -> list[str]:

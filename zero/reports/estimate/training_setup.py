@@ -56,6 +56,8 @@ class Setup:
     max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS
     mics_shard_size: int = -1  # MiCS: partitioned within groups of this many ranks (-1: off)
     hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary copies shared by this many ranks
+    quantized_weights: bool = False    # ZeRO++ qwZ: all-gathers carry int8
+    quantized_gradients: bool = False  # ZeRO++ qgZ: reduce-scatters carry int8
     # offload: the configured devices (which row `estimate(shapes, setup, stage)` gives and the
     # table marks) and the chunk of the offloaded step
     offload_optimizer: str = "none"   # none | cpu | nvme
@@ -216,6 +218,8 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     values["offload_optimizer"] = zero_cfg.offload_optimizer.device
     values["offload_param"] = zero_cfg.offload_param.device
     values["sub_group_size"] = int(zero_cfg.sub_group_size)
+    values["quantized_weights"] = bool(zero_cfg.zero_quantized_weights)
+    values["quantized_gradients"] = bool(zero_cfg.zero_quantized_gradients)
     values["delayed_update"] = bool(getattr(zero_cfg.offload_optimizer, "delayed_update", False))
     param = zero_cfg.offload_param
     values["param_buffer_count"] = int(param.buffer_count)
