@@ -4,6 +4,8 @@ cannot hold them), and the recommended config runs within its budgets."""
 import dataclasses
 import json
 
+import torch
+
 import training
 from distributed_harness import run_distributed
 from estimate_offload_config import DEEP_FACTORY, PERSISTENCE, _close, _config
@@ -209,3 +211,33 @@ def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_pa
         assert locations["nvme"]["current"] == rec.chosen.nvme_bytes
         assert report["offload"]["param"] == "nvme"
     assert list(swap.iterdir()) == []
+
+
+def test_on_a_cpu_only_machine_host_offload_saves_no_ram(tmp_path, capsys):
+    """--cpu-only: the device is the host's RAM, so a rank's device and host bytes together
+    must fit the budget. A 200M-parameter model in bf16 at 2 ranks with a budget that two pools
+    meet with the optimizer on the host (its device bytes fit, its host bytes unchecked) fits no
+    host offload in one pool: the tuner takes NVMe, whose recommendation fits RAM as a whole."""
+    shapes = est.shapes_from_count(200_000_000)
+    setup = est.Setup(world_size=2, precision="bf16")
+    on_host = est.estimate(shapes, setup, est.option_for(1, "cpu"))
+    budget = on_host.device_bytes + on_host.host_bytes // 4  # host offload: the device fits
+    two_pools = tuner.tune(shapes, setup, budget)
+    assert two_pools.chosen.option.offload_optimizer == "cpu"
+    one_pool = tuner.tune(shapes, setup, budget, cpu_only=True, nvme_path=str(tmp_path))
+    chosen = one_pool.chosen
+    assert chosen is not None and chosen.option.offload_optimizer == "nvme"
+    assert chosen.estimate.device_bytes + chosen.estimate.host_bytes <= budget
+    refused = [c for c in one_pool.tried if c.option.offload_optimizer == "cpu"]
+    assert refused and all(not c.fits and "RAM (device and host bytes: CPU only)" in c.verdict
+                           for c in refused)
+    assert not any("host RAM was not checked" in note for note in one_pool.notes)
+    # The command line: --cpu-only; without it, on a machine without CUDA, a note names it.
+    common = ["tune", "--params", "200M", "--world-size", "2", "--precision", "bf16",
+              "--budget", str(budget), "--nvme-path", str(tmp_path)]
+    assert cli.main(common + ["--cpu-only"]) == 0
+    assert "recommended: stage 1 + optimizer on NVMe" in capsys.readouterr().out
+    assert cli.main(common) == 0
+    printed = capsys.readouterr().out
+    assert "recommended: stage 1 + optimizer on the host" in printed
+    assert ("pass --cpu-only" in printed) == (not torch.cuda.is_available())

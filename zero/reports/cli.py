@@ -195,7 +195,12 @@ def cmd_tune(args) -> int:
     rec = tuner.tune(shapes, setup, args.budget, host_budget=args.host_budget,
                      reserve=args.reserve, headroom=args.headroom,
                      gradient_accumulation_steps=gas, nvme_path=nvme_path,
-                     nvme_budget=args.nvme_budget, offload=not args.no_offload)
+                     nvme_budget=args.nvme_budget, offload=not args.no_offload,
+                     cpu_only=args.cpu_only)
+    if not args.cpu_only and not torch.cuda.is_available():
+        rec.notes.append("this machine has no CUDA device: if the run trains on its CPU, pass "
+                         "--cpu-only (device and host bytes then share the RAM, and only NVMe "
+                         "offload saves memory)")
     config = notes = None
     if rec.chosen is not None:
         config, notes = tuner.recommended_config(rec, setup, base, micro_batch=args.micro_batch)
@@ -251,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NVMe bytes per node the swap files may use (default: not checked)")
     p.add_argument("--no-offload", action="store_true",
                    help="recommend no offload (stages 0-3 only)")
+    p.add_argument("--cpu-only", action="store_true",
+                   help="training runs on the CPU: the budget is RAM per rank, which device and "
+                        "host bytes share (offload to the host saves nothing; NVMe does)")
     p.add_argument("--reserve", type=_size, default=0,
                    help="bytes of the budget kept for activations and overhead (default 0)")
     p.add_argument("--headroom", type=float, default=0.0,

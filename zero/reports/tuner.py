@@ -148,10 +148,11 @@ class Recommendation:
     notes: list[str] = field(default_factory=list)
     nvme_budget: Optional[int] = None
     nvme_path: Optional[str] = None
+    cpu_only: bool = False  # training on the CPU: device and host bytes share the RAM
 
     def to_dict(self) -> dict:
         return {
-            "budget_bytes": self.budget, "usable_bytes": self.usable,
+            "budget_bytes": self.budget, "usable_bytes": self.usable, "cpu_only": self.cpu_only,
             "host_budget_bytes": self.host_budget, "nvme_budget_bytes": self.nvme_budget,
             "nvme_path": self.nvme_path,
             "recommended": self.chosen.to_dict() if self.chosen else None,
@@ -206,17 +207,20 @@ def bucket_sizes(start: int, largest_param: int) -> list[int]:
 
 def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None = None,
          reserve: int = 0, headroom: float = 0.0, gradient_accumulation_steps: int = 1,
-         nvme_path: str | None = None, nvme_budget: int | None = None, offload: bool = True
-         ) -> Recommendation:
+         nvme_path: str | None = None, nvme_budget: int | None = None, offload: bool = True,
+         cpu_only: bool = False) -> Recommendation:
     """The first configuration, in order of least offload, then least communication, whose
     estimated per-rank device bytes fit in budget - reserve - headroom x budget (and whose
     host / NVMe bytes per node fit host_budget / nvme_budget when given). NVMe is tried only
-    with an nvme_path; offload=False keeps to the first tier."""
+    with an nvme_path; offload=False keeps to the first tier. cpu_only: training runs on the
+    CPU, so the "device" is the host's RAM too: a rank's device and host bytes together must
+    fit the budget (and, per node, the host budget); offloading to the host then saves nothing,
+    only NVMe does."""
     if not 0.0 <= headroom < 1.0:
         raise EstimateError(f"--headroom must be in [0, 1), got {headroom}")
     usable = int(budget - reserve - headroom * budget)
     rec = Recommendation(budget=budget, usable=usable, host_budget=host_budget, chosen=None,
-                         nvme_budget=nvme_budget, nvme_path=nvme_path)
+                         nvme_budget=nvme_budget, nvme_path=nvme_path, cpu_only=cpu_only)
     if usable <= 0:
         rec.notes.append(f"reserve and headroom leave nothing of the budget "
                          f"({format_bytes(budget)})")
@@ -226,17 +230,8 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
 
     def judge(est: Estimate, size: int, overlap: bool) -> Candidate:
         comm, calls = communication(est.option.stage, est, setup.param_bytes, gas)
-        verdicts = []
-        if not est.runs:
-            verdicts.append("does not run: " + est.error)
-        if est.device_bytes > usable:
-            verdicts.append(f"over by {format_bytes(est.device_bytes - usable)}")
-        if host_budget is not None and est.host_bytes * rpn > host_budget:
-            verdicts.append(f"host RAM over by {format_bytes(est.host_bytes * rpn - host_budget)}"
-                            " per node")
-        if nvme_budget is not None and est.nvme_bytes * rpn > nvme_budget:
-            verdicts.append(f"NVMe over by {format_bytes(est.nvme_bytes * rpn - nvme_budget)} "
-                            "per node")
+        verdicts = [] if est.runs else ["does not run: " + est.error]
+        verdicts += _over_budget(est, usable, host_budget, nvme_budget, rpn, cpu_only)
         candidate = Candidate(est, size, overlap, not verdicts, comm, calls, "; ".join(verdicts))
         rec.tried.append(candidate)
         return candidate
@@ -276,12 +271,28 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
         tries = (stage3_estimates(shapes, base, usable, option) if option.stage == 3
                  and shapes.has_units else [estimate(shapes, base, option, strict=False)])
         for est in tries:
-            host_ok = host_budget is None or est.host_bytes * rpn <= host_budget
-            nvme_ok = nvme_budget is None or est.nvme_bytes * rpn <= nvme_budget
-            if est.device_bytes <= usable and host_ok and nvme_ok and est.runs:
+            if est.runs and not _over_budget(est, usable, host_budget, nvme_budget, rpn,
+                                             cpu_only):
                 rec.not_built.append(est)
                 break
     return rec
+
+
+def _over_budget(est: Estimate, usable: int, host_budget: int | None, nvme_budget: int | None,
+                 rpn: int, cpu_only: bool) -> list[str]:
+    """What of the estimate does not fit (empty: it fits)."""
+    verdicts = []
+    ram = est.device_bytes + (est.host_bytes if cpu_only else 0)  # per rank
+    if ram > usable:
+        what = "RAM (device and host bytes: CPU only)" if cpu_only and est.host_bytes else ""
+        verdicts.append(f"over by {format_bytes(ram - usable)}" + (f" of {what}" if what else ""))
+    host = (ram if cpu_only else est.host_bytes) * rpn
+    if host_budget is not None and host > host_budget:
+        verdicts.append(f"host RAM over by {format_bytes(host - host_budget)} per node")
+    if nvme_budget is not None and est.nvme_bytes * rpn > nvme_budget:
+        verdicts.append(f"NVMe over by {format_bytes(est.nvme_bytes * rpn - nvme_budget)} "
+                        "per node")
+    return verdicts
 
 
 def _stage_below_3(shapes: ModelShapes, base: Setup, option: Option, judge) -> bool:
@@ -308,7 +319,7 @@ def _stage_below_3(shapes: ModelShapes, base: Setup, option: Option, judge) -> b
 
 def _finish(rec: Recommendation, ranks_per_node: int) -> Recommendation:
     chosen = rec.chosen
-    if chosen.option.offloaded and rec.host_budget is None:
+    if chosen.option.offloaded and rec.host_budget is None and not rec.cpu_only:
         rec.notes.append(f"host RAM was not checked (no --host-budget): this needs "
                          f"{format_bytes(chosen.host_bytes * ranks_per_node)} per node")
     if _needs_nvme_path(chosen.option) and rec.nvme_budget is None:
