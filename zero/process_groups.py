@@ -34,8 +34,7 @@ def _hpz_group(partition_size: int) -> str:
     world (then the secondary group is the world group and would gather the same bytes again)."""
     world = dist.get_world_size()
     if partition_size <= 1 or partition_size >= world:
-        return ""
-    _check_divides(HPZ_KEY, partition_size, world)
+        return ""  # (that the size divides the world, the config checked: zero.config)
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if local and local.isdigit() and int(local) % partition_size:
         raise ValueError(f"zero: {HPZ_KEY} = {partition_size} does not divide the ranks per node "
@@ -51,19 +50,12 @@ def _mics_groups(shard_size: int) -> tuple[str, str]:
     a size <= 0 (DeepSpeed's -1) or of the whole world (plain stage 3)."""
     world = dist.get_world_size()
     if shard_size <= 0 or shard_size >= world:
-        return "", ""
-    _check_divides(MICS_KEY, shard_size, world)
+        return "", ""  # (that the size divides the world, the config checked: zero.config)
     shard = _new_groups([list(range(start, start + shard_size))
                          for start in range(0, world, shard_size)])
     replicate = _new_groups([list(range(offset, world, shard_size))
                              for offset in range(shard_size)])
     return shard, replicate
-
-
-def _check_divides(key: str, size: int, world: int) -> None:
-    if world % size:
-        raise ValueError(f"zero: {key} = {size} does not divide the world size {world}; use a "
-                         "divisor of it, such as the ranks per node")
 
 
 def _new_groups(partition: list[list[int]]) -> str:

@@ -59,6 +59,7 @@ from .estimate import (DEFAULT_MAX_INFLIGHT_GATHERS, DEFAULT_PARAM_BUFFER_COUNT,
                        DEFAULT_PARAM_BUFFER_SIZE, DEFAULT_PARAM_MAX_IN_CPU,
                        DEFAULT_SUB_GROUP_SIZE, OPTIONS, Estimate, EstimateError, ModelShapes,
                        Option, Setup, estimate, format_bytes, option_for)
+from .estimate.traffic import stage3_traffic
 
 
 class TuneError(EstimateError):
@@ -176,15 +177,16 @@ def communication(stage: int, est: Estimate, param_bytes: int, gas: int) -> tupl
     """(payload bytes, collectives) per optimizer step per rank, counted as the engine's
     Communicator counts them (all-reduce 2x, reduce-scatter and all-gather 1x the full
     unit, even on one rank). Scalar all-reduces (norm, overflow flag) and stage 3's control
-    exchanges are left out. Stage 3: every micro-step all-gathers what the replayed
-    schedule gathers (once the order is recorded) and reduce-scatters every unit; at the
-    boundary the persistent group reduce-scatters and all-gathers (2bΨp)."""
+    exchanges are left out. Stage 3: the bytes of estimate/traffic.py (every micro-step
+    all-gathers what the replayed schedule gathers and reduce-scatters every unit; at the
+    boundary the persistent group reduce-scatters and all-gathers 2bΨp; the configured
+    ZeRO++ / MiCS layout moves or shrinks them), across nodes and within one together."""
     psi, units = est.numel, est.unit_count
     if stage == 3 and est.stage3 is not None:
         work = est.stage3["working_set"]
         persistent_units = est.stage3["persistent_units"]
-        payload = gas * (work["gathered_numel_per_micro_step"] + psi) * param_bytes
-        payload += 2 * est.persistent_numel * param_bytes
+        traffic = stage3_traffic(est, est.setup, gas)
+        payload = traffic.cross_node + traffic.in_node
         reduce_scatters = sum(group["unit_count"] for group in est.groups)  # per group
         return payload, gas * (work["gathers_per_micro_step"] + reduce_scatters) + \
             2 * persistent_units

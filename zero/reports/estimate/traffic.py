@@ -1,8 +1,8 @@
 """Bytes one stage-3 optimizer step sends per rank, across nodes and within one, for each
-layout: plain, ZeRO++ (qwZ, qgZ, hpZ) and MiCS (zero-mem estimate prints it for stage 3). The
-tuner's communication model (tuner.communication) split by where the bytes go, counted as the engine's Communicators count
-them (the paper's convention: an all-gather or reduce-scatter of B bytes moves B, an
-all-reduce 2B); scalar all-reduces (norm, overflow) left out.
+layout: plain, ZeRO++ (qwZ, qgZ, hpZ) and MiCS. zero-mem estimate prints it for stage 3, and
+the tuner's communication model (tuner.communication) takes its sum. Counted as the engine's
+Communicators count them (the paper's convention: an all-gather or reduce-scatter of B bytes
+moves B, an all-reduce 2B); scalar all-reduces (norm, overflow) left out.
 
 Per micro-step the replayed gather schedule all-gathers G elements and every partitioned unit
 is reduce-scattered (Ψ elements); at the boundary the persistent group reduce-scatters and
