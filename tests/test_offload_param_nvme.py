@@ -4,6 +4,8 @@ schedule reads units ahead, and the optimizer step writes the new parameters bac
 train exactly like the engine without offload (alone and with the optimizer on the host or
 NVMe, with a partial or delayed update), resume exactly, place every byte where the formula
 says, and fail with clear errors."""
+import os
+
 import pytest
 
 import training
@@ -230,3 +232,45 @@ def test_a_failed_parameter_write_is_an_error_and_the_unit_is_not_read_back(tmp_
     swap_file, at_step, later = run_distributed(_write_fails, 1, args=(str(tmp_path),))[0]
     assert swap_file in at_step and "errno" in at_step
     assert "failed earlier" in later and "restore the run from a checkpoint" in later
+
+
+def _with_free_space(rank, world, config, free_bytes):
+    """Builds the engine on a model made under zero.Init, the drive reporting free_bytes
+    free (None: as it is): (this rank's NVMe bytes after the build, or None; the error)."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    import zero
+
+    if free_bytes is not None:
+        os.statvfs = lambda _path: SimpleNamespace(f_bavail=free_bytes, f_frsize=1)
+    with zero.Init(config_dict_or_path=config):
+        model = training.make_model()
+    start = time.monotonic()
+    try:
+        engine, *_ = zero.initialize(model=model, config=config)
+    except Exception as error:  # noqa: BLE001 - the message is the result
+        return None, f"{type(error).__name__}: {error}", time.monotonic() - start
+    nvme = engine.memory_report()["by_location"]["nvme"]["peak"]
+    engine.destroy()
+    return nvme, None, time.monotonic() - start
+
+
+def test_swap_files_that_do_not_fit_are_refused_on_every_rank_before_any_is_written(tmp_path):
+    # both ranks write to one drive: it must hold their parameter and optimizer swap files
+    # together, the bytes the engine then really uses (its registry) and not one more
+    params_dir, optimizer_dir = _swap_dirs(tmp_path, "params", "optimizer")
+    config = _nvme_params(_config(3, optimizer_dir), params_dir, buffer_count=2)
+    built = run_distributed(_with_free_space, 2, args=(config, None))
+    needed = sum(nvme for nvme, _, _ in built)
+    assert needed > 0 and all(error is None for _, error, _ in built)
+    refused = run_distributed(_with_free_space, 2, args=(config, needed - 1))
+    for nvme, error, seconds in refused:
+        assert nvme is None and seconds < 10
+        assert error.startswith("SwapSpaceError: zero: the NVMe swap files do not fit: 2 rank(s)")
+        assert f"write {needed:,} bytes" in error and f"{needed - 1:,} bytes" in error
+        assert "offload_optimizer.nvme_path and offload_param.nvme_path" in error
+    assert not os.listdir(params_dir) and not os.listdir(optimizer_dir)  # nothing written
+    exact = run_distributed(_with_free_space, 2, args=(config, needed))
+    assert [nvme for nvme, _, _ in exact] == [nvme for nvme, _, _ in built]

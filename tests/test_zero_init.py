@@ -80,7 +80,7 @@ def _build(kind, seed=0):
 
 
 def _check_partitioned(model, plain, rank, world, dtype=torch.float32):
-    from zero.init import gather_full, is_partitioned
+    from zero.init import gather_full, is_partitioned, shard_of
 
     plain_params = dict(plain.named_parameters())
     partitioned = 0
@@ -98,7 +98,7 @@ def _check_partitioned(model, plain, rank, world, dtype=torch.float32):
         size = math.ceil(expected.numel() / world)
         padded = torch.zeros(size * world, dtype=dtype)
         padded[:expected.numel()] = expected.flatten()
-        shard = param._zero_shard
+        shard = shard_of(param)
         assert shard.dim() == 1 and shard.is_contiguous() and shard.dtype == dtype, name
         assert torch.equal(shard, padded[rank * size:(rank + 1) * size]), name
         assert torch.equal(gather_full(param), expected), name
@@ -128,6 +128,68 @@ def test_values_equal_a_plain_construction_with_the_same_seed(world, kind):
 
 def test_every_rank_starts_from_rank_zeros_weights():
     run_distributed(_values, 2, args=("post-init", True), timeout=60, env=CPU_ONLY)
+
+
+def _unnamed_files_in(folder) -> int:
+    """This process's open files under `folder` that have no name any more."""
+    links = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+             if os.path.exists(f"/proc/self/fd/{fd}")]
+    return sum(link.startswith(str(folder)) and link.endswith("(deleted)") for link in links)
+
+
+def _born_on_nvme(rank, world, kind, folder):
+    import gc
+
+    import zero
+    from zero.init import Init, is_partitioned, is_spilled
+
+    folder = os.path.join(folder, f"rank{rank}")  # as if each rank had its own drive
+    config = _config()
+    config["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": folder}
+    plain = _build(kind)
+    with Init(config_dict_or_path=config) as context:
+        model = _build(kind)
+    counted = _check_partitioned(model, plain, rank, world)
+    partitioned = [p for p in model.parameters() if is_partitioned(p)]
+    assert partitioned and all(is_spilled(p) for p in partitioned)
+    whole = sum(p.numel() * p.element_size() for p in model.parameters() if not is_partitioned(p))
+    assert context.current_bytes == whole  # no shard bytes in memory
+    named, unnamed = os.listdir(folder), _unnamed_files_in(folder)
+    config["train_micro_batch_size_per_gpu"] = 1
+    config["optimizer"] = {"type": "Adam", "params": {"lr": 1e-3}}
+    engine, *_ = zero.initialize(model=model, config=config)
+    engine.destroy()
+    del model, partitioned, engine
+    gc.collect()
+    return counted, named, unnamed, os.listdir(folder), _unnamed_files_in(folder)
+
+
+@pytest.mark.parametrize("kind", ["gpt", "post-init"])
+def test_with_parameters_on_nvme_every_shard_is_born_in_an_unnamed_file(kind, tmp_path):
+    # the same values as a plain construction, no shard in memory, no file name to leave
+    # behind on a crash; the engine reads the shards once and the file is gone with them
+    results = run_distributed(_born_on_nvme, 2, args=(kind, str(tmp_path)), timeout=90,
+                              env=CPU_ONLY)
+    for counted, named, unnamed, named_after, unnamed_after in results:
+        assert counted >= 5 and named == [] and unnamed == 1
+        assert named_after == [] and unnamed_after == 0
+
+
+def test_a_full_disk_while_writing_shards_names_the_bytes_and_the_fix(tmp_path, monkeypatch):
+    import errno
+
+    from zero.init_spill import ShardSpill, SpillFull
+
+    spill = ShardSpill(str(tmp_path))
+    spill.put(torch.ones(1000))
+
+    def no_space(*_args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "pwrite", no_space)
+    with pytest.raises(SpillFull, match=r"nvme_path '.*' is full: this rank's shards take "
+                       r"8000 bytes so far, 4000 more could not be written, \d+ bytes are "
+                       r"available .* point nvme_path at a larger device"):
+        spill.put(torch.ones(1000))
 
 
 def _bf16_values(rank, world):
@@ -316,9 +378,8 @@ def test_exceptions_and_nesting_restore_every_patch_exactly():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"remote_device": "cpu"}, NotImplementedError,
-     "remote_device='cpu': parameter offload is not built yet; leave remote_device unset"),
-    ({"remote_device": "nvme"}, NotImplementedError, "parameter offload is not built yet"),
+    ({"remote_device": "nvme"}, ValueError,
+     "remote_device 'nvme' needs zero_optimization.offload_param.nvme_path in the config"),
     ({"remote_device": "tpu"}, ValueError, "remote_device='tpu'"),
     ({"mpu": object()}, NotImplementedError, "mpu= .*leave mpu unset"),
     ({"data_parallel_group": object()}, NotImplementedError, "data_parallel_group="),

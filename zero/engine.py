@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 import offload
+from offload import disk_space
 
 from . import _C, agreement, process_groups, sharding, stage3
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -57,6 +58,7 @@ class ZeroEngine(nn.Module):
         self.full_shapes = sharding.full_shapes(model)  # checkpoint loads check against them
         sharding.prepare_model(model, self.device, self.dtype, self.stage)
         spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters)
+        disk_space.check_swap_space(config, model, trainables)  # before a byte is written
         self._core = _C.EngineCore(dist.group.WORLD.group_name)
         zero_cfg = config.zero_optimization
         self._swap_writes = SwapWriteProgress(enabled="nvme" in (

@@ -26,6 +26,14 @@ the engine; the result is broadcast from rank 0 before it is sliced again (as De
 Parameters registered outside any __init__ (setattr on a built module) are partitioned when the
 context exits, at the latest.
 
+Parameters offloaded to NVMe (the config's zero_optimization.offload_param.device "nvme",
+which wins over the remote_device argument as in DeepSpeed): each shard is born in a file
+under offload_param.nvme_path (zero/init_spill.py: unnamed, so nothing is left on disk even
+after a crash) instead of memory: `param._zero_spilled` replaces `param._zero_shard`, and
+`shard_of(param)` reads it. Init-time gathers read and rewrite it in place; the engine reads
+each unit's shards once while it writes its own swap files. Building the model then holds no
+shard in memory, only one parameter at a time (and the small ones kept whole).
+
 Not caught: other in-place writes to an already partitioned parameter (`p.data.normal_()`,
 `p.copy_(...)`, an init function imported by name before the context opened): wrap them in
 `zero.GatheredParameters(p, modifier_rank=0)`. A class whose __init__ comes from a non-Module
@@ -33,7 +41,9 @@ mixin is partitioned only at exit. Not thread-safe (the patches are process-wide
 
 `mem_efficient_linear` and `pin_memory` are accepted and ignored: the first is DeepSpeed's
 memory-saving autograd function for a partitioned nn.Linear (here the engine gathers a whole
-unit before its forward), the second only matters for CPU offload, which is not built.
+unit before its forward), the second is the engine's (offload_param.pin_memory). With
+remote_device "cpu" the shards are born on the training device as without it; the engine moves
+them to host memory when it starts.
 """
 from __future__ import annotations
 
@@ -49,10 +59,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.module import register_module_parameter_registration_hook
 
+from offload.progress import SwapWriteProgress
+
+from .init_spill import ShardSpill
+
 DEFAULT_PERSISTENCE_THRESHOLD = 100_000
 INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_",
                   "eye_", "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
                   "kaiming_normal_", "orthogonal_", "sparse_")
+SPILL_PROGRESS = "zero.Init: writing shards to NVMe"
 # all_gather_into_tensor under its new name where torch has it (same op, no deprecation notice)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -60,7 +75,18 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 # ---- the partitioned-parameter contract (the engine uses these) ------------------------------
 
 def is_partitioned(param: torch.Tensor) -> bool:
-    return hasattr(param, "_zero_shard")
+    return hasattr(param, "_zero_shape")
+
+
+def is_spilled(param: torch.Tensor) -> bool:
+    """Whether a partitioned parameter's shard is in zero.Init's NVMe file, not in memory."""
+    return hasattr(param, "_zero_spilled")
+
+
+def shard_of(param: torch.Tensor) -> torch.Tensor:
+    """This rank's shard (1-D, padded): read into a new tensor when it is on NVMe."""
+    spilled = getattr(param, "_zero_spilled", None)
+    return spilled.read() if spilled is not None else param._zero_shard
 
 
 def full_numel(param: torch.Tensor) -> int:
@@ -70,7 +96,7 @@ def full_numel(param: torch.Tensor) -> int:
 def gather_full(param: torch.Tensor) -> torch.Tensor:
     """A new tensor of shape _zero_shape. Collective: all ranks gather the same parameters in
     the same order."""
-    shard = param._zero_shard
+    shard = shard_of(param)
     buffer = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype,
                          device=shard.device)
     _all_gather(buffer, shard)
@@ -91,22 +117,34 @@ def shard_shape(param: torch.Tensor) -> list[int]:
 
 
 def convert_shard(param: torch.Tensor, device, dtype) -> None:
-    """Moves a partitioned parameter's shard to the training device and dtype."""
-    param._zero_shard = param._zero_shard.to(device=device, dtype=dtype)
+    """Moves a partitioned parameter's shard to the training device and dtype. A shard on
+    NVMe already in them stays there (the engine reads it once, unit by unit)."""
+    spilled = getattr(param, "_zero_spilled", None)
+    if spilled is not None and spilled.dtype == dtype and spilled.device == torch.device(device):
+        return
+    param._zero_shard = shard_of(param).to(device=device, dtype=dtype)
+    if spilled is not None:
+        del param._zero_spilled
 
 
 def release_shard(param: torch.Tensor) -> None:
     """Forgets a parameter's zero.Init shard: it is whole again, or the engine's shard holds
-    its values now."""
-    del param._zero_shard, param._zero_shape
+    its values now (a shard on NVMe: its file is freed with the last one released)."""
+    del param._zero_shape
+    for name in ("_zero_shard", "_zero_spilled"):
+        if hasattr(param, name):
+            delattr(param, name)
 
 
-def _partition(param, full, src=0, dtype=None, device=None) -> None:
+def _partition(param, full, src=0, dtype=None, device=None, spill=None) -> None:
     """Slices `full`, broadcast from `src` first unless None, into this rank's shard: a new one
-    in dtype/device, or, after a gather, the existing one overwritten in place."""
-    shard = getattr(param, "_zero_shard", None)
-    if shard is not None:
-        dtype, device = shard.dtype, shard.device
+    in dtype/device (appended to `spill`, an NVMe file, when given), or, after a gather, the
+    existing one overwritten in place."""
+    existing = getattr(param, "_zero_spilled", None)
+    if existing is None:
+        existing = getattr(param, "_zero_shard", None)
+    if existing is not None:
+        dtype, device = existing.dtype, existing.device
         if full.numel() != math.prod(param._zero_shape):
             raise ValueError(f"zero: a parameter of shape {tuple(param._zero_shape)} holds "
                              f"{full.numel()} elements when re-partitioned")
@@ -115,12 +153,19 @@ def _partition(param, full, src=0, dtype=None, device=None) -> None:
         dist.broadcast(full, src=src)
     world, rank = dist.get_world_size(), dist.get_rank()
     size = math.ceil(full.numel() / world)
-    if shard is None:
-        shard = torch.zeros(size, dtype=full.dtype, device=full.device)
-        param._zero_shape, param._zero_shard = full.shape, shard
     piece = full.view(-1)[rank * size:(rank + 1) * size]
+    if piece.numel() < size:  # the last rank's piece, padded with zeros
+        piece = torch.cat([piece, piece.new_zeros(size - piece.numel())])
     with torch.no_grad():
-        shard[:piece.numel()].copy_(piece)
+        if isinstance(existing, torch.Tensor):
+            existing.copy_(piece)
+        elif existing is not None:
+            existing.write(piece)
+        elif spill is not None:
+            param._zero_spilled = spill.put(piece)
+        else:
+            param._zero_shard = piece.clone()
+    param._zero_shape = full.shape
     param.data = torch.empty(0, dtype=full.dtype, device=full.device)
 
 
@@ -178,10 +223,16 @@ class Init:
                  remote_device=None, pin_memory=False, config_dict_or_path=None, config=None,
                  enabled=True, dtype=None, mpu=None):
         del mem_efficient_linear, pin_memory  # accepted and ignored: see the module docstring
-        _refuse_unsupported(data_parallel_group, remote_device, mpu)
+        _refuse_unsupported(data_parallel_group, mpu)
         if config is not None and config_dict_or_path is not None:
             raise ValueError("zero.Init: pass config_dict_or_path or config, not both")
         raw = _read_config(config_dict_or_path if config is None else config)
+        # NVMe: the folder for this context's shard file, made while the context is open (the
+        # shards then hold it: it goes with the last of them)
+        self._spill_folder = _spill_folder(raw, remote_device) if enabled else None
+        self._spill: ShardSpill | None = None
+        self._progress = SwapWriteProgress(enabled=self._spill_folder is not None)
+        self._showing = contextlib.ExitStack()
         threshold = (raw.get("zero_optimization") or {}).get(
             "stage3_param_persistence_threshold", "auto")
         # "auto": the HF Trainer's config is not finalised yet when from_pretrained runs
@@ -205,8 +256,11 @@ class Init:
                 from .distributed import init_distributed
                 init_distributed()
             if module is not None:  # like DeepSpeed: partition a built module right away
-                for param in module.parameters():
-                    self._convert(param)
+                with self._progress.shown(SPILL_PROGRESS):
+                    self._open_spill()
+                    for param in module.parameters():
+                        self._convert(param)
+                    self._spill = None
                 self._forget_construction()  # no context yet: no init-time gathers
 
     @property
@@ -218,7 +272,14 @@ class Init:
             if not _STACK:  # nested contexts reuse the outermost one's patches
                 _install()
             _STACK.append(self)
+            self._showing.enter_context(self._progress.shown(SPILL_PROGRESS))
+            self._open_spill()
         return self
+
+    def _open_spill(self) -> None:
+        if self._spill_folder is not None:
+            self._spill = ShardSpill(self._spill_folder)
+            self._spill.on_write = self._progress.add
 
     def __exit__(self, exc_type, exc, tb):
         if not self.enabled:
@@ -238,6 +299,8 @@ class Init:
             for finalizer in self._finalizers:  # the books freeze at exit
                 finalizer.detach()
             self._forget_construction()
+            self._showing.close()
+            self._spill = None
         return False
 
     def _convert_direct(self, module) -> None:
@@ -254,8 +317,9 @@ class Init:
         if param.numel() > max(self.threshold, 0):
             _CONSTRUCTED_AS[id(param)] = (param.dtype, param.device)
             self._own.append(id(param))
-            _partition(param, param.data, dtype=self.dtype, device=self.device)
-            self._set(param, param._zero_shard.numel() * param._zero_shard.element_size())
+            _partition(param, param.data, dtype=self.dtype, device=self.device, spill=self._spill)
+            self._set(param, 0 if is_spilled(param) else
+                      param._zero_shard.numel() * param._zero_shard.element_size())
         elif (ref := self._whole.get(id(param))) is None or ref() is not param:
             with torch.no_grad():
                 param.data = param.data.to(dtype=self.dtype, device=self.device)
@@ -287,19 +351,33 @@ class Init:
         self.peak_bytes = max(self.peak_bytes, self.current_bytes)
 
 
-def _refuse_unsupported(data_parallel_group, remote_device, mpu) -> None:
+def _refuse_unsupported(data_parallel_group, mpu) -> None:
     if mpu is not None:
         raise NotImplementedError("zero.Init: mpu= (model parallelism) is not supported; "
                                   "leave mpu unset: zero is data parallel only")
     if data_parallel_group is not None and data_parallel_group is not dist.group.WORLD:
         raise NotImplementedError("zero.Init: data_parallel_group= other than the world group "
                                   "is not supported; leave it unset")
-    if remote_device is not None and str(remote_device).lower() != "none":
-        if str(remote_device).lower() in ("cpu", "nvme"):
-            raise NotImplementedError(f"zero.Init: remote_device={remote_device!r}: parameter "
-                                      "offload is not built yet; leave remote_device unset")
-        raise ValueError(f"zero.Init: remote_device={remote_device!r} is not one of None, "
-                         "'none', 'cpu', 'nvme'; leave it unset")
+
+
+def _spill_folder(raw: dict, remote_device) -> str | None:
+    """Where the shards go, as in DeepSpeed: the config's offload_param.device wins over the
+    remote_device argument. "nvme": an unnamed file under offload_param.nvme_path; None
+    (in memory on the training device) for "none" and "cpu" (the engine moves the shards to
+    host memory when it starts)."""
+    offload = (raw.get("zero_optimization") or {}).get("offload_param") or {}
+    device = offload.get("device", remote_device)
+    device = "none" if device is None else str(device).lower()
+    if device not in ("none", "cpu", "nvme"):
+        raise ValueError(f"zero.Init: remote_device={device!r} is not one of None, 'none', "
+                         "'cpu', 'nvme'; leave it unset")
+    if device != "nvme":
+        return None
+    if not offload.get("nvme_path"):
+        raise ValueError("zero.Init: remote_device 'nvme' needs "
+                         "zero_optimization.offload_param.nvme_path in the config (the folder "
+                         "for the shards); set it, or leave remote_device unset")
+    return str(offload["nvme_path"])
 
 
 def _read_config(config) -> dict:

@@ -98,7 +98,7 @@ framework / allocator overhead. Leave room for them (`zero-mem tune --reserve`).
 #   text               format_estimates, location_formula
 from offload import OFFLOAD_TILE
 
-from .categories import CATEGORIES, LOCATIONS
+from .categories import CATEGORIES, LOCATIONS, by_location
 from .errors import EstimateError
 from .estimator import estimate, estimate_all
 from .gather_schedule import WorkingSet, simulate_stage3_schedule
@@ -130,7 +130,7 @@ __all__ = [
     "LOCATIONS", "MAX_ASSUMED_UNITS", "MiB", "ModelShapes", "OFFLOAD_DEVICES", "OFFLOAD_TILE",
     "OPTIMIZERS", "OPTIMIZER_STATE_BYTES", "OPTIONS", "Option", "PARAM_BYTES", "PRECISIONS",
     "ParamPlacement", "STAGE3_ASSUMED_UNITS", "STAGE3_FORMULA", "STAGE3_KEYS", "Setup",
-    "Stage3Layout", "WorkingSet", "build_on_meta", "estimate", "estimate_all", "format_bytes",
+    "Stage3Layout", "WorkingSet", "build_on_meta", "by_location", "estimate", "estimate_all", "format_bytes",
     "format_estimates", "import_factory", "layouts", "location_formula", "model_from_hf_config", "option_for",
     "param_placement", "parse_bytes", "parse_count", "setup_from_config", "shapes_from_count",
     "shapes_from_factory", "shapes_from_hf_config", "shapes_from_module",

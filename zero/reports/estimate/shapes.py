@@ -72,7 +72,7 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     else:
         raw_groups = [list(g["params"]) if isinstance(g, Mapping) else list(g)
                       for g in param_groups]
-    from zero import stage3
+    from zero import init as zero_init, stage3
 
     plan = stage3.plan_units(module)  # the engine's gather units (stage 3)
     position = {id(p): i for i, p in enumerate(module.parameters())}  # first registration
@@ -85,7 +85,8 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))
-            shapes.append(tuple(int(d) for d in param.shape))
+            # a zero.Init parameter: its whole shape, not its empty data's
+            shapes.append(tuple(int(d) for d in zero_init.shard_shape(param) or param.shape))
             unit = plan.unit_of_param.get(id(param), 0)
             unit_ids.append(unit)
             late_ids.append(unit == 0 and position.get(id(param), -1) > first_block)
@@ -96,7 +97,7 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     if not groups:
         raise EstimateError("the model has no trainable parameters")
     unique = {id(p): p for p in module.parameters()}
-    frozen = sum(p.numel() for p in unique.values() if not p.requires_grad)
+    frozen = sum(zero_init.full_numel(p) for p in unique.values() if not p.requires_grad)
     return ModelShapes(groups=tuple(groups), description=description or type(module).__name__,
                        exact=True, frozen_numel=frozen, units=tuple(units),
                        unit_names=tuple(name for name, _ in plan.modules),
