@@ -5,8 +5,10 @@ with ZeRO stage 3 and both parameters and optimizer state on NVMe (ZeRO-Infinity
     python benchmarks/bench_beyond_memory.py --n-layer 2 --n-embd 256 --steps 2 \
         --nvme-path /tmp/zero_nvme --out /tmp/bench                         # smoke test
 
-One rank (the machine's two cores), bf16 parameters, fp32 master weights and Adam state. The
-model is built under zero.Init (each parameter partitioned as it is created), the engine writes
+--ranks 1 (the default; results in beyond_memory.md/.json) or more (beyond_memory_<N>ranks),
+each rank a fresh process with the machine's cores split between them; bf16 parameters, fp32
+master weights and Adam state. The model is built under zero.Init with offload_param nvme, so
+each parameter's shard is born on the disk (zero/init_spill.py), the engine writes
 the parameter shards and the optimizer state into its swap files, and every step streams the
 units in for forward and backward and the optimizer state through the CPU Adam chunk by chunk.
 The same micro-batch every step, so a few steps show the loss fall.
@@ -28,7 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.under_test import ROOT, ZERO_ROOT, command_line  # noqa: E402  (first: which zero)
 from benchmarks import facts as machine  # noqa: E402
-from benchmarks.launch import free_port  # noqa: E402
+from benchmarks.launch import spawn_ranks  # noqa: E402
 from benchmarks.memory import rss_peak  # noqa: E402
 from benchmarks.models import ADAMW, gpt_config, rank_batches  # noqa: E402
 from benchmarks.report import header, machine_section, markdown_table, publish  # noqa: E402
@@ -40,6 +42,7 @@ CHUNK = 64 << 20
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nvme-path", required=True, help="folder for the swap files (a local disk)")
+    p.add_argument("--ranks", type=int, default=1, help="data-parallel ranks (processes)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--vocab", type=int, default=4096)
@@ -50,8 +53,11 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--probe-bytes", type=int, default=4 << 30, help="disk bandwidth probe size")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"),
-                   help="where beyond_memory.md/.json go ('' = print only)")
-    return p.parse_args(argv)
+                   help="where beyond_memory[_<N>ranks].md/.json go ('' = print only)")
+    args = p.parse_args(argv)
+    args.world_size = args.ranks  # what benchmarks/launch.spawn_ranks reads
+    args.threads = max(1, (os.cpu_count() or 1) // args.ranks)
+    return args
 
 
 def disk_bandwidth(folder: str, size: int) -> dict:
@@ -96,14 +102,14 @@ def engine_config(args) -> dict:
                                   "offload_optimizer": dict(nvme)}}
 
 
-def predicted_bytes(config: dict, gpt) -> dict[str, int]:
+def predicted_bytes(config: dict, gpt, world: int) -> dict[str, int]:
     """zero-mem estimate's per-rank bytes at each location for this model and config, before
     anything is built (the model on the meta device)."""
     from zero.models.tiny_gpt import TinyGPT
     from zero.reports import estimate as est
 
     shapes = est.shapes_from_module(est.build_on_meta(TinyGPT, gpt))
-    setup, stage = est.setup_from_config(config, 1)
+    setup, stage = est.setup_from_config(config, world)
     estimate = est.estimate(shapes, setup, stage)
     return {where: estimate.bytes_at(where) for where in ("device", "host", "nvme")}
 
@@ -116,25 +122,25 @@ def measured_bytes(by_location: dict) -> dict[str, int]:
     return out
 
 
-def train(args) -> dict:
+def run_rank(rank: int, world: int, _name: str, args) -> dict:
+    """One rank: zero.Init (shards born on NVMe), the engine (swap files written), the steps."""
     import offload
     import zero
     from zero.init import full_numel
     from zero.models.tiny_gpt import TinyGPT
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")
     zero.init_distributed()
     config = engine_config(args)
     gpt = gpt_config(vars(args))
-    predicted = predicted_bytes(config, gpt)
+    predicted = predicted_bytes(config, gpt, world)
     start = time.perf_counter()
     with zero.Init(config_dict_or_path=config):
         model = TinyGPT(gpt)
     params = sum(full_numel(p) for p in model.parameters())
+    init_rss = rss_peak()
     engine, *_ = zero.initialize(model=model, config=config)
     build_s = time.perf_counter() - start
-    tokens, targets = rank_batches(gpt, args.micro_batch, 1, 0)[0]
+    tokens, targets = rank_batches(gpt, args.micro_batch, world, 0)[rank]
     steps = []
     for _ in range(args.steps):
         before_io, before_offload = storage_io(), offload.step_timings(engine.core)
@@ -147,14 +153,40 @@ def train(args) -> dict:
                       "write_bytes": after_io["write"] - before_io["write"],
                       **{k: after_offload[k] - before_offload[k]
                          for k in ("grads_in_wait_s", "cpu_optimizer_s", "params_out_wait_s")}})
-        print(f"[step] {steps[-1]}", flush=True)
+        print(f"[rank {rank} step] {steps[-1]}", flush=True)
     report = engine.memory_report()
     engine.destroy()
-    left = [name for name in os.listdir(args.nvme_path) if name.startswith("zero")]
     return {"params": params, "build_s": build_s, "steps": steps, "peak_rss_bytes": rss_peak(),
-            "model_state_bytes": 16 * params, "registry": report["by_location"],
-            "predicted_bytes": predicted, "measured_bytes": measured_bytes(report["by_location"]),
-            "swap_files_left": left}
+            "init_peak_rss_bytes": init_rss, "model_state_bytes": 16 * params,
+            "predicted_bytes": predicted, "measured_bytes": measured_bytes(report["by_location"])}
+
+
+def train(args) -> dict:
+    """Every rank's run, in fresh processes, combined: per step the slowest rank's times, the
+    mean loss and the bytes all ranks moved; the largest rank's peak RSS."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench_beyond_memory_") as tmp:
+        result = spawn_ranks(run_rank, "beyond_memory", args, tmp)
+    if "error" in result:
+        raise RuntimeError(f"the run failed: {result['error']}")
+    ranks = result["ranks"]
+    steps = []
+    for per_rank in zip(*(r["steps"] for r in ranks)):
+        step = {k: max(s[k] for s in per_rank) for k in per_rank[0]}
+        step["loss"] = statistics.fmean(s["loss"] for s in per_rank)
+        for key in ("read_bytes", "write_bytes"):
+            step[key] = sum(s[key] for s in per_rank)
+        steps.append(step)
+    left = [name for name in os.listdir(args.nvme_path) if name.startswith("zero")]
+    return {"params": ranks[0]["params"], "build_s": max(r["build_s"] for r in ranks),
+            "steps": steps, "peak_rss_bytes": max(r["peak_rss_bytes"] for r in ranks),
+            "init_peak_rss_bytes": max(r["init_peak_rss_bytes"] for r in ranks),
+            "model_state_bytes": ranks[0]["model_state_bytes"],
+            "predicted_bytes": ranks[0]["predicted_bytes"],
+            "measured_bytes": {where: max(r["measured_bytes"][where] for r in ranks)
+                               for where in ("device", "host", "nvme")},
+            "swap_files_left": left, "ranks": ranks}
 
 
 def summarize(run: dict, bandwidth: dict) -> dict:
@@ -165,7 +197,8 @@ def summarize(run: dict, bandwidth: dict) -> dict:
     step_s = statistics.median(s["s"] for s in measured)
     return {"params": run["params"], "model_state_bytes": run["model_state_bytes"],
             "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-            "peak_rss_bytes": run["peak_rss_bytes"], "step_s": step_s, "io_floor_s": floor,
+            "peak_rss_bytes": run["peak_rss_bytes"], "ranks": len(run["ranks"]),
+            "init_peak_rss_bytes": run["init_peak_rss_bytes"], "step_s": step_s, "io_floor_s": floor,
             "step_over_floor": step_s / floor if floor else None,
             "read_bytes_per_step": read, "write_bytes_per_step": write,
             "losses": [s["loss"] for s in run["steps"]], "build_s": run["build_s"],
@@ -185,12 +218,15 @@ def render(summary: dict, run: dict, args, facts: dict, command: str, wall: floa
     lines += [
         f"GPT with {summary['params'] / 1e9:.2f} B parameters ({args.n_layer} layers, width "
         f"{args.n_embd}, vocab {args.vocab}), bf16, micro-batch {args.micro_batch} x {args.block} "
-        f"tokens, one rank. Model states (16 bytes per parameter): "
+        f"tokens, {args.ranks} rank(s) ({args.threads} torch thread(s) each; per step: the "
+        f"slowest rank's times, the mean loss, all ranks' bytes). Model states (16 bytes per parameter): "
         f"{summary['model_state_bytes'] / gib:.1f} GiB; this machine's memory: "
         f"{summary['mem_total_bytes'] / gib:.1f} GiB.", "",
         markdown_table(["what", "value"], [
             ["peak RSS", f"{summary['peak_rss_bytes'] / gib:.2f} GiB "
                          f"({summary['peak_rss_bytes'] / summary['model_state_bytes']:.2f} of the model states)"],
+            ["peak RSS after zero.Init (shards born on NVMe)",
+             f"{summary['init_peak_rss_bytes'] / gib:.2f} GiB"],
             ["build (zero.Init + engine, swap files written)", f"{summary['build_s']:.0f} s"],
             ["step (median after the first)", f"{summary['step_s']:.1f} s"],
             ["disk, measured (O_DIRECT, sequential)",
@@ -225,7 +261,8 @@ def main(argv=None):
     summary = summarize(run, bandwidth)
     facts = {**machine.host_facts(), "date": machine.utc_now(),
              "zero_commit": machine.git_commit(ZERO_ROOT)}
-    publish(args.out, "beyond_memory", render(summary, run, args, facts, command, wall),
+    name = "beyond_memory" if args.ranks == 1 else f"beyond_memory_{args.ranks}ranks"
+    publish(args.out, name, render(summary, run, args, facts, command, wall),
             {**summary, "command": command, "args": vars(args), "machine": facts,
              "wall_s": wall, "raw": run})
     return 0

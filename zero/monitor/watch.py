@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import offload
+from offload.progress import FirstStepProgress
 
 from ..saved_activations import SavedActivations
 from . import events, timers
@@ -21,6 +22,7 @@ from .comms_logger import CommsLogger
 from .master import MonitorMaster
 
 _IDLE = contextlib.nullcontext()
+_PHASE_NAMES = {timers.FORWARD: "forward", timers.BACKWARD: "backward", timers.STEP: "step"}
 
 
 class Watch:
@@ -43,7 +45,10 @@ class Watch:
                        or config.steps_per_print or self.monitor.enabled)
         self._activations = SavedActivations(engine.module) if reports else None
         self._counting = None
-        self.active = timed or self.comms.enabled or reports
+        zero_cfg = config.zero_optimization
+        self._first_step = FirstStepProgress(enabled="nvme" in (
+            zero_cfg.offload_optimizer.device, zero_cfg.offload_param.device))
+        self.active = timed or self.comms.enabled or reports or self._first_step.enabled
         self._labels: list[str] = []
         self._loss = None
         self._profiled = False
@@ -63,6 +68,8 @@ class Watch:
             self._loss = value if self._loss is None else self._loss + value
 
     def _enter(self, name: str) -> None:
+        if name in (timers.FORWARD, timers.BACKWARD, timers.STEP):
+            self._first_step.entering(_PHASE_NAMES[name])
         if self.timers is not None:
             self.timers.start(name)
         if self.comms.debug:
@@ -76,6 +83,8 @@ class Watch:
             self._counting.__enter__()
 
     def _exit(self, name: str) -> None:
+        if name in (timers.FORWARD, timers.BACKWARD, timers.STEP):
+            self._first_step.left(_PHASE_NAMES[name], self._engine().global_steps > 0)
         if self.timers is not None:
             self.timers.stop(name)
         if self.comms.debug:
