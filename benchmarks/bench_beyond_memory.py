@@ -37,6 +37,7 @@ from benchmarks.report import header, machine_section, markdown_table, publish  
 from benchmarks.timing import engine_step  # noqa: E402
 
 CHUNK = 64 << 20
+TUNE_BUDGETS = ("8GiB", "20GiB")  # a third of this machine's RAM per rank, and most of it
 
 
 def parse_args(argv=None):
@@ -112,6 +113,27 @@ def predicted_bytes(config: dict, gpt, world: int) -> dict[str, int]:
     setup, stage = est.setup_from_config(config, world)
     estimate = est.estimate(shapes, setup, stage)
     return {where: estimate.bytes_at(where) for where in ("device", "host", "nvme")}
+
+
+def tuner_choices(args, budgets=TUNE_BUDGETS) -> list[dict]:
+    """What `zero-mem tune --cpu-only` recommends for this model and rank count at each
+    budget (per rank, device and host RAM together), and whether it is this run's config."""
+    from zero.models.tiny_gpt import TinyGPT
+    from zero.reports import estimate as est
+    from zero.reports.tuner import tune
+
+    shapes = est.shapes_from_module(est.build_on_meta(TinyGPT, gpt_config(vars(args))))
+    setup, _ = est.setup_from_config(engine_config(args), args.ranks)
+    out = []
+    for budget in budgets:
+        chosen = tune(shapes, setup, est.parse_bytes(budget), nvme_path=args.nvme_path,
+                      cpu_only=True).chosen
+        option = chosen.option if chosen else None
+        out.append({"budget": budget, "recommended": chosen.describe() if chosen else None,
+                    "is_this_run": bool(option and option.stage == 3
+                                        and option.offload_optimizer == "nvme"
+                                        and option.offload_param == "nvme")})
+    return out
 
 
 def measured_bytes(by_location: dict) -> dict[str, int]:
@@ -203,7 +225,8 @@ def summarize(run: dict, bandwidth: dict) -> dict:
             "read_bytes_per_step": read, "write_bytes_per_step": write,
             "losses": [s["loss"] for s in run["steps"]], "build_s": run["build_s"],
             "disk": bandwidth, "swap_files_left": run["swap_files_left"],
-            "predicted_bytes": run["predicted_bytes"], "measured_bytes": run["measured_bytes"]}
+            "predicted_bytes": run["predicted_bytes"], "measured_bytes": run["measured_bytes"],
+            "tuner": run["tuner"]}
 
 
 def render(summary: dict, run: dict, args, facts: dict, command: str, wall: float) -> str:
@@ -243,6 +266,11 @@ def render(summary: dict, run: dict, args, facts: dict, command: str, wall: floa
                          f"{summary['predicted_bytes'][where] / summary['measured_bytes'][where]:.3f}"
                          if summary["measured_bytes"][where] else "-"]
                         for where in ("device", "host", "nvme")]), "",
+        "`zero-mem tune --cpu-only` for this model and rank count (the budget is a rank's RAM, "
+        "device and host bytes together):", "",
+        markdown_table(["budget", "recommended", "this run's configuration"],
+                       [[c["budget"], c["recommended"] or "nothing fits",
+                         "yes" if c["is_this_run"] else "no"] for c in summary["tuner"]]), "",
         markdown_table(["step", "loss", "s", "forward", "backward", "optimizer step", "CPU Adam",
                         "waiting for I/O in the step", "read GiB", "written GiB"], rows), "",
         f"Engine under test: `{ZERO_ROOT}` at commit {facts['zero_commit']}."]
@@ -256,7 +284,10 @@ def main(argv=None):
     t0 = time.perf_counter()
     bandwidth = disk_bandwidth(args.nvme_path, args.probe_bytes)
     print(f"[disk] {bandwidth}", flush=True)
+    choices = tuner_choices(args)
+    print(f"[tuner] {choices}", flush=True)
     run = train(args)
+    run["tuner"] = choices
     wall = time.perf_counter() - t0
     summary = summarize(run, bandwidth)
     facts = {**machine.host_facts(), "date": machine.utc_now(),
