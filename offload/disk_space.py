@@ -77,7 +77,8 @@ def _nvme_bytes(config, model, param_groups) -> dict[str, int] | None:
 def _drive_needs(folders: dict[str, str], bytes_by_key: dict[str, int]) -> list[DriveNeed]:
     host, by_device = socket.gethostname(), {}
     for key, folder in folders.items():
-        os.makedirs(folder, exist_ok=True)
+        if not os.path.isdir(folder):
+            continue  # the swap file's creation names the problem (missing, not a directory)
         stats, device = os.statvfs(folder), os.stat(folder).st_dev
         need = by_device.get(device) or DriveNeed(host, device, folder, (), 0,
                                                   stats.f_bavail * stats.f_frsize)

@@ -229,7 +229,7 @@ def _truncated(rank, world, config, swap_key="swap"):
     training.train_engine(engine, rank, world, 1, GAS)
     infos = [engine.core.group_offload_info(g) for g in range(engine.core.group_count)]
     swap_file = next(info[swap_key] for info in infos if info[swap_key]).split(" (")[0]
-    os.truncate(swap_file, 4096)
+    os.truncate(training.open_path(swap_file), 4096)
     with pytest.raises(Exception) as info:
         training.train_engine(engine, rank, world, 1, GAS, first_step=1)
     return swap_file, str(info.value)

@@ -218,7 +218,7 @@ def _write_fails(rank, world, path):
     swap_file = next(info["param_swap"] for info in infos if info["param_swap"]).split(" (")[0]
     # The drive fills up: the file shrinks to one page and may not grow past it, so every
     # write-back but the first unit's fails (forward and backward run from the buffers).
-    os.truncate(swap_file, 4096)
+    os.truncate(training.open_path(swap_file), 4096)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
     with pytest.raises(Exception) as step_error:
@@ -274,3 +274,37 @@ def test_swap_files_that_do_not_fit_are_refused_on_every_rank_before_any_is_writ
     assert not os.listdir(params_dir) and not os.listdir(optimizer_dir)  # nothing written
     exact = run_distributed(_with_free_space, 2, args=(config, needed))
     assert [nvme for nvme, _, _ in exact] == [nvme for nvme, _, _ in built]
+
+
+KILLED_MID_RUN = """
+import json, os, signal, sys
+import zero, training
+config = json.loads(sys.argv[1])
+with zero.Init(config_dict_or_path=config):
+    model = training.make_model()
+engine, *_ = zero.initialize(model=model, config=config)
+training.train_engine(engine, 0, 1, 1, 2)
+print(len(os.listdir(config["zero_optimization"]["offload_param"]["nvme_path"])), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no destructor, no atexit: as a crash or the OOM killer
+"""
+
+
+def test_a_run_killed_mid_training_leaves_nothing_on_disk(tmp_path):
+    # zero.Init's shard file and the engine's swap files have no names once made: the kernel
+    # frees them with the process, however it ends
+    import json
+    import subprocess
+    import sys
+
+    from distributed_harness import free_port, subprocess_env
+
+    (swap,) = _swap_dirs(tmp_path, "swap")
+    config = _nvme_params(_config(3, swap), swap, buffer_count=2)
+    env = subprocess_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=str(free_port()))
+    env["PYTHONPATH"] += os.pathsep + os.path.dirname(__file__)
+    proc = subprocess.run([sys.executable, "-c", KILLED_MID_RUN, json.dumps(config)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["0"]  # training, with its files open: none has a name
+    assert os.listdir(swap) == []

@@ -200,3 +200,17 @@ def train_reference(world: int, steps: int, gas: int, config: dict, **model_opti
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).norm() / expected.norm().clamp_min(1e-12)).item()
+
+
+def open_path(swap_file: str) -> str:
+    """A path that opens this process's swap file `swap_file` (unlinked once created, so it is
+    only reachable through its descriptor): /proc/self/fd/<fd>."""
+    import os
+
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == f"{swap_file} (deleted)":
+                return f"/proc/self/fd/{fd}"
+        except OSError:
+            continue
+    raise FileNotFoundError(f"no open descriptor of the swap file {swap_file}")

@@ -87,6 +87,9 @@ SwapFile::SwapFile(const std::string& directory, std::uint64_t bytes, SwapFileOp
     close_and_remove();
     throw;
   }
+  // The name goes now: the descriptor keeps the file, and the kernel frees its blocks when the
+  // descriptor closes, whichever way the process ends (SIGKILL, a crash, the OOM killer).
+  if (!keep_ && ::unlink(path_.c_str()) == 0) linked_ = false;
 }
 
 SwapFile::SwapFile(SwapFile&& other) noexcept
@@ -96,6 +99,7 @@ SwapFile::SwapFile(SwapFile&& other) noexcept
       fd_(std::exchange(other.fd_, -1)),
       direct_(other.direct_),
       keep_(other.keep_),
+      linked_(other.linked_),
       direct_fallback_reason_(std::move(other.direct_fallback_reason_)) {}
 
 SwapFile& SwapFile::operator=(SwapFile&& other) noexcept {
@@ -107,6 +111,7 @@ SwapFile& SwapFile::operator=(SwapFile&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     direct_ = other.direct_;
     keep_ = other.keep_;
+    linked_ = other.linked_;
     direct_fallback_reason_ = std::move(other.direct_fallback_reason_);
   }
   return *this;
@@ -209,7 +214,7 @@ void SwapFile::close_and_remove() noexcept {
               << std::endl;
   }
   fd_ = -1;
-  if (!keep_ && !path_.empty() && ::unlink(path_.c_str()) != 0) {
+  if (!keep_ && linked_ && !path_.empty() && ::unlink(path_.c_str()) != 0) {
     // Destructors cannot throw; a file we could not remove must at least be reported.
     std::cerr << "zero: removing swap file '" << path_ << "' failed: " << errno_text(errno)
               << std::endl;

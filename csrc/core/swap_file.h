@@ -1,11 +1,13 @@
 #pragma once
 // One preallocated swap file in the NVMe directory.
 //
-// Named zero-swap-<pid>-<n>.bin (n: the first number not taken in the directory, claimed with
-// O_EXCL, so threads and processes never share a file), preallocated with posix_fallocate so a
-// full disk fails here and not in the middle of a training step, opened O_DIRECT when asked and
-// the filesystem allows it, and removed when the SwapFile is destroyed. A crash leaves the file
-// behind; cleanup_stale_swap_files() removes the files of processes that no longer exist.
+// Created as zero-swap-<pid>-<n>.bin (n: the first number not taken in the directory, claimed
+// with O_EXCL, so threads and processes never share a file), preallocated with posix_fallocate
+// so a full disk fails here and not in the middle of a training step, opened O_DIRECT when asked
+// and the filesystem allows it, then unlinked: the open descriptor is the file from then on, so
+// nothing is left on disk however the process ends (a crash, SIGKILL, the OOM killer). path()
+// still names it in errors. With `keep` the name stays (debugging) and the file outlives the
+// process; cleanup_stale_swap_files() removes such files of processes that no longer exist.
 #include <sys/types.h>
 
 #include <cstdint>
@@ -21,7 +23,7 @@ struct SwapFileOptions {
   // 6.6, ramfs, some FUSE and network filesystems) gives buffered I/O instead, with the reason in
   // direct_fallback_reason().
   bool direct = true;
-  bool keep = false;                // leave the file in place on destruction (debugging)
+  bool keep = false;                // keep the name and the file after destruction (debugging)
   FaultInjector* faults = nullptr;  // test hook; must outlive the file
 };
 
@@ -31,20 +33,22 @@ class SwapFile {
   // IoError naming the directory when the file cannot be created there, and naming the file when
   // it cannot be preallocated (ENOSPC: the disk is full); nothing is left behind on failure.
   SwapFile(const std::string& directory, std::uint64_t bytes, SwapFileOptions options = {});
-  ~SwapFile();  // closes; removes the file unless keep
+  ~SwapFile();  // closes (the blocks are freed then, unless keep)
   SwapFile(SwapFile&& other) noexcept;
   SwapFile& operator=(SwapFile&& other) noexcept;
   SwapFile(const SwapFile&) = delete;
   SwapFile& operator=(const SwapFile&) = delete;
 
   int fd() const { return fd_; }
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return path_; }  // the name it was created under
+  bool linked() const { return linked_; }  // the name still exists (keep, or unlink failed)
+  // A path that opens this file while it is open, named or not: /proc/self/fd/<fd>.
+  std::string open_path() const { return "/proc/self/fd/" + std::to_string(fd_); }
   const std::string& directory() const { return directory_; }
   std::uint64_t size() const { return size_; }
   bool direct() const { return direct_; }  // O_DIRECT is in effect
   // Why O_DIRECT was asked for but is not in effect; empty otherwise.
   const std::string& direct_fallback_reason() const { return direct_fallback_reason_; }
-  void set_keep(bool keep) { keep_ = keep; }
 
  private:
   void create();
@@ -58,6 +62,7 @@ class SwapFile {
   int fd_ = -1;
   bool direct_ = false;
   bool keep_ = false;
+  bool linked_ = true;
   std::string direct_fallback_reason_;
 };
 

@@ -22,18 +22,34 @@ using namespace swap_io_fixtures;  // and fs = std::filesystem
 // ---------------------------------------------------------------------------------------------
 // Swap file lifetime
 
-TEST_CASE("the swap file is removed on destruction", "[swap][file]") {
+TEST_CASE("a swap file has no name while it is open and is gone when closed", "[swap][file]") {
   TempDir dir;
   std::string path;
   {
     SwapStore store(dir.str(), kTiles);
     path = store.file().path();
-    CHECK(fs::exists(path));
     CHECK(fs::path(path).filename().string().rfind(
               "zero-swap-" + std::to_string(::getpid()) + "-", 0) == 0);
+    CHECK_FALSE(store.file().linked());
+    CHECK_FALSE(fs::exists(path));
+    CHECK(fs::exists(store.file().open_path()));  // the descriptor is the file
+    CHECK(swap_files_in(dir.path()).empty());
   }
-  CHECK_FALSE(fs::exists(path));
   CHECK(swap_files_in(dir.path()).empty());
+}
+
+TEST_CASE("a process that dies holding a swap file leaves nothing on disk", "[swap][file]") {
+  TempDir dir;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // no destructor runs: as after SIGKILL or a crash
+    SwapFile file(dir.str(), 1 << 20);
+    ::_exit(file.linked() ? 1 : 0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(fs::is_empty(dir.path()));
 }
 
 TEST_CASE("a swap file asked to be kept stays", "[swap][file]") {
@@ -44,22 +60,28 @@ TEST_CASE("a swap file asked to be kept stays", "[swap][file]") {
     options.keep = true;
     SwapFile file(dir.str(), 4096, options);
     path = file.path();
+    CHECK(file.linked());
   }
   CHECK(fs::exists(path));
 }
 
 TEST_CASE("swap files get unique names and are preallocated", "[swap][file]") {
   TempDir dir;
-  SwapFile first(dir.str(), 3 << 20);
-  SwapFile second(dir.str(), 5000);
-  CHECK(first.path() != second.path());
+  SwapFileOptions kept;
+  kept.keep = true;  // names stay taken: the next file claims the next number
+  SwapFile first(dir.str(), 3 << 20, kept);
+  SwapFile second(dir.str(), 5000, kept);
   CHECK(fs::path(first.path()).filename() == swap_file_name(::getpid(), 0));
   CHECK(fs::path(second.path()).filename() == swap_file_name(::getpid(), 1));
+  SwapFile unnamed(dir.str(), 5000);
+  CHECK(fs::path(unnamed.path()).filename() == swap_file_name(::getpid(), 2));
   CHECK(second.size() == 8192);
   struct stat info {};
-  REQUIRE(::stat(first.path().c_str(), &info) == 0);
+  REQUIRE(::fstat(first.fd(), &info) == 0);
   CHECK(static_cast<std::uint64_t>(info.st_size) == first.size());
   CHECK(static_cast<std::uint64_t>(info.st_blocks) * 512 >= first.size());  // blocks reserved
+  fs::remove(first.path());
+  fs::remove(second.path());
 }
 
 TEST_CASE("stale swap files of dead processes are cleaned up, live ones kept", "[swap][file]") {

@@ -129,7 +129,7 @@ TEST_CASE("preallocating beyond a tiny tmpfs is ENOSPC", "[swap][enospc][mount]"
   }
   CHECK(swap_files_in(tiny->str()).empty());
   SwapFile fits(tiny->str(), 512 * 1024);  // and a file that fits still works
-  CHECK(fs::exists(fits.path()));
+  CHECK(fs::exists(fits.open_path()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ TEST_CASE("reading a truncated swap file is a short-read IoError naming the offs
   AlignedBuffer buffer(target.bytes);
   fill_random(buffer, 61);
   store.write(target.name, buffer);
-  REQUIRE(::truncate(store.file().path().c_str(),
+  REQUIRE(::truncate(store.file().open_path().c_str(),
                      static_cast<off_t>(target.offset + cut_inside)) == 0);
   INFO("backend " << store.backend_name() << ", direct " << store.file().direct() << ", cut at "
                   << target.offset + cut_inside);
