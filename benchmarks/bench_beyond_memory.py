@@ -37,7 +37,7 @@ from benchmarks.report import header, machine_section, markdown_table, publish  
 from benchmarks.timing import engine_step  # noqa: E402
 
 CHUNK = 64 << 20
-TUNE_BUDGETS = ("8GiB", "20GiB")  # a third of this machine's RAM per rank, and most of it
+TUNE_BUDGETS = ("7GiB", "10GiB", "20GiB")  # of this machine's RAM for all ranks
 
 
 def parse_args(argv=None):
@@ -117,7 +117,8 @@ def predicted_bytes(config: dict, gpt, world: int) -> dict[str, int]:
 
 def tuner_choices(args, budgets=TUNE_BUDGETS) -> list[dict]:
     """What `zero-mem tune --cpu-only` recommends for this model and rank count at each
-    budget (per rank, device and host RAM together), and whether it is this run's config."""
+    machine budget (split evenly over the ranks: a rank's device and host RAM together), and
+    whether it is this run's config."""
     from zero.models.tiny_gpt import TinyGPT
     from zero.reports import estimate as est
     from zero.reports.tuner import tune
@@ -126,8 +127,8 @@ def tuner_choices(args, budgets=TUNE_BUDGETS) -> list[dict]:
     setup, _ = est.setup_from_config(engine_config(args), args.ranks)
     out = []
     for budget in budgets:
-        chosen = tune(shapes, setup, est.parse_bytes(budget), nvme_path=args.nvme_path,
-                      cpu_only=True).chosen
+        chosen = tune(shapes, setup, est.parse_bytes(budget) // args.ranks,
+                      nvme_path=args.nvme_path, cpu_only=True).chosen
         option = chosen.option if chosen else None
         out.append({"budget": budget, "recommended": chosen.describe() if chosen else None,
                     "is_this_run": bool(option and option.stage == 3
@@ -266,9 +267,10 @@ def render(summary: dict, run: dict, args, facts: dict, command: str, wall: floa
                          f"{summary['predicted_bytes'][where] / summary['measured_bytes'][where]:.3f}"
                          if summary["measured_bytes"][where] else "-"]
                         for where in ("device", "host", "nvme")]), "",
-        "`zero-mem tune --cpu-only` for this model and rank count (the budget is a rank's RAM, "
-        "device and host bytes together):", "",
-        markdown_table(["budget", "recommended", "this run's configuration"],
+        "`zero-mem tune --cpu-only --budget <budget / ranks>` for this model and rank count "
+        "(the budget is the machine's RAM for all ranks; a rank's share holds its device and "
+        "host bytes together):", "",
+        markdown_table(["machine budget", "recommended", "this run's configuration"],
                        [[c["budget"], c["recommended"] or "nothing fits",
                          "yes" if c["is_this_run"] else "no"] for c in summary["tuner"]]), "",
         markdown_table(["step", "loss", "s", "forward", "backward", "optimizer step", "CPU Adam",

@@ -62,6 +62,7 @@ def spawn_ranks(run_rank, name: str, args, tmp: str) -> dict:
 def _rank_process(rank, world, name, port, run_rank, args, out_dir):
     import torch
 
+    _die_with_parent()
     os.environ.update(rendezvous_env(rank, world, port))
     torch.set_num_threads(args.threads)
     path = os.path.join(out_dir, f"{name}.rank{rank}.json")
@@ -73,6 +74,18 @@ def _rank_process(rank, world, name, port, run_rank, args, out_dir):
         raise
     with open(path, "w") as f:
         json.dump(result, f)
+
+
+def _die_with_parent() -> None:
+    """SIGTERM this rank when the benchmark process that spawned it dies (killed, crashed):
+    a rank left running would hold memory and disk and skew the next run."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: nothing to set
 
 
 def run_worker(command: list[str], result_flag: str, env: dict, timeout: float | None = None,
