@@ -36,16 +36,19 @@ class SwapSpaceError(RuntimeError):
     """The swap files would not fit on their drive."""
 
 
-def check_swap_space(config, model, param_groups) -> None:
+def check_swap_space(config, model, param_groups, data_parallel_group=None) -> None:
     """Raises SwapSpaceError on every rank when the swap files of the ranks that share a
-    drive need more than it has. Collective when any NVMe offload is configured."""
+    drive need more than it has. Collective over the world when any NVMe offload is
+    configured (every rank's files count, whatever part of the model it holds); the states
+    are sharded over `data_parallel_group` (default the world)."""
     zero_cfg = config.zero_optimization
     folders = {key: block.nvme_path for key, block in
                (("offload_param", zero_cfg.offload_param),
                 ("offload_optimizer", zero_cfg.offload_optimizer)) if block.device == "nvme"}
     if not folders:
         return
-    bytes_by_key = _nvme_bytes(config, model, param_groups)
+    bytes_by_key = _nvme_bytes(config, model, param_groups,
+                               dist.get_world_size(data_parallel_group))
     mine = _drive_needs(folders, bytes_by_key) if bytes_by_key is not None else []
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
@@ -54,13 +57,13 @@ def check_swap_space(config, model, param_groups) -> None:
         raise SwapSpaceError(message)
 
 
-def _nvme_bytes(config, model, param_groups) -> dict[str, int] | None:
-    """This rank's NVMe bytes by config key, from the estimator; None when it cannot tell
-    (then each file's own preallocation check is the guard)."""
+def _nvme_bytes(config, model, param_groups, world: int) -> dict[str, int] | None:
+    """This rank's NVMe bytes by config key, its states sharded over `world` ranks, from the
+    estimator; None when it cannot tell (then each file's own preallocation check is the
+    guard)."""
     from zero.reports import estimate as est
 
-    world = dist.get_world_size()
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local = min(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     try:
         shapes = est.shapes_from_module(model, param_groups=param_groups)
         setup, stage = est.setup_from_config(config.raw, world,

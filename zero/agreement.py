@@ -37,18 +37,19 @@ def fingerprint(raw_config, model: nn.Module) -> dict[str, str]:
     return entries
 
 
-def agree(raw_config, model: nn.Module) -> None:
-    """Collective. Returns when every rank has the same fingerprint; raises StartupMismatch
+def agree(raw_config, model: nn.Module, group=None) -> None:
+    """Collective over `group` (default the world: the ranks that must hold the same config
+    and model). Returns when every rank has the same fingerprint; raises StartupMismatch
     on every rank otherwise."""
     mine = fingerprint(raw_config, model)
     digest = hashlib.sha256(json.dumps(sorted(mine.items())).encode()).hexdigest()
-    world = dist.get_world_size()
+    world = dist.get_world_size(group)
     digests = [None] * world
-    dist.all_gather_object(digests, digest)
+    dist.all_gather_object(digests, digest, group=group)
     if len(set(digests)) == 1:
         return
     everyone = [None] * world
-    dist.all_gather_object(everyone, mine)
+    dist.all_gather_object(everyone, mine, group=group)
     raise StartupMismatch(describe(everyone))
 
 

@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 
 from . import activation_checkpointing
-from .config import load_config
+from .config import load_config, read_config
 from .distributed import init_distributed
+from .tp import setup as tp_setup
 
 logger = logging.getLogger("zero")
 
@@ -95,20 +96,57 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if dist_init_required is not False and not dist.is_initialized():
         init_distributed()
     _align_local_rank(args)
-    zero_config = load_config(source, world_size=dist.get_world_size())
+    pipeline = _pipeline_module(model)
+    # The batch trio counts data-parallel ranks: with pipeline stages, one stage's ranks;
+    # with tensor parallelism, world / tensor.
+    data_ranks = (tp_setup.data_ranks(dist.get_world_size(),
+                                      tp_setup.requested_size(read_config(source), model))
+                  if pipeline is None else model.mpu().get_data_parallel_world_size())
+    zero_config = load_config(source, world_size=data_ranks)
     if "activation_checkpointing" in zero_config.raw and not activation_checkpointing.is_configured():
         activation_checkpointing.configure(deepspeed_config=zero_config)  # the block applies
-    engine = ZeroEngine(model, zero_config, optimizer=optimizer,
-                        model_parameters=model_parameters, lr_scheduler=lr_scheduler)
+    grid = tp_setup.prepare(model, zero_config, is_pipeline=pipeline is not None)
+    if grid is not None:
+        engine = ZeroEngine(model, zero_config, optimizer=optimizer,
+                            model_parameters=model_parameters, lr_scheduler=lr_scheduler,
+                            data_parallel_group=grid.get_data_parallel_group(),
+                            tensor_parallel_group=grid.get_tensor_model_parallel_group())
+        engine.grid = engine.mpu = grid  # DeepSpeed's engine.mpu
+    else:
+        kind = ZeroEngine if pipeline is None else pipeline
+        engine = kind(model, zero_config, optimizer=optimizer,
+                      model_parameters=model_parameters, lr_scheduler=lr_scheduler)
     dataloader = None
     if training_data is not None:
-        dataloader = _dataloader(training_data, zero_config, collate_fn)
+        dataloader = _dataloader(training_data, zero_config, collate_fn, engine)
+        if pipeline is not None:  # DeepSpeed: the pipeline engine reads it by itself
+            engine.set_dataiterator(_repeating(dataloader))
     optimizer = None if engine.inference_only else engine.optimizer  # DeepSpeed: None
     return engine, optimizer, dataloader, engine.lr_scheduler
 
 
-def _dataloader(dataset, config, collate_fn):
+def _pipeline_module(model):
+    """The PipelineEngine class when `model` is a zero.pipe.PipelineModule (DeepSpeed returns
+    its pipeline engine for one), else None."""
+    from .pipe import PipelineModule
+
+    if not isinstance(model, PipelineModule):
+        return None
+    from .pipe.engine import PipelineEngine
+
+    return PipelineEngine
+
+
+def _repeating(loader):
+    while True:  # DeepSpeed's RepeatingLoader
+        yield from loader
+
+
+def _dataloader(dataset, config, collate_fn, engine):
+    """Each data-parallel rank's part of the dataset (with pipeline stages, every stage of
+    one pipeline reads the same part)."""
+    group = engine.data_parallel_group
     sampler = torch.utils.data.distributed.DistributedSampler(
-        dataset, num_replicas=dist.get_world_size(), rank=dist.get_rank())
+        dataset, num_replicas=dist.get_world_size(group), rank=dist.get_rank(group))
     return torch.utils.data.DataLoader(dataset, batch_size=config.train_micro_batch_size_per_gpu,
                                        sampler=sampler, collate_fn=collate_fn)

@@ -24,6 +24,7 @@ import offload
 from offload import disk_space
 
 from . import _C, agreement, process_groups, sharding, stage3
+from .parallel import data_group
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
@@ -42,7 +43,13 @@ ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffe
 
 class ZeroEngine(nn.Module):
     def __init__(self, model: nn.Module, config: ZeroConfig, optimizer=None,
-                 model_parameters: Iterable | None = None, lr_scheduler=None):
+                 model_parameters: Iterable | None = None, lr_scheduler=None,
+                 data_parallel_group=None, tensor_parallel_group=None):
+        """`data_parallel_group`: the ranks that hold this same model and shard its states
+        (default the world; a pipeline stage's ranks under zero.pipe; the ranks of one tensor
+        slice under zero.tp). On a sub-group, stage 3 and checkpoints are refused (not built
+        yet). `tensor_parallel_group` (zero.tp): the ranks holding the other slices of the
+        same layers; the parameters not split start equal over it."""
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("zero: torch.distributed is not initialised; call "
@@ -54,12 +61,22 @@ class ZeroEngine(nn.Module):
         self.device = _training_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # collectives and allocations on this rank's GPU
-        agreement.agree(config.raw, model)  # before any collective that could hang on it
+        self.data_parallel_group = data_parallel_group or dist.group.WORLD
+        self._whole_world = data_group.is_world(self.data_parallel_group)
+        if not self._whole_world:
+            data_group.check_supported(self.stage, model)
+        # before any collective that could hang on it
+        agreement.agree(config.raw, model, group=self.data_parallel_group)
         self.full_shapes = sharding.full_shapes(model)  # checkpoint loads check against them
-        sharding.prepare_model(model, self.device, self.dtype, self.stage)
+        if self._whole_world:
+            sharding.prepare_model(model, self.device, self.dtype, self.stage)
+        else:
+            data_group.prepare_model(model, self.device, self.dtype, self.data_parallel_group,
+                                     tensor_parallel_group)
         spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters)
-        disk_space.check_swap_space(config, model, trainables)  # before a byte is written
-        self._core = _C.EngineCore(dist.group.WORLD.group_name)
+        # before a byte is written
+        disk_space.check_swap_space(config, model, trainables, self.data_parallel_group)
+        self._core = _C.EngineCore(self.data_parallel_group.group_name)
         zero_cfg = config.zero_optimization
         self._swap_writes = SwapWriteProgress(enabled="nvme" in (
             zero_cfg.offload_optimizer.device, zero_cfg.offload_param.device))
@@ -152,7 +169,8 @@ class ZeroEngine(nn.Module):
 
     @property
     def world_size(self) -> int:
-        return dist.get_world_size()
+        """The data-parallel ranks (the world unless a data_parallel_group was given)."""
+        return dist.get_world_size(self.data_parallel_group)
 
     def bfloat16_enabled(self) -> bool:
         return self.config.precision == "bf16"
@@ -245,7 +263,7 @@ class ZeroEngine(nn.Module):
                                "add one to train")
         with self._watch.phase(STEP):
             self.micro_steps += 1
-            self.global_samples += self.train_micro_batch_size_per_gpu() * dist.get_world_size()
+            self.global_samples += self.train_micro_batch_size_per_gpu() * self.world_size
             if not boundary:
                 return
             self._optimizer_step(lr_kwargs)
@@ -368,11 +386,13 @@ class ZeroEngine(nn.Module):
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        data_group.check_checkpoint(self._whole_world, "save_checkpoint")
         return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
+        data_group.check_checkpoint(self._whole_world, "load_checkpoint")
         with self._swap_writes.shown("zero: loading the checkpoint into NVMe swap files"):
             return load_checkpoint(self, load_dir, tag, load_module_strict,
                                    load_optimizer_states, load_lr_scheduler_states,

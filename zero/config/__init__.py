@@ -21,7 +21,7 @@ from .schema import ALL_FEATURES, BUILT_FEATURES, FEATURE_NVME, FEATURE_OFFLOAD,
 from .validate import ConfigError, validate
 
 __all__ = [
-    "load_config", "ConfigError", "ZeroConfig", "OptimizerConfig", "SchedulerConfig", "FP16Config", "BF16Config",
+    "load_config", "read_config", "ConfigError", "ZeroConfig", "OptimizerConfig", "SchedulerConfig", "FP16Config", "BF16Config",
     "ZeroOptimizationConfig", "OffloadOptimizerConfig", "OffloadParamConfig", "AioConfig", "MemoryReportConfig",
     "ALL_FEATURES", "BUILT_FEATURES", "FEATURE_STAGE3", "FEATURE_OFFLOAD", "FEATURE_NVME",
 ]
@@ -50,6 +50,12 @@ def load_config(config, world_size, enabled_features=None):
     raw, source = _read(config)
     values = validate(raw, world_size, features, source)
     return build(values, raw, world_size, features)
+
+
+def read_config(config) -> dict:
+    """The config as given (a private deep copy), not validated: for the few values needed
+    before validation can run (the tensor-parallel size that the batch trio depends on)."""
+    return _read(config)[0]
 
 
 def _read(config):

@@ -92,7 +92,7 @@ invalid zero config ds_config.json: 2 errors
      one line changes and this file is regenerated.
   2. *DeepSpeed keys zero does not implement* ("supported: no"): accepted only at
      DeepSpeed's default value, which describes what zero does anyway.
-  3. *DeepSpeed sections zero does not implement* (`pipeline`,
+  3. *DeepSpeed sections zero does not implement* (`sparse_attention`,
      `amp`, ...): accepted only while inert, that is empty, `"enabled": false`, or
      with every value false/0/null/empty. The contents of an inert section are not checked.
 """

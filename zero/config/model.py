@@ -157,6 +157,16 @@ class ActivationCheckpointingConfig:
 
 
 @dataclass(frozen=True)
+class PipelineConfig:
+    schedule: str  # "1f1b" | "gpipe"
+
+
+@dataclass(frozen=True)
+class TensorParallelConfig:
+    autotp_size: int  # 0 or 1: off
+
+
+@dataclass(frozen=True)
 class MonitorDirConfig:  # tensorboard, csv_monitor
     enabled: bool
     output_path: str
@@ -227,6 +237,8 @@ class ZeroConfig:
     nonfinite_gradients: str  # "skip" | "raise"
     checkpoint: CheckpointConfig
     activation_checkpointing: ActivationCheckpointingConfig
+    pipeline: PipelineConfig
+    tensor_parallel: TensorParallelConfig
     tensorboard: MonitorDirConfig
     csv_monitor: MonitorDirConfig
     wandb: WandbConfig
@@ -289,6 +301,8 @@ def build(values, raw, world_size, features):
         checkpoint=_make(CheckpointConfig, values["checkpoint"]),
         activation_checkpointing=_make(ActivationCheckpointingConfig,
                                        values["activation_checkpointing"]),
+        pipeline=_make(PipelineConfig, values["pipeline"]),
+        tensor_parallel=_make(TensorParallelConfig, values["tensor_parallel"]),
         tensorboard=_make(MonitorDirConfig, values["tensorboard"]),
         csv_monitor=_make(MonitorDirConfig, values["csv_monitor"]),
         wandb=_make(WandbConfig, values["wandb"]),
@@ -312,6 +326,8 @@ DATACLASS_FOR_BLOCK = {  # schema block path -> dataclass (for the schema/model 
     "aio": AioConfig,
     "memory_report": MemoryReportConfig,
     "checkpoint": CheckpointConfig,
+    "pipeline": PipelineConfig,
+    "tensor_parallel": TensorParallelConfig,
     "tensorboard": MonitorDirConfig,
     "csv_monitor": MonitorDirConfig,
     "wandb": WandbConfig,

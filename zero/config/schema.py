@@ -18,7 +18,7 @@ Support status has two levels:
   (and has no plan to yet). Such a key is accepted only at its DeepSpeed
   default (which describes what zero does anyway); any other value is
   rejected as "not supported yet". Unsupported DeepSpeed *sections*
-  (``pipeline``, ``amp``, ...) are accepted only while
+  (``sparse_attention``, ``amp``, ...) are accepted only while
   inert (see ``SECTION``).
 * per value: ``feature`` / ``value_features`` name an engine feature that is
   declared but not built yet (ZeRO stage 3, offload, NVMe). A value that needs
@@ -529,6 +529,41 @@ ACTIVATION_CHECKPOINTING = Block("activation_checkpointing", "deepspeed.checkpoi
     _bool("profile", False, "Print each region's forward and recomputation time on rank 0."),
 ))
 
+# --------------------------------------------------------------------------- pipeline
+
+# Read by zero.pipe's PipelineEngine (docs/PARALLELISM.md); DeepSpeed's own keys of this block
+# (stages, partition, seed_layers, ...) are PipelineModule arguments in zero.
+PIPELINE = Block("pipeline", "Pipeline parallelism (zero.pipe.PipelineModule models; "
+                 "docs/PARALLELISM.md).", (
+    _choice("schedule", "1f1b", ("1f1b", "gpipe"), "zero only: the order of a batch's micro-batches "
+            "on each stage: \"1f1b\" (DeepSpeed's TrainSchedule: at most stages - stage_id "
+            "micro-batches of activations held) or \"gpipe\" (every forward, then every backward: "
+            "all of them held). Both give the same result. Case-insensitive.", ignore_case=True),
+))
+
+# --------------------------------------------------------------------------- tensor_parallel
+
+# DeepSpeed 0.19: runtime/tensor_parallel/config.py (TPTrainingConfig). Read by zero.initialize
+# (zero/tp/setup.py, docs/PARALLELISM.md).
+TENSOR_PARALLEL = Block("tensor_parallel", "AutoTP tensor parallelism (zero.tp; "
+                        "docs/PARALLELISM.md).", (
+    _int("autotp_size", 0, "Tensor-parallel size: initialize() splits the model's attention and "
+         "MLP linears over this many ranks (zero.tp.auto_tp) and runs ZeRO stage 0-2 over the "
+         "world / autotp_size data-parallel ranks. 0 or 1: off. Must divide the world size.",
+         minimum=0, maximum=MAX_BUFFERS),
+    _unsupported(BOOL, "tp_overlap_comm", False, "Overlap the tensor-parallel all-reduces with "
+                 "compute."),
+    _unsupported(OBJECT, "partition_config", None, "Custom AutoTP partition rules "
+                 "(layer_specs).", nullable=True),
+    _unsupported(STR, "preset_model", None, "A built-in AutoTP preset (llama, bloom, ...).",
+                 nullable=True),
+    _unsupported(OBJECT, "tp", None, "Inference tensor-parallel settings (tp_size, "
+                 "tp_grain_size, mpu, tp_group).", nullable=True),
+    _unsupported(BOOL, "keep_module_on_host", False, "Keep checkpoint tensors on the host while "
+                 "loading."),
+    _unsupported(BOOL, "replace_with_kernel_inject", False, "Inject inference kernels."),
+))
+
 # --------------------------------------------------------------------------- monitoring
 
 # DeepSpeed 0.19: monitor/config.py, profiling/constants.py, comm/constants.py. zero/monitor/
@@ -667,6 +702,8 @@ TOP = Block("", "Top-level keys.", (
     _block("checkpoint", CHECKPOINT, "Checkpoint options (table below)."),
     _block("activation_checkpointing", ACTIVATION_CHECKPOINTING, "deepspeed.checkpointing's options "
            "(table below)."),
+    _block("pipeline", PIPELINE, "Pipeline parallelism (table below)."),
+    _block("tensor_parallel", TENSOR_PARALLEL, "AutoTP tensor parallelism (table below)."),
     _block("tensorboard", TENSORBOARD, "TensorBoard monitor (table below)."),
     _block("csv_monitor", CSV_MONITOR, "CSV monitor (table below)."),
     _block("wandb", WANDB, "Weights & Biases monitor (table below)."),
@@ -689,7 +726,6 @@ TOP = Block("", "Top-level keys.", (
     _unsupported(INT, "sequence_parallel_size", 1, "Ulysses sequence parallelism."),
     # DeepSpeed sections zero does not implement: accepted only while inert.
     _section("sparse_attention", "Sparse attention kernels."),
-    _section("pipeline", "Pipeline parallelism."),
     _section("amp", "NVIDIA Apex AMP."),
     _section("torch_autocast", "torch.autocast mixed precision."),
     _section("compression_training", "Compression (quantization/pruning) training."),
@@ -705,7 +741,6 @@ TOP = Block("", "Top-level keys.", (
     _section("compile", "torch.compile / DeepCompile."),
     _section("nebula", "Nebula checkpointing."),
     _section("timers", "Timer options."),
-    _section("tensor_parallel", "AutoTP tensor parallelism."),
     _section("expert_parallel", "AutoEP expert parallelism."),
     _section("weight_quantization", "Weight quantization."),
 ))
@@ -723,6 +758,11 @@ RENAMED = {
     "zero_optimization.stage3_gather_fp16_weights_on_model_save": "deprecated in DeepSpeed; rename to "
                                                                   "\"stage3_gather_16bit_weights_on_model_save\"",
     "aio.thread_count": "DeepSpeed's old name; rename to \"intra_op_parallelism\"",
+    "pipeline.stages": "in zero a PipelineModule argument: PipelineModule(layers, num_stages=...)",
+    "pipeline.partition": "in zero a PipelineModule argument: PipelineModule(..., partition_method=...)",
+    "pipeline.seed_layers": "in zero a PipelineModule argument: PipelineModule(..., seed_layers=True)",
+    "pipeline.activation_checkpoint_interval": "in zero a PipelineModule argument: "
+                                               "PipelineModule(..., activation_checkpoint_interval=N)",
     "optimizer.params.max_grad_norm": "not an optimizer parameter (DeepSpeed rejects it too); use the top-level "
                                       "\"gradient_clipping\"",
 }

@@ -1,0 +1,205 @@
+"""Pipeline parallelism composed with ZeRO, on 4 gloo ranks against a single-process
+reference: 2 stages x 2 data-parallel ranks train like the plain model on the global batch
+(tied embedding/head through TiedLayerSpec), GPipe and 1F1B agree, the stages are cut where
+the partition method says, the mesh refuses bad sizes, and ZeRO-1 shards each stage's
+optimizer state over its data-parallel pair."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distributed_harness import run_distributed
+from zero.models.pipe_gpt import cross_entropy, pipe_layers, sequential
+from zero.models.tiny_gpt import GPTConfig, synthetic_batches
+from zero.parallel import DeviceMesh
+
+MODEL = GPTConfig(vocab_size=61, block_size=8, n_layer=4, n_head=2, n_embd=16)
+MICRO_BATCH, MICRO_BATCHES, DATA, STAGES, STEPS = 2, 4, 2, 2, 3
+HYPER = {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+
+
+def config(schedule="1f1b", stage=1) -> dict:
+    return {"train_micro_batch_size_per_gpu": MICRO_BATCH,
+            "gradient_accumulation_steps": MICRO_BATCHES,
+            "optimizer": {"type": "AdamW", "params": HYPER},
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
+            "pipeline": {"schedule": schedule}}
+
+
+def data():
+    return synthetic_batches(MODEL, MICRO_BATCH, STEPS * MICRO_BATCHES * DATA, seed=7)
+
+
+def engine_for(schedule, stage=1, tied=True, partition="uniform"):
+    import zero.compat.deepspeed as deepspeed
+
+    module = deepspeed.pipe.PipelineModule(
+        layers=pipe_layers(MODEL, tied=tied), num_stages=STAGES, loss_fn=cross_entropy,
+        partition_method=partition, seed_layers=True)
+    engine, _, _, _ = deepspeed.initialize(model=module, config=config(schedule, stage))
+    return engine
+
+
+def train_ranks(rank, world, schedule, stage=1, tied=True):
+    from zero.pipe.engine import PipelineEngine
+
+    engine = engine_for(schedule, stage, tied)
+    assert isinstance(engine, PipelineEngine)
+    grid = engine.grid
+    d = grid.get_data_parallel_id()
+    batches = data()
+    mine = iter([batches[(s * MICRO_BATCHES + k) * DATA + d]
+                 for s in range(STEPS) for k in range(MICRO_BATCHES)])
+    losses = [engine.train_batch(mine).item() for _ in range(STEPS)]
+    params = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    layout = (grid.get_stage_id(), d, grid.get_data_parallel_world_size(),
+              grid.get_pipe_parallel_world_size(), engine.is_first_stage(),
+              engine.is_last_stage(), grid.stage_to_global(1), grid.stage_to_global(0, data=1))
+    optimizer_bytes = engine.memory_report()["categories"]["optimizer_state"]["current"]
+    numel = sum(p.numel() for p in engine.module.parameters())
+    return {"losses": losses, "params": params, "layout": layout,
+            "optimizer_bytes": optimizer_bytes, "numel": numel}
+
+
+def reference(tied=True):
+    model = sequential(pipe_layers(MODEL, tied=tied))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=HYPER["lr"], betas=tuple(HYPER["betas"]),
+                                  eps=HYPER["eps"], weight_decay=HYPER["weight_decay"],
+                                  foreach=False)
+    batches, losses = data(), []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        total = 0.0
+        for k in range(MICRO_BATCHES):
+            parts = [batches[(step * MICRO_BATCHES + k) * DATA + d] for d in range(DATA)]
+            loss = cross_entropy(model(torch.cat([p[0] for p in parts])),
+                                 torch.cat([p[1] for p in parts]))
+            (loss / MICRO_BATCHES).backward()
+            total += loss.item()
+        optimizer.step()
+        losses.append(total / MICRO_BATCHES)
+    return losses, {n: p.detach() for n, p in model.named_parameters()}
+
+
+def assert_matches_reference(results, tied=True):
+    losses, expected = reference(tied)
+    for result in results:
+        assert result["losses"] == pytest.approx(losses, rel=1e-5)
+    seen = set()
+    for rank, result in enumerate(results):
+        for name, value in result["params"].items():
+            if name == "tied_modules.embed.position" and result["layout"][0] == 1:
+                continue  # built on the head's stage too, never used there
+            error = ((value - expected[name]).norm() / expected[name].norm()).item()
+            assert error < 1e-5, (rank, name, error)
+            seen.add(name)
+    assert seen == set(expected)
+
+
+def test_pipeline_2_stages_x_data_2_matches_single_process_with_tied_weights():
+    results = run_distributed(train_ranks, 4, args=("1f1b",), timeout=60)
+    assert [r["layout"] for r in results] == [
+        (0, 0, 2, 2, True, False, 2, 1), (0, 1, 2, 2, True, False, 3, 1),
+        (1, 0, 2, 2, False, True, 2, 1), (1, 1, 2, 2, False, True, 3, 1)]
+    assert_matches_reference(results)
+    # the tied weight is equal on both stages
+    assert torch.equal(results[0]["params"]["tied_modules.embed.weight"],
+                       results[2]["params"]["tied_modules.embed.weight"])
+
+
+def train_both(rank, world):
+    return [train_ranks(rank, world, schedule) for schedule in ("1f1b", "gpipe")]
+
+
+def test_gpipe_and_1f1b_give_the_same_losses_and_weights():
+    for one_f_one_b, gpipe in run_distributed(train_both, 4, timeout=90):
+        assert one_f_one_b["losses"] == gpipe["losses"]
+        for name, value in one_f_one_b["params"].items():
+            assert torch.equal(value, gpipe["params"][name]), name
+
+
+def test_zero_stage_2_inside_stages_matches_reference_untied():
+    results = run_distributed(train_ranks, 4, args=("gpipe", 2, False), timeout=60)
+    assert_matches_reference(results, tied=False)
+
+
+def train_stage0_and_1(rank, world):
+    return [train_ranks(rank, world, "1f1b", stage) for stage in (0, 1)]
+
+
+def test_zero_1_inside_each_stage_shards_the_optimizer_state():
+    for rank, (plain, sharded) in enumerate(run_distributed(train_stage0_and_1, 4, timeout=90)):
+        assert plain["losses"] == pytest.approx(sharded["losses"], rel=1e-5)
+        assert plain["optimizer_bytes"] >= 8 * plain["numel"]  # m and v, whole
+        # ZeRO-1 over the stage's 2 ranks: half of m and v (plus padding of the shards)
+        assert sharded["optimizer_bytes"] <= 8 * plain["numel"] / 2 + 8 * 64, rank
+        assert sharded["optimizer_bytes"] >= 8 * plain["numel"] / 2, rank
+
+
+LAYER_NAMES = ["EmbeddingPipe", "Block", "Block", "Block", "Block", "LayerNorm", "EmbeddingPipe"]
+
+
+def build_partitions(rank, world):
+    from zero.pipe import PipelineModule
+
+    cuts = {}
+    for method in ("uniform", "parameters", "type:Block"):
+        module = PipelineModule(layers=pipe_layers(MODEL), num_stages=4, loss_fn=cross_entropy,
+                                partition_method=method)
+        built = sorted({name.split(".")[0] for name, _ in module.named_parameters()}
+                       - {"tied_modules"})
+        cuts[method] = (module.parts, built, sorted(module.tied_modules))
+    errors = []
+    for bad in (3, 0):
+        try:
+            PipelineModule(layers=pipe_layers(MODEL), num_stages=bad)
+        except ValueError as error:
+            errors.append(str(error))
+    import zero
+
+    try:
+        module = PipelineModule(layers=pipe_layers(MODEL, tied=False), num_stages=2,
+                                loss_fn=cross_entropy)
+        zero.initialize(model=module, config=config(stage=3))
+    except NotImplementedError as error:
+        errors.append(str(error))
+    return cuts, errors
+
+
+def test_partition_methods_cut_where_expected_and_bad_sizes_are_named():
+    results = run_distributed(build_partitions, 4, timeout=60)
+    for rank, (cuts, errors) in enumerate(results):
+        # 7 layers over 4 stages: 2, 2, 2, 1
+        assert cuts["uniform"][0] == [0, 2, 4, 6, 7]
+        # parameters: the embeddings (61*16 + 8*16) and blocks (~3.2k) weigh most
+        assert cuts["parameters"][0] == [0, 2, 3, 4, 7]
+        # one Block per stage: the first stage takes the embedding, the last norm and head
+        assert cuts["type:Block"][0] == [0, 2, 3, 4, 7]
+        parts = cuts["uniform"][0]
+        expected_local = sorted(str(i) for i in range(parts[rank], parts[rank + 1])
+                                if LAYER_NAMES[i] != "EmbeddingPipe")
+        assert cuts["uniform"][1] == expected_local
+        assert cuts["uniform"][2] == (["embed"] if rank in (0, 3) else [])
+        assert "pipe 3" in errors[0] and "world size 4" in errors[0]
+        assert "pipe = 0" in errors[1] and "world size 4" in errors[1]
+        assert "stage 3 inside a pipeline stage" in errors[2]
+
+
+def test_mesh_layout_and_invalid_sizes():
+    mesh = DeviceMesh.build(8, pipe=2, data=4)
+    assert mesh.data_parallel_partition() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert mesh.pipeline_partition() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert mesh.coord(6).pipe == 1 and mesh.coord(6).data == 2
+    assert DeviceMesh.build(6, pipe=3).data == 2
+    with pytest.raises(ValueError, match=r"pipe 2 x data 3 x tensor 1 = 6 ranks, but the world "
+                                         r"size is 8"):
+        DeviceMesh.build(8, pipe=2, data=3)
+    with pytest.raises(ValueError, match="pipe 3 x tensor 1 does not divide the world size 8"):
+        DeviceMesh.build(8, pipe=3)
+    with pytest.raises(ValueError, match="data = -1"):
+        DeviceMesh.build(8, pipe=2, data=-1)
+    # tensor varies fastest (DeepSpeed's PipeModelDataParallelTopology): 2 x 2 x 2
+    mesh = DeviceMesh.build(8, pipe=2, tensor=2)
+    assert mesh.tensor_parallel_partition() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert mesh.data_parallel_partition() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert mesh.pipeline_partition() == [[0, 4], [1, 5], [2, 6], [3, 7]]

@@ -1,0 +1,4 @@
+"""deepspeed.pipe: PipelineModule, LayerSpec, TiedLayerSpec (zero.pipe)."""
+from zero.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+__all__ = ["PipelineModule", "LayerSpec", "TiedLayerSpec"]

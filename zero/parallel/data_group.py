@@ -1,0 +1,59 @@
+"""What a ZeroEngine does differently when it shards over a data-parallel sub-group (a
+pipeline stage's ranks) instead of the world: the model starts from the group's first
+rank's values, and the parts not built for a sub-group yet are refused up front."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import init as zero_init
+
+
+def is_world(group) -> bool:
+    return group is dist.group.WORLD or \
+        dist.get_process_group_ranks(group) == list(range(dist.get_world_size()))
+
+
+def first_rank(group) -> int:
+    """The global rank broadcasts within `group` come from (its lowest)."""
+    return min(dist.get_process_group_ranks(group))
+
+
+def check_supported(stage: int, model: nn.Module) -> None:
+    if stage == 3:
+        raise NotImplementedError(
+            "zero: ZeRO stage 3 inside a pipeline stage (a data-parallel sub-group) is not "
+            "built: set zero_optimization.stage to 0, 1 or 2 with pipeline parallelism")
+    if any(zero_init.is_partitioned(p) for p in model.parameters()):
+        raise NotImplementedError(
+            "zero: a model built under zero.Init with a data-parallel sub-group: zero.Init "
+            "partitions over the world; build the pipeline stage without zero.Init")
+
+
+def check_checkpoint(whole_world: bool, what: str) -> None:
+    if not whole_world:
+        raise NotImplementedError(
+            f"zero: {what} with a data-parallel sub-group (pipeline or tensor parallelism) is "
+            "not built yet: checkpoints are saved per world; train without pipeline stages and "
+            "tensor_parallel.autotp_size to checkpoint, or save each rank's module state_dict "
+            "yourself")
+
+
+def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype, group,
+                  tensor_group=None) -> None:
+    """The model in the training dtype on the device, every rank of `group` starting from
+    the group's first rank's values (sharding.prepare_model does this over the world). With
+    a `tensor_group`, the parameters and buffers a tensor-parallel layer does not split
+    (norms, row-parallel biases) first take the tensor group's first rank's values, so they
+    start equal on the tensor ranks (their gradients are equal there, so they stay equal)."""
+    model.to(device=device, dtype=dtype)
+    with torch.no_grad():
+        if tensor_group is not None:
+            src = first_rank(tensor_group)
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                if not getattr(tensor, "tensor_model_parallel", False):
+                    dist.broadcast(tensor.data, src=src, group=tensor_group)
+        src = first_rank(group)
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(tensor.data, src=src, group=group)

@@ -1,0 +1,260 @@
+"""PipelineEngine: DeepSpeed's pipeline engine on zero's ZeRO engine.
+
+One engine per rank runs its pipeline stage: the PipelineModule's layers, trained by
+ZeroEngine (ZeRO stage 0, 1 or 2) over the stage's data-parallel group. A batch is
+`train_batch()`: the stage executes its schedule (schedule.py: 1F1B or GPipe), moving
+activations forward and gradients back with point-to-point ops (p2p.py), then sums tied
+weights' gradients over the stages that share them, reduces the stage's gradients over its
+data-parallel group and steps. `forward`, `backward` and `step` are not for direct use, as
+in DeepSpeed.
+
+Gradients of a batch accumulate locally at stages 0 and 1 and are reduced once, after the
+tied-weight sum (the order DeepSpeed uses); stage 2 reduces every micro-batch's gradients as
+they come, so tied layers are refused there.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..engine import ZeroEngine
+from ..saved_activations import SavedActivations
+from . import p2p
+from .module import PipelineModule
+from .schedule import (BackwardPass, ForwardPass, LoadMicroBatch, OptimizerStep,
+                       RecvActivation, RecvGrad, ReduceGrads, ReduceTiedGrads, SendActivation,
+                       SendGrad, eval_schedule, train_schedule)
+
+
+class PipelineError(RuntimeError):
+    """A call the pipeline engine does not take (forward/backward/step) or cannot run."""
+
+
+class _Batch:
+    """What one train_batch / eval_batch holds while its schedule runs, by micro-batch."""
+
+    def __init__(self, training: bool):
+        self.training = training
+        self.inputs: dict = {}
+        self.labels: dict = {}
+        self.outputs: dict = {}
+        self.grads: dict = {}
+        self.losses: list[torch.Tensor] = []
+        self.sends = p2p.PendingSends()
+        self.backwards = 0
+        self.saved_bytes: dict[int, int] = {}  # micro-batch -> bytes its forward saved
+
+
+class PipelineEngine(ZeroEngine):
+    def __init__(self, module: PipelineModule, config, optimizer=None, model_parameters=None,
+                 lr_scheduler=None):
+        _check(module, config)
+        self.grid = module.mpu()
+        super().__init__(module, config, optimizer=optimizer, model_parameters=model_parameters,
+                         lr_scheduler=lr_scheduler,
+                         data_parallel_group=self.grid.get_data_parallel_group())
+        self.num_stages = module.num_stages
+        self.stage_id = self.grid.get_stage_id()
+        self.micro_batches = config.gradient_accumulation_steps
+        self.schedule = config.pipeline.schedule
+        self.data_iterator = None
+        self.agg_train_loss = None
+        # With measure_activations on: the most bytes autograd held for backward at once over
+        # the batches trained so far (saved_activations.py, summed over live micro-batches).
+        self.measure_activations = False
+        self.peak_activation_bytes = 0
+
+    # ---- DeepSpeed's pipeline surface --------------------------------------------------------
+    def is_first_stage(self) -> bool:
+        return self.stage_id == 0
+
+    def is_last_stage(self) -> bool:
+        return self.stage_id == self.num_stages - 1
+
+    def set_dataiterator(self, iterator) -> None:
+        self.data_iterator = iterator
+
+    def train_batch(self, data_iter=None) -> torch.Tensor:
+        """One optimizer step over `micro_batches` micro-batches (gradient_accumulation_steps)
+        read from `data_iter` (first and last stage: each item is (inputs, labels)). Returns
+        the mean loss over the micro-batches and the data-parallel ranks, on every rank."""
+        if data_iter is not None:
+            self.set_dataiterator(data_iter)
+        self.module.train()
+        batch = _Batch(training=True)
+        self._run(train_schedule(self.schedule, self.micro_batches, self.num_stages,
+                                 self.stage_id), batch)
+        self.agg_train_loss = self._aggregate_loss(batch)
+        return self.agg_train_loss
+
+    def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg",
+                   bcast_loss=True, num_micro_batches=None) -> torch.Tensor:
+        """Forward only over `num_micro_batches` (default micro_batches) micro-batches; the
+        mean loss, on every rank of the pipeline."""
+        if return_logits or not compute_loss or reduce_output != "avg" or not bcast_loss:
+            raise NotImplementedError("zero: eval_batch returns the averaged loss broadcast to "
+                                      "every stage only (return_logits=False, compute_loss=True, "
+                                      "reduce_output='avg', bcast_loss=True)")
+        self.set_dataiterator(data_iter)
+        self.module.eval()
+        batch = _Batch(training=False)
+        with torch.no_grad():
+            self._run(eval_schedule(num_micro_batches or self.micro_batches, self.num_stages,
+                                    self.stage_id), batch)
+        batch.sends.wait_all()
+        return self._aggregate_loss(batch)
+
+    def forward(self, *args, **kwargs):
+        raise PipelineError("zero: only train_batch() and eval_batch() are accessible in "
+                            "pipeline mode (as in DeepSpeed)")
+
+    def backward(self, *args, **kwargs):
+        raise PipelineError("zero: only train_batch() is accessible in pipeline mode; it runs "
+                            "the backward passes itself")
+
+    def step(self, *args, **kwargs):
+        raise PipelineError("zero: only train_batch() is accessible in pipeline mode; it runs "
+                            "the optimizer step itself")
+
+    # ---- the schedule's instructions -----------------------------------------------------------
+    def _run(self, instructions, batch: _Batch) -> None:
+        handlers = {LoadMicroBatch: self._load, RecvActivation: self._recv_activation,
+                    ForwardPass: self._forward, SendActivation: self._send_activation,
+                    RecvGrad: self._recv_grad, BackwardPass: self._backward,
+                    SendGrad: self._send_grad, ReduceTiedGrads: self._reduce_tied,
+                    ReduceGrads: self._reduce, OptimizerStep: self._step}
+        for instruction in instructions:
+            handlers[type(instruction)](instruction.micro_batch, batch)
+
+    def _load(self, mb: int, batch: _Batch) -> None:
+        if self.data_iterator is None:
+            raise PipelineError("zero: train_batch() on the first or last stage needs a data "
+                                "iterator: pass train_batch(data_iter=...) or training_data to "
+                                "initialize()")
+        inputs, labels = next(self.data_iterator)
+        if self.is_first_stage():
+            batch.inputs[mb] = _to(inputs, self.device)
+        if self.is_last_stage():
+            batch.labels[mb] = _to(labels, self.device)
+
+    def _recv_activation(self, mb: int, batch: _Batch) -> None:
+        batch.inputs[mb] = p2p.recv_activation(self.grid.prev_stage_rank, self.device)
+
+    def _forward(self, mb: int, batch: _Batch) -> None:
+        if batch.training and self.measure_activations:
+            counter = SavedActivations(self.module)
+            with counter.counting():
+                outputs = self._stage_forward(mb, batch)
+            batch.saved_bytes[mb] = counter.bytes
+            self.peak_activation_bytes = max(self.peak_activation_bytes,
+                                             sum(batch.saved_bytes.values()))
+        else:
+            outputs = self._stage_forward(mb, batch)
+        if batch.training:
+            batch.outputs[mb] = outputs
+        elif not self.is_last_stage():
+            batch.inputs.pop(mb)
+            batch.outputs[mb] = outputs.detach() if isinstance(outputs, torch.Tensor) \
+                else tuple(t.detach() for t in outputs)
+
+    def _stage_forward(self, mb: int, batch: _Batch):
+        """This stage's layers on the micro-batch; on the last stage the loss."""
+        outputs = self.module(batch.inputs[mb])
+        if self.is_last_stage():
+            labels = batch.labels.pop(mb)
+            loss_fn = self.module.loss_fn
+            outputs = loss_fn(outputs, labels) if loss_fn is not None else outputs
+            batch.losses.append(outputs.detach().float())
+        return outputs
+
+    def _send_activation(self, mb: int, batch: _Batch) -> None:
+        value = batch.outputs[mb] if batch.training else batch.outputs.pop(mb)
+        p2p.send_activation(value, self.grid.next_stage_rank, batch.sends)
+
+    def _recv_grad(self, mb: int, batch: _Batch) -> None:
+        batch.grads[mb] = p2p.recv_grads(p2p.needing_grad(batch.outputs[mb]),
+                                         self.grid.next_stage_rank)
+
+    def _backward(self, mb: int, batch: _Batch) -> None:
+        outputs = batch.outputs.pop(mb)
+        if self.is_last_stage():
+            tensors, grads = [outputs.float() / self.micro_batches], None
+        else:
+            tensors, grads = p2p.needing_grad(outputs), batch.grads.pop(mb)
+        # Stage 0/1 accumulate locally (reduced once, in _reduce); stage 2 reduces each
+        # micro-batch, the last one as the accumulation boundary.
+        batch.backwards += 1
+        batch.saved_bytes.pop(mb, None)
+        boundary = self.stage == 2 and batch.backwards == self.micro_batches
+        self._boundary_in_backward = boundary
+        self._core.prepare_backward(boundary)
+        torch.autograd.backward(tensors, grads)
+        self._core.finish_backward(boundary)
+        if self.is_first_stage():
+            batch.inputs.pop(mb)
+
+    def _send_grad(self, mb: int, batch: _Batch) -> None:
+        inputs = [t for t in p2p.as_tuple(batch.inputs.pop(mb)) if t.requires_grad]
+        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in inputs]
+        p2p.send_grads(grads, self.grid.prev_stage_rank, batch.sends)
+
+    def _reduce_tied(self, mb: int, batch: _Batch) -> None:
+        self.module.allreduce_tied_weight_gradients()
+
+    def _reduce(self, mb: int, batch: _Batch) -> None:
+        if self.stage < 2:  # the boundary reduction of what the batch accumulated
+            self._boundary_in_backward = True
+            self._core.prepare_backward(True)
+            self._core.finish_backward(True)
+        self._boundary_backward_seen = True
+
+    def _step(self, mb: int, batch: _Batch) -> None:
+        batch.sends.wait_all()
+        self.micro_steps += self.micro_batches
+        self.global_samples += self.train_micro_batch_size_per_gpu() * self.micro_batches * \
+            self.world_size
+        self._optimizer_step(None)
+        self._watch.after_step()
+        self._maybe_report()
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _aggregate_loss(self, batch: _Batch) -> torch.Tensor:
+        """The last stage's mean loss, averaged over the data-parallel group, then broadcast
+        to every stage of the pipeline (DeepSpeed's _aggregate_total_loss)."""
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        if self.is_last_stage():
+            loss = torch.stack(batch.losses).mean()
+            dist.all_reduce(loss, group=self.grid.get_data_parallel_group())
+            loss /= self.grid.get_data_parallel_world_size()
+        if self.num_stages > 1:
+            dist.broadcast(loss, src=self.grid.stage_to_global(self.num_stages - 1),
+                           group=self.grid.get_pipe_parallel_group())
+        return loss
+
+
+def _check(module, config) -> None:
+    if not isinstance(module, PipelineModule):
+        raise TypeError(f"zero: PipelineEngine needs a PipelineModule, got "
+                        f"{type(module).__name__}")
+    if module.num_stages > 1 and config.gradient_clipping > 0:
+        raise NotImplementedError(
+            f"zero: gradient_clipping = {config.gradient_clipping} with {module.num_stages} "
+            "pipeline stages is not built (the norm would span the stages); set "
+            "gradient_clipping to 0")
+    if config.fp16.enabled and module.num_stages > 1:
+        raise NotImplementedError("zero: fp16 with pipeline stages is not built (the stages "
+                                  "would need to agree on overflow skips); use bf16 or fp32")
+    tied_across = any(comm.group is not None for comm in module.tied_comms.values())
+    if config.zero_optimization.stage == 2 and tied_across:
+        raise NotImplementedError(
+            "zero: ZeRO stage 2 with tied layers across pipeline stages is not built (stage 2 "
+            "reduces each micro-batch's gradients before the tied sum); use "
+            "zero_optimization.stage 1 (DeepSpeed's pipeline engine allows only 0 and 1)")
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value

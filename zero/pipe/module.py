@@ -1,0 +1,236 @@
+"""PipelineModule, LayerSpec and TiedLayerSpec: DeepSpeed's `deepspeed.pipe` surface.
+
+A PipelineModule is given the whole model as a list of layers (LayerSpec, TiedLayerSpec,
+nn.Module instances or plain callables), cuts it into `num_stages` stages
+(partition.py), and builds only this rank's stage: a LayerSpec elsewhere is never
+constructed (only counted on the meta device when partition_method is "parameters").
+
+Tied layers (TiedLayerSpec with the same key, e.g. the token embedding and the output
+projection) are built on every stage that uses them; the weights named by
+`tied_weight_attr` start equal (broadcast from the lowest stage) and stay equal because
+their gradients are summed over those stages before the optimizer step
+(`allreduce_tied_weight_gradients`).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+from ..parallel import DeviceMesh, PipelineParallelGrid
+from ..parallel.grid import new_groups
+from .partition import partition_layers
+
+
+class LayerSpec:
+    """A layer to build later: `typename(*module_args, **module_kwargs)`."""
+
+    def __init__(self, typename, *module_args, **module_kwargs):
+        if not (isinstance(typename, type) and issubclass(typename, nn.Module)):
+            raise RuntimeError(f"zero: LayerSpec only supports torch.nn.Module types, got "
+                               f"{typename!r}")
+        self.typename = typename
+        self.module_args = module_args
+        self.module_kwargs = module_kwargs
+
+    def build(self, log: bool = False) -> nn.Module:
+        return self.typename(*self.module_args, **self.module_kwargs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.typename.__name__})"
+
+
+class TiedLayerSpec(LayerSpec):
+    """A layer shared by several places of the pipeline under `key`. `forward_fn(module, x)`,
+    when given, is what this place runs (e.g. the embedding's weight as the output head);
+    `tied_weight_attr` names the tied parameters (a name or a list; dotted names reach into
+    submodules)."""
+
+    def __init__(self, key, typename, *module_args, forward_fn=None,
+                 tied_weight_attr=("weight",), **module_kwargs):
+        super().__init__(typename, *module_args, **module_kwargs)
+        self.key = key
+        self.forward_fn = forward_fn
+        self.tied_weight_attr = [tied_weight_attr] if isinstance(tied_weight_attr, str) \
+            else list(tied_weight_attr)
+
+
+@dataclass
+class TiedComm:
+    """One tied key on this rank: the stages that hold it, this rank's group over them
+    (None when only one stage holds it), the built module and its tied weight names."""
+    stages: list[int]
+    ranks: list[int]
+    group: object
+    module: nn.Module
+    weight_attr: list[str]
+
+
+class PipelineModule(nn.Module):
+    """This rank's stage of a model given as a list of layers. Collective to build (the
+    mesh's process groups and the tied-weight groups)."""
+
+    def __init__(self, layers, num_stages=None, topology=None, loss_fn=None, seed_layers=False,
+                 seed_fn=None, base_seed=1234, partition_method="parameters",
+                 activation_checkpoint_interval=0, activation_checkpoint_func=None,
+                 checkpointable_layers=None):
+        super().__init__()
+        if topology is not None:
+            raise NotImplementedError("zero: PipelineModule(topology=...) is not built; pass "
+                                      "num_stages (the data-parallel size is the rest of the world)")
+        if num_stages is None:
+            raise ValueError("zero: PipelineModule needs num_stages")
+        if not dist.is_initialized():
+            raise RuntimeError("zero: PipelineModule needs torch.distributed; call "
+                               "zero.init_distributed() (deepspeed.init_distributed()) first")
+        self._layer_specs = list(layers)
+        self.num_stages = num_stages
+        self.loss_fn = loss_fn
+        self.seed_layers, self.seed_fn, self.base_seed = seed_layers, seed_fn, base_seed
+        self.partition_method = partition_method
+        self.activation_checkpoint_interval = activation_checkpoint_interval
+        self.activation_checkpoint_func = activation_checkpoint_func or functools.partial(
+            torch_checkpoint, use_reentrant=False)
+        self.checkpointable_layers = checkpointable_layers
+        self.mesh = DeviceMesh.build(dist.get_world_size(), pipe=num_stages)
+        self._grid = PipelineParallelGrid(self.mesh)
+        self.stage_id = self._grid.stage_id
+        self.parts = partition_layers(partition_method, [_trainable_count(s) for s in layers],
+                                      [_class_name(s) for s in layers], num_stages)
+        self._local_start = self.parts[self.stage_id]
+        self._local_stop = self.parts[self.stage_id + 1]
+        self.tied_modules = nn.ModuleDict()
+        self.forward_funcs: list = []
+        self._build()
+        self.tied_comms = self._index_tied_modules()
+        self._synchronize_tied_weights()
+
+    # ---- construction ------------------------------------------------------------------------
+    def _build(self) -> None:
+        for index in range(self._local_start, self._local_stop):
+            layer = self._layer_specs[index]
+            if self.seed_layers:
+                (self.seed_fn or torch.manual_seed)(self.base_seed + index)
+            if isinstance(layer, TiedLayerSpec):
+                if layer.key not in self.tied_modules:
+                    self.tied_modules[layer.key] = layer.build()
+                module = self.tied_modules[layer.key]
+                self.forward_funcs.append(module if layer.forward_fn is None
+                                          else functools.partial(layer.forward_fn, module))
+            elif isinstance(layer, LayerSpec):
+                module = layer.build()
+                self.add_module(str(index), module)
+                self.forward_funcs.append(module)
+            elif isinstance(layer, nn.Module):
+                self.add_module(str(index), layer)
+                self.forward_funcs.append(layer)
+            elif callable(layer):
+                self.forward_funcs.append(layer)
+            else:
+                raise TypeError(f"zero: layer {index} of the PipelineModule is {layer!r}; give "
+                                "LayerSpec, TiedLayerSpec, nn.Module or a callable")
+
+    def _index_tied_modules(self) -> dict[str, TiedComm]:
+        """Creates (on every rank, in key order) the group of each tied key per pipeline."""
+        keys: dict[str, list[int]] = {}
+        for index, layer in enumerate(self._layer_specs):
+            if isinstance(layer, TiedLayerSpec):
+                stage = self.stage_of_layer(index)
+                stages = keys.setdefault(layer.key, [])
+                if stage not in stages:
+                    stages.append(stage)
+        comms = {}
+        for key, stages in keys.items():
+            group = None
+            if len(stages) > 1:
+                partition = [[self.mesh.rank(s, d) for s in stages]
+                             for d in range(self.mesh.data)]
+                group = new_groups(partition, self._grid.global_rank)
+            if key in self.tied_modules:
+                spec = next(s for s in self._layer_specs
+                            if isinstance(s, TiedLayerSpec) and s.key == key)
+                ranks = [self._grid.stage_to_global(s) for s in stages]
+                comms[key] = TiedComm(stages, ranks, group, self.tied_modules[key],
+                                      spec.tied_weight_attr)
+        return comms
+
+    def _synchronize_tied_weights(self) -> None:
+        for comm in self.tied_comms.values():
+            if comm.group is None:
+                continue
+            for attr in comm.weight_attr:
+                with torch.no_grad():
+                    dist.broadcast(_getattr(comm.module, attr).data, src=min(comm.ranks),
+                                   group=comm.group)
+
+    # ---- DeepSpeed's surface -----------------------------------------------------------------
+    def forward(self, forward_input):
+        x = forward_input
+        interval = self.activation_checkpoint_interval
+        if interval <= 0 or not torch.is_grad_enabled():
+            for func in self.forward_funcs:
+                x = func(x)
+            return x
+        for start in range(0, len(self.forward_funcs), interval):
+            chunk = self.forward_funcs[start:start + interval]
+            x = self.activation_checkpoint_func(_run_chunk(chunk), x)
+        return x
+
+    def allreduce_tied_weight_gradients(self) -> None:
+        """Sums every tied weight's gradient over the stages that hold it."""
+        for comm in self.tied_comms.values():
+            if comm.group is None:
+                continue
+            for attr in comm.weight_attr:
+                weight = _getattr(comm.module, attr)
+                if weight.grad is not None:
+                    dist.all_reduce(weight.grad, group=comm.group)
+
+    def stage_of_layer(self, index: int) -> int:
+        for stage in range(self.num_stages):
+            if self.parts[stage] <= index < self.parts[stage + 1]:
+                return stage
+        raise ValueError(f"zero: layer {index} is outside the model's {len(self._layer_specs)}")
+
+    def topology(self):
+        return self.mesh
+
+    def mpu(self):
+        return self._grid
+
+    def num_pipeline_stages(self) -> int:
+        return self.num_stages
+
+
+def _run_chunk(funcs):
+    def run(x):
+        for func in funcs:
+            x = func(x)
+        return x
+    return run
+
+
+def _getattr(module: nn.Module, dotted: str):
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _trainable_count(layer) -> int:
+    """Trainable parameters of a layer; a LayerSpec is built on the meta device to count."""
+    if isinstance(layer, LayerSpec):
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            layer = layer.build()
+    if isinstance(layer, nn.Module):
+        return sum(p.numel() for p in layer.parameters() if p.requires_grad)
+    return 0
+
+
+def _class_name(layer) -> str:
+    if isinstance(layer, LayerSpec):
+        return layer.typename.__name__
+    return type(layer).__name__

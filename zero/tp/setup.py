@@ -1,0 +1,114 @@
+"""What `initialize()` does for tensor parallelism: the tensor size from the config's
+`tensor_parallel.autotp_size` (or from `deepspeed.tp_model_init`), the mesh's grid, the
+AutoTP conversion, and the checks on what does not compose yet."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..parallel import DeviceMesh
+from ..parallel.grid import PipelineParallelGrid, grid_for
+from .auto_tp import auto_tp
+from .split import is_split
+
+_RECORD = "_zero_tp_model_init"  # the attribute tp_model_init leaves on the model
+
+
+@dataclass(frozen=True)
+class TPModelInit:
+    """What deepspeed.tp_model_init(model, tp_size, dtype) recorded."""
+    tp_size: int
+    dtype: torch.dtype | None
+
+
+def tp_model_init(model: nn.Module, tp_size: int, dtype: torch.dtype | None = None,
+                  config=None, **kwargs) -> nn.Module:
+    """DeepSpeed's tp_model_init (0.19: record only): notes the tensor size and dtype on the
+    model; `initialize()` converts it, with `tensor_parallel.autotp_size` filled in from
+    here when the config has none (a different value in both is an error). Returns model."""
+    if kwargs.get("tp_group") is not None or kwargs.get("mpu") is not None:
+        raise NotImplementedError("zero: tp_model_init(tp_group=/mpu=) is not built: zero "
+                                  "builds the tensor groups from the mesh; pass tp_size only")
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"zero: tp_model_init tp_size = {tp_size!r} must be a positive integer")
+    setattr(model, _RECORD, TPModelInit(tp_size, dtype))
+    return model
+
+
+def requested_size(raw: dict, model: nn.Module) -> int:
+    """The tensor size before the config is validated (the batch trio counts data ranks):
+    autotp_size when it is a positive int, else what tp_model_init recorded, else 1."""
+    block = raw.get("tensor_parallel")
+    size = block.get("autotp_size") if isinstance(block, dict) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    recorded = getattr(model, _RECORD, None)
+    return recorded.tp_size if recorded is not None else 1
+
+
+def data_ranks(world_size: int, tensor: int) -> int:
+    """world / tensor; ValueError naming both when it does not divide."""
+    if world_size % tensor:
+        raise ValueError(f"zero: tensor_parallel.autotp_size = {tensor} does not divide the "
+                         f"world size {world_size}; choose a tensor size that divides "
+                         f"{world_size} (the data-parallel size is world / autotp_size)")
+    return DeviceMesh.build(world_size, tensor=tensor).data
+
+
+def prepare(model: nn.Module, config, is_pipeline: bool) -> PipelineParallelGrid | None:
+    """None without tensor parallelism. Otherwise checks the config composes, builds the
+    grid (collective), converts `model` in place with auto_tp over the tensor group, and
+    returns the grid; the engine then runs over grid.get_data_parallel_group()."""
+    size = _size(config, model)
+    if size <= 1:
+        return None
+    _check(config, size, is_pipeline)
+    grid = grid_for(tensor=size)
+    converted = auto_tp(model, grid.get_tensor_model_parallel_group())
+    if not converted and not any(is_split(p) for p in model.parameters()):
+        raise ValueError(
+            f"zero: tensor_parallel.autotp_size = {size} but the model has no layer to split: "
+            "auto_tp found no attention or MLP block with input and output linears it knows "
+            "(q_proj/k_proj/v_proj/o_proj, up_proj/gate_proj/down_proj, fc1/fc2, c_fc/c_proj, "
+            "...) and no zero.tp layer was built by hand; set autotp_size to 0")
+    return grid
+
+
+def _size(config, model: nn.Module) -> int:
+    configured = config.tensor_parallel.autotp_size
+    recorded = getattr(model, _RECORD, None)
+    if recorded is None:
+        return configured
+    if configured not in (0, recorded.tp_size):
+        raise ValueError(f"zero: tensor_parallel.autotp_size = {configured} in the config but "
+                         f"tp_model_init(tp_size={recorded.tp_size}); make them equal")
+    engine_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision,
+                                                                      torch.float32)
+    if recorded.dtype is not None and recorded.dtype != engine_dtype:
+        raise ValueError(f"zero: tp_model_init(dtype={recorded.dtype}) but the config trains "
+                         f"in {engine_dtype} (bf16/fp16 blocks); make them agree")
+    return recorded.tp_size
+
+
+def _check(config, size: int, is_pipeline: bool) -> None:
+    where = f"tensor_parallel.autotp_size = {size}"
+    if is_pipeline:
+        raise NotImplementedError(f"zero: {where} with a PipelineModule is not built: use "
+                                  "pipeline stages or tensor parallelism, not both")
+    if config.zero_optimization.stage == 3:
+        raise NotImplementedError(
+            f"zero: ZeRO stage 3 with tensor parallelism ({where}) is not built: set "
+            "zero_optimization.stage to 0, 1 or 2 (ZeRO then shards over the data-parallel "
+            "ranks of each tensor slice)")
+    if config.gradient_clipping > 0:
+        raise NotImplementedError(
+            f"zero: gradient_clipping = {config.gradient_clipping} with {where} is not built "
+            "(the norm would have to sum the split layers over the tensor ranks); set "
+            "gradient_clipping to 0")
+    if config.fp16.enabled:
+        raise NotImplementedError(f"zero: fp16 with {where} is not built (the tensor ranks "
+                                  "would have to agree on overflow skips); use bf16 or fp32")
+    data_ranks(dist.get_world_size(), size)  # raises, naming the sizes
