@@ -49,10 +49,15 @@ def check_swap_space(config, model, param_groups, data_parallel_group=None) -> N
         return
     bytes_by_key = _nvme_bytes(config, model, param_groups,
                                dist.get_world_size(data_parallel_group))
-    mine = _drive_needs(folders, bytes_by_key) if bytes_by_key is not None else []
+    try:
+        mine = _drive_needs(folders, bytes_by_key) if bytes_by_key is not None else []
+    except OSError as error:  # told to every rank: none may wait in the exchange alone
+        mine = f"zero: cannot read the free space of the NVMe swap folder: {error}"
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    message = _shortfall([need for needs in everyone for need in needs])
+    failures = [entry for entry in everyone if isinstance(entry, str)]
+    message = failures[0] if failures else \
+        _shortfall([need for needs in everyone for need in needs])
     if message:
         raise SwapSpaceError(message)
 

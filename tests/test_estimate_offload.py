@@ -116,9 +116,9 @@ def _measure(rank, world, grid, nvme_path, factory=None, steps=2):
         for g in range(engine.core.group_count):
             info = engine.core.group_offload_info(g)
             if info.get("swap", ""):
-                swap += os.path.getsize(info["swap"].split(" (")[0])
+                swap += os.path.getsize(training.open_path(info["swap"].split(" (")[0]))
             if info.get("param_swap", ""):
-                param_swap += os.path.getsize(info["param_swap"].split(" (")[0])
+                param_swap += os.path.getsize(training.open_path(info["param_swap"].split(" (")[0]))
             nvme_param_numel += info.get("nvme_param_numel", 0)
         report["swap_file_bytes"] = swap + param_swap
         report["param_swap_file_bytes"] = param_swap

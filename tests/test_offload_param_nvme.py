@@ -236,7 +236,8 @@ def test_a_failed_parameter_write_is_an_error_and_the_unit_is_not_read_back(tmp_
 
 def _with_free_space(rank, world, config, free_bytes):
     """Builds the engine on a model made under zero.Init, the drive reporting free_bytes
-    free (None: as it is): (this rank's NVMe bytes after the build, or None; the error)."""
+    free (None: as it is): (this rank's NVMe bytes after the build, or None; the error; the
+    seconds initialize took; the swap files this process had open when it failed)."""
     import os
     import time
     from types import SimpleNamespace
@@ -251,10 +252,14 @@ def _with_free_space(rank, world, config, free_bytes):
     try:
         engine, *_ = zero.initialize(model=model, config=config)
     except Exception as error:  # noqa: BLE001 - the message is the result
-        return None, f"{type(error).__name__}: {error}", time.monotonic() - start
+        open_swap_files = sum("/zero-swap-" in os.readlink(f"/proc/self/fd/{fd}")
+                              for fd in os.listdir("/proc/self/fd")
+                              if os.path.exists(f"/proc/self/fd/{fd}"))
+        return None, f"{type(error).__name__}: {error}", time.monotonic() - start, \
+            open_swap_files
     nvme = engine.memory_report()["by_location"]["nvme"]["peak"]
     engine.destroy()
-    return nvme, None, time.monotonic() - start
+    return nvme, None, time.monotonic() - start, 0
 
 
 def test_swap_files_that_do_not_fit_are_refused_on_every_rank_before_any_is_written(tmp_path):
@@ -263,17 +268,16 @@ def test_swap_files_that_do_not_fit_are_refused_on_every_rank_before_any_is_writ
     params_dir, optimizer_dir = _swap_dirs(tmp_path, "params", "optimizer")
     config = _nvme_params(_config(3, optimizer_dir), params_dir, buffer_count=2)
     built = run_distributed(_with_free_space, 2, args=(config, None))
-    needed = sum(nvme for nvme, _, _ in built)
-    assert needed > 0 and all(error is None for _, error, _ in built)
+    needed = sum(nvme for nvme, _, _, _ in built)
+    assert needed > 0 and all(error is None for _, error, _, _ in built)
     refused = run_distributed(_with_free_space, 2, args=(config, needed - 1))
-    for nvme, error, seconds in refused:
-        assert nvme is None and seconds < 10
+    for nvme, error, seconds, open_swap_files in refused:
+        assert nvme is None and seconds < 10 and open_swap_files == 0  # none was made
         assert error.startswith("SwapSpaceError: zero: the NVMe swap files do not fit: 2 rank(s)")
         assert f"write {needed:,} bytes" in error and f"{needed - 1:,} bytes" in error
         assert "offload_optimizer.nvme_path and offload_param.nvme_path" in error
-    assert not os.listdir(params_dir) and not os.listdir(optimizer_dir)  # nothing written
     exact = run_distributed(_with_free_space, 2, args=(config, needed))
-    assert [nvme for nvme, _, _ in exact] == [nvme for nvme, _, _ in built]
+    assert [nvme for nvme, _, _, _ in exact] == [nvme for nvme, _, _, _ in built]
 
 
 KILLED_MID_RUN = """

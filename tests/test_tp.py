@@ -183,3 +183,19 @@ def test_initialize_refuses_what_does_not_compose_naming_it():
     mesh = DeviceMesh.build(8, data=2, tensor=4)
     assert mesh.tensor_parallel_partition() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert mesh.data_parallel_partition() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def different_inputs_ranks(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=build_gpt(), config=config(1))
+    tokens, targets = batches()[rank]  # a world-sized split: the tensor ranks differ
+    with pytest.raises(ValueError) as error:
+        engine(tokens, targets)
+    return str(error.value)
+
+
+def test_tensor_ranks_given_different_batches_all_raise_on_the_first_forward():
+    for message in run_distributed(different_inputs_ranks, 4, timeout=60):
+        assert "tensor-parallel ranks" in message and "different inputs" in message
+        assert "get_data_parallel_rank()" in message

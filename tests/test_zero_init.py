@@ -187,7 +187,7 @@ def test_a_full_disk_while_writing_shards_names_the_bytes_and_the_fix(tmp_path, 
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(os, "pwrite", no_space)
     with pytest.raises(SpillFull, match=r"nvme_path '.*' is full: this rank's shards take "
-                       r"8000 bytes so far, 4000 more could not be written, \d+ bytes are "
+                       r"4000 bytes so far, 4000 more could not be written, \d+ bytes are "
                        r"available .* point nvme_path at a larger device"):
         spill.put(torch.ones(1000))
 

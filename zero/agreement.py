@@ -27,11 +27,12 @@ class StartupMismatch(RuntimeError):
     """The ranks were started with different configs or models."""
 
 
-def fingerprint(raw_config, model: nn.Module) -> dict[str, str]:
-    """What must be equal on every rank: "config <key.path>" and "parameter <name>" entries."""
+def fingerprint(raw_config, model: nn.Module | None) -> dict[str, str]:
+    """What must be equal on every rank: "config <key.path>" and "parameter <name>" entries
+    (no parameters without a model)."""
     entries: dict[str, str] = {}
     _flatten("config", raw_config, entries)
-    for name, param in model.named_parameters():
+    for name, param in (model.named_parameters() if model is not None else ()):
         shape = zero_init.shard_shape(param) or list(param.shape)
         entries[f"parameter {name}"] = f"shape {tuple(shape)}, requires_grad={param.requires_grad}"
     return entries
@@ -41,7 +42,17 @@ def agree(raw_config, model: nn.Module, group=None) -> None:
     """Collective over `group` (default the world: the ranks that must hold the same config
     and model). Returns when every rank has the same fingerprint; raises StartupMismatch
     on every rank otherwise."""
-    mine = fingerprint(raw_config, model)
+    _agree(fingerprint(raw_config, model), group)
+
+
+def agree_config(raw_config) -> None:
+    """Collective over the world: the config alone. With pipeline or tensor parallelism the
+    ranks hold different parts of the model, but every stage and slice must run the same
+    schedule (micro-batches, precision, ZeRO stage, mesh sizes), or their exchanges hang."""
+    _agree(fingerprint(raw_config, None), None)
+
+
+def _agree(mine: dict[str, str], group) -> None:
     digest = hashlib.sha256(json.dumps(sorted(mine.items())).encode()).hexdigest()
     world = dist.get_world_size(group)
     digests = [None] * world

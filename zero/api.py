@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import activation_checkpointing
+from . import activation_checkpointing, agreement
 from .config import load_config, read_config
 from .distributed import init_distributed
 from .tp import setup as tp_setup
@@ -105,6 +105,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     zero_config = load_config(source, world_size=data_ranks)
     if "activation_checkpointing" in zero_config.raw and not activation_checkpointing.is_configured():
         activation_checkpointing.configure(deepspeed_config=zero_config)  # the block applies
+    # Every rank, whatever part of the model it holds, runs one config: checked over the
+    # world before the mesh's groups are made (pipeline and tensor parallelism then check
+    # the model within each data-parallel group, where it is the same).
+    agreement.agree_config(zero_config.raw)
     grid = tp_setup.prepare(model, zero_config, is_pipeline=pipeline is not None)
     if grid is not None:
         engine = ZeroEngine(model, zero_config, optimizer=optimizer,

@@ -407,7 +407,8 @@ class ZeroEngine(nn.Module):
 
     def module_state_dict(self) -> dict:
         """The module's state dict with whole parameters (gathered unit by unit at stage 3).
-        Every rank must call it; at stage 3 only rank 0 gets the full copy."""
+        Every rank must call it; at stage 3 only rank 0 gets the full copy. With pipeline or
+        tensor parallelism: this rank's stage / slice of the model."""
         if self._stage3 is None:
             return self.module.state_dict()
         return stage3.full_state_dict(self._stage3, self.module, keep=dist.get_rank() == 0)
@@ -425,6 +426,7 @@ class ZeroEngine(nn.Module):
         """DeepSpeed's name, used by the HF Trainer and Accelerate to save a stage-3 model: the
         whole state dict in the training dtype on rank 0, None on the other ranks. Every rank
         must call it."""
+        data_group.check_checkpoint(self._whole_world, "_zero3_consolidated_16bit_state_dict")
         state = self.module_state_dict()
         if dist.get_rank() != 0:
             return None
@@ -442,6 +444,7 @@ class ZeroEngine(nn.Module):
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
         """Rank 0 writes the whole model in its training dtype (gathered unit by unit). At
         stage 3 this needs stage3_gather_16bit_weights_on_model_save, as in DeepSpeed."""
+        data_group.check_checkpoint(self._whole_world, "save_16bit_model")
         if self._stage3 is not None and \
                 not self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
             if dist.get_rank() == 0:

@@ -9,7 +9,9 @@ ever left on disk.
 
 A `SpilledShard` is one parameter's shard in that file (offset, elements, dtype); it reads
 into a new tensor and is overwritten in place (a re-partition after an init-time gather). The
-engine reads each unit's shards once, while it writes its own swap files, and releases them.
+engine reads each unit's shards once, while it writes its own swap files; the file's blocks
+are freed when the last shard is released, at the end of the engine's build (so the disk holds
+this file and the swap files together for a while).
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ class ShardSpill:
         """Appends a copy of `tensor` (1-D, CPU or not) and returns its record."""
         record = SpilledShard(self, self.size, tensor.numel(), tensor.dtype, tensor.device)
         nbytes = tensor.numel() * tensor.element_size()
-        self.size += nbytes
         record.write(tensor)
+        self.size += nbytes
         if self.on_write is not None:
             self.on_write(nbytes)
         return record

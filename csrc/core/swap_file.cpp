@@ -7,6 +7,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
@@ -25,6 +26,14 @@ constexpr const char* kPrefix = "zero-swap-";
 constexpr const char* kSuffix = ".bin";
 // More swap files than this from one process in one directory means something is leaking them.
 constexpr std::uint64_t kMaxFilesPerProcess = 1u << 20;
+
+// The number this process's next swap file tries first. Numbers are never reused while the
+// process lives, so a path in an error message names one file, even after the file has lost
+// its name on disk (the directory can no longer tell which numbers are in use).
+std::atomic<std::uint64_t>& next_number() {
+  static std::atomic<std::uint64_t> next{0};
+  return next;
+}
 
 std::string join(const std::string& directory, const std::string& name) {
   return directory.back() == '/' ? directory + name : directory + "/" + name;
@@ -121,7 +130,8 @@ SwapFile::~SwapFile() { close_and_remove(); }
 
 void SwapFile::create() {
   const pid_t pid = ::getpid();
-  for (std::uint64_t n = 0; n < kMaxFilesPerProcess; ++n) {
+  for (std::uint64_t n = next_number().fetch_add(1); n < kMaxFilesPerProcess;
+       n = next_number().fetch_add(1)) {
     const std::string path = join(directory_, swap_file_name(pid, n));
     // O_EXCL claims the name atomically: a name taken by another thread, or left by an earlier
     // process that had our pid, is skipped rather than shared or overwritten.

@@ -1,8 +1,9 @@
 #pragma once
 // One preallocated swap file in the NVMe directory.
 //
-// Created as zero-swap-<pid>-<n>.bin (n: the first number not taken in the directory, claimed
-// with O_EXCL, so threads and processes never share a file), preallocated with posix_fallocate
+// Created as zero-swap-<pid>-<n>.bin (n: the process's next number not taken in the directory,
+// claimed with O_EXCL, so threads and processes never share a file, and never reused by the
+// process, so a path names one file), preallocated with posix_fallocate
 // so a full disk fails here and not in the middle of a training step, opened O_DIRECT when asked
 // and the filesystem allows it, then unlinked: the open descriptor is the file from then on, so
 // nothing is left on disk however the process ends (a crash, SIGKILL, the OOM killer). path()

@@ -35,9 +35,9 @@ def check_checkpoint(whole_world: bool, what: str) -> None:
     if not whole_world:
         raise NotImplementedError(
             f"zero: {what} with a data-parallel sub-group (pipeline or tensor parallelism) is "
-            "not built yet: checkpoints are saved per world; train without pipeline stages and "
-            "tensor_parallel.autotp_size to checkpoint, or save each rank's module state_dict "
-            "yourself")
+            "not built yet: checkpoints and whole-model saves are made over the world; train "
+            "without pipeline stages and tensor_parallel.autotp_size to checkpoint, or save "
+            "each rank's engine.module_state_dict() (its stage / slice) yourself")
 
 
 def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype, group,

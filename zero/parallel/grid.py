@@ -126,7 +126,7 @@ class PipelineParallelGrid:
         return self.mesh.rank(stage_id, kwargs.get("data", self.data_parallel_id), tensor)
 
 
-_GRIDS: dict = {}  # (mesh, the world group object) -> grid; one per mesh in this process
+_GRIDS: list = []  # [(mesh, the world group object, grid)]: the grid of this process group
 
 
 def grid_for(pipe: int = 1, tensor: int = 1) -> PipelineParallelGrid:
@@ -135,8 +135,9 @@ def grid_for(pipe: int = 1, tensor: int = 1) -> PipelineParallelGrid:
     the same object afterwards. Raises ValueError naming the sizes when they do not divide
     the world size."""
     mesh = DeviceMesh.build(dist.get_world_size(), pipe=pipe, tensor=tensor)
-    key = (mesh, id(dist.group.WORLD))
-    if key not in _GRIDS:
-        _GRIDS.clear()  # a grid of an earlier process group is of no use
-        _GRIDS[key] = PipelineParallelGrid(mesh)
-    return _GRIDS[key]
+    for known, world, grid in _GRIDS:
+        if known == mesh and world is dist.group.WORLD:  # the same object: the same groups
+            return grid
+    _GRIDS.clear()  # a grid of an earlier process group is of no use
+    _GRIDS.append((mesh, dist.group.WORLD, PipelineParallelGrid(mesh)))
+    return _GRIDS[0][2]

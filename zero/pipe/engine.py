@@ -95,13 +95,16 @@ class PipelineEngine(ZeroEngine):
             raise NotImplementedError("zero: eval_batch returns the averaged loss broadcast to "
                                       "every stage only (return_logits=False, compute_loss=True, "
                                       "reduce_output='avg', bcast_loss=True)")
-        self.set_dataiterator(data_iter)
+        training_iterator, self.data_iterator = self.data_iterator, data_iter
         self.module.eval()
         batch = _Batch(training=False)
-        with torch.no_grad():
-            self._run(eval_schedule(num_micro_batches or self.micro_batches, self.num_stages,
-                                    self.stage_id), batch)
-        batch.sends.wait_all()
+        try:
+            with torch.no_grad():
+                self._run(eval_schedule(num_micro_batches or self.micro_batches,
+                                        self.num_stages, self.stage_id), batch)
+            batch.sends.wait_all()
+        finally:  # as DeepSpeed: train_batch() reads the training data again afterwards
+            self.data_iterator = training_iterator
         return self._aggregate_loss(batch)
 
     def forward(self, *args, **kwargs):
@@ -244,8 +247,13 @@ def _check(module, config) -> None:
     if config.fp16.enabled and module.num_stages > 1:
         raise NotImplementedError("zero: fp16 with pipeline stages is not built (the stages "
                                   "would need to agree on overflow skips); use bf16 or fp32")
-    tied_across = any(comm.group is not None for comm in module.tied_comms.values())
-    if config.zero_optimization.stage == 2 and tied_across:
+    if dist.get_backend() != "gloo":
+        raise NotImplementedError(
+            f"zero: pipeline parallelism on the {dist.get_backend()} backend has not run yet: its "
+            "point-to-point exchange is built and tested on gloo only (its send/receive order "
+            "relies on gloo's non-blocking sends); initialise torch.distributed with "
+            "backend='gloo' to use it")
+    if config.zero_optimization.stage == 2 and module.ties_across_stages():
         raise NotImplementedError(
             "zero: ZeRO stage 2 with tied layers across pipeline stages is not built (stage 2 "
             "reduces each micro-batch's gradients before the tied sum); use "

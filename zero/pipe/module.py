@@ -99,8 +99,11 @@ class PipelineModule(nn.Module):
         self.mesh = DeviceMesh.build(dist.get_world_size(), pipe=num_stages)
         self._grid = PipelineParallelGrid(self.mesh)
         self.stage_id = self._grid.stage_id
-        self.parts = partition_layers(partition_method, [_trainable_count(s) for s in layers],
-                                      [_class_name(s) for s in layers], num_stages)
+        # only "parameters" needs the counts (each LayerSpec built on the meta device)
+        counts = [_trainable_count(s) if str(partition_method).lower() == "parameters" else 0
+                  for s in self._layer_specs]
+        self.parts = partition_layers(partition_method, counts,
+                                      [_class_name(s) for s in self._layer_specs], num_stages)
         self._local_start = self.parts[self.stage_id]
         self._local_stop = self.parts[self.stage_id + 1]
         self.tied_modules = nn.ModuleDict()
@@ -189,6 +192,15 @@ class PipelineModule(nn.Module):
                 weight = _getattr(comm.module, attr)
                 if weight.grad is not None:
                     dist.all_reduce(weight.grad, group=comm.group)
+
+    def ties_across_stages(self) -> bool:
+        """Whether a tied key is used on more than one stage (from the layer list: the same
+        answer on every rank, whichever stage it builds)."""
+        stages: dict = {}
+        for index, layer in enumerate(self._layer_specs):
+            if isinstance(layer, TiedLayerSpec):
+                stages.setdefault(layer.key, set()).add(self.stage_of_layer(index))
+        return any(len(used) > 1 for used in stages.values())
 
     def stage_of_layer(self, index: int) -> int:
         for stage in range(self.num_stages):

@@ -3,6 +3,7 @@
 AutoTP conversion, and the checks on what does not compose yet."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +75,36 @@ def prepare(model: nn.Module, config, is_pipeline: bool) -> PipelineParallelGrid
             "auto_tp found no attention or MLP block with input and output linears it knows "
             "(q_proj/k_proj/v_proj/o_proj, up_proj/gate_proj/down_proj, fc1/fc2, c_fc/c_proj, "
             "...) and no zero.tp layer was built by hand; set autotp_size to 0")
+    check_same_inputs_once(model, grid)
     return grid
+
+
+def check_same_inputs_once(model: nn.Module, grid: PipelineParallelGrid) -> None:
+    """On the first forward, the ranks of a tensor group compare their inputs (one hash
+    each, collective over the group) and all raise if they differ, as DeepSpeed checks its
+    AutoTP inputs: a world-sized sampler would otherwise train each slice on other data,
+    silently wrong."""
+    group = grid.get_tensor_model_parallel_group()
+
+    def hook(module, args, kwargs):
+        handle.remove()
+        digest = hashlib.sha256()
+        for value in list(args) + [kwargs[k] for k in sorted(kwargs)]:
+            if isinstance(value, torch.Tensor):
+                data = value.detach().cpu().contiguous().reshape(-1)
+                digest.update(str((value.dtype, tuple(value.shape))).encode())
+                digest.update(data.view(torch.uint8).numpy().tobytes())
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, digest.hexdigest(), group=group)
+        if len(set(everyone)) > 1:
+            ranks = dist.get_process_group_ranks(group)
+            raise ValueError(
+                f"zero: the tensor-parallel ranks {ranks} got different inputs on the first "
+                "forward; every rank of a tensor group must see the same batch: split the data "
+                "over the data-parallel ranks (engine.grid.get_data_parallel_rank() / "
+                "get_data_parallel_world_size(), or pass training_data to initialize)")
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _size(config, model: nn.Module) -> int:
