@@ -103,15 +103,22 @@ def engine_config(args) -> dict:
                                   "offload_optimizer": dict(nvme)}}
 
 
-def predicted_bytes(config: dict, gpt, world: int) -> dict[str, int]:
-    """zero-mem estimate's per-rank bytes at each location for this model and config, before
-    anything is built (the model on the meta device)."""
+def estimator_inputs(args, world: int):
+    """(shapes, setup, stage) of this run's model and config for the estimator and the tuner,
+    before anything is built (the model on the meta device)."""
     from zero.models.tiny_gpt import TinyGPT
     from zero.reports import estimate as est
 
-    shapes = est.shapes_from_module(est.build_on_meta(TinyGPT, gpt))
-    setup, stage = est.setup_from_config(config, world)
-    estimate = est.estimate(shapes, setup, stage)
+    shapes = est.shapes_from_module(est.build_on_meta(TinyGPT, gpt_config(vars(args))))
+    setup, stage = est.setup_from_config(engine_config(args), world)
+    return shapes, setup, stage
+
+
+def predicted_bytes(args, world: int) -> dict[str, int]:
+    """zero-mem estimate's per-rank bytes at each location for this run."""
+    from zero.reports import estimate as est
+
+    estimate = est.estimate(*estimator_inputs(args, world))
     return {where: estimate.bytes_at(where) for where in ("device", "host", "nvme")}
 
 
@@ -119,12 +126,10 @@ def tuner_choices(args, budgets=TUNE_BUDGETS) -> list[dict]:
     """What `zero-mem tune --cpu-only` recommends for this model and rank count at each
     machine budget (split evenly over the ranks: a rank's device and host RAM together), and
     whether it is this run's config."""
-    from zero.models.tiny_gpt import TinyGPT
     from zero.reports import estimate as est
     from zero.reports.tuner import tune
 
-    shapes = est.shapes_from_module(est.build_on_meta(TinyGPT, gpt_config(vars(args))))
-    setup, _ = est.setup_from_config(engine_config(args), args.ranks)
+    shapes, setup, _ = estimator_inputs(args, args.ranks)
     out = []
     for budget in budgets:
         chosen = tune(shapes, setup, est.parse_bytes(budget) // args.ranks,
@@ -155,7 +160,7 @@ def run_rank(rank: int, world: int, _name: str, args) -> dict:
     zero.init_distributed()
     config = engine_config(args)
     gpt = gpt_config(vars(args))
-    predicted = predicted_bytes(config, gpt, world)
+    predicted = predicted_bytes(args, world)
     start = time.perf_counter()
     with zero.Init(config_dict_or_path=config):
         model = TinyGPT(gpt)

@@ -252,9 +252,7 @@ def _with_free_space(rank, world, config, free_bytes):
     try:
         engine, *_ = zero.initialize(model=model, config=config)
     except Exception as error:  # noqa: BLE001 - the message is the result
-        open_swap_files = sum("/zero-swap-" in os.readlink(f"/proc/self/fd/{fd}")
-                              for fd in os.listdir("/proc/self/fd")
-                              if os.path.exists(f"/proc/self/fd/{fd}"))
+        open_swap_files = sum("/zero-swap-" in link for link in training.open_files())
         return None, f"{type(error).__name__}: {error}", time.monotonic() - start, \
             open_swap_files
     nvme = engine.memory_report()["by_location"]["nvme"]["peak"]

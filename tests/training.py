@@ -202,6 +202,20 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).norm() / expected.norm().clamp_min(1e-12)).item()
 
 
+def open_files() -> list[str]:
+    """What this process's open descriptors point at (/proc/self/fd): a file that has lost
+    its name reads "<path> (deleted)"."""
+    import os
+
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+    return links
+
+
 def open_path(swap_file: str) -> str:
     """A path that opens this process's swap file `swap_file` (unlinked once created, so it is
     only reachable through its descriptor): /proc/self/fd/<fd>."""

@@ -37,7 +37,7 @@ from .schedulers import build_scheduler
 
 logger = logging.getLogger("zero")
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+PRECISION_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffer
 
 
@@ -57,7 +57,7 @@ class ZeroEngine(nn.Module):
         self.config = config
         self.module = model
         self.stage = config.zero_optimization.stage
-        self.dtype = _DTYPES[config.precision]
+        self.dtype = PRECISION_DTYPES[config.precision]
         self.device = _training_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # collectives and allocations on this rank's GPU
@@ -68,11 +68,10 @@ class ZeroEngine(nn.Module):
         # before any collective that could hang on it
         agreement.agree(config.raw, model, group=self.data_parallel_group)
         self.full_shapes = sharding.full_shapes(model)  # checkpoint loads check against them
-        if self._whole_world:
-            sharding.prepare_model(model, self.device, self.dtype, self.stage)
-        else:
-            data_group.prepare_model(model, self.device, self.dtype, self.data_parallel_group,
-                                     tensor_parallel_group)
+        if tensor_parallel_group is not None:  # before the data group's broadcast copies them
+            data_group.equalize_unsplit(model, self.device, self.dtype, tensor_parallel_group)
+        sharding.prepare_model(model, self.device, self.dtype, self.stage,
+                               self.data_parallel_group)
         spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters)
         # before a byte is written
         disk_space.check_swap_space(config, model, trainables, self.data_parallel_group)

@@ -27,6 +27,7 @@ import offload
 
 from . import boundary, process_groups, stage3
 from . import init as zero_init
+from .parallel.data_group import first_rank
 
 
 @dataclass
@@ -76,17 +77,20 @@ class GroupBuilder:
 
 
 def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
-                  stage: int) -> None:
+                  stage: int, group=None) -> None:
+    """The model in the training dtype on the device, every rank of `group` (default the
+    world) starting from the group's first rank's values."""
     model.to(device=device, dtype=dtype)
     for param in model.parameters():
         if zero_init.is_partitioned(param):
             zero_init.convert_shard(param, device, dtype)
             if stage < 3:  # built under zero.Init, trained whole
                 zero_init.unpartition(param)
+    src = 0 if group is None else first_rank(group)
     with torch.no_grad():  # zero.Init's shards were cut from rank 0's values already
         for tensor in list(model.parameters()) + list(model.buffers()):
             if not zero_init.is_partitioned(tensor):
-                dist.broadcast(tensor.data, src=0)
+                dist.broadcast(tensor.data, src=src, group=group)
 
 
 def shard_groups(builder: GroupBuilder, model: nn.Module, trainables: list[list],

@@ -40,20 +40,15 @@ def check_checkpoint(whole_world: bool, what: str) -> None:
             "each rank's engine.module_state_dict() (its stage / slice) yourself")
 
 
-def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype, group,
-                  tensor_group=None) -> None:
-    """The model in the training dtype on the device, every rank of `group` starting from
-    the group's first rank's values (sharding.prepare_model does this over the world). With
-    a `tensor_group`, the parameters and buffers a tensor-parallel layer does not split
-    (norms, row-parallel biases) first take the tensor group's first rank's values, so they
-    start equal on the tensor ranks (their gradients are equal there, so they stay equal)."""
+def equalize_unsplit(model: nn.Module, device: torch.device, dtype: torch.dtype,
+                     tensor_group) -> None:
+    """The parameters and buffers a tensor-parallel layer does not split (norms, row-parallel
+    biases) take the tensor group's first rank's values, in the training dtype, so they start
+    equal on the tensor ranks (their gradients are equal there, so they stay equal). The
+    engine then broadcasts everything over the data group (sharding.prepare_model)."""
     model.to(device=device, dtype=dtype)
+    src = first_rank(tensor_group)
     with torch.no_grad():
-        if tensor_group is not None:
-            src = first_rank(tensor_group)
-            for tensor in list(model.parameters()) + list(model.buffers()):
-                if not getattr(tensor, "tensor_model_parallel", False):
-                    dist.broadcast(tensor.data, src=src, group=tensor_group)
-        src = first_rank(group)
         for tensor in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(tensor.data, src=src, group=group)
+            if not getattr(tensor, "tensor_model_parallel", False):
+                dist.broadcast(tensor.data, src=src, group=tensor_group)

@@ -115,8 +115,9 @@ def _size(config, model: nn.Module) -> int:
     if configured not in (0, recorded.tp_size):
         raise ValueError(f"zero: tensor_parallel.autotp_size = {configured} in the config but "
                          f"tp_model_init(tp_size={recorded.tp_size}); make them equal")
-    engine_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision,
-                                                                      torch.float32)
+    from ..engine import PRECISION_DTYPES  # needs zero._C: only when tp_model_init was used
+
+    engine_dtype = PRECISION_DTYPES[config.precision]
     if recorded.dtype is not None and recorded.dtype != engine_dtype:
         raise ValueError(f"zero: tp_model_init(dtype={recorded.dtype}) but the config trains "
                          f"in {engine_dtype} (bf16/fp16 blocks); make them agree")
