@@ -109,8 +109,8 @@ def _checkpoint_facts(path: str) -> dict:
     largest tensor."""
     from zero import checkpoint_export
 
-    tag_dir, model_state = checkpoint_export.open_checkpoint(path)
-    entries = checkpoint_export._entries(tag_dir, model_state, False)
+    tag_dir, _ = checkpoint_export.open_checkpoint(path)
+    entries, _ = checkpoint_export.checkpoint_entries(path)
     return {"files": {f: os.path.getsize(os.path.join(tag_dir, f))
                       for f in sorted(os.listdir(tag_dir))},
             "fp32_bytes": sum(e.nbytes for e in entries),
@@ -123,7 +123,8 @@ def _export(mode: str, checkpoint: str, output: str):
     from zero import checkpoint_export as export
 
     if mode == "verify":
-        return export.Fp32Parameters(*export.open_checkpoint(checkpoint))
+        path, [(names, model_state)] = export.open_checkpoint(checkpoint)
+        return export.Fp32Parameters(path, model_state, names)
     if mode == "state_dict":
         return export.get_fp32_state_dict_from_zero_checkpoint(checkpoint)
     if mode == "lazy":

@@ -109,17 +109,22 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # world before the mesh's groups are made (pipeline and tensor parallelism then check
     # the model within each data-parallel group, where it is the same).
     agreement.agree_config(zero_config.raw)
-    grid = tp_setup.prepare(model, zero_config, is_pipeline=pipeline is not None)
-    if grid is not None:
+    grid = tp_setup.prepare(model, zero_config,
+                            pipeline_grid=model.mpu() if pipeline is not None else None)
+    tensor_group = grid.get_tensor_model_parallel_group() if grid is not None else None
+    if pipeline is not None:
+        engine = pipeline(model, zero_config, optimizer=optimizer,
+                          model_parameters=model_parameters, lr_scheduler=lr_scheduler,
+                          tensor_parallel_group=tensor_group)
+    elif grid is not None:
         engine = ZeroEngine(model, zero_config, optimizer=optimizer,
                             model_parameters=model_parameters, lr_scheduler=lr_scheduler,
                             data_parallel_group=grid.get_data_parallel_group(),
-                            tensor_parallel_group=grid.get_tensor_model_parallel_group())
+                            tensor_parallel_group=tensor_group)
         engine.grid = engine.mpu = grid  # DeepSpeed's engine.mpu
     else:
-        kind = ZeroEngine if pipeline is None else pipeline
-        engine = kind(model, zero_config, optimizer=optimizer,
-                      model_parameters=model_parameters, lr_scheduler=lr_scheduler)
+        engine = ZeroEngine(model, zero_config, optimizer=optimizer,
+                            model_parameters=model_parameters, lr_scheduler=lr_scheduler)
     dataloader = None
     if training_data is not None:
         dataloader = _dataloader(training_data, zero_config, collate_fn, engine)

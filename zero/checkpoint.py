@@ -9,6 +9,10 @@ Layout (DeepSpeed-like names):
     save_dir/zero_to_fp32.py                     DeepSpeed's command: the fp32 weights from
                                                  the files (checkpoint_export.py)
 
+A model split over pipeline stages or tensor ranks saves one such set per part, under
+DeepSpeed's names (checkpoint_mesh.py): mp_rank_XX_model_states.pt from each part's first
+data-parallel rank, zero_pp_rank_<d>_mp_rank_XX_optim_states.pt from every rank, one manifest.
+
 Nothing is lost on a crash (checkpoint_files.py): ranks write into save_dir/.<tag>.tmp, each
 file fsynced and renamed, rank 0 writes the manifest from every rank's digests, renames the
 whole directory into place (an older copy of the same tag moved aside first, and found again
@@ -34,8 +38,8 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint_files as files
-from . import checkpoint_layout, stage3
-from .checkpoint_files import LATEST, MODEL_FILE, rank_file
+from . import checkpoint_layout, checkpoint_mesh, stage3
+from .checkpoint_files import LATEST
 
 logger = logging.getLogger("zero")
 
@@ -57,24 +61,31 @@ def _atomic_torch_save(obj, path: str) -> dict:
     return files.save_torch(obj, path)
 
 
-def _fingerprint(engine) -> dict:
+def _fingerprint(engine, part: checkpoint_mesh.Part) -> dict:
     core = engine.core
     return {"stage": engine.stage, "world_size": dist.get_world_size(),
             "dtype": str(engine.dtype), "optimizer": engine.optimizer.spec.kind,
             "group_numels": [core.group_numel(g) for g in range(core.group_count)],
             # the ranks each group is sharded over (MiCS: its shard groups', below the world)
-            "group_worlds": [core.group_layout(g).world_size for g in range(core.group_count)]}
+            "group_worlds": [core.group_layout(g).world_size for g in range(core.group_count)],
+            "mesh": part.mesh}  # None without pipeline or tensor parallelism
 
 
 def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool) -> bool:
     settings = engine.config.checkpoint
+    part = checkpoint_mesh.part_of(engine)
     tag = _agreed_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}",
                       settings.tag_validation)
-    rank = dist.get_rank()
-    # The files every rank shares (model_states.pt, manifest, latest) are written by rank 0, or
-    # with node-local storage by each node's local rank 0 into its node's save_dir.
-    writer = engine.local_rank == 0 if settings.use_node_local_storage else rank == 0
+    # The files every rank shares (manifest, latest) are written by rank 0, or with node-local
+    # storage by each node's local rank 0 into its node's save_dir; so is model_states.pt,
+    # except that each part of a split model has its own (checkpoint_mesh.py).
+    writer = engine.local_rank == 0 if settings.use_node_local_storage else dist.get_rank() == 0
     if settings.use_node_local_storage:
+        if part.mesh is not None:
+            raise NotImplementedError(
+                "zero: checkpoint.use_node_local_storage with pipeline stages or tensor "
+                "parallelism is not built (each node would hold other parts of the model); set "
+                "it to false and save to a directory every rank sees")
         _check_node_local(save_dir, writer)
     staging = os.path.join(save_dir, f".{tag}.tmp")
     with _all_ranks_or_none(f"preparing checkpoint {tag} in {save_dir}"):
@@ -83,15 +94,16 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
             shutil.rmtree(staging, ignore_errors=True)
             os.makedirs(staging)
     with _all_ranks_or_none(f"saving checkpoint {tag} to {save_dir}"):
-        written = _write_files(engine, staging, rank, writer, client_state)
+        model_writer = part.writes_model if part.mesh is not None else writer
+        written = _write_files(engine, staging, part, model_writer, client_state)
     entries = [None] * dist.get_world_size()
     dist.all_gather_object(entries, written)  # every shard is on disk before the tag appears
     with _all_ranks_or_none(f"publishing checkpoint {tag} in {save_dir}",
                             "'latest' names a complete checkpoint (the previous or this one)"):
         if writer:
-            # every rank's shard, and this writer's own model_states.pt
-            manifest = {k: v for part in entries for k, v in part.items() if k != MODEL_FILE}
-            manifest[MODEL_FILE] = written[MODEL_FILE]
+            # every rank's files; with node-local storage this writer's own model_states.pt
+            manifest = {k: v for rank_written in entries for k, v in rank_written.items()}
+            manifest.update(written)
             files.write_manifest(staging, manifest)
             files.publish(save_dir, staging, tag)
             if save_latest:
@@ -180,34 +192,37 @@ class _all_ranks_or_none:
         return False
 
 
-def _write_files(engine, staging: str, rank: int, writer: bool,
+def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer: bool,
                  client_state: dict) -> dict[str, dict]:
-    """Writes this rank's files (and model_states.pt on a writer); returns their manifest
-    entries."""
+    """Writes this rank's shard (and its part's model file on a model writer); returns their
+    manifest entries."""
     # The one collective first (stage 3 gathers unit by unit), so that a write failing on one
     # rank cannot leave the others waiting in it.
     module_state = (engine.module.state_dict() if engine._stage3 is None else
-                    stage3.full_state_dict(engine._stage3, engine.module, keep=writer))
+                    stage3.full_state_dict(engine._stage3, engine.module, keep=model_writer))
     core = engine.core
     groups = [{"master": core.group_master_shard(g),
                "state": dict(core.group_optimizer_state(g))}  # copies
               for g in range(core.group_count)]
-    shard = {"format_version": files.FORMAT_VERSION, "fingerprint": _fingerprint(engine),
+    fingerprint = _fingerprint(engine, part)
+    shard = {"format_version": files.FORMAT_VERSION, "fingerprint": fingerprint,
              "groups": groups}
-    written = {rank_file(rank): _atomic_torch_save(shard, os.path.join(staging, rank_file(rank)))}
-    if writer:
-        written[MODEL_FILE] = _atomic_torch_save({
+    shard_file = part.names.rank(part.data_rank)
+    written = {shard_file: _atomic_torch_save(shard, os.path.join(staging, shard_file))}
+    if model_writer:
+        written[part.names.model] = _atomic_torch_save({
             "format_version": files.FORMAT_VERSION,
             "module": module_state,
-            "fingerprint": _fingerprint(engine),
+            "fingerprint": fingerprint,
             "layout": checkpoint_layout.describe(engine),
+            "tensor_split": checkpoint_mesh.tensor_split(engine.module),
             "optimizer": engine.optimizer.state_dict(),
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler else None,
             "counters": {name: getattr(engine, name) for name in (
                 "micro_steps", "global_steps", "global_samples", "skipped_steps", "applied_steps")},
             "client_state": client_state,
-        }, os.path.join(staging, MODEL_FILE))
+        }, os.path.join(staging, part.names.model))
     return written
 
 
@@ -222,24 +237,30 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
             return None, None
         with open(latest) as file:
             tag = file.read().strip()
+    part = checkpoint_mesh.part_of(engine)
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         path, note = files.find(load_dir, str(tag))
-        files.verify(path, [MODEL_FILE])
-        model_state = files.load_torch(os.path.join(path, MODEL_FILE))
-    # The same file and engine on every rank: every rank raises the same error, or none.
-    _check_shapes(model_state["module"], engine.full_shapes, path)
-    reshard = _check_fingerprint(model_state, engine, path)
+        checkpoint_mesh.check_mesh(_saved_mesh(path), part.mesh, path)
+        files.verify(path, [part.names.model])
+        model_state = files.load_torch(os.path.join(path, part.names.model))
+    def check() -> bool:
+        _check_shapes(model_state["module"], engine.full_shapes,
+                      os.path.join(path, part.names.model))
+        return _check_fingerprint(model_state, engine, part, path)
+
+    # Each part reads its own file: one part's mismatch is raised on every rank.
+    reshard = _agreed_check(check)
     load_shards = load_optimizer_states and not load_module_only
     shards = None
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         # Every rank file this rank will read, before anything is written into the engine:
         # present, equal to the manifest, in a format this zero reads (mapped, not read).
         if load_shards and reshard:
-            shards = _read_every_shard(engine, path, model_state)
+            shards = _read_every_shard(engine, path, model_state, part.names)
         elif load_shards:
-            files.verify(path, [rank_file(dist.get_rank())])
-            shards = files.load_torch(os.path.join(path, rank_file(dist.get_rank())),
-                                      mmap=True)["groups"]
+            shard_file = part.names.rank(part.data_rank)
+            files.verify(path, [shard_file])
+            shards = files.load_torch(os.path.join(path, shard_file), mmap=True)["groups"]
     if note and dist.get_rank() == 0:
         logger.warning(note)
 
@@ -268,9 +289,39 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     return path, model_state["client_state"]
 
 
-def _read_every_shard(engine, path: str, model_state: dict) -> list[list[dict]]:
+def _agreed_check(check):
+    """check()'s result on every rank, or its ValueError: raised as it is on the ranks that
+    found it, and naming them on the others (which would otherwise wait in the load's next
+    collective)."""
+    error = None
     try:
-        return checkpoint_layout.read_shards(path, model_state)
+        result = check()
+    except ValueError as raised:
+        error = raised
+    messages = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, None if error is None else str(error))
+    if error is not None:
+        raise error
+    failed = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
+    if failed:
+        raise ValueError("zero: nothing was loaded: " + "; ".join(failed[:4]))
+    return result
+
+
+def _saved_mesh(path: str) -> dict | None:
+    """The mesh a checkpoint directory was saved with (None: the whole model on every rank),
+    from the names of its model files; a split one's first part records it."""
+    parts = files.part_names(path)
+    if not parts or parts[0] == files.WHOLE:
+        return None
+    files.verify(path, [parts[0].model])
+    return files.load_torch(os.path.join(path, parts[0].model), mmap=True)["fingerprint"]["mesh"]
+
+
+def _read_every_shard(engine, path: str, model_state: dict,
+                      names: files.PartNames) -> list[list[dict]]:
+    try:
+        return checkpoint_layout.read_shards(path, model_state, names)
     except files.CorruptCheckpoint as error:
         if not engine.config.checkpoint.use_node_local_storage:
             raise
@@ -290,23 +341,23 @@ def _load_shard(engine, groups: list[dict]) -> None:
                 core.group_load_optimizer_state(g, name, tensor)
 
 
-def _check_shapes(saved: dict, expected: dict, path: str) -> None:
+def _check_shapes(saved: dict, expected: dict, model_file: str) -> None:
     """Before anything is loaded: every saved tensor the model also has must have its shape."""
     wrong = [(name, tuple(value.shape), tuple(expected[name])) for name, value in saved.items()
              if name in expected and value.shape != expected[name]]
     if wrong:
         listed = "; ".join(f"{name}: saved {s}, the model has {e}" for name, s, e in wrong[:5])
         raise ValueError(
-            f"zero: checkpoint {os.path.join(path, MODEL_FILE)} is of another model: {listed}"
+            f"zero: checkpoint {model_file} is of another model: {listed}"
             + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else "") +
             "; nothing was loaded. Build the model the checkpoint was saved from")
 
 
-def _check_fingerprint(model_state: dict, engine, path: str) -> bool:
+def _check_fingerprint(model_state: dict, engine, part: checkpoint_mesh.Part, path: str) -> bool:
     """Whether the checkpoint fits this engine as saved (False) or must be resharded (True:
     another world size or stage, the same dtype, optimizer and trainable parameters); raises
     naming the difference otherwise."""
-    saved, current = model_state["fingerprint"], _fingerprint(engine)
+    saved, current = model_state["fingerprint"], _fingerprint(engine, part)
     for key in ("dtype", "optimizer"):
         if saved.get(key) != current[key]:
             raise ValueError(

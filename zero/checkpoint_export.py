@@ -30,14 +30,16 @@ from dataclasses import dataclass
 import torch
 
 from . import checkpoint_files as files
-from .checkpoint_files import LATEST, MODEL_FILE, rank_file
+from .checkpoint_files import LATEST, MODEL_FILE, WHOLE, PartNames
 from .checkpoint_layout import layout_of
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 
 
-def open_checkpoint(checkpoint_dir: str, tag=None) -> tuple[str, dict]:
-    """The tag's directory (from `latest` when no tag is given) and its model state, mapped."""
+def open_checkpoint(checkpoint_dir: str, tag=None) -> tuple[str, list[tuple[PartNames, dict]]]:
+    """The tag's directory (from `latest` when no tag is given) and the model state of each
+    of its parts, mapped: one for a whole model, one per pipeline stage x tensor slice for a
+    split one (checkpoint_mesh.py)."""
     if tag is None:
         latest = os.path.join(checkpoint_dir, LATEST)
         if not os.path.isfile(latest):
@@ -46,21 +48,24 @@ def open_checkpoint(checkpoint_dir: str, tag=None) -> tuple[str, dict]:
         with open(latest) as file:
             tag = file.read().strip()
     path, _ = files.find(checkpoint_dir, str(tag))
-    files.verify(path, [MODEL_FILE])
-    return path, files.load_torch(os.path.join(path, MODEL_FILE), mmap=True)
+    parts = files.part_names(path) or [WHOLE]  # none found: verify names what is missing
+    files.verify(path, [names.model for names in parts])
+    return path, [(names, files.load_torch(os.path.join(path, names.model), mmap=True))
+                  for names in parts]
 
 
 class Fp32Parameters:
-    """The trainable parameters of a checkpoint, each built on request from the rank files'
-    fp32 master pieces (memory-mapped, so only what is read is paged in)."""
+    """The trainable parameters of a checkpoint (of one part of a split model), each built on
+    request from the rank files' fp32 master pieces (memory-mapped: only what is read is
+    paged in)."""
 
-    def __init__(self, path: str, model_state: dict):
+    def __init__(self, path: str, model_state: dict, names: PartNames = WHOLE):
         layout = layout_of(model_state, path)
         self.groups = layout["groups"]
         world = max(group["world_size"] for group in self.groups)
-        files.verify(path, [rank_file(r) for r in range(world)])
+        files.verify(path, [names.rank(r) for r in range(world)])
         self.masters = [[group["master"] for group in
-                         files.load_torch(os.path.join(path, rank_file(r)), mmap=True)["groups"]]
+                         files.load_torch(os.path.join(path, names.rank(r)), mmap=True)["groups"]]
                         for r in range(world)]
         self.shapes = {name: tensor.shape for name, tensor in model_state["module"].items()}
 
@@ -111,11 +116,12 @@ def _same_tensor(tensor: torch.Tensor) -> tuple:
             tuple(tensor.stride()), tensor.dtype)
 
 
-def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool) -> list[Entry]:
+def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool,
+             names: PartNames = WHOLE) -> list[Entry]:
     """The module's state dict in its own order: trainable parameters in fp32 from the master
     weights, buffers and frozen parameters as saved; one entry per tensor, with every name the
     module has for it."""
-    params = Fp32Parameters(path, model_state)
+    params = Fp32Parameters(path, model_state, names)
     frozen = set(layout_of(model_state, path)["frozen"])
     first_name = {}
     trainable = {}
@@ -141,6 +147,64 @@ def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool) -> l
     return entries
 
 
+def checkpoint_entries(checkpoint_dir, tag=None, exclude_frozen_parameters: bool = False
+                       ) -> tuple[list[Entry], list[str]]:
+    """Every tensor of the whole model (a split model's parts put together), and the names
+    in state-dict order."""
+    path, parts = open_checkpoint(checkpoint_dir, tag)
+    if parts[0][0] == WHOLE:
+        model_state = parts[0][1]
+        return _entries(path, model_state, exclude_frozen_parameters), list(model_state["module"])
+    return _joined_parts(path, parts, exclude_frozen_parameters)
+
+
+def _joined_parts(path: str, parts: list[tuple[PartNames, dict]],
+                  exclude_frozen_parameters: bool) -> tuple[list[Entry], list[str]]:
+    """The parts of a split model as one: stage by stage, each parameter the tensor ranks
+    split rebuilt from their slices (tensor_split), the others from tensor rank 0; a name
+    seen on an earlier stage (a tied layer) keeps that stage's value."""
+    mesh = parts[0][1]["fingerprint"]["mesh"]
+    pipe, tensor = mesh["pipe"], mesh["tensor"]
+    if [names.mp_rank for names, _ in parts] != list(range(pipe * tensor)):
+        raise files.CorruptCheckpoint(
+            f"zero: checkpoint {path} was saved with {pipe} pipeline stage(s) x tensor size "
+            f"{tensor}, so it needs the model files of parts 0 to {pipe * tensor - 1}, but has "
+            f"{[names.model for names, _ in parts]}; copy the missing parts back")
+    entries, order, seen = [], [], set()
+    for stage in range(pipe):
+        slices = parts[stage * tensor:(stage + 1) * tensor]
+        split = slices[0][1].get("tensor_split", {})
+        by_name = [{e.names[0]: e for e in _entries(path, state, exclude_frozen_parameters,
+                                                     names)} for names, state in slices]
+        for first, entry in by_name[0].items():
+            if seen.intersection(entry.names):
+                continue
+            seen.update(entry.names)
+            order.extend(entry.names)
+            if first in split:
+                entry = _joined(entry, [pieces[first] for pieces in by_name], split[first])
+            entries.append(entry)
+    return entries, order
+
+
+def _joined(entry: Entry, pieces: list[Entry], split: dict) -> Entry:
+    """The whole parameter from the tensor ranks' slices: concatenated along the split
+    dimension (a fused layer's blocks each put together on their own), an HF Conv1D's
+    weight transposed back to [in, out]."""
+    dim, fused, transposed = split["dim"], split["fused"], split["transposed"]
+    shape = list(entry.shape)
+    shape[dim] *= len(pieces)
+    shape = torch.Size(shape[::-1] if transposed else shape)
+
+    def build() -> torch.Tensor:
+        blocks = [piece.build().chunk(fused, dim=dim) for piece in pieces]
+        whole = torch.cat([torch.cat([b[i] for b in blocks], dim=dim) for i in range(fused)],
+                          dim=dim)
+        return whole.t().contiguous() if transposed else whole
+
+    return Entry(entry.names, shape, entry.dtype, build)
+
+
 class LazyTensor:
     """One tensor of a lazy_mode state dict (DeepSpeed's GatheredTensor): `shape` and `dtype`
     now, the values (read from the memory-mapped rank files) on `.contiguous()`. Tied names
@@ -164,16 +228,16 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
     frozen parameters) as saved, tied names sharing one tensor. With `lazy_mode` the values
     are LazyTensors, each built (and held) only when its `.contiguous()` is called, as
     DeepSpeed's lazy mode does: memory for one tensor at a time."""
-    path, model_state = open_checkpoint(checkpoint_dir, tag)
+    entries, order = checkpoint_entries(checkpoint_dir, tag, exclude_frozen_parameters)
     state = {}
-    for entry in _entries(path, model_state, exclude_frozen_parameters):
+    for entry in entries:
         if lazy_mode:
             value = LazyTensor(entry.build, entry.shape, entry.dtype)
         else:
             value = entry.build()
         for name in entry.names:
             state[name] = value
-    return {name: state[name] for name in model_state["module"] if name in state}
+    return {name: state[name] for name in order if name in state}
 
 
 def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
@@ -254,8 +318,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_dir=None,
         safe_serialization = single.endswith(".safetensors")
     if safe_serialization:
         from safetensors.torch import save_file
-    path, model_state = open_checkpoint(checkpoint_dir, tag)
-    entries = _entries(path, model_state, exclude_frozen_parameters)
+    entries, _ = checkpoint_entries(checkpoint_dir, tag, exclude_frozen_parameters)
     total = sum(entry.nbytes for entry in entries)
     if single is not None:
         output_dir, names, shards = os.path.dirname(single) or ".", [os.path.basename(single)], \

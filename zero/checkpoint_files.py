@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+from dataclasses import dataclass
 
 import torch
 
@@ -27,6 +29,38 @@ FORMAT_VERSION = 1
 def rank_file(rank: int) -> str:
     """Rank `rank`'s fp32 master shard and optimizer state."""
     return f"zero_rank{rank}_optim_states.pt"
+
+
+@dataclass(frozen=True)
+class PartNames:
+    """The files of one part of the model. `mp_rank` None: the whole model on every rank
+    (model_states.pt, zero_rank<r>_optim_states.pt). Otherwise the part at that DeepSpeed
+    model-parallel rank (pipeline stage x tensor slice, stage-major) under DeepSpeed's
+    names: mp_rank_XX_model_states.pt and zero_pp_rank_<d>_mp_rank_XX_optim_states.pt, <d>
+    the rank within the part's data-parallel group."""
+    mp_rank: int | None = None
+
+    @property
+    def model(self) -> str:
+        return MODEL_FILE if self.mp_rank is None else f"mp_rank_{self.mp_rank:02d}_model_states.pt"
+
+    def rank(self, data_rank: int) -> str:
+        if self.mp_rank is None:
+            return rank_file(data_rank)
+        return f"zero_pp_rank_{data_rank}_mp_rank_{self.mp_rank:02d}_optim_states.pt"
+
+
+WHOLE = PartNames()
+_PART_MODEL = re.compile(r"mp_rank_(\d+)_model_states\.pt")
+
+
+def part_names(directory: str) -> list[PartNames]:
+    """The parts a checkpoint directory holds, in model-parallel rank order: [WHOLE] when it
+    has model_states.pt, else one per mp_rank_XX_model_states.pt (none: an empty list)."""
+    if os.path.isfile(os.path.join(directory, MODEL_FILE)):
+        return [WHOLE]
+    found = [_PART_MODEL.fullmatch(name) for name in os.listdir(directory)]
+    return [PartNames(r) for r in sorted(int(m.group(1)) for m in found if m)]
 
 
 class CorruptCheckpoint(RuntimeError):

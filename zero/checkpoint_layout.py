@@ -15,7 +15,7 @@ import os
 import torch
 
 from . import checkpoint_files as files
-from .checkpoint_files import LATEST, MODEL_FILE, rank_file
+from .checkpoint_files import WHOLE, PartNames
 from .sharding import names_by_id
 
 
@@ -52,21 +52,22 @@ def layout_of(model_state: dict, path: str) -> dict:
     return layout
 
 
-def read_shards(path: str, model_state: dict) -> list[list[dict]]:
-    """Every saved rank's groups (master and optimizer state shards): each rank file present,
-    equal to the manifest and in a format this zero reads (a CorruptCheckpoint naming the file
-    otherwise), memory-mapped (tensors are read when touched)."""
+def read_shards(path: str, model_state: dict, names: PartNames = WHOLE) -> list[list[dict]]:
+    """Every saved rank's groups (master and optimizer state shards) of the part `names`:
+    each rank file present, equal to the manifest and in a format this zero reads (a
+    CorruptCheckpoint naming the file otherwise), memory-mapped (read when touched)."""
     world = max(group["world_size"] for group in layout_of(model_state, path)["groups"])
-    files.verify(path, [rank_file(r) for r in range(world)])
-    return [files.load_torch(os.path.join(path, rank_file(r)), mmap=True)["groups"]
+    files.verify(path, [names.rank(r) for r in range(world)])
+    return [files.load_torch(os.path.join(path, names.rank(r)), mmap=True)["groups"]
             for r in range(world)]
 
 
-def full_arrays(path: str, model_state: dict, array: str, shards=None):
+def full_arrays(path: str, model_state: dict, array: str, shards=None,
+                names: PartNames = WHOLE):
     """Per group: [(names, whole value)] of array `array` ("master", "exp_avg", ...) for every
     parameter, put back together from the saved ranks' shards."""
     layout = layout_of(model_state, path)
-    shards = shards if shards is not None else read_shards(path, model_state)
+    shards = shards if shards is not None else read_shards(path, model_state, names)
     result = []
     for g, group in enumerate(layout["groups"]):
         pieces = [shards[r][g]["master" if array == "master" else "state"] for r in

@@ -47,8 +47,8 @@ class ZeroEngine(nn.Module):
                  data_parallel_group=None, tensor_parallel_group=None):
         """`data_parallel_group`: the ranks that hold this same model and shard its states
         (default the world; a pipeline stage's ranks under zero.pipe; the ranks of one tensor
-        slice under zero.tp). On a sub-group, stage 3 and checkpoints are refused (not built
-        yet). `tensor_parallel_group` (zero.tp): the ranks holding the other slices of the
+        slice under zero.tp). On a sub-group, stage 3 and whole-model 16-bit saves are refused
+        (not built yet); checkpoints save each part (zero.checkpoint_mesh). `tensor_parallel_group` (zero.tp): the ranks holding the other slices of the
         same layers; the parameters not split start equal over it."""
         super().__init__()
         if not dist.is_initialized():
@@ -325,9 +325,13 @@ class ZeroEngine(nn.Module):
     def memory_report(self) -> dict:
         """Per-category current/peak bytes from the accounting registry, with the ZeRO formula's
         expected value beside each model-state category."""
-        return build_report(self._core.registry(), self._layouts, dist.get_rank(),
-                            self.global_steps, self._core.comm_stats(),
-                            self._watch.activation_bytes)
+        return self._report(dist.get_rank())
+
+    def _report(self, rank: int) -> dict:
+        grid = getattr(self, "grid", None)  # pipeline stages / tensor slices: the rank's place
+        return build_report(self._core.registry(), self._layouts, rank, self.global_steps,
+                            self._core.comm_stats(), self._watch.activation_bytes,
+                            mesh=grid.describe() if grid is not None else None)
 
     def print_memory_report(self) -> None:
         print(format_report(self.memory_report()), flush=True)
@@ -354,8 +358,7 @@ class ZeroEngine(nn.Module):
         if self._core is None:
             return None
         rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-        report = build_report(self._core.registry(), self._layouts, rank, self.global_steps,
-                              self._core.comm_stats(), self._watch.activation_bytes)
+        report = self._report(rank)
         report["final"] = True
         self._write_report(report, show=show)
         self._final_report_step = self.global_steps
@@ -385,13 +388,11 @@ class ZeroEngine(nn.Module):
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
-        data_group.check_checkpoint(self._whole_world, "save_checkpoint")
         return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
-        data_group.check_checkpoint(self._whole_world, "load_checkpoint")
         with self._swap_writes.shown("zero: loading the checkpoint into NVMe swap files"):
             return load_checkpoint(self, load_dir, tag, load_module_strict,
                                    load_optimizer_states, load_lr_scheduler_states,
@@ -425,7 +426,7 @@ class ZeroEngine(nn.Module):
         """DeepSpeed's name, used by the HF Trainer and Accelerate to save a stage-3 model: the
         whole state dict in the training dtype on rank 0, None on the other ranks. Every rank
         must call it."""
-        data_group.check_checkpoint(self._whole_world, "_zero3_consolidated_16bit_state_dict")
+        data_group.check_whole_model_save(self._whole_world, "_zero3_consolidated_16bit_state_dict")
         state = self.module_state_dict()
         if dist.get_rank() != 0:
             return None
@@ -443,7 +444,7 @@ class ZeroEngine(nn.Module):
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
         """Rank 0 writes the whole model in its training dtype (gathered unit by unit). At
         stage 3 this needs stage3_gather_16bit_weights_on_model_save, as in DeepSpeed."""
-        data_group.check_checkpoint(self._whole_world, "save_16bit_model")
+        data_group.check_whole_model_save(self._whole_world, "save_16bit_model")
         if self._stage3 is not None and \
                 not self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
             if dist.get_rank() == 0:

@@ -138,9 +138,12 @@ def process_memory() -> dict[str, int]:
 
 
 def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
-                 comm_stats: dict, activation_bytes: int | None = None) -> dict:
+                 comm_stats: dict, activation_bytes: int | None = None,
+                 mesh: dict | None = None) -> dict:
     """The per-rank memory report: measured current/peak per category beside the formula
-    (summed over the engine's layouts: stage 3 has its persistent parameters as a second)."""
+    (summed over the engine's layouts: stage 3 has its persistent parameters as a second).
+    `mesh` (PipelineParallelGrid.describe()): with pipeline stages or tensor parallelism the
+    rank's place; its numbers are then its part's (Ψ of its stage / slice, N its data ranks)."""
     categories = {}
     for row in registry.records():
         entry = categories.setdefault(row["category"], {"current": 0, "peak": 0, "by_location": {}})
@@ -199,6 +202,7 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         # what the last forward kept for backward (autograd's saved tensors, parameters
         # excluded), measured; None when not measured
         "activations_bytes": activation_bytes,
+        "mesh": mesh,
     }
 
 
@@ -235,8 +239,21 @@ def format_report_line(report: dict) -> str:
             if usage.get("current") or usage.get("peak") or loc == "device"]
     where = ", ".join(f"{_LOCATION_TEXT.get(loc, loc)} {_size(usage.get('current') or 0)} "
                       f"(peak {_size(usage.get('peak') or 0)})" for loc, usage in used)
-    return (f"[zero] step {report['step']} rank {report['rank']}: model states "
+    place = f" ({mesh_text(report['mesh'], short=True)})" if report.get("mesh") else ""
+    return (f"[zero] step {report['step']} rank {report['rank']}{place}: model states "
             f"{_size(measured)} ({verdict}); {where}")
+
+
+def mesh_text(mesh: dict, short: bool = False) -> str:
+    """Where a rank sits in a pipe x data x tensor mesh, and what its numbers cover."""
+    place = (f"pipeline stage {mesh['stage']}/{mesh['pipe']}, data rank "
+             f"{mesh['data_rank']}/{mesh['data']}, tensor rank {mesh['tensor_rank']}/"
+             f"{mesh['tensor']}")
+    if short:
+        return place
+    return (f"mesh: {place}; this rank's part (its stage's layers"
+            + (", split layers cut to its tensor slice" if mesh["tensor"] > 1 else "")
+            + f") sharded over N = {mesh['data']} data-parallel ranks")
 
 
 def format_report(report: dict) -> str:
@@ -255,6 +272,8 @@ def format_report(report: dict) -> str:
              + (f", Ψp={persistent:,} persistent" if persistent else "")
              + f", {report['param_bytes']}-byte params"
              + (f"; offload: {', '.join(where)}" if where else "") + f"), in {unit}:"]
+    if report.get("mesh"):
+        lines.append(f"  {mesh_text(report['mesh'])}")
     headers = ["category", *(_LOCATION_TEXT[loc] for loc in LOCATIONS), "peak", "by formula",
                "check", "formula"]
     rows = []

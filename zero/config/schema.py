@@ -652,7 +652,8 @@ CHECKPOINT = Block("checkpoint", "DeepSpeed's checkpoint options (zero's checkpo
           "`latest` and zero_to_fp32.py) into its node's copy, every rank its own shard file; each node then "
           "loads from its own copy (the same world size and rank placement). A save_dir that two nodes see "
           "is an error at save naming the ranks. Loading at another world size, or exporting, needs every "
-          "rank's zero_rank*_optim_states.pt in one directory: copy the nodes' files together."),
+          "rank's zero_rank*_optim_states.pt in one directory: copy the nodes' files together. Not built "
+          "with pipeline stages or tensor parallelism (an error at save)."),
     _unsupported(BOOL, "checkpoint_serialization", True, "DeepSpeed: torch.save's zipfile format (false: "
                  "its legacy format); zero always writes the zipfile format."),
     Key("writer", SECTION, None, "DeepSpeed's FastPersist checkpoint writer.", supported=False, nullable=True),

@@ -51,27 +51,20 @@ def pipe_layers(config: GPTConfig, tied: bool = True) -> list:
 
 
 class Sequential(nn.Module):
-    """All layers in one process; tied specs share one module. Parameters are named as a
-    PipelineModule names them ("<layer index>.<name>", "tied_modules.<key>.<name>")."""
+    """All layers in one process, built as a PipelineModule builds a stage (tied specs share
+    one module) and named as it names them ("<layer index>.<name>",
+    "tied_modules.<key>.<name>")."""
 
     def __init__(self, layers: list, base_seed: int = BASE_SEED):
         super().__init__()
-        from zero.pipe import TiedLayerSpec
+        from zero.pipe.module import build_stage
 
-        self.tied_modules = nn.ModuleDict()
-        self.funcs = []
-        for index, spec in enumerate(layers):
-            torch.manual_seed(base_seed + index)
-            if isinstance(spec, TiedLayerSpec):
-                if spec.key not in self.tied_modules:
-                    self.tied_modules[spec.key] = spec.build()
-                module = self.tied_modules[spec.key]
-                self.funcs.append(module if spec.forward_fn is None
-                                  else (lambda x, f=spec.forward_fn, m=module: f(m, x)))
-            else:
-                module = spec.build()
-                self.add_module(str(index), module)
-                self.funcs.append(module)
+        built = build_stage(layers, 0, len(layers),
+                            seed=lambda index: torch.manual_seed(base_seed + index))
+        self.tied_modules = nn.ModuleDict(built.tied)
+        for index, module in built.owned:
+            self.add_module(str(index), module)
+        self.funcs = built.forward_funcs
 
     def forward(self, x):
         for func in self.funcs:

@@ -31,13 +31,13 @@ def check_supported(stage: int, model: nn.Module) -> None:
             "partitions over the world; build the pipeline stage without zero.Init")
 
 
-def check_checkpoint(whole_world: bool, what: str) -> None:
+def check_whole_model_save(whole_world: bool, what: str) -> None:
     if not whole_world:
         raise NotImplementedError(
             f"zero: {what} with a data-parallel sub-group (pipeline or tensor parallelism) is "
-            "not built yet: checkpoints and whole-model saves are made over the world; train "
-            "without pipeline stages and tensor_parallel.autotp_size to checkpoint, or save "
-            "each rank's engine.module_state_dict() (its stage / slice) yourself")
+            "not built: each rank holds only its stage / slice. Use engine.save_checkpoint "
+            "(each part saves its own files), then zero_to_fp32.py or "
+            "get_fp32_state_dict_from_zero_checkpoint for the whole model's weights")
 
 
 def equalize_unsplit(model: nn.Module, device: torch.device, dtype: torch.dtype,

@@ -115,6 +115,12 @@ class PipelineParallelGrid:
     def get_model_parallel_group(self):
         return self.mp_proc_group
 
+    def describe(self) -> dict:
+        """The mesh's sizes and this rank's coordinate (memory reports, checkpoints)."""
+        return {"pipe": self.pipe_parallel_size, "data": self.data_parallel_size,
+                "tensor": self.tensor_parallel_size, "stage": self.stage_id,
+                "data_rank": self.data_parallel_id, "tensor_rank": self.tensor_parallel_id}
+
     def stage_to_global(self, stage_id: int, **kwargs) -> int:
         """The global rank of `stage_id` with this rank's other coordinates; `data=` and
         `tensor=` (DeepSpeed's `model=`) pick others."""

@@ -47,12 +47,15 @@ class _Batch:
 
 class PipelineEngine(ZeroEngine):
     def __init__(self, module: PipelineModule, config, optimizer=None, model_parameters=None,
-                 lr_scheduler=None):
+                 lr_scheduler=None, tensor_parallel_group=None):
+        """`tensor_parallel_group`: with a topology of tensor size > 1, the ranks holding the
+        other slices of this stage's layers (zero.tp; initialize() converts them)."""
         _check(module, config)
         self.grid = module.mpu()
         super().__init__(module, config, optimizer=optimizer, model_parameters=model_parameters,
                          lr_scheduler=lr_scheduler,
-                         data_parallel_group=self.grid.get_data_parallel_group())
+                         data_parallel_group=self.grid.get_data_parallel_group(),
+                         tensor_parallel_group=tensor_parallel_group)
         self.num_stages = module.num_stages
         self.stage_id = self.grid.get_stage_id()
         self.micro_batches = config.gradient_accumulation_steps

@@ -21,8 +21,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from ..parallel import DeviceMesh, PipelineParallelGrid
-from ..parallel.grid import new_groups
+from ..parallel import DeviceMesh
+from ..parallel.grid import grid_for, new_groups
+from ..parallel.topology import ProcessTopology
 from .partition import partition_layers
 
 
@@ -79,14 +80,11 @@ class PipelineModule(nn.Module):
                  activation_checkpoint_interval=0, activation_checkpoint_func=None,
                  checkpointable_layers=None):
         super().__init__()
-        if topology is not None:
-            raise NotImplementedError("zero: PipelineModule(topology=...) is not built; pass "
-                                      "num_stages (the data-parallel size is the rest of the world)")
-        if num_stages is None:
-            raise ValueError("zero: PipelineModule needs num_stages")
         if not dist.is_initialized():
             raise RuntimeError("zero: PipelineModule needs torch.distributed; call "
                                "zero.init_distributed() (deepspeed.init_distributed()) first")
+        self.mesh = _mesh(num_stages, topology)
+        num_stages = self.mesh.pipe
         self._layer_specs = list(layers)
         self.num_stages = num_stages
         self.loss_fn = loss_fn
@@ -96,14 +94,10 @@ class PipelineModule(nn.Module):
         self.activation_checkpoint_func = activation_checkpoint_func or functools.partial(
             torch_checkpoint, use_reentrant=False)
         self.checkpointable_layers = checkpointable_layers
-        self.mesh = DeviceMesh.build(dist.get_world_size(), pipe=num_stages)
-        self._grid = PipelineParallelGrid(self.mesh)
+        self._grid = grid_for(pipe=self.mesh.pipe, tensor=self.mesh.tensor)
         self.stage_id = self._grid.stage_id
         # only "parameters" needs the counts (each LayerSpec built on the meta device)
-        counts = [_trainable_count(s) if str(partition_method).lower() == "parameters" else 0
-                  for s in self._layer_specs]
-        self.parts = partition_layers(partition_method, counts,
-                                      [_class_name(s) for s in self._layer_specs], num_stages)
+        self.parts = stage_cuts(self._layer_specs, num_stages, partition_method)
         self._local_start = self.parts[self.stage_id]
         self._local_stop = self.parts[self.stage_id + 1]
         self.tied_modules = nn.ModuleDict()
@@ -114,28 +108,15 @@ class PipelineModule(nn.Module):
 
     # ---- construction ------------------------------------------------------------------------
     def _build(self) -> None:
-        for index in range(self._local_start, self._local_stop):
-            layer = self._layer_specs[index]
-            if self.seed_layers:
-                (self.seed_fn or torch.manual_seed)(self.base_seed + index)
-            if isinstance(layer, TiedLayerSpec):
-                if layer.key not in self.tied_modules:
-                    self.tied_modules[layer.key] = layer.build()
-                module = self.tied_modules[layer.key]
-                self.forward_funcs.append(module if layer.forward_fn is None
-                                          else functools.partial(layer.forward_fn, module))
-            elif isinstance(layer, LayerSpec):
-                module = layer.build()
-                self.add_module(str(index), module)
-                self.forward_funcs.append(module)
-            elif isinstance(layer, nn.Module):
-                self.add_module(str(index), layer)
-                self.forward_funcs.append(layer)
-            elif callable(layer):
-                self.forward_funcs.append(layer)
-            else:
-                raise TypeError(f"zero: layer {index} of the PipelineModule is {layer!r}; give "
-                                "LayerSpec, TiedLayerSpec, nn.Module or a callable")
+        seed = None
+        if self.seed_layers:
+            seed = lambda index: (self.seed_fn or torch.manual_seed)(self.base_seed + index)
+        built = build_stage(self._layer_specs, self._local_start, self._local_stop, seed)
+        for index, module in built.owned:
+            self.add_module(str(index), module)
+        for key, module in built.tied.items():
+            self.tied_modules[key] = module
+        self.forward_funcs.extend(built.forward_funcs)
 
     def _index_tied_modules(self) -> dict[str, TiedComm]:
         """Creates (on every rank, in key order) the group of each tied key per pipeline."""
@@ -150,8 +131,8 @@ class PipelineModule(nn.Module):
         for key, stages in keys.items():
             group = None
             if len(stages) > 1:
-                partition = [[self.mesh.rank(s, d) for s in stages]
-                             for d in range(self.mesh.data)]
+                partition = [[self.mesh.rank(s, d, t) for s in stages]
+                             for d in range(self.mesh.data) for t in range(self.mesh.tensor)]
                 group = new_groups(partition, self._grid.global_rank)
             if key in self.tied_modules:
                 spec = next(s for s in self._layer_specs
@@ -218,6 +199,30 @@ class PipelineModule(nn.Module):
         return self.num_stages
 
 
+def _mesh(num_stages, topology) -> DeviceMesh:
+    """The mesh of num_stages x the rest of the world, or of a DeepSpeed topology
+    (PipeModelDataParallelTopology: pipeline x tensor x data) or a DeviceMesh; ValueError
+    naming the sizes when they disagree with each other or the world."""
+    world = dist.get_world_size()
+    if topology is None:
+        if num_stages is None:
+            raise ValueError("zero: PipelineModule needs num_stages (or topology=)")
+        return DeviceMesh.build(world, pipe=num_stages)
+    mesh = topology.mesh if isinstance(topology, ProcessTopology) else topology
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"zero: PipelineModule(topology=...) takes a PipeDataParallelTopology, "
+                        f"PipeModelDataParallelTopology or DeviceMesh, got "
+                        f"{type(topology).__name__}")
+    if num_stages is not None and num_stages != mesh.pipe:
+        raise ValueError(f"zero: PipelineModule num_stages = {num_stages} but the topology has "
+                         f"{mesh.pipe} pipeline stages; pass one of them")
+    if mesh.world_size != world:
+        raise ValueError(f"zero: the topology pipe {mesh.pipe} x data {mesh.data} x tensor "
+                         f"{mesh.tensor} = {mesh.world_size} ranks, but the world size is "
+                         f"{world}; choose sizes whose product is {world}")
+    return mesh
+
+
 def _run_chunk(funcs):
     def run(x):
         for func in funcs:
@@ -230,6 +235,50 @@ def _getattr(module: nn.Module, dotted: str):
     for part in dotted.split("."):
         module = getattr(module, part)
     return module
+
+
+@dataclass
+class StageLayers:
+    """The layers of one stage, built: `owned` (index, module) pairs, the tied modules by key
+    (one per key however many places use it), and the stage's forward functions in order."""
+    owned: list
+    tied: dict
+    forward_funcs: list
+
+
+def build_stage(layers: list, start: int, stop: int, seed=None) -> StageLayers:
+    """Builds layers[start:stop] (under the caller's default device: meta to count them);
+    `seed(index)`, when given, runs before each layer is built."""
+    built = StageLayers([], {}, [])
+    for index in range(start, stop):
+        layer = layers[index]
+        if seed is not None:
+            seed(index)
+        if isinstance(layer, TiedLayerSpec):
+            if layer.key not in built.tied:
+                built.tied[layer.key] = layer.build()
+            module = built.tied[layer.key]
+            built.forward_funcs.append(module if layer.forward_fn is None
+                                       else functools.partial(layer.forward_fn, module))
+        elif isinstance(layer, (LayerSpec, nn.Module)):
+            module = layer.build() if isinstance(layer, LayerSpec) else layer
+            built.owned.append((index, module))
+            built.forward_funcs.append(module)
+        elif callable(layer):
+            built.forward_funcs.append(layer)
+        else:
+            raise TypeError(f"zero: layer {index} of the PipelineModule is {layer!r}; give "
+                            "LayerSpec, TiedLayerSpec, nn.Module or a callable")
+    return built
+
+
+def stage_cuts(layers: list, num_stages: int, partition_method: str) -> list[int]:
+    """Where `partition_method` cuts `layers` into `num_stages` (partition.py's parts); only
+    "parameters" builds the LayerSpecs, on the meta device, to count them."""
+    counts = [_trainable_count(s) if str(partition_method).lower() == "parameters" else 0
+              for s in layers]
+    return partition_layers(partition_method, counts, [_class_name(s) for s in layers],
+                            num_stages)
 
 
 def _trainable_count(layer) -> int:

@@ -5,6 +5,8 @@
     zero-mem tune --model pkg.mod:build --world-size 2 --budget 2GiB --out cfg.json
     zero-mem tune --model pkg.mod:build --world-size 8 --budget 16GiB --host-budget 200GiB \
                   --nvme-path /local_nvme --out cfg.json
+    zero-mem estimate --model pkg.mod:pipe_layers --world-size 8 --pipeline-stages 2 \
+                      --tensor-parallel 2
     zero-mem report runs/ --png memory.png --table
 
 (also `python -m zero.reports.cli ...`). Exit codes: 0 done, 2 bad input, 3 tune found no
@@ -13,6 +15,7 @@ built configuration that fits. See docs/MEMORY.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -64,7 +67,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "reduce_bucket_size, overlap_comm (flags below override it)")
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3))
     parser.add_argument("--world-size", type=int, default=None,
-                        help="data-parallel ranks in all (default: $WORLD_SIZE or 1)")
+                        help="ranks in all (default: $WORLD_SIZE or 1); with pipeline stages "
+                             "or tensor parallelism pipe x data x tensor")
     parser.add_argument("--num-nodes", type=int, default=1,
                         help="nodes the ranks are spread over (per-node = per-rank x "
                              "world-size / num-nodes)")
@@ -157,18 +161,77 @@ def _activations(args, setup: est.Setup) -> dict | None:
                     "forward, per rank (CPU kernels' choices, e.g. for attention)"}
 
 
+def _add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
+    mesh = parser.add_argument_group(
+        "model parallelism (each rank holds one part: a stage's layers, split linears cut to "
+        "their tensor slice; its states shard over the data-parallel ranks)")
+    mesh.add_argument("--pipeline-stages", type=int, default=1, metavar="P",
+                      help="PipelineModule num_stages: --model must return its layer list (or "
+                           "an nn.Sequential); each stage is estimated")
+    mesh.add_argument("--partition-method", default="parameters",
+                      help="PipelineModule partition_method: parameters, uniform or type:REGEX")
+    mesh.add_argument("--tensor-parallel", type=int, default=None, metavar="T",
+                      help="tensor_parallel.autotp_size (default: the config's, else 1): the "
+                           "linears AutoTP splits are cut to 1/T")
+
+
+def _estimate_mesh(args, setup: est.Setup, stage: int | None, base: dict | None) -> int:
+    tensor = args.tensor_parallel or int(((base or {}).get("tensor_parallel") or {})
+                                         .get("autotp_size") or 1)
+    sizes = est.MeshSizes.of(setup.world_size, args.pipeline_stages, tensor)
+    if args.params is not None or args.sample_input:
+        raise est.EstimateError("--pipeline-stages / --tensor-parallel need the model's layers "
+                                "(--model or --hf-config), and do not take --sample-input")
+    if args.model:
+        with torch.device("meta"):
+            model = est.import_factory(args.model)()
+        description = args.model
+    else:
+        model = est.model_from_hf_config(args.hf_config)
+        description = type(model).__name__
+    parts = est.mesh_parts(model, sizes, args.partition_method, description)
+    # N = the data-parallel ranks of a part; one node: the per-node column is those ranks
+    part_setup = dataclasses.replace(setup, world_size=sizes.data, num_nodes=1)
+    estimates = [est.estimate_all(part.shapes, part_setup) for part in parts]
+    if args.json:
+        print(json.dumps({
+            "mesh": {**sizes.to_dict(), "world_size": setup.world_size},
+            "setup": part_setup.to_dict(), "selected_stage": stage,
+            "parts": [{"pipeline_stage": part.stage, "layers": list(part.layers),
+                       "tensor_ranks": sizes.tensor, "model": _model_dict(part.shapes),
+                       "options": [e.to_dict() for e in part_estimates]}
+                      for part, part_estimates in zip(parts, estimates)],
+        }, indent=2, ensure_ascii=False))
+        return 0
+    print(f"mesh: pipe {sizes.pipe} x data {sizes.data} x tensor {sizes.tensor} = "
+          f"{setup.world_size} ranks. Each part below is one pipeline stage as each of its "
+          f"{sizes.tensor} tensor rank(s) holds it, sharded over its {sizes.data} data-parallel "
+          f"rank(s) (N = {sizes.data}; the per-node column is those ranks together)")
+    for part, part_estimates in zip(parts, estimates):
+        print(f"\n==== pipeline stage {part.stage} of {sizes.pipe} ====")
+        print(est.format_estimates(part.shapes, part_setup, part_estimates,
+                                   selected_stage=stage))
+    return 0
+
+
+def _model_dict(shapes: est.ModelShapes) -> dict:
+    return {"description": shapes.description, "exact": shapes.exact,
+            "trainable_numel": shapes.trainable_numel, "frozen_numel": shapes.frozen_numel,
+            "tensors": shapes.tensor_count, "largest_param_numel": shapes.largest_param_numel,
+            "note": shapes.note, "stage3_units": list(shapes.unit_names)}
+
+
 def cmd_estimate(args) -> int:
-    setup, stage, _ = _setup(args)
+    setup, stage, base = _setup(args)
+    if args.pipeline_stages != 1 or (args.tensor_parallel or 1) != 1 or \
+            ((base or {}).get("tensor_parallel") or {}).get("autotp_size", 0) > 1:
+        return _estimate_mesh(args, setup, stage, base)
     shapes = _shapes(args, setup)
     estimates = est.estimate_all(shapes, setup)
     acts = _activations(args, setup)
     if args.json:
         print(json.dumps({
-            "model": {"description": shapes.description, "exact": shapes.exact,
-                      "trainable_numel": shapes.trainable_numel,
-                      "frozen_numel": shapes.frozen_numel, "tensors": shapes.tensor_count,
-                      "largest_param_numel": shapes.largest_param_numel, "note": shapes.note,
-                      "stage3_units": list(shapes.unit_names)},
+            "model": _model_dict(shapes),
             "setup": setup.to_dict(), "selected_stage": stage,
             "options": [e.to_dict() for e in estimates],
             "activations": acts,
@@ -239,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("estimate", help="per-rank and per-node bytes by category and location "
                        "(device, host, NVMe), stages 0-3 and offload")
     _add_model_arguments(p)
+    _add_mesh_arguments(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=cmd_estimate)
 

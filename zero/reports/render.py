@@ -183,7 +183,9 @@ def format_table(series: list[Series]) -> str:
     rows = []
     for s in series:
         report = s.last
-        head = [s.label, str(report["step"])]
+        mesh = report.get("mesh")
+        place = f" (stage {mesh['stage']}, tensor {mesh['tensor_rank']})" if mesh else ""
+        head = [s.label + place, str(report["step"])]
         rows.extend(_category_rows(head, report, names, number))
         rows.append(_model_states_row(head, report, number))
         rows.extend(_engine_rows(head, report, number))
@@ -192,9 +194,23 @@ def format_table(series: list[Series]) -> str:
                f"current {unit}", f"peak {unit}", f"formula {unit}", "formula", "check"]
     first = series[0].last
     title = (f"memory report: stage {first['stage']}, N = {first['world_size']}, "
-             f"Ψ = {first['numel']:,}, {first['param_bytes']}-byte parameters"
+             + _psi_text(series) + f", {first['param_bytes']}-byte parameters"
              + _offload_text(first) + " (last report of each rank)")
     return _table_text(title, headers, rows)
+
+
+def _psi_text(series: list[Series]) -> str:
+    """Ψ of the model, or with pipeline stages / tensor slices of each part (its ranks hold
+    only it; N is then its data-parallel ranks)."""
+    mesh = series[0].last.get("mesh")
+    if not mesh:
+        return f"Ψ = {series[0].last['numel']:,}"
+    parts = {(s.last["mesh"]["stage"], s.last["mesh"]["tensor_rank"]): s.last["numel"]
+             for s in series if s.last.get("mesh")}
+    listed = ", ".join(f"stage {stage} tensor {tensor}: {numel:,}"
+                       for (stage, tensor), numel in sorted(parts.items()))
+    return (f"mesh pipe {mesh['pipe']} x data {mesh['data']} x tensor {mesh['tensor']}, "
+            f"Ψ per part ({listed})")
 
 
 def _category_rows(head: list[str], report: dict, names: list[str], number) -> list[list[str]]:

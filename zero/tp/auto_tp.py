@@ -137,6 +137,26 @@ def _parents(splits: list[_Split]) -> list[tuple[nn.Module, str]]:
     return parents
 
 
+def local_shapes(model: nn.Module, size: int) -> dict[int, tuple[int, ...]]:
+    """{id(parameter): the shape of one rank's slice} for every parameter auto_tp(model) over
+    `size` tensor ranks would split, without changing the model (the memory estimate's view);
+    raises TensorParallelSplitError as auto_tp does."""
+    splits = plan(model)
+    _check(splits, size)
+    shapes = {}
+    for split in splits:
+        original = getattr(split.parent, split.attr)
+        linear = _as_linear(original)
+        out_features, in_features = linear.out_features, linear.in_features
+        if split.column:
+            shapes[id(original.weight)] = (out_features // size, in_features)
+            if original.bias is not None:
+                shapes[id(original.bias)] = (out_features // size,)
+        else:
+            shapes[id(original.weight)] = (out_features, in_features // size)
+    return shapes
+
+
 def auto_tp(model: nn.Module, group) -> list[str]:
     """Converts `model` in place over the tensor-parallel process group `group`; returns the
     qualified names of the linears it split, in model order. Every rank of the group must
@@ -150,6 +170,8 @@ def auto_tp(model: nn.Module, group) -> list[str]:
         layer = (ColumnParallelLinear.from_linear(linear, group, fused=split.fused,
                                                   name=split.name) if split.column
                  else RowParallelLinear.from_linear(linear, group, name=split.name))
+        if linear is not getattr(split.parent, split.attr):  # an HF Conv1D, weight [in, out]
+            layer.weight.partition_transposed = True  # checkpoints export it as it was
         setattr(split.parent, split.attr, layer.to(linear.weight.device))
     for parent, _ in _parents(splits):
         for attr in HEADS + WIDTHS:

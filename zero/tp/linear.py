@@ -60,11 +60,11 @@ class ColumnParallelLinear(nn.Module):
         with torch.no_grad():
             layer.weight = mark_split(nn.Parameter(shard(
                 linear.weight, 0, layer.tensor_rank, layer.tensor_size, what, fused),
-                requires_grad=linear.weight.requires_grad), 0)
+                requires_grad=linear.weight.requires_grad), 0, fused)
             if linear.bias is not None:
                 layer.bias = mark_split(nn.Parameter(shard(
                     linear.bias, 0, layer.tensor_rank, layer.tensor_size, what, fused),
-                    requires_grad=linear.bias.requires_grad), 0)
+                    requires_grad=linear.bias.requires_grad), 0, fused)
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -59,17 +59,24 @@ def data_ranks(world_size: int, tensor: int) -> int:
     return DeviceMesh.build(world_size, tensor=tensor).data
 
 
-def prepare(model: nn.Module, config, is_pipeline: bool) -> PipelineParallelGrid | None:
+def prepare(model: nn.Module, config,
+            pipeline_grid: PipelineParallelGrid | None = None) -> PipelineParallelGrid | None:
     """None without tensor parallelism. Otherwise checks the config composes, builds the
-    grid (collective), converts `model` in place with auto_tp over the tensor group, and
+    grid (collective) or, for a PipelineModule, takes its grid (`pipeline_grid`, whose tensor
+    size its topology set), converts `model` in place with auto_tp over the tensor group, and
     returns the grid; the engine then runs over grid.get_data_parallel_group()."""
-    size = _size(config, model)
+    size = _size(config, model, pipeline_grid)
     if size <= 1:
         return None
-    _check(config, size, is_pipeline)
-    grid = grid_for(tensor=size)
+    _check(config, size)
+    grid = pipeline_grid or grid_for(tensor=size)
     converted = auto_tp(model, grid.get_tensor_model_parallel_group())
-    if not converted and not any(is_split(p) for p in model.parameters()):
+    split = bool(converted) or any(is_split(p) for p in model.parameters())
+    if pipeline_grid is not None:  # a stage may have nothing to split (a final norm, a head)
+        anywhere = torch.tensor([int(split)])
+        dist.all_reduce(anywhere)
+        split = bool(anywhere.item())
+    if not split:
         raise ValueError(
             f"zero: tensor_parallel.autotp_size = {size} but the model has no layer to split: "
             "auto_tp found no attention or MLP block with input and output linears it knows "
@@ -107,8 +114,17 @@ def check_same_inputs_once(model: nn.Module, grid: PipelineParallelGrid) -> None
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _size(config, model: nn.Module) -> int:
+def _size(config, model: nn.Module, pipeline_grid) -> int:
     configured = config.tensor_parallel.autotp_size
+    if pipeline_grid is not None:  # the PipelineModule's topology says it
+        tensor = pipeline_grid.get_tensor_model_parallel_world_size()
+        if configured not in (0, 1, tensor) or getattr(model, _RECORD, None) is not None:
+            raise ValueError(
+                f"zero: tensor_parallel.autotp_size = {configured} but the PipelineModule's "
+                f"topology has tensor (model) size {tensor}; with pipeline stages the topology "
+                "sets it: PipelineModule(topology=PipeModelDataParallelTopology(num_pp, num_mp, "
+                "num_dp)), and leave autotp_size out or equal (tp_model_init does not apply)")
+        return tensor
     recorded = getattr(model, _RECORD, None)
     if recorded is None:
         return configured
@@ -124,11 +140,8 @@ def _size(config, model: nn.Module) -> int:
     return recorded.tp_size
 
 
-def _check(config, size: int, is_pipeline: bool) -> None:
+def _check(config, size: int) -> None:
     where = f"tensor_parallel.autotp_size = {size}"
-    if is_pipeline:
-        raise NotImplementedError(f"zero: {where} with a PipelineModule is not built: use "
-                                  "pipeline stages or tensor parallelism, not both")
     if config.zero_optimization.stage == 3:
         raise NotImplementedError(
             f"zero: ZeRO stage 3 with tensor parallelism ({where}) is not built: set "

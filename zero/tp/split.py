@@ -1,6 +1,7 @@
 """Slicing a whole weight into this rank's part, and the error for a size that does not
 divide. Parameters a layer splits carry `tensor_model_parallel = True` and `partition_dim`
-(Megatron's attributes); parameters without it are replicated on every tensor rank."""
+(Megatron's attributes; `partition_fused` too for a fused q/k/v or gate/up layer);
+parameters without it are replicated on every tensor rank."""
 from __future__ import annotations
 
 import torch
@@ -33,9 +34,13 @@ def shard(tensor: torch.Tensor, dim: int, rank: int, parts: int, what: str,
     return torch.cat(pieces, dim=dim).detach().clone()
 
 
-def mark_split(param: nn.Parameter, dim: int) -> nn.Parameter:
+def mark_split(param: nn.Parameter, dim: int, fused: int = 1) -> nn.Parameter:
+    """Marks `param` as this rank's slice along `dim`; `fused` > 1: of each of that many
+    equal blocks (what `shard` cut). Checkpoints record the marks to put the slices back
+    together (zero.checkpoint_mesh)."""
     param.tensor_model_parallel = True
     param.partition_dim = dim
+    param.partition_fused = fused
     return param
 
 

@@ -95,6 +95,7 @@ framework / allocator overhead. Leave room for them (`zero-mem tune --reserve`).
 #   staging            offload's staging row and detail
 #   estimate_stages_0_2, estimate_stage3    the estimate of one option, per stage
 #   estimator          estimate(), estimate_all()
+#   mesh               pipeline stages x tensor slices: each part's shapes (MeshSizes, mesh_parts)
 #   text               format_estimates, location_formula
 from offload import OFFLOAD_TILE
 
@@ -103,6 +104,7 @@ from .errors import EstimateError
 from .estimator import estimate, estimate_all
 from .gather_schedule import WorkingSet, simulate_stage3_schedule
 from .layout import Stage3Layout, layouts, stage3_layout
+from .mesh import MeshPart, MeshSizes, mesh_parts, tensor_slice
 from .model_loading import build_on_meta, import_factory, model_from_hf_config, \
     shapes_from_factory, shapes_from_hf_config
 from .options import OPTIONS, Option, option_for
@@ -127,12 +129,12 @@ __all__ = [
     "DEFAULT_PARAM_BUFFER_SIZE", "DEFAULT_PARAM_MAX_IN_CPU", "DEFAULT_PERSISTENCE_THRESHOLD",
     "DEFAULT_PREFETCH_BUCKET_SIZE", "DEFAULT_REDUCE_BUCKET_SIZE", "DEFAULT_SUB_GROUP_SIZE",
     "DTYPE_NAMES", "Estimate", "EstimateError", "FORMULA_ONLY", "GiB", "IO_ALIGNMENT", "KiB",
-    "LOCATIONS", "MAX_ASSUMED_UNITS", "MiB", "ModelShapes", "OFFLOAD_DEVICES", "OFFLOAD_TILE",
+    "LOCATIONS", "MAX_ASSUMED_UNITS", "MeshPart", "MeshSizes", "MiB", "ModelShapes", "OFFLOAD_DEVICES", "OFFLOAD_TILE",
     "OPTIMIZERS", "OPTIMIZER_STATE_BYTES", "OPTIONS", "Option", "PARAM_BYTES", "PRECISIONS",
     "ParamPlacement", "STAGE3_ASSUMED_UNITS", "STAGE3_FORMULA", "STAGE3_KEYS", "Setup",
     "Stage3Layout", "WorkingSet", "build_on_meta", "by_location", "estimate", "estimate_all", "format_bytes",
-    "format_estimates", "import_factory", "layouts", "location_formula", "model_from_hf_config", "option_for",
+    "format_estimates", "import_factory", "layouts", "location_formula", "mesh_parts", "model_from_hf_config", "option_for",
     "param_placement", "parse_bytes", "parse_count", "setup_from_config", "shapes_from_count",
     "shapes_from_factory", "shapes_from_hf_config", "shapes_from_module",
-    "simulate_stage3_schedule", "stage3_layout", "state_arrays",
+    "simulate_stage3_schedule", "stage3_layout", "state_arrays", "tensor_slice",
 ]

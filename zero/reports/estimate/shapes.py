@@ -58,13 +58,16 @@ def shape_numel(shape: Sequence[int]) -> int:
 
 
 def shapes_from_module(module: torch.nn.Module, description: str | None = None,
-                       param_groups: Iterable | None = None) -> ModelShapes:
+                       param_groups: Iterable | None = None,
+                       local_shape: Mapping[int, tuple[int, ...]] | None = None) -> ModelShapes:
     """The shapes the engine will manage: trainable parameters in `module.parameters()` order
     (tied parameters once), one group, as `zero.initialize(model=..., config=...)` does with a
     config optimizer. `param_groups` (a list of lists of parameters, or of dicts with
     "params") mirrors a client optimizer's groups instead. Stage 3: every shape's gather unit
     from `zero.stage3.plan_units` (the engine's rule), the units' names, the
-    register_external_parameter links, and which root parameters come after the blocks."""
+    register_external_parameter links, and which root parameters come after the blocks.
+    `local_shape`: {id(parameter): shape} of the parameters a rank holds a slice of (tensor
+    parallelism: zero.tp.auto_tp.local_shapes)."""
     if not isinstance(module, torch.nn.Module):
         raise EstimateError(f"expected a torch.nn.Module, got {type(module).__name__}")
     if param_groups is None:
@@ -86,7 +89,9 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                 continue
             seen.add(id(param))
             # a zero.Init parameter: its whole shape, not its empty data's
-            shapes.append(tuple(int(d) for d in zero_init.shard_shape(param) or param.shape))
+            shape = (local_shape or {}).get(id(param)) or zero_init.shard_shape(param) or \
+                param.shape
+            shapes.append(tuple(int(d) for d in shape))
             unit = plan.unit_of_param.get(id(param), 0)
             unit_ids.append(unit)
             late_ids.append(unit == 0 and position.get(id(param), -1) > first_block)

@@ -1,4 +1,5 @@
-"""`deepspeed.runtime`: the engine class, the LR schedules and ZeRO's stage-3 helpers."""
-from . import activation_checkpointing, engine, lr_schedules, zero
+"""`deepspeed.runtime`: the engine class, the LR schedules, the pipeline's topologies and
+ZeRO's stage-3 helpers."""
+from . import activation_checkpointing, engine, lr_schedules, pipe, zero
 
-__all__ = ["activation_checkpointing", "engine", "lr_schedules", "zero"]
+__all__ = ["activation_checkpointing", "engine", "lr_schedules", "pipe", "zero"]

@@ -1,0 +1,85 @@
+"""Checkpoints of a model split over pipeline stages or tensor ranks: which part of the model
+a rank saves and loads, and what the part records so that the parts fit together again.
+
+Every rank of a model-parallel part (one pipeline stage's tensor slice: DeepSpeed's
+model-parallel rank, stage-major) holds the same layers and shards their states over its
+data-parallel group. So each part is a checkpoint of its own inside the tag's directory,
+under DeepSpeed's names (checkpoint_files.PartNames): the part's first data-parallel rank
+writes `mp_rank_XX_model_states.pt` (its module, counters, layout, the mesh), and each rank
+its shard `zero_pp_rank_<d>_mp_rank_XX_optim_states.pt`. One manifest covers every part.
+
+A part loads into the same pipeline stages and tensor size at any data-parallel size (the
+shards are resharded as for a plain checkpoint). Another pipeline or tensor size is refused,
+naming both meshes: `zero_to_fp32` puts the parts together into the whole model's weights
+(checkpoint_export.py), from which any layout can start. `tensor_split` records how each
+split parameter's slices make the whole one (dim, fused blocks, HF Conv1D transposition).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch import nn
+
+from .checkpoint_files import WHOLE, PartNames
+from .parallel import data_group
+
+
+@dataclass(frozen=True)
+class Part:
+    """What one rank saves: its part's file names, its rank among the part's data-parallel
+    ranks, and the mesh (None without pipeline or tensor parallelism)."""
+    names: PartNames
+    data_rank: int
+    mesh: dict | None
+
+    @property
+    def writes_model(self) -> bool:
+        """Whether this rank writes the part's model file (its first data-parallel rank)."""
+        return self.data_rank == 0
+
+
+def part_of(engine) -> Part:
+    """The part `engine`'s rank holds. An engine sharding over a data-parallel sub-group
+    without a grid (ZeroEngine(data_parallel_group=...) built by hand) cannot say which part
+    it is: refused, naming the fix."""
+    grid = getattr(engine, "grid", None)
+    data_rank = dist.get_rank(engine.data_parallel_group)
+    if grid is None or grid.get_model_parallel_world_size() == 1:
+        if not data_group.is_world(engine.data_parallel_group):
+            raise NotImplementedError(
+                "zero: checkpoints of an engine built with a data_parallel_group of its own "
+                "need the mesh to name its part: build it through zero.initialize (pipeline "
+                "stages or tensor_parallel.autotp_size), or save each rank's "
+                "engine.module_state_dict() yourself")
+        return Part(WHOLE, data_rank, None)
+    return Part(PartNames(grid.get_model_parallel_rank()), data_rank, grid.describe())
+
+
+def check_mesh(saved: dict | None, current: dict | None, path: str) -> None:
+    """Raises ValueError naming both layouts when the checkpoint's pipeline stages or tensor
+    size differ from this engine's (the data-parallel size may differ)."""
+    def shape(mesh):
+        return (1, 1) if mesh is None else (mesh["pipe"], mesh["tensor"])
+
+    if shape(saved) == shape(current):
+        return
+    (saved_pipe, saved_tensor), (pipe, tensor) = shape(saved), shape(current)
+    raise ValueError(
+        f"zero: checkpoint {path} was saved with {saved_pipe} pipeline stage(s) x tensor size "
+        f"{saved_tensor}, but this engine has {pipe} x {tensor}; load it with the same pipeline "
+        "stages and tensor_parallel.autotp_size (the data-parallel size may differ), or put its "
+        "parts together with zero_to_fp32.py (get_fp32_state_dict_from_zero_checkpoint) and "
+        "start the new layout from those weights")
+
+
+def tensor_split(module: nn.Module) -> dict[str, dict]:
+    """{name: {"dim", "fused", "transposed"}} for every name of every parameter a tensor
+    rank holds a slice of (zero.tp.split's marks)."""
+    split = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if getattr(param, "tensor_model_parallel", False):
+            split[name] = {"dim": param.partition_dim,
+                           "fused": getattr(param, "partition_fused", 1),
+                           "transposed": getattr(param, "partition_transposed", False)}
+    return split
