@@ -18,8 +18,8 @@ MICRO_BATCH, MICRO_BATCHES, DATA, STAGES, STEPS = 2, 4, 2, 2, 3
 HYPER = {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 
 
-def config(schedule="1f1b", stage=1) -> dict:
-    return {"train_micro_batch_size_per_gpu": MICRO_BATCH,
+def config(schedule="1f1b", stage=1, clip=0.0) -> dict:
+    return {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_clipping": clip,
             "gradient_accumulation_steps": MICRO_BATCHES,
             "optimizer": {"type": "AdamW", "params": HYPER},
             "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
@@ -30,38 +30,41 @@ def data():
     return synthetic_batches(MODEL, MICRO_BATCH, STEPS * MICRO_BATCHES * DATA, seed=7)
 
 
-def engine_for(schedule, stage=1, tied=True, partition="uniform"):
+def engine_for(schedule, stage=1, tied=True, partition="uniform", clip=0.0):
     import zero.compat.deepspeed as deepspeed
 
     module = deepspeed.pipe.PipelineModule(
         layers=pipe_layers(MODEL, tied=tied), num_stages=STAGES, loss_fn=cross_entropy,
         partition_method=partition, seed_layers=True)
-    engine, _, _, _ = deepspeed.initialize(model=module, config=config(schedule, stage))
+    engine, _, _, _ = deepspeed.initialize(model=module, config=config(schedule, stage, clip))
     return engine
 
 
-def train_ranks(rank, world, schedule, stage=1, tied=True):
+def train_ranks(rank, world, schedule, stage=1, tied=True, clip=0.0):
     from zero.pipe.engine import PipelineEngine
 
-    engine = engine_for(schedule, stage, tied)
+    engine = engine_for(schedule, stage, tied, clip=clip)
     assert isinstance(engine, PipelineEngine)
     grid = engine.grid
     d = grid.get_data_parallel_id()
     batches = data()
     mine = iter([batches[(s * MICRO_BATCHES + k) * DATA + d]
                  for s in range(STEPS) for k in range(MICRO_BATCHES)])
-    losses = [engine.train_batch(mine).item() for _ in range(STEPS)]
+    losses, norms = [], []
+    for _ in range(STEPS):
+        losses.append(engine.train_batch(mine).item())
+        norms.append(engine.get_global_grad_norm())
     params = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
     layout = (grid.get_stage_id(), d, grid.get_data_parallel_world_size(),
               grid.get_pipe_parallel_world_size(), engine.is_first_stage(),
               engine.is_last_stage(), grid.stage_to_global(1), grid.stage_to_global(0, data=1))
     optimizer_bytes = engine.memory_report()["categories"]["optimizer_state"]["current"]
     numel = sum(p.numel() for p in engine.module.parameters())
-    return {"losses": losses, "params": params, "layout": layout,
+    return {"losses": losses, "norms": norms, "params": params, "layout": layout,
             "optimizer_bytes": optimizer_bytes, "numel": numel}
 
 
-def reference(tied=True):
+def reference(tied=True, clip=0.0, norms=None):
     model = sequential(pipe_layers(MODEL, tied=tied))
     optimizer = torch.optim.AdamW(model.parameters(), lr=HYPER["lr"], betas=tuple(HYPER["betas"]),
                                   eps=HYPER["eps"], weight_decay=HYPER["weight_decay"],
@@ -76,13 +79,20 @@ def reference(tied=True):
                                  torch.cat([p[1] for p in parts]))
             (loss / MICRO_BATCHES).backward()
             total += loss.item()
+        if clip:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         optimizer.step()
         losses.append(total / MICRO_BATCHES)
     return losses, {n: p.detach() for n, p in model.named_parameters()}
 
 
-def assert_matches_reference(results, tied=True):
-    losses, expected = reference(tied)
+def assert_matches_reference(results, tied=True, clip=0.0):
+    norms: list = []
+    losses, expected = reference(tied, clip, norms)
+    if clip:  # the whole model's norm on every stage, the tied weight counted once
+        for result in results:
+            assert result["norms"] == pytest.approx(norms, rel=1e-5)
+        assert norms[0] > 10 * clip  # the clip acted
     for result in results:
         assert result["losses"] == pytest.approx(losses, rel=1e-5)
     seen = set()
@@ -105,6 +115,11 @@ def test_pipeline_2_stages_x_data_2_matches_single_process_with_tied_weights():
     # the tied weight is equal on both stages
     assert torch.equal(results[0]["params"]["tied_modules.embed.weight"],
                        results[2]["params"]["tied_modules.embed.weight"])
+
+
+def test_gradient_clipping_clips_by_the_whole_models_norm_across_stages():
+    results = run_distributed(train_ranks, 4, args=("1f1b", 1, True, 0.01), timeout=60)
+    assert_matches_reference(results, clip=0.01)
 
 
 def train_both(rank, world):

@@ -1,7 +1,8 @@
 """Pipeline stages and tensor parallelism together, on 4 gloo ranks: DeepSpeed's
 PipelineModule(topology=PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=1)) with
 AutoTP cutting each stage's blocks over its tensor pair trains like one process (tied
-embedding/head across the stages, fused and separate q/k/v); its checkpoint (4 parts) loads
+embedding/head across the stages, fused and separate q/k/v), clipping by the whole model's
+gradient norm; its checkpoint (4 parts) loads
 back and continues exactly, and exports to the single-process model's state dict. The
 topology's sizes and the config must agree."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ from zero.models.tiny_gpt import GPTConfig
 
 EMBED = GPTConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=2, n_head=4, n_embd=WIDTH)
 HYPER = {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
-MICRO_BATCH, MICRO_BATCHES, STEPS = 2, 2, 3
+MICRO_BATCH, MICRO_BATCHES, STEPS, CLIP = 2, 2, 3, 0.05
 
 
 def layers() -> list:
@@ -48,7 +49,7 @@ def engine_for(autotp_size=None):
         loss_fn=cross_entropy, partition_method="type:Block", seed_layers=True)
     config = {"train_micro_batch_size_per_gpu": MICRO_BATCH,
               "gradient_accumulation_steps": MICRO_BATCHES,
-              "optimizer": {"type": "AdamW", "params": HYPER},
+              "optimizer": {"type": "AdamW", "params": HYPER}, "gradient_clipping": CLIP,
               "zero_optimization": {"stage": 1}}
     if autotp_size is not None:
         config["tensor_parallel"] = {"autotp_size": autotp_size}
@@ -65,9 +66,12 @@ def train_ranks(rank, world, root):
     engine = engine_for()
     grid = engine.grid
     block = next(m for m in engine.module.modules() if isinstance(m, Block))
-    losses = [engine.train_batch(batches(step)).item() for step in range(2)]
-    engine.save_checkpoint(root, tag="two")
-    losses.append(engine.train_batch(batches(2)).item())
+    losses, norms = [], []
+    for step in range(STEPS):
+        if step == 2:
+            engine.save_checkpoint(root, tag="two")
+        losses.append(engine.train_batch(batches(step)).item())
+        norms.append(engine.get_global_grad_norm())
     fresh = engine_for(autotp_size=2)
     fresh.load_checkpoint(root)
     resumed = fresh.train_batch(batches(2)).item()
@@ -77,7 +81,7 @@ def train_ranks(rank, world, root):
     return {"coord": (grid.get_stage_id(), grid.get_data_parallel_id(),
                       grid.get_tensor_model_parallel_rank(), grid.get_model_parallel_rank()),
             "split": isinstance(block.mlp.up_proj, ColumnParallelLinear),
-            "losses": losses, "resumed": resumed == losses[2] and
+            "losses": losses, "norms": norms, "resumed": resumed == losses[2] and
             all(torch.equal(after[n], fresh_after[n]) for n in after),
             "error": str(disagreeing.value)}
 
@@ -87,7 +91,7 @@ def reference():
     optimizer = torch.optim.AdamW(model.parameters(), lr=HYPER["lr"], betas=tuple(HYPER["betas"]),
                                   eps=HYPER["eps"], weight_decay=HYPER["weight_decay"],
                                   foreach=False)
-    losses, states = [], []
+    losses, states, norms = [], [], []
     for step in range(STEPS):
         optimizer.zero_grad()
         total = 0.0
@@ -95,10 +99,11 @@ def reference():
             loss = cross_entropy(model(tokens), targets)
             (loss / MICRO_BATCHES).backward()
             total += loss.item()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
         optimizer.step()
         losses.append(total / MICRO_BATCHES)
         states.append({n: v.clone() for n, v in model.state_dict().items()})
-    return losses, states
+    return losses, states, norms
 
 
 def test_pipeline_2_x_tensor_2_matches_one_process_and_its_checkpoint_exports_whole(tmp_path):
@@ -108,10 +113,14 @@ def test_pipeline_2_x_tensor_2_matches_one_process_and_its_checkpoint_exports_wh
     results = run_distributed(train_ranks, 4, args=(root,), timeout=150)
     assert [r["coord"] for r in results] == [(0, 0, 0, 0), (0, 0, 1, 1), (1, 0, 0, 2),
                                              (1, 0, 1, 3)]
-    losses, states = reference()
+    losses, states, norms = reference()
+    assert norms[0] > 10 * CLIP  # the clip acted
     for result in results:
         assert result["split"]  # each stage's block was cut by AutoTP
         assert result["losses"] == pytest.approx(losses, rel=1e-5)
+        # one norm: blocks' slices once, norms and biases over 2 tensor ranks once, the tied
+        # embedding over 2 stages once
+        assert result["norms"] == pytest.approx(norms, rel=1e-5)
         assert result["resumed"]
         assert "autotp_size = 4" in result["error"] and "tensor (model) size 2" in result["error"]
     exported = get_fp32_state_dict_from_zero_checkpoint(root)

@@ -48,8 +48,8 @@ def gathered(module: nn.Module, group) -> dict:
 
 
 # ---- training: tensor 2 x data 2 against one process ---------------------------------------
-def config(stage: int) -> dict:
-    return {"train_micro_batch_size_per_gpu": MICRO_BATCH,
+def config(stage: int, clip: float = 0.0) -> dict:
+    return {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_clipping": clip,
             "gradient_accumulation_steps": MICRO_BATCHES,
             "train_batch_size": MICRO_BATCH * MICRO_BATCHES * DATA,  # data ranks only
             "optimizer": {"type": "AdamW", "params": HYPER},
@@ -57,7 +57,7 @@ def config(stage: int) -> dict:
             "tensor_parallel": {"autotp_size": TENSOR}}
 
 
-def train_ranks(rank, world, stages):
+def train_ranks(rank, world, stages, clip=0.0):
     import zero
     from zero.parallel.grid import grid_for
     from zero.tp import VocabParallelEmbedding
@@ -68,10 +68,10 @@ def train_ranks(rank, world, stages):
         model = build_gpt()
         model.embed = VocabParallelEmbedding.from_embedding(
             model.embed, grid.get_tensor_model_parallel_group())
-        engine, _, _, _ = zero.initialize(model=model, config=config(stage))
+        engine, _, _, _ = zero.initialize(model=model, config=config(stage, clip))
         assert engine.grid is grid and engine.world_size == DATA
         d, data = grid.get_data_parallel_rank(), batches()
-        losses = []
+        losses, norms = [], []
         for step in range(STEPS):
             for k in range(MICRO_BATCHES):
                 tokens, targets = data[(step * MICRO_BATCHES + k) * DATA + d]
@@ -79,8 +79,9 @@ def train_ranks(rank, world, stages):
                 engine.backward(loss)
                 engine.step()
                 losses.append(loss.item())
+            norms.append(engine.get_global_grad_norm())
         report = engine.memory_report()["categories"]["optimizer_state"]["current"]
-        runs.append({"losses": losses, "optimizer_bytes": report,
+        runs.append({"losses": losses, "norms": norms, "optimizer_bytes": report,
                      "numel": sum(p.numel() for p in engine.module.parameters()),
                      "whole": gathered(engine.module, grid.get_tensor_model_parallel_group()),
                      "local": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
@@ -90,7 +91,7 @@ def train_ranks(rank, world, stages):
     return runs
 
 
-def reference():
+def reference(clip: float = 0.0, norms: list | None = None):
     model, data = build_gpt(), batches()
     optimizer = torch.optim.AdamW(model.parameters(), lr=HYPER["lr"], betas=tuple(HYPER["betas"]),
                                   eps=HYPER["eps"], weight_decay=HYPER["weight_decay"],
@@ -103,12 +104,19 @@ def reference():
             loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
             (loss / MICRO_BATCHES).backward()
             losses.append(loss.item())
+        if clip:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         optimizer.step()
     return losses, {n: p.detach() for n, p in model.named_parameters()}
 
 
-def assert_matches_reference(runs):
-    losses, expected = reference()
+def assert_matches_reference(runs, clip: float = 0.0):
+    norms: list = []
+    losses, expected = reference(clip, norms)
+    if clip:  # the whole model's norm on every rank: split layers once, whole ones once
+        for run in runs:
+            assert run["norms"] == pytest.approx(norms, rel=1e-5)
+            assert norms[0] > 10 * clip  # the clip acted
     mean = [sum(r["losses"][i] for r in runs[::TENSOR]) / DATA for i in range(len(losses))]
     assert mean == pytest.approx(losses, rel=1e-5)
     assert runs[0]["losses"] == runs[1]["losses"] and runs[2]["losses"] == runs[3]["losses"]
@@ -143,13 +151,18 @@ def test_zero_2_under_tensor_parallelism_matches_single_process():
     assert_matches_reference(runs)
 
 
+def test_gradient_clipping_clips_by_the_whole_models_norm_over_the_tensor_ranks():
+    runs = [r[0] for r in run_distributed(train_ranks, 4, args=((1,), 0.05), timeout=60)]
+    assert_matches_reference(runs, clip=0.05)
+
+
 # ---- errors that name the sizes ------------------------------------------------------------
 def refusal_ranks(rank, world):
     import zero
 
     errors = []
     for change in ({"zero_optimization": {"stage": 3}}, {"tensor_parallel": {"autotp_size": 3}},
-                   {"gradient_clipping": 1.0}):
+                   {"fp16": {"enabled": True}}):
         try:
             zero.initialize(model=build_gpt(), config={**config(1), **change})
         except (NotImplementedError, ValueError) as error:
@@ -175,7 +188,7 @@ def test_initialize_refuses_what_does_not_compose_naming_it():
         assert "autotp_size = 2 in the config but tp_model_init(tp_size=4)" in errors[3]
         assert "stage 3 with tensor parallelism" in errors[0] and "0, 1 or 2" in errors[0]
         assert "tensor_parallel.autotp_size = 3 does not divide the world size 4" in errors[1]
-        assert "gradient_clipping = 1.0" in errors[2]
+        assert "fp16 with tensor_parallel.autotp_size = 2" in errors[2]
     with pytest.raises(ValueError, match="tensor 3 does not divide the world size 8"):
         DeviceMesh.build(8, tensor=3)
     with pytest.raises(ValueError, match=r"data 2 x tensor 3 = 6 ranks, but the world size is 4"):

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from . import activation_checkpointing, agreement
 from .config import load_config, read_config
 from .distributed import init_distributed
+from .parallel.norm_span import norm_span
 from .tp import setup as tp_setup
 
 logger = logging.getLogger("zero")
@@ -120,7 +121,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine = ZeroEngine(model, zero_config, optimizer=optimizer,
                             model_parameters=model_parameters, lr_scheduler=lr_scheduler,
                             data_parallel_group=grid.get_data_parallel_group(),
-                            tensor_parallel_group=tensor_group)
+                            tensor_parallel_group=tensor_group,
+                            norm_span=norm_span(grid, model))
         engine.grid = engine.mpu = grid  # DeepSpeed's engine.mpu
     else:
         engine = ZeroEngine(model, zero_config, optimizer=optimizer,

@@ -44,12 +44,14 @@ ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffe
 class ZeroEngine(nn.Module):
     def __init__(self, model: nn.Module, config: ZeroConfig, optimizer=None,
                  model_parameters: Iterable | None = None, lr_scheduler=None,
-                 data_parallel_group=None, tensor_parallel_group=None):
+                 data_parallel_group=None, tensor_parallel_group=None, norm_span=None):
         """`data_parallel_group`: the ranks that hold this same model and shard its states
         (default the world; a pipeline stage's ranks under zero.pipe; the ranks of one tensor
         slice under zero.tp). On a sub-group, stage 3 and whole-model 16-bit saves are refused
         (not built yet); checkpoints save each part (zero.checkpoint_mesh). `tensor_parallel_group` (zero.tp): the ranks holding the other slices of the
-        same layers; the parameters not split start equal over it."""
+        same layers; the parameters not split start equal over it. `norm_span`
+        (parallel/norm_span.py): with pipeline or tensor parallelism, the group and weights
+        that make the gradient norm (clipping, non-finite skips) the whole model's."""
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("zero: torch.distributed is not initialised; call "
@@ -87,9 +89,14 @@ class ZeroEngine(nn.Module):
             else process_groups.Stage3Groups())
         engine = weakref.ref(self)
         with self._swap_writes.shown("zero: writing NVMe swap files"):
-            layout = sharding.shard_groups(builder, model, trainables, self.stage, self.device,
-                                           step_counter=lambda: engine().global_steps)
+            layout = sharding.shard_groups(
+                builder, model, trainables, self.stage, self.device,
+                step_counter=lambda: engine().global_steps,
+                norm_weight=norm_span.weight if norm_span is not None else None)
         self._engine_groups = layout.groups
+        if norm_span is not None:
+            self._core.span_norm([norm_span.weight(group.params[0]) for group in layout.groups],
+                                 norm_span.group.group_name)
         self._stage3 = layout.stage3
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
                        for g, group in enumerate(self._engine_groups)

@@ -94,11 +94,25 @@ def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
 
 
 def shard_groups(builder: GroupBuilder, model: nn.Module, trainables: list[list],
-                 stage: int, device: torch.device, step_counter) -> Sharding:
+                 stage: int, device: torch.device, step_counter,
+                 norm_weight=None) -> Sharding:
+    """`norm_weight(param)` (stages 0-2, model parallelism: parallel/norm_span.py): each
+    optimizer group's parameters are split into engine groups of one weight each."""
     if stage < 3:
-        return Sharding([builder.add_flat(owner, params, stage)
-                         for owner, params in enumerate(trainables)])
+        return Sharding([builder.add_flat(owner, part, stage)
+                         for owner, params in enumerate(trainables)
+                         for part in _by_weight(params, norm_weight)])
     return _shard_stage3(builder, model, trainables, device, step_counter)
+
+
+def _by_weight(params: list, norm_weight) -> list[list]:
+    """`params` in runs of one norm weight, in the order each weight first appears."""
+    if norm_weight is None:
+        return [params]
+    parts: dict[float, list] = {}
+    for param in params:
+        parts.setdefault(norm_weight(param), []).append(param)
+    return list(parts.values())
 
 
 def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list],

@@ -172,22 +172,35 @@ void EngineCore::adopt_observed_order() {
   learning_order_ = false;
 }
 
+void EngineCore::span_norm(std::vector<double> weights, const std::string& span_group) {
+  TORCH_CHECK(weights.size() == groups_.size(), "zero: span_norm got ", weights.size(),
+              " weights for ", groups_.size(), " groups");
+  norm_weights_ = std::move(weights);
+  span_ = std::make_unique<Communicator>(resolve_group(span_group));
+}
+
 bool EngineCore::any_rank_overflowed() {
   bool local = false;
   for (const auto& group : groups_) local = local || group->has_nonfinite_grads();
   at::Tensor flag = at::tensor({local ? 1.0f : 0.0f},
                                at::TensorOptions().device(groups_.front()->device()));
   communicator_.all_reduce(flag, Reduction::kMax)->wait();
+  if (span_) span_->all_reduce(flag, Reduction::kMax)->wait();
   return flag.item<float>() > 0.0f;
 }
 
 double EngineCore::global_grad_norm(double loss_scale) {
   double square_sum = 0.0;
-  for (const auto& group : groups_) square_sum += group->grad_square_sum();
-  if (stage_ >= 1) {  // each rank holds a different shard of the gradients
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const double weight = norm_weights_.empty() ? 1.0 : norm_weights_[g];
+    square_sum += weight * groups_[g]->grad_square_sum();
+  }
+  if (stage_ >= 1 || span_) {
     at::Tensor total = at::tensor({square_sum}, at::TensorOptions().dtype(at::kDouble).device(
                                                     groups_.front()->device()));
-    communicator_.all_reduce(total, Reduction::kSum)->wait();
+    // stages 1-3: each rank holds a different shard of the gradients
+    if (stage_ >= 1) communicator_.all_reduce(total, Reduction::kSum)->wait();
+    if (span_) span_->all_reduce(total, Reduction::kSum)->wait();  // the other parts'
     square_sum = total.item<double>();
   }
   return std::sqrt(square_sum) / loss_scale;
@@ -241,6 +254,7 @@ void EngineCore::close() {
   sequence_.clear();
   observed_.clear();
   communicator_.release();
+  if (span_) span_->release();
 }
 
 void EngineCore::zero_grads() {

@@ -52,6 +52,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // step is the 1-based count of applied steps including this one.
   StepResult step(const std::vector<OptimizerHyper>& hypers, double loss_scale, double max_norm,
                   bool check_overflow, std::int64_t step);
+  // Model parallelism (pipeline stages, tensor slices): this engine holds one part of the
+  // model. Group g's squared gradients count weights[g] times in the global norm (a parameter
+  // replicated on t tensor ranks 1/t, a weight tied over k stages 1/k), and the norm and the
+  // overflow flag are also summed / maxed over the registered group `span_group` (every rank
+  // of one model replica), so every part clips by one norm and skips a step together.
+  void span_norm(std::vector<double> weights, const std::string& span_group);
   void zero_grads();
   // Delayed parameter update: applies every pending update now and gathers the parameters.
   void apply_delayed_update();
@@ -79,6 +85,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // Declared first so it outlives every buffer that counts bytes in it.
   std::shared_ptr<core::MemoryRegistry> registry_;
   Communicator communicator_;
+  std::unique_ptr<Communicator> span_;  // span_norm's group; null: the norm is the group's own
+  std::vector<double> norm_weights_;    // per group; empty: every group counts once
   std::vector<std::unique_ptr<Group>> groups_;
   std::unique_ptr<GroupUnits> units_;          // stage 3 only; refers to groups_
   std::unique_ptr<GatherSchedule> schedule_;  // stage 3 only; refers to units_

@@ -42,6 +42,8 @@ py::dict summed_stats(adapter::EngineCore& e,
 void bind_engine(py::module_& m) {
   py::class_<adapter::EngineCore, std::shared_ptr<adapter::EngineCore>>(m, "EngineCore")
       .def(py::init<const std::string&>(), py::arg("group_name"))
+      .def("span_norm", &adapter::EngineCore::span_norm, py::arg("weights"),
+           py::arg("span_group"))
       .def("add_group",
            [](adapter::EngineCore& e, std::vector<at::Tensor> params,
               const adapter::GroupOptions& options) {

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..engine import ZeroEngine
+from ..parallel.norm_span import norm_span
 from ..saved_activations import SavedActivations
 from . import p2p
 from .module import PipelineModule
@@ -55,7 +56,8 @@ class PipelineEngine(ZeroEngine):
         super().__init__(module, config, optimizer=optimizer, model_parameters=model_parameters,
                          lr_scheduler=lr_scheduler,
                          data_parallel_group=self.grid.get_data_parallel_group(),
-                         tensor_parallel_group=tensor_parallel_group)
+                         tensor_parallel_group=tensor_parallel_group,
+                         norm_span=norm_span(self.grid, module))
         self.num_stages = module.num_stages
         self.stage_id = self.grid.get_stage_id()
         self.micro_batches = config.gradient_accumulation_steps
@@ -242,14 +244,10 @@ def _check(module, config) -> None:
     if not isinstance(module, PipelineModule):
         raise TypeError(f"zero: PipelineEngine needs a PipelineModule, got "
                         f"{type(module).__name__}")
-    if module.num_stages > 1 and config.gradient_clipping > 0:
-        raise NotImplementedError(
-            f"zero: gradient_clipping = {config.gradient_clipping} with {module.num_stages} "
-            "pipeline stages is not built (the norm would span the stages); set "
-            "gradient_clipping to 0")
     if config.fp16.enabled and module.num_stages > 1:
-        raise NotImplementedError("zero: fp16 with pipeline stages is not built (the stages "
-                                  "would need to agree on overflow skips); use bf16 or fp32")
+        raise NotImplementedError("zero: fp16 with pipeline stages is not built (the "
+                                  "pipeline's backward does not apply the loss scale); use bf16 "
+                                  "or fp32")
     if dist.get_backend() != "gloo":
         raise NotImplementedError(
             f"zero: pipeline parallelism on the {dist.get_backend()} backend has not run yet: its "

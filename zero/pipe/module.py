@@ -174,6 +174,13 @@ class PipelineModule(nn.Module):
                 if weight.grad is not None:
                     dist.all_reduce(weight.grad, group=comm.group)
 
+    def tied_weights(self) -> list[tuple[nn.Parameter, int]]:
+        """(weight, number of stages holding it) for every tied weight shared by more than
+        one stage on this rank (each such stage holds the same summed gradient)."""
+        return [(_getattr(comm.module, attr), len(comm.stages))
+                for comm in self.tied_comms.values() if comm.group is not None
+                for attr in comm.weight_attr]
+
     def ties_across_stages(self) -> bool:
         """Whether a tied key is used on more than one stage (from the layer list: the same
         answer on every rank, whichever stage it builds)."""
