@@ -114,3 +114,33 @@ def test_the_command_line_estimates_each_part_and_names_bad_sizes(tmp_path, caps
     assert "tensor 3 does not divide the world size 8" in capsys.readouterr().err
     assert main(args + ["--pipeline-stages", "2"]) == 2
     assert "list of layers" in capsys.readouterr().err
+
+
+def test_the_command_line_cuts_a_layer_list_into_stages_and_lists_what_the_engine_builds(
+        tmp_path, capsys):
+    from zero.reports.cli import main
+
+    factory = tmp_path / "layers.py"
+    factory.write_text(
+        "from zero.models.pipe_gpt import pipe_layers\n"
+        "from zero.models.tiny_gpt import GPTConfig\n\n"
+        "def layers():\n"
+        "    return pipe_layers(GPTConfig(vocab_size=61, block_size=8, n_layer=4, n_head=2, "
+        "n_embd=16))\n")
+    args = ["estimate", "--model", f"{factory}:layers", "--world-size", "4",
+            "--pipeline-stages", "2", "--partition-method", "uniform"]
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mesh"] == {"pipe": 2, "data": 2, "tensor": 1, "world_size": 4}
+    parts = est.mesh_parts(pipe_layers(MODEL), est.MeshSizes.of(4, 2, 1), "uniform", "pipe_gpt")
+    assert [p["layers"] for p in out["parts"]] == [[0, 4], [4, 7]]
+    for part, expected in zip(out["parts"], parts):
+        assert part["model"]["trainable_numel"] == expected.shapes.trainable_numel
+        # the embedding is tied over both stages: ZeRO-2 is not built, stage 3 never is
+        assert {option["stage"] for option in part["options"]} == {0, 1}
+        # the tied weight counts 1/2 in the norm: an engine group of its own
+        assert len(expected.shapes.groups) == 2
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "==== pipeline stage 1 of 2 ====" in text and "ZeRO stages built with model " \
+        "parallelism: 0, 1" in text

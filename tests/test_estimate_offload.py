@@ -202,7 +202,9 @@ def _check(shapes, world, grid, results):
                 assert _close(estimate.categories["bucket"]["bytes"], bucket["peak"]), label
                 assert _close(estimate.categories["gathered_param"]["bytes"], gathered["peak"]), \
                     label
-                assert _close(estimate.device_bytes, locations["device"]["peak"]), \
+                # an upper bound by at most the buckets, which live in backward only
+                assert 0.95 * locations["device"]["peak"] <= estimate.device_bytes <= \
+                    1.05 * locations["device"]["peak"] + bucket["peak"], \
                     (label, estimate.device_bytes, locations["device"])
 
 

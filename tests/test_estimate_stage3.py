@@ -139,7 +139,10 @@ def _check(shapes, world, grid, knobs, results):
                                                                           measured["peak"])
             # released after the step
             assert measured["current"].get("gathered_param", 0) == 0, label
-            assert _close(estimate.device_bytes, measured["total"]["peak"]), (label, measured)
+            # The device peak: the categories' peaks added up, an upper bound by at most the
+            # buckets, which live in backward only (the gathered peak may come before them).
+            assert 0.95 * measured["total"]["peak"] <= estimate.device_bytes <= \
+                1.05 * measured["total"]["peak"] + bucket, (label, measured)
             work = estimate.stage3["working_set"]
             assert _close(work["peak_numel"], measured["schedule"]["peak_gathered_numel"]), label
             # The tuner's communication model for one step once the order is recorded: the
@@ -206,13 +209,21 @@ def test_stage3_buckets_root_persistence_and_optimizer_variants(model):
     _check(shapes, 2, ROOT_GRID, ROOT_KNOBS, results)
     grown = {name: est.estimate(shapes, est.setup_from_config(
         _config("bf16", ROOT_KNOBS[name]), 2)[0], 3) for name in ROOT_KNOBS}
-    # A tied head with persistent norms (tiny, external): the root's partitioned gradients
-    # (the embeddings) all come at the end, one bucket suffices; an untied head's gradient
-    # comes first, and so does a partitioned final norm's: the pool grows to two.
-    assert (grown["overlap-off"].categories["bucket"]["bytes"] ==
-            grown["overlap-off"].stage3["bucket_kept_bytes"]) == (model != "untied")
-    assert grown["overlap-off-nothing-persistent"].categories["bucket"]["bytes"] == \
-        2 * grown["overlap-off-nothing-persistent"].stage3["bucket_kept_bytes"]
+    # Buckets are made per unit and freed after its reduce-scatter: only the persistent
+    # group's pieces stay between steps. A tied head with persistent norms (tiny, external):
+    # the root's partitioned gradients (the embeddings) all come at the end, one bucket at a
+    # time suffices; an untied head's gradient comes first, and so does a partitioned final
+    # norm's: the root's bucket and a block's live together.
+    def in_backward(name):
+        estimate = grown[name]
+        return estimate.categories["bucket"]["bytes"] - estimate.stage3["bucket_kept_bytes"]
+
+    root, blocks = _bucket_sizes(shapes, grown["overlap-off"])  # bf16: (U + U/N)·2 bytes
+    assert in_backward("overlap-off") == (max([root, *blocks]) if model != "untied"
+                                          else root + max(blocks))
+    assert grown["overlap-off-nothing-persistent"].stage3["bucket_kept_bytes"] == 0
+    root, blocks = _bucket_sizes(shapes, grown["overlap-off-nothing-persistent"])
+    assert in_backward("overlap-off-nothing-persistent") == root + max(blocks)
     live = grown["no-prefetch-no-reuse"].stage3["working_set"]["live_at_peak"]
     if model != "untied":  # (three blocks there)
         external = ["blocks.1"] if model == "external" else []
@@ -252,7 +263,8 @@ def test_stage3_needs_units_and_says_what_it_assumes_for_a_count():
     assert rows["stage 3 + offload optimizer"].status == est.BUILT  # test_estimate_offload.py
     assert rows["stage 3 + offload optimizer + params (NVMe)"].status == est.BUILT
     formula = est.location_formula(rows["stage 3"], "device")
-    assert formula == "16Ψ/N + 4Ψp + 12Ψp/N + 2·(U + U/N)·2 + 2·Up/N·2 + W·2", formula
+    assert formula == "16Ψ/N + 4Ψp + 12Ψp/N + (U1 + U1/N + U2 + U2/N)·2 + 2·Up/N·2 + W·2", \
+        formula
     # By hand, without units: the old formula, labelled as such.
     bare = est.ModelShapes(groups=shapes.groups, description="bare")
     assert est.estimate(bare, setup, 3).status == est.STAGE3_FORMULA
@@ -353,6 +365,16 @@ def test_the_tuner_recommends_stage3_when_only_stage3_fits_and_it_runs_within(tm
         assert schedule["peak_gathered_numel"] <= zero_block["stage3_max_live_parameters"]
 
 
+def _bucket_sizes(shapes, estimate) -> tuple[int, list[int]]:
+    """Bytes of the root unit's bucket and of each block's, (U + U/N)·b (one partitioned
+    group)."""
+    setup = estimate.setup
+    [rows] = est.stage3_layout(shapes, setup).group_units
+    size = {unit: (numel + numel // setup.world_size) * setup.param_bytes
+            for unit, numel, _ in rows}
+    return size[0], [value for unit, value in size.items() if unit != 0]
+
+
 def _first_boundary_buckets(rank, world):
     import zero
 
@@ -371,10 +393,12 @@ def test_the_first_boundary_backward_keeps_the_bucket_pool_at_its_slots():
     setup, _ = est.setup_from_config(_config("bf16", {"overlap_comm": False}, gas=1), 2)
     estimate = est.estimate(shapes, setup, 3)
     bucket = estimate.categories["bucket"]["bytes"]
-    assert bucket == estimate.stage3["bucket_kept_bytes"]  # one bucket, in backward too
+    kept = estimate.stage3["bucket_kept_bytes"]  # the persistent group's pieces
     for current, peak in run_distributed(_first_boundary_buckets, 2):
-        assert current == bucket
-        assert peak == bucket, (peak, bucket)  # measured: 2 buckets (TinyGPT has 2 blocks)
+        assert current == kept
+        # one unit's bucket at a time in backward (measured: 2 when TinyGPT's 2 blocks held
+        # theirs at once)
+        assert peak == bucket, (peak, bucket)
 
 
 NO_REUSE = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}

@@ -70,7 +70,8 @@ def _pick(values: dict, keys) -> dict:
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
-    """param_groups[i] describes engine group i (its 'params' are the model parameters).
+    """param_groups[i] describes optimizer group i (its 'params' are the model parameters),
+    the owner of one or more engine groups.
 
     A torch Optimizer by type, so LR schedulers built on it (torch's LambdaLR from the HF
     Trainer, a client scheduler callable) accept it, as they accept DeepSpeed's; torch's

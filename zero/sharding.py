@@ -5,7 +5,8 @@ order):
    shards converted too; below stage 3 every partitioned parameter is made whole; every
    rank starts from rank 0's values.
 2. shard_groups: the C++ engine groups, one per optimizer group and kind:
-   - stages 0-2: one group of the config's stage per optimizer group;
+   - stages 0-2: one group of the config's stage per optimizer group (with pipeline or
+     tensor parallelism, one per optimizer group and gradient-norm weight, norm_span.py);
    - stage 3: the gather units are planned (stage3.plan_units); trainable parameters above
      stage3_param_persistence_threshold are partitioned (a stage-3 group per optimizer group,
      sharded per unit), the rest stay whole with their optimizer state sharded (a stage-1

@@ -1,5 +1,7 @@
 #include "adapter/grad_reducer.h"
 
+#include <algorithm>
+
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
@@ -12,8 +14,9 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
                          Communicator& communicator, std::vector<std::size_t> expected,
                          std::optional<at::TensorOptions> bucket_options,
                          const std::vector<std::size_t>& shared, bool quantized,
-                         Communicator* replicate)
+                         Communicator* replicate, BucketPolicy buckets)
     : mode_(mode),
+      buckets_(buckets),
       quantized_(quantized),
       layout_(layout),
       grads_(std::move(grads)),
@@ -48,8 +51,8 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   zeroed_.assign(layout_.unit_count(), false);
   if (mode_ != ReduceMode::kAllReduce) {
     initial_slots_ = std::min<std::size_t>(overlap_comm ? 2 : 1, layout_.unit_count());
-    for (std::size_t i = 0; i < initial_slots_; ++i) {
-      add_slot();  // up front, so the memory report shows them from the first step
+    for (std::size_t i = 0; buckets_ == BucketPolicy::kPool && i < initial_slots_; ++i) {
+      add_slot(layout_.max_unit_numel());  // up front: the memory report shows them at once
     }
   }
 }
@@ -60,43 +63,65 @@ std::int64_t GradReducer::bucket_bytes() const {
   return bytes;
 }
 
-GradReducer::Slot& GradReducer::add_slot() {
+GradReducer::Slot& GradReducer::add_slot(std::int64_t numel) {
+  // zero-filled (TrackedTensor): alignment gaps and padding add nothing
   auto slot = std::make_unique<Slot>();
-  const std::int64_t largest = layout_.max_unit_numel();
   if (mode_ == ReduceMode::kReduceScatter) {
-    slot->full = device_buffer(registry_, core::MemoryCategory::kBucket, largest, bucket_options_);
+    slot->full = device_buffer(registry_, core::MemoryCategory::kBucket, numel, bucket_options_);
   }
   slot->piece = device_buffer(registry_, core::MemoryCategory::kBucket,
-                              largest / layout_.world_size(), bucket_options_);
+                              numel / layout_.world_size(), bucket_options_);
   slots_.push_back(std::move(slot));
   return *slots_.back();
 }
 
-GradReducer::Slot& GradReducer::acquire_slot() {
-  for (auto& slot : slots_) {
-    if (!slot->filling && !slot->in_flight) {
-      slot->filling = true;
-      return *slot;
+GradReducer::Slot& GradReducer::acquire_slot(std::int64_t numel) {
+  if (buckets_ == BucketPolicy::kPool) {
+    for (auto& slot : slots_) {
+      if (!slot->filling && !slot->in_flight) {
+        slot->filling = true;
+        return *slot;
+      }
     }
+  } else if (slots_.size() < initial_slots_) {
+    Slot& slot = add_slot(numel);
+    slot.filling = true;
+    return slot;
   }
-  // Recycle the oldest bucket on the wire; only when every bucket is still filling does
-  // the pool grow (the report's peak shows it).
-  for (const InFlight& entry : in_flight_) {
-    if (entry.slot != nullptr) {
-      Slot* target = entry.slot;
-      while (target->in_flight) wait_oldest();
-      return acquire_slot();
-    }
-  }
-  Slot& slot = add_slot();
+  // Every bucket is taken: the oldest one on the wire is waited for (free again, or freed
+  // under kPerUnit). Only when every bucket is still filling does the pool grow beyond its
+  // slots (the report's peak shows it).
+  if (wait_for_a_bucket()) return acquire_slot(numel);
+  Slot& slot = add_slot(buckets_ == BucketPolicy::kPool ? layout_.max_unit_numel() : numel);
   slot.filling = true;
   return slot;
 }
 
+bool GradReducer::wait_for_a_bucket() {
+  const bool any = std::any_of(in_flight_.begin(), in_flight_.end(),
+                               [](const InFlight& entry) { return entry.slot != nullptr; });
+  while (any) {
+    const bool holds_bucket = in_flight_.front().slot != nullptr;
+    wait_oldest();
+    if (holds_bucket) break;
+  }
+  return any;
+}
+
+void GradReducer::release(Slot* slot) {
+  for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+    if (it->get() == slot) {
+      slots_.erase(it);  // its buffers go back to the allocator, and out of the registry
+      return;
+    }
+  }
+}
+
 GradReducer::Slot& GradReducer::slot_for(std::size_t unit) {
   if (slot_of_unit_[unit] == nullptr) {
-    Slot& slot = acquire_slot();
-    slot.full.tensor().zero_();  // alignment gaps and padding must add nothing
+    Slot& slot = acquire_slot(layout_.unit(unit).numel());
+    // alignment gaps and padding must add nothing (a kPerUnit bucket is new, zero-filled)
+    if (buckets_ == BucketPolicy::kPool) slot.full.tensor().zero_();
     slot_of_unit_[unit] = &slot;
   }
   return *slot_of_unit_[unit];
@@ -142,6 +167,7 @@ void GradReducer::launch(std::size_t unit) {
     return;
   }
   Slot& slot = slot_for(unit);
+  slot_of_unit_[unit] = nullptr;  // launched: no more gradients (and kPerUnit frees it)
   slot.filling = false;
   slot.in_flight = true;
   at::Tensor input = slot.full.tensor().narrow(0, 0, plan.numel());
@@ -160,7 +186,7 @@ void GradReducer::launch(std::size_t unit) {
 
 void GradReducer::launch_in_place(std::size_t unit) {
   const core::FlatBufferPlan& plan = layout_.unit(unit);
-  Slot& slot = acquire_slot();
+  Slot& slot = acquire_slot(plan.numel());
   slot.filling = false;
   slot.in_flight = true;
   at::Tensor range = grads_.narrow(0, layout_.full_offset(unit), plan.numel());
@@ -191,7 +217,10 @@ void GradReducer::wait_oldest() {
   in_flight_.pop_front();
   entry.work->wait();
   if (entry.then) entry.then();
-  if (entry.slot != nullptr) entry.slot->in_flight = false;
+  if (entry.slot != nullptr) {
+    entry.slot->in_flight = false;
+    if (buckets_ == BucketPolicy::kPerUnit) release(entry.slot);
+  }
 }
 
 void GradReducer::wait_all() {
@@ -204,7 +233,9 @@ void GradReducer::reset() {
   arrivals_.assign(layout_.param_count(), 0);
   launched_.assign(layout_.unit_count(), false);
   for (auto& slot : slot_of_unit_) slot = nullptr;
-  while (slots_.size() > initial_slots_) slots_.pop_back();  // a grown pool shrinks back
+  // a grown pool shrinks back (kPerUnit: every bucket was freed when its unit was done)
+  const std::size_t kept = buckets_ == BucketPolicy::kPool ? initial_slots_ : 0;
+  while (slots_.size() > kept) slots_.pop_back();
   for (auto& slot : slots_) slot->filling = false;
 }
 

@@ -96,7 +96,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                                            options_.overlap_comm, grad_shard_.tensor(), registry,
                                            communicator_, std::move(expected), model_options_,
                                            options_.shared_params, options_.quantized_gradients,
-                                           replicate_.get());
+                                           replicate_.get(), BucketPolicy::kPerUnit);
 }
 
 void Stage3Group::place_param_shard() {

@@ -549,7 +549,8 @@ TENSOR_PARALLEL = Block("tensor_parallel", "AutoTP tensor parallelism (zero.tp; 
                         "docs/PARALLELISM.md).", (
     _int("autotp_size", 0, "Tensor-parallel size: initialize() splits the model's attention and "
          "MLP linears over this many ranks (zero.tp.auto_tp) and runs ZeRO stage 0-2 over the "
-         "world / autotp_size data-parallel ranks. 0 or 1: off. Must divide the world size.",
+         "world / autotp_size data-parallel ranks. 0 or 1: off. Must divide the world size. With a "
+         "PipelineModule the topology's tensor (model) size sets it: leave it out or equal.",
          minimum=0, maximum=MAX_BUFFERS),
     _unsupported(BOOL, "tp_overlap_comm", False, "Overlap the tensor-parallel all-reduces with "
                  "compute."),

@@ -19,10 +19,11 @@ class ProcessTopology:
 
     def __init__(self, axes: list[str], dims: list[int]):
         sizes = dict(zip(axes, dims))
-        unknown = sorted(set(sizes) - {"pipe", "data", "model"})
-        if unknown:
-            raise ValueError(f"zero: topology axes {unknown} are not built; the mesh has the "
-                             "axes pipe, data and model (tensor)")
+        if list(axes) not in (["pipe", "data"], ["pipe", "data", "model"]):
+            raise ValueError(f"zero: topology axes {list(axes)} are not built; the mesh lays "
+                             "ranks out as ['pipe', 'data'] or ['pipe', 'data', 'model'] (tensor "
+                             "fastest), DeepSpeed's PipeDataParallelTopology and "
+                             "PipeModelDataParallelTopology")
         self.axes, self.dims = list(axes), list(dims)
         world = 1
         for dim in dims:

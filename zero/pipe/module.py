@@ -23,7 +23,8 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from ..parallel import DeviceMesh
 from ..parallel.grid import grid_for, new_groups
-from ..parallel.topology import ProcessTopology
+from ..parallel.topology import (PipeDataParallelTopology, PipeModelDataParallelTopology,
+                                 ProcessTopology)
 from .partition import partition_layers
 
 
@@ -85,6 +86,9 @@ class PipelineModule(nn.Module):
                                "zero.init_distributed() (deepspeed.init_distributed()) first")
         self.mesh = _mesh(num_stages, topology)
         num_stages = self.mesh.pipe
+        self._topology = topology if isinstance(topology, ProcessTopology) else \
+            (PipeDataParallelTopology(self.mesh.pipe, self.mesh.data) if self.mesh.tensor == 1
+             else PipeModelDataParallelTopology(self.mesh.pipe, self.mesh.tensor, self.mesh.data))
         self._layer_specs = list(layers)
         self.num_stages = num_stages
         self.loss_fn = loss_fn
@@ -196,8 +200,9 @@ class PipelineModule(nn.Module):
                 return stage
         raise ValueError(f"zero: layer {index} is outside the model's {len(self._layer_specs)}")
 
-    def topology(self):
-        return self.mesh
+    def topology(self) -> ProcessTopology:
+        """DeepSpeed's: the ProcessTopology (get_dim, get_coord, get_rank, ...)."""
+        return self._topology
 
     def mpu(self):
         return self._grid

@@ -192,7 +192,10 @@ def _estimate_mesh(args, setup: est.Setup, stage: int | None, base: dict | None)
     parts = est.mesh_parts(model, sizes, args.partition_method, description)
     # N = the data-parallel ranks of a part; one node: the per-node column is those ranks
     part_setup = dataclasses.replace(setup, world_size=sizes.data, num_nodes=1)
-    estimates = [est.estimate_all(part.shapes, part_setup) for part in parts]
+    # the options the engine builds with model parallelism: ZeRO 0-2, not 2 with layers tied
+    # across stages
+    estimates = [[e for e in est.estimate_all(part.shapes, part_setup)
+                  if e.option.stage in part.zero_stages] for part in parts]
     if args.json:
         print(json.dumps({
             "mesh": {**sizes.to_dict(), "world_size": setup.world_size},
@@ -206,7 +209,8 @@ def _estimate_mesh(args, setup: est.Setup, stage: int | None, base: dict | None)
     print(f"mesh: pipe {sizes.pipe} x data {sizes.data} x tensor {sizes.tensor} = "
           f"{setup.world_size} ranks. Each part below is one pipeline stage as each of its "
           f"{sizes.tensor} tensor rank(s) holds it, sharded over its {sizes.data} data-parallel "
-          f"rank(s) (N = {sizes.data}; the per-node column is those ranks together)")
+          f"rank(s) (N = {sizes.data}; the per-node column is those ranks together). ZeRO "
+          f"stages built with model parallelism: {', '.join(map(str, parts[0].zero_stages))}")
     for part, part_estimates in zip(parts, estimates):
         print(f"\n==== pipeline stage {part.stage} of {sizes.pipe} ====")
         print(est.format_estimates(part.shapes, part_setup, part_estimates,
@@ -224,7 +228,7 @@ def _model_dict(shapes: est.ModelShapes) -> dict:
 def cmd_estimate(args) -> int:
     setup, stage, base = _setup(args)
     if args.pipeline_stages != 1 or (args.tensor_parallel or 1) != 1 or \
-            ((base or {}).get("tensor_parallel") or {}).get("autotp_size", 0) > 1:
+            (((base or {}).get("tensor_parallel") or {}).get("autotp_size") or 0) > 1:
         return _estimate_mesh(args, setup, stage, base)
     shapes = _shapes(args, setup)
     estimates = est.estimate_all(shapes, setup)

@@ -13,7 +13,7 @@ from torch import nn
 from ..parallel import DeviceMesh
 from ..parallel.grid import PipelineParallelGrid, grid_for
 from .auto_tp import auto_tp
-from .split import is_split
+from .split import TensorParallelSplitError, is_split
 
 _RECORD = "_zero_tp_model_init"  # the attribute tp_model_init leaves on the model
 
@@ -70,12 +70,11 @@ def prepare(model: nn.Module, config,
         return None
     _check(config, size)
     grid = pipeline_grid or grid_for(tensor=size)
-    converted = auto_tp(model, grid.get_tensor_model_parallel_group())
-    split = bool(converted) or any(is_split(p) for p in model.parameters())
-    if pipeline_grid is not None:  # a stage may have nothing to split (a final norm, a head)
-        anywhere = torch.tensor([int(split)])
-        dist.all_reduce(anywhere)
-        split = bool(anywhere.item())
+    if pipeline_grid is None:
+        converted = auto_tp(model, grid.get_tensor_model_parallel_group())
+        split = bool(converted) or any(is_split(p) for p in model.parameters())
+    else:  # each stage converts its own layers: one may have nothing to split, or fail alone
+        split = _convert_stages(model, grid)
     if not split:
         raise ValueError(
             f"zero: tensor_parallel.autotp_size = {size} but the model has no layer to split: "
@@ -84,6 +83,27 @@ def prepare(model: nn.Module, config,
             "...) and no zero.tp layer was built by hand; set autotp_size to 0")
     check_same_inputs_once(model, grid)
     return grid
+
+
+def _convert_stages(module: nn.Module, grid: PipelineParallelGrid) -> bool:
+    """auto_tp on this stage's layers, agreed over the world: whether any stage split a
+    layer; a stage's TensorParallelSplitError is raised on every rank (the other stages
+    would otherwise wait in their next collective)."""
+    error = None
+    try:
+        converted = auto_tp(module, grid.get_tensor_model_parallel_group())
+        split = bool(converted) or any(is_split(p) for p in module.parameters())
+    except TensorParallelSplitError as raised:
+        error, split = raised, False
+    outcomes = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, (split, None if error is None else str(error)))
+    if error is not None:
+        raise error
+    failed = [f"rank {rank}: {message}" for rank, (_, message) in enumerate(outcomes) if message]
+    if failed:
+        raise TensorParallelSplitError(f"zero: AutoTP could not split another pipeline stage's "
+                                       f"layers ({'; '.join(failed[:2])})")
+    return any(stage_split for stage_split, _ in outcomes)
 
 
 def check_same_inputs_once(model: nn.Module, grid: PipelineParallelGrid) -> None:

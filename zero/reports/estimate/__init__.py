@@ -14,14 +14,16 @@ and every category is the byte count the engine's accounting registry reports af
                      shard is the master)
     optimizer_state  8·Ψ or 8·Ψ/N (Adam)      4· (SGD with momentum)    0 (plain SGD)
     bucket           0 (stage 0)              stage 1: Σ over groups of min(slots, units)·U/N·b;
-                                              stages 2 and 3: Σ over groups of
-                                              min(slots, units)·(U + U/N)·b (stage 3's
-                                              persistent group: + min(slots, units)·Up/N·b),
-                                              U = the group's largest unit, slots = 2 with
-                                              overlap_comm, else 1 (stage 3, 1 slot: 2 in
-                                              backward when the root's bucket fills over all
-                                              of it; `stage3.bucket_kept_bytes` is the pool
-                                              between steps)
+                                              stage 2: Σ over groups of
+                                              min(slots, units)·(U + U/N)·b, U = the group's
+                                              largest unit, slots = 2 with overlap_comm, else
+                                              1; stage 3: per unit, in backward only, the
+                                              min(slots, units) largest units' (U + U/N)·b
+                                              (1 slot: 2 when the root's bucket fills over all
+                                              of backward), + the persistent group's
+                                              min(slots, units)·Up/N·b, kept
+                                              (`stage3.bucket_kept_bytes`: what stays between
+                                              steps)
     gathered_param   0 (stages 0-2)           stage 3: W·b, W = the most elements gathered at
                                               once (peak), from the gather schedule's rule
 

@@ -116,44 +116,58 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
 def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, int, list[dict]]:
     """(the bucket row, the bytes kept between steps, the per-group rows).
 
-    One GradReducer per partitioned group: min(slots, units) buckets of (U + U/N) elements,
-    kept between steps; the persistent (stage-1) group's reducer keeps min(slots, units)
-    pieces of Up/N. In backward the root unit's bucket may fill from the start (its
-    parameters used after the blocks: final norm, untied head) to the end (the embeddings)
-    while each block fills and launches its own; with one slot the pool then grows by one
-    for the backward (grad_reducer.cpp: it grows only when every bucket is filling)."""
+    One GradReducer per partitioned group, its buckets made per unit (grad_reducer.h
+    kPerUnit): a unit's bucket (its numel + numel/N elements) exists from its first gradient
+    to the end of its reduce-scatter, and none is kept between steps. At most `slots` of them
+    live at once (two with overlap_comm: one on the wire while the next fills), and the two
+    largest units do meet: the root unit's bucket fills from its first gradient to its last
+    (the embeddings, at the end of backward) while a block's is on the wire. With one slot
+    and the root's parameters used after the blocks (final norm, untied head: its bucket
+    fills over the whole backward) the pool grows to two for the backward. The persistent
+    (stage-1) group's reducer keeps min(slots, units) pieces of Up/N."""
     n, b = setup.world_size, setup.param_bytes
     n3 = setup.partition_world  # the partitioned groups' ranks (MiCS: the shard group)
     slots = 2 if overlap else 1
     bucket_bytes = kept_bytes = 0
     group_rows, grown = [], False
     for rows, root_early in zip(layout.group_units, layout.root_early_grads):
-        largest = max(numel for _, numel, _ in rows)
-        kept = min(slots, len(rows))
         blocks = sum(1 for unit, _, _ in rows if unit != 0)
         filling = 1 + (1 if root_early and blocks and any(u == 0 for u, _, _ in rows) else 0)
-        peak = max(kept, min(filling, len(rows)))
-        grown = grown or peak > kept
-        kept_bytes += kept * (largest + largest // n3) * b
-        bucket_bytes += peak * (largest + largest // n3) * b
+        live = max(min(slots, len(rows)), min(filling, len(rows)))
+        grown = grown or live > min(slots, len(rows))
+        bucket_bytes += _live_bucket_numel(rows, n3, live, filling == 2) * b
         group_rows.append({"numel": sum(r[1] for r in rows), "shard_numel": sum(r[2] for r in rows),
-                           "max_unit_numel": largest, "unit_count": len(rows),
-                           "block_units": blocks, "buckets_kept": kept, "buckets_peak": peak})
-    for group in layout.persistent:  # a stage-1 group: piece-sized buckets
+                           "max_unit_numel": max(r[1] for r in rows), "unit_count": len(rows),
+                           "block_units": blocks, "buckets_kept": 0, "buckets_peak": live})
+    for group in layout.persistent:  # a stage-1 group: piece-sized buckets, kept
         pieces = min(slots, group.unit_count) * (group.max_unit_numel // n) * b
         kept_bytes += pieces
         bucket_bytes += pieces
     sum_text = "Σ groups " if len(layout.group_units) > 1 else ""
     if not layout.numel:
         bucket_formula = "0"
-    elif grown:
-        bucket_formula = (f"{sum_text}2·(U + U/N)·{b} (in backward: 1 kept between steps + 1 "
-                          "while the root's bucket fills over the whole backward)")
+    elif grown or (slots == 2 and any(len(rows) > 1 for rows in layout.group_units)):
+        bucket_formula = f"{sum_text}(U1 + U1/N + U2 + U2/N)·{b}"  # two units' buckets at once
     else:
-        bucket_formula = f"{sum_text}{slots}·(U + U/N)·{b}"
+        bucket_formula = f"{sum_text}(U + U/N)·{b}"
     if layout.persistent:
-        bucket_formula += f" + {slots}·Up/N·{b} (persistent group)"
+        bucket_formula += f" + {slots}·Up/N·{b}"
     return category_row(bucket_bytes, bucket_formula), kept_bytes, group_rows
+
+
+def _live_bucket_numel(rows: list, n: int, live: int, root_early: bool) -> int:
+    """The most bucket elements one group's backward holds at once: `live` buckets (1 or 2)
+    of (U + U/N) each. The root's bucket, filling over the whole backward when its first
+    gradient comes early, lives beside the largest block's; otherwise buckets live in
+    backward order (the blocks last to first, then the root), neighbours together."""
+    size = {unit: numel + numel // n for unit, numel, _ in rows}
+    blocks = [size[unit] for unit in sorted(size) if unit != 0]
+    if live == 1:
+        return max(size.values())
+    if root_early:
+        return size[0] + max(blocks)
+    order = blocks[::-1] + ([size[0]] if 0 in size else [])
+    return max(a + b for a, b in zip(order, order[1:]))
 
 
 def _gathered_param(work: WorkingSet, shapes: ModelShapes, setup: Setup, psi: int) -> dict:

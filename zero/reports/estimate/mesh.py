@@ -42,19 +42,35 @@ class MeshSizes:
 
 @dataclass(frozen=True)
 class MeshPart:
-    """One pipeline stage's shapes as each of its tensor ranks holds them."""
+    """One pipeline stage's shapes as each of its tensor ranks holds them, in the engine's
+    groups (one per gradient-norm weight, parallel/norm_span.py), and the ZeRO stages the
+    engine builds for it (0-2; not 2 when a layer is tied across stages)."""
     stage: int
     layers: tuple[int, int]  # [first, stop) of the layer list; (0, 0) without pipeline stages
     shapes: ModelShapes
+    zero_stages: tuple[int, ...] = (0, 1, 2)
 
 
-def tensor_slice(module: nn.Module, tensor: int, description: str) -> ModelShapes:
+def tensor_slice(module: nn.Module, tensor: int, description: str,
+                 tied: dict[int, int] | None = None) -> ModelShapes:
     """`module`'s shapes on one of `tensor` ranks after AutoTP (whole when tensor is 1, or
-    when AutoTP finds nothing to split in it)."""
+    when AutoTP finds nothing to split in it), grouped as the engine groups them: by
+    gradient-norm weight, 1/tensor for a parameter left whole, 1/k for a weight tied over k
+    stages (`tied`: id(param) -> k)."""
     local = _local_shapes(module, tensor)
     if local:
         description = f"{description}, tensor slice 1/{tensor} (AutoTP)"
-    return shapes_from_module(module, description=description, local_shape=local)
+    groups: dict[float, list] = {}
+    seen = set()
+    for param in module.parameters():
+        if not param.requires_grad or id(param) in seen:
+            continue
+        seen.add(id(param))
+        split = id(param) in local or getattr(param, "tensor_model_parallel", False)
+        weight = (1.0 if split or tensor == 1 else 1.0 / tensor) / (tied or {}).get(id(param), 1)
+        groups.setdefault(weight, []).append(param)
+    return shapes_from_module(module, description=description, local_shape=local,
+                              param_groups=list(groups.values()))
 
 
 def _local_shapes(module: nn.Module, tensor: int) -> dict:
@@ -74,13 +90,17 @@ def mesh_parts(model, sizes: MeshSizes, partition_method: str, description: str
     """Every stage's part. `model`: an nn.Module (one stage), or with pipeline stages the
     PipelineModule's layer list (LayerSpecs, TiedLayerSpecs, modules) or an nn.Sequential,
     whose children are the layers."""
+    tied: list[dict[int, int]] = [{}] * sizes.pipe
     if sizes.pipe == 1:
         if not isinstance(model, nn.Module):
             model = _stage_module(list(model), 0, len(model))
         modules, cuts = [model], [0, 0]
     else:
         cuts = _cuts(model, sizes, partition_method)
-        modules = [_stage_module(_layers(model), cuts[s], cuts[s + 1]) for s in range(sizes.pipe)]
+        layers = _layers(model)
+        modules = [_stage_module(layers, cuts[s], cuts[s + 1]) for s in range(sizes.pipe)]
+        tied = [_tied_weights(layers, cuts, s, module) for s, module in enumerate(modules)]
+    zero_stages = (0, 1) if any(tied) else (0, 1, 2)
     if sizes.tensor > 1 and not any(_local_shapes(m, sizes.tensor) for m in modules):
         raise EstimateError(f"--tensor-parallel {sizes.tensor}: AutoTP finds no attention or MLP "
                             f"block to split in {description} (as the engine would refuse it)")
@@ -91,9 +111,32 @@ def mesh_parts(model, sizes: MeshSizes, partition_method: str, description: str
         if not any(p.requires_grad for p in module.parameters()):
             raise EstimateError(f"pipeline stage {stage} (layers {start}-{stop - 1}) has no "
                                 "trainable parameter; use fewer --pipeline-stages")
-        parts.append(MeshPart(stage, (start, stop),
-                              tensor_slice(module, sizes.tensor, description + where)))
+        parts.append(MeshPart(stage, (start, stop), tensor_slice(
+            module, sizes.tensor, description + where, tied[stage]), zero_stages))
     return parts
+
+
+def _tied_weights(layers: list, cuts: list[int], stage: int, module: nn.Module) -> dict[int, int]:
+    """id(weight) -> the number of stages holding it, for each weight of a TiedLayerSpec
+    used on several stages and built on `stage` (PipelineModule.tied_weights)."""
+    from zero.pipe import TiedLayerSpec
+
+    stages: dict[str, set] = {}
+    specs: dict = {}
+    for index, layer in enumerate(layers):
+        if isinstance(layer, TiedLayerSpec):
+            owner = next(s for s in range(len(cuts) - 1) if cuts[s] <= index < cuts[s + 1])
+            stages.setdefault(layer.key, set()).add(owner)
+            specs.setdefault(layer.key, layer)
+    weights = {}
+    for key, tied_module in module.tied_modules.items():
+        if len(stages.get(key, ())) > 1:
+            for attr in specs[key].tied_weight_attr:
+                weight = tied_module
+                for part in attr.split("."):
+                    weight = getattr(weight, part)
+                weights[id(weight)] = len(stages[key])
+    return weights
 
 
 def _layers(model) -> list:
