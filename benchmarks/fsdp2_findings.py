@@ -195,28 +195,23 @@ def _held_by_autograd(zs, f, precision):
 
 
 def _buckets(z0, f, precision, args):
-    b = f["param_bytes_b"]
     steady, kept = z0["bucket_bytes"][0], z0["bucket_current_end_bytes"][0]
-    slot = (1 + 1 / args.world_size) * z0["root_numel"] * b  # largest unit: full + 1/N
     warm = z0["warmup_peak_bytes"]["bucket"][0]
     text = (f"* **Buckets, {precision}**: after warm-up zero's reduce-scatter buckets peak at "
-            f"{mib(steady)} MiB per step and {mib(kept)} MiB stay allocated between steps "
-            f"(≈ {steady / slot:.1f} pool slots, each a full-unit input plus its 1/N output "
-            f"sized for the *largest* unit -- here the root with the {args.vocab}x"
-            f"{args.n_embd} tied embedding, {z0['root_numel']:,} elements; two slots with "
-            f"overlap_comm, the stage-3 default).")
+            f"{mib(steady)} MiB per step, in backward, and {mib(kept)} MiB stay allocated "
+            f"between steps (the persistent small-parameter group's 1/N pieces). Each "
+            f"partitioned unit's bucket (a full-unit input plus its 1/N output) is made for "
+            f"that unit when its first gradient arrives, sized to it, and freed when its "
+            f"reduce-scatter completes, at most two at once with overlap_comm (the stage-3 "
+            f"default); until 45ed90a two buckets sized for the largest unit (here the root "
+            f"with the {args.vocab}x{args.n_embd} tied embedding, {z0['root_numel']:,} "
+            f"elements) stayed allocated all the time.")
     if warm > 1.05 * steady:
-        text += (f" During the warm-up steps the pool peaked at {mib(warm)} MiB "
-                 f"(≈ {warm / slot:.1f} slots); this engine learns the units' launch "
-                 f"order from rank 0's first backward and agrees on it by broadcast, and its "
-                 f"pool grows while that happens and shrinks back after the backward.")
-    else:
-        text += (f" The warm-up steps peaked at {mib(warm)} MiB too: the first backward, "
-                 f"which learns the units' launch order, no longer grows the pool (on "
-                 f"39a4e5b it reached ≈ 6 slots there; the persistent small-parameter group "
-                 f"now launches last).")
-    return text + (f" FSDP2 keeps no buckets: a group's reduce-scatter input exists only around "
-                   f"that group's reduction (largest seen: "
+        text += (f" During the warm-up steps the buckets peaked at {mib(warm)} MiB: this engine "
+                 f"learns the units' launch order from rank 0's first backward and agrees on "
+                 f"it by broadcast, and more buckets live at once while that happens.")
+    return text + (f" FSDP2 keeps no buckets either: a group's reduce-scatter input exists only "
+                   f"around that group's reduction (largest seen: "
                    f"{mib(f['comm_buffer_peak_bytes']['reduce_scatter_in_plus_out'][0])} MiB "
                    f"input + output).")
 

@@ -69,7 +69,7 @@ def _summary_table(summaries, inter):
         "",
         "| config | step ms interleaved median (p10) | step ms isolated median (p10) | "
         "model states measured | model-state formula | gathered params peak | buckets "
-        "(kept) | working set peak | released params still held by autograd after forward | "
+        "peak | working set peak | released params still held by autograd after forward | "
         "step peak (profiler) | RSS peak | sent / step | sent / 3Ψ·b |",
         "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
         "---: |",
@@ -102,8 +102,8 @@ COLUMNS = (
     "distinct storages of the local shards of the DTensor params, grads and AdamW state "
     "after optimizer.step(), beside 16Ψ/N. *gathered params peak*: zero's registry "
     "`gathered_param` peak; FSDP2's unsharded parameter storages alive at once (sampled at "
-    "its unshard / post-backward / reduce-scatter points). *buckets (kept)*: zero's "
-    "reduce-scatter bucket pool, peak after warm-up (see the findings for what stays "
+    "its unshard / post-backward / reduce-scatter points). *buckets peak*: zero's "
+    "reduce-scatter buckets, peak after warm-up (see the findings for what stays "
     "allocated between steps and the warm-up peak); FSDP2 keeps none. "
     "*working set peak*: zero = gathered peak + buckets (its registry's view); FSDP2 = "
     "peak of unsharded params + the flat all-gather outputs and reduce-scatter inputs "

@@ -127,6 +127,13 @@ def test_the_tuner_takes_nvme_when_the_host_budget_rules_the_host_out(tmp_path, 
     assert list(swap.iterdir()) == []
 
 
+def _within_buckets(chosen, measured_peak: int) -> bool:
+    """The estimated device peak adds the categories' peaks: at stage 3 an upper bound by at
+    most the reduce-scatter buckets, which live in backward only."""
+    bucket = chosen.estimate.categories["bucket"]["bytes"]
+    return 0.95 * measured_peak <= chosen.total <= 1.05 * measured_peak + bucket
+
+
 def test_the_tuner_offloads_parameters_when_the_optimizer_alone_is_not_enough(tmp_path,
                                                                               capsys):
     shapes = est.shapes_from_factory(DEEP_FACTORY)
@@ -154,7 +161,7 @@ def test_the_tuner_offloads_parameters_when_the_optimizer_alone_is_not_enough(tm
     for report in reports:
         peak = report["by_location"]["device"]["peak"]
         assert peak <= budget, (peak, budget)
-        assert _close(rec.chosen.total, peak), (rec.chosen.total, peak)
+        assert _within_buckets(rec.chosen, peak), (rec.chosen.total, peak)
         assert report["categories"]["staging"]["by_location"]["device"]["peak"] > 0
 
 
@@ -205,7 +212,7 @@ def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_pa
     for report in run_distributed(_run_tuned, 2, args=(str(out),), timeout=120):
         locations = report["by_location"]
         assert locations["device"]["peak"] <= budget
-        assert _close(rec.chosen.total, locations["device"]["peak"])
+        assert _within_buckets(rec.chosen, locations["device"]["peak"])
         host = locations["host_pinned"]["peak"] + locations["host_pageable"]["peak"]
         assert host == rec.chosen.host_bytes and 2 * host <= host_budget
         assert locations["nvme"]["current"] == rec.chosen.nvme_bytes
