@@ -228,7 +228,8 @@ def _step_peak(zs, f, precision):
         ". Activations are identical (same model, batch and dtype of compute). FSDP2's "
         "owned-at-start has no gradients (zero_grad sets them to None; its gradient "
         "shards are allocated in backward and show up in the transient part); zero's "
-        "includes its gradient shard and its buckets.")
+        "includes its gradient shard (and the persistent group's small piece buckets; a "
+        "partitioned unit's bucket lives in backward only, in the transient part).")
     fp_ = f["profiled"]
     for z in zs:
         zp_ = z["profiled"]
@@ -237,9 +238,10 @@ def _step_peak(zs, f, precision):
         transient_gap = zp_["transient_peak_bytes"][0] - fp_["transient_peak_bytes"][0]
         text += (
             f" {z['config']} peaks {mib(gap)} MiB above FSDP2: {mib(owned_gap)} MiB "
-            f"already at the step's start (its buckets, {mib(z['bucket_bytes'][0])}, "
-            f"and its gradient shard, which FSDP2 drops at zero_grad and allocates "
-            f"again in backward) and {mib(transient_gap)} MiB more in the step's own "
+            f"already at the step's start (what it keeps between steps beyond FSDP2: its "
+            f"gradient shard, which FSDP2 drops at zero_grad and allocates again in "
+            f"backward, and {mib(z['bucket_current_end_bytes'][0])} MiB of buckets) and "
+            f"{mib(transient_gap)} MiB more in the step's own "
             f"allocations, against {mib(zp_['autograd_held_param_bytes'][0])} MiB of "
             f"released parameters that autograd holds at the end of its forward.")
     return [text + _profiler_caveat(prof)]
