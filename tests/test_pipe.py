@@ -18,25 +18,26 @@ MICRO_BATCH, MICRO_BATCHES, DATA, STAGES, STEPS = 2, 4, 2, 2, 3
 HYPER = {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 
 
-def config(schedule="1f1b", stage=1, clip=0.0) -> dict:
+def config(schedule="1f1b", stage=1, clip=0.0, fp16=None) -> dict:
     return {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_clipping": clip,
             "gradient_accumulation_steps": MICRO_BATCHES,
             "optimizer": {"type": "AdamW", "params": HYPER},
             "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
-            "pipeline": {"schedule": schedule}}
+            "pipeline": {"schedule": schedule}, "fp16": fp16 or {"enabled": False}}
 
 
 def data():
     return synthetic_batches(MODEL, MICRO_BATCH, STEPS * MICRO_BATCHES * DATA, seed=7)
 
 
-def engine_for(schedule, stage=1, tied=True, partition="uniform", clip=0.0):
+def engine_for(schedule, stage=1, tied=True, partition="uniform", clip=0.0, fp16=None):
     import zero.compat.deepspeed as deepspeed
 
     module = deepspeed.pipe.PipelineModule(
         layers=pipe_layers(MODEL, tied=tied), num_stages=STAGES, loss_fn=cross_entropy,
         partition_method=partition, seed_layers=True)
-    engine, _, _, _ = deepspeed.initialize(model=module, config=config(schedule, stage, clip))
+    engine, _, _, _ = deepspeed.initialize(model=module,
+                                           config=config(schedule, stage, clip, fp16))
     return engine
 
 
@@ -120,6 +121,60 @@ def test_pipeline_2_stages_x_data_2_matches_single_process_with_tied_weights():
 def test_gradient_clipping_clips_by_the_whole_models_norm_across_stages():
     results = run_distributed(train_ranks, 4, args=("1f1b", 1, True, 0.01), timeout=60)
     assert_matches_reference(results, clip=0.01)
+
+
+def skip_ranks(rank, world):
+    """Step 2 of 3: an infinite gradient on one rank of stage 0 only."""
+    engine = engine_for("1f1b")
+    d, batches = engine.grid.get_data_parallel_id(), data()
+    mine = iter([batches[(s * MICRO_BATCHES + k) * DATA + d]
+                 for s in range(STEPS) for k in range(MICRO_BATCHES)])
+    engine.train_batch(mine)
+    before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    hook = None
+    if rank == 0:
+        block = next(p for n, p in engine.module.named_parameters()
+                     if not n.startswith("tied_modules"))  # not tied: stage 0's alone
+        hook = block.register_hook(lambda grad: grad * float("inf"))
+    engine.train_batch(mine)
+    if hook is not None:
+        hook.remove()
+    skipped = all(torch.equal(before[n], p) for n, p in engine.module.named_parameters())
+    engine.train_batch(mine)
+    stepped = not any(torch.equal(before[n], p) for n, p in engine.module.named_parameters())
+    return engine.skipped_steps, skipped, stepped
+
+
+def test_a_non_finite_gradient_on_one_stage_skips_the_step_on_every_stage():
+    for rank, (skipped_steps, skipped, stepped) in enumerate(
+            run_distributed(skip_ranks, 4, timeout=60)):
+        assert (skipped_steps, skipped, stepped) == (1, True, True), rank
+
+
+def fp16_ranks(rank, world, power):
+    engine = engine_for("1f1b", fp16={"enabled": True, "initial_scale_power": power,
+                                      "loss_scale_window": 1})
+    d, batches = engine.grid.get_data_parallel_id(), data()
+    mine = iter([batches[(s * MICRO_BATCHES + k) * DATA + d]
+                 for s in range(STEPS) for k in range(MICRO_BATCHES)])
+    losses, scales = [], []
+    for _ in range(STEPS):
+        losses.append(engine.train_batch(mine).item())
+        scales.append(engine.loss_scale)
+    return losses, scales, engine.skipped_steps
+
+
+def test_fp16_pipeline_applies_and_agrees_on_the_loss_scale():
+    losses, _ = reference()
+    # scale 2^8: no overflow, the scale grows (loss_scale_window 1: after the second clean
+    # step, as DeepSpeed), and the losses follow fp32 training to fp16 rounding
+    for result_losses, scales, skipped in run_distributed(fp16_ranks, 4, args=(8,), timeout=60):
+        assert skipped == 0 and scales == [2.0 ** 8, 2.0 ** 9, 2.0 ** 10]
+        assert result_losses == pytest.approx(losses, rel=5e-3)
+    # scale 2^24 overflows fp16 gradients: every stage skips the same steps and halves
+    results = run_distributed(fp16_ranks, 4, args=(24,), timeout=60)
+    assert all(r[1:] == results[0][1:] for r in results) and results[0][2] >= 1
+    assert results[0][1][-1] < 2.0 ** 24
 
 
 def train_both(rank, world):

@@ -48,8 +48,9 @@ def gathered(module: nn.Module, group) -> dict:
 
 
 # ---- training: tensor 2 x data 2 against one process ---------------------------------------
-def config(stage: int, clip: float = 0.0) -> dict:
+def config(stage: int, clip: float = 0.0, fp16: dict | None = None) -> dict:
     return {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_clipping": clip,
+            "fp16": fp16 or {"enabled": False},
             "gradient_accumulation_steps": MICRO_BATCHES,
             "train_batch_size": MICRO_BATCH * MICRO_BATCHES * DATA,  # data ranks only
             "optimizer": {"type": "AdamW", "params": HYPER},
@@ -57,7 +58,7 @@ def config(stage: int, clip: float = 0.0) -> dict:
             "tensor_parallel": {"autotp_size": TENSOR}}
 
 
-def train_ranks(rank, world, stages, clip=0.0):
+def train_ranks(rank, world, stages, clip=0.0, fp16=None):
     import zero
     from zero.parallel.grid import grid_for
     from zero.tp import VocabParallelEmbedding
@@ -68,10 +69,10 @@ def train_ranks(rank, world, stages, clip=0.0):
         model = build_gpt()
         model.embed = VocabParallelEmbedding.from_embedding(
             model.embed, grid.get_tensor_model_parallel_group())
-        engine, _, _, _ = zero.initialize(model=model, config=config(stage, clip))
+        engine, _, _, _ = zero.initialize(model=model, config=config(stage, clip, fp16))
         assert engine.grid is grid and engine.world_size == DATA
         d, data = grid.get_data_parallel_rank(), batches()
-        losses, norms = [], []
+        losses, norms, scales = [], [], []
         for step in range(STEPS):
             for k in range(MICRO_BATCHES):
                 tokens, targets = data[(step * MICRO_BATCHES + k) * DATA + d]
@@ -80,8 +81,10 @@ def train_ranks(rank, world, stages, clip=0.0):
                 engine.step()
                 losses.append(loss.item())
             norms.append(engine.get_global_grad_norm())
+            scales.append(engine.loss_scale)
         report = engine.memory_report()["categories"]["optimizer_state"]["current"]
-        runs.append({"losses": losses, "norms": norms, "optimizer_bytes": report,
+        runs.append({"losses": losses, "norms": norms, "scales": scales,
+                     "skipped": engine.skipped_steps, "optimizer_bytes": report,
                      "numel": sum(p.numel() for p in engine.module.parameters()),
                      "whole": gathered(engine.module, grid.get_tensor_model_parallel_group()),
                      "local": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
@@ -156,13 +159,28 @@ def test_gradient_clipping_clips_by_the_whole_models_norm_over_the_tensor_ranks(
     assert_matches_reference(runs, clip=0.05)
 
 
+def test_fp16_under_tensor_parallelism_follows_fp32_and_agrees_on_the_loss_scale():
+    losses, _ = reference()
+    fp16 = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 1}
+    runs = [r[0] for r in run_distributed(train_ranks, 4, args=((1,), 0.0, fp16), timeout=60)]
+    for run in runs:
+        assert run["skipped"] == 0 and run["scales"] == runs[0]["scales"]
+        assert run["scales"][-1] > 2.0 ** 8  # grew: no overflow
+    mean = [sum(r["losses"][i] for r in runs[::TENSOR]) / DATA for i in range(len(losses))]
+    assert mean == pytest.approx(losses, rel=1e-2)
+    # 2^24 overflows fp16 gradients: every rank skips the same steps and lowers the scale
+    fp16["initial_scale_power"] = 24
+    runs = [r[0] for r in run_distributed(train_ranks, 4, args=((1,), 0.0, fp16), timeout=60)]
+    assert all((r["skipped"], r["scales"]) == (runs[0]["skipped"], runs[0]["scales"])
+               for r in runs) and runs[0]["skipped"] >= 1
+
+
 # ---- errors that name the sizes ------------------------------------------------------------
 def refusal_ranks(rank, world):
     import zero
 
     errors = []
-    for change in ({"zero_optimization": {"stage": 3}}, {"tensor_parallel": {"autotp_size": 3}},
-                   {"fp16": {"enabled": True}}):
+    for change in ({"zero_optimization": {"stage": 3}}, {"tensor_parallel": {"autotp_size": 3}}):
         try:
             zero.initialize(model=build_gpt(), config={**config(1), **change})
         except (NotImplementedError, ValueError) as error:
@@ -185,10 +203,9 @@ def refusal_ranks(rank, world):
 def test_initialize_refuses_what_does_not_compose_naming_it():
     for errors, converted, data_ranks in run_distributed(refusal_ranks, 4, timeout=60):
         assert converted and data_ranks == 2  # tp_model_init alone turns it on
-        assert "autotp_size = 2 in the config but tp_model_init(tp_size=4)" in errors[3]
+        assert "autotp_size = 2 in the config but tp_model_init(tp_size=4)" in errors[2]
         assert "stage 3 with tensor parallelism" in errors[0] and "0, 1 or 2" in errors[0]
         assert "tensor_parallel.autotp_size = 3 does not divide the world size 4" in errors[1]
-        assert "fp16 with tensor_parallel.autotp_size = 2" in errors[2]
     with pytest.raises(ValueError, match="tensor 3 does not divide the world size 8"):
         DeviceMesh.build(8, tensor=3)
     with pytest.raises(ValueError, match=r"data 2 x tensor 3 = 6 ranks, but the world size is 4"):

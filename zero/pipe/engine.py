@@ -185,8 +185,10 @@ class PipelineEngine(ZeroEngine):
 
     def _backward(self, mb: int, batch: _Batch) -> None:
         outputs = batch.outputs.pop(mb)
-        if self.is_last_stage():
-            tensors, grads = [outputs.float() / self.micro_batches], None
+        if self.is_last_stage():  # the mean over micro-batches, times fp16's loss scale
+            loss = outputs.float() / self.micro_batches
+            tensors = [loss * self.loss_scale if self.loss_scaler is not None else loss]
+            grads = None
         else:
             tensors, grads = p2p.needing_grad(outputs), batch.grads.pop(mb)
         # Stage 0/1 accumulate locally (reduced once, in _reduce); stage 2 reduces each
@@ -244,10 +246,6 @@ def _check(module, config) -> None:
     if not isinstance(module, PipelineModule):
         raise TypeError(f"zero: PipelineEngine needs a PipelineModule, got "
                         f"{type(module).__name__}")
-    if config.fp16.enabled and module.num_stages > 1:
-        raise NotImplementedError("zero: fp16 with pipeline stages is not built (the "
-                                  "pipeline's backward does not apply the loss scale); use bf16 "
-                                  "or fp32")
     if dist.get_backend() != "gloo":
         raise NotImplementedError(
             f"zero: pipeline parallelism on the {dist.get_backend()} backend has not run yet: its "

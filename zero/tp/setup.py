@@ -167,8 +167,4 @@ def _check(config, size: int) -> None:
             f"zero: ZeRO stage 3 with tensor parallelism ({where}) is not built: set "
             "zero_optimization.stage to 0, 1 or 2 (ZeRO then shards over the data-parallel "
             "ranks of each tensor slice)")
-    if config.fp16.enabled:
-        raise NotImplementedError(f"zero: fp16 with {where} is not built (its dynamic loss "
-                                  "scale has not been tested over tensor ranks); use bf16 or "
-                                  "fp32")
     data_ranks(dist.get_world_size(), size)  # raises, naming the sizes
