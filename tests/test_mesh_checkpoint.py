@@ -1,9 +1,10 @@
 """Checkpoints of a model split over pipeline stages or tensor ranks (zero.checkpoint_mesh), on
 4 gloo ranks: each part saves under DeepSpeed's names; a fresh engine of the same layout
 loads and continues exactly as the uninterrupted run; pipeline stages load at another
-data-parallel size; another pipeline / tensor layout is refused naming both; zero_to_fp32 puts
-the parts together into the unsplit model's state dict (pipeline stages, tensor slices, fused
-q/k/v blocks and HF GPT-2's Conv1D layout)."""
+data-parallel size; another layout (the whole model, or split again) loads the same master
+weights and Adam moments (checkpoint_remesh); zero_to_fp32 puts the parts together into the
+unsplit model's state dict (pipeline stages, tensor slices, fused q/k/v blocks and HF GPT-2's
+Conv1D layout)."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from distributed_harness import run_distributed
+from training import assert_same_states
 from tp_models import SEQ, VOCAB, build_gpt, hf_models
 from zero.models.pipe_gpt import cross_entropy, pipe_layers, sequential
 from zero.models.tiny_gpt import GPTConfig, synthetic_batches
@@ -69,18 +71,19 @@ def pipe_ranks(rank, world, root):
     loaded = same(params(fresh.module), saved)
     fresh_loss = fresh.train_batch(pipe_batches(2, mine)).item()
     continued = same(params(fresh.module), params(engine.module)) and fresh_loss == loss
-    # the same model whole on every rank: another layout, refused on every rank
+    # the same model whole on every rank (another layout): the parts joined, resharded over 4
     plain, _, _, _ = zero.initialize(model=sequential(pipe_layers(PIPE_MODEL)), config={
         "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": HYPER},
         "zero_optimization": {"stage": 1}})
-    with pytest.raises(Exception) as refused:
-        plain.load_checkpoint(root)
+    _, plain_client = plain.load_checkpoint(root)
+    plain.save_checkpoint(root + "-whole", tag="resaved")
     # an untied head: stage 1's part differs, stage 0's fits; every rank raises, none waits
     with pytest.raises(ValueError) as one_part:
         pipe_engine(micro_batch=2, tied=False).load_checkpoint(root)
-    return {"one_part": str(one_part.value), "stage": engine.grid.get_stage_id(), "saved": saved, "loss": loss,
+    return {"one_part": str(one_part.value), "whole": params(plain.module),
+            "plain_client": plain_client, "plain_steps": plain.global_steps, "stage": engine.grid.get_stage_id(), "saved": saved, "loss": loss,
             "after": params(engine.module), "loaded": loaded, "continued": continued,
-            "client": client, "refused": str(refused.value), "steps": fresh.global_steps}
+            "client": client, "steps": fresh.global_steps}
 
 
 def pipe_reload_ranks(rank, world, root):
@@ -103,8 +106,7 @@ def test_pipeline_parts_save_load_reshard_refuse_and_export(tmp_path):
     for result in results:
         assert result["loaded"] and result["continued"] and result["steps"] == 3
         assert result["client"] == {"epoch": 3}
-        assert "2 pipeline stage(s) x tensor size 1" in result["refused"]
-        assert "this engine has 1 x 1" in result["refused"]
+        assert result["plain_client"] == {"epoch": 3} and result["plain_steps"] == 2
         assert "with other trainable parameters" in result["one_part"]
 
     # the same batch as one data rank: the resharded state continues the same training
@@ -122,6 +124,11 @@ def test_pipeline_parts_save_load_reshard_refuse_and_export(tmp_path):
     for name, value in whole.items():
         assert torch.equal(exported[name], value), name
     sequential(pipe_layers(PIPE_MODEL)).load_state_dict(exported, strict=True)
+    # loaded whole on 4 ranks: the same weights, and (saved again) the same Adam moments
+    for result in results:
+        for name, value in result["whole"].items():
+            assert torch.equal(value, exported[name]), name
+    assert_same_states(root, root + "-whole")
 
 
 # ---- tensor 2 x data 2 -----------------------------------------------------------------------
@@ -178,12 +185,29 @@ def tp_ranks(rank, world, root, hf_root):
         fresh.load_checkpoint(f"{root}/stage{stage}")
         tp_step(fresh, 2)
         results[stage] = same(params(fresh.module), params(engine.module))
-    models = dict(hf_models())
-    if "gpt2" in models:  # HF's Conv1D (weights [in, out]) and a fused c_attn, split
-        config = {**tp_config(1), "train_micro_batch_size_per_gpu": 1,
-                  "gradient_accumulation_steps": 1, "train_batch_size": DATA}
-        engine = zero.initialize(model=models["gpt2"], config=config)[0]
-        engine.save_checkpoint(hf_root, tag="converted")
+    # other layouts: the tensor-parallel checkpoint loaded whole on 4 ranks, saved, and that
+    # loaded back into tensor 2 x data 2
+    whole = {key: value for key, value in tp_config(1).items() if key != "tensor_parallel"}
+    plain = zero.initialize(model=build_gpt(),
+                            config={**whole, "train_batch_size": TP_MICRO * 2 * world})[0]
+    plain.load_checkpoint(f"{root}/stage1")
+    plain.save_checkpoint(f"{root}/whole", tag="resaved")
+    again = tp_engine(1)
+    again.load_checkpoint(f"{root}/whole")
+    again.save_checkpoint(f"{root}/again", tag="resaved")
+    if "gpt2" in dict(hf_models()):  # HF's Conv1D (weights [in, out]) and a fused c_attn
+        one = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+        split = zero.initialize(model=dict(hf_models())["gpt2"], config={
+            **tp_config(1), **one, "train_batch_size": DATA})[0]
+        split.save_checkpoint(hf_root, tag="converted")
+        plain = zero.initialize(model=dict(hf_models())["gpt2"], config={
+            **whole, **one, "train_batch_size": world})[0]
+        plain.load_checkpoint(hf_root)
+        plain.save_checkpoint(hf_root + "-whole", tag="resaved")
+        split = zero.initialize(model=dict(hf_models())["gpt2"], config={
+            **tp_config(1), **one, "train_batch_size": DATA})[0]
+        split.load_checkpoint(hf_root + "-whole")
+        split.save_checkpoint(hf_root + "-again", tag="resaved")
     dist.barrier()
     return results
 
@@ -217,11 +241,15 @@ def test_tensor_parts_load_exactly_and_export_the_unsplit_model(tmp_path):
             error = ((value - expected[name]).norm() / expected[name].norm()).item()
             assert error < 1e-5, (stage, name, error)
         build_gpt().load_state_dict(exported, strict=True)
+    # tensor 2 -> whole -> tensor 2: the same master weights and Adam moments throughout
+    assert_same_states(f"{root}/stage1", f"{root}/whole")
+    assert_same_states(f"{root}/stage1", f"{root}/again")
     models = dict(hf_models())
     if "gpt2" in models:
         original = models["gpt2"].state_dict()
-        exported = get_fp32_state_dict_from_zero_checkpoint(hf_root)
-        assert set(exported) == set(original)
-        for name, value in exported.items():
-            assert torch.equal(value, original[name]), name
         assert original["transformer.h.0.attn.c_attn.weight"].shape == (32, 96)  # [in, 3 out]
+        for path in (hf_root, hf_root + "-whole", hf_root + "-again"):
+            exported = get_fp32_state_dict_from_zero_checkpoint(path)
+            assert set(exported) == set(original)
+            for name, value in exported.items():
+                assert torch.equal(value, original[name]), (path, name)

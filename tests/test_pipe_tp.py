@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from distributed_harness import run_distributed
+from training import assert_same_states
 from tp_models import SEQ, VOCAB, WIDTH, Block
 from zero.models.pipe_gpt import EmbeddingPipe, cross_entropy, head_forward, sequential
 from zero.models.tiny_gpt import GPTConfig
@@ -78,6 +79,15 @@ def train_ranks(rank, world, root):
     after, fresh_after = params(engine.module), params(fresh.module)
     with pytest.raises(ValueError) as disagreeing:
         engine_for(autotp_size=4)
+    # the 4 parts loaded into the whole model on 4 ranks (ZeRO-1 over all of them)
+    import zero
+
+    plain = zero.initialize(model=sequential(layers()), config={
+        "train_micro_batch_size_per_gpu": MICRO_BATCH, "optimizer": {"type": "AdamW",
+                                                                     "params": HYPER},
+        "zero_optimization": {"stage": 1}})[0]
+    plain.load_checkpoint(root)
+    plain.save_checkpoint(root + "-whole", tag="resaved")
     return {"coord": (grid.get_stage_id(), grid.get_data_parallel_id(),
                       grid.get_tensor_model_parallel_rank(), grid.get_model_parallel_rank()),
             "split": isinstance(block.mlp.up_proj, ColumnParallelLinear),
@@ -123,6 +133,7 @@ def test_pipeline_2_x_tensor_2_matches_one_process_and_its_checkpoint_exports_wh
         assert result["norms"] == pytest.approx(norms, rel=1e-5)
         assert result["resumed"]
         assert "autotp_size = 4" in result["error"] and "tensor (model) size 2" in result["error"]
+    assert_same_states(root, root + "-whole")  # the same master and Adam moments
     exported = get_fp32_state_dict_from_zero_checkpoint(root)
     assert set(exported) == set(states[1])
     for name, value in exported.items():

@@ -228,3 +228,21 @@ def open_path(swap_file: str) -> str:
         except OSError:
             continue
     raise FileNotFoundError(f"no open descriptor of the swap file {swap_file}")
+
+
+def assert_same_states(path: str, other: str) -> None:
+    """Two checkpoints of one model (any layouts) hold the same whole fp32 master and Adam
+    moments, name by name."""
+    from zero.checkpoint_export import open_checkpoint
+    from zero.checkpoint_remesh import SavedParts
+
+    arrays = []
+    for root in (path, other):
+        saved = SavedParts(open_checkpoint(root)[0])
+        saved.read_shards()
+        arrays.append({array: saved.whole(array) for array in ("master", "exp_avg",
+                                                               "exp_avg_sq")})
+    for array, values in arrays[0].items():
+        assert values.keys() == arrays[1][array].keys(), array
+        for name, value in values.items():
+            assert torch.equal(value, arrays[1][array][name]), (array, name)

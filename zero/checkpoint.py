@@ -12,6 +12,8 @@ Layout (DeepSpeed-like names):
 A model split over pipeline stages or tensor ranks saves one such set per part, under
 DeepSpeed's names (checkpoint_mesh.py): mp_rank_XX_model_states.pt from each part's first
 data-parallel rank, zero_pp_rank_<d>_mp_rank_XX_optim_states.pt from every rank, one manifest.
+It loads at the same pipe x tensor layout part by part, at another one (or whole, and a whole
+checkpoint into a split engine) through checkpoint_remesh.py.
 
 Nothing is lost on a crash (checkpoint_files.py): ranks write into save_dir/.<tag>.tmp, each
 file fsynced and renamed, rank 0 writes the manifest from every rank's digests, renames the
@@ -38,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint_files as files
-from . import checkpoint_layout, checkpoint_mesh, stage3
+from . import checkpoint_layout, checkpoint_mesh, checkpoint_remesh, stage3
 from .checkpoint_files import LATEST
 
 logger = logging.getLogger("zero")
@@ -238,42 +240,16 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
         with open(latest) as file:
             tag = file.read().strip()
     part = checkpoint_mesh.part_of(engine)
+    load_shards = load_optimizer_states and not load_module_only
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         path, note = files.find(load_dir, str(tag))
-        checkpoint_mesh.check_mesh(_saved_mesh(path), part.mesh, path)
-        files.verify(path, [part.names.model])
-        model_state = files.load_torch(os.path.join(path, part.names.model))
-    def check() -> bool:
-        _check_shapes(model_state["module"], engine.full_shapes,
-                      os.path.join(path, part.names.model))
-        return _check_fingerprint(model_state, engine, part, path)
-
-    # Each part reads its own file: one part's mismatch is raised on every rank.
-    reshard = _agreed_check(check)
-    load_shards = load_optimizer_states and not load_module_only
-    shards = None
-    with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
-        # Every rank file this rank will read, before anything is written into the engine:
-        # present, equal to the manifest, in a format this zero reads (mapped, not read).
-        if load_shards and reshard:
-            shards = _read_every_shard(engine, path, model_state, part.names)
-        elif load_shards:
-            shard_file = part.names.rank(part.data_rank)
-            files.verify(path, [shard_file])
-            shards = files.load_torch(os.path.join(path, shard_file), mmap=True)["groups"]
+        same_layout = checkpoint_mesh.same_layout(_saved_mesh(path), part.mesh)
     if note and dist.get_rank() == 0:
         logger.warning(note)
-
-    with _all_ranks_or_none(f"loading checkpoint {path}",
-                            "the engine may be partly loaded: load a checkpoint again"):
-        engine.load_module_state_dict(model_state["module"], strict=load_module_strict)
-        if load_shards and reshard:
-            checkpoint_layout.reshard_into(engine, path, model_state, shards)
-        elif load_shards:
-            _load_shard(engine, shards)
-        else:  # keep the fp32 master in step with the weights just loaded
-            for g in range(engine.core.group_count):
-                engine.core.group_refresh_master(g)
+    if same_layout:
+        model_state = _load_own_part(engine, path, part, load_shards, load_module_strict)
+    else:
+        model_state = _load_other_layout(engine, path, load_shards, load_module_strict)
     if not load_module_only:
         if load_optimizer_states:
             engine.optimizer.load_state_dict(model_state["optimizer"])
@@ -287,6 +263,69 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     engine.core.zero_grads()
     dist.barrier()
     return path, model_state["client_state"]
+
+
+def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: bool,
+                   strict: bool) -> dict:
+    """A checkpoint of this engine's pipeline x tensor layout: each part reads its own files
+    (resharded when the data-parallel size or stage differs). Returns its model state."""
+    with _all_ranks_or_none(f"checking checkpoint {path}", "nothing was loaded"):
+        files.verify(path, [part.names.model])
+        model_state = files.load_torch(os.path.join(path, part.names.model))
+
+    def check() -> bool:
+        _check_shapes(model_state["module"], engine.full_shapes,
+                      os.path.join(path, part.names.model))
+        return _check_fingerprint(model_state, engine, part, path)
+
+    # Each part reads its own file: one part's mismatch is raised on every rank.
+    reshard = _agreed_check(check)
+    shards = None
+    with _all_ranks_or_none(f"checking checkpoint {path}", "nothing was loaded"):
+        # Every rank file this rank will read, before anything is written into the engine:
+        # present, equal to the manifest, in a format this zero reads (mapped, not read).
+        if load_shards and reshard:
+            shards = _read_every_shard(engine, path, model_state, part.names)
+        elif load_shards:
+            shard_file = part.names.rank(part.data_rank)
+            files.verify(path, [shard_file])
+            shards = files.load_torch(os.path.join(path, shard_file), mmap=True)["groups"]
+    with _all_ranks_or_none(f"loading checkpoint {path}",
+                            "the engine may be partly loaded: load a checkpoint again"):
+        engine.load_module_state_dict(model_state["module"], strict=strict)
+        if load_shards and reshard:
+            checkpoint_layout.reshard_into(engine, path, model_state, shards)
+        elif load_shards:
+            _load_shard(engine, shards)
+        else:  # keep the fp32 master in step with the weights just loaded
+            for g in range(engine.core.group_count):
+                engine.core.group_refresh_master(g)
+    return model_state
+
+
+def _load_other_layout(engine, path: str, load_shards: bool, strict: bool) -> dict:
+    """A checkpoint of another pipeline x tensor layout (or of the whole model, into a split
+    one): the parts joined, this rank's part cut out (checkpoint_remesh.py). Returns the
+    first part's model state (counters, optimizer, scheduler: the same in every part)."""
+    with _all_ranks_or_none(f"checking checkpoint {path}", "nothing was loaded"):
+        saved = checkpoint_remesh.SavedParts(path)
+        if load_shards:
+            saved.read_shards()
+
+    def check() -> None:
+        fingerprint = saved.states[0]["fingerprint"]
+        for key, value in (("dtype", str(engine.dtype)),
+                           ("optimizer", engine.optimizer.spec.kind)):
+            if fingerprint.get(key) != value:
+                raise ValueError(f"zero: checkpoint {path} was written with {key}="
+                                 f"{fingerprint.get(key)!r} but this engine has {key}={value!r}; "
+                                 f"resume with the same {key}")
+
+    _agreed_check(check)
+    with _all_ranks_or_none(f"loading checkpoint {path} (saved with another pipeline x tensor "
+                            "layout)", "the engine may be partly loaded: load a checkpoint again"):
+        checkpoint_remesh.load_into(engine, saved, load_shards, strict)
+    return saved.states[0]
 
 
 def _agreed_check(check):

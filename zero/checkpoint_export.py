@@ -32,6 +32,7 @@ import torch
 from . import checkpoint_files as files
 from .checkpoint_files import LATEST, MODEL_FILE, WHOLE, PartNames
 from .checkpoint_layout import layout_of
+from .checkpoint_mesh import join_slices
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 
@@ -191,18 +192,11 @@ def _joined(entry: Entry, pieces: list[Entry], split: dict) -> Entry:
     """The whole parameter from the tensor ranks' slices: concatenated along the split
     dimension (a fused layer's blocks each put together on their own), an HF Conv1D's
     weight transposed back to [in, out]."""
-    dim, fused, transposed = split["dim"], split["fused"], split["transposed"]
     shape = list(entry.shape)
-    shape[dim] *= len(pieces)
-    shape = torch.Size(shape[::-1] if transposed else shape)
-
-    def build() -> torch.Tensor:
-        blocks = [piece.build().chunk(fused, dim=dim) for piece in pieces]
-        whole = torch.cat([torch.cat([b[i] for b in blocks], dim=dim) for i in range(fused)],
-                          dim=dim)
-        return whole.t().contiguous() if transposed else whole
-
-    return Entry(entry.names, shape, entry.dtype, build)
+    shape[split["dim"]] *= len(pieces)
+    shape = torch.Size(shape[::-1] if split["transposed"] else shape)
+    return Entry(entry.names, shape, entry.dtype,
+                 lambda: join_slices([piece.build() for piece in pieces], split))
 
 
 class LazyTensor:

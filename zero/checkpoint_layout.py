@@ -108,7 +108,7 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
 
     for g, wanted in enumerate(group_param_names(engine)):
         layout = core.group_layout(g)
-        core.group_load_master_shard(g, _new_shard(layout, rank, saved("master"), wanted))
+        core.group_load_master_shard(g, new_shard(layout, rank, saved("master"), wanted))
         source = saved_group[wanted[0]]  # the saved group these parameters' state came from
         shard_numel = shards[0][source]["master"].numel()
         for array, value in shards[0][source]["state"].items():
@@ -116,10 +116,10 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
                 core.group_load_optimizer_state(g, array, value)
                 continue
             core.group_load_optimizer_state(g, array,
-                                            _new_shard(layout, rank, saved(array), wanted))
+                                            new_shard(layout, rank, saved(array), wanted))
 
 
-def _new_shard(layout, rank: int, values: dict, wanted: list[str]) -> torch.Tensor:
+def new_shard(layout, rank: int, values: dict, wanted: list[str]) -> torch.Tensor:
     """This rank's shard laid out by `layout`: the full buffer with each wanted parameter's
     value at its offset, then this rank's piece of every unit."""
     first = values[wanted[0]]

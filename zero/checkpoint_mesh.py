@@ -9,15 +9,17 @@ writes `mp_rank_XX_model_states.pt` (its module, counters, layout, the mesh), an
 its shard `zero_pp_rank_<d>_mp_rank_XX_optim_states.pt`. One manifest covers every part.
 
 A part loads into the same pipeline stages and tensor size at any data-parallel size (the
-shards are resharded as for a plain checkpoint). Another pipeline or tensor size is refused,
-naming both meshes: `zero_to_fp32` puts the parts together into the whole model's weights
-(checkpoint_export.py), from which any layout can start. `tensor_split` records how each
-split parameter's slices make the whole one (dim, fused blocks, HF Conv1D transposition).
+shards are resharded as for a plain checkpoint); into another pipeline or tensor layout (or
+the whole model) through checkpoint_remesh.py, which joins the parts into whole arrays and
+cuts this rank's part from them. `tensor_split` records how each split parameter's slices
+make the whole one (dim, fused blocks, HF Conv1D transposition): `join_slices` and
+`cut_slice` are the two directions, shared with the fp32 export.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -56,21 +58,38 @@ def part_of(engine) -> Part:
     return Part(PartNames(grid.get_model_parallel_rank()), data_rank, grid.describe())
 
 
-def check_mesh(saved: dict | None, current: dict | None, path: str) -> None:
-    """Raises ValueError naming both layouts when the checkpoint's pipeline stages or tensor
-    size differ from this engine's (the data-parallel size may differ)."""
+def same_layout(saved: dict | None, current: dict | None) -> bool:
+    """Whether a checkpoint's pipeline stages and tensor size are this engine's (then each
+    part loads its own files; the data-parallel size may differ)."""
     def shape(mesh):
         return (1, 1) if mesh is None else (mesh["pipe"], mesh["tensor"])
 
-    if shape(saved) == shape(current):
-        return
-    (saved_pipe, saved_tensor), (pipe, tensor) = shape(saved), shape(current)
-    raise ValueError(
-        f"zero: checkpoint {path} was saved with {saved_pipe} pipeline stage(s) x tensor size "
-        f"{saved_tensor}, but this engine has {pipe} x {tensor}; load it with the same pipeline "
-        "stages and tensor_parallel.autotp_size (the data-parallel size may differ), or put its "
-        "parts together with zero_to_fp32.py (get_fp32_state_dict_from_zero_checkpoint) and "
-        "start the new layout from those weights")
+    return shape(saved) == shape(current)
+
+
+def join_slices(slices: list[torch.Tensor], split: dict) -> torch.Tensor:
+    """The whole parameter from the tensor ranks' slices, in the unsplit model's form:
+    concatenated along the split dimension (a fused layer's blocks each on their own), an HF
+    Conv1D's weight transposed back to [in, out]."""
+    dim, fused = split["dim"], split["fused"]
+    blocks = [piece.chunk(fused, dim=dim) for piece in slices]
+    whole = torch.cat([torch.cat([b[i] for b in blocks], dim=dim) for i in range(fused)], dim=dim)
+    return whole.t().contiguous() if split["transposed"] else whole
+
+
+def cut_slice(whole: torch.Tensor, param: torch.Tensor | None, tensor_rank: int) -> torch.Tensor:
+    """`param`'s part of the whole (unsplit model's) value: itself unless `param` is a slice
+    a tensor-parallel layer holds (join_slices' inverse for this rank)."""
+    if param is None or not getattr(param, "tensor_model_parallel", False):
+        return whole
+    from .tp.split import shard
+
+    if getattr(param, "partition_transposed", False):
+        whole = whole.t()
+    dim = param.partition_dim
+    size = whole.shape[dim] // param.shape[dim]
+    return shard(whole, dim, tensor_rank, size, "a checkpoint's parameter",
+                 getattr(param, "partition_fused", 1))
 
 
 def tensor_split(module: nn.Module) -> dict[str, dict]:

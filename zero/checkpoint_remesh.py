@@ -1,0 +1,122 @@
+"""Loading a checkpoint saved with another pipeline x tensor layout (or with the whole model on
+every rank) into this engine's part.
+
+Every saved part's arrays (the fp32 master, each optimizer-state array, the module's saved
+values) are put back together into the whole model's, parameter by parameter: a tensor
+rank's slices joined along their split dimension (checkpoint_mesh.join_slices), a stage's
+parameters beside the others' (a tied weight from its first stage). This rank then cuts its
+own part from them: its stage's parameters, each one this rank splits cut to its slice
+(checkpoint_mesh.cut_slice), and its data-parallel shard of each engine group
+(checkpoint_layout.new_shard). The whole arrays are held in memory while this runs (about
+16 bytes per parameter with Adam).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import checkpoint_files as files
+from . import checkpoint_layout, checkpoint_mesh
+
+
+class SavedParts:
+    """The parts of a checkpoint directory: their names and model states (mapped)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.names = files.part_names(path) or [files.WHOLE]
+        files.verify(path, [names.model for names in self.names])
+        self.states = [files.load_torch(os.path.join(path, names.model), mmap=True)
+                       for names in self.names]
+        mesh = self.states[0]["fingerprint"].get("mesh")
+        self.pipe, self.tensor = (1, 1) if mesh is None else (mesh["pipe"], mesh["tensor"])
+        if len(self.names) != self.pipe * self.tensor:
+            raise files.CorruptCheckpoint(
+                f"zero: checkpoint {path} was saved with {self.pipe} pipeline stage(s) x tensor "
+                f"size {self.tensor} but has {len(self.names)} model file(s); copy the missing "
+                "parts back")
+        self.shards = None
+
+    def read_shards(self) -> None:
+        """Every part's rank files, checked against the manifest (mapped)."""
+        self.shards = [checkpoint_layout.read_shards(self.path, state, names)
+                       for names, state in zip(self.names, self.states)]
+
+    def whole(self, array: str) -> dict[str, torch.Tensor]:
+        """name -> the whole model's value of `array` ("module": the saved module values;
+        "master", "exp_avg", ...: the sharded arrays, fp32)."""
+        values: dict[str, torch.Tensor] = {}
+        for stage in range(self.pipe):
+            slices = range(stage * self.tensor, (stage + 1) * self.tensor)
+            per_slice = [self._part_values(p, array) for p in slices]
+            split = self.states[stage * self.tensor].get("tensor_split", {})
+            for name, value in per_slice[0].items():
+                if name in values:
+                    continue  # a tied weight: its first stage's value
+                values[name] = (checkpoint_mesh.join_slices([s[name] for s in per_slice],
+                                                            split[name])
+                                if name in split else value)
+        return values
+
+    def _part_values(self, p: int, array: str) -> dict[str, torch.Tensor]:
+        state = self.states[p]
+        if array == "module":
+            return dict(state["module"])
+        groups = checkpoint_layout.full_arrays(self.path, state, array, self.shards[p],
+                                               self.names[p])
+        return {name: value for group in groups for names, value in group for name in names}
+
+
+def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> None:
+    """This rank's part of `saved` into `engine`: the module's values, and with `load_shards`
+    the master and optimizer-state shards (else the master follows the loaded weights)."""
+    module = engine.module
+    params = dict(module.named_parameters(remove_duplicate=False))
+    grid = getattr(engine, "grid", None)
+    rank = grid.get_tensor_model_parallel_rank() if grid is not None else 0
+    master = saved.whole("master") if load_shards else None
+    saved_module = saved.whole("module")
+    state = {}
+    for name, current in module.state_dict().items():
+        value = master.get(name) if master is not None else None
+        value = value if value is not None else saved_module.get(name)
+        if value is None:
+            continue  # strict loading names what is missing
+        state[name] = checkpoint_mesh.cut_slice(value, params.get(name), rank)
+    engine.load_module_state_dict(state, strict=strict)
+    core = engine.core
+    if not load_shards:
+        for g in range(core.group_count):
+            core.group_refresh_master(g)
+        return
+    _check_covers(master, engine, saved.path)
+    wanted = checkpoint_layout.group_param_names(engine)
+    arrays = {"master": master}
+    first = saved.shards[0][0][0]  # one saved rank's first group: the state arrays it keeps
+    for array, value in first["state"].items():
+        if value.numel() == first["master"].numel():
+            arrays[array] = saved.whole(array)
+    for g, names in enumerate(wanted):
+        layout = core.group_layout(g)
+        mine = {array: {n: checkpoint_mesh.cut_slice(values[n], params[n], rank).reshape(-1)
+                        for n in names} for array, values in arrays.items()}
+        core.group_load_master_shard(g, checkpoint_layout.new_shard(layout, core.rank,
+                                                                    mine["master"], names))
+        for array, value in first["state"].items():
+            if array in mine:
+                core.group_load_optimizer_state(
+                    g, array, checkpoint_layout.new_shard(layout, core.rank, mine[array], names))
+            else:  # not laid out like the shard (a flag): as saved
+                core.group_load_optimizer_state(g, array, value)
+
+
+def _check_covers(master: dict, engine, path: str) -> None:
+    missing = sorted(n for names in checkpoint_layout.group_param_names(engine) for n in names
+                     if n not in master)
+    if missing:
+        raise ValueError(f"zero: checkpoint {path} has no trainable parameter "
+                         f"{', '.join(missing[:5])}" + (f" (and {len(missing) - 5} more)"
+                                                        if len(missing) > 5 else "") +
+                         "; nothing was loaded. Build the model the checkpoint was saved from")
+
