@@ -88,3 +88,23 @@ def _flatten(prefix: str, value, out: dict[str, str]) -> None:
             _flatten(f"{prefix}.{key}" if prefix != "config" else f"config {key}", item, out)
     else:
         out[prefix] = json.dumps(value, default=repr, sort_keys=True)
+
+
+def on_every_rank(run, errors: type[Exception], what: str) -> list:
+    """run()'s result from every rank of the world (one all-gather), or, when it raised
+    `errors` on any rank, an error on every rank: that error itself where it was raised,
+    `errors` naming the ranks and their messages on the others, which would otherwise wait
+    in their next collective. `what` says what did not happen ("nothing was loaded")."""
+    result, error = None, None
+    try:
+        result = run()
+    except errors as raised:
+        error = raised
+    outcomes = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, (result, None if error is None else str(error)))
+    if error is not None:
+        raise error
+    failed = [f"rank {rank}: {message}" for rank, (_, message) in enumerate(outcomes) if message]
+    if failed:
+        raise errors(f"zero: {what}: " + "; ".join(failed[:4]))
+    return [value for value, _ in outcomes]

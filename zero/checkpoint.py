@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint_files as files
-from . import checkpoint_layout, checkpoint_mesh, checkpoint_remesh, stage3
+from . import agreement, checkpoint_layout, checkpoint_mesh, checkpoint_remesh, stage3
 from .checkpoint_files import LATEST
 
 logger = logging.getLogger("zero")
@@ -329,22 +329,8 @@ def _load_other_layout(engine, path: str, load_shards: bool, strict: bool) -> di
 
 
 def _agreed_check(check):
-    """check()'s result on every rank, or its ValueError: raised as it is on the ranks that
-    found it, and naming them on the others (which would otherwise wait in the load's next
-    collective)."""
-    error = None
-    try:
-        result = check()
-    except ValueError as raised:
-        error = raised
-    messages = [None] * dist.get_world_size()
-    dist.all_gather_object(messages, None if error is None else str(error))
-    if error is not None:
-        raise error
-    failed = [f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None]
-    if failed:
-        raise ValueError("zero: nothing was loaded: " + "; ".join(failed[:4]))
-    return result
+    """check()'s result, its ValueError raised on every rank (agreement.on_every_rank)."""
+    return agreement.on_every_rank(check, ValueError, "nothing was loaded")[dist.get_rank()]
 
 
 def _saved_mesh(path: str) -> dict | None:

@@ -32,7 +32,7 @@ import torch
 from . import checkpoint_files as files
 from .checkpoint_files import LATEST, MODEL_FILE, WHOLE, PartNames
 from .checkpoint_layout import layout_of
-from .checkpoint_mesh import join_slices
+from .checkpoint_mesh import check_parts, join_parts, join_slices
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 
@@ -161,41 +161,26 @@ def checkpoint_entries(checkpoint_dir, tag=None, exclude_frozen_parameters: bool
 
 def _joined_parts(path: str, parts: list[tuple[PartNames, dict]],
                   exclude_frozen_parameters: bool) -> tuple[list[Entry], list[str]]:
-    """The parts of a split model as one: stage by stage, each parameter the tensor ranks
-    split rebuilt from their slices (tensor_split), the others from tensor rank 0; a name
-    seen on an earlier stage (a tied layer) keeps that stage's value."""
+    """The parts of a split model as one (checkpoint_mesh.join_parts): each parameter the
+    tensor ranks split rebuilt from their slices, the others from tensor rank 0; a tied layer
+    from its first stage."""
     mesh = parts[0][1]["fingerprint"]["mesh"]
     pipe, tensor = mesh["pipe"], mesh["tensor"]
-    if [names.mp_rank for names, _ in parts] != list(range(pipe * tensor)):
-        raise files.CorruptCheckpoint(
-            f"zero: checkpoint {path} was saved with {pipe} pipeline stage(s) x tensor size "
-            f"{tensor}, so it needs the model files of parts 0 to {pipe * tensor - 1}, but has "
-            f"{[names.model for names, _ in parts]}; copy the missing parts back")
-    entries, order, seen = [], [], set()
-    for stage in range(pipe):
-        slices = parts[stage * tensor:(stage + 1) * tensor]
-        split = slices[0][1].get("tensor_split", {})
-        by_name = [{e.names[0]: e for e in _entries(path, state, exclude_frozen_parameters,
-                                                     names)} for names, state in slices]
-        for first, entry in by_name[0].items():
-            if seen.intersection(entry.names):
-                continue
-            seen.update(entry.names)
-            order.extend(entry.names)
-            if first in split:
-                entry = _joined(entry, [pieces[first] for pieces in by_name], split[first])
-            entries.append(entry)
-    return entries, order
+    check_parts(path, [names.mp_rank for names, _ in parts], pipe, tensor)
+    per_part = [{e.names[0]: e for e in _entries(path, state, exclude_frozen_parameters, names)}
+                for names, state in parts]
+    entries = list(join_parts(per_part, [state.get("tensor_split", {}) for _, state in parts],
+                              pipe, tensor, _joined).values())
+    return entries, [name for entry in entries for name in entry.names]
 
 
-def _joined(entry: Entry, pieces: list[Entry], split: dict) -> Entry:
-    """The whole parameter from the tensor ranks' slices: concatenated along the split
-    dimension (a fused layer's blocks each put together on their own), an HF Conv1D's
-    weight transposed back to [in, out]."""
-    shape = list(entry.shape)
+def _joined(pieces: list[Entry], split: dict) -> Entry:
+    """The whole parameter from the tensor ranks' slices (checkpoint_mesh.join_slices), built
+    when asked."""
+    shape = list(pieces[0].shape)
     shape[split["dim"]] *= len(pieces)
     shape = torch.Size(shape[::-1] if split["transposed"] else shape)
-    return Entry(entry.names, shape, entry.dtype,
+    return Entry(pieces[0].names, shape, pieces[0].dtype,
                  lambda: join_slices([piece.build() for piece in pieces], split))
 
 

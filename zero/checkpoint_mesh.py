@@ -77,6 +77,35 @@ def join_slices(slices: list[torch.Tensor], split: dict) -> torch.Tensor:
     return whole.t().contiguous() if split["transposed"] else whole
 
 
+def check_parts(path: str, mp_ranks: list[int], pipe: int, tensor: int) -> None:
+    """A checkpoint saved with `pipe` x `tensor` parts must have the model files of parts 0
+    to pipe x tensor - 1; CorruptCheckpoint naming what is there otherwise."""
+    if mp_ranks != list(range(pipe * tensor)):
+        from .checkpoint_files import CorruptCheckpoint
+
+        raise CorruptCheckpoint(
+            f"zero: checkpoint {path} was saved with {pipe} pipeline stage(s) x tensor size "
+            f"{tensor}, so it needs the model files of parts 0 to {pipe * tensor - 1}, but has "
+            f"those of parts {mp_ranks}; copy the missing parts back")
+
+
+def join_parts(per_part: list[dict], splits: list[dict], pipe: int, tensor: int, join) -> dict:
+    """name -> the whole model's value from each part's {name: value} (parts in
+    model-parallel rank order, stage-major): stage by stage, a name an earlier stage has
+    keeps that stage's value (a tied layer); a name its stage's tensor ranks split
+    (`splits`: each part's tensor_split) is `join(their values, split)`, the others tensor
+    rank 0's value."""
+    whole: dict = {}
+    for stage in range(pipe):
+        slices = per_part[stage * tensor:(stage + 1) * tensor]
+        split = splits[stage * tensor]
+        for name, value in slices[0].items():
+            if name not in whole:
+                whole[name] = join([s[name] for s in slices], split[name]) \
+                    if name in split else value
+    return whole
+
+
 def cut_slice(whole: torch.Tensor, param: torch.Tensor | None, tensor_rank: int) -> torch.Tensor:
     """`param`'s part of the whole (unsplit model's) value: itself unless `param` is a slice
     a tensor-parallel layer holds (join_slices' inverse for this rank)."""

@@ -31,11 +31,9 @@ class SavedParts:
                        for names in self.names]
         mesh = self.states[0]["fingerprint"].get("mesh")
         self.pipe, self.tensor = (1, 1) if mesh is None else (mesh["pipe"], mesh["tensor"])
-        if len(self.names) != self.pipe * self.tensor:
-            raise files.CorruptCheckpoint(
-                f"zero: checkpoint {path} was saved with {self.pipe} pipeline stage(s) x tensor "
-                f"size {self.tensor} but has {len(self.names)} model file(s); copy the missing "
-                "parts back")
+        if mesh is not None:
+            checkpoint_mesh.check_parts(path, [names.mp_rank for names in self.names],
+                                        self.pipe, self.tensor)
         self.shards = None
 
     def read_shards(self) -> None:
@@ -46,18 +44,10 @@ class SavedParts:
     def whole(self, array: str) -> dict[str, torch.Tensor]:
         """name -> the whole model's value of `array` ("module": the saved module values;
         "master", "exp_avg", ...: the sharded arrays, fp32)."""
-        values: dict[str, torch.Tensor] = {}
-        for stage in range(self.pipe):
-            slices = range(stage * self.tensor, (stage + 1) * self.tensor)
-            per_slice = [self._part_values(p, array) for p in slices]
-            split = self.states[stage * self.tensor].get("tensor_split", {})
-            for name, value in per_slice[0].items():
-                if name in values:
-                    continue  # a tied weight: its first stage's value
-                values[name] = (checkpoint_mesh.join_slices([s[name] for s in per_slice],
-                                                            split[name])
-                                if name in split else value)
-        return values
+        return checkpoint_mesh.join_parts(
+            [self._part_values(p, array) for p in range(len(self.names))],
+            [state.get("tensor_split", {}) for state in self.states], self.pipe, self.tensor,
+            checkpoint_mesh.join_slices)
 
     def _part_values(self, p: int, array: str) -> dict[str, torch.Tensor]:
         state = self.states[p]
@@ -84,13 +74,14 @@ def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> Non
         if value is None:
             continue  # strict loading names what is missing
         state[name] = checkpoint_mesh.cut_slice(value, params.get(name), rank)
+    if load_shards:  # before anything is written into the engine
+        _check_covers(master, engine, saved.path)
     engine.load_module_state_dict(state, strict=strict)
     core = engine.core
     if not load_shards:
         for g in range(core.group_count):
             core.group_refresh_master(g)
         return
-    _check_covers(master, engine, saved.path)
     wanted = checkpoint_layout.group_param_names(engine)
     arrays = {"master": master}
     first = saved.shards[0][0][0]  # one saved rank's first group: the state arrays it keeps

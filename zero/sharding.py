@@ -29,6 +29,7 @@ import offload
 from . import boundary, process_groups, stage3
 from . import init as zero_init
 from .parallel.data_group import first_rank
+from .parallel.norm_span import by_weight
 
 
 @dataclass
@@ -102,18 +103,9 @@ def shard_groups(builder: GroupBuilder, model: nn.Module, trainables: list[list]
     if stage < 3:
         return Sharding([builder.add_flat(owner, part, stage)
                          for owner, params in enumerate(trainables)
-                         for part in _by_weight(params, norm_weight)])
+                         for part in (by_weight(params, norm_weight) if norm_weight
+                                      else [params])])
     return _shard_stage3(builder, model, trainables, device, step_counter)
-
-
-def _by_weight(params: list, norm_weight) -> list[list]:
-    """`params` in runs of one norm weight, in the order each weight first appears."""
-    if norm_weight is None:
-        return [params]
-    parts: dict[float, list] = {}
-    for param in params:
-        parts.setdefault(norm_weight(param), []).append(param)
-    return list(parts.values())
 
 
 def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list],

@@ -32,13 +32,31 @@ def norm_span(grid, module: nn.Module) -> NormSpan | None:
     group with `module`'s weights (its tied weights from PipelineModule.tied_weights())."""
     if grid is None or grid.get_model_parallel_world_size() == 1:
         return None
-    weights: dict[int, float] = {}
-    tensor = grid.get_tensor_model_parallel_world_size()
-    if tensor > 1:
-        for param in module.parameters():
-            if not getattr(param, "tensor_model_parallel", False):
-                weights[id(param)] = 1.0 / tensor
     tied = getattr(module, "tied_weights", None)
-    for param, stages in (tied() if tied is not None else []):
-        weights[id(param)] = weights.get(id(param), 1.0) / stages
+    weights = norm_weights(module.parameters(), grid.get_tensor_model_parallel_world_size(),
+                           lambda p: getattr(p, "tensor_model_parallel", False),
+                           {id(p): k for p, k in (tied() if tied is not None else [])})
     return NormSpan(grid.get_model_parallel_group(), weights)
+
+
+def norm_weights(params, tensor: int, is_split, tied: dict[int, int]) -> dict[int, float]:
+    """{id(param): weight} of the parameters not counted once: 1/tensor for one `is_split`
+    says is whole on each of `tensor` ranks, divided by k for a weight tied over k stages
+    (`tied`: id -> k). The memory estimate uses it too, before AutoTP splits anything."""
+    weights: dict[int, float] = {}
+    if tensor > 1:
+        for param in params:
+            if not is_split(param):
+                weights[id(param)] = 1.0 / tensor
+    for param_id, stages in tied.items():
+        weights[param_id] = weights.get(param_id, 1.0) / stages
+    return weights
+
+
+def by_weight(params: list, weight) -> list[list]:
+    """`params` in runs of one weight(param), in the order each weight first appears: the
+    engine groups of one optimizer group (sharding.shard_groups)."""
+    parts: dict[float, list] = {}
+    for param in params:
+        parts.setdefault(weight(param), []).append(param)
+    return list(parts.values())

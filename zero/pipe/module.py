@@ -124,15 +124,8 @@ class PipelineModule(nn.Module):
 
     def _index_tied_modules(self) -> dict[str, TiedComm]:
         """Creates (on every rank, in key order) the group of each tied key per pipeline."""
-        keys: dict[str, list[int]] = {}
-        for index, layer in enumerate(self._layer_specs):
-            if isinstance(layer, TiedLayerSpec):
-                stage = self.stage_of_layer(index)
-                stages = keys.setdefault(layer.key, [])
-                if stage not in stages:
-                    stages.append(stage)
         comms = {}
-        for key, stages in keys.items():
+        for key, stages in tied_stages(self._layer_specs, self.parts).items():
             group = None
             if len(stages) > 1:
                 partition = [[self.mesh.rank(s, d, t) for s in stages]
@@ -146,14 +139,17 @@ class PipelineModule(nn.Module):
                                       spec.tied_weight_attr)
         return comms
 
-    def _synchronize_tied_weights(self) -> None:
+    def _shared_tied_weights(self):
+        """(weight, its TiedComm) for every tied weight this rank shares with other stages."""
         for comm in self.tied_comms.values():
-            if comm.group is None:
-                continue
-            for attr in comm.weight_attr:
-                with torch.no_grad():
-                    dist.broadcast(_getattr(comm.module, attr).data, src=min(comm.ranks),
-                                   group=comm.group)
+            if comm.group is not None:
+                for attr in comm.weight_attr:
+                    yield dotted_attr(comm.module, attr), comm
+
+    def _synchronize_tied_weights(self) -> None:
+        for weight, comm in self._shared_tied_weights():
+            with torch.no_grad():
+                dist.broadcast(weight.data, src=min(comm.ranks), group=comm.group)
 
     # ---- DeepSpeed's surface -----------------------------------------------------------------
     def forward(self, forward_input):
@@ -170,35 +166,19 @@ class PipelineModule(nn.Module):
 
     def allreduce_tied_weight_gradients(self) -> None:
         """Sums every tied weight's gradient over the stages that hold it."""
-        for comm in self.tied_comms.values():
-            if comm.group is None:
-                continue
-            for attr in comm.weight_attr:
-                weight = _getattr(comm.module, attr)
-                if weight.grad is not None:
-                    dist.all_reduce(weight.grad, group=comm.group)
+        for weight, comm in self._shared_tied_weights():
+            if weight.grad is not None:
+                dist.all_reduce(weight.grad, group=comm.group)
 
     def tied_weights(self) -> list[tuple[nn.Parameter, int]]:
         """(weight, number of stages holding it) for every tied weight shared by more than
         one stage on this rank (each such stage holds the same summed gradient)."""
-        return [(_getattr(comm.module, attr), len(comm.stages))
-                for comm in self.tied_comms.values() if comm.group is not None
-                for attr in comm.weight_attr]
+        return [(weight, len(comm.stages)) for weight, comm in self._shared_tied_weights()]
 
     def ties_across_stages(self) -> bool:
         """Whether a tied key is used on more than one stage (from the layer list: the same
         answer on every rank, whichever stage it builds)."""
-        stages: dict = {}
-        for index, layer in enumerate(self._layer_specs):
-            if isinstance(layer, TiedLayerSpec):
-                stages.setdefault(layer.key, set()).add(self.stage_of_layer(index))
-        return any(len(used) > 1 for used in stages.values())
-
-    def stage_of_layer(self, index: int) -> int:
-        for stage in range(self.num_stages):
-            if self.parts[stage] <= index < self.parts[stage + 1]:
-                return stage
-        raise ValueError(f"zero: layer {index} is outside the model's {len(self._layer_specs)}")
+        return any(len(used) > 1 for used in tied_stages(self._layer_specs, self.parts).values())
 
     def topology(self) -> ProcessTopology:
         """DeepSpeed's: the ProcessTopology (get_dim, get_coord, get_rank, ...)."""
@@ -243,7 +223,20 @@ def _run_chunk(funcs):
     return run
 
 
-def _getattr(module: nn.Module, dotted: str):
+def tied_stages(layers: list, parts: list[int]) -> dict[str, list[int]]:
+    """Each TiedLayerSpec key and the stages (in order) whose layers use it, for the cut
+    `parts` (stage s holds layers parts[s] .. parts[s+1]-1)."""
+    keys: dict[str, list[int]] = {}
+    for index, layer in enumerate(layers):
+        if isinstance(layer, TiedLayerSpec):
+            stage = next(s for s in range(len(parts) - 1) if parts[s] <= index < parts[s + 1])
+            stages = keys.setdefault(layer.key, [])
+            if stage not in stages:
+                stages.append(stage)
+    return keys
+
+
+def dotted_attr(module: nn.Module, dotted: str):
     for part in dotted.split("."):
         module = getattr(module, part)
     return module

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import agreement
 from ..parallel import DeviceMesh
 from ..parallel.grid import PipelineParallelGrid, grid_for
 from .auto_tp import auto_tp
@@ -87,23 +88,13 @@ def prepare(model: nn.Module, config,
 
 def _convert_stages(module: nn.Module, grid: PipelineParallelGrid) -> bool:
     """auto_tp on this stage's layers, agreed over the world: whether any stage split a
-    layer; a stage's TensorParallelSplitError is raised on every rank (the other stages
-    would otherwise wait in their next collective)."""
-    error = None
-    try:
+    layer; a stage's TensorParallelSplitError is raised on every rank."""
+    def convert() -> bool:
         converted = auto_tp(module, grid.get_tensor_model_parallel_group())
-        split = bool(converted) or any(is_split(p) for p in module.parameters())
-    except TensorParallelSplitError as raised:
-        error, split = raised, False
-    outcomes = [None] * dist.get_world_size()
-    dist.all_gather_object(outcomes, (split, None if error is None else str(error)))
-    if error is not None:
-        raise error
-    failed = [f"rank {rank}: {message}" for rank, (_, message) in enumerate(outcomes) if message]
-    if failed:
-        raise TensorParallelSplitError(f"zero: AutoTP could not split another pipeline stage's "
-                                       f"layers ({'; '.join(failed[:2])})")
-    return any(stage_split for stage_split, _ in outcomes)
+        return bool(converted) or any(is_split(p) for p in module.parameters())
+
+    return any(agreement.on_every_rank(convert, TensorParallelSplitError,
+                                       "AutoTP could not split another pipeline stage's layers"))
 
 
 def check_same_inputs_once(model: nn.Module, grid: PipelineParallelGrid) -> None:

@@ -60,17 +60,14 @@ def tensor_slice(module: nn.Module, tensor: int, description: str,
     local = _local_shapes(module, tensor)
     if local:
         description = f"{description}, tensor slice 1/{tensor} (AutoTP)"
-    groups: dict[float, list] = {}
-    seen = set()
-    for param in module.parameters():
-        if not param.requires_grad or id(param) in seen:
-            continue
-        seen.add(id(param))
-        split = id(param) in local or getattr(param, "tensor_model_parallel", False)
-        weight = (1.0 if split or tensor == 1 else 1.0 / tensor) / (tied or {}).get(id(param), 1)
-        groups.setdefault(weight, []).append(param)
+    from zero.parallel.norm_span import by_weight, norm_weights
+
+    trainable = [p for p in module.parameters() if p.requires_grad]  # each once
+    weights = norm_weights(trainable, tensor, lambda p: id(p) in local or
+                           getattr(p, "tensor_model_parallel", False), tied or {})
     return shapes_from_module(module, description=description, local_shape=local,
-                              param_groups=list(groups.values()))
+                              param_groups=by_weight(trainable,
+                                                     lambda p: weights.get(id(p), 1.0)))
 
 
 def _local_shapes(module: nn.Module, tensor: int) -> dict:
@@ -120,23 +117,13 @@ def _tied_weights(layers: list, cuts: list[int], stage: int, module: nn.Module) 
     """id(weight) -> the number of stages holding it, for each weight of a TiedLayerSpec
     used on several stages and built on `stage` (PipelineModule.tied_weights)."""
     from zero.pipe import TiedLayerSpec
+    from zero.pipe.module import dotted_attr, tied_stages
 
-    stages: dict[str, set] = {}
-    specs: dict = {}
-    for index, layer in enumerate(layers):
-        if isinstance(layer, TiedLayerSpec):
-            owner = next(s for s in range(len(cuts) - 1) if cuts[s] <= index < cuts[s + 1])
-            stages.setdefault(layer.key, set()).add(owner)
-            specs.setdefault(layer.key, layer)
-    weights = {}
-    for key, tied_module in module.tied_modules.items():
-        if len(stages.get(key, ())) > 1:
-            for attr in specs[key].tied_weight_attr:
-                weight = tied_module
-                for part in attr.split("."):
-                    weight = getattr(weight, part)
-                weights[id(weight)] = len(stages[key])
-    return weights
+    stages = tied_stages(layers, cuts)
+    specs = {layer.key: layer for layer in reversed(layers) if isinstance(layer, TiedLayerSpec)}
+    return {id(dotted_attr(tied_module, attr)): len(stages[key])
+            for key, tied_module in module.tied_modules.items() if len(stages[key]) > 1
+            for attr in specs[key].tied_weight_attr}
 
 
 def _layers(model) -> list:
