@@ -243,6 +243,33 @@ def _client_sgd(rank, world):
     return training.parameters_of(engine.module), optimizer.param_groups[0]["momentum"]
 
 
+def _client_scheduler_warnings(rank, world):
+    import warnings
+
+    import zero
+
+    model = training.make_model()
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(adamw, lambda step: 1.0 / (1 + step))
+    config = training.engine_config(2, gas=1, scheduler=False)
+    del config["optimizer"]
+    engine, *_ = zero.initialize(model=model, optimizer=adamw, config=config,
+                                 lr_scheduler=schedule)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        training.train_engine(engine, rank, world, 3, 1)
+    return [str(w.message) for w in caught], adamw.param_groups[0]["lr"]
+
+
+def test_a_client_scheduler_steps_after_the_update_without_torchs_order_warning():
+    """An Accelerate script's own AdamW and LambdaLR: the engine steps the scheduler after
+    its update, so torch's "lr_scheduler.step() before optimizer.step()" warning is wrong
+    and is not shown (the client optimizer's own step never runs)."""
+    for messages, lr in run_distributed(_client_scheduler_warnings, 2):
+        assert not [m for m in messages if "lr_scheduler.step()" in m], messages
+        assert lr == pytest.approx(1e-3 / 4)
+
+
 def test_a_client_sgd_optimizer_is_sharded_and_matches_torch():
     world = 2
     results = run_distributed(_client_sgd, world)
@@ -293,6 +320,10 @@ def _without_optimizer(rank, world):
     plain = training.make_model()
     config = {k: v for k, v in training.engine_config(3, stage3_param_persistence_threshold=40)
               .items() if k != "optimizer"}
+    # What the HF Trainer's evaluate() before train() hands over: the training config's
+    # scheduler, finalized for 0 training steps. Without an optimizer nothing reads it.
+    config["scheduler"] = {"type": "WarmupDecayLR",
+                           "params": {"total_num_steps": 0, "warmup_num_steps": 0}}
     engine, optimizer, _, scheduler = zero.initialize(model=training.make_model(), config=config)
     tokens, targets = training.batches(world, 1, 1)[rank]
     with torch.no_grad():
@@ -310,7 +341,8 @@ def _without_optimizer(rank, world):
 def test_initialize_without_an_optimizer_gives_an_engine_for_forward_passes():
     """DeepSpeed's inference engine (the HF Trainer evaluates through one at stage 3 before it
     trains; accelerator.prepare(model) alone builds one): no optimizer is returned, forward
-    gathers as usual, and step() names what is missing."""
+    gathers as usual, step() names what is missing, and a scheduler block that nothing will
+    read is not validated (DeepSpeed builds a scheduler only with an optimizer)."""
     for ours, theirs, optimizer, scheduler, refusal in run_distributed(_without_optimizer, 2):
         assert ours == pytest.approx(theirs, rel=1e-6)
         assert optimizer is None and scheduler is None

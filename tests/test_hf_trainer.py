@@ -3,11 +3,13 @@ it names zero or DeepSpeed) launched by `zero --num_procs 2` with a DeepSpeed co
 zero's engine like plain DDP, resumes from its checkpoint, and saves a model that
 from_pretrained loads."""
 import json
+import math
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import safetensors
 import torch
 
 from distributed_harness import launcher_argv, subprocess_env
@@ -81,6 +83,47 @@ def test_trainer_on_zero_matches_ddp_and_saves_a_loadable_model(tmp_path, ddp, v
     assert ours.keys() == theirs.keys()
     for name, weight in ours.items():
         assert torch.allclose(weight, theirs[name], rtol=2e-3, atol=1e-5), name
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_trainer_in_bf16_trains_on_zero_in_bf16_near_ddp(tmp_path, ddp, stage):
+    """--bf16 (on a machine without a GPU transformers asks for --use_cpu true with it; the
+    DeepSpeed config's "bf16": "auto" follows): zero's engine trains in bf16 with an fp32
+    master, within bf16's rounding of DDP in fp32, and save_model writes bf16 weights
+    (DeepSpeed's 16-bit save) that from_pretrained loads, near DDP's."""
+    result = run_trainer(tmp_path, "--deepspeed", str(EXAMPLES / f"ds_zero{stage}.json"),
+                         "--bf16", "true", "--use_cpu", "true")
+    assert result["wrapped"] == "zero.engine.ZeroEngine"
+    assert step_losses(result) == pytest.approx(step_losses(ddp), rel=2e-2)
+    assert result["eval"]["eval_loss"] == pytest.approx(ddp["eval"]["eval_loss"], rel=2e-2)
+    assert result["eval"]["eval_loss"] < step_losses(result)[0]
+    with safetensors.safe_open(str(tmp_path / "final" / "model.safetensors"), "pt") as saved:
+        assert {saved.get_tensor(name).dtype for name in saved.keys()} == {torch.bfloat16}
+    ours, theirs = saved_weights(tmp_path / "final"), saved_weights(ddp["out"] / "final")
+    assert ours.keys() == theirs.keys()
+    difference = torch.cat([(ours[name].float() - theirs[name]).flatten() for name in ours])
+    whole = torch.cat([weight.flatten() for weight in theirs.values()])
+    assert difference.norm() < 1e-2 * whole.norm()  # of the model's norm, as in bf16 Accelerate
+
+
+def test_evaluation_at_stage3_leaves_the_unused_scheduler_block_alone(tmp_path, ddp):
+    """trainer.evaluate() at ZeRO-3 before any training initializes an engine without an
+    optimizer from the training config, its "auto" scheduler finalized for 0 steps
+    (transformers deletes "lr_scheduler", not "scheduler"). DeepSpeed never reads that block
+    without an optimizer; zero does not validate it either. (Training after it fails in
+    transformers itself, with either backend: total_num_steps is then 0, not "auto".)"""
+    config = json.loads((EXAMPLES / "ds_zero3.json").read_text())
+    config["scheduler"] = {"type": "WarmupDecayLR", "params": {
+        "warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto",
+        "total_num_steps": "auto"}}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    result = run_trainer(tmp_path / "out", "--deepspeed", str(path), "--evaluate_first", "true",
+                         "--train", "false", "--warmup_steps", "2")
+    assert step_losses(result) == []
+    # The untrained model (the same seed as DDP's): near the uniform guess, above DDP's end.
+    assert result["first"]["eval_loss"] == pytest.approx(math.log(96), rel=0.05)
+    assert result["first"]["eval_loss"] > ddp["eval"]["eval_loss"]
 
 
 @pytest.mark.parametrize("stage", [2, 3])

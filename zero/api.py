@@ -100,10 +100,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     pipeline = _pipeline_module(model)
     # The batch trio counts data-parallel ranks: with pipeline stages, one stage's ranks;
     # with tensor parallelism, world / tensor.
-    data_ranks = (tp_setup.data_ranks(dist.get_world_size(),
-                                      tp_setup.requested_size(read_config(source), model))
+    raw = read_config(source)
+    data_ranks = (tp_setup.data_ranks(dist.get_world_size(), tp_setup.requested_size(raw, model))
                   if pipeline is None else model.mpu().get_data_parallel_world_size())
-    zero_config = load_config(source, world_size=data_ranks)
+    zero_config = load_config(source, world_size=data_ranks,
+                              unused_blocks=_unused_blocks(raw, optimizer))
     if "activation_checkpointing" in zero_config.raw and not activation_checkpointing.is_configured():
         activation_checkpointing.configure(deepspeed_config=zero_config)  # the block applies
     # Every rank, whatever part of the model it holds, runs one config: checked over the
@@ -134,6 +135,16 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             engine.set_dataiterator(_repeating(dataloader))
     optimizer = None if engine.inference_only else engine.optimizer  # DeepSpeed: None
     return engine, optimizer, dataloader, engine.lr_scheduler
+
+
+def _unused_blocks(raw: dict, optimizer) -> tuple[str, ...]:
+    """Without an optimizer (none passed, no "optimizer" block) DeepSpeed builds no scheduler
+    and never reads the "scheduler" block: the HF Trainer's evaluate() before train() at
+    stage 3 hands one over with total_num_steps 0. zero leaves it unvalidated too."""
+    if optimizer is None and raw.get("optimizer") is None and raw.get("scheduler") is not None:
+        logger.info("zero: no optimizer, so the config's \"scheduler\" block is not used")
+        return ("scheduler",)
+    return ()
 
 
 def _pipeline_module(model):

@@ -292,7 +292,12 @@ class ZeroEngine(nn.Module):
         else:
             self.applied_steps += 1
             if self.lr_scheduler is not None:
-                self.lr_scheduler.step(**(lr_kwargs or {}))
+                with warnings.catch_warnings():
+                    # torch's check that optimizer.step() ran first looks for its own wrapper
+                    # on the optimizer's step, which the engine's update does not go through
+                    # (nor a client optimizer's, whose update the engine took over).
+                    warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`")
+                    self.lr_scheduler.step(**(lr_kwargs or {}))
         self.global_steps += 1
 
     def zero_grad(self):

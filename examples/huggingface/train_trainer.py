@@ -5,7 +5,9 @@
 
 A small GPT-2 built from its config (no download) learns a synthetic copy task; the loss of
 every step is in out/log_history.json. --resume_from_checkpoint resumes, --init_from loads a
-saved model with from_pretrained (under ZeRO-3 inside zero.Init, as the Trainer does).
+saved model with from_pretrained (under ZeRO-3 inside zero.Init, as the Trainer does),
+--evaluate_first evaluates before training (--train false: only that). On a machine without a GPU, --bf16 needs
+--use_cpu true (transformers' rule, with DeepSpeed as with zero).
 """
 import dataclasses
 import json
@@ -20,6 +22,9 @@ from transformers import (GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer
 class ScriptArguments:
     init_from: str = dataclasses.field(default="", metadata={"help": "from_pretrained this dir"})
     samples: int = dataclasses.field(default=256, metadata={"help": "training sequences"})
+    evaluate_first: bool = dataclasses.field(default=False,
+                                             metadata={"help": "evaluate before training"})
+    train: bool = dataclasses.field(default=True, metadata={"help": "false: evaluate only"})
 
 
 def dataset(samples: int, seed: int = 1234) -> list[dict]:
@@ -44,12 +49,15 @@ def main():
                                            n_positions=32))
     data = dataset(script_args.samples)
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:16])
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    metrics = trainer.evaluate()
-    trainer.save_model(os.path.join(args.output_dir, "final"))
+    first = trainer.evaluate() if script_args.evaluate_first else None
+    metrics = first
+    if script_args.train:
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        metrics = trainer.evaluate()
+        trainer.save_model(os.path.join(args.output_dir, "final"))
     if trainer.is_world_process_zero():
         with open(os.path.join(args.output_dir, "log_history.json"), "w") as file:
-            json.dump({"log_history": trainer.state.log_history, "eval": metrics,
+            json.dump({"log_history": trainer.state.log_history, "eval": metrics, "first": first,
                        "wrapped": type(trainer.model_wrapped).__module__ + "." +
                        type(trainer.model_wrapped).__name__}, file, indent=1)
 

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 
-def load_config(config, world_size, enabled_features=None):
+def load_config(config, world_size, enabled_features=None, unused_blocks=()):
     """Validate a DeepSpeed-style config and return the resolved ``ZeroConfig``.
 
     Args:
@@ -36,6 +36,8 @@ def load_config(config, world_size, enabled_features=None):
         enabled_features: engine features the caller supports (names from
             ``ALL_FEATURES``); values that need any other feature are rejected as
             "not supported yet". Default: ``BUILT_FEATURES``.
+        unused_blocks: top-level blocks nothing will read (a "scheduler" without an
+            optimizer): kept in ``raw`` as given, not validated, as DeepSpeed never reads them.
 
     Raises:
         ConfigError: the config is invalid; ``.errors`` lists every problem.
@@ -48,7 +50,8 @@ def load_config(config, world_size, enabled_features=None):
     if unknown:
         raise ValueError(f"unknown engine feature(s) {unknown}; known: {sorted(ALL_FEATURES)}")
     raw, source = _read(config)
-    values = validate(raw, world_size, features, source)
+    values = validate({k: v for k, v in raw.items() if k not in unused_blocks}, world_size,
+                      features, source)
     return build(values, raw, world_size, features)
 
 
