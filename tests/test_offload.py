@@ -88,8 +88,8 @@ def test_model_states_move_to_the_host_exactly_as_the_formula_says(stage):
     # byte for byte (stage 3's persistent small parameters, a stage-1 group, keep their full
     # gradients on the device).
     persistent_grads = 2 * report["persistent_numel"]
-    moved = sum(plain["categories"][c]["current"] for c in ("fp32_master", "optimizer_state",
-                                                             "gradient")) - persistent_grads
+    moved = sum(plain["categories"][c]["peak"] for c in ("fp32_master", "optimizer_state",
+                                                          "gradient")) - persistent_grads
     assert by_location["measured"]["device"] == plain["model_state_bytes"] - moved
     assert by_location["measured"]["host"] == moved
     gradient = report["categories"]["gradient"]["by_location"]

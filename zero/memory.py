@@ -162,12 +162,14 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
             expected_total += row["bytes"]
             for location, value in row["by_location"].items():
                 expected_by_location[location] += value
-    model_state = sum(categories[name]["current"] for name in _coefficients(layouts[0]))
+    # Model states at their most: stage 3 gives its gradient shard's memory back between
+    # steps (held from the first backward of a window to the step), the others are constant.
+    model_state = sum(categories[name]["peak"] for name in _coefficients(layouts[0]))
     measured_by_location = {"device": 0, "host": 0, "nvme": 0}
     for name in _coefficients(layouts[0]):
         for location, usage in categories[name]["by_location"].items():
             where = location if location in ("device", "nvme") else "host"
-            measured_by_location[where] += usage["current"]
+            measured_by_location[where] += usage["peak"]
     main = next((layout for layout in layouts if not layout.persistent), layouts[0])
     process = process_memory()
     if "cuda_allocated_bytes" in process:  # e.g. cuBLAS workspaces, the user's own tensors

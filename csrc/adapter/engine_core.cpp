@@ -215,6 +215,7 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   StepResult result;
   // A unit kept gathered (an eval forward, a reuse) would be stale after the update.
   if (schedule_) schedule_->release_unused();
+  for (auto& group : groups_) group->hold_grads();
   if (check_overflow && any_rank_overflowed()) {
     result.overflow = true;
     zero_grads();

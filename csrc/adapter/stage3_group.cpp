@@ -10,23 +10,10 @@
 
 #include "adapter/dtype_map.h"
 #include "adapter/grad_norm.h"
+#include "adapter/storage_in_place.h"
 
 namespace zero::adapter {
 namespace {
-
-// Frees or re-allocates a storage's memory in place: every tensor viewing it (autograd's saved
-// views included) keeps pointing at the same StorageImpl.
-void free_storage(const at::Tensor& tensor) {
-  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(0));
-  storage->set_nbytes(0);
-}
-
-void allocate_storage(const at::Tensor& tensor, std::size_t nbytes) {
-  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
-  storage->set_nbytes(nbytes);
-}
 
 core::ShardedLayout stage3_layout(const std::vector<at::Tensor>& params,
                                   const std::vector<std::size_t>& unit_of_param,
@@ -97,6 +84,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                                            communicator_, std::move(expected), model_options_,
                                            options_.shared_params, options_.quantized_gradients,
                                            replicate_.get(), BucketPolicy::kPerUnit);
+  grad_shard_.release_memory();  // until the first backward (prepare_backward)
 }
 
 void Stage3Group::place_param_shard() {
@@ -344,6 +332,11 @@ bool Stage3Group::reduces(bool /*boundary*/) const { return true; }
 std::optional<std::size_t> Stage3Group::grad_ready(std::size_t index, bool /*boundary*/) {
   TORCH_CHECK(index < params_.size(), "zero: parameter index ", index, " outside the group's ",
               params_.size());
+  // The gradient shard holds memory from the first gradient of an accumulation window to
+  // the step (FSDP2 frees its sharded gradients at zero_grad, DeepSpeed its partitions after
+  // the step): between steps, in evaluation, while a checkpoint is written, and at the start
+  // of backward (the loss's buffers, the peak) it takes none.
+  grad_shard_.restore_memory();
   at::Tensor& grad = params_[index].mutable_grad();
   const auto completed = reducer_->grad_ready(index, grad);
   grad = at::Tensor();  // the bucket has it
@@ -374,6 +367,8 @@ double Stage3Group::grad_square_sum() const {
   return square_sum(grad_shard_.tensor()) / (replicate_ ? replicate_->world_size() : 1);
 }
 
+void Stage3Group::hold_grads() { grad_shard_.restore_memory(); }
+
 std::vector<ShardPiece> Stage3Group::shard_pieces() const {
   std::vector<ShardPiece> pieces;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
@@ -400,7 +395,11 @@ void Stage3Group::gather_params() {
 }
 
 void Stage3Group::zero_grads() {
-  grad_shard_.tensor().zero_();
+  if (grad_shard_.on_host()) {
+    grad_shard_.tensor().zero_();
+  } else {
+    grad_shard_.release_memory();  // zero-filled when the next backward takes it again
+  }
   reducer_->grads_zeroed();
 }
 

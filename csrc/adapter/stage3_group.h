@@ -89,7 +89,8 @@ class Stage3Group : public Group {
   bool has_nonfinite_grads() const override;
   double grad_square_sum() const override;
   void gather_params() override;  // parameters are gathered on demand; flushes NVMe writes
-  void zero_grads() override;
+  void hold_grads() override;
+  void zero_grads() override;  // on the device: the gradient shard's memory is given back
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return model_options_.device(); }
   bool grads_on_host() const override { return grad_shard_.on_host(); }

@@ -23,9 +23,19 @@ class TrackedTensor {
   // (storage is refcounted) but no longer count as engine-owned.
   void reset();
 
+  // While the buffer is idle: gives its memory back and stops counting it, keeping the
+  // storage, so views handed out earlier stay attached (and must not be read until restore).
+  void release_memory();
+  // Takes memory again, zero-filled, on the same storage, and counts it. No-op when held.
+  void restore_memory();
+  bool holds_memory() const { return !released_; }
+
  private:
   at::Tensor tensor_;
   core::TrackedBytes tracking_;
+  core::MemoryRegistry* registry_ = nullptr;
+  std::int64_t nbytes_ = 0;
+  bool released_ = false;
 };
 
 // A zero-filled engine buffer on the compute device (the common case).
