@@ -153,11 +153,12 @@ def _check(shapes, world, grid, results):
             assert option.offloaded and estimate.status == est.BUILT, label
             assert estimate.numel == report["numel"], label
             cats = report["categories"]
-            # Model states: every category at every location, exactly, and the engine's own
+            # Model states at their peak (stage 3's device gradient shard is given back
+            # between steps): every category at every location, exactly, and the engine's own
             # formula column.
             for name in MODEL_STATES:
                 row = estimate.categories[name]
-                measured = _host({loc: u["current"] for loc, u in
+                measured = _host({loc: u["peak"] for loc, u in
                                   cats.get(name, {}).get("by_location", {}).items()})
                 assert {k: v for k, v in row["by_location"].items() if v} == measured, \
                     (label, name, row["by_location"], measured)

@@ -288,7 +288,8 @@ def format_report(report: dict) -> str:
             item[0])):
         at = entry.get("by_location", {})
         expected = entry.get("expected")
-        check = "" if expected is None else ("=" if expected == entry["current"] else "differs")
+        # model states at their most (stage 3's gradient shard is given back between steps)
+        check = "" if expected is None else ("=" if expected == entry["peak"] else "differs")
         rows.append([name, *(number(at[loc]["current"]) if loc in at else "-" for loc in LOCATIONS),
                      number(entry["peak"]), number(expected), check, entry.get("formula", "")])
     totals = location_totals(report)

@@ -220,7 +220,8 @@ def _category_rows(head: list[str], report: dict, names: list[str], number) -> l
         entry = report["categories"].get(name, {"current": 0, "peak": 0})
         at = entry.get("by_location", {})
         expected = entry.get("expected")
-        check = "" if expected is None else ("= formula" if expected == entry["current"]
+        # model states at their most (stage 3's gradient shard is given back between steps)
+        check = "" if expected is None else ("= formula" if expected == entry["peak"]
                                              else "differs")
         rows.append([*head, name, *(number(at[loc]["current"]) if loc in at else "-"
                                     for loc in LOCATIONS),
@@ -361,9 +362,9 @@ def _pyplot():
     return plt
 
 
-def _category_current(report: dict, name: str, location: str) -> int:
+def _category_current(report: dict, name: str, location: str, which: str = "current") -> int:
     return (report["categories"].get(name, {}).get("by_location", {}).get(location, {})
-            .get("current", 0))
+            .get(which, 0))
 
 
 def _formula_host(shown: list[Series], locations: list[str]) -> str | None:
@@ -443,7 +444,8 @@ def _panel_title(s: Series, loc: str, scale: float, unit: str, formula_host: str
     title = (f"{s.label} · {LOCATION_TEXT.get(loc, loc)}: {now / scale:.3f} {unit} now"
              + (f", peak {peak_text / scale:.3f} {unit}" if peak_text is not None
                 else ""))
-    states = sum(_category_current(last, n, loc) for n in MODEL_STATES)
+    # model states at their most (stage 3's gradient shard is given back between steps)
+    states = sum(_category_current(last, n, loc, "peak") for n in MODEL_STATES)
     formula = _formula_at(last, loc, formula_host)
     if formula is not None and (states or formula):
         title += "\nmodel states " + (
