@@ -22,7 +22,8 @@ MODEL_STATES = ("param", "gradient", "fp32_master", "optimizer_state")
 
 def measured(engine) -> dict:
     report = engine.memory_report()
-    return {"categories": {name: report["categories"][name]["current"] for name in MODEL_STATES},
+    # model states at their peak (stage 2's gradient shard is given back between steps)
+    return {"categories": {name: report["categories"][name]["peak"] for name in MODEL_STATES},
             "mesh": report["mesh"], "numel": report["numel"]}
 
 

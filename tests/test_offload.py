@@ -171,7 +171,7 @@ def test_nvme_offload_bf16_and_its_accounting(tmp_path):
     by_location = report["model_state_by_location"]
     assert by_location["measured"] == by_location["expected"]
     # Master and Adam state are on NVMe only; the host holds the bf16 gradient shard.
-    assert by_location["measured"]["host"] == plain[0][2]["categories"]["gradient"]["current"]
+    assert by_location["measured"]["host"] == plain[0][2]["categories"]["gradient"]["peak"]
     moved = sum(plain[0][2]["categories"][c]["current"] for c in ("fp32_master", "optimizer_state"))
     assert by_location["measured"]["nvme"] == moved
     # On the host: two chunks of each of the 3 arrays (page-rounded) + 2 x (grads + params).

@@ -55,6 +55,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
                                              options_.overlap_comm, grad_shard_.tensor(), registry,
                                              communicator_, std::vector<std::size_t>{},
                                              model_options, options_.shared_params);
+    grad_shard_.release_memory();  // until the first gradient arrives (grad_ready)
   } else {
     grad_full_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
                           model_options);
@@ -118,6 +119,9 @@ std::optional<std::size_t> ParamGroup::grad_ready(std::size_t index, bool bounda
   TORCH_CHECK(index < params_.size(), "zero: parameter index ", index, " outside the group's ",
               params_.size());
   if (options_.stage == 2) {
+    // The gradient shard holds memory from the first gradient of an accumulation window to
+    // the step, as at stage 3 (DeepSpeed's stage 2 drops its partitions after the step too).
+    grad_shard_.restore_memory();
     at::Tensor& grad = params_[index].mutable_grad();
     const auto completed = reducer_->grad_ready(index, grad);
     grad = at::Tensor();  // the bucket has it; release autograd's full-size gradient
@@ -163,10 +167,18 @@ void ParamGroup::gather_params() {
   for (auto& work : pending) work->wait();
 }
 
+void ParamGroup::hold_grads() {
+  if (options_.stage == 2) grad_shard_.restore_memory();
+}
+
 void ParamGroup::zero_grads() {
   if (grad_full_.defined()) grad_full_.tensor().zero_();
   if (grad_shard_.tensor().defined()) {
-    grad_shard_.tensor().zero_();
+    if (grad_shard_.on_host()) {
+      grad_shard_.tensor().zero_();
+    } else {
+      grad_shard_.release_memory();  // zero-filled when the next backward takes it again
+    }
     reducer_->grads_zeroed();
   }
 }

@@ -92,7 +92,8 @@ class ParamGroup : public Group {
   bool has_nonfinite_grads() const override;
   double grad_square_sum() const override;
   void gather_params() override;
-  void zero_grads() override;
+  void hold_grads() override;
+  void zero_grads() override;  // stage 2 (device): the gradient shard's memory is given back
 
   const core::ShardedLayout& layout() const override { return layout_; }
   at::Device device() const override { return param_buffer_.tensor().device(); }

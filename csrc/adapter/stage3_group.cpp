@@ -84,7 +84,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                                            communicator_, std::move(expected), model_options_,
                                            options_.shared_params, options_.quantized_gradients,
                                            replicate_.get(), BucketPolicy::kPerUnit);
-  grad_shard_.release_memory();  // until the first backward (prepare_backward)
+  grad_shard_.release_memory();  // until the first gradient arrives (grad_ready)
 }
 
 void Stage3Group::place_param_shard() {
