@@ -124,6 +124,11 @@ void EngineCore::finish_backward(bool boundary) {
   bool reducing = false;
   for (const auto& group : groups_) reducing = reducing || group->reduces(boundary);
   if (reducing) {
+    // A group that saw no gradient in this backward (a branch this rank did not take) still
+    // reduces its units: its gradient shard must hold memory (zero-filled) for them.
+    for (auto& group : groups_) {
+      if (group->reduces(boundary)) group->hold_grads();
+    }
     // Units still waiting (unused parameters, or blocked behind one) go now, in order.
     for (; cursor_ < sequence_.size(); ++cursor_) {
       const auto [g, u] = sequence_[cursor_];
