@@ -4,7 +4,8 @@ way on both sides where possible.
 * SavedParamProbe: parameter memory autograd still holds after forward although the framework
   released it.
 * FsdpTracker: FSDP2's collective bytes (paper convention) and its unsharded working set.
-* profiled_step: one step under torch.profiler, for the peak of the step's own allocations."""
+* profiled_step: one step under torch.profiler, for the peak of the step's own allocations
+  and what is alive at that peak, by the op that allocated it."""
 from __future__ import annotations
 
 import weakref
@@ -70,23 +71,59 @@ def profiled_step(runner, tokens, targets):
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         loss, _ = runner["step"](tokens, targets, probe)
     comm1 = runner["comm"]()
-    events = []
+    events = []  # (time, address, +allocated / -freed bytes, running total, allocating op)
 
     def walk(nodes):
         for node in nodes:
             if node.typed[0] == _EventType.Allocation:
-                events.append((node.start_time_ns, node.extra_fields.total_allocated))
+                fields = node.extra_fields
+                events.append((node.start_time_ns, fields.ptr, fields.alloc_size,
+                               fields.total_allocated, _op_path(node)))
             walk(node.children)
     walk(prof.profiler.kineto_results.experimental_event_tree())
-    events.sort()
-    peak = max((total for _, total in events), default=0)
-    end = events[-1][1] if events else 0
+    events.sort(key=lambda event: event[0])
+    peak = max((event[3] for event in events), default=0)
+    end = events[-1][3] if events else 0
     return {"owned_at_start_bytes": owned, "transient_peak_bytes": peak,
             "live_at_end_bytes": end, "step_peak_bytes": owned + peak,
+            "live_at_peak_by_op": _live_at_peak(events),
             "allocation_events": len(events), "loss": loss,
             "autograd_held_param_bytes": probe.held_bytes,
             "autograd_held_param_storages": probe.held_count,
             "comm_delta": {k: comm1[k] - comm0[k] for k in comm1}}
+
+
+def _op_path(node, depth: int = 3) -> str:
+    """The ops an allocation happened under, innermost first (e.g. 'aten::empty < aten::zeros
+    < AccumulateGrad')."""
+    names, parent = [], node.parent
+    while parent is not None and len(names) < depth:
+        name = parent.name
+        for noise in ("autograd::engine::evaluate_function: ", "torch::autograd::",
+                      "zero::adapter::(anonymous namespace)::"):
+            name = name.replace(noise, "")
+        if not names or names[-1] != name:  # evaluate_function: X < X reads as X
+            names.append(name)
+        parent = parent.parent
+    return " < ".join(names) or "(no op)"
+
+
+def _live_at_peak(events, top: int = 8) -> list:
+    """What was allocated during the step and still alive when its running total peaked,
+    summed by allocating op: [[op path, bytes], ...], largest first."""
+    if not events:
+        return []
+    peak_at = max(range(len(events)), key=lambda i: events[i][3])
+    live = {}
+    for _, ptr, size, _, op in events[:peak_at + 1]:
+        if size > 0:
+            live[ptr] = (size, op)
+        else:
+            live.pop(ptr, None)
+    by_op = {}
+    for size, op in live.values():
+        by_op[op] = by_op.get(op, 0) + size
+    return [[op, size] for op, size in sorted(by_op.items(), key=lambda kv: -kv[1])[:top]]
 
 
 def _nbytes(t) -> int:

@@ -229,6 +229,10 @@ def _memory_detail(ok):
                          f"{pair(prof['step_peak_bytes'])}, live at the end "
                          f"{pair(prof['live_at_end_bytes'])}; RSS start "
                          f"{pair(s['rss_start_bytes'])}, RSS peak {pair(s['rss_peak_bytes'])}.")
+        if s.get("live_at_peak_by_op_rank0"):  # runs before this column: absent
+            lines.append("  allocated in the step and alive at its peak, by op (rank 0): " +
+                         "; ".join(f"{mib(size)} `{op}`"
+                                   for op, size in s["live_at_peak_by_op_rank0"]) + ".")
     return lines
 
 

@@ -84,7 +84,8 @@ def _profiled_numbers(ranks):
                          ("owned_at_start_bytes", "transient_peak_bytes", "step_peak_bytes",
                           "live_at_end_bytes", "autograd_held_param_bytes")},
             "comm_one_step_rank0": {k: v for k, v in prof[0]["comm_delta"].items()
-                                    if k not in ("calls",)}}
+                                    if k not in ("calls",)},
+            "live_at_peak_by_op_rank0": prof[0].get("live_at_peak_by_op", [])}
 
 
 def _category(report, category, field):
