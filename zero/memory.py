@@ -162,8 +162,8 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
             expected_total += row["bytes"]
             for location, value in row["by_location"].items():
                 expected_by_location[location] += value
-    # Model states at their most: stage 3 gives its gradient shard's memory back between
-    # steps (held from the first backward of a window to the step), the others are constant.
+    # Model states at their most: stages 2 and 3 give the gradient shard's memory back
+    # between steps (held from a window's first gradient to the step); the others are constant.
     model_state = sum(categories[name]["peak"] for name in _coefficients(layouts[0]))
     measured_by_location = {"device": 0, "host": 0, "nvme": 0}
     for name in _coefficients(layouts[0]):
@@ -288,7 +288,7 @@ def format_report(report: dict) -> str:
             item[0])):
         at = entry.get("by_location", {})
         expected = entry.get("expected")
-        # model states at their most (stage 3's gradient shard is given back between steps)
+        # model states at their most (stage 2 and 3 gradient shards are given back between steps)
         check = "" if expected is None else ("=" if expected == entry["peak"] else "differs")
         rows.append([name, *(number(at[loc]["current"]) if loc in at else "-" for loc in LOCATIONS),
                      number(entry["peak"]), number(expected), check, entry.get("formula", "")])

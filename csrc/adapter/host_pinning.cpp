@@ -59,6 +59,14 @@ PlacedBuffer::PlacedBuffer(core::MemoryRegistry& registry, core::MemoryCategory 
   }
 }
 
+void PlacedBuffer::clear() {
+  if (on_host_) {
+    tensor_.zero_();
+  } else {
+    device_.release_memory();
+  }
+}
+
 std::string PlacedBuffer::why_not_pinned() const {
   return host_.defined() && !host_.pinned() ? host_.why_not_pinned() : "";
 }

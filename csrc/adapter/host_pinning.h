@@ -48,15 +48,13 @@ class PlacedBuffer {
   bool pinned() const { return host_.pinned(); }
   // Why a host buffer is pageable ("" when pinned, empty or on the device).
   std::string why_not_pinned() const;
-  // On the device: memory given back while idle and restored zero-filled (TrackedTensor).
-  // A host buffer (pinned, or pooled with others) keeps its memory: both are no-ops.
-  void release_memory() {
-    if (!on_host_) device_.release_memory();
-  }
+  // Zeroes the buffer. On the device its memory is given back until restore_memory()
+  // takes it again, zero-filled (TrackedTensor); a host buffer (pinned, or pooled with
+  // others) keeps its memory and is zeroed in place.
+  void clear();
   void restore_memory() {
     if (!on_host_) device_.restore_memory();
   }
-  bool holds_memory() const { return on_host_ || device_.holds_memory(); }
 
  private:
   TrackedTensor device_;

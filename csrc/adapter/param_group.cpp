@@ -55,7 +55,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
                                              options_.overlap_comm, grad_shard_.tensor(), registry,
                                              communicator_, std::vector<std::size_t>{},
                                              model_options, options_.shared_params);
-    grad_shard_.release_memory();  // until the first gradient arrives (grad_ready)
+    grad_shard_.clear();  // on the device: no memory until the first gradient (grad_ready)
   } else {
     grad_full_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
                           model_options);
@@ -174,11 +174,7 @@ void ParamGroup::hold_grads() {
 void ParamGroup::zero_grads() {
   if (grad_full_.defined()) grad_full_.tensor().zero_();
   if (grad_shard_.tensor().defined()) {
-    if (grad_shard_.on_host()) {
-      grad_shard_.tensor().zero_();
-    } else {
-      grad_shard_.release_memory();  // zero-filled when the next backward takes it again
-    }
+    grad_shard_.clear();
     reducer_->grads_zeroed();
   }
 }

@@ -84,7 +84,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                                            communicator_, std::move(expected), model_options_,
                                            options_.shared_params, options_.quantized_gradients,
                                            replicate_.get(), BucketPolicy::kPerUnit);
-  grad_shard_.release_memory();  // until the first gradient arrives (grad_ready)
+  grad_shard_.clear();  // on the device: no memory until the first gradient (grad_ready)
 }
 
 void Stage3Group::place_param_shard() {
@@ -395,11 +395,7 @@ void Stage3Group::gather_params() {
 }
 
 void Stage3Group::zero_grads() {
-  if (grad_shard_.on_host()) {
-    grad_shard_.tensor().zero_();
-  } else {
-    grad_shard_.release_memory();  // zero-filled when the next backward takes it again
-  }
+  grad_shard_.clear();
   reducer_->grads_zeroed();
 }
 

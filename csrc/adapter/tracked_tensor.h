@@ -28,7 +28,6 @@ class TrackedTensor {
   void release_memory();
   // Takes memory again, zero-filled, on the same storage, and counts it. No-op when held.
   void restore_memory();
-  bool holds_memory() const { return !released_; }
 
  private:
   at::Tensor tensor_;

@@ -220,7 +220,7 @@ def _category_rows(head: list[str], report: dict, names: list[str], number) -> l
         entry = report["categories"].get(name, {"current": 0, "peak": 0})
         at = entry.get("by_location", {})
         expected = entry.get("expected")
-        # model states at their most (stage 3's gradient shard is given back between steps)
+        # model states at their most (stage 2 and 3 gradient shards are given back between steps)
         check = "" if expected is None else ("= formula" if expected == entry["peak"]
                                              else "differs")
         rows.append([*head, name, *(number(at[loc]["current"]) if loc in at else "-"
@@ -362,7 +362,7 @@ def _pyplot():
     return plt
 
 
-def _category_current(report: dict, name: str, location: str, which: str = "current") -> int:
+def _category_bytes(report: dict, name: str, location: str, which: str = "current") -> int:
     return (report["categories"].get(name, {}).get("by_location", {}).get(location, {})
             .get(which, 0))
 
@@ -372,7 +372,7 @@ def _formula_host(shown: list[Series], locations: list[str]) -> str | None:
     bytes."""
     host_columns = [loc for loc in locations if loc.startswith("host")]
     return max(host_columns, key=lambda loc: sum(
-        _category_current(r, n, loc) for s in shown for r in s.reports for n in MODEL_STATES),
+        _category_bytes(r, n, loc) for s in shown for r in s.reports for n in MODEL_STATES),
         default=None)
 
 
@@ -383,8 +383,8 @@ def _draw_panel(ax, s: Series, loc: str, names: list[str], scale_unit: tuple[flo
     last report's numbers."""
     scale, unit = scale_unit
     steps = [r["step"] for r in s.reports]
-    here = [n for n in names if any(_category_current(r, n, loc) for r in s.reports)]
-    stacks = [[_category_current(r, n, loc) / scale for r in s.reports] for n in here]
+    here = [n for n in names if any(_category_bytes(r, n, loc) for r in s.reports)]
+    stacks = [[_category_bytes(r, n, loc) / scale for r in s.reports] for n in here]
     tops = [sum(values) for values in zip(*stacks)] if stacks else [0.0] * len(steps)
     peaks = [_location_peak(r, loc) for r in s.reports]
     expected = [_formula_at(r, loc, formula_host) for r in s.reports]
@@ -444,8 +444,8 @@ def _panel_title(s: Series, loc: str, scale: float, unit: str, formula_host: str
     title = (f"{s.label} · {LOCATION_TEXT.get(loc, loc)}: {now / scale:.3f} {unit} now"
              + (f", peak {peak_text / scale:.3f} {unit}" if peak_text is not None
                 else ""))
-    # model states at their most (stage 3's gradient shard is given back between steps)
-    states = sum(_category_current(last, n, loc, "peak") for n in MODEL_STATES)
+    # model states at their most (stage 2 and 3 gradient shards are given back between steps)
+    states = sum(_category_bytes(last, n, loc, "peak") for n in MODEL_STATES)
     formula = _formula_at(last, loc, formula_host)
     if formula is not None and (states or formula):
         title += "\nmodel states " + (
