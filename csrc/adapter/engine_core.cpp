@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include "adapter/process_group.h"
@@ -89,6 +90,7 @@ void EngineCore::unit_backward_ends(std::size_t unit) {
 
 void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  RECORD_FUNCTION("zero::grad_ready", {});
   Group& target = group(group_index);
   const auto completed = target.grad_ready(index, boundary);
   if (schedule_) {
@@ -134,7 +136,10 @@ void EngineCore::finish_backward(bool boundary) {
       const auto [g, u] = sequence_[cursor_];
       if (groups_[g]->reduces(boundary)) groups_[g]->reducer().launch(u);
     }
-    for (auto& group : groups_) group->reducer().wait_all();
+    {
+      RECORD_FUNCTION("zero::reduce_wait", {});
+      for (auto& group : groups_) group->reducer().wait_all();
+    }
     if (learning_order_) adopt_observed_order();
   }
   cursor_ = 0;
@@ -226,7 +231,10 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
     zero_grads();
     return result;
   }
-  result.grad_norm = global_grad_norm(loss_scale);
+  {
+    RECORD_FUNCTION("zero::grad_norm", {});
+    result.grad_norm = global_grad_norm(loss_scale);
+  }
   // The norm is all-reduced, so every rank sees the same non-finite value: in any dtype, a
   // NaN or Inf gradient anywhere skips the step everywhere and never reaches the weights.
   if (!std::isfinite(result.grad_norm)) {
@@ -239,9 +247,14 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
     result.clip_coef = std::min(1.0, max_norm / (result.grad_norm + 1e-6));
   }
   for (std::size_t g = 0; g < groups_.size(); ++g) {
+    RECORD_FUNCTION("zero::optimizer_step", {});
     groups_[g]->optimizer_step(hypers[g], result.clip_coef / loss_scale, step);
   }
-  for (auto& group : groups_) group->gather_params();
+  for (auto& group : groups_) {
+    RECORD_FUNCTION("zero::gather_params", {});
+    group->gather_params();
+  }
+  RECORD_FUNCTION("zero::zero_grads", {});
   zero_grads();
   return result;
 }

@@ -38,9 +38,11 @@ class Group {
   // step: 1-based count of applied optimizer steps, including this one. The new parameters
   // land in this rank's pieces (shard_pieces).
   void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) {
-    shard_state().step(shard_pieces(), hyper, grad_scale, step);
+    shard_state().step(shard_pieces(), hyper, grad_scale, step,
+                       [this](std::size_t piece) { piece_stepped(piece); });
   }
-  virtual void gather_params() = 0;  // make the updated parameters visible after a step
+  // make the updated parameters visible after a step (waits for what piece_stepped started)
+  virtual void gather_params() = 0;
   // Delayed parameter update: applies a finished update's parameters to this rank's shard
   // (the caller then gathers); a no-op when none is pending.
   void apply_delayed_update() { shard_state().apply_delayed(shard_pieces()); }
@@ -69,6 +71,9 @@ class Group {
   virtual const ShardState& shard_state() const = 0;
   // This rank's pieces of the shard: each unit's gradients and the parameters a step writes.
   virtual std::vector<ShardPiece> shard_pieces() const = 0;
+  // Told, during optimizer_step, that shard_pieces()[piece] holds its new parameters (a group
+  // may start gathering them while the step goes on).
+  virtual void piece_stepped(std::size_t /*piece*/) {}
 };
 
 }  // namespace zero::adapter

@@ -5,19 +5,8 @@
 
 #include <c10/util/Exception.h>
 
-#include "core/cpu_adam.h"
-
 namespace zero::adapter {
 namespace {
-
-core::ElemType elem_type(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return core::ElemType::kF32;
-    case at::kBFloat16: return core::ElemType::kBF16;
-    case at::kHalf: return core::ElemType::kF16;
-    default: TORCH_CHECK(false, "zero: offload supports fp32, bf16 and fp16 models, not ", type);
-  }
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -228,25 +217,10 @@ void OffloadedState::update_chunk(const at::Tensor& grads, const at::Tensor& out
     if (out.defined()) out.copy_(master);
     return;
   }
-  core::AdamParams params;
-  params.lr = hyper.lr;
-  params.beta1 = hyper.beta1;
-  params.beta2 = hyper.beta2;
-  params.eps = hyper.eps;
-  params.weight_decay = hyper.weight_decay;
-  params.adamw_mode = hyper.decoupled_weight_decay;
-  params.bias_correction = hyper.bias_correction;
-  params.step = step;
-  params.grad_scale = static_cast<float>(grad_scale);
   const bool sixteen_bit_out = out.defined() && out.scalar_type() != at::kFloat;
-  void* out16 = sixteen_bit_out ? out.data_ptr() : nullptr;
-  const core::ElemType out_type = sixteen_bit_out ? elem_type(out.scalar_type())
-                                                  : core::ElemType::kBF16;
-  core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
-                  elem_type(grads.scalar_type()),
-                  store_->view("exp_avg", chunk, slot).data_ptr<float>(),
-                  store_->view("exp_avg_sq", chunk, slot).data_ptr<float>(), grid_.numel(chunk),
-                  out16, out_type, core::best_isa(), num_threads_);
+  host_adam_update(master, grads, store_->view("exp_avg", chunk, slot),
+                   store_->view("exp_avg_sq", chunk, slot), hyper, grad_scale, step,
+                   sixteen_bit_out ? out : at::Tensor(), num_threads_);
   if (out.defined() && !sixteen_bit_out) out.copy_(master);  // fp32 model, delayed update
 }
 

@@ -2,7 +2,23 @@
 
 #include <cmath>
 
+#include <c10/util/Exception.h>
+
+#include "core/cpu_adam.h"
+
 namespace zero::adapter {
+namespace {
+
+core::ElemType elem_type(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return core::ElemType::kF32;
+    case at::kBFloat16: return core::ElemType::kBF16;
+    case at::kHalf: return core::ElemType::kF16;
+    default: TORCH_CHECK(false, "zero: the host Adam step takes fp32, bf16 and fp16, not ", type);
+  }
+}
+
+}  // namespace
 
 void adam_update(at::Tensor& param, at::Tensor grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                  const OptimizerHyper& hyper, std::int64_t step) {
@@ -19,6 +35,37 @@ void adam_update(at::Tensor& param, at::Tensor grad, at::Tensor& exp_avg, at::Te
   const double correction2 = hyper.bias_correction ? 1.0 - std::pow(hyper.beta2, step) : 1.0;
   const at::Tensor denom = exp_avg_sq.sqrt().div_(std::sqrt(correction2)).add_(hyper.eps);
   param.addcdiv_(exp_avg, denom, -hyper.lr / correction1);
+}
+
+bool host_contiguous(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous();
+}
+
+void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_sq, const OptimizerHyper& hyper,
+                      double grad_scale, std::int64_t step, const at::Tensor& out16,
+                      int num_threads) {
+  for (const at::Tensor* t : {&master, &grads, &exp_avg, &exp_avg_sq}) {
+    TORCH_CHECK(host_contiguous(*t) && t->numel() == master.numel(), "zero: the host Adam "
+                "step needs contiguous host tensors of ", master.numel(), " elements");
+  }
+  core::AdamParams params;
+  params.lr = hyper.lr;
+  params.beta1 = hyper.beta1;
+  params.beta2 = hyper.beta2;
+  params.eps = hyper.eps;
+  params.weight_decay = hyper.weight_decay;
+  params.adamw_mode = hyper.decoupled_weight_decay;
+  params.bias_correction = hyper.bias_correction;
+  params.step = step;
+  params.grad_scale = static_cast<float>(grad_scale);
+  const bool has_out = out16.defined();
+  core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
+                  elem_type(grads.scalar_type()), exp_avg.data_ptr<float>(),
+                  exp_avg_sq.data_ptr<float>(), master.numel(),
+                  has_out ? out16.data_ptr() : nullptr,
+                  has_out ? elem_type(out16.scalar_type()) : core::ElemType::kBF16,
+                  core::best_isa(), num_threads);
 }
 
 void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer, bool first_step,

@@ -47,6 +47,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
     params_[i].set_data(view);
   }
   const std::int64_t shard = layout_.shard_numel();
+  gathering_.assign(layout_.unit_count(), false);
   refresh_master();
   if (options_.stage == 2) {
     grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient, shard, model_options,
@@ -156,15 +157,21 @@ std::vector<ShardPiece> ParamGroup::shard_pieces() const {
   return pieces;
 }
 
-void ParamGroup::gather_params() {
-  const at::Tensor& full = param_buffer_.tensor();
+void ParamGroup::piece_stepped(std::size_t unit) {
   if (options_.stage == 0) return;
-  std::vector<std::unique_ptr<PendingCollective>> pending;
+  const at::Tensor& full = param_buffer_.tensor();
+  at::Tensor whole = full.narrow(0, layout_.full_offset(unit), layout_.unit(unit).numel());
+  gathers_.push_back(communicator_.all_gather(whole, full_piece(full, unit)));
+  gathering_[unit] = true;
+}
+
+void ParamGroup::gather_params() {
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    at::Tensor unit = full.narrow(0, layout_.full_offset(u), layout_.unit(u).numel());
-    pending.push_back(communicator_.all_gather(unit, full_piece(full, u)));
+    if (!gathering_[u]) piece_stepped(u);  // e.g. after a delayed update
   }
-  for (auto& work : pending) work->wait();
+  for (auto& work : gathers_) work->wait();
+  gathers_.clear();
+  gathering_.assign(layout_.unit_count(), false);
 }
 
 void ParamGroup::hold_grads() {

@@ -104,6 +104,7 @@ class ParamGroup : public Group {
   ShardState& shard_state() override { return state_; }
   const ShardState& shard_state() const override { return state_; }
   std::vector<ShardPiece> shard_pieces() const override;
+  void piece_stepped(std::size_t unit) override;  // stages 1, 2: starts the unit's all-gather
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
 
@@ -125,6 +126,9 @@ class ParamGroup : public Group {
   PlacedBuffer grad_shard_;  // stage 2: on the device, or in host memory (grads_offloaded)
   ShardState state_;
   std::unique_ptr<GradReducer> reducer_;
+  // The all-gathers of stepped units still on the wire (gather_params waits for them).
+  std::vector<std::unique_ptr<PendingCollective>> gathers_;
+  std::vector<bool> gathering_;  // per unit: its all-gather is in gathers_
 };
 
 }  // namespace zero::adapter

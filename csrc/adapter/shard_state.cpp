@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/cat.h>
 #include <c10/util/Exception.h>
 
@@ -136,22 +137,56 @@ void ShardState::update(at::Tensor master, const at::Tensor& grads, std::int64_t
 }
 
 void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
-                      double grad_scale, std::int64_t step) {
+                      double grad_scale, std::int64_t step,
+                      const std::function<void(std::size_t)>& stepped) {
   check_kind(hyper);
+  if (!offloaded_) {
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      step_on_device(pieces[i], hyper, grad_scale, step);
+      if (stepped) stepped(i);
+    }
+    return;
+  }
   auto [head, tail] = split(pieces);
   // The head first: parameters stored through ShardPiece::store arrive in shard order.
-  for (const ShardPiece& piece : head) {
-    at::Tensor grads = piece.grad.to(at::kFloat);  // a copy of 16-bit grads
-    if (grad_scale != 1.0) grads.mul_(grad_scale);
-    if (!master_.defined()) {  // fp32: the parameters are the master
-      update(piece.param, grads, piece.offset, hyper, step);
-      continue;
-    }
-    at::Tensor master = master_.narrow(0, piece.offset, piece.grad.numel());
-    update(master, grads, piece.offset, hyper, step);
-    store_params(piece, 0, master);
-  }
+  for (const ShardPiece& piece : head) step_on_device(piece, hyper, grad_scale, step);
   if (!tail.empty()) offloaded_->step(tail, hyper, grad_scale, step);
+  for (std::size_t i = 0; stepped && i < pieces.size(); ++i) stepped(i);
+}
+
+void ShardState::step_on_device(const ShardPiece& piece, const OptimizerHyper& hyper,
+                                double grad_scale, std::int64_t step) {
+  if (host_adam(piece, hyper, grad_scale, step)) return;
+  at::Tensor grads = piece.grad.to(at::kFloat);  // a copy of 16-bit grads
+  if (grad_scale != 1.0) grads.mul_(grad_scale);
+  if (!master_.defined()) {  // fp32: the parameters are the master
+    update(piece.param, grads, piece.offset, hyper, step);
+    return;
+  }
+  at::Tensor master = master_.narrow(0, piece.offset, piece.grad.numel());
+  update(master, grads, piece.offset, hyper, step);
+  store_params(piece, 0, master);
+}
+
+bool ShardState::host_adam(const ShardPiece& piece, const OptimizerHyper& hyper,
+                           double grad_scale, std::int64_t step) {
+  if (kind_ != OptimizerKind::kAdam || !exp_avg_.device().is_cpu()) return false;
+  const std::int64_t numel = piece.grad.numel();
+  // fp32: the parameters are the master; mixed precision: the kernel also writes the 16-bit
+  // parameters when they are a plain host tensor, in the same pass.
+  const at::Tensor master = master_.defined() ? master_.narrow(0, piece.offset, numel)
+                                              : piece.param;
+  const bool writes_params = master_.defined() && !piece.store && host_contiguous(piece.param) &&
+                             piece.param.scalar_type() != at::kFloat;
+  if (!host_contiguous(master) || !host_contiguous(piece.grad) ||
+      master.scalar_type() != at::kFloat) {
+    return false;
+  }
+  host_adam_update(master, piece.grad, exp_avg_.narrow(0, piece.offset, numel),
+                   exp_avg_sq_.narrow(0, piece.offset, numel), hyper, grad_scale, step,
+                   writes_params ? piece.param : at::Tensor(), at::get_num_threads());
+  if (master_.defined() && !writes_params) store_params(piece, 0, master);
+  return true;
 }
 
 void ShardState::apply_delayed(const std::vector<ShardPiece>& pieces) {

@@ -1,9 +1,11 @@
 #pragma once
 // The optimizer side of a rank's shard: fp32 master (mixed precision, or offload), Adam's m
 // and v or SGD's momentum, all laid out like the shard, and the step over its pieces. On the
-// device (the default) the update runs with ATen ops; with offload the state and the step
+// device (the default) the update runs with ATen ops, or, for Adam on a CPU device, with the
+// fused CPU Adam kernel (host_adam_update); with offload the state and the step
 // move to the host or NVMe (offloaded_state.h): all of the shard, or with a ratio < 1 its
 // tail, [device_numel, shard_numel), while the head stays on the device.
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -40,9 +42,11 @@ class ShardState {
   at::Tensor read_master(std::int64_t offset, std::int64_t numel) const;
   void write_master(std::int64_t offset, const at::Tensor& values);
   // Updates the pieces (grads multiplied by grad_scale) and leaves the new parameters in each
-  // piece's `param` (with a delayed update: the previous step's). step is 1-based.
+  // piece's `param` (with a delayed update: the previous step's). step is 1-based. `stepped`
+  // is called with each piece's index once its parameters are in place: piece by piece on
+  // the device, all at the end when some of the shard is offloaded.
   void step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper, double grad_scale,
-            std::int64_t step);
+            std::int64_t step, const std::function<void(std::size_t)>& stepped = {});
   // Delayed update: writes the finished update's parameters into the pieces.
   void apply_delayed(const std::vector<ShardPiece>& pieces);
   // Copies of the optimizer state tensors (exp_avg / exp_avg_sq, or momentum_buffer; with a
@@ -55,6 +59,12 @@ class ShardState {
   std::pair<std::vector<ShardPiece>, std::vector<ShardPiece>> split(
       const std::vector<ShardPiece>& pieces) const;
   void check_kind(const OptimizerHyper& hyper) const;
+  // Steps the piece with the fused CPU Adam kernel when its state is on the host (a CPU
+  // model); false leaves it to the ATen ops.
+  bool host_adam(const ShardPiece& piece, const OptimizerHyper& hyper, double grad_scale,
+                 std::int64_t step);
+  void step_on_device(const ShardPiece& piece, const OptimizerHyper& hyper, double grad_scale,
+                      std::int64_t step);
   void update(at::Tensor master, const at::Tensor& grads, std::int64_t offset,
               const OptimizerHyper& hyper, std::int64_t step);
   at::Tensor state(const std::string& name) const;
