@@ -26,7 +26,8 @@ Two kinds of runs:
   interleaved), for when holding everything in one process is too heavy. DeepSpeed's stage 3
   replaces torch.nn.functional.linear process-wide when built; every engine steps with the
   F.linear it would have alone (see _interleaved).
-* memory (isolated): one short run (--steps steps) per configuration and engine, alone in a
+* memory (isolated): short runs (--steps steps; --memory-repeats of them, each rank's median
+  reported) per configuration and engine, each alone in a
   fresh pair of ranks that imported both libraries and joined the process group, after a
   throwaway engine of the same kind and config on a 1-layer TinyGPT paid the one-time costs
   (DeepSpeed's first initialize imports ~110 MiB: torch._dynamo among others). Peak memory
@@ -48,6 +49,7 @@ import gc
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -82,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--bucket-numel", type=int, default=500_000,
                    help="reduce_bucket_size (elements) of the shared config")
     add_comparison_args(p, ALL_CONFIGS)
+    p.add_argument("--memory-repeats", type=int, default=3,
+                   help="isolated memory runs per configuration and engine (the report shows "
+                        "each rank's median; RSS moves by several MiB from run to run)")
     p.add_argument("--per-config", action="store_true",
                    help="one torch.distributed.run per configuration for the timing run (its "
                         "zero and DeepSpeed engines still interleaved) instead of one for all")
@@ -364,14 +369,40 @@ def _timing_runs(args) -> list[dict]:
 
 
 def _memory_runs(args) -> dict:
+    """{key: [one launch per repeat]}; the repeats go round the configurations and engines,
+    so drift in the machine's state reaches every engine alike."""
     runs = {}
     if args.steps <= 0:
         return runs
-    for config_name in args.config_list:
-        for engine_name in ENGINES:
-            key = f"{config_name}/{engine_name}"
-            runs[key] = _launch(f"memory {key}", args, ["--worker", f"memory:{key}"])
+    for repeat in range(args.memory_repeats):
+        for config_name in args.config_list:
+            for engine_name in ENGINES:
+                key = f"{config_name}/{engine_name}"
+                runs.setdefault(key, []).append(_launch(
+                    f"memory {key} #{repeat + 1}", args, ["--worker", f"memory:{key}"]))
     return runs
+
+
+MEMORY_FIELDS = ("rss_at_start_bytes", "one_time_anon_bytes", "rss_before_bytes", "rss_peak_bytes",
+                 "rss_growth_bytes", "anon_before_bytes", "anon_peak_bytes", "anon_growth_bytes")
+
+
+def _memory_summary(repeats: list[dict]) -> dict:
+    """Each rank's median over the repeats, field by field, and every repeat's growth."""
+    errors = [run["error"] for run in repeats if "error" in run]
+    if errors:
+        return {"memory_error": errors[0]}
+    ranks = [run["ranks"] for run in repeats]
+    memory = {k: [statistics.median(run[r][k] for run in ranks) for r in range(len(ranks[0]))]
+              for k in MEMORY_FIELDS}
+    memory["peak_reset"] = [all(run[r]["peak_reset"] for run in ranks)
+                            for r in range(len(ranks[0]))]
+    memory["rss_growth_repeats"] = [[rank["rss_growth_bytes"] for rank in run] for run in ranks]
+    first = ranks[0]
+    if "zero_accounting" in first[0]:
+        memory["zero_accounting"] = [r["zero_accounting"] for r in first]
+    return {"memory": memory, "memory_losses": [r["losses"] for r in first],
+            "memory_info": first[0].get("info")}
 
 
 # ---- numbers -----------------------------------------------------------------------------------
@@ -405,20 +436,11 @@ def _engine_summary(key: str, timing: list[dict], memory: dict) -> dict:
             s.update(median_ms=stats["total"]["median"], p10_ms=stats["total"]["p10"],
                      steps=stats["steps"],
                      phase_ms={k: stats[k]["median"] for k in PHASES})
-    mem = memory.get(key)
-    if mem is not None:
-        if "error" in mem:
-            s["memory_error"] = mem["error"]
-        else:
-            m = mem["ranks"]
-            s["memory"] = {k: [r[k] for r in m] for k in
-                           ("rss_at_start_bytes", "one_time_anon_bytes", "rss_before_bytes",
-                            "rss_peak_bytes", "rss_growth_bytes", "anon_before_bytes",
-                            "anon_peak_bytes", "anon_growth_bytes", "peak_reset")}
-            s["memory_losses"] = [r["losses"] for r in m]
-            if "zero_accounting" in m[0]:
-                s["memory"]["zero_accounting"] = [r["zero_accounting"] for r in m]
-            s.setdefault("info", m[0].get("info"))
+    if key in memory:
+        mem = _memory_summary(memory[key])
+        info = mem.pop("memory_info", None)
+        s.update(mem)
+        s.setdefault("info", info)
     return s
 
 
@@ -500,7 +522,9 @@ def render_markdown(summary, facts, args, command, wall) -> str:
                    "bench_deepspeed.py", facts["date"], wall, command)
     memory_text = ("skipped (--steps 0)." if args.steps <= 0 else
                    f"each engine alone in a fresh pair of ranks (both libraries imported, the "
-                   f"process group up), {args.steps} training steps after a throwaway engine of "
+                   f"process group up), {args.memory_repeats} such runs per engine and "
+                   f"configuration taken in turns, each rank's median shown; {args.steps} "
+                   f"training steps after a throwaway engine of "
                    f"the same kind and config on a 1-layer TinyGPT paid the one-time costs; peak "
                    f"RSS growth = the kernel's peak resident set (VmHWM, reset at the baseline) "
                    f"minus the RSS just before the model and engine were built, per rank "
@@ -550,18 +574,21 @@ def render_markdown(summary, facts, args, command, wall) -> str:
                 cells = ([_growth(one, k) for k in ("rss_before_bytes", "one_time_anon_bytes",
                                                      "rss_growth_bytes", "anon_growth_bytes")]
                          if m else [_growth(one, ""), "-", "-", "-"])
-                mem_rows.append([row["config"], e, *cells, acct])
+                runs = ("; ".join(pair(run, fmt=lambda x: mib(x, 1), merge_equal=False)
+                                  for run in m["rss_growth_repeats"]) if m else "-")
+                mem_rows.append([row["config"], e, *cells, runs, acct])
         lines += ["## Memory per rank (rank 0 / rank 1, MiB)", "",
-                  "RSS before: the resident set just before the model and the engine were "
-                  "built (the throwaway engine already dropped). One-time: anonymous RSS the "
-                  "throwaway engine left behind (imports, ops, pools). Peak RSS growth: "
-                  "VmHWM (reset at the baseline) minus RSS before. Peak anon growth: the highest "
-                  "RssAnon sample minus RssAnon before. zero accounting: the model-state bytes "
-                  "of zero's own registry after the last step (DeepSpeed keeps no such "
-                  "account on CPU).", "",
+                  "Each rank's median over the runs. RSS before: the resident set just before "
+                  "the model and the engine were built (the throwaway engine already dropped). "
+                  "One-time: anonymous RSS the throwaway engine left behind (imports, ops, "
+                  "pools). Peak RSS growth: VmHWM (reset at the baseline) minus RSS before; "
+                  "every run's beside it. Peak anon growth: the highest RssAnon sample minus "
+                  "RssAnon before. zero accounting: the model-state bytes of zero's own "
+                  "registry after the last step (DeepSpeed keeps no such account on CPU).", "",
                   markdown_table(["configuration", "engine", "RSS before", "one-time anon",
                                   "peak RSS growth", "peak anon growth",
-                                  "zero accounting (model states)"], mem_rows), ""]
+                                  "peak RSS growth, each run", "zero accounting (model states)"],
+                                 mem_rows), ""]
     failures = [f"* {row['config']}: {text}" for row in summary
                 for e in ENGINES for text in _failures(row["engines"][e], e)]
     lines += ["## Failures", ""] + (failures or ["None: every configuration ran on both engines."])

@@ -160,23 +160,22 @@ def test_engine_owned_bytes_equal_the_zero_formula(stage, world):
     formula = {0: 16 * psi, 1: 4 * psi + 12 * psi // world, 2: 2 * psi + 14 * psi // world}[stage]
     assert report["model_state_bytes"] == formula
     assert report["model_state_formula"] == {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N"}[stage]
-    bucket_bytes = categories.get("bucket", {"current": 0})["current"]
-    assert bucket_bytes == sum(info["bucket_bytes"] for info in buckets)
+    bucket = categories.get("bucket", {"current": 0, "peak": 0})
+    assert bucket["current"] == 0  # made per unit in backward, freed once reduced
+    assert all(info["buckets"] == 0 and info["bucket_bytes"] == 0 for info in buckets)
     if stage == 0:
-        assert bucket_bytes == 0  # stage 0 all-reduces in place in the gradient buffer
+        assert bucket["peak"] == 0  # stage 0 all-reduces in place in the gradient buffer
     else:
-        # One bucket (overlap_comm is off by default below stage 3, as in DeepSpeed): at
-        # stage 2 the largest unit and its 1/N output piece, at stage 1 the piece alone (the
-        # unit is reduce-scattered out of the gradient buffer). A unit holds at most
-        # reduce_bucket_size elements (3000 here) unless one parameter is larger (4096 here),
-        # plus padding.
+        # One bucket at a time (overlap_comm is off by default below stage 3, as in
+        # DeepSpeed): at its peak, at stage 2 the largest unit and its 1/N output piece, at
+        # stage 1 the piece alone (the unit is reduce-scattered out of the gradient buffer).
+        # A unit holds at most reduce_bucket_size elements (3000 here) unless one parameter
+        # is larger (4096 here), plus padding.
         largest_param = max(p.numel() for p in training.make_model().parameters())
-        for info in buckets:
-            unit = info["max_unit_numel"]
-            assert unit <= max(3000, largest_param) + world * 8
-            assert info["buckets"] == 1
-            assert info["bucket_bytes"] == ((unit if stage == 2 else 0) + unit // world) * b
-    assert report["total"]["current"] == formula - released + bucket_bytes
+        unit = max(info["max_unit_numel"] for info in buckets)
+        assert unit <= max(3000, largest_param) + world * 8
+        assert bucket["peak"] == ((unit if stage == 2 else 0) + unit // world) * b
+    assert report["total"]["current"] == formula - released
     assert psi % (world if stage else 1) == 0
 
 

@@ -128,14 +128,13 @@ def _check(shapes, world, grid, knobs, results):
                 + (master + state) * estimate.persistent_shard_numel), label
             assert estimate.model_state_bytes - estimate.persistent_bytes == \
                 (2 * b + master + state) * estimate.numel // n, label  # Adam: 16Ψ/N
-            # Buckets (the peak in backward, and the pool kept between steps) and the
-            # gathered working set: within 5%.
+            # Buckets (the peak in backward; none kept between steps) and the gathered
+            # working set: within 5%.
             bucket = estimate.categories["bucket"]["bytes"]
-            kept = estimate.stage3["bucket_kept_bytes"]
             gathered = estimate.categories["gathered_param"]["bytes"]
             assert _close(bucket, measured["peak"].get("bucket", 0)), (label, bucket, measured)
-            assert _close(kept, measured["current"].get("bucket", 0)), (label, kept, measured)
-            assert _close(kept, measured["bucket_info"]), (label, kept, measured)
+            assert measured["current"].get("bucket", 0) == 0, (label, measured)
+            assert measured["bucket_info"] == 0, (label, measured)
             assert _close(gathered, measured["peak"].get("gathered_param", 0)), (label, gathered,
                                                                           measured["peak"])
             # released after the step
@@ -210,19 +209,20 @@ def test_stage3_buckets_root_persistence_and_optimizer_variants(model):
     _check(shapes, 2, ROOT_GRID, ROOT_KNOBS, results)
     grown = {name: est.estimate(shapes, est.setup_from_config(
         _config("bf16", ROOT_KNOBS[name]), 2)[0], 3) for name in ROOT_KNOBS}
-    # Buckets are made per unit and freed after its reduce-scatter: only the persistent
-    # group's pieces stay between steps. A tied head with persistent norms (tiny, external):
+    # Buckets are made per unit and freed after its reduce-scatter (the persistent group's
+    # pieces too, counted apart here). A tied head with persistent norms (tiny, external):
     # the root's partitioned gradients (the embeddings) all come at the end, one bucket at a
     # time suffices; an untied head's gradient comes first, and so does a partitioned final
     # norm's: the root's bucket and a block's live together.
     def in_backward(name):
         estimate = grown[name]
-        return estimate.categories["bucket"]["bytes"] - estimate.stage3["bucket_kept_bytes"]
+        return (estimate.categories["bucket"]["bytes"]
+                - estimate.stage3["persistent_bucket_bytes"])
 
     root, blocks = _bucket_sizes(shapes, grown["overlap-off"])  # bf16: (U + U/N)·2 bytes
     assert in_backward("overlap-off") == (max([root, *blocks]) if model != "untied"
                                           else root + max(blocks))
-    assert grown["overlap-off-nothing-persistent"].stage3["bucket_kept_bytes"] == 0
+    assert grown["overlap-off-nothing-persistent"].stage3["persistent_bucket_bytes"] == 0
     root, blocks = _bucket_sizes(shapes, grown["overlap-off-nothing-persistent"])
     assert in_backward("overlap-off-nothing-persistent") == root + max(blocks)
     live = grown["no-prefetch-no-reuse"].stage3["working_set"]["live_at_peak"]
@@ -394,9 +394,8 @@ def test_the_first_boundary_backward_keeps_the_bucket_pool_at_its_slots():
     setup, _ = est.setup_from_config(_config("bf16", {"overlap_comm": False}, gas=1), 2)
     estimate = est.estimate(shapes, setup, 3)
     bucket = estimate.categories["bucket"]["bytes"]
-    kept = estimate.stage3["bucket_kept_bytes"]  # the persistent group's pieces
     for current, peak in run_distributed(_first_boundary_buckets, 2):
-        assert current == kept
+        assert current == 0
         # one unit's bucket at a time in backward (measured: 2 when TinyGPT's 2 blocks held
         # theirs at once)
         assert peak == bucket, (peak, bucket)

@@ -14,9 +14,8 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
                          Communicator& communicator, std::vector<std::size_t> expected,
                          std::optional<at::TensorOptions> bucket_options,
                          const std::vector<std::size_t>& shared, bool quantized,
-                         Communicator* replicate, BucketPolicy buckets)
+                         Communicator* replicate)
     : mode_(mode),
-      buckets_(buckets),
       quantized_(quantized),
       layout_(layout),
       grads_(std::move(grads)),
@@ -50,10 +49,7 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   launched_.assign(layout_.unit_count(), false);
   zeroed_.assign(layout_.unit_count(), false);
   if (mode_ != ReduceMode::kAllReduce) {
-    initial_slots_ = std::min<std::size_t>(overlap_comm ? 2 : 1, layout_.unit_count());
-    for (std::size_t i = 0; buckets_ == BucketPolicy::kPool && i < initial_slots_; ++i) {
-      add_slot(layout_.max_unit_numel());  // up front: the memory report shows them at once
-    }
+    slot_limit_ = std::min<std::size_t>(overlap_comm ? 2 : 1, layout_.unit_count());
   }
 }
 
@@ -76,25 +72,12 @@ GradReducer::Slot& GradReducer::add_slot(std::int64_t numel) {
 }
 
 GradReducer::Slot& GradReducer::acquire_slot(std::int64_t numel) {
-  if (buckets_ == BucketPolicy::kPool) {
-    for (auto& slot : slots_) {
-      if (!slot->filling && !slot->in_flight) {
-        slot->filling = true;
-        return *slot;
-      }
-    }
-  } else if (slots_.size() < initial_slots_) {
-    Slot& slot = add_slot(numel);
-    slot.filling = true;
-    return slot;
+  // The oldest bucket on the wire is waited for (and freed) before a bucket beyond the limit
+  // is made; only when every bucket is still filling does the backward hold more (the
+  // report's peak shows it).
+  while (slots_.size() >= slot_limit_ && wait_for_a_bucket()) {
   }
-  // Every bucket is taken: the oldest one on the wire is waited for (free again, or freed
-  // under kPerUnit). Only when every bucket is still filling does the pool grow beyond its
-  // slots (the report's peak shows it).
-  if (wait_for_a_bucket()) return acquire_slot(numel);
-  Slot& slot = add_slot(buckets_ == BucketPolicy::kPool ? layout_.max_unit_numel() : numel);
-  slot.filling = true;
-  return slot;
+  return add_slot(numel);
 }
 
 bool GradReducer::wait_for_a_bucket() {
@@ -119,10 +102,8 @@ void GradReducer::release(Slot* slot) {
 
 GradReducer::Slot& GradReducer::slot_for(std::size_t unit) {
   if (slot_of_unit_[unit] == nullptr) {
-    Slot& slot = acquire_slot(layout_.unit(unit).numel());
-    // alignment gaps and padding must add nothing (a kPerUnit bucket is new, zero-filled)
-    if (buckets_ == BucketPolicy::kPool) slot.full.tensor().zero_();
-    slot_of_unit_[unit] = &slot;
+    // new and zero-filled: alignment gaps and padding add nothing
+    slot_of_unit_[unit] = &acquire_slot(layout_.unit(unit).numel());
   }
   return *slot_of_unit_[unit];
 }
@@ -167,9 +148,7 @@ void GradReducer::launch(std::size_t unit) {
     return;
   }
   Slot& slot = slot_for(unit);
-  slot_of_unit_[unit] = nullptr;  // launched: no more gradients (and kPerUnit frees it)
-  slot.filling = false;
-  slot.in_flight = true;
+  slot_of_unit_[unit] = nullptr;  // launched: no more gradients (freed once reduced)
   at::Tensor input = slot.full.tensor().narrow(0, 0, plan.numel());
   at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   at::Tensor target = grads_.narrow(0, layout_.shard_offset(unit), plan.shard_numel());
@@ -187,8 +166,6 @@ void GradReducer::launch(std::size_t unit) {
 void GradReducer::launch_in_place(std::size_t unit) {
   const core::FlatBufferPlan& plan = layout_.unit(unit);
   Slot& slot = acquire_slot(plan.numel());
-  slot.filling = false;
-  slot.in_flight = true;
   at::Tensor range = grads_.narrow(0, layout_.full_offset(unit), plan.numel());
   at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   at::Tensor mine = range.narrow(0, communicator_.rank() * plan.shard_numel(), plan.shard_numel());
@@ -217,10 +194,7 @@ void GradReducer::wait_oldest() {
   in_flight_.pop_front();
   entry.work->wait();
   if (entry.then) entry.then();
-  if (entry.slot != nullptr) {
-    entry.slot->in_flight = false;
-    if (buckets_ == BucketPolicy::kPerUnit) release(entry.slot);
-  }
+  if (entry.slot != nullptr) release(entry.slot);
 }
 
 void GradReducer::wait_all() {
@@ -233,10 +207,7 @@ void GradReducer::reset() {
   arrivals_.assign(layout_.param_count(), 0);
   launched_.assign(layout_.unit_count(), false);
   for (auto& slot : slot_of_unit_) slot = nullptr;
-  // a grown pool shrinks back (kPerUnit: every bucket was freed when its unit was done)
-  const std::size_t kept = buckets_ == BucketPolicy::kPool ? initial_slots_ : 0;
-  while (slots_.size() > kept) slots_.pop_back();
-  for (auto& slot : slots_) slot->filling = false;
+  slots_.clear();  // normally empty already; a backward cut short may leave a filling bucket
 }
 
 }  // namespace zero::adapter

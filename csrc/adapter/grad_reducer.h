@@ -33,15 +33,11 @@ namespace zero::adapter {
 
 enum class ReduceMode { kAllReduce, kReduceScatterInPlace, kReduceScatter };
 
-// Where the reduce-scatter buckets come from.
-//   kPool     buckets of the largest unit, made up front and kept between steps (stages 1-2:
-//             units are reduce_bucket_size, every bucket is used in every backward).
-//   kPerUnit  (stage 3, whose units are the model's modules of very different sizes) each
-//             bucket is made for its unit when the unit's first gradient arrives, sized to it,
-//             and freed as soon as its reduce-scatter is waited for: nothing is kept between
-//             steps, and the backward holds at most `slots` units' buckets at once (two with
-//             overlap_comm), more only while that many units are all still filling.
-enum class BucketPolicy { kPool, kPerUnit };
+// The reduce-scatter buckets (stages 1-3): each is made for its unit when the unit's first
+// gradient arrives (its reduce-scatter, at stage 1), sized to it, and freed as soon as its
+// reduce-scatter is waited for: nothing is kept between steps, and a backward holds at most
+// `slots` units' buckets at once (two with overlap_comm), more only while that many units
+// are all still filling (a tied weight's unit fills over the whole backward).
 
 class GradReducer {
  public:
@@ -60,7 +56,7 @@ class GradReducer {
               std::vector<std::size_t> expected = {},
               std::optional<at::TensorOptions> bucket_options = std::nullopt,
               const std::vector<std::size_t>& shared = {}, bool quantized = false,
-              Communicator* replicate = nullptr, BucketPolicy buckets = BucketPolicy::kPool);
+              Communicator* replicate = nullptr);
 
   // Parameter `param`'s gradient (or, for a shared one, one more contribution to it) is
   // final for this backward (kReduceScatter copies it). Returns its unit if that unit is now
@@ -76,7 +72,7 @@ class GradReducer {
   // launched at the end of backward: their gradients count as zero.
   void launch(std::size_t unit);
   void wait_all();
-  // Ready for the next backward; buckets beyond the initial pool are freed (kPerUnit: all).
+  // Ready for the next backward (every bucket was freed when its unit was done).
   void reset();
   // The owner has just zeroed `grads` (a new accumulation window): each unit's next reduced
   // gradient is copied in instead of added, which for a host shard (optimizer offload) is one
@@ -90,8 +86,6 @@ class GradReducer {
   struct Slot {
     TrackedTensor full;   // one unit's gradients, reduce-scatter input (kReduceScatter only)
     TrackedTensor piece;  // this rank's 1/N, reduce-scatter output
-    bool filling = false;
-    bool in_flight = false;
   };
   struct InFlight {
     Slot* slot = nullptr;  // the reduce-scatter modes only
@@ -105,11 +99,10 @@ class GradReducer {
   Slot& acquire_slot(std::int64_t numel);
   Slot& add_slot(std::int64_t numel);
   bool wait_for_a_bucket();  // false: no bucket is on the wire
-  void release(Slot* slot);  // kPerUnit: a bucket whose reduce-scatter is done
+  void release(Slot* slot);  // a bucket whose reduce-scatter is done
   void wait_oldest();
 
   ReduceMode mode_;
-  BucketPolicy buckets_;
   bool quantized_;
   const core::ShardedLayout& layout_;
   at::Tensor grads_;
@@ -125,7 +118,7 @@ class GradReducer {
   std::vector<Slot*> slot_of_unit_;
   std::vector<bool> launched_;
   std::vector<bool> zeroed_;  // per unit: its range of `grads` holds zeros (grads_zeroed)
-  std::size_t initial_slots_ = 0;  // kPool: made up front; kPerUnit: the most live at once
+  std::size_t slot_limit_ = 0;  // the most buckets live at once while one is on the wire
   std::deque<std::unique_ptr<Slot>> slots_;
   std::deque<InFlight> in_flight_;    // oldest first
 };

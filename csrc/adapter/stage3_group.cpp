@@ -83,7 +83,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                                            options_.overlap_comm, grad_shard_.tensor(), registry,
                                            communicator_, std::move(expected), model_options_,
                                            options_.shared_params, options_.quantized_gradients,
-                                           replicate_.get(), BucketPolicy::kPerUnit);
+                                           replicate_.get());
   grad_shard_.clear();  // on the device: no memory until the first gradient (grad_ready)
 }
 

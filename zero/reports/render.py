@@ -320,7 +320,7 @@ def plot(series: list[Series], png: str, max_panels: int = 16) -> str:
     """One row per rank, one column per location that held bytes (device, host pinned, host
     pageable, NVMe): memory by category (stacked, current bytes) across steps, the location's
     peak so far (dashed; the band between it and the stack is what was transient during the
-    steps: gathered parameters, device staging, a grown bucket pool), and the ZeRO formula's
+    steps: gathered parameters, device staging, gradient buckets), and the ZeRO formula's
     model states at that location (dotted). Each column has its own unit (MiB or GiB)."""
     plt = _pyplot()
     shown = series[:max_panels]

@@ -13,17 +13,18 @@ and every category is the byte count the engine's accounting registry reports af
                      0 when training in fp32 without optimizer offload (the parameter
                      shard is the master)
     optimizer_state  8·Ψ or 8·Ψ/N (Adam)      4· (SGD with momentum)    0 (plain SGD)
-    bucket           0 (stage 0)              stage 1: Σ over groups of min(slots, units)·U/N·b;
-                                              stage 2: Σ over groups of
-                                              min(slots, units)·(U + U/N)·b, U = the group's
-                                              largest unit, slots = 2 with overlap_comm, else
-                                              1; stage 3: per unit, in backward only, the
+    bucket           0 (stage 0)              made per unit at its first gradient (stage 1:
+                                              at its reduce-scatter) and freed once reduced:
+                                              the backward's peak, nothing between steps.
+                                              stage 1: Σ over groups of slots·U/N·b;
+                                              stage 2: Σ over groups of slots·(U + U/N)·b,
+                                              U over the `slots` neighbouring units (launch
+                                              order) that hold the most, slots = 2 with
+                                              overlap_comm, else 1; stage 3: the
                                               min(slots, units) largest units' (U + U/N)·b
                                               (1 slot: 2 when the root's bucket fills over all
                                               of backward), + the persistent group's
-                                              min(slots, units)·Up/N·b, kept
-                                              (`stage3.bucket_kept_bytes`: what stays between
-                                              steps)
+                                              min(slots, units)·Up/N·b
     gathered_param   0 (stages 0-2)           stage 3: W·b, W = the most elements gathered at
                                               once (peak), from the gather schedule's rule
 

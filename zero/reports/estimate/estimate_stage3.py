@@ -7,7 +7,7 @@ from typing import Optional
 from .categories import (WHERE, category_row, gradient_location, master_bytes, split_partial,
                          term)
 from .gather_schedule import WorkingSet, describe_live, short_count, simulate_stage3_schedule
-from .layout import Stage3Layout, stage3_layout
+from .layout import Stage3Layout, bucket_peak_numel, stage3_layout
 from .options import Option
 from .params_on_nvme import ParamPlacement, param_placement, param_row_on_nvme
 from .result import Estimate
@@ -26,7 +26,7 @@ def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
     overlap = setup.overlap_for(3) if overlap_comm is None else overlap_comm
     params = _param_placement(shapes, setup, option, layout)
     categories = _model_states(layout, setup, option, params)
-    categories["bucket"], kept_bytes, group_rows = _buckets(layout, setup, overlap)
+    categories["bucket"], persistent_buckets, group_rows = _buckets(layout, setup, overlap)
     work = simulate_stage3_schedule(layout.unit_numel, setup.prefetch_bucket_size,
                                     setup.max_live_parameters, setup.max_reuse_distance,
                                     setup.max_inflight_gathers, shapes.externals,
@@ -37,7 +37,7 @@ def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
     split_partial(categories, setup, option, group_shards)
     categories["staging"], offload = _staging(shapes, setup, option, layout.numel, work,
                                               group_shards, params)
-    detail = _detail(shapes, setup, layout, work, kept_bytes, overlap, params)
+    detail = _detail(shapes, setup, layout, work, persistent_buckets, overlap, params)
     largest_unit = max((numel for rows in layout.group_units for _, numel, _ in rows), default=0)
     return Estimate(option=option, setup=setup, categories=categories, numel=layout.numel,
                     shard_numel=layout.shard_numel, max_unit_numel=largest_unit,
@@ -114,21 +114,21 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
 
 
 def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, int, list[dict]]:
-    """(the bucket row, the bytes kept between steps, the per-group rows).
+    """(the bucket row, the persistent group's part of it, the per-group rows).
 
-    One GradReducer per partitioned group, its buckets made per unit (grad_reducer.h
-    kPerUnit): a unit's bucket (its numel + numel/N elements) exists from its first gradient
+    One GradReducer per partitioned group, its buckets made per unit (grad_reducer.h): a
+    unit's bucket (its numel + numel/N elements) exists from its first gradient
     to the end of its reduce-scatter, and none is kept between steps. At most `slots` of them
     live at once (two with overlap_comm: one on the wire while the next fills), and the two
     largest units do meet: the root unit's bucket fills from its first gradient to its last
     (the embeddings, at the end of backward) while a block's is on the wire. With one slot
     and the root's parameters used after the blocks (final norm, untied head: its bucket
     fills over the whole backward) the pool grows to two for the backward. The persistent
-    (stage-1) group's reducer keeps min(slots, units) pieces of Up/N."""
+    (stage-1) group's reducer adds min(slots, units) pieces of Up/N, in backward only."""
     n, b = setup.world_size, setup.param_bytes
     n3 = setup.partition_world  # the partitioned groups' ranks (MiCS: the shard group)
     slots = 2 if overlap else 1
-    bucket_bytes = kept_bytes = 0
+    bucket_bytes = persistent_bytes = 0
     group_rows, grown = [], False
     for rows, root_early in zip(layout.group_units, layout.root_early_grads):
         blocks = sum(1 for unit, _, _ in rows if unit != 0)
@@ -138,11 +138,10 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
         bucket_bytes += _live_bucket_numel(rows, n3, live, filling == 2) * b
         group_rows.append({"numel": sum(r[1] for r in rows), "shard_numel": sum(r[2] for r in rows),
                            "max_unit_numel": max(r[1] for r in rows), "unit_count": len(rows),
-                           "block_units": blocks, "buckets_kept": 0, "buckets_peak": live})
-    for group in layout.persistent:  # a stage-1 group: piece-sized buckets, kept
-        pieces = min(slots, group.unit_count) * (group.max_unit_numel // n) * b
-        kept_bytes += pieces
-        bucket_bytes += pieces
+                           "block_units": blocks, "buckets_peak": live})
+    for group in layout.persistent:  # a stage-1 group: piece-sized buckets in backward
+        persistent_bytes += bucket_peak_numel(group, slots, whole_units=False) * b
+    bucket_bytes += persistent_bytes
     sum_text = "Σ groups " if len(layout.group_units) > 1 else ""
     if not layout.numel:
         bucket_formula = "0"
@@ -152,7 +151,7 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
         bucket_formula = f"{sum_text}(U + U/N)·{b}"
     if layout.persistent:
         bucket_formula += f" + {slots}·Up/N·{b}"
-    return category_row(bucket_bytes, bucket_formula), kept_bytes, group_rows
+    return category_row(bucket_bytes, bucket_formula), persistent_bytes, group_rows
 
 
 def _live_bucket_numel(rows: list, n: int, live: int, root_early: bool) -> int:
@@ -202,7 +201,7 @@ def _staging(shapes: ModelShapes, setup: Setup, option: Option, psi: int, work: 
 
 
 def _detail(shapes: ModelShapes, setup: Setup, layout: Stage3Layout, work: WorkingSet,
-            kept_bytes: int, overlap: bool, params: Optional[ParamPlacement]) -> dict:
+            persistent_buckets: int, overlap: bool, params: Optional[ParamPlacement]) -> dict:
     """Estimate.stage3: the units, the working set, the bounds and what the engine raises."""
     partitioned_units = [u for u, numel in enumerate(layout.unit_numel) if numel]
     names = list(shapes.unit_names) + [""] * len(layout.unit_numel)
@@ -211,7 +210,6 @@ def _detail(shapes: ModelShapes, setup: Setup, layout: Stage3Layout, work: Worki
                   for u in partitioned_units],
         "persistent_tensors": layout.persistent_count,
         "persistent_units": sum(group.unit_count for group in layout.persistent),
-        "bucket_kept_bytes": kept_bytes,  # the pool between steps (`current` after a step)
         "working_set": {"peak_numel": work.peak_numel,
                         "live_at_peak": [names[u] or "<root>" for u in work.live_at_peak],
                         "live_at_peak_text": describe_live(work.live_at_peak, names),
@@ -225,6 +223,8 @@ def _detail(shapes: ModelShapes, setup: Setup, layout: Stage3Layout, work: Worki
                                              for u in work.inflight_at_peak]},
         "bounds": setup.stage3_dict(),
         "overlap_comm": overlap,
+        # the persistent (stage-1) group's piece buckets, part of the bucket row
+        "persistent_bucket_bytes": persistent_buckets,
         # what the engine raises: the live bound, parameters on NVMe (offload detail)
         "error": "; ".join(e for e in (work.error, params.error if params else "") if e),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .categories import (WHERE, category_row, gradient_location, master_bytes, split_partial,
                          term)
-from .layout import layouts
+from .layout import bucket_peak_numel, layouts
 from .options import Option
 from .params_on_nvme import param_placement, param_row_on_nvme
 from .result import Estimate
@@ -44,13 +44,11 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
         "fp32_master": row(master_bytes(setup, option), stage >= 1, opt_location),
         "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
     }
-    # GradReducer: min(slots, units) buckets per group; at stage 2 each a full unit + its 1/N
-    # piece, at stage 1 the piece alone (the unit is reduce-scattered out of the gradients).
-    full_unit = 1 if stage >= 2 else 0
+    # GradReducer: per group, the backward's peak of `slots` neighbouring units' buckets; at
+    # stage 2 each a full unit + its 1/N piece, at stage 1 the piece alone (the unit is
+    # reduce-scattered out of the gradients). None is kept between steps.
     bucket_bytes = 0 if stage == 0 else sum(
-        min(slots, layout.unit_count) *
-        (full_unit * layout.max_unit_numel + layout.max_unit_numel // n) * b
-        for layout in group_layouts)
+        bucket_peak_numel(layout, slots, whole_units=stage >= 2) * b for layout in group_layouts)
     sum_text = "Σ groups " if len(group_layouts) > 1 else ""
     categories["bucket"] = category_row(bucket_bytes, f"{sum_text}{slots}·(U + U/N)·{b}"
                                         if stage >= 2 else f"{sum_text}{slots}·U/N·{b}")

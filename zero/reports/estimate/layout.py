@@ -20,6 +20,17 @@ def layouts(shapes: ModelShapes, setup: Setup, stage: int, reduce_bucket_size: i
             for group in shapes.groups]
 
 
+def bucket_peak_numel(layout, slots: int, whole_units: bool) -> int:
+    """The most bucket elements a stages 1-2 style reducer (grad_reducer.h) holds at once:
+    buckets are made per unit, sized to it, and freed once reduced, so at most `slots`
+    neighbours in launch order (the reverse of the layout's) live together, each its 1/N
+    piece plus, with `whole_units` (stage 2), the unit itself."""
+    sizes = [(layout.unit(u).numel if whole_units else 0) + layout.unit(u).shard_numel
+             for u in range(layout.unit_count)]
+    width = max(1, min(slots, len(sizes)))
+    return max((sum(sizes[i:i + width]) for i in range(len(sizes) - width + 1)), default=0)
+
+
 @dataclass
 class Stage3Layout:
     """What `zero.sharding.shard_groups` lays out, per optimizer group: the partitioned
