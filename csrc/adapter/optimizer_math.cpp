@@ -60,12 +60,19 @@ void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const a
   params.step = step;
   params.grad_scale = static_cast<float>(grad_scale);
   const bool has_out = out16.defined();
+  TORCH_CHECK(!has_out || (host_contiguous(out16) && out16.numel() == master.numel()),
+              "zero: the host Adam step writes 16-bit parameters into a contiguous host tensor "
+              "of ", master.numel(), " elements");
   core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
                   elem_type(grads.scalar_type()), exp_avg.data_ptr<float>(),
                   exp_avg_sq.data_ptr<float>(), master.numel(),
                   has_out ? out16.data_ptr() : nullptr,
                   has_out ? elem_type(out16.scalar_type()) : core::ElemType::kBF16,
                   core::best_isa(), num_threads);
+  // raw writes: bump the version counters as in-place ops would (autograd's checks)
+  for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq, &out16}) {
+    if (t->defined() && !t->is_inference()) t->unsafeGetTensorImpl()->bump_version();
+  }
 }
 
 void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer, bool first_step,
