@@ -187,18 +187,20 @@ def test_fp32_training_needs_no_separate_master_copy():
 
 # ---- accumulation and no_sync ---------------------------------------------------------------
 
-def _no_sync(rank, world, stage):
+def _no_sync(rank, world, stage, gas=2):
+    """A micro-step under no_sync(), then one outside it and the step."""
     import zero
 
     engine, _, _, _ = zero.initialize(model=training.make_model(),
-                                      config=training.engine_config(stage, gas=2))
+                                      config=training.engine_config(stage, gas=gas))
     data = training.batches(world, 1, 2)
     engine.core.reset_comm_stats()
     with engine.no_sync():
         tokens, targets = data[rank]
         engine.backward(engine(tokens, targets))
     during = engine.core.comm_stats()["total_bytes"]
-    engine.step()
+    if gas > 1:
+        engine.step()  # not a boundary: nothing to do yet
     tokens, targets = data[world + rank]
     engine.backward(engine(tokens, targets))
     engine.step()
@@ -214,6 +216,19 @@ def test_no_sync_sends_nothing_and_accumulation_still_matches_the_reference():
         assert after
         for name, expected in ref_params.items():
             assert training.relative_error(params[name], expected) < 1e-5, name
+
+
+def test_no_sync_at_stage_1_with_one_micro_step_communicates_and_adds_up():
+    """With gradient_accumulation_steps 1 stage 1 shards its gradients in backward, so a
+    micro-step inside no_sync() is reduced at once (it has no full buffer to wait in); the
+    step applies the same accumulated gradients as stage 0, which waits."""
+    world = 2
+    stage0 = run_distributed(_no_sync, world, args=(0, 1))
+    stage1 = run_distributed(_no_sync, world, args=(1, 1))
+    for (waited, _, expected), (during, _, params) in zip(stage0, stage1):
+        assert waited == 0 and during > 0
+        for name, value in expected.items():
+            assert training.relative_error(params[name], value) < 1e-5, name
 
 
 def _no_sync_stage2(rank, world):
@@ -420,25 +435,26 @@ def test_fp16_auto_cast_casts_float_inputs_and_leaves_integer_ids():
     assert "dtype" in run_distributed(_auto_cast, 1, args=(False,))[0]
 
 
-def _bytes_of_one_step(rank, world, stage):
+def _bytes_of_one_step(rank, world, stage, gas):
     import zero
 
     engine, _, _, _ = zero.initialize(model=training.make_model(),
-                                      config=training.engine_config(stage, gas=1))
-    training.train_engine(engine, rank, world, 1, 1)  # warm-up (stage 3 learns its order)
+                                      config=training.engine_config(stage, gas=gas))
+    training.train_engine(engine, rank, world, 1, gas)  # warm-up (stage 3 learns its order)
     engine.core.reset_comm_stats()
-    training.train_engine(engine, rank, world, 1, 1, first_step=1)
+    training.train_engine(engine, rank, world, 1, gas, first_step=1)
     stats = dict(engine.core.comm_stats())
     padded = sum(engine.core.group_numel(g) for g in range(engine.core.group_count))
     return stats, padded, engine.dtype.itemsize
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_a_stage_1_or_2_step_sends_2_psi(stage):
+@pytest.mark.parametrize("stage, gas", [(1, 1), (1, 2), (2, 1)])
+def test_a_stage_1_or_2_step_sends_2_psi(stage, gas):
     """The ZeRO paper's P_os and P_os+g: reduce-scatter the gradients, all-gather the
-    parameters: 2Ψ per step per rank (stage 1 used to all-reduce: 3Ψ). Scalars (the norm)
-    aside, nothing else moves."""
-    for stats, padded, itemsize in run_distributed(_bytes_of_one_step, 2, args=(stage,)):
+    parameters: 2Ψ per step per rank (stage 1 used to all-reduce: 3Ψ), with stage 1's
+    micro-steps accumulated locally (gas 2) or its gradients sharded in backward (gas 1).
+    Scalars (the norm) aside, nothing else moves."""
+    for stats, padded, itemsize in run_distributed(_bytes_of_one_step, 2, args=(stage, gas)):
         assert stats["reduce_scatter_bytes"] == padded * itemsize
         assert stats["all_gather_bytes"] == padded * itemsize
         assert stats["all_reduce_bytes"] <= 64  # the global norm

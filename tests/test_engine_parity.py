@@ -53,3 +53,35 @@ def test_bf16_tracks_the_fp32_reference(stage):
         assert losses == pytest.approx(ref_losses, rel=2e-2)
         for name, expected in ref_params.items():
             assert training.relative_error(params[name], expected) < 5e-2, name
+
+
+def _train_one_micro_step(rank, world):
+    import zero
+
+    model = training.make_model(freeze_position_embedding=True)
+    engine, _, _, _ = zero.initialize(model=model, config=training.engine_config(1, gas=1))
+    losses = training.train_engine(engine, rank, world, STEPS, 1)
+    report = engine.memory_report()
+    psi = sum(engine.core.group_numel(g) for g in range(engine.core.group_count))
+    return (losses, training.parameters_of(engine.module), report["categories"]["gradient"],
+            report["model_state_formula"], psi)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_stage_1_with_one_micro_step_shards_its_gradients(world):
+    """gradient_accumulation_steps 1 leaves stage 1 nothing to accumulate: its gradients go
+    into each rank's shard in backward, as at stage 2 (4Ψ/N bytes from the first gradient to
+    the step, none between steps, no full buffer), and it still trains exactly like the
+    single-process reference."""
+    config = training.engine_config(1, gas=1)
+    ref_losses, ref_params = training.train_reference(world, STEPS, 1, config,
+                                                      freeze_position_embedding=True)
+    for losses, params, gradient, formula, psi in run_distributed(
+            _train_one_micro_step, world, timeout=240):
+        assert losses == pytest.approx(ref_losses, rel=1e-5)
+        for name, expected in ref_params.items():
+            assert training.relative_error(params[name], expected) < 1e-5, name
+        assert gradient["peak"] == gradient["expected"] == 4 * psi // world
+        assert gradient["current"] == 0
+        assert formula == "4Ψ + 12Ψ/N"  # fp32: parameters 4Ψ, gradients 4Ψ/N, Adam 8Ψ/N
+

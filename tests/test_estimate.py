@@ -20,13 +20,17 @@ GRID = [(stage, precision, {}) for stage in (0, 1, 2) for precision in ("fp32", 
     (2, "fp32", {"bucket": 500}),               # units smaller than most parameters
     (1, "bf16", {"bucket": 500}),
     (2, "fp32", {"optimizer": "sgd_momentum"}),  # 4 bytes of state per element
+    # stage 1 accumulating micro-steps in its full gradient buffer (with gas 1 it shards)
+    (1, "fp32", {"gas": 2}),
+    (1, "bf16", {"gas": 2, "overlap_comm": True}),
 ]
 
 
 def _config(stage, precision, overrides):
     overrides = dict(overrides)
     optimizer = overrides.pop("optimizer", "adam")
-    config = training.engine_config(stage, gas=1, precision=precision, **overrides)
+    gas = overrides.pop("gas", 1)
+    config = training.engine_config(stage, gas=gas, precision=precision, **overrides)
     if optimizer == "sgd_momentum":
         config["optimizer"] = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
     return config, optimizer
@@ -41,7 +45,7 @@ def _measure(rank, world, grid):
         config, _ = _config(stage, precision, overrides)
         engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
         engine.core.reset_comm_stats()
-        training.train_engine(engine, rank, world, 1, 1)
+        training.train_engine(engine, rank, world, 1, config["gradient_accumulation_steps"])
         report = engine.memory_report()
         comm = engine.core.comm_stats()
         out.append({"numel": report["numel"],
@@ -64,7 +68,8 @@ def test_estimate_equals_the_engines_measured_bytes_exactly(world):
             zero_cfg = config["zero_optimization"]
             setup = est.Setup(world_size=world, precision=precision, optimizer=optimizer,
                               reduce_bucket_size=zero_cfg["reduce_bucket_size"],
-                              overlap_comm=zero_cfg.get("overlap_comm"))
+                              overlap_comm=zero_cfg.get("overlap_comm"),
+                              gradient_accumulation_steps=config["gradient_accumulation_steps"])
             estimate = est.estimate(shapes, setup, stage)
             label = f"stage {stage} {precision} {overrides} N={world}"
             assert estimate.numel == measured["numel"], label
@@ -86,7 +91,8 @@ def test_estimate_equals_the_engines_measured_bytes_exactly(world):
             assert estimate.device_bytes == measured["peak_total"], label  # no hidden peak
             # The tuner's communication model: gradient and parameter payload exactly; the
             # engine adds only scalar all-reduces (the gradient norm for clipping).
-            payload, calls = tuner.communication(stage, estimate, setup.param_bytes, 1)
+            payload, calls = tuner.communication(stage, estimate, setup.param_bytes,
+                                                 setup.gradient_accumulation_steps)
             measured_bytes, measured_calls = measured["comm"]
             assert 0 <= measured_bytes - payload <= 64, (label, measured["comm"], payload)
             assert 0 <= measured_calls - calls <= 2, (label, measured["comm"], calls)
@@ -220,15 +226,18 @@ def test_a_stage3_config_is_read_and_a_budget_nothing_fits_writes_nothing(tmp_pa
 
 # ---- the tuner ------------------------------------------------------------------------------
 
-def _setup(overlap=None):
+def _setup(overlap=None, gas=2):
+    """training.engine_config's set-up: two micro-steps per step (stage 1 accumulates)."""
     return est.Setup(world_size=2, precision="bf16", reduce_bucket_size=3000,
-                     overlap_comm=overlap)
+                     overlap_comm=overlap, gradient_accumulation_steps=gas)
 
 
 def test_the_tuner_takes_the_least_communication_that_fits():
     shapes = est.shapes_from_factory(FACTORY)
     totals = {stage: est.estimate(shapes, _setup(), stage).device_bytes for stage in (0, 1, 2)}
     assert totals[0] > totals[1] > totals[2]
+    # one micro-step per step: stage 1 shards its gradients, as much memory as stage 2
+    assert est.estimate(shapes, _setup(gas=1), 1).device_bytes == totals[2]
     assert tuner.tune(shapes, _setup(), totals[0]).chosen.stage == 0
     assert tuner.tune(shapes, _setup(), totals[0] - 1).chosen.stage == 1
     assert tuner.tune(shapes, _setup(), totals[1] - 1).chosen.stage == 2

@@ -44,6 +44,7 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
     return typed(_C.GroupOptions, stage=stage, alignment=alignment,
                  unit_numel=1 if stage == 3 else int(zero_cfg.reduce_bucket_size),
                  overlap_comm=bool(zero_cfg.overlap_comm),
+                 shard_grads=shards_stage1_grads(config) and stage == 1,
                  optimizer=_C.OptimizerKind.__members__[optimizer_kind],
                  sgd_momentum=sgd_momentum, offload=offload,
                  offload_param=offload_param or _C.ParamOffloadOptions(),
@@ -53,6 +54,14 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  hpz_group=stage3_groups.hpz if stage3 else "",
                  mics_shard_group=stage3_groups.mics_shard if stage3 else "",
                  mics_replicate_group=stage3_groups.mics_replicate if stage3 else "")
+
+
+def shards_stage1_grads(config) -> bool:
+    """A stage-1 engine whose every step is one micro-step has nothing to accumulate: its
+    gradients go into each rank's shard in backward, as at stage 2, and no full gradient
+    buffer is kept (GroupOptions::shard_grads). Stage 3's persistent group keeps its own."""
+    return (config.zero_optimization.stage == 1
+            and int(config.gradient_accumulation_steps) == 1)
 
 
 def schedule_options(config, device: torch.device):

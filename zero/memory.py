@@ -25,6 +25,7 @@ class StateLayout:
     optimizer: str        # "adam" | "sgd"
     sgd_momentum: bool = False
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
+    sharded_grads: bool = False  # stage 1, one micro-step per step: gradients sharded as at 2
     offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
     offload_param: bool = False  # stage 3: the parameter shard lives in host memory ...
     param_nvme_numel: int = 0    # ... or this many of its elements on NVMe (offload_param nvme)
@@ -53,7 +54,7 @@ def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
                    or layout.offload_param) else 0
     return {
         "param": (b, stage >= 3),
-        "gradient": (b, stage >= 2),
+        "gradient": (b, stage >= 2 or layout.sharded_grads),
         "fp32_master": (master, stage >= 1),
         "optimizer_state": (optimizer, stage >= 1),
     }

@@ -49,7 +49,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
   const std::int64_t shard = layout_.shard_numel();
   gathering_.assign(layout_.unit_count(), false);
   refresh_master();
-  if (options_.stage == 2) {
+  if (sharded_grads()) {
     grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient, shard, model_options,
                                grads_offloaded(options_), options_.offload.pin_memory);
     reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
@@ -86,7 +86,7 @@ at::Tensor ParamGroup::shard_piece(const at::Tensor& shard, std::size_t unit) co
 }
 
 at::Tensor ParamGroup::grad_piece(std::size_t unit) const {
-  return options_.stage == 2 ? shard_piece(grad_shard_.tensor(), unit)
+  return sharded_grads() ? shard_piece(grad_shard_.tensor(), unit)
                              : full_piece(grad_full_.tensor(), unit);
 }
 
@@ -114,12 +114,12 @@ void ParamGroup::prepare_backward() {
   }
 }
 
-bool ParamGroup::reduces(bool boundary) const { return options_.stage == 2 || boundary; }
+bool ParamGroup::reduces(bool boundary) const { return sharded_grads() || boundary; }
 
 std::optional<std::size_t> ParamGroup::grad_ready(std::size_t index, bool boundary) {
   TORCH_CHECK(index < params_.size(), "zero: parameter index ", index, " outside the group's ",
               params_.size());
-  if (options_.stage == 2) {
+  if (sharded_grads()) {
     // The gradient shard holds memory from the first gradient of an accumulation window to
     // the step, as at stage 3 (DeepSpeed's stage 2 drops its partitions after the step too).
     grad_shard_.restore_memory();
@@ -135,7 +135,7 @@ std::optional<std::size_t> ParamGroup::grad_ready(std::size_t index, bool bounda
 void ParamGroup::finish_backward(bool /*boundary*/) { reducer_->reset(); }
 
 bool ParamGroup::has_nonfinite_grads() const {
-  if (options_.stage == 2) return has_nonfinite(grad_shard_.tensor());
+  if (sharded_grads()) return has_nonfinite(grad_shard_.tensor());
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
     if (has_nonfinite(grad_piece(u))) return true;
   }
@@ -143,7 +143,7 @@ bool ParamGroup::has_nonfinite_grads() const {
 }
 
 double ParamGroup::grad_square_sum() const {
-  if (options_.stage == 2) return square_sum(grad_shard_.tensor());
+  if (sharded_grads()) return square_sum(grad_shard_.tensor());
   double total = 0.0;
   for (std::size_t u = 0; u < layout_.unit_count(); ++u) total += square_sum(grad_piece(u));
   return total;
@@ -175,7 +175,7 @@ void ParamGroup::gather_params() {
 }
 
 void ParamGroup::hold_grads() {
-  if (options_.stage == 2) grad_shard_.restore_memory();
+  if (sharded_grads()) grad_shard_.restore_memory();
 }
 
 void ParamGroup::zero_grads() {

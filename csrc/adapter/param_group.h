@@ -9,7 +9,8 @@
 // The model's parameters become views of the full param buffer, so the all-gather after the
 // step writes straight into them. At stages 0 and 1 param.grad are views of the full grad
 // buffer (autograd accumulates in place); at stage 2 grads are copied into unit buckets as
-// they become ready and released. In fp32 training the master is the param buffer itself
+// they become ready and released. Stage 1 with GroupOptions::shard_grads (one micro-step per
+// step: nothing to accumulate) reduces as stage 2 does and keeps no full grad buffer. In fp32 training the master is the param buffer itself
 // (this rank's pieces of it): no extra copy.
 #include <functional>
 #include <memory>
@@ -52,6 +53,10 @@ struct GroupOptions {
   std::int64_t alignment = 1;  // elements
   std::int64_t unit_numel = 500'000'000;
   bool overlap_comm = true;
+  // Stage 1: gradients go into this rank's shard in backward, as at stage 2, instead of a
+  // full buffer reduced at the accumulation boundary (the engine sets it when every step is
+  // one micro-step, where the full buffer would only cost memory).
+  bool shard_grads = false;
   OptimizerKind optimizer = OptimizerKind::kAdam;
   bool sgd_momentum = false;  // SGD keeps a momentum buffer only when momentum != 0
   OffloadOptions offload;     // optimizer state in host memory (stages 1-3)
@@ -110,6 +115,9 @@ class ParamGroup : public Group {
 
  private:
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
+  bool sharded_grads() const {
+    return options_.stage == 2 || (options_.stage == 1 && options_.shard_grads);
+  }
   std::int64_t piece_numel(std::size_t unit) const { return layout_.unit(unit).shard_numel(); }
   at::Tensor full_piece(const at::Tensor& full, std::size_t unit) const;
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
@@ -123,7 +131,7 @@ class ParamGroup : public Group {
   core::ShardedLayout layout_;
   TrackedTensor param_buffer_;
   TrackedTensor grad_full_;   // stages 0, 1
-  PlacedBuffer grad_shard_;  // stage 2: on the device, or in host memory (grads_offloaded)
+  PlacedBuffer grad_shard_;  // sharded_grads(): on the device, or (grads_offloaded) the host
   ShardState state_;
   std::unique_ptr<GradReducer> reducer_;
   // The all-gathers of stepped units still on the wire (gather_params waits for them).

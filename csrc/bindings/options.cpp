@@ -70,6 +70,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("alignment", &Group::alignment)
       .def_readwrite("unit_numel", &Group::unit_numel)
       .def_readwrite("overlap_comm", &Group::overlap_comm)
+      .def_readwrite("shard_grads", &Group::shard_grads)
       .def_readwrite("optimizer", &Group::optimizer)
       .def_readwrite("sgd_momentum", &Group::sgd_momentum)
       .def_readwrite("offload", &Group::offload)

@@ -77,6 +77,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adam (8 bytes/element of state), sgd_momentum (4), sgd (0); "
                              "default adam or the config's")
     parser.add_argument("--reduce-bucket-size", type=_count, metavar="ELEMENTS")
+    parser.add_argument("--gradient-accumulation-steps", type=_count, metavar="STEPS",
+                        help="micro-steps per step (default: the config's, else 1; with 1, "
+                             "stage 1 shards its gradients as stage 2 does)")
     parser.add_argument("--overlap-comm", action=argparse.BooleanOptionalAction, default=None,
                         help="two reduce buckets instead of one (default: the config's, else "
                              "DeepSpeed's: on at stage 3 only)")
@@ -114,6 +117,7 @@ def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
     world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
     overrides = dict(precision=args.precision, optimizer=args.optimizer,
                      reduce_bucket_size=args.reduce_bucket_size, overlap_comm=args.overlap_comm,
+                     gradient_accumulation_steps=args.gradient_accumulation_steps,
                      persistence_threshold=args.persistence_threshold,
                      prefetch_bucket_size=args.prefetch_bucket_size,
                      max_live_parameters=args.max_live_parameters,

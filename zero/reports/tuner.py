@@ -298,13 +298,15 @@ def _over_budget(est: Estimate, usable: int, host_budget: int | None, nvme_budge
 
 
 def _stage_below_3(shapes: ModelShapes, base: Setup, option: Option, judge) -> bool:
-    """Stages 0-2: bucket sizes from the configured one halving down (stage 2; overlap off
-    before a smaller bucket); True at the first that fits (the last judged)."""
+    """Stages 0-2: bucket sizes from the configured one halving down (stage 2, and stage 1
+    with sharded gradients; overlap off before a smaller bucket); True at the first that fits
+    (the last judged)."""
     stage = option.stage
     overlap = base.overlap_for(stage)
-    overlaps = [overlap, False] if (stage == 2 and overlap) else [overlap]
+    whole_units = base.grads_sharded(stage)  # buckets of whole units (stage 2, often 1)
+    overlaps = [overlap, False] if (whole_units and overlap) else [overlap]
     sizes = (bucket_sizes(base.reduce_bucket_size, shapes.largest_param_numel)
-             if stage == 2 else [base.reduce_bucket_size])
+             if whole_units else [base.reduce_bucket_size])
     seen = set()
     for size in sizes:
         for ov in overlaps:

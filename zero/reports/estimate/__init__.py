@@ -8,7 +8,8 @@ and every category is the byte count the engine's accounting registry reports af
     param            b·Ψ (stages 0-2)         stage 3: b·Ψ/N + b·Ψp
     gradient         b·Ψ (stages 0, 1)        b·Ψ/N (stage 2)      stage 3: b·Ψ/N + b·Ψp
                      (stages 2-3 with the whole optimizer step offloaded: the b·Ψ/N shard
-                     in host memory)
+                     in host memory; stage 1 with gradient_accumulation_steps 1: b·Ψ/N,
+                     its gradients sharded as at stage 2)
     fp32_master      4·Ψ (stage 0)            4·Ψ/N (stages >= 1; stage 3 + 4·Ψp/N)
                      0 when training in fp32 without optimizer offload (the parameter
                      shard is the master)
@@ -17,7 +18,8 @@ and every category is the byte count the engine's accounting registry reports af
                                               at its reduce-scatter) and freed once reduced:
                                               the backward's peak, nothing between steps.
                                               stage 1: Σ over groups of slots·U/N·b;
-                                              stage 2: Σ over groups of slots·(U + U/N)·b,
+                                              stage 2 (and stage 1 with gradient accumulation
+                                              steps 1): Σ over groups of slots·(U + U/N)·b,
                                               U over the `slots` neighbouring units (launch
                                               order) that hold the most, slots = 2 with
                                               overlap_comm, else 1; stage 3: the

@@ -26,6 +26,7 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
     overlap = setup.overlap_for(stage) if overlap_comm is None else overlap_comm
     slots = 2 if overlap else 1
     optimizer_bytes = OPTIMIZER_STATE_BYTES[setup.optimizer]
+    sharded_grads = stage >= 3 or setup.grads_sharded(stage)
 
     def row(coefficient: int, sharded: bool, location: str = "device") -> dict:
         return category_row(coefficient * (shard if sharded else psi),
@@ -40,18 +41,19 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
     categories = {
         "param": (row(b, stage >= 3, WHERE[option.offload_param]) if params is None
                   else param_row_on_nvme(params, b)),
-        "gradient": row(b, stage >= 2, gradient_location(setup, option)),
+        "gradient": row(b, sharded_grads, gradient_location(setup, option)),
         "fp32_master": row(master_bytes(setup, option), stage >= 1, opt_location),
         "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
     }
-    # GradReducer: per group, the backward's peak of `slots` neighbouring units' buckets; at
-    # stage 2 each a full unit + its 1/N piece, at stage 1 the piece alone (the unit is
-    # reduce-scattered out of the gradients). None is kept between steps.
+    # GradReducer: per group, the backward's peak of `slots` neighbouring units' buckets;
+    # with sharded gradients each a full unit + its 1/N piece, at stage 1 otherwise the piece
+    # alone (the unit is reduce-scattered out of the gradients). None is kept between steps.
     bucket_bytes = 0 if stage == 0 else sum(
-        bucket_peak_numel(layout, slots, whole_units=stage >= 2) * b for layout in group_layouts)
+        bucket_peak_numel(layout, slots, whole_units=sharded_grads) * b
+        for layout in group_layouts)
     sum_text = "Σ groups " if len(group_layouts) > 1 else ""
     categories["bucket"] = category_row(bucket_bytes, f"{sum_text}{slots}·(U + U/N)·{b}"
-                                        if stage >= 2 else f"{sum_text}{slots}·U/N·{b}")
+                                        if sharded_grads else f"{sum_text}{slots}·U/N·{b}")
     gathered = 2 * largest_unit * b if stage >= 3 else 0
     categories["gathered_param"] = category_row(gathered,
                                                 f"2·U·{b} (unit in use + one prefetched)")

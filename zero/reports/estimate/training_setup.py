@@ -48,6 +48,7 @@ class Setup:
     optimizer: str = "adam"          # adam | sgd | sgd_momentum
     reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
     overlap_comm: Optional[bool] = None  # None: DeepSpeed's default, stage == 3
+    gradient_accumulation_steps: int = 1  # 1: stage 1 shards its gradients as stage 2 does
     # stage 3 (zero_optimization.stage3_*), in elements
     persistence_threshold: int = DEFAULT_PERSISTENCE_THRESHOLD
     prefetch_bucket_size: int = DEFAULT_PREFETCH_BUCKET_SIZE
@@ -82,6 +83,9 @@ class Setup:
             raise EstimateError(f"precision {self.precision!r}: expected one of {PRECISIONS}")
         if self.optimizer not in OPTIMIZERS:
             raise EstimateError(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
+        if self.gradient_accumulation_steps < 1:
+            raise EstimateError(f"gradient_accumulation_steps must be >= 1, got "
+                                f"{self.gradient_accumulation_steps}")
         if self.reduce_bucket_size < 1:
             raise EstimateError(f"reduce_bucket_size must be >= 1, got {self.reduce_bucket_size}")
         for name in ("persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
@@ -154,11 +158,17 @@ class Setup:
     def overlap_for(self, stage: int) -> bool:
         return (stage == 3) if self.overlap_comm is None else bool(self.overlap_comm)
 
+    def grads_sharded(self, stage: int) -> bool:
+        """Whether the gradients are sharded below stage 3: stage 2, and stage 1 with one
+        micro-step per step (zero/boundary.py shards_stage1_grads)."""
+        return stage == 2 or (stage == 1 and self.gradient_accumulation_steps == 1)
+
     def to_dict(self) -> dict:
         return {"world_size": self.world_size, "num_nodes": self.num_nodes,
                 "ranks_per_node": self.ranks_per_node, "precision": self.precision,
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
                 "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
+                "gradient_accumulation_steps": self.gradient_accumulation_steps,
                 "stage3": self.stage3_dict(), "mics_shard_size": self.mics_shard_size,
                 "zero_hpz_partition_size": self.hpz_partition_size,
                 "offload": {"offload_optimizer": self.offload_optimizer,
@@ -210,6 +220,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
         "optimizer": optimizer,
         "reduce_bucket_size": cfg.zero_optimization.reduce_bucket_size,
         "overlap_comm": raw_zero.get("overlap_comm"),  # None: the stage-dependent default
+        "gradient_accumulation_steps": int(cfg.gradient_accumulation_steps),
     }
     for key, name in STAGE3_KEYS.items():
         values[name] = int(getattr(cfg.zero_optimization, key))
