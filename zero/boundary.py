@@ -44,7 +44,8 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
     return typed(_C.GroupOptions, stage=stage, alignment=alignment,
                  unit_numel=1 if stage == 3 else int(zero_cfg.reduce_bucket_size),
                  overlap_comm=bool(zero_cfg.overlap_comm),
-                 shard_grads=shards_stage1_grads(config) and stage == 1,
+                 shard_grads=stage == 1 and grads_sharded(zero_cfg.stage,
+                                                          config.gradient_accumulation_steps),
                  optimizer=_C.OptimizerKind.__members__[optimizer_kind],
                  sgd_momentum=sgd_momentum, offload=offload,
                  offload_param=offload_param or _C.ParamOffloadOptions(),
@@ -56,12 +57,11 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  mics_replicate_group=stage3_groups.mics_replicate if stage3 else "")
 
 
-def shards_stage1_grads(config) -> bool:
-    """A stage-1 engine whose every step is one micro-step has nothing to accumulate: its
-    gradients go into each rank's shard in backward, as at stage 2, and no full gradient
-    buffer is kept (GroupOptions::shard_grads). Stage 3's persistent group keeps its own."""
-    return (config.zero_optimization.stage == 1
-            and int(config.gradient_accumulation_steps) == 1)
+def grads_sharded(stage: int, gradient_accumulation_steps: int) -> bool:
+    """Whether an engine of this ZeRO stage (0-2) keeps only each rank's shard of the
+    gradients: stage 2, and stage 1 when every step is one micro-step (nothing to accumulate,
+    so no full gradient buffer; GroupOptions::shard_grads). The estimator asks the same."""
+    return stage == 2 or (stage == 1 and int(gradient_accumulation_steps) == 1)
 
 
 def schedule_options(config, device: torch.device):

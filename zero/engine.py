@@ -25,7 +25,7 @@ from offload import disk_space
 
 from . import _C, agreement, process_groups, sharding, stage3
 from .parallel import data_group
-from .boundary import shards_stage1_grads
+from .boundary import grads_sharded
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
@@ -505,7 +505,8 @@ class ZeroEngine(nn.Module):
         return [StateLayout(stage=stage, world_size=worlds[stage, momentum], numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,
                             sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1,
-                            sharded_grads=stage == 1 and shards_stage1_grads(self.config),
+                            sharded_grads=stage == 1 and grads_sharded(
+                                self.stage, self.config.gradient_accumulation_steps),
                             offload_optimizer=zero_cfg.offload_optimizer.device,
                             offload_param=stage == 3 and zero_cfg.offload_param.device != "none",
                             param_nvme_numel=param_nvme[stage, momentum],

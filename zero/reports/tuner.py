@@ -303,7 +303,7 @@ def _stage_below_3(shapes: ModelShapes, base: Setup, option: Option, judge) -> b
     (the last judged)."""
     stage = option.stage
     overlap = base.overlap_for(stage)
-    whole_units = base.grads_sharded(stage)  # buckets of whole units (stage 2, often 1)
+    whole_units = base.grads_sharded(stage)  # buckets of whole units (stage 2; 1 at gas 1)
     overlaps = [overlap, False] if (whole_units and overlap) else [overlap]
     sizes = (bucket_sizes(base.reduce_bucket_size, shapes.largest_param_numel)
              if whole_units else [base.reduce_bucket_size])

@@ -159,9 +159,10 @@ class Setup:
         return (stage == 3) if self.overlap_comm is None else bool(self.overlap_comm)
 
     def grads_sharded(self, stage: int) -> bool:
-        """Whether the gradients are sharded below stage 3: stage 2, and stage 1 with one
-        micro-step per step (zero/boundary.py shards_stage1_grads)."""
-        return stage == 2 or (stage == 1 and self.gradient_accumulation_steps == 1)
+        """Whether the gradients are sharded below stage 3 (the engine's rule)."""
+        from zero.boundary import grads_sharded
+
+        return grads_sharded(stage, self.gradient_accumulation_steps)
 
     def to_dict(self) -> dict:
         return {"world_size": self.world_size, "num_nodes": self.num_nodes,
