@@ -1,6 +1,7 @@
 #include "adapter/optimizer_math.h"
 
 #include <cmath>
+#include <optional>
 
 #include <c10/util/Exception.h>
 
@@ -9,12 +10,13 @@
 namespace zero::adapter {
 namespace {
 
-core::ElemType elem_type(at::ScalarType type) {
+// The kernel's element type for a tensor's dtype; none for a dtype it does not take.
+std::optional<core::ElemType> elem_type(at::ScalarType type) {
   switch (type) {
     case at::kFloat: return core::ElemType::kF32;
     case at::kBFloat16: return core::ElemType::kBF16;
     case at::kHalf: return core::ElemType::kF16;
-    default: TORCH_CHECK(false, "zero: the host Adam step takes fp32, bf16 and fp16, not ", type);
+    default: return std::nullopt;
   }
 }
 
@@ -37,8 +39,9 @@ void adam_update(at::Tensor& param, at::Tensor grad, at::Tensor& exp_avg, at::Te
   param.addcdiv_(exp_avg, denom, -hyper.lr / correction1);
 }
 
-bool host_contiguous(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous();
+bool host_adam_takes(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided &&
+         t.is_contiguous() && elem_type(t.scalar_type()).has_value();
 }
 
 void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const at::Tensor& exp_avg,
@@ -46,8 +49,9 @@ void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const a
                       double grad_scale, std::int64_t step, const at::Tensor& out16,
                       int num_threads) {
   for (const at::Tensor* t : {&master, &grads, &exp_avg, &exp_avg_sq}) {
-    TORCH_CHECK(host_contiguous(*t) && t->numel() == master.numel(), "zero: the host Adam "
-                "step needs contiguous host tensors of ", master.numel(), " elements");
+    TORCH_CHECK(host_adam_takes(*t) && t->numel() == master.numel(), "zero: the host Adam "
+                "step needs contiguous fp32/bf16/fp16 host tensors of ", master.numel(),
+                " elements");
   }
   core::AdamParams params;
   params.lr = hyper.lr;
@@ -60,14 +64,14 @@ void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const a
   params.step = step;
   params.grad_scale = static_cast<float>(grad_scale);
   const bool has_out = out16.defined();
-  TORCH_CHECK(!has_out || (host_contiguous(out16) && out16.numel() == master.numel()),
+  TORCH_CHECK(!has_out || (host_adam_takes(out16) && out16.numel() == master.numel()),
               "zero: the host Adam step writes 16-bit parameters into a contiguous host tensor "
               "of ", master.numel(), " elements");
   core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
-                  elem_type(grads.scalar_type()), exp_avg.data_ptr<float>(),
+                  *elem_type(grads.scalar_type()), exp_avg.data_ptr<float>(),
                   exp_avg_sq.data_ptr<float>(), master.numel(),
                   has_out ? out16.data_ptr() : nullptr,
-                  has_out ? elem_type(out16.scalar_type()) : core::ElemType::kBF16,
+                  has_out ? *elem_type(out16.scalar_type()) : core::ElemType::kBF16,
                   core::best_isa(), num_threads);
   // raw writes: bump the version counters as in-place ops would (autograd's checks)
   for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq, &out16}) {

@@ -39,8 +39,9 @@ void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const a
                       const at::Tensor& exp_avg_sq, const OptimizerHyper& hyper,
                       double grad_scale, std::int64_t step, const at::Tensor& out16,
                       int num_threads);
-// Whether host_adam_update takes `t` as it is: on the host, dense and contiguous.
-bool host_contiguous(const at::Tensor& t);
+// Whether host_adam_update takes `t` as it is: on the host, dense, contiguous, and fp32,
+// bf16 or fp16.
+bool host_adam_takes(const at::Tensor& t);
 
 // momentum_buffer is used only when hyper.momentum != 0; first_step seeds it with the grad.
 void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer, bool first_step,

@@ -87,7 +87,7 @@ at::Tensor ParamGroup::shard_piece(const at::Tensor& shard, std::size_t unit) co
 
 at::Tensor ParamGroup::grad_piece(std::size_t unit) const {
   return sharded_grads() ? shard_piece(grad_shard_.tensor(), unit)
-                             : full_piece(grad_full_.tensor(), unit);
+                         : full_piece(grad_full_.tensor(), unit);
 }
 
 void ParamGroup::refresh_master() {

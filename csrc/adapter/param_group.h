@@ -10,8 +10,9 @@
 // step writes straight into them. At stages 0 and 1 param.grad are views of the full grad
 // buffer (autograd accumulates in place); at stage 2 grads are copied into unit buckets as
 // they become ready and released. Stage 1 with GroupOptions::shard_grads (one micro-step per
-// step: nothing to accumulate) reduces as stage 2 does and keeps no full grad buffer. In fp32 training the master is the param buffer itself
-// (this rank's pieces of it): no extra copy.
+// step: nothing to accumulate) reduces as stage 2 does and keeps no full grad buffer. In
+// fp32 training the master is the param buffer itself (this rank's pieces of it): no extra
+// copy.
 #include <functional>
 #include <memory>
 #include <string>

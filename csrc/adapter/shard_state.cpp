@@ -176,14 +176,10 @@ bool ShardState::host_adam(const ShardPiece& piece, const OptimizerHyper& hyper,
   // parameters when they are a plain host tensor, in the same pass.
   const at::Tensor master = master_.defined() ? master_.narrow(0, piece.offset, numel)
                                               : piece.param;
-  auto kernel_dtype = [](const at::Tensor& t) {
-    return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 ||
-           t.scalar_type() == at::kHalf;
-  };
-  const bool writes_params = master_.defined() && !piece.store && host_contiguous(piece.param) &&
-                             piece.param.scalar_type() != at::kFloat && kernel_dtype(piece.param);
-  if (!host_contiguous(master) || !host_contiguous(piece.grad) ||
-      master.scalar_type() != at::kFloat || !kernel_dtype(piece.grad)) {
+  const bool writes_params = master_.defined() && !piece.store && host_adam_takes(piece.param) &&
+                             piece.param.scalar_type() != at::kFloat;
+  if (!host_adam_takes(master) || master.scalar_type() != at::kFloat ||
+      !host_adam_takes(piece.grad)) {
     return false;
   }
   host_adam_update(master, piece.grad, exp_avg_.narrow(0, piece.offset, numel),

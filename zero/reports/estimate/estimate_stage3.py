@@ -124,8 +124,9 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
     (the embeddings, at the end of backward) while a block's is on the wire. With one slot
     and the root's parameters used after the blocks (final norm, untied head: its bucket
     fills over the whole backward) the pool grows to two for the backward. The persistent
-    (stage-1) group's reducer adds min(slots, units) pieces of Up/N, in backward only."""
-    n, b = setup.world_size, setup.param_bytes
+    (stage-1) group's reducer adds, in backward only, the Up/N pieces of its `slots`
+    neighbouring units that hold the most (layout.bucket_peak_numel)."""
+    b = setup.param_bytes
     n3 = setup.partition_world  # the partitioned groups' ranks (MiCS: the shard group)
     slots = 2 if overlap else 1
     bucket_bytes = persistent_bytes = 0
