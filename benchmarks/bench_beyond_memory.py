@@ -110,7 +110,7 @@ def estimator_inputs(args, world: int):
     from zero.reports import estimate as est
 
     shapes = est.shapes_from_module(est.build_on_meta(TinyGPT, gpt_config(vars(args))))
-    setup, stage = est.setup_from_config(engine_config(args), world)
+    setup, stage = est.setup_from_config(engine_config(args), world, cpu_only=True)
     return shapes, setup, stage
 
 
@@ -133,7 +133,7 @@ def tuner_choices(args, budgets=TUNE_BUDGETS) -> list[dict]:
     out = []
     for budget in budgets:
         chosen = tune(shapes, setup, est.parse_bytes(budget) // args.ranks,
-                      nvme_path=args.nvme_path, cpu_only=True).chosen
+                      nvme_path=args.nvme_path).chosen
         option = chosen.option if chosen else None
         out.append({"budget": budget, "recommended": chosen.describe() if chosen else None,
                     "is_this_run": bool(option and option.stage == 3

@@ -139,7 +139,9 @@ def _host(usage: dict) -> dict:
 
 
 def _estimate_for(shapes, world, stage, precision, overrides, nvme_path="/nvme"):
-    setup, selected = est.setup_from_config(_config(stage, precision, overrides, nvme_path), world)
+    # the engine trains on the CPU here: its offloaded step updates the model in place
+    setup, selected = est.setup_from_config(_config(stage, precision, overrides, nvme_path), world,
+                                            cpu_only=True)
     assert selected == stage
     return setup, est.estimate(shapes, setup, stage)  # the config's offload row
 
@@ -284,6 +286,12 @@ def test_offload_rows_in_the_table_and_json(capsys, tmp_path):
     assert "Σ groups 2·C·(2+2) + 2·3·⌈4C⌉ + 5·⌈2·V⌉" in text  # optimizer and params on NVMe
     assert "params on NVMe: 14,224 in a swap file; the host holds buffer_count = 5" in text
     assert "formula only" not in text
+    # A model on the CPU is updated in place: the optimizer's chunks stage no gradients or
+    # parameters, only the NVMe arrays' slots.
+    assert cli.main(["estimate", "--model", FACTORY, "--config", str(path), "--world-size", "2",
+                     "--cpu-only"]) == 0
+    text = capsys.readouterr().out
+    assert "2·C·(2+2)" not in text and "Σ groups 2·3·⌈4C⌉ + 5·⌈2·V⌉" in text
     # Flags pick the row too; parameter offload needs stage 3, offload stage 1+.
     assert cli.main(["estimate", "--model", FACTORY, "--world-size", "2", "--stage", "1",
                      "--offload-optimizer", "cpu"]) == 0

@@ -209,12 +209,19 @@ def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_pa
                                            "nvme_path": str(swap), "buffer_count": 2}
     assert zero_block["offload_optimizer"]["device"] == "nvme"
     rec = tuner.tune(shapes, setup, budget, host_budget=host_budget, nvme_path=str(swap))
+    # The tuner priced a GPU run; these ranks train on the CPU, whose offloaded step stages no
+    # gradients or parameters: the chosen option's estimate for a CPU run is what they hold.
+    chosen = rec.chosen
+    on_cpu = est.estimate(shapes, dataclasses.replace(chosen.estimate.setup, cpu_only=True),
+                          chosen.option, reduce_bucket_size=chosen.reduce_bucket_size,
+                          overlap_comm=chosen.overlap_comm)
+    assert on_cpu.host_bytes < chosen.host_bytes
     for report in run_distributed(_run_tuned, 2, args=(str(out),), timeout=120):
         locations = report["by_location"]
         assert locations["device"]["peak"] <= budget
-        assert _within_buckets(rec.chosen, locations["device"]["peak"])
+        assert _within_buckets(chosen, locations["device"]["peak"])
         host = locations["host_pinned"]["peak"] + locations["host_pageable"]["peak"]
-        assert host == rec.chosen.host_bytes and 2 * host <= host_budget
+        assert host == on_cpu.host_bytes and 2 * host <= host_budget
         assert locations["nvme"]["current"] == rec.chosen.nvme_bytes
         assert report["offload"]["param"] == "nvme"
     assert list(swap.iterdir()) == []
@@ -231,7 +238,8 @@ def test_on_a_cpu_only_machine_host_offload_saves_no_ram(tmp_path, capsys):
     budget = on_host.device_bytes + on_host.host_bytes // 4  # host offload: the device fits
     two_pools = tuner.tune(shapes, setup, budget)
     assert two_pools.chosen.option.offload_optimizer == "cpu"
-    one_pool = tuner.tune(shapes, setup, budget, cpu_only=True, nvme_path=str(tmp_path))
+    one_pool = tuner.tune(shapes, dataclasses.replace(setup, cpu_only=True),
+                          nvme_path=str(tmp_path), budget=budget)
     chosen = one_pool.chosen
     assert chosen is not None and chosen.option.offload_optimizer == "nvme"
     assert chosen.estimate.device_bytes + chosen.estimate.host_bytes <= budget

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 namespace zero::adapter {
@@ -30,16 +31,18 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
   grid_ = {shard_numel, std::min(offload.tile_numel, std::max<std::int64_t>(shard_numel, 1))};
   store_ = make_offload_store(registry, grid_, state_array_names(kind, sgd_momentum), offload);
   const at::ScalarType model_type = device_options.dtype().toScalarType();
+  sixteen_bit_ = model_type != at::kFloat;
+  if (offload.delayed_update) {
+    delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, model_type, offload.pin_memory);
+  }
+  if (device_options.device().is_cpu()) return;  // in place: nothing to stage
   for (int slot = 0; slot < 2; ++slot) {
     staged_grads_[slot] = HostTensor(registry, core::MemoryCategory::kStaging, grid_.chunk,
                                      model_type, offload.pin_memory);
-    if (model_type != at::kFloat) {
+    if (sixteen_bit_) {
       staged_params_[slot] = HostTensor(registry, core::MemoryCategory::kStaging, grid_.chunk,
                                         model_type, offload.pin_memory);
     }
-  }
-  if (offload.delayed_update) {
-    delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, model_type, offload.pin_memory);
   }
   copier_ = std::make_unique<CopyEngine>(device_options.device());
 }
@@ -48,7 +51,7 @@ std::string OffloadedState::why_not_pinned() const {
   std::string why = store_->why_not_pinned();
   for (int slot = 0; slot < 2 && why.empty(); ++slot) {
     why = staged_grads_[slot].why_not_pinned();
-    if (why.empty() && staged_params_[slot].defined()) why = staged_params_[slot].why_not_pinned();
+    if (why.empty()) why = staged_params_[slot].why_not_pinned();
   }
   if (why.empty() && delayed_) why = delayed_->why_not_pinned();
   return why;
@@ -91,13 +94,17 @@ void OffloadedState::load_optimizer_state(const std::string& name, const at::Ten
 void OffloadedState::step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
                           double grad_scale, std::int64_t step) {
   if (!delayed_) {
-    streamed_step(pieces, hyper, grad_scale, step);
+    if (copier_) {
+      streamed_step(pieces, hyper, grad_scale, step);
+    } else {
+      in_place_step(pieces, hyper, grad_scale, step);
+    }
     return;
   }
   delayed_->start(pieces, [this, hyper, grad_scale, step](const at::Tensor& grads,
                                                            const at::Tensor& out,
                                                            std::int64_t chunk) {
-    update_chunk(grads, out, chunk, hyper, grad_scale, step);
+    update(grads, out, chunk, /*at=*/0, hyper, grad_scale, step);
   });
 }
 
@@ -172,10 +179,10 @@ void OffloadedState::streamed_step(const std::vector<ShardPiece>& pieces,
       if (c + 1 < grid_.count()) begin_chunk(c + 1);
       start = Clock::now();
       const std::int64_t numel = grid_.numel(c);
-      update_chunk(staged_grads_[slot].tensor().narrow(0, 0, numel),
-                   staged_params_[slot].defined()
-                       ? staged_params_[slot].tensor().narrow(0, 0, numel) : at::Tensor(),
-                   c, hyper, grad_scale, step);
+      update(staged_grads_[slot].tensor().narrow(0, 0, numel),
+             staged_params_[slot].defined() ? staged_params_[slot].tensor().narrow(0, 0, numel)
+                                            : at::Tensor(),
+             c, /*at=*/0, hyper, grad_scale, step);
       timings_.cpu_optimizer_s += seconds_since(start);
       writes[slot] = store_->flush(c, slot);
       start = Clock::now();
@@ -201,25 +208,77 @@ void OffloadedState::streamed_step(const std::vector<ShardPiece>& pieces,
   }
 }
 
-// Updates one chunk of the state from `grads` (model dtype); `out`, when defined, receives
-// the new parameters in the model dtype.
-void OffloadedState::update_chunk(const at::Tensor& grads, const at::Tensor& out,
-                                  std::int64_t chunk, const OptimizerHyper& hyper,
-                                  double grad_scale, std::int64_t step) {
+// A model on the host: each chunk's segments are updated straight from the pieces' gradients
+// into their parameters; with NVMe, chunk c+1 is read while chunk c is updated and written.
+void OffloadedState::in_place_step(const std::vector<ShardPiece>& pieces,
+                                   const OptimizerHyper& hyper, double grad_scale,
+                                   std::int64_t step) {
+  const std::vector<std::vector<Segment>> chunks = segments(pieces);
+  std::vector<core::IoHandle> reads[2];
+  std::vector<core::IoHandle> writes[2];
+  const Clock::time_point step_start = Clock::now();
+  if (grid_.count() > 0) reads[0] = store_->fetch(0, 0);
+  for (std::int64_t c = 0; c < grid_.count(); ++c) {
+    const int slot = static_cast<int>(c % 2);
+    Clock::time_point start = Clock::now();
+    wait_all(reads[slot]);
+    timings_.grads_in_wait_s += seconds_since(start);
+    if (c + 1 < grid_.count()) {
+      if (store_->slots_reused()) wait_all(writes[1 - slot]);
+      reads[1 - slot] = store_->fetch(c + 1, 1 - slot);
+    }
+    start = Clock::now();
+    for (const Segment& s : chunks[c]) update_in_place(s, c, hyper, grad_scale, step);
+    timings_.cpu_optimizer_s += seconds_since(start);
+    writes[slot] = store_->flush(c, slot);
+  }
+  // On a throw, the IoHandles still pending wait in their destructors.
+  for (int slot = 0; slot < 2; ++slot) wait_all(writes[slot]);
+  timings_.step_s += seconds_since(step_start);
+  ++timings_.steps;
+}
+
+// One segment of a host model's step: a 16-bit model's new parameters are written straight
+// into the piece (a temporary when they go to NVMe); an fp32 model's are the master's values.
+void OffloadedState::update_in_place(const Segment& s, std::int64_t chunk,
+                                     const OptimizerHyper& hyper, double grad_scale,
+                                     std::int64_t step) {
+  const ShardPiece& piece = *s.piece;
+  const at::Tensor grads = piece.grad.narrow(0, s.begin, s.numel);
+  if (!sixteen_bit_) {
+    update(grads, at::Tensor(), chunk, s.at, hyper, grad_scale, step);
+    const at::Tensor master = store_->view("master", chunk, static_cast<int>(chunk % 2));
+    store_params(piece, s.begin, master.narrow(0, s.at, s.numel));
+    return;
+  }
+  at::Tensor out = piece.param.defined() ? piece.param.narrow(0, s.begin, s.numel) : at::Tensor();
+  const bool direct = out.defined() && host_adam_takes(out);
+  if (!direct) out = at::empty({s.numel}, grads.options());
+  update(grads, out, chunk, s.at, hyper, grad_scale, step);
+  if (!direct) store_params(piece, s.begin, out);
+}
+
+// Updates elements [at, at + grads.numel()) of one chunk of the state from `grads` (model
+// dtype); `out`, when defined, receives the new parameters in the model dtype.
+void OffloadedState::update(const at::Tensor& grads, const at::Tensor& out, std::int64_t chunk,
+                            std::int64_t at, const OptimizerHyper& hyper, double grad_scale,
+                            std::int64_t step) {
   const int slot = static_cast<int>(chunk % 2);
-  at::Tensor master = store_->view("master", chunk, slot);
+  const std::int64_t numel = grads.numel();
+  auto state = [&](const char* name) {
+    return store_->view(name, chunk, slot).narrow(0, at, numel);
+  };
+  at::Tensor master = state("master");
   if (kind_ != OptimizerKind::kAdam) {
     at::Tensor fp32 = grads.to(at::kFloat);
     if (grad_scale != 1.0) fp32.mul_(grad_scale);
-    at::Tensor buffer =
-        sgd_momentum_ ? store_->view("momentum_buffer", chunk, slot) : at::Tensor();
+    at::Tensor buffer = sgd_momentum_ ? state("momentum_buffer") : at::Tensor();
     sgd_update(master, fp32, buffer, /*first_step=*/step == 1, hyper);
     if (out.defined()) out.copy_(master);
     return;
   }
   const bool sixteen_bit_out = out.defined() && out.scalar_type() != at::kFloat;
-  host_adam_update(master, grads, store_->view("exp_avg", chunk, slot),
-                   store_->view("exp_avg_sq", chunk, slot), hyper, grad_scale, step,
+  host_adam_update(master, grads, state("exp_avg"), state("exp_avg_sq"), hyper, grad_scale, step,
                    sixteen_bit_out ? out : at::Tensor(), num_threads_);
   if (out.defined() && !sixteen_bit_out) out.copy_(master);  // fp32 model, delayed update
 }

@@ -5,10 +5,12 @@
 // "nvme"); when the step runs is the streamed step below, or with delayed_update a
 // DelayedUpdate (delayed_update.h) running it behind the next forward and backward.
 //
-// The streamed step: the copy engine (copy_engine.h: its own CUDA stream, or a worker thread
-// on CPU) copies chunk c+1's gradients to host staging and chunk c-1's new parameters back
-// to the device while the fused CPU Adam updates chunk c; with NVMe, chunk c+1 is read into
-// the other slot meanwhile and chunk c written back after its update.
+// The streamed step (a model on a device): the copy engine (copy_engine.h, its own CUDA
+// stream) copies chunk c+1's gradients to host staging and chunk c-1's new parameters back to
+// the device while the fused CPU Adam updates chunk c; with NVMe, chunk c+1 is read into the
+// other slot meanwhile and chunk c written back after its update. A model on the host needs no
+// staging: the in-place step updates from its gradients straight into its parameters, chunk by
+// chunk, with the same NVMe reads and writes.
 #include <future>
 #include <memory>
 #include <string>
@@ -72,19 +74,26 @@ class OffloadedState {
   std::vector<std::vector<Segment>> segments(const std::vector<ShardPiece>& pieces) const;
   void streamed_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
                      double grad_scale, std::int64_t step);
-  void update_chunk(const at::Tensor& grads, const at::Tensor& out, std::int64_t chunk,
-                    const OptimizerHyper& hyper, double grad_scale, std::int64_t step);
+  void in_place_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
+                     double grad_scale, std::int64_t step);
+  void update_in_place(const Segment& s, std::int64_t chunk, const OptimizerHyper& hyper,
+                       double grad_scale, std::int64_t step);
+  void update(const at::Tensor& grads, const at::Tensor& out, std::int64_t chunk, std::int64_t at,
+              const OptimizerHyper& hyper, double grad_scale, std::int64_t step);
   void wait_delayed() const;
 
   OptimizerKind kind_;
   bool sgd_momentum_ = false;
+  bool sixteen_bit_ = false;  // the model's dtype
   int num_threads_ = 1;
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home
-  HostTensor staged_grads_[2];   // two chunks' gradients (model dtype)
-  HostTensor staged_params_[2];  // 16-bit models: two chunks' new parameters
+  // A device model's: two chunks' gradients and, 16-bit, new parameters (model dtype). A model
+  // on the host has none (in_place_step).
+  HostTensor staged_grads_[2];
+  HostTensor staged_params_[2];
   std::unique_ptr<DelayedUpdate> delayed_;  // delayed_update only
-  std::unique_ptr<CopyEngine> copier_;      // last: its copies use the buffers above
+  std::unique_ptr<CopyEngine> copier_;      // device models; last: its copies use the above
   OffloadTimings timings_;
 };
 

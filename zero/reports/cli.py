@@ -108,6 +108,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     offload.add_argument("--offload-ratio", type=float, metavar="R",
                          help="offload_optimizer.ratio: the fraction of each shard whose state "
                               "and step are offloaded (default 1)")
+    offload.add_argument("--cpu-only", action="store_true", default=None,
+                         help="training runs on the CPU: device and host bytes share the RAM "
+                              "(tune: offload to the host saves nothing; NVMe does), and the "
+                              "offloaded step updates the model in place, without staging")
     offload.add_argument("--delayed-update", action=argparse.BooleanOptionalAction, default=None,
                          help="offload_optimizer.delayed_update (cpu): the host also keeps the "
                               "shard's gradients and new parameters")
@@ -125,7 +129,7 @@ def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
                      max_inflight_gathers=args.max_inflight_gathers,
                      offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
                      sub_group_size=args.sub_group_size, delayed_update=args.delayed_update,
-                     offload_ratio=args.offload_ratio)
+                     offload_ratio=args.offload_ratio, cpu_only=args.cpu_only)
     base = None
     if args.config:
         setup, stage = est.setup_from_config(args.config, world, args.num_nodes, stage=args.stage,
@@ -266,8 +270,7 @@ def cmd_tune(args) -> int:
     rec = tuner.tune(shapes, setup, args.budget, host_budget=args.host_budget,
                      reserve=args.reserve, headroom=args.headroom,
                      gradient_accumulation_steps=gas, nvme_path=nvme_path,
-                     nvme_budget=args.nvme_budget, offload=not args.no_offload,
-                     cpu_only=args.cpu_only)
+                     nvme_budget=args.nvme_budget, offload=not args.no_offload)
     if not args.cpu_only and not torch.cuda.is_available():
         rec.notes.append("this machine has no CUDA device: if the run trains on its CPU, pass "
                          "--cpu-only (device and host bytes then share the RAM, and only NVMe "
@@ -328,9 +331,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NVMe bytes per node the swap files may use (default: not checked)")
     p.add_argument("--no-offload", action="store_true",
                    help="recommend no offload (stages 0-3 only)")
-    p.add_argument("--cpu-only", action="store_true",
-                   help="training runs on the CPU: the budget is RAM per rank, which device and "
-                        "host bytes share (offload to the host saves nothing; NVMe does)")
     p.add_argument("--reserve", type=_size, default=0,
                    help="bytes of the budget kept for activations and overhead (default 0)")
     p.add_argument("--headroom", type=float, default=0.0,

@@ -209,18 +209,19 @@ def bucket_sizes(start: int, largest_param: int) -> list[int]:
 
 def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None = None,
          reserve: int = 0, headroom: float = 0.0, gradient_accumulation_steps: int = 1,
-         nvme_path: str | None = None, nvme_budget: int | None = None, offload: bool = True,
-         cpu_only: bool = False) -> Recommendation:
+         nvme_path: str | None = None, nvme_budget: int | None = None, offload: bool = True
+         ) -> Recommendation:
     """The first configuration, in order of least offload, then least communication, whose
     estimated per-rank device bytes fit in budget - reserve - headroom x budget (and whose
     host / NVMe bytes per node fit host_budget / nvme_budget when given). NVMe is tried only
-    with an nvme_path; offload=False keeps to the first tier. cpu_only: training runs on the
-    CPU, so the "device" is the host's RAM too: a rank's device and host bytes together must
+    with an nvme_path; offload=False keeps to the first tier. setup.cpu_only: training runs on
+    the CPU, so the "device" is the host's RAM too: a rank's device and host bytes together must
     fit the budget (and, per node, the host budget); offloading to the host then saves nothing,
     only NVMe does."""
     if not 0.0 <= headroom < 1.0:
         raise EstimateError(f"--headroom must be in [0, 1), got {headroom}")
     usable = int(budget - reserve - headroom * budget)
+    cpu_only = setup.cpu_only
     rec = Recommendation(budget=budget, usable=usable, host_budget=host_budget, chosen=None,
                          nvme_budget=nvme_budget, nvme_path=nvme_path, cpu_only=cpu_only)
     if usable <= 0:

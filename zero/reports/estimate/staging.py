@@ -72,9 +72,9 @@ def staging_row(setup: Setup, option: Option, group_shards: Sequence[int], devic
 def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
                       ) -> tuple[int, str, str, dict]:
     """offload_optimizer, per engine group: 2 slots x (C·b gradients + C·b parameters for a
-    16-bit model), with NVMe also 2 slots x each state array x round_up(4·C, 4096); the
-    delayed update adds the shard's gradients and new parameters. (host bytes, formula term,
-    its note, the offload detail's fields)."""
+    16-bit model; none for a model on the CPU, updated in place), with NVMe also 2 slots x each
+    state array x round_up(4·C, 4096); the delayed update adds the shard's gradients and new
+    parameters. (host bytes, formula term, its note, the offload detail's fields)."""
     b = setup.param_bytes
     sixteen_bit = b != 4
     nvme = option.offload_optimizer == "nvme"
@@ -85,15 +85,18 @@ def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
     group_shards = [tail for tail in tails if tail]
     chunks = [setup.offload_chunk(shard) for shard in group_shards]
     model = f"({b}+{b})" if sixteen_bit else f"{b}"
-    host = sum(2 * c * b * (2 if sixteen_bit else 1) for c in chunks)
-    term = f"2·C·{model}"
+    host, terms = 0, []
+    if not setup.cpu_only:
+        host = sum(2 * c * b * (2 if sixteen_bit else 1) for c in chunks)
+        terms.append(f"2·C·{model}")
     if nvme:
         host += sum(2 * len(arrays) * round_up(4 * c) for c in chunks)
-        term += f" + 2·{len(arrays)}·⌈4C⌉"
+        terms.append(f"2·{len(arrays)}·⌈4C⌉")
     delayed = setup.delayed_update and not nvme  # the engine refuses it with NVMe
     if delayed:  # the whole shard's gradients and new parameters, one update behind
         host += sum(2 * int(shard) * b for shard in group_shards)
-        term += f" + 2·S·{b}"
+        terms.append(f"2·S·{b}")
+    term = " + ".join(terms) or "0 (the model is on the CPU: updated in place)"
     sigma = "Σ groups " if len(chunks) > 1 else ""
     part = "Ψ/N" if setup.offload_ratio == 1 else f"the offloaded {setup.offload_ratio:g}·Ψ/N"
     note = (f"C = min(sub_group_size, {OFFLOAD_TILE:,}, {part} of the group) = "

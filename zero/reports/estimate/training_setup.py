@@ -72,6 +72,9 @@ class Setup:
     param_buffer_count: int = DEFAULT_PARAM_BUFFER_COUNT
     param_buffer_size: int = DEFAULT_PARAM_BUFFER_SIZE
     param_max_in_cpu: int = DEFAULT_PARAM_MAX_IN_CPU
+    # the model trains on the CPU: device and host bytes share the RAM, and the offloaded step
+    # updates the model in place (no gradient or parameter staging)
+    cpu_only: bool = False
 
     def __post_init__(self):
         if self.world_size < 1:
