@@ -90,7 +90,8 @@ class Communicator {
   std::unique_ptr<PendingCollective> all_gather(at::Tensor full, at::Tensor shard,
                                                 bool control = false,
                                                 std::function<void()> on_complete = {});
-  // shard <- this rank's slice of the reduction of every rank's full buffer.
+  // shard <- this rank's slice of the reduction of every rank's full buffer. On the host a
+  // sum or mean is an all-to-all and a local sum (host_reduce_scatter).
   std::unique_ptr<PendingCollective> reduce_scatter(at::Tensor shard, at::Tensor full,
                                                     Reduction reduction = Reduction::kSum);
   std::unique_ptr<PendingCollective> all_reduce(at::Tensor tensor,
@@ -104,6 +105,8 @@ class Communicator {
 
  private:
   c10d::ProcessGroup& group() const;
+  std::unique_ptr<PendingCollective> host_reduce_scatter(at::Tensor shard, at::Tensor full,
+                                                         Reduction reduction);
   std::string describe(const char* op, const at::Tensor& tensor) const;
   void count(std::int64_t& payload, std::int64_t bytes, bool control);
   // A timing for the comms logger when it is on (else null), finished by the work's future
