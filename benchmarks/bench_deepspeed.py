@@ -87,6 +87,11 @@ def parse_args(argv=None):
     p.add_argument("--memory-repeats", type=int, default=3,
                    help="isolated memory runs per configuration and engine (the report shows "
                         "each rank's median; RSS moves by several MiB from run to run)")
+    p.add_argument("--mmap-threshold", type=int, default=None, metavar="BYTES",
+                   help="the memory runs' glibc MALLOC_MMAP_THRESHOLD_: blocks of at least this "
+                        "size are mmapped and go back to the kernel when freed, so RSS follows "
+                        "the live bytes instead of what malloc keeps (default: glibc's own, "
+                        "which raises the threshold as large blocks are freed)")
     p.add_argument("--per-config", action="store_true",
                    help="one torch.distributed.run per configuration for the timing run (its "
                         "zero and DeepSpeed engines still interleaved) instead of one for all")
@@ -332,15 +337,15 @@ def worker_main(args) -> int:
 
 
 # ---- the parent: launching the ranks -----------------------------------------------------------
-def _launch(name: str, args, extra: list[str]) -> dict:
-    """One torch.distributed.run of this script with --worker ... (extra); its ranks' results
-    or why there are none."""
+def _launch(name: str, args, extra: list[str], env_extra: dict | None = None) -> dict:
+    """One torch.distributed.run of this script with --worker ... (extra) and env_extra in
+    its environment; its ranks' results or why there are none."""
     command = [args.python, "-m", "torch.distributed.run", "--nnodes", "1",
                "--nproc_per_node", str(args.world_size), "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), os.path.abspath(__file__), *args.argv, *extra]
     path = [ZERO_ROOT, ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(args.threads),
-               PYTHONPATH=os.pathsep.join(dict.fromkeys(path)))
+               PYTHONPATH=os.pathsep.join(dict.fromkeys(path)), **(env_extra or {}))
     print(f"[{name}] starting {args.world_size} ranks", flush=True)
     t0 = time.perf_counter()
     try:
@@ -374,12 +379,14 @@ def _memory_runs(args) -> dict:
     runs = {}
     if args.steps <= 0:
         return runs
+    env = {} if args.mmap_threshold is None else {
+        "MALLOC_MMAP_THRESHOLD_": str(args.mmap_threshold)}
     for repeat in range(args.memory_repeats):
         for config_name in args.config_list:
             for engine_name in ENGINES:
                 key = f"{config_name}/{engine_name}"
                 runs.setdefault(key, []).append(_launch(
-                    f"memory {key} #{repeat + 1}", args, ["--worker", f"memory:{key}"]))
+                    f"memory {key} #{repeat + 1}", args, ["--worker", f"memory:{key}"], env))
     return runs
 
 
@@ -422,7 +429,8 @@ def _engine_summary(key: str, timing: list[dict], memory: dict) -> dict:
     s = {}
     ranks, run_error = _timing_for(key, timing)
     if ranks is None:
-        s["error"] = run_error or "not run"
+        if timing:  # --interleaved-steps 0 makes no timing runs: not a failure
+            s["error"] = run_error or "not run"
     else:
         errors = [r["errors"][key] for r in ranks if key in r["errors"]]
         real = [e for e in errors if e != "failed on another rank"]
@@ -530,7 +538,12 @@ def render_markdown(summary, facts, args, command, wall) -> str:
                    f"minus the RSS just before the model and engine were built, per rank "
                    f"(rank 0 / rank 1). Torch's CPU allocator keeps no statistics and DeepSpeed's "
                    f"CPU accelerator reports the process RSS as its memory, so RSS is the measure "
-                   f"both share; details below.")
+                   f"both share; details below."
+                   + ("" if args.mmap_threshold is None else
+                      f" The memory runs ran with MALLOC_MMAP_THRESHOLD_={args.mmap_threshold}: "
+                      f"glibc mmaps every block of at least that size and gives it back to the "
+                      f"kernel when it is freed, so the RSS follows the live bytes rather than "
+                      f"what malloc keeps for reuse."))
     layout = ("all configurations' engines in ONE pair of ranks (one torch.distributed.run), "
               "stepping round-robin" if not args.per_config else
               "one torch.distributed.run per configuration, its zero and DeepSpeed engines "
