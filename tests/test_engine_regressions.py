@@ -226,12 +226,13 @@ def test_several_groups_with_a_rank_dependent_branch_average_the_right_gradients
         for name, value in expected.items():
             assert torch.allclose(update[name], value, rtol=1e-4, atol=1e-7), name
         if stage == 2:
-            # Buckets (a unit and its half each, fp32) at their peak. The first backward
+            # Buckets (a unit each, fp32: one micro-step per step, so the reduced half goes
+            # straight into the gradient shard) at their peak. The first backward
             # (default order): 2 (overlap) for the layers + 1 for aux. Then every rank
             # launches in rank 0's order, aux first; on rank 1, which never uses aux, aux
             # completes only at the end of backward, so the layers' buckets wait behind it,
             # one per unit (5), and no more in later steps.
-            one = (1024 + 1024 // world) * 4
+            one = 1024 * 4
             assert buckets == [3 * one] + [(3 if rank == 0 else 5) * one] * 2, (rank, buckets)
 
 

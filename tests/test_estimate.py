@@ -23,6 +23,9 @@ GRID = [(stage, precision, {}) for stage in (0, 1, 2) for precision in ("fp32", 
     # stage 1 accumulating micro-steps in its full gradient buffer (with gas 1 it shards)
     (1, "fp32", {"gas": 2}),
     (1, "bf16", {"gas": 2, "overlap_comm": True}),
+    # stage 2 accumulating: after a window's first micro-step each bucket has a 1/N piece
+    # (with gas 1 the reduced 1/N goes straight into the gradient shard)
+    (2, "bf16", {"gas": 2, "overlap_comm": True}),
 ]
 
 
@@ -130,7 +133,11 @@ def test_offload_rows_are_built_and_move_what_the_formula_says():
     # master + Adam moved, and the gradient shard with the whole step on the host
     assert offload.model_state_at("host") == 14 * offload.shard_numel
     moved = offload.host_bytes - offload.categories["staging"]["bytes"]
-    assert offload.device_bytes == rows["stage 2"].device_bytes - moved
+    # a GPU model's host shard takes each reduced 1/N through a piece beside its bucket
+    pieces = (offload.categories["bucket"]["bytes"]
+              - rows["stage 2"].categories["bucket"]["bytes"])
+    assert pieces > 0
+    assert offload.device_bytes == rows["stage 2"].device_bytes - moved + pieces
     nvme = rows["stage 2 + offload optimizer (NVMe)"]
     assert nvme.nvme_bytes == 12 * nvme.shard_numel
     assert nvme.model_state_at("host") == 2 * nvme.shard_numel  # the gradient shard
@@ -236,8 +243,10 @@ def test_the_tuner_takes_the_least_communication_that_fits():
     shapes = est.shapes_from_factory(FACTORY)
     totals = {stage: est.estimate(shapes, _setup(), stage).device_bytes for stage in (0, 1, 2)}
     assert totals[0] > totals[1] > totals[2]
-    # one micro-step per step: stage 1 shards its gradients, as much memory as stage 2
-    assert est.estimate(shapes, _setup(gas=1), 1).device_bytes == totals[2]
+    # one micro-step per step: stage 1 shards its gradients, as much memory as stage 2, and
+    # both reduce straight into the gradient shard (no 1/N pieces beside the buckets)
+    one_micro_step = est.estimate(shapes, _setup(gas=1), 2).device_bytes
+    assert est.estimate(shapes, _setup(gas=1), 1).device_bytes == one_micro_step < totals[2]
     assert tuner.tune(shapes, _setup(), totals[0]).chosen.stage == 0
     assert tuner.tune(shapes, _setup(), totals[0] - 1).chosen.stage == 1
     assert tuner.tune(shapes, _setup(), totals[1] - 1).chosen.stage == 2

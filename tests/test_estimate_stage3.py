@@ -264,8 +264,12 @@ def test_stage3_needs_units_and_says_what_it_assumes_for_a_count():
     assert rows["stage 3 + offload optimizer"].status == est.BUILT  # test_estimate_offload.py
     assert rows["stage 3 + offload optimizer + params (NVMe)"].status == est.BUILT
     formula = est.location_formula(rows["stage 3"], "device")
-    assert formula == "16Ψ/N + 4Ψp + 12Ψp/N + (U1 + U1/N + U2 + U2/N)·2 + 2·Up/N·2 + W·2", \
-        formula
+    # one micro-step per step: each reduced 1/N goes straight into the gradient shard
+    assert formula == "16Ψ/N + 4Ψp + 12Ψp/N + (U1 + U2)·2 + 2·Up/N·2 + W·2", formula
+    accumulating = est.estimate(shapes, dataclasses.replace(setup, gradient_accumulation_steps=2),
+                                3)
+    assert est.location_formula(accumulating, "device") == \
+        "16Ψ/N + 4Ψp + 12Ψp/N + (U1 + U1/N + U2 + U2/N)·2 + 2·Up/N·2 + W·2"
     # By hand, without units: the old formula, labelled as such.
     bare = est.ModelShapes(groups=shapes.groups, description="bare")
     assert est.estimate(bare, setup, 3).status == est.STAGE3_FORMULA
@@ -353,6 +357,8 @@ def test_the_tuner_recommends_stage3_when_only_stage3_fits_and_it_runs_within(tm
     tuned = json.loads(out.read_text())
     zero_block = tuned["zero_optimization"]
     assert zero_block["stage"] == 3
+    # the config's two micro-steps: its buckets carry 1/N pieces
+    rec = tuner.tune(shapes, dataclasses.replace(setup, gradient_accumulation_steps=2), budget)
     assert zero_block["stage3_max_live_parameters"] == rec.chosen.stage3[
         "stage3_max_live_parameters"]
     assert zero_block["stage3_param_persistence_threshold"] == PERSISTENCE

@@ -51,6 +51,9 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   if (mode_ != ReduceMode::kAllReduce) {
     slot_limit_ = std::min<std::size_t>(overlap_comm ? 2 : 1, layout_.unit_count());
   }
+  into_shard_ = mode_ == ReduceMode::kReduceScatter && !quantized_ && replicate_ == nullptr &&
+                grads_.device() == bucket_options_.device() &&
+                grads_.scalar_type() == c10::typeMetaToScalarType(bucket_options_.dtype());
 }
 
 std::int64_t GradReducer::bucket_bytes() const {
@@ -59,25 +62,27 @@ std::int64_t GradReducer::bucket_bytes() const {
   return bytes;
 }
 
-GradReducer::Slot& GradReducer::add_slot(std::int64_t numel) {
+GradReducer::Slot& GradReducer::add_slot(std::int64_t numel, bool with_piece) {
   // zero-filled (TrackedTensor): alignment gaps and padding add nothing
   auto slot = std::make_unique<Slot>();
   if (mode_ == ReduceMode::kReduceScatter) {
     slot->full = device_buffer(registry_, core::MemoryCategory::kBucket, numel, bucket_options_);
   }
-  slot->piece = device_buffer(registry_, core::MemoryCategory::kBucket,
-                              numel / layout_.world_size(), bucket_options_);
+  if (with_piece) {
+    slot->piece = device_buffer(registry_, core::MemoryCategory::kBucket,
+                                numel / layout_.world_size(), bucket_options_);
+  }
   slots_.push_back(std::move(slot));
   return *slots_.back();
 }
 
-GradReducer::Slot& GradReducer::acquire_slot(std::int64_t numel) {
+GradReducer::Slot& GradReducer::acquire_slot(std::int64_t numel, bool with_piece) {
   // The oldest bucket on the wire is waited for (and freed) before a bucket beyond the limit
   // is made; only when every bucket is still filling does the backward hold more (the
   // report's peak shows it).
   while (slots_.size() >= slot_limit_ && wait_for_a_bucket()) {
   }
-  return add_slot(numel);
+  return add_slot(numel, with_piece);
 }
 
 bool GradReducer::wait_for_a_bucket() {
@@ -103,7 +108,8 @@ void GradReducer::release(Slot* slot) {
 GradReducer::Slot& GradReducer::slot_for(std::size_t unit) {
   if (slot_of_unit_[unit] == nullptr) {
     // new and zero-filled: alignment gaps and padding add nothing
-    slot_of_unit_[unit] = &acquire_slot(layout_.unit(unit).numel());
+    slot_of_unit_[unit] =
+        &acquire_slot(layout_.unit(unit).numel(), !reduces_into_shard(unit));
   }
   return *slot_of_unit_[unit];
 }
@@ -150,8 +156,14 @@ void GradReducer::launch(std::size_t unit) {
   Slot& slot = slot_for(unit);
   slot_of_unit_[unit] = nullptr;  // launched: no more gradients (freed once reduced)
   at::Tensor input = slot.full.tensor().narrow(0, 0, plan.numel());
-  at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   at::Tensor target = grads_.narrow(0, layout_.shard_offset(unit), plan.shard_numel());
+  if (!slot.piece.defined()) {  // the window's first reduction: straight into the shard
+    zeroed_[unit] = false;
+    in_flight_.push_back({&slot, communicator_.reduce_scatter(target, input, Reduction::kAvg),
+                          {}});
+    return;
+  }
+  at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   auto work = quantized_ ? quantized_reduce_scatter(communicator_, output, input, Reduction::kAvg)
                         : communicator_.reduce_scatter(output, input, Reduction::kAvg);
   in_flight_.push_back({&slot, std::move(work),
@@ -165,7 +177,7 @@ void GradReducer::launch(std::size_t unit) {
 
 void GradReducer::launch_in_place(std::size_t unit) {
   const core::FlatBufferPlan& plan = layout_.unit(unit);
-  Slot& slot = acquire_slot(plan.numel());
+  Slot& slot = acquire_slot(plan.numel(), /*with_piece=*/true);
   at::Tensor range = grads_.narrow(0, layout_.full_offset(unit), plan.numel());
   at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   at::Tensor mine = range.narrow(0, communicator_.rank() * plan.shard_numel(), plan.shard_numel());

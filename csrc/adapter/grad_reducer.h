@@ -13,10 +13,12 @@
 //                  step moves 2Ψ (this and the parameters' all-gather), not all-reduce's 3Ψ.
 //   kReduceScatter (stage 2): each ready grad is copied into a unit-sized bucket and may be
 //                  freed; the bucket is reduce-scattered and each rank adds its 1/N into its
-//                  gradient shard. Buckets come from a small pool (two with overlap_comm, one
-//                  without) that grows only if more units fill at once than it holds. The
-//                  shard may be in host memory (optimizer offload): then each unit's 1/N
-//                  leaves the device as soon as its reduce-scatter is waited for.
+//                  gradient shard: straight into it at an accumulation window's first
+//                  reduction, through a piece-sized buffer otherwise (reduces_into_shard).
+//                  Buckets come from a small pool (two with overlap_comm, one without) that
+//                  grows only if more units fill at once than it holds. The shard may be in
+//                  host memory (optimizer offload): then each unit's 1/N leaves the device as
+//                  soon as its reduce-scatter is waited for.
 #include <deque>
 #include <functional>
 #include <memory>
@@ -85,7 +87,8 @@ class GradReducer {
  private:
   struct Slot {
     TrackedTensor full;   // one unit's gradients, reduce-scatter input (kReduceScatter only)
-    TrackedTensor piece;  // this rank's 1/N, reduce-scatter output
+    TrackedTensor piece;  // this rank's 1/N, reduce-scatter output; none when it goes straight
+                          // into the gradient shard
   };
   struct InFlight {
     Slot* slot = nullptr;  // the reduce-scatter modes only
@@ -96,8 +99,11 @@ class GradReducer {
   Slot& slot_for(std::size_t unit);
   void launch_in_place(std::size_t unit);
   void accumulate(std::size_t unit, at::Tensor& target, const at::Tensor& reduced);
-  Slot& acquire_slot(std::int64_t numel);
-  Slot& add_slot(std::int64_t numel);
+  Slot& acquire_slot(std::int64_t numel, bool with_piece);
+  Slot& add_slot(std::int64_t numel, bool with_piece);
+  // kReduceScatter: the unit's reduced 1/N can be the collective's output in the gradient shard
+  // itself (the window's first reduction, plain, on the bucket's device and dtype).
+  bool reduces_into_shard(std::size_t unit) const { return into_shard_ && zeroed_[unit]; }
   bool wait_for_a_bucket();  // false: no bucket is on the wire
   void release(Slot* slot);  // a bucket whose reduce-scatter is done
   void wait_oldest();
@@ -110,6 +116,7 @@ class GradReducer {
   core::MemoryRegistry& registry_;
   Communicator& communicator_;
   Communicator* replicate_;
+  bool into_shard_ = false;  // kReduceScatter, not quantized, not MiCS, shard beside the buckets
   std::vector<std::size_t> expected_;  // per unit: gradients of unshared params per backward
   std::vector<std::size_t> missing_;   // gradients still to arrive, per unit
   std::vector<bool> shared_;           // per parameter: GroupOptions::shared_params

@@ -56,7 +56,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
                                              options_.overlap_comm, grad_shard_.tensor(), registry,
                                              communicator_, std::vector<std::size_t>{},
                                              model_options, options_.shared_params);
-    grad_shard_.clear();  // on the device: no memory until the first gradient (grad_ready)
+    ParamGroup::zero_grads();  // on the device: no memory until the first gradient
   } else {
     grad_full_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
                           model_options);
@@ -133,14 +133,6 @@ std::optional<std::size_t> ParamGroup::grad_ready(std::size_t index, bool bounda
 }
 
 void ParamGroup::finish_backward(bool /*boundary*/) { reducer_->reset(); }
-
-bool ParamGroup::has_nonfinite_grads() const {
-  if (sharded_grads()) return has_nonfinite(grad_shard_.tensor());
-  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    if (has_nonfinite(grad_piece(u))) return true;
-  }
-  return false;
-}
 
 double ParamGroup::grad_square_sum() const {
   if (sharded_grads()) return square_sum(grad_shard_.tensor());

@@ -84,7 +84,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                                            communicator_, std::move(expected), model_options_,
                                            options_.shared_params, options_.quantized_gradients,
                                            replicate_.get());
-  grad_shard_.clear();  // on the device: no memory until the first gradient (grad_ready)
+  Stage3Group::zero_grads();  // on the device: no memory until the first gradient
 }
 
 void Stage3Group::place_param_shard() {
@@ -356,10 +356,6 @@ void Stage3Group::finish_backward(bool /*boundary*/) {
     release(u);
     units_[u].pending_grads = units_[u].trainable;
   }
-}
-
-bool Stage3Group::has_nonfinite_grads() const {
-  return has_nonfinite(grad_shard_.tensor());
 }
 
 double Stage3Group::grad_square_sum() const {

@@ -26,7 +26,11 @@ and every category is the byte count the engine's accounting registry reports af
                                               min(slots, units) largest units' (U + U/N)·b
                                               (1 slot: 2 when the root's bucket fills over all
                                               of backward), + the persistent group's
-                                              min(slots, units)·Up/N·b
+                                              min(slots, units)·Up/N·b. No U/N piece where the
+                                              reduced 1/N goes straight into the gradient
+                                              shard (categories.bucket_pieces): gradient
+                                              accumulation steps 1, no qgZ or MiCS, the shard
+                                              on the buckets' device
     gathered_param   0 (stages 0-2)           stage 3: W·b, W = the most elements gathered at
                                               once (peak), from the gather schedule's rule
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .categories import (WHERE, category_row, gradient_location, master_bytes, split_partial,
+from .categories import (WHERE, bucket_pieces, category_row, gradient_location, master_bytes, split_partial,
                          term)
 from .gather_schedule import WorkingSet, describe_live, short_count, simulate_stage3_schedule
 from .layout import Stage3Layout, bucket_peak_numel, stage3_layout
@@ -26,7 +26,8 @@ def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
     overlap = setup.overlap_for(3) if overlap_comm is None else overlap_comm
     params = _param_placement(shapes, setup, option, layout)
     categories = _model_states(layout, setup, option, params)
-    categories["bucket"], persistent_buckets, group_rows = _buckets(layout, setup, overlap)
+    categories["bucket"], persistent_buckets, group_rows = _buckets(
+        layout, setup, overlap, bucket_pieces(setup, option))
     work = simulate_stage3_schedule(layout.unit_numel, setup.prefetch_bucket_size,
                                     setup.max_live_parameters, setup.max_reuse_distance,
                                     setup.max_inflight_gathers, shapes.externals,
@@ -113,11 +114,13 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
     }
 
 
-def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, int, list[dict]]:
+def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool, pieces: bool
+             ) -> tuple[dict, int, list[dict]]:
     """(the bucket row, the persistent group's part of it, the per-group rows).
 
     One GradReducer per partitioned group, its buckets made per unit (grad_reducer.h): a
-    unit's bucket (its numel + numel/N elements) exists from its first gradient
+    unit's bucket (its numel, + numel/N elements when `pieces`: categories.bucket_pieces)
+    exists from its first gradient
     to the end of its reduce-scatter, and none is kept between steps. At most `slots` of them
     live at once (two with overlap_comm: one on the wire while the next fills), and the two
     largest units do meet: the root unit's bucket fills from its first gradient to its last
@@ -136,7 +139,7 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
         filling = 1 + (1 if root_early and blocks and any(u == 0 for u, _, _ in rows) else 0)
         live = max(min(slots, len(rows)), min(filling, len(rows)))
         grown = grown or live > min(slots, len(rows))
-        bucket_bytes += _live_bucket_numel(rows, n3, live, filling == 2) * b
+        bucket_bytes += _live_bucket_numel(rows, n3 if pieces else 0, live, filling == 2) * b
         group_rows.append({"numel": sum(r[1] for r in rows), "shard_numel": sum(r[2] for r in rows),
                            "max_unit_numel": max(r[1] for r in rows), "unit_count": len(rows),
                            "block_units": blocks, "buckets_peak": live})
@@ -147,9 +150,10 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
     if not layout.numel:
         bucket_formula = "0"
     elif grown or (slots == 2 and any(len(rows) > 1 for rows in layout.group_units)):
-        bucket_formula = f"{sum_text}(U1 + U1/N + U2 + U2/N)·{b}"  # two units' buckets at once
+        two = "U1 + U1/N + U2 + U2/N" if pieces else "U1 + U2"  # two units' buckets at once
+        bucket_formula = f"{sum_text}({two})·{b}"
     else:
-        bucket_formula = f"{sum_text}(U + U/N)·{b}"
+        bucket_formula = f"{sum_text}({'U + U/N' if pieces else 'U'})·{b}"
     if layout.persistent:
         bucket_formula += f" + {slots}·Up/N·{b}"
     return category_row(bucket_bytes, bucket_formula), persistent_bytes, group_rows
@@ -157,10 +161,11 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool) -> tuple[dict, i
 
 def _live_bucket_numel(rows: list, n: int, live: int, root_early: bool) -> int:
     """The most bucket elements one group's backward holds at once: `live` buckets (1 or 2)
-    of (U + U/N) each. The root's bucket, filling over the whole backward when its first
-    gradient comes early, lives beside the largest block's; otherwise buckets live in
-    backward order (the blocks last to first, then the root), neighbours together."""
-    size = {unit: numel + numel // n for unit, numel, _ in rows}
+    of (U + U/N) each (n = 0: of U, no pieces). The root's bucket, filling over the whole
+    backward when its first gradient comes early, lives beside the largest block's; otherwise
+    buckets live in backward order (the blocks last to first, then the root), neighbours
+    together."""
+    size = {unit: numel + (numel // n if n else 0) for unit, numel, _ in rows}
     blocks = [size[unit] for unit in sorted(size) if unit != 0]
     if live == 1:
         return max(size.values())

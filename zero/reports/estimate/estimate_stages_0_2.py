@@ -3,8 +3,8 @@ reduce_bucket_size (stage 0 laid out for one rank). Also stage 3 described witho
 units: the paper's formula on those padded numbers, not checked against the engine."""
 from __future__ import annotations
 
-from .categories import (WHERE, category_row, gradient_location, master_bytes, split_partial,
-                         term)
+from .categories import (WHERE, bucket_pieces, category_row, gradient_location, master_bytes,
+                         split_partial, term)
 from .layout import bucket_peak_numel, layouts
 from .options import Option
 from .params_on_nvme import param_placement, param_row_on_nvme
@@ -46,13 +46,16 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
         "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
     }
     # GradReducer: per group, the backward's peak of `slots` neighbouring units' buckets;
-    # with sharded gradients each a full unit + its 1/N piece, at stage 1 otherwise the piece
-    # alone (the unit is reduce-scattered out of the gradients). None is kept between steps.
+    # with sharded gradients each a full unit (+ its 1/N piece unless it is reduced straight
+    # into the shard), at stage 1 otherwise the piece alone (the unit is reduce-scattered out
+    # of the gradients). None is kept between steps.
+    pieces = bucket_pieces(setup, option)
     bucket_bytes = 0 if stage == 0 else sum(
-        bucket_peak_numel(layout, slots, whole_units=sharded_grads) * b
+        bucket_peak_numel(layout, slots, whole_units=sharded_grads, pieces=pieces) * b
         for layout in group_layouts)
     sum_text = "Σ groups " if len(group_layouts) > 1 else ""
-    categories["bucket"] = category_row(bucket_bytes, f"{sum_text}{slots}·(U + U/N)·{b}"
+    unit_text = "(U + U/N)" if pieces else "U"
+    categories["bucket"] = category_row(bucket_bytes, f"{sum_text}{slots}·{unit_text}·{b}"
                                         if sharded_grads else f"{sum_text}{slots}·U/N·{b}")
     gathered = 2 * largest_unit * b if stage >= 3 else 0
     categories["gathered_param"] = category_row(gathered,

@@ -20,12 +20,14 @@ def layouts(shapes: ModelShapes, setup: Setup, stage: int, reduce_bucket_size: i
             for group in shapes.groups]
 
 
-def bucket_peak_numel(layout, slots: int, whole_units: bool) -> int:
+def bucket_peak_numel(layout, slots: int, whole_units: bool, pieces: bool = True) -> int:
     """The most bucket elements a stages 1-2 style reducer (grad_reducer.h) holds at once:
     buckets are made per unit, sized to it, and freed once reduced, so at most `slots`
-    neighbours in launch order (the reverse of the layout's) live together, each its 1/N
-    piece plus, with `whole_units` (stage 2), the unit itself."""
-    sizes = [(layout.unit(u).numel if whole_units else 0) + layout.unit(u).shard_numel
+    neighbours in launch order (the reverse of the layout's) live together: with
+    `whole_units` (sharded gradients) the unit itself, plus its 1/N piece when `pieces`
+    (categories.bucket_pieces); without, the piece alone (stage 1's reduce-scatter in place)."""
+    sizes = [(layout.unit(u).numel if whole_units else 0)
+             + (layout.unit(u).shard_numel if pieces or not whole_units else 0)
              for u in range(layout.unit_count)]
     width = max(1, min(slots, len(sizes)))
     return max((sum(sizes[i:i + width]) for i in range(len(sizes) - width + 1)), default=0)
