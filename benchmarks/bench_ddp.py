@@ -149,7 +149,7 @@ def _zero(model, stage, precision, args, out):
         report = engine.memory_report()
         out["report"] = report
         out["comm_at_end"] = dict(report["comm"])
-        out["grad_norm_last"] = engine.last_step_result.get("grad_norm")
+        out["grad_norm_last"] = engine.get_global_grad_norm()
     return {"step": lambda tokens, targets: engine_step(engine, tokens, targets),
             "finish": finish, "comm": lambda: dict(engine._core.comm_stats())}
 

@@ -268,8 +268,7 @@ def _zero(model, kind, precision, args, out):
         registry.reset_peaks()
 
     def grad_norm():
-        value = engine.last_step_result.get("grad_norm")
-        return None if value is None else float(value)
+        return engine.get_global_grad_norm()
 
     def schedule():
         stats = dict(engine._core.schedule_stats())
@@ -284,7 +283,7 @@ def _zero(model, kind, precision, args, out):
 def _zero_finish(engine, out):
     report = engine.memory_report()
     out["report"] = report
-    out["grad_norm_last"] = engine.last_step_result.get("grad_norm")
+    out["grad_norm_last"] = engine.get_global_grad_norm()
     out["prefetch_default"] = engine.config.zero_optimization.stage3_prefetch_bucket_size
     out["gathered_param_current_end"] = int(report["categories"].get(
         "gathered_param", {}).get("current", 0))

@@ -62,7 +62,7 @@ def main():
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step:4d}  loss {total.item() / (gas * world):.4f}  "
                   f"lr {engine.get_lr()[0]:.2e}  grad-norm "
-                  f"{engine.last_step_result.get('grad_norm', 0.0):.3f}", flush=True)
+                  f"{engine.get_global_grad_norm() or 0.0:.3f}", flush=True)
     for r in range(world):  # every rank's table, in rank order
         if r == rank:
             engine.print_memory_report()

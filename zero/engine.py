@@ -125,7 +125,7 @@ class ZeroEngine(nn.Module):
         self.global_samples = 0
         self.skipped_steps = 0
         self.applied_steps = 0  # optimizer updates actually made (Adam's step count)
-        self.last_step_result: dict = {}
+        self.last_step_result: _C.StepResult | None = None  # None before the first step
         self._boundary_in_backward = False
         self._boundary_backward_seen = False  # engine.backward ran for this boundary
         self._no_sync = False
@@ -282,13 +282,12 @@ class ZeroEngine(nn.Module):
         hypers = self.optimizer.hypers()
         result = self._core.step([hypers[group.owner] for group in self._engine_groups],
                                  self.loss_scale,
-                                 float(self.config.gradient_clipping),
-                                 self.loss_scaler is not None, self.applied_steps + 1)
+                                 float(self.config.gradient_clipping), self.applied_steps + 1)
         self.last_step_result = result
-        self.optimizer.overflow = bool(result["overflow"])  # Accelerate's step_was_skipped
+        self.optimizer.overflow = result.overflow  # Accelerate's step_was_skipped
         if self.loss_scaler is not None:
-            self.loss_scaler.update_scale(result["overflow"])
-        if result["overflow"]:
+            self.loss_scaler.update_scale(result.overflow)
+        if result.overflow:
             self._skip_nonfinite_step(result)
         else:
             self.applied_steps += 1
@@ -305,7 +304,7 @@ class ZeroEngine(nn.Module):
         if self._core is not None:  # after destroy() there are no gradients left to clear
             self._core.zero_grads()
 
-    def _skip_nonfinite_step(self, result: dict) -> None:
+    def _skip_nonfinite_step(self, result: _C.StepResult) -> None:
         """The C++ step found non-finite gradients (every rank agrees) and left the weights
         alone: fp16 lowers its loss scale; other precisions skip, or raise when
         nonfinite_gradients is "raise"."""
@@ -313,7 +312,7 @@ class ZeroEngine(nn.Module):
         if self.loss_scaler is None and self.config.nonfinite_gradients == "raise":
             raise FloatingPointError(
                 f"zero: step {step}: the gradients are not finite (global norm "
-                f"{result['grad_norm']}) in {self.config.precision}; the weights were not "
+                f"{result.grad_norm}) in {self.config.precision}; the weights were not "
                 "updated. Set \"nonfinite_gradients\": \"skip\" in the config to skip such steps "
                 "and go on")
         self.skipped_steps += 1
@@ -325,7 +324,7 @@ class ZeroEngine(nn.Module):
         else:
             logger.warning("zero: step %d skipped on every rank: the gradients are not finite "
                            "(global norm %s) in %s; the weights were not updated (%d skipped "
-                           "so far)", step, result["grad_norm"], self.config.precision,
+                           "so far)", step, result.grad_norm, self.config.precision,
                            self.skipped_steps)
 
     def apply_delayed_update(self) -> None:
@@ -429,8 +428,8 @@ class ZeroEngine(nn.Module):
     def get_global_grad_norm(self) -> float | None:
         """The global gradient norm of the last optimizer step, before clipping (None before
         the first step), as DeepSpeed's engine reports it."""
-        norm = self.last_step_result.get("grad_norm")
-        return None if norm is None else float(norm)
+        result = self.last_step_result
+        return None if result is None else result.grad_norm
 
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
         return bool(self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save)

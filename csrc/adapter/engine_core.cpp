@@ -189,16 +189,6 @@ void EngineCore::span_norm(std::vector<double> weights, const std::string& span_
   span_ = std::make_unique<Communicator>(resolve_group(span_group));
 }
 
-bool EngineCore::any_rank_overflowed() {
-  bool local = false;
-  for (const auto& group : groups_) local = local || group->has_nonfinite_grads();
-  at::Tensor flag = at::tensor({local ? 1.0f : 0.0f},
-                               at::TensorOptions().device(groups_.front()->device()));
-  communicator_.all_reduce(flag, Reduction::kMax)->wait();
-  if (span_) span_->all_reduce(flag, Reduction::kMax)->wait();
-  return flag.item<float>() > 0.0f;
-}
-
 double EngineCore::global_grad_norm(double loss_scale) {
   double square_sum = 0.0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -217,7 +207,7 @@ double EngineCore::global_grad_norm(double loss_scale) {
 }
 
 StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double loss_scale,
-                            double max_norm, bool check_overflow, std::int64_t step) {
+                            double max_norm, std::int64_t step) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
   TORCH_CHECK(hypers.size() == groups_.size(), "zero: step got ", hypers.size(),
               " hyperparameter sets for ", groups_.size(), " groups");
@@ -226,17 +216,13 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   // A unit kept gathered (an eval forward, a reuse) would be stale after the update.
   if (schedule_) schedule_->release_unused();
   for (auto& group : groups_) group->hold_grads();
-  if (check_overflow && any_rank_overflowed()) {
-    result.overflow = true;
-    zero_grads();
-    return result;
-  }
   {
     RECORD_FUNCTION("zero::grad_norm", {});
     result.grad_norm = global_grad_norm(loss_scale);
   }
   // The norm is all-reduced, so every rank sees the same non-finite value: in any dtype, a
-  // NaN or Inf gradient anywhere skips the step everywhere and never reaches the weights.
+  // NaN or Inf gradient anywhere skips the step everywhere and never reaches the weights
+  // (fp16's overflow, which lowers the loss scale, is this too).
   if (!std::isfinite(result.grad_norm)) {
     result.overflow = true;
     zero_grads();

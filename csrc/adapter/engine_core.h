@@ -51,7 +51,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // hypers: one per group. loss_scale divides the gradients; max_norm <= 0 disables clipping;
   // step is the 1-based count of applied steps including this one.
   StepResult step(const std::vector<OptimizerHyper>& hypers, double loss_scale, double max_norm,
-                  bool check_overflow, std::int64_t step);
+                  std::int64_t step);
   // Model parallelism (pipeline stages, tensor slices): this engine holds one part of the
   // model. Group g's squared gradients count weights[g] times in the global norm (a parameter
   // replicated on t tensor ranks 1/t, a weight tied over k stages 1/k), and the norm and the
@@ -77,7 +77,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Communicator& communicator() { return communicator_; }
 
  private:
-  bool any_rank_overflowed();
   double global_grad_norm(double loss_scale);
   void launch_in_order(bool boundary);
   void adopt_observed_order();

@@ -1,9 +1,6 @@
 #include "adapter/grad_norm.h"
 
-#include <cmath>
-
 #include <ATen/Parallel.h>
-#include <ATen/ops/isfinite.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <c10/util/Exception.h>
 
@@ -32,11 +29,6 @@ double square_sum(const at::Tensor& grad) {
   const double norm =
       at::linalg_vector_norm(grad, 2.0, std::nullopt, false, at::kFloat).item<double>();
   return norm * norm;
-}
-
-bool has_nonfinite(const at::Tensor& grad) {
-  if (grad.device().is_cpu()) return !std::isfinite(square_sum(grad));
-  return !at::isfinite(grad).all().item<bool>();  // a device norm accumulates in fp32
 }
 
 }  // namespace zero::adapter

@@ -9,10 +9,8 @@
 
 namespace zero::adapter {
 
+// Not finite exactly when an element is NaN or +-Inf (EngineCore skips the step on that): a
+// finite 16-bit or fp32 gradient's square never overflows the sum.
 double square_sum(const at::Tensor& grad);
-
-// True when any element is NaN or +-Inf: a finite float squared never overflows a double,
-// so the sum of squares is finite exactly when every element is.
-bool has_nonfinite(const at::Tensor& grad);
 
 }  // namespace zero::adapter

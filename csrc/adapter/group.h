@@ -33,7 +33,6 @@ class Group {
   // Gradients present (zero-filled if no backward ran since they were given back) before
   // the step reads them.
   virtual void hold_grads() {}
-  virtual bool has_nonfinite_grads() const = 0;
   virtual double grad_square_sum() const = 0;  // over the gradients this rank owns, in fp32
   // step: 1-based count of applied optimizer steps, including this one. The new parameters
   // land in this rank's pieces (shard_pieces).

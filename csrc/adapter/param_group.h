@@ -95,7 +95,6 @@ class ParamGroup : public Group {
   GradReducer& reducer() override { return *reducer_; }
   void finish_backward(bool boundary) override;
 
-  bool has_nonfinite_grads() const override;
   double grad_square_sum() const override;
   void gather_params() override;
   void hold_grads() override;

@@ -86,7 +86,6 @@ class Stage3Group : public Group {
   std::optional<std::size_t> grad_ready(std::size_t index, bool boundary) override;
   GradReducer& reducer() override { return *reducer_; }
   void finish_backward(bool boundary) override;
-  bool has_nonfinite_grads() const override;
   double grad_square_sum() const override;
   void gather_params() override;  // parameters are gathered on demand; flushes NVMe writes
   void hold_grads() override;

@@ -40,6 +40,17 @@ py::dict summed_stats(adapter::EngineCore& e,
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  using StepResult = adapter::StepResult;  // what EngineCore.step returns
+  py::class_<StepResult>(m, "StepResult")
+      .def_readonly("overflow", &StepResult::overflow)
+      .def_readonly("grad_norm", &StepResult::grad_norm)
+      .def_readonly("clip_coef", &StepResult::clip_coef)
+      .def("__repr__", [](const StepResult& r) {
+        return "StepResult(overflow=" + std::string(r.overflow ? "True" : "False") +
+               ", grad_norm=" + std::to_string(r.grad_norm) +
+               ", clip_coef=" + std::to_string(r.clip_coef) + ")";
+      });
+
   py::class_<adapter::EngineCore, std::shared_ptr<adapter::EngineCore>>(m, "EngineCore")
       .def(py::init<const std::string&>(), py::arg("group_name"))
       .def("span_norm", &adapter::EngineCore::span_norm, py::arg("weights"),
@@ -141,21 +152,9 @@ void bind_engine(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def(
           "step",
-          [](adapter::EngineCore& e, const std::vector<adapter::OptimizerHyper>& hypers,
-             double loss_scale, double max_norm, bool check_overflow, std::int64_t step) {
-            adapter::StepResult result;
-            {
-              py::gil_scoped_release no_gil;
-              result = e.step(hypers, loss_scale, max_norm, check_overflow, step);
-            }
-            py::dict out;
-            out["overflow"] = result.overflow;
-            out["grad_norm"] = result.grad_norm;
-            out["clip_coef"] = result.clip_coef;
-            return out;
-          },
-          py::arg("hypers"), py::arg("loss_scale"), py::arg("max_norm"),
-          py::arg("check_overflow"), py::arg("step"))
+          &adapter::EngineCore::step, py::arg("hypers"), py::arg("loss_scale"),
+          py::arg("max_norm"), py::arg("step"),
+          py::call_guard<py::gil_scoped_release>())
       .def("zero_grads", &adapter::EngineCore::zero_grads, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("group_count", &adapter::EngineCore::group_count)
       .def_property_readonly("rank", [](adapter::EngineCore& e) { return e.communicator().rank(); })
