@@ -166,3 +166,29 @@ def test_unknown_group_name_says_how_to_fix_it():
     from zero import _C
     with pytest.raises(RuntimeError, match="no process group named 'missing' is registered"):
         _C.Communicator("missing")
+
+
+def _drop_communicators_that_own_their_group(rank, world_size, rounds):
+    from zero import _C
+    for _ in range(rounds):
+        group = dist.new_group(list(range(world_size)))
+        communicator = _C.Communicator(group.group_name)
+        tensor = torch.ones(1 << 16)
+        communicator.all_reduce(tensor)
+        pending = communicator.all_reduce(tensor, async_op=True)
+        dist.all_reduce(tensor, group=group)  # its work item may outlive the call in a worker
+        dist.destroy_process_group(group)  # the communicator now owns the group alone
+        del tensor  # a worker still holding it must take the GIL to drop it
+        del pending, communicator  # ~ProcessGroupGloo joins the workers: not under the GIL
+    return rounds
+
+
+def test_a_communicator_that_owns_the_last_group_reference_is_dropped_without_deadlock():
+    # A gloo worker drops a finished work item's tensors after waking the caller; dropping
+    # one whose Python object is gone takes the GIL, and the group's destructor joins that
+    # worker. Dropping a Communicator (or an EngineCore, or a handle) under the GIL could
+    # deadlock: seen in gdb on 4 ranks, about one run in three of a collectives benchmark.
+    # The race is narrow, so this passing does not prove its absence; it does run every
+    # deleter that now releases the GIL, the handle's included.
+    assert run_distributed(_drop_communicators_that_own_their_group, 2, args=(20,),
+                           timeout=60) == [20] * 2

@@ -31,7 +31,7 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
   grid_ = {shard_numel, std::min(offload.tile_numel, std::max<std::int64_t>(shard_numel, 1))};
   store_ = make_offload_store(registry, grid_, state_array_names(kind, sgd_momentum), offload);
   const at::ScalarType model_type = device_options.dtype().toScalarType();
-  sixteen_bit_ = model_type != at::kFloat;
+  const bool sixteen_bit = model_type != at::kFloat;
   if (offload.delayed_update) {
     delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, model_type, offload.pin_memory);
   }
@@ -39,7 +39,7 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
   for (int slot = 0; slot < 2; ++slot) {
     staged_grads_[slot] = HostTensor(registry, core::MemoryCategory::kStaging, grid_.chunk,
                                      model_type, offload.pin_memory);
-    if (sixteen_bit_) {
+    if (sixteen_bit) {
       staged_params_[slot] = HostTensor(registry, core::MemoryCategory::kStaging, grid_.chunk,
                                         model_type, offload.pin_memory);
     }
@@ -238,19 +238,13 @@ void OffloadedState::in_place_step(const std::vector<ShardPiece>& pieces,
   ++timings_.steps;
 }
 
-// One segment of a host model's step: a 16-bit model's new parameters are written straight
-// into the piece (a temporary when they go to NVMe); an fp32 model's are the master's values.
+// One segment of a host model's step: the new parameters (model dtype) are written straight
+// into the piece, or into a temporary that store_params hands on when they go to NVMe.
 void OffloadedState::update_in_place(const Segment& s, std::int64_t chunk,
                                      const OptimizerHyper& hyper, double grad_scale,
                                      std::int64_t step) {
   const ShardPiece& piece = *s.piece;
   const at::Tensor grads = piece.grad.narrow(0, s.begin, s.numel);
-  if (!sixteen_bit_) {
-    update(grads, at::Tensor(), chunk, s.at, hyper, grad_scale, step);
-    const at::Tensor master = store_->view("master", chunk, static_cast<int>(chunk % 2));
-    store_params(piece, s.begin, master.narrow(0, s.at, s.numel));
-    return;
-  }
   at::Tensor out = piece.param.defined() ? piece.param.narrow(0, s.begin, s.numel) : at::Tensor();
   const bool direct = out.defined() && host_adam_takes(out);
   if (!direct) out = at::empty({s.numel}, grads.options());
@@ -280,7 +274,7 @@ void OffloadedState::update(const at::Tensor& grads, const at::Tensor& out, std:
   const bool sixteen_bit_out = out.defined() && out.scalar_type() != at::kFloat;
   host_adam_update(master, grads, state("exp_avg"), state("exp_avg_sq"), hyper, grad_scale, step,
                    sixteen_bit_out ? out : at::Tensor(), num_threads_);
-  if (out.defined() && !sixteen_bit_out) out.copy_(master);  // fp32 model, delayed update
+  if (out.defined() && !sixteen_bit_out) out.copy_(master);  // an fp32 model's parameters
 }
 
 }  // namespace zero::adapter

@@ -84,7 +84,6 @@ class OffloadedState {
 
   OptimizerKind kind_;
   bool sgd_momentum_ = false;
-  bool sixteen_bit_ = false;  // the model's dtype
   int num_threads_ = 1;
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home

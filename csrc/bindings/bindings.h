@@ -20,4 +20,23 @@ void bind_engine(py::module_& m);       // engine.cpp: EngineCore
 
 py::dict stats_dict(const adapter::CommStats& stats);  // collectives.cpp
 
+// Deletes a bound object without the GIL. An object that owns a process group (Communicator,
+// EngineCore) may hold its last reference once Python has destroyed the group, and
+// ~ProcessGroupGloo joins workers that may be dropping a finished work item's tensors, which
+// takes the GIL when their Python objects are gone: deleting under the GIL deadlocks. The
+// same holds for a PendingCollective, whose destructor waits for its collective.
+template <class T>
+struct DeleteWithoutGil {
+  void operator()(T* object) const {
+    if (PyGILState_Check() == 0) {  // already released (a C++ owner let go)
+      delete object;
+      return;
+    }
+    py::gil_scoped_release no_gil;
+    delete object;
+  }
+};
+template <class T>
+using NoGilHolder = std::unique_ptr<T, DeleteWithoutGil<T>>;
+
 }  // namespace zero::bindings

@@ -9,27 +9,24 @@
 namespace zero::bindings {
 namespace {
 
-// Starts a collective and, unless async_op, waits for it, all without the GIL: c10d's gloo
-// enqueue takes the lock its workers hold while they drop a finished work item, and dropping
-// a tensor whose Python object is gone needs the GIL, so a caller holding the GIL can
-// deadlock with a worker. With async_op the caller owns the handle and must wait() on it.
-// The Python handle of an async collective. A handle dropped without wait() waits in its
-// destructor; that wait runs without the GIL for the same reason as above.
-struct DeleteWithoutGil {
-  void operator()(adapter::PendingCollective* pending) const {
-    py::gil_scoped_release no_gil;
-    delete pending;
-  }
-};
-using PendingHandle = std::unique_ptr<adapter::PendingCollective, DeleteWithoutGil>;
+// The Python handle of an async collective: one dropped without wait() waits in its
+// destructor, without the GIL (DeleteWithoutGil).
+using PendingHandle = NoGilHolder<adapter::PendingCollective>;
 
+// Starts a collective and, unless async_op, waits for it and drops it, all without the GIL:
+// c10d's gloo enqueue takes the lock its workers hold while they drop a finished work item,
+// and dropping a tensor whose Python object is gone needs the GIL, so a caller holding the
+// GIL can deadlock with a worker. With async_op the caller owns the handle and must wait().
 py::object run(const std::function<std::unique_ptr<adapter::PendingCollective>()>& start,
                bool async_op) {
   std::unique_ptr<adapter::PendingCollective> pending;
   {
     py::gil_scoped_release no_gil;
     pending = start();
-    if (!async_op) pending->wait();
+    if (!async_op) {
+      pending->wait();
+      pending.reset();
+    }
   }
   if (async_op) return py::cast(PendingHandle(pending.release()));
   return py::none();
@@ -68,9 +65,10 @@ void bind_collectives(py::module_& m) {
       .def("wait", &adapter::PendingCollective::wait, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("completed", &adapter::PendingCollective::completed);
 
-  py::class_<adapter::Communicator>(m, "Communicator")
+  py::class_<adapter::Communicator, NoGilHolder<adapter::Communicator>>(m, "Communicator")
       .def(py::init([](const std::string& group_name) {
-             return adapter::Communicator(adapter::resolve_group(group_name));
+             return NoGilHolder<adapter::Communicator>(
+                 new adapter::Communicator(adapter::resolve_group(group_name)));
            }),
            py::arg("group_name"))
       .def_property_readonly("rank", &adapter::Communicator::rank)

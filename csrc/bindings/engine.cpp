@@ -52,7 +52,11 @@ void bind_engine(py::module_& m) {
       });
 
   py::class_<adapter::EngineCore, std::shared_ptr<adapter::EngineCore>>(m, "EngineCore")
-      .def(py::init<const std::string&>(), py::arg("group_name"))
+      .def(py::init([](const std::string& group_name) {
+             return std::shared_ptr<adapter::EngineCore>(new adapter::EngineCore(group_name),
+                                                         DeleteWithoutGil<adapter::EngineCore>());
+           }),
+           py::arg("group_name"))
       .def("span_norm", &adapter::EngineCore::span_norm, py::arg("weights"),
            py::arg("span_group"))
       .def("add_group",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .categories import (WHERE, bucket_pieces, category_row, gradient_location, master_bytes, split_partial,
-                         term)
+from .categories import (WHERE, bucket_pieces, category_row, gradient_location, master_bytes,
+                         split_partial, term)
 from .gather_schedule import WorkingSet, describe_live, short_count, simulate_stage3_schedule
 from .layout import Stage3Layout, bucket_peak_numel, stage3_layout
 from .options import Option
