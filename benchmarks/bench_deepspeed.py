@@ -246,8 +246,9 @@ def _throwaway(engine_name: str, config: dict, args, rank: int) -> None:
 
 def _memory(rank, args) -> dict:
     """One engine alone: peak RSS growth over building it and training --steps steps, after a
-    throwaway engine of the same kind paid the one-time costs."""
-    from benchmarks.memory import AnonPeak, proc_status, reset_peak_rss, rss_anon, rss_now
+    throwaway engine of the same kind paid the one-time costs; each phase's peak (the last
+    step's forward, backward and step), what stays between steps and after the engine is gone."""
+    from benchmarks.memory import AnonPeak, PhasePeaks, reset_peak_rss, rss_anon, rss_now
 
     config_name, engine_name = args.worker.split(":", 1)[1].split("/")
     gpt = gpt_config(args)
@@ -264,24 +265,33 @@ def _memory(rank, args) -> dict:
                                               for m in set(sys.modules) - modules})[:80]
         out.update(rss_before_bytes=rss_now(), anon_before_bytes=rss_anon(),
                    peak_reset=reset_peak_rss())
+        phases = PhasePeaks(out["rss_before_bytes"])
         with AnonPeak() as anon:
             engine, out["info"] = _build(engine_name, config, seeded_model(gpt))
+            phases.mark("build")
             for tokens, targets in batches:
-                out["losses"].append(engine_step(engine, tokens, targets)[0])
+                out["losses"].append(engine_step(engine, tokens, targets,
+                                                 on_lap=phases.mark)[0])
     except Exception:  # noqa: BLE001 -- the table shows the failure
         out["error"] = traceback.format_exc()
         print(f"[rank {rank}] {args.worker} failed:\n{out['error']}", flush=True)
         return out
-    out["rss_peak_bytes"] = proc_status()["VmHWM"]
+    out["rss_growth_bytes"] = phases.highest
+    out["rss_peak_bytes"] = out["rss_before_bytes"] + phases.highest
     out["anon_peak_bytes"] = anon.peak
-    out["rss_growth_bytes"] = out["rss_peak_bytes"] - out["rss_before_bytes"]
     out["anon_growth_bytes"] = out["anon_peak_bytes"] - out["anon_before_bytes"]
+    out.update({f"{phase}_peak_bytes": p["peak"] for phase, p in phases.phases.items()})
+    out["held_between_steps_bytes"] = phases.phases["step"]["end"]
     if engine_name == "zero":
         report = engine.memory_report()
         out["zero_accounting"] = {"model_state_bytes": report["model_state_bytes"],
                                   "model_state_expected_bytes":
                                       report["model_state_expected_bytes"],
                                   "registry_total": report["total"]}
+    _destroy(engine)
+    del engine
+    gc.collect()
+    out["left_after_destroy_bytes"] = rss_now() - out["rss_before_bytes"]
     return out
 
 
@@ -390,8 +400,11 @@ def _memory_runs(args) -> dict:
     return runs
 
 
+PHASE_FIELDS = ("build_peak_bytes", "forward_peak_bytes", "backward_peak_bytes", "step_peak_bytes",
+                "held_between_steps_bytes", "left_after_destroy_bytes")
 MEMORY_FIELDS = ("rss_at_start_bytes", "one_time_anon_bytes", "rss_before_bytes", "rss_peak_bytes",
-                 "rss_growth_bytes", "anon_before_bytes", "anon_peak_bytes", "anon_growth_bytes")
+                 "rss_growth_bytes", "anon_before_bytes", "anon_peak_bytes", "anon_growth_bytes",
+                 *PHASE_FIELDS)
 
 
 def _memory_summary(repeats: list[dict]) -> dict:
@@ -523,6 +536,20 @@ def _loss_table(summary: list[dict], args) -> str:
     return markdown_table(header_row, rows)
 
 
+def _phase_section(summary) -> list[str]:
+    """Where each engine's peak is: the peak of each phase and what stays, rank 0 / rank 1."""
+    rows = [[row["config"], e, *(_growth(row["engines"][e], k) for k in PHASE_FIELDS)]
+            for row in summary for e in ENGINES if "memory" in row["engines"][e]]
+    return ["## Where the peak is (rank 0 / rank 1, MiB over RSS before)", "",
+            "The same runs, each rank's median: the peak RSS within each phase (VmHWM reset as "
+            "the phase begins; forward, backward and step of the last step), the RSS after the "
+            "last step (what an engine holds between steps) and after the engine was destroyed "
+            "and collected (what stays in the process: torch's kernel caches, the allocator's "
+            "pools).", "",
+            markdown_table(["configuration", "engine", "build", "forward", "backward", "step",
+                            "held between steps", "left after destroy"], rows), ""]
+
+
 def render_markdown(summary, facts, args, command, wall) -> str:
     rt = facts.get("runtime", {})
     numel = f"{facts['numel']:,}" if facts.get("numel") else "?"
@@ -602,6 +629,7 @@ def render_markdown(summary, facts, args, command, wall) -> str:
                                   "peak RSS growth", "peak anon growth",
                                   "peak RSS growth, each run", "zero accounting (model states)"],
                                  mem_rows), ""]
+        lines += _phase_section(summary)
     failures = [f"* {row['config']}: {text}" for row in summary
                 for e in ENGINES for text in _failures(row["engines"][e], e)]
     lines += ["## Failures", ""] + (failures or ["None: every configuration ran on both engines."])

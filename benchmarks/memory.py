@@ -80,6 +80,24 @@ class AnonPeak(threading.Thread):
         return False
 
 
+class PhasePeaks:
+    """Each phase's peak RSS and its RSS at the end, both over `baseline` bytes: mark(phase)
+    ends a phase and resets VmHWM for the next. A phase marked again (a later step's
+    "forward") keeps the latest values; highest is the peak over every phase marked."""
+
+    def __init__(self, baseline: int):
+        self.baseline, self.highest = baseline, 0
+        self.phases: dict[str, dict[str, int]] = {}
+        reset_peak_rss()
+
+    def mark(self, phase: str) -> None:
+        status = proc_status()
+        self.phases[phase] = {"peak": status["VmHWM"] - self.baseline,
+                              "end": status["VmRSS"] - self.baseline}
+        self.highest = max(self.highest, self.phases[phase]["peak"])
+        reset_peak_rss()
+
+
 def local(t):
     """The local tensor of a DTensor (or the tensor itself)."""
     return t.to_local() if hasattr(t, "to_local") else t

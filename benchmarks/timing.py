@@ -15,16 +15,20 @@ import traceback
 class PhaseClock:
     """Wall time of consecutive phases of one step: lap("forward") ends the phase that began at
     the previous lap (or at construction); skip() starts the next phase without timing the
-    work since (bookkeeping that belongs to no phase)."""
+    work since (bookkeeping that belongs to no phase). on_lap(phase), when given, runs after
+    each lap (a memory probe); its time falls into the next phase."""
 
-    def __init__(self):
+    def __init__(self, on_lap=None):
         self.laps = {}
+        self._on_lap = on_lap
         self._start = time.perf_counter()
 
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
         self.laps[phase] = now - self._start
         self._start = now
+        if self._on_lap is not None:
+            self._on_lap(phase)
 
     def skip(self) -> None:
         self._start = time.perf_counter()
@@ -166,11 +170,11 @@ def median_per_rank(results: list[dict], value) -> list:
             for k in range(len(results[-1]["ranks"]))]
 
 
-def engine_step(engine, tokens, targets, sync: bool = False):
+def engine_step(engine, tokens, targets, sync: bool = False, on_lap=None):
     """One training step of zero's engine, each phase timed: forward, engine.backward,
     (with sync, a barrier: the other rank's lag lands in "sync", not in step()) and
-    engine.step(). Returns (loss, {phase: seconds})."""
-    clock = PhaseClock()
+    engine.step(); on_lap as PhaseClock's. Returns (loss, {phase: seconds})."""
+    clock = PhaseClock(on_lap)
     loss = engine(tokens, targets)
     clock.lap("forward")
     engine.backward(loss)
