@@ -252,6 +252,7 @@ def test_offload_rows_in_the_table_and_json(capsys, tmp_path):
     assert cli.main(["estimate", "--model", FACTORY, "--config", str(path), "--world-size", "2",
                      "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["setup"]["cpu_only"] is False
     assert out["setup"]["offload"] == {"offload_optimizer": "nvme", "offload_param": "cpu",
                                        "sub_group_size": 1_000_000_000,
                                        "delayed_update": False, "ratio": 1.0,
@@ -292,6 +293,9 @@ def test_offload_rows_in_the_table_and_json(capsys, tmp_path):
                      "--cpu-only"]) == 0
     text = capsys.readouterr().out
     assert "2·C·(2+2)" not in text and "Σ groups 2·3·⌈4C⌉ + 5·⌈2·V⌉" in text
+    assert cli.main(["estimate", "--model", FACTORY, "--config", str(path), "--world-size", "2",
+                     "--cpu-only", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["cpu_only"] is True
     # Flags pick the row too; parameter offload needs stage 3, offload stage 1+.
     assert cli.main(["estimate", "--model", FACTORY, "--world-size", "2", "--stage", "1",
                      "--offload-optimizer", "cpu"]) == 0

@@ -172,6 +172,7 @@ class Setup:
                 "ranks_per_node": self.ranks_per_node, "precision": self.precision,
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
                 "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
+                "cpu_only": self.cpu_only,
                 "gradient_accumulation_steps": self.gradient_accumulation_steps,
                 "stage3": self.stage3_dict(), "mics_shard_size": self.mics_shard_size,
                 "zero_hpz_partition_size": self.hpz_partition_size,
