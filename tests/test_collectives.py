@@ -173,12 +173,12 @@ def _drop_communicators_that_own_their_group(rank, world_size, rounds):
     for _ in range(rounds):
         group = dist.new_group(list(range(world_size)))
         communicator = _C.Communicator(group.group_name)
-        tensor = torch.ones(1 << 16)
+        tensor, other = torch.ones(1 << 16), torch.ones(1 << 16)
         communicator.all_reduce(tensor)
-        pending = communicator.all_reduce(tensor, async_op=True)
+        pending = communicator.all_reduce(other, async_op=True)  # dropped without wait()
         dist.all_reduce(tensor, group=group)  # its work item may outlive the call in a worker
         dist.destroy_process_group(group)  # the communicator now owns the group alone
-        del tensor  # a worker still holding it must take the GIL to drop it
+        del tensor, other  # a worker still holding one must take the GIL to drop it
         del pending, communicator  # ~ProcessGroupGloo joins the workers: not under the GIL
     return rounds
 

@@ -174,9 +174,10 @@ std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard
 }
 
 // gloo's reduce-scatter all-reduces a copy of `full` underneath: twice a reduce-scatter's bytes
-// (1.4-1.9x the time of this on 2 ranks, 1.9-2.8x on 4: benchmarks/bench_collectives.py). Here an all-to-all brings piece r of every rank's
-// `full` to rank r, which sums the pieces in rank order after the wait (16-bit sums accumulate
-// in fp32 and round once). `pieces` takes the place of gloo's copy.
+// (1.4-1.9x the time of this on 2 ranks, 1.9-2.8x on 4: benchmarks/bench_collectives.py).
+// Here an all-to-all brings piece r of every rank's `full` to rank r, which sums the pieces in
+// rank order after the wait (16-bit sums accumulate in fp32 and round once). `pieces` takes
+// the place of gloo's copy.
 std::unique_ptr<PendingCollective> Communicator::host_reduce_scatter(at::Tensor shard,
                                                                      at::Tensor full,
                                                                      Reduction reduction) {
