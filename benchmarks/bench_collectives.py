@@ -1,6 +1,6 @@
 """The collectives a step is made of, timed on gloo: which way a host reduce-scatter should go.
 
-    python benchmarks/bench_collectives.py                      # the full run (~2 minutes)
+    python benchmarks/bench_collectives.py                      # the full run (~30 s)
     python benchmarks/bench_collectives.py --worlds 2 --sizes-mib 1 --repeats 3 --out /tmp/bench
 
 gloo's reduce-scatter all-reduces a copy of its whole input and keeps one piece, so it moves
