@@ -139,7 +139,7 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool, pieces: bool
         filling = 1 + (1 if root_early and blocks and any(u == 0 for u, _, _ in rows) else 0)
         live = max(min(slots, len(rows)), min(filling, len(rows)))
         grown = grown or live > min(slots, len(rows))
-        bucket_bytes += _live_bucket_numel(rows, n3 if pieces else 0, live, filling == 2) * b
+        bucket_bytes += _live_bucket_numel(rows, n3, live, filling == 2, pieces) * b
         group_rows.append({"numel": sum(r[1] for r in rows), "shard_numel": sum(r[2] for r in rows),
                            "max_unit_numel": max(r[1] for r in rows), "unit_count": len(rows),
                            "block_units": blocks, "buckets_peak": live})
@@ -159,13 +159,12 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool, pieces: bool
     return category_row(bucket_bytes, bucket_formula), persistent_bytes, group_rows
 
 
-def _live_bucket_numel(rows: list, n: int, live: int, root_early: bool) -> int:
+def _live_bucket_numel(rows: list, n: int, live: int, root_early: bool, pieces: bool) -> int:
     """The most bucket elements one group's backward holds at once: `live` buckets (1 or 2)
-    of (U + U/N) each (n = 0: of U, no pieces). The root's bucket, filling over the whole
-    backward when its first gradient comes early, lives beside the largest block's; otherwise
-    buckets live in backward order (the blocks last to first, then the root), neighbours
-    together."""
-    size = {unit: numel + (numel // n if n else 0) for unit, numel, _ in rows}
+    of U each, + U/N with `pieces`. The root's bucket, filling over the whole backward when
+    its first gradient comes early, lives beside the largest block's; otherwise buckets live
+    in backward order (the blocks last to first, then the root), neighbours together."""
+    size = {unit: numel + (numel // n if pieces else 0) for unit, numel, _ in rows}
     blocks = [size[unit] for unit in sorted(size) if unit != 0]
     if live == 1:
         return max(size.values())
