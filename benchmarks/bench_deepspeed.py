@@ -550,11 +550,8 @@ def _phase_section(summary) -> list[str]:
                             "held between steps", "left after destroy"], rows), ""]
 
 
-def render_markdown(summary, facts, args, command, wall) -> str:
-    rt = facts.get("runtime", {})
+def _method_section(facts, args) -> list[str]:
     numel = f"{facts['numel']:,}" if facts.get("numel") else "?"
-    lines = header(f"zero vs DeepSpeed {rt.get('deepspeed_version', DS_VERSION)} on CPU",
-                   "bench_deepspeed.py", facts["date"], wall, command)
     memory_text = ("skipped (--steps 0)." if args.steps <= 0 else
                    f"each engine alone in a fresh pair of ranks (both libraries imported, the "
                    f"process group up), {args.memory_repeats} such runs per engine and "
@@ -575,7 +572,7 @@ def render_markdown(summary, facts, args, command, wall) -> str:
               "stepping round-robin" if not args.per_config else
               "one torch.distributed.run per configuration, its zero and DeepSpeed engines "
               "stepping round-robin")
-    lines += [
+    return [
         f"TinyGPT (vocab {args.vocab}, block {args.block}, {args.n_layer} layers, {args.n_head} "
         f"heads, width {args.n_embd}; Ψ = {numel} parameters), micro-batch "
         f"{args.micro_batch} per rank, world size {args.world_size} on gloo, {args.threads} torch "
@@ -591,101 +588,133 @@ def render_markdown(summary, facts, args, command, wall) -> str:
         f"Memory: {memory_text}",
         "",
     ]
+
+
+def _summary_table(summary) -> list[str]:
     rows = []
     for row in summary:
         z, d = row["engines"]["zero"], row["engines"]["deepspeed"]
         ratio = f"{row['ratio_median']:.2f}" if "ratio_median" in row else "-"
         rows.append([row["config"], _ms(z), _ms(d), ratio, _sci(row.get("loss_max_abs_diff")),
                      _growth(z, "rss_growth_bytes"), _growth(d, "rss_growth_bytes")])
-    lines += [markdown_table(
+    return [markdown_table(
         ["configuration", "zero ms median (p10)", "DeepSpeed ms median (p10)", "zero/DS",
          "max abs loss diff", "zero peak RSS growth (MiB)", "DeepSpeed peak RSS growth (MiB)"],
         rows), ""]
-    if args.steps > 0:
-        mem_rows = []
-        for row in summary:
-            for e in ENGINES:
-                one = row["engines"][e]
-                m = one.get("memory")
-                acct = "-"
-                if m and "zero_accounting" in m:
-                    acct = pair([a["model_state_bytes"] for a in m["zero_accounting"]],
-                                fmt=lambda x: mib(x, 1), merge_equal=False)
-                cells = ([_growth(one, k) for k in ("rss_before_bytes", "one_time_anon_bytes",
-                                                     "rss_growth_bytes", "anon_growth_bytes")]
-                         if m else [_growth(one, ""), "-", "-", "-"])
-                runs = ("; ".join(pair(run, fmt=lambda x: mib(x, 1), merge_equal=False)
-                                  for run in m["rss_growth_repeats"]) if m else "-")
-                mem_rows.append([row["config"], e, *cells, runs, acct])
-        lines += ["## Memory per rank (rank 0 / rank 1, MiB)", "",
-                  "Each rank's median over the runs. RSS before: the resident set just before "
-                  "the model and the engine were built (the throwaway engine already dropped). "
-                  "One-time: anonymous RSS the throwaway engine left behind (imports, ops, "
-                  "pools). Peak RSS growth: VmHWM (reset at the baseline) minus RSS before; "
-                  "every run's beside it. Peak anon growth: the highest RssAnon sample minus "
-                  "RssAnon before. zero accounting: the model-state bytes of zero's own "
-                  "registry after the last step (DeepSpeed keeps no such account on CPU).", "",
-                  markdown_table(["configuration", "engine", "RSS before", "one-time anon",
-                                  "peak RSS growth", "peak anon growth",
-                                  "peak RSS growth, each run", "zero accounting (model states)"],
-                                 mem_rows), ""]
-        lines += _phase_section(summary)
+
+
+def _memory_row(config: str, engine: str, one: dict) -> list[str]:
+    m = one.get("memory")
+    acct = "-"
+    if m and "zero_accounting" in m:
+        acct = pair([a["model_state_bytes"] for a in m["zero_accounting"]],
+                    fmt=lambda x: mib(x, 1), merge_equal=False)
+    cells = ([_growth(one, k) for k in ("rss_before_bytes", "one_time_anon_bytes",
+                                         "rss_growth_bytes", "anon_growth_bytes")]
+             if m else [_growth(one, ""), "-", "-", "-"])
+    runs = ("; ".join(pair(run, fmt=lambda x: mib(x, 1), merge_equal=False)
+                      for run in m["rss_growth_repeats"]) if m else "-")
+    return [config, engine, *cells, runs, acct]
+
+
+def _memory_section(summary) -> list[str]:
+    rows = [_memory_row(row["config"], e, row["engines"][e]) for row in summary for e in ENGINES]
+    return ["## Memory per rank (rank 0 / rank 1, MiB)", "",
+            "Each rank's median over the runs. RSS before: the resident set just before "
+            "the model and the engine were built (the throwaway engine already dropped). "
+            "One-time: anonymous RSS the throwaway engine left behind (imports, ops, "
+            "pools). Peak RSS growth: VmHWM (reset at the baseline) minus RSS before; "
+            "every run's beside it. Peak anon growth: the highest RssAnon sample minus "
+            "RssAnon before. zero accounting: the model-state bytes of zero's own "
+            "registry after the last step (DeepSpeed keeps no such account on CPU).", "",
+            markdown_table(["configuration", "engine", "RSS before", "one-time anon",
+                            "peak RSS growth", "peak anon growth",
+                            "peak RSS growth, each run", "zero accounting (model states)"],
+                           rows), ""] + _phase_section(summary)
+
+
+def _failures_section(summary) -> list[str]:
     failures = [f"* {row['config']}: {text}" for row in summary
                 for e in ENGINES for text in _failures(row["engines"][e], e)]
-    lines += ["## Failures", ""] + (failures or ["None: every configuration ran on both engines."])
+    lines = ["## Failures", ""] + (failures or ["None: every configuration ran on both engines."])
     if failures:
         lines += ["", "The full tracebacks are in the JSON (summary[].engines.*.error / "
                   "memory_error)."]
-    lines += ["", "## Phases (median ms, slower rank): forward / backward / step", ""]
-    phase_rows = []
+    return lines
+
+
+def _phase_ms_section(summary) -> list[str]:
+    rows = []
     for row in summary:
         cells = [row["config"]]
         for e in ENGINES:
             ph = row["engines"][e].get("phase_ms")
             cells.append(" / ".join(f"{ph[k]:.1f}" for k in PHASES) if ph else "-")
-        phase_rows.append(cells)
-    lines += [markdown_table(["configuration", "zero", "DeepSpeed"], phase_rows), ""]
-    lines += ["## Losses", "",
-              "Rank 0's loss, zero / DeepSpeed, at some of the steps (warm-up included; every "
-              "step of both ranks is in the JSON). max |Δloss|: over every step and both "
-              "ranks. Alone vs interleaved: the memory run's losses (the engine alone in its "
-              "process) against the same engine's in the timing run, over the steps both have.",
-              "", _loss_table(summary, args), ""]
+        rows.append(cells)
+    return ["", "## Phases (median ms, slower rank): forward / backward / step", "",
+            markdown_table(["configuration", "zero", "DeepSpeed"], rows), ""]
+
+
+def _losses_section(summary, args) -> list[str]:
     alone = [[row["config"]] + [_sci(row["alone_vs_interleaved_max_abs_diff"].get(e))
                                 for e in ENGINES] for row in summary]
-    lines += [markdown_table(["configuration", "zero alone vs interleaved",
-                              "DeepSpeed alone vs interleaved"], alone), ""]
-    lines += ["## What each engine ran", ""]
-    info_rows = []
+    return ["## Losses", "",
+            "Rank 0's loss, zero / DeepSpeed, at some of the steps (warm-up included; every "
+            "step of both ranks is in the JSON). max |Δloss|: over every step and both "
+            "ranks. Alone vs interleaved: the memory run's losses (the engine alone in its "
+            "process) against the same engine's in the timing run, over the steps both have.",
+            "", _loss_table(summary, args), "",
+            markdown_table(["configuration", "zero alone vs interleaved",
+                            "DeepSpeed alone vs interleaved"], alone), ""]
+
+
+def _engines_section(summary) -> list[str]:
+    rows = []
     for row in summary:
         for e in ENGINES:
             info = row["engines"][e].get("info") or {}
             replaced = info.get("replaced_F_linear")
-            info_rows.append([row["config"], e, f"`{info.get('optimizer', '-')}`",
-                              f"`{info.get('optimizer_wrapper', '-')}`",
-                              "-" if replaced is None else "yes" if replaced else "no"])
-    lines += ["Both engines read AdamW from the config's \"optimizer\" block. DeepSpeed on its "
-              "CPU accelerator picks FusedAdam (the CPU accelerator's compiled fused_adam op) "
-              "without offload and DeepSpeedCPUAdam (the compiled cpu_adam op) with "
-              "offload_optimizer; zero runs its own C++ AdamW on each rank's shard.", "",
-              "DeepSpeed's stage 3 replaces `torch.nn.functional.linear` for the whole process "
-              "when its engine is built (zero_optimization.memory_efficient_linear, default true; "
-              "zero accepts only that value and replaces nothing). In the timing run every "
-              "engine steps with the `F.linear` it would have alone (swapped in around its "
-              "step), so zero's engines never run through DeepSpeed's linear; the alone vs "
-              "interleaved losses above check it.", "",
-              markdown_table(["configuration", "engine", "optimizer (AdamW)", "wrapper",
-                              "replaced F.linear"], info_rows), ""]
-    lines += [f"DeepSpeed {rt.get('deepspeed_version', '?')} from `{rt.get('deepspeed_file', '?')}`"
-              f", accelerator `{rt.get('deepspeed_accelerator', '?')}` "
-              f"(`{rt.get('deepspeed_accelerator_class', '?')}`), communication backend "
-              f"`{rt.get('deepspeed_comm_backend', '?')}`, process group "
-              f"`{rt.get('process_group_backend', '?')}`; torch {rt.get('torch', '?')} "
-              f"(`{rt.get('torch_file', '?')}`); ranks' Python `{rt.get('python', '?')}`, "
-              f"OMP_NUM_THREADS={rt.get('OMP_NUM_THREADS', '?')}.", "",
-              engine_under_test(facts) + f" (imported from `{rt.get('zero_file', '?')}`).",
-              "", f"Load average: {facts.get('load', '?')}."]
-    lines += machine_section(facts)
+            rows.append([row["config"], e, f"`{info.get('optimizer', '-')}`",
+                         f"`{info.get('optimizer_wrapper', '-')}`",
+                         "-" if replaced is None else "yes" if replaced else "no"])
+    return ["## What each engine ran", "",
+            "Both engines read AdamW from the config's \"optimizer\" block. DeepSpeed on its "
+            "CPU accelerator picks FusedAdam (the CPU accelerator's compiled fused_adam op) "
+            "without offload and DeepSpeedCPUAdam (the compiled cpu_adam op) with "
+            "offload_optimizer; zero runs its own C++ AdamW on each rank's shard.", "",
+            "DeepSpeed's stage 3 replaces `torch.nn.functional.linear` for the whole process "
+            "when its engine is built (zero_optimization.memory_efficient_linear, default true; "
+            "zero accepts only that value and replaces nothing). In the timing run every "
+            "engine steps with the `F.linear` it would have alone (swapped in around its "
+            "step), so zero's engines never run through DeepSpeed's linear; the alone vs "
+            "interleaved losses above check it.", "",
+            markdown_table(["configuration", "engine", "optimizer (AdamW)", "wrapper",
+                            "replaced F.linear"], rows), ""]
+
+
+def _runtime_section(facts) -> list[str]:
+    rt = facts.get("runtime", {})
+    return [f"DeepSpeed {rt.get('deepspeed_version', '?')} from `{rt.get('deepspeed_file', '?')}`"
+            f", accelerator `{rt.get('deepspeed_accelerator', '?')}` "
+            f"(`{rt.get('deepspeed_accelerator_class', '?')}`), communication backend "
+            f"`{rt.get('deepspeed_comm_backend', '?')}`, process group "
+            f"`{rt.get('process_group_backend', '?')}`; torch {rt.get('torch', '?')} "
+            f"(`{rt.get('torch_file', '?')}`); ranks' Python `{rt.get('python', '?')}`, "
+            f"OMP_NUM_THREADS={rt.get('OMP_NUM_THREADS', '?')}.", "",
+            engine_under_test(facts) + f" (imported from `{rt.get('zero_file', '?')}`).",
+            "", f"Load average: {facts.get('load', '?')}."] + machine_section(facts)
+
+
+def render_markdown(summary, facts, args, command, wall) -> str:
+    version = facts.get("runtime", {}).get("deepspeed_version", DS_VERSION)
+    lines = header(f"zero vs DeepSpeed {version} on CPU", "bench_deepspeed.py", facts["date"],
+                   wall, command)
+    lines += _method_section(facts, args) + _summary_table(summary)
+    if args.steps > 0:
+        lines += _memory_section(summary)
+    lines += (_failures_section(summary) + _phase_ms_section(summary)
+              + _losses_section(summary, args) + _engines_section(summary)
+              + _runtime_section(facts))
     return "\n".join(lines)
 
 
