@@ -17,9 +17,10 @@ host memory (D2H), zero's CPU Adam, and the parameter copy back (H2D). `hidden` 
 of their sum that the pipelined step did not add (1 - step / (D2H + Adam + H2D)); with the
 delayed update (dpu) the CPU step runs behind the next forward and backward instead.
 
---largest: for each size, zero2 without offload and zero3 with parameters and optimizer
-offloaded (micro-batch 1, 3 steps), until a size fails; the failure (out of memory, time)
-is recorded, not hidden.
+--largest: the largest GPT that trains without offload and with it, each configuration
+chosen by zero's tuner for this GPU and this host's free memory (benchmarks/gpu_largest.py;
+micro-batch 1, 2 steps after 1 warm-up), and the ratio of the two; --gpu-memory-gib caps the
+GPU to ask the same of a smaller card. Failures (out of memory, time) are recorded, not hidden.
 
 DeepSpeed's ZeRO-Offload is measured when `deepspeed` imports (the GPU machine this was
 written for has no internet, so the report says when it did not).
@@ -27,6 +28,7 @@ written for has no internet, so the report says when it did not).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -37,16 +39,19 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import models  # noqa: E402
+from benchmarks import gpu_largest, models  # noqa: E402
 from benchmarks.facts import machine_facts  # noqa: E402
 from benchmarks.launch import free_port, rendezvous_env, run_worker  # noqa: E402
 from benchmarks.memory import rss_peak  # noqa: E402
 from benchmarks.report import gib, markdown_table, write_results  # noqa: E402
 from zero.models.tiny_gpt import GPTConfig, TinyGPT  # noqa: E402
 
-# name: (layers, heads, width); GPT-2 vocabulary padded to 50304, 1024 positions.
+# name: (layers, heads, width); GPT-2 vocabulary padded to 50304, 1024 positions. The
+# width-4096 rungs between 2.7b and 13b are for --largest's ladder.
 MODELS = {"350m": (24, 16, 1024), "1.3b": (24, 16, 2048), "2.7b": (32, 32, 2560),
-          "6.7b": (32, 32, 4096), "8.3b": (40, 32, 4096), "13b": (40, 40, 5120)}
+          "4.2b": (20, 32, 4096), "5b": (24, 32, 4096), "5.8b": (28, 32, 4096),
+          "6.7b": (32, 32, 4096), "8.3b": (40, 32, 4096), "10b": (48, 32, 4096),
+          "11.5b": (56, 32, 4096), "13b": (40, 40, 5120)}
 # Most telling first: a run cut short by its budget still compares offload with none.
 CONFIGS = ("zero2", "zero2-offload", "fsdp2-offload", "fsdp2", "zero2-offload-dpu",
            "zero3-offload", "deepspeed-offload")
@@ -72,9 +77,21 @@ def parse_args(argv=None):
                         help="seconds for the whole run (0: none); configurations left when it "
                              "is spent are reported as skipped")
     parser.add_argument("--largest", action="store_true")
-    parser.add_argument("--sizes", default="2.7b,6.7b,8.3b,13b", help="--largest: sizes to try")
+    parser.add_argument("--sizes", default="2.7b,4.2b,5b,5.8b,6.7b,8.3b,10b,11.5b,13b",
+                        help="--largest: the ladder of sizes the tuner is asked about")
+    parser.add_argument("--gpu-memory-gib", type=float, default=0,
+                        help="--largest: cap the GPU at this many GiB (the tuner's budget and "
+                             "torch.cuda.set_per_process_memory_fraction); 0: the whole GPU")
+    parser.add_argument("--reserve-gib", type=float, default=4,
+                        help="--largest: GPU memory the tuner keeps back beyond the "
+                             "activations (CUDA context, cuBLAS, allocator slack)")
+    parser.add_argument("--host-reserve-gib", type=float, default=8,
+                        help="--largest: host memory kept back from MemAvailable (the "
+                             "process's own libraries, page cache)")
     parser.add_argument("--out", default="benchmarks/results/gpu")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--config-json", help=argparse.SUPPRESS)  # a zero worker's config
+    parser.add_argument("--bf16-init", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -123,7 +140,12 @@ def batches(config: GPTConfig, args, count: int):
 def train_zero(name, model, args):
     import zero
 
-    engine, _, _, _ = zero.initialize(model=model, config=ds_config(name, args))
+    if args.config_json:
+        with open(args.config_json) as handle:
+            config = json.load(handle)
+    else:
+        config = ds_config(name, args)
+    engine, _, _, _ = zero.initialize(model=model, config=config)
     return engine, engine_step(engine, batches(model.config, args, args.gas))
 
 
@@ -230,9 +252,15 @@ def worker(args) -> dict:
     name = args.worker
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1)
+    if args.gpu_memory_gib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_memory_gib * 2**30 / total))
     config = gpt_config(args.model)
     with torch.device("cuda"):
+        if args.bf16_init:
+            torch.set_default_dtype(torch.bfloat16)
         model = TinyGPT(config)
+        torch.set_default_dtype(torch.float32)
     numel = models.count_params(model)
     build = train_zero if name.startswith("zero") else \
         train_fsdp2 if name.startswith("fsdp2") else train_deepspeed
@@ -272,7 +300,11 @@ def run_config(name: str, args, **overrides) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model",
                options["model"], "--micro-batch", str(options["micro_batch"]), "--gas",
                str(options["gas"]), "--steps", str(options["steps"]), "--warmup",
-               str(options["warmup"])]
+               str(options["warmup"]), "--gpu-memory-gib", str(options["gpu_memory_gib"])]
+    if options.get("config_json"):
+        command += ["--config-json", options["config_json"]]
+    if options.get("bf16_init"):
+        command.append("--bf16-init")
     env = {**os.environ, **rendezvous_env(0, 1, free_port()), "LOCAL_WORLD_SIZE": "1",
            "PYTHONFAULTHANDLER": "1"}  # a crash in native code still names its frame
     print(f"[bench] {name} {options['model']} ...", flush=True)
@@ -306,17 +338,22 @@ def _reason(tail: list[str]) -> str:
     return tail[-1][:240] if tail else "exited without output"
 
 
-def write_report(kind: str, facts: dict, results: list[dict], args) -> None:
+def write_report(kind: str, facts: dict, results: list[dict], args, extra=None) -> None:
     stem = "largest_model" if kind == "largest" else "gpu_offload"
-    write_results(args.out, stem, render(kind, facts, results),
-                  {"facts": facts, "command": " ".join(sys.argv), "results": results})
+    markdown = (render_largest(facts, results, extra) if kind == "largest"
+                else render(facts, results))
+    write_results(args.out, stem, markdown, {"facts": facts, "command": " ".join(sys.argv),
+                                             "results": results, **(extra or {})})
     print(f"[bench] wrote {os.path.join(args.out, stem)}.md and .json", flush=True)
 
 
-def render(kind: str, facts: dict, results: list[dict]) -> str:
-    lines = [f"# {'Largest GPT that trains on one GPU' if kind == 'largest' else 'ZeRO-Offload on one GPU'}",
-             "", "`" + " ".join(["python"] + sys.argv) + "`", "",
-             ", ".join(f"{key}: {value}" for key, value in facts.items()), ""]
+def _title(title: str, facts: dict) -> list[str]:
+    return [f"# {title}", "", "`" + " ".join(["python"] + sys.argv) + "`", "",
+            ", ".join(f"{key}: {value}" for key, value in facts.items()), ""]
+
+
+def render(facts: dict, results: list[dict]) -> str:
+    lines = _title("ZeRO-Offload on one GPU", facts)
     header = ["config", "model", "params", "tokens/step", "forward s", "backward s", "step s",
               "total s", "GPU peak GiB", "RSS peak GiB", "loss first→last"]
     rows = []
@@ -331,6 +368,15 @@ def render(kind: str, facts: dict, results: list[dict]) -> str:
                      f"{r['losses'][0]:.3f}→{r['losses'][-1]:.3f}"])
     lines += [markdown_table(header, rows), ""]
     lines += _offload_summary(results)
+    return "\n".join(lines) + "\n"
+
+
+def render_largest(facts: dict, results: list[dict], extra: dict) -> str:
+    lines = _title("Largest GPT that trains on one GPU", facts)
+    lines += [gpu_largest.budget_line(extra), "",
+              markdown_table(gpu_largest.PLAN_HEADER, gpu_largest.plan_rows(extra["plans"])),
+              "", markdown_table(gpu_largest.HEADER, gpu_largest.rows(results)), "",
+              "- " + gpu_largest.verdict(results)]
     return "\n".join(lines) + "\n"
 
 
@@ -372,27 +418,52 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_gpu_offload: no CUDA GPU here; nothing to measure")
         return 0
-    kind = "largest" if args.largest else "offload"
     facts = machine_facts()
     deadline = time.monotonic() + args.budget if args.budget else float("inf")
+    if args.largest:
+        return largest(args, facts, deadline)
     results = []
-    for name, overrides in (largest_runs(args) if args.largest else
-                            [(name, {}) for name in args.configs.split(",")]):
-        if args.largest and any("error" in r and r["config"] == name for r in results):
-            continue  # a smaller size of this configuration already failed
+    for name in args.configs.split(","):
         if time.monotonic() > deadline:
-            results.append({"config": name, "model": overrides.get("model", args.model),
+            results.append({"config": name, "model": args.model,
                             "error": f"skipped: the run's --budget of {args.budget} s was spent"})
         else:
-            results.append(run_config(name, args, **overrides))
-        write_report(kind, facts, results, args)  # after each: a run cut short keeps its numbers
+            results.append(run_config(name, args))
+        write_report("offload", facts, results, args)  # after each: a run cut short keeps its numbers
     return 0
 
 
-def largest_runs(args) -> list[tuple[str, dict]]:
-    """zero2 without offload, then zero3 with everything offloaded, each up the sizes."""
-    return [(config, dict(model=size, micro_batch=1, gas=1, steps=2, warmup=1))
-            for config in ("zero2", "zero3-offload") for size in args.sizes.split(",")]
+def largest(args, facts: dict, deadline: float) -> int:
+    """--largest: the tuner's plan for every size (benchmarks/gpu_largest.py), then each arm
+    from its largest fitting size down; every run in its own process, micro-batch 1, 2 steps."""
+    ladder = dict(micro_batch=1, gas=1, steps=2, warmup=1)
+    base = ds_config("zero2", argparse.Namespace(**{**vars(args), **ladder}))
+    gpu = (int(args.gpu_memory_gib * 2**30) if args.gpu_memory_gib
+           else torch.cuda.get_device_properties(0).total_memory)
+    host = gpu_largest.host_memory_available() - int(args.host_reserve_gib * 2**30)
+    reserve = int(args.reserve_gib * 2**30)
+    plans = [gpu_largest.plan(size, gpt_config(size), base, gpu, host, reserve)
+             for size in args.sizes.split(",")]
+    extra = {"gpu_budget_bytes": gpu, "gpu_capped": bool(args.gpu_memory_gib),
+             "host_budget_bytes": host, "reserve_bytes": reserve,
+             "plans": [dataclasses.asdict(p) for p in plans]}
+    results = []
+
+    def run(arm: str, plan, config: dict) -> dict:
+        if time.monotonic() > deadline:
+            result = {"config": "zero", "model": plan.size,
+                      "error": f"skipped: the run's --budget of {args.budget} s was spent"}
+        else:
+            path = gpu_largest.write_config(args.out, arm, plan.size, config)
+            result = run_config("zero", args, model=plan.size, config_json=path, bf16_init=True,
+                                **ladder)
+        result.update(gpu_largest.describe_run(arm, plan))
+        results.append(result)
+        write_report("largest", facts, results, args, extra)
+        return result
+
+    gpu_largest.search(plans, run, base)
+    return 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 #             the memory report against torch.cuda's allocator);
 #   3. bench  benchmarks/bench_gpu_offload.py: ZeRO-Offload on one GPU against the same model
 #             without offload and FSDP2 with CPU offload;
-#   4. largest  the largest GPT that trains with parameters and optimizer offloaded.
+#   4. largest  the largest GPT that trains without offload and with it, each configuration
+#               chosen by zero's tuner for this GPU and host (benchmarks/gpu_largest.py).
 # Results (JSON + Markdown naming the GPU, driver, torch and date) go to
 # benchmarks/results/gpu/ (or $ZERO_GPU_RESULTS); gpu_check.md there says what each step did.
 # On a machine without a GPU it says so in one line and exits 0.
