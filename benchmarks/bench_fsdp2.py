@@ -230,6 +230,7 @@ def _zero_stage3(model, kind, precision, args) -> dict:
 
 def _zero(model, kind, precision, args, out):
     import zero
+    from zero.boundary import as_dict
 
     cfg = _zero_stage3(model, kind, precision, args)
     out["engine_config"] = cfg
@@ -250,7 +251,7 @@ def _zero(model, kind, precision, args, out):
         clock.lap("forward")
         if probe:
             probe.after_forward()
-        kept_after_forward.append(int(engine._core.schedule_stats()["gathered_numel"]))
+        kept_after_forward.append(engine._core.schedule_stats().gathered_numel)
         clock.skip()  # the bookkeeping above is in no phase
         engine.backward(loss)
         clock.lap("backward")
@@ -271,16 +272,18 @@ def _zero(model, kind, precision, args, out):
         return engine.get_global_grad_norm()
 
     def schedule():
-        stats = dict(engine._core.schedule_stats())
+        stats = as_dict(engine._core.schedule_stats())
         return {k: v for k, v in stats.items() if k != "notice"}
 
     return {"step": step, "finish": lambda: _zero_finish(engine, out), "model": engine.module,
             "grad_norm": grad_norm, "comm": lambda: dict(engine.memory_report()["comm"]),
-            "owned": lambda: int(registry.total()["current"]),
+            "owned": lambda: registry.total().current,
             "reset_peaks": reset_peaks, "schedule": schedule}
 
 
 def _zero_finish(engine, out):
+    from zero.boundary import as_dict
+
     report = engine.memory_report()
     out["report"] = report
     out["grad_norm_last"] = engine.get_global_grad_norm()
@@ -289,7 +292,7 @@ def _zero_finish(engine, out):
         "gathered_param", {}).get("current", 0))
     out["units"] = len(engine._stage3.plan.modules)
     try:
-        out["schedule_stats"] = dict(engine._core.schedule_stats())
+        out["schedule_stats"] = as_dict(engine._core.schedule_stats())
     except Exception as exc:  # noqa: BLE001 -- an engine without a gather schedule
         out["schedule_stats"] = {"error": repr(exc)}
 

@@ -148,6 +148,7 @@ def offload_config(name, a, nvme_path=None):
 
 def _run_config(rank, world, name, a, nvme_path):
     import zero
+    from zero.boundary import as_dict
 
     torch.set_num_threads(a["threads"])
     rss_start = rss_now()
@@ -170,7 +171,7 @@ def _run_config(rank, world, name, a, nvme_path):
     report = engine.memory_report()
     report.pop("comm", None)
     step_profile = _profiled_step(engine, batches[-1])
-    info = [dict(engine._core.group_offload_info(g)) for g in range(engine._core.group_count)]
+    info = [as_dict(engine._core.group_offload_info(g)) for g in range(engine._core.group_count)]
     swap_files = _swap_files(nvme_path)
     if CONFIGS[name][1].get("offload_optimizer", {}).get("delayed_update"):
         engine.apply_delayed_update()

@@ -66,10 +66,11 @@ def _interleaved(rank, world, name, args):
         def step(tokens, targets, engine=engine, name=config_name):
             engine.core.reset_comm_stats()
             loss, phases = engine_step(engine, tokens, targets)
-            mics = engine.core.mics_comm_stats()
+            core = engine.core
             last[name] = {"loss": loss,
-                          "cross": _summed(engine.core.comm_stats(), mics["replicate"]),
-                          "in_node": _summed(engine.core.secondary_comm_stats(), mics["shard"])}
+                          "cross": _summed(core.comm_stats(), core.mics_replicate_comm_stats()),
+                          "in_node": _summed(core.secondary_comm_stats(),
+                                             core.mics_shard_comm_stats())}
             return loss, phases
         steps[config_name] = step
     batches = rank_batches(gpt, args.micro_batch, args.warmup + args.interleaved_steps, rank)
@@ -78,7 +79,7 @@ def _interleaved(rank, world, name, args):
 
 
 def _summed(*stats) -> dict:
-    return {key: sum(s[key] for s in stats) for key in STAT_KEYS}
+    return {key: sum(getattr(s, key) for s in stats) for key in STAT_KEYS}
 
 
 def summarize(result: dict, configs: list[str]) -> dict:

@@ -52,15 +52,16 @@ def param_offload_options(config, on_swap_write=None):
                  on_swap_write=on_swap_write if nvme else None)
 
 
-def pinning_warning(config, group_infos: list[dict]) -> str | None:
+def pinning_warning(config, group_infos: list) -> str | None:
     """The warning to give when pin_memory was asked for and could not be honoured (a CPU
-    build of torch, the locked-memory limit), naming why; None when there is nothing to say."""
+    build of torch, the locked-memory limit), naming why; None when there is nothing to say.
+    group_infos: every group's _C.OffloadInfo."""
     zero_cfg = config.zero_optimization
     reasons = set()
     if zero_cfg.offload_optimizer.pin_memory:
-        reasons |= {info["why_not_pinned"] for info in group_infos}
+        reasons |= {info.why_not_pinned for info in group_infos}
     if zero_cfg.offload_param.pin_memory:
-        reasons |= {info["why_params_not_pinned"] for info in group_infos}
+        reasons |= {info.why_params_not_pinned for info in group_infos}
     reasons -= {""}
     if not reasons:
         return None

@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from distributed_harness import run_distributed
+from zero.boundary import as_dict
 
 # Sizes chosen to cover: not divisible by any world size, a parameter split across every
 # shard, a scalar, an empty parameter, and padding at the end.
@@ -38,7 +39,7 @@ def _shard_then_all_gather(rank, world_size, dtype_name, alignment):
                  for view, param in zip(views, params)]
     padding = full.data[plan.used_numel:] if alignment == 1 else None
     padding_is_zero = padding is None or bool((padding == 0).all())
-    return identical, padding_is_zero, registry.total()["current"], plan.bytes + shard.bytes
+    return identical, padding_is_zero, registry.total().current, plan.bytes + shard.bytes
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
@@ -103,7 +104,7 @@ def _all_reduce_and_broadcast(rank, world_size):
     communicator.broadcast(sent, root=world_size - 1)
     pending = communicator.all_reduce(torch.ones(2), async_op=True)
     pending.wait()
-    return summed.tolist(), biggest.item(), sent.tolist(), pending.completed, communicator.stats()
+    return summed.tolist(), biggest.item(), sent.tolist(), pending.completed, as_dict(communicator.stats())
 
 
 def test_all_reduce_max_broadcast_and_async_handles():
@@ -128,7 +129,7 @@ def _communication_volume(rank, world_size):
     communicator = _communicator()
     communicator.all_gather(full.data, shard)
     communicator.reduce_scatter(shard, full.data)
-    return communicator.stats(), plan.bytes
+    return as_dict(communicator.stats()), plan.bytes
 
 
 def test_bytes_are_counted_as_zero_paper_volume():

@@ -7,6 +7,7 @@ import pytest
 
 import training
 from distributed_harness import run_distributed
+from zero.boundary import as_dict
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,7 +38,7 @@ def _step_logged(rank, world, stage, logger=None, call_summary=False, zero_extra
             summary = engine.watch.log_comms(print_log=False, return_dict=True)
         result = {"summary": summary["summary"], "straggler": summary["straggler_analysis"],
                   "payload": dict(engine.watch.comms.payload_bytes),
-                  "stats": dict(engine.core.comm_stats()),
+                  "stats": as_dict(engine.core.comm_stats()),
                   "psi": sum(engine.core.group_numel(g) for g in range(engine.core.group_count))}
         engine.destroy()
     result["stdout"] = out.getvalue()

@@ -7,6 +7,7 @@ import torch
 
 import training
 from distributed_harness import run_distributed
+from zero.boundary import as_dict
 
 
 # ---- fp16: an overflow on one rank skips the step on every rank ---------------------------
@@ -133,7 +134,7 @@ def _memory(rank, world, stage, precision):
     training.train_engine(engine, rank, world, 2, 2)
     report = engine.memory_report()
     groups = range(engine.core.group_count)
-    buckets = [engine.core.group_bucket_info(g) for g in groups]
+    buckets = [as_dict(engine.core.group_bucket_info(g)) for g in groups]
     return report, sum(engine.core.group_numel(g) for g in groups), buckets
 
 
@@ -198,13 +199,13 @@ def _no_sync(rank, world, stage, gas=2):
     with engine.no_sync():
         tokens, targets = data[rank]
         engine.backward(engine(tokens, targets))
-    during = engine.core.comm_stats()["total_bytes"]
+    during = engine.core.comm_stats().total_bytes
     if gas > 1:
         engine.step()  # not a boundary: nothing to do yet
     tokens, targets = data[world + rank]
     engine.backward(engine(tokens, targets))
     engine.step()
-    return during, engine.core.comm_stats()["total_bytes"] > 0, training.parameters_of(engine.module)
+    return during, engine.core.comm_stats().total_bytes > 0, training.parameters_of(engine.module)
 
 
 def test_no_sync_sends_nothing_and_accumulation_still_matches_the_reference():
@@ -443,7 +444,7 @@ def _bytes_of_one_step(rank, world, stage, gas):
     training.train_engine(engine, rank, world, 1, gas)  # warm-up (stage 3 learns its order)
     engine.core.reset_comm_stats()
     training.train_engine(engine, rank, world, 1, gas, first_step=1)
-    stats = dict(engine.core.comm_stats())
+    stats = as_dict(engine.core.comm_stats())
     padded = sum(engine.core.group_numel(g) for g in range(engine.core.group_count))
     return stats, padded, engine.dtype.itemsize
 

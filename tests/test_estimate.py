@@ -55,7 +55,7 @@ def _measure(rank, world, grid):
                     "current": {k: v["current"] for k, v in report["categories"].items()},
                     "peak": {k: v["peak"] for k, v in report["categories"].items()},
                     "peak_total": report["total"]["peak"],
-                    "comm": (comm["total_bytes"], comm["calls"]),
+                    "comm": (comm.total_bytes, comm.calls),
                     "expected": {k: v["expected"] for k, v in report["categories"].items()
                                  if "expected" in v}})
     return out

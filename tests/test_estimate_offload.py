@@ -93,7 +93,7 @@ def _report_with_offloaded_numel(engine, rank):
     offloaded = {}
     for g, group in enumerate(engine.groups):
         persistent = engine.stage == 3 and group.stage != 3
-        numel = engine.core.group_offload_info(g)["offloaded_numel"]
+        numel = engine.core.group_offload_info(g).offloaded_numel
         offloaded[persistent] = offloaded.get(persistent, 0) + numel
     layouts = [dataclasses.replace(layout, offloaded_numel=offloaded.get(layout.persistent, 0))
                for layout in engine._layouts]
@@ -115,11 +115,11 @@ def _measure(rank, world, grid, nvme_path, factory=None, steps=2):
         swap = param_swap = nvme_param_numel = 0
         for g in range(engine.core.group_count):
             info = engine.core.group_offload_info(g)
-            if info.get("swap", ""):
-                swap += os.path.getsize(training.open_path(info["swap"].split(" (")[0]))
-            if info.get("param_swap", ""):
-                param_swap += os.path.getsize(training.open_path(info["param_swap"].split(" (")[0]))
-            nvme_param_numel += info.get("nvme_param_numel", 0)
+            if info.swap:
+                swap += os.path.getsize(training.open_path(info.swap.split(" (")[0]))
+            if info.param_swap:
+                param_swap += os.path.getsize(training.open_path(info.param_swap.split(" (")[0]))
+            nvme_param_numel += info.nvme_param_numel
         report["swap_file_bytes"] = swap + param_swap
         report["param_swap_file_bytes"] = param_swap
         report["nvme_param_numel"] = nvme_param_numel

@@ -11,6 +11,7 @@ import pytest
 
 import training
 from distributed_harness import run_distributed
+from zero.boundary import as_dict
 from zero.reports import cli, tuner
 from zero.reports import estimate as est
 
@@ -91,9 +92,9 @@ def _measure(rank, world, grid, knobs=KNOBS, model="tiny"):
                          if "expected" in v},
             "model_state_bytes": report["model_state_bytes"],
             "total": report["total"],
-            "bucket_info": sum(engine.core.group_bucket_info(g)["bucket_bytes"] for g in groups),
-            "schedule": dict(engine.core.schedule_stats()),
-            "comm": (comm["total_bytes"], comm["calls"]),
+            "bucket_info": sum(engine.core.group_bucket_info(g).bucket_bytes for g in groups),
+            "schedule": as_dict(engine.core.schedule_stats()),
+            "comm": (comm.total_bytes, comm.calls),
         })
         engine.destroy()
     return out
@@ -323,7 +324,7 @@ def _run_tuned(rank, world, config_path):
     training.train_engine(engine, rank, world, 2, engine.gradient_accumulation_steps())
     report = engine.memory_report()
     return (report["stage"], report["total"], report["categories"]["gathered_param"]["peak"],
-            dict(engine.core.schedule_stats()))
+            as_dict(engine.core.schedule_stats()))
 
 
 def test_the_tuner_recommends_stage3_when_only_stage3_fits_and_it_runs_within(tmp_path, capsys):

@@ -5,6 +5,7 @@ import pytest
 
 import training
 from distributed_harness import RankFailed, run_distributed
+from zero.boundary import as_dict
 
 WORLD, PER_NODE, GAS = 4, 2, 2
 NODES = {"LOCAL_WORLD_SIZE": str(PER_NODE)}
@@ -20,8 +21,8 @@ def _train(rank, world, hpz, precision):
     losses = training.train_engine(engine, rank, world, 1, GAS)  # warm-up: the order is learned
     engine.core.reset_comm_stats()
     losses += training.train_engine(engine, rank, world, 1, GAS, first_step=1)
-    world_stats = dict(engine.core.comm_stats())
-    secondary = dict(engine.core.secondary_comm_stats())
+    world_stats = as_dict(engine.core.comm_stats())
+    secondary = as_dict(engine.core.secondary_comm_stats())
     losses += training.train_engine(engine, rank, world, 3, GAS, first_step=2)
     padded = sum(engine.core.group_numel(g) for g in range(engine.core.group_count))
     state = engine.module_state_dict()

@@ -244,11 +244,11 @@ for step in range(3):
     engine.backward(loss)
     engine.step()
     losses.append(loss.item())
-mics = engine.core.mics_comm_stats()
 Path(os.environ["OUT_DIR"], f"train{rank}.json").write_text(json.dumps({
     "local_rank": engine.local_rank, "shard_world": engine.core.group_layout(0).world_size,
-    "secondary_gathered": engine.core.secondary_comm_stats()["all_gather_bytes"] > 0,
-    "replicated": mics["replicate"]["all_reduce_bytes"] > 0, "losses": losses}))
+    "secondary_gathered": engine.core.secondary_comm_stats().all_gather_bytes > 0,
+    "replicated": engine.core.mics_replicate_comm_stats().all_reduce_bytes > 0,
+    "losses": losses}))
 """
 
 

@@ -41,11 +41,9 @@ def _measure(rank, world, precision):
         training.train_engine(engine, rank, world, 1, GAS)  # the order is recorded
         engine.core.reset_comm_stats()
         training.train_engine(engine, rank, world, 1, GAS, first_step=1)
-        mics = engine.core.mics_comm_stats()
-        out[layout] = {"cross": engine.core.comm_stats()["total_bytes"]
-                       + mics["replicate"]["total_bytes"],
-                       "in": engine.core.secondary_comm_stats()["total_bytes"]
-                       + mics["shard"]["total_bytes"]}
+        core = engine.core
+        out[layout] = {"cross": (core.comm_stats() + core.mics_replicate_comm_stats()).total_bytes,
+                       "in": (core.secondary_comm_stats() + core.mics_shard_comm_stats()).total_bytes}
         engine.destroy()
     return out
 

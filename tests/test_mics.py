@@ -7,6 +7,7 @@ import torch
 
 import training
 from distributed_harness import RankFailed, run_distributed
+from zero.boundary import as_dict
 
 WORLD, SHARD = 4, 2
 NODES = {"LOCAL_WORLD_SIZE": str(SHARD)}
@@ -22,8 +23,9 @@ def _train(rank, world, shard_size, precision):
     losses = training.train_engine(engine, rank, world, 1, 1)  # warm-up: the order is learned
     engine.core.reset_comm_stats()
     losses += training.train_engine(engine, rank, world, 1, 1, first_step=1)
-    stats = {"world": dict(engine.core.comm_stats()),
-             **{name: dict(value) for name, value in engine.core.mics_comm_stats().items()}}
+    stats = {"world": as_dict(engine.core.comm_stats()),
+             "shard": as_dict(engine.core.mics_shard_comm_stats()),
+             "replicate": as_dict(engine.core.mics_replicate_comm_stats())}
     losses += training.train_engine(engine, rank, world, 4, 1, first_step=2)
     layout = engine.core.group_layout(0)
     state = engine.module_state_dict()

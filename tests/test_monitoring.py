@@ -13,6 +13,7 @@ import pytest
 
 import training
 from distributed_harness import run_distributed
+from zero.boundary import as_dict
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -40,7 +41,7 @@ def _train(rank, world, extra, steps=STEPS, stage=2, precision="fp16", **zero_ex
             seen["losses"].append(sum(micro_losses[-GAS:]) / GAS)
             seen["lrs"].append(engine.get_lr()[0])
             seen["loss_scales"].append(engine.loss_scale)
-            seen["comm"].append(dict(engine.core.comm_stats()))
+            seen["comm"].append(as_dict(engine.core.comm_stats()))
         seen["memory"] = events.memory_scalars(engine.core.registry(), engine.watch.activation_bytes)
         seen["memory_names"] = events.memory_names()
         seen["numel"] = sum(engine.core.group_numel(g) for g in range(engine.core.group_count))

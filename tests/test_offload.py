@@ -8,6 +8,7 @@ import torch
 
 import training
 from distributed_harness import run_distributed
+from zero.boundary import as_dict
 
 STEPS = 12
 GAS = 2
@@ -136,7 +137,7 @@ def _pinned(rank, world):
         warnings.simplefilter("always")
         engine, _, _, _ = zero.initialize(model=training.make_model(),
                                           config=_config(2, True, pin=True))
-    info = engine.core.group_offload_info(0)
+    info = as_dict(engine.core.group_offload_info(0))
     return info, [str(w.message) for w in caught]
 
 
@@ -226,7 +227,8 @@ def _truncated(rank, world, config, swap_key="swap"):
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     training.train_engine(engine, rank, world, 1, GAS)
     infos = [engine.core.group_offload_info(g) for g in range(engine.core.group_count)]
-    swap_file = next(info[swap_key] for info in infos if info[swap_key]).split(" (")[0]
+    swap_file = next(getattr(info, swap_key) for info in infos
+                     if getattr(info, swap_key)).split(" (")[0]
     os.truncate(training.open_path(swap_file), 4096)
     with pytest.raises(Exception) as info:
         training.train_engine(engine, rank, world, 1, GAS, first_step=1)
@@ -294,7 +296,7 @@ def _train_dpu(rank, world, config, steps=STEPS):
     pending = []
 
     def watch(step, loss):
-        pending.append(engine.core.group_offload_info(0)["delayed_pending"])
+        pending.append(engine.core.group_offload_info(0).delayed_pending)
         return loss
     losses = training.train_engine(engine, rank, world, steps, GAS, on_step=watch)
     engine.apply_delayed_update()
@@ -384,7 +386,7 @@ def _ratio_split(rank, world, config):
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
     split = [(engine.core.group_numel(g) // world,
-              engine.core.group_offload_info(g)["offloaded_numel"])
+              engine.core.group_offload_info(g).offloaded_numel)
              for g in range(engine.core.group_count)]
     state = engine.module_state_dict()
     report = engine.memory_report()

@@ -11,6 +11,7 @@ import pytest
 import training
 from distributed_harness import run_distributed
 from test_offload import GAS, _assert_same_training, _config, _resume, _train, _truncated
+from zero.boundary import as_dict
 
 
 def _nvme_params(config, path, **keys):
@@ -44,7 +45,7 @@ def _accounting(rank, world, config):
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     losses = training.train_engine(engine, rank, world, 2, GAS)
     groups = range(engine.core.group_count)
-    infos = [engine.core.group_offload_info(g) for g in groups]
+    infos = [as_dict(engine.core.group_offload_info(g)) for g in groups]
     unit_shards = [[engine.core.group_layout(g).unit(u).shard_numel
                     for u in range(engine.core.group_units(g))] for g in groups]
     return losses, infos, unit_shards, engine.memory_report()
@@ -95,12 +96,12 @@ def _reads_per_step(rank, world, config):
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     training.train_engine(engine, rank, world, 2, GAS)  # the first step records the order
     group = next(g for g in range(engine.core.group_count)
-                 if engine.core.group_offload_info(g)["params_offloaded"])
+                 if engine.core.group_offload_info(g).params_offloaded)
     before = engine.core.group_offload_info(group)
     training.train_engine(engine, rank, world, 2, GAS, first_step=2)
     after = engine.core.group_offload_info(group)
-    reads = after["param_swap_reads"] - before["param_swap_reads"]
-    read_aheads = after["param_swap_read_aheads"] - before["param_swap_read_aheads"]
+    reads = after.param_swap_reads - before.param_swap_reads
+    read_aheads = after.param_swap_read_aheads - before.param_swap_read_aheads
     return reads, read_aheads, engine.core.group_units(group)
 
 
@@ -214,7 +215,7 @@ def _write_fails(rank, world, path):
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     training.train_engine(engine, rank, world, 1, GAS)
     infos = [engine.core.group_offload_info(g) for g in range(engine.core.group_count)]
-    swap_file = next(info["param_swap"] for info in infos if info["param_swap"]).split(" (")[0]
+    swap_file = next(info.param_swap for info in infos if info.param_swap).split(" (")[0]
     # The drive fills up: the file shrinks to one page and may not grow past it, so every
     # write-back but the first unit's fails (forward and backward run from the buffers).
     os.truncate(training.open_path(swap_file), 4096)

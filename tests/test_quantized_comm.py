@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 import training
 from distributed_harness import run_distributed
+from zero.boundary import as_dict
 
 WORLD = 4
 BLOCK = 256  # values per fp32 scale (csrc/core/block_quantizer.h)
@@ -36,7 +37,7 @@ def _all_gather(rank, world, dtype):
     communicator.quantized_all_gather(quantized, shard)
     steps = torch.cat([_block_step(exact[r * piece:(r + 1) * piece]) for r in range(world)])
     return ((quantized.float() - exact.float()).abs() - steps / 2).max().item(), \
-        communicator.stats()["all_gather_bytes"], _C.quantized_bytes(piece) * world
+        communicator.stats().all_gather_bytes, _C.quantized_bytes(piece) * world
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -71,7 +72,7 @@ def _reduce_scatter(rank, world, poison):
             "nan_where_inf": bool(torch.isnan(quantized[~finite]).all()) if poison else None,
             "nan_block": torch.isnan(quantized[:BLOCK]).all().item(),
             "rest_finite": torch.isfinite(quantized[BLOCK:]).all().item(),
-            "sent": communicator.stats()["reduce_scatter_bytes"],
+            "sent": communicator.stats().reduce_scatter_bytes,
             "expected": _C.quantized_bytes(piece) * world}
 
 
@@ -105,8 +106,8 @@ def _train(rank, world, quantized_weights, quantized_gradients, hpz, precision):
     losses = training.train_engine(engine, rank, world, 2, 1)  # warm-up: the order is learned
     engine.core.reset_comm_stats()
     losses += training.train_engine(engine, rank, world, 1, 1, first_step=2)
-    stats = dict(engine.core.comm_stats())
-    in_node = engine.core.secondary_comm_stats()["all_gather_bytes"]
+    stats = as_dict(engine.core.comm_stats())
+    in_node = engine.core.secondary_comm_stats().all_gather_bytes
     losses += training.train_engine(engine, rank, world, 5, 1, first_step=3)
     layouts = [engine.core.group_layout(g) for g in range(engine.core.group_count)]
     units = [layout.unit(u).shard_numel for layout in layouts for u in range(layout.unit_count)]

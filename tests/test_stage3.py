@@ -5,6 +5,7 @@ import torch
 
 import training
 from distributed_harness import run_distributed
+from zero.boundary import as_dict
 
 STEPS = 20
 GAS = 2
@@ -31,7 +32,7 @@ def _train(rank, world, prefetch):
     state = engine.module_state_dict()
     released = all(p.numel() == 0 for group in engine.groups if group.stage == 3
                    for p in group.params)
-    stats = engine.core.schedule_stats()
+    stats = as_dict(engine.core.schedule_stats())
     return losses, ({k: v.float() for k, v in state.items()} if rank == 0 else None), stats, released
 
 
@@ -73,7 +74,7 @@ def _memory(rank, world, prefetch=0, **extra):
     partitioned = [g for g in groups if engine.groups[g].stage == 3]
     psi = sum(engine.core.group_numel(g) for g in partitioned)
     persistent = sum(engine.core.group_numel(g) for g in groups if g not in partitioned)
-    buckets = sum(engine.core.group_bucket_info(g)["bucket_bytes"] for g in groups)
+    buckets = sum(engine.core.group_bucket_info(g).bucket_bytes for g in groups)
     return report, psi, persistent, buckets, units
 
 
@@ -293,7 +294,7 @@ def _schedule_run(rank, world, **extra):
     engine = _make(rank, **extra)
     losses = training.train_engine(engine, rank, world, 4, GAS)
     report = engine.memory_report()
-    return losses, dict(engine.core.schedule_stats()), report["categories"]["gathered_param"]["peak"]
+    return losses, as_dict(engine.core.schedule_stats()), report["categories"]["gathered_param"]["peak"]
 
 
 def test_reuse_distance_keeps_units_for_their_next_use_and_saves_gathers():

@@ -1,4 +1,6 @@
-"""The typed options the C++ engine takes, built here from the validated config and nowhere else.
+"""The typed options the C++ engine takes, built here from the validated config and nowhere else;
+and, the other way, what it reports back (bound read-only structs, csrc/bindings/reports.cpp),
+turned into plain dicts where a report needs one (as_dict).
 
 Each is a plain C++ struct bound field by field (csrc/bindings/options.cpp). `typed()` fills
 one by name: a name the struct does not have is an AttributeError naming it, so a misspelled
@@ -25,6 +27,12 @@ def typed(cls, **fields):
                                  f"{', '.join(_fields(cls))}")
         setattr(value, name, field)
     return value
+
+
+def as_dict(value) -> dict:
+    """A bound struct the engine reported back (_C.CommStats, OffloadInfo, ScheduleStats, ...)
+    as a plain dict of its fields, for JSON reports and for results passed between processes."""
+    return {name: getattr(value, name) for name in _fields(type(value))}
 
 
 def _fields(cls) -> list[str]:

@@ -25,7 +25,7 @@ from offload import disk_space
 
 from . import _C, agreement, process_groups, sharding, stage3
 from .parallel import data_group
-from .boundary import grads_sharded
+from .boundary import as_dict, grads_sharded
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
@@ -342,7 +342,7 @@ class ZeroEngine(nn.Module):
     def _report(self, rank: int) -> dict:
         grid = getattr(self, "grid", None)  # pipeline stages / tensor slices: the rank's place
         return build_report(self._core.registry(), self._layouts, rank, self.global_steps,
-                            self._core.comm_stats(), self._watch.activation_bytes,
+                            as_dict(self._core.comm_stats()), self._watch.activation_bytes,
                             mesh=grid.describe() if grid is not None else None)
 
     def print_memory_report(self) -> None:
@@ -495,11 +495,11 @@ class ZeroEngine(nn.Module):
             numels[stage, momentum] = numels.get((stage, momentum), 0) + self._core.group_numel(g)
             worlds[stage, momentum] = self._core.group_layout(g).world_size
             info = self._core.group_offload_info(g)
-            offloaded[stage, momentum] = offloaded.get((stage, momentum), 0) + info["offloaded_numel"]
+            offloaded[stage, momentum] = offloaded.get((stage, momentum), 0) + info.offloaded_numel
             param_nvme[stage, momentum] = (param_nvme.get((stage, momentum), 0)
-                                           + info["nvme_param_numel"])
+                                           + info.nvme_param_numel)
             grads_on_host[stage, momentum] = (grads_on_host.get((stage, momentum), True)
-                                              and info["grads_on_host"])
+                                              and info.grads_on_host)
         zero_cfg = self.config.zero_optimization
         return [StateLayout(stage=stage, world_size=worlds[stage, momentum], numel=numel,
                             param_bytes=_element_size(self.dtype), optimizer=spec.kind,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .boundary import as_dict
+
 
 @dataclass(frozen=True)
 class StateLayout:
@@ -147,10 +149,10 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
     rank's place; its numbers are then its part's (Ψ of its stage / slice, N its data ranks)."""
     categories = {}
     for row in registry.records():
-        entry = categories.setdefault(row["category"], {"current": 0, "peak": 0, "by_location": {}})
-        entry["current"] += row["current"]
-        entry["peak"] = registry.category_usage(row["category"])["peak"]
-        entry["by_location"][row["location"]] = {"current": row["current"], "peak": row["peak"]}
+        entry = categories.setdefault(row.category, {"current": 0, "peak": 0, "by_location": {}})
+        entry["current"] += row.current
+        entry["peak"] = registry.category_usage(row.category).peak
+        entry["by_location"][row.location] = {"current": row.current, "peak": row.peak}
     expected_total = 0
     expected_by_location = {"device": 0, "host": 0, "nvme": 0}
     for layout in layouts:
@@ -175,7 +177,7 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
     process = process_memory()
     if "cuda_allocated_bytes" in process:  # e.g. cuBLAS workspaces, the user's own tensors
         process["cuda_outside_zero_bytes"] = (process["cuda_allocated_bytes"] -
-                                              registry.location_usage("device")["current"])
+                                              registry.location_usage("device").current)
     formula = " + ".join(("persistent: " if layout.persistent else "") + total_formula(layout)
                          for layout in layouts)
     return {
@@ -194,9 +196,10 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         # and as the formulas place them
         "model_state_by_location": {"measured": measured_by_location,
                                     "expected": expected_by_location},
-        "total": registry.total(),
+        "total": as_dict(registry.total()),
         # every category at one location: current and peak (the peak of the sum)
-        "by_location": {location: registry.location_usage(location) for location in LOCATIONS},
+        "by_location": {location: as_dict(registry.location_usage(location))
+                        for location in LOCATIONS},
         "offload": {"optimizer": main.offload_optimizer,
                     "param": ("nvme" if any(layout.param_nvme_numel for layout in layouts) else
                               "cpu" if any(layout.offload_param for layout in layouts) else "none")},

@@ -47,6 +47,17 @@ struct ScheduleOptions {
   c10::Device device = c10::Device(c10::kCPU);  // where the fingerprint exchange runs
 };
 
+// What the schedule has done so far, as EngineCore.schedule_stats reads it back.
+struct ScheduleStats {
+  std::int64_t prefetches = 0;
+  std::int64_t gathers = 0;
+  std::int64_t reuses = 0;
+  std::int64_t max_inflight_seen = 0;
+  std::int64_t gathered_numel = 0;  // live now
+  std::int64_t peak_gathered_numel = 0;
+  std::string notice;  // the order-change notice, if any
+};
+
 class GatherSchedule {
  public:
   // `fingerprints`: the ranks that must agree on every event; null checks nothing (one
@@ -80,6 +91,10 @@ class GatherSchedule {
   std::int64_t peak_gathered_numel() const { return peak_gathered_numel_; }
   std::size_t unit_count() const { return names_.size(); }
   const std::string& notice() const { return notice_; }  // the order-change notice, if any
+  ScheduleStats stats() const {
+    return {prefetches_, gathers_, reuses_, max_inflight_seen_, gathered_numel(),
+            peak_gathered_numel_, notice_};
+  }
 
  private:
   enum Phase : std::int64_t { kForward = 0, kBackward = 1, kEnd = 2, kHold = 3 };

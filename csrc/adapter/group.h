@@ -9,11 +9,20 @@
 #include <ATen/Tensor.h>
 
 #include "adapter/grad_reducer.h"
+#include "adapter/offload_info.h"
 #include "adapter/optimizer_math.h"
 #include "adapter/shard_state.h"
 #include "core/sharded_layout.h"
 
 namespace zero::adapter {
+
+// A group's reduce buckets and units, as EngineCore.group_bucket_info reads them back.
+struct BucketInfo {
+  std::size_t buckets = 0;
+  std::int64_t bucket_bytes = 0;
+  std::int64_t max_unit_numel = 0;
+  std::size_t units = 0;
+};
 
 class Group {
  public:
@@ -64,6 +73,22 @@ class Group {
   }
   virtual std::size_t bucket_count() const = 0;
   virtual std::int64_t bucket_bytes() const = 0;
+  BucketInfo bucket_info() const {
+    return {bucket_count(), bucket_bytes(), layout().max_unit_numel(), layout().unit_count()};
+  }
+  // The optimizer state's offload; a partitioned group adds its parameters'.
+  virtual OffloadInfo offload_info() const {
+    const ShardState& state = shard_state();
+    OffloadInfo info;
+    info.offloaded = state.offloaded();
+    info.pinned = state.pinned();
+    info.why_not_pinned = state.why_not_pinned();
+    info.swap = state.swap_description();
+    info.delayed_pending = state.delayed_pending();
+    info.offloaded_numel = state.offloaded_numel();
+    info.grads_on_host = grads_on_host();
+    return info;
+  }
 
   // --- what the shared step and checkpoint code above works on ---
   virtual ShardState& shard_state() = 0;

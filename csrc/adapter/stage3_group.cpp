@@ -214,11 +214,21 @@ void Stage3Group::read_ahead(std::size_t unit) {
   if (on_nvme(unit) && !units_.at(unit).resident) param_swap_->prefetch(unit);
 }
 
-std::string Stage3Group::why_params_not_pinned() const {
-  if (!options_.offload_param.enabled) return "";
-  const std::string why = param_shard_.why_not_pinned();
-  if (!why.empty()) return why;
-  return param_swap_ ? param_swap_->why_not_pinned() : "";
+OffloadInfo Stage3Group::offload_info() const {
+  OffloadInfo info = Group::offload_info();
+  if (!options_.offload_param.enabled) return info;
+  info.params_offloaded = true;
+  info.why_params_not_pinned = param_shard_.why_not_pinned();
+  if (info.why_params_not_pinned.empty() && param_swap_) {
+    info.why_params_not_pinned = param_swap_->why_not_pinned();
+  }
+  info.nvme_param_numel = layout_.shard_numel() - host_numel_;
+  if (param_swap_) {
+    info.param_swap = param_swap_->description();
+    info.param_swap_reads = param_swap_->reads();
+    info.param_swap_read_aheads = param_swap_->read_aheads();
+  }
+  return info;
 }
 
 void Stage3Group::gather(std::size_t index) {

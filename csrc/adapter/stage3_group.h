@@ -94,16 +94,8 @@ class Stage3Group : public Group {
   at::Device device() const override { return model_options_.device(); }
   bool grads_on_host() const override { return grad_shard_.on_host(); }
   bool params_offloaded() const { return options_.offload_param.enabled; }
-  std::string why_params_not_pinned() const;
-  // offload_param "nvme": the shard elements on NVMe, the swap file, its reads so far.
-  std::int64_t nvme_param_numel() const { return layout_.shard_numel() - host_numel_; }
-  std::string param_swap_description() const {
-    return param_swap_ ? param_swap_->description() : "";
-  }
-  std::int64_t param_swap_reads() const { return param_swap_ ? param_swap_->reads() : 0; }
-  std::int64_t param_swap_read_aheads() const {
-    return param_swap_ ? param_swap_->read_aheads() : 0;
-  }
+  // With the parameter shard's offload: where it is (host, NVMe: the swap file, its reads).
+  OffloadInfo offload_info() const override;
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;

@@ -6,8 +6,6 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
-#include "adapter/collectives.h"
-
 namespace zero::bindings {
 
 namespace py = pybind11;
@@ -17,8 +15,7 @@ void bind_planner(py::module_& m);      // planner.cpp: flat buffers, layouts, p
 void bind_memory(py::module_& m);       // memory.cpp: the accounting registry, tracked buffers
 void bind_collectives(py::module_& m);  // collectives.cpp: Communicator, PendingCollective
 void bind_engine(py::module_& m);       // engine.cpp: EngineCore
-
-py::dict stats_dict(const adapter::CommStats& stats);  // collectives.cpp
+void bind_reports(py::module_& m);      // reports.cpp: what the engine reports back
 
 // Deletes a bound object without the GIL. An object that owns a process group (Communicator,
 // EngineCore) may hold its last reference once Python has destroyed the group, and

@@ -2,6 +2,7 @@
 
 #include <functional>
 
+#include "adapter/collectives.h"
 #include "adapter/process_group.h"
 #include "adapter/quantized_comm.h"
 #include "core/block_quantizer.h"
@@ -34,19 +35,6 @@ py::object run(const std::function<std::unique_ptr<adapter::PendingCollective>()
 
 }  // namespace
 
-py::dict stats_dict(const adapter::CommStats& stats) {
-  py::dict out;
-  out["all_gather_bytes"] = stats.all_gather_bytes;
-  out["reduce_scatter_bytes"] = stats.reduce_scatter_bytes;
-  out["all_reduce_bytes"] = stats.all_reduce_bytes;
-  out["broadcast_bytes"] = stats.broadcast_bytes;
-  out["total_bytes"] = stats.total_bytes();
-  out["calls"] = stats.calls;
-  out["control_bytes"] = stats.control_bytes;
-  out["control_calls"] = stats.control_calls;
-  return out;
-}
-
 void bind_collectives(py::module_& m) {
   py::enum_<adapter::CollectiveOp>(m, "CollectiveOp")
       .value("all_gather", adapter::CollectiveOp::kAllGather)
@@ -73,7 +61,7 @@ void bind_collectives(py::module_& m) {
            py::arg("group_name"))
       .def_property_readonly("rank", &adapter::Communicator::rank)
       .def_property_readonly("world_size", &adapter::Communicator::world_size)
-      .def("stats", [](const adapter::Communicator& c) { return stats_dict(c.stats()); })
+      .def("stats", &adapter::Communicator::stats)
       .def("reset_stats", &adapter::Communicator::reset_stats)
       .def(
           "all_gather",

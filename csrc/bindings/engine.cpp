@@ -7,6 +7,8 @@
 namespace zero::bindings {
 namespace {
 
+using Core = py::class_<adapter::EngineCore, std::shared_ptr<adapter::EngineCore>>;
+
 adapter::Stage3Group& stage3(adapter::EngineCore& e, std::size_t g) {
   auto* group = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
   TORCH_CHECK(group != nullptr, "zero: group ", g, " is not a stage-3 (partitioned) group");
@@ -30,11 +32,200 @@ constexpr adapter::Communicator* (adapter::Stage3Group::*kOwnCommunicators[])() 
     &adapter::Stage3Group::mics_shard_communicator,
     &adapter::Stage3Group::mics_replicate_communicator};
 
-py::dict summed_stats(adapter::EngineCore& e,
-                      adapter::Communicator* (adapter::Stage3Group::*which)()) {
+adapter::CommStats summed_stats(adapter::EngineCore& e,
+                                adapter::Communicator* (adapter::Stage3Group::*which)()) {
   adapter::CommStats total;
   for (const adapter::Communicator* c : own_communicators(e, which)) total += c->stats();
-  return stats_dict(total);
+  return total;
+}
+
+// Groups in, backward and the optimizer step, and what the engine is.
+void add_training(Core& core) {
+  core
+    .def("span_norm", &adapter::EngineCore::span_norm, py::arg("weights"),
+         py::arg("span_group"))
+    .def("add_group",
+         [](adapter::EngineCore& e, std::vector<at::Tensor> params,
+            const adapter::GroupOptions& options) {
+           return e.add_group(std::move(params), options);
+         },
+         py::arg("params"), py::arg("options"), py::call_guard<py::gil_scoped_release>())
+    .def(
+        "add_stage3_group",
+        [](adapter::EngineCore& e, std::vector<at::Tensor> params,
+           const std::vector<std::size_t>& unit_of_param,
+           const std::vector<std::vector<std::int64_t>>& full_shapes,
+           const adapter::GroupOptions& options) {
+          at::NoGradGuard no_grad;
+          return e.adopt_group(
+              std::make_unique<adapter::Stage3Group>(std::move(params), unit_of_param,
+                                                     full_shapes, options, e.registry(),
+                                                     e.communicator()),
+              3);
+        },
+        py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
+        py::arg("options"), py::call_guard<py::gil_scoped_release>())
+    .def("prepare_backward", &adapter::EngineCore::prepare_backward, py::arg("boundary"),
+         py::call_guard<py::gil_scoped_release>())
+    .def_property_readonly("backward_pending", &adapter::EngineCore::backward_pending)
+    .def("apply_delayed_update", &adapter::EngineCore::apply_delayed_update,
+         py::call_guard<py::gil_scoped_release>())
+    .def("close", &adapter::EngineCore::close, py::call_guard<py::gil_scoped_release>())
+    .def("grad_ready", &adapter::EngineCore::grad_ready, py::arg("group"), py::arg("index"),
+         py::arg("boundary"), py::call_guard<py::gil_scoped_release>())
+    .def("finish_backward", &adapter::EngineCore::finish_backward, py::arg("boundary"),
+         py::call_guard<py::gil_scoped_release>())
+    .def(
+        "step",
+        &adapter::EngineCore::step, py::arg("hypers"), py::arg("loss_scale"),
+        py::arg("max_norm"), py::arg("step"),
+        py::call_guard<py::gil_scoped_release>())
+    .def("zero_grads", &adapter::EngineCore::zero_grads, py::call_guard<py::gil_scoped_release>())
+    .def_property_readonly("group_count", &adapter::EngineCore::group_count)
+    .def_property_readonly("rank", [](adapter::EngineCore& e) { return e.communicator().rank(); })
+    .def_property_readonly("world_size",
+                           [](adapter::EngineCore& e) { return e.communicator().world_size(); })
+    .def("registry", &adapter::EngineCore::shared_registry);
+}
+
+// Stage 3: the gather schedule's events, its hooks on autograd, and its account.
+void add_stage3(Core& core) {
+  core
+    .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
+           at::NoGradGuard no_grad;
+           stage3(e, g).commit(u);
+         }, py::arg("group"), py::arg("unit"), py::call_guard<py::gil_scoped_release>())
+    .def("is_gathered", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
+           return stage3(e, g).is_gathered(u);
+         }, py::arg("group"), py::arg("unit"))
+    .def("configure_schedule",
+         [](adapter::EngineCore& e, std::vector<std::string> names,
+            const adapter::ScheduleOptions& options) {
+           e.configure_schedule(std::move(names), options);
+         },
+         py::arg("unit_names"), py::arg("options"), py::call_guard<py::gil_scoped_release>())
+    .def("place", [](adapter::EngineCore& e, std::size_t unit, std::size_t g, std::size_t local) {
+           e.units().place(unit, &stage3(e, g), local);
+         }, py::arg("unit"), py::arg("group"), py::arg("local"))
+    .def("add_external", [](adapter::EngineCore& e, std::size_t user, std::size_t owner) {
+           e.schedule().add_external(user, owner);
+         }, py::arg("user"), py::arg("owner"))
+    .def("before_forward", [](adapter::EngineCore& e, std::size_t unit, std::int64_t step,
+                              bool expects_backward) {
+           at::NoGradGuard no_grad;
+           py::gil_scoped_release no_gil;
+           e.schedule().before_forward(unit, step, expects_backward);
+         }, py::arg("unit"), py::arg("step"), py::arg("expects_backward"))
+    .def("after_forward", [](adapter::EngineCore& e, std::size_t unit) {
+           at::NoGradGuard no_grad;
+           py::gil_scoped_release no_gil;
+           e.schedule().after_forward(unit);
+         }, py::arg("unit"))
+    .def("hold", [](adapter::EngineCore& e, std::size_t unit) {
+           at::NoGradGuard no_grad;
+           py::gil_scoped_release no_gil;
+           e.schedule().hold(unit);
+         }, py::arg("unit"))
+    .def("unhold", [](adapter::EngineCore& e, std::size_t unit) {
+           at::NoGradGuard no_grad;
+           py::gil_scoped_release no_gil;
+           e.schedule().unhold(unit);
+         }, py::arg("unit"))
+    .def("attach_pre_backward",
+         [](const std::shared_ptr<adapter::EngineCore>& e, std::size_t unit,
+            std::vector<at::Tensor> outputs) {
+           return adapter::attach_pre_backward(e, unit, std::move(outputs));
+         }, py::arg("unit"), py::arg("outputs"))
+    .def("attach_post_backward",
+         [](const std::shared_ptr<adapter::EngineCore>& e, std::size_t unit,
+            std::vector<at::Tensor> inputs) {
+           return adapter::attach_post_backward(e, unit, std::move(inputs));
+         }, py::arg("unit"), py::arg("inputs"))
+    .def("schedule_stats", [](adapter::EngineCore& e) { return e.schedule().stats(); })
+    .def("gathered_numel", [](adapter::EngineCore& e, std::size_t g) {
+           return stage3(e, g).gathered_numel();
+         }, py::arg("group"));
+}
+
+// The communicators' byte counts and logs (the engine's own, hpZ's, MiCS's).
+void add_communication(Core& core) {
+  core
+    .def("comm_stats", [](adapter::EngineCore& e) { return e.communicator().stats(); })
+    .def("secondary_comm_stats",  // hpZ: the bytes that stayed within the secondary groups
+         [](adapter::EngineCore& e) {
+           return summed_stats(e, &adapter::Stage3Group::secondary_communicator);
+         })
+    .def("mics_shard_comm_stats",  // MiCS: the bytes within the shard groups
+         [](adapter::EngineCore& e) {
+           return summed_stats(e, &adapter::Stage3Group::mics_shard_communicator);
+         })
+    .def("mics_replicate_comm_stats",  // MiCS: the bytes within the replicate groups
+         [](adapter::EngineCore& e) {
+           return summed_stats(e, &adapter::Stage3Group::mics_replicate_communicator);
+         })
+    .def("reset_comm_stats",
+         [](adapter::EngineCore& e) {
+           e.communicator().reset_stats();
+           for (auto which : kOwnCommunicators) {
+             for (adapter::Communicator* c : own_communicators(e, which)) c->reset_stats();
+           }
+         })
+    .def("set_comm_logging",
+         [](adapter::EngineCore& e, bool enabled) { e.communicator().log().set_enabled(enabled); },
+         py::arg("enabled"))
+    .def("set_comm_label",
+         [](adapter::EngineCore& e, std::string label) {
+           e.communicator().log().set_label(std::move(label));
+         }, py::arg("label"))
+    .def("drain_comm_records",
+         [](adapter::EngineCore& e) { return e.communicator().log().drain(); });
+}
+
+// One group's layout, state and offload, for checkpoints and reports.
+void add_groups(Core& core) {
+  core
+    .def("group_numel",
+         [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().full_numel(); })
+    .def("group_layout",
+         [](adapter::EngineCore& e, std::size_t g) -> const core::ShardedLayout& {
+           return e.group(g).layout();
+         }, py::arg("group"), py::return_value_policy::reference_internal)
+    .def("group_units",
+         [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().unit_count(); })
+    .def("group_master_shard",
+         [](adapter::EngineCore& e, std::size_t g) { return e.group(g).master_shard(); })
+    .def("group_refresh_master",
+         [](adapter::EngineCore& e, std::size_t g) {
+           at::NoGradGuard no_grad;
+           e.group(g).refresh_master();
+         })
+    .def("group_offload_info",
+         [](adapter::EngineCore& e, std::size_t g) { return e.group(g).offload_info(); },
+         py::arg("group"))
+    .def("group_offload_timings",
+         [](adapter::EngineCore& e, std::size_t g) {
+           return e.group(g).shard_state().offload_timings();
+         }, py::arg("group"))
+    .def("group_load_optimizer_state",
+         [](adapter::EngineCore& e, std::size_t g, const std::string& name,
+            const at::Tensor& values) {
+           at::NoGradGuard no_grad;
+           e.group(g).load_optimizer_state(name, values);
+         }, py::arg("group"), py::arg("name"), py::arg("values"))
+    .def("group_load_master_shard",
+         [](adapter::EngineCore& e, std::size_t g, const at::Tensor& saved) {
+           at::NoGradGuard no_grad;
+           e.group(g).load_master_shard(saved);
+         })
+    .def("group_optimizer_state",  // name -> tensor, as a state_dict holds them
+         [](adapter::EngineCore& e, std::size_t g) {
+           py::dict out;
+           for (auto& [name, tensor] : e.group(g).optimizer_state()) out[name.c_str()] = tensor;
+           return out;
+         })
+    .def("group_bucket_info",
+         [](adapter::EngineCore& e, std::size_t g) { return e.group(g).bucket_info(); },
+         py::arg("group"));
 }
 
 }  // namespace
@@ -51,217 +242,16 @@ void bind_engine(py::module_& m) {
                ", clip_coef=" + std::to_string(r.clip_coef) + ")";
       });
 
-  py::class_<adapter::EngineCore, std::shared_ptr<adapter::EngineCore>>(m, "EngineCore")
-      .def(py::init([](const std::string& group_name) {
+  Core core(m, "EngineCore");
+  core.def(py::init([](const std::string& group_name) {
              return std::shared_ptr<adapter::EngineCore>(new adapter::EngineCore(group_name),
                                                          DeleteWithoutGil<adapter::EngineCore>());
            }),
-           py::arg("group_name"))
-      .def("span_norm", &adapter::EngineCore::span_norm, py::arg("weights"),
-           py::arg("span_group"))
-      .def("add_group",
-           [](adapter::EngineCore& e, std::vector<at::Tensor> params,
-              const adapter::GroupOptions& options) {
-             return e.add_group(std::move(params), options);
-           },
-           py::arg("params"), py::arg("options"), py::call_guard<py::gil_scoped_release>())
-      .def(
-          "add_stage3_group",
-          [](adapter::EngineCore& e, std::vector<at::Tensor> params,
-             const std::vector<std::size_t>& unit_of_param,
-             const std::vector<std::vector<std::int64_t>>& full_shapes,
-             const adapter::GroupOptions& options) {
-            at::NoGradGuard no_grad;
-            return e.adopt_group(
-                std::make_unique<adapter::Stage3Group>(std::move(params), unit_of_param,
-                                                       full_shapes, options, e.registry(),
-                                                       e.communicator()),
-                3);
-          },
-          py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
-          py::arg("options"), py::call_guard<py::gil_scoped_release>())
-      .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
-             at::NoGradGuard no_grad;
-             stage3(e, g).commit(u);
-           }, py::arg("group"), py::arg("unit"), py::call_guard<py::gil_scoped_release>())
-      .def("is_gathered", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
-             return stage3(e, g).is_gathered(u);
-           }, py::arg("group"), py::arg("unit"))
-      .def("configure_schedule",
-           [](adapter::EngineCore& e, std::vector<std::string> names,
-              const adapter::ScheduleOptions& options) {
-             e.configure_schedule(std::move(names), options);
-           },
-           py::arg("unit_names"), py::arg("options"), py::call_guard<py::gil_scoped_release>())
-      .def("place", [](adapter::EngineCore& e, std::size_t unit, std::size_t g, std::size_t local) {
-             e.units().place(unit, &stage3(e, g), local);
-           }, py::arg("unit"), py::arg("group"), py::arg("local"))
-      .def("add_external", [](adapter::EngineCore& e, std::size_t user, std::size_t owner) {
-             e.schedule().add_external(user, owner);
-           }, py::arg("user"), py::arg("owner"))
-      .def("before_forward", [](adapter::EngineCore& e, std::size_t unit, std::int64_t step,
-                                bool expects_backward) {
-             at::NoGradGuard no_grad;
-             py::gil_scoped_release no_gil;
-             e.schedule().before_forward(unit, step, expects_backward);
-           }, py::arg("unit"), py::arg("step"), py::arg("expects_backward"))
-      .def("after_forward", [](adapter::EngineCore& e, std::size_t unit) {
-             at::NoGradGuard no_grad;
-             py::gil_scoped_release no_gil;
-             e.schedule().after_forward(unit);
-           }, py::arg("unit"))
-      .def("hold", [](adapter::EngineCore& e, std::size_t unit) {
-             at::NoGradGuard no_grad;
-             py::gil_scoped_release no_gil;
-             e.schedule().hold(unit);
-           }, py::arg("unit"))
-      .def("unhold", [](adapter::EngineCore& e, std::size_t unit) {
-             at::NoGradGuard no_grad;
-             py::gil_scoped_release no_gil;
-             e.schedule().unhold(unit);
-           }, py::arg("unit"))
-      .def("attach_pre_backward",
-           [](const std::shared_ptr<adapter::EngineCore>& e, std::size_t unit,
-              std::vector<at::Tensor> outputs) {
-             return adapter::attach_pre_backward(e, unit, std::move(outputs));
-           }, py::arg("unit"), py::arg("outputs"))
-      .def("attach_post_backward",
-           [](const std::shared_ptr<adapter::EngineCore>& e, std::size_t unit,
-              std::vector<at::Tensor> inputs) {
-             return adapter::attach_post_backward(e, unit, std::move(inputs));
-           }, py::arg("unit"), py::arg("inputs"))
-      .def("schedule_stats", [](adapter::EngineCore& e) {
-             py::dict out;
-             out["prefetches"] = e.schedule().prefetches();
-             out["gathers"] = e.schedule().gathers();
-             out["reuses"] = e.schedule().reuses();
-             out["max_inflight_seen"] = e.schedule().max_inflight_seen();
-             out["gathered_numel"] = e.schedule().gathered_numel();
-             out["peak_gathered_numel"] = e.schedule().peak_gathered_numel();
-             out["notice"] = e.schedule().notice();
-             return out;
-           })
-      .def("gathered_numel", [](adapter::EngineCore& e, std::size_t g) {
-             return stage3(e, g).gathered_numel();
-           }, py::arg("group"))
-      .def("prepare_backward", &adapter::EngineCore::prepare_backward, py::arg("boundary"),
-           py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("backward_pending", &adapter::EngineCore::backward_pending)
-      .def("apply_delayed_update", &adapter::EngineCore::apply_delayed_update,
-           py::call_guard<py::gil_scoped_release>())
-      .def("close", &adapter::EngineCore::close, py::call_guard<py::gil_scoped_release>())
-      .def("grad_ready", &adapter::EngineCore::grad_ready, py::arg("group"), py::arg("index"),
-           py::arg("boundary"), py::call_guard<py::gil_scoped_release>())
-      .def("finish_backward", &adapter::EngineCore::finish_backward, py::arg("boundary"),
-           py::call_guard<py::gil_scoped_release>())
-      .def(
-          "step",
-          &adapter::EngineCore::step, py::arg("hypers"), py::arg("loss_scale"),
-          py::arg("max_norm"), py::arg("step"),
-          py::call_guard<py::gil_scoped_release>())
-      .def("zero_grads", &adapter::EngineCore::zero_grads, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("group_count", &adapter::EngineCore::group_count)
-      .def_property_readonly("rank", [](adapter::EngineCore& e) { return e.communicator().rank(); })
-      .def_property_readonly("world_size",
-                             [](adapter::EngineCore& e) { return e.communicator().world_size(); })
-      .def("registry", &adapter::EngineCore::shared_registry)
-      .def("comm_stats", [](adapter::EngineCore& e) { return stats_dict(e.communicator().stats()); })
-      .def("secondary_comm_stats",  // hpZ: the bytes that stayed within the secondary groups
-           [](adapter::EngineCore& e) {
-             return summed_stats(e, &adapter::Stage3Group::secondary_communicator);
-           })
-      .def("mics_comm_stats",  // MiCS: the bytes within the shard and the replicate groups
-           [](adapter::EngineCore& e) {
-             py::dict out;
-             out["shard"] = summed_stats(e, &adapter::Stage3Group::mics_shard_communicator);
-             out["replicate"] =
-                 summed_stats(e, &adapter::Stage3Group::mics_replicate_communicator);
-             return out;
-           })
-      .def("reset_comm_stats",
-           [](adapter::EngineCore& e) {
-             e.communicator().reset_stats();
-             for (auto which : kOwnCommunicators) {
-               for (adapter::Communicator* c : own_communicators(e, which)) c->reset_stats();
-             }
-           })
-      .def("set_comm_logging",
-           [](adapter::EngineCore& e, bool enabled) { e.communicator().log().set_enabled(enabled); },
-           py::arg("enabled"))
-      .def("set_comm_label",
-           [](adapter::EngineCore& e, std::string label) {
-             e.communicator().log().set_label(std::move(label));
-           }, py::arg("label"))
-      .def("drain_comm_records", [](adapter::EngineCore& e) { return e.communicator().log().drain(); })
-      .def("group_numel",
-           [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().full_numel(); })
-      .def("group_layout",
-           [](adapter::EngineCore& e, std::size_t g) -> const core::ShardedLayout& {
-             return e.group(g).layout();
-           }, py::arg("group"), py::return_value_policy::reference_internal)
-      .def("group_units",
-           [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().unit_count(); })
-      .def("group_master_shard",
-           [](adapter::EngineCore& e, std::size_t g) { return e.group(g).master_shard(); })
-      .def("group_refresh_master",
-           [](adapter::EngineCore& e, std::size_t g) {
-             at::NoGradGuard no_grad;
-             e.group(g).refresh_master();
-           })
-      .def("group_offload_info",
-           [](adapter::EngineCore& e, std::size_t g) {
-             const adapter::ShardState& state = e.group(g).shard_state();
-             py::dict out;
-             out["offloaded"] = state.offloaded();
-             out["pinned"] = state.pinned();
-             out["why_not_pinned"] = state.why_not_pinned();
-             out["swap"] = state.swap_description();
-             out["delayed_pending"] = state.delayed_pending();
-             out["offloaded_numel"] = state.offloaded_numel();
-             out["grads_on_host"] = e.group(g).grads_on_host();
-             auto* partitioned = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
-             out["params_offloaded"] = partitioned != nullptr && partitioned->params_offloaded();
-             out["why_params_not_pinned"] =
-                 partitioned != nullptr ? partitioned->why_params_not_pinned() : "";
-             out["nvme_param_numel"] = partitioned != nullptr ? partitioned->nvme_param_numel() : 0;
-             out["param_swap"] =
-                 partitioned != nullptr ? partitioned->param_swap_description() : "";
-             out["param_swap_reads"] =
-                 partitioned != nullptr ? partitioned->param_swap_reads() : 0;
-             out["param_swap_read_aheads"] =
-                 partitioned != nullptr ? partitioned->param_swap_read_aheads() : 0;
-             return out;
-           }, py::arg("group"))
-      .def("group_offload_timings",
-           [](adapter::EngineCore& e, std::size_t g) {
-             return e.group(g).shard_state().offload_timings();
-           }, py::arg("group"))
-      .def("group_load_optimizer_state",
-           [](adapter::EngineCore& e, std::size_t g, const std::string& name,
-              const at::Tensor& values) {
-             at::NoGradGuard no_grad;
-             e.group(g).load_optimizer_state(name, values);
-           }, py::arg("group"), py::arg("name"), py::arg("values"))
-      .def("group_load_master_shard",
-           [](adapter::EngineCore& e, std::size_t g, const at::Tensor& saved) {
-             at::NoGradGuard no_grad;
-             e.group(g).load_master_shard(saved);
-           })
-      .def("group_optimizer_state",
-           [](adapter::EngineCore& e, std::size_t g) {
-             py::dict out;
-             for (auto& [name, tensor] : e.group(g).optimizer_state()) out[name.c_str()] = tensor;
-             return out;
-           })
-      .def("group_bucket_info", [](adapter::EngineCore& e, std::size_t g) {
-        py::dict out;
-        out["buckets"] = e.group(g).bucket_count();
-        out["bucket_bytes"] = e.group(g).bucket_bytes();
-        out["max_unit_numel"] = e.group(g).layout().max_unit_numel();
-        out["units"] = e.group(g).layout().unit_count();
-        return out;
-      });
+           py::arg("group_name"));
+  add_training(core);
+  add_stage3(core);
+  add_communication(core);
+  add_groups(core);
 }
-
 
 }  // namespace zero::bindings

@@ -5,16 +5,6 @@
 #include "core/memory_registry.h"
 
 namespace zero::bindings {
-namespace {
-
-py::dict usage_dict(const core::MemoryUsage& usage) {
-  py::dict out;
-  out["current"] = usage.current;
-  out["peak"] = usage.peak;
-  return out;
-}
-
-}  // namespace
 
 void bind_memory(py::module_& m) {
   py::class_<core::MemoryRegistry, std::shared_ptr<core::MemoryRegistry>>(m, "MemoryRegistry")
@@ -22,30 +12,19 @@ void bind_memory(py::module_& m) {
       .def("usage",
            [](const core::MemoryRegistry& r, const std::string& category,
               const std::string& location) {
-             return usage_dict(
-                 r.usage(core::parse_category(category), core::parse_location(location)));
+             return r.usage(core::parse_category(category), core::parse_location(location));
            },
            py::arg("category"), py::arg("location") = "device")
       .def("category_usage",
            [](const core::MemoryRegistry& r, const std::string& category) {
-             return usage_dict(r.category_usage(core::parse_category(category)));
+             return r.category_usage(core::parse_category(category));
            })
       .def("location_usage",
            [](const core::MemoryRegistry& r, const std::string& location) {
-             return usage_dict(r.location_usage(core::parse_location(location)));
+             return r.location_usage(core::parse_location(location));
            })
-      .def("total", [](const core::MemoryRegistry& r) { return usage_dict(r.total()); })
-      .def("records",
-           [](const core::MemoryRegistry& r) {
-             py::list out;
-             for (const auto& record : r.records()) {
-               py::dict row = usage_dict(record.usage);
-               row["category"] = core::category_name(record.category);
-               row["location"] = core::location_name(record.location);
-               out.append(row);
-             }
-             return out;
-           })
+      .def("total", &core::MemoryRegistry::total)
+      .def("records", &core::MemoryRegistry::records)
       .def("reset_peaks", &core::MemoryRegistry::reset_peaks);
 
   py::class_<adapter::TrackedTensor>(m, "TrackedTensor")

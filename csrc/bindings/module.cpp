@@ -30,6 +30,7 @@ PYBIND11_MODULE(_C, m) {
   bind_memory(m);
   bind_collectives(m);
   bind_engine(m);
+  bind_reports(m);
   m.def("cpu_adam_step", &adapter::cpu_adam_step, py::arg("params"), py::arg("grads"),
         py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("lr"), py::arg("beta1"),
         py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("adamw_mode"),

@@ -82,14 +82,6 @@ void bind_options(py::module_& m) {
       .def_readwrite("mics_shard_group", &Group::mics_shard_group)
       .def_readwrite("mics_replicate_group", &Group::mics_replicate_group);
 
-  using Timings = adapter::OffloadTimings;  // read back, not an option
-  py::class_<Timings>(m, "OffloadTimings")
-      .def_readonly("steps", &Timings::steps)
-      .def_readonly("grads_in_wait_s", &Timings::grads_in_wait_s)
-      .def_readonly("cpu_optimizer_s", &Timings::cpu_optimizer_s)
-      .def_readonly("params_out_wait_s", &Timings::params_out_wait_s)
-      .def_readonly("step_s", &Timings::step_s);
-
   using Schedule = adapter::ScheduleOptions;
   py::class_<Schedule>(m, "ScheduleOptions")
       .def(py::init<>())

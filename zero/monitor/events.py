@@ -39,11 +39,12 @@ def timer_events(samples: int, milliseconds: Mapping[str, float]) -> list:
     return [(ELAPSED[name], value, samples) for name, value in milliseconds.items()]
 
 
-def comm_events(samples: int, before: Mapping[str, int], after: Mapping[str, int]) -> list:
-    """Payload bytes of the step just made, per kind and in all (the ZeRO paper's counting)."""
-    events = [(f"Comm/{kind}_bytes", after[f"{kind}_bytes"] - before[f"{kind}_bytes"], samples)
-              for kind in COMM_KINDS]
-    events.append(("Comm/total_bytes", after["total_bytes"] - before["total_bytes"], samples))
+def comm_events(samples: int, before, after) -> list:
+    """Payload bytes of the step just made, per kind and in all (the ZeRO paper's counting);
+    before and after are _C.CommStats."""
+    events = [(f"Comm/{kind}_bytes", getattr(after, f"{kind}_bytes") -
+               getattr(before, f"{kind}_bytes"), samples) for kind in COMM_KINDS]
+    events.append(("Comm/total_bytes", after.total_bytes - before.total_bytes, samples))
     return events
 
 
@@ -51,10 +52,10 @@ def memory_scalars(registry, activation_bytes: int | None) -> list[float]:
     """This rank's memory as a flat list in the order of memory_names(): current bytes per
     category, current and peak bytes per location, the process's resident set, the
     activations the last forward kept for backward."""
-    values = [float(registry.category_usage(name)["current"]) for name in CATEGORY_ORDER]
+    values = [float(registry.category_usage(name).current) for name in CATEGORY_ORDER]
     for location in LOCATIONS:
         usage = registry.location_usage(location)
-        values += [float(usage["current"]), float(usage["peak"])]
+        values += [float(usage.current), float(usage.peak)]
     values.append(float(process_memory().get("rss_bytes", 0)))
     values.append(float(activation_bytes or 0))
     return values
