@@ -1,10 +1,11 @@
-"""The typed contract between Python and C++ (zero/boundary.py, csrc/bindings/options.cpp):
-a misspelled or unknown field is an error, never a silent default, and every C++ default
-that has a config key agrees with the schema's."""
+"""The typed contract between Python and C++ (zero/boundary.py, csrc/bindings/options.cpp and
+reports.cpp): a misspelled or unknown field is an error, never a silent default, every C++
+default that has a config key agrees with the schema's, and what the engine reports back is a
+read-only struct whose fields as_dict turns into a dict."""
 import pytest
 
 from zero import _C
-from zero.boundary import typed
+from zero.boundary import as_dict, typed
 from zero.config import schema
 
 STRUCTS = [_C.OffloadOptions, _C.ParamOffloadOptions, _C.AioConfig, _C.GroupOptions,
@@ -65,3 +66,22 @@ def test_fields_survive_the_crossing():
     assert options.optimizer == _C.OptimizerKind.sgd
     assert options.offload.enabled and options.offload.nvme_path == "/tmp/x"
     assert options.offload.aio.queue_depth == 32
+
+
+def test_a_reported_struct_is_read_only_and_a_misspelled_field_is_an_error():
+    usage = _C.MemoryRegistry().total()
+
+    assert (usage.current, usage.peak) == (0, 0)
+    with pytest.raises(AttributeError):
+        usage.curent  # noqa: B018 -- the misspelling is the point
+    with pytest.raises(AttributeError):
+        usage.current = 1
+
+
+def test_as_dict_gives_every_field_of_a_reported_struct():
+    stats = _C.CommStats() + _C.CommStats()
+
+    assert as_dict(stats) == {"all_gather_bytes": 0, "reduce_scatter_bytes": 0,
+                              "all_reduce_bytes": 0, "broadcast_bytes": 0, "total_bytes": 0,
+                              "calls": 0, "control_bytes": 0, "control_calls": 0}
+    assert set(as_dict(_C.MemoryRegistry().total())) == {"current", "peak"}
