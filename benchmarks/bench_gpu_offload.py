@@ -50,7 +50,8 @@ from zero.models.tiny_gpt import GPTConfig, TinyGPT  # noqa: E402
 # width-4096 rungs between 2.7b and 13b are for --largest's ladder.
 MODELS = {"350m": (24, 16, 1024), "1.3b": (24, 16, 2048), "2.7b": (32, 32, 2560),
           "4.2b": (20, 32, 4096), "5b": (24, 32, 4096), "5.8b": (28, 32, 4096),
-          "6.7b": (32, 32, 4096), "8.3b": (40, 32, 4096), "10b": (48, 32, 4096),
+          "6.7b": (32, 32, 4096), "8.3b": (40, 32, 4096), "9b": (44, 32, 4096),
+          "10b": (48, 32, 4096),
           "11.5b": (56, 32, 4096), "13b": (40, 40, 5120)}
 # Most telling first: a run cut short by its budget still compares offload with none, then
 # the delayed update (the one way to the +10% goal: it hides the CPU step behind the next
@@ -80,7 +81,7 @@ def parse_args(argv=None):
                         help="seconds for the whole run (0: none); configurations left when it "
                              "is spent are reported as skipped")
     parser.add_argument("--largest", action="store_true")
-    parser.add_argument("--sizes", default="2.7b,4.2b,5b,5.8b,6.7b,8.3b,10b,11.5b,13b",
+    parser.add_argument("--sizes", default="2.7b,4.2b,5b,5.8b,6.7b,8.3b,9b,10b,11.5b,13b",
                         help="--largest: the ladder of sizes the tuner is asked about")
     parser.add_argument("--gpu-memory-gib", type=float, default=0,
                         help="--largest: cap the GPU at this many GiB (the tuner's budget and "
