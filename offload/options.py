@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from zero import _C
+import zero._C as _C
 from zero.boundary import typed
 
 OFFLOAD_TILE = 1 << 22  # elements per streamed chunk of the offloaded step, at most

@@ -116,7 +116,7 @@ def mesh_parts(model, sizes: MeshSizes, partition_method: str, description: str
 def _tied_weights(layers: list, cuts: list[int], stage: int, module: nn.Module) -> dict[int, int]:
     """id(weight) -> the number of stages holding it, for each weight of a TiedLayerSpec
     used on several stages and built on `stage` (PipelineModule.tied_weights)."""
-    from zero.pipe import TiedLayerSpec
+    from zero.pipe.module import TiedLayerSpec
     from zero.pipe.module import dotted_attr, tied_stages
 
     stages = tied_stages(layers, cuts)
