@@ -215,7 +215,10 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   StepResult result;
   // A unit kept gathered (an eval forward, a reuse) would be stale after the update.
   if (schedule_) schedule_->release_unused();
-  for (auto& group : groups_) group->hold_grads();
+  for (auto& group : groups_) {
+    group->hold_grads();
+    group->reducer().zero_unreduced();  // a discarded host shard: what no backward reached
+  }
   {
     RECORD_FUNCTION("zero::grad_norm", {});
     result.grad_norm = global_grad_norm(loss_scale);

@@ -47,7 +47,7 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   }
   expected_ = missing_;
   launched_.assign(layout_.unit_count(), false);
-  zeroed_.assign(layout_.unit_count(), false);
+  overwrite_.assign(layout_.unit_count(), false);
   if (mode_ != ReduceMode::kAllReduce) {
     slot_limit_ = std::min<std::size_t>(overlap_comm ? 2 : 1, layout_.unit_count());
   }
@@ -158,7 +158,7 @@ void GradReducer::launch(std::size_t unit) {
   at::Tensor input = slot.full.tensor().narrow(0, 0, plan.numel());
   at::Tensor target = grads_.narrow(0, layout_.shard_offset(unit), plan.shard_numel());
   if (!slot.piece.defined()) {  // the window's first reduction: straight into the shard
-    zeroed_[unit] = false;
+    overwrite_[unit] = false;
     in_flight_.push_back({&slot, communicator_.reduce_scatter(target, input, Reduction::kAvg),
                           {}});
     return;
@@ -186,8 +186,8 @@ void GradReducer::launch_in_place(std::size_t unit) {
 }
 
 void GradReducer::accumulate(std::size_t unit, at::Tensor& target, const at::Tensor& reduced) {
-  if (zeroed_[unit]) {  // the window's first gradient: a host shard's one D2H copy
-    zeroed_[unit] = false;
+  if (overwrite_[unit]) {  // the window's first gradient: a host shard's one D2H copy
+    overwrite_[unit] = false;
     target.copy_(reduced);
   } else if (reduced.device() == target.device()) {
     target.add_(reduced);
@@ -199,7 +199,26 @@ void GradReducer::accumulate(std::size_t unit, at::Tensor& target, const at::Ten
   }
 }
 
-void GradReducer::grads_zeroed() { zeroed_.assign(layout_.unit_count(), true); }
+void GradReducer::grads_zeroed() {
+  overwrite_.assign(layout_.unit_count(), true);
+  discarded_ = false;
+}
+
+void GradReducer::grads_discarded() {
+  TORCH_CHECK(mode_ == ReduceMode::kReduceScatter,
+              "zero: only a gradient shard can be discarded instead of zeroed");
+  overwrite_.assign(layout_.unit_count(), true);
+  discarded_ = true;
+}
+
+void GradReducer::zero_unreduced() {
+  if (!discarded_) return;
+  discarded_ = false;
+  for (std::size_t u = 0; u < overwrite_.size(); ++u) {
+    if (!overwrite_[u]) continue;
+    grads_.narrow(0, layout_.shard_offset(u), layout_.unit(u).shard_numel()).zero_();
+  }
+}
 
 void GradReducer::wait_oldest() {
   InFlight entry = std::move(in_flight_.front());

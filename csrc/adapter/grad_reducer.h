@@ -81,6 +81,12 @@ class GradReducer {
   // copy into its pinned memory instead of a temporary, a copy and an add on the CPU. Until
   // the first call every unit adds, which is right whatever `grads` holds.
   void grads_zeroed();
+  // As grads_zeroed, but `grads` still holds the last window's gradients: a host shard is not
+  // zeroed (a pass over all of its memory every step), since every unit's next reduction
+  // overwrites its range. Before anyone reads `grads`, zero_unreduced() zeroes the ranges of
+  // the units no reduction has reached since (kReduceScatter only: `grads` is the shard).
+  void grads_discarded();
+  void zero_unreduced();
   std::size_t bucket_count() const { return slots_.size(); }
   std::int64_t bucket_bytes() const;
 
@@ -103,7 +109,7 @@ class GradReducer {
   Slot& add_slot(std::int64_t numel, bool with_piece);
   // kReduceScatter: the unit's reduced 1/N can be the collective's output in the gradient shard
   // itself (the window's first reduction, plain, on the bucket's device and dtype).
-  bool reduces_into_shard(std::size_t unit) const { return into_shard_ && zeroed_[unit]; }
+  bool reduces_into_shard(std::size_t unit) const { return into_shard_ && overwrite_[unit]; }
   bool wait_for_a_bucket();  // false: no bucket is on the wire
   void release(Slot* slot);  // a bucket whose reduce-scatter is done
   void wait_oldest();
@@ -124,7 +130,10 @@ class GradReducer {
   std::vector<std::uint32_t> arrivals_;  // per parameter: contributions this backward
   std::vector<Slot*> slot_of_unit_;
   std::vector<bool> launched_;
-  std::vector<bool> zeroed_;  // per unit: its range of `grads` holds zeros (grads_zeroed)
+  // per unit: its next reduction overwrites its range of `grads`, which holds zeros
+  // (grads_zeroed) or, while `discarded_`, the last window's gradients (grads_discarded)
+  std::vector<bool> overwrite_;
+  bool discarded_ = false;
   std::size_t slot_limit_ = 0;  // the most buckets live at once while one is on the wire
   std::deque<std::unique_ptr<Slot>> slots_;
   std::deque<InFlight> in_flight_;    // oldest first

@@ -172,7 +172,10 @@ void ParamGroup::hold_grads() {
 
 void ParamGroup::zero_grads() {
   if (grad_full_.defined()) grad_full_.tensor().zero_();
-  if (grad_shard_.tensor().defined()) {
+  if (!grad_shard_.tensor().defined()) return;
+  if (grad_shard_.on_host()) {  // left as it is: the next window's reductions overwrite it
+    reducer_->grads_discarded();
+  } else {
     grad_shard_.clear();
     reducer_->grads_zeroed();
   }

@@ -401,8 +401,12 @@ void Stage3Group::gather_params() {
 }
 
 void Stage3Group::zero_grads() {
-  grad_shard_.clear();
-  reducer_->grads_zeroed();
+  if (grad_shard_.on_host()) {  // left as it is: the next window's reductions overwrite it
+    reducer_->grads_discarded();
+  } else {
+    grad_shard_.clear();
+    reducer_->grads_zeroed();
+  }
 }
 
 at::Tensor Stage3Group::master_shard() const {
