@@ -82,7 +82,8 @@ def plan(size: str, gpt, base_config: dict, gpu_bytes: int, host_bytes: int,
 
 def search(plans: list[Plan], run, fallback_config: dict) -> list[dict]:
     """Runs each arm from its largest fitting size down until one trains (run(arm, plan,
-    config) -> result dict, "error" in it when it did not train); the no-offload arm then
+    config) -> result dict, "error" in it when it did not train); unless a size above the
+    no-offload arm's largest already failed with the tuner's configuration, that arm then
     goes up the ladder with fallback_config until a size fails."""
     results = []
 
@@ -95,6 +96,8 @@ def search(plans: list[Plan], run, fallback_config: dict) -> list[dict]:
 
     largest = first_that_trains("no offload", [p for p in plans if p.configs["no offload"]])
     above = [p for p in plans if largest is None or p.params > largest.params]
+    if any("error" in r and r["params"] > (largest.params if largest else 0) for r in results):
+        above = []  # the failure above the largest is already on record
     for p in sorted(above, key=lambda p: p.params):
         results.append(run("no offload (past the tuner)", p, fallback_config))
         if "error" in results[-1]:
@@ -185,7 +188,8 @@ def _gib(value) -> str:
 def write_config(out_dir: str, arm: str, size: str, config: dict) -> str:
     """The configuration a run trains with, kept beside the results."""
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"largest-{size}-{arm.split(' (')[0].replace(' ', '-')}.json")
+    slug = "".join(c if c.isalnum() else "-" for c in arm).strip("-")
+    path = os.path.join(out_dir, f"largest-{size}-{slug}.json")
     with open(path, "w") as handle:
         json.dump(config, handle, indent=2)
     return path

@@ -91,6 +91,23 @@ def test_a_size_the_tuner_refused_that_trains_anyway_raises_the_no_offload_floor
     assert "2.00x" in gpu_largest.verdict(results)
 
 
+def test_a_size_the_tuner_fitted_that_failed_is_the_no_offload_arms_stop():
+    plans = [_plan("1b", 1, True, True), _plan("2b", 2, True, True),
+             _plan("3b", 3, False, True)]
+
+    ran, results = _search(plans, lambda arm, plan: plan.params <= 1 or arm == "offload")
+
+    assert ran == [("no offload", "2b"), ("no offload", "1b"), ("offload", "3b")]
+    assert "3.00x" in gpu_largest.verdict(results)
+
+
+def test_each_run_keeps_its_configuration_in_a_file_of_its_own(tmp_path):
+    paths = {gpu_largest.write_config(str(tmp_path), arm, "5b", {"arm": arm})
+             for arm in ("no offload", "no offload (past the tuner)", "offload")}
+
+    assert len(paths) == 3
+
+
 def test_the_verdict_names_an_arm_that_trained_nothing():
     plans = [_plan("1b", 1, False, True)]
 
