@@ -13,6 +13,15 @@ bool grads_offloaded(const GroupOptions& options) {
   return options.stage >= 2 && options.offload.enabled && options.offload.ratio >= 1.0;
 }
 
+void start_grad_window(PlacedBuffer& shard, GradReducer& reducer) {
+  if (shard.on_host()) {
+    reducer.grads_discarded();
+  } else {
+    shard.clear();
+    reducer.grads_zeroed();
+  }
+}
+
 namespace {
 
 core::ShardedLayout layout_for(const std::vector<at::Tensor>& params, const GroupOptions& options,
@@ -172,13 +181,7 @@ void ParamGroup::hold_grads() {
 
 void ParamGroup::zero_grads() {
   if (grad_full_.defined()) grad_full_.tensor().zero_();
-  if (!grad_shard_.tensor().defined()) return;
-  if (grad_shard_.on_host()) {  // left as it is: the next window's reductions overwrite it
-    reducer_->grads_discarded();
-  } else {
-    grad_shard_.clear();
-    reducer_->grads_zeroed();
-  }
+  if (grad_shard_.tensor().defined()) start_grad_window(grad_shard_, *reducer_);
 }
 
 at::Tensor ParamGroup::master_shard() const {

@@ -48,6 +48,10 @@ struct GroupOptions;
 // Stages 2-3 with the whole optimizer step offloaded: the gradient shard lives in host memory
 // (ZeRO-Offload), only what the device still updates (ratio < 1) keeps it on the device.
 bool grads_offloaded(const GroupOptions& options);
+// A new accumulation window for a gradient shard: on the device its memory is given back
+// (zero-filled when taken again); in host memory it is left as it is, every unit's next
+// reduction overwriting its range (GradReducer::grads_discarded).
+void start_grad_window(PlacedBuffer& shard, GradReducer& reducer);
 
 struct GroupOptions {
   int stage = 0;

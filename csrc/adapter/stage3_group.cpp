@@ -400,14 +400,7 @@ void Stage3Group::gather_params() {
   if (param_swap_) param_swap_->flush();
 }
 
-void Stage3Group::zero_grads() {
-  if (grad_shard_.on_host()) {  // left as it is: the next window's reductions overwrite it
-    reducer_->grads_discarded();
-  } else {
-    grad_shard_.clear();
-    reducer_->grads_zeroed();
-  }
-}
+void Stage3Group::zero_grads() { start_grad_window(grad_shard_, *reducer_); }
 
 at::Tensor Stage3Group::master_shard() const {
   return state_.has_master() ? state_.read_master(0, layout_.shard_numel())
