@@ -3,8 +3,8 @@
     results = run_distributed(fn, world_size=2, args=(...), timeout=60)
 
 `fn(rank, world_size, *args)` must be a module-level function (it is pickled by reference).
-Children come from a forkserver that has already imported torch, so each rank starts in
-well under a second and never inherits the test runner's threads.
+Children come from a forkserver that has already imported torch and zero's engine, so each
+rank starts in well under a second and never inherits the test runner's threads.
 
 Failure handling, so that no test can hang CI:
   * the first rank that raises ends the run: the others are killed and the test fails with
@@ -27,7 +27,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 _CONTEXT = mp.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["torch", "torch.distributed"])
+_CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "zero.engine"])
 
 
 class RankFailed(AssertionError):
