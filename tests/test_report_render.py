@@ -9,6 +9,7 @@ import pytest
 import training
 from distributed_harness import run_distributed
 from zero.reports import cli, render
+from zero.reports.table import format_report, format_table
 
 pytest.importorskip("matplotlib")
 import matplotlib.image  # noqa: E402  (after the skip)
@@ -150,31 +151,29 @@ def test_the_report_command_renders_a_real_offloaded_run(offload_run, tmp_path):
 
 
 def test_the_live_table_shows_where_memory_lives(offload_run):
-    from zero.memory import format_report
-
+    """The table a rank prints at the end of a run is zero-mem report's, for that rank."""
     _, finals = offload_run
-    text = format_report(finals[0])
-    header = text.splitlines()[1]
-    for column in ("device", "host pinned", "host pageable", "NVMe", "peak", "by formula"):
-        assert column in header
-    assert "offload: optimizer -> nvme, params -> cpu" in text
-    assert "model states by location:" in text and "(= formula)" in text
-    rows = {line.split()[0]: line.split()[1:5] for line in text.splitlines()[2:]
-            if line.startswith("  ")}
+    lines = format_report(finals[0]).splitlines()
+    assert lines[0].endswith("offload: optimizer on NVMe + parameters on the host)")
+    for column in ("category", "device MiB", "host pinned MiB", "host pageable MiB", "NVMe MiB",
+                   "current MiB", "peak MiB", "formula MiB", "check"):
+        assert column in lines[1]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}
     # param: the persistent part on the device, the partitioned shard in pageable host memory
-    device, pinned, pageable, nvme = rows["param"]
+    device, pinned, pageable, nvme = rows["param"][:4]
     assert float(device) > 0 and pinned == "-" and float(pageable) > 0 and nvme == "-"
     assert rows["fp32_master"][0] == "-" and float(rows["fp32_master"][3]) > 0  # on NVMe
-    assert "all, peak" in text and "(peak of the sum)" in text
-    assert "process RSS" in text and "CUDA" not in text  # a CPU run: the RSS, no allocator
+    model_states = next(line for line in lines if line.startswith("model states"))
+    assert model_states.endswith("= formula")  # in all and at each location
+    engine_peak = next(line for line in lines if line.startswith("engine peak"))
+    assert engine_peak.endswith("(peak of each sum)")
+    assert "process" in rows and not any(line.startswith("CUDA") for line in lines)  # a CPU run
     locations = finals[0]["by_location"]
     assert locations["nvme"]["current"] > 0 and locations["host_pageable"]["current"] > 0
     assert locations["device"]["peak"] > locations["device"]["current"]  # gathers, staging
 
 
 def test_a_gpu_report_shows_the_allocator_peaks():
-    from zero.memory import format_report
-
     report = {"rank": 1, "step": 3, "stage": 2, "world_size": 2, "numel": 1000,
               "param_bytes": 2, "model_state_bytes": 0, "model_state_expected_bytes": 0,
               "model_state_formula": "2Ψ + 14Ψ/N", "categories": {},
@@ -183,10 +182,14 @@ def test_a_gpu_report_shows_the_allocator_peaks():
                           "cuda_allocated_bytes": 5 << 30, "cuda_max_allocated_bytes": 7 << 30,
                           "cuda_reserved_bytes": 8 << 30, "cuda_max_reserved_bytes": 9 << 30,
                           "cuda_outside_zero_bytes": 64 << 20}}
-    text = format_report(report)
-    assert ("CUDA allocator (cuda:1): allocated 5.000 GiB (peak 7.000 GiB), reserved 8.000 GiB "
-            "(peak 9.000 GiB); 64.000 MiB of it outside zero's accounting") in text
-    assert "process RSS: 2.000 GiB (peak 3.000 GiB" in text
+    lines = format_report(report).splitlines()
+    assert "current GiB" in lines[1] and "peak GiB" in lines[1]  # the unit of the largest
+    rows = {" ".join(line.split()[:2]): line.split()[2:] for line in lines[3:]}
+    assert rows["CUDA allocated"] == ["5.000", "5.000", "7.000", "(allocator)"]
+    assert rows["CUDA reserved"] == ["8.000", "8.000", "9.000", "(allocator)"]
+    assert rows["process RSS"] == ["2.000", "3.000", "(whole", "process)"]
+    assert lines[-1] == ("CUDA allocated: 64.000 MiB of it outside zero's accounting "
+                         "(activations, cuBLAS workspaces, the script's own tensors)")
 
 
 def _reports_without_an_interval(rank, world, path):
@@ -221,7 +224,7 @@ def test_reports_written_before_the_location_keys_still_render(run_dir, tmp_path
             lines.append(json.dumps(report))
         (tmp_path / f"old.rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     loaded = render.load([str(tmp_path)])
-    table = render.format_table(loaded.series)
+    table = format_table([(s.label, s.last) for s in loaded.series])
     assert "= formula" in table and "differs" not in table
     png = tmp_path / "old.png"
     render.plot(loaded.series, str(png))

@@ -25,15 +25,16 @@ from offload import disk_space
 
 from . import _C, agreement, process_groups, sharding, stage3
 from .parallel import data_group
-from .boundary import as_dict, grads_sharded
+from .boundary import as_dict
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .loss_scaler import from_config as loss_scaler_from_config
-from .memory import StateLayout, build_report, format_report, format_report_line
+from .memory import build_report, state_layouts
 from .monitor import Watch
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
 from .optimizer import OptimizerSpec, ZeroOptimizer
 from offload.progress import SwapWriteProgress
+from .reports.table import format_report, format_report_line
 from .schedulers import build_scheduler
 
 logger = logging.getLogger("zero")
@@ -113,7 +114,8 @@ class ZeroEngine(nn.Module):
             loss_scale_window=config.fp16.loss_scale_window, hysteresis=config.fp16.hysteresis,
             consecutive_hysteresis=config.fp16.consecutive_hysteresis,
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
-        self._layouts = self._state_layouts(spec)
+        self._layouts = state_layouts(self._core, self._engine_groups, self.optimizer.param_groups,
+                                      spec, config, _element_size(self.dtype))
         self._warn_if_not_pinned()
         if self.config.memory_report.path and not self.config.memory_report.every_n_steps \
                 and dist.get_rank() == 0:
@@ -479,39 +481,6 @@ class ZeroEngine(nn.Module):
         if message and dist.get_rank() == 0:
             warnings.warn(message, stacklevel=3)
             logger.warning(message)
-
-    def _state_layouts(self, spec) -> list[StateLayout]:
-        """What the ZeRO formulas describe: one layout per engine group kind (stage 3's
-        persistent parameters follow stage 1 and are reported as a separate layout). N is the
-        ranks a group shards over: the world, or with MiCS the shard group."""
-        worlds: dict[tuple[int, bool], int] = {}  # (stage, SGD momentum buffer) -> N
-        numels: dict[tuple[int, bool], int] = {}  # (stage, SGD momentum buffer) -> elements
-        offloaded: dict[tuple[int, bool], int] = {}  # -> shard elements whose state is offloaded
-        param_nvme: dict[tuple[int, bool], int] = {}  # -> parameter shard elements on NVMe
-        grads_on_host: dict[tuple[int, bool], bool] = {}  # -> the gradient shard is on the host
-        for g, group in enumerate(self._engine_groups):
-            stage = group.stage
-            momentum = spec.momentum_buffer_needed([self.optimizer.param_groups[group.owner]])
-            numels[stage, momentum] = numels.get((stage, momentum), 0) + self._core.group_numel(g)
-            worlds[stage, momentum] = self._core.group_layout(g).world_size
-            info = self._core.group_offload_info(g)
-            offloaded[stage, momentum] = offloaded.get((stage, momentum), 0) + info.offloaded_numel
-            param_nvme[stage, momentum] = (param_nvme.get((stage, momentum), 0)
-                                           + info.nvme_param_numel)
-            grads_on_host[stage, momentum] = (grads_on_host.get((stage, momentum), True)
-                                              and info.grads_on_host)
-        zero_cfg = self.config.zero_optimization
-        return [StateLayout(stage=stage, world_size=worlds[stage, momentum], numel=numel,
-                            param_bytes=_element_size(self.dtype), optimizer=spec.kind,
-                            sgd_momentum=momentum, persistent=self.stage == 3 and stage == 1,
-                            sharded_grads=stage == 1 and grads_sharded(
-                                self.stage, self.config.gradient_accumulation_steps),
-                            offload_optimizer=zero_cfg.offload_optimizer.device,
-                            offload_param=stage == 3 and zero_cfg.offload_param.device != "none",
-                            param_nvme_numel=param_nvme[stage, momentum],
-                            grads_on_host=grads_on_host[stage, momentum],
-                            offloaded_numel=offloaded[stage, momentum])
-                for (stage, momentum), numel in sorted(numels.items(), reverse=True)]
 
     # ---- internals -------------------------------------------------------------------------
     def _grad_hook(self, group: int, index: int):

@@ -1,5 +1,5 @@
 """Memory of the engine: what the ZeRO formulas say each rank should own, and the report
-that puts the accounting registry's measurement beside it.
+that puts the accounting registry's measurement beside it (as text: zero/reports/table.py).
 
 Ψ below is the parameter count padded as the partition planner lays it out (each group's
 flat buffer is padded to a multiple of world_size x alignment at stages >= 1), so the
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .boundary import as_dict
+from .boundary import as_dict, grads_sharded
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,36 @@ class StateLayout:
     @property
     def sharded_numel(self) -> int:
         return self.numel if self.stage == 0 else self.numel // self.world_size
+
+
+def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
+                  ) -> list[StateLayout]:
+    """What the ZeRO formulas describe for an engine (its EngineCore and EngineGroups): one
+    layout per group kind, (stage, SGD momentum buffer); stage 3's persistent parameters follow
+    stage 1 and are a layout of their own. N is the ranks a group shards over: the world, or
+    with MiCS the shard group."""
+    kinds: dict[tuple[int, bool], dict] = {}
+    for g, group in enumerate(groups):
+        momentum = spec.momentum_buffer_needed([optimizer_groups[group.owner]])
+        info = core.group_offload_info(g)
+        kind = kinds.setdefault((group.stage, momentum),
+                                {"numel": 0, "offloaded": 0, "nvme": 0, "grads_on_host": True})
+        kind["numel"] += core.group_numel(g)
+        kind["world_size"] = core.group_layout(g).world_size
+        kind["offloaded"] += info.offloaded_numel          # shard elements with offloaded state
+        kind["nvme"] += info.nvme_param_numel              # parameter shard elements on NVMe
+        kind["grads_on_host"] = kind["grads_on_host"] and info.grads_on_host
+    zero_cfg = config.zero_optimization
+    return [StateLayout(stage=stage, world_size=kind["world_size"], numel=kind["numel"],
+                        param_bytes=param_bytes, optimizer=spec.kind, sgd_momentum=momentum,
+                        persistent=zero_cfg.stage == 3 and stage == 1,
+                        sharded_grads=stage == 1 and grads_sharded(
+                            zero_cfg.stage, config.gradient_accumulation_steps),
+                        offload_optimizer=zero_cfg.offload_optimizer.device,
+                        offload_param=stage == 3 and zero_cfg.offload_param.device != "none",
+                        param_nvme_numel=kind["nvme"], grads_on_host=kind["grads_on_host"],
+                        offloaded_numel=kind["offloaded"])
+            for (stage, momentum), kind in sorted(kinds.items(), reverse=True)]
 
 
 def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
@@ -117,8 +147,7 @@ def total_formula(layout: StateLayout) -> str:
 LOCATIONS = ("device", "host_pinned", "host_pageable", "nvme")  # the registry's locations
 CATEGORY_ORDER = ("param", "gradient", "fp32_master", "optimizer_state", "bucket",
                   "gathered_param", "staging", "other")
-_LOCATION_TEXT = {"device": "device", "host_pinned": "host pinned",
-                  "host_pageable": "host pageable", "nvme": "NVMe"}
+MODEL_STATES = CATEGORY_ORDER[:4]
 
 
 def process_memory() -> dict[str, int]:
@@ -212,15 +241,6 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
     }
 
 
-def _unit(value: int) -> tuple[int, str]:
-    return (1024 ** 3, "GiB") if value >= 1024 ** 3 else (1024 ** 2, "MiB")
-
-
-def _size(value: int) -> str:
-    scale, unit = _unit(value)
-    return f"{value / scale:.3f} {unit}" if value else "0"
-
-
 def location_totals(report: dict) -> dict[str, dict[str, int | None]]:
     """Per registry location: current and peak bytes over all categories (reports written
     before the `by_location` key: current summed from the categories, peak unknown)."""
@@ -231,114 +251,3 @@ def location_totals(report: dict) -> dict[str, dict[str, int | None]]:
         for location, usage in entry.get("by_location", {}).items():
             out.setdefault(location, {"current": 0, "peak": None})["current"] += usage["current"]
     return out
-
-
-def format_report_line(report: dict) -> str:
-    """One line per rank for a training log (the periodic report): model states measured
-    against the formula, then every location's current and peak bytes. The full table is
-    format_report's (the end of a run, or engine.print_memory_report())."""
-    measured = report["model_state_bytes"]
-    verdict = "= formula" if measured == report["model_state_expected_bytes"] else \
-        f"formula {_size(report['model_state_expected_bytes'])}"
-    totals = location_totals(report)
-    used = [(loc, usage) for loc, usage in totals.items()
-            if usage.get("current") or usage.get("peak") or loc == "device"]
-    where = ", ".join(f"{_LOCATION_TEXT.get(loc, loc)} {_size(usage.get('current') or 0)} "
-                      f"(peak {_size(usage.get('peak') or 0)})" for loc, usage in used)
-    place = f" ({mesh_text(report['mesh'], short=True)})" if report.get("mesh") else ""
-    return (f"[zero] step {report['step']} rank {report['rank']}{place}: model states "
-            f"{_size(measured)} ({verdict}); {where}")
-
-
-def mesh_text(mesh: dict, short: bool = False) -> str:
-    """Where a rank sits in a pipe x data x tensor mesh, and what its numbers cover."""
-    place = (f"pipeline stage {mesh['stage']}/{mesh['pipe']}, data rank "
-             f"{mesh['data_rank']}/{mesh['data']}, tensor rank {mesh['tensor_rank']}/"
-             f"{mesh['tensor']}")
-    if short:
-        return place
-    return (f"mesh: {place}; this rank's part (its stage's layers"
-            + (", split layers cut to its tensor slice" if mesh["tensor"] > 1 else "")
-            + f") sharded over N = {mesh['data']} data-parallel ranks")
-
-
-def format_report(report: dict) -> str:
-    """A table for humans: per category the current bytes at each location (device, host
-    pinned, host pageable, NVMe), the peak, the formula's bytes and the formula; then every
-    location's current and peak, the model states by location against the formula, and the
-    process (RSS on CPU; the CUDA allocator on GPU). MiB, or GiB from 1 GiB up (labelled)."""
-    scale, unit = _unit(report["total"]["peak"])
-    offload = report.get("offload") or {}
-    where = [f"optimizer -> {offload['optimizer']}"] if offload.get("optimizer", "none") != \
-        "none" else []
-    where += [f"params -> {offload['param']}"] if offload.get("param", "none") != "none" else []
-    persistent = report.get("persistent_numel")
-    lines = [f"[rank {report['rank']}] memory after step {report['step']} "
-             f"(stage {report['stage']}, N={report['world_size']}, Ψ={report['numel']:,}"
-             + (f", Ψp={persistent:,} persistent" if persistent else "")
-             + f", {report['param_bytes']}-byte params"
-             + (f"; offload: {', '.join(where)}" if where else "") + f"), in {unit}:"]
-    if report.get("mesh"):
-        lines.append(f"  {mesh_text(report['mesh'])}")
-    headers = ["category", *(_LOCATION_TEXT[loc] for loc in LOCATIONS), "peak", "by formula",
-               "check", "formula"]
-    rows = []
-
-    def number(value) -> str:
-        return "-" if value is None else "0" if value == 0 else f"{value / scale:.3f}"
-
-    for name, entry in sorted(report["categories"].items(), key=lambda item: (
-            CATEGORY_ORDER.index(item[0]) if item[0] in CATEGORY_ORDER else len(CATEGORY_ORDER),
-            item[0])):
-        at = entry.get("by_location", {})
-        expected = entry.get("expected")
-        # model states at their most (stage 2 and 3 gradient shards are given back between steps)
-        check = "" if expected is None else ("=" if expected == entry["peak"] else "differs")
-        rows.append([name, *(number(at[loc]["current"]) if loc in at else "-" for loc in LOCATIONS),
-                     number(entry["peak"]), number(expected), check, entry.get("formula", "")])
-    totals = location_totals(report)
-    rows.append(["all, current", *(number(totals.get(loc, {}).get("current")) for loc in LOCATIONS),
-                 number(report["total"]["current"]), "", "", ""])
-    rows.append(["all, peak", *(number(totals.get(loc, {}).get("peak")) for loc in LOCATIONS),
-                 number(report["total"]["peak"]), "", "", "(peak of the sum)"])
-    widths = [max(len(str(row[i])) for row in rows + [headers]) for i in range(len(headers))]
-
-    def line(cells):
-        return "  " + "  ".join(str(c).ljust(w) if i in (0, 7, 8) else str(c).rjust(w)
-                                for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    lines.append(line(headers))
-    lines.extend(line(row) for row in rows)
-    by_location = report.get("model_state_by_location")
-    if by_location:
-        measured, expected = by_location["measured"], by_location["expected"]
-        parts = ", ".join(f"{_LOCATION_TEXT.get(loc, loc)} {_size(measured.get(loc, 0))}"
-                          for loc in ("device", "host", "nvme")
-                          if measured.get(loc) or expected.get(loc) or loc == "device")
-        verdict = "= formula" if measured == expected else \
-            "formula: " + ", ".join(f"{loc} {_size(value)}" for loc, value in expected.items())
-        lines.append(f"  model states by location: {parts} ({verdict})")
-    lines.append(f"  model states: {_size(report['model_state_bytes'])} measured, "
-                 f"{_size(report['model_state_expected_bytes'])} by "
-                 f"{report['model_state_formula']}")
-    process = report.get("process", {})
-    if "cuda_allocated_bytes" in process:
-        text = (f"  CUDA allocator (cuda:{process.get('cuda_device', '?')}): allocated "
-                f"{_size(process['cuda_allocated_bytes'])} (peak "
-                f"{_size(process['cuda_max_allocated_bytes'])})")
-        if "cuda_reserved_bytes" in process:
-            text += (f", reserved {_size(process['cuda_reserved_bytes'])} (peak "
-                     f"{_size(process['cuda_max_reserved_bytes'])})")
-        outside = process.get("cuda_outside_zero_bytes")
-        lines.append(text + ("; the engine's device bytes are part of it" if outside is None else
-                             f"; {_size(outside)} of it outside zero's accounting (activations, "
-                             "cuBLAS workspaces, the script's own tensors)"))
-    if "rss_peak_bytes" in process:
-        current = process.get("rss_bytes", 0)
-        lines.append(f"  process RSS: {_size(current)} (peak "
-                     f"{_size(max(current, process['rss_peak_bytes']))}; the whole process: "
-                     "framework, activations and allocator caches included)")
-    if report.get("activations_bytes") is not None:
-        lines.append(f"  activations: {_size(report['activations_bytes'])} kept for backward by the "
-                     "last forward (measured; activation checkpointing keeps less)")
-    return "\n".join(lines)

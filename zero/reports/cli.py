@@ -24,7 +24,7 @@ import torch
 
 from . import activations
 from . import estimate as est
-from . import render, tuner
+from . import render, table, tuner
 
 
 def _count(text):
@@ -297,7 +297,7 @@ def cmd_report(args) -> int:
     for warning in loaded.warnings:
         print(f"zero-mem: {warning}", file=sys.stderr)
     if args.table or not args.png:
-        print(render.format_table(loaded.series))
+        print(table.format_table([(s.label, s.last) for s in loaded.series]))
     if args.png:
         render.plot(loaded.series, args.png)
         print(f"wrote {args.png}")

@@ -1,9 +1,8 @@
 """Read the engine's memory-report JSON lines (`memory_report: {"path": ..., "every_n_steps":
 n}` makes rank r append one line per n steps to `<root>.rank<r>.jsonl`;
-`engine.final_memory_report()` appends one more, marked "final") and show them: a table per
-rank and category (bytes at each location: device, host pinned, host pageable, NVMe; current,
-peak, the formula's expected bytes), and a PNG timeline of memory by category, one row per
-rank and one column per location.
+`engine.final_memory_report()` appends one more, marked "final") and show them: the table of
+each rank's last report (table.format_table), and a PNG timeline of memory by category, one
+row per rank and one column per location.
 
 A file that several runs appended to holds several runs; a new run starts where the step
 does not increase or the layout (stage, world size, Ψ, dtype) changes (a final report of the
@@ -17,16 +16,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ..memory import LOCATIONS, location_totals
-from .estimate import GiB, MiB
-
-# the registry's locations, in the order shown, and how they are labelled
-LOCATION_TEXT = {"device": "device", "host_pinned": "host pinned",
-                 "host_pageable": "host pageable", "nvme": "NVMe"}
-
-CATEGORY_ORDER = ("param", "gradient", "fp32_master", "optimizer_state", "bucket",
-                  "gathered_param", "staging", "other")
-MODEL_STATES = CATEGORY_ORDER[:4]
+from ..memory import LOCATIONS, MODEL_STATES
+from . import table
 _RANK_FILE = re.compile(r"^(?P<root>.*)\.rank(?P<rank>\d+)(?P<ext>\.[^.]*)?$")
 
 
@@ -144,18 +135,6 @@ def load(paths: list[str], run: int = -1, ranks: list[int] | None = None) -> Loa
     return loaded
 
 
-def ordered_categories(series: list[Series]) -> list[str]:
-    names = set()
-    for s in series:
-        for report in s.reports:
-            names.update(report["categories"])
-    return [n for n in CATEGORY_ORDER if n in names] + sorted(names - set(CATEGORY_ORDER))
-
-
-def _unit(values) -> tuple[float, str]:
-    return (GiB, "GiB") if max(values, default=0) >= GiB else (MiB, "MiB")
-
-
 def used_locations(series: list[Series]) -> list[str]:
     """The locations that held bytes in any report (the device always)."""
     used = {"device"}
@@ -166,149 +145,6 @@ def used_locations(series: list[Series]) -> list[str]:
                     if usage.get("peak") or usage.get("current"):
                         used.add(location)
     return [loc for loc in LOCATIONS if loc in used] + sorted(used - set(LOCATIONS))
-
-
-def format_table(series: list[Series]) -> str:
-    """Per rank, the last report of the run: every category's current bytes at each location
-    (device, host pinned, host pageable, NVMe), its current and peak bytes, the ZeRO
-    formula's expected bytes; then the model states, every location's current and peak, the
-    engine total and the process."""
-    names = ordered_categories(series)
-    biggest = [s.last["total"]["peak"] for s in series]
-    scale, unit = _unit(biggest)
-
-    def number(value) -> str:
-        return "-" if value is None else "0" if value == 0 else f"{value / scale:.3f}"
-
-    rows = []
-    for s in series:
-        report = s.last
-        mesh = report.get("mesh")
-        place = f" (stage {mesh['stage']}, tensor {mesh['tensor_rank']})" if mesh else ""
-        head = [s.label + place, str(report["step"])]
-        rows.extend(_category_rows(head, report, names, number))
-        rows.append(_model_states_row(head, report, number))
-        rows.extend(_engine_rows(head, report, number))
-        rows.extend(_process_rows(head, report, number))
-    headers = ["rank", "step", "category", *(f"{LOCATION_TEXT[loc]} {unit}" for loc in LOCATIONS),
-               f"current {unit}", f"peak {unit}", f"formula {unit}", "formula", "check"]
-    first = series[0].last
-    title = (f"memory report: stage {first['stage']}, N = {first['world_size']}, "
-             + _psi_text(series) + f", {first['param_bytes']}-byte parameters"
-             + _offload_text(first) + " (last report of each rank)")
-    return _table_text(title, headers, rows)
-
-
-def _psi_text(series: list[Series]) -> str:
-    """Ψ of the model, or with pipeline stages / tensor slices of each part (its ranks hold
-    only it; N is then its data-parallel ranks)."""
-    mesh = series[0].last.get("mesh")
-    if not mesh:
-        return f"Ψ = {series[0].last['numel']:,}"
-    parts = {(s.last["mesh"]["stage"], s.last["mesh"]["tensor_rank"]): s.last["numel"]
-             for s in series if s.last.get("mesh")}
-    listed = ", ".join(f"stage {stage} tensor {tensor}: {numel:,}"
-                       for (stage, tensor), numel in sorted(parts.items()))
-    return (f"mesh pipe {mesh['pipe']} x data {mesh['data']} x tensor {mesh['tensor']}, "
-            f"Ψ per part ({listed})")
-
-
-def _category_rows(head: list[str], report: dict, names: list[str], number) -> list[list[str]]:
-    """One row per category: current bytes at each location, current, peak, the formula's."""
-    rows = []
-    for name in names:
-        entry = report["categories"].get(name, {"current": 0, "peak": 0})
-        at = entry.get("by_location", {})
-        expected = entry.get("expected")
-        # model states at their most (stage 2 and 3 gradient shards are given back between steps)
-        check = "" if expected is None else ("= formula" if expected == entry["peak"]
-                                             else "differs")
-        rows.append([*head, name, *(number(at[loc]["current"]) if loc in at else "-"
-                                    for loc in LOCATIONS),
-                     number(entry["current"]), number(entry["peak"]), number(expected),
-                     entry.get("formula", ""), check])
-    return rows
-
-
-def _model_states_row(head: list[str], report: dict, number) -> list[str]:
-    """param + gradient + fp32_master + optimizer_state at each location, against the formula
-    (and, when the report has it, the formula's split over the locations)."""
-    by_location = report.get("model_state_by_location")
-    measured = (by_location or {}).get("measured", {})
-    states = {loc: 0 for loc in LOCATIONS}
-    for name in MODEL_STATES:
-        for loc, usage in report["categories"].get(name, {}).get("by_location", {}).items():
-            states[loc] = states.get(loc, 0) + usage["current"]
-    return [*head, "model states", *(number(states[loc]) for loc in LOCATIONS),
-            number(report["model_state_bytes"]), "",
-            number(report["model_state_expected_bytes"]),
-            report.get("model_state_formula", ""),
-            "= formula" if report["model_state_bytes"] ==
-            report["model_state_expected_bytes"] and
-            (not by_location or measured == by_location["expected"]) else "differs"]
-
-
-def _engine_rows(head: list[str], report: dict, number) -> list[list[str]]:
-    """Everything the engine accounts for: now at each location, and each location's peak."""
-    totals = location_totals(report)
-    return [[*head, "engine total", *(number(totals.get(loc, {}).get("current"))
-                                      for loc in LOCATIONS),
-             number(report["total"]["current"]), number(report["total"]["peak"]), "", "", ""],
-            [*head, "engine peak", *(number(totals.get(loc, {}).get("peak"))
-                                     for loc in LOCATIONS), "",
-             number(report["total"]["peak"]), "", "(peak of each sum)", ""]]
-
-
-def _process_rows(head: list[str], report: dict, number) -> list[list[str]]:
-    """What the process holds beyond the engine: the CUDA allocator's bytes, the RSS."""
-    process = report.get("process", {})
-    rows = []
-    if "cuda_allocated_bytes" in process:
-        rows.append([*head, "CUDA allocated", number(process["cuda_allocated_bytes"]), "",
-                     "", "", number(process["cuda_allocated_bytes"]),
-                     number(process["cuda_max_allocated_bytes"]), "", "",
-                     "(allocator)"])
-        if "cuda_reserved_bytes" in process:
-            rows.append([*head, "CUDA reserved", number(process["cuda_reserved_bytes"]),
-                         "", "", "", number(process["cuda_reserved_bytes"]),
-                         number(process["cuda_max_reserved_bytes"]), "", "",
-                         "(allocator)"])
-    if "rss_peak_bytes" in process:
-        # ru_maxrss is read before statm, so the current RSS can exceed it by a page or so.
-        current = process.get("rss_bytes", 0)
-        rows.append([*head, "process RSS", "", "", "", "", number(current),
-                     number(max(current, process["rss_peak_bytes"])), "", "",
-                     "(whole process)"])
-    return rows
-
-
-def _table_text(title: str, headers: list[str], rows: list[list[str]]) -> str:
-    """The title, the aligned table, a blank line between ranks."""
-    widths = [max(len(r[i]) for r in rows + [headers]) for i in range(len(headers))]
-    left = {0, 2, 10, 11}
-
-    def line(cells):
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    out = [title, line(headers), line(["-" * w for w in widths])]
-    previous = None
-    for row in rows:
-        if previous is not None and row[0] != previous:
-            out.append("")
-        previous = row[0]
-        out.append(line(row))
-    return "\n".join(out)
-
-
-def _offload_text(report: dict) -> str:
-    offload = report.get("offload") or {}
-    parts = []
-    if offload.get("optimizer", "none") != "none":
-        parts.append(f"optimizer on {'the host' if offload['optimizer'] == 'cpu' else 'NVMe'}")
-    if offload.get("param", "none") != "none":
-        parts.append("parameters on the host")
-    return (", offload: " + " + ".join(parts)) if parts else ""
 
 
 _COLORS = {"param": "#4c72b0", "gradient": "#dd8452", "fp32_master": "#55a868",
@@ -324,14 +160,14 @@ def plot(series: list[Series], png: str, max_panels: int = 16) -> str:
     model states at that location (dotted). Each column has its own unit (MiB or GiB)."""
     plt = _pyplot()
     shown = series[:max_panels]
-    names = ordered_categories(shown)
+    names = table.ordered_categories([r for s in shown for r in s.reports])
     locations = used_locations(shown)
     formula_host = _formula_host(shown, locations)
     units = {}
     for loc in locations:
         values = [_location_peak(r, loc) or _location_current(r, loc) for s in shown
                   for r in s.reports]
-        units[loc] = _unit(values)
+        units[loc] = table.unit(values)
     cols = len(locations)
     fig, axes = plt.subplots(len(shown), cols, figsize=(1.0 + 5.4 * cols, 1.9 + 2.9 * len(shown)),
                              sharex=True, sharey="col", squeeze=False)
@@ -441,7 +277,7 @@ def _panel_title(s: Series, loc: str, scale: float, unit: str, formula_host: str
     last = s.last
     now = _location_current(last, loc)
     peak_text = _location_peak(last, loc)
-    title = (f"{s.label} · {LOCATION_TEXT.get(loc, loc)}: {now / scale:.3f} {unit} now"
+    title = (f"{s.label} · {table.LOCATION_TEXT.get(loc, loc)}: {now / scale:.3f} {unit} now"
              + (f", peak {peak_text / scale:.3f} {unit}" if peak_text is not None
                 else ""))
     # model states at their most (stage 2 and 3 gradient shards are given back between steps)
@@ -457,7 +293,7 @@ def _panel_title(s: Series, loc: str, scale: float, unit: str, formula_host: str
 def _style_axes(ax, loc: str, unit: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    ax.set_ylabel(f"{LOCATION_TEXT.get(loc, loc)} memory ({unit})")
+    ax.set_ylabel(f"{table.LOCATION_TEXT.get(loc, loc)} memory ({unit})")
     ax.grid(True, alpha=0.3)
     ax.set_ylim(bottom=0)
     ax.margins(x=0.01)
@@ -470,7 +306,7 @@ def _suptitle(series: list[Series], shown: list[Series]) -> str:
     extra = f" (first {len(shown)} of {len(series)} ranks)" if len(series) > len(shown) else ""
     dtype = {2: "16-bit", 4: "fp32"}.get(first["param_bytes"], f"{first['param_bytes']}-byte")
     persistent = first.get("persistent_numel")
-    offload = _offload_text(first).removeprefix(", ")
+    offload = table.offload_text(first).removeprefix(", ")
     return (f"zero memory by location and category{extra}: ZeRO stage {first['stage']}, "
             f"N = {first['world_size']} ranks, {dtype} parameters\n"
             f"Ψ = {first['numel']:,}" + (" partitioned" if persistent else "")
