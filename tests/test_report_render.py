@@ -183,13 +183,26 @@ def test_a_gpu_report_shows_the_allocator_peaks():
                           "cuda_reserved_bytes": 8 << 30, "cuda_max_reserved_bytes": 9 << 30,
                           "cuda_outside_zero_bytes": 64 << 20}}
     lines = format_report(report).splitlines()
-    assert "current GiB" in lines[1] and "peak GiB" in lines[1]  # the unit of the largest
-    rows = {" ".join(line.split()[:2]): line.split()[2:] for line in lines[3:]}
-    assert rows["CUDA allocated"] == ["5.000", "5.000", "7.000", "(allocator)"]
-    assert rows["CUDA reserved"] == ["8.000", "8.000", "9.000", "(allocator)"]
-    assert rows["process RSS"] == ["2.000", "3.000", "(whole", "process)"]
-    assert lines[-1] == ("CUDA allocated: 64.000 MiB of it outside zero's accounting "
+    assert "current MiB" in lines[1] and "peak MiB" in lines[1]  # the engine's unit
+    rows = {" ".join(line.split()[:2]): line.split()[2:] for line in lines[3:-1]}
+    assert rows["CUDA allocated"] == ["5120.000", "5120.000", "7168.000", "(allocator)"]
+    assert rows["CUDA reserved"] == ["8192.000", "8192.000", "9216.000", "(allocator)"]
+    assert rows["process RSS"] == ["2048.000", "3072.000", "(whole", "process)"]
+    assert lines[-1] == ("CUDA allocated (cuda:1): 64.000 MiB of it outside zero's accounting "
                          "(activations, cuBLAS workspaces, the script's own tensors)")
+
+
+def test_model_states_off_the_formula_name_each_location_against_it():
+    report = {"rank": 0, "step": 1, "stage": 2, "world_size": 2, "numel": 1 << 20,
+              "param_bytes": 2, "model_state_bytes": 9 << 20, "model_state_expected_bytes":
+              9 << 20, "model_state_formula": "2Ψ + 14Ψ/N", "categories": {},
+              "total": {"current": 9 << 20, "peak": 9 << 20},
+              "model_state_by_location": {"measured": {"device": 3 << 20, "host": 6 << 20},
+                                          "expected": {"device": 2 << 20, "host": 7 << 20}}}
+    lines = format_report(report).splitlines()
+    assert next(line for line in lines if line.startswith("model states")).endswith("differs")
+    assert lines[-1] == ("model states by location (peak): device 3.000 MiB (formula 2.000 MiB), "
+                         "host 6.000 MiB (formula 7.000 MiB)")
 
 
 def _reports_without_an_interval(rank, world, path):
@@ -229,3 +242,13 @@ def test_reports_written_before_the_location_keys_still_render(run_dir, tmp_path
     png = tmp_path / "old.png"
     render.plot(loaded.series, str(png))
     assert matplotlib.image.imread(str(png)).shape[0] > 200
+
+
+def test_the_title_names_where_each_offloaded_state_lives():
+    from zero.reports.table import offload_text
+
+    assert offload_text({"offload": {"optimizer": "cpu", "param": "nvme"}}) == \
+        ", offload: optimizer on the host + parameters on NVMe"
+    assert offload_text({"offload": {"optimizer": "nvme", "param": "cpu"}}) == \
+        ", offload: optimizer on NVMe + parameters on the host"
+    assert offload_text({"offload": {"optimizer": "none", "param": "none"}}) == ""

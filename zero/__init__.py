@@ -8,7 +8,8 @@
 sharded optimizer step); the Python package holds config, hooks, the launcher and reports.
 
 Importing the package imports neither torch nor the engine: the launcher (`zero train.py`)
-and the rank start-up never need them, and torch's import is seconds of a short job. The API
+and the rank start-up do not need them (the launcher imports torch only to count GPUs when
+neither --num_procs nor --num_gpus is given), and torch's import is seconds of a short job. The API
 below is loaded on first use (PEP 562), and so is any submodule named as an attribute
 (`zero.engine`), as a plain `import zero` used to load it.
 """

@@ -98,16 +98,14 @@ def offload_text(report: dict) -> str:
     if offload.get("optimizer", "none") != "none":
         parts.append(f"optimizer on {'the host' if offload['optimizer'] == 'cpu' else 'NVMe'}")
     if offload.get("param", "none") != "none":
-        parts.append("parameters on the host")
+        parts.append(f"parameters on {'the host' if offload['param'] == 'cpu' else 'NVMe'}")
     return (", offload: " + " + ".join(parts)) if parts else ""
 
 
 def _number_format(reports: list[dict]):
-    """One unit for every number of the table, chosen by the largest it shows."""
-    process_keys = ("rss_peak_bytes", "cuda_max_allocated_bytes", "cuda_max_reserved_bytes")
-    scale, name = unit([report["total"]["peak"] for report in reports] +
-                       [report.get("process", {}).get(key, 0) for report in reports
-                        for key in process_keys])
+    """One unit for every number of the table, chosen by the engine's largest peak (the
+    process rows may then be thousands of MiB; the engine's small categories stay readable)."""
+    scale, name = unit([report["total"]["peak"] for report in reports])
 
     def number(value) -> str:
         return "-" if value is None else "0" if value == 0 else f"{value / scale:.3f}"
@@ -210,13 +208,22 @@ def _process_rows(head: list[str], report: dict, number) -> list[list[str]]:
 
 
 def _notes(report: dict) -> list[str]:
-    """What the rows cannot say: the allocator's bytes outside zero's accounting, the
+    """What the rows cannot say: where the model states differ from the formula's split over
+    the locations, the allocator's device and its bytes outside zero's accounting, the
     activations the last forward kept."""
     notes = []
-    outside = report.get("process", {}).get("cuda_outside_zero_bytes")
-    if outside is not None:
-        notes.append(f"CUDA allocated: {size(outside)} of it outside zero's accounting "
-                     "(activations, cuBLAS workspaces, the script's own tensors)")
+    by_location = report.get("model_state_by_location")
+    if by_location and by_location["measured"] != by_location["expected"]:
+        notes.append("model states by location (peak): " + ", ".join(
+            f"{LOCATION_TEXT.get(loc, loc)} {size(by_location['measured'].get(loc, 0))} "
+            f"(formula {size(expected)})" for loc, expected in by_location["expected"].items()))
+    process = report.get("process", {})
+    if "cuda_allocated_bytes" in process:
+        outside = process.get("cuda_outside_zero_bytes")
+        notes.append(f"CUDA allocated (cuda:{process.get('cuda_device', '?')}): " + (
+            "the engine's device bytes are part of it" if outside is None else
+            f"{size(outside)} of it outside zero's accounting (activations, cuBLAS "
+            "workspaces, the script's own tensors)"))
     if report.get("activations_bytes") is not None:
         notes.append(f"activations: {size(report['activations_bytes'])} kept for backward by "
                      "the last forward (measured; activation checkpointing keeps less)")
