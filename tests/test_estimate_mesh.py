@@ -78,7 +78,7 @@ def test_each_pipeline_stage_is_estimated_as_the_engine_measures_it(tmp_path, pr
         assert result["categories"] == estimated(parts[stage].shapes, precision, data=2,
                                                  gas=2), rank
     assert results[0]["numel"] != results[2]["numel"]
-    table = format_table([(s.label, s.last) for s in render.load([str(tmp_path)]).series])
+    table = format_table(render.load([str(tmp_path)]).last_reports())
     assert (f"mesh pipe 2 x data 2 x tensor 1, Ψ per part (stage 0 tensor 0: "
             f"{results[0]['numel']:,}, stage 1 tensor 0: {results[2]['numel']:,})") in table
     assert "rank 3 (stage 1, tensor 0)" in table

@@ -237,7 +237,7 @@ def test_reports_written_before_the_location_keys_still_render(run_dir, tmp_path
             lines.append(json.dumps(report))
         (tmp_path / f"old.rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
     loaded = render.load([str(tmp_path)])
-    table = format_table([(s.label, s.last) for s in loaded.series])
+    table = format_table(loaded.last_reports())
     assert "= formula" in table and "differs" not in table
     png = tmp_path / "old.png"
     render.plot(loaded.series, str(png))

@@ -297,7 +297,7 @@ def cmd_report(args) -> int:
     for warning in loaded.warnings:
         print(f"zero-mem: {warning}", file=sys.stderr)
     if args.table or not args.png:
-        print(table.format_table([(s.label, s.last) for s in loaded.series]))
+        print(table.format_table(loaded.last_reports()))
     if args.png:
         render.plot(loaded.series, args.png)
         print(f"wrote {args.png}")

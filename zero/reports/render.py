@@ -44,6 +44,10 @@ class Loaded:
     series: list[Series]
     warnings: list[str] = field(default_factory=list)
 
+    def last_reports(self) -> list[tuple[str, dict]]:
+        """(label, last report) of each rank, as table.format_table takes them."""
+        return [(s.label, s.last) for s in self.series]
+
 
 def _files(paths: list[str]) -> list[str]:
     out = []

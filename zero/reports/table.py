@@ -11,8 +11,8 @@ a GPU, the RSS). MiB, or GiB from 1 GiB up (labelled).
 from __future__ import annotations
 
 from ..memory import CATEGORY_ORDER, LOCATIONS, MODEL_STATES, location_totals
+from .estimate.sizes import GiB, MiB
 
-MiB, GiB = 1 << 20, 1 << 30
 LOCATION_TEXT = {"device": "device", "host_pinned": "host pinned",
                  "host_pageable": "host pageable", "nvme": "NVMe"}
 _LEFT_ALIGNED = ("rank", "category", "formula", "check")
