@@ -78,8 +78,9 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--timeout", type=int, default=240, help="seconds per configuration")
     parser.add_argument("--budget", type=int, default=0,
-                        help="seconds for the whole run (0: none); configurations left when it "
-                             "is spent are reported as skipped")
+                        help="seconds for the whole run (0: none); a configuration still "
+                             "running when it is spent is stopped, those left are reported as "
+                             "skipped")
     parser.add_argument("--largest", action="store_true")
     parser.add_argument("--sizes", default="2.7b,4.2b,5b,5.8b,6.7b,8.3b,9b,10b,11.5b,13b",
                         help="--largest: the ladder of sizes the tuner is asked about")
@@ -298,9 +299,11 @@ def worker(args) -> dict:
 
 
 # ---- the driver ----------------------------------------------------------------------------
-def run_config(name: str, args, **overrides) -> dict:
-    """Runs one configuration in a fresh process; a failure comes back as its reason."""
+def run_config(name: str, args, deadline: float = float("inf"), **overrides) -> dict:
+    """Runs one configuration in a fresh process, for at most --timeout seconds and never past
+    the run's deadline (its --budget); a failure comes back as its reason."""
     options = {**vars(args), **overrides}
+    timeout, cut_by = config_timeout(args.timeout, args.budget, deadline, time.monotonic())
     command = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model",
                options["model"], "--micro-batch", str(options["micro_batch"]), "--gas",
                str(options["gas"]), "--steps", str(options["steps"]), "--warmup",
@@ -314,10 +317,10 @@ def run_config(name: str, args, **overrides) -> dict:
     print(f"[bench] {name} {options['model']} ...", flush=True)
     start = time.monotonic()
     try:
-        result, proc = run_worker(command, "--result", env, timeout=args.timeout, capture=True)
+        result, proc = run_worker(command, "--result", env, timeout=timeout, capture=True)
     except subprocess.TimeoutExpired:
         return {"config": name, "model": options["model"],
-                "error": f"did not finish in {args.timeout} s"}
+                "error": f"did not finish in {timeout:.0f} s ({cut_by})"}
     wall = time.monotonic() - start
     if proc.returncode != 0 and result is None:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
@@ -330,6 +333,15 @@ def run_config(name: str, args, **overrides) -> dict:
     print(f"[bench] {name}: {result['total_s']:.3f} s/step, GPU peak "
           f"{result['gpu_peak_bytes'] / 2**30:.1f} GiB", flush=True)
     return result
+
+
+def config_timeout(timeout: float, budget: float, deadline: float, now: float) -> tuple:
+    """(seconds one configuration may run, what limits it): its --timeout, or less when the
+    run's --budget ends sooner, so that a budget is kept and the call running the benchmark is
+    not cut off before the report is written."""
+    if deadline - now < timeout:
+        return max(1.0, deadline - now), f"cut at the end of the run's --budget of {budget} s"
+    return float(timeout), "its --timeout"
 
 
 def _reason(tail: list[str]) -> str:
@@ -432,7 +444,7 @@ def main(argv=None) -> int:
             results.append({"config": name, "model": args.model,
                             "error": f"skipped: the run's --budget of {args.budget} s was spent"})
         else:
-            results.append(run_config(name, args))
+            results.append(run_config(name, args, deadline))
         write_report("offload", facts, results, args)  # after each: a run cut short keeps its numbers
     return 0
 
@@ -459,8 +471,8 @@ def largest(args, facts: dict, deadline: float) -> int:
                       "error": f"skipped: the run's --budget of {args.budget} s was spent"}
         else:
             path = gpu_largest.write_config(args.out, arm, plan.size, config)
-            result = run_config("zero", args, model=plan.size, config_json=path, bf16_init=True,
-                                **ladder)
+            result = run_config("zero", args, deadline, model=plan.size, config_json=path,
+                                bf16_init=True, **ladder)
         result.update(gpu_largest.describe_run(arm, plan))
         results.append(result)
         write_report("largest", facts, results, args, extra)

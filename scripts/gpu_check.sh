@@ -19,11 +19,20 @@
 #                      build/gpu-site so the bench's deepspeed rows run
 #   BENCH_ARGS / LARGEST_ARGS  more arguments for the bench / largest steps
 #                      (e.g. BENCH_ARGS="--configs zero2,zero2-offload --timeout 120")
+#   GPU_CHECK_BUDGET   seconds for the whole script (default 540: one call of a lent machine
+#                      is at most 600 s, and a session's device time, machine start included,
+#                      is 15 minutes). The tests get half of what the build leaves (240 s
+#                      at most), the bench half of the rest, the largest-model sweep what
+#                      remains (scripts/lib/gpu_budget.sh); a step cut by its share says so in
+#                      the summary. BENCH_BUDGET / LARGEST_BUDGET fix a step's share instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 RESULTS=${ZERO_GPU_RESULTS:-benchmarks/results/gpu}
 STEPS=${GPU_CHECK_STEPS:-build tests bench largest}
+DEADLINE=$((SECONDS + ${GPU_CHECK_BUDGET:-540}))
+# shellcheck source=lib/gpu_budget.sh
+source scripts/lib/gpu_budget.sh  # wants, share
 
 if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
     >/dev/null 2>&1; then
@@ -60,7 +69,8 @@ step() {  # step NAME COMMAND...: runs it, logs it, adds a row to the summary
   "$@" 2>&1 | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   local result="passed"
-  if [ "$rc" -ne 0 ]; then result="FAILED (exit $rc)"; failed=1; fi
+  if [ "$rc" -eq 124 ]; then result="CUT at its share of the budget (GPU_CHECK_BUDGET)"; failed=1
+  elif [ "$rc" -ne 0 ]; then result="FAILED (exit $rc)"; failed=1; fi
   echo "| $name | $result | $((SECONDS - start)) |" >>"$SUMMARY"
   echo "== gpu_check: $name: $result in $((SECONDS - start)) s" | tee -a "$LOG"
   return "$rc"
@@ -94,8 +104,10 @@ build() {
 tests() {
   local parallel=()  # the GPU machine has cores to spare: four test processes when xdist is there
   if "$PYTHON" -c 'import xdist' >/dev/null 2>&1; then parallel=(-n 4); fi
-  "$PYTHON" -m pytest -p no:cacheprovider -q -rA "${parallel[@]}" tests/test_cuda_collectives.py \
-    tests/test_cuda_engine.py 2>&1 | tee "$RESULTS/cuda_tests.txt"
+  local seconds; seconds=$(share tests)
+  echo "tests: at most $seconds s"
+  timeout -k 10 "$seconds" "$PYTHON" -m pytest -p no:cacheprovider -q -rA "${parallel[@]}" \
+    tests/test_cuda_collectives.py tests/test_cuda_engine.py 2>&1 | tee "$RESULTS/cuda_tests.txt"
   return "${PIPESTATUS[0]}"
 }
 
@@ -116,11 +128,11 @@ export CXX="$(compiler)"  # DeepSpeed's JIT-built CPU Adam too
 
 if step build build; then
   step tests tests
-  # Budgets keep the whole script inside one 10-minute call of a lent machine; what a budget
-  # cuts is reported as skipped.
-  step bench "$PYTHON" benchmarks/bench_gpu_offload.py --budget "${BENCH_BUDGET:-300}" --out "$RESULTS" \
+  # Each benchmark keeps its share (--budget stops a configuration still running at its end);
+  # what a share cuts is in the benchmark's own report.
+  step bench "$PYTHON" benchmarks/bench_gpu_offload.py --budget "$(share bench)" --out "$RESULTS" \
     ${BENCH_ARGS:-}
-  step largest "$PYTHON" benchmarks/bench_gpu_offload.py --largest --budget "${LARGEST_BUDGET:-300}" \
+  step largest "$PYTHON" benchmarks/bench_gpu_offload.py --largest --budget "$(share largest)" \
     --out "$RESULTS" ${LARGEST_ARGS:-}
 fi
 echo "gpu_check: summary in $SUMMARY"
