@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint_files as files
-from . import agreement, checkpoint_layout, checkpoint_mesh, checkpoint_remesh, stage3
+from . import (agreement, checkpoint_deepspeed, checkpoint_layout, checkpoint_mesh,
+               checkpoint_remesh, stage3)
 from .checkpoint_files import LATEST
 
 logger = logging.getLogger("zero")
@@ -243,9 +244,14 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     load_shards = load_optimizer_states and not load_module_only
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         path, note = files.find(load_dir, str(tag))
-        same_layout = checkpoint_mesh.same_layout(_saved_mesh(path), part.mesh)
+        from_deepspeed = checkpoint_deepspeed.is_deepspeed_checkpoint(path)
+        same_layout = from_deepspeed or \
+            checkpoint_mesh.same_layout(_saved_mesh(path), part.mesh)
     if note and dist.get_rank() == 0:
         logger.warning(note)
+    if from_deepspeed:
+        return _load_deepspeed(engine, path, load_module_strict, load_optimizer_states,
+                               load_lr_scheduler_states, load_module_only)
     if same_layout:
         model_state = _load_own_part(engine, path, part, load_shards, load_module_strict)
     else:
@@ -263,6 +269,27 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     engine.core.zero_grads()
     dist.barrier()
     return path, model_state["client_state"]
+
+
+def _load_deepspeed(engine, path: str, strict: bool, load_optimizer_states: bool,
+                    load_lr_scheduler_states: bool, load_module_only: bool):
+    """A checkpoint DeepSpeed wrote (checkpoint_deepspeed.py), at any world size and stage."""
+    load_shards = load_optimizer_states and not load_module_only
+    with _all_ranks_or_none(f"reading DeepSpeed checkpoint {path}", "nothing was loaded"):
+        saved = checkpoint_deepspeed.read(path)
+    _agreed_check(lambda: checkpoint_deepspeed.check_fits(engine, saved, load_shards))
+    with _all_ranks_or_none(f"loading DeepSpeed checkpoint {path}",
+                            "the engine may be partly loaded: load a checkpoint again"):
+        checkpoint_deepspeed.load_into(engine, saved, load_shards, strict)
+    if not load_module_only:
+        checkpoint_deepspeed.restore_engine_state(engine, saved, load_shards,
+                                                  load_lr_scheduler_states)
+    engine.core.zero_grads()
+    if dist.get_rank() == 0:
+        logger.info("zero: loaded DeepSpeed %s checkpoint %s (ZeRO stage %d, %d ranks)",
+                    saved.model_state.get("ds_version"), path, saved.stage, saved.world_size)
+    dist.barrier()
+    return path, saved.client_state(load_shards, load_lr_scheduler_states)
 
 
 def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: bool,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import checkpoint_deepspeed
 from . import checkpoint_files as files
 from .checkpoint_files import LATEST, MODEL_FILE, WHOLE, PartNames
 from .checkpoint_layout import layout_of
@@ -37,10 +38,8 @@ from .checkpoint_mesh import check_parts, join_parts, join_slices
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 
 
-def open_checkpoint(checkpoint_dir: str, tag=None) -> tuple[str, list[tuple[PartNames, dict]]]:
-    """The tag's directory (from `latest` when no tag is given) and the model state of each
-    of its parts, mapped: one for a whole model, one per pipeline stage x tensor slice for a
-    split one (checkpoint_mesh.py)."""
+def tag_path(checkpoint_dir: str, tag=None) -> str:
+    """The tag's directory (from `latest` when no tag is given)."""
     if tag is None:
         latest = os.path.join(checkpoint_dir, LATEST)
         if not os.path.isfile(latest):
@@ -48,7 +47,13 @@ def open_checkpoint(checkpoint_dir: str, tag=None) -> tuple[str, list[tuple[Part
                                     "(a directory name such as global_step100)")
         with open(latest) as file:
             tag = file.read().strip()
-    path, _ = files.find(checkpoint_dir, str(tag))
+    return files.find(checkpoint_dir, str(tag))[0]
+
+
+def open_checkpoint(checkpoint_dir: str, tag=None) -> tuple[str, list[tuple[PartNames, dict]]]:
+    """The tag's directory and the model state of each of its parts, mapped: one for a whole
+    model, one per pipeline stage x tensor slice for a split one (checkpoint_mesh.py)."""
+    path = tag_path(checkpoint_dir, tag)
     parts = files.part_names(path) or [WHOLE]  # none found: verify names what is missing
     files.verify(path, [names.model for names in parts])
     return path, [(names, files.load_torch(os.path.join(path, names.model), mmap=True))
@@ -151,12 +156,29 @@ def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool,
 def checkpoint_entries(checkpoint_dir, tag=None, exclude_frozen_parameters: bool = False
                        ) -> tuple[list[Entry], list[str]]:
     """Every tensor of the whole model (a split model's parts put together), and the names
-    in state-dict order."""
+    in state-dict order. A checkpoint DeepSpeed wrote is read whole (checkpoint_deepspeed.py)."""
+    path = tag_path(checkpoint_dir, tag)
+    if checkpoint_deepspeed.is_deepspeed_checkpoint(path):
+        return _deepspeed_entries(checkpoint_deepspeed.read(path), exclude_frozen_parameters)
     path, parts = open_checkpoint(checkpoint_dir, tag)
     if parts[0][0] == WHOLE:
         model_state = parts[0][1]
         return _entries(path, model_state, exclude_frozen_parameters), list(model_state["module"])
     return _joined_parts(path, parts, exclude_frozen_parameters)
+
+
+def _deepspeed_entries(saved: checkpoint_deepspeed.DeepSpeedCheckpoint,
+                       exclude_frozen_parameters: bool) -> tuple[list[Entry], list[str]]:
+    """A DeepSpeed checkpoint's module in its saved order: the trainable parameters' fp32
+    master, buffers and frozen parameters as saved; tied names on one entry."""
+    state = saved.module_state(torch.float32)
+    order = [name for name in saved.model_state["module"] if name in state
+             and not (exclude_frozen_parameters and name in saved.frozen)]
+    tied: dict[int, list[str]] = {}
+    for name in order:
+        tied.setdefault(id(state[name]), []).append(name)
+    return [Entry(names, state[names[0]].shape, state[names[0]].dtype,
+                  lambda t=state[names[0]]: t) for names in tied.values()], order
 
 
 def _joined_parts(path: str, parts: list[tuple[PartNames, dict]],

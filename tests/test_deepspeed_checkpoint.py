@@ -1,0 +1,203 @@
+"""A run started under the real DeepSpeed 0.19.8 resumes under zero from DeepSpeed's own
+checkpoint (tests/deepspeed_checkpoints/, written by DeepSpeed there with make.py): the fp32
+master, Adam's moments and step, the scheduler and the counters carry over, at DeepSpeed's
+world size or another, at its ZeRO stage or another, and the next steps are DeepSpeed's own."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ds_checkpoint_run as run
+from distributed_harness import run_distributed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def fixture(name: str) -> str:
+    return os.path.join(run.FIXTURES, name)
+
+
+def expected(name: str) -> dict:
+    return torch.load(os.path.join(fixture(name), "expected.pt"), weights_only=True)
+
+
+def tag_dir(name: str) -> str:
+    return os.path.join(fixture(name), f"global_step{run.SAVED_AT}")
+
+
+@pytest.mark.parametrize("name", sorted(run.RUNS))
+def test_the_master_read_by_name_is_deepspeeds_own_zero_to_fp32(name):
+    from zero.checkpoint_deepspeed import read
+
+    saved = read(tag_dir(name))
+    fp32 = expected(name)["fp32_at_save"]  # the tied head.weight too, and the buffer
+    buffer = fp32.pop("seen_steps")
+    assert set(saved.master) == set(fp32)
+    for key, value in fp32.items():
+        assert torch.equal(saved.master[key], value), key
+    assert torch.equal(saved.module_state(torch.float32)["seen_steps"], buffer)
+    assert saved.step == run.SAVED_AT and saved.world_size == run.WORLD
+    assert saved.stage == run.RUNS[name][0]
+
+
+def _resume(rank, world, name, stage, save_dir, load_optimizer_states=True):
+    import zero
+    from zero.compat.deepspeed import utils
+
+    precision = run.RUNS[name][1]
+    engine, _, _, _ = zero.initialize(model=run.make_model(),
+                                      config=run.config(stage, precision, world))
+    _, client_state = engine.load_checkpoint(fixture(name),
+                                             load_optimizer_states=load_optimizer_states)
+    counters = (engine.global_steps, engine.global_samples, engine.applied_steps)
+    lr = engine.optimizer.param_groups[0]["lr"]
+    losses = run.train(engine, rank, world, run.SAVED_AT, run.MORE)
+    engine.save_checkpoint(save_dir)
+    if rank != 0:
+        return None
+    return {"losses": losses, "client_state": client_state, "counters": counters, "lr": lr,
+            "fp32": utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(save_dir),
+            "seen_steps": engine.module.seen_steps.clone()}
+
+
+def _max_difference(a: dict, b: dict) -> float:
+    """Over the parameters (not the buffer, a step count)."""
+    return max((a[k] - b[k]).abs().max().item() for k in b if k != "seen_steps")
+
+
+# (DeepSpeed's run, zero's world size, zero's stage); the bf16 runs differ from DeepSpeed's
+# in how the bf16 gradients are summed, so they are held to a looser bound.
+CASES = [("stage1-fp32", 2, 1), ("stage2-fp32", 1, 2), ("stage3-fp32", 2, 3),
+         ("stage3-fp32", 1, 2), ("stage2-bf16", 2, 3), ("stage3-bf16", 2, 3)]
+
+
+@pytest.mark.parametrize("name,world,stage", CASES)
+def test_zero_continues_deepspeeds_run(tmp_path, name, world, stage):
+    result = run_distributed(_resume, world, args=(name, stage, str(tmp_path)))[0]
+    want = expected(name)
+    bf16 = run.RUNS[name][1] == "bf16"
+    assert result["losses"] == pytest.approx(want["losses"], rel=1e-4 if bf16 else 1e-6)
+    difference = _max_difference(result["fp32"], want["fp32_after"])
+    moved = _max_difference(want["fp32_after"], want["fp32_at_save"])
+    # DeepSpeed's last 2 steps moved some weight by `moved` (5.4e-3, about 2 learning rates);
+    # zero's continuation lands where DeepSpeed's did: in fp32 to a rounding (1.2e-7 seen),
+    # in bf16 within a tenth of the move (4% seen from DeepSpeed's stage 3).
+    assert difference < (0.1 * moved if bf16 else 1e-6), (difference, moved)
+    assert torch.equal(result["seen_steps"], want["buffers"]["seen_steps"])
+
+
+def test_without_the_moments_the_continuation_is_not_deepspeeds(tmp_path):
+    """The check above can fail: a fresh Adam on the loaded master takes other steps."""
+    result = run_distributed(_resume, 2, args=("stage2-fp32", 2, str(tmp_path)),
+                             kwargs={"load_optimizer_states": False})[0]
+    want = expected("stage2-fp32")
+    moved = _max_difference(want["fp32_after"], want["fp32_at_save"])
+    assert _max_difference(result["fp32"], want["fp32_after"]) > 0.5 * moved  # 1.6x seen
+
+
+def test_counters_scheduler_and_client_state_are_deepspeeds(tmp_path):
+    result = run_distributed(_resume, 1, args=("stage2-fp32", 2, str(tmp_path)))[0]
+    assert result["counters"] == (run.SAVED_AT, run.SAVED_AT * run.WORLD * run.MICRO_BATCH,
+                                  run.SAVED_AT)
+    # WarmupCosineLR at step 3 of its 4 warm-up steps, as DeepSpeed saved it
+    assert result["lr"] == pytest.approx(0.0023774437510817345)
+    client = result["client_state"]
+    assert {k: client[k] for k in run.CLIENT_STATE} == run.CLIENT_STATE
+    # as DeepSpeed returns it: the model file's keys but the engine's own
+    assert "module" not in client and "global_steps" not in client and "ds_version" in client
+
+
+def _load_into_another_model(rank, world):
+    import zero
+    from zero.models.tiny_gpt import GPTConfig, TinyGPT
+
+    torch.manual_seed(0)
+    other = TinyGPT(GPTConfig(vocab_size=61, block_size=8, n_layer=2, n_head=2, n_embd=32))
+    engine, _, _, _ = zero.initialize(model=other, config=run.config(2, "fp32", world))
+    try:
+        engine.load_checkpoint(fixture("stage2-fp32"))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_another_model_is_refused_on_every_rank_naming_a_parameter():
+    errors = run_distributed(_load_into_another_model, 2)
+    for error in errors:
+        assert error is not None and "is of another model" in error
+        assert "blocks.0.attn.proj.bias: saved (16,), the model has (32,)" in error
+        assert "(and 23 more)" in error
+
+
+def test_a_missing_rank_file_is_named(tmp_path):
+    from zero.checkpoint_deepspeed import read
+    from zero.checkpoint_files import CorruptCheckpoint
+
+    copy = tmp_path / "step"
+    shutil.copytree(tag_dir("stage3-fp32"), copy)
+    os.remove(copy / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    with pytest.raises(CorruptCheckpoint, match=r"saved by 2 ranks but has the optimizer files "
+                                                r"of ranks \[0\]"):
+        read(str(copy))
+
+
+def test_read_without_deepspeed_installed():
+    code = ("import sys; from zero.checkpoint_deepspeed import read; "
+            f"read({tag_dir('stage2-bf16')!r}); "
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'deepspeed'], 'imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+
+def test_a_checkpoint_without_zero_files_says_what_to_do(tmp_path):
+    from zero.checkpoint_deepspeed import read
+
+    copy = tmp_path / "step"
+    shutil.copytree(tag_dir("stage2-fp32"), copy)
+    for rank in range(run.WORLD):
+        os.remove(copy / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    with pytest.raises(ValueError, match=r"no ZeRO optimizer files .* stage 0\).*"
+                                         r"into the model before zero.initialize"):
+        read(str(copy))
+
+
+def test_an_fp16_loss_scale_carries_deepspeeds_fields():
+    """DeepSpeed refuses fp16 on its CPU accelerator, so no fixture has one: the fields are
+    DeepSpeed's DynamicLossScaler's own (deepspeed/runtime/fp16/loss_scaler.py, 0.19.8)."""
+    import types
+
+    from zero.checkpoint_deepspeed import _restore_loss_scale
+    from zero.loss_scaler import DynamicLossScaler
+
+    engine = types.SimpleNamespace(loss_scaler=DynamicLossScaler(init_scale=2**16))
+    saved = types.SimpleNamespace(loss_scale={
+        "dynamic": True, "cur_scale": 512.0, "cur_iter": 40, "last_overflow_iter": 31,
+        "cur_hysteresis": 1, "scale_window": 1000, "min_scale": 1})
+    _restore_loss_scale(engine, saved)
+    assert engine.loss_scaler.state_dict() == {"dynamic": True, "cur_scale": 512.0,
+                                               "cur_iter": 40, "last_overflow_iter": 31,
+                                               "cur_hysteresis": 1}
+
+
+@pytest.mark.parametrize("name", ["stage2-bf16", "stage3-fp32"])
+def test_zero_to_fp32_reads_deepspeeds_checkpoint_as_deepspeeds_own_does(tmp_path, name):
+    """The script's import switched to zero, its old DeepSpeed checkpoints still export."""
+    from zero.compat.deepspeed import utils
+
+    fp32 = utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(fixture(name))
+    want = expected(name)["fp32_at_save"]
+    assert list(fp32) == list(want)  # DeepSpeed's order, tied and buffer names included
+    for key, value in want.items():
+        assert torch.equal(fp32[key], value), key
+    assert fp32["head.weight"] is fp32["token_embedding.weight"]
+    utils.zero_to_fp32.convert_zero_checkpoint_to_fp32_state_dict(
+        fixture(name), str(tmp_path), safe_serialization=True)
+    from safetensors.torch import load_file
+    written = load_file(str(tmp_path / "model.safetensors"))
+    for key, value in written.items():
+        assert torch.equal(value, want[key]), key

@@ -1,0 +1,312 @@
+"""Reading a checkpoint that DeepSpeed wrote, so that a run started under DeepSpeed resumes
+under zero, at any world size and ZeRO stage: `engine.load_checkpoint(dir)` on it.
+
+What DeepSpeed (0.19) writes for one model part (no pipeline or tensor split), ZeRO stage 1-3:
+    <tag>/mp_rank_00_model_states.pt               stages 1-2: module, counters, scheduler,
+                                                   param_shapes (the flat order), buffer_names
+    <tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt   stage 3: the same from every rank, the
+                                                   module's parameters empty
+    <tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt   rank r's fp32 master partition
+                                                   and Adam's moments laid out like it
+Stages 1-2 flatten each parameter group in param_shapes order and cut the flat buffer into
+equal rank partitions; stage 3 cuts every parameter into ceil(numel / world) pieces, rank r's
+piece of each, in order, making its flat buffer. DeepSpeed's own zero_to_fp32 reads them the
+same way. From these, `read` puts back every parameter's fp32 master and moments by name;
+`load_into` cuts this engine's shards from them (checkpoint_layout.new_shard), as a zero
+checkpoint of another world size is resharded. DeepSpeed's classes in the files (its loss
+scaler, its stage enum) are read as plain records: DeepSpeed need not be installed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import pickle
+import re
+import types
+
+import torch
+
+from . import checkpoint_layout
+from .checkpoint_files import CorruptCheckpoint, MANIFEST
+
+logger = logging.getLogger("zero")
+
+WHOLE_MODEL_FILE = "mp_rank_00_model_states.pt"
+_RANK_MODEL = "zero_pp_rank_{}_mp_rank_00_model_states.pt"
+_OPTIM = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt")
+# What DeepSpeed's load_checkpoint keeps out of the client state it returns (engine.py); the
+# rest of the model file, the script's own keys among it, is returned.
+_ENGINE_KEYS = ("module", "skipped_steps", "global_steps", "dp_world_size", "mp_world_size",
+                "data_sampler", "random_ltd")
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+class _Record:
+    """A DeepSpeed object in a checkpoint, read without DeepSpeed: its fields, as attributes."""
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __setstate__(self, state):
+        self.__dict__.update(state if isinstance(state, dict) else {"state": state})
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "deepspeed" or module.startswith("deepspeed."):
+            return _Record
+        return super().find_class(module, name)
+
+
+_PICKLE = types.SimpleNamespace(Unpickler=_Unpickler, load=pickle.load, __name__="pickle")
+
+
+def _load(path: str, mmap: bool = False) -> dict:
+    """A DeepSpeed torch file (memory-mapped with `mmap`: tensors are read when touched)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_PICKLE,
+                          mmap=mmap)
+    except Exception as error:
+        raise CorruptCheckpoint(f"zero: cannot read DeepSpeed's {path}: {error}") from error
+
+
+def is_deepspeed_checkpoint(path: str) -> bool:
+    """A tag directory DeepSpeed wrote: no zero manifest, and DeepSpeed's model file naming the
+    DeepSpeed version that wrote it."""
+    if os.path.exists(os.path.join(path, MANIFEST)):
+        return False
+    for name in (WHOLE_MODEL_FILE, _RANK_MODEL.format(0)):
+        if os.path.isfile(os.path.join(path, name)):
+            return "ds_version" in _load(os.path.join(path, name), mmap=True)
+    return False
+
+
+@dataclasses.dataclass
+class DeepSpeedCheckpoint:
+    """One DeepSpeed checkpoint put back together by parameter name."""
+    path: str
+    model_state: dict          # rank 0's model file
+    stage: int
+    world_size: int
+    master: dict               # name -> fp32 master (tied names too)
+    moments: dict              # "exp_avg" / "exp_avg_sq" -> name -> fp32
+    step: int                  # Adam's step count
+    param_groups: list         # the optimizer's hyperparameters per group
+    loss_scale: dict | None    # fp16: DeepSpeed's loss scaler's fields
+    frozen: dict               # name -> value of a parameter the optimizer does not own
+
+    def module_state(self, dtype: torch.dtype) -> dict:
+        """The module's state dict: the parameters from the fp32 master (in `dtype`, as
+        DeepSpeed's bf16 weights are its master rounded), the buffers as saved."""
+        saved = self.model_state["module"]
+        state = {name: saved[name] for name in self.model_state.get("buffer_names", [])}
+        state.update({name: value.to(dtype) for name, value in self.master.items()})
+        state.update(self.frozen)
+        return state
+
+    def client_state(self, load_optimizer: bool, load_scheduler: bool) -> dict:
+        """What DeepSpeed's load_checkpoint returns as client state: the model file's keys
+        but the engine's own."""
+        kept = set(_ENGINE_KEYS) | ({"optimizer"} if load_optimizer else set()) \
+            | ({"lr_scheduler"} if load_scheduler else set())
+        return {key: value for key, value in self.model_state.items() if key not in kept}
+
+
+def read(path: str) -> DeepSpeedCheckpoint:
+    """Reads every rank's files of a DeepSpeed checkpoint (tag directory `path`)."""
+    stage3 = os.path.isfile(os.path.join(path, _RANK_MODEL.format(0)))
+    model_state = _load(os.path.join(path, _RANK_MODEL.format(0) if stage3 else WHOLE_MODEL_FILE),
+                        mmap=True)
+    _check_one_part(model_state, path)
+    optim_files = sorted((int(m.group(1)), m.group(0)) for m in map(_OPTIM.fullmatch,
+                                                                  os.listdir(path)) if m)
+    if not optim_files:
+        raise ValueError(
+            f"zero: DeepSpeed checkpoint {path} has no ZeRO optimizer files (it was saved "
+            "without ZeRO, stage 0); zero resumes DeepSpeed checkpoints of ZeRO stages 1-3. "
+            f"Load its weights, torch.load('{path}/{WHOLE_MODEL_FILE}')['module'], into the "
+            "model before zero.initialize")
+    world = model_state.get("dp_world_size", len(optim_files))
+    if [rank for rank, _ in optim_files] != list(range(world)):
+        raise CorruptCheckpoint(
+            f"zero: DeepSpeed checkpoint {path} was saved by {world} ranks but has the optimizer "
+            f"files of ranks {[rank for rank, _ in optim_files]}; copy every rank's "
+            "zero_pp_rank_<r>_mp_rank_00_optim_states.pt into it")
+    optim = [_load(os.path.join(path, name))["optimizer_state_dict"] for _, name in optim_files]
+    shapes = model_state["param_shapes"]
+    if stage3:
+        flats = [torch.cat(o["fp32_flat_groups"]) for o in optim]
+        adam = [o["optimizer_state_dict"] for o in optim]
+        unflatten = _stage3_unflatten
+    else:
+        flats = [o["single_partition_of_fp32_groups"] for o in optim]
+        adam = [o["base_optimizer_state"] for o in optim]
+        unflatten = _stage12_unflatten
+    master = unflatten(flats, shapes, path)
+    moments = {}
+    for key in MOMENTS:
+        per_rank = [[adam[r]["state"][i][key] for i in sorted(adam[r]["state"])]
+                    for r in range(world)]
+        moments[key] = unflatten([torch.cat(p) if stage3 else p for p in per_rank], shapes, path)
+    for values in (master, *moments.values()):
+        for alias, source in model_state.get("shared_params", {}).items():
+            values[alias] = values[source]
+    step = next(iter(adam[0]["state"].values()))["step"] if adam[0]["state"] else 0
+    return DeepSpeedCheckpoint(
+        path=path, model_state=model_state, stage=3 if stage3 else _stage(optim[0], model_state),
+        world_size=world, master=master, moments=moments, step=int(step),
+        param_groups=[{k: v for k, v in g.items() if k != "params"}
+                      for g in adam[0]["param_groups"]],
+        frozen=_frozen(path, model_state, stage3, world),
+        loss_scale=vars(optim[0]["loss_scaler"]) if isinstance(optim[0].get("loss_scaler"),
+                                                               _Record) else None)
+
+
+def _stage(optim: dict, model_state: dict) -> int:
+    """The ZeRO stage the files were written at (1 or 2; 3 has its own file names)."""
+    stage = optim.get("zero_stage")
+    if isinstance(stage, _Record):  # DeepSpeed's ZeroStageEnum, pickled as its value
+        return int(stage.args[0])
+    if stage is not None:
+        return int(stage)
+    return int(model_state.get("ds_config", {}).get("zero_optimization", {}).get("stage", 1))
+
+
+def _check_one_part(model_state: dict, path: str) -> None:
+    dims = model_state.get("checkpoint_parallel_dimensions", {})
+    if model_state.get("mp_world_size", 1) != 1 or dims.get("pp_degree", 1) != 1:
+        raise ValueError(
+            f"zero: DeepSpeed checkpoint {path} is split over model-parallel ranks "
+            f"(mp_world_size={model_state.get('mp_world_size')}, pipeline degree "
+            f"{dims.get('pp_degree', 1)}); zero reads DeepSpeed checkpoints of the whole model. "
+            "Convert it to fp32 weights with DeepSpeed's zero_to_fp32.py and load those into "
+            "the model before zero.initialize")
+
+
+def _stage12_unflatten(flats: list[list[torch.Tensor]], shapes: list[dict], path: str) -> dict:
+    """Stages 1-2: group g's flat buffer is the ranks' partitions end to end, its parameters
+    one after another from offset 0 (the tail is alignment padding)."""
+    values = {}
+    for g, group in enumerate(shapes):
+        full = torch.cat([rank_flats[g] for rank_flats in flats])
+        offset = 0
+        for name, shape in group.items():
+            numel = math.prod(shape)
+            _check_room(offset + numel, full.numel(), name, path)
+            values[name] = full[offset:offset + numel].view(shape).clone()
+            offset += numel
+    return values
+
+
+def _stage3_unflatten(flats: list[torch.Tensor], shapes: list[dict], path: str) -> dict:
+    """Stage 3: rank r's flat buffer holds its ceil(numel / world) piece of every parameter
+    in order; a parameter is its ranks' pieces end to end, cut to its size."""
+    world, values, offset = len(flats), {}, 0
+    for group in shapes:
+        for name, shape in group.items():
+            numel = math.prod(shape)
+            piece = math.ceil(numel / world)
+            _check_room(offset + piece, flats[0].numel(), name, path)
+            full = torch.cat([flat[offset:offset + piece] for flat in flats])
+            values[name] = full[:numel].view(shape).clone()
+            offset += piece
+    return values
+
+
+def _check_room(end: int, size: int, name: str, path: str) -> None:
+    if end > size:
+        raise CorruptCheckpoint(
+            f"zero: DeepSpeed checkpoint {path} holds {size} master elements per flat buffer, "
+            f"too few for its param_shapes (they run out at {name}); the files are of "
+            "different saves or truncated")
+
+
+def _frozen(path: str, model_state: dict, stage3: bool, world: int) -> dict:
+    """The parameters the optimizer does not own (frozen, or of no elements): whole in the
+    module at stages 1-2, rank fragments at stage 3."""
+    shapes = model_state.get("frozen_param_shapes") or {}
+    if not stage3:
+        return {name: model_state["module"][name] for name in shapes}
+    fragments = [_load(os.path.join(path, _RANK_MODEL.format(r)))["frozen_param_fragments"]
+                 for r in range(world)] if shapes else []
+    return {name: torch.cat([f[name].reshape(-1) for f in fragments])[:math.prod(shape)]
+            .view(shape).clone() for name, shape in shapes.items()}
+
+
+def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: bool) -> None:
+    """The module from the fp32 master; with `load_shards` this rank's master and moment
+    shards of every engine group, cut from the whole values."""
+    engine.load_module_state_dict(saved.module_state(engine.dtype), strict=strict)
+    core = engine.core
+    if not load_shards:
+        for g in range(core.group_count):
+            core.group_refresh_master(g)
+        return
+    for g, wanted in enumerate(checkpoint_layout.group_param_names(engine)):
+        layout = core.group_layout(g)
+        core.group_load_master_shard(g, checkpoint_layout.new_shard(
+            layout, core.rank, saved.master, wanted))
+        for key in MOMENTS:
+            core.group_load_optimizer_state(g, key, checkpoint_layout.new_shard(
+                layout, core.rank, saved.moments[key], wanted))
+
+
+def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:
+    """Before anything is loaded: the same trainable parameters and shapes, an Adam-family
+    optimizer here when its moments are to be loaded, and one optimizer group per group."""
+    trainable = {n for group in checkpoint_layout.group_param_names(engine) for n in group}
+    missing = sorted(trainable - set(saved.master))
+    wrong = [f"{n}: saved {tuple(saved.master[n].shape)}, the model has "
+             f"{tuple(engine.full_shapes[n])}" for n in sorted(trainable & set(saved.master))
+             if tuple(saved.master[n].shape) != tuple(engine.full_shapes[n])]
+    if missing or wrong:
+        problems = wrong + [f"{n}: not in the checkpoint" for n in missing]
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise ValueError(f"zero: DeepSpeed checkpoint {saved.path} is of another model: "
+                         f"{'; '.join(problems[:3])}{more}; nothing was loaded. Build the model "
+                         "the checkpoint was saved from")
+    if not load_shards:
+        return
+    names = set(dict(engine.core.group_optimizer_state(0))) if engine.core.group_count else set()
+    if not set(MOMENTS) <= names:
+        raise ValueError(
+            f"zero: DeepSpeed checkpoint {saved.path} holds Adam's moments, but this engine's "
+            f"optimizer ({engine.optimizer.spec.kind}) keeps {sorted(names)}; configure the "
+            "optimizer the checkpoint was trained with, or load with load_optimizer_states=False")
+    if len(saved.param_groups) != len(engine.optimizer.param_groups):
+        raise ValueError(
+            f"zero: DeepSpeed checkpoint {saved.path} has {len(saved.param_groups)} optimizer "
+            f"groups, the engine has {len(engine.optimizer.param_groups)}; pass the parameter "
+            "groups the checkpoint was trained with")
+
+
+def restore_engine_state(engine, saved: DeepSpeedCheckpoint, load_optimizer: bool,
+                         load_scheduler: bool) -> None:
+    """Hyperparameters, scheduler and counters, as DeepSpeed's load_checkpoint restores them."""
+    state = saved.model_state
+    if load_optimizer:
+        for group, values in zip(engine.optimizer.param_groups, saved.param_groups):
+            group.update({k: v for k, v in values.items() if k in group})
+        engine.applied_steps = saved.step
+        _restore_loss_scale(engine, saved)
+    if load_scheduler and engine.lr_scheduler is not None and state.get("lr_scheduler"):
+        engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    engine.global_steps = state["global_steps"]
+    engine.global_samples = state.get("global_samples",
+                                      state["global_steps"] * engine.train_batch_size())
+    engine.skipped_steps = state["skipped_steps"]
+    engine.micro_steps = state["global_steps"] * engine.gradient_accumulation_steps()
+
+
+def _restore_loss_scale(engine, saved: DeepSpeedCheckpoint) -> None:
+    """fp16: zero's dynamic scaler keeps DeepSpeed's DynamicLossScaler's own fields
+    (cur_scale, cur_iter, last_overflow_iter, cur_hysteresis); a static scale is the config's."""
+    scaler = engine.loss_scaler
+    if scaler is None or not saved.loss_scale or not saved.loss_scale.get("dynamic"):
+        return
+    state = scaler.state_dict()
+    if state.get("dynamic"):
+        scaler.load_state_dict({**state, **{k: saved.loss_scale[k] for k in state
+                                            if k in saved.loss_scale}})
