@@ -4,6 +4,7 @@ DeepSpeed 0.19.8 on 2 ranks and saved, then 2 steps more. make.py runs it under 
 checkpoint and compares. Both take model, config and data from here."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -11,29 +12,50 @@ import torch
 from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deepspeed_checkpoints")
-MODEL = GPTConfig(vocab_size=61, block_size=8, n_layer=2, n_head=2, n_embd=16)
+MODEL = GPTConfig(vocab_size=61, block_size=8, n_layer=2, n_head=2, n_embd=10)  # odd sizes
 MICRO_BATCH = 2
 WORLD = 2           # DeepSpeed's ranks
 SAVED_AT = 3        # optimizer steps before the save
 MORE = 2            # steps after it
 CLIENT_STATE = {"epoch": 7, "note": "saved by DeepSpeed"}
-# name: (stage, precision)
-RUNS = {"stage1-fp32": (1, "fp32"), "stage2-fp32": (2, "fp32"), "stage3-fp32": (3, "fp32"),
-        "stage2-bf16": (2, "bf16"), "stage3-bf16": (3, "bf16")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    stage: int
+    precision: str
+    frozen: bool = False           # position_embedding.weight not trained
+    deepspeed_zero: tuple = ()     # DeepSpeed-only zero_optimization keys, (key, value) pairs
+
+
+RUNS = {"stage1-fp32": Run(1, "fp32"), "stage2-fp32": Run(2, "fp32"),
+        "stage3-fp32": Run(3, "fp32"), "stage2-bf16": Run(2, "bf16"),
+        "stage3-bf16": Run(3, "bf16"),
+        # DeepSpeed's BF16_Optimizer (bf16 at stage 1), which records no stage or frozen shapes
+        "stage1-bf16-frozen": Run(1, "bf16", frozen=True),
+        # padding after each parameter to 16 bytes, saved as param_alignment_paddings
+        "stage2-fp32-aligned": Run(2, "fp32", deepspeed_zero=(("parameter_alignment", True),)),
+        # several fp32 sub-groups per rank, frozen parameters saved as rank fragments
+        "stage3-fp32-subgroups-frozen": Run(3, "fp32", frozen=True,
+                                            deepspeed_zero=(("sub_group_size", 500),))}
 # (DeepSpeed refuses fp16 on its CPU accelerator: "Type fp16 is not supported on your device")
 
 
-def make_model() -> TinyGPT:
+def make_model(run: Run) -> TinyGPT:
     torch.manual_seed(0)
     model = TinyGPT(MODEL)
     model.register_buffer("seen_steps", torch.zeros(1))  # a persistent buffer to carry over
+    if run.frozen:
+        model.position_embedding.weight.requires_grad_(False)
     return model
 
 
-def config(stage: int, precision: str, world: int = WORLD) -> dict:
-    """The DeepSpeed config of the run; at another world size the same global batch (the
-    ranks' micro-batches become accumulation steps)."""
+def config(run: Run, world: int = WORLD, stage: int | None = None,
+           deepspeed: bool = False) -> dict:
+    """The config of the run (zero's at `stage` when given); at another world size the same
+    global batch (the ranks' micro-batches become accumulation steps)."""
     gas = WORLD // world
+    stage = run.stage if stage is None else stage
     result = {
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
         "gradient_accumulation_steps": gas,
@@ -48,7 +70,9 @@ def config(stage: int, precision: str, world: int = WORLD) -> dict:
     }
     if stage == 3:  # every parameter partitioned, none kept whole
         result["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    if precision == "bf16":
+    if deepspeed:
+        result["zero_optimization"].update(dict(run.deepspeed_zero))
+    if run.precision == "bf16":
         result["bf16"] = {"enabled": True}
     return result
 

@@ -289,7 +289,8 @@ def _load_deepspeed(engine, path: str, strict: bool, load_optimizer_states: bool
         logger.info("zero: loaded DeepSpeed %s checkpoint %s (ZeRO stage %d, %d ranks)",
                     saved.model_state.get("ds_version"), path, saved.stage, saved.world_size)
     dist.barrier()
-    return path, saved.client_state(load_shards, load_lr_scheduler_states)
+    return path, saved.client_state(dist.get_rank(), load_optimizer_states,
+                                    load_lr_scheduler_states, load_module_only)
 
 
 def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: bool,

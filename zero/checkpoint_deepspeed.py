@@ -29,6 +29,7 @@ import types
 import torch
 
 from . import checkpoint_layout
+from .sharding import names_by_id
 from .checkpoint_files import CorruptCheckpoint, MANIFEST
 
 logger = logging.getLogger("zero")
@@ -99,42 +100,38 @@ class DeepSpeedCheckpoint:
 
     def module_state(self, dtype: torch.dtype) -> dict:
         """The module's state dict: the parameters from the fp32 master (in `dtype`, as
-        DeepSpeed's bf16 weights are its master rounded), the buffers as saved."""
-        saved = self.model_state["module"]
-        state = {name: saved[name] for name in self.model_state.get("buffer_names", [])}
-        state.update({name: value.to(dtype) for name, value in self.master.items()})
+        DeepSpeed's bf16 weights are its master rounded), frozen parameters and buffers as
+        saved (stage 3 saves empty placeholders for the parameters in its module)."""
+        state = {name: value for name, value in self.model_state["module"].items()
+                 if value.numel() or name in self.model_state.get("buffer_names", [])}
         state.update(self.frozen)
+        state.update({name: value.to(dtype) for name, value in self.master.items()})
         return state
 
-    def client_state(self, load_optimizer: bool, load_scheduler: bool) -> dict:
+    def client_state(self, rank: int, load_optimizer: bool, load_scheduler: bool,
+                     module_only: bool) -> dict:
         """What DeepSpeed's load_checkpoint returns as client state: the model file's keys
-        but the engine's own."""
-        kept = set(_ENGINE_KEYS) | ({"optimizer"} if load_optimizer else set()) \
+        but the engine's own; at stage 3 this rank's own file's (each rank wrote one), when
+        there is one for it."""
+        state = self.model_state
+        own = os.path.join(self.path, _RANK_MODEL.format(rank))
+        if self.stage == 3 and rank and os.path.isfile(own):
+            state = _load(own, mmap=True)
+        kept = {"module"} if module_only else set(_ENGINE_KEYS)
+        kept |= ({"optimizer"} if load_optimizer else set()) \
             | ({"lr_scheduler"} if load_scheduler else set())
-        return {key: value for key, value in self.model_state.items() if key not in kept}
+        return {key: value for key, value in state.items() if key not in kept}
 
 
 def read(path: str) -> DeepSpeedCheckpoint:
-    """Reads every rank's files of a DeepSpeed checkpoint (tag directory `path`)."""
+    """Reads every rank's files of a DeepSpeed checkpoint (tag directory `path`), mapped."""
     stage3 = os.path.isfile(os.path.join(path, _RANK_MODEL.format(0)))
     model_state = _load(os.path.join(path, _RANK_MODEL.format(0) if stage3 else WHOLE_MODEL_FILE),
                         mmap=True)
     _check_one_part(model_state, path)
-    optim_files = sorted((int(m.group(1)), m.group(0)) for m in map(_OPTIM.fullmatch,
-                                                                  os.listdir(path)) if m)
-    if not optim_files:
-        raise ValueError(
-            f"zero: DeepSpeed checkpoint {path} has no ZeRO optimizer files (it was saved "
-            "without ZeRO, stage 0); zero resumes DeepSpeed checkpoints of ZeRO stages 1-3. "
-            f"Load its weights, torch.load('{path}/{WHOLE_MODEL_FILE}')['module'], into the "
-            "model before zero.initialize")
-    world = model_state.get("dp_world_size", len(optim_files))
-    if [rank for rank, _ in optim_files] != list(range(world)):
-        raise CorruptCheckpoint(
-            f"zero: DeepSpeed checkpoint {path} was saved by {world} ranks but has the optimizer "
-            f"files of ranks {[rank for rank, _ in optim_files]}; copy every rank's "
-            "zero_pp_rank_<r>_mp_rank_00_optim_states.pt into it")
-    optim = [_load(os.path.join(path, name))["optimizer_state_dict"] for _, name in optim_files]
+    optim = _optimizer_files(path, model_state)
+    world = len(optim)
+    _check_partitions(optim[0], world, path)
     shapes = model_state["param_shapes"]
     if stage3:
         flats = [torch.cat(o["fp32_flat_groups"]) for o in optim]
@@ -142,36 +139,82 @@ def read(path: str) -> DeepSpeedCheckpoint:
         unflatten = _stage3_unflatten
     else:
         flats = [o["single_partition_of_fp32_groups"] for o in optim]
-        adam = [o["base_optimizer_state"] for o in optim]
+        adam = [_base_state(o["base_optimizer_state"], path) for o in optim]
         unflatten = _stage12_unflatten
-    master = unflatten(flats, shapes, path)
+    paddings = optim[0].get("param_alignment_paddings") or [[0] * len(g) for g in shapes]
+    master = unflatten(flats, shapes, paddings, path)
     moments = {}
-    for key in MOMENTS:
-        per_rank = [[adam[r]["state"][i][key] for i in sorted(adam[r]["state"])]
-                    for r in range(world)]
-        moments[key] = unflatten([torch.cat(p) if stage3 else p for p in per_rank], shapes, path)
+    for key in MOMENTS:  # Adam's; another optimizer's state stays behind (check_fits says so)
+        if all(key in state for a in adam for state in a["state"].values()) and adam[0]["state"]:
+            per_rank = [[a["state"][i][key] for i in sorted(a["state"])] for a in adam]
+            moments[key] = unflatten([torch.cat(p) if stage3 else p for p in per_rank], shapes,
+                                     paddings, path)
+    frozen = _frozen(path, model_state, stage3, world)
     for values in (master, *moments.values()):
+        known = {**frozen, **values}
         for alias, source in model_state.get("shared_params", {}).items():
-            values[alias] = values[source]
-    step = next(iter(adam[0]["state"].values()))["step"] if adam[0]["state"] else 0
+            if source in known:  # as zero_to_fp32: a tie to a frozen parameter stays frozen
+                (values if source in values else frozen)[alias] = known[source]
+    step = next(iter(adam[0]["state"].values()), {}).get("step", 0)
     return DeepSpeedCheckpoint(
-        path=path, model_state=model_state, stage=3 if stage3 else _stage(optim[0], model_state),
+        path=path, model_state=model_state, stage=3 if stage3 else _stage(optim[0]),
         world_size=world, master=master, moments=moments, step=int(step),
         param_groups=[{k: v for k, v in g.items() if k != "params"}
                       for g in adam[0]["param_groups"]],
-        frozen=_frozen(path, model_state, stage3, world),
+        frozen=frozen,
         loss_scale=vars(optim[0]["loss_scaler"]) if isinstance(optim[0].get("loss_scaler"),
                                                                _Record) else None)
 
 
-def _stage(optim: dict, model_state: dict) -> int:
+def _optimizer_files(path: str, model_state: dict) -> list[dict]:
+    """Every rank's optimizer state, in rank order, mapped; a missing rank is named."""
+    found = sorted((int(m.group(1)), m.group(0)) for m in map(_OPTIM.fullmatch,
+                                                              os.listdir(path)) if m)
+    if not found:
+        raise ValueError(
+            f"zero: DeepSpeed checkpoint {path} has no ZeRO optimizer files (it was saved "
+            "without ZeRO, stage 0); zero resumes DeepSpeed checkpoints of ZeRO stages 1-3. "
+            f"Load its weights, torch.load('{path}/{WHOLE_MODEL_FILE}')['module'], into the "
+            "model before zero.initialize")
+    world = model_state.get("dp_world_size", len(found))
+    if [rank for rank, _ in found] != list(range(world)):
+        raise CorruptCheckpoint(
+            f"zero: DeepSpeed checkpoint {path} was saved by {world} ranks but has the optimizer "
+            f"files of ranks {[rank for rank, _ in found]}; copy every rank's "
+            "zero_pp_rank_<r>_mp_rank_00_optim_states.pt into it")
+    return [_load(os.path.join(path, name), mmap=True)["optimizer_state_dict"]
+            for _, name in found]
+
+
+def _check_partitions(optim: dict, world: int, path: str) -> None:
+    """Every group partitioned over all the ranks that wrote files (not MiCS's or an expert
+    group's fewer)."""
+    counts = optim.get("partition_count", world)
+    counts = counts if isinstance(counts, (list, tuple)) else [counts]
+    if any(int(count) != world for count in counts):
+        raise ValueError(
+            f"zero: DeepSpeed checkpoint {path} partitions its groups over {list(counts)} ranks "
+            f"of the {world} that saved it (MiCS or expert parallelism); zero reads DeepSpeed "
+            "checkpoints partitioned over every data-parallel rank. Convert it to fp32 weights "
+            "with DeepSpeed's zero_to_fp32.py")
+
+
+def _base_state(state, path: str) -> dict:
+    """Stages 1-2: the torch optimizer's state_dict over the flat groups."""
+    if not isinstance(state, dict):  # elastic_checkpoint's list of per-group states
+        raise ValueError(
+            f"zero: DeepSpeed checkpoint {path} was saved with zero_optimization."
+            "elastic_checkpoint, whose optimizer state zero does not read; load it with "
+            "load_optimizer_states=False, or save it again from DeepSpeed without that option")
+    return state
+
+
+def _stage(optim: dict) -> int:
     """The ZeRO stage the files were written at (1 or 2; 3 has its own file names)."""
     stage = optim.get("zero_stage")
     if isinstance(stage, _Record):  # DeepSpeed's ZeroStageEnum, pickled as its value
         return int(stage.args[0])
-    if stage is not None:
-        return int(stage)
-    return int(model_state.get("ds_config", {}).get("zero_optimization", {}).get("stage", 1))
+    return 1 if stage is None else int(stage)  # BF16_Optimizer (stage 1) records none
 
 
 def _check_one_part(model_state: dict, path: str) -> None:
@@ -185,32 +228,36 @@ def _check_one_part(model_state: dict, path: str) -> None:
             "the model before zero.initialize")
 
 
-def _stage12_unflatten(flats: list[list[torch.Tensor]], shapes: list[dict], path: str) -> dict:
+def _stage12_unflatten(flats: list[list[torch.Tensor]], shapes: list[dict],
+                       paddings: list[list[int]], path: str) -> dict:
     """Stages 1-2: group g's flat buffer is the ranks' partitions end to end, its parameters
-    one after another from offset 0 (the tail is alignment padding)."""
+    one after another from offset 0, each followed by its alignment padding (DeepSpeed's
+    parameter_alignment; the group's tail is padding too)."""
     values = {}
     for g, group in enumerate(shapes):
         full = torch.cat([rank_flats[g] for rank_flats in flats])
         offset = 0
-        for name, shape in group.items():
+        for (name, shape), padding in zip(group.items(), paddings[g]):
             numel = math.prod(shape)
             _check_room(offset + numel, full.numel(), name, path)
             values[name] = full[offset:offset + numel].view(shape).clone()
-            offset += numel
+            offset += numel + padding
     return values
 
 
-def _stage3_unflatten(flats: list[torch.Tensor], shapes: list[dict], path: str) -> dict:
+def _stage3_unflatten(flats: list[torch.Tensor], shapes: list[dict], paddings, path: str
+                      ) -> dict:
     """Stage 3: rank r's flat buffer holds its ceil(numel / world) piece of every parameter
     in order; a parameter is its ranks' pieces end to end, cut to its size."""
+    del paddings  # stage 3 pads each parameter to a multiple of the world size instead
     world, values, offset = len(flats), {}, 0
     for group in shapes:
         for name, shape in group.items():
             numel = math.prod(shape)
             piece = math.ceil(numel / world)
             _check_room(offset + piece, flats[0].numel(), name, path)
-            full = torch.cat([flat[offset:offset + piece] for flat in flats])
-            values[name] = full[:numel].view(shape).clone()
+            values[name] = torch.cat([flat[offset:offset + piece] for flat in flats]
+                                     )[:numel].view(shape)
             offset += piece
     return values
 
@@ -226,9 +273,13 @@ def _check_room(end: int, size: int, name: str, path: str) -> None:
 def _frozen(path: str, model_state: dict, stage3: bool, world: int) -> dict:
     """The parameters the optimizer does not own (frozen, or of no elements): whole in the
     module at stages 1-2, rank fragments at stage 3."""
+    if not stage3:  # (stage 1 records no frozen_param_shapes)
+        owned = {name for group in model_state["param_shapes"] for name in group}
+        owned |= set(model_state.get("shared_params", {}))
+        owned |= set(model_state.get("buffer_names", []))
+        return {name: value for name, value in model_state["module"].items()
+                if name not in owned}
     shapes = model_state.get("frozen_param_shapes") or {}
-    if not stage3:
-        return {name: model_state["module"][name] for name in shapes}
     fragments = [_load(os.path.join(path, _RANK_MODEL.format(r)))["frozen_param_fragments"]
                  for r in range(world)] if shapes else []
     return {name: torch.cat([f[name].reshape(-1) for f in fragments])[:math.prod(shape)]
@@ -267,19 +318,31 @@ def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:
         raise ValueError(f"zero: DeepSpeed checkpoint {saved.path} is of another model: "
                          f"{'; '.join(problems[:3])}{more}; nothing was loaded. Build the model "
                          "the checkpoint was saved from")
-    if not load_shards:
-        return
+    if load_shards:
+        _check_optimizer(engine, saved, trainable)
+
+
+def _check_optimizer(engine, saved: DeepSpeedCheckpoint, trainable: set[str]) -> None:
+    """Adam's moments on both sides, and the same parameters in each optimizer group."""
     names = set(dict(engine.core.group_optimizer_state(0))) if engine.core.group_count else set()
-    if not set(MOMENTS) <= names:
+    if set(saved.moments) != set(MOMENTS) or not set(MOMENTS) <= names:
         raise ValueError(
-            f"zero: DeepSpeed checkpoint {saved.path} holds Adam's moments, but this engine's "
-            f"optimizer ({engine.optimizer.spec.kind}) keeps {sorted(names)}; configure the "
-            "optimizer the checkpoint was trained with, or load with load_optimizer_states=False")
-    if len(saved.param_groups) != len(engine.optimizer.param_groups):
+            f"zero: DeepSpeed checkpoint {saved.path} holds the optimizer state "
+            f"{sorted(saved.moments) or 'of another optimizer than Adam'}, this engine's "
+            f"optimizer ({engine.optimizer.spec.kind}) keeps {sorted(names)}; zero resumes "
+            "Adam and AdamW from DeepSpeed: configure the optimizer the checkpoint was trained "
+            "with, or load with load_optimizer_states=False")
+    saved_groups = [set(group) & trainable for group in saved.model_state["param_shapes"]]
+    by_id = names_by_id(engine.module)
+    groups = [{by_id[id(p)][0] for p in group["params"]} & trainable
+              for group in engine.optimizer.param_groups]
+    if len(saved.param_groups) != len(groups) or (len(saved_groups) == len(groups)
+                                                  and saved_groups != groups):
         raise ValueError(
             f"zero: DeepSpeed checkpoint {saved.path} has {len(saved.param_groups)} optimizer "
-            f"groups, the engine has {len(engine.optimizer.param_groups)}; pass the parameter "
-            "groups the checkpoint was trained with")
+            f"groups of {[len(g) for g in saved_groups]} parameters, the engine "
+            f"{len(groups)} of {[len(g) for g in groups]}; pass the parameter groups the "
+            "checkpoint was trained with, in its order")
 
 
 def restore_engine_state(engine, saved: DeepSpeedCheckpoint, load_optimizer: bool,

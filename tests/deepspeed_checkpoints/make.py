@@ -19,14 +19,15 @@ import ds_checkpoint_run as run  # noqa: E402
 from distributed_harness import run_distributed  # noqa: E402
 
 
-def _rank(rank, world, name, stage, precision, scratch):
+def _rank(rank, world, name, scratch):
     import deepspeed
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     deepspeed.init_distributed(dist_backend="gloo")
-    model = run.make_model()
-    engine, _, _, _ = deepspeed.initialize(model=model, config=run.config(stage, precision),
-                                           model_parameters=model.parameters())
+    model = run.make_model(run.RUNS[name])
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, config=run.config(run.RUNS[name], deepspeed=True),
+        model_parameters=[p for p in model.parameters() if p.requires_grad])
     run.train(engine, rank, world, 0, run.SAVED_AT)
     saved = os.path.join(run.FIXTURES, name)
     engine.save_checkpoint(saved, client_state=dict(run.CLIENT_STATE))
@@ -49,10 +50,9 @@ def _rank(rank, world, name, stage, precision, scratch):
 
 def main(names: list[str]):
     for name in names or run.RUNS:
-        stage, precision = run.RUNS[name]
         shutil.rmtree(os.path.join(run.FIXTURES, name), ignore_errors=True)
         with tempfile.TemporaryDirectory() as scratch:
-            expected = run_distributed(_rank, run.WORLD, args=(name, stage, precision, scratch),
+            expected = run_distributed(_rank, run.WORLD, args=(name, scratch),
                                        timeout=300, env={"DS_ACCELERATOR": "cpu"})[0]
         torch.save(expected, os.path.join(run.FIXTURES, name, "expected.pt"))
         print(f"{name}: DeepSpeed {expected['deepspeed']}, losses after the save "
