@@ -29,8 +29,8 @@ import types
 import torch
 
 from . import checkpoint_layout
+from .checkpoint_files import MANIFEST, CorruptCheckpoint
 from .sharding import names_by_id
-from .checkpoint_files import CorruptCheckpoint, MANIFEST
 
 logger = logging.getLogger("zero")
 

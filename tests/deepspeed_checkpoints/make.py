@@ -3,8 +3,8 @@ accelerator, gloo), and beside each the run's continuation as DeepSpeed trains i
 of the 2 steps after the save and DeepSpeed's own zero_to_fp32 of the weights at the save and
 after those steps (expected.pt). From the project root, after scripts/deepspeed_cpu.sh:
 
-    PYTHONPATH=$PWD DS_ACCELERATOR=cpu build/ds-venv/bin/python tests/deepspeed_checkpoints/make.py \
-        [RUN ...]   # the runs of ds_checkpoint_run.RUNS named, else all
+    PYTHONPATH=$PWD DS_ACCELERATOR=cpu build/ds-venv/bin/python \
+        tests/deepspeed_checkpoints/make.py [RUN ...]   # ds_checkpoint_run.RUNS named, else all
 """
 import os
 import shutil
