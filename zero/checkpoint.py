@@ -302,8 +302,9 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
         model_state = files.load_torch(os.path.join(path, part.names.model))
 
     def check() -> bool:
-        _check_shapes(model_state["module"], engine.full_shapes,
-                      os.path.join(path, part.names.model))
+        checkpoint_layout.check_same_model(
+            f"checkpoint {os.path.join(path, part.names.model)}", model_state["module"],
+            engine.full_shapes)
         return _check_fingerprint(model_state, engine, part, path)
 
     # Each part reads its own file: one part's mismatch is raised on every rank.
@@ -392,18 +393,6 @@ def _load_shard(engine, groups: list[dict]) -> None:
             core.group_load_master_shard(g, saved["master"])
             for name, tensor in saved["state"].items():
                 core.group_load_optimizer_state(g, name, tensor)
-
-
-def _check_shapes(saved: dict, expected: dict, model_file: str) -> None:
-    """Before anything is loaded: every saved tensor the model also has must have its shape."""
-    wrong = [(name, tuple(value.shape), tuple(expected[name])) for name, value in saved.items()
-             if name in expected and value.shape != expected[name]]
-    if wrong:
-        listed = "; ".join(f"{name}: saved {s}, the model has {e}" for name, s, e in wrong[:5])
-        raise ValueError(
-            f"zero: checkpoint {model_file} is of another model: {listed}"
-            + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else "") +
-            "; nothing was loaded. Build the model the checkpoint was saved from")
 
 
 def _check_fingerprint(model_state: dict, engine, part: checkpoint_mesh.Part, path: str) -> bool:

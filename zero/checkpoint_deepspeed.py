@@ -134,6 +134,12 @@ def read(path: str) -> DeepSpeedCheckpoint:
     _check_partitions(optim[0], world, path)
     shapes = model_state["param_shapes"]
     if stage3:
+        if any(t.numel() == 0 for o in optim for t in o["fp32_flat_groups"]):
+            raise ValueError(
+                f"zero: DeepSpeed checkpoint {path} has empty fp32 sub-groups: it was saved with "
+                "offload_optimizer to NVMe, whose swapped state is not in the checkpoint files; "
+                "zero cannot resume it. Convert it to fp32 weights with DeepSpeed's "
+                "zero_to_fp32.py")
         flats = [torch.cat(o["fp32_flat_groups"]) for o in optim]
         adam = [o["optimizer_state_dict"] for o in optim]
         unflatten = _stage3_unflatten
@@ -296,28 +302,15 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
             core.group_refresh_master(g)
         return
     for g, wanted in enumerate(checkpoint_layout.group_param_names(engine)):
-        layout = core.group_layout(g)
-        core.group_load_master_shard(g, checkpoint_layout.new_shard(
-            layout, core.rank, saved.master, wanted))
-        for key in MOMENTS:
-            core.group_load_optimizer_state(g, key, checkpoint_layout.new_shard(
-                layout, core.rank, saved.moments[key], wanted))
+        checkpoint_layout.load_group(core, g, wanted, saved.master, saved.moments)
 
 
 def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:
     """Before anything is loaded: the same trainable parameters and shapes, an Adam-family
     optimizer here when its moments are to be loaded, and one optimizer group per group."""
     trainable = {n for group in checkpoint_layout.group_param_names(engine) for n in group}
-    missing = sorted(trainable - set(saved.master))
-    wrong = [f"{n}: saved {tuple(saved.master[n].shape)}, the model has "
-             f"{tuple(engine.full_shapes[n])}" for n in sorted(trainable & set(saved.master))
-             if tuple(saved.master[n].shape) != tuple(engine.full_shapes[n])]
-    if missing or wrong:
-        problems = wrong + [f"{n}: not in the checkpoint" for n in missing]
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise ValueError(f"zero: DeepSpeed checkpoint {saved.path} is of another model: "
-                         f"{'; '.join(problems[:3])}{more}; nothing was loaded. Build the model "
-                         "the checkpoint was saved from")
+    checkpoint_layout.check_same_model(f"DeepSpeed checkpoint {saved.path}", saved.master,
+                                       engine.full_shapes, required=sorted(trainable))
     if load_shards:
         _check_optimizer(engine, saved, trainable)
 

@@ -94,7 +94,7 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
     differ, as stage 3's persistent parameters do). `shards`: `read_shards`' result, when the
     caller checked the files already."""
     shards = shards if shards is not None else read_shards(path, model_state)
-    rank, core = engine.core.rank, engine.core
+    core = engine.core
     saved_group = {names[0]: g for g, group in enumerate(layout_of(model_state, path)["groups"])
                    for names, _ in group["params"]}
     cache = {}
@@ -107,16 +107,37 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
         return cache[array]
 
     for g, wanted in enumerate(group_param_names(engine)):
-        layout = core.group_layout(g)
-        core.group_load_master_shard(g, new_shard(layout, rank, saved("master"), wanted))
         source = saved_group[wanted[0]]  # the saved group these parameters' state came from
         shard_numel = shards[0][source]["master"].numel()
-        for array, value in shards[0][source]["state"].items():
+        arrays = shards[0][source]["state"]
+        load_group(core, g, wanted, saved("master"),
+                   {a: saved(a) for a, v in arrays.items() if v.numel() == shard_numel})
+        for array, value in arrays.items():
             if value.numel() != shard_numel:  # not laid out like the shard (a flag): as saved
                 core.group_load_optimizer_state(g, array, value)
-                continue
-            core.group_load_optimizer_state(g, array,
-                                            new_shard(layout, rank, saved(array), wanted))
+
+
+def check_same_model(where: str, saved: dict, expected: dict, required=()) -> None:
+    """Before anything is loaded: every saved tensor the model also has must have its shape
+    (`saved` and `expected`: name -> tensor or shape), and every `required` name be saved;
+    else a ValueError listing the first five differences."""
+    problems = [f"{name}: saved {tuple(value.shape)}, the model has {tuple(expected[name])}"
+                for name, value in saved.items()
+                if name in expected and tuple(value.shape) != tuple(expected[name])]
+    problems += [f"{name}: not in the checkpoint" for name in required if name not in saved]
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ValueError(f"zero: {where} is of another model: {'; '.join(problems[:5])}{more}"
+                         "; nothing was loaded. Build the model the checkpoint was saved from")
+
+
+def load_group(core, g: int, names: list[str], master: dict, states: dict[str, dict]) -> None:
+    """Engine group g's shards on this rank, cut from whole values by parameter name: the
+    fp32 master and each optimizer-state array laid out like it (`states`: array -> values)."""
+    layout = core.group_layout(g)
+    core.group_load_master_shard(g, new_shard(layout, core.rank, master, names))
+    for array, values in states.items():
+        core.group_load_optimizer_state(g, array, new_shard(layout, core.rank, values, names))
 
 
 def new_shard(layout, rank: int, values: dict, wanted: list[str]) -> torch.Tensor:

@@ -89,16 +89,12 @@ def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> Non
         if value.numel() == first["master"].numel():
             arrays[array] = saved.whole(array)
     for g, names in enumerate(wanted):
-        layout = core.group_layout(g)
         mine = {array: {n: checkpoint_mesh.cut_slice(values[n], params[n], rank).reshape(-1)
                         for n in names} for array, values in arrays.items()}
-        core.group_load_master_shard(g, checkpoint_layout.new_shard(layout, core.rank,
-                                                                    mine["master"], names))
+        master = mine.pop("master")
+        checkpoint_layout.load_group(core, g, names, master, mine)
         for array, value in first["state"].items():
-            if array in mine:
-                core.group_load_optimizer_state(
-                    g, array, checkpoint_layout.new_shard(layout, core.rank, mine[array], names))
-            else:  # not laid out like the shard (a flag): as saved
+            if array not in mine:  # not laid out like the shard (a flag): as saved
                 core.group_load_optimizer_state(g, array, value)
 
 
