@@ -139,6 +139,30 @@ def test_trainer_resumes_from_its_checkpoint_on_the_same_curve(tmp_path, stage):
     assert resumed["eval"]["eval_loss"] == pytest.approx(whole["eval"]["eval_loss"], rel=2e-3)
 
 
+def test_trainer_resumes_a_checkpoint_the_real_deepspeed_wrote(tmp_path):
+    """The same script trained to step 4 by the HF Trainer on the real DeepSpeed 0.19.8
+    (tests/deepspeed_checkpoints/make.py), resumed on zero: steps 5-8 and the final model are
+    DeepSpeed's own."""
+    from safetensors.torch import load_file
+
+    from zero.compat.deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    fixture = REPO / "tests" / "deepspeed_checkpoints" / "hf-trainer-stage2"
+    want = json.loads((fixture / "expected.json").read_text())
+    assert want["arguments"] == ARGS
+    shutil.copytree(fixture / "checkpoint-4", tmp_path / "checkpoint-4")
+    resumed = run_trainer(tmp_path, "--deepspeed", str(EXAMPLES / "ds_zero2.json"),
+                          "--resume_from_checkpoint", str(tmp_path / "checkpoint-4"))
+    assert step_losses(resumed) == pytest.approx(want["losses"], rel=1e-6)
+    assert resumed["eval"]["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-6)
+    ours = load_file(tmp_path / "final" / "model.safetensors")
+    theirs = load_file(fixture / "final.safetensors")
+    at_save = get_fp32_state_dict_from_zero_checkpoint(str(fixture / "checkpoint-4"))
+    moved = max((theirs[k] - at_save[k]).abs().max().item() for k in theirs)
+    difference = max((ours[k] - theirs[k]).abs().max().item() for k in theirs)
+    assert difference < 1e-3 * moved, (difference, moved)  # DeepSpeed's last 4 steps, to rounding
+
+
 def test_from_pretrained_under_zero3_loads_the_saved_model_and_trains(tmp_path, ddp):
     """ZeRO-3 from_pretrained builds the model inside zero.Init (the config still holds
     "auto" then) and loads the weights through GatheredParameters: the first evaluation

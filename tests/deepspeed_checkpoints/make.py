@@ -1,11 +1,17 @@
 """Writes the DeepSpeed checkpoints in this folder with the real DeepSpeed 0.19.8 (its CPU
 accelerator, gloo), and beside each the run's continuation as DeepSpeed trains it: the losses
 of the 2 steps after the save and DeepSpeed's own zero_to_fp32 of the weights at the save and
-after those steps (expected.pt). From the project root, after scripts/deepspeed_cpu.sh:
+after those steps (expected.pt). And hf-trainer-stage2: examples/huggingface/train_trainer.py
+with ds_zero2.json on 2 ranks, tests/test_hf_trainer.py's arguments: its checkpoint-4 (without
+the files a DeepSpeed resume does not read), the losses and eval loss of all 8 steps and the
+final model (expected.json, final.safetensors). From the project root, after
+scripts/deepspeed_cpu.sh:
 
     PYTHONPATH=$PWD DS_ACCELERATOR=cpu build/ds-venv/bin/python \
-        tests/deepspeed_checkpoints/make.py [RUN ...]   # ds_checkpoint_run.RUNS named, else all
+        tests/deepspeed_checkpoints/make.py [RUN ...]   # these runs, else all
 """
+import json
+import subprocess
 import os
 import shutil
 import sys
@@ -48,8 +54,45 @@ def _rank(rank, world, name, scratch):
             "fp32_at_save": fp32(saved), "fp32_after": fp32(after)}
 
 
+HF_RUN = "hf-trainer-stage2"
+HF_ARGS = ["--max_steps", "8", "--per_device_train_batch_size", "4",
+           "--gradient_accumulation_steps", "2", "--logging_steps", "1", "--save_steps", "4",
+           "--learning_rate", "3e-3", "--report_to", "none", "--disable_tqdm", "true"]
+
+
+def hf_trainer():
+    root = os.path.dirname(TESTS)
+    examples = os.path.join(root, "examples", "huggingface")
+    target = os.path.join(run.FIXTURES, HF_RUN)
+    shutil.rmtree(target, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        os.path.join(run.FIXTURES, "real_deepspeed_trainer.py"),
+                        os.path.join(examples, "train_trainer.py"), "--deepspeed",
+                        os.path.join(examples, "ds_zero2.json"), "--output_dir", out, *HF_ARGS],
+                       check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+        shutil.copytree(os.path.join(out, "checkpoint-4"), os.path.join(target, "checkpoint-4"),
+                        ignore=shutil.ignore_patterns("*.py", "*.safetensors", "*.bin", "*.json",
+                                                      "!trainer_state.json"))
+        shutil.copy(os.path.join(out, "checkpoint-4", "trainer_state.json"),
+                    os.path.join(target, "checkpoint-4"))
+        shutil.copy(os.path.join(out, "final", "model.safetensors"),
+                    os.path.join(target, "final.safetensors"))
+        with open(os.path.join(out, "log_history.json")) as file:
+            history = json.load(file)
+    import deepspeed
+    expected = {"deepspeed": deepspeed.__version__, "arguments": HF_ARGS,
+                "losses": [e["loss"] for e in history["log_history"] if "loss" in e],
+                "eval_loss": history["eval"]["eval_loss"]}
+    with open(os.path.join(target, "expected.json"), "w") as file:
+        json.dump(expected, file, indent=1)
+    print(f"{HF_RUN}: DeepSpeed {expected['deepspeed']}, losses {expected['losses']}", flush=True)
+
+
 def main(names: list[str]):
-    for name in names or run.RUNS:
+    if not names or HF_RUN in names:
+        hf_trainer()
+    for name in [n for n in names if n != HF_RUN] if names else run.RUNS:
         shutil.rmtree(os.path.join(run.FIXTURES, name), ignore_errors=True)
         with tempfile.TemporaryDirectory() as scratch:
             expected = run_distributed(_rank, run.WORLD, args=(name, scratch),
