@@ -1,6 +1,7 @@
 """The engine on a GPU: ZeRO stages 0-3 in fp32 and bf16 against the single-process PyTorch
-reference, optimizer and parameter offload to pinned host memory through the copy engine,
-and the memory report's device bytes against torch.cuda's allocator. Skipped where torch sees
+reference, optimizer and parameter offload to pinned host memory through the copy engine and
+to NVMe, the delayed parameter update, and the memory report's device bytes against
+torch.cuda's allocator. Skipped where torch sees
 no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -83,6 +84,38 @@ def test_parameter_and_optimizer_offload(world):
         assert report["offload"] == {"optimizer": "cpu", "param": "cpu"}
         assert report["model_state_by_location"]["measured"]["device"] < \
             report["model_state_by_location"]["measured"]["host"]
+
+
+def test_optimizer_and_parameters_on_nvme_on_the_gpu(tmp_path):
+    """ZeRO-Infinity on the GPU: the fp32 master, Adam's moments and the parameter shard in
+    swap files (tmp_path), read and written around every gather and step."""
+    (tmp_path / "optimizer").mkdir()
+    (tmp_path / "params").mkdir()
+    offload = {"offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path / "optimizer")},
+               "offload_param": {"device": "nvme", "nvme_path": str(tmp_path / "params")}}
+    results = _run(1, 3, "bf16", **offload)
+    _assert_matches_reference(results, 1, 3, "bf16")
+    for _, _, report in results:
+        assert report["offload"] == {"optimizer": "nvme", "param": "nvme"}
+        assert report["by_location"]["nvme"]["peak"] > 0
+
+
+def test_delayed_update_on_the_gpu():
+    """The delayed parameter update (offload_optimizer.delayed_update): the CPU step of one
+    optimizer step overlaps the next forward and backward, so the model trains one update
+    behind; exactly test_offload.py's one-behind reference, to the GPU's rounding."""
+    from test_offload import _dpu_config, _dpu_reference, _train_dpu
+
+    config = _dpu_config(2)
+    config["zero_optimization"]["offload_optimizer"]["pin_memory"] = True
+    ref_losses, ref_params = _dpu_reference(1, STEPS, config)
+    [(losses, params, pending)] = run_distributed(_train_dpu, 1, args=(config,), timeout=300,
+                                                  backend="nccl")
+    loss_tol, param_tol = TOLERANCE["fp32"]
+    assert losses == pytest.approx(ref_losses, rel=loss_tol)
+    assert pending[GAS:] == [True] * (len(pending) - GAS)  # an update in flight after step 1
+    for name, expected in ref_params.items():
+        assert training.relative_error(params[name], expected) < param_tol, name
 
 
 @pytest.mark.parametrize("stage", [2, 3])
