@@ -205,6 +205,28 @@ def test_model_states_off_the_formula_name_each_location_against_it():
                          "host 6.000 MiB (formula 7.000 MiB)")
 
 
+def test_model_states_now_and_at_their_most_each_in_its_column():
+    """After a stage-2 step the gradient shard is given back: the row's locations and current
+    sum are what is held now, its peak (the categories' peaks) is what the formula counts."""
+    mib = 1 << 20
+    report = {"rank": 0, "step": 1, "stage": 2, "world_size": 2, "numel": 1 << 20,
+              "param_bytes": 2, "model_state_bytes": 9 * mib, "model_state_expected_bytes":
+              9 * mib, "model_state_formula": "2Ψ + 14Ψ/N",
+              "categories": {
+                  "param": {"current": 2 * mib, "peak": 2 * mib,
+                            "by_location": {"device": {"current": 2 * mib, "peak": 2 * mib}}},
+                  "gradient": {"current": 0, "peak": 1 * mib,
+                               "by_location": {"device": {"current": 0, "peak": 1 * mib}}},
+                  "optimizer_state": {"current": 6 * mib, "peak": 6 * mib, "by_location": {
+                      "device": {"current": 6 * mib, "peak": 6 * mib}}}},
+              "total": {"current": 8 * mib, "peak": 9 * mib}}
+    row = next(line for line in format_report(report).splitlines()
+               if line.startswith("model states")).split()
+    device, current, peak, formula = row[2], row[6], row[7], row[8]
+    assert (device, current, peak, formula) == ("8.000", "8.000", "9.000", "9.000")
+    assert row[-2:] == ["=", "formula"]
+
+
 def _reports_without_an_interval(rank, world, path):
     import zero
 

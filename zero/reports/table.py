@@ -156,16 +156,19 @@ def _category_rows(head: list[str], report: dict, names: list[str], number) -> l
 
 
 def _model_states_row(head: list[str], report: dict, number) -> list[str]:
-    """param + gradient + fp32_master + optimizer_state at each location, against the formula
-    (and, when the report has it, the formula's split over the locations)."""
+    """param + gradient + fp32_master + optimizer_state: now at each location and in all, at
+    their most (each category's peak: stages 2 and 3 give the gradient shard back between
+    steps) against the formula (and, when the report has it, the formula's split over the
+    locations)."""
     by_location = report.get("model_state_by_location")
     measured = (by_location or {}).get("measured", {})
     states = {loc: 0 for loc in LOCATIONS}
     for name in MODEL_STATES:
         for loc, usage in report["categories"].get(name, {}).get("by_location", {}).items():
             states[loc] = states.get(loc, 0) + usage["current"]
+    current = sum(report["categories"].get(name, {}).get("current", 0) for name in MODEL_STATES)
     return [*head, "model states", *(number(states[loc]) for loc in LOCATIONS),
-            number(report["model_state_bytes"]), "",
+            number(current), number(report["model_state_bytes"]),
             number(report["model_state_expected_bytes"]),
             report.get("model_state_formula", ""),
             "= formula" if report["model_state_bytes"] ==
