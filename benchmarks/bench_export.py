@@ -123,8 +123,10 @@ def _export(mode: str, checkpoint: str, output: str):
     from zero import checkpoint_export as export
 
     if mode == "verify":
+        from zero.checkpoint_layout import located_arrays
+
         path, [(names, model_state)] = export.open_checkpoint(checkpoint)
-        return export.Fp32Parameters(path, model_state, names)
+        return located_arrays(path, model_state, "master", names=names)
     if mode == "state_dict":
         return export.get_fp32_state_dict_from_zero_checkpoint(checkpoint)
     if mode == "lazy":

@@ -11,9 +11,9 @@ What DeepSpeed (0.19) writes for one model part (no pipeline or tensor split), Z
 Stages 1-2 flatten each parameter group in param_shapes order and cut the flat buffer into
 equal rank partitions; stage 3 cuts every parameter into ceil(numel / world) pieces, rank r's
 piece of each, in order, making its flat buffer. DeepSpeed's own zero_to_fp32 reads them the
-same way. From these, `read` puts back every parameter's fp32 master and moments by name;
-`load_into` cuts this engine's shards from them (checkpoint_layout.new_shard), as a zero
-checkpoint of another world size is resharded. DeepSpeed's classes in the files (its loss
+same way. From these, `read` says where every parameter's fp32 master and moments lie, by
+name (checkpoint_pieces.Located, memory-mapped); `load_into` cuts this rank's shards from them
+reading only its own elements, as a zero checkpoint of another world size is resharded. DeepSpeed's classes in the files (its loss
 scaler, its stage enum) are read as plain records: DeepSpeed need not be installed.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 
 from . import checkpoint_layout
 from .checkpoint_files import MANIFEST, CorruptCheckpoint
+from .checkpoint_pieces import Flat, Located, split_over_ranks
 from .sharding import names_by_id
 
 logger = logging.getLogger("zero")
@@ -91,8 +92,8 @@ class DeepSpeedCheckpoint:
     model_state: dict          # rank 0's model file
     stage: int
     world_size: int
-    master: dict               # name -> fp32 master (tied names too)
-    moments: dict              # "exp_avg" / "exp_avg_sq" -> name -> fp32
+    master: dict               # name -> where its fp32 master lies (tied names too)
+    moments: dict              # "exp_avg" / "exp_avg_sq" -> name -> where it lies
     step: int                  # Adam's step count
     param_groups: list         # the optimizer's hyperparameters per group
     loss_scale: dict | None    # fp16: DeepSpeed's loss scaler's fields
@@ -105,7 +106,7 @@ class DeepSpeedCheckpoint:
         state = {name: value for name, value in self.model_state["module"].items()
                  if value.numel() or name in self.model_state.get("buffer_names", [])}
         state.update(self.frozen)
-        state.update({name: value.to(dtype) for name, value in self.master.items()})
+        state.update({name: value.whole().to(dtype) for name, value in self.master.items()})
         return state
 
     def client_state(self, rank: int, load_optimizer: bool, load_scheduler: bool,
@@ -140,21 +141,20 @@ def read(path: str) -> DeepSpeedCheckpoint:
                 "offload_optimizer to NVMe, whose swapped state is not in the checkpoint files; "
                 "zero cannot resume it. Convert it to fp32 weights with DeepSpeed's "
                 "zero_to_fp32.py")
-        flats = [torch.cat(o["fp32_flat_groups"]) for o in optim]
+        flats = [o["fp32_flat_groups"] for o in optim]  # per rank: its sub-groups
         adam = [o["optimizer_state_dict"] for o in optim]
-        unflatten = _stage3_unflatten
+        locate = _stage3_located
     else:
-        flats = [o["single_partition_of_fp32_groups"] for o in optim]
+        flats = [o["single_partition_of_fp32_groups"] for o in optim]  # per rank: its groups
         adam = [_base_state(o["base_optimizer_state"], path) for o in optim]
-        unflatten = _stage12_unflatten
+        locate = _stage12_located
     paddings = optim[0].get("param_alignment_paddings") or [[0] * len(g) for g in shapes]
-    master = unflatten(flats, shapes, paddings, path)
+    master = locate(flats, shapes, paddings, path)
     moments = {}
     for key in MOMENTS:  # Adam's; another optimizer's state stays behind (check_fits says so)
         if all(key in state for a in adam for state in a["state"].values()) and adam[0]["state"]:
-            per_rank = [[a["state"][i][key] for i in sorted(a["state"])] for a in adam]
-            moments[key] = unflatten([torch.cat(p) if stage3 else p for p in per_rank], shapes,
-                                     paddings, path)
+            laid_out_like_flats = [[a["state"][i][key] for i in sorted(a["state"])] for a in adam]
+            moments[key] = locate(laid_out_like_flats, shapes, paddings, path)
     frozen = _frozen(path, model_state, stage3, world)
     for values in (master, *moments.values()):
         known = {**frozen, **values}
@@ -234,36 +234,35 @@ def _check_one_part(model_state: dict, path: str) -> None:
             "the model before zero.initialize")
 
 
-def _stage12_unflatten(flats: list[list[torch.Tensor]], shapes: list[dict],
-                       paddings: list[list[int]], path: str) -> dict:
-    """Stages 1-2: group g's flat buffer is the ranks' partitions end to end, its parameters
-    one after another from offset 0, each followed by its alignment padding (DeepSpeed's
-    parameter_alignment; the group's tail is padding too)."""
+def _stage12_located(flats: list[list[torch.Tensor]], shapes: list[dict],
+                     paddings: list[list[int]], path: str) -> dict[str, Located]:
+    """Stages 1-2: group g's flat buffer is the ranks' partitions end to end (flats[r][g]),
+    its parameters one after another from offset 0, each followed by its alignment padding
+    (DeepSpeed's parameter_alignment; the group's tail is padding too)."""
     values = {}
     for g, group in enumerate(shapes):
-        full = torch.cat([rank_flats[g] for rank_flats in flats])
+        full = Flat([rank_flats[g] for rank_flats in flats])
         offset = 0
         for (name, shape), padding in zip(group.items(), paddings[g]):
             numel = math.prod(shape)
-            _check_room(offset + numel, full.numel(), name, path)
-            values[name] = full[offset:offset + numel].view(shape).clone()
+            _check_room(offset + numel, full.numel, name, path)
+            values[name] = Located(shape, [(full, offset, numel)])
             offset += numel + padding
     return values
 
 
-def _stage3_unflatten(flats: list[torch.Tensor], shapes: list[dict], paddings, path: str
-                      ) -> dict:
-    """Stage 3: rank r's flat buffer holds its ceil(numel / world) piece of every parameter
-    in order; a parameter is its ranks' pieces end to end, cut to its size."""
+def _stage3_located(flats: list[list[torch.Tensor]], shapes: list[dict], paddings, path: str
+                    ) -> dict[str, Located]:
+    """Stage 3: rank r's flat buffer (its sub-groups end to end, flats[r]) holds its
+    ceil(numel / world) piece of every parameter in order (checkpoint_pieces.split_over_ranks)."""
     del paddings  # stage 3 pads each parameter to a multiple of the world size instead
-    world, values, offset = len(flats), {}, 0
+    ranks = [Flat(rank_flats) for rank_flats in flats]
+    values, offset = {}, 0
     for group in shapes:
         for name, shape in group.items():
-            numel = math.prod(shape)
-            piece = math.ceil(numel / world)
-            _check_room(offset + piece, flats[0].numel(), name, path)
-            values[name] = torch.cat([flat[offset:offset + piece] for flat in flats]
-                                     )[:numel].view(shape)
+            piece = math.ceil(math.prod(shape) / len(ranks))
+            _check_room(offset + piece, ranks[0].numel, name, path)
+            values[name] = split_over_ranks(shape, ranks, offset)
             offset += piece
     return values
 

@@ -24,15 +24,15 @@ import argparse
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from . import checkpoint_deepspeed
 from . import checkpoint_files as files
-from .checkpoint_files import LATEST, MODEL_FILE, WHOLE, PartNames
-from .checkpoint_layout import layout_of
+from .checkpoint_files import LATEST, WHOLE, PartNames
+from .checkpoint_layout import layout_of, located_arrays
 from .checkpoint_mesh import check_parts, join_parts, join_slices
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
@@ -60,48 +60,6 @@ def open_checkpoint(checkpoint_dir: str, tag=None) -> tuple[str, list[tuple[Part
                   for names in parts]
 
 
-class Fp32Parameters:
-    """The trainable parameters of a checkpoint (of one part of a split model), each built on
-    request from the rank files' fp32 master pieces (memory-mapped: only what is read is
-    paged in)."""
-
-    def __init__(self, path: str, model_state: dict, names: PartNames = WHOLE):
-        layout = layout_of(model_state, path)
-        self.groups = layout["groups"]
-        world = max(group["world_size"] for group in self.groups)
-        files.verify(path, [names.rank(r) for r in range(world)])
-        self.masters = [[group["master"] for group in
-                         files.load_torch(os.path.join(path, names.rank(r)), mmap=True)["groups"]]
-                        for r in range(world)]
-        self.shapes = {name: tensor.shape for name, tensor in model_state["module"].items()}
-
-    def __iter__(self) -> Iterator[tuple[list[str], torch.Size, tuple[int, int]]]:
-        """(names, shape, where) of every trainable parameter; `value(where, shape)` builds it."""
-        for g, group in enumerate(self.groups):
-            for names, offset in group["params"]:
-                yield names, self.shapes[names[0]], (g, offset)
-
-    def value(self, where: tuple[int, int], shape: torch.Size) -> torch.Tensor:
-        g, offset = where
-        group, numel = self.groups[g], shape.numel()
-        out = torch.empty(numel, dtype=torch.float32)
-        world, unit_begin = group["world_size"], 0
-        for shard_offset, shard_numel in group["units"]:
-            unit_end = unit_begin + shard_numel * world
-            if unit_begin <= offset < unit_end:  # a parameter lies in one unit
-                for r in range(world):
-                    piece_begin = unit_begin + r * shard_numel
-                    lo, hi = max(offset, piece_begin), min(offset + numel, piece_begin + shard_numel)
-                    if lo < hi:
-                        source = self.masters[r][g][shard_offset + lo - piece_begin:
-                                                    shard_offset + hi - piece_begin]
-                        out[lo - offset:hi - offset] = source
-                return out.view(shape)
-            unit_begin = unit_end
-        raise files.CorruptCheckpoint(f"zero: the layout in {MODEL_FILE} puts {numel} elements "
-                                      f"at offset {offset} of group {g}, outside its units")
-
-
 @dataclass
 class Entry:
     """One tensor of the output under all its names; `build()` makes it."""
@@ -127,21 +85,23 @@ def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool,
     """The module's state dict in its own order: trainable parameters in fp32 from the master
     weights, buffers and frozen parameters as saved; one entry per tensor, with every name the
     module has for it."""
-    params = Fp32Parameters(path, model_state, names)
-    frozen = set(layout_of(model_state, path)["frozen"])
+    layout = layout_of(model_state, path)
+    # each trainable parameter read from the memory-mapped rank files when its entry is built
+    located = located_arrays(path, model_state, "master", names=names)
+    frozen = set(layout["frozen"])
     first_name = {}
     trainable = {}
-    for names, shape, where in params:
-        trainable[names[0]] = (names, shape, where)
-        first_name.update((name, names[0]) for name in names)
+    for g, group in enumerate(layout["groups"]):
+        for names, _ in group["params"]:
+            trainable[names[0]] = (names, located[g][names[0]])
+            first_name.update((name, names[0]) for name in names)
     entries = []
     saved_entries = {}  # _same_tensor -> the entry of a frozen parameter or buffer
     for name, saved in model_state["module"].items():
         if name in first_name:
             if first_name[name] == name:
-                names, shape, where = trainable[name]
-                entries.append(Entry(names, shape, torch.float32,
-                                     lambda w=where, s=shape: params.value(w, s)))
+                names, value = trainable[name]
+                entries.append(Entry(names, value.shape, torch.float32, value.whole))
         elif not (exclude_frozen_parameters and name in frozen):
             key = _same_tensor(saved)
             if key in saved_entries:  # another name of a tensor already listed
@@ -170,15 +130,22 @@ def checkpoint_entries(checkpoint_dir, tag=None, exclude_frozen_parameters: bool
 def _deepspeed_entries(saved: checkpoint_deepspeed.DeepSpeedCheckpoint,
                        exclude_frozen_parameters: bool) -> tuple[list[Entry], list[str]]:
     """A DeepSpeed checkpoint's module in its saved order: the trainable parameters' fp32
-    master, buffers and frozen parameters as saved; tied names on one entry."""
-    state = saved.module_state(torch.float32)
-    order = [name for name in saved.model_state["module"] if name in state
-             and not (exclude_frozen_parameters and name in saved.frozen)]
-    tied: dict[int, list[str]] = {}
+    master (each read when its entry is built), buffers and frozen parameters as saved; tied
+    names on one entry."""
+    saved_module = saved.model_state["module"]
+    order = [name for name in saved_module if name in saved.master or name in saved.frozen
+             or name in saved.model_state.get("buffer_names", [])]
+    order = [name for name in order if not (exclude_frozen_parameters and name in saved.frozen)]
+    entries: dict[int, Entry] = {}  # by the value's identity: tied names share one
     for name in order:
-        tied.setdefault(id(state[name]), []).append(name)
-    return [Entry(names, state[names[0]].shape, state[names[0]].dtype,
-                  lambda t=state[names[0]]: t) for names in tied.values()], order
+        value = saved.master.get(name, saved.frozen.get(name, saved_module.get(name)))
+        if id(value) in entries:
+            entries[id(value)].names.append(name)
+        elif name in saved.master:
+            entries[id(value)] = Entry([name], value.shape, torch.float32, value.whole)
+        else:
+            entries[id(value)] = Entry([name], value.shape, value.dtype, lambda t=value: t.clone())
+    return list(entries.values()), order
 
 
 def _joined_parts(path: str, parts: list[tuple[PartNames, dict]],

@@ -4,9 +4,10 @@ checkpoint saved at another world size or stage.
 The shapes come from the module state dict saved beside it. A rank file holds, per engine
 group, that rank's shard: its piece of every unit of the group's sharded layout
 (csrc/core/sharded_layout.h), in unit order. `describe` records the layout at save time in
-model_states.pt; `reshard_into` puts each unit back together from the ranks' pieces, cuts the
-parameters out of it and this rank's new shard from them. checkpoint_export.py reads the fp32
-weights from the same layout without a process group.
+model_states.pt; `located_arrays` says where each parameter's elements lie in the ranks'
+pieces, and `reshard_into` cuts this rank's new shard from them, reading only its own
+elements (checkpoint_pieces.py). checkpoint_export.py reads the fp32 weights from the same
+layout without a process group.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from . import checkpoint_files as files
 from .checkpoint_files import WHOLE, PartNames
+from .checkpoint_pieces import Flat, Located, shard_from
 from .sharding import names_by_id
 
 
@@ -62,48 +64,57 @@ def read_shards(path: str, model_state: dict, names: PartNames = WHOLE) -> list[
             for r in range(world)]
 
 
-def full_arrays(path: str, model_state: dict, array: str, shards=None,
-                names: PartNames = WHOLE):
-    """Per group: [(names, whole value)] of array `array` ("master", "exp_avg", ...) for every
-    parameter, put back together from the saved ranks' shards."""
+def located_arrays(path: str, model_state: dict, array: str, shards=None,
+                   names: PartNames = WHOLE) -> list[dict[str, Located]]:
+    """Per group: where each parameter's elements of array `array` ("master", "exp_avg", ...)
+    lie in the saved ranks' shards, by its first name (nothing read yet; an empty dict for a
+    group whose optimizer keeps no such array). A group's full buffer is, unit after unit,
+    every rank's piece of the unit in rank order."""
     layout = layout_of(model_state, path)
     shards = shards if shards is not None else read_shards(path, model_state, names)
     result = []
     for g, group in enumerate(layout["groups"]):
-        pieces = [shards[r][g]["master" if array == "master" else "state"] for r in
-                  range(group["world_size"])]
-        if array != "master":
-            if array not in pieces[0]:  # this group's optimizer keeps no such array
-                result.append([])
-                continue
-            pieces = [piece[array] for piece in pieces]
-        full = torch.cat([torch.cat([piece[begin:begin + numel] for piece in pieces])
-                          for begin, numel in group["units"]])
-        params = []
-        for names, offset in group["params"]:
-            shape = model_state["module"][names[0]].shape  # the saved whole parameter's
-            params.append((names, full[offset:offset + shape.numel()].view(shape)))
-        result.append(params)
+        ranks = [shards[r][g]["master"] if array == "master" else shards[r][g]["state"].get(array)
+                 for r in range(group["world_size"])]
+        if ranks[0] is None:
+            result.append({})
+            continue
+        flat = Flat([piece[begin:begin + numel] for begin, numel in group["units"]
+                     for piece in ranks])
+        result.append({
+            names[0]: Located(model_state["module"][names[0]].shape,  # the saved parameter's
+                              [(flat, offset, model_state["module"][names[0]].numel())])
+            for names, offset in group["params"]})
     return result
 
 
+def full_arrays(path: str, model_state: dict, array: str, shards=None,
+                names: PartNames = WHOLE):
+    """Per group: [(names, whole value)] of array `array` for every parameter, read from the
+    saved ranks' shards."""
+    layout = layout_of(model_state, path)
+    located = located_arrays(path, model_state, array, shards, names)
+    return [[(names, located[g][names[0]].whole()) for names, _ in group["params"]]
+            if located[g] else [] for g, group in enumerate(layout["groups"])]
+
+
 def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
-    """Loads a checkpoint saved at another world size or stage: each array is put back
-    together, parameter by parameter, from every saved rank's shard, and this rank's new
-    shard of each engine group is cut from it (parameters are matched by name, so groups may
-    differ, as stage 3's persistent parameters do). `shards`: `read_shards`' result, when the
-    caller checked the files already."""
+    """Loads a checkpoint saved at another world size or stage: this rank's new shard of
+    each engine group is cut from the saved ranks' shards, parameter by parameter, reading
+    only its own elements (checkpoint_pieces.py; parameters are matched by name, so groups
+    may differ, as stage 3's persistent parameters do). `shards`: `read_shards`' result,
+    when the caller checked the files already."""
     shards = shards if shards is not None else read_shards(path, model_state)
     core = engine.core
     saved_group = {names[0]: g for g, group in enumerate(layout_of(model_state, path)["groups"])
                    for names, _ in group["params"]}
     cache = {}
 
-    def saved(array: str) -> dict:
+    def saved(array: str) -> dict[str, Located]:
         if array not in cache:
-            cache[array] = {names[0]: value
-                            for group in full_arrays(path, model_state, array, shards)
-                            for names, value in group}
+            cache[array] = {name: value for group in
+                            located_arrays(path, model_state, array, shards)
+                            for name, value in group.items()}
         return cache[array]
 
     for g, wanted in enumerate(group_param_names(engine)):
@@ -131,26 +142,12 @@ def check_same_model(where: str, saved: dict, expected: dict, required=()) -> No
                          "; nothing was loaded. Build the model the checkpoint was saved from")
 
 
-def load_group(core, g: int, names: list[str], master: dict, states: dict[str, dict]) -> None:
-    """Engine group g's shards on this rank, cut from whole values by parameter name: the
-    fp32 master and each optimizer-state array laid out like it (`states`: array -> values)."""
+def load_group(core, g: int, names: list[str], master: dict[str, Located],
+               states: dict[str, dict[str, Located]]) -> None:
+    """Engine group g's shards on this rank, cut from the saved values by parameter name
+    (checkpoint_pieces.shard_from): the fp32 master and each optimizer-state array laid out
+    like it (`states`: array -> values)."""
     layout = core.group_layout(g)
-    core.group_load_master_shard(g, new_shard(layout, core.rank, master, names))
+    core.group_load_master_shard(g, shard_from(layout, core.rank, master, names))
     for array, values in states.items():
-        core.group_load_optimizer_state(g, array, new_shard(layout, core.rank, values, names))
-
-
-def new_shard(layout, rank: int, values: dict, wanted: list[str]) -> torch.Tensor:
-    """This rank's shard laid out by `layout`: the full buffer with each wanted parameter's
-    value at its offset, then this rank's piece of every unit."""
-    first = values[wanted[0]]
-    full = torch.zeros(layout.full_numel, dtype=first.dtype)
-    for i, name in enumerate(wanted):
-        offset = layout.param_offset(i)
-        full[offset:offset + values[name].numel()] = values[name].reshape(-1)
-    pieces = []
-    for u in range(layout.unit_count):
-        numel = layout.unit(u).shard_numel
-        begin = layout.full_offset(u) + (rank % layout.world_size) * numel
-        pieces.append(full[begin:begin + numel])
-    return torch.cat(pieces)
+        core.group_load_optimizer_state(g, array, shard_from(layout, core.rank, values, names))

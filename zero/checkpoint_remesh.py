@@ -7,7 +7,7 @@ rank's slices joined along their split dimension (checkpoint_mesh.join_slices), 
 parameters beside the others' (a tied weight from its first stage). This rank then cuts its
 own part from them: its stage's parameters, each one this rank splits cut to its slice
 (checkpoint_mesh.cut_slice), and its data-parallel shard of each engine group
-(checkpoint_layout.new_shard). The whole arrays are held in memory while this runs (about
+(checkpoint_layout.load_group). The whole arrays are held in memory while this runs (about
 16 bytes per parameter with Adam).
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from . import checkpoint_files as files
 from . import checkpoint_layout, checkpoint_mesh
+from .checkpoint_pieces import Located
 
 
 class SavedParts:
@@ -89,7 +90,7 @@ def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> Non
         if value.numel() == first["master"].numel():
             arrays[array] = saved.whole(array)
     for g, names in enumerate(wanted):
-        mine = {array: {n: checkpoint_mesh.cut_slice(values[n], params[n], rank).reshape(-1)
+        mine = {array: {n: Located.of(checkpoint_mesh.cut_slice(values[n], params[n], rank))
                         for n in names} for array, values in arrays.items()}
         master = mine.pop("master")
         checkpoint_layout.load_group(core, g, names, master, mine)

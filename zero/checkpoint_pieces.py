@@ -1,0 +1,117 @@
+"""Where each parameter's elements lie in a checkpoint's files, and this rank's new shard cut
+from them reading only its own elements.
+
+A saved array (the fp32 master, or an optimizer-state array laid out like it, in zero's rank
+files or DeepSpeed's) is a set of flat tensors memory-mapped from the files: nothing is read
+until a slice of them is copied. `Flat` strings pieces of them end to end; one parameter is
+one or more runs of consecutive elements in Flats (`Located`). `shard_from` builds this rank's
+shard of an engine group (csrc/core/sharded_layout.h: for each unit, this rank's piece of the
+unit's slice of the full buffer) by copying, for each parameter overlapping that piece, only
+the overlapping elements. So a rank reads about the checkpoint's bytes over the new world
+size, whatever world size, stage or library the checkpoint was saved with.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+class Flat:
+    """Tensors end to end as one flat array; `read` returns views, copying nothing."""
+
+    def __init__(self, pieces: Sequence[torch.Tensor]):
+        self.pieces = [piece.reshape(-1) for piece in pieces]
+        self.starts = list(itertools.accumulate((p.numel() for p in self.pieces), initial=0))
+
+    @property
+    def numel(self) -> int:
+        return self.starts[-1]
+
+    def read(self, start: int, stop: int) -> list[torch.Tensor]:
+        """Views of the elements [start, stop), one per piece they cross."""
+        if stop > self.numel:
+            raise IndexError(f"elements up to {stop} of a flat array of {self.numel}")
+        views = []
+        i = bisect.bisect_right(self.starts, start) - 1
+        while start < stop:
+            local = start - self.starts[i]
+            take = min(stop - start, self.pieces[i].numel() - local)
+            views.append(self.pieces[i][local:local + take])
+            start += take
+            i += 1
+        return views
+
+
+class Located:
+    """One parameter of shape `shape`: its elements, flattened, are the runs (flat, offset,
+    count) end to end."""
+
+    def __init__(self, shape, runs: list[tuple[Flat, int, int]]):
+        self.shape = torch.Size(shape)
+        self.runs = runs
+        if sum(count for _, _, count in runs) != self.shape.numel():
+            raise ValueError(f"runs of {sum(c for _, _, c in runs)} elements for a parameter "
+                             f"of shape {tuple(self.shape)}")
+
+    @classmethod
+    def of(cls, value: torch.Tensor) -> "Located":
+        """A whole value held in memory."""
+        return cls(value.shape, [(Flat([value]), 0, value.numel())])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runs[0][0].pieces[0].dtype
+
+    def read(self, start: int, stop: int) -> list[torch.Tensor]:
+        """Views of the flattened elements [start, stop)."""
+        views, at = [], 0
+        for flat, offset, count in self.runs:
+            low, high = max(start, at), min(stop, at + count)
+            if low < high:
+                views += flat.read(offset + low - at, offset + high - at)
+            at += count
+        return views
+
+    def whole(self) -> torch.Tensor:
+        """The parameter's value, read (a copy)."""
+        return torch.cat(self.read(0, self.shape.numel())).view(self.shape)
+
+
+def split_over_ranks(shape, flats: list[Flat], offset: int) -> Located:
+    """A parameter DeepSpeed's stage 3 cut into ceil(numel / world) pieces, rank r's at
+    `offset` of its flat array, the last one shorter."""
+    numel = math.prod(shape)
+    piece = math.ceil(numel / len(flats))
+    return Located(shape, [(flat, offset, min(piece, numel - r * piece))
+                           for r, flat in enumerate(flats) if r * piece < numel])
+
+
+def shard_from(layout, rank: int, values: dict[str, Located], wanted: list[str]) -> torch.Tensor:
+    """This rank's shard laid out by `layout` (an engine group's ShardedLayout, its
+    parameters `wanted` in order): each unit's piece for this rank, with every parameter's
+    elements that fall into it and zeros elsewhere (alignment padding)."""
+    # the parameters in the order of their offsets in the full buffer
+    placed = sorted(((layout.param_offset(i), values[name]) for i, name in enumerate(wanted)),
+                    key=lambda pair: pair[0])
+    offsets = [offset for offset, _ in placed]
+    pieces = [layout.unit(u).shard_numel for u in range(layout.unit_count)]
+    shard = torch.zeros(sum(pieces), dtype=values[wanted[0]].dtype)
+    at = 0
+    for u, numel in enumerate(pieces):
+        begin = layout.full_offset(u) + (rank % layout.world_size) * numel
+        end = begin + numel
+        i = max(bisect.bisect_right(offsets, begin) - 1, 0)
+        while i < len(placed) and offsets[i] < end:
+            offset, value = placed[i]
+            low, high = max(begin, offset), min(end, offset + value.shape.numel())
+            position = at + low - begin
+            for view in value.read(low - offset, high - offset):
+                shard[position:position + view.numel()] = view
+                position += view.numel()
+            i += 1
+        at += numel
+    return shard
