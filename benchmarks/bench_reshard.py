@@ -28,9 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import benchmarks.under_test  # noqa: E402,F401  (first: which zero)
 from benchmarks import facts as machine  # noqa: E402
 from benchmarks.launch import spawn_ranks  # noqa: E402
-from benchmarks.memory import reset_peak_rss, proc_status  # noqa: E402
-from benchmarks.report import engine_under_test, header, machine_section, markdown_table  # noqa: E402
-from benchmarks.report import mib, publish  # noqa: E402
+from benchmarks.memory import proc_status, reset_peak_rss  # noqa: E402
+from benchmarks.report import engine_under_test, header, machine_section  # noqa: E402
+from benchmarks.report import markdown_table, mib, publish  # noqa: E402
 from benchmarks.under_test import ROOT, ZERO_ROOT, command_line  # noqa: E402
 
 

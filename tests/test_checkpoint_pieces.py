@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from zero import _C
-from zero.checkpoint_pieces import Flat, Located, shard_from, split_over_ranks
+from zero.checkpoint_pieces import Flat, Located, shard_from
 
 
 class CountingFlat(Flat):
@@ -31,7 +31,7 @@ def _reference_shard(layout, rank, values, wanted):
     return torch.cat(pieces)
 
 
-SHAPES = [[7, 3], [5], [1], [11, 2], [0], [13], [4, 4], [3]]
+SHAPES = [[0], [7, 3], [5], [1], [11, 2], [0], [13], [4, 4], [3]]  # first: no elements
 
 
 @pytest.mark.parametrize("world,unit_numel", [(1, 10**6), (2, 17), (3, 8), (4, 40)])
@@ -45,8 +45,9 @@ def test_the_shard_from_pieces_is_the_shard_from_whole_values(world, unit_numel)
     flats = CountingFlat([flat[:10], flat[10:11], flat[11:]])
     located, offset = {}, 0
     for name, value in values.items():
-        located[name] = Located(value.shape, [(flats, offset, value.numel())])
+        located[name] = flats.located(value.shape, offset)
         offset += value.numel()
+        assert torch.equal(located[name].whole(), value)
     for rank in range(world):
         CountingFlat.read_numel = 0
         shard = shard_from(layout, rank, located, wanted)
@@ -54,15 +55,22 @@ def test_the_shard_from_pieces_is_the_shard_from_whole_values(world, unit_numel)
         assert CountingFlat.read_numel <= shard.numel()  # only this rank's own elements
 
 
-def test_a_parameter_deepspeeds_stage_3_split_reads_back_whole():
+def test_a_parameter_in_runs_over_several_arrays_reads_back_whole():
     value = torch.arange(10.0)
-    padded = torch.cat([value, torch.zeros(2)])  # pieces of ceil(10 / 3) = 4, the last padded
+    padded = torch.cat([value, torch.zeros(2)])  # as DeepSpeed's stage 3: pieces of 4
     ranks = [Flat([padded[r * 4:r * 4 + 4]]) for r in range(3)]
-    located = split_over_ranks([2, 5], ranks, 0)
+    located = Located([2, 5], [(ranks[0], 0, 4), (ranks[1], 0, 4), (ranks[2], 0, 2)],
+                      torch.float32)
     assert torch.equal(located.whole(), value.view(2, 5))
-    assert [count for _, _, count in located.runs] == [4, 4, 2]
+    assert [v.numel() for v in located.read(3, 9)] == [1, 4, 1]
+
+
+def test_a_parameter_past_the_end_of_its_array_is_refused():
+    with pytest.raises(ValueError, match=r"shape \(2, 3\) at element 5 runs past the end of "
+                                         r"its flat array of 10 elements"):
+        Flat([torch.zeros(4), torch.zeros(6)]).located([2, 3], 5)
 
 
 def test_runs_that_do_not_cover_the_shape_are_refused():
     with pytest.raises(ValueError, match="runs of 3 elements for a parameter of shape"):
-        Located([2, 2], [(Flat([torch.zeros(3)]), 0, 3)])
+        Located([2, 2], [(Flat([torch.zeros(3)]), 0, 3)], torch.float32)

@@ -83,13 +83,14 @@ def test_zero_continues_deepspeeds_run(tmp_path, name, world, stage):
     result = run_distributed(_resume, world, args=(name, stage, str(tmp_path)))[0]
     want = expected(name)
     bf16 = run.RUNS[name].precision == "bf16"
-    assert result["losses"] == pytest.approx(want["losses"], rel=1e-4 if bf16 else 1e-6)
+    assert result["losses"] == pytest.approx(want["losses"], rel=1e-4 if bf16 else 1e-5)
     difference = _max_difference(result["fp32"], want["fp32_after"])
     moved = _max_difference(want["fp32_after"], want["fp32_at_save"])
     # DeepSpeed's last 2 steps moved some weight by `moved` (5.4e-3, about 2 learning rates);
-    # zero's continuation lands where DeepSpeed's did: in fp32 to a rounding (1.2e-7 seen),
-    # in bf16 within a tenth of the move (4% seen from DeepSpeed's stage 3).
-    assert difference < (0.1 * moved if bf16 else 1e-6), (difference, moved)
+    # zero's continuation lands where DeepSpeed's did: in fp32 to a rounding (1.2e-7 seen; the
+    # bound leaves room for other CPUs' vector widths), in bf16 within a tenth of the move (4%
+    # seen from DeepSpeed's stage 3).
+    assert difference < (0.1 * moved if bf16 else 1e-5), (difference, moved)
     assert torch.equal(result["seen_steps"], want["buffers"]["seen_steps"])
 
 

@@ -153,8 +153,8 @@ def test_trainer_resumes_a_checkpoint_the_real_deepspeed_wrote(tmp_path):
     shutil.copytree(fixture / "checkpoint-4", tmp_path / "checkpoint-4")
     resumed = run_trainer(tmp_path, "--deepspeed", str(EXAMPLES / "ds_zero2.json"),
                           "--resume_from_checkpoint", str(tmp_path / "checkpoint-4"))
-    assert step_losses(resumed) == pytest.approx(want["losses"], rel=1e-6)
-    assert resumed["eval"]["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-6)
+    assert step_losses(resumed) == pytest.approx(want["losses"], rel=1e-5)
+    assert resumed["eval"]["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-5)
     ours = load_file(tmp_path / "final" / "model.safetensors")
     theirs = load_file(fixture / "final.safetensors")
     at_save = get_fp32_state_dict_from_zero_checkpoint(str(fixture / "checkpoint-4"))

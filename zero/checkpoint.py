@@ -315,6 +315,8 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
         # present, equal to the manifest, in a format this zero reads (mapped, not read).
         if load_shards and reshard:
             shards = _read_every_shard(engine, path, model_state, part.names)
+            # where every parameter lies, checked against the files (nothing read yet)
+            checkpoint_layout.located_arrays(path, model_state, "master", shards, part.names)
         elif load_shards:
             shard_file = part.names.rank(part.data_rank)
             files.verify(path, [shard_file])

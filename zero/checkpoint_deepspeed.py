@@ -12,9 +12,11 @@ Stages 1-2 flatten each parameter group in param_shapes order and cut the flat b
 equal rank partitions; stage 3 cuts every parameter into ceil(numel / world) pieces, rank r's
 piece of each, in order, making its flat buffer. DeepSpeed's own zero_to_fp32 reads them the
 same way. From these, `read` says where every parameter's fp32 master and moments lie, by
-name (checkpoint_pieces.Located, memory-mapped); `load_into` cuts this rank's shards from them
-reading only its own elements, as a zero checkpoint of another world size is resharded. DeepSpeed's classes in the files (its loss
-scaler, its stage enum) are read as plain records: DeepSpeed need not be installed.
+name (checkpoint_pieces.Located, memory-mapped); `load_into` loads the module from the whole
+master (in the engine's dtype) and cuts this rank's shards from the files, reading only its
+own elements, as a zero checkpoint of another world size is resharded. DeepSpeed's classes in
+the files (its loss scaler, its stage enum) are read as plain records: DeepSpeed need not be
+installed.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import torch
 
 from . import checkpoint_layout
 from .checkpoint_files import MANIFEST, CorruptCheckpoint
-from .checkpoint_pieces import Flat, Located, split_over_ranks
+from .checkpoint_pieces import Flat, Located
 from .sharding import names_by_id
 
 logger = logging.getLogger("zero")
@@ -244,35 +246,38 @@ def _stage12_located(flats: list[list[torch.Tensor]], shapes: list[dict],
         full = Flat([rank_flats[g] for rank_flats in flats])
         offset = 0
         for (name, shape), padding in zip(group.items(), paddings[g]):
-            numel = math.prod(shape)
-            _check_room(offset + numel, full.numel, name, path)
-            values[name] = Located(shape, [(full, offset, numel)])
-            offset += numel + padding
+            values[name] = _located(full, shape, offset, name, path)
+            offset += math.prod(shape) + padding
     return values
 
 
 def _stage3_located(flats: list[list[torch.Tensor]], shapes: list[dict], paddings, path: str
                     ) -> dict[str, Located]:
     """Stage 3: rank r's flat buffer (its sub-groups end to end, flats[r]) holds its
-    ceil(numel / world) piece of every parameter in order (checkpoint_pieces.split_over_ranks)."""
+    ceil(numel / world) piece of every parameter in order, the last rank's shorter."""
     del paddings  # stage 3 pads each parameter to a multiple of the world size instead
     ranks = [Flat(rank_flats) for rank_flats in flats]
     values, offset = {}, 0
     for group in shapes:
         for name, shape in group.items():
-            piece = math.ceil(math.prod(shape) / len(ranks))
-            _check_room(offset + piece, ranks[0].numel, name, path)
-            values[name] = split_over_ranks(shape, ranks, offset)
+            numel = math.prod(shape)
+            piece = math.ceil(numel / len(ranks))
+            pieces = [_located(flat, [min(piece, numel - r * piece)], offset, name, path)
+                      for r, flat in enumerate(ranks) if r * piece < numel]
+            values[name] = Located(shape, [run for p in pieces for run in p.runs],
+                                   ranks[0].dtype)
             offset += piece
     return values
 
 
-def _check_room(end: int, size: int, name: str, path: str) -> None:
-    if end > size:
+def _located(flat: Flat, shape, offset: int, name: str, path: str) -> Located:
+    try:
+        return flat.located(shape, offset)
+    except ValueError as error:
         raise CorruptCheckpoint(
-            f"zero: DeepSpeed checkpoint {path} holds {size} master elements per flat buffer, "
-            f"too few for its param_shapes (they run out at {name}); the files are of "
-            "different saves or truncated")
+            f"zero: DeepSpeed checkpoint {path} holds too few master elements for its "
+            f"param_shapes at {name} ({error}); the files are of different saves or "
+            "truncated") from error
 
 
 def _frozen(path: str, model_state: dict, stage3: bool, world: int) -> dict:
@@ -293,7 +298,7 @@ def _frozen(path: str, model_state: dict, stage3: bool, world: int) -> dict:
 
 def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: bool) -> None:
     """The module from the fp32 master; with `load_shards` this rank's master and moment
-    shards of every engine group, cut from the whole values."""
+    shards of every engine group, cut from the files (checkpoint_pieces.shard_from)."""
     engine.load_module_state_dict(saved.module_state(engine.dtype), strict=strict)
     core = engine.core
     if not load_shards:

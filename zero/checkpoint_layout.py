@@ -79,13 +79,30 @@ def located_arrays(path: str, model_state: dict, array: str, shards=None,
         if ranks[0] is None:
             result.append({})
             continue
+        _check_pieces(ranks, group, g, path, names)
         flat = Flat([piece[begin:begin + numel] for begin, numel in group["units"]
                      for piece in ranks])
-        result.append({
-            names[0]: Located(model_state["module"][names[0]].shape,  # the saved parameter's
-                              [(flat, offset, model_state["module"][names[0]].numel())])
-            for names, offset in group["params"]})
+        located = {}
+        for names_of_param, offset in group["params"]:
+            name = names_of_param[0]
+            try:  # the saved parameter's shape
+                located[name] = flat.located(model_state["module"][name].shape, offset)
+            except ValueError as error:
+                raise files.CorruptCheckpoint(
+                    f"zero: the layout in {os.path.join(path, names.model)} puts {name} "
+                    f"outside group {g}'s units ({error})") from error
+        result.append(located)
     return result
+
+
+def _check_pieces(ranks: list, group: dict, g: int, path: str, names: PartNames) -> None:
+    """Every saved rank's array of group g holds all its units' pieces."""
+    needed = max((begin + numel for begin, numel in group["units"]), default=0)
+    for r, piece in enumerate(ranks):
+        if piece.numel() < needed:
+            raise files.CorruptCheckpoint(
+                f"zero: {os.path.join(path, names.rank(r))} holds {piece.numel()} elements of "
+                f"group {g}, its layout needs {needed}; the files are of different saves")
 
 
 def full_arrays(path: str, model_state: dict, array: str, shards=None,

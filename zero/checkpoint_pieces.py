@@ -7,8 +7,9 @@ until a slice of them is copied. `Flat` strings pieces of them end to end; one p
 one or more runs of consecutive elements in Flats (`Located`). `shard_from` builds this rank's
 shard of an engine group (csrc/core/sharded_layout.h: for each unit, this rank's piece of the
 unit's slice of the full buffer) by copying, for each parameter overlapping that piece, only
-the overlapping elements. So a rank reads about the checkpoint's bytes over the new world
-size, whatever world size, stage or library the checkpoint was saved with.
+the overlapping elements. So a rank holds about the checkpoint over the new world size,
+whatever world size, stage or library the checkpoint was saved with (the files' checksums are
+still read whole, checkpoint_files.verify).
 """
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ class Flat:
     def numel(self) -> int:
         return self.starts[-1]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pieces[0].dtype
+
+    def located(self, shape, offset: int) -> "Located":
+        """The parameter of `shape` whose elements are this array's from `offset` on; a
+        ValueError when they would run past its end."""
+        numel = math.prod(shape)
+        if offset + numel > self.numel:
+            raise ValueError(f"a parameter of shape {tuple(shape)} at element {offset} runs "
+                             f"past the end of its flat array of {self.numel} elements")
+        return Located(shape, [(self, offset, numel)], self.dtype)
+
     def read(self, start: int, stop: int) -> list[torch.Tensor]:
         """Views of the elements [start, stop), one per piece they cross."""
         if stop > self.numel:
@@ -47,12 +61,11 @@ class Flat:
 
 
 class Located:
-    """One parameter of shape `shape`: its elements, flattened, are the runs (flat, offset,
-    count) end to end."""
+    """One parameter of shape `shape` and `dtype`: its elements, flattened, are the runs
+    (flat, offset, count) end to end (none for a parameter of no elements)."""
 
-    def __init__(self, shape, runs: list[tuple[Flat, int, int]]):
-        self.shape = torch.Size(shape)
-        self.runs = runs
+    def __init__(self, shape, runs: list[tuple[Flat, int, int]], dtype: torch.dtype):
+        self.shape, self.runs, self.dtype = torch.Size(shape), runs, dtype
         if sum(count for _, _, count in runs) != self.shape.numel():
             raise ValueError(f"runs of {sum(c for _, _, c in runs)} elements for a parameter "
                              f"of shape {tuple(self.shape)}")
@@ -60,11 +73,7 @@ class Located:
     @classmethod
     def of(cls, value: torch.Tensor) -> "Located":
         """A whole value held in memory."""
-        return cls(value.shape, [(Flat([value]), 0, value.numel())])
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.runs[0][0].pieces[0].dtype
+        return cls(value.shape, [(Flat([value]), 0, value.numel())], value.dtype)
 
     def read(self, start: int, stop: int) -> list[torch.Tensor]:
         """Views of the flattened elements [start, stop)."""
@@ -78,16 +87,12 @@ class Located:
 
     def whole(self) -> torch.Tensor:
         """The parameter's value, read (a copy)."""
-        return torch.cat(self.read(0, self.shape.numel())).view(self.shape)
-
-
-def split_over_ranks(shape, flats: list[Flat], offset: int) -> Located:
-    """A parameter DeepSpeed's stage 3 cut into ceil(numel / world) pieces, rank r's at
-    `offset` of its flat array, the last one shorter."""
-    numel = math.prod(shape)
-    piece = math.ceil(numel / len(flats))
-    return Located(shape, [(flat, offset, min(piece, numel - r * piece))
-                           for r, flat in enumerate(flats) if r * piece < numel])
+        value = torch.empty(self.shape.numel(), dtype=self.dtype)
+        at = 0
+        for view in self.read(0, self.shape.numel()):
+            value[at:at + view.numel()] = view
+            at += view.numel()
+        return value.view(self.shape)
 
 
 def shard_from(layout, rank: int, values: dict[str, Located], wanted: list[str]) -> torch.Tensor:
