@@ -39,6 +39,8 @@ RUNS = {"stage1-fp32": Run(1, "fp32"), "stage2-fp32": Run(2, "fp32"),
         "stage3-fp32-subgroups-frozen": Run(3, "fp32", frozen=True,
                                             deepspeed_zero=(("sub_group_size", 500),))}
 # (DeepSpeed refuses fp16 on its CPU accelerator: "Type fp16 is not supported on your device")
+# Runs whose checkpoint DeepSpeed's ds_to_universal also converts, into <name>-universal
+UNIVERSAL = ("stage2-fp32-universal", "stage3-fp32-universal", "stage1-bf16-frozen-universal")
 
 
 def make_model(run: Run) -> TinyGPT:

@@ -1,7 +1,8 @@
 """A run started under the real DeepSpeed 0.19.8 resumes under zero from DeepSpeed's own
-checkpoint (tests/deepspeed_checkpoints/, written by DeepSpeed there with make.py): the fp32
-master, Adam's moments and step, the scheduler and the counters carry over, at DeepSpeed's
-world size or another, at its ZeRO stage or another, and the next steps are DeepSpeed's own."""
+checkpoint (tests/deepspeed_checkpoints/, written by DeepSpeed there with make.py), or from
+the universal checkpoint DeepSpeed's ds_to_universal made of it: the fp32 master, Adam's
+moments and step, the scheduler and the counters carry over, at DeepSpeed's world size or
+another, at its ZeRO stage or another, and the next steps are DeepSpeed's own."""
 import os
 import shutil
 import subprocess
@@ -45,14 +46,18 @@ def test_the_master_read_by_name_is_deepspeeds_own_zero_to_fp32(name):
     assert saved.stage == run.RUNS[name].stage
 
 
-def _resume(rank, world, name, stage, save_dir, load_optimizer_states=True):
+def _resume(rank, world, name, stage, save_dir, load_optimizer_states=True, universal=False):
+    """zero at `world` ranks and `stage` loads run `name`'s checkpoint (with `universal`, the
+    one ds_to_universal made of it, through `latest_universal`) and trains on."""
     import zero
     from zero.compat.deepspeed import utils
 
     spec = run.RUNS[name]
-    engine, _, _, _ = zero.initialize(model=run.make_model(spec),
-                                      config=run.config(spec, world, stage))
-    _, client_state = engine.load_checkpoint(fixture(name),
+    config = run.config(spec, world, stage)
+    if universal:
+        config["checkpoint"] = {"load_universal": True}
+    engine, _, _, _ = zero.initialize(model=run.make_model(spec), config=config)
+    _, client_state = engine.load_checkpoint(fixture(name + ("-universal" if universal else "")),
                                              load_optimizer_states=load_optimizer_states)
     counters = (engine.global_steps, engine.global_samples, engine.applied_steps)
     lr = engine.optimizer.param_groups[0]["lr"]
@@ -80,7 +85,19 @@ CASES = [("stage1-fp32", 2, 1), ("stage2-fp32", 1, 2), ("stage3-fp32", 2, 3),
 
 @pytest.mark.parametrize("name,world,stage", CASES)
 def test_zero_continues_deepspeeds_run(tmp_path, name, world, stage):
-    result = run_distributed(_resume, world, args=(name, stage, str(tmp_path)))[0]
+    _assert_continues(run_distributed(_resume, world, args=(name, stage, str(tmp_path)))[0],
+                      name)
+
+
+@pytest.mark.parametrize("name,world,stage", [("stage2-fp32", 1, 2), ("stage3-fp32", 2, 3),
+                                              ("stage1-bf16-frozen", 2, 2)])
+def test_zero_continues_deepspeeds_run_from_its_universal_checkpoint(tmp_path, name, world,
+                                                                     stage):
+    _assert_continues(run_distributed(_resume, world, args=(name, stage, str(tmp_path)),
+                                      kwargs={"universal": True})[0], name)
+
+
+def _assert_continues(result: dict, name: str) -> None:
     want = expected(name)
     bf16 = run.RUNS[name].precision == "bf16"
     assert result["losses"] == pytest.approx(want["losses"], rel=1e-4 if bf16 else 1e-5)
@@ -92,6 +109,25 @@ def test_zero_continues_deepspeeds_run(tmp_path, name, world, stage):
     # seen from DeepSpeed's stage 3).
     assert difference < (0.1 * moved if bf16 else 1e-5), (difference, moved)
     assert torch.equal(result["seen_steps"], want["buffers"]["seen_steps"])
+
+
+@pytest.mark.parametrize("name", ["stage2-fp32", "stage3-fp32", "stage1-bf16-frozen"])
+def test_a_universal_checkpoint_reads_as_deepspeeds_own(name):
+    from zero.checkpoint_deepspeed import read
+    from zero.checkpoint_universal import read as read_universal
+
+    original = read(tag_dir(name))
+    universal = read_universal(os.path.join(fixture(name + "-universal"),
+                                            f"global_step{run.SAVED_AT}_universal"))
+    assert set(universal.master) == set(original.master)
+    for array, values in [("master", universal.master), *universal.moments.items()]:
+        theirs = original.master if array == "master" else original.moments[array]
+        for key, value in values.items():
+            assert torch.equal(value.whole(), theirs[key].whole()), (array, key)
+    assert set(universal.moments) == {"exp_avg", "exp_avg_sq"}
+    assert (universal.step, universal.stage) == (original.step, original.stage)
+    assert universal.param_groups == original.param_groups
+    assert set(universal.frozen) == set(original.frozen)
 
 
 def test_without_the_moments_the_continuation_is_not_deepspeeds(tmp_path):

@@ -24,7 +24,9 @@ Load verifies each file it reads against the manifest and its format version, al
 before anything is written into the engine (at another world size every saved rank's file), and
 names the file and rank on a mismatch. A checkpoint saved at another world size or stage (the same dtype, optimizer and
 trainable parameters) is resharded on load from the layout it records (checkpoint_layout.py), so
-DeepSpeed's `checkpoint.load_universal` needs nothing more.
+DeepSpeed's `checkpoint.load_universal` needs nothing more for them; with it, a directory
+ds_to_universal wrote loads too (checkpoint_universal.py), as does any checkpoint DeepSpeed
+itself saved (checkpoint_deepspeed.py).
 
 DeepSpeed's `checkpoint` config block: `tag_validation` compares the ranks' tags before anything
 is written; with `use_node_local_storage` every node's local rank 0 writes model_states.pt, the
@@ -41,7 +43,7 @@ import torch.distributed as dist
 
 from . import checkpoint_files as files
 from . import (agreement, checkpoint_deepspeed, checkpoint_layout, checkpoint_mesh,
-               checkpoint_remesh, stage3)
+               checkpoint_remesh, checkpoint_universal, stage3)
 from .checkpoint_files import LATEST
 
 logger = logging.getLogger("zero")
@@ -232,7 +234,7 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
 def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_states,
                     load_lr_scheduler_states, load_module_only):
     if tag is None:
-        latest = os.path.join(load_dir, LATEST)
+        latest = _latest_file(engine, load_dir)
         if not os.path.isfile(latest):
             if dist.get_rank() == 0:
                 print(f"zero: no '{LATEST}' file in {load_dir}; nothing loaded. Pass tag= to "
@@ -244,14 +246,14 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     load_shards = load_optimizer_states and not load_module_only
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         path, note = files.find(load_dir, str(tag))
-        from_deepspeed = checkpoint_deepspeed.is_deepspeed_checkpoint(path)
-        same_layout = from_deepspeed or \
+        deepspeed_reader = _deepspeed_reader(path)
+        same_layout = deepspeed_reader is not None or \
             checkpoint_mesh.same_layout(_saved_mesh(path), part.mesh)
     if note and dist.get_rank() == 0:
         logger.warning(note)
-    if from_deepspeed:
-        return _load_deepspeed(engine, path, load_module_strict, load_optimizer_states,
-                               load_lr_scheduler_states, load_module_only)
+    if deepspeed_reader is not None:
+        return _load_deepspeed(engine, path, deepspeed_reader, load_module_strict,
+                               load_optimizer_states, load_lr_scheduler_states, load_module_only)
     if same_layout:
         model_state = _load_own_part(engine, path, part, load_shards, load_module_strict)
     else:
@@ -271,12 +273,33 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     return path, model_state["client_state"]
 
 
-def _load_deepspeed(engine, path: str, strict: bool, load_optimizer_states: bool,
+def _latest_file(engine, load_dir: str) -> str:
+    """`latest`, or with checkpoint.load_universal DeepSpeed's `latest_universal` when there
+    is one (ds_to_universal's output; zero's own checkpoints load through `latest`)."""
+    if engine.config.checkpoint.load_universal:
+        universal = os.path.join(load_dir, checkpoint_universal.LATEST_UNIVERSAL)
+        if os.path.isfile(universal):
+            return universal
+    return os.path.join(load_dir, LATEST)
+
+
+def _deepspeed_reader(path: str):
+    """The reader of a checkpoint DeepSpeed wrote (a ZeRO checkpoint, or one converted to
+    its universal format), None for zero's own."""
+    if checkpoint_universal.is_universal_checkpoint(path):
+        return checkpoint_universal.read
+    if checkpoint_deepspeed.is_deepspeed_checkpoint(path):
+        return checkpoint_deepspeed.read
+    return None
+
+
+def _load_deepspeed(engine, path: str, read, strict: bool, load_optimizer_states: bool,
                     load_lr_scheduler_states: bool, load_module_only: bool):
-    """A checkpoint DeepSpeed wrote (checkpoint_deepspeed.py), at any world size and stage."""
+    """A checkpoint DeepSpeed wrote, read by `read` (checkpoint_deepspeed.py,
+    checkpoint_universal.py), at any world size and stage."""
     load_shards = load_optimizer_states and not load_module_only
     with _all_ranks_or_none(f"reading DeepSpeed checkpoint {path}", "nothing was loaded"):
-        saved = checkpoint_deepspeed.read(path)
+        saved = read(path)
     _agreed_check(lambda: checkpoint_deepspeed.check_fits(engine, saved, load_shards))
     with _all_ranks_or_none(f"loading DeepSpeed checkpoint {path}",
                             "the engine may be partly loaded: load a checkpoint again"):

@@ -38,13 +38,17 @@ from .sharding import names_by_id
 logger = logging.getLogger("zero")
 
 WHOLE_MODEL_FILE = "mp_rank_00_model_states.pt"
-_RANK_MODEL = "zero_pp_rank_{}_mp_rank_00_model_states.pt"
 _OPTIM = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt")
 # What DeepSpeed's load_checkpoint keeps out of the client state it returns (engine.py); the
 # rest of the model file, the script's own keys among it, is returned.
 _ENGINE_KEYS = ("module", "skipped_steps", "global_steps", "dp_world_size", "mp_world_size",
                 "data_sampler", "random_ltd")
 MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def rank_model_file(rank: int) -> str:
+    """Stage 3's model file of data-parallel rank `rank`."""
+    return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
 
 
 class _Record:
@@ -67,7 +71,7 @@ class _Unpickler(pickle.Unpickler):
 _PICKLE = types.SimpleNamespace(Unpickler=_Unpickler, load=pickle.load, __name__="pickle")
 
 
-def _load(path: str, mmap: bool = False) -> dict:
+def load_file(path: str, mmap: bool = False) -> dict:
     """A DeepSpeed torch file (memory-mapped with `mmap`: tensors are read when touched)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_PICKLE,
@@ -81,9 +85,9 @@ def is_deepspeed_checkpoint(path: str) -> bool:
     DeepSpeed version that wrote it."""
     if os.path.exists(os.path.join(path, MANIFEST)):
         return False
-    for name in (WHOLE_MODEL_FILE, _RANK_MODEL.format(0)):
+    for name in (WHOLE_MODEL_FILE, rank_model_file(0)):
         if os.path.isfile(os.path.join(path, name)):
-            return "ds_version" in _load(os.path.join(path, name), mmap=True)
+            return "ds_version" in load_file(os.path.join(path, name), mmap=True)
     return False
 
 
@@ -117,9 +121,9 @@ class DeepSpeedCheckpoint:
         but the engine's own; at stage 3 this rank's own file's (each rank wrote one), when
         there is one for it."""
         state = self.model_state
-        own = os.path.join(self.path, _RANK_MODEL.format(rank))
+        own = os.path.join(self.path, rank_model_file(rank))
         if self.stage == 3 and rank and os.path.isfile(own):
-            state = _load(own, mmap=True)
+            state = load_file(own, mmap=True)
         kept = {"module"} if module_only else set(_ENGINE_KEYS)
         kept |= ({"optimizer"} if load_optimizer else set()) \
             | ({"lr_scheduler"} if load_scheduler else set())
@@ -128,10 +132,10 @@ class DeepSpeedCheckpoint:
 
 def read(path: str) -> DeepSpeedCheckpoint:
     """Reads every rank's files of a DeepSpeed checkpoint (tag directory `path`), mapped."""
-    stage3 = os.path.isfile(os.path.join(path, _RANK_MODEL.format(0)))
-    model_state = _load(os.path.join(path, _RANK_MODEL.format(0) if stage3 else WHOLE_MODEL_FILE),
+    stage3 = os.path.isfile(os.path.join(path, rank_model_file(0)))
+    model_state = load_file(os.path.join(path, rank_model_file(0) if stage3 else WHOLE_MODEL_FILE),
                         mmap=True)
-    _check_one_part(model_state, path)
+    check_one_part(model_state, path)
     optim = _optimizer_files(path, model_state)
     world = len(optim)
     _check_partitions(optim[0], world, path)
@@ -157,7 +161,7 @@ def read(path: str) -> DeepSpeedCheckpoint:
         if all(key in state for a in adam for state in a["state"].values()) and adam[0]["state"]:
             laid_out_like_flats = [[a["state"][i][key] for i in sorted(a["state"])] for a in adam]
             moments[key] = locate(laid_out_like_flats, shapes, paddings, path)
-    frozen = _frozen(path, model_state, stage3, world)
+    frozen = frozen_parameters(path, model_state, stage3, world)
     for values in (master, *moments.values()):
         known = {**frozen, **values}
         for alias, source in model_state.get("shared_params", {}).items():
@@ -165,13 +169,12 @@ def read(path: str) -> DeepSpeedCheckpoint:
                 (values if source in values else frozen)[alias] = known[source]
     step = next(iter(adam[0]["state"].values()), {}).get("step", 0)
     return DeepSpeedCheckpoint(
-        path=path, model_state=model_state, stage=3 if stage3 else _stage(optim[0]),
+        path=path, model_state=model_state, stage=3 if stage3 else zero_stage(optim[0]),
         world_size=world, master=master, moments=moments, step=int(step),
         param_groups=[{k: v for k, v in g.items() if k != "params"}
                       for g in adam[0]["param_groups"]],
         frozen=frozen,
-        loss_scale=vars(optim[0]["loss_scaler"]) if isinstance(optim[0].get("loss_scaler"),
-                                                               _Record) else None)
+        loss_scale=record_fields(optim[0].get("loss_scaler")) or None)
 
 
 def _optimizer_files(path: str, model_state: dict) -> list[dict]:
@@ -190,7 +193,7 @@ def _optimizer_files(path: str, model_state: dict) -> list[dict]:
             f"zero: DeepSpeed checkpoint {path} was saved by {world} ranks but has the optimizer "
             f"files of ranks {[rank for rank, _ in found]}; copy every rank's "
             "zero_pp_rank_<r>_mp_rank_00_optim_states.pt into it")
-    return [_load(os.path.join(path, name), mmap=True)["optimizer_state_dict"]
+    return [load_file(os.path.join(path, name), mmap=True)["optimizer_state_dict"]
             for _, name in found]
 
 
@@ -217,7 +220,12 @@ def _base_state(state, path: str) -> dict:
     return state
 
 
-def _stage(optim: dict) -> int:
+def record_fields(value) -> dict:
+    """The fields of a DeepSpeed object read from a checkpoint ({} for anything else)."""
+    return dict(vars(value)) if isinstance(value, _Record) else {}
+
+
+def zero_stage(optim: dict) -> int:
     """The ZeRO stage the files were written at (1 or 2; 3 has its own file names)."""
     stage = optim.get("zero_stage")
     if isinstance(stage, _Record):  # DeepSpeed's ZeroStageEnum, pickled as its value
@@ -225,7 +233,7 @@ def _stage(optim: dict) -> int:
     return 1 if stage is None else int(stage)  # BF16_Optimizer (stage 1) records none
 
 
-def _check_one_part(model_state: dict, path: str) -> None:
+def check_one_part(model_state: dict, path: str) -> None:
     dims = model_state.get("checkpoint_parallel_dimensions", {})
     if model_state.get("mp_world_size", 1) != 1 or dims.get("pp_degree", 1) != 1:
         raise ValueError(
@@ -280,7 +288,7 @@ def _located(flat: Flat, shape, offset: int, name: str, path: str) -> Located:
             "truncated") from error
 
 
-def _frozen(path: str, model_state: dict, stage3: bool, world: int) -> dict:
+def frozen_parameters(path: str, model_state: dict, stage3: bool, world: int) -> dict:
     """The parameters the optimizer does not own (frozen, or of no elements): whole in the
     module at stages 1-2, rank fragments at stage 3."""
     if not stage3:  # (stage 1 records no frozen_param_shapes)
@@ -290,7 +298,7 @@ def _frozen(path: str, model_state: dict, stage3: bool, world: int) -> dict:
         return {name: value for name, value in model_state["module"].items()
                 if name not in owned}
     shapes = model_state.get("frozen_param_shapes") or {}
-    fragments = [_load(os.path.join(path, _RANK_MODEL.format(r)))["frozen_param_fragments"]
+    fragments = [load_file(os.path.join(path, rank_model_file(r)))["frozen_param_fragments"]
                  for r in range(world)] if shapes else []
     return {name: torch.cat([f[name].reshape(-1) for f in fragments])[:math.prod(shape)]
             .view(shape).clone() for name, shape in shapes.items()}

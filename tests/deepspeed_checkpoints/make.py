@@ -1,7 +1,8 @@
 """Writes the DeepSpeed checkpoints in this folder with the real DeepSpeed 0.19.8 (its CPU
 accelerator, gloo), and beside each the run's continuation as DeepSpeed trains it: the losses
 of the 2 steps after the save and DeepSpeed's own zero_to_fp32 of the weights at the save and
-after those steps (expected.pt). And hf-trainer-stage2: examples/huggingface/train_trainer.py
+after those steps (expected.pt); <run>-universal: DeepSpeed's ds_to_universal of some of
+them (ds_checkpoint_run.UNIVERSAL). And hf-trainer-stage2: examples/huggingface/train_trainer.py
 with ds_zero2.json on 2 ranks, tests/test_hf_trainer.py's arguments: its checkpoint-4 (without
 the files a DeepSpeed resume does not read), the losses and eval loss of all 8 steps and the
 final model (expected.json, final.safetensors). From the project root, after
@@ -11,9 +12,9 @@ scripts/deepspeed_cpu.sh:
         tests/deepspeed_checkpoints/make.py [RUN ...]   # these runs, else all
 """
 import json
-import subprocess
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -89,18 +90,39 @@ def hf_trainer():
     print(f"{HF_RUN}: DeepSpeed {expected['deepspeed']}, losses {expected['losses']}", flush=True)
 
 
-def main(names: list[str]):
-    if not names or HF_RUN in names:
-        hf_trainer()
-    for name in [n for n in names if n != HF_RUN] if names else run.RUNS:
-        shutil.rmtree(os.path.join(run.FIXTURES, name), ignore_errors=True)
-        with tempfile.TemporaryDirectory() as scratch:
-            expected = run_distributed(_rank, run.WORLD, args=(name, scratch),
-                                       timeout=300, env={"DS_ACCELERATOR": "cpu"})[0]
-        torch.save(expected, os.path.join(run.FIXTURES, name, "expected.pt"))
-        print(f"{name}: DeepSpeed {expected['deepspeed']}, losses after the save "
-              f"{expected['losses']}", flush=True)
+def universal(name: str):
+    """DeepSpeed's ds_to_universal of run `name`'s checkpoint, into <name>-universal (with
+    --inject_missing_state: a plain DeepSpeed script records no universal_checkpoint_info)."""
+    target = os.path.join(run.FIXTURES, f"{name}-universal")
+    tag = f"global_step{run.SAVED_AT}"
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                    "--input_folder", os.path.join(run.FIXTURES, name, tag),
+                    "--output_folder", os.path.join(target, f"{tag}_universal"),
+                    "--inject_missing_state"], check=True, timeout=600)
+    entries = os.listdir(os.path.join(target, f"{tag}_universal", "zero"))
+    print(f"{name}-universal: {len(entries)} entries", flush=True)
 
+
+def deepspeed_run(name: str):
+    shutil.rmtree(os.path.join(run.FIXTURES, name), ignore_errors=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        expected = run_distributed(_rank, run.WORLD, args=(name, scratch),
+                                   timeout=300, env={"DS_ACCELERATOR": "cpu"})[0]
+    torch.save(expected, os.path.join(run.FIXTURES, name, "expected.pt"))
+    print(f"{name}: DeepSpeed {expected['deepspeed']}, losses after the save "
+          f"{expected['losses']}", flush=True)
+
+
+def main(names: list[str]):
+    names = names or [*run.RUNS, *run.UNIVERSAL, HF_RUN]  # a conversion after its run
+    for name in names:
+        if name == HF_RUN:
+            hf_trainer()
+        elif name.endswith("-universal"):
+            universal(name.removesuffix("-universal"))
+        else:
+            deepspeed_run(name)
 
 if __name__ == "__main__":
     main(sys.argv[1:])  # the runs named, else all
