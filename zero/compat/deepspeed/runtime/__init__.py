@@ -1,5 +1,6 @@
-"""`deepspeed.runtime`: the engine class, the LR schedules, the pipeline's topologies and
-ZeRO's stage-3 helpers."""
-from . import activation_checkpointing, engine, lr_schedules, pipe, zero
+"""`deepspeed.runtime`: the engine class, the LR schedules, the pipeline's topologies,
+ZeRO's stage-3 helpers, RepeatingLoader and see_memory_usage."""
+from . import activation_checkpointing, dataloader, engine, lr_schedules, pipe, utils, zero
 
-__all__ = ["activation_checkpointing", "engine", "lr_schedules", "pipe", "zero"]
+__all__ = ["activation_checkpointing", "dataloader", "engine", "lr_schedules", "pipe", "utils",
+           "zero"]

@@ -1,12 +1,12 @@
-"""`deepspeed.utils`: DeepSpeed's logger, set_z3_leaf_modules and the zero_to_fp32 helpers."""
+"""`deepspeed.utils`: DeepSpeed's logger and log_dist, RepeatingLoader, set_z3_leaf_modules and
+the zero_to_fp32 helpers."""
 from __future__ import annotations
-
-import logging
 
 from zero.stage3 import set_z3_leaf_modules
 
+from ..runtime.dataloader import RepeatingLoader
 from . import zero_to_fp32
+from .logging import log_dist, log_dist_once, logger, print_dist
 
-logger = logging.getLogger("DeepSpeed")  # DeepSpeed's logger name; HF sets its level
-
-__all__ = ["logger", "set_z3_leaf_modules", "zero_to_fp32"]
+__all__ = ["RepeatingLoader", "log_dist", "log_dist_once", "logger", "print_dist",
+           "set_z3_leaf_modules", "zero_to_fp32"]
