@@ -95,28 +95,47 @@ class Located:
         return value.view(self.shape)
 
 
+class RankPieces:
+    """Where the elements of an engine group's full buffer lie in one rank's shard of it
+    (`layout`, csrc/core/sharded_layout.h: for each unit, this rank's slice of the unit's part
+    of the full buffer, the slices end to end)."""
+
+    def __init__(self, layout, rank: int):
+        self.numels = [layout.unit(u).shard_numel for u in range(layout.unit_count)]
+        slot = rank % layout.world_size
+        # ascending: a unit's slices all begin before the next unit's
+        self.begins = [layout.full_offset(u) + slot * numel for u, numel in enumerate(self.numels)]
+        self.positions = list(itertools.accumulate(self.numels, initial=0))
+
+    @property
+    def shard_numel(self) -> int:
+        return self.positions[-1]
+
+    def of(self, offset: int, numel: int) -> list[tuple[int, int, int]]:
+        """(start, stop, position) for each run of the elements [offset, offset + numel) of
+        the full buffer (a parameter's) that this rank holds: its elements [start, stop)
+        (counted from `offset`) lie at `position` of the shard."""
+        runs = []
+        u = max(bisect.bisect_right(self.begins, offset) - 1, 0)
+        while u < len(self.begins) and self.begins[u] < offset + numel:
+            low = max(self.begins[u], offset)
+            high = min(self.begins[u] + self.numels[u], offset + numel)
+            if low < high:
+                runs.append((low - offset, high - offset, self.positions[u] + low - self.begins[u]))
+            u += 1
+        return runs
+
+
 def shard_from(layout, rank: int, values: dict[str, Located], wanted: list[str]) -> torch.Tensor:
     """This rank's shard laid out by `layout` (an engine group's ShardedLayout, its
-    parameters `wanted` in order): each unit's piece for this rank, with every parameter's
-    elements that fall into it and zeros elsewhere (alignment padding)."""
-    # the parameters in the order of their offsets in the full buffer
-    placed = sorted(((layout.param_offset(i), values[name]) for i, name in enumerate(wanted)),
-                    key=lambda pair: pair[0])
-    offsets = [offset for offset, _ in placed]
-    pieces = [layout.unit(u).shard_numel for u in range(layout.unit_count)]
-    shard = torch.zeros(sum(pieces), dtype=values[wanted[0]].dtype)
-    at = 0
-    for u, numel in enumerate(pieces):
-        begin = layout.full_offset(u) + (rank % layout.world_size) * numel
-        end = begin + numel
-        i = max(bisect.bisect_right(offsets, begin) - 1, 0)
-        while i < len(placed) and offsets[i] < end:
-            offset, value = placed[i]
-            low, high = max(begin, offset), min(end, offset + value.shape.numel())
-            position = at + low - begin
-            for view in value.read(low - offset, high - offset):
+    parameters `wanted` in order): every parameter's elements this rank holds, read from
+    where they lie, and zeros elsewhere (alignment padding)."""
+    pieces = RankPieces(layout, rank)
+    shard = torch.zeros(pieces.shard_numel, dtype=values[wanted[0]].dtype)
+    for i, name in enumerate(wanted):
+        value = values[name]
+        for start, stop, position in pieces.of(layout.param_offset(i), value.shape.numel()):
+            for view in value.read(start, stop):
                 shard[position:position + view.numel()] = view
                 position += view.numel()
-            i += 1
-        at += numel
     return shard

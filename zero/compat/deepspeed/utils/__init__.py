@@ -1,5 +1,5 @@
-"""`deepspeed.utils`: DeepSpeed's logger and log_dist, RepeatingLoader, set_z3_leaf_modules and
-the zero_to_fp32 helpers."""
+"""`deepspeed.utils`: DeepSpeed's logger and log_dist, RepeatingLoader, set_z3_leaf_modules,
+safe_get_full_* / safe_set_full_* and the zero_to_fp32 helpers."""
 from __future__ import annotations
 
 from zero.stage3 import set_z3_leaf_modules
@@ -7,6 +7,11 @@ from zero.stage3 import set_z3_leaf_modules
 from ..runtime.dataloader import RepeatingLoader
 from . import zero_to_fp32
 from .logging import log_dist, log_dist_once, logger, print_dist
+from .tensor_fragment import (safe_get_full_fp32_param, safe_get_full_grad,
+                              safe_get_full_optimizer_state, safe_set_full_fp32_param,
+                              safe_set_full_grad, safe_set_full_optimizer_state)
 
 __all__ = ["RepeatingLoader", "log_dist", "log_dist_once", "logger", "print_dist",
+           "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
+           "safe_set_full_fp32_param", "safe_set_full_grad", "safe_set_full_optimizer_state",
            "set_z3_leaf_modules", "zero_to_fp32"]

@@ -1,0 +1,37 @@
+"""`deepspeed.utils`' safe_get_full_* / safe_set_full_*: a parameter's whole fp32 master or
+optimizer state, from the ranks' shards (zero/param_values.py). Collective, as in DeepSpeed:
+every rank calls them for the same parameter."""
+from __future__ import annotations
+
+from zero import param_values
+
+
+def safe_get_full_fp32_param(param):
+    """The parameter's whole fp32 master weights; None for one no engine trains."""
+    return param_values.get_full(param, "master")
+
+
+def safe_set_full_fp32_param(param, value) -> None:
+    """Sets the parameter's fp32 master weights (the model's weights follow at the next step)."""
+    param_values.set_full(param, value, "master")
+
+
+def safe_get_full_optimizer_state(param, optim_state_key):
+    """The parameter's whole optimizer state `optim_state_key` ("exp_avg", "exp_avg_sq", ...)."""
+    return param_values.get_full(param, optim_state_key)
+
+
+def safe_set_full_optimizer_state(param, value, optim_state_key) -> None:
+    param_values.set_full(param, value, optim_state_key)
+
+
+def safe_get_full_grad(param):
+    raise NotImplementedError(
+        "zero: safe_get_full_grad is not built yet: the reduced gradient shards live in the C++ "
+        "engine's buckets and are not reachable per parameter. The global gradient norm is "
+        "engine.get_global_grad_norm(); the fp32 weights and optimizer state are "
+        "safe_get_full_fp32_param and safe_get_full_optimizer_state")
+
+
+def safe_set_full_grad(param, value) -> None:
+    raise NotImplementedError("zero: safe_set_full_grad is not built yet (see safe_get_full_grad)")
