@@ -133,8 +133,8 @@ class DeepSpeedCheckpoint:
 def read(path: str) -> DeepSpeedCheckpoint:
     """Reads every rank's files of a DeepSpeed checkpoint (tag directory `path`), mapped."""
     stage3 = os.path.isfile(os.path.join(path, rank_model_file(0)))
-    model_state = load_file(os.path.join(path, rank_model_file(0) if stage3 else WHOLE_MODEL_FILE),
-                        mmap=True)
+    model_file = rank_model_file(0) if stage3 else WHOLE_MODEL_FILE
+    model_state = load_file(os.path.join(path, model_file), mmap=True)
     check_one_part(model_state, path)
     optim = _optimizer_files(path, model_state)
     world = len(optim)
