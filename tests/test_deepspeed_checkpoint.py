@@ -243,3 +243,15 @@ def test_zero_to_fp32_reads_deepspeeds_checkpoint_as_deepspeeds_own_does(tmp_pat
     written = load_file(str(tmp_path / "model.safetensors"))
     for key, value in written.items():
         assert torch.equal(value, want[key]), key
+
+
+def test_a_universal_checkpoint_missing_some_moments_is_named(tmp_path):
+    from zero.checkpoint_files import CorruptCheckpoint
+    from zero.checkpoint_universal import read as read_universal
+
+    copy = tmp_path / "step"
+    shutil.copytree(os.path.join(fixture("stage2-fp32-universal"),
+                                 f"global_step{run.SAVED_AT}_universal"), copy)
+    os.remove(copy / "zero" / "ln_f.bias" / "exp_avg.pt")
+    with pytest.raises(CorruptCheckpoint, match=r"has no exp_avg.pt for ln_f.bias; convert"):
+        read_universal(str(copy))

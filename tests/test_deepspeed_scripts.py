@@ -172,17 +172,16 @@ def test_main_job_script_runs_under_the_launcher(tmp_path):
 
 UTILS_SCRIPT = '''
 import logging
-import sys
 
 import deepspeed
 import torch
 from deepspeed.runtime.utils import see_memory_usage
 from deepspeed.utils import RepeatingLoader, log_dist
 
-logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(name)s: %(message)s")
 deepspeed.init_distributed()
-log_dist("said by rank 0", ranks=[0])
-log_dist("said by every rank", ranks=[-1])
+log_dist("not said: DeepSpeed's logger shows warnings and above", ranks=[-1])
+log_dist("said by rank 0", ranks=[0], level=logging.WARNING)
+log_dist("said by every rank", ranks=[-1], level=logging.WARNING)
 loader = RepeatingLoader(torch.utils.data.DataLoader(list(range(3)), batch_size=2))
 print(f"rank {torch.distributed.get_rank()} batches", [next(loader).tolist() for _ in range(4)])
 see_memory_usage("memory now", force=True)
@@ -196,10 +195,11 @@ def test_deepspeed_utils_that_scripts_import(tmp_path):
     script = tmp_path / "uses_utils.py"
     script.write_text(UTILS_SCRIPT)
     out = launch(tmp_path, script)
-    assert out.count("DeepSpeed: [Rank 0] said by rank 0") == 1
-    assert "[Rank 1] said by rank 0" not in out
-    assert {"DeepSpeed: [Rank 0] said by every rank",
-            "DeepSpeed: [Rank 1] said by every rank"} <= set(out.splitlines())
+    assert out.count("[Rank 0] said by rank 0") == 1 and "[Rank 1] said by rank 0" not in out
+    for rank in (0, 1):  # DeepSpeed's format: [time] [WARNING] [file:line:function] message
+        assert re.search(rf"^\[.+\] \[WARNING\] \[logging.py:\d+:log_dist\] "
+                         rf"\[Rank {rank}\] said by every rank$", out, re.M), out
+    assert "not said" not in out
     for rank in (0, 1):
         assert f"rank {rank} batches [[0, 1], [2], [0, 1], [2]]" in out
     assert out.count("memory now") == 1 and out.count("CPU Virtual Memory:  used = ") == 1

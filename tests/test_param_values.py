@@ -13,12 +13,14 @@ pytestmark = pytest.mark.timeout(120)
 STEPS = 2
 
 
-def _full_values(rank, world, stage):
+def _full_values(rank, world, stage, offload=False):
     import zero
     from zero.compat.deepspeed.utils import (safe_get_full_fp32_param,
                                              safe_get_full_optimizer_state)
 
     extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
+    if offload:  # the shards in host memory
+        extra["offload_optimizer"] = {"device": "cpu"}
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=training.engine_config(
         stage, gas=1, scheduler=False, **extra))
     training.train_engine(engine, rank, world, STEPS, 1)
@@ -50,9 +52,10 @@ def _reference(world):
             for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_full_master_and_moments_are_adamws(stage):
-    results = run_distributed(_full_values, 2, args=(stage,))
+@pytest.mark.parametrize("stage,offload", [(0, False), (1, False), (2, False), (3, False),
+                                           (2, True)])
+def test_full_master_and_moments_are_adamws(stage, offload):
+    results = run_distributed(_full_values, 2, args=(stage, offload))
     reference = _reference(2)
     for values in results:  # every rank gets the whole value
         assert set(values) == set(reference)
@@ -91,6 +94,33 @@ def _set_then_get(rank, world, stage):
 @pytest.mark.parametrize("stage", [1, 3])
 def test_set_writes_one_parameter_on_every_rank(stage):
     assert run_distributed(_set_then_get, 2, args=(stage,)) == [(True, True, True)] * 2
+
+
+def _local_fragments(rank, world, stage):
+    import zero
+    from zero.compat.deepspeed.utils import (safe_get_full_fp32_param, safe_get_local_fp32_param,
+                                             safe_set_full_fp32_param, safe_set_local_fp32_param)
+
+    extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
+    engine, _, _, _ = zero.initialize(model=training.make_model(freeze_position_embedding=True),
+                                      config=training.engine_config(stage, gas=1,
+                                                                    scheduler=False, **extra))
+    training.train_engine(engine, rank, world, 1, 1)
+    params = dict(engine.module.named_parameters())
+    target, frozen = params["blocks.0.attn.qkv.weight"], params["position_embedding.weight"]
+    full = safe_get_full_fp32_param(target)
+    local = safe_get_local_fp32_param(target)
+    safe_set_local_fp32_param(target, local * 2)
+    safe_set_full_fp32_param(frozen, torch.zeros(frozen.shape))  # not trained: nothing happens
+    return (local.numel(), torch.equal(safe_get_full_fp32_param(target), full * 2),
+            safe_get_full_fp32_param(frozen), safe_get_local_fp32_param(frozen))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_each_rank_holds_and_writes_its_own_fragment(stage):
+    results = run_distributed(_local_fragments, 2, args=(stage,))
+    assert sum(numel for numel, *_ in results) == 96 * 32  # the fragments make the whole
+    assert [rest for _, *rest in results] == [[True, None, None]] * 2
 
 
 def test_the_gradient_getter_says_it_is_not_built():

@@ -162,11 +162,7 @@ def read(path: str) -> DeepSpeedCheckpoint:
             laid_out_like_flats = [[a["state"][i][key] for i in sorted(a["state"])] for a in adam]
             moments[key] = locate(laid_out_like_flats, shapes, paddings, path)
     frozen = frozen_parameters(path, model_state, stage3, world)
-    for values in (master, *moments.values()):
-        known = {**frozen, **values}
-        for alias, source in model_state.get("shared_params", {}).items():
-            if source in known:  # as zero_to_fp32: a tie to a frozen parameter stays frozen
-                (values if source in values else frozen)[alias] = known[source]
+    tie_names(model_state, frozen, master, *moments.values())
     step = next(iter(adam[0]["state"].values()), {}).get("step", 0)
     return DeepSpeedCheckpoint(
         path=path, model_state=model_state, stage=3 if stage3 else zero_stage(optim[0]),
@@ -175,6 +171,18 @@ def read(path: str) -> DeepSpeedCheckpoint:
                       for g in adam[0]["param_groups"]],
         frozen=frozen,
         loss_scale=record_fields(optim[0].get("loss_scaler")) or None)
+
+
+def tie_names(model_state: dict, frozen: dict, *arrays: dict) -> None:
+    """Adds each tied name DeepSpeed records (shared_params: name -> the name it saved) to
+    the arrays that hold its source, or to `frozen` for a tie to a frozen parameter (as its
+    zero_to_fp32 does)."""
+    for alias, source in model_state.get("shared_params", {}).items():
+        for values in arrays:
+            if source in values:
+                values[alias] = values[source]
+        if source in frozen:
+            frozen[alias] = frozen[source]
 
 
 def _optimizer_files(path: str, model_state: dict) -> list[dict]:

@@ -20,7 +20,7 @@ import os
 
 from .checkpoint_deepspeed import (MOMENTS, WHOLE_MODEL_FILE, DeepSpeedCheckpoint,
                                    check_one_part, frozen_parameters, load_file,
-                                   rank_model_file, record_fields, zero_stage)
+                                   rank_model_file, record_fields, tie_names, zero_stage)
 from .checkpoint_files import CorruptCheckpoint
 from .checkpoint_pieces import Located
 
@@ -42,20 +42,17 @@ def read(path: str) -> DeepSpeedCheckpoint:
                                 f"{WHOLE_MODEL_FILE}; copy it from the checkpoint it was made of")
     model_state = load_file(model_file, mmap=True)
     check_one_part(model_state, path)
-    optimizer = load_file(os.path.join(path, _OPTIMIZER))
+    optimizer = load_file(os.path.join(path, _OPTIMIZER), mmap=True)  # stage 3: a rank's all
     shapes = {name: shape for group in model_state["param_shapes"]
               for name, shape in group.items()}
     master = {name: _value(path, name, "fp32", shape) for name, shape in shapes.items()}
     moments = {key: {name: _value(path, name, key, shape) for name, shape in shapes.items()}
-               for key in MOMENTS if all(_has(path, name, key) for name in shapes)}
+               for key in _moments_saved(path, shapes)}
     # as saved in the model files ds_to_universal copied (stage 3: every rank's fragment)
     frozen = frozen_parameters(path, model_state, os.path.basename(model_file) != WHOLE_MODEL_FILE,
                                model_state.get("dp_world_size", 1))
-    for values in (master, *moments.values()):
-        for alias, source in model_state.get("shared_params", {}).items():
-            if source in values:
-                values[alias] = values[source]
-    step = _step(path, next(iter(shapes), None), optimizer)
+    tie_names(model_state, frozen, master, *moments.values())
+    step = _step(path, next(iter(shapes), None), optimizer, bool(moments))
     return DeepSpeedCheckpoint(
         path=path, model_state=model_state, stage=zero_stage(optimizer),
         world_size=model_state.get("dp_world_size", 1), master=master, moments=moments,
@@ -64,13 +61,37 @@ def read(path: str) -> DeepSpeedCheckpoint:
         frozen=frozen, loss_scale=record_fields(optimizer.get("loss_scaler")) or None)
 
 
-def _step(path: str, first: str | None, optimizer: dict) -> int:
+def _moments_saved(path: str, shapes: dict) -> list[str]:
+    """Adam's moments, when every parameter has them (another optimizer's: none; check_fits
+    says so); some parameters without them is a conversion cut short."""
+    saved = []
+    for key in MOMENTS:
+        missing = [name for name in shapes if not _has(path, name, key)]
+        if len(missing) == len(shapes):
+            continue
+        if missing:
+            raise CorruptCheckpoint(
+                f"zero: DeepSpeed universal checkpoint {path} has no {key}.pt for "
+                f"{', '.join(missing[:3])}" + (f" (and {len(missing) - 3} more)"
+                                              if len(missing) > 3 else "") +
+                "; convert the checkpoint with ds_to_universal again")
+        saved.append(key)
+    return saved
+
+
+def _step(path: str, first: str | None, optimizer: dict, moments: bool) -> int:
     """Adam's step: in each parameter's step.pt (from stages 1-2), else in the optimizer's
     state (stage 3 keeps its torch state_dict in optimizer_state.pt)."""
     if first and _has(path, first, "step"):
         return int(load_file(os.path.join(path, "zero", first, "step.pt")))
     state = optimizer.get("optimizer_state_dict", {}).get("state", {})
-    return int(next(iter(state.values()), {}).get("step", 0))
+    if state:
+        return int(next(iter(state.values())).get("step", 0))
+    if moments:  # Adam's bias correction would start over
+        raise CorruptCheckpoint(f"zero: DeepSpeed universal checkpoint {path} holds Adam's "
+                                f"moments but no step ({first}/step.pt); convert the "
+                                "checkpoint with ds_to_universal again")
+    return 0
 
 
 def _has(path: str, name: str, key: str) -> bool:

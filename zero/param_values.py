@@ -5,8 +5,10 @@ parameter's shard group calls them.
 
 A rank holds, of each engine group, one shard of the fp32 master and of every optimizer-state
 array laid out like it (csrc/core/sharded_layout.h); checkpoint_pieces.RankPieces says where
-a parameter's elements lie in it. A get fills this rank's elements into zeros and sums over
-the shard group; a set writes this rank's elements into its shard.
+a parameter's elements lie in it. A get fills this rank's elements into zeros on the engine's
+device and sums over the shard group; a set writes this rank's elements into its shard. Each
+call copies the group's whole shard out of the engine (and, for a set, back): meant for a few
+parameters at a time (monitoring, surgery), not for every parameter at every step.
 """
 from __future__ import annotations
 
@@ -47,10 +49,10 @@ def get_full(param, array: str) -> torch.Tensor | None:
     core = engine.core
     layout = core.group_layout(g)
     shard = _shard(core, g, array)
-    value = torch.zeros(shape.numel(), dtype=torch.float32, device=shard.device)
-    for start, stop, position in RankPieces(layout, core.rank).of(layout.param_offset(i),
-                                                                  shape.numel()):
-        value[start:stop] = shard[position:position + stop - start]
+    # on the engine's device (an offloaded shard is on the host; NCCL sums device tensors)
+    value = torch.zeros(shape.numel(), dtype=torch.float32, device=engine.device)
+    for start, stop, position in _runs(layout, core.rank, i, shape):
+        value[start:stop] = shard[position:position + stop - start].to(value.device)
     group = _shard_group(engine, layout)
     if group is not None:
         dist.all_reduce(value, group=group)  # each element is held by one rank, zeros elsewhere
@@ -58,23 +60,63 @@ def get_full(param, array: str) -> torch.Tensor | None:
 
 
 def set_full(param, value: torch.Tensor, array: str) -> None:
-    """Writes the whole value of `array` for `param`: each rank its own elements (the model's
-    weights follow the master at the next step, as in DeepSpeed)."""
+    """Writes the whole value of `array` for `param`, each rank its own elements; nothing for a
+    parameter no engine trains (as DeepSpeed). The model's weights follow a new master at the
+    next step (at stage 3 at once, where the master's load rewrites the partitioned weights)."""
     place = find(param)
     if place is None:
-        raise ValueError("zero: this parameter is not trained by any engine (frozen, or its "
-                         "engine was destroyed): it has no fp32 master or optimizer state")
+        return
     engine, g, i, shape = place
-    core = engine.core
-    layout = core.group_layout(g)
     if value.numel() != shape.numel():
         raise ValueError(f"zero: a value of shape {tuple(value.shape)} for a parameter of "
                          f"shape {tuple(shape)}")
+    flat = value.detach().reshape(-1)
+    _write(engine, g, i, shape, array,
+           [(position, flat[start:stop]) for start, stop, position in
+            _runs(engine.core.group_layout(g), engine.core.rank, i, shape)])
+
+
+def get_local(param, array: str) -> torch.Tensor | None:
+    """This rank's elements of `array` for `param`, in order, flat (DeepSpeed's stage-3
+    safe_get_local_*: the rank's fragment); None for a parameter no engine trains."""
+    place = find(param)
+    if place is None:
+        return None
+    engine, g, i, shape = place
+    shard = _shard(engine.core, g, array)
+    pieces = [shard[position:position + stop - start] for start, stop, position in
+              _runs(engine.core.group_layout(g), engine.core.rank, i, shape)]
+    return torch.cat(pieces).to(engine.device) if pieces else \
+        torch.zeros(0, dtype=torch.float32, device=engine.device)
+
+
+def set_local(param, value: torch.Tensor, array: str) -> None:
+    """Writes this rank's elements of `array` for `param` (get_local's order and size)."""
+    place = find(param)
+    if place is None:
+        return
+    engine, g, i, shape = place
+    runs = _runs(engine.core.group_layout(g), engine.core.rank, i, shape)
+    held = sum(stop - start for start, stop, _ in runs)
+    if value.numel() != held:
+        raise ValueError(f"zero: {value.numel()} elements for the {held} this rank holds")
+    flat, at, writes = value.detach().reshape(-1), 0, []
+    for start, stop, position in runs:
+        writes.append((position, flat[at:at + stop - start]))
+        at += stop - start
+    _write(engine, g, i, shape, array, writes)
+
+
+def _runs(layout, rank: int, i: int, shape) -> list[tuple[int, int, int]]:
+    return RankPieces(layout, rank).of(layout.param_offset(i), shape.numel())
+
+
+def _write(engine, g: int, i: int, shape, array: str, writes) -> None:
+    """Writes (shard position, values) into group g's shard of `array` and loads it back."""
+    core = engine.core
     shard = _shard(core, g, array).clone()
-    flat = value.detach().reshape(-1).to(shard.dtype)
-    for start, stop, position in RankPieces(layout, core.rank).of(layout.param_offset(i),
-                                                                  shape.numel()):
-        shard[position:position + stop - start] = flat[start:stop].to(shard.device)
+    for position, values in writes:
+        shard[position:position + values.numel()] = values.to(shard.device, shard.dtype)
     with torch.no_grad():
         if array == "master":
             core.group_load_master_shard(g, shard)

@@ -647,8 +647,9 @@ CHECKPOINT = Block("checkpoint", "DeepSpeed's checkpoint options (zero's checkpo
     _bool("load_universal", False, "DeepSpeed: load a universal checkpoint (converted by "
           "ds_to_universal.py): without a tag, load_checkpoint reads it from `latest_universal`, as "
           "DeepSpeed does, and resumes it at this world size and stage (fp32 master, Adam's moments "
-          "and step, scheduler, counters). zero's own checkpoints load at any world size and stage "
-          "already: where there is no latest_universal, true loads through `latest` as usual."),
+          "and step, scheduler, counters; of one model part: a tensor- or pipeline-split one is "
+          "refused). zero's own checkpoints load at any world size and stage already: where there "
+          "is no latest_universal, true loads through `latest` as usual."),
     _bool("use_node_local_storage", False, "save_dir is storage local to each node, not shared: as in "
           "DeepSpeed, the local rank 0 of every node writes model_states.pt (and here also the manifest, "
           "`latest` and zero_to_fp32.py) into its node's copy, every rank its own shard file; each node then "

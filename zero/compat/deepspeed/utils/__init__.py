@@ -8,10 +8,15 @@ from ..runtime.dataloader import RepeatingLoader
 from . import zero_to_fp32
 from .logging import log_dist, log_dist_once, logger, print_dist
 from .tensor_fragment import (safe_get_full_fp32_param, safe_get_full_grad,
-                              safe_get_full_optimizer_state, safe_set_full_fp32_param,
-                              safe_set_full_grad, safe_set_full_optimizer_state)
+                              safe_get_full_optimizer_state, safe_get_local_fp32_param,
+                              safe_get_local_grad, safe_get_local_optimizer_state,
+                              safe_set_full_fp32_param, safe_set_full_grad,
+                              safe_set_full_optimizer_state, safe_set_local_fp32_param,
+                              safe_set_local_grad, safe_set_local_optimizer_state)
 
 __all__ = ["RepeatingLoader", "log_dist", "log_dist_once", "logger", "print_dist",
            "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
+           "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
            "safe_set_full_fp32_param", "safe_set_full_grad", "safe_set_full_optimizer_state",
+           "safe_set_local_fp32_param", "safe_set_local_grad", "safe_set_local_optimizer_state",
            "set_z3_leaf_modules", "zero_to_fp32"]

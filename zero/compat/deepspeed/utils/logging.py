@@ -3,8 +3,24 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 
-logger = logging.getLogger("DeepSpeed")  # DeepSpeed's logger name; HF sets its level
+
+def _deepspeeds_logger() -> logging.Logger:
+    """The "DeepSpeed" logger as DeepSpeed makes it: WARNING and above, to stdout, with
+    time, level and place, not passed up to the root logger (HF and scripts set its level)."""
+    made = logging.getLogger("DeepSpeed")
+    if not made.handlers:
+        handler = logging.StreamHandler(stream=sys.stdout)
+        handler.setFormatter(logging.Formatter(
+            "[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] %(message)s"))
+        made.addHandler(handler)
+        made.setLevel(logging.WARNING)
+        made.propagate = False
+    return made
+
+
+logger = _deepspeeds_logger()
 
 
 def _rank_message(message, ranks) -> str | None:

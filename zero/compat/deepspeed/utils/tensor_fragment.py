@@ -25,6 +25,24 @@ def safe_set_full_optimizer_state(param, value, optim_state_key) -> None:
     param_values.set_full(param, value, optim_state_key)
 
 
+def safe_get_local_fp32_param(param):
+    """This rank's fragment of the parameter's fp32 master (flat), as DeepSpeed's stage 3."""
+    return param_values.get_local(param, "master")
+
+
+def safe_set_local_fp32_param(param, value) -> None:
+    param_values.set_local(param, value, "master")
+
+
+def safe_get_local_optimizer_state(param, optim_state_key):
+    """This rank's fragment of the parameter's optimizer state `optim_state_key` (flat)."""
+    return param_values.get_local(param, optim_state_key)
+
+
+def safe_set_local_optimizer_state(param, value, optim_state_key) -> None:
+    param_values.set_local(param, value, optim_state_key)
+
+
 def safe_get_full_grad(param):
     raise NotImplementedError(
         "zero: safe_get_full_grad is not built yet: the reduced gradient shards live in the C++ "
@@ -35,3 +53,11 @@ def safe_get_full_grad(param):
 
 def safe_set_full_grad(param, value) -> None:
     raise NotImplementedError("zero: safe_set_full_grad is not built yet (see safe_get_full_grad)")
+
+
+def safe_get_local_grad(param):
+    raise NotImplementedError("zero: safe_get_local_grad is not built yet (see safe_get_full_grad)")
+
+
+def safe_set_local_grad(param, value) -> None:
+    raise NotImplementedError("zero: safe_set_local_grad is not built yet (see safe_get_full_grad)")
