@@ -351,9 +351,8 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
             checkpoint_layout.reshard_into(engine, path, model_state, shards)
         elif load_shards:
             _load_shard(engine, shards)
-        else:  # keep the fp32 master in step with the weights just loaded
-            for g in range(engine.core.group_count):
-                engine.core.group_refresh_master(g)
+        else:
+            checkpoint_layout.refresh_masters(engine.core)
     return model_state
 
 

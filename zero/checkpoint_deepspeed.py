@@ -276,14 +276,20 @@ def _stage3_located(flats: list[list[torch.Tensor]], shapes: list[dict], padding
     values, offset = {}, 0
     for group in shapes:
         for name, shape in group.items():
-            numel = math.prod(shape)
-            piece = math.ceil(numel / len(ranks))
-            pieces = [_located(flat, [min(piece, numel - r * piece)], offset, name, path)
-                      for r, flat in enumerate(ranks) if r * piece < numel]
+            counts = _stage3_counts(math.prod(shape), len(ranks))
+            pieces = [_located(flat, [count], offset, name, path)
+                      for flat, count in zip(ranks, counts) if count]
             values[name] = Located(shape, [run for p in pieces for run in p.runs],
                                    ranks[0].dtype)
-            offset += piece
+            offset += counts[0]
     return values
+
+
+def _stage3_counts(numel: int, world: int) -> list[int]:
+    """How many of a parameter's elements each rank holds at DeepSpeed's stage 3: pieces of
+    ceil(numel / world), the last ones shorter or empty (the rest of each is padding)."""
+    piece = math.ceil(numel / world)
+    return [max(0, min(piece, numel - r * piece)) for r in range(world)]
 
 
 def _located(flat: Flat, shape, offset: int, name: str, path: str) -> Located:
@@ -308,21 +314,24 @@ def frozen_parameters(path: str, model_state: dict, stage3: bool, world: int) ->
     shapes = model_state.get("frozen_param_shapes") or {}
     fragments = [load_file(os.path.join(path, rank_model_file(r)))["frozen_param_fragments"]
                  for r in range(world)] if shapes else []
-    return {name: torch.cat([f[name].reshape(-1) for f in fragments])[:math.prod(shape)]
-            .view(shape).clone() for name, shape in shapes.items()}
+    frozen = {}
+    for name, shape in shapes.items():  # each rank's fragment is its stage-3 piece
+        counts = _stage3_counts(math.prod(shape), world)
+        frozen[name] = Located(shape, [(Flat([f[name]]), 0, count) for f, count in
+                                       zip(fragments, counts) if count],
+                               fragments[0][name].dtype).whole()
+    return frozen
 
 
 def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: bool) -> None:
     """The module from the fp32 master; with `load_shards` this rank's master and moment
     shards of every engine group, cut from the files (checkpoint_pieces.shard_from)."""
     engine.load_module_state_dict(saved.module_state(engine.dtype), strict=strict)
-    core = engine.core
     if not load_shards:
-        for g in range(core.group_count):
-            core.group_refresh_master(g)
+        checkpoint_layout.refresh_masters(engine.core)
         return
     for g, wanted in enumerate(checkpoint_layout.group_param_names(engine)):
-        checkpoint_layout.load_group(core, g, wanted, saved.master, saved.moments)
+        checkpoint_layout.load_group(engine.core, g, wanted, saved.master, saved.moments)
 
 
 def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:

@@ -54,10 +54,15 @@ def open_checkpoint(checkpoint_dir: str, tag=None) -> tuple[str, list[tuple[Part
     """The tag's directory and the model state of each of its parts, mapped: one for a whole
     model, one per pipeline stage x tensor slice for a split one (checkpoint_mesh.py)."""
     path = tag_path(checkpoint_dir, tag)
+    return path, _model_states(path)
+
+
+def _model_states(path: str) -> list[tuple[PartNames, dict]]:
+    """Each part's model state in tag directory `path`, verified and mapped."""
     parts = files.part_names(path) or [WHOLE]  # none found: verify names what is missing
     files.verify(path, [names.model for names in parts])
-    return path, [(names, files.load_torch(os.path.join(path, names.model), mmap=True))
-                  for names in parts]
+    return [(names, files.load_torch(os.path.join(path, names.model), mmap=True))
+            for names in parts]
 
 
 @dataclass
@@ -116,11 +121,11 @@ def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool,
 def checkpoint_entries(checkpoint_dir, tag=None, exclude_frozen_parameters: bool = False
                        ) -> tuple[list[Entry], list[str]]:
     """Every tensor of the whole model (a split model's parts put together), and the names
-    in state-dict order. A checkpoint DeepSpeed wrote is read whole (checkpoint_deepspeed.py)."""
+    in state-dict order; of a checkpoint DeepSpeed wrote too (checkpoint_deepspeed.py)."""
     path = tag_path(checkpoint_dir, tag)
     if checkpoint_deepspeed.is_deepspeed_checkpoint(path):
         return _deepspeed_entries(checkpoint_deepspeed.read(path), exclude_frozen_parameters)
-    path, parts = open_checkpoint(checkpoint_dir, tag)
+    parts = _model_states(path)
     if parts[0][0] == WHOLE:
         model_state = parts[0][1]
         return _entries(path, model_state, exclude_frozen_parameters), list(model_state["module"])

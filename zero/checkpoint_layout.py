@@ -159,6 +159,13 @@ def check_same_model(where: str, saved: dict, expected: dict, required=()) -> No
                          "; nothing was loaded. Build the model the checkpoint was saved from")
 
 
+def refresh_masters(core) -> None:
+    """Every group's fp32 master from the weights just loaded (a load without the optimizer
+    state keeps the master in step with the module)."""
+    for g in range(core.group_count):
+        core.group_refresh_master(g)
+
+
 def load_group(core, g: int, names: list[str], master: dict[str, Located],
                states: dict[str, dict[str, Located]]) -> None:
     """Engine group g's shards on this rank, cut from the saved values by parameter name

@@ -80,8 +80,7 @@ def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> Non
     engine.load_module_state_dict(state, strict=strict)
     core = engine.core
     if not load_shards:
-        for g in range(core.group_count):
-            core.group_refresh_master(g)
+        checkpoint_layout.refresh_masters(core)
         return
     wanted = checkpoint_layout.group_param_names(engine)
     arrays = {"master": master}
