@@ -76,12 +76,14 @@ step() {  # step NAME COMMAND...: runs it, logs it, adds a row to the summary
   return "$rc"
 }
 
-# The C++ compiler: $CXX when set, else the system's g++. Not whatever g++ is first on PATH:
+# The C++ compiler: $ZERO_CXX when set, else the system's g++. Not whatever g++ is first on PATH:
 # on the GPU machine that is /opt/gcc/bin/g++, a wrapper that links libstdc++ statically, and
 # an extension carrying its own libstdc++ beside the process's crashes in its first
 # std::ostringstream (seen 2026-11-25: every collective segfaulted in Communicator::describe).
+# The image exports CXX=/opt/gcc/bin/g++ itself (seen 2026-11-28: every zero process segfaulted
+# again), so an inherited CXX is not trusted: ZERO_CXX names another compiler on purpose.
 compiler() {
-  if [ -n "${CXX:-}" ]; then echo "$CXX"; elif [ -x /usr/bin/g++ ]; then echo /usr/bin/g++; else echo g++; fi
+  if [ -n "${ZERO_CXX:-}" ]; then echo "$ZERO_CXX"; elif [ -x /usr/bin/g++ ]; then echo /usr/bin/g++; else echo g++; fi
 }
 
 build() {
