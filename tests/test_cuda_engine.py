@@ -1,7 +1,7 @@
 """The engine on a GPU: ZeRO stages 0-3 in fp32 and bf16 against the single-process PyTorch
 reference, optimizer and parameter offload to pinned host memory through the copy engine and
-to NVMe, the delayed parameter update, and the memory report's device bytes against
-torch.cuda's allocator. Skipped where torch sees
+to NVMe, the delayed parameter update, the reduced gradients read per parameter, and the memory
+report's device bytes against torch.cuda's allocator. Skipped where torch sees
 no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -116,6 +116,20 @@ def test_delayed_update_on_the_gpu():
     assert pending[GAS:] == [True] * (len(pending) - GAS)  # an update in flight after step 1
     for name, expected in ref_params.items():
         assert training.relative_error(params[name], expected) < param_tol, name
+
+
+@pytest.mark.parametrize("stage,offload", [(1, False), (2, True), (3, False)])
+def test_reduced_gradients_read_on_the_gpu(stage, offload):
+    """deepspeed.utils.safe_get_full_grad on NCCL: each parameter's averaged gradient after
+    the boundary's backward (a host shard with optimizer offload), the global batch's."""
+    from test_param_values import _grads_after_backward, _reference_grads
+
+    [(full, _, after_step)] = run_distributed(_grads_after_backward, 1, timeout=300,
+                                              backend="nccl",
+                                              args=(stage, GAS, offload, "fp32"))
+    for name, expected in _reference_grads(1, GAS).items():
+        assert training.relative_error(full[name], expected) < TOLERANCE["fp32"][0], name
+    assert "only there between engine.backward(loss)" in after_step
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -163,6 +163,12 @@ class ZeroEngine(nn.Module):
         return self._core
 
     @property
+    def gradients_reduced(self) -> bool:
+        """True from the backward of an accumulation boundary until the step: the ranks'
+        averaged gradients are in the engine's shards (deepspeed.utils.safe_get_full_grad)."""
+        return self._boundary_backward_seen
+
+    @property
     def groups(self) -> list[sharding.EngineGroup]:
         """The C++ engine's groups in order: each one's optimizer group, parameters and stage
         (3: partitioned; 1 at stage 3: the parameters kept whole)."""

@@ -1,14 +1,17 @@
-"""One parameter's whole fp32 master or optimizer state, put together from the ranks' shards,
-and written back: what DeepSpeed's `deepspeed.utils.safe_get_full_fp32_param`,
-`safe_get_full_optimizer_state` and their `safe_set_full_*` do. Collective: every rank of the
-parameter's shard group calls them.
+"""One parameter's whole fp32 master, optimizer state or reduced gradient, put together from
+the ranks' shards, and written back: what DeepSpeed's `deepspeed.utils.safe_get_full_fp32_param`,
+`safe_get_full_optimizer_state`, `safe_get_full_grad` and their `safe_set_full_*` do.
+Collective: every rank of the parameter's shard group calls them.
 
-A rank holds, of each engine group, one shard of the fp32 master and of every optimizer-state
-array laid out like it (csrc/core/sharded_layout.h); checkpoint_pieces.RankPieces says where
-a parameter's elements lie in it. A get fills this rank's elements into zeros on the engine's
-device and sums over the shard group; a set writes this rank's elements into its shard. Each
-call copies the group's whole shard out of the engine (and, for a set, back): meant for a few
-parameters at a time (monitoring, surgery), not for every parameter at every step.
+A rank holds, of each engine group, one shard of the fp32 master, of every optimizer-state
+array and of the gradients, all laid out alike (csrc/core/sharded_layout.h);
+checkpoint_pieces.RankPieces says where a parameter's elements lie in it. A get fills this
+rank's elements into zeros on the engine's device and sums over the shard group; a set writes
+this rank's elements into its shard. The gradients ("grad") are read and written by range in
+the C++ engine (csrc/adapter/grad_access.h), between a boundary's backward and the step; a
+master or optimizer-state call copies the group's whole shard out of the engine (and, for a
+set, back): meant for a few parameters at a time (monitoring, surgery), not for every
+parameter at every step.
 """
 from __future__ import annotations
 
@@ -40,19 +43,18 @@ def find(param):
 
 
 def get_full(param, array: str) -> torch.Tensor | None:
-    """The whole fp32 value of `array` ("master", or an optimizer state such as "exp_avg")
-    for `param`, on every rank; None for a parameter no engine trains."""
+    """The whole fp32 value of `array` ("master", an optimizer state such as "exp_avg", or
+    "grad") for `param`, on every rank; None for a parameter no engine trains."""
     place = find(param)
     if place is None:
         return None
     engine, g, i, shape = place
-    core = engine.core
-    layout = core.group_layout(g)
-    shard = _shard(core, g, array)
+    layout = engine.core.group_layout(g)
+    read = _reader(engine, g, array)
     # on the engine's device (an offloaded shard is on the host; NCCL sums device tensors)
     value = torch.zeros(shape.numel(), dtype=torch.float32, device=engine.device)
-    for start, stop, position in _runs(layout, core.rank, i, shape):
-        value[start:stop] = shard[position:position + stop - start].to(value.device)
+    for start, stop, position in _runs(layout, engine.core.rank, i, shape):
+        value[start:stop] = read(position, stop - start).to(value.device)
     group = _shard_group(engine, layout)
     if group is not None:
         dist.all_reduce(value, group=group)  # each element is held by one rank, zeros elsewhere
@@ -83,8 +85,8 @@ def get_local(param, array: str) -> torch.Tensor | None:
     if place is None:
         return None
     engine, g, i, shape = place
-    shard = _shard(engine.core, g, array)
-    pieces = [shard[position:position + stop - start] for start, stop, position in
+    read = _reader(engine, g, array)
+    pieces = [read(position, stop - start) for start, stop, position in
               _runs(engine.core.group_layout(g), engine.core.rank, i, shape)]
     return torch.cat(pieces).to(engine.device) if pieces else \
         torch.zeros(0, dtype=torch.float32, device=engine.device)
@@ -111,9 +113,24 @@ def _runs(layout, rank: int, i: int, shape) -> list[tuple[int, int, int]]:
     return RankPieces(layout, rank).of(layout.param_offset(i), shape.numel())
 
 
+def _reader(engine, g: int, array: str):
+    """(shard position, count) -> this rank's values of group g's `array` there."""
+    if array == "grad":
+        _check_gradients_reduced(engine)
+        return lambda position, count: engine.core.group_read_grads(g, position, count)
+    shard = _shard(engine.core, g, array)
+    return lambda position, count: shard[position:position + count]
+
+
 def _write(engine, g: int, i: int, shape, array: str, writes) -> None:
-    """Writes (shard position, values) into group g's shard of `array` and loads it back."""
+    """Writes (shard position, values) into group g's shard of `array` (the gradients in
+    place; a master or optimizer state through a copy loaded back)."""
     core = engine.core
+    if array == "grad":
+        _check_gradients_reduced(engine)
+        for position, values in writes:
+            core.group_write_grads(g, position, values)
+        return
     shard = _shard(core, g, array).clone()
     for position, values in writes:
         shard[position:position + values.numel()] = values.to(shard.device, shard.dtype)
@@ -122,6 +139,15 @@ def _write(engine, g: int, i: int, shape, array: str, writes) -> None:
             core.group_load_master_shard(g, shard)
         else:
             core.group_load_optimizer_state(g, array, shard)
+
+
+def _check_gradients_reduced(engine) -> None:
+    if not engine.gradients_reduced:
+        raise RuntimeError(
+            "zero: the gradients are only there between engine.backward(loss) at an "
+            "accumulation boundary and engine.step() (as DeepSpeed's \"Gradients are only "
+            "available immediately after backward and before engine step\"); call "
+            "safe_get_full_grad / safe_set_full_grad there")
 
 
 def _shard(core, g: int, array: str) -> torch.Tensor:

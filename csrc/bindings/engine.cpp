@@ -2,6 +2,7 @@
 
 #include "adapter/backward_hooks.h"
 #include "adapter/engine_core.h"
+#include "adapter/grad_access.h"
 #include "adapter/stage3_group.h"
 
 namespace zero::bindings {
@@ -223,6 +224,16 @@ void add_groups(Core& core) {
            for (auto& [name, tensor] : e.group(g).optimizer_state()) out[name.c_str()] = tensor;
            return out;
          })
+    .def("group_read_grads",  // this rank's reduced gradients by shard position, fp32
+         [](adapter::EngineCore& e, std::size_t g, std::int64_t offset, std::int64_t numel) {
+           return adapter::read_grads(e.group(g), offset, numel);
+         }, py::arg("group"), py::arg("offset"), py::arg("numel"),
+         py::call_guard<py::gil_scoped_release>())
+    .def("group_write_grads",
+         [](adapter::EngineCore& e, std::size_t g, std::int64_t offset, const at::Tensor& values) {
+           adapter::write_grads(e.group(g), offset, values);
+         }, py::arg("group"), py::arg("offset"), py::arg("values"),
+         py::call_guard<py::gil_scoped_release>())
     .def("group_bucket_info",
          [](adapter::EngineCore& e, std::size_t g) { return e.group(g).bucket_info(); },
          py::arg("group"));

@@ -1,6 +1,6 @@
-"""`deepspeed.utils`' safe_get_full_* / safe_set_full_*: a parameter's whole fp32 master or
-optimizer state, from the ranks' shards (zero/param_values.py). Collective, as in DeepSpeed:
-every rank calls them for the same parameter."""
+"""`deepspeed.utils`' safe_get_full_* / safe_set_full_*: a parameter's whole fp32 master,
+optimizer state or reduced gradient, from the ranks' shards (zero/param_values.py).
+Collective, as in DeepSpeed: every rank calls them for the same parameter."""
 from __future__ import annotations
 
 from zero import param_values
@@ -44,20 +44,22 @@ def safe_set_local_optimizer_state(param, value, optim_state_key) -> None:
 
 
 def safe_get_full_grad(param):
-    raise NotImplementedError(
-        "zero: safe_get_full_grad is not built yet: the reduced gradient shards live in the C++ "
-        "engine's buckets and are not reachable per parameter. The global gradient norm is "
-        "engine.get_global_grad_norm(); the fp32 weights and optimizer state are "
-        "safe_get_full_fp32_param and safe_get_full_optimizer_state")
+    """The parameter's whole gradient, averaged over the data-parallel ranks, in fp32 (with
+    fp16's loss scale still in it, as DeepSpeed's): between engine.backward(loss) at an
+    accumulation boundary and engine.step(). None for a parameter no engine trains."""
+    return param_values.get_full(param, "grad")
 
 
 def safe_set_full_grad(param, value) -> None:
-    raise NotImplementedError("zero: safe_set_full_grad is not built yet (see safe_get_full_grad)")
+    """Replaces the parameter's gradient before the step (each rank writes its own part);
+    the step, its clipping and the gradient norm use the new value."""
+    param_values.set_full(param, value, "grad")
 
 
 def safe_get_local_grad(param):
-    raise NotImplementedError("zero: safe_get_local_grad is not built yet (see safe_get_full_grad)")
+    """This rank's fragment of the parameter's reduced gradient (flat, fp32)."""
+    return param_values.get_local(param, "grad")
 
 
 def safe_set_local_grad(param, value) -> None:
-    raise NotImplementedError("zero: safe_set_local_grad is not built yet (see safe_get_full_grad)")
+    param_values.set_local(param, value, "grad")
