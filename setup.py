@@ -97,6 +97,7 @@ def main():
         entry_points={"console_scripts": [
             "zero = zero.launcher.runner:main",
             "zero-mem = zero.reports.cli:main",
+            "zero-report = zero.env_report:main",
         ]},
         install_requires=["tqdm"],
         python_requires=">=3.10",

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # zero on a machine with an NVIDIA GPU, in one go:
 #   1. build  the CUDA extension in place, against the torch and CUDA installed there
-#             (installs nothing, fetches nothing; the core's Catch2 tests are not built);
+#             (installs nothing, fetches nothing; the core's Catch2 tests are not built),
+#             then zero's environment report (zero/env_report.py: the build checked against
+#             this torch and libstdc++, three training steps on the CPU and on the GPU);
 #   2. tests  the CUDA tests (tests/test_cuda_*.py: NCCL, stages 0-3 on the GPU, offload,
 #             the memory report against torch.cuda's allocator);
 #   3. bench  benchmarks/bench_gpu_offload.py: ZeRO-Offload on one GPU against the same model
@@ -15,6 +17,8 @@
 #   bash scripts/gpu_check.sh                        # everything
 #   GPU_CHECK_STEPS="build tests" bash scripts/gpu_check.sh
 #   ZERO_COMMIT=<sha>  names the commit measured where the checkout has no .git
+#   GPU_CHECK_ARCHIVE=<file.tar.gz>  the results folder packed into one file at the end
+#                      (on a lent machine: ZERO_GPU_RESULTS=/tmp/gpu GPU_CHECK_ARCHIVE=$OUT/gpu.tar.gz)
 #   .whl/ (from scripts/gpu_wheels.sh, carried)  DeepSpeed and its needs, installed into
 #                      build/gpu-site so the bench's deepspeed rows run
 #   BENCH_ARGS / LARGEST_ARGS  more arguments for the bench / largest steps
@@ -95,12 +99,12 @@ build() {
   CXX="$cxx" ZERO_CMAKE_BUILD_DIR="$PWD/build/gpu-cmake" ZERO_BUILD_TESTS=0 \
     TORCH_CUDA_ARCH_LIST="$capability" MAX_JOBS="$(nproc)" \
     "$PYTHON" setup.py -q build_ext --inplace || return 1
-  if nm -C --defined-only zero/_C*.so | grep -q "std::locale::classic"; then
-    echo "gpu_check: zero/_C carries its own copy of libstdc++ ($cxx links it statically) and" \
-      "would crash beside the process's; build with the system compiler: CXX=/usr/bin/g++"
-    return 1
-  fi
-  "$PYTHON" -c 'import zero._C as C; assert C.cuda_build, "the extension was built without CUDA"; print("zero._C is a CUDA build")'
+  "$PYTHON" -c 'import zero._C as C; assert C.cuda_build, "the extension was built without CUDA"; print("zero._C is a CUDA build")' || return 1
+  # The environment report checks the build against this torch, that the extension uses the
+  # process's libstdc++, and trains three steps on the CPU and on the GPU, each in a process
+  # of its own: a build that crashes fails here in seconds, before the tests and benchmarks.
+  "$PYTHON" -m zero.env_report | tee "$RESULTS/env_report.txt"
+  return "${PIPESTATUS[0]}"
 }
 
 tests() {
@@ -139,4 +143,9 @@ if step build build; then
 fi
 echo "gpu_check: summary in $SUMMARY"
 cat "$SUMMARY"
+# One file for the whole results folder: a lent machine's call returns only so many files
+# from its $OUT (2026-11-28: the largest-model sweep's per-size JSON crowded out its report).
+if [ -n "${GPU_CHECK_ARCHIVE:-}" ]; then
+  tar -czf "$GPU_CHECK_ARCHIVE" -C "$RESULTS" . && echo "gpu_check: results in $GPU_CHECK_ARCHIVE"
+fi
 exit "$failed"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine of this kind (Debian, root, PyPI reachable):
-# system packages, Python packages, the build, then the `zero` / `zero-mem` commands.
+# system packages, Python packages, the build, then the `zero` / `zero-mem` / `zero-report` commands.
 # A second run checks what is there and only rebuilds what changed (seconds).
 #
 # Every step says what it does; a step that fails prints its command, the last lines of its
@@ -59,11 +59,12 @@ run_step build "read the compiler error above; 'rm -rf build' forces a clean reb
   "$PYTHON" setup.py build_ext --inplace
 
 # -- the commands --------------------------------------------------------------------------
-# `zero` and `zero-mem` come from an editable install of this checkout (no rebuild); it is
-# redone when a command is missing or the install points at another checkout.
+# `zero`, `zero-mem` and `zero-report` come from an editable install of this checkout (no
+# rebuild); it is redone when a command is missing or the install points at another checkout.
 installed_at=$("$PYTHON" -m pip show zero 2>/dev/null | sed -n 's/^Editable project location: //p' || true)
-if ! command -v zero >/dev/null || ! command -v zero-mem >/dev/null || [ "$installed_at" != "$PWD" ]; then
-  say "installing the zero and zero-mem commands (editable install of $PWD)"
+if ! command -v zero >/dev/null || ! command -v zero-mem >/dev/null ||
+   ! command -v zero-report >/dev/null || [ "$installed_at" != "$PWD" ]; then
+  say "installing the zero, zero-mem and zero-report commands (editable install of $PWD)"
   run_step pip-editable "install by hand: ZERO_SKIP_EXT=1 $PYTHON -m pip install --no-deps --no-build-isolation -e ." \
     env ZERO_SKIP_EXT=1 "$PYTHON" -m pip install --disable-pip-version-check --no-deps \
     --no-build-isolation -e .
@@ -73,5 +74,10 @@ command -v zero >/dev/null || fail "the 'zero' command is not on PATH after the 
 "$PYTHON" -c "import zero._C" 2>"$LOGS/import.log" || {
   tail -n 20 "$LOGS/import.log" | sed 's/^/    /'
   fail "zero._C was built but does not import" "rm -rf build zero/_C*.so and run this script again"
+}
+# The build against this torch, its libstdc++, CPU Adam's kernel (zero-report adds a smoke test).
+"$PYTHON" -m zero.env_report --no-smoke >"$LOGS/env_report.txt" 2>&1 || {
+  sed 's/^/    /' "$LOGS/env_report.txt"
+  fail "zero's environment report has a FAIL line (above)" "do what its -> line says"
 }
 say "done"

@@ -35,7 +35,8 @@ def test_setup_installs_zero_where_it_is_not_installed_and_reruns_quietly():
     try:
         first = run_setup()
         assert first.returncode == 0, first.stdout + first.stderr
-        assert "installing the zero and zero-mem commands" in first.stdout
+        assert "installing the zero, zero-mem and zero-report commands" in first.stdout
+        assert (REPO / "build" / "setup-logs" / "env_report.txt").read_text().count("[FAIL]") == 0
         assert first.stdout.rstrip().endswith("setup: done")
         assert pip_show_location() == str(REPO)
         again = run_setup()

@@ -1,5 +1,6 @@
 #include "bindings/bindings.h"
 
+#include "adapter/build_info.h"
 #include "adapter/gather_schedule.h"
 #include "adapter/group.h"
 #include "adapter/offloaded_state.h"
@@ -11,6 +12,18 @@ namespace zero::bindings {
 // only: a name Python misspells is an AttributeError, and zero.boundary.as_dict turns one
 // into the plain dict a JSON report needs.
 void bind_reports(py::module_& m) {
+  using Build = adapter::BuildInfo;
+  py::class_<Build>(m, "BuildInfo")
+      .def_readonly("cuda", &Build::cuda)
+      .def_readonly("torch_version", &Build::torch_version)
+      .def_readonly("compiler", &Build::compiler)
+      .def_readonly("cxx11_abi", &Build::cxx11_abi)
+      .def_readonly("io_uring", &Build::io_uring)
+      .def_readonly("cpu_isa", &Build::cpu_isa)
+      .def_readonly("cpu_isa_detected", &Build::cpu_isa_detected);
+  m.def("build_info", &adapter::build_info,
+        "How this zero._C was built and what it finds here (zero/env_report.py)");
+
   using Comm = adapter::CommStats;
   py::class_<Comm>(m, "CommStats")
       .def(py::init<>())

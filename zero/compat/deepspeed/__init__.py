@@ -11,14 +11,14 @@ from zero.api import add_config_arguments, init_distributed, initialize
 from zero.engine import ZeroEngine as DeepSpeedEngine
 from zero.tp import tp_model_init
 
-from . import accelerator, checkpoint, checkpointing, comm, launcher, monitor, ops, pipe, profiling, runtime, utils
+from . import (accelerator, checkpoint, checkpointing, comm, env_report, launcher, monitor, ops, pipe,
+               profiling, runtime, utils)
 from .runtime import zero  # deepspeed.zero is deepspeed.runtime.zero, as in DeepSpeed
 
 __version__ = "0.19.8"  # the DeepSpeed API version zero mirrors (as_deepspeed's dist-info)
 __version_major__, __version_minor__, __version_patch__ = 0, 19, 8
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "comm", "utils",
-           "checkpointing", "tp_model_init",
-           "accelerator", "checkpoint", "launcher", "monitor", "ops", "pipe", "profiling", "runtime",
-           "DeepSpeedEngine",
+           "checkpointing", "tp_model_init", "accelerator", "checkpoint", "env_report",
+           "launcher", "monitor", "ops", "pipe", "profiling", "runtime", "DeepSpeedEngine",
            "__version__"]
