@@ -247,7 +247,7 @@ def test_defaults_are_deepspeed_code_defaults():
     cfg = load_config(BASE, 1)
     assert isinstance(cfg, ZeroConfig)
     assert cfg.optimizer is None and cfg.scheduler is None
-    assert cfg.gradient_clipping == 0.0
+    assert cfg.gradient_clipping == 1.0  # DeepSpeed 0.19.8 (tests/deepspeed_getters)
     assert cfg.steps_per_print is None
     assert cfg.wall_clock_breakdown is False and cfg.prescale_gradients is False
     assert cfg.gradient_predivide_factor == 1.0 and cfg.communication_data_type is None

@@ -28,6 +28,7 @@ from .parallel import data_group
 from .boundary import as_dict
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
+from .engine_getters import EngineGetters
 from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import build_report, state_layouts
 from .monitor import Watch
@@ -43,7 +44,7 @@ PRECISION_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch
 ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffer
 
 
-class ZeroEngine(nn.Module):
+class ZeroEngine(EngineGetters, nn.Module):
     def __init__(self, model: nn.Module, config: ZeroConfig, optimizer=None,
                  model_parameters: Iterable | None = None, lr_scheduler=None,
                  data_parallel_group=None, tensor_parallel_group=None, norm_span=None):
@@ -66,6 +67,7 @@ class ZeroEngine(nn.Module):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # collectives and allocations on this rank's GPU
         self.data_parallel_group = data_parallel_group or dist.group.WORLD
+        self.tensor_parallel_group = tensor_parallel_group
         self._whole_world = data_group.is_world(self.data_parallel_group)
         if not self._whole_world:
             data_group.check_supported(self.stage, model)
@@ -128,6 +130,7 @@ class ZeroEngine(nn.Module):
         self.skipped_steps = 0
         self.applied_steps = 0  # optimizer updates actually made (Adam's step count)
         self.last_step_result: _C.StepResult | None = None  # None before the first step
+        self._step_applied = False  # the last step() updated the weights (was_step_applied)
         self._boundary_in_backward = False
         self._boundary_backward_seen = False  # engine.backward ran for this boundary
         self._no_sync = False
@@ -186,24 +189,6 @@ class ZeroEngine(nn.Module):
     def world_size(self) -> int:
         """The data-parallel ranks (the world unless a data_parallel_group was given)."""
         return dist.get_world_size(self.data_parallel_group)
-
-    def bfloat16_enabled(self) -> bool:
-        return self.config.precision == "bf16"
-
-    def fp16_enabled(self) -> bool:
-        return self.config.precision == "fp16"
-
-    def zero_optimization_stage(self) -> int:
-        return self.stage
-
-    def train_batch_size(self) -> int:
-        return self.config.train_batch_size
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.train_micro_batch_size_per_gpu
-
-    def gradient_accumulation_steps(self) -> int:
-        return self.config.gradient_accumulation_steps
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether this micro-batch ends the accumulation window: counted from the micro-steps,
@@ -276,6 +261,7 @@ class ZeroEngine(nn.Module):
             raise RuntimeError("zero: engine.step() on an engine built without an optimizer "
                                "(no \"optimizer\" block and no optimizer= to initialize()); "
                                "add one to train")
+        self._step_applied = False
         with self._watch.phase(STEP):
             self.micro_steps += 1
             self.global_samples += self.train_micro_batch_size_per_gpu() * self.world_size
@@ -299,6 +285,7 @@ class ZeroEngine(nn.Module):
             self._skip_nonfinite_step(result)
         else:
             self.applied_steps += 1
+            self._step_applied = True
             if self.lr_scheduler is not None:
                 with warnings.catch_warnings():
                     # torch's check that optimizer.step() ran first looks for its own wrapper
@@ -433,14 +420,33 @@ class ZeroEngine(nn.Module):
             return self.module.state_dict()
         return stage3.full_state_dict(self._stage3, self.module, keep=dist.get_rank() == 0)
 
+    def was_step_applied(self) -> bool:
+        """Whether the last engine.step() updated the weights: False between accumulation
+        boundaries and for a skipped (overflowed, non-finite) step, as DeepSpeed."""
+        return self._step_applied
+
+    def empty_partition_cache(self) -> None:
+        """Stage 3: gives back the memory of every gathered unit nobody holds (kept for a
+        reuse, prefetched, or left by a forward without backward); the next use gathers
+        again. Nothing to do below stage 3."""
+        if self._core is not None:
+            self._core.release_gathered()
+
+    def get_data_parallel_rank(self) -> int:
+        return dist.get_rank(self.data_parallel_group)
+
+    def get_tensor_parallel_rank(self) -> int:
+        group = self.tensor_parallel_group
+        return 0 if group is None else dist.get_rank(group)
+
+    def get_model_parallel_rank(self) -> int:
+        return self.get_tensor_parallel_rank()
+
     def get_global_grad_norm(self) -> float | None:
         """The global gradient norm of the last optimizer step, before clipping (None before
         the first step), as DeepSpeed's engine reports it."""
         result = self.last_step_result
         return None if result is None else result.grad_norm
-
-    def zero_gather_16bit_weights_on_model_save(self) -> bool:
-        return bool(self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         """DeepSpeed's name, used by the HF Trainer and Accelerate to save a stage-3 model: the

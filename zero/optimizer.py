@@ -18,12 +18,14 @@ SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
 class OptimizerSpec:
     """What kind of update, and the default hyperparameters for every group."""
 
-    def __init__(self, kind: str, defaults: dict[str, Any], decoupled_weight_decay: bool):
+    def __init__(self, kind: str, defaults: dict[str, Any], decoupled_weight_decay: bool,
+                 client_name: str | None = None):
         if kind not in ("adam", "sgd"):
             raise ValueError(f"optimizer kind {kind!r}: expected 'adam' or 'sgd'")
         self.kind = kind
         self.defaults = dict(defaults)
         self.decoupled_weight_decay = decoupled_weight_decay
+        self.client_name = client_name  # a client optimizer's class name (optimizer_name())
 
     @classmethod
     def from_config(cls, optimizer_config) -> "OptimizerSpec":
@@ -50,13 +52,14 @@ class OptimizerSpec:
             if optimizer.defaults.get(option):
                 raise ValueError(f"zero: client optimizer option {option}=True is not supported; "
                                  "remove it or use the config's \"optimizer\" block")
+        name = type(optimizer).__name__
         if isinstance(optimizer, torch.optim.AdamW):
-            return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), decoupled_weight_decay=True)
+            return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), True, name)
         if isinstance(optimizer, torch.optim.Adam):
             decoupled = bool(optimizer.defaults.get("decoupled_weight_decay", False))
-            return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), decoupled)
+            return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), decoupled, name)
         if isinstance(optimizer, torch.optim.SGD):
-            return cls("sgd", _pick(optimizer.defaults, SGD_KEYS), decoupled_weight_decay=False)
+            return cls("sgd", _pick(optimizer.defaults, SGD_KEYS), False, name)
         raise TypeError(
             f"zero: client optimizer {type(optimizer).__name__} is not supported; pass "
             "torch.optim.Adam, AdamW or SGD, or configure \"optimizer\" in the JSON config")

@@ -248,6 +248,11 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   return result;
 }
 
+void EngineCore::release_gathered() {
+  at::NoGradGuard no_grad;
+  if (schedule_) schedule_->release_unused();
+}
+
 void EngineCore::apply_delayed_update() {
   at::NoGradGuard no_grad;
   if (schedule_) schedule_->release_unused();  // gathered copies would go stale

@@ -71,6 +71,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
                                      const ScheduleOptions& options);
   GatherSchedule& schedule();
   GroupUnits& units();  // which Stage3Group pieces make each model unit
+  // Stage 3: releases every gathered unit nobody holds (kept for a reuse, prefetched, left by
+  // a forward without backward), giving their memory back; nothing below stage 3.
+  void release_gathered();
 
   core::MemoryRegistry& registry() { return *registry_; }
   std::shared_ptr<core::MemoryRegistry> shared_registry() const { return registry_; }

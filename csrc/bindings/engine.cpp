@@ -142,6 +142,8 @@ void add_stage3(Core& core) {
             std::vector<at::Tensor> inputs) {
            return adapter::attach_post_backward(e, unit, std::move(inputs));
          }, py::arg("unit"), py::arg("inputs"))
+    .def("release_gathered", &adapter::EngineCore::release_gathered,
+         py::call_guard<py::gil_scoped_release>())
     .def("schedule_stats", [](adapter::EngineCore& e) { return e.schedule().stats(); })
     .def("gathered_numel", [](adapter::EngineCore& e, std::size_t g) {
            return stage3(e, g).gathered_numel();

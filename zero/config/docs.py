@@ -134,7 +134,6 @@ zero follows the code.
 | key | DeepSpeed docs | DeepSpeed code (= zero) |
 | --- | --- | --- |
 | `steps_per_print` | `10` | `null` (never print) |
-| `gradient_clipping` | `1.0` | `0.0` (off) |
 | `zero_optimization.overlap_comm` | `false` | `null`, resolved to `stage == 3` |
 | `zero_optimization.stage3_prefetch_bucket_size` | `5e8` | `5e7` |
 | `offload_optimizer.device`, `offload_param.device` | `"cpu"` | `"none"` |

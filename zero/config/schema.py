@@ -680,8 +680,9 @@ TOP = Block("", "Top-level keys.", (
            optional=True),
     _block("fp16", FP16, "fp16 mixed precision (table below)."),
     _block("bf16", BF16, "bf16 mixed precision (table below)."),
-    _float("gradient_clipping", 0.0, "Clip the global gradient norm to this value; 0 disables clipping "
-           "(DeepSpeed's docs say 1.0; its code default is 0).", minimum=0, maximum=1e6),
+    _float("gradient_clipping", 1.0, "Clip the global gradient norm to this value; 0 disables clipping "
+           "(DeepSpeed 0.19.8's default, as its docs say; older DeepSpeed releases defaulted to 0).",
+           minimum=0, maximum=1e6),
     _block("zero_optimization", ZERO_OPTIMIZATION, "ZeRO settings (table below)."),
     _block("aio", AIO, "Asynchronous I/O (table below)."),
     _int("steps_per_print", None, "Log progress every N steps. Null (DeepSpeed's current code default; its docs "

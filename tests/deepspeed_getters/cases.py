@@ -1,0 +1,99 @@
+"""The engines whose getters tests/test_engine_getters.py compares: each a config, a client
+optimizer or none, and the micro-steps to run. Shared by make.py (the real DeepSpeed writes
+expected.json) and the test (zero on the same)."""
+import torch
+
+GETTERS = [
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+    "get_batch_info", "bfloat16_enabled", "fp16_enabled", "dynamic_loss_scale",
+    "initial_dynamic_scale", "get_data_types", "communication_data_type", "gradient_clipping",
+    "postscale_gradients", "gradient_predivide_factor", "steps_per_print",
+    "wall_clock_breakdown", "optimizer_name", "get_mom", "scheduler_name",
+    "zero_optimization", "zero_optimization_stage", "zero_optimization_partition_gradients",
+    "zero_optimization_partition_weights", "is_first_weights_partition_group",
+    "zero_offload_optimizer", "zero_offload_param", "zero_use_cpu_optimizer",
+    "zero_cpu_offload", "zero_partial_offload", "zero_sub_group_size",
+    "zero_reduce_bucket_size", "zero_allgather_bucket_size", "zero_overlap_comm",
+    "zero_contiguous_gradients", "zero_reduce_scatter", "zero_round_robin_gradients",
+    "zero_max_live_parameters", "zero_max_reuse_distance", "zero_prefetch_bucket_size",
+    "zero_param_persistence_threshold", "zero_model_persistence_threshold",
+    "zero_module_granularity_threshold", "zero_gather_16bit_weights_on_model_save",
+    "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+    "get_data_parallel_rank", "get_model_parallel_rank", "get_tensor_parallel_rank",
+]
+PROPERTIES = ["communication_data_type"]  # read, not called (a property in DeepSpeed too)
+
+_ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.8, 0.99], "weight_decay": 0.01}}
+CASES = {
+    "stage2-bf16-offload": {
+        "config": {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+                   "gradient_clipping": 0.5, "bf16": {"enabled": True}, "optimizer": _ADAMW,
+                   "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3}},
+                   "zero_optimization": {"stage": 2, "reduce_bucket_size": 3000,
+                                         "offload_optimizer": {"device": "cpu",
+                                                               "pin_memory": True}}},
+        "client_optimizer": None, "micro_steps": 4},
+    "stage3-fp32": {
+        "config": {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
+                   "steps_per_print": 1000, "optimizer": _ADAMW,
+                   "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 20000,
+                                         "stage3_max_reuse_distance": 500,
+                                         "stage3_prefetch_bucket_size": 1000,
+                                         "stage3_param_persistence_threshold": 10,
+                                         "stage3_gather_16bit_weights_on_model_save": True,
+                                         "sub_group_size": 100000}},
+        "client_optimizer": None, "micro_steps": 2},
+    "stage1-sgd-client": {
+        "config": {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
+                   "zero_allow_untested_optimizer": True},
+        "client_optimizer": "SGD", "micro_steps": 2},
+}
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def client_optimizer(name, model):
+    if name == "SGD":
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return None
+
+
+def value(result):
+    """A getter's result as JSON: an offload block by its device and pin_memory, a dtype by
+    name, tuples as lists, a function by its name (DeepSpeed's get_batch_info returns its
+    three getters uncalled)."""
+    if result is None or isinstance(result, (bool, int, float, str)):
+        return result
+    if callable(result):
+        return {"function": result.__name__}
+    if isinstance(result, torch.dtype):
+        return str(result)
+    if isinstance(result, (list, tuple)):
+        return [value(item) for item in result]
+    device = getattr(result, "device", None)
+    return {"device": str(getattr(device, "value", device)), "pin_memory": result.pin_memory}
+
+
+def run(engine, micro_steps):
+    """The getters' values, then was_step_applied after each of `micro_steps` steps."""
+    values = {}
+    for name in GETTERS + PROPERTIES:
+        try:
+            found = getattr(engine, name)
+            values[name] = value(found if name in PROPERTIES else found())
+        except Exception as error:  # noqa: BLE001 - DeepSpeed's own getters can fail
+            values[name] = {"error": f"{type(error).__name__}: {error}"}
+    applied = []
+    for step in range(micro_steps):
+        torch.manual_seed(step)
+        x = torch.randn(engine.train_micro_batch_size_per_gpu(), 16).to(engine.device)
+        out = engine(x.to(next(engine.module.parameters()).dtype))
+        engine.backward(out.float().pow(2).mean())
+        engine.step()
+        applied.append(engine.was_step_applied())
+    values["was_step_applied"] = applied
+    return values
