@@ -61,6 +61,7 @@ from torch.nn.modules.module import register_module_parameter_registration_hook
 
 from offload.progress import SwapWriteProgress
 
+from . import ds_param
 from .init_spill import ShardSpill
 
 DEFAULT_PERSISTENCE_THRESHOLD = 100_000
@@ -109,6 +110,7 @@ def unpartition(param: torch.Tensor) -> None:
     """Makes a partitioned parameter whole for good (collective)."""
     param.data = gather_full(param)
     release_shard(param)
+    ds_param.mark(param, param.shape, persist=True)
 
 
 def shard_shape(param: torch.Tensor) -> list[int]:
@@ -167,6 +169,7 @@ def _partition(param, full, src=0, dtype=None, device=None, spill=None) -> None:
             param._zero_shard = piece.clone()
     param._zero_shape = full.shape
     param.data = torch.empty(0, dtype=full.dtype, device=full.device)
+    ds_param.mark(param, full.shape, persist=False)
 
 
 # id(param) -> (dtype, device) it was constructed with, for init-time gathers
@@ -324,6 +327,7 @@ class Init:
             with torch.no_grad():
                 param.data = param.data.to(dtype=self.dtype, device=self.device)
                 dist.broadcast(param.data, src=0)
+            ds_param.mark(param, param.shape, persist=True)
             self._whole[id(param)] = weakref.ref(param)
             self._set(param, param.numel() * param.element_size())
 

@@ -26,7 +26,7 @@ from torch import nn
 
 import offload
 
-from . import boundary, process_groups, stage3
+from . import boundary, ds_param, process_groups, stage3
 from . import init as zero_init
 from .parallel.data_group import first_rank
 from .parallel.norm_span import by_weight
@@ -114,6 +114,7 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
     plan = stage3.plan_units(model)
     partitioned = {id(p): p for params in trainables for p in params
                    if zero_init.full_numel(p) > threshold}
+    whole_shapes = {id(p): zero_init.shard_shape(p) or p.shape for p in model.parameters()}
     # zero.Init partitioned everything large; what the engine keeps whole (small or frozen
     # parameters) is gathered back once, in the same order on every rank.
     if builder.stage3_groups.mics_shard and any(zero_init.is_partitioned(p)
@@ -144,6 +145,8 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
     hooks = stage3.Stage3Hooks(builder.core, plan, placement, step_counter=step_counter,
                                partitioned=partitioned, param_names=names_by_id(model))
     _adopt_init_shards(hooks)
+    for param in model.parameters():  # DeepSpeed's ds_* attributes (zero/ds_param.py)
+        ds_param.mark(param, whole_shapes[id(param)], persist=id(param) not in partitioned)
     return Sharding(groups, hooks)
 
 

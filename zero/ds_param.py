@@ -1,0 +1,52 @@
+"""DeepSpeed's ZeRO-3 face on a parameter: `ds_id`, `ds_shape`, `ds_numel`, `ds_persist` and
+`ds_status`, what scripts and libraries read on a DeepSpeed stage-3 model. PEFT and the HF
+examples count `ds_numel` where `numel()` is 0 (a partitioned parameter); RLHF trainers
+gather the parameters whose `ds_status` is `NOT_AVAILABLE` before handing weights over.
+
+zero.Init and a stage-3 engine mark each parameter they manage (`mark`): the static values
+become attributes, and a plain nn.Parameter becomes a ZeroParameter, the same object with
+its class swapped (ties, hooks and the optimizer's references all hold), whose `ds_status`
+reads its own storage: AVAILABLE while it holds its whole shape (gathered, or kept whole),
+NOT_AVAILABLE while it is this rank's empty placeholder. zero gathers in C++ and waits before
+Python sees a parameter, so INFLIGHT is never reported. A parameter of another class
+(another library's subclass) keeps its class and gets the static attributes only.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+
+import torch
+from torch import nn
+
+
+class ZeroParamStatus(enum.Enum):
+    """DeepSpeed's (deepspeed.runtime.zero.partition_parameters), with its values."""
+    AVAILABLE = 1
+    NOT_AVAILABLE = 2
+    INFLIGHT = 3
+
+
+class ZeroParameter(nn.Parameter):
+    """A parameter zero.Init or a stage-3 engine manages (see the module's docstring)."""
+
+    @property
+    def ds_status(self) -> ZeroParamStatus:
+        whole = self.numel() == getattr(self, "ds_numel", self.numel())
+        return ZeroParamStatus.AVAILABLE if whole else ZeroParamStatus.NOT_AVAILABLE
+
+
+_IDS = itertools.count()  # ds_id: in order of marking, unique in this process, as DeepSpeed's
+
+
+def mark(param: nn.Parameter, full_shape, persist: bool) -> None:
+    """Gives `param` DeepSpeed's stage-3 attributes: its whole shape `full_shape`, and
+    `persist` when it is kept whole on every rank (DeepSpeed's persistent parameters)."""
+    if type(param) is nn.Parameter:
+        param.__class__ = ZeroParameter
+    param.ds_shape = torch.Size(full_shape)
+    param.ds_numel = math.prod(param.ds_shape)
+    param.ds_persist = persist
+    if not hasattr(param, "ds_id"):
+        param.ds_id = next(_IDS)
