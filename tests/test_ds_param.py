@@ -72,9 +72,11 @@ def test_stage3_parameters_carry_deepspeeds_attributes(under_init):
     assert len(set(ids)) == len(ids)  # one id per parameter
 
 
-def test_a_partitioned_parameter_stays_a_parameter():
-    """The class swap keeps what torch and the libraries rely on."""
+def test_a_partitioned_parameter_stays_a_parameter_and_its_copies_are_plain():
+    """The class swap keeps what torch and the libraries rely on; a copy or a pickle is
+    nobody's partitioned parameter, so it has no ds_* (DeepSpeed's copies lose them too)."""
     import copy
+    import io
 
     from zero.ds_param import ZeroParameter, ZeroParamStatus, mark
 
@@ -85,5 +87,21 @@ def test_a_partitioned_parameter_stays_a_parameter():
     assert type(weight) is ZeroParameter and weight.ds_status == ZeroParamStatus.AVAILABLE
     weight.data = torch.empty(0)
     assert weight.ds_status == ZeroParamStatus.NOT_AVAILABLE and weight.ds_numel == 12
-    assert isinstance(copy.deepcopy(layer).weight, torch.nn.Parameter)
     assert math.prod(weight.ds_shape) == 12
+    saved = io.BytesIO()
+    torch.save(layer, saved)
+    saved.seek(0)
+    for other in (copy.deepcopy(layer), torch.load(saved, weights_only=False)):
+        assert type(other.weight) is torch.nn.Parameter
+        assert not any(name.startswith("ds_") for name in vars(other.weight))
+
+
+def test_another_librarys_parameter_class_is_left_alone():
+    from zero.ds_param import mark
+
+    class Quantized(torch.nn.Parameter):
+        pass
+
+    param = Quantized(torch.zeros(3))
+    mark(param, (3,), persist=True)
+    assert type(param) is Quantized and not hasattr(param, "ds_id")

@@ -9,7 +9,7 @@ its class swapped (ties, hooks and the optimizer's references all hold), whose `
 reads its own storage: AVAILABLE while it holds its whole shape (gathered, or kept whole),
 NOT_AVAILABLE while it is this rank's empty placeholder. zero gathers in C++ and waits before
 Python sees a parameter, so INFLIGHT is never reported. A parameter of another class
-(another library's subclass) keeps its class and gets the static attributes only.
+(another library's subclass) is left alone.
 """
 from __future__ import annotations
 
@@ -28,13 +28,39 @@ class ZeroParamStatus(enum.Enum):
     INFLIGHT = 3
 
 
+_ATTRIBUTES = ("ds_shape", "ds_numel", "ds_persist", "ds_id")
+
+
 class ZeroParameter(nn.Parameter):
-    """A parameter zero.Init or a stage-3 engine manages (see the module's docstring)."""
+    """A parameter zero.Init or a stage-3 engine manages (see the module's docstring). A copy
+    or a pickle of it is a plain nn.Parameter without the ds_* attributes: nobody manages
+    it (DeepSpeed's copies lose them too)."""
 
     @property
     def ds_status(self) -> ZeroParamStatus:
-        whole = self.numel() == getattr(self, "ds_numel", self.numel())
+        whole = self.numel() == self.ds_numel
         return ZeroParamStatus.AVAILABLE if whole else ZeroParamStatus.NOT_AVAILABLE
+
+    def __deepcopy__(self, memo):
+        if id(self) not in memo:
+            memo[id(self)] = nn.Parameter(self.data.clone(memory_format=torch.preserve_format),
+                                          self.requires_grad)
+        return memo[id(self)]
+
+    def __reduce_ex__(self, protocol):
+        rebuild, args = super().__reduce_ex__(protocol)[:2]
+        if rebuild is torch._utils._rebuild_parameter_with_state:
+            data, requires_grad, hooks, state = args
+            if isinstance(state, tuple):  # (__dict__, slots)
+                state = (_without_ds(state[0]), state[1])
+            else:
+                state = _without_ds(state)
+            args = (data, requires_grad, hooks, state)
+        return rebuild, args
+
+
+def _without_ds(attributes: dict | None) -> dict | None:
+    return attributes and {k: v for k, v in attributes.items() if k not in _ATTRIBUTES}
 
 
 _IDS = itertools.count()  # ds_id: in order of marking, unique in this process, as DeepSpeed's
@@ -42,9 +68,13 @@ _IDS = itertools.count()  # ds_id: in order of marking, unique in this process, 
 
 def mark(param: nn.Parameter, full_shape, persist: bool) -> None:
     """Gives `param` DeepSpeed's stage-3 attributes: its whole shape `full_shape`, and
-    `persist` when it is kept whole on every rank (DeepSpeed's persistent parameters)."""
+    `persist` when it is kept whole on every rank (DeepSpeed's persistent parameters). A
+    parameter of another class (another library's subclass) is left as it is: ds_id without
+    ds_status would break the loops that read both."""
     if type(param) is nn.Parameter:
         param.__class__ = ZeroParameter
+    elif not isinstance(param, ZeroParameter):
+        return
     param.ds_shape = torch.Size(full_shape)
     param.ds_numel = math.prod(param.ds_shape)
     param.ds_persist = persist

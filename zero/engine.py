@@ -167,8 +167,10 @@ class ZeroEngine(EngineGetters, nn.Module):
 
     @property
     def gradients_reduced(self) -> bool:
-        """True from the backward of an accumulation boundary until the step: the ranks'
-        averaged gradients are in the engine's shards (deepspeed.utils.safe_get_full_grad)."""
+        """True once the backward of an accumulation boundary has returned, until the step:
+        the ranks' averaged gradients are in the engine's shards, for
+        deepspeed.utils.safe_get_full_grad (zeros after a zero_grad(), as the step would
+        apply)."""
         return self._boundary_backward_seen
 
     @property

@@ -1,9 +1,11 @@
-"""DeepSpeed's engine getters, read from zero's validated config (zero/config/model.py):
-`engine.zero_optimization_partition_weights()`, `engine.gradient_clipping()`,
-`engine.get_batch_info()` and the rest that scripts, Lightning, Accelerate and RLHF
-libraries ask a DeepSpeedEngine. Names, arguments and results are DeepSpeed 0.19.8's
-(runtime/engine.py); an offload getter returns zero's offload block, whose fields carry
-DeepSpeed's key names, or None where DeepSpeed's block would be absent."""
+"""DeepSpeed's engine getters over the config, read from zero's validated one
+(zero/config/model.py): `engine.zero_optimization_partition_weights()`,
+`engine.gradient_clipping()`, `engine.get_batch_info()` and the other configuration questions
+scripts, Lightning, Accelerate and RLHF libraries ask a DeepSpeedEngine (the ones about the
+run's state, such as was_step_applied(), are the engine's own). Names, arguments and results
+are DeepSpeed 0.19.8's (runtime/engine.py); an offload getter returns zero's offload block,
+whose fields carry DeepSpeed's key names, or None without offload (DeepSpeed returns a block
+with device "none" when the config names one)."""
 from __future__ import annotations
 
 import torch
@@ -47,7 +49,8 @@ class EngineGetters:
 
     @property
     def communication_data_type(self) -> torch.dtype:
-        """A property, as DeepSpeed's: the configured dtype, else the model's."""
+        """A property, as DeepSpeed's: the configured dtype, else the model's (read-only
+        here: the reducers are built with it)."""
         configured = self.config.communication_data_type
         return _DTYPES[configured] if configured else self.dtype
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -48,12 +49,13 @@ def extension() -> list[Line]:
         return [Line("zero._C", f"does not import: {error}", FAIL,
                      "build it: bash scripts/setup.sh (or python setup.py build_ext --inplace)")]
     info = _C.build_info()
-    running = torch.__version__.split("+")[0]
+    running = release(torch.__version__)
+    abi = torch.compiled_with_cxx11_abi()
+    fits = release(info.torch_version) == running and info.cxx11_abi == abi
     lines = [Line("zero._C built with", f"torch {info.torch_version}, {info.compiler}, "
-                  f"C++11 ABI {int(info.cxx11_abi)}",
-                  OKAY if info.torch_version == running else FAIL,
-                  "" if info.torch_version == running else
-                  f"torch {running} runs here: rebuild (python setup.py build_ext --inplace)")]
+                  f"C++11 ABI {int(info.cxx11_abi)}", OKAY if fits else FAIL,
+                  "" if fits else f"torch {torch.__version__} (C++11 ABI {int(abi)}) runs here: "
+                  "rebuild (python setup.py build_ext --inplace)")]
     if info.cuda:
         lines.append(Line("zero._C device code", "CUDA (kernels, copy streams, NCCL)", OKAY))
     elif torch.cuda.is_available():
@@ -69,6 +71,12 @@ def extension() -> list[Line]:
     lines.append(Line("NVMe I/O backend", "io_uring, else a thread pool" if info.io_uring else
                       "a thread pool (liburing-dev was not found at build time)", INFO))
     return lines
+
+
+def release(version: str) -> str:
+    """major.minor.patch of a torch version ("2.5.0a0+git1234", "2.13.0.dev20261101")."""
+    found = re.match(r"\d+\.\d+\.\d+", version)
+    return found.group(0) if found else version
 
 
 def libstdcxx_line(library: str) -> Line:
@@ -127,8 +135,11 @@ def smoke(device: str, backend: str, command: list[str] | None = None) -> Line:
     name = f"training on {device} ({backend})"
     command = command or [sys.executable, "-m", "zero.env_smoke", "--device", device,
                           "--backend", backend, "--port", str(free_port())]
+    # The engine takes a GPU whenever it sees one: the CPU run must see none.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="") if device == "cpu" else None
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=SMOKE_TIMEOUT)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=SMOKE_TIMEOUT,
+                              env=env)
     except subprocess.TimeoutExpired:
         return Line(name, f"no result in {SMOKE_TIMEOUT} s", FAIL,
                     f"run {' '.join(command)} to see where it stops")

@@ -31,6 +31,9 @@ def train(device: str) -> list[float]:
     if device == "cuda":
         config["bf16"] = {"enabled": True}
     engine, _, _, _ = zero.initialize(model=TinyGPT(model_config), config=config)
+    if engine.device.type != device:
+        raise RuntimeError(f"zero: the engine chose {engine.device}, not {device} (for the CPU "
+                           "run, CUDA_VISIBLE_DEVICES must be empty)")
     losses = []
     for tokens, targets in synthetic_batches(model_config, 4, STEPS, seed=1):
         loss = engine(tokens.to(engine.device), targets.to(engine.device))

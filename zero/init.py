@@ -90,6 +90,11 @@ def shard_of(param: torch.Tensor) -> torch.Tensor:
     return spilled.read() if spilled is not None else param._zero_shard
 
 
+def full_shape(param: torch.Tensor) -> torch.Size:
+    """The whole shape: a partitioned parameter's, or the parameter's own."""
+    return param._zero_shape if is_partitioned(param) else param.shape
+
+
 def full_numel(param: torch.Tensor) -> int:
     return math.prod(param._zero_shape) if is_partitioned(param) else param.numel()
 

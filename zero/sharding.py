@@ -114,7 +114,7 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
     plan = stage3.plan_units(model)
     partitioned = {id(p): p for params in trainables for p in params
                    if zero_init.full_numel(p) > threshold}
-    whole_shapes = {id(p): zero_init.shard_shape(p) or p.shape for p in model.parameters()}
+    whole_shapes = {id(p): zero_init.full_shape(p) for p in model.parameters()}
     # zero.Init partitioned everything large; what the engine keeps whole (small or frozen
     # parameters) is gathered back once, in the same order on every rank.
     if builder.stage3_groups.mics_shard and any(zero_init.is_partitioned(p)
@@ -183,7 +183,7 @@ def _adopt_init_shards(hooks: stage3.Stage3Hooks) -> None:
 def full_shapes(model: nn.Module) -> dict[str, torch.Size]:
     """Every state-dict name's whole shape (a zero.Init parameter's, not its shard's), taken
     before the engine partitions anything."""
-    shapes = {name: torch.Size(zero_init.shard_shape(param) or param.shape)
+    shapes = {name: zero_init.full_shape(param)
               for name, param in model.named_parameters(remove_duplicate=False)}
     shapes.update((name, buffer.shape) for name, buffer in model.named_buffers())
     return shapes

@@ -52,7 +52,8 @@ def safe_get_full_grad(param):
 
 def safe_set_full_grad(param, value) -> None:
     """Replaces the parameter's gradient before the step (each rank writes its own part);
-    the step, its clipping and the gradient norm use the new value."""
+    the step, its clipping and the gradient norm use the new value. With fp16 the value must
+    carry the loss scale, as what safe_get_full_grad returns does."""
     param_values.set_full(param, value, "grad")
 
 
