@@ -124,7 +124,7 @@ def test_reduced_gradients_read_on_the_gpu(stage, offload):
     the boundary's backward (a host shard with optimizer offload), the global batch's."""
     from test_param_values import _grads_after_backward, _reference_grads
 
-    [(full, _, after_step)] = run_distributed(_grads_after_backward, 1, timeout=300,
+    [(full, _, after_step, _)] = run_distributed(_grads_after_backward, 1, timeout=300,
                                               backend="nccl",
                                               args=(stage, GAS, offload, "fp32"))
     for name, expected in _reference_grads(1, GAS).items():

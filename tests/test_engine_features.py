@@ -30,7 +30,7 @@ def _fp16_overflow(rank, world, stage):
         training.train_engine(engine, rank, world, 1, 1, first_step=step, on_step=poison)
         if step == 2:
             params_after = training.parameters_of(engine.module)
-        scales.append(engine.loss_scale)
+        scales.append(engine.optimizer.cur_scale)
     unchanged = all(torch.equal(params_before[k], params_after[k]) for k in params_before)
     return engine.skipped_steps, engine.global_steps, engine.applied_steps, scales, unchanged
 

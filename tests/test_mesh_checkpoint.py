@@ -137,7 +137,7 @@ TP_STEPS, TP_MICRO = 3, 2
 
 def tp_config(stage: int) -> dict:
     return {"train_micro_batch_size_per_gpu": TP_MICRO, "gradient_accumulation_steps": 2,
-            "train_batch_size": TP_MICRO * 2 * DATA,
+            "train_batch_size": TP_MICRO * 2 * DATA, "gradient_clipping": 0.0,  # as tp_reference
             "optimizer": {"type": "AdamW", "params": HYPER},
             "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
             "tensor_parallel": {"autotp_size": 2}}

@@ -40,7 +40,7 @@ def _train(rank, world, extra, steps=STEPS, stage=2, precision="fp16", **zero_ex
             training.train_engine(engine, rank, world, 1, GAS, first_step=step, on_step=keep)
             seen["losses"].append(sum(micro_losses[-GAS:]) / GAS)
             seen["lrs"].append(engine.get_lr()[0])
-            seen["loss_scales"].append(engine.loss_scale)
+            seen["loss_scales"].append(engine.optimizer.cur_scale)
             seen["comm"].append(as_dict(engine.core.comm_stats()))
         seen["memory"] = events.memory_scalars(engine.core.registry(), engine.watch.activation_bytes)
         seen["memory_names"] = events.memory_names()

@@ -143,13 +143,14 @@ def _grads_after_backward(rank, world, stage, gas, offload, precision):
             engine.step()
     full = {name: safe_get_full_grad(p).cpu() for name, p in engine.module.named_parameters()}
     local = {name: safe_get_local_grad(p).numel() for name, p in engine.module.named_parameters()}
+    scale = engine.optimizer.cur_scale  # fp16's is still in the gradients, as DeepSpeed's
     engine.step()
     try:
         safe_get_full_grad(next(engine.module.parameters()))
         after_step = "no error"
     except RuntimeError as error:
         after_step = str(error)
-    return full, local, after_step
+    return {name: grad / scale for name, grad in full.items()}, local, after_step, scale
 
 
 def _reference_grads(world, gas):
@@ -164,11 +165,12 @@ def _reference_grads(world, gas):
 @pytest.mark.parametrize("stage,gas,offload,precision,tolerance", [
     (0, 1, False, "fp32", 1e-5), (1, 2, False, "fp32", 1e-5), (1, 1, False, "fp32", 1e-5),
     (2, 2, False, "fp32", 1e-5), (2, 1, True, "fp32", 1e-5), (3, 2, False, "fp32", 1e-5),
-    (3, 1, True, "fp32", 1e-5), (2, 1, False, "bf16", 3e-2)])
+    (3, 1, True, "fp32", 1e-5), (2, 1, False, "bf16", 3e-2), (2, 1, False, "fp16", 3e-3)])
 def test_full_gradient_is_the_global_batch_gradient(stage, gas, offload, precision, tolerance):
     results = run_distributed(_grads_after_backward, 2, args=(stage, gas, offload, precision))
     reference = _reference_grads(2, gas)
-    for full, _, after_step in results:
+    for full, _, after_step, scale in results:
+        assert scale == (2 ** 8 if precision == "fp16" else 1.0)  # engine_config's fp16 block
         assert set(full) == set(reference)
         for name, expected in reference.items():
             got = full[name]
@@ -176,7 +178,7 @@ def test_full_gradient_is_the_global_batch_gradient(stage, gas, offload, precisi
             assert training.relative_error(got, expected) < tolerance, name
         assert "only there between engine.backward(loss)" in after_step
     for name, expected in reference.items():  # the ranks' fragments make the whole
-        held = sum(local[name] for _, local, _ in results)
+        held = sum(local[name] for _, local, _, _ in results)
         assert held == (expected.numel() if stage else 2 * expected.numel()), name
 
 

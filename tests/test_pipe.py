@@ -160,7 +160,7 @@ def fp16_ranks(rank, world, power):
     losses, scales = [], []
     for _ in range(STEPS):
         losses.append(engine.train_batch(mine).item())
-        scales.append(engine.loss_scale)
+        scales.append(engine.optimizer.cur_scale)
     return losses, scales, engine.skipped_steps
 
 

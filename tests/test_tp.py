@@ -81,7 +81,7 @@ def train_ranks(rank, world, stages, clip=0.0, fp16=None):
                 engine.step()
                 losses.append(loss.item())
             norms.append(engine.get_global_grad_norm())
-            scales.append(engine.loss_scale)
+            scales.append(engine.optimizer.cur_scale)
         report = engine.memory_report()["categories"]["optimizer_state"]["current"]
         runs.append({"losses": losses, "norms": norms, "scales": scales,
                      "skipped": engine.skipped_steps, "optimizer_bytes": report,

@@ -105,17 +105,17 @@ class ZeroEngine(EngineGetters, nn.Module):
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
                        for g, group in enumerate(self._engine_groups)
                        for i, param in enumerate(group.params)]
-        self.optimizer = ZeroOptimizer(spec, groups)
-        # No optimizer passed or configured: an engine for forward passes (DeepSpeed's
-        # inference engine; the HF Trainer evaluates through one at stage 3).
-        self.inference_only = optimizer is None and config.optimizer is None
-        self.lr_scheduler = None if self.inference_only else \
-            _scheduler(config, lr_scheduler, self.optimizer)
         self.loss_scaler = (loss_scaler_from_config(
             loss_scale=config.fp16.loss_scale, initial_scale_power=config.fp16.initial_scale_power,
             loss_scale_window=config.fp16.loss_scale_window, hysteresis=config.fp16.hysteresis,
             consecutive_hysteresis=config.fp16.consecutive_hysteresis,
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
+        self.optimizer = ZeroOptimizer(spec, groups, self.loss_scaler)
+        # No optimizer passed or configured: an engine for forward passes (DeepSpeed's
+        # inference engine; the HF Trainer evaluates through one at stage 3).
+        self.inference_only = optimizer is None and config.optimizer is None
+        self.lr_scheduler = None if self.inference_only else \
+            _scheduler(config, lr_scheduler, self.optimizer)
         self._layouts = state_layouts(self._core, self._engine_groups, self.optimizer.param_groups,
                                       spec, config, _element_size(self.dtype))
         self._warn_if_not_pinned()
@@ -207,10 +207,6 @@ class ZeroEngine(EngineGetters, nn.Module):
     def get_lr(self) -> list[float]:
         return [float(group["lr"]) for group in self.optimizer.param_groups]
 
-    @property
-    def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale if self.loss_scaler else 1.0
-
     @contextlib.contextmanager
     def no_sync(self):
         """Skip gradient communication for the backward passes inside (stages 0 and 1)."""
@@ -277,7 +273,7 @@ class ZeroEngine(EngineGetters, nn.Module):
         self._boundary_backward_seen = False
         hypers = self.optimizer.hypers()
         result = self._core.step([hypers[group.owner] for group in self._engine_groups],
-                                 self.loss_scale,
+                                 self.optimizer.cur_scale,
                                  float(self.config.gradient_clipping), self.applied_steps + 1)
         self.last_step_result = result
         self.optimizer.overflow = result.overflow  # Accelerate's step_was_skipped
@@ -317,7 +313,7 @@ class ZeroEngine(EngineGetters, nn.Module):
             return
         if self.loss_scaler is not None:
             logger.warning("zero: step %d skipped on every rank: fp16 gradients overflowed; "
-                           "loss scale is now %s", step, self.loss_scale)
+                           "loss scale is now %s", step, self.optimizer.cur_scale)
         else:
             logger.warning("zero: step %d skipped on every rank: the gradients are not finite "
                            "(global norm %s) in %s; the weights were not updated (%d skipped "

@@ -37,6 +37,11 @@ class EngineGetters:
     def fp16_enabled(self) -> bool:
         return self.config.precision == "fp16"
 
+    def loss_scale(self) -> float:
+        """DeepSpeed's: the config's fp16.loss_scale (0: dynamic). The scale in use now is
+        engine.optimizer.cur_scale."""
+        return self.config.fp16.loss_scale
+
     def dynamic_loss_scale(self) -> bool:
         return self.config.fp16.loss_scale == 0
 

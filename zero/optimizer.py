@@ -80,12 +80,22 @@ class ZeroOptimizer(torch.optim.Optimizer):
     Trainer, a client scheduler callable) accept it, as they accept DeepSpeed's; torch's
     __init__ is not run: the state is sharded inside the engine, not in `state`."""
 
-    def __init__(self, spec: OptimizerSpec, param_groups: list[dict]):  # noqa: super-init-not-called
+    def __init__(self, spec: OptimizerSpec, param_groups: list[dict],  # noqa: super-init-not-called
+                 loss_scaler=None):
         self.spec = spec
         self.param_groups = param_groups
         self.defaults = spec.defaults
         self.state = collections.defaultdict(dict)
         self.overflow = False  # the last step was skipped (fp16 overflow, non-finite grads)
+        self._loss_scaler = loss_scaler  # fp16's (zero/loss_scaler.py); None otherwise
+
+    @property
+    def cur_scale(self) -> float:
+        """The loss scale in use now (fp16's dynamic or static one; 1.0 otherwise), under
+        DeepSpeed's ZeRO optimizers' names `cur_scale` and `loss_scale`."""
+        return self._loss_scaler.loss_scale if self._loss_scaler is not None else 1.0
+
+    loss_scale = cur_scale
 
     def hypers(self) -> list:
         """Per-group hyperparameters for EngineCore.step (_C.OptimizerHyper), read fresh each

@@ -5,7 +5,7 @@ import torch
 
 GETTERS = [
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-    "get_batch_info", "bfloat16_enabled", "fp16_enabled", "dynamic_loss_scale",
+    "get_batch_info", "bfloat16_enabled", "fp16_enabled", "loss_scale", "dynamic_loss_scale",
     "initial_dynamic_scale", "get_data_types", "communication_data_type", "gradient_clipping",
     "postscale_gradients", "gradient_predivide_factor", "steps_per_print",
     "wall_clock_breakdown", "optimizer_name", "get_mom", "scheduler_name",

@@ -187,7 +187,7 @@ class PipelineEngine(ZeroEngine):
         outputs = batch.outputs.pop(mb)
         if self.is_last_stage():  # the mean over micro-batches, times fp16's loss scale
             loss = outputs.float() / self.micro_batches
-            tensors = [loss * self.loss_scale if self.loss_scaler is not None else loss]
+            tensors = [loss * self.optimizer.cur_scale if self.loss_scaler is not None else loss]
             grads = None
         else:
             tensors, grads = p2p.needing_grad(outputs), batch.grads.pop(mb)
