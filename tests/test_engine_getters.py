@@ -65,8 +65,9 @@ def _cache_emptied(rank, world):
 
     losses = {}
     for empty in (False, True):
-        engine, _, _, _ = zero.initialize(model=training.make_model(), config=training.engine_config(
-            3, gas=1, stage3_param_persistence_threshold=40, stage3_max_reuse_distance=10**9))
+        config = training.engine_config(3, gas=1, stage3_param_persistence_threshold=40,
+                                        stage3_max_reuse_distance=10**9)
+        engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
         training.train_engine(engine, rank, world, 1, 1)
         tokens, targets = synthetic_batches(training.MODEL, 2, 1, seed=7)[0]
         engine(tokens, targets)  # no backward

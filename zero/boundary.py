@@ -40,6 +40,10 @@ def _fields(cls) -> list[str]:
                   if isinstance(member, property))
 
 
+# communication_data_type -> the engine's dtype; null: the gradients' own (None)
+_COMM_DTYPES = {"fp32": _C.DType.float32, "bf16": _C.DType.bfloat16, "fp16": _C.DType.float16}
+
+
 def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                   sgd_momentum: bool, offload, offload_param=None, shared_params=(),
                   stage3_groups=None):
@@ -60,6 +64,7 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  shared_params=list(shared_params),
                  quantized_weights=stage3 and bool(zero_cfg.zero_quantized_weights),
                  quantized_gradients=stage3 and bool(zero_cfg.zero_quantized_gradients),
+                 communication_dtype=_COMM_DTYPES.get(config.communication_data_type),
                  hpz_group=stage3_groups.hpz if stage3 else "",
                  mics_shard_group=stage3_groups.mics_shard if stage3 else "",
                  mics_replicate_group=stage3_groups.mics_replicate if stage3 else "")

@@ -48,12 +48,12 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   expected_ = missing_;
   launched_.assign(layout_.unit_count(), false);
   overwrite_.assign(layout_.unit_count(), false);
-  if (mode_ != ReduceMode::kAllReduce) {
+  converts_ = grads_.scalar_type() != c10::typeMetaToScalarType(bucket_options_.dtype());
+  if (mode_ != ReduceMode::kAllReduce || converts_) {
     slot_limit_ = std::min<std::size_t>(overlap_comm ? 2 : 1, layout_.unit_count());
   }
   into_shard_ = mode_ == ReduceMode::kReduceScatter && !quantized_ && replicate_ == nullptr &&
-                grads_.device() == bucket_options_.device() &&
-                grads_.scalar_type() == c10::typeMetaToScalarType(bucket_options_.dtype());
+                grads_.device() == bucket_options_.device() && !converts_;
 }
 
 std::int64_t GradReducer::bucket_bytes() const {
@@ -65,7 +65,7 @@ std::int64_t GradReducer::bucket_bytes() const {
 GradReducer::Slot& GradReducer::add_slot(std::int64_t numel, bool with_piece) {
   // zero-filled (TrackedTensor): alignment gaps and padding add nothing
   auto slot = std::make_unique<Slot>();
-  if (mode_ == ReduceMode::kReduceScatter) {
+  if (mode_ == ReduceMode::kReduceScatter || converts_) {
     slot->full = device_buffer(registry_, core::MemoryCategory::kBucket, numel, bucket_options_);
   }
   if (with_piece) {
@@ -146,7 +146,15 @@ void GradReducer::launch(std::size_t unit) {
   const core::FlatBufferPlan& plan = layout_.unit(unit);
   if (mode_ == ReduceMode::kAllReduce) {
     at::Tensor range = grads_.narrow(0, layout_.full_offset(unit), plan.numel());
-    in_flight_.push_back({nullptr, communicator_.all_reduce(range, Reduction::kAvg), {}});
+    if (!converts_) {
+      in_flight_.push_back({nullptr, communicator_.all_reduce(range, Reduction::kAvg), {}});
+      return;
+    }
+    Slot& slot = acquire_slot(plan.numel(), /*with_piece=*/false);
+    at::Tensor copy = slot.full.tensor().narrow(0, 0, plan.numel());
+    copy.copy_(range);
+    in_flight_.push_back({&slot, communicator_.all_reduce(copy, Reduction::kAvg),
+                          [range, copy]() mutable { range.copy_(copy); }});
     return;
   }
   if (mode_ == ReduceMode::kReduceScatterInPlace) {
@@ -181,7 +189,12 @@ void GradReducer::launch_in_place(std::size_t unit) {
   at::Tensor range = grads_.narrow(0, layout_.full_offset(unit), plan.numel());
   at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   at::Tensor mine = range.narrow(0, communicator_.rank() * plan.shard_numel(), plan.shard_numel());
-  in_flight_.push_back({&slot, communicator_.reduce_scatter(output, range, Reduction::kAvg),
+  at::Tensor input = range;
+  if (converts_) {  // the unit in the communication dtype
+    input = slot.full.tensor().narrow(0, 0, plan.numel());
+    input.copy_(range);
+  }
+  in_flight_.push_back({&slot, communicator_.reduce_scatter(output, input, Reduction::kAvg),
                         [mine, output]() mutable { mine.copy_(output); }});
 }
 

@@ -19,6 +19,9 @@
 //                  grows only if more units fill at once than it holds. The shard may be in
 //                  host memory (optimizer offload): then each unit's 1/N leaves the device as
 //                  soon as its reduce-scatter is waited for.
+// With a communication dtype other than the gradients' (DeepSpeed's communication_data_type,
+// e.g. fp32 sums of bf16 gradients), every mode reduces a copy of the unit in a bucket of
+// that dtype and casts the result back into the gradients.
 #include <deque>
 #include <functional>
 #include <memory>
@@ -47,9 +50,11 @@ class GradReducer {
   // gradient shard (kReduceScatter), laid out by `layout`; written, never owned.
   // expected[u]: how many gradients unit u receives per backward (default: all its
   // parameters; stage 3 units may hold frozen ones). Buckets are allocated with
-  // `bucket_options` (default: the gradients'). `shared`: parameters whose gradient may
-  // arrive several times per backward (GroupOptions::shared_params): their arrivals add up
-  // and their units complete only at the end of backward (launched by the owner then).
+  // `bucket_options` (default: the gradients'; another dtype is the communication dtype:
+  // each unit is then reduced as a copy in it, at every stage). `shared`: parameters whose
+  // gradient may arrive several times per backward (GroupOptions::shared_params): their
+  // arrivals add up and their units complete only at the end of backward (launched by the
+  // owner then).
   // `quantized`: kReduceScatter sends block-wise int8 (quantized_comm.h, ZeRO++ qgZ).
   // `replicate` (kReduceScatter, MiCS): the ranks holding the same shard; each reduced piece
   // is averaged over them before it is added to the shard.
@@ -92,7 +97,8 @@ class GradReducer {
 
  private:
   struct Slot {
-    TrackedTensor full;   // one unit's gradients, reduce-scatter input (kReduceScatter only)
+    TrackedTensor full;   // one unit's gradients, the collective's input (kReduceScatter, or
+                          // any mode converting to the communication dtype)
     TrackedTensor piece;  // this rank's 1/N, reduce-scatter output; none when it goes straight
                           // into the gradient shard
   };
@@ -123,6 +129,9 @@ class GradReducer {
   Communicator& communicator_;
   Communicator* replicate_;
   bool into_shard_ = false;  // kReduceScatter, not quantized, not MiCS, shard beside the buckets
+  // The buckets' dtype is not the gradients' (GroupOptions::communication_dtype): every mode
+  // reduces a copy of the unit in a bucket and casts the result back.
+  bool converts_ = false;
   std::vector<std::size_t> expected_;  // per unit: gradients of unshared params per backward
   std::vector<std::size_t> missing_;   // gradients still to arrive, per unit
   std::vector<bool> shared_;           // per parameter: GroupOptions::shared_params

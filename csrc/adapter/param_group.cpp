@@ -13,6 +13,11 @@ bool grads_offloaded(const GroupOptions& options) {
   return options.stage >= 2 && options.offload.enabled && options.offload.ratio >= 1.0;
 }
 
+c10::TensorOptions bucket_options(const c10::TensorOptions& model, const GroupOptions& options) {
+  if (!options.communication_dtype) return model;
+  return model.dtype(to_scalar_type(*options.communication_dtype));
+}
+
 void start_grad_window(PlacedBuffer& shard, GradReducer& reducer) {
   if (shard.on_host()) {
     reducer.grads_discarded();
@@ -64,7 +69,8 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
     reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
                                              options_.overlap_comm, grad_shard_.tensor(), registry,
                                              communicator_, std::vector<std::size_t>{},
-                                             model_options, options_.shared_params);
+                                             bucket_options(model_options, options_),
+                                             options_.shared_params);
     ParamGroup::zero_grads();  // on the device: no memory until the first gradient
   } else {
     grad_full_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
@@ -74,7 +80,8 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
                                                 : ReduceMode::kReduceScatterInPlace;
     reducer_ = std::make_unique<GradReducer>(mode, layout_, options_.overlap_comm,
                                              grad_full_.tensor(), registry, communicator_,
-                                             std::vector<std::size_t>{}, std::nullopt,
+                                             std::vector<std::size_t>{},
+                                             bucket_options(model_options, options_),
                                              options_.shared_params);
     prepare_backward();
   }

@@ -15,6 +15,7 @@
 // copy.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "adapter/host_pinning.h"
 #include "adapter/shard_state.h"
 #include "adapter/tracked_tensor.h"
+#include "core/dtype.h"
 #include "core/io_backend.h"
 #include "core/sharded_layout.h"
 
@@ -52,6 +54,9 @@ bool grads_offloaded(const GroupOptions& options);
 // (zero-filled when taken again); in host memory it is left as it is, every unit's next
 // reduction overwriting its range (GradReducer::grads_discarded).
 void start_grad_window(PlacedBuffer& shard, GradReducer& reducer);
+// The reduce buckets' options: the gradients' (`model`), in the communication dtype if one
+// is set.
+c10::TensorOptions bucket_options(const c10::TensorOptions& model, const GroupOptions& options);
 
 struct GroupOptions {
   int stage = 0;
@@ -75,6 +80,10 @@ struct GroupOptions {
   // reduce-scattered (qgZ) as block-wise int8.
   bool quantized_weights = false;
   bool quantized_gradients = false;
+  // The dtype gradients are reduced in (DeepSpeed's communication_data_type); none: the
+  // gradients' own. Another dtype reduces a copy of each unit (GradReducer's buckets) and
+  // casts the result back into the gradients.
+  std::optional<core::DType> communication_dtype;
   // Stage 3, ZeRO++ hpZ: the registered name of this rank's secondary group (a few ranks of
   // one node; empty: none). After a unit's first gather of a step, each rank keeps its 1/H of
   // the unit; later gathers until the parameters change come from those copies, inside the group.

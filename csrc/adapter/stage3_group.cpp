@@ -81,7 +81,8 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
   }
   reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
                                            options_.overlap_comm, grad_shard_.tensor(), registry,
-                                           communicator_, std::move(expected), model_options_,
+                                           communicator_, std::move(expected),
+                                           bucket_options(model_options_, options_),
                                            options_.shared_params, options_.quantized_gradients,
                                            replicate_.get());
   Stage3Group::zero_grads();  // on the device: no memory until the first gradient

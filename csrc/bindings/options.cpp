@@ -8,11 +8,18 @@
 #include "adapter/offloaded_state.h"
 #include "adapter/optimizer_math.h"
 #include "adapter/param_group.h"
+#include "core/dtype.h"
 #include "core/io_backend.h"
 
 namespace zero::bindings {
 
 void bind_options(py::module_& m) {
+  py::enum_<core::DType>(m, "DType")
+      .value("float32", core::DType::kFloat32)
+      .value("bfloat16", core::DType::kBFloat16)
+      .value("float16", core::DType::kFloat16)
+      .value("float64", core::DType::kFloat64);
+
   py::enum_<adapter::OptimizerKind>(m, "OptimizerKind")
       .value("adam", adapter::OptimizerKind::kAdam)
       .value("sgd", adapter::OptimizerKind::kSgd);
@@ -78,6 +85,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("shared_params", &Group::shared_params)
       .def_readwrite("quantized_weights", &Group::quantized_weights)
       .def_readwrite("quantized_gradients", &Group::quantized_gradients)
+      .def_readwrite("communication_dtype", &Group::communication_dtype)
       .def_readwrite("hpz_group", &Group::hpz_group)
       .def_readwrite("mics_shard_group", &Group::mics_shard_group)
       .def_readwrite("mics_replicate_group", &Group::mics_replicate_group);

@@ -693,8 +693,10 @@ TOP = Block("", "Top-level keys.", (
     _bool("prescale_gradients", False, "Scale gradients before the all-reduce instead of after."),
     _float("gradient_predivide_factor", 1.0, "Divide gradients by this before the all-reduce (the rest after).",
            minimum=0, minimum_exclusive=True),
-    _choice("communication_data_type", None, ("fp16", "bf16", "fp32"), "dtype of gradient communication "
-            "(null: the training dtype). Case-insensitive.", nullable=True, ignore_case=True),
+    _choice("communication_data_type", None, ("fp16", "bf16", "fp32"), "dtype the gradients are reduced "
+            "in (null: the training dtype). Another dtype reduces a copy of each unit in a bucket of it "
+            "(e.g. fp32 sums of bf16 gradients: twice the buckets and the gradient traffic) and casts the "
+            "result back, at every stage. Case-insensitive.", nullable=True, ignore_case=True),
     _bool("zero_allow_untested_optimizer", False, "Accepted for compatibility; no effect in zero (only the "
           "optimizers in this schema, or the client's, are used, and none is gated)."),
     _bool("zero_force_ds_cpu_optimizer", True, "Accepted for compatibility; no effect in zero (there is no "

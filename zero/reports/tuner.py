@@ -176,7 +176,8 @@ def why_not(est: Estimate, nvme_path: Optional[str]) -> str:
 def communication(stage: int, est: Estimate, param_bytes: int, gas: int) -> tuple[int, int]:
     """(payload bytes, collectives) per optimizer step per rank, counted as the engine's
     Communicator counts them (all-reduce 2x, reduce-scatter and all-gather 1x the full
-    unit, even on one rank). Scalar all-reduces (norm, overflow flag) and stage 3's control
+    unit, even on one rank); gradients in the communication dtype (est.setup.comm_bytes),
+    parameters in `param_bytes`. Scalar all-reduces (norm, overflow flag) and stage 3's control
     exchanges are left out. Stage 3: the bytes of estimate/traffic.py (every micro-step
     all-gathers what the replayed schedule gathers and reduce-scatters every unit; at the
     boundary the persistent group reduce-scatters and all-gathers 2bΨp; the configured
@@ -190,11 +191,12 @@ def communication(stage: int, est: Estimate, param_bytes: int, gas: int) -> tupl
         reduce_scatters = sum(group["unit_count"] for group in est.groups)  # per group
         return payload, gas * (work["gathers_per_micro_step"] + reduce_scatters) + \
             2 * persistent_units
+    grad_bytes = est.setup.comm_bytes
     if stage == 0:
-        return 2 * psi * param_bytes, units
+        return 2 * psi * grad_bytes, units
     if stage == 1:  # reduce-scatter + all-gather
-        return 2 * psi * param_bytes, 2 * units
-    return (gas + 1) * psi * param_bytes, (gas + 1) * units
+        return psi * (grad_bytes + param_bytes), 2 * units
+    return psi * (gas * grad_bytes + param_bytes), (gas + 1) * units
 
 
 def bucket_sizes(start: int, largest_param: int) -> list[int]:

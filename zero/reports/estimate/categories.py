@@ -45,12 +45,14 @@ def bucket_pieces(setup: Setup, option: Option) -> bool:
     """Whether a sharded-gradient bucket (csrc GradReducer, stages 1-3) has a 1/N piece beside
     its unit. Not when the reduced 1/N goes straight into the gradient shard: every reduction
     is its window's first (gradient_accumulation_steps 1), plain (stage 3: no qgZ, and no
-    MiCS, whose piece is averaged over the replicas first) and on the shard's device (a GPU
-    model's host shard takes it through a piece)."""
+    MiCS, whose piece is averaged over the replicas first), in the gradients' dtype (not
+    another communication_data_type) and on the shard's device (a GPU model's host shard
+    takes it through a piece)."""
     host_shard = gradient_location(setup, option) == "host" and not setup.cpu_only
     stage3_extra = option.stage == 3 and (
         setup.quantized_gradients or setup.partition_world < setup.world_size)
-    return setup.gradient_accumulation_steps > 1 or host_shard or stage3_extra
+    return (setup.gradient_accumulation_steps > 1 or host_shard or stage3_extra
+            or setup.comm_converts)
 
 
 def master_bytes(setup: Setup, option: Option) -> int:

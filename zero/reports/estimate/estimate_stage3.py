@@ -128,8 +128,10 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool, pieces: bool
     and the root's parameters used after the blocks (final norm, untied head: its bucket
     fills over the whole backward) the pool grows to two for the backward. The persistent
     (stage-1) group's reducer adds, in backward only, the Up/N pieces of its `slots`
-    neighbouring units that hold the most (layout.bucket_peak_numel)."""
-    b = setup.param_bytes
+    neighbouring units that hold the most (layout.bucket_peak_numel), and the whole units too
+    when a communication dtype other than the gradients' reduces copies of them. Buckets are
+    in the communication dtype."""
+    b = setup.comm_bytes
     n3 = setup.partition_world  # the partitioned groups' ranks (MiCS: the shard group)
     slots = 2 if overlap else 1
     bucket_bytes = persistent_bytes = 0
@@ -143,8 +145,9 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool, pieces: bool
         group_rows.append({"numel": sum(r[1] for r in rows), "shard_numel": sum(r[2] for r in rows),
                            "max_unit_numel": max(r[1] for r in rows), "unit_count": len(rows),
                            "block_units": blocks, "buckets_peak": live})
+    converts = setup.comm_converts
     for group in layout.persistent:  # a stage-1 group: piece-sized buckets in backward
-        persistent_bytes += bucket_peak_numel(group, slots, whole_units=False) * b
+        persistent_bytes += bucket_peak_numel(group, slots, whole_units=converts) * b
     bucket_bytes += persistent_bytes
     sum_text = "Σ groups " if len(layout.group_units) > 1 else ""
     if not layout.numel:
@@ -155,7 +158,7 @@ def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool, pieces: bool
     else:
         bucket_formula = f"{sum_text}({'U + U/N' if pieces else 'U'})·{b}"
     if layout.persistent:
-        bucket_formula += f" + {slots}·Up/N·{b}"
+        bucket_formula += f" + {slots}·{'(Up + Up/N)' if converts else 'Up/N'}·{b}"
     return category_row(bucket_bytes, bucket_formula), persistent_bytes, group_rows
 
 

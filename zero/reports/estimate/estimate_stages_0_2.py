@@ -45,18 +45,7 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
         "fp32_master": row(master_bytes(setup, option), stage >= 1, opt_location),
         "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
     }
-    # GradReducer: per group, the backward's peak of `slots` neighbouring units' buckets;
-    # with sharded gradients each a full unit (+ its 1/N piece unless it is reduced straight
-    # into the shard), at stage 1 otherwise the piece alone (the unit is reduce-scattered out
-    # of the gradients). None is kept between steps.
-    pieces = bucket_pieces(setup, option)
-    bucket_bytes = 0 if stage == 0 else sum(
-        bucket_peak_numel(layout, slots, whole_units=sharded_grads, pieces=pieces) * b
-        for layout in group_layouts)
-    sum_text = "Σ groups " if len(group_layouts) > 1 else ""
-    unit_text = "(U + U/N)" if pieces else "U"
-    categories["bucket"] = category_row(bucket_bytes, f"{sum_text}{slots}·{unit_text}·{b}"
-                                        if sharded_grads else f"{sum_text}{slots}·U/N·{b}")
+    categories["bucket"] = _bucket_row(group_layouts, setup, option, slots, sharded_grads)
     gathered = 2 * largest_unit * b if stage >= 3 else 0
     categories["gathered_param"] = category_row(gathered,
                                                 f"2·U·{b} (unit in use + one prefetched)")
@@ -73,3 +62,25 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
         groups=[{"numel": l.full_numel, "shard_numel": l.shard_numel,
                  "max_unit_numel": l.max_unit_numel, "unit_count": l.unit_count}
                 for l in group_layouts], exact_units=False, offload=offload)
+
+
+def _bucket_row(group_layouts, setup: Setup, option: Option, slots: int,
+                sharded_grads: bool) -> dict:
+    """GradReducer: per group, the backward's peak of `slots` neighbouring units' buckets, in
+    the communication dtype; none is kept between steps. With sharded gradients each a full
+    unit (+ its 1/N piece unless it is reduced straight into the shard); at stage 1 otherwise
+    the piece alone (the unit is reduce-scattered out of the gradients), and at stage 0 none
+    (all-reduced in place), but for the copy of the unit a communication dtype other than
+    the gradients' reduces (+ stage 1's piece)."""
+    stage, bc, converts = option.stage, setup.comm_bytes, setup.comm_converts
+    if sharded_grads:
+        whole, pieces = True, bucket_pieces(setup, option)
+    else:  # the gradients' own buffer is reduced, through a copy when it converts
+        whole, pieces = converts, stage >= 1
+    numel = 0 if not (whole or pieces) else sum(
+        bucket_peak_numel(layout, slots, whole_units=whole, pieces=pieces)
+        for layout in group_layouts)
+    sum_text = "Σ groups " if len(group_layouts) > 1 else ""
+    unit_text = {(True, True): "(U + U/N)", (True, False): "U", (False, True): "U/N"}
+    formula = f"{sum_text}{slots}·{unit_text[(whole, pieces)]}·{bc}" if numel else "0"
+    return category_row(numel * bc, formula)

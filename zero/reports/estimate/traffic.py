@@ -39,16 +39,16 @@ def _wire(numel: int, param_bytes: int, quantized: bool) -> int:
 
 def stage3_traffic(est: Estimate, setup: Setup, gas: int) -> Traffic:
     """Per optimizer step of `gas` micro-steps, once the gather order is recorded."""
-    b, psi = setup.param_bytes, est.numel
+    b, bc, psi = setup.param_bytes, setup.comm_bytes, est.numel  # bc: the gradients' dtype
     gathered = gas * est.stage3["working_set"]["gathered_numel_per_micro_step"]
-    reduced = _wire(gas * psi, b, setup.quantized_gradients)
-    persistent = 2 * est.persistent_numel * b
+    reduced = _wire(gas * psi, bc, setup.quantized_gradients)
+    persistent = est.persistent_numel * (bc + b)  # reduce-scatter, all-gather
     if setup.hpz_world:
         first = _wire(psi, b, setup.quantized_weights)  # each unit's first gather of the step
         return Traffic(cross_node=first + reduced + persistent,
                        in_node=(gathered - psi) * b)
     gathers = _wire(gathered, b, setup.quantized_weights)
     if setup.partition_world < setup.world_size:  # MiCS
-        replicas = gas * 2 * (psi // setup.partition_world) * b
+        replicas = gas * 2 * (psi // setup.partition_world) * bc
         return Traffic(cross_node=replicas + persistent, in_node=gathers + reduced)
     return Traffic(cross_node=gathers + reduced + persistent, in_node=0)

@@ -45,6 +45,7 @@ class Setup:
     world_size: int = 1
     num_nodes: int = 1
     precision: str = "fp32"
+    communication_data_type: Optional[str] = None  # gradients reduced in it (None: precision)
     optimizer: str = "adam"          # adam | sgd | sgd_momentum
     reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
     overlap_comm: Optional[bool] = None  # None: DeepSpeed's default, stage == 3
@@ -84,6 +85,9 @@ class Setup:
                                 f"{self.num_nodes} nodes")
         if self.precision not in PRECISIONS:
             raise EstimateError(f"precision {self.precision!r}: expected one of {PRECISIONS}")
+        if self.communication_data_type not in (None, *PRECISIONS):
+            raise EstimateError(f"communication_data_type {self.communication_data_type!r}: "
+                                f"expected one of {PRECISIONS}")
         if self.optimizer not in OPTIMIZERS:
             raise EstimateError(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
         if self.gradient_accumulation_steps < 1:
@@ -155,6 +159,17 @@ class Setup:
         return PARAM_BYTES[self.precision]
 
     @property
+    def comm_bytes(self) -> int:
+        """Bytes per element of the reduce buckets: the communication dtype's."""
+        return PARAM_BYTES[self.communication_data_type or self.precision]
+
+    @property
+    def comm_converts(self) -> bool:
+        """The gradients are reduced in another dtype: every reducer reduces a copy of each
+        unit in a bucket of it (grad_reducer.h), at every stage."""
+        return (self.communication_data_type or self.precision) != self.precision
+
+    @property
     def alignment(self) -> int:
         return max(1, ALIGNMENT_BYTES // self.param_bytes)
 
@@ -170,6 +185,7 @@ class Setup:
     def to_dict(self) -> dict:
         return {"world_size": self.world_size, "num_nodes": self.num_nodes,
                 "ranks_per_node": self.ranks_per_node, "precision": self.precision,
+                "communication_data_type": self.communication_data_type,
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
                 "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
                 "cpu_only": self.cpu_only,
@@ -222,6 +238,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
         optimizer = "sgd_momentum" if cfg.optimizer.params.get("momentum", 0.0) else "sgd"
     values = {
         "precision": cfg.precision,
+        "communication_data_type": cfg.communication_data_type,
         "optimizer": optimizer,
         "reduce_bucket_size": cfg.zero_optimization.reduce_bucket_size,
         "overlap_comm": raw_zero.get("overlap_comm"),  # None: the stage-dependent default
