@@ -690,8 +690,11 @@ TOP = Block("", "Top-level keys.", (
          nullable=True),
     _bool("wall_clock_breakdown", False, "Time forward, backward (and its gradient reduction) and step, and "
           "print the breakdown on rank 0 every steps_per_print steps (every step when that is null)."),
-    _bool("prescale_gradients", False, "Scale gradients before the all-reduce instead of after."),
-    _float("gradient_predivide_factor", 1.0, "Divide gradients by this before the all-reduce (the rest after).",
+    _bool("prescale_gradients", False, "DeepSpeed: divide the gradients before the all-reduce instead of "
+          "after. Accepted; no effect in zero: its reductions average (NCCL's ReduceOp AVG; on gloo "
+          "a sum, then a division), the same mean either way."),
+    _float("gradient_predivide_factor", 1.0, "DeepSpeed: divide the gradients by this before the all-reduce "
+           "(the rest after). Accepted; no effect in zero (see prescale_gradients).",
            minimum=0, minimum_exclusive=True),
     _choice("communication_data_type", None, ("fp16", "bf16", "fp32"), "dtype the gradients are reduced "
             "in (null: the training dtype). Another dtype reduces a copy of each unit in a bucket of it "
