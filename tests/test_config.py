@@ -64,7 +64,9 @@ BAD = [
     ("optimizer type missing", with_(optimizer={"params": {"lr": 1e-3}}), "optimizer.type",
      "required key is missing"),
     ("scheduler wrong case", with_(scheduler={"type": "warmuplr"}), "scheduler.type", "did you mean 'WarmupLR'?"),
-    ("scheduler not built", with_(scheduler={"type": "LRRangeTest"}), "scheduler.type", "not supported yet"),
+    ("range test step size", with_(scheduler={"type": "LRRangeTest",
+                                              "params": {"lr_range_test_step_size": 0}}),
+     "scheduler.params.lr_range_test_step_size", "must be >= 1"),
     ("scheduler required param", with_(scheduler={"type": "WarmupDecayLR"}), "scheduler.params.total_num_steps",
      "required key is missing"),
     ("scheduler param typo", with_(scheduler={"type": "WarmupLR", "params": {"warmup_steps": 10}}),
@@ -346,10 +348,9 @@ def test_unsupported_keys_at_default_are_accepted():
 
 def test_scheduler_defaults():
     cfg = load_config(with_(optimizer={"type": "AdamW", "params": {"lr": 2e-4}}, scheduler={"type": "WarmupLR"}), 2)
-    assert dict(cfg.scheduler.params) == {"warmup_min_lr": 0.0, "warmup_max_lr": 2e-4, "warmup_num_steps": 1000,
+    # None: each parameter group's own lr (DeepSpeed 0.19.8; tests/deepspeed_schedules)
+    assert dict(cfg.scheduler.params) == {"warmup_min_lr": 0.0, "warmup_max_lr": None, "warmup_num_steps": 1000,
                                           "warmup_type": "log", "last_batch_iteration": -1}
-    no_optimizer = load_config(with_(scheduler={"type": "WarmupLR"}), 2)
-    assert no_optimizer.scheduler.params["warmup_max_lr"] is None  # the client optimizer's lr
     decay = load_config(with_(scheduler={"type": "WarmupDecayLR", "params": {"total_num_steps": 100}}), 2)
     assert decay.scheduler.params["warmup_max_lr"] == 0.001
     cosine = load_config(with_(scheduler={"type": "WarmupCosineLR", "params": {"total_num_steps": 100}}), 2)
@@ -528,6 +529,10 @@ UNBOUNDED = {
     "scheduler.params.warmup_max_lr": "an lr",
     "scheduler.params.cycle_min_lr": "an lr",
     "scheduler.params.cycle_max_lr": "an lr",
+    "scheduler.params.lr_range_test_min_lr": "an lr",
+    # LRRangeTest grows the lr by this per step_size steps; the test's point is to find where
+    # training breaks, so DeepSpeed bounds nothing
+    "scheduler.params.lr_range_test_step_rate": "any rate >= 0 is a valid range test",
     # OneCycle's post-cycle decay: lr / (1 + rate * intervals), momentum * (1 + rate * intervals);
     # DeepSpeed checks nothing and any rate >= 0 is a valid (if odd) schedule.
     "scheduler.params.decay_lr_rate": "any rate >= 0 is a valid schedule",

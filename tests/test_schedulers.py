@@ -70,14 +70,14 @@ def test_warmup_lr_hand_values():
     assert lin[11] == pytest.approx(0.1)  # it=10
 
 
-def test_warmup_lr_default_max_is_first_group_lr_and_defaults():
+def test_warmup_lr_default_max_is_each_groups_lr_and_defaults():
     opt = FakeOptimizer({"lr": 0.3}, {"lr": 0.7})
-    sched = WarmupLR(opt)  # min 0, max=first group's lr (0.3), 1000 steps, log
+    sched = WarmupLR(opt)  # min 0, max=each group's own lr, 1000 steps, log
     assert [g["lr"] for g in opt.param_groups] == [0.0, 0.0]
     sched.step(999)
-    assert [g["lr"] for g in opt.param_groups] == approx_list([0.3, 0.3])
+    assert [g["lr"] for g in opt.param_groups] == approx_list([0.3, 0.7])
     sched.step(499)
-    assert opt.param_groups[1]["lr"] == pytest.approx(0.3 * math.log(500) / math.log(1000))
+    assert opt.param_groups[1]["lr"] == pytest.approx(0.7 * math.log(500) / math.log(1000))
 
 
 def test_warmup_lr_per_group_lists_and_length_check():
@@ -267,7 +267,7 @@ def test_onecycle_zero_rates_disable_decay_separately():
     assert opt.param_groups[0]["betas"][0] == pytest.approx(0.9 * 1.2)
 
 
-def test_onecycle_second_step_defaults_to_first_and_stairs_are_ignored():
+def test_onecycle_second_step_defaults_to_first_and_stairs_hold_the_lr():
     opt_a = FakeOptimizer({"lr": 0.0, "betas": (0.9, 0.999)})
     opt_b = FakeOptimizer({"lr": 0.0, "betas": (0.9, 0.999)})
     plain = OneCycle(opt_a, 0.0, 1.0, cycle_first_step_size=5)
@@ -275,7 +275,9 @@ def test_onecycle_second_step_defaults_to_first_and_stairs_are_ignored():
                       cycle_second_stair_count=3)
     lrs = run(plain, opt_a, 11)
     assert lrs == approx_list([0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 0.8, 0.6, 0.4, 0.2, 0.0, 0.0])
-    assert run(stairs, opt_b, 11) == lrs  # DeepSpeed 0.19 ignores stair counts
+    # floor(position x stairs) / stairs: 2 stairs up, 3 down (DeepSpeed 0.19.8)
+    assert run(stairs, opt_b, 11) == approx_list(
+        [0.0, 0.0, 0.0, 0.5, 0.5, 1.0, 2 / 3, 1 / 3, 1 / 3, 0.0, 0.0, 0.0])
 
 
 def test_onecycle_without_momentum_keys_disables_momentum():

@@ -2,10 +2,12 @@
 
 Why this module exists: users bring DeepSpeed JSON configs (``"scheduler":
 {"type": "WarmupLR", "params": {...}}``) and expect the learning rate at every
-training step to be *identical* to what DeepSpeed 0.19 would have produced.
-So the parameter names, defaults and step arithmetic below follow
-``deepspeed/runtime/lr_schedules.py`` (0.19.0) closely, quirks included; the
+training step to be *identical* to what DeepSpeed would have produced. So the
+parameter names, defaults and step arithmetic below follow
+``deepspeed/runtime/lr_schedules.py`` of DeepSpeed 0.19.8, quirks included; the
 quirks are called out where they occur so nobody "fixes" them by accident.
+tests/test_schedulers_deepspeed.py checks every schedule against the real
+0.19.8's values (tests/deepspeed_schedules/).
 
 Protocol (same as DeepSpeed):
 
@@ -20,16 +22,11 @@ The schedulers work on any object with ``param_groups`` (a list of dicts with
 an ``'lr'`` key), e.g. ``torch.optim.Optimizer`` or this project's sharded
 optimizers; nothing here touches a device.
 
-Deliberate differences from DeepSpeed 0.19 (only where 0.19 crashes, silently
-misbehaves outside the schedule's range, or hides a config typo):
+Deliberate differences from DeepSpeed 0.19.8 (only where it silently misbehaves or hides a
+config typo):
 
-* ``WarmupCosineLR`` clamps cosine progress at 1 past ``total_num_steps`` and
-  tolerates ``total_num_steps <= warmup_num_steps`` (0.19 oscillates back up /
-  divides by zero; DeepSpeed master does what we do).
-* ``warmup_num_steps`` must be a positive int (DeepSpeed master raises too;
-  0.19 silently used 2).
-* An unknown ``warmup_type`` raises ``ValueError`` (0.19 ``WarmupLR`` warns and
-  falls back to "log"; 0.19 ``WarmupCosineLR`` crashes).
+* An unknown ``warmup_type`` raises ``ValueError`` (DeepSpeed's ``WarmupLR`` warns and
+  falls back to "log").
 * ``OneCycle`` also cycles SGD-style ``'momentum'`` in groups that have no
   ``'betas'`` (DeepSpeed disables momentum cycling for such optimizers).
 * ``load_state_dict`` re-applies the restored lr to the param groups
@@ -136,8 +133,8 @@ class _Scheduler:
 class WarmupLR(_Scheduler):
     """Warm lr from ``warmup_min_lr`` to ``warmup_max_lr`` over ``warmup_num_steps``, then hold.
 
-    ``warmup_max_lr=None`` takes the first param group's current lr (as
-    DeepSpeed 0.19 does). The initial lr (applied at construction) is
+    ``warmup_max_lr=None`` takes each param group's own current lr (as
+    DeepSpeed 0.19.8 does). The initial lr (applied at construction) is
     ``warmup_min_lr``; because log warmup gives log(1)=0 at iteration 0, the
     first *two* optimizer steps both run at ``warmup_min_lr`` - a DeepSpeed
     quirk we keep.
@@ -148,7 +145,7 @@ class WarmupLR(_Scheduler):
         super().__init__(optimizer, last_batch_iteration)
         _check_warmup(warmup_num_steps, warmup_type)
         if warmup_max_lr is None:
-            warmup_max_lr = float(optimizer.param_groups[0]["lr"])
+            warmup_max_lr = [float(group["lr"]) for group in optimizer.param_groups]
         self.min_lrs = _per_group(optimizer, warmup_min_lr, "warmup_min_lr")
         self.max_lrs = _per_group(optimizer, warmup_max_lr, "warmup_max_lr")
         self.warmup_num_steps = max(2, warmup_num_steps)  # log(1) = 0 would divide by zero
@@ -200,7 +197,7 @@ class WarmupCosineLR(_Scheduler):
     kept from DeepSpeed: the lr applied at construction is 0.0 (not
     ``warmup_min_ratio * lr``), and the cosine phase counts from
     ``it - warmup_num_steps + 1``, so it reaches ``cos_min_ratio`` at iteration
-    ``total_num_steps - 1``. Past that it stays there (see module docstring).
+    ``total_num_steps - 1``. Past that it stays there (as DeepSpeed 0.19.8).
     """
 
     def __init__(self, optimizer, total_num_steps, warmup_min_ratio=0.0, warmup_num_steps=1000,
@@ -260,9 +257,10 @@ class OneCycle(_Scheduler):
       (momentum *grows*), where k counts post-cycle iterations from 1. Decay
       is off when ``decay_step_size`` is 0 or the rate is 0; lr then stays at
       ``cycle_min_lr`` and momentum at ``cycle_max_mom``.
-    * ``cycle_first_stair_count``/``cycle_second_stair_count`` are accepted but
-      do not change the schedule, exactly as in DeepSpeed 0.19 (later DeepSpeed
-      versions quantise the cycle into stairs).
+    * ``cycle_first_stair_count``/``cycle_second_stair_count`` (> 0) hold lr and
+      momentum flat over stairs of each half: the scale is floor(position x stairs)
+      / stairs, the position taken from the integer step within the cycle (DeepSpeed
+      0.19.8's arithmetic; earlier releases ignored the counts).
     """
 
     BETA2 = 0.99  # DeepSpeed's hard-coded second beta while cycling momentum
@@ -274,13 +272,14 @@ class OneCycle(_Scheduler):
         super().__init__(optimizer, last_batch_iteration)
         if cycle_second_step_size is None:
             cycle_second_step_size = cycle_first_step_size
-        if cycle_first_step_size <= 0 or cycle_second_step_size <= 0:
-            raise ValueError("cycle_first_step_size and cycle_second_step_size must be > 0, got "
+        if cycle_first_step_size <= 0 or cycle_second_step_size < 0:
+            raise ValueError("cycle_first_step_size must be > 0 and cycle_second_step_size >= 0, got "
                              f"{cycle_first_step_size} and {cycle_second_step_size}")
         if decay_step_size < 0:
             raise ValueError(f"decay_step_size must be >= 0 (0 disables decay), got {decay_step_size}")
         self.first_step_size = float(cycle_first_step_size)
-        self.total_size = self.first_step_size + float(cycle_second_step_size)
+        self.second_step_size = float(cycle_second_step_size)
+        self.total_size = self.first_step_size + self.second_step_size
         self.step_ratio = self.first_step_size / self.total_size
         self.first_stair_count = cycle_first_stair_count
         self.second_stair_count = (cycle_first_stair_count
@@ -307,13 +306,23 @@ class OneCycle(_Scheduler):
                 self._apply_moms(self.min_moms)
 
     def _scale_factor(self):
-        """Position in the triangle, 0 at the ends and 1 at the peak."""
+        """Position in the triangle, 0 at the ends and 1 at the peak (in stairs when the half
+        has a stair count)."""
         batch = self.last_batch_iteration + 1
         cycle = math.floor(1 + batch / self.total_size)
         x = 1.0 + batch / self.total_size - cycle
         if x <= self.step_ratio:
-            return x / self.step_ratio
-        return (x - 1) / (self.step_ratio - 1)
+            scale, stairs = x / self.step_ratio, self.first_stair_count
+        else:
+            scale, stairs = (x - 1) / (self.step_ratio - 1), self.second_stair_count
+        if stairs > 0:  # from the integer step, not `scale` (a float just under a stair)
+            step = batch % self.total_size
+            if step <= self.first_step_size:
+                position = step * stairs / self.first_step_size
+            else:
+                position = (self.total_size - step) * stairs / self.second_step_size
+            scale = math.floor(position) / stairs
+        return scale
 
     def _decay_iteration(self):
         return self.last_batch_iteration - self.total_size + 1
@@ -355,9 +364,39 @@ class OneCycle(_Scheduler):
             self._apply_moms(self.get_mom())
 
 
+# --------------------------------------------------------------------------- range test
+
+
+class LRRangeTest(_Scheduler):
+    """The learning-rate range test: lr = min_lr x (1 + step_rate x interval), interval =
+    (iteration + 1) / step_size, floored with ``lr_range_test_staircase``; it grows without
+    bound, to find the largest lr that still trains (DeepSpeed's arithmetic)."""
+
+    def __init__(self, optimizer, lr_range_test_min_lr=1e-3, lr_range_test_step_size=2000,
+                 lr_range_test_step_rate=1.0, lr_range_test_staircase=False,
+                 last_batch_iteration=-1):
+        super().__init__(optimizer, last_batch_iteration)
+        if isinstance(lr_range_test_step_size, bool) or not isinstance(lr_range_test_step_size, int) \
+                or lr_range_test_step_size <= 0:
+            raise ValueError("lr_range_test_step_size must be a positive integer, got "
+                             f"{lr_range_test_step_size!r}")
+        self.min_lrs = _per_group(optimizer, lr_range_test_min_lr, "lr_range_test_min_lr")
+        self.step_size = lr_range_test_step_size
+        self.step_rate = lr_range_test_step_rate
+        self.staircase = lr_range_test_staircase
+        if last_batch_iteration == -1:
+            self._last_lr = _apply_lrs(optimizer.param_groups, self.min_lrs)
+
+    def get_lr(self):
+        interval = float(self.last_batch_iteration + 1) / self.step_size
+        increase = 1 + self.step_rate * (math.floor(interval) if self.staircase else interval)
+        return [lr * increase for lr in self.min_lrs]
+
+
 # --------------------------------------------------------------------------- factory
 
-SCHEDULERS = {cls.__name__: cls for cls in (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle)}
+SCHEDULERS = {cls.__name__: cls
+              for cls in (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)}
 
 
 def _constructor_params(cls):

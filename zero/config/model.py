@@ -1,8 +1,8 @@
 """Frozen dataclasses of a validated config (what ``load_config`` returns).
 
 Every value here is resolved: defaults filled in, sizes as ints, computed
-DeepSpeed defaults applied (overlap_comm, Adam's weight_decay, WarmupLR's
-warmup_max_lr, the batch trio). Field names are the DeepSpeed key names; a
+DeepSpeed defaults applied (overlap_comm, Adam's weight_decay, the batch trio).
+Field names are the DeepSpeed key names; a
 test checks that each dataclass matches the supported keys of its schema block.
 """
 
@@ -122,11 +122,11 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """``type`` is "WarmupLR", "WarmupDecayLR", "WarmupCosineLR" or "OneCycle"; ``params`` are the
-    constructor arguments of that DeepSpeed schedule with defaults filled.
+    """``type`` is "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle" or "LRRangeTest";
+    ``params`` are the constructor arguments of that DeepSpeed schedule with defaults filled.
 
-    WarmupLR's ``warmup_max_lr`` stays None only when the config has no
-    optimizer block; it then means "the optimizer's lr" (DeepSpeed's behaviour).
+    WarmupLR's ``warmup_max_lr`` None means each parameter group's own lr (DeepSpeed's
+    behaviour).
     """
 
     type: str

@@ -273,9 +273,8 @@ _TOTAL_NUM_STEPS = _int("total_num_steps", REQUIRED, "Total number of training s
 
 SCHEDULER_PARAMS = {
     "WarmupLR": Block("scheduler.params", "Parameters of type \"WarmupLR\": warm up, then hold warmup_max_lr.",
-                      _warmup_keys(None, "Learning rate after warmup. Default (DeepSpeed code): the optimizer's "
-                                   "lr (resolved from optimizer.params.lr when the config defines the optimizer). "
-                                   "DeepSpeed's docs say 0.001; its code uses the optimizer lr.")),
+                      _warmup_keys(None, "Learning rate after warmup. Default (DeepSpeed code): each parameter "
+                                   "group's own lr. DeepSpeed's docs say 0.001; its code uses the groups' lrs.")),
     "WarmupDecayLR": Block("scheduler.params", "Parameters of type \"WarmupDecayLR\": warm up, then decay "
                            "linearly to 0 at total_num_steps.",
                            (_TOTAL_NUM_STEPS,) + _warmup_keys(0.001, "Learning rate after warmup.")),
@@ -310,11 +309,20 @@ SCHEDULER_PARAMS = {
         _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1,
              maximum=MAX_STEPS),
     )),
+    "LRRangeTest": Block("scheduler.params", "Parameters of type \"LRRangeTest\" (the learning-rate range "
+                         "test: the lr grows from lr_range_test_min_lr without bound).", (
+        _float("lr_range_test_min_lr", 0.001, "Starting lr (of every parameter group).", minimum=0),
+        _int("lr_range_test_step_size", 2000, "Steps per unit of increase.", minimum=1, maximum=MAX_STEPS),
+        _float("lr_range_test_step_rate", 1.0, "The lr grows by this times min_lr per step_size steps.",
+               minimum=0),
+        _bool("lr_range_test_staircase", False, "Grow in stairs of step_size steps instead of every step."),
+        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1,
+             maximum=MAX_STEPS),
+    )),
 }
 
 SCHEDULER = Block("scheduler", "Learning-rate schedule, stepped once per optimizer step.", (
-    _choice("type", REQUIRED, tuple(SCHEDULER_PARAMS), "Schedule name (case-sensitive, as in DeepSpeed).",
-            unsupported_choices=("LRRangeTest",)),
+    _choice("type", REQUIRED, tuple(SCHEDULER_PARAMS), "Schedule name (case-sensitive, as in DeepSpeed)."),
     Key("params", PARAMS, {}, "Schedule arguments; the keys depend on type (tables below).",
         nullable=True, variants=SCHEDULER_PARAMS),
 ))

@@ -633,16 +633,6 @@ def _resolve_optimizer(v, values):
         params["weight_decay"] = 0.01 if (params["torch_adam"] is True and decoupled) else 0.0
 
 
-def _resolve_scheduler(values):
-    scheduler, optimizer = values["scheduler"], values["optimizer"]
-    if scheduler is None or not _valid(scheduler) or not _valid(scheduler["type"], scheduler["params"]):
-        return
-    params = scheduler["params"]
-    if scheduler["type"] == "WarmupLR" and params["warmup_max_lr"] is None \
-            and optimizer is not None and _valid(optimizer) and _valid(optimizer["params"]):
-        params["warmup_max_lr"] = optimizer["params"]["lr"]  # DeepSpeed: the optimizer's lr
-
-
 def _resolve_memory_report(values):
     report = values["memory_report"]
     if _valid(report) and report["every_n_steps"] is None:
@@ -665,7 +655,6 @@ def validate(raw, world_size, features, source=None):
     _check_aio(v, values)
     _check_activation_checkpointing(v, values)
     _resolve_optimizer(v, values)
-    _resolve_scheduler(values)
     _resolve_memory_report(values)
     if v.errors:
         raise ConfigError(v.errors, source)
