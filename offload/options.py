@@ -52,15 +52,23 @@ def param_offload_options(config, on_swap_write=None):
                  on_swap_write=on_swap_write if nvme else None)
 
 
+def _asked(block: str, config) -> bool:
+    """Whether pinning is worth a warning: the config says pin_memory, or it is the default
+    on a machine with a GPU (where pageable memory slows every copy). On a CPU-only machine
+    the default has nothing to pin for: silence."""
+    raw = (config.raw.get("zero_optimization") or {}).get(block) or {}
+    return "pin_memory" in raw or torch.cuda.is_available()
+
+
 def pinning_warning(config, group_infos: list) -> str | None:
     """The warning to give when pin_memory was asked for and could not be honoured (a CPU
     build of torch, the locked-memory limit), naming why; None when there is nothing to say.
     group_infos: every group's _C.OffloadInfo."""
     zero_cfg = config.zero_optimization
     reasons = set()
-    if zero_cfg.offload_optimizer.pin_memory:
+    if zero_cfg.offload_optimizer.pin_memory and _asked("offload_optimizer", config):
         reasons |= {info.why_not_pinned for info in group_infos}
-    if zero_cfg.offload_param.pin_memory:
+    if zero_cfg.offload_param.pin_memory and _asked("offload_param", config):
         reasons |= {info.why_params_not_pinned for info in group_infos}
     reasons -= {""}
     if not reasons:

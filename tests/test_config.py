@@ -277,7 +277,7 @@ def test_defaults_are_deepspeed_code_defaults():
     # The one deliberate difference: DeepSpeed's 1e9 would keep every shard below 1e9 elements
     # in host memory under zero's reading of max_in_cpu, i.e. treat "nvme" as "cpu".
     assert zero.offload_param.max_in_cpu == 0
-    assert zero.offload_param.pin_memory is False
+    assert zero.offload_param.pin_memory is True and zero.offload_optimizer.pin_memory is True
     aio = cfg.aio
     assert (aio.block_size, aio.queue_depth, aio.intra_op_parallelism, aio.single_submit, aio.overlap_events) == \
         (1_048_576, 8, 1, False, True)

@@ -36,7 +36,7 @@ namespace zero::adapter {
 // Stage 3: where this rank's parameter shard lives when it is not on the device.
 struct ParamOffloadOptions {
   bool enabled = false;  // in host memory (offload_param device "cpu" or "nvme")
-  bool pin_memory = false;
+  bool pin_memory = true;  // the schema's default (DeepSpeed 0.19.8's)
   std::string nvme_path;  // non-empty: on NVMe, but for the first units up to max_in_cpu
   std::int64_t max_in_cpu = 0;  // shard elements kept in host memory with NVMe
   std::int64_t buffer_count = 5;  // host buffers carrying NVMe units in and out

@@ -137,7 +137,6 @@ zero follows the code.
 | `zero_optimization.overlap_comm` | `false` | `null`, resolved to `stage == 3` |
 | `zero_optimization.stage3_prefetch_bucket_size` | `5e8` | `5e7` |
 | `offload_optimizer.device`, `offload_param.device` | `"cpu"` | `"none"` |
-| `offload_optimizer.pin_memory`, `offload_param.pin_memory` | `true` (newest docs) | `false` |
 | `scheduler.params.warmup_max_lr` (WarmupLR) | `0.001` | each parameter group's own lr |
 | `optimizer.params.adam_w_mode` | "Apply L2 regularization (also known as AdamW)" | `true` = decoupled weight decay (AdamW), `false` = L2 |
 | `fp16.hysteresis` | `2` | `2` (but the loss scaler class itself defaults to 1; the config value is what is passed) |

@@ -369,7 +369,9 @@ OFFLOAD_PARAM = Block("zero_optimization.offload_param", "Offload parameters (st
                                                  ("nvme", FEATURE_OFFLOAD_PARAM_NVME))),
     Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
         feature=FEATURE_OFFLOAD_PARAM_NVME),
-    _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD_PARAM),
+    _bool("pin_memory", True, "Use page-locked CPU memory (DeepSpeed 0.19.8's default; where it cannot be "
+          "had, pageable memory, with a warning when the config asks for it or a GPU is there).",
+          feature=FEATURE_OFFLOAD_PARAM),
     _int("buffer_count", 5, "Host buffers that carry parameter units to and from NVMe (zero: each is one "
          "unit's shard, the largest, not buffer_size elements; at least 2).", minimum=0, maximum=MAX_BUFFERS,
          feature=FEATURE_OFFLOAD_PARAM_NVME),
@@ -387,7 +389,9 @@ OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimi
             "is none).", value_features=_DEVICE_FEATURES),
     Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
         feature=FEATURE_NVME),
-    _bool("pin_memory", False, "Use page-locked CPU memory.", feature=FEATURE_OFFLOAD),
+    _bool("pin_memory", True, "Use page-locked CPU memory (DeepSpeed 0.19.8's default; where it cannot be "
+          "had, pageable memory, with a warning when the config asks for it or a GPU is there).",
+          feature=FEATURE_OFFLOAD),
     _int("buffer_count", 4, "Buffers in the NVMe buffer pool (zero double-buffers: two chunks of state "
          "are on the host at a time; any value from 2 to 1024 is accepted).", minimum=2, maximum=MAX_BUFFERS),
     _bool("pipeline_read", False, "Overlap NVMe reads with the optimizer step (zero always does).",

@@ -1,0 +1,49 @@
+"""Writes expected.json: the real DeepSpeed 0.19.8's DeepSpeedConfig on cases.py, each at its
+data-parallel world size (a stand-in mpu says it). From the project root, after
+scripts/deepspeed_cpu.sh:
+
+    PYTHONPATH=$PWD DS_ACCELERATOR=cpu build/ds-venv/bin/python tests/deepspeed_configs/make.py
+"""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import cases  # noqa: E402
+from distributed_harness import run_distributed  # noqa: E402
+
+
+class _DataParallel:
+    def __init__(self, world):
+        self.world = world
+
+    def get_data_parallel_world_size(self):
+        return self.world
+
+
+def _rank(rank, world):
+    import deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    found = {"deepspeed": deepspeed.__version__}
+    for name, (config, data_parallel) in cases.CASES.items():
+        resolved = DeepSpeedConfig(dict(config), mpu=_DataParallel(data_parallel))
+        values = {}
+        for key, read in cases.DEEPSPEED.items():
+            value = read(resolved)
+            values[key] = getattr(value, "value", value) if value is not None else None
+            if key == "communication_data_type" and value is not None:
+                values[key] = str(value)
+        found[name] = values
+    return found
+
+
+if __name__ == "__main__":
+    [found] = run_distributed(_rank, 1, timeout=300)
+    with open(os.path.join(HERE, "expected.json"), "w") as out:
+        json.dump(found, out, indent=1, sort_keys=True, default=str)
+        out.write("\n")
+    print(json.dumps(found["stage3"], indent=1, default=str))
