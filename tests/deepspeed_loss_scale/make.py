@@ -1,0 +1,49 @@
+"""Writes expected.json: the real DeepSpeed 0.19.8's DynamicLossScaler, built from each fp16
+block as its engine builds it, stepped through cases.py's overflow patterns: the scale after
+each step, or "raise" where DeepSpeed raises at its minimum. From the project root, after
+scripts/deepspeed_cpu.sh:
+
+    PYTHONPATH=$PWD DS_ACCELERATOR=cpu build/ds-venv/bin/python tests/deepspeed_loss_scale/make.py
+"""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import cases  # noqa: E402
+from distributed_harness import run_distributed  # noqa: E402
+
+
+def _rank(rank, world):
+    import deepspeed
+    import torch
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    found = {"deepspeed": deepspeed.__version__}
+    for name, (fp16, pattern) in cases.CASES.items():
+        config = DeepSpeedConfig({"train_micro_batch_size_per_gpu": 1,
+                                  "fp16": {"enabled": True, **fp16}}).float16_config
+        scaler = CreateLossScaler(torch.half, config.loss_scale, True,
+                                  config.dynamic_loss_scale_args())
+        scales = [scaler.cur_scale]
+        for overflow in pattern:
+            try:
+                scaler.update_scale(bool(overflow))
+            except Exception:  # noqa: BLE001 - DeepSpeed raises a bare Exception at its minimum
+                scales.append("raise")
+                break
+            scales.append(scaler.cur_scale)
+        found[name] = scales
+    return found
+
+
+if __name__ == "__main__":
+    [found] = run_distributed(_rank, 1, timeout=300)
+    with open(os.path.join(HERE, "expected.json"), "w") as out:
+        json.dump(found, out, indent=None, sort_keys=True)
+        out.write("\n")
+    print(found)
