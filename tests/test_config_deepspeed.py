@@ -2,20 +2,12 @@
 JSON (tests/deepspeed_configs/: cases.py, expected.json written by make.py): the batch trio
 inferred at each world size, and every default and explicit value read back by its key. An
 offload block DeepSpeed leaves absent (device "none") has no values to compare."""
-import json
-import os
-import sys
-
 import pytest
 
+from deepspeed_reference import fixture
 from zero.config import load_config
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deepspeed_configs")
-sys.path.insert(0, HERE)
-import cases  # noqa: E402
-
-with open(os.path.join(HERE, "expected.json")) as _file:
-    EXPECTED = json.load(_file)
+cases, EXPECTED = fixture("configs")
 # Where zero differs on purpose (docs/CONFIG.md says why)
 DELIBERATE = {"zero_optimization.offload_param.max_in_cpu":
               "zero's own meaning and default 0 (the schema's max_in_cpu description)"}

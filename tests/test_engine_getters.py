@@ -3,21 +3,13 @@ empty_partition_cache on the engine) against what the real DeepSpeed 0.19.8 answ
 same configs (tests/deepspeed_getters/: cases.py, expected.json written by make.py). Where
 DeepSpeed's own getter fails without Megatron's groups, or returns its getters uncalled,
 zero answers what the getter's docstring says."""
-import json
-import os
-import sys
-
 import pytest
 
+from deepspeed_reference import fixture
 from distributed_harness import run_distributed
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deepspeed_getters")
-sys.path.insert(0, HERE)
-import cases  # noqa: E402
-
 pytestmark = pytest.mark.timeout(180)
-with open(os.path.join(HERE, "expected.json")) as _file:
-    EXPECTED = json.load(_file)
+cases, EXPECTED = fixture("getters")
 # DeepSpeed asserts without Megatron's groups; one rank of the world is rank 0 of each.
 WHEN_DEEPSPEED_FAILS = {"get_data_parallel_rank": 0, "get_model_parallel_rank": 0,
                         "get_tensor_parallel_rank": 0}

@@ -2,21 +2,13 @@
 built from the same fp16 block (tests/deepspeed_loss_scale/: cases.py, expected.json written
 by make.py): the scale after every step of an overflow pattern, hysteresis and its
 consecutive refill, the scale window, the floor, and the error at the floor."""
-import json
-import os
-import sys
-
 import pytest
 
+from deepspeed_reference import fixture
 from zero.config import load_config
 from zero.loss_scaler import LossScaleUnderflowError, from_config
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deepspeed_loss_scale")
-sys.path.insert(0, HERE)
-import cases  # noqa: E402
-
-with open(os.path.join(HERE, "expected.json")) as _file:
-    EXPECTED = json.load(_file)
+cases, EXPECTED = fixture("loss_scale")
 
 
 @pytest.mark.parametrize("name", sorted(cases.CASES))

@@ -2,20 +2,12 @@
 (tests/deepspeed_schedules/: cases.py, expected.json written by make.py with DeepSpeed's
 runtime/lr_schedules.py): every group's lr, and OneCycle's momentum or betas, after
 construction and after each of 40 steps, equal to rounding."""
-import json
-import os
-import sys
-
 import pytest
 
+from deepspeed_reference import fixture
 from zero.schedulers import build_scheduler
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deepspeed_schedules")
-sys.path.insert(0, HERE)
-import cases  # noqa: E402
-
-with open(os.path.join(HERE, "expected.json")) as _file:
-    EXPECTED = json.load(_file)
+cases, EXPECTED = fixture("schedules")
 
 
 def _flat(values):

@@ -4,15 +4,14 @@ scripts/deepspeed_cpu.sh:
 
     PYTHONPATH=$PWD DS_ACCELERATOR=cpu build/ds-venv/bin/python tests/deepspeed_configs/make.py
 """
-import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-import cases  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from deepspeed_reference import cases_of, write  # noqa: E402
 from distributed_harness import run_distributed  # noqa: E402
+
+cases = cases_of("configs")
 
 
 class _DataParallel:
@@ -43,7 +42,5 @@ def _rank(rank, world):
 
 if __name__ == "__main__":
     [found] = run_distributed(_rank, 1, timeout=300)
-    with open(os.path.join(HERE, "expected.json"), "w") as out:
-        json.dump(found, out, indent=1, sort_keys=True, default=str)
-        out.write("\n")
-    print(json.dumps(found["stage3"], indent=1, default=str))
+    write("configs", found, indent=1)
+    print(found["stage3"])

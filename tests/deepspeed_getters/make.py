@@ -3,15 +3,14 @@ one rank of its CPU accelerator. From the project root, after scripts/deepspeed_
 
     PYTHONPATH=$PWD DS_ACCELERATOR=cpu build/ds-venv/bin/python tests/deepspeed_getters/make.py
 """
-import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-import cases  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from deepspeed_reference import cases_of, write  # noqa: E402
 from distributed_harness import run_distributed  # noqa: E402
+
+cases = cases_of("getters")
 
 
 def _rank(rank, world):
@@ -31,7 +30,5 @@ def _rank(rank, world):
 
 if __name__ == "__main__":
     [found] = run_distributed(_rank, 1, timeout=600)
-    with open(os.path.join(HERE, "expected.json"), "w") as out:
-        json.dump(found, out, indent=1, sort_keys=True)
-        out.write("\n")
-    print(json.dumps(found, indent=1, sort_keys=True))
+    write("getters", found, indent=1)
+    print(sorted(found))

@@ -3,13 +3,13 @@ cases.py. From the project root, after scripts/deepspeed_cpu.sh:
 
     PYTHONPATH=$PWD build/ds-venv/bin/python tests/deepspeed_schedules/make.py
 """
-import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import cases  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from deepspeed_reference import cases_of, write  # noqa: E402
+
+cases = cases_of("schedules")
 
 if __name__ == "__main__":
     import deepspeed
@@ -19,7 +19,5 @@ if __name__ == "__main__":
     for name, (kind, params, optimizer) in cases.CASES.items():
         opt = cases.optimizer(optimizer)
         found[name] = cases.run(getattr(lr_schedules, kind)(opt, **params), opt)
-    with open(os.path.join(HERE, "expected.json"), "w") as out:
-        json.dump(found, out, indent=None, sort_keys=True)
-        out.write("\n")
+    write("schedules", found, indent=None)
     print({name: values[-1] for name, values in found.items() if name != "deepspeed"})
