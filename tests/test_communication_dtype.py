@@ -36,9 +36,9 @@ def _train(rank, world, stage, gas, extra, communication):
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     data = training.batches(world, STEPS, gas)
     for micro in range(gas):
-        engine.backward(engine(*data[micro * world + rank]))
+        engine.backward(engine(*(t.to(engine.device) for t in data[micro * world + rank])))
         if micro == gas - 1:
-            grads = {n: safe_get_full_grad(p) for n, p in engine.module.named_parameters()}
+            grads = {n: safe_get_full_grad(p).cpu() for n, p in engine.module.named_parameters()}
         engine.step()
     engine.core.reset_comm_stats()
     losses = training.train_engine(engine, rank, world, 1, gas, first_step=1)
@@ -50,14 +50,14 @@ def _train(rank, world, stage, gas, extra, communication):
             engine.communication_data_type)
 
 
-def _reference_grads(gas):
+def _reference_grads(gas, world=2):
     """The fp32 reference's gradients at the first step (global batch)."""
     import torch
 
     model = training.make_model()
-    data = training.batches(2, STEPS, gas)
+    data = training.batches(world, STEPS, gas)
     for micro in range(gas):
-        parts = [data[micro * 2 + r] for r in range(2)]
+        parts = [data[micro * world + r] for r in range(world)]
         (model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
          / gas).backward()
     return {n: p.grad for n, p in model.named_parameters()}

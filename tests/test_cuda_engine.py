@@ -1,7 +1,8 @@
 """The engine on a GPU: ZeRO stages 0-3 in fp32 and bf16 against the single-process PyTorch
 reference, optimizer and parameter offload to pinned host memory through the copy engine and
-to NVMe, the delayed parameter update, the reduced gradients read per parameter, and the memory
-report's device bytes against torch.cuda's allocator. Skipped where torch sees
+to NVMe, the delayed parameter update, the reduced gradients read per parameter, bf16
+gradients reduced in fp32, and the memory report's device bytes against torch.cuda's
+allocator. Skipped where torch sees
 no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -130,6 +131,21 @@ def test_reduced_gradients_read_on_the_gpu(stage, offload):
     for name, expected in _reference_grads(1, GAS).items():
         assert training.relative_error(full[name], expected) < TOLERANCE["fp32"][0], name
     assert "only there between engine.backward(loss)" in after_step
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_bf16_gradients_reduced_in_fp32_through_nccl(stage):
+    """communication_data_type "fp32" in bf16 on NCCL: the first step's reduced gradients
+    are the fp32 reference's to bf16 rounding, and the step sends more bytes than in bf16."""
+    from test_communication_dtype import _reference_grads, _train
+
+    extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
+    runs = {comm: run_distributed(_train, 1, timeout=300, backend="nccl",
+                                  args=(stage, 1, extra, comm))[0] for comm in ("fp32", None)}
+    grads, sent = runs["fp32"][1], runs["fp32"][2]
+    for name, expected in _reference_grads(1, world=1).items():
+        assert training.relative_error(grads[name], expected) < 3e-2, name
+    assert sent > runs[None][2]
 
 
 @pytest.mark.parametrize("stage", [2, 3])
