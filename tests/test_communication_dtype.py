@@ -1,8 +1,9 @@
 """communication_data_type (DeepSpeed's key): gradients reduced in another dtype than the
 model's, e.g. bf16 training summing its gradients in fp32. At every stage the run matches
-the single-process reference, the collectives carry the communication dtype's bytes (the
-count can fail: in the model's dtype the bytes halve), and the estimate's buckets and
-payload equal the engine's measured ones."""
+the single-process reference (a check of the cast back, which bf16 sums would pass as well:
+with two ranks an fp32 and a bf16 average round alike), the collectives carry the
+communication dtype's bytes (in the model's dtype the bytes halve), and the estimate's
+buckets and payload equal the engine's measured ones (the bucket dtype doubles them)."""
 import pytest
 
 import training
@@ -14,7 +15,9 @@ pytestmark = pytest.mark.timeout(240)
 STEPS = 3
 # (stage, gas, extra zero_optimization keys): each reducer mode (stage 0's all-reduce,
 # stage 1's reduce-scatter in place with gas 2, the sharded modes) and stage 3's two groups
-CASES = [(0, 1, {}), (1, 2, {}), (1, 1, {}), (2, 1, {}), (2, 2, {"overlap_comm": True}),
+CASES = [(0, 1, {}), (0, 1, {"overlap_comm": True}), (1, 2, {}), (1, 2, {"overlap_comm": True}),
+         (1, 1, {}), (2, 1, {}), (2, 2, {"overlap_comm": True}),
+         (2, 2, {"offload_optimizer": {"device": "cpu"}}),  # the host gradient shard
          (3, 1, {"stage3_param_persistence_threshold": 40})]
 
 
@@ -81,7 +84,9 @@ def test_bf16_gradients_reduced_in_fp32_train_like_the_reference(stage, gas, ext
                                                                      (None, bf16[0])):
         setup = est.Setup(world_size=2, precision="bf16", communication_data_type=communication,
                           reduce_bucket_size=3000, overlap_comm=extra.get("overlap_comm"),
-                          gradient_accumulation_steps=gas,
+                          gradient_accumulation_steps=gas, cpu_only=True,
+                          offload_optimizer=extra.get("offload_optimizer", {}).get("device",
+                                                                                 "none"),
                           persistence_threshold=extra.get("stage3_param_persistence_threshold",
                                                           100_000))
         estimate = est.estimate(shapes, setup, stage)

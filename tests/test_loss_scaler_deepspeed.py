@@ -30,3 +30,20 @@ def test_the_scale_follows_deepspeeds(name):
             break
         scales.append(scaler.loss_scale)
     assert scales == EXPECTED[name]
+
+
+def test_the_optimizers_scale_reads_and_sets_as_deepspeeds():
+    """DeepSpeed's ZeRO optimizers carry the scale in use as `cur_scale` / `loss_scale`, both
+    settable; engine.loss_scale() is the config's value (0: dynamic)."""
+    from zero.optimizer import OptimizerSpec, ZeroOptimizer
+
+    scaler = from_config(initial_scale_power=8)
+    spec = OptimizerSpec("adam", {"lr": 1e-3}, decoupled_weight_decay=True)
+    optimizer = ZeroOptimizer(spec, [], scaler)
+    assert optimizer.cur_scale == optimizer.loss_scale == 256
+    optimizer.loss_scale = 64
+    assert scaler.loss_scale == 64 and optimizer.cur_scale == 64
+    without = ZeroOptimizer(spec, [])
+    assert without.cur_scale == 1.0
+    with pytest.raises(ValueError, match="without fp16"):
+        without.cur_scale = 2.0

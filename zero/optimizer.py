@@ -89,13 +89,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.overflow = False  # the last step was skipped (fp16 overflow, non-finite grads)
         self._loss_scaler = loss_scaler  # fp16's (zero/loss_scaler.py); None otherwise
 
-    @property
-    def cur_scale(self) -> float:
-        """The loss scale in use now (fp16's dynamic or static one; 1.0 otherwise), under
-        DeepSpeed's ZeRO optimizers' names `cur_scale` and `loss_scale`."""
+    def _get_scale(self) -> float:
         return self._loss_scaler.loss_scale if self._loss_scaler is not None else 1.0
 
-    loss_scale = cur_scale
+    def _set_scale(self, value: float) -> None:
+        if self._loss_scaler is None:
+            raise ValueError("zero: the loss scale is 1.0 without fp16; there is none to set")
+        self._loss_scaler.cur_scale = value
+
+    # The loss scale in use now (fp16's dynamic or static one; 1.0 otherwise), settable, under
+    # DeepSpeed's ZeRO optimizers' names.
+    cur_scale = property(_get_scale, _set_scale)
+    loss_scale = property(_get_scale, _set_scale)
 
     def hypers(self) -> list:
         """Per-group hyperparameters for EngineCore.step (_C.OptimizerHyper), read fresh each

@@ -179,7 +179,10 @@ void GradReducer::launch(std::size_t unit) {
                           if (replicate_ != nullptr) {
                             replicate_->all_reduce(output, Reduction::kAvg)->wait();
                           }
-                          accumulate(unit, target, output);
+                          // back in the gradients' dtype on the device: a host shard then
+                          // takes the narrow copy
+                          accumulate(unit, target,
+                                     converts_ ? output.to(grads_.scalar_type()) : output);
                         }});
 }
 

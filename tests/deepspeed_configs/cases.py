@@ -46,6 +46,7 @@ DEEPSPEED = {
     "steps_per_print": lambda c: c.steps_per_print,
     "prescale_gradients": lambda c: c.prescale_gradients,
     "gradient_predivide_factor": lambda c: c.gradient_predivide_factor,
+    "communication_data_type": lambda c: _dtype_key(c.communication_data_type),
     "wall_clock_breakdown": lambda c: c.wall_clock_breakdown,
     "zero_allow_untested_optimizer": lambda c: c.zero_allow_untested_optimizer,
     "fp16.enabled": lambda c: c.float16_config.enabled,
@@ -92,6 +93,12 @@ DEEPSPEED = {
     "zero_optimization.offload_param.max_in_cpu":
         lambda c: _field(c.zero_config.offload_param, "max_in_cpu"),
 }
+
+
+def _dtype_key(dtype):
+    """DeepSpeed holds a torch dtype; the config key's spelling."""
+    names = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+    return None if dtype is None else names[str(dtype)]
 
 
 def _device(block):

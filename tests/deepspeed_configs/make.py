@@ -34,8 +34,6 @@ def _rank(rank, world):
         for key, read in cases.DEEPSPEED.items():
             value = read(resolved)
             values[key] = getattr(value, "value", value) if value is not None else None
-            if key == "communication_data_type" and value is not None:
-                values[key] = str(value)
         found[name] = values
     return found
 

@@ -258,7 +258,7 @@ def _warmup_keys(max_lr_default, max_lr_doc):
     return (
         _float("warmup_min_lr", 0.0, "Learning rate at the start of warmup.", minimum=0),
         _float("warmup_max_lr", max_lr_default, max_lr_doc, minimum=0, nullable=max_lr_default is None,
-               default_doc="optimizer lr" if max_lr_default is None else None),
+               default_doc="each group's lr" if max_lr_default is None else None),
         _int("warmup_num_steps", 1000, "Warmup length in steps (DeepSpeed uses max(2, value) internally).",
              minimum=1, maximum=MAX_STEPS),
         _choice("warmup_type", "log", _WARMUP_TYPES, "Warmup curve (DeepSpeed warns and falls back to log on "
@@ -294,8 +294,9 @@ SCHEDULER_PARAMS = {
         _float("decay_lr_rate", 0.0, "Post-cycle lr decay rate (0: no decay).", minimum=0),
         _int("cycle_first_step_size", 2000, "Steps in the increasing half of the cycle.", minimum=1,
              maximum=MAX_STEPS),
-        _int("cycle_second_step_size", None, "Steps in the decreasing half (null: cycle_first_step_size).",
-             minimum=1, maximum=MAX_STEPS, nullable=True, default_doc="cycle_first_step_size"),
+        _int("cycle_second_step_size", None, "Steps in the decreasing half (null: cycle_first_step_size; "
+             "0: none, as DeepSpeed allows).", minimum=0, maximum=MAX_STEPS, nullable=True,
+             default_doc="cycle_first_step_size"),
         _int("cycle_first_stair_count", 0, "Stairs in the first half (0: continuous).", minimum=0,
              maximum=MAX_STEPS),
         _int("cycle_second_stair_count", None, "Stairs in the second half (null: cycle_first_stair_count).",

@@ -180,7 +180,7 @@ def communication(stage: int, est: Estimate, param_bytes: int, gas: int) -> tupl
     parameters in `param_bytes`. Scalar all-reduces (norm, overflow flag) and stage 3's control
     exchanges are left out. Stage 3: the bytes of estimate/traffic.py (every micro-step
     all-gathers what the replayed schedule gathers and reduce-scatters every unit; at the
-    boundary the persistent group reduce-scatters and all-gathers 2bΨp; the configured
+    boundary the persistent group reduce-scatters and all-gathers (b_c + b)Ψp; the configured
     ZeRO++ / MiCS layout moves or shrinks them), across nodes and within one together."""
     psi, units = est.numel, est.unit_count
     if stage == 3 and est.stage3 is not None:
