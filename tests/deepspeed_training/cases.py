@@ -1,0 +1,71 @@
+"""Short training runs tests/test_training_deepspeed.py compares: each a DeepSpeed JSON config
+with the parameter groups a script would pass, trained 4 steps on 2 ranks. Shared by make.py
+(the real DeepSpeed 0.19.8 writes expected.pt: the losses and the final fp32 weights) and the
+test (zero on the same). What the other fixtures leave out: accumulation, the default
+clipping, per-group lrs and weight decay, Adam's L2 form, SGD with momentum, and the decaying
+schedules."""
+import torch
+
+from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
+
+MODEL = GPTConfig(vocab_size=61, block_size=8, n_layer=2, n_head=2, n_embd=12)
+WORLD, STEPS, MICRO = 2, 4, 2
+
+CASES = {
+    "stage2-adam-l2-groups-gas2": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "Adam", "params": {"lr": 2e-3, "weight_decay": 0.01,
+                                                 "adam_w_mode": False}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3}},
+        "zero_optimization": {"stage": 2}},
+    "stage3-adamw-decay-clip": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_clipping": 0.5,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.8, 0.9],
+                                                  "weight_decay": 0.05}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 6,
+                                                          "warmup_num_steps": 2}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
+    "stage1-sgd-momentum": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9,
+                                                "weight_decay": 1e-3}},
+        "zero_allow_untested_optimizer": True,  # DeepSpeed asks it of SGD under ZeRO
+        "zero_optimization": {"stage": 1}},
+}
+
+
+def make_model():
+    torch.manual_seed(0)
+    return TinyGPT(MODEL)
+
+
+def parameter_groups(model):
+    """What training scripts pass as model_parameters: no decay for biases and norms, and the
+    embeddings at half the lr."""
+    named = list(model.named_parameters())
+    embeddings = [p for n, p in named if "embedding" in n]
+    plain = [p for n, p in named if n.endswith("bias") or "ln" in n]
+    taken = {id(p) for p in embeddings + plain}
+    rest = [p for n, p in named if id(p) not in taken]
+    return [{"params": rest}, {"params": plain, "weight_decay": 0.0},
+            {"params": embeddings, "lr": 1e-3, "weight_decay": 0.0}]
+
+
+def train(engine, rank, config):
+    """STEPS optimizer steps; the mean loss of each (over the micro-steps and ranks)."""
+    import torch.distributed as dist
+
+    gas = config.get("gradient_accumulation_steps", 1)
+    data = synthetic_batches(MODEL, MICRO, STEPS * gas * WORLD, seed=3)
+    losses = []
+    for step in range(STEPS):
+        total = torch.zeros(1)
+        for micro in range(gas):
+            tokens, targets = data[(step * gas + micro) * WORLD + rank]
+            loss = engine(tokens, targets)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float()
+        dist.all_reduce(total)
+        losses.append(total.item() / (gas * WORLD))
+    return losses
