@@ -2,8 +2,8 @@
 with the parameter groups a script would pass, trained 4 steps on 2 ranks. Shared by make.py
 (the real DeepSpeed 0.19.8 writes expected.pt: the losses and the final fp32 weights) and the
 test (zero on the same). What the other fixtures leave out: accumulation, the default
-clipping, per-group lrs and weight decay, Adam's L2 form, SGD with momentum, and the decaying
-schedules."""
+clipping, per-group lrs and weight decay, Adam's L2 form, SGD with momentum, the decaying
+schedules, and the optimizer (and at stage 3 the parameters) offloaded to CPU memory."""
 import torch
 
 from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
@@ -25,6 +25,18 @@ CASES = {
         "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 6,
                                                           "warmup_num_steps": 2}},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
+    "stage2-offload-adamw": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+    "stage3-offload-all": {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 8,
+                                                           "warmup_num_steps": 2}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                              "offload_optimizer": {"device": "cpu"},
+                              "offload_param": {"device": "cpu"}}},
     "stage1-sgd-momentum": {
         "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
         "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9,
