@@ -121,11 +121,13 @@ def batches(world: int, steps: int, gas: int):
 
 
 def train_engine(engine, rank: int, world: int, steps: int, gas: int, first_step: int = 0,
-                 on_step=None) -> list[float]:
-    """Runs `steps` optimizer steps; returns the global mean loss of each step."""
+                 on_step=None, data=None) -> list[float]:
+    """Runs `steps` optimizer steps; returns the global mean loss of each step. `data`: the
+    micro-batches, micro-batch m of step s on rank r at (s * gas + m) * world + r (default:
+    batches(world, ...) of the test model)."""
     import torch.distributed as dist
 
-    data = batches(world, first_step + steps, gas)
+    data = batches(world, first_step + steps, gas) if data is None else data
     device = getattr(engine, "device", torch.device("cpu"))  # the batches go where the model is
     losses = []
     for step in range(first_step, first_step + steps):

@@ -65,19 +65,8 @@ def parameter_groups(model):
 
 def train(engine, rank, config):
     """STEPS optimizer steps; the mean loss of each (over the micro-steps and ranks)."""
-    import torch.distributed as dist
+    import training
 
     gas = config.get("gradient_accumulation_steps", 1)
     data = synthetic_batches(MODEL, MICRO, STEPS * gas * WORLD, seed=3)
-    losses = []
-    for step in range(STEPS):
-        total = torch.zeros(1)
-        for micro in range(gas):
-            tokens, targets = data[(step * gas + micro) * WORLD + rank]
-            loss = engine(tokens, targets)
-            engine.backward(loss)
-            engine.step()
-            total += loss.detach().float()
-        dist.all_reduce(total)
-        losses.append(total.item() / (gas * WORLD))
-    return losses
+    return training.train_engine(engine, rank, WORLD, STEPS, gas, data=data)
