@@ -239,14 +239,14 @@ def test_onecycle_phase_hand_values():
     assert sched.get_mom()[0] == pytest.approx(1.08)  # momentum decay grows: 0.9 * 1.2
 
 
-def test_onecycle_sgd_momentum_is_cycled():
+def test_onecycle_leaves_sgd_momentum_alone_as_deepspeed():
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
     sched = make_onecycle(opt)
-    assert opt.param_groups[0]["momentum"] == 0.8
+    assert not sched.cycle_momentum
     sched.step()
     sched.step()
-    assert opt.param_groups[0]["momentum"] == pytest.approx(0.85)  # it=1: s = 2/4
+    assert opt.param_groups[0]["momentum"] == 0.5
     assert "betas" not in opt.param_groups[0]
 
 

@@ -27,8 +27,6 @@ config typo):
 
 * An unknown ``warmup_type`` raises ``ValueError`` (DeepSpeed's ``WarmupLR`` warns and
   falls back to "log").
-* ``OneCycle`` also cycles SGD-style ``'momentum'`` in groups that have no
-  ``'betas'`` (DeepSpeed disables momentum cycling for such optimizers).
 * ``load_state_dict`` re-applies the restored lr to the param groups
   (DeepSpeed relies on the optimizer checkpoint restoring ``'lr'``).
 * ``get_last_lr`` returns Python floats; tensor lrs in param groups are kept
@@ -235,14 +233,22 @@ class WarmupCosineLR(_Scheduler):
 # --------------------------------------------------------------------------- 1Cycle
 
 
+def _has_betas(optimizer) -> bool:
+    """DeepSpeed cycles momentum only for an optimizer whose defaults have 'betas' (Adam's
+    kind); an object without defaults counts when its groups have them."""
+    defaults = getattr(optimizer, "defaults", None)
+    if isinstance(defaults, dict):
+        return "betas" in defaults
+    return all("betas" in group for group in optimizer.param_groups)
+
+
 class OneCycle(_Scheduler):
     """1Cycle: lr rises min->max over ``cycle_first_step_size`` steps, falls back over
     ``cycle_second_step_size`` (default: the first), then optionally decays.
 
-    Momentum (when ``cycle_momentum``) moves inversely: max->min->max. It is
-    written to ``betas[0]`` of groups that have ``'betas'`` and to
-    ``'momentum'`` of groups that have that instead; groups with neither are
-    left alone.
+    Momentum (when ``cycle_momentum``) moves inversely: max->min->max, written to
+    ``betas[0]``; an optimizer without ``'betas'`` (SGD) keeps its momentum, with a
+    warning, as in DeepSpeed.
 
     DeepSpeed quirks kept on purpose (so runs match step for step):
 
@@ -296,8 +302,9 @@ class OneCycle(_Scheduler):
         self.decay_mom_rate = decay_mom_rate
         self.skip_mom_decay = math.isclose(decay_step_size, 0) or math.isclose(decay_mom_rate, 0)
         self.cycle_momentum = cycle_momentum
-        if cycle_momentum and not any("betas" in g or "momentum" in g for g in optimizer.param_groups):
-            logger.warning("cycle_momentum disabled: no param group has 'betas' or 'momentum'")
+        if cycle_momentum and not _has_betas(optimizer):
+            logger.warning("cycle_momentum disabled: optimizer %s has no 'betas' (as DeepSpeed, "
+                           "SGD's momentum is not cycled)", type(optimizer).__name__)
             self.cycle_momentum = False
 
         if last_batch_iteration == -1:
@@ -353,10 +360,7 @@ class OneCycle(_Scheduler):
 
     def _apply_moms(self, moms):
         for group, mom in zip(self.optimizer.param_groups, moms):
-            if "betas" in group:
-                group["betas"] = (mom, self.BETA2)
-            elif "momentum" in group:
-                group["momentum"] = mom
+            group["betas"] = (mom, self.BETA2)
 
     def _apply(self):
         super()._apply()

@@ -303,7 +303,8 @@ SCHEDULER_PARAMS = {
              minimum=0, maximum=MAX_STEPS, nullable=True, default_doc="cycle_first_stair_count"),
         _int("decay_step_size", 0, "Steps between post-cycle decays (0: no decay).", minimum=0,
              maximum=MAX_STEPS),
-        _bool("cycle_momentum", True, "Cycle momentum inversely to the lr."),
+        _bool("cycle_momentum", True, "Cycle momentum (Adam's beta1) inversely to the lr; an optimizer "
+              "without betas (SGD) keeps its momentum, as in DeepSpeed."),
         _float("cycle_min_mom", 0.8, "Lower momentum bound.", minimum=0, maximum=1),
         _float("cycle_max_mom", 0.9, "Upper momentum bound.", minimum=0, maximum=1),
         _float("decay_mom_rate", 0.0, "Post-cycle momentum decay rate.", minimum=0),
