@@ -130,6 +130,34 @@ def test_a_universal_checkpoint_reads_as_deepspeeds_own(name):
     assert set(universal.frozen) == set(original.frozen)
 
 
+def _master_after_load(rank, world, name, load_optimizer_states, load_module_only):
+    """Each trained parameter's whole fp32 master right after the load."""
+    import zero
+    from zero.compat.deepspeed.utils import safe_get_full_fp32_param
+
+    spec = run.RUNS[name]
+    engine, _, _, _ = zero.initialize(model=run.make_model(spec),
+                                      config=run.config(spec, world, spec.stage))
+    engine.load_checkpoint(fixture(name), load_optimizer_states=load_optimizer_states,
+                           load_module_only=load_module_only)
+    return {n: safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()
+            if p.requires_grad}
+
+
+def test_without_the_optimizer_state_the_fp32_master_still_loads():
+    """DeepSpeed restores the fp32 weights whatever load_optimizer_states says (its
+    load_from_fp32_weights); only load_module_only takes the master from the 16-bit module.
+    In bf16 the difference is the module's rounding."""
+    want = expected("stage2-bf16")["fp32_at_save"]
+    master = run_distributed(_master_after_load, 2, args=("stage2-bf16", False, False))[0]
+    for name, value in master.items():
+        assert torch.equal(value, want[name]), name
+    rounded = run_distributed(_master_after_load, 2, args=("stage2-bf16", False, True))[0]
+    assert any(not torch.equal(value, want[name]) for name, value in rounded.items())
+    for name, value in rounded.items():  # the module's bf16 weights
+        assert torch.equal(value, want[name].bfloat16().float()), name
+
+
 def test_without_the_moments_the_continuation_is_not_deepspeeds(tmp_path):
     """The check above can fail: a fresh Adam on the loaded master takes other steps."""
     result = run_distributed(_resume, 2, args=("stage2-fp32", 2, str(tmp_path)),

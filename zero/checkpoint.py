@@ -303,7 +303,7 @@ def _load_deepspeed(engine, path: str, read, strict: bool, load_optimizer_states
     _agreed_check(lambda: checkpoint_deepspeed.check_fits(engine, saved, load_shards))
     with _all_ranks_or_none(f"loading DeepSpeed checkpoint {path}",
                             "the engine may be partly loaded: load a checkpoint again"):
-        checkpoint_deepspeed.load_into(engine, saved, load_shards, strict)
+        checkpoint_deepspeed.load_into(engine, saved, load_shards, strict, load_module_only)
     if not load_module_only:
         checkpoint_deepspeed.restore_engine_state(engine, saved, load_shards,
                                                   load_lr_scheduler_states)

@@ -323,15 +323,20 @@ def frozen_parameters(path: str, model_state: dict, stage3: bool, world: int) ->
     return frozen
 
 
-def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: bool) -> None:
-    """The module from the fp32 master; with `load_shards` this rank's master and moment
-    shards of every engine group, cut from the files (checkpoint_pieces.shard_from)."""
+def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: bool,
+              module_only: bool = False) -> None:
+    """The module from the fp32 master, and this rank's shard of the master of every engine
+    group, cut from the files (checkpoint_pieces.shard_from): without the optimizer state
+    too, as DeepSpeed's load_from_fp32_weights (its default) restores the fp32 weights, not
+    the 16-bit ones; with `load_shards` the moments as well. `module_only`: the master
+    follows the module, as DeepSpeed's load_module_only."""
     engine.load_module_state_dict(saved.module_state(engine.dtype), strict=strict)
-    if not load_shards:
+    if module_only:
         checkpoint_layout.refresh_masters(engine.core)
         return
     for g, wanted in enumerate(checkpoint_layout.group_param_names(engine)):
-        checkpoint_layout.load_group(engine.core, g, wanted, saved.master, saved.moments)
+        checkpoint_layout.load_group(engine.core, g, wanted, saved.master,
+                                     saved.moments if load_shards else {})
 
 
 def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:
