@@ -32,3 +32,18 @@ def write(name: str, found: dict, indent: int | None = 1) -> None:
     with open(os.path.join(TESTS, f"deepspeed_{name}", "expected.json"), "w") as out:
         json.dump(found, out, indent=indent, sort_keys=True, default=str)
         out.write("\n")
+
+
+def _under_deepspeed(rank, world, answer, *args):
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed.__version__, answer(rank, world, *args)
+
+
+def ask_deepspeed(answer, world: int = 1, args=(), timeout: int = 600):
+    """(DeepSpeed's version, rank 0's `answer(rank, world, *args)`), run on `world` ranks
+    after deepspeed.init_distributed (gloo): for the makers, under build/ds-venv."""
+    from distributed_harness import run_distributed
+
+    return run_distributed(_under_deepspeed, world, args=(answer, *args), timeout=timeout)[0]

@@ -32,17 +32,11 @@ def _train(rank, world, stage, gas, extra, communication):
     """Three steps: the first one's reduced gradients (read before its update), the second
     one's bytes sent (stage 3's gather order is recorded by then) and the bucket peak, and
     every step's loss."""
-    import zero
     from zero.compat.deepspeed.utils import safe_get_full_grad
 
-    config = _config(stage, gas, extra, communication)
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
-    data = training.batches(world, STEPS, gas)
-    for micro in range(gas):
-        engine.backward(engine(*(t.to(engine.device) for t in data[micro * world + rank])))
-        if micro == gas - 1:
-            grads = {n: safe_get_full_grad(p).cpu() for n, p in engine.module.named_parameters()}
-        engine.step()
+    engine = training.engine_at_boundary(_config(stage, gas, extra, communication), rank, world)
+    grads = {n: safe_get_full_grad(p).cpu() for n, p in engine.module.named_parameters()}
+    engine.step()
     engine.core.reset_comm_stats()
     losses = training.train_engine(engine, rank, world, 1, gas, first_step=1)
     comm = engine.core.comm_stats()
@@ -51,19 +45,6 @@ def _train(rank, world, stage, gas, extra, communication):
     return (losses, grads, comm.total_bytes,
             report["categories"].get("bucket", {}).get("peak", 0), report["numel"],
             engine.communication_data_type)
-
-
-def _reference_grads(gas, world=2):
-    """The fp32 reference's gradients at the first step (global batch)."""
-    import torch
-
-    model = training.make_model()
-    data = training.batches(world, STEPS, gas)
-    for micro in range(gas):
-        parts = [data[micro * world + r] for r in range(world)]
-        (model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-         / gas).backward()
-    return {n: p.grad for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("stage,gas,extra", CASES)
@@ -76,7 +57,7 @@ def test_bf16_gradients_reduced_in_fp32_train_like_the_reference(stage, gas, ext
     losses, grads, sent, buckets, numel, dtype = fp32[0]
     assert dtype == torch.float32 and bf16[0][5] == torch.bfloat16
     assert losses == pytest.approx(ref_losses[1:], rel=2e-2)
-    for name, expected in _reference_grads(gas).items():  # bf16 compute, fp32 sums
+    for name, expected in training.reference_grads(2, gas).items():  # bf16 compute, fp32 sums
         assert training.relative_error(grads[name], expected) < 3e-2, name
     # the gradients' collectives carry 4 bytes per element instead of 2
     shapes = est.shapes_from_factory(training.__file__ + ":make_model")

@@ -123,12 +123,12 @@ def test_delayed_update_on_the_gpu():
 def test_reduced_gradients_read_on_the_gpu(stage, offload):
     """deepspeed.utils.safe_get_full_grad on NCCL: each parameter's averaged gradient after
     the boundary's backward (a host shard with optimizer offload), the global batch's."""
-    from test_param_values import _grads_after_backward, _reference_grads
+    from test_param_values import _grads_after_backward
 
     [(full, _, after_step, _)] = run_distributed(_grads_after_backward, 1, timeout=300,
                                               backend="nccl",
                                               args=(stage, GAS, offload, "fp32"))
-    for name, expected in _reference_grads(1, GAS).items():
+    for name, expected in training.reference_grads(1, GAS).items():
         assert training.relative_error(full[name], expected) < TOLERANCE["fp32"][0], name
     assert "only there between engine.backward(loss)" in after_step
 
@@ -137,13 +137,13 @@ def test_reduced_gradients_read_on_the_gpu(stage, offload):
 def test_bf16_gradients_reduced_in_fp32_through_nccl(stage):
     """communication_data_type "fp32" in bf16 on NCCL: the first step's reduced gradients
     are the fp32 reference's to bf16 rounding, and the step sends more bytes than in bf16."""
-    from test_communication_dtype import _reference_grads, _train
+    from test_communication_dtype import _train
 
     extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
     runs = {comm: run_distributed(_train, 1, timeout=300, backend="nccl",
                                   args=(stage, 1, extra, comm))[0] for comm in ("fp32", None)}
     grads, sent = runs["fp32"][1], runs["fp32"][2]
-    for name, expected in _reference_grads(1, world=1).items():
+    for name, expected in training.reference_grads(1, 1).items():
         assert training.relative_error(grads[name], expected) < 3e-2, name
     assert sent > runs[None][2]
 

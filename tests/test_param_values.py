@@ -37,10 +37,7 @@ def _reference(world):
     """torch.optim.AdamW on the global batch: each parameter's weights and moments."""
     config = training.engine_config(2, gas=1, scheduler=False)
     model = training.make_model()
-    hyper = config["optimizer"]["params"]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=hyper["lr"], betas=tuple(hyper["betas"]),
-                                  eps=hyper["eps"], weight_decay=hyper["weight_decay"],
-                                  foreach=False)
+    optimizer = training.reference_adamw(model.parameters(), config)
     data = training.batches(world, STEPS, 1)
     for step in range(STEPS):
         optimizer.zero_grad()
@@ -124,23 +121,20 @@ def test_each_rank_holds_and_writes_its_own_fragment(stage):
     assert [rest for _, *rest in results] == [[True, None, None]] * 2
 
 
-def _grads_after_backward(rank, world, stage, gas, offload, precision):
-    """One step's micro-batches through the engine, then every trained parameter's full and
-    local gradient read at the boundary; and what a read after the step says."""
-    import zero
-    from zero.compat.deepspeed.utils import safe_get_full_grad, safe_get_local_grad
-
+def _boundary_config(stage, gas, offload, precision="fp32"):
     extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
     if offload:
         extra["offload_optimizer"] = {"device": "cpu"}
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=training.engine_config(
-        stage, gas=gas, scheduler=False, precision=precision, **extra))
-    data = training.batches(world, 1, gas)
-    for micro in range(gas):
-        tokens, targets = (t.to(engine.device) for t in data[micro * world + rank])
-        engine.backward(engine(tokens, targets))
-        if micro < gas - 1:
-            engine.step()
+    return training.engine_config(stage, gas=gas, scheduler=False, precision=precision, **extra)
+
+
+def _grads_after_backward(rank, world, stage, gas, offload, precision):
+    """One step's micro-batches through the engine, then every trained parameter's full and
+    local gradient read at the boundary; and what a read after the step says."""
+    from zero.compat.deepspeed.utils import safe_get_full_grad, safe_get_local_grad
+
+    engine = training.engine_at_boundary(_boundary_config(stage, gas, offload, precision),
+                                         rank, world)
     full = {name: safe_get_full_grad(p).cpu() for name, p in engine.module.named_parameters()}
     local = {name: safe_get_local_grad(p).numel() for name, p in engine.module.named_parameters()}
     scale = engine.optimizer.cur_scale  # fp16's is still in the gradients, as DeepSpeed's
@@ -153,22 +147,13 @@ def _grads_after_backward(rank, world, stage, gas, offload, precision):
     return {name: grad / scale for name, grad in full.items()}, local, after_step, scale
 
 
-def _reference_grads(world, gas):
-    model = training.make_model()
-    data = training.batches(world, 1, gas)
-    for micro in range(gas):
-        parts = [data[micro * world + r] for r in range(world)]
-        (model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])) / gas).backward()
-    return {name: p.grad for name, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("stage,gas,offload,precision,tolerance", [
     (0, 1, False, "fp32", 1e-5), (1, 2, False, "fp32", 1e-5), (1, 1, False, "fp32", 1e-5),
     (2, 2, False, "fp32", 1e-5), (2, 1, True, "fp32", 1e-5), (3, 2, False, "fp32", 1e-5),
     (3, 1, True, "fp32", 1e-5), (2, 1, False, "bf16", 3e-2), (2, 1, False, "fp16", 3e-3)])
 def test_full_gradient_is_the_global_batch_gradient(stage, gas, offload, precision, tolerance):
     results = run_distributed(_grads_after_backward, 2, args=(stage, gas, offload, precision))
-    reference = _reference_grads(2, gas)
+    reference = training.reference_grads(2, gas)
     for full, _, after_step, scale in results:
         assert scale == (2 ** 8 if precision == "fp16" else 1.0)  # engine_config's fp16 block
         assert set(full) == set(reference)
@@ -185,21 +170,10 @@ def test_full_gradient_is_the_global_batch_gradient(stage, gas, offload, precisi
 def _set_grads_then_step(rank, world, stage, gas, offload):
     """Replaces one parameter's whole gradient and negates each rank's fragment of another's
     (Adam's first step follows the gradient's sign), then steps; the fp32 masters after it."""
-    import zero
     from zero.compat.deepspeed.utils import (safe_get_full_fp32_param, safe_get_local_grad,
                                              safe_set_full_grad, safe_set_local_grad)
 
-    extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
-    if offload:
-        extra["offload_optimizer"] = {"device": "cpu"}
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=training.engine_config(
-        stage, gas=gas, scheduler=False, **extra))
-    data = training.batches(world, 1, gas)
-    for micro in range(gas):
-        tokens, targets = data[micro * world + rank]
-        engine.backward(engine(tokens, targets))
-        if micro < gas - 1:
-            engine.step()
+    engine = training.engine_at_boundary(_boundary_config(stage, gas, offload), rank, world)
     params = dict(engine.module.named_parameters())
     safe_set_full_grad(params[REPLACED], _replacement())
     safe_set_local_grad(params[NEGATED], -safe_get_local_grad(params[NEGATED]))
@@ -218,10 +192,7 @@ def _reference_step(grads, gas):
     """AdamW's weights after one step on `grads`, clipped as the engine clips."""
     config = training.engine_config(2, gas=gas, scheduler=False)
     model = training.make_model()
-    hyper = config["optimizer"]["params"]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=hyper["lr"], betas=tuple(hyper["betas"]),
-                                  eps=hyper["eps"], weight_decay=hyper["weight_decay"],
-                                  foreach=False)
+    optimizer = training.reference_adamw(model.parameters(), config)
     for name, p in model.named_parameters():
         p.grad = grads[name].clone()
     torch.nn.utils.clip_grad_norm_(model.parameters(), config["gradient_clipping"])
@@ -233,7 +204,7 @@ def _reference_step(grads, gas):
                                                (3, 2, False)])
 def test_set_gradients_are_what_the_step_applies(stage, gas, offload):
     results = run_distributed(_set_grads_then_step, 2, args=(stage, gas, offload))
-    grads = _reference_grads(2, gas)
+    grads = training.reference_grads(2, gas)
     unchanged = _reference_step(grads, gas)  # the check can fail: the set values matter
     grads[REPLACED], grads[NEGATED] = _replacement(), -grads[NEGATED]
     expected = _reference_step(grads, gas)

@@ -18,11 +18,7 @@ EXPECTED = torch.load(os.path.join(TESTS, "deepspeed_training", "expected.pt"))
 def _train(rank, world, name):
     import zero
 
-    config = cases.CASES[name]
-    model = cases.make_model()
-    engine, _, _, _ = zero.initialize(model=model, config=config,
-                                      model_parameters=cases.parameter_groups(model))
-    losses = cases.train(engine, rank, config)
+    engine, losses = cases.train_case(zero.initialize, rank, name)
     state = engine.module_state_dict()
     return losses, ({k: v.float() for k, v in state.items()} if rank == 0 else None)
 

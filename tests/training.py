@@ -165,16 +165,47 @@ def parameters_of(module) -> dict[str, torch.Tensor]:
     return {name: p.detach().float().clone() for name, p in module.named_parameters()}
 
 
+def reference_adamw(params, config: dict) -> torch.optim.AdamW:
+    """torch's AdamW with the config's optimizer hyperparameters (the references' optimizer)."""
+    hyper = config["optimizer"]["params"]
+    return torch.optim.AdamW(params, lr=hyper["lr"], betas=tuple(hyper["betas"]),
+                             eps=hyper["eps"], weight_decay=hyper["weight_decay"], foreach=False)
+
+
+def reference_grads(world: int, gas: int) -> dict[str, torch.Tensor]:
+    """The single-process reference's gradients of the first step on the global batch (the
+    micro-steps' losses divided by gas, as the engine scales them)."""
+    model = make_model()
+    data = batches(world, 1, gas)
+    for micro in range(gas):
+        parts = [data[micro * world + r] for r in range(world)]
+        (model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+         / gas).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def engine_at_boundary(config: dict, rank: int, world: int):
+    """An engine of `config` on the test model, its first step's micro-batches run up to the
+    boundary's backward: the reduced gradients are in it, the step not yet taken."""
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=make_model(), config=config)
+    gas = config["gradient_accumulation_steps"]
+    data = batches(world, 1, gas)
+    for micro in range(gas):
+        engine.backward(engine(*(t.to(engine.device) for t in data[micro * world + rank])))
+        if micro < gas - 1:
+            engine.step()
+    return engine
+
+
 def train_reference(world: int, steps: int, gas: int, config: dict, **model_options):
     """Single process, global batch, torch.optim.AdamW, clip_grad_norm_, zero's scheduler."""
     from zero.schedulers import build_scheduler
 
     model = make_model(**model_options)
     params = [p for p in model.parameters() if p.requires_grad]
-    hyper = config["optimizer"]["params"]
-    optimizer = torch.optim.AdamW(params, lr=hyper["lr"], betas=tuple(hyper["betas"]),
-                                  eps=hyper["eps"], weight_decay=hyper["weight_decay"],
-                                  foreach=False)
+    optimizer = reference_adamw(params, config)
     scheduler = None
     if "scheduler" in config:
         scheduler = build_scheduler(config["scheduler"]["type"],

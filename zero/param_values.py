@@ -73,9 +73,8 @@ def set_full(param, value: torch.Tensor, array: str) -> None:
         raise ValueError(f"zero: a value of shape {tuple(value.shape)} for a parameter of "
                          f"shape {tuple(shape)}")
     flat = value.detach().reshape(-1)
-    _write(engine, g, i, shape, array,
-           [(position, flat[start:stop]) for start, stop, position in
-            _runs(engine.core.group_layout(g), engine.core.rank, i, shape)])
+    _write(engine, g, array, [(position, flat[start:stop]) for start, stop, position in
+                              _runs(engine.core.group_layout(g), engine.core.rank, i, shape)])
 
 
 def get_local(param, array: str) -> torch.Tensor | None:
@@ -106,7 +105,7 @@ def set_local(param, value: torch.Tensor, array: str) -> None:
     for start, stop, position in runs:
         writes.append((position, flat[at:at + stop - start]))
         at += stop - start
-    _write(engine, g, i, shape, array, writes)
+    _write(engine, g, array, writes)
 
 
 def _runs(layout, rank: int, i: int, shape) -> list[tuple[int, int, int]]:
@@ -122,7 +121,7 @@ def _reader(engine, g: int, array: str):
     return lambda position, count: shard[position:position + count]
 
 
-def _write(engine, g: int, i: int, shape, array: str, writes) -> None:
+def _write(engine, g: int, array: str, writes) -> None:
     """Writes (shard position, values) into group g's shard of `array` (the gradients in
     place; a master or optimizer state through a copy loaded back)."""
     core = engine.core

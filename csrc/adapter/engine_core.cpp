@@ -213,8 +213,7 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
               " hyperparameter sets for ", groups_.size(), " groups");
   TORCH_CHECK(loss_scale > 0.0, "zero: loss scale must be > 0, got ", loss_scale);
   StepResult result;
-  // A unit kept gathered (an eval forward, a reuse) would be stale after the update.
-  if (schedule_) schedule_->release_unused();
+  release_gathered();  // a unit kept gathered (an eval forward, a reuse) would go stale
   for (auto& group : groups_) {
     group->hold_grads();
     group->reducer().zero_unreduced();  // a discarded host shard: what no backward reached
@@ -255,7 +254,7 @@ void EngineCore::release_gathered() {
 
 void EngineCore::apply_delayed_update() {
   at::NoGradGuard no_grad;
-  if (schedule_) schedule_->release_unused();  // gathered copies would go stale
+  release_gathered();  // gathered copies would go stale
   for (auto& group : groups_) group->apply_delayed_update();
   for (auto& group : groups_) group->gather_params();
 }

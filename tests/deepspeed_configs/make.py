@@ -8,8 +8,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from deepspeed_reference import cases_of, write  # noqa: E402
-from distributed_harness import run_distributed  # noqa: E402
+from deepspeed_reference import ask_deepspeed, cases_of, write  # noqa: E402
 
 cases = cases_of("configs")
 
@@ -22,12 +21,10 @@ class _DataParallel:
         return self.world
 
 
-def _rank(rank, world):
-    import deepspeed
+def _answers(rank, world):
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    found = {"deepspeed": deepspeed.__version__}
+    found = {}
     for name, (config, data_parallel) in cases.CASES.items():
         resolved = DeepSpeedConfig(dict(config), mpu=_DataParallel(data_parallel))
         values = {}
@@ -39,6 +36,6 @@ def _rank(rank, world):
 
 
 if __name__ == "__main__":
-    [found] = run_distributed(_rank, 1, timeout=300)
-    write("configs", found, indent=1)
+    version, found = ask_deepspeed(_answers)
+    write("configs", {"deepspeed": version, **found}, indent=1)
     print(found["stage3"])

@@ -97,3 +97,16 @@ def run(engine, micro_steps):
         applied.append(engine.was_step_applied())
     values["was_step_applied"] = applied
     return values
+
+
+def answers(initialize):
+    """Every case's values on the engines `initialize` (DeepSpeed's or zero's) builds."""
+    found = {}
+    for name, case in CASES.items():
+        model = make_model()
+        engine, _, _, _ = initialize(
+            model=model, config=case["config"], model_parameters=model.parameters(),
+            optimizer=client_optimizer(case["client_optimizer"], model))
+        found[name] = run(engine, case["micro_steps"])
+        engine.destroy()
+    return found

@@ -7,28 +7,18 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from deepspeed_reference import cases_of, write  # noqa: E402
-from distributed_harness import run_distributed  # noqa: E402
+from deepspeed_reference import ask_deepspeed, cases_of, write  # noqa: E402
 
 cases = cases_of("getters")
 
 
-def _rank(rank, world):
+def _answers(rank, world):
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    found = {"deepspeed": deepspeed.__version__}
-    for name, case in cases.CASES.items():
-        model = cases.make_model()
-        engine, _, _, _ = deepspeed.initialize(
-            model=model, config=case["config"], model_parameters=model.parameters(),
-            optimizer=cases.client_optimizer(case["client_optimizer"], model))
-        found[name] = cases.run(engine, case["micro_steps"])
-        engine.destroy()
-    return found
+    return cases.answers(deepspeed.initialize)
 
 
 if __name__ == "__main__":
-    [found] = run_distributed(_rank, 1, timeout=600)
-    write("getters", found, indent=1)
+    version, found = ask_deepspeed(_answers)
+    write("getters", {"deepspeed": version, **found}, indent=1)
     print(sorted(found))

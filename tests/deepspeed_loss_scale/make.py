@@ -9,20 +9,17 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from deepspeed_reference import cases_of, write  # noqa: E402
-from distributed_harness import run_distributed  # noqa: E402
+from deepspeed_reference import ask_deepspeed, cases_of, write  # noqa: E402
 
 cases = cases_of("loss_scale")
 
 
-def _rank(rank, world):
-    import deepspeed
+def _answers(rank, world):
     import torch
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.fp16.loss_scaler import CreateLossScaler
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    found = {"deepspeed": deepspeed.__version__}
+    found = {}
     for name, (fp16, pattern) in cases.CASES.items():
         config = DeepSpeedConfig({"train_micro_batch_size_per_gpu": 1,
                                   "fp16": {"enabled": True, **fp16}}).float16_config
@@ -41,6 +38,7 @@ def _rank(rank, world):
 
 
 if __name__ == "__main__":
-    [found] = run_distributed(_rank, 1, timeout=300)
+    version, found = ask_deepspeed(_answers)
+    found = {"deepspeed": version, **found}
     write("loss_scale", found, indent=None)
     print(found)

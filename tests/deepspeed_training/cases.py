@@ -70,3 +70,13 @@ def train(engine, rank, config):
     gas = config.get("gradient_accumulation_steps", 1)
     data = synthetic_batches(MODEL, MICRO, STEPS * gas * WORLD, seed=3)
     return training.train_engine(engine, rank, WORLD, STEPS, gas, data=data)
+
+
+def train_case(initialize, rank: int, name: str):
+    """(engine, losses): case `name` built by `initialize` (DeepSpeed's or zero's) with the
+    script's parameter groups, and trained."""
+    config = CASES[name]
+    model = make_model()
+    engine, _, _, _ = initialize(model=model, config=config,
+                                 model_parameters=parameter_groups(model))
+    return engine, train(engine, rank, config)

@@ -10,31 +10,26 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from deepspeed_reference import TESTS, cases_of  # noqa: E402
-from distributed_harness import run_distributed  # noqa: E402
+from deepspeed_reference import TESTS, ask_deepspeed, cases_of  # noqa: E402
 
 cases = cases_of("training")
 
 
-def _rank(rank, world, name):
+def _run(rank, world, name):
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    config = cases.CASES[name]
-    model = cases.make_model()
-    engine, _, _, _ = deepspeed.initialize(model=model, config=config,
-                                           model_parameters=cases.parameter_groups(model))
-    losses = cases.train(engine, rank, config)
-    weights = engine._zero3_consolidated_16bit_state_dict() if config["zero_optimization"][
-        "stage"] == 3 else engine.module.state_dict()
+    engine, losses = cases.train_case(deepspeed.initialize, rank, name)
+    weights = engine._zero3_consolidated_16bit_state_dict() \
+        if cases.CASES[name]["zero_optimization"]["stage"] == 3 else engine.module.state_dict()
     if rank != 0:
         return None
-    return {"deepspeed": deepspeed.__version__, "losses": losses,
-            "weights": {k: v.detach().float().clone() for k, v in weights.items()}}
+    return {"losses": losses, "weights": {k: v.detach().float().clone() for k, v in weights.items()}}
 
 
 if __name__ == "__main__":
-    found = {name: run_distributed(_rank, cases.WORLD, args=(name,), timeout=600)[0]
-             for name in cases.CASES}
+    found = {}
+    for name in cases.CASES:
+        version, run = ask_deepspeed(_run, cases.WORLD, args=(name,))
+        found[name] = {"deepspeed": version, **run}
     torch.save(found, os.path.join(TESTS, "deepspeed_training", "expected.pt"))
     print({name: run["losses"] for name, run in found.items()})
