@@ -32,6 +32,39 @@ def test_bf16_weights_loaded_without_optimizer_state_survive_the_next_step(tmp_p
         assert drift == 0.0
 
 
+def _master_after_own_load(rank, world, stage, save_dir, load_optimizer_states):
+    import zero
+    from zero.compat.deepspeed.utils import safe_get_full_fp32_param
+
+    config = training.engine_config(stage, gas=1, precision="bf16", scheduler=False)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, 2, 1)
+    engine.save_checkpoint(save_dir)
+    saved = {n: safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()}
+    engine.destroy()
+    fresh, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    fresh.load_checkpoint(save_dir, load_optimizer_states=load_optimizer_states)
+    master = {n: safe_get_full_fp32_param(p) for n, p in fresh.module.named_parameters()}
+    moments = [v for g in range(fresh.core.group_count)
+               for k, v in dict(fresh.core.group_optimizer_state(g)).items() if k == "exp_avg"]
+    return saved, master, any(bool(v.any()) for v in moments)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("load_optimizer_states", [True, False])
+def test_a_load_without_optimizer_state_takes_the_master_from_the_module(tmp_path, stage,
+                                                                         load_optimizer_states):
+    """As DeepSpeed 0.19.8 (tests/deepspeed_checkpoints/*/loaded.pt): without the optimizer
+    state the fp32 master is rebuilt from the loaded bf16 weights and Adam starts afresh."""
+    for saved, master, moments in run_distributed(
+            _master_after_own_load, 2, args=(stage, str(tmp_path), load_optimizer_states)):
+        assert moments == load_optimizer_states
+        for name, value in master.items():
+            want = saved[name] if load_optimizer_states else saved[name].bfloat16().float()
+            assert torch.equal(value, want), name
+        assert load_optimizer_states or any(not torch.equal(master[n], saved[n]) for n in saved)
+
+
 def _different_seeds(rank, world):
     import zero
 

@@ -104,6 +104,7 @@ class DeepSpeedCheckpoint:
     param_groups: list         # the optimizer's hyperparameters per group
     loss_scale: dict | None    # fp16: DeepSpeed's loss scaler's fields
     frozen: dict               # name -> value of a parameter the optimizer does not own
+    universal: bool = False    # ds_to_universal's output (checkpoint_universal.py)
 
     def module_state(self, dtype: torch.dtype) -> dict:
         """The module's state dict: the parameters from the fp32 master (in `dtype`, as
@@ -325,13 +326,15 @@ def frozen_parameters(path: str, model_state: dict, stage3: bool, world: int) ->
 
 def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: bool,
               module_only: bool = False) -> None:
-    """The module from the fp32 master, and this rank's shard of the master of every engine
-    group, cut from the files (checkpoint_pieces.shard_from): without the optimizer state
-    too, as DeepSpeed's load_from_fp32_weights (its default) restores the fp32 weights, not
-    the 16-bit ones; with `load_shards` the moments as well. `module_only`: the master
-    follows the module, as DeepSpeed's load_module_only."""
+    """The module from the fp32 master; with `load_shards` this rank's shards of every
+    engine group's master and moments, cut from the files (checkpoint_pieces.shard_from).
+    Without them the master follows the module, as DeepSpeed 0.19.8's load_checkpoint
+    rebuilds it from the 16-bit weights (_restore_from_bit16_weights), except from a
+    universal checkpoint, whose fp32 master DeepSpeed loads whatever the flags say (and its
+    moments too: zero leaves those out when asked to; tests/deepspeed_checkpoints/*/loaded.pt
+    holds what DeepSpeed does). `module_only`: the master always follows the module."""
     engine.load_module_state_dict(saved.module_state(engine.dtype), strict=strict)
-    if module_only:
+    if module_only or not (load_shards or saved.universal):
         checkpoint_layout.refresh_masters(engine.core)
         return
     for g, wanted in enumerate(checkpoint_layout.group_param_names(engine)):

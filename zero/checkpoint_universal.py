@@ -58,7 +58,8 @@ def read(path: str) -> DeepSpeedCheckpoint:
         world_size=model_state.get("dp_world_size", 1), master=master, moments=moments,
         step=step, param_groups=[{k: v for k, v in group.items() if k != "params"}
                                       for group in optimizer["param_groups"]],
-        frozen=frozen, loss_scale=record_fields(optimizer.get("loss_scaler")) or None)
+        frozen=frozen, loss_scale=record_fields(optimizer.get("loss_scaler")) or None,
+        universal=True)
 
 
 def _moments_saved(path: str, shapes: dict) -> list[str]:

@@ -90,6 +90,46 @@ def hf_trainer():
     print(f"{HF_RUN}: DeepSpeed {expected['deepspeed']}, losses {expected['losses']}", flush=True)
 
 
+# (load_optimizer_states, load_module_only) as load_checkpoint is called with them
+LOAD_FLAGS = ((True, False), (False, False), (False, True))
+LOADED = ("stage2-bf16", "stage3-bf16", "stage1-bf16-frozen-universal")
+
+
+def _loaded(rank, world, name):
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    spec = run.RUNS[name.removesuffix("-universal")]
+    config = run.config(spec, deepspeed=True)
+    if name.endswith("-universal"):
+        config["checkpoint"] = {"load_universal": True}
+    result = {}
+    for flags in LOAD_FLAGS:
+        model = run.make_model(spec)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, config=config,
+            model_parameters=[p for p in model.parameters() if p.requires_grad])
+        engine.load_checkpoint(os.path.join(run.FIXTURES, name), load_optimizer_states=flags[0],
+                               load_module_only=flags[1])
+        trained = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
+        # its Adam's moments on this rank are zeros or absent unless the load set them
+        moments = [t for state in engine.optimizer.optimizer.state.values()
+                   for key, t in state.items() if key in ("exp_avg", "exp_avg_sq")]
+        result[flags] = {
+            "master": {n: safe_get_full_fp32_param(p).clone() for n, p in trained},
+            "moments_loaded": any(bool(t.any()) for t in moments)}
+        engine.destroy()
+    return result
+
+
+def loaded(name: str):
+    result = run_distributed(_loaded, run.WORLD, args=(name,), timeout=300,
+                             env={"DS_ACCELERATOR": "cpu"})[0]
+    torch.save(result, os.path.join(run.FIXTURES, name, "loaded.pt"))
+    print(f"{name}: loaded under {len(result)} flag settings", flush=True)
+
+
 def universal(name: str):
     """DeepSpeed's ds_to_universal of run `name`'s checkpoint, into <name>-universal (with
     --inject_missing_state: a plain DeepSpeed script records no universal_checkpoint_info)."""
@@ -117,12 +157,16 @@ def deepspeed_run(name: str):
 def main(names: list[str]):
     names = names or [*run.RUNS, *run.UNIVERSAL, HF_RUN]  # a conversion after its run
     for name in names:
-        if name == HF_RUN:
+        if name.startswith("loaded:"):  # only the loads, of a checkpoint already written
+            loaded(name.removeprefix("loaded:"))
+        elif name == HF_RUN:
             hf_trainer()
         elif name.endswith("-universal"):
             universal(name.removesuffix("-universal"))
         else:
             deepspeed_run(name)
+        if name in LOADED:
+            loaded(name)
 
 if __name__ == "__main__":
     main(sys.argv[1:])  # the runs named, else all
