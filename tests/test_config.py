@@ -506,6 +506,23 @@ def test_stage3_keys_below_stage_3_are_ignored_with_a_warning(caplog):
     assert "stage3_prefetch_bucket_size = 921 only applies to stage 3 (stage is 2): ignored" in caplog.text
 
 
+def test_dotted_top_level_keys_are_ignored_as_deepspeed_ignores_them(caplog):
+    """TRL's prepare_deepspeed adds "zero_optimization.reduce_bucket_size" and two more at the
+    top level; DeepSpeed 0.19.8 reads no dotted paths and ignores unknown top-level keys."""
+    config = with_(zero_optimization={"stage": 3},
+                   **{"zero_optimization.reduce_bucket_size": 64,
+                      "zero_optimization.stage3_prefetch_bucket_size": 57.6})
+    with caplog.at_level("WARNING", logger="zero"):
+        resolved = load_config(config, world_size=2)
+    assert resolved.zero_optimization.reduce_bucket_size == 500_000_000  # the default, unchanged
+    assert "top-level keys zero_optimization.reduce_bucket_size, " \
+        "zero_optimization.stage3_prefetch_bucket_size ignored, as DeepSpeed ignores them" \
+        in caplog.text
+    # a dotted key under no known block is still an unknown key
+    with pytest.raises(ConfigError, match=r"zero_optimisation\.stage = 3: unknown key"):
+        load_config(with_(**{"zero_optimisation.stage": 3}), world_size=2)
+
+
 @pytest.mark.parametrize("value", [float("inf"), None])
 def test_steps_per_print_infinity_means_never(value):
     # Accelerate's DeepSpeedPlugin always sets "steps_per_print": inf.

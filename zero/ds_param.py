@@ -1,7 +1,8 @@
-"""DeepSpeed's ZeRO-3 face on a parameter: `ds_id`, `ds_shape`, `ds_numel`, `ds_persist` and
-`ds_status`, what scripts and libraries read on a DeepSpeed stage-3 model. PEFT and the HF
-examples count `ds_numel` where `numel()` is 0 (a partitioned parameter); RLHF trainers
-gather the parameters whose `ds_status` is `NOT_AVAILABLE` before handing weights over.
+"""DeepSpeed's ZeRO-3 face on a parameter: `ds_id`, `ds_shape`, `ds_numel`, `ds_persist`,
+`ds_status` and `ds_active_sub_modules` (always empty here), what scripts and libraries read
+on a DeepSpeed stage-3 model. PEFT and the HF examples count `ds_numel` where `numel()` is
+0 (a partitioned parameter); RLHF trainers gather the parameters whose `ds_status` is
+`NOT_AVAILABLE` before handing weights over.
 
 zero.Init and a stage-3 engine mark each parameter they manage (`mark`): the static values
 become attributes, and a plain nn.Parameter becomes a ZeroParameter, the same object with
@@ -28,7 +29,7 @@ class ZeroParamStatus(enum.Enum):
     INFLIGHT = 3
 
 
-_ATTRIBUTES = ("ds_shape", "ds_numel", "ds_persist", "ds_id")
+_ATTRIBUTES = ("ds_shape", "ds_numel", "ds_persist", "ds_id", "ds_active_sub_modules")
 
 
 class ZeroParameter(nn.Parameter):
@@ -80,3 +81,6 @@ def mark(param: nn.Parameter, full_shape, persist: bool) -> None:
     param.ds_persist = persist
     if not hasattr(param, "ds_id"):
         param.ds_id = next(_IDS)
+        # DeepSpeed's ids of the modules using the parameter now; zero counts a unit's users
+        # in C++, so it stays empty (TRL's remove_hooks clears it)
+        param.ds_active_sub_modules = set()

@@ -34,6 +34,7 @@ from .memory import build_report, state_layouts
 from .monitor import Watch
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
 from .optimizer import OptimizerSpec, ZeroOptimizer
+from .parameter_offload import ParameterOffload
 from offload.progress import SwapWriteProgress
 from .reports.table import format_report, format_report_line
 from .schedulers import build_scheduler
@@ -111,6 +112,8 @@ class ZeroEngine(EngineGetters, nn.Module):
             consecutive_hysteresis=config.fp16.consecutive_hysteresis,
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
         self.optimizer = ZeroOptimizer(spec, groups, self.loss_scaler)
+        if self._stage3 is not None:  # DeepSpeed's stage-3 optimizer has one
+            self.optimizer.parameter_offload = ParameterOffload(self._stage3, model)
         # No optimizer passed or configured: an engine for forward passes (DeepSpeed's
         # inference engine; the HF Trainer evaluates through one at stage 3).
         self.inference_only = optimizer is None and config.optimizer is None
@@ -143,6 +146,12 @@ class ZeroEngine(EngineGetters, nn.Module):
     def forward(self, *inputs, **kwargs):
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             inputs = _floats_to_half(inputs)
+        if self._stage3 is not None and not self._stage3.module_hooks_attached():
+            raise RuntimeError(
+                "zero: the stage-3 module hooks were taken off the model (as TRL's remove_hooks "
+                "does for generation) and not put back: put them back with "
+                "engine.optimizer.parameter_offload._register_deepspeed_module(engine.module) "
+                "(TRL's add_hooks) before the engine's forward")
         with self._watch.phase(FORWARD):
             return self.module(*inputs, **kwargs)
 

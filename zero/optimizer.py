@@ -78,7 +78,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     A torch Optimizer by type, so LR schedulers built on it (torch's LambdaLR from the HF
     Trainer, a client scheduler callable) accept it, as they accept DeepSpeed's; torch's
-    __init__ is not run: the state is sharded inside the engine, not in `state`."""
+    __init__ is not run: the state is sharded inside the engine, not in `state`. At stage 3
+    the engine adds `parameter_offload` (zero/parameter_offload.py), as DeepSpeed's stage-3
+    optimizer has one; it is absent at the other stages, as there."""
 
     def __init__(self, spec: OptimizerSpec, param_groups: list[dict],  # noqa: super-init-not-called
                  loss_scaler=None):

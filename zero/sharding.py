@@ -147,6 +147,7 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
     _adopt_init_shards(hooks)
     for param in model.parameters():  # DeepSpeed's ds_* attributes (zero/ds_param.py)
         ds_param.mark(param, whole_shapes[id(param)], persist=id(param) not in partitioned)
+    stage3.add_ds_external_parameters(model)
     return Sharding(groups, hooks)
 
 

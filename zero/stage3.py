@@ -124,6 +124,34 @@ def unregister_external_parameter(module: nn.Module, parameter: nn.Parameter) ->
     module.__dict__[EXTERNAL_ATTR] = [p for p in registered if p is not parameter]
 
 
+class _ExternalParameters:
+    """module.ds_external_parameters(), DeepSpeed's: (id, parameter) of each parameter
+    registered as used by the module. A copy or a pickle of the module keeps none: nobody
+    manages it."""
+
+    __slots__ = ("_module",)
+
+    def __init__(self, module: nn.Module | None = None):
+        self._module = weakref.ref(module) if module is not None else None
+
+    def __call__(self) -> list[tuple[int, nn.Parameter]]:
+        module = self._module() if self._module is not None else None
+        return [(id(p), p) for p in module.__dict__.get(EXTERNAL_ATTR, [])] if module else []
+
+    def __reduce__(self):
+        return (_ExternalParameters, ())
+
+    def __deepcopy__(self, memo):
+        return _ExternalParameters()
+
+
+def add_ds_external_parameters(model: nn.Module) -> None:
+    """Gives every module of `model` DeepSpeed's ds_external_parameters() (TRL's remove_hooks
+    reads the root's)."""
+    for module in model.modules():
+        module.ds_external_parameters = _ExternalParameters(module)
+
+
 class Stage3Hooks:
     """Thin module hooks that report events to the C++ gather schedule (gather_schedule.h):
     before/after each unit's forward. The backward triggers are C++ autograd functions
@@ -141,16 +169,43 @@ class Stage3Hooks:
         self._step = step_counter     # callable: the engine's global step
         self._handles = []
         self._linked: set[tuple[int, int]] = set()
-        for unit, (_, module) in enumerate(plan.modules):
+        for unit in range(len(plan.modules)):
             for group, local in placement.get(unit, ()):
                 core.place(unit, group, local)
-            if unit == 0 or unit in placement:  # the root always: it opens every forward
-                self._handles.append(module.register_forward_pre_hook(
-                    self._pre_forward(unit), with_kwargs=True))
-                self._handles.append(module.register_forward_hook(self._post_forward(unit)))
+        self.attach_module_hooks()
         for param in partitioned.values():
             setattr(param, OWNER_ATTR, _Owner(self))
         self.link_externals()
+
+    @property
+    def module_hooks(self) -> list:
+        """The handles of the module hooks (torch's RemovableHandle)."""
+        return list(self._handles)
+
+    def attach_module_hooks(self) -> None:
+        """Puts the module hooks on (again: the ones there are taken off first)."""
+        self.detach_module_hooks()
+        for unit, (_, module) in enumerate(self.plan.modules):
+            if unit == 0 or unit in self.placement:  # the root always: it opens every forward
+                self._handles.append(module.register_forward_pre_hook(
+                    self._pre_forward(unit), with_kwargs=True))
+                self._handles.append(module.register_forward_hook(self._post_forward(unit)))
+
+    def detach_module_hooks(self) -> None:
+        """Takes the module hooks off: the model then runs on what its parameters hold now
+        (inside GatheredParameters, whole; outside, the empty placeholders)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def module_hooks_attached(self) -> bool:
+        """Whether the root's hook is still on the model (a caller may have removed the
+        handles themselves, as TRL's remove_hooks does)."""
+        if not self._handles:
+            return False
+        root = self._handles[0]
+        hooks = root.hooks_dict_ref()
+        return hooks is not None and root.id in hooks
 
     def link_externals(self) -> None:
         for user, owner in external_links(self.plan):
@@ -213,8 +268,7 @@ class Stage3Hooks:
 
     def remove(self) -> None:
         """Takes the hooks off the model and lets go of the C++ engine."""
-        for handle in self._handles:
-            handle.remove()
+        self.detach_module_hooks()
         for param in self.partitioned.values():
             if getattr(param, OWNER_ATTR, None) is not None and owner_of(param) is self:
                 delattr(param, OWNER_ATTR)

@@ -67,7 +67,9 @@ invalid zero config ds_config.json: 2 errors
 * **Unknown or misplaced keys** are errors at every level, including the top level
   (DeepSpeed silently ignores unknown top-level keys). The message suggests the closest
   key or the block the key belongs to. Old DeepSpeed spellings are rejected with the new
-  name (table below).
+  name (table below). One exception: a top-level key that is a dotted path into a known
+  block (`"zero_optimization.reduce_bucket_size"`, as TRL's `prepare_deepspeed` writes) is
+  ignored with a warning, as DeepSpeed ignores it; write the key inside its block instead.
 * **Types.** Booleans are `true`/`false` only (not `1`, not `"true"`). Integer keys accept
   integral floats such as `5e8` (DeepSpeed configs write sizes that way) but not `2.5`.
   Float keys accept integers. Numbers in quotes (`"5e8"`) are rejected with a hint to drop

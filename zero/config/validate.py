@@ -180,6 +180,7 @@ class _Validator:
         self.features = frozenset(features)
         self.errors = []
         self.listed_auto_keys = False  # the list of "auto" keys is printed once per report
+        self.dotted = []  # top-level keys naming a nested one ("zero_optimization.stage")
 
     def error(self, path, value, problem, fix=None):
         shown = "" if value is MISSING else f" = {_show(value)}"
@@ -229,6 +230,8 @@ class _Validator:
         full = _join(path, name)
         if not isinstance(name, str):
             self.error(full, value, "keys must be strings")
+        elif not path and "." in name and block.get(name.split(".")[0]) is not None:
+            self.dotted.append(name)  # TRL's prepare_deepspeed writes these
         elif full in RENAMED:
             self.error(full, value, "not accepted under this name", RENAMED[full])
         else:
@@ -648,6 +651,9 @@ def validate(raw, world_size, features, source=None):
         raise ConfigError([f"<root> = {_show(raw)}: expected a JSON object"], source)
     v = _Validator(features)
     values = v.block(schema.TOP, raw, "")
+    if v.dotted:  # DeepSpeed ignores every unknown top-level key
+        _note_once(f"top-level keys {', '.join(v.dotted)} ignored, as DeepSpeed ignores them "
+                   "(it reads no dotted paths); to set one, write it inside its block")
     _resolve_batch(v, values, world_size)
     _check_precision(v, values)
     _check_zero(v, values)

@@ -1,0 +1,75 @@
+"""TRL's trainers, unmodified (examples/huggingface/train_trl.py names neither zero nor
+DeepSpeed), launched by `zero --num_procs 2` with a DeepSpeed config, train on zero's engine
+as under plain DDP: GRPO generates inside training (at stage 3 through TRL's
+unwrap_model_for_generation: GatheredParameters and its remove_hooks / add_hooks) and keeps
+a KL reference model (TRL's prepare_deepspeed, whose dotted top-level keys DeepSpeed
+ignores); DPO trains against its reference model. Both load the model from a directory, as
+from a hub name (at stage 3 under zero.Init)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distributed_harness import launcher_argv, subprocess_env
+
+pytest.importorskip("trl")
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "huggingface"
+SCRIPT = EXAMPLES / "train_trl.py"
+TIMEOUT = 180
+COMMON = ["--max_steps", "4", "--per_device_train_batch_size", "4", "--logging_steps", "1",
+          "--learning_rate", "1e-3", "--report_to", "none", "--disable_tqdm", "true",
+          "--save_strategy", "no", "--bf16", "false"]
+ARGS = {"grpo": ["--num_generations", "4", "--max_completion_length", "8", "--beta", "0.04"],
+        "dpo": []}
+pytestmark = pytest.mark.timeout(TIMEOUT * 2)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    subprocess.run([sys.executable, str(SCRIPT), "--save_model", str(path)],
+                   env=subprocess_env(), check=True, timeout=TIMEOUT, capture_output=True)
+    return path
+
+
+def run_trl(out, model, trainer, *extra, launcher=()):
+    argv = launcher_argv(2, *launcher, SCRIPT, "--model", model, "--trainer", trainer,
+                         "--output_dir", out, *COMMON, *ARGS[trainer], *extra)
+    proc = subprocess.run(argv, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return json.loads((Path(out) / "log_history.json").read_text()), proc.stderr
+
+
+def logged(result, key):
+    return [entry[key] for entry in result["log_history"] if key in entry]
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory, tiny_model):
+    """Each trainer under plain DDP (gloo on the CPU), zero not standing in for deepspeed."""
+    def run(trainer):
+        out = tmp_path_factory.mktemp(f"ddp-{trainer}")
+        return run_trl(out, tiny_model, trainer, "--use_cpu", "true",
+                       launcher=["--no_deepspeed_alias"])[0]
+    return {trainer: run(trainer) for trainer in ARGS}
+
+
+@pytest.mark.parametrize("trainer,stage", [("grpo", 3), ("grpo", 2), ("dpo", 3)])
+def test_trl_trainer_on_zero_matches_ddp(tmp_path, tiny_model, ddp, trainer, stage):
+    result, stderr = run_trl(tmp_path, tiny_model, trainer, "--deepspeed",
+                             EXAMPLES / f"ds_zero{stage}.json")
+    want = ddp[trainer]
+    assert result["wrapped"] == "zero.engine.ZeroEngine"
+    assert want["wrapped"] == "torch.nn.parallel.distributed.DistributedDataParallel"
+    keys = ["loss", "reward", "kl"] if trainer == "grpo" else ["loss", "rewards/margins"]
+    for key in keys:
+        assert len(logged(result, key)) == 4, key
+        assert logged(result, key) == pytest.approx(logged(want, key), rel=1e-4, abs=1e-6), key
+    if stage == 3:  # the reference model's engine was built from TRL's dotted keys
+        assert "zero_optimization.reduce_bucket_size" in stderr
+        assert "ignored, as DeepSpeed ignores them" in stderr
