@@ -3,8 +3,9 @@ DeepSpeed), launched by `zero --num_procs 2` with a DeepSpeed config, train on z
 as under plain DDP: GRPO generates inside training (at stage 3 through TRL's
 unwrap_model_for_generation: GatheredParameters and its remove_hooks / add_hooks) and keeps
 a KL reference model (TRL's prepare_deepspeed, whose dotted top-level keys DeepSpeed
-ignores); DPO trains against its reference model. Both load the model from a directory, as
-from a hub name (at stage 3 under zero.Init)."""
+ignores); DPO trains against its reference model; SFT and GRPO train PEFT LoRA adapters on
+a frozen model. All load the model from a directory, as from a hub name (at stage 3 under
+zero.Init)."""
 import json
 import subprocess
 import sys
@@ -24,7 +25,8 @@ COMMON = ["--max_steps", "4", "--per_device_train_batch_size", "4", "--logging_s
           "--learning_rate", "1e-3", "--report_to", "none", "--disable_tqdm", "true",
           "--save_strategy", "no", "--bf16", "false"]
 ARGS = {"grpo": ["--num_generations", "4", "--max_completion_length", "8", "--beta", "0.04"],
-        "dpo": []}
+        "dpo": [], "sft": []}
+LOGGED = {"grpo": ["loss", "reward", "kl"], "dpo": ["loss", "rewards/margins"], "sft": ["loss"]}
 pytestmark = pytest.mark.timeout(TIMEOUT * 2)
 
 
@@ -51,25 +53,34 @@ def logged(result, key):
 
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory, tiny_model):
-    """Each trainer under plain DDP (gloo on the CPU), zero not standing in for deepspeed."""
-    def run(trainer):
-        out = tmp_path_factory.mktemp(f"ddp-{trainer}")
-        return run_trl(out, tiny_model, trainer, "--use_cpu", "true",
-                       launcher=["--no_deepspeed_alias"])[0]
-    return {trainer: run(trainer) for trainer in ARGS}
+    """Each trainer under plain DDP (gloo on the CPU), zero not standing in for deepspeed;
+    run once, when a test first asks for it."""
+    runs = {}
+
+    def run(trainer, lora):
+        if (trainer, lora) not in runs:
+            out = tmp_path_factory.mktemp(f"ddp-{trainer}-{lora}")
+            runs[trainer, lora] = run_trl(out, tiny_model, trainer, "--lora", str(lora),
+                                          "--use_cpu", "true",
+                                          launcher=["--no_deepspeed_alias"])[0]
+        return runs[trainer, lora]
+    return run
 
 
-@pytest.mark.parametrize("trainer,stage", [("grpo", 3), ("grpo", 2), ("dpo", 3)])
-def test_trl_trainer_on_zero_matches_ddp(tmp_path, tiny_model, ddp, trainer, stage):
-    result, stderr = run_trl(tmp_path, tiny_model, trainer, "--deepspeed",
+@pytest.mark.parametrize("trainer,stage,lora", [("grpo", 3, 0), ("grpo", 2, 0), ("dpo", 3, 0),
+                                                ("sft", 3, 4), ("grpo", 3, 4)])
+def test_trl_trainer_on_zero_matches_ddp(tmp_path, tiny_model, ddp, trainer, stage, lora):
+    if lora:
+        pytest.importorskip("peft")
+    result, stderr = run_trl(tmp_path, tiny_model, trainer, "--lora", str(lora), "--deepspeed",
                              EXAMPLES / f"ds_zero{stage}.json")
-    want = ddp[trainer]
+    want = ddp(trainer, lora)
     assert result["wrapped"] == "zero.engine.ZeroEngine"
     assert want["wrapped"] == "torch.nn.parallel.distributed.DistributedDataParallel"
-    keys = ["loss", "reward", "kl"] if trainer == "grpo" else ["loss", "rewards/margins"]
-    for key in keys:
+    for key in LOGGED[trainer]:
         assert len(logged(result, key)) == 4, key
         assert logged(result, key) == pytest.approx(logged(want, key), rel=1e-4, abs=1e-6), key
-    if stage == 3:  # the reference model's engine was built from TRL's dotted keys
+    if stage == 3 and trainer == "grpo" and not lora:  # the reference model's engine was
+        # built from TRL's dotted keys (with LoRA the reference is the policy, adapters off)
         assert "zero_optimization.reduce_bucket_size" in stderr
         assert "ignored, as DeepSpeed ignores them" in stderr

@@ -1,6 +1,7 @@
 """A plain TRL script: nothing in it names zero or DeepSpeed. GRPO (generation inside
-training, and with --beta > 0 a frozen reference model) or DPO (a reference model beside
-the trained one) on a tiny GPT-2, loaded by TRL from a directory as a model name would be.
+training, and with --beta > 0 a frozen reference model), DPO (a reference model beside the
+trained one) or SFT on a tiny GPT-2, loaded by TRL from a directory as a model name would
+be; with --lora R, PEFT LoRA adapters of rank R are trained on the frozen model.
 
     python train_trl.py --save_model tiny                   # once: the model and tokenizer
     zero --num_procs 2 train_trl.py --model tiny --trainer grpo --deepspeed ds_zero3.json \
@@ -19,7 +20,7 @@ from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (AutoTokenizer, GPT2Config, GPT2LMHeadModel, HfArgumentParser,
                           PreTrainedTokenizerFast, set_seed)
-from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
 WORDS = ["<pad>", "<eos>", "<unk>", *[f"w{i}" for i in range(40)]]
 
@@ -27,7 +28,8 @@ WORDS = ["<pad>", "<eos>", "<unk>", *[f"w{i}" for i in range(40)]]
 @dataclasses.dataclass
 class ScriptArguments:
     model: str = dataclasses.field(default="", metadata={"help": "the saved model's directory"})
-    trainer: str = dataclasses.field(default="grpo", metadata={"help": "grpo or dpo"})
+    trainer: str = dataclasses.field(default="grpo", metadata={"help": "grpo, dpo or sft"})
+    lora: int = dataclasses.field(default=0, metadata={"help": "> 0: PEFT LoRA of this rank"})
     samples: int = dataclasses.field(default=32, metadata={"help": "prompts (pairs for dpo)"})
     save_model: str = dataclasses.field(default="", metadata={
         "help": "only save a new tiny model and its tokenizer into this directory"})
@@ -57,18 +59,28 @@ def reward_high_words(completions, **_):
     return [sum(word in WORDS[23:] for word in text.split()) / 8.0 for text in completions]
 
 
-def grpo(model: str, args: GRPOConfig, samples: int, tok) -> GRPOTrainer:
+def grpo(model: str, args: GRPOConfig, samples: int, tok, peft) -> GRPOTrainer:
     data = Dataset.from_dict({"prompt": [prompt(i) for i in range(samples)]})
     return GRPOTrainer(model=model, reward_funcs=reward_high_words, args=args,
-                       train_dataset=data, processing_class=tok)
+                       train_dataset=data, processing_class=tok, peft_config=peft)
 
 
-def dpo(model: str, args: DPOConfig, samples: int, tok) -> DPOTrainer:
+def dpo(model: str, args: DPOConfig, samples: int, tok, peft) -> DPOTrainer:
     data = Dataset.from_dict({
         "prompt": [prompt(i) for i in range(samples)],
         "chosen": [" w30 w31 w32" for _ in range(samples)],
         "rejected": [" w1 w2 w3" for _ in range(samples)]})
-    return DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+    return DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                      peft_config=peft)
+
+
+def sft(model: str, args: SFTConfig, samples: int, tok, peft) -> SFTTrainer:
+    data = Dataset.from_dict({"text": [prompt(i) + " w30 w31 w32" for i in range(samples)]})
+    return SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                      peft_config=peft)
+
+
+TRAINERS = {"grpo": (GRPOConfig, grpo), "dpo": (DPOConfig, dpo), "sft": (SFTConfig, sft)}
 
 
 def main():
@@ -80,12 +92,16 @@ def main():
         new_model(tok).save_pretrained(script_args.save_model)
         tok.save_pretrained(script_args.save_model)
         return
-    config_class = GRPOConfig if script_args.trainer == "grpo" else DPOConfig
+    config_class, build = TRAINERS[script_args.trainer]
     (args,) = HfArgumentParser(config_class).parse_args_into_dataclasses(args=rest)
     set_seed(args.seed)
     tok = AutoTokenizer.from_pretrained(script_args.model)
-    build = grpo if script_args.trainer == "grpo" else dpo
-    trainer = build(script_args.model, args, script_args.samples, tok)
+    peft = None
+    if script_args.lora:
+        from peft import LoraConfig
+        peft = LoraConfig(r=script_args.lora, lora_alpha=2 * script_args.lora,
+                          target_modules=["c_attn", "c_fc"], lora_dropout=0.0)
+    trainer = build(script_args.model, args, script_args.samples, tok, peft)
     trainer.train()
     if trainer.is_world_process_zero():
         with open(os.path.join(args.output_dir, "log_history.json"), "w") as file:
