@@ -1,8 +1,8 @@
 """The engine on a GPU: ZeRO stages 0-3 in fp32 and bf16 against the single-process PyTorch
 reference, optimizer and parameter offload to pinned host memory through the copy engine and
 to NVMe, the delayed parameter update, the reduced gradients read per parameter, bf16
-gradients reduced in fp32, and the memory report's device bytes against torch.cuda's
-allocator. Skipped where torch sees
+gradients reduced in fp32, the memory report's device bytes against torch.cuda's allocator,
+and offload_states giving GPU memory back. Skipped where torch sees
 no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -184,3 +184,44 @@ def test_quantized_weights_and_gradients_train_on_the_gpu():
     results = _run(1, 3, "bf16", zero_quantized_weights=True, zero_quantized_gradients=True)
     ref_losses, _ = training.train_reference(1, STEPS, GAS, training.engine_config(3, gas=GAS))
     assert results[0][0] == pytest.approx(ref_losses, rel=2e-2)
+
+
+def _sleep_on_the_gpu(rank, world, stage):
+    """Two steps, offload_states, the allocator's view, reload_states, two more steps."""
+    import zero
+
+    extra = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}
+    config = training.engine_config(stage, gas=1, precision="bf16", scheduler=False, **extra)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    losses = training.train_engine(engine, rank, world, 2, 1)
+    awake = torch.cuda.memory_allocated()
+    engine.offload_states()
+    asleep = torch.cuda.memory_allocated()
+    moved = engine.core.offloaded_bytes
+    pinned = engine.core.registry().location_usage("host_pinned").current
+    engine.reload_states()
+    back = torch.cuda.memory_allocated()
+    losses += training.train_engine(engine, rank, world, 2, 1, first_step=2)
+    return losses, awake, asleep, back, moved, pinned
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_offload_states_gives_the_gpu_memory_back(stage):
+    """offload_states (RLHF's sleep) frees on the GPU what it moved to pinned host memory,
+    reload_states takes it again, and the run goes on as the one without the round trip."""
+    [(losses, awake, asleep, back, moved, pinned)] = run_distributed(
+        _sleep_on_the_gpu, 1, timeout=300, backend="nccl", args=(stage,))
+    assert moved > 0 and pinned >= moved
+    assert awake - asleep >= moved  # the allocator rounds blocks up: at least the bytes moved
+    assert back - asleep >= moved
+    extra = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}
+    config = training.engine_config(stage, gas=1, precision="bf16", scheduler=False, **extra)
+    [plain] = run_distributed(_plain_gpu_run, 1, timeout=300, backend="nccl", args=(config,))
+    assert losses == plain
+
+
+def _plain_gpu_run(rank, world, config):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    return training.train_engine(engine, rank, world, 4, 1)

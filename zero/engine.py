@@ -24,6 +24,7 @@ import offload
 from offload import disk_space
 
 from . import _C, agreement, process_groups, sharding, stage3
+from . import offload_states as states_offload
 from .parallel import data_group
 from .boundary import as_dict
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -146,6 +147,8 @@ class ZeroEngine(EngineGetters, nn.Module):
     def forward(self, *inputs, **kwargs):
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             inputs = _floats_to_half(inputs)
+        if self._core.offloaded_states:  # stages 0-2: the parameters (stage 3 gathers them)
+            self._core.reload_states([_C.StateKind.lp_params])
         if self._stage3 is not None and not self._stage3.module_hooks_attached():
             raise RuntimeError(
                 "zero: the stage-3 module hooks were taken off the model (as TRL's remove_hooks "
@@ -438,6 +441,19 @@ class ZeroEngine(EngineGetters, nn.Module):
         again. Nothing to do below stage 3."""
         if self._core is not None:
             self._core.release_gathered()
+
+    def offload_states(self, include=None, device=states_offload.OffloadDeviceEnum.cpu,
+                       pin_memory: bool = True, non_blocking: bool = False) -> None:
+        """DeepSpeed's: `include`'s states (OffloadStateTypeEnum; None: all) to host memory,
+        their device memory given back (zero/offload_states.py). Anything that needs one
+        brings it back; reload_states() brings all back at once."""
+        del non_blocking  # the copies finish before the call returns
+        states_offload.offload(self._core, self.device.type, include, device, pin_memory)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """DeepSpeed's: every state offload_states moved back on the device."""
+        del non_blocking
+        states_offload.reload(self._core)
 
     def get_data_parallel_rank(self) -> int:
         return dist.get_rank(self.data_parallel_group)

@@ -66,6 +66,7 @@ void EngineCore::prepare_backward(bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
   TORCH_CHECK(!backward_pending_, "zero: a backward is still open (an earlier backward raised "
               "before the engine finished it); the engine cannot start another one");
+  reload_states({StateKind::kParams, StateKind::kGrads});
   backward_pending_ = true;
   flush_queued_ = false;
   boundary_ = boundary;
@@ -213,6 +214,7 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
               " hyperparameter sets for ", groups_.size(), " groups");
   TORCH_CHECK(loss_scale > 0.0, "zero: loss scale must be > 0, got ", loss_scale);
   StepResult result;
+  reload_states();
   release_gathered();  // a unit kept gathered (an eval forward, a reuse) would go stale
   for (auto& group : groups_) {
     group->hold_grads();
@@ -254,12 +256,14 @@ void EngineCore::release_gathered() {
 
 void EngineCore::apply_delayed_update() {
   at::NoGradGuard no_grad;
+  reload_states();
   release_gathered();  // gathered copies would go stale
   for (auto& group : groups_) group->apply_delayed_update();
   for (auto& group : groups_) group->gather_params();
 }
 
 void EngineCore::close() {
+  parked_ = ParkedStates();  // host copies of buffers about to go
   schedule_.reset();  // refers to units_, which refers to groups_
   units_.reset();
   groups_.clear();
@@ -271,7 +275,45 @@ void EngineCore::close() {
 
 void EngineCore::zero_grads() {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  reload_states({StateKind::kGrads});
   for (auto& group : groups_) group->zero_grads();
+}
+
+void EngineCore::offload_states(const std::vector<StateKind>& kinds, bool pin) {
+  at::NoGradGuard no_grad;
+  TORCH_CHECK(!backward_pending_, "zero: offload_states during a backward; call it after the "
+              "step (or before the next forward)");
+  release_gathered();
+  for (const StateKind kind : kinds) {
+    if (parked_.parked(kind)) continue;
+    for (auto& group : groups_) {
+      std::vector<at::Tensor> hosts;
+      for (TrackedTensor* buffer : group->device_buffers(kind)) {
+        hosts.push_back(parked_.park(kind, *buffer, *registry_, pin));
+      }
+      group->states_parked(kind, hosts);
+    }
+    parked_.mark_parked(kind);
+  }
+}
+
+void EngineCore::reload_states(const std::vector<StateKind>& kinds) {
+  if (!parked_.any()) return;
+  at::NoGradGuard no_grad;
+  for (const StateKind kind : kinds.empty() ? offloaded_states() : kinds) {
+    if (!parked_.parked(kind)) continue;
+    parked_.restore(kind);
+    for (auto& group : groups_) group->states_restored(kind);
+  }
+}
+
+std::vector<StateKind> EngineCore::offloaded_states() const {
+  std::vector<StateKind> kinds;
+  for (const StateKind kind : {StateKind::kOptimizerStates, StateKind::kMaster,
+                               StateKind::kParams, StateKind::kGrads}) {
+    if (parked_.parked(kind)) kinds.push_back(kind);
+  }
+  return kinds;
 }
 
 }  // namespace zero::adapter

@@ -75,6 +75,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // a forward without backward), giving their memory back; nothing below stage 3.
   void release_gathered();
 
+  // DeepSpeed's offload_states (parked_states.h): `kinds` of every group to host memory
+  // (pinned when `pin` and possible), their device memory given back; kinds already
+  // offloaded stay as they are. Stage 3 releases its gathered units first.
+  void offload_states(const std::vector<StateKind>& kinds, bool pin);
+  // Back on the device: `kinds`, or with none every kind offloaded. Whatever needs a state
+  // (a forward, a gather, a backward, the step, a checkpoint) reloads it first.
+  void reload_states(const std::vector<StateKind>& kinds = {});
+  std::vector<StateKind> offloaded_states() const;
+  std::int64_t offloaded_bytes() const { return parked_.host_bytes(); }
+
   core::MemoryRegistry& registry() { return *registry_; }
   std::shared_ptr<core::MemoryRegistry> shared_registry() const { return registry_; }
   Communicator& communicator() { return communicator_; }
@@ -92,6 +102,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::vector<std::unique_ptr<Group>> groups_;
   std::unique_ptr<GroupUnits> units_;          // stage 3 only; refers to groups_
   std::unique_ptr<GatherSchedule> schedule_;  // stage 3 only; refers to units_
+  ParkedStates parked_;  // offload_states: host copies of groups_' buffers
   // One launch sequence for every group's units, identical on all ranks: a default (groups in
   // order, units last to first) until the first reducing backward, then the completion order
   // rank 0 observed in it (so later steps launch units as soon as backward finishes them).

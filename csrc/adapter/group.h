@@ -11,6 +11,7 @@
 #include "adapter/grad_reducer.h"
 #include "adapter/offload_info.h"
 #include "adapter/optimizer_math.h"
+#include "adapter/parked_states.h"
 #include "adapter/shard_state.h"
 #include "core/sharded_layout.h"
 
@@ -89,6 +90,15 @@ class Group {
     info.grads_on_host = grads_on_host();
     return info;
   }
+
+  // --- offload_states (parked_states.h) ---
+  // The device buffers holding `kind` now (EngineCore parks them and restores them).
+  virtual std::vector<TrackedTensor*> device_buffers(StateKind kind) = 0;
+  // Told that device_buffers(kind)'s values now live in `hosts` (in its order; undefined
+  // where a buffer held nothing), and later that they are back: a group whose model tensors
+  // view those buffers points them at the host copies meanwhile, so they stay readable.
+  virtual void states_parked(StateKind /*kind*/, const std::vector<at::Tensor>& /*hosts*/) {}
+  virtual void states_restored(StateKind /*kind*/) {}
 
   // --- what the shared step and checkpoint code above works on ---
   virtual ShardState& shard_state() = 0;

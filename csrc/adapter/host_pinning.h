@@ -55,6 +55,8 @@ class PlacedBuffer {
   void restore_memory() {
     if (!on_host_) device_.restore_memory();
   }
+  // The buffer when it lives on the device (offload_states parks it), else null.
+  TrackedTensor* on_device() { return on_host_ ? nullptr : &device_; }
 
  private:
   TrackedTensor device_;

@@ -93,6 +93,47 @@ at::Tensor ParamGroup::param_view(std::size_t index) const {
       .view(params_[index].sizes());
 }
 
+void ParamGroup::point_params_at(const at::Tensor& flat) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    params_[i].set_data(
+        flat.narrow(0, layout_.param_offset(i), params_[i].numel()).view(params_[i].sizes()));
+  }
+}
+
+void ParamGroup::point_grads_at(const at::Tensor& flat) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    params_[i].mutable_grad() =
+        flat.narrow(0, layout_.param_offset(i), params_[i].numel()).view(params_[i].sizes());
+  }
+}
+
+std::vector<TrackedTensor*> ParamGroup::device_buffers(StateKind kind) {
+  switch (kind) {
+    case StateKind::kOptimizerStates:
+      return state_.device_buffers(core::MemoryCategory::kOptimizerState);
+    case StateKind::kMaster:
+      return state_.device_buffers(core::MemoryCategory::kMaster);
+    case StateKind::kParams:
+      return {&param_buffer_};
+    case StateKind::kGrads:
+      if (grad_full_.defined()) return {&grad_full_};
+      if (TrackedTensor* shard = grad_shard_.on_device()) return {shard};
+      return {};
+  }
+  return {};
+}
+
+void ParamGroup::states_parked(StateKind kind, const std::vector<at::Tensor>& hosts) {
+  if (hosts.empty() || !hosts.front().defined()) return;
+  if (kind == StateKind::kParams) point_params_at(hosts.front());
+  if (kind == StateKind::kGrads && grad_full_.defined()) point_grads_at(hosts.front());
+}
+
+void ParamGroup::states_restored(StateKind kind) {
+  if (kind == StateKind::kParams) point_params_at(param_buffer_.tensor());
+  if (kind == StateKind::kGrads && grad_full_.defined()) point_grads_at(grad_full_.tensor());
+}
+
 at::Tensor ParamGroup::full_piece(const at::Tensor& full, std::size_t unit) const {
   return full.narrow(0, layout_.full_offset(unit) + rank_ * piece_numel(unit), piece_numel(unit));
 }

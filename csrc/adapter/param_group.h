@@ -125,8 +125,17 @@ class ParamGroup : public Group {
   void piece_stepped(std::size_t unit) override;  // stages 1, 2: starts the unit's all-gather
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
+  std::vector<TrackedTensor*> device_buffers(StateKind kind) override;
+  // The model's parameters (kParams) and, at stages 0-1, their .grad (kGrads) view the
+  // host copies while parked.
+  void states_parked(StateKind kind, const std::vector<at::Tensor>& hosts) override;
+  void states_restored(StateKind kind) override;
 
  private:
+  // Every parameter's data (or .grad) made the view of its place in `flat`, a buffer laid
+  // out like the param buffer.
+  void point_params_at(const at::Tensor& flat);
+  void point_grads_at(const at::Tensor& flat);
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
   bool sharded_grads() const {
     return options_.stage == 2 || (options_.stage == 1 && options_.shard_grads);

@@ -42,6 +42,14 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
   }
 }
 
+std::vector<TrackedTensor*> ShardState::device_buffers(core::MemoryCategory category) {
+  std::vector<TrackedTensor*> buffers;
+  for (TrackedTensor& buffer : device_owned_) {
+    if (buffer.category() == category) buffers.push_back(&buffer);
+  }
+  return buffers;
+}
+
 at::Tensor ShardState::read_master(std::int64_t offset, std::int64_t numel) const {
   TORCH_CHECK(has_master(), "zero: this shard keeps no separate master (fp32 training)");
   const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);

@@ -53,6 +53,9 @@ class ShardState {
   // delayed update also its pending parameters, so a checkpoint resumes exactly).
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
   void load_optimizer_state(const std::string& name, const at::Tensor& values);
+  // The device buffers of one category (kMaster, kOptimizerState) this state keeps on the
+  // device (offload_states moves them; the offloaded tail is in host memory already).
+  std::vector<TrackedTensor*> device_buffers(core::MemoryCategory category);
 
  private:
   // Cuts pieces at device_numel_: the head's pieces, and the tail's re-based to the tail.

@@ -255,6 +255,29 @@ void Stage3Group::keep_secondary(std::size_t index) {
   unit.secondary_valid = true;
 }
 
+std::vector<TrackedTensor*> Stage3Group::device_buffers(StateKind kind) {
+  switch (kind) {
+    case StateKind::kOptimizerStates:
+      return state_.device_buffers(core::MemoryCategory::kOptimizerState);
+    case StateKind::kMaster:
+      return state_.device_buffers(core::MemoryCategory::kMaster);
+    case StateKind::kParams: {
+      for (const Unit& unit : units_) {
+        TORCH_CHECK(!unit.resident, "zero: offload_states needs every gathered unit released "
+                    "first (GatheredParameters still open?)");
+      }
+      drop_secondaries();  // hpZ's copies: gathered again from the shard when needed
+      TrackedTensor* shard = param_shard_.on_device();
+      return shard ? std::vector<TrackedTensor*>{shard} : std::vector<TrackedTensor*>{};
+    }
+    case StateKind::kGrads: {
+      TrackedTensor* shard = grad_shard_.on_device();
+      return shard ? std::vector<TrackedTensor*>{shard} : std::vector<TrackedTensor*>{};
+    }
+  }
+  return {};
+}
+
 void Stage3Group::drop_secondaries() {
   for (Unit& unit : units_) {
     unit.secondary_valid = false;

@@ -104,6 +104,8 @@ class Stage3Group : public Group {
   std::vector<ShardPiece> shard_pieces() const override;
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
+  // kParams: the device shard (units must be released first; hpZ's copies are dropped).
+  std::vector<TrackedTensor*> device_buffers(StateKind kind) override;
 
  private:
   struct Unit {

@@ -19,6 +19,9 @@ class TrackedTensor {
   const at::Tensor& tensor() const { return tensor_; }
   std::int64_t bytes() const { return tracking_.bytes(); }
   bool defined() const { return tensor_.defined(); }
+  core::MemoryCategory category() const { return tracking_.category(); }
+  // Defined and not released: its memory is there to read.
+  bool holds_memory() const { return tensor_.defined() && !released_; }
   // Drops the engine's reference and its accounting. Views handed out earlier stay valid
   // (storage is refcounted) but no longer count as engine-owned.
   void reset();

@@ -82,6 +82,13 @@ void add_training(Core& core) {
         py::arg("max_norm"), py::arg("step"),
         py::call_guard<py::gil_scoped_release>())
     .def("zero_grads", &adapter::EngineCore::zero_grads, py::call_guard<py::gil_scoped_release>())
+    .def("offload_states", &adapter::EngineCore::offload_states, py::arg("kinds"),
+         py::arg("pin"), py::call_guard<py::gil_scoped_release>())
+    .def("reload_states", &adapter::EngineCore::reload_states,
+         py::arg("kinds") = std::vector<adapter::StateKind>{},
+         py::call_guard<py::gil_scoped_release>())
+    .def_property_readonly("offloaded_states", &adapter::EngineCore::offloaded_states)
+    .def_property_readonly("offloaded_bytes", &adapter::EngineCore::offloaded_bytes)
     .def_property_readonly("group_count", &adapter::EngineCore::group_count)
     .def_property_readonly("rank", [](adapter::EngineCore& e) { return e.communicator().rank(); })
     .def_property_readonly("world_size",
@@ -94,6 +101,7 @@ void add_stage3(Core& core) {
   core
     .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
            at::NoGradGuard no_grad;
+           e.reload_states();  // writes the shard and the master
            stage3(e, g).commit(u);
          }, py::arg("group"), py::arg("unit"), py::call_guard<py::gil_scoped_release>())
     .def("is_gathered", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
@@ -115,6 +123,7 @@ void add_stage3(Core& core) {
                               bool expects_backward) {
            at::NoGradGuard no_grad;
            py::gil_scoped_release no_gil;
+           e.reload_states({adapter::StateKind::kParams});
            e.schedule().before_forward(unit, step, expects_backward);
          }, py::arg("unit"), py::arg("step"), py::arg("expects_backward"))
     .def("after_forward", [](adapter::EngineCore& e, std::size_t unit) {
@@ -125,6 +134,7 @@ void add_stage3(Core& core) {
     .def("hold", [](adapter::EngineCore& e, std::size_t unit) {
            at::NoGradGuard no_grad;
            py::gil_scoped_release no_gil;
+           e.reload_states({adapter::StateKind::kParams});
            e.schedule().hold(unit);
          }, py::arg("unit"))
     .def("unhold", [](adapter::EngineCore& e, std::size_t unit) {
@@ -184,6 +194,12 @@ void add_communication(Core& core) {
          [](adapter::EngineCore& e) { return e.communicator().log().drain(); });
 }
 
+// Group g, with every state offload_states moved off the device back in place.
+adapter::Group& awake(adapter::EngineCore& e, std::size_t g) {
+  e.reload_states();
+  return e.group(g);
+}
+
 // One group's layout, state and offload, for checkpoints and reports.
 void add_groups(Core& core) {
   core
@@ -196,11 +212,11 @@ void add_groups(Core& core) {
     .def("group_units",
          [](adapter::EngineCore& e, std::size_t g) { return e.group(g).layout().unit_count(); })
     .def("group_master_shard",
-         [](adapter::EngineCore& e, std::size_t g) { return e.group(g).master_shard(); })
+         [](adapter::EngineCore& e, std::size_t g) { return awake(e, g).master_shard(); })
     .def("group_refresh_master",
          [](adapter::EngineCore& e, std::size_t g) {
            at::NoGradGuard no_grad;
-           e.group(g).refresh_master();
+           awake(e, g).refresh_master();
          })
     .def("group_offload_info",
          [](adapter::EngineCore& e, std::size_t g) { return e.group(g).offload_info(); },
@@ -213,27 +229,27 @@ void add_groups(Core& core) {
          [](adapter::EngineCore& e, std::size_t g, const std::string& name,
             const at::Tensor& values) {
            at::NoGradGuard no_grad;
-           e.group(g).load_optimizer_state(name, values);
+           awake(e, g).load_optimizer_state(name, values);
          }, py::arg("group"), py::arg("name"), py::arg("values"))
     .def("group_load_master_shard",
          [](adapter::EngineCore& e, std::size_t g, const at::Tensor& saved) {
            at::NoGradGuard no_grad;
-           e.group(g).load_master_shard(saved);
+           awake(e, g).load_master_shard(saved);
          })
     .def("group_optimizer_state",  // name -> tensor, as a state_dict holds them
          [](adapter::EngineCore& e, std::size_t g) {
            py::dict out;
-           for (auto& [name, tensor] : e.group(g).optimizer_state()) out[name.c_str()] = tensor;
+           for (auto& [name, tensor] : awake(e, g).optimizer_state()) out[name.c_str()] = tensor;
            return out;
          })
     .def("group_read_grads",  // this rank's reduced gradients by shard position, fp32
          [](adapter::EngineCore& e, std::size_t g, std::int64_t offset, std::int64_t numel) {
-           return adapter::read_grads(e.group(g), offset, numel);
+           return adapter::read_grads(awake(e, g), offset, numel);
          }, py::arg("group"), py::arg("offset"), py::arg("numel"),
          py::call_guard<py::gil_scoped_release>())
     .def("group_write_grads",
          [](adapter::EngineCore& e, std::size_t g, std::int64_t offset, const at::Tensor& values) {
-           adapter::write_grads(e.group(g), offset, values);
+           adapter::write_grads(awake(e, g), offset, values);
          }, py::arg("group"), py::arg("offset"), py::arg("values"),
          py::call_guard<py::gil_scoped_release>())
     .def("group_bucket_info",

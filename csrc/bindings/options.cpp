@@ -8,6 +8,7 @@
 #include "adapter/offloaded_state.h"
 #include "adapter/optimizer_math.h"
 #include "adapter/param_group.h"
+#include "adapter/parked_states.h"
 #include "core/dtype.h"
 #include "core/io_backend.h"
 
@@ -23,6 +24,13 @@ void bind_options(py::module_& m) {
   py::enum_<adapter::OptimizerKind>(m, "OptimizerKind")
       .value("adam", adapter::OptimizerKind::kAdam)
       .value("sgd", adapter::OptimizerKind::kSgd);
+
+  // offload_states' kinds, under DeepSpeed's OffloadStateTypeEnum names
+  py::enum_<adapter::StateKind>(m, "StateKind")
+      .value("optim_states", adapter::StateKind::kOptimizerStates)
+      .value("hp_params", adapter::StateKind::kMaster)
+      .value("lp_params", adapter::StateKind::kParams)
+      .value("lp_grads", adapter::StateKind::kGrads);
 
   using Hyper = adapter::OptimizerHyper;
   py::class_<Hyper>(m, "OptimizerHyper")

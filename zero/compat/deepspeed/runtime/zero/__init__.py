@@ -4,7 +4,7 @@ from zero.init import Init
 from zero.stage3 import (GatheredParameters, register_external_parameter,
                          unregister_external_parameter)
 
-from . import partition_parameters
+from . import offload_config, partition_parameters
 
 __all__ = ["Init", "GatheredParameters", "register_external_parameter",
-           "unregister_external_parameter", "partition_parameters"]
+           "unregister_external_parameter", "offload_config", "partition_parameters"]

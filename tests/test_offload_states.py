@@ -1,0 +1,131 @@
+"""DeepSpeed's engine.offload_states() / reload_states() (zero/offload_states.py): between
+steps the chosen states leave the device for host memory (the registry counts them there),
+the module stays readable, and training goes on exactly as without the round trip, whether
+reload_states() is called or the next forward brings back what it needs. On this machine the
+device is the CPU: the states move between two host allocations, the same code path as on a
+GPU (tests/test_cuda_engine.py measures the GPU memory given back)."""
+import pytest
+import torch
+
+import training
+import zero.offload_states  # noqa: F401  (the ranks read zero.offload_states.offloaded)
+from distributed_harness import run_distributed
+
+pytestmark = pytest.mark.timeout(120)
+STATES = ["optim_states", "hp_params", "lp_params", "lp_grads"]
+CATEGORY = {"optim_states": "optimizer_state", "hp_params": "fp32_master",
+            "lp_params": "param", "lp_grads": "gradient"}
+
+
+def _device_bytes(engine) -> dict[str, int]:
+    registry = engine.core.registry()
+    return {state: registry.usage(category, "device").current
+            for state, category in CATEGORY.items()}
+
+
+def _host_bytes(engine) -> int:
+    registry = engine.core.registry()
+    return registry.location_usage("host_pinned").current + \
+        registry.location_usage("host_pageable").current
+
+
+def _config(stage, precision):
+    """Stage 3 with every parameter partitioned (the test model's are all small)."""
+    extra = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}
+    return training.engine_config(stage, gas=1, precision=precision, scheduler=False, **extra)
+
+
+def _sleep_between_steps(rank, world, stage, precision, include, reload):
+    import zero
+
+    config = _config(stage, precision)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    losses = training.train_engine(engine, rank, world, 2, 1)
+    before = training.parameters_of(engine.module)
+    device_before, host_before = _device_bytes(engine), _host_bytes(engine)
+    engine.offload_states(include=include)
+    asleep = {"device": _device_bytes(engine), "host": _host_bytes(engine) - host_before,
+              "offloaded": [s.value for s in zero.offload_states.offloaded(engine.core)]}
+    readable = training.parameters_of(engine.module) if stage < 3 else before
+    if reload:
+        engine.reload_states()
+    losses += training.train_engine(engine, rank, world, 2, 1, first_step=2)
+    return losses, device_before, asleep, _same(readable, before), \
+        zero.offload_states.offloaded(engine.core)
+
+
+def _same(a, b):
+    return all(torch.equal(a[k], b[k]) for k in b)
+
+
+@pytest.mark.parametrize("stage,precision", [(0, "fp32"), (1, "bf16"), (2, "bf16"),
+                                             (3, "bf16"), (3, "fp32")])
+@pytest.mark.parametrize("reload", [True, False], ids=["reload_states", "on-demand"])
+def test_offloaded_states_leave_the_device_and_training_goes_on_unchanged(stage, precision,
+                                                                          reload):
+    baseline = run_distributed(_plain_run, 2, args=(_config(stage, precision),))[0]
+    for losses, before, asleep, readable, after in run_distributed(
+            _sleep_between_steps, 2, args=(stage, precision, None, reload)):
+        assert losses == baseline  # bit for bit
+        assert asleep["offloaded"] == STATES
+        for state, bytes_before in before.items():
+            assert asleep["device"][state] == 0, state
+        moved = sum(before.values())
+        assert moved > 0 and asleep["host"] == moved
+        assert readable and after == []
+
+
+def _plain_run(rank, world, config):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    return training.train_engine(engine, rank, world, 4, 1)
+
+
+def test_only_the_included_states_move():
+    for losses, before, asleep, readable, after in run_distributed(
+            _sleep_between_steps, 2, args=(2, "bf16", ["optim_states", "hp_params"], False)):
+        assert asleep["offloaded"] == ["optim_states", "hp_params"]
+        assert asleep["device"]["optim_states"] == asleep["device"]["hp_params"] == 0
+        assert asleep["device"]["lp_params"] == before["lp_params"] > 0
+        assert asleep["host"] == before["optim_states"] + before["hp_params"]
+
+
+def _gather_while_asleep(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config(3, "bf16"))
+    training.train_engine(engine, rank, world, 1, 1)
+    engine.offload_states()
+    with zero.GatheredParameters(engine.module.parameters()):  # a weight sync to vLLM
+        whole = training.parameters_of(engine.module)
+    still = [s.value for s in zero.offload_states.offloaded(engine.core)]
+    engine.reload_states()
+    with zero.GatheredParameters(engine.module.parameters()):
+        again = training.parameters_of(engine.module)
+    return _same(whole, again), still
+
+
+def test_a_gather_while_asleep_brings_back_only_the_parameters():
+    for same, still in run_distributed(_gather_while_asleep, 2):
+        assert same and still == ["optim_states", "hp_params", "lp_grads"]
+
+
+def _bad_calls(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(2, gas=1))
+    errors = []
+    for kwargs in ({"device": "nvme"}, {"device": "gpu"}, {"include": ["moments"]}):
+        with pytest.raises(ValueError) as info:
+            engine.offload_states(**kwargs)
+        errors.append(str(info.value))
+    engine.offload_states(device="none")  # a warning, nothing moved
+    return errors, zero.offload_states.offloaded(engine.core)
+
+
+def test_bad_arguments_are_named():
+    for errors, offloaded in run_distributed(_bad_calls, 2):
+        assert "NVMe" in errors[0] and "'gpu'" in errors[1] and "'moments'" in errors[2]
+        assert "optim_states" in errors[2] and offloaded == []
