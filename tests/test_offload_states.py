@@ -129,3 +129,29 @@ def test_bad_arguments_are_named():
     for errors, offloaded in run_distributed(_bad_calls, 2):
         assert "NVMe" in errors[0] and "'gpu'" in errors[1] and "'moments'" in errors[2]
         assert "optim_states" in errors[2] and offloaded == []
+
+
+def _save_and_destroy_while_asleep(rank, world, save_dir):
+    import zero
+
+    config = _config(2, "bf16")
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, 2, 1)
+    engine.offload_states()
+    engine.save_checkpoint(save_dir)  # the module's host copies, then the shards
+    went_on = training.train_engine(engine, rank, world, 2, 1, first_step=2)
+    fresh, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    fresh.load_checkpoint(save_dir)
+    resumed = training.train_engine(fresh, rank, world, 2, 1, first_step=2)
+    engine.offload_states()
+    held = {name: p.data for name, p in engine.module.named_parameters()}  # host views
+    values = {name: t.clone() for name, t in held.items()}
+    engine.destroy()
+    return went_on, resumed, _same({n: t.clone() for n, t in held.items()}, values)
+
+
+def test_a_checkpoint_saved_asleep_resumes_and_views_outlive_the_engine(tmp_path):
+    for went_on, resumed, views_intact in run_distributed(
+            _save_and_destroy_while_asleep, 2, args=(str(tmp_path),)):
+        assert resumed == went_on
+        assert views_intact

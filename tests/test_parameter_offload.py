@@ -27,13 +27,15 @@ def _generation_between_steps(rank, world, hooks_off):
         if hooks_off:
             trl_utils.remove_hooks(engine)  # TRL's, unmodified
         handles = len(engine.optimizer.parameter_offload.forward_hooks)
+        hooked = bool(engine.module._forward_pre_hooks)  # zero's, on the model itself
         with torch.no_grad():  # what generate() does: the module itself, many times
             outputs = [engine.module(tokens, targets).item() for _ in range(3)]
         whole = training.parameters_of(engine.module)
         if hooks_off:
             trl_utils.add_hooks(engine)
     losses += training.train_engine(engine, rank, world, 2, 1, first_step=1)
-    return losses, outputs, whole, handles
+    return losses, outputs, whole, handles, hooked
+
 
 
 @pytest.mark.parametrize("hooks_off", [True, False], ids=["trl-remove-hooks", "hooks-on"])
@@ -43,10 +45,10 @@ def test_generation_with_the_hooks_off_leaves_training_as_the_reference(hooks_of
     config = training.engine_config(3, gas=1, scheduler=False)
     ref_losses, _ = training.train_reference(2, 3, 1, config)
     _, after_one = training.train_reference(2, 1, 1, config)
-    for losses, outputs, whole, handles in run_distributed(
+    for losses, outputs, whole, handles, hooked in run_distributed(
             _generation_between_steps, 2, args=(hooks_off,)):
         assert losses == pytest.approx(ref_losses, rel=1e-5)
-        assert handles == (0 if hooks_off else handles) and (hooks_off or handles > 0)
+        assert (handles == 0) == hooks_off and hooked != hooks_off
         assert len(set(outputs)) == 1
         for name, value in whole.items():
             assert torch.allclose(value, after_one[name], atol=1e-6), name
@@ -62,10 +64,15 @@ def _forward_with_hooks_off(rank, world):
     with pytest.raises(RuntimeError, match=r"_register_deepspeed_module\(engine.module\)"):
         engine(tokens, targets)
     trl_utils.add_hooks(engine)
-    return engine(tokens, targets).item()
+    loss = engine(tokens, targets).item()
+    engine.destroy()
+    with pytest.raises(RuntimeError, match="this engine was destroyed"):
+        trl_utils.add_hooks(engine)
+    return loss
 
 
 def test_the_engines_forward_with_the_hooks_off_is_named_until_they_are_back():
+    """And once the engine is destroyed, putting them back is named too."""
     for loss in run_distributed(_forward_with_hooks_off, 2):
         assert loss > 0
 

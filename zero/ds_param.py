@@ -72,6 +72,10 @@ def mark(param: nn.Parameter, full_shape, persist: bool) -> None:
     `persist` when it is kept whole on every rank (DeepSpeed's persistent parameters). A
     parameter of another class (another library's subclass) is left as it is: ds_id without
     ds_status would break the loops that read both."""
+    if not hasattr(param, "ds_active_sub_modules"):
+        # DeepSpeed's ids of the modules using the parameter now; zero counts a unit's users
+        # in C++, so it stays empty (TRL's remove_hooks clears it on every parameter)
+        param.ds_active_sub_modules = set()
     if type(param) is nn.Parameter:
         param.__class__ = ZeroParameter
     elif not isinstance(param, ZeroParameter):
@@ -81,6 +85,3 @@ def mark(param: nn.Parameter, full_shape, persist: bool) -> None:
     param.ds_persist = persist
     if not hasattr(param, "ds_id"):
         param.ds_id = next(_IDS)
-        # DeepSpeed's ids of the modules using the parameter now; zero counts a unit's users
-        # in C++, so it stays empty (TRL's remove_hooks clears it)
-        param.ds_active_sub_modules = set()

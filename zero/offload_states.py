@@ -3,14 +3,15 @@ training steps the engine's states leave the GPU for host memory, so that anothe
 (vLLM generating rollouts, a reward model) can use it, and come back before training goes on.
 
 The move itself is C++ (csrc/adapter/parked_states.h): each chosen state's device buffers
-are copied to host memory (pinned when asked and the build can) and their device memory is
+are copied to host memory (pinned for a GPU's buffers when asked) and their device memory is
 given back; the memory report then counts them at their host location. What differs from
 DeepSpeed, on purpose:
-- nothing reads a moved state: whatever needs one (a forward, a gather, a backward, the
-  step, a checkpoint) reloads it first, where DeepSpeed would fail or read stale copies;
-  reload_states() brings everything back at once, before it is needed;
+- whatever needs a moved state brings it back first (a forward or a gather the parameters,
+  a backward or zero_grad() the gradients, the step and a checkpoint everything), where
+  DeepSpeed would fail or read stale copies; reload_states() brings all back at once;
 - at stages 0-2 the model's parameters (and stage 0-1's .grad) view the host copies
-  meanwhile, so the module stays readable;
+  meanwhile, so the module stays readable; a view taken then keeps its copy's memory and
+  values after the reload (it no longer follows the engine);
 - an engine without an optimizer, or with parameters offloaded, may offload what it holds
   on the device (DeepSpeed refuses both);
 - the copies finish before the call returns, whatever `non_blocking` says.

@@ -22,14 +22,16 @@ class ParameterOffload:
     """DeepSpeedZeRoOffload's hook handles and re-registration, over a Stage3Hooks."""
 
     def __init__(self, hooks: Stage3Hooks, module: nn.Module):
-        self._hooks = weakref.ref(hooks)  # the module holds this; it must not hold the engine
+        # the engine holds the hooks; this (reachable from the optimizer) must not keep them,
+        # and the C++ engine behind them, alive
+        self._hooks = weakref.ref(hooks)
         self.module = module
         self.forward_hooks = hooks.module_hooks
         self.backward_hooks = []
 
     def _live(self) -> Stage3Hooks:
         hooks = self._hooks()
-        if hooks is None:
+        if hooks is None or hooks.removed:
             raise RuntimeError("zero: this engine was destroyed; its stage-3 hooks are gone")
         return hooks
 

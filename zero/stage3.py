@@ -136,7 +136,9 @@ class _ExternalParameters:
 
     def __call__(self) -> list[tuple[int, nn.Parameter]]:
         module = self._module() if self._module is not None else None
-        return [(id(p), p) for p in module.__dict__.get(EXTERNAL_ATTR, [])] if module else []
+        if module is None:
+            return []
+        return [(id(p), p) for p in module.__dict__.get(EXTERNAL_ATTR, [])]
 
     def __reduce__(self):
         return (_ExternalParameters, ())
@@ -197,6 +199,11 @@ class Stage3Hooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    @property
+    def removed(self) -> bool:
+        """True once remove() let go of the engine (engine.destroy())."""
+        return self._core is None
 
     def module_hooks_attached(self) -> bool:
         """Whether the root's hook is still on the model (a caller may have removed the

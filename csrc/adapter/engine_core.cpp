@@ -286,14 +286,21 @@ void EngineCore::offload_states(const std::vector<StateKind>& kinds, bool pin) {
   release_gathered();
   for (const StateKind kind : kinds) {
     if (parked_.parked(kind)) continue;
-    for (auto& group : groups_) {
-      std::vector<at::Tensor> hosts;
-      for (TrackedTensor* buffer : group->device_buffers(kind)) {
-        hosts.push_back(parked_.park(kind, *buffer, *registry_, pin));
-      }
-      group->states_parked(kind, hosts);
-    }
+    std::vector<std::vector<TrackedTensor*>> buffers;  // every group asked before any moves
+    for (auto& group : groups_) buffers.push_back(group->device_buffers(kind));
     parked_.mark_parked(kind);
+    try {
+      for (std::size_t g = 0; g < groups_.size(); ++g) {
+        std::vector<at::Tensor> hosts;
+        for (TrackedTensor* buffer : buffers[g]) {
+          hosts.push_back(parked_.park(kind, *buffer, *registry_, pin));
+        }
+        groups_[g]->states_parked(kind, hosts);
+      }
+    } catch (...) {  // a failed host allocation: put back what had moved
+      reload_states({kind});
+      throw;
+    }
   }
 }
 

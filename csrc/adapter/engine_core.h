@@ -102,7 +102,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::vector<std::unique_ptr<Group>> groups_;
   std::unique_ptr<GroupUnits> units_;          // stage 3 only; refers to groups_
   std::unique_ptr<GatherSchedule> schedule_;  // stage 3 only; refers to units_
-  ParkedStates parked_;  // offload_states: host copies of groups_' buffers
+  // offload_states: host copies of groups_' buffers, which it points into (declared after
+  // groups_, so it goes first; close() drops it before them too)
+  ParkedStates parked_;
   // One launch sequence for every group's units, identical on all ranks: a default (groups in
   // order, units last to first) until the first reducing backward, then the completion order
   // rank 0 observed in it (so later steps launch units as soon as backward finishes them).

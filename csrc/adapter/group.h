@@ -92,8 +92,11 @@ class Group {
   }
 
   // --- offload_states (parked_states.h) ---
-  // The device buffers holding `kind` now (EngineCore parks them and restores them).
-  virtual std::vector<TrackedTensor*> device_buffers(StateKind kind) = 0;
+  // The device buffers holding `kind` now (EngineCore parks them and restores them): the
+  // master's and the optimizer state's here; a group adds its parameters' and gradients'.
+  virtual std::vector<TrackedTensor*> device_buffers(StateKind kind) {
+    return shard_state().device_buffers(kind);
+  }
   // Told that device_buffers(kind)'s values now live in `hosts` (in its order; undefined
   // where a buffer held nothing), and later that they are back: a group whose model tensors
   // view those buffers points them at the host copies meanwhile, so they stay readable.

@@ -108,19 +108,13 @@ void ParamGroup::point_grads_at(const at::Tensor& flat) {
 }
 
 std::vector<TrackedTensor*> ParamGroup::device_buffers(StateKind kind) {
-  switch (kind) {
-    case StateKind::kOptimizerStates:
-      return state_.device_buffers(core::MemoryCategory::kOptimizerState);
-    case StateKind::kMaster:
-      return state_.device_buffers(core::MemoryCategory::kMaster);
-    case StateKind::kParams:
-      return {&param_buffer_};
-    case StateKind::kGrads:
-      if (grad_full_.defined()) return {&grad_full_};
-      if (TrackedTensor* shard = grad_shard_.on_device()) return {shard};
-      return {};
+  if (kind == StateKind::kParams) return {&param_buffer_};
+  if (kind == StateKind::kGrads) {
+    if (grad_full_.defined()) return {&grad_full_};
+    if (TrackedTensor* shard = grad_shard_.on_device()) return {shard};
+    return {};
   }
-  return {};
+  return Group::device_buffers(kind);
 }
 
 void ParamGroup::states_parked(StateKind kind, const std::vector<at::Tensor>& hosts) {

@@ -1,9 +1,9 @@
 #pragma once
 // DeepSpeed's offload_states / reload_states. While the engine sleeps (an RLHF trainer
 // generating with another engine on the same GPU), the chosen states' device buffers are
-// copied to host memory (pinned when asked and possible) and their device memory is given
-// back; a reload takes device memory again on the same storages and copies the values back.
-// The buffers keep their storages throughout (storage_in_place.h), so every view stays
+// copied to host memory (pinned for a GPU's buffers when asked) and their device memory is
+// given back; a reload takes device memory again on the same storages and copies the values
+// back. The buffers keep their storages throughout (storage_in_place.h), so every view stays
 // attached but must not be read in between: EngineCore reloads what a call needs first.
 #include <array>
 #include <cstdint>
@@ -11,7 +11,6 @@
 
 #include <ATen/Tensor.h>
 
-#include "adapter/host_pinning.h"
 #include "adapter/tracked_tensor.h"
 #include "core/memory_registry.h"
 
@@ -30,7 +29,8 @@ inline constexpr std::size_t kStateKindCount = 4;
 class ParkedStates {
  public:
   // Copies `buffer` to host memory under `kind` and gives its device memory back. Returns the
-  // host copy; undefined when the buffer held no memory (nothing to keep).
+  // host copy, which owns its memory (a view of it outlives the reload); undefined when the
+  // buffer held no memory (nothing to keep).
   at::Tensor park(StateKind kind, TrackedTensor& buffer, core::MemoryRegistry& registry,
                   bool pin);
   // Every buffer parked under `kind` takes device memory again and gets its values back.
@@ -42,8 +42,10 @@ class ParkedStates {
 
  private:
   struct Entry {
+    // A group's member: EngineCore drops its ParkedStates before its groups.
     TrackedTensor* buffer;
-    HostTensor host;
+    at::Tensor host;
+    core::TrackedBytes tracking;  // the host copy, counted while the engine keeps it
   };
   static std::size_t index(StateKind kind) { return static_cast<std::size_t>(kind); }
 

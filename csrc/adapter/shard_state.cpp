@@ -42,7 +42,11 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
   }
 }
 
-std::vector<TrackedTensor*> ShardState::device_buffers(core::MemoryCategory category) {
+std::vector<TrackedTensor*> ShardState::device_buffers(StateKind kind) {
+  if (kind != StateKind::kMaster && kind != StateKind::kOptimizerStates) return {};
+  const core::MemoryCategory category = kind == StateKind::kMaster
+                                            ? core::MemoryCategory::kMaster
+                                            : core::MemoryCategory::kOptimizerState;
   std::vector<TrackedTensor*> buffers;
   for (TrackedTensor& buffer : device_owned_) {
     if (buffer.category() == category) buffers.push_back(&buffer);

@@ -15,6 +15,7 @@
 
 #include "adapter/offloaded_state.h"
 #include "adapter/optimizer_math.h"
+#include "adapter/parked_states.h"
 #include "adapter/tracked_tensor.h"
 
 namespace zero::adapter {
@@ -53,9 +54,10 @@ class ShardState {
   // delayed update also its pending parameters, so a checkpoint resumes exactly).
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
   void load_optimizer_state(const std::string& name, const at::Tensor& values);
-  // The device buffers of one category (kMaster, kOptimizerState) this state keeps on the
-  // device (offload_states moves them; the offloaded tail is in host memory already).
-  std::vector<TrackedTensor*> device_buffers(core::MemoryCategory category);
+  // The device buffers of the fp32 master (kMaster) or the optimizer state
+  // (kOptimizerStates), for offload_states; none of another kind, nor of an offloaded tail
+  // (in host memory already).
+  std::vector<TrackedTensor*> device_buffers(StateKind kind);
 
  private:
   // Cuts pieces at device_numel_: the head's pieces, and the tail's re-based to the tail.

@@ -256,26 +256,22 @@ void Stage3Group::keep_secondary(std::size_t index) {
 }
 
 std::vector<TrackedTensor*> Stage3Group::device_buffers(StateKind kind) {
-  switch (kind) {
-    case StateKind::kOptimizerStates:
-      return state_.device_buffers(core::MemoryCategory::kOptimizerState);
-    case StateKind::kMaster:
-      return state_.device_buffers(core::MemoryCategory::kMaster);
-    case StateKind::kParams: {
-      for (const Unit& unit : units_) {
-        TORCH_CHECK(!unit.resident, "zero: offload_states needs every gathered unit released "
-                    "first (GatheredParameters still open?)");
-      }
-      drop_secondaries();  // hpZ's copies: gathered again from the shard when needed
-      TrackedTensor* shard = param_shard_.on_device();
-      return shard ? std::vector<TrackedTensor*>{shard} : std::vector<TrackedTensor*>{};
+  PlacedBuffer* shard = nullptr;
+  if (kind == StateKind::kParams) {
+    for (const Unit& unit : units_) {
+      TORCH_CHECK(!unit.resident, "zero: offload_states needs every gathered unit released "
+                  "first (GatheredParameters still open?)");
     }
-    case StateKind::kGrads: {
-      TrackedTensor* shard = grad_shard_.on_device();
-      return shard ? std::vector<TrackedTensor*>{shard} : std::vector<TrackedTensor*>{};
-    }
+    shard = &param_shard_;
   }
-  return {};
+  if (kind == StateKind::kGrads) shard = &grad_shard_;
+  if (shard == nullptr) return Group::device_buffers(kind);
+  TrackedTensor* on_device = shard->on_device();
+  return on_device ? std::vector<TrackedTensor*>{on_device} : std::vector<TrackedTensor*>{};
+}
+
+void Stage3Group::states_parked(StateKind kind, const std::vector<at::Tensor>& /*hosts*/) {
+  if (kind == StateKind::kParams) drop_secondaries();  // hpZ: gathered again when needed
 }
 
 void Stage3Group::drop_secondaries() {

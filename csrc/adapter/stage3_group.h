@@ -104,8 +104,10 @@ class Stage3Group : public Group {
   std::vector<ShardPiece> shard_pieces() const override;
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
-  // kParams: the device shard (units must be released first; hpZ's copies are dropped).
+  // kParams: the device shard (every unit must be released first).
   std::vector<TrackedTensor*> device_buffers(StateKind kind) override;
+  // kParams: hpZ's copies of the units are dropped, not moved.
+  void states_parked(StateKind kind, const std::vector<at::Tensor>& hosts) override;
 
  private:
   struct Unit {
