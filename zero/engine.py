@@ -147,9 +147,11 @@ class ZeroEngine(EngineGetters, nn.Module):
     def forward(self, *inputs, **kwargs):
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             inputs = _floats_to_half(inputs)
-        if self._core.offloaded_states:  # stages 0-2: the parameters (stage 3 gathers them)
+        if self._core is not None and self._core.offloaded_states:
+            # stages 0-2: the parameters (stage 3 gathers them)
             self._core.reload_states([_C.StateKind.lp_params])
-        if self._stage3 is not None and not self._stage3.module_hooks_attached():
+        if self._stage3 is not None and not self._stage3.removed \
+                and not self._stage3.module_hooks_attached():
             raise RuntimeError(
                 "zero: the stage-3 module hooks were taken off the model (as TRL's remove_hooks "
                 "does for generation) and not put back: put them back with "
