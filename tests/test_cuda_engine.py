@@ -217,7 +217,7 @@ def test_offload_states_gives_the_gpu_memory_back(stage):
     extra = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}
     config = training.engine_config(stage, gas=1, precision="bf16", scheduler=False, **extra)
     [plain] = run_distributed(_plain_gpu_run, 1, timeout=300, backend="nccl", args=(config,))
-    assert losses == plain
+    assert losses == pytest.approx(plain, rel=1e-5)  # CUDA's embedding backward uses atomics
 
 
 def _plain_gpu_run(rank, world, config):

@@ -155,3 +155,38 @@ def test_a_checkpoint_saved_asleep_resumes_and_views_outlive_the_engine(tmp_path
             _save_and_destroy_while_asleep, 2, args=(str(tmp_path),)):
         assert resumed == went_on
         assert views_intact
+
+
+def _zero_grad_while_asleep(rank, world, stage):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=_config(stage, "bf16"))
+    training.train_engine(engine, rank, world, 1, 1)
+    tokens, targets = training.batches(world, 1, 1)[rank]
+    engine.backward(engine(tokens, targets))  # gradients, not stepped
+    engine.offload_states(include=["lp_grads"])
+    before = _grad_sum(engine)
+    engine.zero_grad()
+    still = [s.value for s in zero.offload_states.offloaded(engine.core)]
+    after = _grad_sum(engine)
+    engine.reload_states()
+    losses = training.train_engine(engine, rank, world, 2, 1, first_step=1)
+    return still, before, after, losses
+
+
+def _grad_sum(engine) -> float:
+    return sum(p.grad.abs().sum().item() for p in engine.module.parameters()
+               if p.grad is not None)
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_zero_grad_while_asleep_leaves_the_gradients_where_they_are(stage):
+    """Stage 0 keeps whole gradients between steps (param.grad views them): zeroed in their
+    host copies; stage 2 holds none then."""
+    baseline = run_distributed(_plain_run, 2, args=(_config(stage, "bf16"),))[0]
+    for still, before, after, losses in run_distributed(_zero_grad_while_asleep, 2,
+                                                         args=(stage,)):
+        assert still == ["lp_grads"] and after == 0
+        assert before > 0 if stage == 0 else before == 0
+        assert losses == baseline[1:3]

@@ -7,8 +7,9 @@ are copied to host memory (pinned for a GPU's buffers when asked) and their devi
 given back; the memory report then counts them at their host location. What differs from
 DeepSpeed, on purpose:
 - whatever needs a moved state brings it back first (a forward or a gather the parameters,
-  a backward or zero_grad() the gradients, the step and a checkpoint everything), where
+  a backward the parameters and gradients, the step and a checkpoint everything), where
   DeepSpeed would fail or read stale copies; reload_states() brings all back at once;
+  zero_grad() zeroes moved gradients where they are;
 - at stages 0-2 the model's parameters (and stage 0-1's .grad) view the host copies
   meanwhile, so the module stays readable; a view taken then keeps its copy's memory and
   values after the reload (it no longer follows the engine);

@@ -275,7 +275,8 @@ void EngineCore::close() {
 
 void EngineCore::zero_grads() {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
-  reload_states({StateKind::kGrads});
+  // Offloaded gradients are zeroed where they are; a group leaves a moved buffer alone.
+  if (parked_.parked(StateKind::kGrads)) parked_.zero(StateKind::kGrads);
   for (auto& group : groups_) group->zero_grads();
 }
 

@@ -222,7 +222,7 @@ void ParamGroup::hold_grads() {
 }
 
 void ParamGroup::zero_grads() {
-  if (grad_full_.defined()) grad_full_.tensor().zero_();
+  if (grad_full_.holds_memory()) grad_full_.tensor().zero_();  // else offloaded: zeroed there
   if (grad_shard_.tensor().defined()) start_grad_window(grad_shard_, *reducer_);
 }
 

@@ -32,6 +32,10 @@ void ParkedStates::restore(StateKind kind) {
   parked_[index(kind)] = false;
 }
 
+void ParkedStates::zero(StateKind kind) {
+  for (Entry& entry : entries_[index(kind)]) entry.host.zero_();
+}
+
 bool ParkedStates::any() const {
   for (const bool parked : parked_) {
     if (parked) return true;

@@ -35,6 +35,8 @@ class ParkedStates {
                   bool pin);
   // Every buffer parked under `kind` takes device memory again and gets its values back.
   void restore(StateKind kind);
+  // Zeroes the host copies of `kind` (zero_grad while the gradients are away).
+  void zero(StateKind kind);
   bool parked(StateKind kind) const { return parked_[index(kind)]; }
   void mark_parked(StateKind kind) { parked_[index(kind)] = true; }
   bool any() const;
