@@ -147,11 +147,12 @@ def _save_and_destroy_while_asleep(rank, world, save_dir):
     held = {name: p.data for name, p in engine.module.named_parameters()}  # host views
     values = {name: t.clone() for name, t in held.items()}
     engine.destroy()
-    return went_on, resumed, _same({n: t.clone() for n, t in held.items()}, values)
+    junk = [torch.full_like(t, 7.0) for t in values.values() for _ in range(4)]  # reuse frees
+    return went_on, resumed, _same({n: t.clone() for n, t in held.items()}, values), len(junk)
 
 
 def test_a_checkpoint_saved_asleep_resumes_and_views_outlive_the_engine(tmp_path):
-    for went_on, resumed, views_intact in run_distributed(
+    for went_on, resumed, views_intact, _ in run_distributed(
             _save_and_destroy_while_asleep, 2, args=(str(tmp_path),)):
         assert resumed == went_on
         assert views_intact
@@ -180,13 +181,12 @@ def _grad_sum(engine) -> float:
                if p.grad is not None)
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0])
 def test_zero_grad_while_asleep_leaves_the_gradients_where_they_are(stage):
     """Stage 0 keeps whole gradients between steps (param.grad views them): zeroed in their
-    host copies; stage 2 holds none then."""
+    host copies, not brought back (stages 1-3 hold none between steps)."""
     baseline = run_distributed(_plain_run, 2, args=(_config(stage, "bf16"),))[0]
     for still, before, after, losses in run_distributed(_zero_grad_while_asleep, 2,
                                                          args=(stage,)):
-        assert still == ["lp_grads"] and after == 0
-        assert before > 0 if stage == 0 else before == 0
-        assert losses == baseline[1:3]
+        assert still == ["lp_grads"] and before > 0 and after == 0
+        assert losses == baseline[1:3]  # stale gradients would have been added in

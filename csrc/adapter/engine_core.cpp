@@ -285,21 +285,27 @@ void EngineCore::offload_states(const std::vector<StateKind>& kinds, bool pin) {
   TORCH_CHECK(!backward_pending_, "zero: offload_states during a backward; call it after the "
               "step (or before the next forward)");
   release_gathered();
+  // Every group of every kind asked before anything moves (a group may refuse).
+  std::vector<std::pair<StateKind, std::vector<std::vector<TrackedTensor*>>>> moves;
   for (const StateKind kind : kinds) {
     if (parked_.parked(kind)) continue;
-    std::vector<std::vector<TrackedTensor*>> buffers;  // every group asked before any moves
-    for (auto& group : groups_) buffers.push_back(group->device_buffers(kind));
+    moves.emplace_back(kind, std::vector<std::vector<TrackedTensor*>>{});
+    for (auto& group : groups_) moves.back().second.push_back(group->device_buffers(kind));
+  }
+  for (const auto& [kind, buffers] : moves) {
     parked_.mark_parked(kind);
     try {
       for (std::size_t g = 0; g < groups_.size(); ++g) {
         std::vector<at::Tensor> hosts;
         for (TrackedTensor* buffer : buffers[g]) {
-          hosts.push_back(parked_.park(kind, *buffer, *registry_, pin));
+          hosts.push_back(parked_.park(kind, *buffer, registry_, pin));
         }
         groups_[g]->states_parked(kind, hosts);
       }
-    } catch (...) {  // a failed host allocation: put back what had moved
-      reload_states({kind});
+    } catch (...) {  // a failed host allocation: put back what this call had moved
+      std::vector<StateKind> moved;
+      for (const auto& move : moves) moved.push_back(move.first);
+      reload_states(moved);
       throw;
     }
   }

@@ -102,8 +102,9 @@ void ParamGroup::point_params_at(const at::Tensor& flat) {
 
 void ParamGroup::point_grads_at(const at::Tensor& flat) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    params_[i].mutable_grad() =
-        flat.narrow(0, layout_.param_offset(i), params_[i].numel()).view(params_[i].sizes());
+    at::Tensor& grad = params_[i].mutable_grad();
+    if (!grad.defined()) continue;  // set to None (zero_grad): prepare_backward starts it anew
+    grad = flat.narrow(0, layout_.param_offset(i), params_[i].numel()).view(params_[i].sizes());
   }
 }
 

@@ -1,25 +1,45 @@
 #include "adapter/parked_states.h"
 
-#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+
+#include "adapter/host_pinning.h"
+#include "core/host_pool.h"
 
 namespace zero::adapter {
 
-at::Tensor ParkedStates::park(StateKind kind, TrackedTensor& buffer,
-                              core::MemoryRegistry& registry, bool pin) {
-  if (!buffer.holds_memory()) return {};
+namespace {
+
+// A host copy's memory: the pool and, declared first so it goes last, the registry the pool
+// counts its bytes in (a view may outlive the engine).
+struct HostCopy {
+  std::shared_ptr<core::MemoryRegistry> registry;
+  std::unique_ptr<core::HostPool> pool;
+};
+
+at::Tensor host_copy_of(const TrackedTensor& buffer,
+                        const std::shared_ptr<core::MemoryRegistry>& registry, bool pin) {
   const at::Tensor& device = buffer.tensor();
-  // Page-locked memory speeds a GPU's copies (torch's pinned allocator caches it across
-  // sleeps); for a CPU model's buffers it would only cost.
-  const bool pinned = pin && device.is_cuda();
-  at::Tensor host = at::empty({device.numel()},
-                              device.options().device(at::kCPU).pinned_memory(pinned));
-  host.copy_(device);  // waits for the copy: the device memory is freed next
-  core::TrackedBytes tracking(&registry, buffer.category(),
-                              pinned ? core::MemoryLocation::kHostPinned
-                                     : core::MemoryLocation::kHostPageable,
-                              static_cast<std::int64_t>(host.nbytes()));
+  const core::HostPinning pinning = host_pinning();
+  auto copy = std::make_shared<HostCopy>();
+  copy->registry = registry;
+  // Page-locked memory speeds a GPU's copies; for a CPU model's buffers it would only cost.
+  copy->pool = std::make_unique<core::HostPool>(
+      std::vector<core::HostRegion>{{buffer.category(), static_cast<std::int64_t>(device.nbytes())}},
+      *registry, pin && device.is_cuda() ? &pinning : nullptr);
+  void* data = copy->pool->region(0);
+  return at::from_blob(data, {device.numel()}, [copy](void*) {},
+                       at::TensorOptions().dtype(device.scalar_type()));
+}
+
+}  // namespace
+
+at::Tensor ParkedStates::park(StateKind kind, TrackedTensor& buffer,
+                              const std::shared_ptr<core::MemoryRegistry>& registry, bool pin) {
+  if (!buffer.holds_memory()) return {};
+  at::Tensor host = host_copy_of(buffer, registry, pin);
+  host.copy_(buffer.tensor());  // waits for the copy: the device memory is freed next
+  entries_[index(kind)].push_back({&buffer, host});  // recorded before anything is lost
   buffer.release_memory();
-  entries_[index(kind)].push_back({&buffer, host, std::move(tracking)});
   return host;
 }
 

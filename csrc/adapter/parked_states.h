@@ -7,6 +7,7 @@
 // attached but must not be read in between: EngineCore reloads what a call needs first.
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -29,10 +30,11 @@ inline constexpr std::size_t kStateKindCount = 4;
 class ParkedStates {
  public:
   // Copies `buffer` to host memory under `kind` and gives its device memory back. Returns the
-  // host copy, which owns its memory (a view of it outlives the reload); undefined when the
-  // buffer held no memory (nothing to keep).
-  at::Tensor park(StateKind kind, TrackedTensor& buffer, core::MemoryRegistry& registry,
-                  bool pin);
+  // host copy: exactly its bytes (a HostPool, pinned for a GPU's buffer when `pin` and the
+  // build can), counted in `registry` and freed with the last view of it, so a view taken
+  // while parked outlives the reload. Undefined when the buffer held no memory.
+  at::Tensor park(StateKind kind, TrackedTensor& buffer,
+                  const std::shared_ptr<core::MemoryRegistry>& registry, bool pin);
   // Every buffer parked under `kind` takes device memory again and gets its values back.
   void restore(StateKind kind);
   // Zeroes the host copies of `kind` (zero_grad while the gradients are away).
@@ -47,7 +49,6 @@ class ParkedStates {
     // A group's member: EngineCore drops its ParkedStates before its groups.
     TrackedTensor* buffer;
     at::Tensor host;
-    core::TrackedBytes tracking;  // the host copy, counted while the engine keeps it
   };
   static std::size_t index(StateKind kind) { return static_cast<std::size_t>(kind); }
 
