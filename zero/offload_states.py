@@ -4,8 +4,8 @@ training steps the engine's states leave the GPU for host memory, so that anothe
 
 The move itself is C++ (csrc/adapter/parked_states.h): each chosen state's device buffers
 are copied to host memory of exactly their size (pinned for a GPU's buffers when asked) and
-their device memory is given back; the memory report then counts them at their host location. What differs from
-DeepSpeed, on purpose:
+their device memory is given back; the memory report then counts them at their host
+location. What differs from DeepSpeed, on purpose:
 - whatever needs a moved state brings it back first (a forward or a gather the parameters,
   a backward the parameters and gradients, the step and a checkpoint everything), where
   DeepSpeed would fail or read stale copies; reload_states() brings all back at once;

@@ -23,9 +23,9 @@ at::Tensor host_copy_of(const TrackedTensor& buffer,
   auto copy = std::make_shared<HostCopy>();
   copy->registry = registry;
   // Page-locked memory speeds a GPU's copies; for a CPU model's buffers it would only cost.
-  copy->pool = std::make_unique<core::HostPool>(
-      std::vector<core::HostRegion>{{buffer.category(), static_cast<std::int64_t>(device.nbytes())}},
-      *registry, pin && device.is_cuda() ? &pinning : nullptr);
+  const core::HostRegion region{buffer.category(), static_cast<std::int64_t>(device.nbytes())};
+  copy->pool = std::make_unique<core::HostPool>(std::vector<core::HostRegion>{region}, *registry,
+                                                pin && device.is_cuda() ? &pinning : nullptr);
   void* data = copy->pool->region(0);
   return at::from_blob(data, {device.numel()}, [copy](void*) {},
                        at::TensorOptions().dtype(device.scalar_type()));
