@@ -61,6 +61,20 @@ def launcher_argv(procs: int, *rest: str) -> list[str]:
             "--master_port", str(free_port()), *map(str, rest)]
 
 
+def run_job(argv: list[str], timeout: float, env: dict[str, str] | None = None, cwd=None):
+    """Runs a job started as a subprocess (launcher_argv's, or a launcher of its own) to its
+    end, one OpenMP thread per rank unless `env` says otherwise; a non-zero exit fails the
+    test with the tails of its output. Returns the finished process."""
+    import subprocess
+
+    env = subprocess_env(OMP_NUM_THREADS="1") if env is None else env
+    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, \
+        f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
 def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env, backend):
     import torch
     import torch.distributed as dist

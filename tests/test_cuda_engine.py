@@ -189,10 +189,9 @@ def test_quantized_weights_and_gradients_train_on_the_gpu():
 def _sleep_on_the_gpu(rank, world, stage):
     """Two steps, offload_states, the allocator's view, reload_states, two more steps."""
     import zero
+    from test_offload_states import _config
 
-    extra = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}
-    config = training.engine_config(stage, gas=1, precision="bf16", scheduler=False, **extra)
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config(stage, "bf16"))
     losses = training.train_engine(engine, rank, world, 2, 1)
     awake = torch.cuda.memory_allocated()
     engine.offload_states()
@@ -209,19 +208,13 @@ def _sleep_on_the_gpu(rank, world, stage):
 def test_offload_states_gives_the_gpu_memory_back(stage):
     """offload_states (RLHF's sleep) frees on the GPU what it moved to pinned host memory,
     reload_states takes it again, and the run goes on as the one without the round trip."""
+    from test_offload_states import _config, _plain_run
+
     [(losses, awake, asleep, back, moved, pinned)] = run_distributed(
         _sleep_on_the_gpu, 1, timeout=300, backend="nccl", args=(stage,))
     assert moved > 0 and pinned >= moved
     assert awake - asleep >= moved  # the allocator rounds blocks up: at least the bytes moved
     assert back - asleep >= moved
-    extra = {"stage3_param_persistence_threshold": 0} if stage == 3 else {}
-    config = training.engine_config(stage, gas=1, precision="bf16", scheduler=False, **extra)
-    [plain] = run_distributed(_plain_gpu_run, 1, timeout=300, backend="nccl", args=(config,))
+    [plain] = run_distributed(_plain_run, 1, timeout=300, backend="nccl",
+                              args=(_config(stage, "bf16"),))
     assert losses == pytest.approx(plain, rel=1e-5)  # CUDA's embedding backward uses atomics
-
-
-def _plain_gpu_run(rank, world, config):
-    import zero
-
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
-    return training.train_engine(engine, rank, world, 4, 1)

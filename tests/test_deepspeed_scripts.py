@@ -7,13 +7,12 @@ bing_bert / HelloDeepSpeed training loops.
 import argparse
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 import zero.compat.deepspeed as deepspeed
-from distributed_harness import launcher_argv, subprocess_env
+from distributed_harness import launcher_argv, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "deepspeed"
@@ -102,11 +101,8 @@ def test_unset_local_rank_argument_takes_the_environments(monkeypatch):
 
 # -- whole scripts under the launcher --------------------------------------------------------
 def launch(tmp_path, script, *script_args, procs=2):
-    proc = subprocess.run(launcher_argv(procs, script, *script_args), cwd=tmp_path,
-                          env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=LAUNCH_TIMEOUT)
-    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+    return run_job(launcher_argv(procs, script, *script_args), LAUNCH_TIMEOUT,
+                   cwd=tmp_path).stdout
 
 
 def losses(output):

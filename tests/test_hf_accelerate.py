@@ -3,14 +3,13 @@ DeepSpeedPlugin, the script's own torch AdamW and LambdaLR, accumulate(), save_s
 get_state_dict) launched by `zero --num_procs 2` trains on zero's engine like plain DDP."""
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from distributed_harness import free_port, launcher_argv, subprocess_env
+from distributed_harness import free_port, launcher_argv, run_job, subprocess_env
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -22,10 +21,7 @@ TIMEOUT = 240
 
 def run_script(out, *extra, launcher=()):
     Path(out).mkdir(parents=True, exist_ok=True)
-    argv = launcher_argv(2, *launcher, SCRIPT, "--out", out, *extra)
-    proc = subprocess.run(argv, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    run_job(launcher_argv(2, *launcher, SCRIPT, "--out", out, *extra), TIMEOUT)
     return json.loads((Path(out) / "losses.json").read_text()), torch.load(Path(out) / "model.pt")
 
 
@@ -72,8 +68,7 @@ def test_accelerate_launch_use_deepspeed_runs_on_zero_with_the_alias_on_the_path
             "--num_processes", "2", "--main_process_port", str(free_port()),
             "--deepspeed_config_file", str(REPO / "examples" / "huggingface" / "ds_accelerate.json"),
             str(SCRIPT), "--out", str(tmp_path)]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    run_job(argv, TIMEOUT, env=env)
     result = json.loads((tmp_path / "losses.json").read_text())
     assert result["engine"] == "zero.engine.ZeroEngine"
     assert result["losses"] == pytest.approx(ddp[0]["losses"], rel=2e-3)

@@ -5,14 +5,13 @@ from_pretrained loads."""
 import json
 import math
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import safetensors
 import torch
 
-from distributed_harness import launcher_argv, subprocess_env
+from distributed_harness import launcher_argv, run_job
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -27,10 +26,7 @@ ARGS = ["--max_steps", "8", "--per_device_train_batch_size", "4",
 
 
 def run_trainer(out, *extra, launcher=()):
-    argv = launcher_argv(2, *launcher, SCRIPT, "--output_dir", out, *ARGS, *extra)
-    proc = subprocess.run(argv, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    run_job(launcher_argv(2, *launcher, SCRIPT, "--output_dir", out, *ARGS, *extra), TIMEOUT)
     return json.loads((Path(out) / "log_history.json").read_text())
 
 

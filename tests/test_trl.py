@@ -7,13 +7,12 @@ ignores); DPO trains against its reference model; SFT and GRPO train PEFT LoRA a
 a frozen model. All load the model from a directory, as from a hub name (at stage 3 under
 zero.Init)."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from distributed_harness import launcher_argv, subprocess_env
+from distributed_harness import launcher_argv, run_job
 
 pytest.importorskip("trl")
 
@@ -33,17 +32,13 @@ pytestmark = pytest.mark.timeout(TIMEOUT * 2)
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, str(SCRIPT), "--save_model", str(path)],
-                   env=subprocess_env(), check=True, timeout=TIMEOUT, capture_output=True)
+    run_job([sys.executable, str(SCRIPT), "--save_model", str(path)], TIMEOUT)
     return path
 
 
 def run_trl(out, model, trainer, *extra, launcher=()):
-    argv = launcher_argv(2, *launcher, SCRIPT, "--model", model, "--trainer", trainer,
-                         "--output_dir", out, *COMMON, *ARGS[trainer], *extra)
-    proc = subprocess.run(argv, env=subprocess_env(OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    proc = run_job(launcher_argv(2, *launcher, SCRIPT, "--model", model, "--trainer", trainer,
+                                 "--output_dir", out, *COMMON, *ARGS[trainer], *extra), TIMEOUT)
     return json.loads((Path(out) / "log_history.json").read_text()), proc.stderr
 
 

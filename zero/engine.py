@@ -147,8 +147,7 @@ class ZeroEngine(EngineGetters, nn.Module):
     def forward(self, *inputs, **kwargs):
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             inputs = _floats_to_half(inputs)
-        if self._core is not None and self._core.offloaded_states:
-            # stages 0-2: the parameters (stage 3 gathers them)
+        if self._core is not None:  # stages 0-2: offloaded parameters back (stage 3 gathers)
             self._core.reload_states([_C.StateKind.lp_params])
         if self._stage3 is not None and not self._stage3.removed \
                 and not self._stage3.module_hooks_attached():
@@ -455,7 +454,7 @@ class ZeroEngine(EngineGetters, nn.Module):
     def reload_states(self, non_blocking: bool = False) -> None:
         """DeepSpeed's: every state offload_states moved back on the device."""
         del non_blocking
-        states_offload.reload(self._core)
+        self._core.reload_states()
 
     def get_data_parallel_rank(self) -> int:
         return dist.get_rank(self.data_parallel_group)

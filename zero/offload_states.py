@@ -81,11 +81,6 @@ def offload(core, device_type: str, include=None, device=OffloadDeviceEnum.cpu,
         torch.cuda.empty_cache()  # back to the driver, for the other engine on the GPU
 
 
-def reload(core) -> None:
-    """engine.reload_states: every offloaded state back on the device."""
-    core.reload_states()
-
-
 def offloaded(core) -> list[OffloadStateTypeEnum]:
     """The states offload_states moved that are not back yet."""
     return [OffloadStateTypeEnum(kind.name) for kind in core.offloaded_states]

@@ -312,22 +312,13 @@ void EngineCore::offload_states(const std::vector<StateKind>& kinds, bool pin) {
 }
 
 void EngineCore::reload_states(const std::vector<StateKind>& kinds) {
-  if (!parked_.any()) return;
-  at::NoGradGuard no_grad;
-  for (const StateKind kind : kinds.empty() ? offloaded_states() : kinds) {
+  for (const StateKind kind : kinds.empty() ? parked_.parked_kinds() : kinds) {
     if (!parked_.parked(kind)) continue;
+    at::NoGradGuard no_grad;
     parked_.restore(kind);
     for (auto& group : groups_) group->states_restored(kind);
   }
 }
 
-std::vector<StateKind> EngineCore::offloaded_states() const {
-  std::vector<StateKind> kinds;
-  for (const StateKind kind : {StateKind::kOptimizerStates, StateKind::kMaster,
-                               StateKind::kParams, StateKind::kGrads}) {
-    if (parked_.parked(kind)) kinds.push_back(kind);
-  }
-  return kinds;
-}
 
 }  // namespace zero::adapter

@@ -82,7 +82,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // Back on the device: `kinds`, or with none every kind offloaded. Whatever needs a state
   // (a forward, a gather, a backward, the step, a checkpoint) reloads it first.
   void reload_states(const std::vector<StateKind>& kinds = {});
-  std::vector<StateKind> offloaded_states() const;
+  std::vector<StateKind> offloaded_states() const { return parked_.parked_kinds(); }
   std::int64_t offloaded_bytes() const { return parked_.host_bytes(); }
 
   core::MemoryRegistry& registry() { return *registry_; }

@@ -87,24 +87,24 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
   }
 }
 
-at::Tensor ParamGroup::param_view(std::size_t index) const {
-  return param_buffer_.tensor()
-      .narrow(0, layout_.param_offset(index), params_[index].numel())
+at::Tensor ParamGroup::place_in(const at::Tensor& flat, std::size_t index) const {
+  return flat.narrow(0, layout_.param_offset(index), params_[index].numel())
       .view(params_[index].sizes());
 }
 
+at::Tensor ParamGroup::param_view(std::size_t index) const {
+  return place_in(param_buffer_.tensor(), index);
+}
+
 void ParamGroup::point_params_at(const at::Tensor& flat) {
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    params_[i].set_data(
-        flat.narrow(0, layout_.param_offset(i), params_[i].numel()).view(params_[i].sizes()));
-  }
+  for (std::size_t i = 0; i < params_.size(); ++i) params_[i].set_data(place_in(flat, i));
 }
 
 void ParamGroup::point_grads_at(const at::Tensor& flat) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& grad = params_[i].mutable_grad();
     if (!grad.defined()) continue;  // set to None (zero_grad): prepare_backward starts it anew
-    grad = flat.narrow(0, layout_.param_offset(i), params_[i].numel()).view(params_[i].sizes());
+    grad = place_in(flat, i);
   }
 }
 
@@ -153,9 +153,7 @@ void ParamGroup::prepare_backward() {
   if (!grad_full_.defined()) return;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& grad = params_[i].mutable_grad();
-    const at::Tensor view = grad_full_.tensor()
-                                .narrow(0, layout_.param_offset(i), params_[i].numel())
-                                .view(params_[i].sizes());
+    const at::Tensor view = place_in(grad_full_.tensor(), i);
     if (!grad.defined()) {
       view.zero_();  // zero_grad(set_to_none=True) between micro-steps: start from zero
       grad = view;

@@ -132,8 +132,10 @@ class ParamGroup : public Group {
   void states_restored(StateKind kind) override;
 
  private:
-  // Every parameter's data (or .grad) made the view of its place in `flat`, a buffer laid
-  // out like the param buffer.
+  // Parameter `index`'s place in `flat`, a buffer laid out like the param buffer (the
+  // param buffer itself, the full gradients, their host copies), shaped like the parameter.
+  at::Tensor place_in(const at::Tensor& flat, std::size_t index) const;
+  // Every parameter's data (or .grad) made its place in `flat`.
   void point_params_at(const at::Tensor& flat);
   void point_grads_at(const at::Tensor& flat);
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }

@@ -56,11 +56,12 @@ void ParkedStates::zero(StateKind kind) {
   for (Entry& entry : entries_[index(kind)]) entry.host.zero_();
 }
 
-bool ParkedStates::any() const {
-  for (const bool parked : parked_) {
-    if (parked) return true;
+std::vector<StateKind> ParkedStates::parked_kinds() const {
+  std::vector<StateKind> kinds;
+  for (std::size_t i = 0; i < kStateKindCount; ++i) {
+    if (parked_[i]) kinds.push_back(static_cast<StateKind>(i));
   }
-  return false;
+  return kinds;
 }
 
 std::int64_t ParkedStates::host_bytes() const {

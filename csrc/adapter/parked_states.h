@@ -41,7 +41,7 @@ class ParkedStates {
   void zero(StateKind kind);
   bool parked(StateKind kind) const { return parked_[index(kind)]; }
   void mark_parked(StateKind kind) { parked_[index(kind)] = true; }
-  bool any() const;
+  std::vector<StateKind> parked_kinds() const;  // in StateKind's order
   std::int64_t host_bytes() const;
 
  private:
