@@ -100,3 +100,32 @@ def train(engine, rank: int, world: int, first: int, steps: int) -> list[float]:
         dist.all_reduce(total)
         losses.append(total.item() / WORLD)
     return losses
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroRun:
+    """A run zero trains at WORLD ranks and `stage` and saves after SAVED_AT steps; its
+    checkpoint converted to DeepSpeed's universal format (zero/checkpoint_to_universal.py)
+    is what the real DeepSpeed resumes at `deepspeed_world` ranks and `deepspeed_stage`."""
+    run: str                # the RUNS entry: model, precision, config
+    stage: int
+    deepspeed_world: int
+    deepspeed_stage: int
+
+
+# tests/deepspeed_checkpoints/<name>/: zero's conversion and DeepSpeed's continuation of it
+ZERO_TO_DEEPSPEED = {
+    "zero-stage3-fp32-universal": ZeroRun("stage3-fp32", 3, 1, 1),
+    # bf16, a frozen parameter, a tied one
+    "zero-stage2-bf16-frozen-universal": ZeroRun("stage1-bf16-frozen", 2, 2, 3)}
+
+
+def zero_save(rank: int, world: int, zero_run: ZeroRun, save_dir: str) -> None:
+    """zero trains `zero_run` from the start for SAVED_AT steps and saves it in save_dir."""
+    import zero
+
+    spec = RUNS[zero_run.run]
+    engine, _, _, _ = zero.initialize(model=make_model(spec),
+                                      config=config(spec, world, zero_run.stage))
+    train(engine, rank, world, 0, SAVED_AT)
+    engine.save_checkpoint(save_dir, client_state=dict(CLIENT_STATE))

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from distributed_harness import run_distributed
-from training import assert_same_states
+from training import assert_same_states, universal_values
 from tp_models import SEQ, VOCAB, build_gpt, hf_models
 from zero.models.pipe_gpt import cross_entropy, pipe_layers, sequential
 from zero.models.tiny_gpt import GPTConfig, synthetic_batches
@@ -229,6 +229,7 @@ def tp_reference(steps: int) -> dict:
 
 def test_tensor_parts_load_exactly_and_export_the_unsplit_model(tmp_path):
     from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
+    from zero.checkpoint_to_universal import convert
 
     root, hf_root = str(tmp_path / "tp"), str(tmp_path / "hf")
     for result in run_distributed(tp_ranks, 4, args=(root, hf_root), timeout=180):
@@ -244,6 +245,13 @@ def test_tensor_parts_load_exactly_and_export_the_unsplit_model(tmp_path):
     # tensor 2 -> whole -> tensor 2: the same master weights and Adam moments throughout
     assert_same_states(f"{root}/stage1", f"{root}/whole")
     assert_same_states(f"{root}/stage1", f"{root}/again")
+    # DeepSpeed's universal checkpoint of the tensor-split one is the whole one's
+    split = universal_values(convert(f"{root}/stage1/two", f"{root}/universal/split"))
+    whole = universal_values(convert(f"{root}/whole/resaved", f"{root}/universal/whole"))
+    assert split.keys() == whole.keys() and len(split) > 3 * len(expected)
+    for file, value in whole.items():
+        assert torch.equal(split[file], value) if torch.is_tensor(value) else \
+            split[file] == value or file == "optimizer_state.pt", file
     models = dict(hf_models())
     if "gpt2" in models:
         original = models["gpt2"].state_dict()

@@ -279,3 +279,20 @@ def assert_same_states(path: str, other: str) -> None:
         assert values.keys() == arrays[1][array].keys(), array
         for name, value in values.items():
             assert torch.equal(value, arrays[1][array][name]), (array, name)
+
+
+def universal_values(directory: str) -> dict:
+    """A universal checkpoint's zero/ folder: each file's value by its path below zero/ (a
+    parameter file's tensor, the rest as saved)."""
+    import os
+
+    from zero.checkpoint_deepspeed import load_file
+
+    root, values = os.path.join(directory, "zero"), {}
+    for where, _, names in os.walk(root):
+        for name in names:
+            value = load_file(os.path.join(where, name))
+            if isinstance(value, dict) and "param" in value:
+                value = value["param"]
+            values[os.path.relpath(os.path.join(where, name), root)] = value
+    return values

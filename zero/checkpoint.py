@@ -268,6 +268,9 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
             engine.lr_scheduler.load_state_dict(model_state["lr_scheduler"])
         for name, value in model_state["counters"].items():
             setattr(engine, name, value)
+        # The accumulation restarts at a boundary of this engine's count (the gradients of a
+        # part-done one are not saved; at another world size the count may differ too).
+        engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
     engine.core.zero_grads()
     dist.barrier()
     return path, model_state["client_state"]

@@ -28,12 +28,14 @@ def group_param_names(engine) -> list[list[str]]:
 
 
 def describe(engine) -> dict:
-    """The layout of every engine group, and the frozen parameters' names."""
+    """The layout of every engine group (with the optimizer group that owns it), and the
+    frozen parameters' names."""
     names = names_by_id(engine.module)
     groups = []
     for g, group in enumerate(engine.groups):
         layout = engine.core.group_layout(g)
         groups.append({
+            "owner": group.owner,
             "world_size": layout.world_size,
             "units": [(layout.shard_offset(u), layout.unit(u).shard_numel)
                       for u in range(layout.unit_count)],

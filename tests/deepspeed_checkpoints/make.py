@@ -5,8 +5,10 @@ after those steps (expected.pt); <run>-universal: DeepSpeed's ds_to_universal of
 them (ds_checkpoint_run.UNIVERSAL). And hf-trainer-stage2: examples/huggingface/train_trainer.py
 with ds_zero2.json on 2 ranks, tests/test_hf_trainer.py's arguments: its checkpoint-4 (without
 the files a DeepSpeed resume does not read), the losses and eval loss of all 8 steps and the
-final model (expected.json, final.safetensors). From the project root, after
-scripts/deepspeed_cpu.sh:
+final model (expected.json, final.safetensors). zero-*-universal: zero's own run
+(ds_checkpoint_run.ZERO_TO_DEEPSPEED) converted by zero/checkpoint_to_universal.py, and the
+real DeepSpeed resuming that at another world size and stage (expected.pt). From the project
+root, after scripts/deepspeed_cpu.sh:
 
     PYTHONPATH=$PWD DS_ACCELERATOR=cpu build/ds-venv/bin/python \
         tests/deepspeed_checkpoints/make.py [RUN ...]   # these runs, else all
@@ -144,6 +146,58 @@ def universal(name: str):
     print(f"{name}-universal: {len(entries)} entries", flush=True)
 
 
+def _deepspeed_resumes(rank, world, name, load_dir):
+    """The real DeepSpeed loads zero's universal checkpoint `name` and trains on."""
+    import deepspeed
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    zero_run = run.ZERO_TO_DEEPSPEED[name]
+    spec = run.RUNS[zero_run.run]
+    config = run.config(spec, world, zero_run.deepspeed_stage, deepspeed=True)
+    config["checkpoint"] = {"load_universal": True}
+    model = run.make_model(spec)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, config=config,
+        model_parameters=[p for p in model.parameters() if p.requires_grad])
+    _, client_state = engine.load_checkpoint(load_dir)
+    counters = (engine.global_steps, engine.global_samples)
+    lr = engine.optimizer.param_groups[0]["lr"]
+    losses = run.train(engine, rank, world, run.SAVED_AT, run.MORE)
+    after = os.path.join(os.path.dirname(load_dir), "after")
+    engine.save_checkpoint(after)
+    torch.distributed.barrier()
+    if rank != 0:
+        return None
+    fp32 = get_fp32_state_dict_from_zero_checkpoint(after)
+    return {"deepspeed": deepspeed.__version__, "losses": losses, "lr": lr,
+            "counters": counters, "client_state": {k: client_state.get(k)
+                                                   for k in run.CLIENT_STATE},
+            "fp32_after": {k: v.clone() for k, v in fp32.items()}}
+
+
+def zero_to_deepspeed(name: str):
+    """zero's run `name` (run.ZERO_TO_DEEPSPEED) saved by zero, converted by zero into
+    <name>/global_step3_universal, and the real DeepSpeed resuming it (expected.pt)."""
+    from zero.checkpoint_to_universal import convert
+
+    zero_run = run.ZERO_TO_DEEPSPEED[name]
+    target = os.path.join(run.FIXTURES, name)
+    shutil.rmtree(target, ignore_errors=True)
+    tag = f"global_step{run.SAVED_AT}"
+    with tempfile.TemporaryDirectory() as scratch:
+        run_distributed(run.zero_save, run.WORLD, args=(zero_run, scratch), timeout=300)
+        convert(os.path.join(scratch, tag), os.path.join(target, f"{tag}_universal"))
+        resumed = os.path.join(scratch, "resumed", "u")
+        shutil.copytree(target, resumed)  # DeepSpeed saves its continuation beside it
+        expected = run_distributed(_deepspeed_resumes, zero_run.deepspeed_world,
+                                   args=(name, resumed), timeout=300,
+                                   env={"DS_ACCELERATOR": "cpu"})[0]
+    torch.save(expected, os.path.join(target, "expected.pt"))
+    print(f"{name}: DeepSpeed {expected['deepspeed']} resumed zero's run, losses "
+          f"{expected['losses']}", flush=True)
+
+
 def deepspeed_run(name: str):
     shutil.rmtree(os.path.join(run.FIXTURES, name), ignore_errors=True)
     with tempfile.TemporaryDirectory() as scratch:
@@ -155,10 +209,12 @@ def deepspeed_run(name: str):
 
 
 def main(names: list[str]):
-    names = names or [*run.RUNS, *run.UNIVERSAL, HF_RUN]  # a conversion after its run
-    for name in names:
+    names = names or [*run.RUNS, *run.UNIVERSAL, HF_RUN, *run.ZERO_TO_DEEPSPEED]
+    for name in names:  # (a conversion after its run)
         if name.startswith("loaded:"):  # only the loads, of a checkpoint already written
             loaded(name.removeprefix("loaded:"))
+        elif name in run.ZERO_TO_DEEPSPEED:
+            zero_to_deepspeed(name)
         elif name == HF_RUN:
             hf_trainer()
         elif name.endswith("-universal"):

@@ -38,15 +38,21 @@ class _SameModule(importlib.abc.Loader):
         # The import system stamped the alias spec on the module; the module keeps its own.
         module.__spec__ = importlib.util.find_spec(self.target)
 
+    def get_code(self, fullname):
+        """`python -m deepspeed.X` (runpy): the code of zero.compat.deepspeed.X."""
+        del fullname
+        return importlib.util.find_spec(self.target).loader.get_code(self.target)
+
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith(ALIAS + "."):
             return None
         real = IMPLEMENTATION + fullname[len(ALIAS):]
-        if importlib.util.find_spec(real) is None:
+        found = importlib.util.find_spec(real)
+        if found is None:
             return None  # a DeepSpeed module zero does not provide: the usual ImportError
-        return importlib.machinery.ModuleSpec(fullname, _SameModule(real))
+        return importlib.machinery.ModuleSpec(fullname, _SameModule(real), origin=found.origin)
 
 
 def become_deepspeed(alias_name: str = ALIAS) -> None:
