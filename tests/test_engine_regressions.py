@@ -175,6 +175,33 @@ def test_a_destroyed_engine_leaves_the_model_free_for_a_new_one():
     assert losses[0] == losses[1]
 
 
+def _calls_after_destroy(rank, world, stage):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(stage, gas=1))
+    tokens = torch.randint(0, training.MODEL.vocab_size, (2, 8))
+    loss = engine(tokens, tokens)
+    engine.destroy()
+    engine.zero_grad()  # nothing left to clear: a no-op, as before
+    named = []
+    for call, run in (("forward", lambda: engine(tokens, tokens)),
+                      ("backward", lambda: engine.backward(loss)), ("step", engine.step),
+                      ("save_checkpoint", lambda: engine.save_checkpoint("unused")),
+                      ("load_checkpoint", lambda: engine.load_checkpoint("unused")),
+                      ("offload_states", engine.offload_states),
+                      ("reload_states", engine.reload_states)):
+        with pytest.raises(RuntimeError, match=rf"engine\.{call}\(\) after engine\.destroy\(\)"):
+            run()
+        named.append(call)
+    return named
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_destroyed_engines_calls_say_it_was_destroyed(stage):
+    assert len(run_distributed(_calls_after_destroy, 1, args=(stage,))[0]) == 7
+
+
 def test_unsupported_client_optimizer_options_are_named():
     from zero.optimizer import OptimizerSpec
 

@@ -145,6 +145,7 @@ class ZeroEngine(EngineGetters, nn.Module):
 
     # ---- DeepSpeed's engine surface -------------------------------------------------------
     def forward(self, *inputs, **kwargs):
+        self._alive("forward")
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             inputs = _floats_to_half(inputs)
         if self._core is not None:  # stages 0-2: offloaded parameters back (stage 3 gathers)
@@ -238,6 +239,7 @@ class ZeroEngine(EngineGetters, nn.Module):
         """Scales the loss (1/gradient_accumulation_steps unless scale_wrt_gas is False, as
         DeepSpeed; and the fp16 loss scale), runs backward with gradient reduction overlapped,
         and waits for the reductions."""
+        self._alive("backward")
         boundary = self.is_gradient_accumulation_boundary() and not self._no_sync
         scaled = loss.float() / self.gradient_accumulation_steps() if scale_wrt_gas else loss.float()
         if self.loss_scaler is not None:
@@ -256,6 +258,7 @@ class ZeroEngine(EngineGetters, nn.Module):
     def step(self, lr_kwargs: dict | None = None):
         """At the accumulation boundary: the sharded optimizer step, then scheduler and loss
         scale updates. Between boundaries: only counts the micro-step."""
+        self._alive("step")
         boundary = self.is_gradient_accumulation_boundary()
         if boundary and self._no_sync:
             raise RuntimeError("zero: engine.step() at an accumulation boundary inside no_sync() "
@@ -406,11 +409,13 @@ class ZeroEngine(EngineGetters, nn.Module):
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+        self._alive("save_checkpoint")
         return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False):
+        self._alive("load_checkpoint")
         with self._swap_writes.shown("zero: loading the checkpoint into NVMe swap files"):
             return load_checkpoint(self, load_dir, tag, load_module_strict,
                                    load_optimizer_states, load_lr_scheduler_states,
@@ -449,11 +454,13 @@ class ZeroEngine(EngineGetters, nn.Module):
         their device memory given back (zero/offload_states.py). Anything that needs one
         brings it back; reload_states() brings all back at once."""
         del non_blocking  # the copies finish before the call returns
+        self._alive("offload_states")
         states_offload.offload(self._core, self.device.type, include, device, pin_memory)
 
     def reload_states(self, non_blocking: bool = False) -> None:
         """DeepSpeed's: every state offload_states moved back on the device."""
         del non_blocking
+        self._alive("reload_states")
         self._core.reload_states()
 
     def get_data_parallel_rank(self) -> int:
@@ -545,6 +552,13 @@ class ZeroEngine(EngineGetters, nn.Module):
         if self._core is not None:
             self._core.close()  # waits for and frees everything without holding the GIL
         self._core = None
+
+    def _alive(self, call: str) -> None:
+        if self._core is None:
+            raise RuntimeError(
+                f"zero: engine.{call}() after engine.destroy(): the engine has let go of its "
+                "shards, gradients and optimizer state; build a new engine with "
+                "zero.initialize and load a checkpoint to go on training")
 
 
 # Engines not yet destroyed. Those still alive at interpreter exit are destroyed while Python
