@@ -188,3 +188,46 @@ def test_zero_grad_while_asleep_leaves_the_gradients_where_they_are(stage):
                                                          args=(stage,)):
         assert still == ["lp_grads"] and before > 0 and after == 0
         assert losses == baseline[1:3]  # stale gradients would have been added in
+
+
+def _out_of_host_memory(rank, world, fail):
+    """A model of Ψ = 25M: its bf16 parameters (2Ψ bytes) fit under an address-space limit of
+    3Ψ above what the process has, one of Adam's fp32 arrays (4Ψ) does not: the parameters
+    move first, then the optimizer state's host copy cannot be allocated."""
+    import resource
+
+    import zero
+    from zero.models.tiny_gpt import GPTConfig
+
+    model = training.make_model(GPTConfig(vocab_size=97, block_size=16, n_layer=2, n_head=2,
+                                          n_embd=1024))
+    engine, _, _, _ = zero.initialize(model=model, config=_config(1, "bf16"))
+    losses = training.train_engine(engine, rank, world, 1, 1)
+    result = {}
+    if fail:
+        before = training.parameters_of(engine.module)
+        psi = sum(p.numel() for p in model.parameters())
+        with open("/proc/self/status") as status:
+            used = next(int(line.split()[1]) * 1024 for line in status
+                        if line.startswith("VmSize:"))
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (used + 3 * psi, hard))
+        try:
+            engine.offload_states(include=["lp_params", "optim_states"])
+        except MemoryError as error:
+            result["error"] = str(error)
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        result["offloaded"] = zero.offload_states.offloaded(engine.core)
+        result["same"] = _same(training.parameters_of(engine.module), before)
+    result["losses"] = losses + training.train_engine(engine, rank, world, 2, 1, first_step=1)
+    return result
+
+
+def test_a_failed_offload_puts_back_what_it_moved():
+    failed = run_distributed(_out_of_host_memory, 1, args=(True,), timeout=120)[0]
+    plain = run_distributed(_out_of_host_memory, 1, args=(False,), timeout=120)[0]
+    assert "offload_states ran out of host memory" in failed["error"]
+    assert "nothing was moved" in failed["error"]
+    assert failed["offloaded"] == [] and failed["same"]  # the parameters came back
+    assert failed["losses"] == plain["losses"]
