@@ -73,8 +73,20 @@ def test_zeros_conversion_is_the_one_deepspeed_resumed(zero_checkpoints, name):
             torch.testing.assert_close(got[file], value, rtol=rtol, atol=1e-7, msg=file)
         elif file != "optimizer_state.pt":
             assert got[file] == value, file
-    assert got["optimizer_state.pt"]["param_groups"] == want["optimizer_state.pt"]["param_groups"]
+    assert got["optimizer_state.pt"] == want["optimizer_state.pt"]  # steps, groups, version
     assert sorted(os.listdir(ours)) == sorted(os.listdir(committed))
+    # the model files: counters, scheduler, world sizes, client state, shapes, the module
+    from zero.checkpoint_deepspeed import load_file
+
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        a, b = (load_file(os.path.join(root, name)) for root in (committed, ours))
+        assert a.keys() == b.keys() and a["module"].keys() == b["module"].keys(), name
+        for key, value in a["module"].items():
+            torch.testing.assert_close(b["module"][key], value, rtol=1e-2, atol=1e-7, msg=key)
+        assert {k: v for k, v in a.items() if k != "module"} == \
+            {k: v for k, v in b.items() if k != "module"}, name
+    assert {"global_steps", "skipped_steps", "dp_world_size", "mp_world_size",
+            "lr_scheduler"} <= set(a)  # what DeepSpeed's load reads
 
 
 def _zero_resumes(rank, world, name, load_dir, universal):
@@ -225,3 +237,60 @@ def test_a_conversion_that_fails_leaves_the_previous_one(tmp_path, monkeypatch):
     assert after.keys() == before.keys()
     assert all(torch.equal(after[f], v) if torch.is_tensor(v) else after[f] == v
                for f, v in before.items() if f != "optimizer_state.pt")
+
+
+def test_the_output_replaces_nothing_but_an_older_conversion(tmp_path):
+    import shutil
+
+    from zero.checkpoint_to_universal import convert
+
+    save_dir = tmp_path / "checkpoints"
+    shutil.copytree(os.path.join(run.FIXTURES, "stage2-fp32"), save_dir)
+    source = str(save_dir / TAG)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "keep.txt").write_text("mine")
+    for output, says in ((source, "is the input checkpoint"),
+                         (str(save_dir), "holds it or lies inside it"),
+                         (os.path.join(source, "u"), "lies inside it"),
+                         (str(notes), "exists and is not a universal checkpoint")):
+        with pytest.raises(ValueError, match=says):
+            convert(source, output)
+    assert sorted(os.listdir(save_dir)) == sorted(os.listdir(os.path.join(run.FIXTURES,
+                                                                          "stage2-fp32")))
+    assert (notes / "keep.txt").read_text() == "mine"
+    target = str(save_dir / f"{TAG}_universal")
+    convert(source, target)
+    convert(source, target)  # an older conversion is replaced
+    with pytest.raises(ValueError, match="is a universal checkpoint already"):
+        convert(target, str(tmp_path / "again"))
+
+
+def _sgd_groups(rank, world, root):
+    """SGD with momentum in the weights' group only (the biases' group keeps none)."""
+    import zero
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    engine, *_ = zero.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}},
+        model_parameters=[{"params": weights}, {"params": biases, "momentum": 0.0}])
+    for _ in range(2):
+        engine.backward(engine(torch.randn(2, 8)).pow(2).mean())
+        engine.step()
+    engine.save_checkpoint(root, tag="saved")
+
+
+def test_each_optimizer_group_keeps_its_own_state_arrays(tmp_path):
+    from zero.checkpoint_to_universal import convert
+
+    run_distributed(_sgd_groups, 1, args=(str(tmp_path),), timeout=60)
+    out = universal_values(convert(str(tmp_path / "saved"), str(tmp_path / "u")))
+    files = {name: sorted(f.split(os.sep)[1] for f in out if f.startswith(name + os.sep))
+             for name in ("0.weight", "2.weight", "0.bias", "2.bias")}
+    assert files["0.weight"] == files["2.weight"] == ["fp32.pt", "momentum_buffer.pt", "step.pt"]
+    assert files["0.bias"] == files["2.bias"] == ["fp32.pt", "step.pt"]
+    assert out["0.weight/momentum_buffer.pt"].abs().sum() > 0

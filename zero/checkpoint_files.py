@@ -67,12 +67,19 @@ class CorruptCheckpoint(RuntimeError):
     """A checkpoint file is missing, truncated or does not match its manifest."""
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """A directory's entries on disk (the files' own data is fsynced as they are written)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(root: str) -> None:
+    """fsync_dir of every directory under `root`, deepest first, `root` last."""
+    for where, _, _ in os.walk(root, topdown=False):
+        fsync_dir(where)
 
 
 class _Hashing:
@@ -129,7 +136,7 @@ def write_text(path: str, text: str) -> None:
 
 def write_manifest(directory: str, entries: dict[str, dict]) -> None:
     write_text(os.path.join(directory, MANIFEST), json.dumps(entries, indent=1, sort_keys=True))
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def read_manifest(directory: str) -> dict[str, dict] | None:
@@ -148,11 +155,11 @@ def publish(save_dir: str, staging: str, tag: str) -> str:
         shutil.rmtree(retired, ignore_errors=True)
         os.replace(final, retired)  # until the next line, find() recovers the tag from here
         os.replace(staging, final)
-        _fsync_dir(save_dir)
+        fsync_dir(save_dir)
         shutil.rmtree(retired, ignore_errors=True)
     else:
         os.replace(staging, final)
-        _fsync_dir(save_dir)
+        fsync_dir(save_dir)
         shutil.rmtree(retired, ignore_errors=True)  # left by a crash that recover() undid
     return final
 
@@ -168,7 +175,7 @@ def recover(save_dir: str, tag: str) -> None:
         candidate = os.path.join(save_dir, name)
         if os.path.isdir(candidate) and read_manifest(candidate) is not None:
             os.replace(candidate, final)
-            _fsync_dir(save_dir)
+            fsync_dir(save_dir)
             return
 
 

@@ -66,6 +66,13 @@ def read_shards(path: str, model_state: dict, names: PartNames = WHOLE) -> list[
             for r in range(world)]
 
 
+def laid_out_arrays(group: dict) -> list[str]:
+    """The optimizer-state arrays of one saved group shard ({"master", "state"}) laid out like
+    its master (Adam's moments, SGD's momentum), not a flag such as a step count."""
+    return [array for array, value in group["state"].items()
+            if value.numel() == group["master"].numel()]
+
+
 def located_arrays(path: str, model_state: dict, array: str, shards=None,
                    names: PartNames = WHOLE) -> list[dict[str, Located]]:
     """Per group: where each parameter's elements of array `array` ("master", "exp_avg", ...)
@@ -138,12 +145,10 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
 
     for g, wanted in enumerate(group_param_names(engine)):
         source = saved_group[wanted[0]]  # the saved group these parameters' state came from
-        shard_numel = shards[0][source]["master"].numel()
-        arrays = shards[0][source]["state"]
-        load_group(core, g, wanted, saved("master"),
-                   {a: saved(a) for a, v in arrays.items() if v.numel() == shard_numel})
-        for array, value in arrays.items():
-            if value.numel() != shard_numel:  # not laid out like the shard (a flag): as saved
+        laid_out = laid_out_arrays(shards[0][source])
+        load_group(core, g, wanted, saved("master"), {a: saved(a) for a in laid_out})
+        for array, value in shards[0][source]["state"].items():
+            if array not in laid_out:  # not laid out like the shard (a flag): as saved
                 core.group_load_optimizer_state(g, array, value)
 
 

@@ -42,6 +42,13 @@ class SavedParts:
         self.shards = [checkpoint_layout.read_shards(self.path, state, names)
                        for names, state in zip(self.names, self.states)]
 
+    def state_arrays(self) -> list[str]:
+        """The optimizer-state arrays laid out like the master that any saved group keeps
+        (read_shards first)."""
+        found = {array: None for part in self.shards for group in part[0]
+                 for array in checkpoint_layout.laid_out_arrays(group)}
+        return list(found)
+
     def whole(self, array: str) -> dict[str, torch.Tensor]:
         """name -> the whole model's value of `array` ("module": the saved module values;
         "master", "exp_avg", ...: the sharded arrays, fp32)."""
@@ -84,17 +91,17 @@ def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> Non
         return
     wanted = checkpoint_layout.group_param_names(engine)
     arrays = {"master": master}
-    first = saved.shards[0][0][0]  # one saved rank's first group: the state arrays it keeps
-    for array, value in first["state"].items():
-        if value.numel() == first["master"].numel():
-            arrays[array] = saved.whole(array)
+    for array in saved.state_arrays():
+        arrays[array] = saved.whole(array)
+    first = saved.shards[0][0][0]  # one saved rank's first group: the flags it keeps
     for g, names in enumerate(wanted):
         mine = {array: {n: Located.of(checkpoint_mesh.cut_slice(values[n], params[n], rank))
-                        for n in names} for array, values in arrays.items()}
+                        for n in names} for array, values in arrays.items()
+                if all(n in values for n in names)}  # the arrays this group's optimizer keeps
         master = mine.pop("master")
         checkpoint_layout.load_group(core, g, names, master, mine)
         for array, value in first["state"].items():
-            if array not in mine:  # not laid out like the shard (a flag): as saved
+            if array not in checkpoint_layout.laid_out_arrays(first):  # a flag: as saved
                 core.group_load_optimizer_state(g, array, value)
 
 

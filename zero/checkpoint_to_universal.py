@@ -27,11 +27,17 @@ A frozen parameter, a second name of a tied one and a buffer get an fp32.pt from
 as ds_to_universal writes them. DeepSpeed's universal load restores none of them (it loads no
 module); zero's does.
 
-Not carried: an fp16 run's dynamic loss scale (DeepSpeed keeps it as a pickled DeepSpeed
-object; the load starts from the config's initial scale), and a split model's layout (a
-checkpoint saved with pipeline stages or tensor slices is joined into the whole model's).
-The output appears whole or not at all: it is written into `.<name>.tmp` beside it and
-renamed into place (replacing an older conversion), and `latest_universal` is written last.
+What DeepSpeed 0.19.8 resumes from it: Adam or AdamW at any stage and world size; at its
+stage 3 only Adam's files are read and every optimizer group takes the first group's
+hyperparameters (its loader's rules). Not carried: an fp16 run's dynamic loss scale
+(DeepSpeed keeps it as a pickled DeepSpeed object; the load starts from the config's initial
+scale), and a split model's layout (a checkpoint saved with pipeline stages or tensor slices
+is joined into the whole model's, for a DeepSpeed run without tensor parallelism).
+
+The output appears whole or not at all: it is written into `.<name>.tmp` beside it, every
+file and directory synced, and renamed into place; `latest_universal` is written last. An
+existing output folder is replaced only when it holds an older conversion, and the input
+is never touched.
 """
 from __future__ import annotations
 
@@ -41,11 +47,10 @@ import shutil
 
 import torch
 
-from . import checkpoint_deepspeed, checkpoint_layout, checkpoint_remesh
+from . import checkpoint_deepspeed, checkpoint_layout, checkpoint_remesh, checkpoint_universal
 from . import checkpoint_files as files
 from .checkpoint_deepspeed import WHOLE_MODEL_FILE, DeepSpeedCheckpoint, rank_model_file
 from .checkpoint_pieces import Located
-from .checkpoint_universal import LATEST_UNIVERSAL
 
 # The DeepSpeed version whose loader reads this (its stage 1-2 load asserts a ds_version).
 DEEPSPEED_VERSION = "0.19.8"
@@ -55,7 +60,9 @@ def convert(input_folder: str, output_folder: str, torch_adam: bool = False) -> 
     """Writes the universal checkpoint of tag directory `input_folder` (zero's or DeepSpeed's
     ZeRO checkpoint) into `output_folder` and names it in the parent's latest_universal;
     returns the output folder. `torch_adam`: the steps as tensors, for a DeepSpeed run with
-    optimizer.params.torch_adam true (torch's Adam refuses an int step)."""
+    optimizer.params.torch_adam true (torch's Adam refuses an int step). An output folder
+    that exists is replaced only when it holds a universal checkpoint (an older conversion)."""
+    _check_output(input_folder, output_folder)
     saved = read(input_folder)
     output_folder = os.path.abspath(output_folder)
     parent, tag = os.path.split(output_folder)
@@ -64,12 +71,29 @@ def convert(input_folder: str, output_folder: str, torch_adam: bool = False) -> 
     shutil.rmtree(staging, ignore_errors=True)
     try:
         _write(saved, staging, torch_adam)
+        files.fsync_tree(staging)
         files.publish(parent, staging, tag)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    files.write_text(os.path.join(parent, LATEST_UNIVERSAL), tag)
+    files.write_text(os.path.join(parent, checkpoint_universal.LATEST_UNIVERSAL), tag)
+    files.fsync_dir(parent)
     return output_folder
+
+
+def _check_output(input_folder: str, output_folder: str) -> None:
+    """The output is neither the input nor above or inside it, and replaces nothing but an
+    older conversion (a ValueError saying what to pass instead)."""
+    source, target = os.path.realpath(input_folder), os.path.realpath(output_folder)
+    if target == source or source.startswith(target + os.sep) or \
+            target.startswith(source + os.sep):
+        raise ValueError(f"zero: --output_folder {output_folder} is the input checkpoint "
+                         f"{input_folder}, holds it or lies inside it; pass a new folder "
+                         f"beside it, e.g. {source}_universal")
+    if os.path.exists(target) and not (os.path.isdir(target) and (
+            not os.listdir(target) or checkpoint_universal.is_universal_checkpoint(target))):
+        raise ValueError(f"zero: --output_folder {output_folder} exists and is not a universal "
+                         "checkpoint; the conversion would replace it: pass a new folder")
 
 
 def read(path: str) -> DeepSpeedCheckpoint:
@@ -78,6 +102,9 @@ def read(path: str) -> DeepSpeedCheckpoint:
     if not os.path.isdir(path):
         raise ValueError(f"zero: --input_folder {path} is not a directory; pass a checkpoint's "
                          "tag directory (e.g. checkpoints/global_step100)")
+    if checkpoint_universal.is_universal_checkpoint(path):
+        raise ValueError(f"zero: {path} is a universal checkpoint already; load it with "
+                         '"checkpoint": {"load_universal": true}')
     if checkpoint_deepspeed.is_deepspeed_checkpoint(path):
         return checkpoint_deepspeed.read(path)
     if files.part_names(path):
@@ -98,39 +125,33 @@ def _read_zero(path: str) -> DeepSpeedCheckpoint:
     saved.read_shards()
     first = saved.states[0]
     master = _arrays(saved, "master")
-    shard = saved.shards[0][0][0] if saved.shards[0][0] else {"master": torch.empty(0),
-                                                              "state": {}}
-    states = {array: _arrays(saved, array) for array, value in shard["state"].items()
-              if value.numel() == shard["master"].numel()}  # laid out like the master
     module = saved.whole("module")
-    frozen_names = {name for state in saved.states for name in state["layout"]["frozen"]}
-    groups = _optimizer_groups(saved, path)
-    shapes = [{name: master[name].shape for name in group} for group in groups]
+    frozen = {name for state in saved.states for name in state["layout"]["frozen"]}
     aliases = {alias: names[0] for state in saved.states for group in state["layout"]["groups"]
                for names, _ in group["params"] for alias in names[1:]}
-    counters = first["counters"]
+    counters, world = first["counters"], first["fingerprint"]["world_size"]
     model_state = {
         **(first.get("client_state") or {}),
-        "module": module, "param_shapes": shapes, "shared_params": aliases,
-        "buffer_names": [n for n in module if n not in master and n not in frozen_names],
-        "frozen_param_shapes": None, "frozen_param_fragments": None, "optimizer": None,
-        "lr_scheduler": first.get("lr_scheduler"), "data_sampler": None, "random_ltd": None,
+        "param_shapes": [{name: master[name].shape for name in group}
+                         for group in _optimizer_groups(saved, path)],
+        "shared_params": aliases, "optimizer": None, "lr_scheduler": first.get("lr_scheduler"),
+        "data_sampler": None, "random_ltd": None,
         "global_steps": counters["global_steps"], "global_samples": counters["global_samples"],
         "skipped_steps": counters["skipped_steps"],
-        "dp_world_size": first["fingerprint"]["world_size"], "mp_world_size": 1,
-        "ds_version": DEEPSPEED_VERSION}
+        "dp_world_size": world // (saved.pipe * saved.tensor),
+        "ds_version": DEEPSPEED_VERSION, "module": module}
     return DeepSpeedCheckpoint(
         path=path, model_state=model_state, stage=first["fingerprint"]["stage"],
-        world_size=first["fingerprint"]["world_size"], master=master, moments=states,
-        step=counters["applied_steps"],
-        param_groups=list(first["optimizer"]["param_groups"]),
-        frozen={name: module[name] for name in frozen_names if name in module},
-        loss_scale=None)
+        world_size=model_state["dp_world_size"], master=master,
+        moments={array: _arrays(saved, array) for array in saved.state_arrays()},
+        step=counters["applied_steps"], param_groups=list(first["optimizer"]["param_groups"]),
+        frozen={name: module[name] for name in frozen if name in module}, loss_scale=None)
 
 
 def _arrays(saved: checkpoint_remesh.SavedParts, array: str) -> dict[str, Located]:
-    """Where each parameter's value of `array` lies, by every name: mapped from the rank
-    files for the whole model, held whole for a model saved in parts (joined)."""
+    """Where each parameter's value of `array` lies, by every name (none for a parameter
+    whose optimizer keeps no such array): mapped from the rank files for the whole model,
+    held whole for a model saved in parts (joined)."""
     if len(saved.names) > 1:
         return {name: Located.of(value) for name, value in saved.whole(array).items()}
     state = saved.states[0]
@@ -166,7 +187,8 @@ def _write(saved: DeepSpeedCheckpoint, directory: str, torch_adam: bool) -> None
     for name in trainable:
         _save_param(zero_dir, name, "fp32", saved.master[name])
         for array, values in saved.moments.items():
-            _save_param(zero_dir, name, array, values[name])
+            if name in values:  # (the arrays its optimizer group keeps)
+                _save_param(zero_dir, name, array, values[name])
         files.save_torch(step, os.path.join(zero_dir, name, "step.pt"))
     module = saved.module_state(_module_dtype(saved))
     for name, value in module.items():  # as ds_to_universal: the module's value, in fp32
@@ -183,8 +205,13 @@ def _write(saved: DeepSpeedCheckpoint, directory: str, torch_adam: bool) -> None
                    "frozen_param_fragments": None, "mp_world_size": 1,
                    "buffer_names": [n for n in module if n not in saved.master
                                     and n not in saved.frozen]}
-    for name in (WHOLE_MODEL_FILE, rank_model_file(0)):
-        files.save_torch(model_state, os.path.join(directory, name))
+    whole, stage3 = (os.path.join(directory, name) for name in (WHOLE_MODEL_FILE,
+                                                                rank_model_file(0)))
+    files.save_torch(model_state, whole)
+    try:  # the same file under DeepSpeed's stage-3 name
+        os.link(whole, stage3)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(whole, stage3)
 
 
 def _save_param(zero_dir: str, name: str, array: str, value: Located) -> None:
@@ -204,7 +231,7 @@ def _module_dtype(saved: DeepSpeedCheckpoint) -> torch.dtype:
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     """DeepSpeed's `ds_to_universal` flags; its tuning flags are accepted and have nothing to
-    tune here (one pass, no temporary folder)."""
+    tune here (one pass, every value read once)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input_folder", required=True,
                         help="a checkpoint's tag directory (zero's or DeepSpeed's)")
@@ -224,7 +251,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 
 def main(args: argparse.Namespace | None = None) -> None:
-    """DeepSpeed's `main(args)`: converts, or exits 2 with what is wrong with the input."""
+    """DeepSpeed's `main(args)`: converts, or exits 1 saying what is wrong with the input or
+    the output folder."""
     args = args if args is not None else parse_arguments()
     try:
         written = convert(args.input_folder, args.output_folder,
@@ -232,7 +260,7 @@ def main(args: argparse.Namespace | None = None) -> None:
     except (ValueError, files.CorruptCheckpoint) as error:
         raise SystemExit(f"{error}") from None
     print(f"zero: wrote the universal checkpoint {written} (named in "
-          f"{os.path.join(os.path.dirname(written), LATEST_UNIVERSAL)})")
+          f"{os.path.join(os.path.dirname(written), checkpoint_universal.LATEST_UNIVERSAL)})")
 
 
 if __name__ == "__main__":

@@ -26,33 +26,36 @@ ALIAS = "deepspeed"
 
 
 class _SameModule(importlib.abc.Loader):
-    """Loads `deepspeed.X` as the already imported `zero.compat.deepspeed.X`."""
+    """Loads `deepspeed.X` as the already imported `zero.compat.deepspeed.X` (`real`: its own
+    spec)."""
 
-    def __init__(self, target: str):
-        self.target = target
+    def __init__(self, real: importlib.machinery.ModuleSpec):
+        self.real = real
 
     def create_module(self, spec):
-        return importlib.import_module(self.target)
+        return importlib.import_module(self.real.name)
 
     def exec_module(self, module):
         # The import system stamped the alias spec on the module; the module keeps its own.
-        module.__spec__ = importlib.util.find_spec(self.target)
+        module.__spec__ = self.real
 
     def get_code(self, fullname):
-        """`python -m deepspeed.X` (runpy): the code of zero.compat.deepspeed.X."""
+        """`python -m deepspeed.X` (runpy): the code of zero.compat.deepspeed.X. (A module its
+        package imports is found in sys.modules under its own spec instead, whose loader
+        refuses the alias name: `-m` works for modules like checkpoint.ds_to_universal that
+        no package imports.)"""
         del fullname
-        return importlib.util.find_spec(self.target).loader.get_code(self.target)
+        return self.real.loader.get_code(self.real.name)
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith(ALIAS + "."):
             return None
-        real = IMPLEMENTATION + fullname[len(ALIAS):]
-        found = importlib.util.find_spec(real)
-        if found is None:
+        real = importlib.util.find_spec(IMPLEMENTATION + fullname[len(ALIAS):])
+        if real is None:
             return None  # a DeepSpeed module zero does not provide: the usual ImportError
-        return importlib.machinery.ModuleSpec(fullname, _SameModule(real), origin=found.origin)
+        return importlib.machinery.ModuleSpec(fullname, _SameModule(real), origin=real.origin)
 
 
 def become_deepspeed(alias_name: str = ALIAS) -> None:
