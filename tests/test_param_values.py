@@ -213,3 +213,63 @@ def test_set_gradients_are_what_the_step_applies(stage, gas, offload):
             assert training.relative_error(masters[name], weights) < 1e-4, name
         for name in (REPLACED, NEGATED):
             assert training.relative_error(masters[name], unchanged[name]) > 1e-3, name
+
+
+def _ranges_against_whole_shards(rank, world, stage, precision, offload, nvme_dir):
+    """Every trained parameter's fragment of the master and of each optimizer-state array,
+    read by range, equals the same elements of the group's whole shard (copied out of the
+    engine); a fragment written by range changes those elements and nothing else."""
+    import zero
+    from zero.checkpoint_pieces import RankPieces
+    from zero.param_values import find
+    from zero.compat.deepspeed.utils import (safe_get_local_fp32_param,
+                                             safe_get_local_optimizer_state,
+                                             safe_set_local_fp32_param,
+                                             safe_set_local_optimizer_state)
+
+    extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
+    if offload:
+        extra["offload_optimizer"] = {"device": offload, "ratio": 0.5} if offload == "cpu" \
+            else {"device": "nvme", "nvme_path": nvme_dir}
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=training.engine_config(
+        stage, gas=1, scheduler=False, precision=precision, **extra))
+    training.train_engine(engine, rank, world, 1, 1)
+    core, checked = engine.core, 0
+
+    def whole(g):
+        return {"master": core.group_master_shard(g), **dict(core.group_optimizer_state(g))}
+
+    for g, group in enumerate(engine.groups):
+        layout, before = core.group_layout(g), whole(g)
+        for i, param in enumerate(group.params):
+            runs = RankPieces(layout, rank).of(layout.param_offset(i), find(param)[3].numel())
+            positions = torch.cat([torch.arange(p, p + stop - start) for start, stop, p in runs]) \
+                if runs else torch.zeros(0, dtype=torch.long)
+            for array in before:
+                got = safe_get_local_fp32_param(param) if array == "master" else \
+                    safe_get_local_optimizer_state(param, array)
+                assert torch.equal(got.cpu(), before[array][positions].cpu()), (g, i, array)
+                checked += 1
+        if len(group.params) > 1 and before["master"].numel():
+            param = group.params[1]
+            fragment = safe_get_local_optimizer_state(param, "exp_avg")
+            safe_set_local_optimizer_state(param, torch.full_like(fragment, 7.0), "exp_avg")
+            safe_set_local_fp32_param(param, safe_get_local_fp32_param(param) + 1)
+            after = whole(g)
+            changed = {a: (after[a] != before[a]).nonzero().flatten().tolist() for a in after}
+            runs = RankPieces(layout, rank).of(layout.param_offset(1), find(param)[3].numel())
+            mine = sorted(p + k for start, stop, p in runs for k in range(stop - start))
+            assert changed["exp_avg"] == mine and changed["master"] == mine, g
+            assert all(not v for a, v in changed.items() if a not in ("master", "exp_avg")), g
+    training.train_engine(engine, rank, world, 1, 1, first_step=1)  # and it trains on
+    return checked
+
+
+@pytest.mark.parametrize("stage,precision,offload", [
+    (1, "fp32", None), (2, "bf16", None), (2, "bf16", "cpu"), (3, "bf16", "cpu"),
+    (3, "fp32", None), (2, "fp32", "nvme")])
+def test_ranges_read_and_write_the_elements_of_the_whole_shards(tmp_path, stage, precision,
+                                                                offload):
+    checked = run_distributed(_ranges_against_whole_shards, 2,
+                              args=(stage, precision, offload, str(tmp_path)))
+    assert min(checked) > 20

@@ -7,11 +7,11 @@ A rank holds, of each engine group, one shard of the fp32 master, of every optim
 array and of the gradients, all laid out alike (csrc/core/sharded_layout.h);
 checkpoint_pieces.RankPieces says where a parameter's elements lie in it. A get fills this
 rank's elements into zeros on the engine's device and sums over the shard group; a set writes
-this rank's elements into its shard. The gradients ("grad") are read and written by range in
-the C++ engine (csrc/adapter/grad_access.h), between a boundary's backward and the step; a
-master or optimizer-state call copies the group's whole shard out of the engine (and, for a
-set, back): meant for a few parameters at a time (monitoring, surgery), not for every
-parameter at every step.
+this rank's elements into its shard. Every array is read and written by range in the C++
+engine, touching only the parameter's elements: the gradients ("grad",
+csrc/adapter/grad_access.h) between a boundary's backward and the step, the master and the
+optimizer state (Group::read_array / write_array) at any time, offloaded ones in host memory
+or on NVMe where they are.
 """
 from __future__ import annotations
 
@@ -117,27 +117,21 @@ def _reader(engine, g: int, array: str):
     if array == "grad":
         _check_gradients_reduced(engine)
         return lambda position, count: engine.core.group_read_grads(g, position, count)
-    shard = _shard(engine.core, g, array)
-    return lambda position, count: shard[position:position + count]
+    _check_array(engine.core, g, array)
+    return lambda position, count: engine.core.group_read_array(g, array, position, count)
 
 
 def _write(engine, g: int, array: str, writes) -> None:
-    """Writes (shard position, values) into group g's shard of `array` (the gradients in
-    place; a master or optimizer state through a copy loaded back)."""
+    """Writes (shard position, values) into group g's shard of `array`, in place."""
     core = engine.core
     if array == "grad":
         _check_gradients_reduced(engine)
         for position, values in writes:
             core.group_write_grads(g, position, values)
         return
-    shard = _shard(core, g, array).clone()
+    _check_array(core, g, array)
     for position, values in writes:
-        shard[position:position + values.numel()] = values.to(shard.device, shard.dtype)
-    with torch.no_grad():
-        if array == "master":
-            core.group_load_master_shard(g, shard)
-        else:
-            core.group_load_optimizer_state(g, array, shard)
+        core.group_write_array(g, array, position, values.float())
 
 
 def _check_gradients_reduced(engine) -> None:
@@ -149,13 +143,10 @@ def _check_gradients_reduced(engine) -> None:
             "safe_get_full_grad / safe_set_full_grad there")
 
 
-def _shard(core, g: int, array: str) -> torch.Tensor:
-    if array == "master":
-        return core.group_master_shard(g)
-    state = dict(core.group_optimizer_state(g))
-    if array not in state:
-        raise ValueError(f"zero: the optimizer keeps no {array!r}; it keeps {sorted(state)}")
-    return state[array]
+def _check_array(core, g: int, array: str) -> None:
+    names = core.group_state_names(g)
+    if array != "master" and array not in names:
+        raise ValueError(f"zero: the optimizer keeps no {array!r}; it keeps {sorted(names)}")
 
 
 def _shard_group(engine, layout):

@@ -72,6 +72,20 @@ class Group {
   void load_optimizer_state(const std::string& name, const at::Tensor& values) {
     shard_state().load_optimizer_state(name, values);
   }
+  // One array ("master", or an optimizer state such as "exp_avg") at this rank's shard
+  // [offset, offset + numel), fp32, touching only that range: read copies (safe_get_full_*),
+  // write stores (safe_set_full_*). Where the shard keeps no separate master (fp32 training)
+  // the master is the parameters' shard.
+  at::Tensor read_array(const std::string& name, std::int64_t offset, std::int64_t numel) const {
+    if (name != "master" || shard_state().has_master()) {
+      return shard_state().read_array(name, offset, numel);
+    }
+    return read_params(offset, numel);
+  }
+  void write_array(const std::string& name, std::int64_t offset, const at::Tensor& values) {
+    if (name == "master") return write_master_range(offset, values.reshape({-1}));
+    shard_state().write_array(name, offset, values);
+  }
   virtual std::size_t bucket_count() const = 0;
   virtual std::int64_t bucket_bytes() const = 0;
   BucketInfo bucket_info() const {
@@ -104,6 +118,12 @@ class Group {
   virtual void states_restored(StateKind /*kind*/) {}
 
   // --- what the shared step and checkpoint code above works on ---
+  // The parameters' shard [offset, offset + numel) as fp32 (a copy), where the shard keeps no
+  // separate master.
+  virtual at::Tensor read_params(std::int64_t offset, std::int64_t numel) const = 0;
+  // Master values at shard [offset, offset + numel): into the separate master (the weights
+  // follow at the next step; stage 3 at once), or into the parameters where there is none.
+  virtual void write_master_range(std::int64_t offset, const at::Tensor& values) = 0;
   virtual ShardState& shard_state() = 0;
   virtual const ShardState& shard_state() const = 0;
   // This rank's pieces of the shard: each unit's gradients and the parameters a step writes.

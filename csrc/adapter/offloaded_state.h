@@ -62,6 +62,11 @@ class OffloadedState {
             std::int64_t step);
   void apply_delayed(const std::vector<ShardPiece>& pieces);
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;  // copies
+  std::vector<std::string> state_names() const;  // optimizer_state()'s, copying nothing
+  // One optimizer-state array at [offset, offset + numel) of the offloaded part: read copies,
+  // write stores (a delayed update's own state through its whole value).
+  at::Tensor read_state(const std::string& name, std::int64_t offset, std::int64_t numel) const;
+  void write_state(const std::string& name, std::int64_t offset, const at::Tensor& values);
   void load_optimizer_state(const std::string& name, const at::Tensor& values);
 
  private:

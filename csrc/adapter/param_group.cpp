@@ -234,6 +234,39 @@ at::Tensor ParamGroup::master_shard() const {
   return at::cat(pieces);
 }
 
+std::vector<std::pair<at::Tensor, std::int64_t>> ParamGroup::param_range(
+    std::int64_t offset, std::int64_t numel) const {
+  std::vector<std::pair<at::Tensor, std::int64_t>> views;
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+    const std::int64_t begin = layout_.shard_offset(u);
+    const std::int64_t low = std::max(begin, offset);
+    const std::int64_t high = std::min(begin + piece_numel(u), offset + numel);
+    if (low < high) {
+      views.emplace_back(full_piece(param_buffer_.tensor(), u).narrow(0, low - begin, high - low),
+                         low - offset);
+    }
+  }
+  return views;
+}
+
+at::Tensor ParamGroup::read_params(std::int64_t offset, std::int64_t numel) const {
+  at::Tensor values = at::zeros({numel}, param_buffer_.tensor().options().dtype(at::kFloat));
+  for (const auto& [view, start] : param_range(offset, numel)) {
+    values.narrow(0, start, view.numel()).copy_(view);
+  }
+  return values;
+}
+
+void ParamGroup::write_master_range(std::int64_t offset, const at::Tensor& values) {
+  if (state_.has_master()) {
+    state_.write_master(offset, values);
+    return;
+  }
+  for (const auto& [view, start] : param_range(offset, values.numel())) {
+    view.copy_(values.narrow(0, start, view.numel()));
+  }
+}
+
 void ParamGroup::load_master_shard(const at::Tensor& saved) {
   TORCH_CHECK(saved.numel() == layout_.shard_numel(), "zero: saved master shard has ",
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),

@@ -119,6 +119,8 @@ class ParamGroup : public Group {
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;
+  at::Tensor read_params(std::int64_t offset, std::int64_t numel) const override;
+  void write_master_range(std::int64_t offset, const at::Tensor& values) override;
   ShardState& shard_state() override { return state_; }
   const ShardState& shard_state() const override { return state_; }
   std::vector<ShardPiece> shard_pieces() const override;
@@ -144,6 +146,10 @@ class ParamGroup : public Group {
   }
   std::int64_t piece_numel(std::size_t unit) const { return layout_.unit(unit).shard_numel(); }
   at::Tensor full_piece(const at::Tensor& full, std::size_t unit) const;
+  // The pieces of the param buffer holding shard [offset, offset + numel), in order: each a
+  // view, and where it starts in the range.
+  std::vector<std::pair<at::Tensor, std::int64_t>> param_range(std::int64_t offset,
+                                                               std::int64_t numel) const;
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
   at::Tensor grad_piece(std::size_t unit) const;
   at::Tensor param_view(std::size_t index) const;

@@ -99,6 +99,51 @@ std::vector<std::pair<std::string, at::Tensor>> ShardState::optimizer_state() co
   return copies;
 }
 
+std::vector<std::string> ShardState::state_names() const {
+  std::vector<std::string> names;
+  if (device_numel_ > 0) {
+    for (const char* name : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
+      if (state(name).defined()) names.emplace_back(name);
+    }
+    return names;
+  }
+  return offloaded_->state_names();
+}
+
+at::Tensor ShardState::read_array(const std::string& name, std::int64_t offset,
+                                  std::int64_t numel) const {
+  if (name == "master") return read_master(offset, numel);
+  const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
+  std::vector<at::Tensor> parts;
+  if (head > 0) {
+    const at::Tensor values = state(name);
+    TORCH_CHECK(values.defined(), "zero: the optimizer state has no '", name, "'");
+    parts.push_back(values.narrow(0, offset, head).clone());
+  }
+  if (head < numel) {
+    TORCH_CHECK(offloaded_, "zero: the optimizer state has no '", name, "'");
+    parts.push_back(offloaded_->read_state(name, offset + head - device_numel_, numel - head));
+  }
+  return parts.size() == 1 ? parts.front() : at::cat(parts);
+}
+
+void ShardState::write_array(const std::string& name, std::int64_t offset,
+                             const at::Tensor& values) {
+  if (name == "master") return write_master(offset, values);
+  const at::Tensor source = values.reshape({-1});
+  const std::int64_t numel = source.numel();
+  const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
+  if (head > 0) {
+    const at::Tensor target = state(name);
+    TORCH_CHECK(target.defined(), "zero: the optimizer state has no '", name, "'");
+    target.narrow(0, offset, head).copy_(source.narrow(0, 0, head));
+  }
+  if (head < numel) {
+    TORCH_CHECK(offloaded_, "zero: the optimizer state has no '", name, "'");
+    offloaded_->write_state(name, offset + head - device_numel_, source.narrow(0, head, numel - head));
+  }
+}
+
 void ShardState::load_optimizer_state(const std::string& name, const at::Tensor& values) {
   if (device_numel_ == 0) return offloaded_->load_optimizer_state(name, values);
   const at::Tensor target = state(name);

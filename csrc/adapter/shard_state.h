@@ -54,6 +54,12 @@ class ShardState {
   // delayed update also its pending parameters, so a checkpoint resumes exactly).
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
   void load_optimizer_state(const std::string& name, const at::Tensor& values);
+  // The names optimizer_state() holds, without copying anything.
+  std::vector<std::string> state_names() const;
+  // One array ("master", or an optimizer state such as "exp_avg") of shard
+  // [offset, offset + numel): read returns a copy, write stores.
+  at::Tensor read_array(const std::string& name, std::int64_t offset, std::int64_t numel) const;
+  void write_array(const std::string& name, std::int64_t offset, const at::Tensor& values);
   // The device buffers of the fp32 master (kMaster) or the optimizer state
   // (kOptimizerStates), for offload_states; none of another kind, nor of an offloaded tail
   // (in host memory already).

@@ -427,6 +427,23 @@ at::Tensor Stage3Group::master_shard() const {
                              : param_shard_.tensor().clone();
 }
 
+at::Tensor Stage3Group::read_params(std::int64_t offset, std::int64_t numel) const {
+  if (offset + numel > host_numel_) return master_shard().narrow(0, offset, numel);  // on NVMe
+  return param_shard_.tensor().narrow(0, offset, numel).to(at::kFloat, false, /*copy=*/true);
+}
+
+void Stage3Group::write_master_range(std::int64_t offset, const at::Tensor& values) {
+  if (offset + values.numel() > host_numel_) {  // parameters on NVMe: through the whole shard
+    at::Tensor whole = master_shard();
+    whole.narrow(0, offset, values.numel()).copy_(values);
+    load_master_shard(whole);
+    return;
+  }
+  if (state_.has_master()) state_.write_master(offset, values);
+  drop_secondaries();
+  param_shard_.tensor().narrow(0, offset, values.numel()).copy_(values);
+}
+
 void Stage3Group::load_master_shard(const at::Tensor& saved) {
   TORCH_CHECK(saved.numel() == layout_.shard_numel(), "zero: saved master shard has ",
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),

@@ -99,6 +99,9 @@ class Stage3Group : public Group {
   at::Tensor master_shard() const override;
   void load_master_shard(const at::Tensor& saved) override;
   void refresh_master() override;
+  at::Tensor read_params(std::int64_t offset, std::int64_t numel) const override;
+  // Writes the master (when kept) and the parameter shard at once, as load_master_shard.
+  void write_master_range(std::int64_t offset, const at::Tensor& values) override;
   ShardState& shard_state() override { return state_; }
   const ShardState& shard_state() const override { return state_; }
   std::vector<ShardPiece> shard_pieces() const override;
