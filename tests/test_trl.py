@@ -23,9 +23,13 @@ TIMEOUT = 180
 COMMON = ["--max_steps", "4", "--per_device_train_batch_size", "4", "--logging_steps", "1",
           "--learning_rate", "1e-3", "--report_to", "none", "--disable_tqdm", "true",
           "--save_strategy", "no", "--bf16", "false"]
-ARGS = {"grpo": ["--num_generations", "4", "--max_completion_length", "8", "--beta", "0.04"],
-        "dpo": [], "sft": []}
-LOGGED = {"grpo": ["loss", "reward", "kl"], "dpo": ["loss", "rewards/margins"], "sft": ["loss"]}
+GENERATION = ["--num_generations", "4", "--max_completion_length", "8", "--beta", "0.04"]
+ARGS = {"grpo": GENERATION, "rloo": GENERATION, "dpo": [], "kto": [], "sft": [], "reward": [],
+        "distill": ["--max_completion_length", "8"]}
+LOGGED = {"grpo": ["loss", "reward", "kl"], "rloo": ["loss", "reward", "kl"],
+          "dpo": ["loss", "rewards/margins"], "kto": ["loss", "kl", "rewards/chosen"],
+          "sft": ["loss"], "reward": ["loss", "accuracy", "margin"],
+          "distill": ["loss", "entropy"]}
 pytestmark = pytest.mark.timeout(TIMEOUT * 2)
 
 
@@ -62,8 +66,9 @@ def ddp(tmp_path_factory, tiny_model):
     return run
 
 
-@pytest.mark.parametrize("trainer,stage,lora", [("grpo", 3, 0), ("grpo", 2, 0), ("dpo", 3, 0),
-                                                ("sft", 3, 4), ("grpo", 3, 4)])
+@pytest.mark.parametrize("trainer,stage,lora", [
+    ("grpo", 3, 0), ("grpo", 2, 0), ("dpo", 3, 0), ("sft", 3, 4), ("grpo", 3, 4),
+    ("rloo", 3, 0), ("kto", 3, 0), ("reward", 3, 0), ("distill", 3, 0)])
 def test_trl_trainer_on_zero_matches_ddp(tmp_path, tiny_model, ddp, trainer, stage, lora):
     if lora:
         pytest.importorskip("peft")

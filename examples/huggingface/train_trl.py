@@ -20,7 +20,9 @@ from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (AutoTokenizer, GPT2Config, GPT2LMHeadModel, HfArgumentParser,
                           PreTrainedTokenizerFast, set_seed)
-from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+from trl import (DistillationConfig, DistillationTrainer, DPOConfig, DPOTrainer, GRPOConfig,
+                 GRPOTrainer, KTOConfig, KTOTrainer, RewardConfig, RewardTrainer, RLOOConfig,
+                 RLOOTrainer, SFTConfig, SFTTrainer)
 
 WORDS = ["<pad>", "<eos>", "<unk>", *[f"w{i}" for i in range(40)]]
 
@@ -28,7 +30,8 @@ WORDS = ["<pad>", "<eos>", "<unk>", *[f"w{i}" for i in range(40)]]
 @dataclasses.dataclass
 class ScriptArguments:
     model: str = dataclasses.field(default="", metadata={"help": "the saved model's directory"})
-    trainer: str = dataclasses.field(default="grpo", metadata={"help": "grpo, dpo or sft"})
+    trainer: str = dataclasses.field(default="grpo", metadata={
+        "help": "grpo, rloo, dpo, kto, sft, reward or distill"})
     lora: int = dataclasses.field(default=0, metadata={"help": "> 0: PEFT LoRA of this rank"})
     samples: int = dataclasses.field(default=32, metadata={"help": "prompts (pairs for dpo)"})
     save_model: str = dataclasses.field(default="", metadata={
@@ -80,7 +83,44 @@ def sft(model: str, args: SFTConfig, samples: int, tok, peft) -> SFTTrainer:
                       peft_config=peft)
 
 
-TRAINERS = {"grpo": (GRPOConfig, grpo), "dpo": (DPOConfig, dpo), "sft": (SFTConfig, sft)}
+def rloo(model: str, args: RLOOConfig, samples: int, tok, peft) -> RLOOTrainer:
+    data = Dataset.from_dict({"prompt": [prompt(i) for i in range(samples)]})
+    return RLOOTrainer(model=model, reward_funcs=reward_high_words, args=args,
+                       train_dataset=data, processing_class=tok, peft_config=peft)
+
+
+def kto(model: str, args: KTOConfig, samples: int, tok, peft) -> KTOTrainer:
+    """Unpaired completions, each marked desirable or not."""
+    data = Dataset.from_dict({
+        "prompt": [prompt(i) for i in range(samples)],
+        "completion": [" w30 w31 w32" if i % 2 else " w1 w2 w3" for i in range(samples)],
+        "label": [bool(i % 2) for i in range(samples)]})
+    return KTOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                      peft_config=peft)
+
+
+def reward(model: str, args: RewardConfig, samples: int, tok, peft) -> RewardTrainer:
+    """A reward model (the GPT-2 with a scalar head) on chosen / rejected pairs."""
+    data = Dataset.from_dict({
+        "prompt": [prompt(i) for i in range(samples)],
+        "chosen": [" w30 w31 w32" for _ in range(samples)],
+        "rejected": [" w1 w2 w3" for _ in range(samples)]})
+    return RewardTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                         peft_config=peft)
+
+
+def distill(model: str, args: DistillationConfig, samples: int, tok, peft
+            ) -> DistillationTrainer:
+    """The model learns from a teacher (here the same saved model, frozen)."""
+    data = Dataset.from_dict({"prompt": [prompt(i) for i in range(samples)],
+                              "completion": [" w30 w31" for _ in range(samples)]})
+    return DistillationTrainer(model=model, teacher_model=model, args=args, train_dataset=data,
+                               processing_class=tok, peft_config=peft)
+
+
+TRAINERS = {"grpo": (GRPOConfig, grpo), "dpo": (DPOConfig, dpo), "sft": (SFTConfig, sft),
+            "rloo": (RLOOConfig, rloo), "kto": (KTOConfig, kto),
+            "reward": (RewardConfig, reward), "distill": (DistillationConfig, distill)}
 
 
 def main():
