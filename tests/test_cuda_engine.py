@@ -218,3 +218,16 @@ def test_offload_states_gives_the_gpu_memory_back(stage):
     [plain] = run_distributed(_plain_run, 1, timeout=300, backend="nccl",
                               args=(_config(stage, "bf16"),))
     assert losses == pytest.approx(plain, rel=1e-5)  # CUDA's embedding backward uses atomics
+
+
+@pytest.mark.parametrize("stage,precision,offload", [(2, "bf16", "cpu"), (3, "bf16", None),
+                                                     (1, "fp32", None)])
+def test_ranges_of_the_master_and_moments_on_the_gpu(tmp_path, stage, precision, offload):
+    """safe_get/set_local_* by range on the GPU (the device head of a partially offloaded
+    shard and its pinned host tail): the elements of the whole shards, and a write changes
+    those alone (test_param_values' check)."""
+    from test_param_values import _ranges_against_whole_shards
+
+    [checked] = run_distributed(_ranges_against_whole_shards, 1, timeout=300, backend="nccl",
+                                args=(stage, precision, offload, str(tmp_path)))
+    assert checked > 20
