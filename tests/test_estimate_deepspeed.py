@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from deepspeed_reference import fixture
 from distributed_harness import subprocess_env
@@ -64,9 +65,20 @@ def test_without_zero_init_the_host_holds_each_ranks_fp32_model():
     assert rows[False, False, False][0] >= fp32_models
     assert rows[True, True, True][1] < rows[False, False, True][1]  # offloaded: less device
     assert rows[True, True, True][2] == 4 * largest
+    # with zero.Init and nothing offloaded: a layer at a time in fp32 per rank, no less
+    assert rows[False, False, True][0] == int(4 * largest * gpus * 1.5)
     offloaded, kept = (stage_1_and_2.estimate_zero2_model_states_mem_needs(
         total, gpus, 1, cpu_offload=o) for o in (True, False))
     assert offloaded[1] < kept[1] and min(offloaded[0], kept[0]) >= fp32_models
+
+
+def test_a_model_partitioned_by_zero_init_is_counted_by_its_whole_sizes():
+    import zero
+    from zero.reports.estimate.deepspeed_table import model_to_params
+
+    with zero.Init(enabled=True):  # (one process: the shards are the whole tensors' pieces)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
+    assert model_to_params(model) == (64 * 32 + 32 + 32 * 8 + 8, 64 * 32 + 32)
 
 
 def test_hugging_faces_snippet_runs_under_the_deepspeed_alias():

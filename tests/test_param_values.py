@@ -273,3 +273,28 @@ def test_ranges_read_and_write_the_elements_of_the_whole_shards(tmp_path, stage,
     checked = run_distributed(_ranges_against_whole_shards, 2,
                               args=(stage, precision, offload, str(tmp_path)))
     assert min(checked) > 20
+
+
+def _empty_group(rank, world, save_dir):
+    import zero
+    from zero.compat.deepspeed.utils import safe_get_full_fp32_param
+
+    model = training.make_model()
+    model.register_parameter("nothing", torch.nn.Parameter(torch.empty(0)))
+    config = training.engine_config(2, gas=1, scheduler=False)
+    del config["optimizer"]
+    others = [p for n, p in model.named_parameters() if n != "nothing"]
+    optimizer = torch.optim.AdamW([{"params": others}, {"params": [model.nothing]}], lr=1e-3)
+    engine, _, _, _ = zero.initialize(model=model, config=config, optimizer=optimizer)
+    training.train_engine(engine, rank, world, 1, 1)
+    engine.save_checkpoint(save_dir)  # every group's optimizer state, the empty one's too
+    return safe_get_full_fp32_param(model.nothing), \
+        tuple(safe_get_full_fp32_param(others[0]).shape)
+
+
+def test_a_group_of_no_elements_trains_and_saves(tmp_path):
+    """An optimizer group holding only a parameter of no elements: the engine leaves it out,
+    as a frozen one (it crashed the step, and a read of its empty shard the process)."""
+    for empty, other in run_distributed(_empty_group, 2, args=(str(tmp_path),)):
+        assert empty is None and other == tuple(training.make_model().token_embedding
+                                                .weight.shape)

@@ -24,6 +24,7 @@ import offload
 from offload import disk_space
 
 from . import _C, agreement, process_groups, sharding, stage3
+from . import init as zero_init
 from . import offload_states as states_offload
 from .parallel import data_group
 from .boundary import as_dict
@@ -145,9 +146,9 @@ class ZeroEngine(EngineGetters, nn.Module):
 
     # ---- DeepSpeed's engine surface -------------------------------------------------------
     def forward(self, *inputs, **kwargs):
-        self._alive("forward")
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             inputs = _floats_to_half(inputs)
+        # (after destroy() the model runs as a plain module, as under DeepSpeed)
         if self._core is not None:  # stages 0-2: offloaded parameters back (stage 3 gathers)
             self._core.reload_states([_C.StateKind.lp_params])
         if self._stage3 is not None and not self._stage3.removed \
@@ -340,12 +341,14 @@ class ZeroEngine(EngineGetters, nn.Module):
         """With offload_optimizer.delayed_update the model trains on parameters one update
         old; this waits for the last update and applies it (every rank must call it), e.g.
         before evaluating or saving the final model."""
+        self._alive("apply_delayed_update")
         self._core.apply_delayed_update()
 
     # ---- memory ----------------------------------------------------------------------------
     def memory_report(self) -> dict:
         """Per-category current/peak bytes from the accounting registry, with the ZeRO formula's
         expected value beside each model-state category."""
+        self._alive("memory_report")
         return self._report(dist.get_rank())
 
     def _report(self, rank: int) -> dict:
@@ -434,6 +437,7 @@ class ZeroEngine(EngineGetters, nn.Module):
         tensor parallelism: this rank's stage / slice of the model."""
         if self._stage3 is None:
             return self.module.state_dict()
+        self._alive("module_state_dict")
         return stage3.full_state_dict(self._stage3, self.module, keep=dist.get_rank() == 0)
 
     def was_step_applied(self) -> bool:
@@ -558,7 +562,8 @@ class ZeroEngine(EngineGetters, nn.Module):
             raise RuntimeError(
                 f"zero: engine.{call}() after engine.destroy(): the engine has let go of its "
                 "shards, gradients and optimizer state; build a new engine with "
-                "zero.initialize and load a checkpoint to go on training")
+                "zero.initialize (under the Hugging Face Trainer or Accelerate: a new Trainer, "
+                "or accelerator.prepare again) and load a checkpoint to go on training")
 
 
 # Engines not yet destroyed. Those still alive at interpreter exit are destroyed while Python
@@ -610,8 +615,8 @@ def _parameter_groups(model, config, optimizer, model_parameters):
     for raw in raw_groups:
         params = []
         for param in raw["params"]:
-            if not param.requires_grad or id(param) in seen:
-                continue  # frozen, or a tied parameter listed twice
+            if not param.requires_grad or id(param) in seen or not zero_init.full_numel(param):
+                continue  # frozen, a tied parameter listed twice, or of no elements
             seen.add(id(param))
             params.append(param)
         if not params:

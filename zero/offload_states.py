@@ -80,8 +80,8 @@ def offload(core, device_type: str, include=None, device=OffloadDeviceEnum.cpu,
         core.offload_states(_kinds(include), pin_memory)
     except MemoryError as error:  # the engine put back what the call had moved
         raise MemoryError(f"zero: offload_states ran out of host memory ({error}); nothing was "
-                          "moved: every state is still on the device. Offload fewer states "
-                          "(include=...) or free host memory") from error
+                          "moved: the states this call was to offload are still on the device. "
+                          "Offload fewer states (include=...) or free host memory") from error
     if device_type == "cuda":
         torch.cuda.empty_cache()  # back to the driver, for the other engine on the GPU
 

@@ -11,7 +11,8 @@ this rank's elements into its shard. Every array is read and written by range in
 engine, touching only the parameter's elements: the gradients ("grad",
 csrc/adapter/grad_access.h) between a boundary's backward and the step, the master and the
 optimizer state (Group::read_array / write_array) at any time, offloaded ones in host memory
-or on NVMe where they are.
+or on NVMe where they are (a master write at stage 3 with the parameters on NVMe goes through
+the whole shard, as a checkpoint load does).
 """
 from __future__ import annotations
 
@@ -85,9 +86,9 @@ def get_local(param, array: str) -> torch.Tensor | None:
         return None
     engine, g, i, shape = place
     read = _reader(engine, g, array)
-    pieces = [read(position, stop - start) for start, stop, position in
+    pieces = [read(position, stop - start).to(engine.device) for start, stop, position in
               _runs(engine.core.group_layout(g), engine.core.rank, i, shape)]
-    return torch.cat(pieces).to(engine.device) if pieces else \
+    return torch.cat(pieces) if pieces else \
         torch.zeros(0, dtype=torch.float32, device=engine.device)
 
 

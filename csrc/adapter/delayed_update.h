@@ -43,7 +43,6 @@ class DelayedUpdate {
   // For checkpoints: the pending parameters and whether they are pending
   // ("delayed_params", "delayed_pending"); load() returns false for a name not its own.
   std::vector<std::pair<std::string, at::Tensor>> state() const;
-  static std::vector<std::string> state_names() { return {"delayed_params", "delayed_pending"}; }
   bool load(const std::string& name, const at::Tensor& values);
 
  private:

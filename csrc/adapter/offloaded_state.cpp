@@ -61,14 +61,18 @@ void OffloadedState::wait_delayed() const {
   if (delayed_) delayed_->wait();
 }
 
-at::Tensor OffloadedState::read_master(std::int64_t offset, std::int64_t numel) const {
+at::Tensor OffloadedState::read(const std::string& name, std::int64_t offset,
+                                std::int64_t numel) const {
   wait_delayed();
-  return store_->read("master", offset, numel);
+  TORCH_CHECK(store_->has(name), "zero: the optimizer state has no '", name, "'");
+  return store_->read(name, offset, numel);
 }
 
-void OffloadedState::write_master(std::int64_t offset, const at::Tensor& values) {
+void OffloadedState::write(const std::string& name, std::int64_t offset,
+                           const at::Tensor& values) {
   wait_delayed();
-  store_->write("master", offset, values);
+  TORCH_CHECK(store_->has(name), "zero: the optimizer state has no '", name, "'");
+  store_->write(name, offset, values);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> OffloadedState::optimizer_state() const {
@@ -83,38 +87,10 @@ std::vector<std::pair<std::string, at::Tensor>> OffloadedState::optimizer_state(
 
 std::vector<std::string> OffloadedState::state_names() const {
   std::vector<std::string> names;
-  if (delayed_) names = DelayedUpdate::state_names();
   for (const std::string& name : store_->names()) {
     if (name != "master") names.push_back(name);
   }
   return names;
-}
-
-at::Tensor OffloadedState::read_state(const std::string& name, std::int64_t offset,
-                                      std::int64_t numel) const {
-  wait_delayed();
-  if (name != "master" && store_->has(name)) return store_->read(name, offset, numel);
-  for (auto& [state_name, whole] : optimizer_state()) {
-    if (state_name == name) return whole.narrow(0, offset, numel).clone();
-  }
-  TORCH_CHECK(false, "zero: the optimizer state has no '", name, "'");
-  return {};
-}
-
-void OffloadedState::write_state(const std::string& name, std::int64_t offset,
-                                 const at::Tensor& values) {
-  wait_delayed();
-  if (name != "master" && store_->has(name)) {
-    store_->write(name, offset, values);
-    return;
-  }
-  for (auto& [state_name, whole] : optimizer_state()) {
-    if (state_name != name) continue;
-    whole.narrow(0, offset, values.numel()).copy_(values.reshape({-1}));
-    load_optimizer_state(name, whole);
-    return;
-  }
-  TORCH_CHECK(false, "zero: the optimizer state has no '", name, "'");
 }
 
 void OffloadedState::load_optimizer_state(const std::string& name, const at::Tensor& values) {

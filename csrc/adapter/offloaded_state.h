@@ -56,17 +56,17 @@ class OffloadedState {
   bool delayed_pending() const { return delayed_ && delayed_->pending(); }
   const OffloadTimings& timings() const { return timings_; }
 
-  at::Tensor read_master(std::int64_t offset, std::int64_t numel) const;  // a copy
-  void write_master(std::int64_t offset, const at::Tensor& values);
+  // One array of the store ("master", or an optimizer state such as "exp_avg") at
+  // [offset, offset + numel) of the offloaded part: read copies, write stores.
+  at::Tensor read(const std::string& name, std::int64_t offset, std::int64_t numel) const;
+  void write(const std::string& name, std::int64_t offset, const at::Tensor& values);
   void step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper, double grad_scale,
             std::int64_t step);
   void apply_delayed(const std::vector<ShardPiece>& pieces);
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;  // copies
-  std::vector<std::string> state_names() const;  // optimizer_state()'s, copying nothing
-  // One optimizer-state array at [offset, offset + numel) of the offloaded part: read copies,
-  // write stores (a delayed update's own state through its whole value).
-  at::Tensor read_state(const std::string& name, std::int64_t offset, std::int64_t numel) const;
-  void write_state(const std::string& name, std::int64_t offset, const at::Tensor& values);
+  // The optimizer-state arrays of the store (not the master, nor a delayed update's own
+  // state), copying nothing.
+  std::vector<std::string> state_names() const;
   void load_optimizer_state(const std::string& name, const at::Tensor& values);
 
  private:

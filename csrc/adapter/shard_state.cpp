@@ -5,6 +5,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 namespace zero::adapter {
@@ -54,29 +55,8 @@ std::vector<TrackedTensor*> ShardState::device_buffers(StateKind kind) {
   return buffers;
 }
 
-at::Tensor ShardState::read_master(std::int64_t offset, std::int64_t numel) const {
-  TORCH_CHECK(has_master(), "zero: this shard keeps no separate master (fp32 training)");
-  const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
-  std::vector<at::Tensor> parts;
-  if (head > 0) parts.push_back(master_.narrow(0, offset, head).clone());
-  if (head < numel) {
-    parts.push_back(offloaded_->read_master(offset + head - device_numel_, numel - head));
-  }
-  return parts.size() == 1 ? parts.front() : at::cat(parts);
-}
-
-void ShardState::write_master(std::int64_t offset, const at::Tensor& values) {
-  TORCH_CHECK(has_master(), "zero: this shard keeps no separate master (fp32 training)");
-  const at::Tensor source = values.reshape({-1});
-  const std::int64_t numel = source.numel();
-  const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
-  if (head > 0) master_.narrow(0, offset, head).copy_(source.narrow(0, 0, head));
-  if (head < numel) {
-    offloaded_->write_master(offset + head - device_numel_, source.narrow(0, head, numel - head));
-  }
-}
-
 at::Tensor ShardState::state(const std::string& name) const {
+  if (name == "master") return master_;
   if (name == "exp_avg") return exp_avg_;
   if (name == "exp_avg_sq") return exp_avg_sq_;
   if (name == "momentum_buffer") return momentum_;
@@ -84,7 +64,7 @@ at::Tensor ShardState::state(const std::string& name) const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardState::optimizer_state() const {
-  if (device_numel_ == 0) return offloaded_->optimizer_state();
+  if (!on_device_only()) return offloaded_->optimizer_state();
   std::vector<std::pair<std::string, at::Tensor>> copies;
   for (const char* name : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
     if (state(name).defined()) copies.emplace_back(name, state(name).clone());
@@ -92,7 +72,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardState::optimizer_state() co
   if (offloaded_) {  // the tail's part of each array follows the head's
     for (auto& [name, tail] : offloaded_->optimizer_state()) {
       for (auto& [head_name, head] : copies) {
-        if (head_name == name) head = at::cat({head, tail});
+        if (head_name == name) head = at::cat({head, tail.to(head.device())});
       }
     }
   }
@@ -100,19 +80,18 @@ std::vector<std::pair<std::string, at::Tensor>> ShardState::optimizer_state() co
 }
 
 std::vector<std::string> ShardState::state_names() const {
+  if (!on_device_only()) return offloaded_->state_names();
   std::vector<std::string> names;
-  if (device_numel_ > 0) {
-    for (const char* name : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
-      if (state(name).defined()) names.emplace_back(name);
-    }
-    return names;
+  for (const char* name : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
+    if (state(name).defined()) names.emplace_back(name);
   }
-  return offloaded_->state_names();
+  return names;
 }
 
 at::Tensor ShardState::read_array(const std::string& name, std::int64_t offset,
                                   std::int64_t numel) const {
-  if (name == "master") return read_master(offset, numel);
+  TORCH_CHECK(name != "master" || has_master(),
+              "zero: this shard keeps no separate master (fp32 training)");
   const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
   std::vector<at::Tensor> parts;
   if (head > 0) {
@@ -122,14 +101,17 @@ at::Tensor ShardState::read_array(const std::string& name, std::int64_t offset,
   }
   if (head < numel) {
     TORCH_CHECK(offloaded_, "zero: the optimizer state has no '", name, "'");
-    parts.push_back(offloaded_->read_state(name, offset + head - device_numel_, numel - head));
+    at::Tensor tail = offloaded_->read(name, offset + head - device_numel_, numel - head);
+    parts.push_back(parts.empty() ? tail : tail.to(parts.front().device()));
   }
+  if (parts.empty()) return at::empty({0}, at::TensorOptions().dtype(at::kFloat));
   return parts.size() == 1 ? parts.front() : at::cat(parts);
 }
 
 void ShardState::write_array(const std::string& name, std::int64_t offset,
                              const at::Tensor& values) {
-  if (name == "master") return write_master(offset, values);
+  TORCH_CHECK(name != "master" || has_master(),
+              "zero: this shard keeps no separate master (fp32 training)");
   const at::Tensor source = values.reshape({-1});
   const std::int64_t numel = source.numel();
   const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
@@ -140,12 +122,13 @@ void ShardState::write_array(const std::string& name, std::int64_t offset,
   }
   if (head < numel) {
     TORCH_CHECK(offloaded_, "zero: the optimizer state has no '", name, "'");
-    offloaded_->write_state(name, offset + head - device_numel_, source.narrow(0, head, numel - head));
+    offloaded_->write(name, offset + head - device_numel_, source.narrow(0, head, numel - head));
   }
 }
 
 void ShardState::load_optimizer_state(const std::string& name, const at::Tensor& values) {
-  if (device_numel_ == 0) return offloaded_->load_optimizer_state(name, values);
+  if (!on_device_only()) return offloaded_->load_optimizer_state(name, values);
+  TORCH_CHECK(name != "master", "zero: the optimizer state has no 'master'");
   const at::Tensor target = state(name);
   TORCH_CHECK(target.defined(), "zero: the optimizer state has no '", name, "'");
   TORCH_CHECK(values.numel() == shard_numel_, "zero: saved ", name, " has ", values.numel(),

@@ -40,8 +40,12 @@ class ShardState {
   std::int64_t offloaded_numel() const { return shard_numel_ - device_numel_; }
 
   // The fp32 master of shard [offset, offset + numel): read returns a copy, write stores.
-  at::Tensor read_master(std::int64_t offset, std::int64_t numel) const;
-  void write_master(std::int64_t offset, const at::Tensor& values);
+  at::Tensor read_master(std::int64_t offset, std::int64_t numel) const {
+    return read_array("master", offset, numel);
+  }
+  void write_master(std::int64_t offset, const at::Tensor& values) {
+    write_array("master", offset, values);
+  }
   // Updates the pieces (grads multiplied by grad_scale) and leaves the new parameters in each
   // piece's `param` (with a delayed update: the previous step's). step is 1-based. `stepped`
   // is called with each piece's index once its parameters are in place: piece by piece on
@@ -54,10 +58,12 @@ class ShardState {
   // delayed update also its pending parameters, so a checkpoint resumes exactly).
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
   void load_optimizer_state(const std::string& name, const at::Tensor& values);
-  // The names optimizer_state() holds, without copying anything.
+  // The optimizer-state arrays laid out like the shard (not a delayed update's own state),
+  // copying nothing.
   std::vector<std::string> state_names() const;
   // One array ("master", or an optimizer state such as "exp_avg") of shard
-  // [offset, offset + numel): read returns a copy, write stores.
+  // [offset, offset + numel): read returns a copy on the device of the shard's head (the
+  // offloaded tail's part moved there), write stores.
   at::Tensor read_array(const std::string& name, std::int64_t offset, std::int64_t numel) const;
   void write_array(const std::string& name, std::int64_t offset, const at::Tensor& values);
   // The device buffers of the fp32 master (kMaster) or the optimizer state
@@ -78,7 +84,9 @@ class ShardState {
                       std::int64_t step);
   void update(at::Tensor master, const at::Tensor& grads, std::int64_t offset,
               const OptimizerHyper& hyper, std::int64_t step);
-  at::Tensor state(const std::string& name) const;
+  at::Tensor state(const std::string& name) const;  // "master" too; undefined when absent
+  // The arrays live whole here when the shard is empty or kept on the device.
+  bool on_device_only() const { return device_numel_ > 0 || !offloaded_; }
 
   OptimizerKind kind_;
   bool sgd_momentum_;

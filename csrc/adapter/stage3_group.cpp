@@ -428,7 +428,7 @@ at::Tensor Stage3Group::master_shard() const {
 }
 
 at::Tensor Stage3Group::read_params(std::int64_t offset, std::int64_t numel) const {
-  if (offset + numel > host_numel_) return master_shard().narrow(0, offset, numel);  // on NVMe
+  // (no separate master: nothing is offloaded, the whole shard is in param_shard_)
   return param_shard_.tensor().narrow(0, offset, numel).to(at::kFloat, false, /*copy=*/true);
 }
 

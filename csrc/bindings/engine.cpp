@@ -246,20 +246,20 @@ void add_groups(Core& core) {
          [](adapter::EngineCore& e, std::size_t g) {
            return e.group(g).shard_state().state_names();
          }, py::arg("group"))
-    .def("group_read_array",  // "master" or an optimizer state by shard position, fp32
+    // "master" or an optimizer state by shard position, fp32; with the GIL held, as the
+    // whole-shard copies above (an NVMe store reads through one slot)
+    .def("group_read_array",
          [](adapter::EngineCore& e, std::size_t g, const std::string& name, std::int64_t offset,
             std::int64_t numel) {
            at::NoGradGuard no_grad;
            return awake(e, g).read_array(name, offset, numel);
-         }, py::arg("group"), py::arg("name"), py::arg("offset"), py::arg("numel"),
-         py::call_guard<py::gil_scoped_release>())
+         }, py::arg("group"), py::arg("name"), py::arg("offset"), py::arg("numel"))
     .def("group_write_array",
          [](adapter::EngineCore& e, std::size_t g, const std::string& name, std::int64_t offset,
             const at::Tensor& values) {
            at::NoGradGuard no_grad;
            awake(e, g).write_array(name, offset, values);
-         }, py::arg("group"), py::arg("name"), py::arg("offset"), py::arg("values"),
-         py::call_guard<py::gil_scoped_release>())
+         }, py::arg("group"), py::arg("name"), py::arg("offset"), py::arg("values"))
     .def("group_read_grads",  // this rank's reduced gradients by shard position, fp32
          [](adapter::EngineCore& e, std::size_t g, std::int64_t offset, std::int64_t numel) {
            return adapter::read_grads(awake(e, g), offset, numel);

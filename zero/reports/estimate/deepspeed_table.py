@@ -9,9 +9,11 @@ zero's engine allocates for that option instead of DeepSpeed's rule-of-thumb mul
               device, its buckets and, at stage 3, the gathered parameters), 16-bit weights
               and Adam, as DeepSpeed's table assumes
     per CPU   the host bytes of a node's ranks (host_bytes x GPUs per node), times
-              additional_buffer_factor as in DeepSpeed; without zero.Init (zero_init=0, and
-              always at stage 2) at least the fp32 model each rank builds before the engine
-              shards it (4 bytes x all parameters x GPUs per node), DeepSpeed's rule
+              additional_buffer_factor as in DeepSpeed, and at least what each rank builds in
+              fp32 on the host before the engine shards it (DeepSpeed's rule): without
+              zero.Init (zero_init=0, and always at stage 2) the whole model, 4 bytes x all
+              parameters x GPUs per node; with it one layer at a time, 4 bytes x the largest
+              layer x GPUs per node
 
 `..._all_live(model)` reads the model's own shapes and stage-3 gather units (exact);
 `..._all_cold(total_params, ...)` stands tensors of `largest_layer_params` elements in for
@@ -33,25 +35,28 @@ HEADER = "  per CPU  |  per GPU |   Options"
 
 def model_to_params(model: torch.nn.Module) -> tuple[int, int]:
     """All parameters (a shared one once) and the most any one module holds directly:
-    DeepSpeed's counts."""
-    total = sum({id(p): p.numel() for p in model.parameters()}.values())
-    largest = max((sum(p.numel() for p in m.parameters(recurse=False))
+    DeepSpeed's counts (a parameter zero.Init partitioned by its whole size)."""
+    def numel(p) -> int:
+        return getattr(p, "ds_numel", None) or p.numel()
+
+    total = sum({id(p): numel(p) for p in model.parameters()}.values())
+    largest = max((sum(numel(p) for p in m.parameters(recurse=False))
                    for m in model.modules()), default=0)
     return total, largest
 
 
-def needs(shapes: ModelShapes, total_params: int, stage: int, num_gpus_per_node: int,
-          num_nodes: int, offload_optimizer: bool, offload_param: bool = False,
-          zero_init: bool = False, additional_buffer_factor: float = 1.5) -> tuple[int, int]:
+def needs(shapes: ModelShapes, total_params: int, largest_layer_params: int, stage: int,
+          num_gpus_per_node: int, num_nodes: int, offload_optimizer: bool,
+          offload_param: bool = False, zero_init: bool = False,
+          additional_buffer_factor: float = 1.5) -> tuple[int, int]:
     """(host bytes per node, device bytes per GPU) of one option of DeepSpeed's table."""
     setup = Setup(world_size=num_gpus_per_node * num_nodes, num_nodes=num_nodes,
                   precision="bf16", optimizer="adam")
     option = option_for(stage, "cpu" if offload_optimizer else "none",
                         "cpu" if offload_param else "none")
     result = estimate(shapes, setup, option)
-    host = result.host_bytes * num_gpus_per_node
-    if not (zero_init and stage == 3):
-        host = max(host, 4 * total_params * num_gpus_per_node)
+    built = largest_layer_params if zero_init and stage == 3 else total_params
+    host = max(result.host_bytes, 4 * built) * num_gpus_per_node
     return int(host * additional_buffer_factor), result.device_bytes
 
 
@@ -81,9 +86,9 @@ def stage3_table(shapes: ModelShapes, total_params: int, largest_layer_params: i
                        f", {int(largest_layer_params / 1e6)}M largest layer params"), HEADER]
     for offload_optimizer, offload_param in ((True, True), (True, False), (False, False)):
         for zero_init in (True, False):
-            host, device = needs(shapes, total_params, 3, num_gpus_per_node, num_nodes,
-                                 offload_optimizer, offload_param, zero_init,
-                                 additional_buffer_factor)
+            host, device = needs(shapes, total_params, largest_layer_params, 3,
+                                 num_gpus_per_node, num_nodes, offload_optimizer, offload_param,
+                                 zero_init, additional_buffer_factor)
             lines.append(_row(host, device, f"offload_param={_device(offload_param)}, "
                               f"offload_optimizer={_device(offload_optimizer)}, "
                               f"zero_init={int(zero_init)}"))
@@ -95,8 +100,9 @@ def stage2_table(shapes: ModelShapes, total_params: int, num_gpus_per_node: int 
     """DeepSpeed's ZeRO-2 table: the optimizer offloaded, and not."""
     lines = [_hardware(total_params, num_gpus_per_node, num_nodes, ""), HEADER]
     for offload_optimizer in (True, False):
-        host, device = needs(shapes, total_params, 2, num_gpus_per_node, num_nodes,
-                             offload_optimizer, additional_buffer_factor=additional_buffer_factor)
+        host, device = needs(shapes, total_params, total_params, 2, num_gpus_per_node,
+                             num_nodes, offload_optimizer,
+                             additional_buffer_factor=additional_buffer_factor)
         lines.append(_row(host, device, f"offload_optimizer={_device(offload_optimizer)}"))
     return "\n".join(lines + [_NOTE])
 

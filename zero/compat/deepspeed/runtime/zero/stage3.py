@@ -14,9 +14,9 @@ def estimate_zero3_model_states_mem_needs(total_params, largest_layer_params, nu
                                           zero_init=True, additional_buffer_factor=1.5):
     """(host bytes per node, device bytes per GPU, 4 x largest_layer_params) of one option."""
     host, device = _table.needs(
-        _table.cold_shapes(total_params, largest_layer_params), total_params, 3,
-        num_gpus_per_node, num_nodes, cpu_offload, cpu_offload and cpu_offload_params,
-        zero_init, additional_buffer_factor)
+        _table.cold_shapes(total_params, largest_layer_params), total_params,
+        largest_layer_params, 3, num_gpus_per_node, num_nodes, cpu_offload,
+        cpu_offload and cpu_offload_params, zero_init, additional_buffer_factor)
     return host, device, 4 * largest_layer_params
 
 

@@ -12,8 +12,9 @@ def model_to_params(model):
 def estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=1, num_nodes=1,
                                           cpu_offload=True, additional_buffer_factor=1.5):
     """(host bytes per node, device bytes per GPU) of one option."""
-    return _table.needs(_table.cold_shapes(total_params), total_params, 2, num_gpus_per_node,
-                        num_nodes, cpu_offload, additional_buffer_factor=additional_buffer_factor)
+    return _table.needs(_table.cold_shapes(total_params), total_params, total_params, 2,
+                        num_gpus_per_node, num_nodes, cpu_offload,
+                        additional_buffer_factor=additional_buffer_factor)
 
 
 def estimate_zero2_model_states_mem_needs_all_live(model, num_gpus_per_node=1, num_nodes=1,
