@@ -32,7 +32,8 @@ def test_a_deepspeed_checkpoint_converts_to_what_its_own_ds_to_universal_writes(
             assert torch.equal(ours[file].reshape(-1), want.reshape(-1)), file
         elif file != "optimizer_state.pt":
             assert ours[file] == want, file
-    assert ours["optimizer_state.pt"]["param_groups"] == theirs["optimizer_state.pt"]["param_groups"]
+    assert ours["optimizer_state.pt"]["param_groups"] == \
+        theirs["optimizer_state.pt"]["param_groups"]
     # every trained parameter's files in the form DeepSpeed's stages 1-2 load, a step
     # included, and both model files: the conversion loads at every stage
     for file in ours:

@@ -62,31 +62,33 @@ def reward_high_words(completions, **_):
     return [sum(word in WORDS[23:] for word in text.split()) / 8.0 for text in completions]
 
 
-def grpo(model: str, args: GRPOConfig, samples: int, tok, peft) -> GRPOTrainer:
-    data = Dataset.from_dict({"prompt": [prompt(i) for i in range(samples)]})
-    return GRPOTrainer(model=model, reward_funcs=reward_high_words, args=args,
-                       train_dataset=data, processing_class=tok, peft_config=peft)
+def generating(trainer_class):
+    """GRPO and RLOO: the policy generates completions of each prompt, a reward function
+    scores them."""
+    def build(model: str, args, samples: int, tok, peft):
+        data = Dataset.from_dict({"prompt": [prompt(i) for i in range(samples)]})
+        return trainer_class(model=model, reward_funcs=reward_high_words, args=args,
+                             train_dataset=data, processing_class=tok, peft_config=peft)
+    return build
 
 
-def dpo(model: str, args: DPOConfig, samples: int, tok, peft) -> DPOTrainer:
-    data = Dataset.from_dict({
-        "prompt": [prompt(i) for i in range(samples)],
-        "chosen": [" w30 w31 w32" for _ in range(samples)],
-        "rejected": [" w1 w2 w3" for _ in range(samples)]})
-    return DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
-                      peft_config=peft)
+def paired(trainer_class):
+    """DPO (beside a reference model) and RewardTrainer (a reward model, the GPT-2 with a
+    scalar head): chosen / rejected completions of each prompt."""
+    def build(model: str, args, samples: int, tok, peft):
+        data = Dataset.from_dict({
+            "prompt": [prompt(i) for i in range(samples)],
+            "chosen": [" w30 w31 w32" for _ in range(samples)],
+            "rejected": [" w1 w2 w3" for _ in range(samples)]})
+        return trainer_class(model=model, args=args, train_dataset=data, processing_class=tok,
+                             peft_config=peft)
+    return build
 
 
 def sft(model: str, args: SFTConfig, samples: int, tok, peft) -> SFTTrainer:
     data = Dataset.from_dict({"text": [prompt(i) + " w30 w31 w32" for i in range(samples)]})
     return SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
                       peft_config=peft)
-
-
-def rloo(model: str, args: RLOOConfig, samples: int, tok, peft) -> RLOOTrainer:
-    data = Dataset.from_dict({"prompt": [prompt(i) for i in range(samples)]})
-    return RLOOTrainer(model=model, reward_funcs=reward_high_words, args=args,
-                       train_dataset=data, processing_class=tok, peft_config=peft)
 
 
 def kto(model: str, args: KTOConfig, samples: int, tok, peft) -> KTOTrainer:
@@ -99,16 +101,6 @@ def kto(model: str, args: KTOConfig, samples: int, tok, peft) -> KTOTrainer:
                       peft_config=peft)
 
 
-def reward(model: str, args: RewardConfig, samples: int, tok, peft) -> RewardTrainer:
-    """A reward model (the GPT-2 with a scalar head) on chosen / rejected pairs."""
-    data = Dataset.from_dict({
-        "prompt": [prompt(i) for i in range(samples)],
-        "chosen": [" w30 w31 w32" for _ in range(samples)],
-        "rejected": [" w1 w2 w3" for _ in range(samples)]})
-    return RewardTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
-                         peft_config=peft)
-
-
 def distill(model: str, args: DistillationConfig, samples: int, tok, peft
             ) -> DistillationTrainer:
     """The model learns from a teacher (here the same saved model, frozen)."""
@@ -118,9 +110,12 @@ def distill(model: str, args: DistillationConfig, samples: int, tok, peft
                                processing_class=tok, peft_config=peft)
 
 
-TRAINERS = {"grpo": (GRPOConfig, grpo), "dpo": (DPOConfig, dpo), "sft": (SFTConfig, sft),
-            "rloo": (RLOOConfig, rloo), "kto": (KTOConfig, kto),
-            "reward": (RewardConfig, reward), "distill": (DistillationConfig, distill)}
+TRAINERS = {"grpo": (GRPOConfig, generating(GRPOTrainer)),
+            "rloo": (RLOOConfig, generating(RLOOTrainer)),
+            "dpo": (DPOConfig, paired(DPOTrainer)),
+            "reward": (RewardConfig, paired(RewardTrainer)),
+            "kto": (KTOConfig, kto), "sft": (SFTConfig, sft),
+            "distill": (DistillationConfig, distill)}
 
 
 def main():
