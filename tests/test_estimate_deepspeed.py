@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from deepspeed_reference import fixture
-from distributed_harness import subprocess_env
+from distributed_harness import run_distributed, subprocess_env
 
 pytestmark = pytest.mark.timeout(120)
 ROW = re.compile(r" +(\d+\.\d\d)GB \| +(\d+\.\d\d)GB \| (.*)")
@@ -72,13 +72,18 @@ def test_without_zero_init_the_host_holds_each_ranks_fp32_model():
     assert offloaded[1] < kept[1] and min(offloaded[0], kept[0]) >= fp32_models
 
 
-def test_a_model_partitioned_by_zero_init_is_counted_by_its_whole_sizes():
+def _partitioned_counts(rank, world):
     import zero
     from zero.reports.estimate.deepspeed_table import model_to_params
 
-    with zero.Init(enabled=True):  # (one process: the shards are the whole tensors' pieces)
+    with zero.Init():
         model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 8))
-    assert model_to_params(model) == (64 * 32 + 32 + 32 * 8 + 8, 64 * 32 + 32)
+    return model_to_params(model)
+
+
+def test_a_model_partitioned_by_zero_init_is_counted_by_its_whole_sizes():
+    for counts in run_distributed(_partitioned_counts, 2):
+        assert counts == (64 * 32 + 32 + 32 * 8 + 8, 64 * 32 + 32)
 
 
 def test_hugging_faces_snippet_runs_under_the_deepspeed_alias():
