@@ -268,12 +268,17 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
             engine.lr_scheduler.load_state_dict(model_state["lr_scheduler"])
         for name, value in model_state["counters"].items():
             setattr(engine, name, value)
-        # The accumulation restarts at a boundary of this engine's count (the gradients of a
-        # part-done one are not saved; at another world size the count may differ too).
-        engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
+        _restart_accumulation(engine)
     engine.core.zero_grads()
     dist.barrier()
     return path, model_state["client_state"]
+
+
+def _restart_accumulation(engine) -> None:
+    """After a load, zero's checkpoint or DeepSpeed's: the accumulation restarts at a boundary
+    of this engine's count (a part-done one's gradients are not saved, and at another world
+    size the count may differ; DeepSpeed saves no micro_steps and starts again from 0)."""
+    engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
 
 
 def _latest_file(engine, load_dir: str) -> str:
@@ -310,6 +315,7 @@ def _load_deepspeed(engine, path: str, read, strict: bool, load_optimizer_states
     if not load_module_only:
         checkpoint_deepspeed.restore_engine_state(engine, saved, load_shards,
                                                   load_lr_scheduler_states)
+        _restart_accumulation(engine)
     engine.core.zero_grads()
     if dist.get_rank() == 0:
         logger.info("zero: loaded DeepSpeed %s checkpoint %s (ZeRO stage %d, %d ranks)",

@@ -390,7 +390,6 @@ def restore_engine_state(engine, saved: DeepSpeedCheckpoint, load_optimizer: boo
     engine.global_samples = state.get("global_samples",
                                       state["global_steps"] * engine.train_batch_size())
     engine.skipped_steps = state["skipped_steps"]
-    engine.micro_steps = state["global_steps"] * engine.gradient_accumulation_steps()
 
 
 def _restore_loss_scale(engine, saved: DeepSpeedCheckpoint) -> None:

@@ -66,9 +66,7 @@ at::Tensor ShardState::state(const std::string& name) const {
 std::vector<std::pair<std::string, at::Tensor>> ShardState::optimizer_state() const {
   if (!on_device_only()) return offloaded_->optimizer_state();
   std::vector<std::pair<std::string, at::Tensor>> copies;
-  for (const char* name : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
-    if (state(name).defined()) copies.emplace_back(name, state(name).clone());
-  }
+  for (const std::string& name : state_names()) copies.emplace_back(name, state(name).clone());
   if (offloaded_) {  // the tail's part of each array follows the head's
     for (auto& [name, tail] : offloaded_->optimizer_state()) {
       for (auto& [head_name, head] : copies) {
