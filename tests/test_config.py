@@ -541,6 +541,10 @@ UNBOUNDED = {
     "optimizer.params.lr": "no cap in torch.optim or DeepSpeed; scale-dependent",
     "optimizer.params.eps": "no cap in torch.optim or DeepSpeed; scale-dependent",
     "optimizer.params.weight_decay": "no cap in torch.optim or DeepSpeed; scale-dependent",
+    # Adagrad's (torch.optim.Adagrad checks only >= 0): the lr's divisor grows by lr_decay per
+    # step, and the accumulator's start is in squared-gradient units: both scale-dependent.
+    "optimizer.params.lr_decay": "no cap in torch.optim; scale-dependent",
+    "optimizer.params.initial_accumulator_value": "no cap in torch.optim; scale-dependent",
     # The schedules' learning rates are the optimizer's lr at some step: the same reasoning.
     "scheduler.params.warmup_min_lr": "an lr",
     "scheduler.params.warmup_max_lr": "an lr",

@@ -20,6 +20,8 @@ GRID = [(stage, precision, {}) for stage in (0, 1, 2) for precision in ("fp32", 
     (2, "fp32", {"bucket": 500}),               # units smaller than most parameters
     (1, "bf16", {"bucket": 500}),
     (2, "fp32", {"optimizer": "sgd_momentum"}),  # 4 bytes of state per element
+    (2, "bf16", {"optimizer": "lion"}),          # 4 too
+    (1, "fp32", {"optimizer": "adagrad"}),
     # stage 1 accumulating micro-steps in its full gradient buffer (with gas 1 it shards)
     (1, "fp32", {"gas": 2}),
     (1, "bf16", {"gas": 2, "overlap_comm": True}),
@@ -34,8 +36,10 @@ def _config(stage, precision, overrides):
     optimizer = overrides.pop("optimizer", "adam")
     gas = overrides.pop("gas", 1)
     config = training.engine_config(stage, gas=gas, precision=precision, **overrides)
-    if optimizer == "sgd_momentum":
-        config["optimizer"] = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
+    config["optimizer"] = {"adam": config["optimizer"],
+                           "sgd_momentum": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}},
+                           "lion": {"type": "Lion", "params": {"lr": 1e-4}},
+                           "adagrad": {"type": "Adagrad", "params": {"lr": 0.01}}}[optimizer]
     return config, optimizer
 
 

@@ -165,9 +165,15 @@ def parameters_of(module) -> dict[str, torch.Tensor]:
     return {name: p.detach().float().clone() for name, p in module.named_parameters()}
 
 
-def reference_adamw(params, config: dict) -> torch.optim.AdamW:
-    """torch's AdamW with the config's optimizer hyperparameters (the references' optimizer)."""
-    hyper = config["optimizer"]["params"]
+def reference_adamw(params, config: dict) -> torch.optim.Optimizer:
+    """The references' optimizer, with the config's hyperparameters: torch's AdamW (or
+    Adagrad; for "Lion" the torch implementation in zero's deepspeed.ops.lion)."""
+    kind, hyper = config["optimizer"]["type"], dict(config["optimizer"]["params"])
+    if kind == "Adagrad":
+        return torch.optim.Adagrad(params, foreach=False, **hyper)
+    if kind == "Lion":
+        from zero.compat.deepspeed.ops.lion import FusedLion
+        return FusedLion(params, **hyper)
     return torch.optim.AdamW(params, lr=hyper["lr"], betas=tuple(hyper["betas"]),
                              eps=hyper["eps"], weight_decay=hyper["weight_decay"], foreach=False)
 

@@ -24,7 +24,7 @@ class StateLayout:
     world_size: int
     numel: int            # Ψ (padded)
     param_bytes: int      # b: 2 (fp16/bf16) or 4 (fp32)
-    optimizer: str        # "adam" | "sgd"
+    optimizer: str        # "adam" | "sgd" | "adagrad" | "lion"
     sgd_momentum: bool = False
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
     sharded_grads: bool = False  # stage 1, one micro-step per step: gradients sharded as at 2
@@ -79,7 +79,8 @@ def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
 def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     """Bytes per parameter of each category, and whether it is divided by N."""
     b, stage = layout.param_bytes, layout.stage
-    optimizer = {"adam": 8, "sgd": 4 if layout.sgd_momentum else 0}[layout.optimizer]
+    optimizer = {"adam": 8, "sgd": 4 if layout.sgd_momentum else 0, "adagrad": 4,
+                 "lion": 4}[layout.optimizer]
     # In fp32 training the master is the parameter's own shard (nothing extra), unless the
     # optimizer is offloaded: then the host keeps an fp32 copy of its own.
     master = 4 if (layout.mixed_precision or layout.offload_optimizer != "none"

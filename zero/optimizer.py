@@ -13,6 +13,11 @@ from zero.boundary import optimizer_hyper
 
 ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
+ADAGRAD_KEYS = ("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
+LION_KEYS = ("lr", "betas", "weight_decay")
+# Each kind's hyperparameter names, its config type and whether its weight decay is decoupled
+KINDS = {"adam": ADAM_KEYS, "sgd": SGD_KEYS, "adagrad": ADAGRAD_KEYS, "lion": LION_KEYS}
+CONFIG_KINDS = {"Adam": "adam", "AdamW": "adam", "SGD": "sgd", "Adagrad": "adagrad", "Lion": "lion"}
 
 
 class OptimizerSpec:
@@ -20,8 +25,8 @@ class OptimizerSpec:
 
     def __init__(self, kind: str, defaults: dict[str, Any], decoupled_weight_decay: bool,
                  client_name: str | None = None):
-        if kind not in ("adam", "sgd"):
-            raise ValueError(f"optimizer kind {kind!r}: expected 'adam' or 'sgd'")
+        if kind not in KINDS:
+            raise ValueError(f"optimizer kind {kind!r}: expected one of {sorted(KINDS)}")
         self.kind = kind
         self.defaults = dict(defaults)
         self.decoupled_weight_decay = decoupled_weight_decay
@@ -29,13 +34,11 @@ class OptimizerSpec:
 
     @classmethod
     def from_config(cls, optimizer_config) -> "OptimizerSpec":
-        params = dict(optimizer_config.params)
-        if optimizer_config.type == "SGD":
-            defaults = {k: params[k] for k in SGD_KEYS if k in params}
-            return cls("sgd", defaults, decoupled_weight_decay=False)
-        defaults = {k: params[k] for k in ADAM_KEYS if k in params}
-        defaults["betas"] = tuple(defaults.get("betas", (0.9, 0.999)))
-        return cls("adam", defaults, optimizer_config.decoupled_weight_decay)
+        kind = CONFIG_KINDS[optimizer_config.type]
+        defaults = _pick(optimizer_config.params, KINDS[kind])
+        if "betas" in KINDS[kind]:
+            defaults["betas"] = tuple(defaults.get("betas", (0.9, 0.999)))
+        return cls(kind, defaults, optimizer_config.decoupled_weight_decay)
 
     @classmethod
     def inference_only(cls) -> "OptimizerSpec":
@@ -60,9 +63,15 @@ class OptimizerSpec:
             return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), decoupled, name)
         if isinstance(optimizer, torch.optim.SGD):
             return cls("sgd", _pick(optimizer.defaults, SGD_KEYS), False, name)
+        if isinstance(optimizer, torch.optim.Adagrad):
+            return cls("adagrad", _pick(optimizer.defaults, ADAGRAD_KEYS), False, name)
+        kind = getattr(optimizer, "zero_optimizer_kind", None)  # zero's DeepSpeed ops (Lion, ...)
+        if kind in KINDS:
+            return cls(kind, _pick(optimizer.defaults, KINDS[kind]), kind == "lion", name)
         raise TypeError(
             f"zero: client optimizer {type(optimizer).__name__} is not supported; pass "
-            "torch.optim.Adam, AdamW or SGD, or configure \"optimizer\" in the JSON config")
+            "torch.optim.Adam, AdamW, SGD or Adagrad, DeepSpeed's FusedLion / DeepSpeedCPULion, "
+            "or configure \"optimizer\" in the JSON config")
 
     def momentum_buffer_needed(self, groups) -> bool:
         return self.kind == "sgd" and any(g.get("momentum", 0.0) != 0.0 for g in groups)

@@ -13,11 +13,7 @@ namespace zero::adapter {
 
 std::vector<std::string> state_array_names(OptimizerKind kind, bool sgd_momentum) {
   std::vector<std::string> names{"master"};
-  if (kind == OptimizerKind::kAdam) {
-    names.insert(names.end(), {"exp_avg", "exp_avg_sq"});
-  } else if (sgd_momentum) {
-    names.push_back("momentum_buffer");
-  }
+  for (std::string& name : optimizer_state_names(kind, sgd_momentum)) names.push_back(std::move(name));
   return names;
 }
 

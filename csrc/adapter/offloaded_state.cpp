@@ -278,8 +278,11 @@ void OffloadedState::update(const at::Tensor& grads, const at::Tensor& out, std:
   if (kind_ != OptimizerKind::kAdam) {
     at::Tensor fp32 = grads.to(at::kFloat);
     if (grad_scale != 1.0) fp32.mul_(grad_scale);
-    at::Tensor buffer = sgd_momentum_ ? state("momentum_buffer") : at::Tensor();
-    sgd_update(master, fp32, buffer, /*first_step=*/step == 1, hyper);
+    std::vector<at::Tensor> states;
+    for (const std::string& name : optimizer_state_names(kind_, sgd_momentum_)) {
+      states.push_back(state(name.c_str()));
+    }
+    optimizer_update(master, fp32, states, hyper, step);
     if (out.defined()) out.copy_(master);
     return;
   }

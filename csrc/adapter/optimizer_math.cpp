@@ -22,6 +22,40 @@ std::optional<core::ElemType> elem_type(at::ScalarType type) {
 
 }  // namespace
 
+const char* optimizer_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdam: return "Adam";
+    case OptimizerKind::kSgd: return "SGD";
+    case OptimizerKind::kAdagrad: return "Adagrad";
+    case OptimizerKind::kLion: return "Lion";
+  }
+  return "?";
+}
+
+std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_momentum) {
+  switch (kind) {
+    case OptimizerKind::kAdam: return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::kSgd: return sgd_momentum ? std::vector<std::string>{"momentum_buffer"}
+                                                  : std::vector<std::string>{};
+    case OptimizerKind::kAdagrad: return {"sum"};
+    case OptimizerKind::kLion: return {"exp_avg"};
+  }
+  return {};
+}
+
+void optimizer_update(at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states,
+                      const OptimizerHyper& hyper, std::int64_t step) {
+  switch (hyper.kind) {
+    case OptimizerKind::kAdam: return adam_update(param, grad, states.at(0), states.at(1), hyper, step);
+    case OptimizerKind::kSgd: {
+      at::Tensor none;
+      return sgd_update(param, grad, states.empty() ? none : states.front(), step == 1, hyper);
+    }
+    case OptimizerKind::kAdagrad: return adagrad_update(param, grad, states.at(0), hyper, step);
+    case OptimizerKind::kLion: return lion_update(param, grad, states.at(0), hyper);
+  }
+}
+
 void adam_update(at::Tensor& param, at::Tensor grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                  const OptimizerHyper& hyper, std::int64_t step) {
   if (hyper.weight_decay != 0.0) {
@@ -91,6 +125,26 @@ void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer,
     grad = hyper.nesterov ? grad.add(momentum_buffer, hyper.momentum) : momentum_buffer;
   }
   param.add_(grad, -hyper.lr);
+}
+
+void adagrad_update(at::Tensor& param, at::Tensor grad, at::Tensor& sum,
+                    const OptimizerHyper& hyper, std::int64_t step) {
+  if (hyper.weight_decay != 0.0) grad = grad.add(param, hyper.weight_decay);
+  if (step == 1 && hyper.initial_accumulator_value != 0.0) {
+    sum.add_(hyper.initial_accumulator_value);
+  }
+  const double clr = hyper.lr / (1.0 + static_cast<double>(step - 1) * hyper.lr_decay);
+  sum.addcmul_(grad, grad, 1.0);
+  const at::Tensor std = sum.sqrt().add_(hyper.eps);
+  param.addcdiv_(grad, std, -clr);
+}
+
+void lion_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                 const OptimizerHyper& hyper) {
+  const at::Tensor direction = exp_avg.mul(hyper.beta1).add_(grad, 1.0 - hyper.beta1).sign_();
+  if (hyper.weight_decay != 0.0) param.mul_(1.0 - hyper.lr * hyper.weight_decay);
+  param.add_(direction, -hyper.lr);
+  exp_avg.mul_(hyper.beta2).add_(grad, 1.0 - hyper.beta2);
 }
 
 }  // namespace zero::adapter

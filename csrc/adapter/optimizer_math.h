@@ -1,32 +1,50 @@
 #pragma once
-// Optimizer updates on flat fp32 tensors (a rank's shard). adam_update and sgd_update are
-// written with ATen ops so the same code runs on CPU and CUDA; host_adam_update runs the fused
-// CPU Adam kernel (core/cpu_adam.h: one pass through memory instead of six) on host tensors.
-// The formulas follow torch.optim.AdamW / Adam / SGD op for op, so a sharded run matches the
-// single-process reference to float rounding.
+// Optimizer updates on flat fp32 tensors (a rank's shard). The updates are written with ATen
+// ops so the same code runs on CPU and CUDA; host_adam_update runs the fused CPU Adam kernel
+// (core/cpu_adam.h: one pass through memory instead of six) on host tensors. The formulas
+// follow torch.optim.AdamW / Adam / SGD / Adagrad op for op, and Lion the paper's (as
+// DeepSpeed's FusedLion), so a sharded run matches the single-process reference to float
+// rounding.
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include <ATen/Tensor.h>
 
 namespace zero::adapter {
 
-enum class OptimizerKind { kAdam, kSgd };
+enum class OptimizerKind { kAdam, kSgd, kAdagrad, kLion };
+
+const char* optimizer_name(OptimizerKind kind);  // "Adam", "SGD", ...
 
 struct OptimizerHyper {
   OptimizerKind kind = OptimizerKind::kAdam;
   double lr = 1e-3;
   double weight_decay = 0.0;
   // Adam
-  double beta1 = 0.9;
+  double beta1 = 0.9;  // Lion's too
   double beta2 = 0.999;
-  double eps = 1e-8;
+  double eps = 1e-8;  // Adagrad's too
   bool decoupled_weight_decay = true;  // AdamW; false = L2 added to the gradient (Adam)
   bool bias_correction = true;
   // SGD
   double momentum = 0.0;
   double dampening = 0.0;
   bool nesterov = false;
+  // Adagrad
+  double lr_decay = 0.0;
+  double initial_accumulator_value = 0.0;
 };
+
+// The arrays a kind keeps per element, laid out like the shard, under torch.optim's state
+// names, in the order optimizer_update takes them: Adam exp_avg and exp_avg_sq, SGD
+// momentum_buffer (only with momentum), Adagrad sum, Lion exp_avg.
+std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_momentum);
+
+// One update of `param` (fp32) from fp32 `grad` with the kind's arrays (in
+// optimizer_state_names order). step is 1-based and already counts this update.
+void optimizer_update(at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states,
+                      const OptimizerHyper& hyper, std::int64_t step);
 
 // step is 1-based and already counts this update.
 void adam_update(at::Tensor& param, at::Tensor grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
@@ -46,5 +64,14 @@ bool host_adam_takes(const at::Tensor& t);
 // momentum_buffer is used only when hyper.momentum != 0; first_step seeds it with the grad.
 void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer, bool first_step,
                 const OptimizerHyper& hyper);
+
+// torch.optim.Adagrad; the accumulator starts at initial_accumulator_value on step 1.
+void adagrad_update(at::Tensor& param, at::Tensor grad, at::Tensor& sum,
+                    const OptimizerHyper& hyper, std::int64_t step);
+
+// Lion (Chen et al. 2023): param -= lr * (sign(beta1 m + (1 - beta1) g) + weight_decay param),
+// then m = beta2 m + (1 - beta2) g. sign(0) is 0, as in the paper.
+void lion_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                 const OptimizerHyper& hyper);
 
 }  // namespace zero::adapter

@@ -14,7 +14,7 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                        const c10::TensorOptions& device_options, OptimizerKind kind,
                        bool sgd_momentum, bool keep_master, const OffloadOptions& offload)
     : kind_(kind), sgd_momentum_(sgd_momentum), shard_numel_(shard_numel),
-      device_numel_(shard_numel) {
+      device_numel_(shard_numel), state_names_(optimizer_state_names(kind, sgd_momentum)) {
   if (offload.enabled) {
     TORCH_CHECK(offload.ratio >= 0.0 && offload.ratio <= 1.0, "zero: offload_optimizer.ratio "
                 "must be in [0, 1], got ", offload.ratio);
@@ -35,11 +35,8 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
     return device_owned_.back().tensor();
   };
   if (keep_master) master_ = fp32_buffer(core::MemoryCategory::kMaster);
-  if (kind == OptimizerKind::kAdam) {
-    exp_avg_ = fp32_buffer(core::MemoryCategory::kOptimizerState);
-    exp_avg_sq_ = fp32_buffer(core::MemoryCategory::kOptimizerState);
-  } else if (sgd_momentum) {
-    momentum_ = fp32_buffer(core::MemoryCategory::kOptimizerState);
+  for (std::size_t i = 0; i < state_names_.size(); ++i) {
+    states_.push_back(fp32_buffer(core::MemoryCategory::kOptimizerState));
   }
 }
 
@@ -57,9 +54,9 @@ std::vector<TrackedTensor*> ShardState::device_buffers(StateKind kind) {
 
 at::Tensor ShardState::state(const std::string& name) const {
   if (name == "master") return master_;
-  if (name == "exp_avg") return exp_avg_;
-  if (name == "exp_avg_sq") return exp_avg_sq_;
-  if (name == "momentum_buffer") return momentum_;
+  for (std::size_t i = 0; i < states_.size(); ++i) {
+    if (state_names_[i] == name) return states_[i];
+  }
   return at::Tensor();
 }
 
@@ -79,11 +76,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardState::optimizer_state() co
 
 std::vector<std::string> ShardState::state_names() const {
   if (!on_device_only()) return offloaded_->state_names();
-  std::vector<std::string> names;
-  for (const char* name : {"exp_avg", "exp_avg_sq", "momentum_buffer"}) {
-    if (state(name).defined()) names.emplace_back(name);
-  }
-  return names;
+  return states_.empty() ? std::vector<std::string>{} : state_names_;
 }
 
 at::Tensor ShardState::read_array(const std::string& name, std::int64_t offset,
@@ -154,24 +147,17 @@ std::pair<std::vector<ShardPiece>, std::vector<ShardPiece>> ShardState::split(
 }
 
 void ShardState::check_kind(const OptimizerHyper& hyper) const {
-  TORCH_CHECK(hyper.kind == kind_, "zero: the group was built for ",
-              kind_ == OptimizerKind::kAdam ? "Adam" : "SGD",
-              " but stepped with the other optimizer");
-  TORCH_CHECK(kind_ == OptimizerKind::kAdam || hyper.momentum == 0.0 || sgd_momentum_,
+  TORCH_CHECK(hyper.kind == kind_, "zero: the group was built for ", optimizer_name(kind_),
+              " but stepped with ", optimizer_name(hyper.kind));
+  TORCH_CHECK(kind_ != OptimizerKind::kSgd || hyper.momentum == 0.0 || sgd_momentum_,
               "zero: SGD momentum was enabled after the engine was built without it");
 }
 
 void ShardState::update(at::Tensor master, const at::Tensor& grads, std::int64_t offset,
                         const OptimizerHyper& hyper, std::int64_t step) {
-  const std::int64_t numel = master.numel();
-  if (kind_ == OptimizerKind::kAdam) {
-    at::Tensor m = exp_avg_.narrow(0, offset, numel);
-    at::Tensor v = exp_avg_sq_.narrow(0, offset, numel);
-    adam_update(master, grads, m, v, hyper, step);
-    return;
-  }
-  at::Tensor buffer = momentum_.defined() ? momentum_.narrow(0, offset, numel) : at::Tensor();
-  sgd_update(master, grads, buffer, /*first_step=*/step == 1, hyper);
+  std::vector<at::Tensor> states;
+  for (const at::Tensor& array : states_) states.push_back(array.narrow(0, offset, master.numel()));
+  optimizer_update(master, grads, states, hyper, step);
 }
 
 void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
@@ -208,7 +194,9 @@ void ShardState::step_on_device(const ShardPiece& piece, const OptimizerHyper& h
 
 bool ShardState::host_adam(const ShardPiece& piece, const OptimizerHyper& hyper,
                            double grad_scale, std::int64_t step) {
-  if (kind_ != OptimizerKind::kAdam || !exp_avg_.device().is_cpu()) return false;
+  if (kind_ != OptimizerKind::kAdam || states_.empty() || !states_[0].device().is_cpu()) {
+    return false;
+  }
   const std::int64_t numel = piece.grad.numel();
   // fp32: the parameters are the master; mixed precision: the kernel also writes the 16-bit
   // parameters when they are a plain host tensor, in the same pass.
@@ -220,8 +208,8 @@ bool ShardState::host_adam(const ShardPiece& piece, const OptimizerHyper& hyper,
       !host_adam_takes(piece.grad)) {
     return false;
   }
-  host_adam_update(master, piece.grad, exp_avg_.narrow(0, piece.offset, numel),
-                   exp_avg_sq_.narrow(0, piece.offset, numel), hyper, grad_scale, step,
+  host_adam_update(master, piece.grad, states_[0].narrow(0, piece.offset, numel),
+                   states_[1].narrow(0, piece.offset, numel), hyper, grad_scale, step,
                    writes_params ? piece.param : at::Tensor(), at::get_num_threads());
   if (master_.defined() && !writes_params) store_params(piece, 0, master);
   return true;

@@ -1,6 +1,7 @@
 #pragma once
-// The optimizer side of a rank's shard: fp32 master (mixed precision, or offload), Adam's m
-// and v or SGD's momentum, all laid out like the shard, and the step over its pieces. On the
+// The optimizer side of a rank's shard: fp32 master (mixed precision, or offload) and the
+// optimizer's arrays (Adam's m and v, SGD's momentum, ...: optimizer_state_names), all laid
+// out like the shard, and the step over its pieces. On the
 // device (the default) the update runs with ATen ops, or, for Adam on a CPU device, with the
 // fused CPU Adam kernel (host_adam_update); with offload the state and the step
 // move to the host or NVMe (offloaded_state.h): all of the shard, or with a ratio < 1 its
@@ -54,8 +55,8 @@ class ShardState {
             std::int64_t step, const std::function<void(std::size_t)>& stepped = {});
   // Delayed update: writes the finished update's parameters into the pieces.
   void apply_delayed(const std::vector<ShardPiece>& pieces);
-  // Copies of the optimizer state tensors (exp_avg / exp_avg_sq, or momentum_buffer; with a
-  // delayed update also its pending parameters, so a checkpoint resumes exactly).
+  // Copies of the optimizer state tensors (state_names(); with a delayed update also its
+  // pending parameters, so a checkpoint resumes exactly).
   std::vector<std::pair<std::string, at::Tensor>> optimizer_state() const;
   void load_optimizer_state(const std::string& name, const at::Tensor& values);
   // The optimizer-state arrays laid out like the shard (not a delayed update's own state),
@@ -94,9 +95,8 @@ class ShardState {
   std::int64_t device_numel_;  // [0, device_numel_) of the shard keeps its state here
   std::vector<TrackedTensor> device_owned_;
   at::Tensor master_;
-  at::Tensor exp_avg_;
-  at::Tensor exp_avg_sq_;
-  at::Tensor momentum_;
+  std::vector<std::string> state_names_;  // optimizer_state_names(kind, sgd_momentum)
+  std::vector<at::Tensor> states_;        // the head's arrays, in state_names_ order
   std::unique_ptr<OffloadedState> offloaded_;
 };
 

@@ -23,7 +23,9 @@ void bind_options(py::module_& m) {
 
   py::enum_<adapter::OptimizerKind>(m, "OptimizerKind")
       .value("adam", adapter::OptimizerKind::kAdam)
-      .value("sgd", adapter::OptimizerKind::kSgd);
+      .value("sgd", adapter::OptimizerKind::kSgd)
+      .value("adagrad", adapter::OptimizerKind::kAdagrad)
+      .value("lion", adapter::OptimizerKind::kLion);
 
   // offload_states' kinds, under DeepSpeed's OffloadStateTypeEnum names
   py::enum_<adapter::StateKind>(m, "StateKind")
@@ -45,7 +47,9 @@ void bind_options(py::module_& m) {
       .def_readwrite("bias_correction", &Hyper::bias_correction)
       .def_readwrite("momentum", &Hyper::momentum)
       .def_readwrite("dampening", &Hyper::dampening)
-      .def_readwrite("nesterov", &Hyper::nesterov);
+      .def_readwrite("nesterov", &Hyper::nesterov)
+      .def_readwrite("lr_decay", &Hyper::lr_decay)
+      .def_readwrite("initial_accumulator_value", &Hyper::initial_accumulator_value);
 
   py::class_<core::AioConfig>(m, "AioConfig")
       .def(py::init<>())

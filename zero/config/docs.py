@@ -117,7 +117,11 @@ DIFFERENCES = """\
   `stage3_*` keys below stage 3, type `"AdamW"` with `adam_w_mode: false` (DeepSpeed silently
   uses decoupled decay), `nesterov` without momentum (torch raises late).
 * Optimizer types are matched case-insensitively for all supported types (DeepSpeed does so
-  only for its own optimizers, so `"sgd"` fails there); only Adam, AdamW and SGD are built.
+  only for its own optimizers, so `"sgd"` fails there); Adam, AdamW, SGD, Adagrad and Lion are
+  built, the others DeepSpeed knows are errors.
+* Lion leaves an element whose momentum and gradient mix to exactly 0 where it is (the paper's
+  sign(0) = 0); DeepSpeed's Lion kernels move it by the learning rate (CUDA: +lr; CPU: -lr).
+  Only elements that never had a gradient (e.g. unused embedding rows) are affected.
 * An unknown `warmup_type` is an error (DeepSpeed warns and falls back to `"log"`).
 * Scheduler values are numbers; DeepSpeed's per-param-group lists are not accepted.
 * `fp16.min_loss_scale` accepts fractions (> 0); DeepSpeed types it as an integer.

@@ -107,12 +107,13 @@ class AioConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """``type`` is "Adam", "AdamW" or "SGD"; ``params`` holds every key of its schema, defaults filled.
+    """``type`` is "Adam", "AdamW", "SGD", "Adagrad" or "Lion"; ``params`` holds every key of its
+    schema, defaults filled.
 
     ``decoupled_weight_decay`` is what the weight decay actually does, resolved
     the DeepSpeed way: True for "AdamW", and for "Adam" unless
     ``params["adam_w_mode"]`` is false (DeepSpeed's "Adam" defaults to AdamW
-    behaviour); False for "SGD" (L2 added to the gradient).
+    behaviour); False for "SGD" and "Adagrad" (L2 added to the gradient); True for "Lion".
     """
 
     type: str

@@ -224,6 +224,32 @@ _SGD_PARAMS = (
     _unsupported(BOOL, "fused", None, "torch.optim implementation switch.", nullable=True),
 )
 
+_ADAGRAD_PARAMS = (
+    _float("lr", 1e-2, "Learning rate (torch.optim.Adagrad's and DeepSpeedCPUAdagrad's default).", minimum=0),
+    _float("eps", 1e-10, "Term added to the denominator for numerical stability.", minimum=0),
+    _float("weight_decay", 0.0, "L2 penalty added to the gradient (coupled, as in torch.optim.Adagrad).",
+           minimum=0),
+    _float("lr_decay", 0.0, "Learning-rate decay: step t uses lr / (1 + (t - 1) * lr_decay) (torch.optim.Adagrad).",
+           minimum=0),
+    _float("initial_accumulator_value", 0.0, "Starting value of the sum of squared gradients "
+           "(torch.optim.Adagrad).", minimum=0),
+    _unsupported(BOOL, "amsgrad", False, "DeepSpeedCPUAdagrad option (it rejects true too)."),
+    _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
+    _unsupported(BOOL, "foreach", None, "torch.optim implementation switch.", nullable=True),
+    _unsupported(BOOL, "fused", None, "torch.optim implementation switch.", nullable=True),
+)
+
+_LION_PARAMS = (
+    _float("lr", 1e-3, "Learning rate (DeepSpeed's FusedLion / DeepSpeedCPULion default). Lion's update has "
+           "unit size per element, so it is usually 3-10x smaller than AdamW's.", minimum=0),
+    Key("betas", BETAS, (0.9, 0.999), "beta1 interpolates the momentum and the gradient for the update's sign; "
+        "beta2 is the momentum's decay (DeepSpeed's default (0.9, 0.999); the paper uses (0.9, 0.99)).",
+        minimum=0, maximum=1, maximum_exclusive=True),
+    _float("weight_decay", 0.0, "Decoupled weight decay: each step multiplies the parameters by 1 - lr * "
+           "weight_decay.", minimum=0),
+    _unsupported(BOOL, "set_grad_none", True, "FusedLion zero_grad() behaviour."),
+)
+
 _ADAM = Block("optimizer.params", "Parameters of types \"Adam\" and \"AdamW\" (DeepSpeed FusedAdam / CPUAdam "
               "semantics; see \"What Adam means\" above).", _ADAM_PARAMS)
 
@@ -231,12 +257,16 @@ OPTIMIZER_PARAMS = {
     "Adam": _ADAM,
     "AdamW": _ADAM,
     "SGD": Block("optimizer.params", "Parameters of type \"SGD\" (torch.optim.SGD).", _SGD_PARAMS),
+    "Adagrad": Block("optimizer.params", "Parameters of type \"Adagrad\" (torch.optim.Adagrad; "
+                     "DeepSpeedCPUAdagrad with offload).", _ADAGRAD_PARAMS),
+    "Lion": Block("optimizer.params", "Parameters of type \"Lion\" (DeepSpeed's FusedLion; DeepSpeedCPULion "
+                  "with offload).", _LION_PARAMS),
 }
 
 # DeepSpeed's own optimizers (config.py DEEPSPEED_OPTIMIZERS) and common torch.optim
 # names that DeepSpeed would import: known, but not implemented by zero.
-_UNSUPPORTED_OPTIMIZERS = ("Adagrad", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW",
-                           "MuSGD", "Lion", "Muon", "RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "SparseAdam",
+_UNSUPPORTED_OPTIMIZERS = ("Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW",
+                           "MuSGD", "Muon", "RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "SparseAdam",
                            "ASGD", "LBFGS", "Rprop")
 
 OPTIMIZER = Block("optimizer", "Optimizer built by the engine. Absent or null: the client passes its own optimizer.", (

@@ -618,6 +618,9 @@ def _resolve_optimizer(v, values):
         return  # an invalid block (e.g. "optimizer": []) is already reported
     kind, params = optimizer["type"], optimizer["params"]
     path = "optimizer.params"
+    if kind in ("Adagrad", "Lion"):
+        optimizer["decoupled_weight_decay"] = kind == "Lion"
+        return
     if kind == "SGD":
         optimizer["decoupled_weight_decay"] = False
         if params["nesterov"] is True and _valid(params["momentum"], params["dampening"]) \

@@ -403,6 +403,10 @@ def template_config(setup: Setup, micro_batch: int = 1, gradient_accumulation_st
     if setup.optimizer == "adam":
         optimizer = {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
                                                  "weight_decay": 0.01}}
+    elif setup.optimizer == "adagrad":
+        optimizer = {"type": "Adagrad", "params": {"lr": 1e-2}}
+    elif setup.optimizer == "lion":
+        optimizer = {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 0.1}}
     else:
         optimizer = {"type": "SGD", "params": {
             "lr": 1e-2, "momentum": 0.9 if setup.optimizer == "sgd_momentum" else 0.0}}

@@ -11,13 +11,12 @@ from .categories import category_row
 from .options import Option
 from .params_on_nvme import ParamPlacement
 from .sizes import round_up
-from .training_setup import Setup
+from .training_setup import OPTIMIZER_STATE_ARRAYS, Setup
 
 
 def state_arrays(setup: Setup) -> list[str]:
     """The fp32 arrays an offloaded optimizer keeps per element (csrc ShardState)."""
-    return ["master"] + {"adam": ["exp_avg", "exp_avg_sq"], "sgd_momentum": ["momentum_buffer"],
-                         "sgd": []}[setup.optimizer]
+    return ["master", *OPTIMIZER_STATE_ARRAYS[setup.optimizer]]
 
 
 def staging_row(setup: Setup, option: Option, group_shards: Sequence[int], device_bytes: int = 0,

@@ -13,8 +13,11 @@ from .errors import EstimateError
 PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-OPTIMIZERS = ("adam", "sgd", "sgd_momentum")
-OPTIMIZER_STATE_BYTES = {"adam": 8, "sgd": 0, "sgd_momentum": 4}  # fp32 bytes per element
+# The fp32 arrays each optimizer keeps per element (csrc optimizer_state_names)
+OPTIMIZER_STATE_ARRAYS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": (), "sgd_momentum": ("momentum_buffer",),
+                          "adagrad": ("sum",), "lion": ("exp_avg",)}
+OPTIMIZERS = tuple(OPTIMIZER_STATE_ARRAYS)
+OPTIMIZER_STATE_BYTES = {name: 4 * len(arrays) for name, arrays in OPTIMIZER_STATE_ARRAYS.items()}
 # Every parameter starts 16-byte aligned in its flat buffer (zero/engine.py ALIGNMENT_BYTES;
 # a test keeps the two equal).
 ALIGNMENT_BYTES = 16
@@ -46,7 +49,7 @@ class Setup:
     num_nodes: int = 1
     precision: str = "fp32"
     communication_data_type: Optional[str] = None  # gradients reduced in it (None: precision)
-    optimizer: str = "adam"          # adam | sgd | sgd_momentum
+    optimizer: str = "adam"          # one of OPTIMIZERS
     reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
     overlap_comm: Optional[bool] = None  # None: DeepSpeed's default, stage == 3
     gradient_accumulation_steps: int = 1  # 1: stage 1 shards its gradients as stage 2 does
@@ -236,6 +239,8 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     optimizer = "adam"
     if cfg.optimizer is not None and cfg.optimizer.type == "SGD":
         optimizer = "sgd_momentum" if cfg.optimizer.params.get("momentum", 0.0) else "sgd"
+    elif cfg.optimizer is not None and cfg.optimizer.type in ("Adagrad", "Lion"):
+        optimizer = cfg.optimizer.type.lower()
     values = {
         "precision": cfg.precision,
         "communication_data_type": cfg.communication_data_type,

@@ -1,4 +1,4 @@
 """`deepspeed.ops`: the optimizer classes that name DeepSpeed's CPU and fused kernels."""
-from . import adam
+from . import adagrad, adam, lion
 
-__all__ = ["adam"]
+__all__ = ["adagrad", "adam", "lion"]
