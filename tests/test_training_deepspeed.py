@@ -1,7 +1,9 @@
 """zero trains like the real DeepSpeed 0.19.8 on the same JSON config and parameter groups
 (tests/deepspeed_training/: cases.py, expected.pt written by make.py on 2 ranks): the losses
 of 4 steps and the final fp32 weights, with accumulation, the default clipping, per-group lrs
-and weight decay, Adam's L2 form, SGD with momentum and the decaying schedules."""
+and weight decay, Adam's L2 form, SGD with momentum, the decaying schedules, Adagrad and Lion.
+Where DeepSpeed itself fails (torch's Adagrad with several groups at stage 2), zero must not:
+it is held to a single-process torch run instead."""
 import os
 
 import pytest
@@ -27,6 +29,12 @@ def _train(rank, world, name):
 def test_training_matches_deepspeeds(name):
     expected = EXPECTED[name]
     assert expected["deepspeed"] == "0.19.8"
+    if "failed" in expected:  # DeepSpeed raised: zero trains like single-process torch
+        losses, _ = run_distributed(_train, cases.WORLD, args=(name,))[0]
+        reference = cases.reference(name)
+        assert losses == pytest.approx(reference, rel=1e-5)
+        assert reference[-1] != reference[0]
+        return
     losses, weights = run_distributed(_train, cases.WORLD, args=(name,))[0]
     assert losses == pytest.approx(expected["losses"], rel=1e-6, abs=1e-6)
     moved = 0.0

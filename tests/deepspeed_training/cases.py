@@ -3,7 +3,8 @@ with the parameter groups a script would pass, trained 4 steps on 2 ranks. Share
 (the real DeepSpeed 0.19.8 writes expected.pt: the losses and the final fp32 weights) and the
 test (zero on the same). What the other fixtures leave out: accumulation, the default
 clipping, per-group lrs and weight decay, Adam's L2 form, SGD with momentum, the decaying
-schedules, and the optimizer (and at stage 3 the parameters) offloaded to CPU memory."""
+schedules, the optimizer (and at stage 3 the parameters) offloaded to CPU memory, and
+DeepSpeed's other ZeRO optimizers, Adagrad and Lion."""
 import torch
 
 from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
@@ -43,6 +44,25 @@ CASES = {
                                                 "weight_decay": 1e-3}},
         "zero_allow_untested_optimizer": True,  # DeepSpeed asks it of SGD under ZeRO
         "zero_optimization": {"stage": 1}},
+    # DeepSpeed builds torch.optim.Adagrad on the device, DeepSpeedCPUAdagrad when offloaded.
+    # At stages 1-2 it rebuilds the device one over its fp32 partitions as one group, so the
+    # script's three groups fail (IndexError): zero is held to single-process torch there.
+    "stage2-adagrad-gas2": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "Adagrad", "params": {"lr": 0.05, "weight_decay": 1e-3}},
+        "zero_optimization": {"stage": 2}},
+    "stage3-offload-adagrad": {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "optimizer": {"type": "Adagrad", "params": {"lr": 0.05}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                              "offload_optimizer": {"device": "cpu"}}},
+    # DeepSpeedCPULion (its FusedLion needs CUDA)
+    "stage2-offload-lion-decay": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "Lion", "params": {"lr": 2e-3, "betas": [0.9, 0.99],
+                                                 "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
 }
 
 
@@ -80,3 +100,31 @@ def train_case(initialize, rank: int, name: str):
     engine, _, _, _ = initialize(model=model, config=config,
                                  model_parameters=parameter_groups(model))
     return engine, train(engine, rank, config)
+
+
+def reference(name: str) -> list[float]:
+    """Case `name` in one process on the global batch: torch's own optimizer of the config's
+    type over the same parameter groups, clipping at DeepSpeed's default 1.0; the losses (for
+    where DeepSpeed fails). Only what the cases that need it use."""
+    import training
+
+    config = CASES[name]
+    gas = config.get("gradient_accumulation_steps", 1)
+    assert "scheduler" not in config and "gradient_clipping" not in config, name
+    model = make_model()
+    groups = parameter_groups(model)
+    optimizer = training.reference_adamw(groups, config)
+    data = synthetic_batches(MODEL, MICRO, STEPS * gas * WORLD, seed=3)
+    losses = []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        total = 0.0
+        for micro in range(gas):
+            parts = [data[(step * gas + micro) * WORLD + r] for r in range(WORLD)]
+            loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+            (loss / gas).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(total / gas)
+    return losses
