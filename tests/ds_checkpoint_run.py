@@ -26,6 +26,7 @@ class Run:
     precision: str
     frozen: bool = False           # position_embedding.weight not trained
     deepspeed_zero: tuple = ()     # DeepSpeed-only zero_optimization keys, (key, value) pairs
+    optimizer: str = "AdamW"       # a key of OPTIMIZERS; not AdamW: offloaded (DeepSpeed's CPU op)
 
 
 RUNS = {"stage1-fp32": Run(1, "fp32"), "stage2-fp32": Run(2, "fp32"),
@@ -37,7 +38,15 @@ RUNS = {"stage1-fp32": Run(1, "fp32"), "stage2-fp32": Run(2, "fp32"),
         "stage2-fp32-aligned": Run(2, "fp32", deepspeed_zero=(("parameter_alignment", True),)),
         # several fp32 sub-groups per rank, frozen parameters saved as rank fragments
         "stage3-fp32-subgroups-frozen": Run(3, "fp32", frozen=True,
-                                            deepspeed_zero=(("sub_group_size", 500),))}
+                                            deepspeed_zero=(("sub_group_size", 500),)),
+        # DeepSpeedCPULion (exp_avg, and an exp_avg_sq it never touches) and
+        # DeepSpeedCPUAdagrad (its sum saved as exp_avg_sq)
+        "stage2-fp32-lion": Run(2, "fp32", optimizer="Lion"),
+        "stage3-fp32-adagrad": Run(3, "fp32", optimizer="Adagrad")}
+OPTIMIZERS = {
+    "AdamW": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
+    "Lion": {"lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.1},
+    "Adagrad": {"lr": 0.05, "weight_decay": 1e-3}}
 # (DeepSpeed refuses fp16 on its CPU accelerator: "Type fp16 is not supported on your device")
 # Runs whose checkpoint DeepSpeed's ds_to_universal also converts, into <name>-universal
 UNIVERSAL = ("stage2-fp32-universal", "stage3-fp32-universal", "stage1-bf16-frozen-universal")
@@ -64,14 +73,15 @@ def config(run: Run, world: int = WORLD, stage: int | None = None,
         "train_batch_size": MICRO_BATCH * gas * world,
         "gradient_clipping": 1.0,
         "steps_per_print": 1000,
-        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95],
-                                                  "eps": 1e-8, "weight_decay": 0.1}},
+        "optimizer": {"type": run.optimizer, "params": dict(OPTIMIZERS[run.optimizer])},
         "scheduler": {"type": "WarmupCosineLR",
                       "params": {"total_num_steps": 20, "warmup_num_steps": 4}},
         "zero_optimization": {"stage": stage},
     }
     if stage == 3:  # every parameter partitioned, none kept whole
         result["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    if run.optimizer != "AdamW":  # DeepSpeed has these on a CPU as its offload ops only
+        result["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     if deepspeed:
         result["zero_optimization"].update(dict(run.deepspeed_zero))
     if run.precision == "bf16":

@@ -1,7 +1,7 @@
 """A run started under the real DeepSpeed 0.19.8 resumes under zero from DeepSpeed's own
 checkpoint (tests/deepspeed_checkpoints/, written by DeepSpeed there with make.py), or from
-the universal checkpoint DeepSpeed's ds_to_universal made of it: the fp32 master, Adam's
-moments and step, the scheduler and the counters carry over, at DeepSpeed's world size or
+the universal checkpoint DeepSpeed's ds_to_universal made of it: the fp32 master, the
+optimizer's arrays (Adam's moments, DeepSpeed's CPU Lion and Adagrad's) and step, the scheduler and the counters carry over, at DeepSpeed's world size or
 another, at its ZeRO stage or another, and the next steps are DeepSpeed's own."""
 import os
 import shutil
@@ -80,7 +80,9 @@ def _max_difference(a: dict, b: dict) -> float:
 CASES = [("stage1-fp32", 2, 1), ("stage2-fp32", 1, 2), ("stage3-fp32", 2, 3),
          ("stage3-fp32", 1, 2), ("stage2-bf16", 2, 3), ("stage3-bf16", 2, 3),
          ("stage1-bf16-frozen", 2, 1), ("stage2-fp32-aligned", 1, 3),
-         ("stage3-fp32-subgroups-frozen", 2, 2)]
+         ("stage3-fp32-subgroups-frozen", 2, 2),
+         # DeepSpeed's CPU Lion and Adagrad: their arrays under zero's names
+         ("stage2-fp32-lion", 1, 3), ("stage3-fp32-adagrad", 2, 1)]
 
 
 @pytest.mark.parametrize("name,world,stage", CASES)
@@ -185,6 +187,29 @@ def test_without_the_moments_the_continuation_is_not_deepspeeds(tmp_path):
     want = expected("stage2-fp32")
     moved = _max_difference(want["fp32_after"], want["fp32_at_save"])
     assert _max_difference(result["fp32"], want["fp32_after"]) > 0.5 * moved  # 1.6x seen
+
+
+def _load_into_other_optimizer(rank, world, name, optimizer):
+    import zero
+
+    spec = run.RUNS[name]
+    config = run.config(spec, world)
+    config["optimizer"] = {"type": optimizer, "params": dict(run.OPTIMIZERS[optimizer])}
+    engine, _, _, _ = zero.initialize(model=run.make_model(spec), config=config)
+    try:
+        engine.load_checkpoint(fixture(name))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("name,optimizer", [("stage2-fp32", "Lion"), ("stage2-fp32-lion", "AdamW"),
+                                            ("stage3-fp32-adagrad", "AdamW")])
+def test_another_optimizers_state_is_refused_on_every_rank(name, optimizer):
+    """Adam's and Lion's arrays share the name exp_avg: the hyperparameters tell them apart."""
+    for error in run_distributed(_load_into_other_optimizer, 2, args=(name, optimizer)):
+        assert error is not None and "holds the optimizer state" in error, error
+        assert "load_optimizer_states=False" in error
 
 
 def test_counters_scheduler_and_client_state_are_deepspeeds(tmp_path):

@@ -43,7 +43,12 @@ _OPTIM = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt")
 # rest of the model file, the script's own keys among it, is returned.
 _ENGINE_KEYS = ("module", "skipped_steps", "global_steps", "dp_world_size", "mp_world_size",
                 "data_sampler", "random_ltd")
-MOMENTS = ("exp_avg", "exp_avg_sq")
+# The optimizer-state arrays read from a checkpoint: those zero's optimizers keep, under
+# torch's names (csrc optimizer_state_names). DeepSpeed's CPU ops name some otherwise:
+# DeepSpeedCPUAdagrad keeps Adagrad's sum as exp_avg_sq, and DeepSpeedCPULion an exp_avg_sq
+# its kernel never touches beside its momentum exp_avg.
+MOMENTS = ("exp_avg", "exp_avg_sq", "sum", "momentum_buffer")
+_DEEPSPEED_ARRAYS = {"adagrad": {"exp_avg_sq": "sum"}, "lion": {"exp_avg": "exp_avg"}}
 
 
 def rank_model_file(rank: int) -> str:
@@ -99,8 +104,8 @@ class DeepSpeedCheckpoint:
     stage: int
     world_size: int
     master: dict               # name -> where its fp32 master lies (tied names too)
-    moments: dict              # "exp_avg" / "exp_avg_sq" -> name -> where it lies
-    step: int                  # Adam's step count
+    moments: dict              # "exp_avg" / "exp_avg_sq" / ... -> name -> where it lies
+    step: int                  # the optimizer's step count
     param_groups: list         # the optimizer's hyperparameters per group
     loss_scale: dict | None    # fp16: DeepSpeed's loss scaler's fields
     frozen: dict               # name -> value of a parameter the optimizer does not own
@@ -158,7 +163,7 @@ def read(path: str) -> DeepSpeedCheckpoint:
     paddings = optim[0].get("param_alignment_paddings") or [[0] * len(g) for g in shapes]
     master = locate(flats, shapes, paddings, path)
     moments = {}
-    for key in MOMENTS:  # Adam's; another optimizer's state stays behind (check_fits says so)
+    for key in MOMENTS:  # another optimizer's state stays behind (check_fits says so)
         if all(key in state for a in adam for state in a["state"].values()) and adam[0]["state"]:
             laid_out_like_flats = [[a["state"][i][key] for i in sorted(a["state"])] for a in adam]
             moments[key] = locate(laid_out_like_flats, shapes, paddings, path)
@@ -337,14 +342,32 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
     if module_only or not (load_shards or saved.universal):
         checkpoint_layout.refresh_masters(engine.core)
         return
+    moments = engine_moments(engine, saved) if load_shards else {}
     for g, wanted in enumerate(checkpoint_layout.group_param_names(engine)):
-        checkpoint_layout.load_group(engine.core, g, wanted, saved.master,
-                                     saved.moments if load_shards else {})
+        checkpoint_layout.load_group(engine.core, g, wanted, saved.master, moments)
+
+
+def engine_moments(engine, saved: DeepSpeedCheckpoint) -> dict | None:
+    """The saved optimizer-state arrays under the engine's names (DeepSpeed's CPU Adagrad and
+    Lion name theirs otherwise); None when they are not what the engine's optimizer keeps. A
+    Lion checkpoint is told from an Adam one, whose arrays have the same names, by its
+    hyperparameters (Lion has no eps)."""
+    names = set(dict(engine.core.group_optimizer_state(0))) if engine.core.group_count else set()
+    kind = engine.optimizer.spec.kind
+    lion = all("betas" in group and "eps" not in group for group in saved.param_groups)
+    if lion != (kind == "lion"):
+        return None
+    if set(saved.moments) == names:
+        return dict(saved.moments)
+    renamed = _DEEPSPEED_ARRAYS.get(kind, {})
+    if set(renamed) <= set(saved.moments) and set(renamed.values()) == names:
+        return {ours: saved.moments[theirs] for theirs, ours in renamed.items()}
+    return None
 
 
 def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:
-    """Before anything is loaded: the same trainable parameters and shapes, an Adam-family
-    optimizer here when its moments are to be loaded, and one optimizer group per group."""
+    """Before anything is loaded: the same trainable parameters and shapes, the checkpoint's
+    optimizer here when its state is to be loaded, and one optimizer group per group."""
     trainable = {n for group in checkpoint_layout.group_param_names(engine) for n in group}
     checkpoint_layout.check_same_model(f"DeepSpeed checkpoint {saved.path}", saved.master,
                                        engine.full_shapes, required=sorted(trainable))
@@ -353,15 +376,16 @@ def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:
 
 
 def _check_optimizer(engine, saved: DeepSpeedCheckpoint, trainable: set[str]) -> None:
-    """Adam's moments on both sides, and the same parameters in each optimizer group."""
+    """The engine's optimizer state arrays in the checkpoint, and the same parameters in each
+    optimizer group."""
     names = set(dict(engine.core.group_optimizer_state(0))) if engine.core.group_count else set()
-    if set(saved.moments) != set(MOMENTS) or not set(MOMENTS) <= names:
+    if engine_moments(engine, saved) is None:
         raise ValueError(
             f"zero: DeepSpeed checkpoint {saved.path} holds the optimizer state "
-            f"{sorted(saved.moments) or 'of another optimizer than Adam'}, this engine's "
+            f"{sorted(saved.moments) or 'of an optimizer zero does not build'}, this engine's "
             f"optimizer ({engine.optimizer.spec.kind}) keeps {sorted(names)}; zero resumes "
-            "Adam and AdamW from DeepSpeed: configure the optimizer the checkpoint was trained "
-            "with, or load with load_optimizer_states=False")
+            "Adam, AdamW, Adagrad, Lion and SGD from DeepSpeed: configure the optimizer the "
+            "checkpoint was trained with, or load with load_optimizer_states=False")
     saved_groups = [set(group) & trainable for group in saved.model_state["param_shapes"]]
     by_id = names_by_id(engine.module)
     groups = [{by_id[id(p)][0] for p in group["params"]} & trainable

@@ -63,8 +63,8 @@ def read(path: str) -> DeepSpeedCheckpoint:
 
 
 def _moments_saved(path: str, shapes: dict) -> list[str]:
-    """Adam's moments, when every parameter has them (another optimizer's: none; check_fits
-    says so); some parameters without them is a conversion cut short."""
+    """The optimizer-state arrays every parameter has (MOMENTS); some parameters without one
+    is a conversion cut short."""
     saved = []
     for key in MOMENTS:
         missing = [name for name in shapes if not _has(path, name, key)]
