@@ -100,9 +100,8 @@ def optimizer_hyper(kind: str, group: dict, decoupled_weight_decay: bool):
         return typed(_C.OptimizerHyper, beta1=beta1, beta2=beta2, **common)
     if kind == "adagrad":
         return typed(_C.OptimizerHyper, eps=float(group["eps"]),
-                     lr_decay=float(group.get("lr_decay", 0.0)),
-                     initial_accumulator_value=float(group.get("initial_accumulator_value", 0.0)),
-                     decoupled_weight_decay=False, **common)
+                     lr_decay=float(group.get("lr_decay", 0.0)), decoupled_weight_decay=False,
+                     **common)
     return typed(_C.OptimizerHyper, momentum=float(group.get("momentum", 0.0)),
                  dampening=float(group.get("dampening", 0.0)),
                  nesterov=bool(group.get("nesterov", False)), **common)

@@ -35,7 +35,7 @@ from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import build_report, state_layouts
 from .monitor import Watch
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
-from .optimizer import OptimizerSpec, ZeroOptimizer
+from .optimizer import OptimizerSpec, ZeroOptimizer, fill_initial_state
 from .parameter_offload import ParameterOffload
 from offload.progress import SwapWriteProgress
 from .reports.table import format_report, format_report_line
@@ -114,6 +114,7 @@ class ZeroEngine(EngineGetters, nn.Module):
             consecutive_hysteresis=config.fp16.consecutive_hysteresis,
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
         self.optimizer = ZeroOptimizer(spec, groups, self.loss_scaler)
+        fill_initial_state(self._core, self._engine_groups, groups)
         if self._stage3 is not None:  # DeepSpeed's stage-3 optimizer has one
             self.optimizer.parameter_offload = ParameterOffload(self._stage3, model)
         # No optimizer passed or configured: an engine for forward passes (DeepSpeed's
@@ -606,6 +607,7 @@ def _parameter_groups(model, config, optimizer, model_parameters):
     if isinstance(optimizer, torch.optim.Optimizer):
         spec = OptimizerSpec.from_torch(optimizer)
         raw_groups = optimizer.param_groups
+        optimizer.state.clear()  # the engine keeps the state, sharded (Adagrad's is built eagerly)
     else:
         spec = OptimizerSpec.from_config(config.optimizer) if config.optimizer is not None \
             else OptimizerSpec.inference_only()

@@ -77,6 +77,18 @@ class OptimizerSpec:
         return self.kind == "sgd" and any(g.get("momentum", 0.0) != 0.0 for g in groups)
 
 
+def fill_initial_state(core, engine_groups, param_groups) -> None:
+    """Adagrad's sum starts at its group's initial_accumulator_value, as torch fills it when
+    the optimizer is built (the engine's arrays start at 0): this rank's shard of each engine
+    group, wherever it lives (device, host, NVMe)."""
+    for g, group in enumerate(engine_groups):
+        value = float(param_groups[group.owner].get("initial_accumulator_value", 0.0))
+        if value and "sum" in core.group_state_names(g):
+            layout = core.group_layout(g)
+            numel = sum(layout.unit(u).shard_numel for u in range(layout.unit_count))
+            core.group_write_array(g, "sum", 0, torch.full((numel,), value))
+
+
 def _pick(values: dict, keys) -> dict:
     return {k: values[k] for k in keys if k in values}
 

@@ -130,9 +130,6 @@ void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer,
 void adagrad_update(at::Tensor& param, at::Tensor grad, at::Tensor& sum,
                     const OptimizerHyper& hyper, std::int64_t step) {
   if (hyper.weight_decay != 0.0) grad = grad.add(param, hyper.weight_decay);
-  if (step == 1 && hyper.initial_accumulator_value != 0.0) {
-    sum.add_(hyper.initial_accumulator_value);
-  }
   const double clr = hyper.lr / (1.0 + static_cast<double>(step - 1) * hyper.lr_decay);
   sum.addcmul_(grad, grad, 1.0);
   const at::Tensor std = sum.sqrt().add_(hyper.eps);

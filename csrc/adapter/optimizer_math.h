@@ -31,9 +31,8 @@ struct OptimizerHyper {
   double momentum = 0.0;
   double dampening = 0.0;
   bool nesterov = false;
-  // Adagrad
+  // Adagrad (its initial_accumulator_value is the sum's starting value: zero/optimizer.py)
   double lr_decay = 0.0;
-  double initial_accumulator_value = 0.0;
 };
 
 // The arrays a kind keeps per element, laid out like the shard, under torch.optim's state
@@ -65,7 +64,7 @@ bool host_adam_takes(const at::Tensor& t);
 void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer, bool first_step,
                 const OptimizerHyper& hyper);
 
-// torch.optim.Adagrad; the accumulator starts at initial_accumulator_value on step 1.
+// torch.optim.Adagrad.
 void adagrad_update(at::Tensor& param, at::Tensor grad, at::Tensor& sum,
                     const OptimizerHyper& hyper, std::int64_t step);
 

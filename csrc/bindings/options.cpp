@@ -48,8 +48,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("momentum", &Hyper::momentum)
       .def_readwrite("dampening", &Hyper::dampening)
       .def_readwrite("nesterov", &Hyper::nesterov)
-      .def_readwrite("lr_decay", &Hyper::lr_decay)
-      .def_readwrite("initial_accumulator_value", &Hyper::initial_accumulator_value);
+      .def_readwrite("lr_decay", &Hyper::lr_decay);
 
   py::class_<core::AioConfig>(m, "AioConfig")
       .def(py::init<>())

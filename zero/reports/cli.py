@@ -74,7 +74,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "world-size / num-nodes)")
     parser.add_argument("--precision", choices=est.PRECISIONS)
     parser.add_argument("--optimizer", choices=est.OPTIMIZERS,
-                        help="adam (8 bytes/element of state), sgd_momentum (4), sgd (0); "
+                        help="adam (8 bytes/element of state), sgd_momentum, adagrad, lion (4), "
+                             "sgd (0); "
                              "default adam or the config's")
     parser.add_argument("--reduce-bucket-size", type=_count, metavar="ELEMENTS")
     parser.add_argument("--gradient-accumulation-steps", type=_count, metavar="STEPS",

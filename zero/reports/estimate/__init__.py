@@ -13,7 +13,7 @@ and every category is the byte count the engine's accounting registry reports af
     fp32_master      4·Ψ (stage 0)            4·Ψ/N (stages >= 1; stage 3 + 4·Ψp/N)
                      0 when training in fp32 without optimizer offload (the parameter
                      shard is the master)
-    optimizer_state  8·Ψ or 8·Ψ/N (Adam)      4· (SGD with momentum)    0 (plain SGD)
+    optimizer_state  8·Ψ or 8·Ψ/N (Adam)      4· (SGD with momentum, Adagrad, Lion)    0 (SGD)
     bucket           0 (stage 0)              made per unit at its first gradient (stage 1:
                                               at its reduce-scatter) and freed once reduced:
                                               the backward's peak, nothing between steps.
@@ -63,7 +63,8 @@ stage-1 group) owns one host pool that adds `staging`:
                      with offload_optimizer.delayed_update also the shard's gradients and
                      new parameters, 2 x b·Ψ/N
     nvme             the cpu chunks (no delayed update with NVMe) + 2 slots x each state
-                     array (master, exp_avg, exp_avg_sq; master + momentum; master) x
+                     array (master, exp_avg, exp_avg_sq; master + one array: momentum,
+                     Adagrad's sum, Lion's exp_avg; master) x
                      round_up(4·C, 4096) bytes; the state itself on NVMe
     offload_param    the partitioned parameter shard b·Ψ/N on the host (the persistent part
                      stays on the device); every gather copies the unit's shard piece to a
