@@ -205,14 +205,17 @@ def test_a_destroyed_engines_calls_say_it_was_destroyed(stage):
     assert named[0] is True and len(named) == 9  # the forward ran, the 8 calls were named
 
 
-def test_unsupported_client_optimizer_options_are_named():
+def test_client_optimizer_options_zero_does_not_build_run_the_client_itself():
+    """amsgrad, maximize, ...: the client optimizer runs on the shards as it is
+    (tests/test_external_optimizer.py trains with them); an Adam needs no DeepSpeed consent."""
     from zero.optimizer import OptimizerSpec
 
     model = training.make_model()
-    with pytest.raises(ValueError, match="amsgrad=True is not supported"):
-        OptimizerSpec.from_torch(torch.optim.AdamW(model.parameters(), amsgrad=True))
-    with pytest.raises(ValueError, match="maximize=True is not supported"):
-        OptimizerSpec.from_torch(torch.optim.SGD(model.parameters(), lr=0.1, maximize=True))
+    amsgrad = OptimizerSpec.from_torch(torch.optim.AdamW(model.parameters(), amsgrad=True))
+    assert amsgrad.kind == "external" and not amsgrad.needs_untested_flag()
+    assert amsgrad.external.state_names == ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
+    maximize = OptimizerSpec.from_torch(torch.optim.SGD(model.parameters(), lr=0.1, maximize=True))
+    assert maximize.kind == "external" and maximize.needs_untested_flag()
 
 
 def _optimizer_mismatch(rank, world, save_dir):

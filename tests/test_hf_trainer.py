@@ -81,6 +81,28 @@ def test_trainer_on_zero_matches_ddp_and_saves_a_loadable_model(tmp_path, ddp, v
         assert torch.allclose(weight, theirs[name], rtol=2e-3, atol=1e-5), name
 
 
+def test_the_trainers_other_optimizers_train_on_zero_like_ddp(tmp_path, ddp):
+    """--optim rmsprop with a config that names no optimizer: the Trainer builds torch's
+    RMSprop and tells DeepSpeed "zero_allow_untested_optimizer"; zero runs it on each rank's
+    shard (zero/external_optimizer.py), step for step like DDP with the same optimizer."""
+    config = json.loads((EXAMPLES / "ds_zero2.json").read_text())
+    del config["optimizer"]
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    rmsprop = ["--optim", "rmsprop", "--learning_rate", "5e-4"]  # (the last lr given wins)
+    ours = run_trainer(tmp_path / "zero", "--deepspeed", str(path), *rmsprop)
+    theirs = run_trainer(tmp_path / "ddp", "--use_cpu", "true", *rmsprop,
+                         launcher=["--no_deepspeed_alias"])
+    assert ours["wrapped"] == "zero.engine.ZeroEngine"
+    assert step_losses(ours) == pytest.approx(step_losses(theirs), rel=2e-3)
+    assert ours["eval"]["eval_loss"] == pytest.approx(theirs["eval"]["eval_loss"], rel=2e-3)
+    assert ours["eval"]["eval_loss"] < step_losses(ours)[0]
+    # and it is RMSprop's run: nearer DDP's RMSprop than a tenth of its distance to AdamW's
+    off = max(abs(a - b) for a, b in zip(step_losses(ours), step_losses(theirs)))
+    adamw = max(abs(a - b) for a, b in zip(step_losses(ours), step_losses(ddp)))
+    assert off < 0.1 * adamw, (off, adamw)
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_trainer_in_bf16_trains_on_zero_in_bf16_near_ddp(tmp_path, ddp, stage):
     """--bf16 (on a machine without a GPU transformers asks for --use_cpu true with it; the

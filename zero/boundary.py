@@ -46,7 +46,7 @@ _COMM_DTYPES = {"fp32": _C.DType.float32, "bf16": _C.DType.bfloat16, "fp16": _C.
 
 def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                   sgd_momentum: bool, offload, offload_param=None, shared_params=(),
-                  stage3_groups=None):
+                  stage3_groups=None, external_states=()):
     """One parameter group's options. A unit (the grain of one reduce-scatter / all-gather)
     is reduce_bucket_size elements at stages 0-2; stage 3 units are the model's modules.
     `stage3_groups` (a partitioned group's, process_groups.Stage3Groups): hpZ's and MiCS's
@@ -59,7 +59,8 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  shard_grads=stage == 1 and grads_sharded(zero_cfg.stage,
                                                           config.gradient_accumulation_steps),
                  optimizer=_C.OptimizerKind.__members__[optimizer_kind],
-                 sgd_momentum=sgd_momentum, offload=offload,
+                 sgd_momentum=sgd_momentum, external_states=list(external_states),
+                 offload=offload,
                  offload_param=offload_param or _C.ParamOffloadOptions(),
                  shared_params=list(shared_params),
                  quantized_weights=stage3 and bool(zero_cfg.zero_quantized_weights),
@@ -87,8 +88,11 @@ def schedule_options(config, device: torch.device):
                  max_inflight=int(zero_cfg.stage3_max_inflight_gathers), device=device)
 
 
-def optimizer_hyper(kind: str, group: dict, decoupled_weight_decay: bool):
-    """One optimizer group's hyperparameters for this step (read fresh each step)."""
+def optimizer_hyper(kind: str, group: dict, decoupled_weight_decay: bool, external=None):
+    """One optimizer group's hyperparameters for this step (read fresh each step); `external`:
+    an external optimizer's update of the engine group (external_optimizer.py)."""
+    if kind == "external":  # its hyperparameters are its own (Adafactor's lr may be None)
+        return typed(_C.OptimizerHyper, kind=_C.OptimizerKind.external, external=external)
     common = dict(kind=_C.OptimizerKind.__members__[kind], lr=float(group["lr"]),
                   weight_decay=float(group.get("weight_decay", 0.0)))
     if kind == "adam":

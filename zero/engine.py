@@ -35,7 +35,7 @@ from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import build_report, state_layouts
 from .monitor import Watch
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
-from .optimizer import OptimizerSpec, ZeroOptimizer, fill_initial_state
+from .optimizer import OptimizerSpec, ZeroOptimizer, check_external, fill_initial_state
 from .parameter_offload import ParameterOffload
 from offload.progress import SwapWriteProgress
 from .reports.table import format_report, format_report_line
@@ -113,7 +113,8 @@ class ZeroEngine(EngineGetters, nn.Module):
             loss_scale_window=config.fp16.loss_scale_window, hysteresis=config.fp16.hysteresis,
             consecutive_hysteresis=config.fp16.consecutive_hysteresis,
             min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
-        self.optimizer = ZeroOptimizer(spec, groups, self.loss_scaler)
+        self.optimizer = ZeroOptimizer(spec, groups, self.loss_scaler,
+                                       owners=[group.owner for group in self._engine_groups])
         fill_initial_state(self._core, self._engine_groups, groups)
         if self._stage3 is not None:  # DeepSpeed's stage-3 optimizer has one
             self.optimizer.parameter_offload = ParameterOffload(self._stage3, model)
@@ -289,9 +290,7 @@ class ZeroEngine(EngineGetters, nn.Module):
 
     def _optimizer_step(self, lr_kwargs: dict | None) -> None:
         self._boundary_backward_seen = False
-        hypers = self.optimizer.hypers()
-        result = self._core.step([hypers[group.owner] for group in self._engine_groups],
-                                 self.optimizer.cur_scale,
+        result = self._core.step(self.optimizer.hypers(), self.optimizer.cur_scale,
                                  float(self.config.gradient_clipping), self.applied_steps + 1)
         self.last_step_result = result
         self.optimizer.overflow = result.overflow  # Accelerate's step_was_skipped
@@ -606,6 +605,7 @@ def _parameter_groups(model, config, optimizer, model_parameters):
                          "\"optimizer\" block; remove one of them")
     if isinstance(optimizer, torch.optim.Optimizer):
         spec = OptimizerSpec.from_torch(optimizer)
+        check_external(spec, config)
         raw_groups = optimizer.param_groups
         optimizer.state.clear()  # the engine keeps the state, sharded (Adagrad's is built eagerly)
     else:

@@ -24,8 +24,9 @@ class StateLayout:
     world_size: int
     numel: int            # Ψ (padded)
     param_bytes: int      # b: 2 (fp16/bf16) or 4 (fp32)
-    optimizer: str        # "adam" | "sgd" | "adagrad" | "lion"
+    optimizer: str        # "adam" | "sgd" | "adagrad" | "lion" | "external"
     sgd_momentum: bool = False
+    external_arrays: int = 0  # an external optimizer's per-element fp32 arrays
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
     sharded_grads: bool = False  # stage 1, one micro-step per step: gradients sharded as at 2
     offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
@@ -66,6 +67,7 @@ def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
     zero_cfg = config.zero_optimization
     return [StateLayout(stage=stage, world_size=kind["world_size"], numel=kind["numel"],
                         param_bytes=param_bytes, optimizer=spec.kind, sgd_momentum=momentum,
+                        external_arrays=len(spec.external.state_names) if spec.external else 0,
                         persistent=zero_cfg.stage == 3 and stage == 1,
                         sharded_grads=stage == 1 and grads_sharded(
                             zero_cfg.stage, config.gradient_accumulation_steps),
@@ -79,12 +81,13 @@ def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
 def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     """Bytes per parameter of each category, and whether it is divided by N."""
     b, stage = layout.param_bytes, layout.stage
-    optimizer = {"adam": 8, "sgd": 4 if layout.sgd_momentum else 0, "adagrad": 4,
-                 "lion": 4}[layout.optimizer]
+    optimizer = {"adam": 8, "sgd": 4 if layout.sgd_momentum else 0, "adagrad": 4, "lion": 4,
+                 "external": 4 * layout.external_arrays}[layout.optimizer]
     # In fp32 training the master is the parameter's own shard (nothing extra), unless the
-    # optimizer is offloaded: then the host keeps an fp32 copy of its own.
+    # optimizer is offloaded (the host keeps an fp32 copy of its own) or external (it steps
+    # one whole fp32 tensor).
     master = 4 if (layout.mixed_precision or layout.offload_optimizer != "none"
-                   or layout.offload_param) else 0
+                   or layout.offload_param or layout.optimizer == "external") else 0
     return {
         "param": (b, stage >= 3),
         "gradient": (b, stage >= 2 or layout.sharded_grads),

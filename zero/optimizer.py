@@ -10,6 +10,7 @@ import collections
 import torch
 
 from zero.boundary import optimizer_hyper
+from zero.external_optimizer import ExternalOptimizer
 
 ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
@@ -24,13 +25,14 @@ class OptimizerSpec:
     """What kind of update, and the default hyperparameters for every group."""
 
     def __init__(self, kind: str, defaults: dict[str, Any], decoupled_weight_decay: bool,
-                 client_name: str | None = None):
-        if kind not in KINDS:
+                 client_name: str | None = None, external: ExternalOptimizer | None = None):
+        if kind not in KINDS and not (kind == "external" and external is not None):
             raise ValueError(f"optimizer kind {kind!r}: expected one of {sorted(KINDS)}")
         self.kind = kind
         self.defaults = dict(defaults)
         self.decoupled_weight_decay = decoupled_weight_decay
         self.client_name = client_name  # a client optimizer's class name (optimizer_name())
+        self.external = external  # kind "external": the client, run on the shards
 
     @classmethod
     def from_config(cls, optimizer_config) -> "OptimizerSpec":
@@ -50,12 +52,12 @@ class OptimizerSpec:
     @classmethod
     def from_torch(cls, optimizer: torch.optim.Optimizer) -> "OptimizerSpec":
         """A client optimizer: its type and hyperparameters are taken over; its state is not
-        (the engine keeps state only for its shard)."""
-        for option in ("amsgrad", "maximize", "capturable", "differentiable"):
-            if optimizer.defaults.get(option):
-                raise ValueError(f"zero: client optimizer option {option}=True is not supported; "
-                                 "remove it or use the config's \"optimizer\" block")
+        (the engine keeps state only for its shard). One zero does not build (another class,
+        or an option such as amsgrad) runs as it is on each shard (external_optimizer.py)."""
         name = type(optimizer).__name__
+        if any(optimizer.defaults.get(option) for option in
+               ("amsgrad", "maximize", "capturable", "differentiable")):
+            return cls.external_from(optimizer)
         if isinstance(optimizer, torch.optim.AdamW):
             return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), True, name)
         if isinstance(optimizer, torch.optim.Adam):
@@ -68,13 +70,42 @@ class OptimizerSpec:
         kind = getattr(optimizer, "zero_optimizer_kind", None)  # zero's DeepSpeed ops (Lion, ...)
         if kind in KINDS:
             return cls(kind, _pick(optimizer.defaults, KINDS[kind]), kind == "lion", name)
-        raise TypeError(
-            f"zero: client optimizer {type(optimizer).__name__} is not supported; pass "
-            "torch.optim.Adam, AdamW, SGD or Adagrad, DeepSpeed's FusedLion / DeepSpeedCPULion, "
-            "or configure \"optimizer\" in the JSON config")
+        return cls.external_from(optimizer)
+
+    @classmethod
+    def external_from(cls, optimizer: torch.optim.Optimizer) -> "OptimizerSpec":
+        return cls("external", dict(optimizer.defaults), False, type(optimizer).__name__,
+                   ExternalOptimizer(optimizer))
+
+    def needs_untested_flag(self) -> bool:
+        """Whether DeepSpeed would ask "zero_allow_untested_optimizer" of this optimizer under
+        ZeRO: one zero does not build itself, other than an Adam variant (amsgrad, ...)."""
+        return self.external is not None and not isinstance(
+            self.external.client, (torch.optim.Adam, torch.optim.AdamW))
 
     def momentum_buffer_needed(self, groups) -> bool:
         return self.kind == "sgd" and any(g.get("momentum", 0.0) != 0.0 for g in groups)
+
+
+def check_external(spec: OptimizerSpec, config) -> None:
+    """What an optimizer zero runs as the script's own object (external_optimizer.py) needs:
+    DeepSpeed's consent to an untested optimizer under ZeRO, and its state on the device."""
+    if spec.external is None:
+        return
+    zero_cfg = config.zero_optimization
+    if spec.needs_untested_flag() and zero_cfg.stage >= 1 \
+            and not config.zero_allow_untested_optimizer:
+        raise ValueError(
+            f"zero: ZeRO stage {zero_cfg.stage} with optimizer {spec.external.name}, which "
+            "DeepSpeed does not test under ZeRO: add \"zero_allow_untested_optimizer\": true "
+            "to the config (as DeepSpeed asks; the HF Trainer adds it when it builds the "
+            "optimizer), or use Adam, AdamW, Adagrad, Lion or SGD")
+    if zero_cfg.offload_optimizer.device != "none":
+        raise ValueError(
+            f"zero: zero_optimization.offload_optimizer.device "
+            f"\"{zero_cfg.offload_optimizer.device}\" with optimizer {spec.external.name}: zero "
+            "offloads the optimizers it builds itself (Adam, AdamW, Adagrad, Lion, SGD); remove "
+            "offload_optimizer or use one of those")
 
 
 def fill_initial_state(core, engine_groups, param_groups) -> None:
@@ -104,9 +135,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
     optimizer has one; it is absent at the other stages, as there."""
 
     def __init__(self, spec: OptimizerSpec, param_groups: list[dict],  # noqa: super-init-not-called
-                 loss_scaler=None):
+                 loss_scaler=None, owners: list[int] | None = None):
         self.spec = spec
         self.param_groups = param_groups
+        self.owners = owners or []  # the optimizer group of each engine group
         self.defaults = spec.defaults
         self.state = collections.defaultdict(dict)
         self.overflow = False  # the last step was skipped (fp16 overflow, non-finite grads)
@@ -126,14 +158,22 @@ class ZeroOptimizer(torch.optim.Optimizer):
     loss_scale = property(_get_scale, _set_scale)
 
     def hypers(self) -> list:
-        """Per-group hyperparameters for EngineCore.step (_C.OptimizerHyper), read fresh each
-        step so schedulers and scripts that edit param_groups take effect."""
-        return [optimizer_hyper(self.spec.kind, group, self.spec.decoupled_weight_decay)
-                for group in self.param_groups]
+        """Each engine group's hyperparameters for EngineCore.step (_C.OptimizerHyper), read
+        fresh each step so schedulers and scripts that edit param_groups take effect."""
+        hypers = []
+        for g, owner in enumerate(self.owners):
+            group = self.param_groups[owner]
+            external = self.spec.external.update(g, owner, group) if self.spec.external else None
+            hypers.append(optimizer_hyper(self.spec.kind, group, self.spec.decoupled_weight_decay,
+                                          external))
+        return hypers
 
     def state_dict(self) -> dict:
-        return {"param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                 for g in self.param_groups]}
+        state = {"param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                  for g in self.param_groups]}
+        if self.spec.external is not None:  # its state that is not per element
+            state["external_scalars"] = self.spec.external.scalar_state()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         saved = state["param_groups"]
@@ -142,6 +182,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
                              f"has {len(self.param_groups)}; the model's parameter groups changed")
         for group, values in zip(self.param_groups, saved):
             group.update(values)
+        if self.spec.external is not None:
+            self.spec.external.load_scalar_state(state.get("external_scalars", {}), self.owners)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - engine owns grads
         """Gradients live in engine buffers; engine.zero_grad() clears them."""

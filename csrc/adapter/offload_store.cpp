@@ -11,9 +11,9 @@
 
 namespace zero::adapter {
 
-std::vector<std::string> state_array_names(OptimizerKind kind, bool sgd_momentum) {
+std::vector<std::string> state_array_names(const std::vector<std::string>& optimizer_states) {
   std::vector<std::string> names{"master"};
-  for (std::string& name : optimizer_state_names(kind, sgd_momentum)) names.push_back(std::move(name));
+  names.insert(names.end(), optimizer_states.begin(), optimizer_states.end());
   return names;
 }
 

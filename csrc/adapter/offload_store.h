@@ -35,7 +35,7 @@ struct ChunkGrid {
 
 // The state arrays an optimizer keeps: "master", then "exp_avg" and "exp_avg_sq" (Adam) or
 // "momentum_buffer" (SGD with momentum).
-std::vector<std::string> state_array_names(OptimizerKind kind, bool sgd_momentum);
+std::vector<std::string> state_array_names(const std::vector<std::string>& optimizer_states);
 // The registry category of a state array: kMaster for "master", else kOptimizerState.
 core::MemoryCategory state_category(const std::string& name);
 

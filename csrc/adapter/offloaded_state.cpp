@@ -19,8 +19,12 @@ double seconds_since(Clock::time_point since) {
 
 OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                                const c10::TensorOptions& device_options, OptimizerKind kind,
-                               bool sgd_momentum, const OffloadOptions& offload)
-    : kind_(kind), sgd_momentum_(sgd_momentum), num_threads_(offload.num_threads) {
+                               std::vector<std::string> state_names,
+                               const OffloadOptions& offload)
+    : kind_(kind), state_names_(std::move(state_names)), num_threads_(offload.num_threads) {
+  TORCH_CHECK_VALUE(kind != OptimizerKind::kExternal, "zero: an optimizer zero does not build "
+                    "itself steps on the device only; remove offload_optimizer, or use Adam, "
+                    "AdamW, Adagrad, Lion or SGD");
   TORCH_CHECK_VALUE(offload.num_threads >= 1, "zero: offload threads must be >= 1, got ",
                     offload.num_threads);
   TORCH_CHECK(offload.tile_numel > 0, "zero: offload chunk size (sub_group_size) must be > 0, "
@@ -29,7 +33,7 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
               "parameter update works with offload_optimizer device \"cpu\", not \"nvme\"; turn "
               "delayed_update off or use the CPU");
   grid_ = {shard_numel, std::min(offload.tile_numel, std::max<std::int64_t>(shard_numel, 1))};
-  store_ = make_offload_store(registry, grid_, state_array_names(kind, sgd_momentum), offload);
+  store_ = make_offload_store(registry, grid_, state_array_names(state_names_), offload);
   const at::ScalarType model_type = device_options.dtype().toScalarType();
   const bool sixteen_bit = model_type != at::kFloat;
   if (offload.delayed_update) {
@@ -279,7 +283,7 @@ void OffloadedState::update(const at::Tensor& grads, const at::Tensor& out, std:
     at::Tensor fp32 = grads.to(at::kFloat);
     if (grad_scale != 1.0) fp32.mul_(grad_scale);
     std::vector<at::Tensor> states;
-    for (const std::string& name : optimizer_state_names(kind_, sgd_momentum_)) {
+    for (const std::string& name : state_names_) {
       states.push_back(state(name.c_str()));
     }
     optimizer_update(master, fp32, states, hyper, step);

@@ -45,8 +45,8 @@ struct OffloadTimings {
 class OffloadedState {
  public:
   OffloadedState(core::MemoryRegistry& registry, std::int64_t shard_numel,
-                 const c10::TensorOptions& device_options, OptimizerKind kind, bool sgd_momentum,
-                 const OffloadOptions& offload);
+                 const c10::TensorOptions& device_options, OptimizerKind kind,
+                 std::vector<std::string> state_names, const OffloadOptions& offload);
   OffloadedState(const OffloadedState&) = delete;
   OffloadedState& operator=(const OffloadedState&) = delete;
 
@@ -88,7 +88,7 @@ class OffloadedState {
   void wait_delayed() const;
 
   OptimizerKind kind_;
-  bool sgd_momentum_ = false;
+  std::vector<std::string> state_names_;  // the optimizer's arrays (not the master)
   int num_threads_ = 1;
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home

@@ -28,17 +28,20 @@ const char* optimizer_name(OptimizerKind kind) {
     case OptimizerKind::kSgd: return "SGD";
     case OptimizerKind::kAdagrad: return "Adagrad";
     case OptimizerKind::kLion: return "Lion";
+    case OptimizerKind::kExternal: return "an external optimizer";
   }
   return "?";
 }
 
-std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_momentum) {
+std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_momentum,
+                                               const std::vector<std::string>& external) {
   switch (kind) {
     case OptimizerKind::kAdam: return {"exp_avg", "exp_avg_sq"};
     case OptimizerKind::kSgd: return sgd_momentum ? std::vector<std::string>{"momentum_buffer"}
                                                   : std::vector<std::string>{};
     case OptimizerKind::kAdagrad: return {"sum"};
     case OptimizerKind::kLion: return {"exp_avg"};
+    case OptimizerKind::kExternal: return external;
   }
   return {};
 }
@@ -53,6 +56,9 @@ void optimizer_update(at::Tensor& param, const at::Tensor& grad, std::vector<at:
     }
     case OptimizerKind::kAdagrad: return adagrad_update(param, grad, states.at(0), hyper, step);
     case OptimizerKind::kLion: return lion_update(param, grad, states.at(0), hyper);
+    case OptimizerKind::kExternal:
+      TORCH_CHECK(hyper.external, "zero: an external optimizer's group stepped without its update");
+      return hyper.external(param, grad, states);
   }
 }
 

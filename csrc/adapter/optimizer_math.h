@@ -6,6 +6,7 @@
 // DeepSpeed's FusedLion), so a sharded run matches the single-process reference to float
 // rounding.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,14 @@
 
 namespace zero::adapter {
 
-enum class OptimizerKind { kAdam, kSgd, kAdagrad, kLion };
+// kExternal: any other optimizer, run outside the engine on the whole shard (a torch optimizer
+// in Python: zero/external_optimizer.py) through OptimizerHyper::external.
+enum class OptimizerKind { kAdam, kSgd, kAdagrad, kLion, kExternal };
+
+// An external update of one shard: `master` (fp32, updated in place), its fp32 `grads`
+// (unscaled and clipped), and the group's per-element arrays in its state-name order.
+using ExternalUpdate = std::function<void(const at::Tensor& master, const at::Tensor& grads,
+                                          const std::vector<at::Tensor>& states)>;
 
 const char* optimizer_name(OptimizerKind kind);  // "Adam", "SGD", ...
 
@@ -33,12 +41,15 @@ struct OptimizerHyper {
   bool nesterov = false;
   // Adagrad (its initial_accumulator_value is the sum's starting value: zero/optimizer.py)
   double lr_decay = 0.0;
+  ExternalUpdate external;  // kExternal
 };
 
 // The arrays a kind keeps per element, laid out like the shard, under torch.optim's state
 // names, in the order optimizer_update takes them: Adam exp_avg and exp_avg_sq, SGD
-// momentum_buffer (only with momentum), Adagrad sum, Lion exp_avg.
-std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_momentum);
+// momentum_buffer (only with momentum), Adagrad sum, Lion exp_avg; an external optimizer's
+// are its own (`external`).
+std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_momentum,
+                                               const std::vector<std::string>& external = {});
 
 // One update of `param` (fp32) from fp32 `grad` with the kind's arrays (in
 // optimizer_state_names order). step is 1-based and already counts this update.

@@ -18,6 +18,10 @@ c10::TensorOptions bucket_options(const c10::TensorOptions& model, const GroupOp
   return model.dtype(to_scalar_type(*options.communication_dtype));
 }
 
+std::vector<std::string> optimizer_arrays(const GroupOptions& options) {
+  return optimizer_state_names(options.optimizer, options.sgd_momentum, options.external_states);
+}
+
 void start_grad_window(PlacedBuffer& shard, GradReducer& reducer) {
   if (shard.on_host()) {
     reducer.grads_discarded();
@@ -49,7 +53,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
       rank_(options.stage == 0 ? 0 : communicator.rank()),
       layout_(layout_for(params_, options, communicator.world_size())),
       state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
-             options.sgd_momentum, /*keep_master=*/mixed_precision(), options.offload) {
+             optimizer_arrays(options), /*keep_master=*/mixed_precision(), options.offload) {
   TORCH_CHECK(!options.offload.enabled || options.stage >= 1, "zero: offload_optimizer needs "
               "ZeRO stage 1, 2 or 3 (at stage 0 nothing is sharded to offload)");
   const c10::TensorOptions model_options = params_.front().options();

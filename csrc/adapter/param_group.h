@@ -57,6 +57,8 @@ void start_grad_window(PlacedBuffer& shard, GradReducer& reducer);
 // The reduce buckets' options: the gradients' (`model`), in the communication dtype if one
 // is set.
 c10::TensorOptions bucket_options(const c10::TensorOptions& model, const GroupOptions& options);
+// The optimizer-state arrays a group of these options keeps (optimizer_state_names).
+std::vector<std::string> optimizer_arrays(const GroupOptions& options);
 
 struct GroupOptions {
   int stage = 0;
@@ -69,6 +71,8 @@ struct GroupOptions {
   bool shard_grads = false;
   OptimizerKind optimizer = OptimizerKind::kAdam;
   bool sgd_momentum = false;  // SGD keeps a momentum buffer only when momentum != 0
+  // kExternal: the per-element arrays the optimizer keeps (zero/external_optimizer.py)
+  std::vector<std::string> external_states;
   OffloadOptions offload;     // optimizer state in host memory (stages 1-3)
   ParamOffloadOptions offload_param;
   // Indices (in this group) of parameters the model holds under more than one name (tied

@@ -6,15 +6,18 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 namespace zero::adapter {
 
 ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                        const c10::TensorOptions& device_options, OptimizerKind kind,
-                       bool sgd_momentum, bool keep_master, const OffloadOptions& offload)
-    : kind_(kind), sgd_momentum_(sgd_momentum), shard_numel_(shard_numel),
-      device_numel_(shard_numel), state_names_(optimizer_state_names(kind, sgd_momentum)) {
+                       std::vector<std::string> state_names, bool keep_master,
+                       const OffloadOptions& offload)
+    : kind_(kind), shard_numel_(shard_numel), device_numel_(shard_numel),
+      state_names_(std::move(state_names)) {
+  if (kind == OptimizerKind::kExternal) keep_master = true;  // the update's one fp32 tensor
   if (offload.enabled) {
     TORCH_CHECK(offload.ratio >= 0.0 && offload.ratio <= 1.0, "zero: offload_optimizer.ratio "
                 "must be in [0, 1], got ", offload.ratio);
@@ -24,7 +27,7 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
     device_numel_ = shard_numel - host;
     if (host > 0) {
       offloaded_ = std::make_unique<OffloadedState>(registry, host, device_options, kind,
-                                                    sgd_momentum, offload);
+                                                    state_names_, offload);
     }
     keep_master = true;  // parameters and master are separate wherever the step runs
   }
@@ -149,7 +152,7 @@ std::pair<std::vector<ShardPiece>, std::vector<ShardPiece>> ShardState::split(
 void ShardState::check_kind(const OptimizerHyper& hyper) const {
   TORCH_CHECK(hyper.kind == kind_, "zero: the group was built for ", optimizer_name(kind_),
               " but stepped with ", optimizer_name(hyper.kind));
-  TORCH_CHECK(kind_ != OptimizerKind::kSgd || hyper.momentum == 0.0 || sgd_momentum_,
+  TORCH_CHECK(kind_ != OptimizerKind::kSgd || hyper.momentum == 0.0 || !state_names_.empty(),
               "zero: SGD momentum was enabled after the engine was built without it");
 }
 
@@ -164,6 +167,7 @@ void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHype
                       double grad_scale, std::int64_t step,
                       const std::function<void(std::size_t)>& stepped) {
   check_kind(hyper);
+  if (kind_ == OptimizerKind::kExternal) return external_step(pieces, hyper, grad_scale, stepped);
   if (!offloaded_) {
     for (std::size_t i = 0; i < pieces.size(); ++i) {
       step_on_device(pieces[i], hyper, grad_scale, step);
@@ -176,6 +180,26 @@ void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHype
   for (const ShardPiece& piece : head) step_on_device(piece, hyper, grad_scale, step);
   if (!tail.empty()) offloaded_->step(tail, hyper, grad_scale, step);
   for (std::size_t i = 0; stepped && i < pieces.size(); ++i) stepped(i);
+}
+
+void ShardState::external_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
+                               double grad_scale,
+                               const std::function<void(std::size_t)>& stepped) {
+  const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor master = master_.defined() ? master_ : at::empty({0}, fp32);  // empty shard
+  // The whole shard's gradients in one tensor, as the optimizer sees one parameter; what no
+  // piece covers (alignment padding) is 0.
+  at::Tensor grads = at::zeros({shard_numel_}, master.options());
+  for (const ShardPiece& piece : pieces) {
+    grads.narrow(0, piece.offset, piece.grad.numel()).copy_(piece.grad);
+  }
+  if (grad_scale != 1.0) grads.mul_(grad_scale);
+  TORCH_CHECK(hyper.external, "zero: an external optimizer's group stepped without its update");
+  hyper.external(master, grads, states_);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    store_params(pieces[i], 0, master.narrow(0, pieces[i].offset, pieces[i].grad.numel()));
+    if (stepped) stepped(i);
+  }
 }
 
 void ShardState::step_on_device(const ShardPiece& piece, const OptimizerHyper& hyper,

@@ -23,10 +23,12 @@ namespace zero::adapter {
 
 class ShardState {
  public:
-  // keep_master: a separate fp32 master (mixed precision); offload always keeps one.
+  // state_names: the optimizer's arrays (optimizer_state_names). keep_master: a separate fp32
+  // master (mixed precision); offload and an external optimizer always keep one.
   ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
-             const c10::TensorOptions& device_options, OptimizerKind kind, bool sgd_momentum,
-             bool keep_master, const OffloadOptions& offload);
+             const c10::TensorOptions& device_options, OptimizerKind kind,
+             std::vector<std::string> state_names, bool keep_master,
+             const OffloadOptions& offload);
 
   bool has_master() const { return master_.defined() || offloaded_ != nullptr; }
   bool offloaded() const { return offloaded_ != nullptr; }
@@ -83,6 +85,10 @@ class ShardState {
                  std::int64_t step);
   void step_on_device(const ShardPiece& piece, const OptimizerHyper& hyper, double grad_scale,
                       std::int64_t step);
+  // kExternal: hyper.external updates the whole shard at once, then the pieces get their
+  // parameters.
+  void external_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
+                     double grad_scale, const std::function<void(std::size_t)>& stepped);
   void update(at::Tensor master, const at::Tensor& grads, std::int64_t offset,
               const OptimizerHyper& hyper, std::int64_t step);
   at::Tensor state(const std::string& name) const;  // "master" too; undefined when absent
@@ -90,12 +96,11 @@ class ShardState {
   bool on_device_only() const { return device_numel_ > 0 || !offloaded_; }
 
   OptimizerKind kind_;
-  bool sgd_momentum_;
   std::int64_t shard_numel_;
   std::int64_t device_numel_;  // [0, device_numel_) of the shard keeps its state here
   std::vector<TrackedTensor> device_owned_;
   at::Tensor master_;
-  std::vector<std::string> state_names_;  // optimizer_state_names(kind, sgd_momentum)
+  std::vector<std::string> state_names_;
   std::vector<at::Tensor> states_;        // the head's arrays, in state_names_ order
   std::unique_ptr<OffloadedState> offloaded_;
 };

@@ -51,7 +51,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                             communicator_.world_size())),
       model_options_(params_.front().options()),
       state_(registry, layout_.shard_numel(), model_options_, options.optimizer,
-             options.sgd_momentum,
+             optimizer_arrays(options),
              // With the parameters on the host, a device-side step needs its own master.
              /*keep_master=*/mixed_precision() || options.offload_param.enabled,
              options.offload),

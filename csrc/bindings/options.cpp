@@ -25,7 +25,8 @@ void bind_options(py::module_& m) {
       .value("adam", adapter::OptimizerKind::kAdam)
       .value("sgd", adapter::OptimizerKind::kSgd)
       .value("adagrad", adapter::OptimizerKind::kAdagrad)
-      .value("lion", adapter::OptimizerKind::kLion);
+      .value("lion", adapter::OptimizerKind::kLion)
+      .value("external", adapter::OptimizerKind::kExternal);
 
   // offload_states' kinds, under DeepSpeed's OffloadStateTypeEnum names
   py::enum_<adapter::StateKind>(m, "StateKind")
@@ -48,7 +49,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("momentum", &Hyper::momentum)
       .def_readwrite("dampening", &Hyper::dampening)
       .def_readwrite("nesterov", &Hyper::nesterov)
-      .def_readwrite("lr_decay", &Hyper::lr_decay);
+      .def_readwrite("lr_decay", &Hyper::lr_decay)
+      .def_readwrite("external", &Hyper::external);
 
   py::class_<core::AioConfig>(m, "AioConfig")
       .def(py::init<>())
@@ -91,6 +93,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("shard_grads", &Group::shard_grads)
       .def_readwrite("optimizer", &Group::optimizer)
       .def_readwrite("sgd_momentum", &Group::sgd_momentum)
+      .def_readwrite("external_states", &Group::external_states)
       .def_readwrite("offload", &Group::offload)
       .def_readwrite("offload_param", &Group::offload_param)
       .def_readwrite("shared_params", &Group::shared_params)

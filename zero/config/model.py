@@ -232,7 +232,7 @@ class ZeroConfig:
     prescale_gradients: bool
     gradient_predivide_factor: float
     communication_data_type: Optional[str]  # "fp16" | "bf16" | "fp32" | None (= training dtype)
-    zero_allow_untested_optimizer: bool  # accepted for compatibility, no effect
+    zero_allow_untested_optimizer: bool  # a client optimizer zero does not build, under ZeRO
     zero_force_ds_cpu_optimizer: bool  # accepted for compatibility, no effect
     memory_report: MemoryReportConfig
     nonfinite_gradients: str  # "skip" | "raise"

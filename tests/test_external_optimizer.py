@@ -1,0 +1,193 @@
+"""Any other torch optimizer, passed by the script (DeepSpeed's "untested optimizer"): the
+engine runs a copy of it on each rank's fp32 shard. Element-wise ones train exactly like the
+same optimizer in one process at every stage; their per-element state is counted, read by
+name, checkpointed and resharded, and their other state (step counts, NAdam's mu_product)
+carried by checkpoints; Adafactor (transformers) runs on the shard as it does under
+DeepSpeed. What DeepSpeed refuses or zero cannot do is an error that says what to do."""
+import copy
+
+import pytest
+import torch
+
+import training
+from distributed_harness import run_distributed
+
+pytestmark = pytest.mark.timeout(240)
+STEPS, GAS = 6, 2
+# name -> (factory, per-element arrays)
+OPTIMIZERS = {
+    "rmsprop": (lambda ps: torch.optim.RMSprop(ps, lr=1e-3, momentum=0.5, centered=True,
+                                               weight_decay=0.01),
+                ["square_avg", "momentum_buffer", "grad_avg"]),
+    "nadam": (lambda ps: torch.optim.NAdam(ps, lr=2e-3, weight_decay=0.01), ["exp_avg", "exp_avg_sq"]),
+    "adamw-amsgrad": (lambda ps: torch.optim.AdamW(ps, lr=2e-3, amsgrad=True),
+                      ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]),
+    "adadelta": (lambda ps: torch.optim.Adadelta(ps, lr=0.5), ["square_avg", "acc_delta"]),
+}
+
+
+def _config(stage, gas=GAS):
+    config = training.engine_config(stage, gas=gas)
+    del config["optimizer"]  # the script's own
+    config["zero_allow_untested_optimizer"] = True
+    if stage == 3:
+        config["zero_optimization"]["stage3_param_persistence_threshold"] = 10
+    return config
+
+
+def _engine(name, stage, gas=GAS, model=None):
+    import zero
+
+    model = model or training.make_model()
+    optimizer = OPTIMIZERS[name][0](model.parameters())
+    engine, _, _, _ = zero.initialize(model=model, config=_config(stage, gas), optimizer=optimizer)
+    return engine
+
+
+def _train_stages(rank, world, name):
+    from zero.compat.deepspeed.utils import safe_get_full_optimizer_state
+
+    runs = []
+    for stage in range(4):
+        engine = _engine(name, stage)
+        losses = training.train_engine(engine, rank, world, STEPS, GAS)
+        weights = {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}
+        first = next(p for p in engine.module.parameters() if p.requires_grad)
+        arrays = {a: safe_get_full_optimizer_state(first, a) for a in OPTIMIZERS[name][1]}
+        state = engine.memory_report()["categories"]["optimizer_state"]
+        runs.append((losses, weights, arrays, (state["current"], state["expected"])))
+        engine.destroy()
+    return runs
+
+
+def _reference(name):
+    """One process, the global batch, the same optimizer, clipping and schedule."""
+    from zero.schedulers import build_scheduler
+
+    model = training.make_model()
+    params = list(model.parameters())
+    optimizer = OPTIMIZERS[name][0](params)
+    config = training.engine_config(0)
+    scheduler = build_scheduler(config["scheduler"]["type"],
+                                copy.deepcopy(config["scheduler"]["params"]), optimizer)
+    data = training.batches(2, STEPS, GAS)
+    losses = []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        total = 0.0
+        for micro in range(GAS):
+            parts = [data[(step * GAS + micro) * 2 + r] for r in range(2)]
+            loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+            (loss / GAS).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(total / GAS)
+    return losses, training.parameters_of(model), optimizer.state[params[0]]
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_elementwise_optimizers_match_the_single_process_run_at_every_stage(name):
+    ref_losses, ref_params, ref_state = _reference(name)
+    for stage, (losses, params, arrays, (state_bytes, formula)) in enumerate(
+            run_distributed(_train_stages, 2, args=(name,))[0]):
+        assert losses == pytest.approx(ref_losses, rel=1e-5), stage
+        for key, expected in ref_params.items():
+            assert training.relative_error(params[key], expected) < 1e-5, (stage, key)
+        for array, value in arrays.items():  # the optimizer's own names, per parameter
+            assert training.relative_error(value, ref_state[array]) < 1e-4, (stage, array)
+        assert state_bytes == formula, stage  # 4 bytes per element and array, counted
+    assert ref_losses[-1] < ref_losses[0] - 0.02  # the reference learned: the check can fail
+
+
+def _resume(rank, world, name, stage, gas, first, steps, load_dir, save_dir):
+    engine = _engine(name, stage, gas)
+    if load_dir:
+        engine.load_checkpoint(load_dir)
+        assert engine.global_steps == first
+    losses = training.train_engine(engine, rank, world, steps, gas, first_step=first)
+    if save_dir:
+        engine.save_checkpoint(save_dir)
+    return losses
+
+
+def test_a_checkpoint_resumes_at_another_world_size_and_stage(tmp_path):
+    """NAdam: its moments are resharded like Adam's, and its step count and mu_product (state
+    that is not per element, which its update uses) come back too."""
+    saved = 3
+    whole = run_distributed(_resume, 2, args=("nadam", 1, 1, 0, STEPS, None, None))[0]
+    run_distributed(_resume, 2, args=("nadam", 1, 1, 0, saved, None, str(tmp_path)))
+    resumed = run_distributed(_resume, 1, args=("nadam", 3, 2, saved, STEPS - saved,
+                                                str(tmp_path), None))[0]
+    assert resumed == pytest.approx(whole[saved:], rel=1e-5)
+    checkpoint = torch.load(next(tmp_path.glob("global_step3/*model_states.pt")),
+                            weights_only=False)
+    scalars = checkpoint["optimizer"]["external_scalars"][0]
+    assert float(scalars["step"]) == saved and 0 < float(scalars["mu_product"]) < 1
+
+
+def _adafactor(rank, world, first, steps, load_dir, save_dir):
+    import zero
+    from transformers.optimization import Adafactor
+
+    model = training.make_model()
+    # the HF Trainer's --optim adafactor
+    optimizer = Adafactor(model.parameters(), lr=1e-2, scale_parameter=False, relative_step=False)
+    engine, _, _, _ = zero.initialize(model=model, config=_config(2), optimizer=optimizer)
+    if load_dir:
+        engine.load_checkpoint(load_dir)
+    losses = training.train_engine(engine, rank, world, steps, GAS, first_step=first)
+    if save_dir:
+        engine.save_checkpoint(save_dir)
+    return losses, engine.optimizer_name(), engine.core.group_state_names(0)
+
+
+def test_adafactor_trains_on_the_shards_and_resumes(tmp_path):
+    """transformers' Adafactor sees each rank's flat shard as its tensor (unfactored, as under
+    DeepSpeed): it trains, keeps its second moment per element, and a resume goes on as the
+    run it came from."""
+    pytest.importorskip("transformers")
+    whole, name, arrays = run_distributed(_adafactor, 2, args=(0, STEPS, None, None))[0]
+    assert name == "Adafactor" and arrays == ["exp_avg_sq"]
+    assert whole[-1] < whole[0] - 0.02
+    run_distributed(_adafactor, 2, args=(0, 3, None, str(tmp_path)))
+    resumed, _, _ = run_distributed(_adafactor, 2, args=(3, STEPS - 3, str(tmp_path), None))[0]
+    assert resumed == pytest.approx(whole[3:], rel=1e-6)
+
+
+def _initialize(rank, world, name, config):
+    import zero
+
+    model = training.make_model()
+    factory = torch.optim.LBFGS if name == "lbfgs" else OPTIMIZERS[name][0]
+    try:
+        zero.initialize(model=model, config=config, optimizer=factory(model.parameters()))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_deepspeeds_consent_is_asked_under_zero_only():
+    rmsprop = "rmsprop"
+    config = _config(2)
+    del config["zero_allow_untested_optimizer"]
+    error, = run_distributed(_initialize, 1, args=(rmsprop, config))
+    assert error is not None and '"zero_allow_untested_optimizer": true' in error
+    assert "RMSprop" in error
+    assert run_distributed(_initialize, 1, args=(rmsprop, {**config, "zero_optimization": {
+        "stage": 0}}))[0] is None  # stage 0: DeepSpeed asks nothing
+    amsgrad = "adamw-amsgrad"  # an Adam: DeepSpeed's supported type
+    assert run_distributed(_initialize, 1, args=(amsgrad, config))[0] is None
+
+
+@pytest.mark.parametrize("name,config,message", [
+    ("rmsprop", {"offload_optimizer": {"device": "cpu"}}, "offload_optimizer.device"),
+    ("lbfgs", {}, "LBFGS cannot step a flat shard"),
+], ids=["offload", "lbfgs"])
+def test_what_cannot_run_says_what_to_do(name, config, message):
+    full = _config(2)
+    full["zero_optimization"].update(config)
+    for error in run_distributed(_initialize, 2, args=(name, full)):
+        assert error is not None and message in error, error
+        assert "Adam, AdamW, Adagrad, Lion" in error
