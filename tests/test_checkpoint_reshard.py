@@ -22,13 +22,7 @@ def _train(rank, world, stage, gas, offload, first, steps, load_dir, save_dir):
 
     engine, _, _, _ = zero.initialize(model=training.make_model(),
                                       config=_config(stage, gas, offload))
-    if load_dir:
-        engine.load_checkpoint(load_dir)
-        assert engine.global_steps == first
-    losses = training.train_engine(engine, rank, world, steps, gas, first_step=first)
-    if save_dir:
-        engine.save_checkpoint(save_dir)
-    return losses
+    return training.load_train_save(engine, rank, world, gas, first, steps, load_dir, save_dir)
 
 
 @pytest.mark.parametrize("stage,offload,saved_world,loaded_world", [

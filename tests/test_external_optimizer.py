@@ -4,8 +4,6 @@ same optimizer in one process at every stage; their per-element state is counted
 name, checkpointed and resharded, and their other state (step counts, NAdam's mu_product)
 carried by checkpoints; Adafactor (transformers) runs on the shard as it does under
 DeepSpeed. What DeepSpeed refuses or zero cannot do is an error that says what to do."""
-import copy
-
 import pytest
 import torch
 
@@ -60,36 +58,11 @@ def _train_stages(rank, world, name):
     return runs
 
 
-def _reference(name):
-    """One process, the global batch, the same optimizer, clipping and schedule."""
-    from zero.schedulers import build_scheduler
-
-    model = training.make_model()
-    params = list(model.parameters())
-    optimizer = OPTIMIZERS[name][0](params)
-    config = training.engine_config(0)
-    scheduler = build_scheduler(config["scheduler"]["type"],
-                                copy.deepcopy(config["scheduler"]["params"]), optimizer)
-    data = training.batches(2, STEPS, GAS)
-    losses = []
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        total = 0.0
-        for micro in range(GAS):
-            parts = [data[(step * GAS + micro) * 2 + r] for r in range(2)]
-            loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-            (loss / GAS).backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        losses.append(total / GAS)
-    return losses, training.parameters_of(model), optimizer.state[params[0]]
-
-
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_elementwise_optimizers_match_the_single_process_run_at_every_stage(name):
-    ref_losses, ref_params, ref_state = _reference(name)
+    ref_losses, ref_params, optimizer = training.train_reference(
+        2, STEPS, GAS, training.engine_config(0), make_optimizer=OPTIMIZERS[name][0])
+    ref_state = optimizer.state[optimizer.param_groups[0]["params"][0]]
     for stage, (losses, params, arrays, (state_bytes, formula)) in enumerate(
             run_distributed(_train_stages, 2, args=(name,))[0]):
         assert losses == pytest.approx(ref_losses, rel=1e-5), stage
@@ -102,14 +75,8 @@ def test_elementwise_optimizers_match_the_single_process_run_at_every_stage(name
 
 
 def _resume(rank, world, name, stage, gas, first, steps, load_dir, save_dir):
-    engine = _engine(name, stage, gas)
-    if load_dir:
-        engine.load_checkpoint(load_dir)
-        assert engine.global_steps == first
-    losses = training.train_engine(engine, rank, world, steps, gas, first_step=first)
-    if save_dir:
-        engine.save_checkpoint(save_dir)
-    return losses
+    return training.load_train_save(_engine(name, stage, gas), rank, world, gas, first, steps,
+                                    load_dir, save_dir)
 
 
 def test_a_checkpoint_resumes_at_another_world_size_and_stage(tmp_path):

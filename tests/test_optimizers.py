@@ -115,13 +115,7 @@ def _resume(rank, world, name, stage, gas, first, steps, load_dir, save_dir):
     config = _config(name, stage)
     config["gradient_accumulation_steps"] = gas
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
-    if load_dir:
-        engine.load_checkpoint(load_dir)
-        assert engine.global_steps == first
-    losses = training.train_engine(engine, rank, world, steps, gas, first_step=first)
-    if save_dir:
-        engine.save_checkpoint(save_dir)
-    return losses
+    return training.load_train_save(engine, rank, world, gas, first, steps, load_dir, save_dir)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))

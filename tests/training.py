@@ -152,13 +152,8 @@ def resume_and_train(config: dict, rank: int, world: int, first: int, steps: int
     import zero
 
     engine, _, _, _ = zero.initialize(model=make_model(), config=config)
-    if load_dir:
-        engine.load_checkpoint(load_dir)
-    gas = config["gradient_accumulation_steps"]
-    losses = train_engine(engine, rank, world, steps, gas, first_step=first)
-    if save_dir:
-        engine.save_checkpoint(save_dir)
-    return losses
+    return load_train_save(engine, rank, world, config["gradient_accumulation_steps"], first,
+                           steps, load_dir, save_dir)
 
 
 def parameters_of(module) -> dict[str, torch.Tensor]:
@@ -205,36 +200,62 @@ def engine_at_boundary(config: dict, rank: int, world: int):
     return engine
 
 
-def train_reference(world: int, steps: int, gas: int, config: dict, **model_options):
-    """Single process, global batch, torch.optim.AdamW, clip_grad_norm_, zero's scheduler."""
+def train_reference(world: int, steps: int, gas: int, config: dict, make_optimizer=None,
+                    **model_options):
+    """Single process, global batch, the config's optimizer (torch.optim.AdamW, ...; or
+    `make_optimizer(params)`), clip_grad_norm_, zero's scheduler: (losses, parameters); with
+    make_optimizer also the optimizer."""
     from zero.schedulers import build_scheduler
 
     model = make_model(**model_options)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = reference_adamw(params, config)
+    optimizer = make_optimizer(params) if make_optimizer else reference_adamw(params, config)
     scheduler = None
     if "scheduler" in config:
         scheduler = build_scheduler(config["scheduler"]["type"],
                                     copy.deepcopy(config["scheduler"]["params"]), optimizer)
-    data = batches(world, steps, gas)
+    losses = reference_steps(model, optimizer, batches(world, steps, gas), world, steps, gas,
+                             config.get("gradient_clipping"), scheduler)
+    if make_optimizer:
+        return losses, parameters_of(model), optimizer
+    return losses, parameters_of(model)
+
+
+def reference_steps(model, optimizer, data, world: int, steps: int, gas: int, clip=None,
+                    scheduler=None) -> list[float]:
+    """`steps` optimizer steps in one process on the global batch: micro-step m of step s
+    takes the ranks' micro-batches (s * gas + m) * world + r together, its loss divided by
+    gas; clipping at `clip` when given. The mean loss of each step."""
     losses = []
     for step in range(steps):
         optimizer.zero_grad()
         total = 0.0
         for micro in range(gas):
             parts = [data[(step * gas + micro) * world + r] for r in range(world)]
-            tokens = torch.cat([p[0] for p in parts])
-            targets = torch.cat([p[1] for p in parts])
-            loss = model(tokens, targets)
+            loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
             (loss / gas).backward()
             total += loss.item()
-        if config.get("gradient_clipping"):
-            torch.nn.utils.clip_grad_norm_(params, config["gradient_clipping"])
+        if clip:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                           clip)
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
         losses.append(total / gas)
-    return losses, parameters_of(model)
+    return losses
+
+
+def load_train_save(engine, rank: int, world: int, gas: int, first: int, steps: int,
+                    load_dir=None, save_dir=None) -> list[float]:
+    """Loads `load_dir`'s checkpoint (saved after `first` steps) when given, trains `steps`
+    steps from step `first`, saves into `save_dir` when given; the losses."""
+    if load_dir:
+        engine.load_checkpoint(load_dir)
+        assert engine.global_steps == first
+    losses = train_engine(engine, rank, world, steps, gas, first_step=first)
+    if save_dir:
+        engine.save_checkpoint(save_dir)
+    return losses
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -112,19 +112,6 @@ def reference(name: str) -> list[float]:
     gas = config.get("gradient_accumulation_steps", 1)
     assert "scheduler" not in config and "gradient_clipping" not in config, name
     model = make_model()
-    groups = parameter_groups(model)
-    optimizer = training.reference_adamw(groups, config)
+    optimizer = training.reference_adamw(parameter_groups(model), config)
     data = synthetic_batches(MODEL, MICRO, STEPS * gas * WORLD, seed=3)
-    losses = []
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        total = 0.0
-        for micro in range(gas):
-            parts = [data[(step * gas + micro) * WORLD + r] for r in range(WORLD)]
-            loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-            (loss / gas).backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(total / gas)
-    return losses
+    return training.reference_steps(model, optimizer, data, WORLD, STEPS, gas, clip=1.0)
