@@ -213,7 +213,8 @@ def test_client_optimizer_options_zero_does_not_build_run_the_client_itself():
     model = training.make_model()
     amsgrad = OptimizerSpec.from_torch(torch.optim.AdamW(model.parameters(), amsgrad=True))
     assert amsgrad.kind == "external" and not amsgrad.needs_untested_flag()
-    assert amsgrad.external.state_names == ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
+    group = amsgrad.external.client.param_groups[0]
+    assert amsgrad.external.state_names(group) == ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
     maximize = OptimizerSpec.from_torch(torch.optim.SGD(model.parameters(), lr=0.1, maximize=True))
     assert maximize.kind == "external" and maximize.needs_untested_flag()
 

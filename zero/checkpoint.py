@@ -69,7 +69,7 @@ def _atomic_torch_save(obj, path: str) -> dict:
 def _fingerprint(engine, part: checkpoint_mesh.Part) -> dict:
     core = engine.core
     return {"stage": engine.stage, "world_size": dist.get_world_size(),
-            "dtype": str(engine.dtype), "optimizer": engine.optimizer.spec.kind,
+            "dtype": str(engine.dtype), "optimizer": engine.optimizer.spec.label,
             "group_numels": [core.group_numel(g) for g in range(core.group_count)],
             # the ranks each group is sharded over (MiCS: its shard groups', below the world)
             "group_worlds": [core.group_layout(g).world_size for g in range(core.group_count)],

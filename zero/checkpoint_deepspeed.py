@@ -354,6 +354,8 @@ def engine_moments(engine, saved: DeepSpeedCheckpoint) -> dict | None:
     hyperparameters (Lion has no eps)."""
     names = set(dict(engine.core.group_optimizer_state(0))) if engine.core.group_count else set()
     kind = engine.optimizer.spec.kind
+    if kind == "external":  # DeepSpeed's files hold no state of its that is not per element
+        return None
     lion = all("betas" in group and "eps" not in group for group in saved.param_groups)
     if lion != (kind == "lion"):
         return None

@@ -222,7 +222,9 @@ class ZeroEngine(EngineGetters, nn.Module):
         self._boundary_override = None if is_boundary is None else bool(is_boundary)
 
     def get_lr(self) -> list[float]:
-        return [float(group["lr"]) for group in self.optimizer.param_groups]
+        # (an optimizer that sets its own step size, e.g. Adafactor's relative_step, has None)
+        return [group["lr"] if group["lr"] is None else float(group["lr"])
+                for group in self.optimizer.param_groups]
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -50,14 +50,17 @@ class StateLayout:
 def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
                   ) -> list[StateLayout]:
     """What the ZeRO formulas describe for an engine (its EngineCore and EngineGroups): one
-    layout per group kind, (stage, SGD momentum buffer); stage 3's persistent parameters follow
+    layout per group kind, (stage, SGD momentum buffer, an external optimizer's arrays); stage
+    3's persistent parameters follow
     stage 1 and are a layout of their own. N is the ranks a group shards over: the world, or
     with MiCS the shard group."""
-    kinds: dict[tuple[int, bool], dict] = {}
+    kinds: dict[tuple[int, bool, int], dict] = {}
     for g, group in enumerate(groups):
         momentum = spec.momentum_buffer_needed([optimizer_groups[group.owner]])
+        arrays = len(spec.external.state_names(optimizer_groups[group.owner])) \
+            if spec.external else 0
         info = core.group_offload_info(g)
-        kind = kinds.setdefault((group.stage, momentum),
+        kind = kinds.setdefault((group.stage, momentum, arrays),
                                 {"numel": 0, "offloaded": 0, "nvme": 0, "grads_on_host": True})
         kind["numel"] += core.group_numel(g)
         kind["world_size"] = core.group_layout(g).world_size
@@ -67,7 +70,7 @@ def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
     zero_cfg = config.zero_optimization
     return [StateLayout(stage=stage, world_size=kind["world_size"], numel=kind["numel"],
                         param_bytes=param_bytes, optimizer=spec.kind, sgd_momentum=momentum,
-                        external_arrays=len(spec.external.state_names) if spec.external else 0,
+                        external_arrays=arrays,
                         persistent=zero_cfg.stage == 3 and stage == 1,
                         sharded_grads=stage == 1 and grads_sharded(
                             zero_cfg.stage, config.gradient_accumulation_steps),
@@ -75,7 +78,7 @@ def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
                         offload_param=stage == 3 and zero_cfg.offload_param.device != "none",
                         param_nvme_numel=kind["nvme"], grads_on_host=kind["grads_on_host"],
                         offloaded_numel=kind["offloaded"])
-            for (stage, momentum), kind in sorted(kinds.items(), reverse=True)]
+            for (stage, momentum, arrays), kind in sorted(kinds.items(), reverse=True)]
 
 
 def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:

@@ -77,6 +77,11 @@ class OptimizerSpec:
         return cls("external", dict(optimizer.defaults), False, type(optimizer).__name__,
                    ExternalOptimizer(optimizer))
 
+    @property
+    def label(self) -> str:
+        """What a checkpoint records of the optimizer: the kind, or the external class."""
+        return self.kind if self.external is None else f"external {self.external.name}"
+
     def needs_untested_flag(self) -> bool:
         """Whether DeepSpeed would ask "zero_allow_untested_optimizer" of this optimizer under
         ZeRO: one zero does not build itself, other than an Adam variant (amsgrad, ...)."""
@@ -163,7 +168,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         hypers = []
         for g, owner in enumerate(self.owners):
             group = self.param_groups[owner]
-            external = self.spec.external.update(g, owner, group) if self.spec.external else None
+            external = self.spec.external.update(g, group) if self.spec.external else None
             hypers.append(optimizer_hyper(self.spec.kind, group, self.spec.decoupled_weight_decay,
                                           external))
         return hypers
@@ -172,7 +177,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         state = {"param_groups": [{k: v for k, v in g.items() if k != "params"}
                                   for g in self.param_groups]}
         if self.spec.external is not None:  # its state that is not per element
-            state["external_scalars"] = self.spec.external.scalar_state()
+            state["external_scalars"] = self.spec.external.scalar_state(self.param_groups,
+                                                                        self.owners)
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -183,7 +189,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for group, values in zip(self.param_groups, saved):
             group.update(values)
         if self.spec.external is not None:
-            self.spec.external.load_scalar_state(state.get("external_scalars", {}), self.owners)
+            self.spec.external.load_scalar_state(state.get("external_scalars", {}),
+                                                 self.param_groups, self.owners)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - engine owns grads
         """Gradients live in engine buffers; engine.zero_grad() clears them."""

@@ -65,7 +65,8 @@ class GroupBuilder:
         return boundary.group_options(
             self.config, stage=stage, alignment=self.alignment, optimizer_kind=self.spec.kind,
             sgd_momentum=self.spec.momentum_buffer_needed([self.optimizer_groups[owner]]),
-            external_states=self.spec.external.state_names if self.spec.external else (),
+            external_states=(self.spec.external.state_names(self.optimizer_groups[owner])
+                             if self.spec.external else ()),
             offload=offload.offload_options(self.config, self.on_swap_write),
             offload_param=(offload.param_offload_options(self.config, self.on_swap_write)
                            if stage == 3 else None),
