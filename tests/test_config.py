@@ -545,6 +545,8 @@ UNBOUNDED = {
     # step, and the accumulator's start is in squared-gradient units: both scale-dependent.
     "optimizer.params.lr_decay": "no cap in torch.optim; scale-dependent",
     "optimizer.params.initial_accumulator_value": "no cap in torch.optim; scale-dependent",
+    # NAdam's momentum decay (torch.optim.NAdam checks only >= 0): a rate per step
+    "optimizer.params.momentum_decay": "no cap in torch.optim; any rate >= 0 is a schedule",
     # The schedules' learning rates are the optimizer's lr at some step: the same reasoning.
     "scheduler.params.warmup_min_lr": "an lr",
     "scheduler.params.warmup_max_lr": "an lr",

@@ -2,7 +2,8 @@
 reference, optimizer and parameter offload to pinned host memory through the copy engine and
 to NVMe, the delayed parameter update, the reduced gradients read per parameter, bf16
 gradients reduced in fp32, the memory report's device bytes against torch.cuda's allocator,
-and offload_states giving GPU memory back. Skipped where torch sees
+offload_states giving GPU memory back, and Adagrad, Lion and a torch optimizer run on the
+shards. Skipped where torch sees
 no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -231,3 +232,27 @@ def test_ranges_of_the_master_and_moments_on_the_gpu(tmp_path, stage, precision,
     [checked] = run_distributed(_ranges_against_whole_shards, 1, timeout=300, backend="nccl",
                                 args=(stage, precision, offload, str(tmp_path)))
     assert checked > 20
+
+
+# Adagrad and Lion (zero's own updates in ATen ops), RMSprop (torch's, run on the shard)
+OTHER_OPTIMIZERS = {"Adagrad": {"lr": 0.05, "weight_decay": 1e-3, "lr_decay": 0.01,
+                                "initial_accumulator_value": 0.1},
+                    "Lion": {"lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.1},
+                    "RMSprop": {"lr": 1e-3, "momentum": 0.5, "centered": True}}
+
+
+def _train_config(rank, world, config):
+    return training.resume_and_train(config, rank, world, 0, STEPS)
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_OPTIMIZERS))
+@pytest.mark.parametrize("stage", [2, 3])
+def test_other_optimizers_match_the_reference_on_the_gpu(name, stage):
+    extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
+    config = training.engine_config(stage, gas=GAS, **extra)
+    config["optimizer"] = {"type": name, "params": dict(OTHER_OPTIMIZERS[name])}
+    config["zero_allow_untested_optimizer"] = True
+    ref_losses, _ = training.train_reference(1, STEPS, GAS, config)
+    [losses] = run_distributed(_train_config, 1, timeout=300, backend="nccl", args=(config,))
+    assert losses == pytest.approx(ref_losses, rel=TOLERANCE["fp32"][0])
+    assert ref_losses[-1] < ref_losses[0]

@@ -22,6 +22,7 @@ GRID = [(stage, precision, {}) for stage in (0, 1, 2) for precision in ("fp32", 
     (2, "fp32", {"optimizer": "sgd_momentum"}),  # 4 bytes of state per element
     (2, "bf16", {"optimizer": "lion"}),          # 4 too
     (1, "fp32", {"optimizer": "adagrad"}),
+    (2, "fp32", {"optimizer": "rmsprop"}),       # a torch.optim type: its arrays, and a master
     # stage 1 accumulating micro-steps in its full gradient buffer (with gas 1 it shards)
     (1, "fp32", {"gas": 2}),
     (1, "bf16", {"gas": 2, "overlap_comm": True}),
@@ -39,8 +40,14 @@ def _config(stage, precision, overrides):
     config["optimizer"] = {"adam": config["optimizer"],
                            "sgd_momentum": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}},
                            "lion": {"type": "Lion", "params": {"lr": 1e-4}},
-                           "adagrad": {"type": "Adagrad", "params": {"lr": 0.01}}}[optimizer]
+                           "adagrad": {"type": "Adagrad", "params": {"lr": 0.01}},
+                           "rmsprop": {"type": "RMSprop", "params": {"momentum": 0.9}}}[optimizer]
+    config["zero_allow_untested_optimizer"] = True
     return config, optimizer
+
+
+# The torch.optim types: what the estimator's Setup says of them (setup_from_config probes)
+EXTERNAL = {"rmsprop": ("square_avg", "momentum_buffer")}
 
 
 def _measure(rank, world, grid):
@@ -73,7 +80,9 @@ def test_estimate_equals_the_engines_measured_bytes_exactly(world):
         for (stage, precision, overrides), measured in zip(GRID, rank_result):
             config, optimizer = _config(stage, precision, overrides)
             zero_cfg = config["zero_optimization"]
-            setup = est.Setup(world_size=world, precision=precision, optimizer=optimizer,
+            setup = est.Setup(world_size=world, precision=precision,
+                              optimizer="external" if optimizer in EXTERNAL else optimizer,
+                              external_arrays=EXTERNAL.get(optimizer, ()),
                               reduce_bucket_size=zero_cfg["reduce_bucket_size"],
                               overlap_comm=zero_cfg.get("overlap_comm"),
                               gradient_accumulation_steps=config["gradient_accumulation_steps"])

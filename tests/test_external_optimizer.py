@@ -236,3 +236,41 @@ def test_another_optimizers_checkpoint_is_refused(tmp_path):
     run_distributed(_resume, 2, args=("rmsprop", 2, GAS, 0, 1, None, str(tmp_path)))
     for error in run_distributed(_load_other, 2, args=(str(tmp_path),)):
         assert error is not None and "external RMSprop" in error and "external NAdam" in error
+
+
+def _config_type(rank, world, allowed):
+    import zero
+
+    config = _config(2)
+    config["optimizer"] = {"type": "RMSprop", "params": {"lr": 1e-3, "momentum": 0.5,
+                                                        "centered": True, "weight_decay": 0.01}}
+    if not allowed:
+        del config["zero_allow_untested_optimizer"]
+    try:
+        engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    except ValueError as error:
+        return str(error)
+    losses = training.train_engine(engine, rank, world, STEPS, GAS)
+    return losses, engine.optimizer_name(), engine.core.group_state_names(0)
+
+
+def test_deepspeeds_torch_optimizer_types_in_the_config():
+    """"type": "RMSprop" (DeepSpeed builds torch.optim.RMSprop from such a type, with
+    zero_allow_untested_optimizer under ZeRO): the same run as the script passing it."""
+    ref_losses, _, _ = training.train_reference(2, STEPS, GAS, training.engine_config(0),
+                                                make_optimizer=OPTIMIZERS["rmsprop"][0])
+    losses, name, arrays = run_distributed(_config_type, 2, args=(True,))[0]
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    assert name == "RMSprop" and arrays == OPTIMIZERS["rmsprop"][1]
+    error = run_distributed(_config_type, 1, args=(False,))[0]
+    assert '"zero_allow_untested_optimizer": true' in error
+
+
+def test_the_estimator_probes_a_torch_type_as_the_engine_does():
+    from zero.reports import estimate as est
+
+    config = {"train_batch_size": 4, "zero_allow_untested_optimizer": True,
+              "optimizer": {"type": "RMSprop", "params": {"momentum": 0.9, "centered": True}}}
+    setup, _ = est.setup_from_config(config, world_size=2)
+    assert setup.optimizer == "external"
+    assert est.state_arrays(setup) == ["master", "square_avg", "momentum_buffer", "grad_avg"]

@@ -169,6 +169,8 @@ def reference_adamw(params, config: dict) -> torch.optim.Optimizer:
     if kind == "Lion":
         from zero.compat.deepspeed.ops.lion import FusedLion
         return FusedLion(params, **hyper)
+    if kind not in ("Adam", "AdamW"):  # a torch.optim type
+        return getattr(torch.optim, kind)(params, **hyper)
     return torch.optim.AdamW(params, lr=hyper["lr"], betas=tuple(hyper["betas"]),
                              eps=hyper["eps"], weight_decay=hyper["weight_decay"], foreach=False)
 

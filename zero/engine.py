@@ -35,7 +35,8 @@ from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import build_report, state_layouts
 from .monitor import Watch
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
-from .optimizer import OptimizerSpec, ZeroOptimizer, check_external, fill_initial_state
+from .optimizer import (TORCH_CONFIG_TYPES, OptimizerSpec, ZeroOptimizer, check_external,
+                        fill_initial_state, torch_optimizer)
 from .parameter_offload import ParameterOffload
 from offload.progress import SwapWriteProgress
 from .reports.table import format_report, format_report_line
@@ -605,6 +606,9 @@ def _parameter_groups(model, config, optimizer, model_parameters):
     if optimizer is not None and config.optimizer is not None:
         raise ValueError("zero: an optimizer was passed to initialize() and the config has an "
                          "\"optimizer\" block; remove one of them")
+    if config.optimizer is not None and config.optimizer.type in TORCH_CONFIG_TYPES:
+        source = model.parameters() if model_parameters is None else model_parameters
+        optimizer = torch_optimizer(config.optimizer, _as_groups(source))  # as the script's
     if isinstance(optimizer, torch.optim.Optimizer):
         spec = OptimizerSpec.from_torch(optimizer)
         check_external(spec, config)

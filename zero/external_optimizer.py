@@ -29,7 +29,7 @@ class ExternalOptimizer:
         self.client = client
         self.name = type(client).__name__
         # per optimizer group (the client's own dicts): the state it keeps per element
-        self._names = {id(group): _probe(client, group) for group in client.param_groups}
+        self._names = {id(group): probe(client, group) for group in client.param_groups}
         self._copies: dict[int, tuple[torch.optim.Optimizer, torch.nn.Parameter]] = {}
         self._stepped: set[int] = set()  # engine groups whose copy holds its state
 
@@ -111,9 +111,9 @@ def _clone(client: torch.optim.Optimizer, group: dict,
     return copy
 
 
-def _probe(client: torch.optim.Optimizer, group: dict) -> list[str]:
+def probe(client: torch.optim.Optimizer, group: dict) -> list[str]:
     """The state the client keeps per element with `group`'s hyperparameters: one step on a
-    throwaway 1-D parameter where the group's parameters are."""
+    throwaway 1-D parameter where the group's parameters are (also the estimator's answer)."""
     device = group["params"][0].device if group["params"] else torch.device("cpu")
     param = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 7, device=device))
     before = param.detach().clone()

@@ -21,6 +21,17 @@ KINDS = {"adam": ADAM_KEYS, "sgd": SGD_KEYS, "adagrad": ADAGRAD_KEYS, "lion": LI
 CONFIG_KINDS = {"Adam": "adam", "AdamW": "adam", "SGD": "sgd", "Adagrad": "adagrad", "Lion": "lion"}
 
 
+# Config types DeepSpeed builds from torch.optim (getattr(torch.optim, type)): zero builds them
+# too and runs them on the shards as a client's (external_optimizer.py)
+TORCH_CONFIG_TYPES = ("RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta")
+
+
+def torch_optimizer(optimizer_config, groups: list) -> torch.optim.Optimizer:
+    """The config's torch.optim optimizer over the script's parameter groups, as DeepSpeed
+    builds it."""
+    return getattr(torch.optim, optimizer_config.type)(groups, **dict(optimizer_config.params))
+
+
 class OptimizerSpec:
     """What kind of update, and the default hyperparameters for every group."""
 

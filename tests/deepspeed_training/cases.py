@@ -4,7 +4,8 @@ with the parameter groups a script would pass, trained 4 steps on 2 ranks. Share
 test (zero on the same). What the other fixtures leave out: accumulation, the default
 clipping, per-group lrs and weight decay, Adam's L2 form, SGD with momentum, the decaying
 schedules, the optimizer (and at stage 3 the parameters) offloaded to CPU memory, and
-DeepSpeed's other ZeRO optimizers, Adagrad and Lion."""
+DeepSpeed's other ZeRO optimizers, Adagrad and Lion, and torch.optim types it runs as
+"untested" optimizers."""
 import torch
 
 from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
@@ -63,6 +64,19 @@ CASES = {
                                                  "weight_decay": 0.1}},
         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2}},
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+    # torch.optim types DeepSpeed runs on its fp32 partitions once allowed (zero: on its shards)
+    "stage2-rmsprop-untested": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "RMSprop", "params": {"lr": 1e-3, "momentum": 0.5,
+                                                    "centered": True}},
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": 2}},
+    "stage3-nadam-untested": {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "optimizer": {"type": "NAdam", "params": {"lr": 2e-3, "weight_decay": 0.01}},
+        "zero_allow_untested_optimizer": True,
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
 }
 
 

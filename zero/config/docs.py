@@ -118,7 +118,8 @@ DIFFERENCES = """\
   uses decoupled decay), `nesterov` without momentum (torch raises late).
 * Optimizer types are matched case-insensitively for all supported types (DeepSpeed does so
   only for its own optimizers, so `"sgd"` fails there); Adam, AdamW, SGD, Adagrad and Lion are
-  built, the others DeepSpeed knows are errors.
+  built; RMSprop, Adamax, NAdam, RAdam and Adadelta (which DeepSpeed takes from `torch.optim`)
+  run as torch's own on each rank's shard; the others DeepSpeed knows are errors.
 * Lion leaves an element whose momentum and gradient mix to exactly 0 where it is (the paper's
   sign(0) = 0); DeepSpeed's Lion kernels move it by the learning rate (CUDA: +lr; CPU: -lr).
   Only elements that never had a gradient (e.g. unused embedding rows) are affected.

@@ -250,6 +250,45 @@ _LION_PARAMS = (
     _unsupported(BOOL, "set_grad_none", True, "FusedLion zero_grad() behaviour."),
 )
 
+def _torch_keys(lr, *keys):
+    """A torch.optim optimizer's arguments (DeepSpeed passes an unknown type's params to
+    torch.optim.<type> as they are): its lr default, then `keys`; maximize, foreach,
+    capturable and differentiable at torch's defaults only."""
+    return (_float("lr", lr, "Learning rate (torch's default).", minimum=0), *keys,
+            _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
+            _unsupported(BOOL, "foreach", None, "torch.optim implementation switch.", nullable=True),
+            _unsupported(BOOL, "capturable", False, "torch.optim CUDA-graph switch."),
+            _unsupported(BOOL, "differentiable", False, "torch.optim autograd-through-step switch."))
+
+
+def _torch_betas():
+    return Key("betas", BETAS, (0.9, 0.999), "Coefficients of the running averages.", minimum=0, maximum=1,
+               maximum_exclusive=True)
+
+
+_TORCH_EPS = _float("eps", 1e-8, "Term added to the denominator for numerical stability.", minimum=0)
+_TORCH_L2 = _float("weight_decay", 0.0, "Weight decay (L2 added to the gradient unless decoupled).", minimum=0)
+_TORCH_DECOUPLED = _bool("decoupled_weight_decay", False, "Decoupled weight decay (AdamW-style).")
+# torch.optim optimizers zero runs as they are on each rank's shard (zero/external_optimizer.py), as
+# DeepSpeed runs them with zero_allow_untested_optimizer: the same update element by element
+TORCH_OPTIMIZERS = {
+    "RMSprop": _torch_keys(
+        1e-2, _float("alpha", 0.99, "Smoothing constant of the squared-gradient average.", minimum=0, maximum=1),
+        _TORCH_EPS, _TORCH_L2,
+        _float("momentum", 0.0, "Momentum factor (a momentum buffer per element when > 0).", minimum=0,
+               maximum=1),
+        _bool("centered", False, "Normalise by the gradient's estimated variance (a gradient average per "
+              "element).")),
+    "Adamax": _torch_keys(2e-3, _torch_betas(), _TORCH_EPS, _TORCH_L2),
+    "NAdam": _torch_keys(2e-3, _torch_betas(), _TORCH_EPS, _TORCH_L2,
+                         _float("momentum_decay", 4e-3, "Momentum decay (psi).", minimum=0),
+                         _TORCH_DECOUPLED),
+    "RAdam": _torch_keys(1e-3, _torch_betas(), _TORCH_EPS, _TORCH_L2, _TORCH_DECOUPLED),
+    "Adadelta": _torch_keys(1.0, _float("rho", 0.9, "Decay of the squared-gradient and update averages.",
+                                        minimum=0, maximum=1),
+                            _float("eps", 1e-6, "Term added for numerical stability.", minimum=0), _TORCH_L2),
+}
+
 _ADAM = Block("optimizer.params", "Parameters of types \"Adam\" and \"AdamW\" (DeepSpeed FusedAdam / CPUAdam "
               "semantics; see \"What Adam means\" above).", _ADAM_PARAMS)
 
@@ -261,13 +300,15 @@ OPTIMIZER_PARAMS = {
                      "DeepSpeedCPUAdagrad with offload).", _ADAGRAD_PARAMS),
     "Lion": Block("optimizer.params", "Parameters of type \"Lion\" (DeepSpeed's FusedLion; DeepSpeedCPULion "
                   "with offload).", _LION_PARAMS),
+    **{name: Block("optimizer.params", f"Parameters of type \"{name}\" (torch.optim.{name}, run on each "
+                   "rank's shard; needs zero_allow_untested_optimizer under ZeRO, as in DeepSpeed).", keys)
+       for name, keys in TORCH_OPTIMIZERS.items()},
 }
 
 # DeepSpeed's own optimizers (config.py DEEPSPEED_OPTIMIZERS) and common torch.optim
 # names that DeepSpeed would import: known, but not implemented by zero.
 _UNSUPPORTED_OPTIMIZERS = ("Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW",
-                           "MuSGD", "Muon", "RMSprop", "Adadelta", "Adamax", "NAdam", "RAdam", "SparseAdam",
-                           "ASGD", "LBFGS", "Rprop")
+                           "MuSGD", "Muon", "SparseAdam", "ASGD", "LBFGS", "Rprop")
 
 OPTIMIZER = Block("optimizer", "Optimizer built by the engine. Absent or null: the client passes its own optimizer.", (
     _choice("type", REQUIRED, tuple(OPTIMIZER_PARAMS), "Optimizer name, matched case-insensitively (as DeepSpeed "

@@ -621,6 +621,9 @@ def _resolve_optimizer(v, values):
     if kind in ("Adagrad", "Lion"):
         optimizer["decoupled_weight_decay"] = kind == "Lion"
         return
+    if kind not in ("Adam", "AdamW", "SGD"):  # a torch.optim type: its own switch, if any
+        optimizer["decoupled_weight_decay"] = params.get("decoupled_weight_decay") is True
+        return
     if kind == "SGD":
         optimizer["decoupled_weight_decay"] = False
         if params["nesterov"] is True and _valid(params["momentum"], params["dampening"]) \

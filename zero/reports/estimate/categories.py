@@ -57,8 +57,10 @@ def bucket_pieces(setup: Setup, option: Option) -> bool:
 
 def master_bytes(setup: Setup, option: Option) -> int:
     """4 in mixed precision; in fp32 the parameter shard is the master, unless the optimizer
-    is offloaded: the host (or NVMe) keeps an fp32 master of its own."""
-    return 4 if setup.precision != "fp32" or option.offload_optimizer != "none" else 0
+    is offloaded (the host or NVMe keeps an fp32 master of its own) or external (it steps one
+    fp32 tensor)."""
+    return 4 if (setup.precision != "fp32" or option.offload_optimizer != "none"
+                 or setup.optimizer == "external") else 0
 
 
 def split_partial(categories: dict, setup: Setup, option: Option,

@@ -13,7 +13,7 @@ from .params_on_nvme import ParamPlacement, param_placement, param_row_on_nvme
 from .result import Estimate
 from .shapes import ModelShapes
 from .staging import staging_row
-from .training_setup import OPTIMIZER_STATE_BYTES, Setup
+from .training_setup import Setup, optimizer_state_bytes
 
 
 def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
@@ -109,7 +109,7 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
         "fp32_master": _model_state_row(
             layout, 4 if option.offload_param != "none" else master_bytes(setup, option),
             True, opt_location, persistent_coefficient=master_bytes(setup, option)),
-        "optimizer_state": _model_state_row(layout, OPTIMIZER_STATE_BYTES[setup.optimizer],
+        "optimizer_state": _model_state_row(layout, optimizer_state_bytes(setup),
                                             True, opt_location),
     }
 

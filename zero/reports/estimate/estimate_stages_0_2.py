@@ -11,7 +11,7 @@ from .params_on_nvme import param_placement, param_row_on_nvme
 from .result import Estimate
 from .shapes import ModelShapes
 from .staging import staging_row
-from .training_setup import OPTIMIZER_STATE_BYTES, Setup
+from .training_setup import Setup, optimizer_state_bytes
 
 
 def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
@@ -25,7 +25,7 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
     largest_unit = max(layout.max_unit_numel for layout in group_layouts)
     overlap = setup.overlap_for(stage) if overlap_comm is None else overlap_comm
     slots = 2 if overlap else 1
-    optimizer_bytes = OPTIMIZER_STATE_BYTES[setup.optimizer]
+    optimizer_bytes = optimizer_state_bytes(setup)
     sharded_grads = stage >= 3 or setup.grads_sharded(stage)
 
     def row(coefficient: int, sharded: bool, location: str = "device") -> dict:

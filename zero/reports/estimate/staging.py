@@ -11,12 +11,12 @@ from .categories import category_row
 from .options import Option
 from .params_on_nvme import ParamPlacement
 from .sizes import round_up
-from .training_setup import OPTIMIZER_STATE_ARRAYS, Setup
+from .training_setup import Setup, optimizer_arrays
 
 
 def state_arrays(setup: Setup) -> list[str]:
     """The fp32 arrays an offloaded optimizer keeps per element (csrc ShardState)."""
-    return ["master", *OPTIMIZER_STATE_ARRAYS[setup.optimizer]]
+    return ["master", *optimizer_arrays(setup)]
 
 
 def staging_row(setup: Setup, option: Option, group_shards: Sequence[int], device_bytes: int = 0,

@@ -18,6 +18,7 @@ OPTIMIZER_STATE_ARRAYS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": (), "sgd_mom
                           "adagrad": ("sum",), "lion": ("exp_avg",)}
 OPTIMIZERS = tuple(OPTIMIZER_STATE_ARRAYS)
 OPTIMIZER_STATE_BYTES = {name: 4 * len(arrays) for name, arrays in OPTIMIZER_STATE_ARRAYS.items()}
+EXTERNAL = "external"  # a torch.optim config type, run on the shards (zero/external_optimizer.py)
 # Every parameter starts 16-byte aligned in its flat buffer (zero/engine.py ALIGNMENT_BYTES;
 # a test keeps the two equal).
 ALIGNMENT_BYTES = 16
@@ -49,7 +50,8 @@ class Setup:
     num_nodes: int = 1
     precision: str = "fp32"
     communication_data_type: Optional[str] = None  # gradients reduced in it (None: precision)
-    optimizer: str = "adam"          # one of OPTIMIZERS
+    optimizer: str = "adam"          # one of OPTIMIZERS, or EXTERNAL
+    external_arrays: tuple = ()      # EXTERNAL: the optimizer's per-element fp32 arrays
     reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
     overlap_comm: Optional[bool] = None  # None: DeepSpeed's default, stage == 3
     gradient_accumulation_steps: int = 1  # 1: stage 1 shards its gradients as stage 2 does
@@ -91,7 +93,7 @@ class Setup:
         if self.communication_data_type not in (None, *PRECISIONS):
             raise EstimateError(f"communication_data_type {self.communication_data_type!r}: "
                                 f"expected one of {PRECISIONS}")
-        if self.optimizer not in OPTIMIZERS:
+        if self.optimizer not in (*OPTIMIZERS, EXTERNAL):
             raise EstimateError(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
         if self.gradient_accumulation_steps < 1:
             raise EstimateError(f"gradient_accumulation_steps must be >= 1, got "
@@ -241,10 +243,13 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
         optimizer = "sgd_momentum" if cfg.optimizer.params.get("momentum", 0.0) else "sgd"
     elif cfg.optimizer is not None and cfg.optimizer.type in ("Adagrad", "Lion"):
         optimizer = cfg.optimizer.type.lower()
+    elif cfg.optimizer is not None and cfg.optimizer.type != "Adam" and cfg.optimizer.type != "AdamW":
+        optimizer = EXTERNAL
     values = {
         "precision": cfg.precision,
         "communication_data_type": cfg.communication_data_type,
         "optimizer": optimizer,
+        "external_arrays": _external_arrays(cfg.optimizer) if optimizer == EXTERNAL else (),
         "reduce_bucket_size": cfg.zero_optimization.reduce_bucket_size,
         "overlap_comm": raw_zero.get("overlap_comm"),  # None: the stage-dependent default
         "gradient_accumulation_steps": int(cfg.gradient_accumulation_steps),
@@ -272,3 +277,24 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
         else:
             values[key] = value
     return Setup(world_size=world_size, num_nodes=num_nodes, **values), stage
+
+
+def _external_arrays(optimizer_config) -> tuple:
+    """What a torch.optim config type keeps per element: the engine's own probe of it."""
+    import torch
+
+    from zero.external_optimizer import probe
+    from zero.optimizer import torch_optimizer
+
+    client = torch_optimizer(optimizer_config, [torch.nn.Parameter(torch.zeros(1))])
+    return tuple(probe(client, client.param_groups[0]))
+
+
+def optimizer_arrays(setup: Setup) -> tuple:
+    """The fp32 arrays the optimizer keeps per element."""
+    return setup.external_arrays if setup.optimizer == EXTERNAL \
+        else OPTIMIZER_STATE_ARRAYS[setup.optimizer]
+
+
+def optimizer_state_bytes(setup: Setup) -> int:
+    return 4 * len(optimizer_arrays(setup))
