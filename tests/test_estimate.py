@@ -46,9 +46,6 @@ def _config(stage, precision, overrides):
     return config, optimizer
 
 
-# The torch.optim types: what the estimator's Setup says of them (setup_from_config probes)
-EXTERNAL = {"rmsprop": ("square_avg", "momentum_buffer")}
-
 
 def _measure(rank, world, grid):
     """Every grid entry: one engine, one training step, the report's per-category bytes."""
@@ -80,9 +77,12 @@ def test_estimate_equals_the_engines_measured_bytes_exactly(world):
         for (stage, precision, overrides), measured in zip(GRID, rank_result):
             config, optimizer = _config(stage, precision, overrides)
             zero_cfg = config["zero_optimization"]
+            # a torch.optim type: the arrays setup_from_config's probe names
+            external = est.setup_from_config(config, world_size=world)[0] \
+                if optimizer == "rmsprop" else None
             setup = est.Setup(world_size=world, precision=precision,
-                              optimizer="external" if optimizer in EXTERNAL else optimizer,
-                              external_arrays=EXTERNAL.get(optimizer, ()),
+                              optimizer=external.optimizer if external else optimizer,
+                              external_arrays=external.external_arrays if external else (),
                               reduce_bucket_size=zero_cfg["reduce_bucket_size"],
                               overlap_comm=zero_cfg.get("overlap_comm"),
                               gradient_accumulation_steps=config["gradient_accumulation_steps"])

@@ -238,12 +238,16 @@ def test_another_optimizers_checkpoint_is_refused(tmp_path):
         assert error is not None and "external RMSprop" in error and "external NAdam" in error
 
 
-def _config_type(rank, world, allowed):
+CONFIG_TYPES = {"RMSprop": {"lr": 1e-3, "momentum": 0.5, "centered": True, "weight_decay": 0.01},
+                "adamax": {"lr": 2e-3},  # (matched case-insensitively, as zero's own types)
+                "RAdam": {"lr": 2e-3, "decoupled_weight_decay": True, "weight_decay": 0.01}}
+
+
+def _config_type(rank, world, allowed, kind="RMSprop"):
     import zero
 
     config = _config(2)
-    config["optimizer"] = {"type": "RMSprop", "params": {"lr": 1e-3, "momentum": 0.5,
-                                                        "centered": True, "weight_decay": 0.01}}
+    config["optimizer"] = {"type": kind, "params": dict(CONFIG_TYPES[kind])}
     if not allowed:
         del config["zero_allow_untested_optimizer"]
     try:
@@ -254,19 +258,29 @@ def _config_type(rank, world, allowed):
     return losses, engine.optimizer_name(), engine.core.group_state_names(0)
 
 
-def test_deepspeeds_torch_optimizer_types_in_the_config():
-    """"type": "RMSprop" (DeepSpeed builds torch.optim.RMSprop from such a type, with
-    zero_allow_untested_optimizer under ZeRO): the same run as the script passing it."""
-    ref_losses, _, _ = training.train_reference(2, STEPS, GAS, training.engine_config(0),
-                                                make_optimizer=OPTIMIZERS["rmsprop"][0])
-    losses, name, arrays = run_distributed(_config_type, 2, args=(True,))[0]
+@pytest.mark.parametrize("kind", sorted(CONFIG_TYPES))
+def test_deepspeeds_torch_optimizer_types_in_the_config(kind):
+    """"type": "RMSprop", ... (DeepSpeed builds torch.optim.<type> from such a type, with
+    zero_allow_untested_optimizer under ZeRO): torch's own run in one process."""
+    name = {"adamax": "Adamax"}.get(kind, kind)
+    ref_losses, ref_params, _ = training.train_reference(
+        2, STEPS, GAS, training.engine_config(0),
+        make_optimizer=lambda ps: getattr(torch.optim, name)(ps, **CONFIG_TYPES[kind]))
+    losses, optimizer_name, _ = run_distributed(_config_type, 2, args=(True, kind))[0]
     assert losses == pytest.approx(ref_losses, rel=1e-5)
-    assert name == "RMSprop" and arrays == OPTIMIZERS["rmsprop"][1]
+    assert optimizer_name == name
+    start = training.parameters_of(training.make_model())  # the reference moved: it can fail
+    assert max(training.relative_error(ref_params[k], start[k]) for k in start) > 1e-3
+
+
+def test_a_torch_type_in_the_config_asks_deepspeeds_consent_too():
     error = run_distributed(_config_type, 1, args=(False,))[0]
     assert '"zero_allow_untested_optimizer": true' in error
 
 
-def test_the_estimator_probes_a_torch_type_as_the_engine_does():
+def test_the_estimator_probes_a_torch_type_and_refuses_its_offload():
+    """The arrays the engine keeps (its probe; test_estimate.py holds the bytes to the
+    engine's), and the offload options the engine would refuse marked so."""
     from zero.reports import estimate as est
 
     config = {"train_batch_size": 4, "zero_allow_untested_optimizer": True,
@@ -274,3 +288,8 @@ def test_the_estimator_probes_a_torch_type_as_the_engine_does():
     setup, _ = est.setup_from_config(config, world_size=2)
     assert setup.optimizer == "external"
     assert est.state_arrays(setup) == ["master", "square_avg", "momentum_buffer", "grad_avg"]
+    shapes = est.shapes_from_module(training.make_model())
+    rows = {row.name: row for row in est.estimate_all(shapes, setup)}
+    assert rows["stage 2"].runs and not rows["stage 2 + offload optimizer"].runs
+    with pytest.raises(est.EstimateError, match="offload_optimizer"):
+        est.estimate(shapes, setup, est.option_for(2, "cpu"))

@@ -377,7 +377,7 @@ def _load_other_layout(engine, path: str, load_shards: bool, strict: bool) -> di
     def check() -> None:
         fingerprint = saved.states[0]["fingerprint"]
         for key, value in (("dtype", str(engine.dtype)),
-                           ("optimizer", engine.optimizer.spec.kind)):
+                           ("optimizer", engine.optimizer.spec.label)):
             if fingerprint.get(key) != value:
                 raise ValueError(f"zero: checkpoint {path} was written with {key}="
                                  f"{fingerprint.get(key)!r} but this engine has {key}={value!r}; "

@@ -32,6 +32,7 @@ class ExternalOptimizer:
         self._names = {id(group): probe(client, group) for group in client.param_groups}
         self._copies: dict[int, tuple[torch.optim.Optimizer, torch.nn.Parameter]] = {}
         self._stepped: set[int] = set()  # engine groups whose copy holds its state
+        self._loaded: set[int] = set()  # engine groups whose scalars came from a checkpoint
 
     def state_names(self, group: dict) -> list[str]:
         """What the client keeps per element with optimizer group `group`'s hyperparameters."""
@@ -49,8 +50,10 @@ class ExternalOptimizer:
             param.data = master
             param.grad = grads
             state = copy.state[param]
-            if g in self._stepped:  # else the first step builds the state its own way
+            if g in self._loaded:  # read to the CPU
                 _to_device(state, master.device, group)
+                self._loaded.discard(g)
+            if g in self._stepped:  # else the first step builds the state its own way
                 state.update(zip(names, arrays))
             copy.step()
             self._stepped.add(g)
@@ -93,6 +96,7 @@ class ExternalOptimizer:
             copy.state[param] = _cloned(scalars.get(owner, {}))
             if owner in scalars:
                 self._stepped.add(g)
+                self._loaded.add(g)
 
 
 def _clone(client: torch.optim.Optimizer, group: dict,

@@ -130,9 +130,10 @@ DIFFERENCES = """\
 * `torch_adam` only changes Adam's `weight_decay` default (torch.optim.AdamW's 0.01); the
   update rule is the same either way.
 * `zero_force_ds_cpu_optimizer` is accepted and has no effect. `zero_allow_untested_optimizer`
-  gates what it gates in DeepSpeed: a client optimizer zero does not build itself, at stages
-  1-3. Such an optimizer runs as it is on each rank's fp32 shard (`zero/external_optimizer.py`)
-  and cannot be offloaded.
+  gates what it gates in DeepSpeed: a client optimizer zero does not build itself, or a
+  `torch.optim` type in the config, at stages 1-3. Such an optimizer runs as it is on each
+  rank's fp32 shard (`zero/external_optimizer.py`) and cannot be offloaded (DeepSpeed offloads
+  a config-built one; `zero-mem` marks those options refused).
 * A config is a dict or a JSON file path (DeepSpeed also takes base64 strings and hjson).
   Duplicate keys in a JSON file are an error, as in DeepSpeed.
 

@@ -252,11 +252,12 @@ _LION_PARAMS = (
 
 def _torch_keys(lr, *keys):
     """A torch.optim optimizer's arguments (DeepSpeed passes an unknown type's params to
-    torch.optim.<type> as they are): its lr default, then `keys`; maximize, foreach,
+    torch.optim.<type> as they are): its lr default, then `keys`, maximize and foreach;
     capturable and differentiable at torch's defaults only."""
     return (_float("lr", lr, "Learning rate (torch's default).", minimum=0), *keys,
-            _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
-            _unsupported(BOOL, "foreach", None, "torch.optim implementation switch.", nullable=True),
+            _bool("maximize", False, "Maximise the objective (torch.optim's)."),
+            _bool("foreach", None, "torch.optim's implementation switch (None: torch's choice).",
+                  nullable=True),
             _unsupported(BOOL, "capturable", False, "torch.optim CUDA-graph switch."),
             _unsupported(BOOL, "differentiable", False, "torch.optim autograd-through-step switch."))
 

@@ -7,7 +7,11 @@ from .estimate_stages_0_2 import estimate_stages_0_2
 from .options import OPTIONS, Option, option_for
 from .result import Estimate
 from .shapes import ModelShapes
-from .training_setup import Setup
+from .training_setup import EXTERNAL, Setup
+
+EXTERNAL_OFFLOAD = ("zero_optimization.offload_optimizer: an optimizer zero runs as torch's own "
+                    "on the shards (a torch.optim type or a client's) is not offloaded; use Adam, "
+                    "AdamW, Adagrad, Lion or SGD to offload")
 
 
 def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
@@ -24,9 +28,11 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         result = estimate_stage3(shapes, setup, option, reduce_bucket_size, overlap_comm)
     else:  # stages 0-2, and stage 3 without gather units (a formula)
         result = estimate_stages_0_2(shapes, setup, option, reduce_bucket_size, overlap_comm)
+    if setup.optimizer == EXTERNAL and option.offload_optimizer != "none":
+        result.refused = EXTERNAL_OFFLOAD
     params = (result.offload or {}).get("param_nvme") or {}
-    if strict and params.get("error"):
-        raise EstimateError(f"{option.name}: {params['error']}")
+    if strict and (result.refused or params.get("error")):
+        raise EstimateError(f"{option.name}: {result.refused or params['error']}")
     return result
 
 

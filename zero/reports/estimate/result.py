@@ -39,6 +39,7 @@ class Estimate:
     persistent_shard_numel: int = 0
     stage3: Optional[dict] = None  # stage 3: units, working set, bounds (see estimate())
     offload: Optional[dict] = None  # offload: chunks, staging, swap file (see staging_row)
+    refused: str = ""  # why the engine refuses this option whatever the sizes
 
     @property
     def name(self) -> str:
@@ -64,7 +65,7 @@ class Estimate:
     def error(self) -> str:
         """What the engine would raise ("" when it builds and runs)."""
         params = (self.offload or {}).get("param_nvme") or {}
-        return (self.stage3 or {}).get("error") or params.get("error", "")
+        return self.refused or (self.stage3 or {}).get("error") or params.get("error", "")
 
     def bytes_at(self, location: str) -> int:
         """Bytes per rank at one location ("device", "host" or "nvme"); transient categories
