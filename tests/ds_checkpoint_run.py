@@ -127,7 +127,9 @@ class ZeroRun:
 ZERO_TO_DEEPSPEED = {
     "zero-stage3-fp32-universal": ZeroRun("stage3-fp32", 3, 1, 1),
     # bf16, a frozen parameter, a tied one
-    "zero-stage2-bf16-frozen-universal": ZeroRun("stage1-bf16-frozen", 2, 2, 3)}
+    "zero-stage2-bf16-frozen-universal": ZeroRun("stage1-bf16-frozen", 2, 2, 3),
+    # Lion's one array (DeepSpeed resumes it with its CPU Lion)
+    "zero-stage3-fp32-lion-universal": ZeroRun("stage2-fp32-lion", 3, 1, 2)}
 
 
 def zero_save(rank: int, world: int, zero_run: ZeroRun, save_dir: str) -> None:

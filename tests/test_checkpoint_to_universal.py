@@ -2,7 +2,7 @@
 converts to what DeepSpeed's own converter writes; a zero checkpoint converts to a universal
 checkpoint that the real DeepSpeed 0.19.8 resumed at another world size and stage exactly as
 zero resumes it (tests/deepspeed_checkpoints/zero-*-universal, recorded under DeepSpeed by
-make.py), and that zero loads too; the command takes DeepSpeed's flags."""
+make.py: Adam, and Lion's one array through DeepSpeed's CPU Lion), and that zero loads too; the command takes DeepSpeed's flags."""
 import os
 import subprocess
 import sys
