@@ -1,5 +1,6 @@
 """The optimizer object `zero.initialize` returns. The update itself runs in C++ on each
-rank's shard (EngineCore.step); this object carries what schedulers and scripts touch:
+rank's shard (EngineCore.step; for a torch optimizer zero does not build, a copy of it, called
+from there: external_optimizer.py); this object carries what schedulers and scripts touch:
 `param_groups` (lr, betas, weight decay ... per group) and state_dict()/load_state_dict()."""
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
 ADAGRAD_KEYS = ("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
 LION_KEYS = ("lr", "betas", "weight_decay")
-# Each kind's hyperparameter names, its config type and whether its weight decay is decoupled
+# The hyperparameters of each update zero builds, and the config types that name them
 KINDS = {"adam": ADAM_KEYS, "sgd": SGD_KEYS, "adagrad": ADAGRAD_KEYS, "lion": LION_KEYS}
 CONFIG_KINDS = {"Adam": "adam", "AdamW": "adam", "SGD": "sgd", "Adagrad": "adagrad", "Lion": "lion"}
 
@@ -66,8 +67,8 @@ class OptimizerSpec:
         (the engine keeps state only for its shard). One zero does not build (another class,
         or an option such as amsgrad) runs as it is on each shard (external_optimizer.py)."""
         name = type(optimizer).__name__
-        if any(optimizer.defaults.get(option) for option in
-               ("amsgrad", "maximize", "capturable", "differentiable")):
+        if any(group.get(option) for group in [optimizer.defaults, *optimizer.param_groups]
+               for option in ("amsgrad", "maximize", "capturable", "differentiable")):
             return cls.external_from(optimizer)
         if isinstance(optimizer, torch.optim.AdamW):
             return cls("adam", _pick(optimizer.defaults, ADAM_KEYS), True, name)
