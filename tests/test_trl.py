@@ -5,7 +5,12 @@ unwrap_model_for_generation: GatheredParameters and its remove_hooks / add_hooks
 a KL reference model (TRL's prepare_deepspeed, whose dotted top-level keys DeepSpeed
 ignores); DPO trains against its reference model; SFT and GRPO train PEFT LoRA adapters on
 a frozen model. All load the model from a directory, as from a hub name (at stage 3 under
-zero.Init)."""
+zero.Init).
+
+Each trainer's plain-DDP run (gloo on the CPU, zero not standing in for deepspeed) is recorded
+in tests/trl_ddp/expected.json by tests/trl_ddp/make.py, with a digest of the script, its
+arguments and the library versions: a stale recording fails the first test."""
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -31,6 +36,10 @@ LOGGED = {"grpo": ["loss", "reward", "kl"], "rloo": ["loss", "reward", "kl"],
           "sft": ["loss"], "reward": ["loss", "accuracy", "margin"],
           "distill": ["loss", "entropy"]}
 pytestmark = pytest.mark.timeout(TIMEOUT * 2)
+CASES = [("grpo", 3, 0), ("grpo", 2, 0), ("dpo", 3, 0), ("sft", 3, 4), ("grpo", 3, 4),
+         ("rloo", 3, 0), ("kto", 3, 0), ("reward", 3, 0), ("distill", 3, 0)]
+DDP_RUNS = sorted({(trainer, lora) for trainer, _, lora in CASES})  # (grpo at both stages)
+RECORDED = Path(__file__).resolve().parent / "trl_ddp" / "expected.json"
 
 
 @pytest.fixture(scope="module")
@@ -50,36 +59,43 @@ def logged(result, key):
     return [entry[key] for entry in result["log_history"] if key in entry]
 
 
-@pytest.fixture(scope="module")
-def ddp(tmp_path_factory, tiny_model):
-    """Each trainer under plain DDP (gloo on the CPU), zero not standing in for deepspeed;
-    run once, when a test first asks for it."""
-    runs = {}
-
-    def run(trainer, lora):
-        if (trainer, lora) not in runs:
-            out = tmp_path_factory.mktemp(f"ddp-{trainer}-{lora}")
-            runs[trainer, lora] = run_trl(out, tiny_model, trainer, "--lora", str(lora),
-                                          "--use_cpu", "true",
-                                          launcher=["--no_deepspeed_alias"])[0]
-        return runs[trainer, lora]
-    return run
+def ddp_run(out, model, trainer, lora) -> dict:
+    """The trainer under plain DDP: what the comparison reads of it."""
+    result = run_trl(out, model, trainer, "--lora", str(lora), "--use_cpu", "true",
+                     launcher=["--no_deepspeed_alias"])[0]
+    return {"wrapped": result["wrapped"], **{key: logged(result, key) for key in LOGGED[trainer]}}
 
 
-@pytest.mark.parametrize("trainer,stage,lora", [
-    ("grpo", 3, 0), ("grpo", 2, 0), ("dpo", 3, 0), ("sft", 3, 4), ("grpo", 3, 4),
-    ("rloo", 3, 0), ("kto", 3, 0), ("reward", 3, 0), ("distill", 3, 0)])
-def test_trl_trainer_on_zero_matches_ddp(tmp_path, tiny_model, ddp, trainer, stage, lora):
+def digest() -> str:
+    """What the DDP runs depend on: the script, the arguments, the libraries."""
+    import torch
+    import transformers
+    import trl
+
+    text = json.dumps([SCRIPT.read_text(), COMMON, ARGS, torch.__version__,
+                       transformers.__version__, trl.__version__])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_the_recorded_ddp_runs_are_of_this_script_and_these_libraries():
+    recorded = json.loads(RECORDED.read_text())
+    assert recorded["digest"] == digest(), \
+        "tests/trl_ddp/expected.json is stale: run python tests/trl_ddp/make.py"
+    assert sorted(recorded["runs"]) == sorted(f"{t}-{lora}" for t, lora in DDP_RUNS)
+
+
+@pytest.mark.parametrize("trainer,stage,lora", CASES)
+def test_trl_trainer_on_zero_matches_ddp(tmp_path, tiny_model, trainer, stage, lora):
     if lora:
         pytest.importorskip("peft")
     result, stderr = run_trl(tmp_path, tiny_model, trainer, "--lora", str(lora), "--deepspeed",
                              EXAMPLES / f"ds_zero{stage}.json")
-    want = ddp(trainer, lora)
+    want = json.loads(RECORDED.read_text())["runs"][f"{trainer}-{lora}"]
     assert result["wrapped"] == "zero.engine.ZeroEngine"
     assert want["wrapped"] == "torch.nn.parallel.distributed.DistributedDataParallel"
     for key in LOGGED[trainer]:
         assert len(logged(result, key)) == 4, key
-        assert logged(result, key) == pytest.approx(logged(want, key), rel=1e-4, abs=1e-6), key
+        assert logged(result, key) == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     if stage == 3 and trainer == "grpo" and not lora:  # the reference model's engine was
         # built from TRL's dotted keys (with LoRA the reference is the policy, adapters off)
         assert "zero_optimization.reduce_bucket_size" in stderr
