@@ -212,6 +212,25 @@ def test_another_optimizers_state_is_refused_on_every_rank(name, optimizer):
         assert "load_optimizer_states=False" in error
 
 
+def _load_with_delayed_update(rank, world, name):
+    """zero with the optimizer offloaded and the delayed update (whose own state is not an
+    array of the optimizer's) loads DeepSpeed's Adam moments."""
+    import zero
+    from zero.compat.deepspeed.utils import safe_get_full_optimizer_state
+
+    spec = run.RUNS[name]
+    config = run.config(spec, world)
+    config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "delayed_update": True}
+    engine, _, _, _ = zero.initialize(model=run.make_model(spec), config=config)
+    engine.load_checkpoint(fixture(name))
+    first = next(p for p in engine.module.parameters() if p.requires_grad)
+    return bool(safe_get_full_optimizer_state(first, "exp_avg_sq").any())
+
+
+def test_an_engine_with_the_delayed_update_loads_deepspeeds_moments():
+    assert all(run_distributed(_load_with_delayed_update, 2, args=("stage2-fp32",)))
+
+
 def test_counters_scheduler_and_client_state_are_deepspeeds(tmp_path):
     result = run_distributed(_resume, 1, args=("stage2-fp32", 2, str(tmp_path)))[0]
     assert result["counters"] == (run.SAVED_AT, run.SAVED_AT * run.WORLD * run.MICRO_BATCH,

@@ -347,12 +347,18 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
         checkpoint_layout.load_group(engine.core, g, wanted, saved.master, moments)
 
 
+def _engine_arrays(engine) -> set[str]:
+    """The optimizer-state arrays the engine keeps per element (not a delayed update's own
+    state), copying nothing."""
+    return set(engine.core.group_state_names(0)) if engine.core.group_count else set()
+
+
 def engine_moments(engine, saved: DeepSpeedCheckpoint) -> dict | None:
     """The saved optimizer-state arrays under the engine's names (DeepSpeed's CPU Adagrad and
     Lion name theirs otherwise); None when they are not what the engine's optimizer keeps. A
     Lion checkpoint is told from an Adam one, whose arrays have the same names, by its
     hyperparameters (Lion has no eps)."""
-    names = set(dict(engine.core.group_optimizer_state(0))) if engine.core.group_count else set()
+    names = _engine_arrays(engine)
     kind = engine.optimizer.spec.kind
     if kind == "external":  # DeepSpeed's files hold no state of its that is not per element
         return None
@@ -380,7 +386,7 @@ def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:
 def _check_optimizer(engine, saved: DeepSpeedCheckpoint, trainable: set[str]) -> None:
     """The engine's optimizer state arrays in the checkpoint, and the same parameters in each
     optimizer group."""
-    names = set(dict(engine.core.group_optimizer_state(0))) if engine.core.group_count else set()
+    names = _engine_arrays(engine)
     if engine_moments(engine, saved) is None:
         raise ValueError(
             f"zero: DeepSpeed checkpoint {saved.path} holds the optimizer state "

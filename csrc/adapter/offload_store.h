@@ -33,8 +33,8 @@ struct ChunkGrid {
   std::int64_t numel(std::int64_t c) const { return std::min(chunk, shard_numel - c * chunk); }
 };
 
-// The state arrays an optimizer keeps: "master", then "exp_avg" and "exp_avg_sq" (Adam) or
-// "momentum_buffer" (SGD with momentum).
+// The state arrays an offload store keeps: "master", then the optimizer's
+// (optimizer_state_names).
 std::vector<std::string> state_array_names(const std::vector<std::string>& optimizer_states);
 // The registry category of a state array: kMaster for "master", else kOptimizerState.
 core::MemoryCategory state_category(const std::string& name);

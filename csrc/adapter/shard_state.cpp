@@ -186,7 +186,7 @@ void ShardState::external_step(const std::vector<ShardPiece>& pieces, const Opti
                                double grad_scale,
                                const std::function<void(std::size_t)>& stepped) {
   const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor master = master_.defined() ? master_ : at::empty({0}, fp32);  // empty shard
+  at::Tensor master = master_.defined() ? master_ : at::empty({0}, fp32);  // an empty shard
   // The whole shard's gradients in one tensor, as the optimizer sees one parameter; what no
   // piece covers (alignment padding) is 0.
   at::Tensor grads = at::zeros({shard_numel_}, master.options());
@@ -194,8 +194,7 @@ void ShardState::external_step(const std::vector<ShardPiece>& pieces, const Opti
     grads.narrow(0, piece.offset, piece.grad.numel()).copy_(piece.grad);
   }
   if (grad_scale != 1.0) grads.mul_(grad_scale);
-  TORCH_CHECK(hyper.external, "zero: an external optimizer's group stepped without its update");
-  hyper.external(master, grads, states_);
+  optimizer_update(master, grads, states_, hyper, /*step=*/0);  // (it keeps its own count)
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     store_params(pieces[i], 0, master.narrow(0, pieces[i].offset, pieces[i].grad.numel()));
     if (stepped) stepped(i);
