@@ -123,7 +123,7 @@ def _check(shapes, world, grid, knobs, results):
             assert estimate.model_state_bytes == measured["model_state_bytes"], label
             b, n = setup.param_bytes, world
             master = 4 if precision == "bf16" else 0
-            state = est.OPTIMIZER_STATE_BYTES[setup.optimizer]  # Adam 8
+            state = est.optimizer_state_bytes(setup)  # Adam 8
             assert estimate.persistent_bytes == (
                 2 * b * estimate.persistent_numel
                 + (master + state) * estimate.persistent_shard_numel), label

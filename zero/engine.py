@@ -124,8 +124,8 @@ class ZeroEngine(EngineGetters, nn.Module):
         self.inference_only = optimizer is None and config.optimizer is None
         self.lr_scheduler = None if self.inference_only else \
             _scheduler(config, lr_scheduler, self.optimizer)
-        self._layouts = state_layouts(self._core, self._engine_groups, self.optimizer.param_groups,
-                                      spec, config, _element_size(self.dtype))
+        self._layouts = state_layouts(self._core, self._engine_groups, spec, config,
+                                      _element_size(self.dtype))
         self._warn_if_not_pinned()
         if self.config.memory_report.path and not self.config.memory_report.every_n_steps \
                 and dist.get_rank() == 0:

@@ -24,9 +24,8 @@ class StateLayout:
     world_size: int
     numel: int            # Ψ (padded)
     param_bytes: int      # b: 2 (fp16/bf16) or 4 (fp32)
-    optimizer: str        # "adam" | "sgd" | "adagrad" | "lion" | "external"
-    sgd_momentum: bool = False
-    external_arrays: int = 0  # an external optimizer's per-element fp32 arrays
+    optimizer_arrays: int  # the optimizer's fp32 arrays per element (the engine's names)
+    external: bool = False  # an external optimizer: it steps one whole fp32 tensor
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
     sharded_grads: bool = False  # stage 1, one micro-step per step: gradients sharded as at 2
     offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
@@ -47,20 +46,15 @@ class StateLayout:
         return self.numel if self.stage == 0 else self.numel // self.world_size
 
 
-def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
-                  ) -> list[StateLayout]:
+def state_layouts(core, groups, spec, config, param_bytes: int) -> list[StateLayout]:
     """What the ZeRO formulas describe for an engine (its EngineCore and EngineGroups): one
-    layout per group kind, (stage, SGD momentum buffer, an external optimizer's arrays); stage
-    3's persistent parameters follow
-    stage 1 and are a layout of their own. N is the ranks a group shards over: the world, or
-    with MiCS the shard group."""
-    kinds: dict[tuple[int, bool, int], dict] = {}
+    layout per group kind (stage, the optimizer's arrays as the engine keeps them); stage 3's
+    persistent parameters follow stage 1 and are a layout of their own. N is the ranks a group
+    shards over: the world, or with MiCS the shard group."""
+    kinds: dict[tuple[int, int], dict] = {}
     for g, group in enumerate(groups):
-        momentum = spec.momentum_buffer_needed([optimizer_groups[group.owner]])
-        arrays = len(spec.external.state_names(optimizer_groups[group.owner])) \
-            if spec.external else 0
         info = core.group_offload_info(g)
-        kind = kinds.setdefault((group.stage, momentum, arrays),
+        kind = kinds.setdefault((group.stage, len(core.group_state_names(g))),
                                 {"numel": 0, "offloaded": 0, "nvme": 0, "grads_on_host": True})
         kind["numel"] += core.group_numel(g)
         kind["world_size"] = core.group_layout(g).world_size
@@ -69,8 +63,8 @@ def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
         kind["grads_on_host"] = kind["grads_on_host"] and info.grads_on_host
     zero_cfg = config.zero_optimization
     return [StateLayout(stage=stage, world_size=kind["world_size"], numel=kind["numel"],
-                        param_bytes=param_bytes, optimizer=spec.kind, sgd_momentum=momentum,
-                        external_arrays=arrays,
+                        param_bytes=param_bytes, optimizer_arrays=arrays,
+                        external=spec.external is not None,
                         persistent=zero_cfg.stage == 3 and stage == 1,
                         sharded_grads=stage == 1 and grads_sharded(
                             zero_cfg.stage, config.gradient_accumulation_steps),
@@ -78,19 +72,18 @@ def state_layouts(core, groups, optimizer_groups, spec, config, param_bytes: int
                         offload_param=stage == 3 and zero_cfg.offload_param.device != "none",
                         param_nvme_numel=kind["nvme"], grads_on_host=kind["grads_on_host"],
                         offloaded_numel=kind["offloaded"])
-            for (stage, momentum, arrays), kind in sorted(kinds.items(), reverse=True)]
+            for (stage, arrays), kind in sorted(kinds.items(), reverse=True)]
 
 
 def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     """Bytes per parameter of each category, and whether it is divided by N."""
     b, stage = layout.param_bytes, layout.stage
-    optimizer = {"adam": 8, "sgd": 4 if layout.sgd_momentum else 0, "adagrad": 4, "lion": 4,
-                 "external": 4 * layout.external_arrays}[layout.optimizer]
+    optimizer = 4 * layout.optimizer_arrays
     # In fp32 training the master is the parameter's own shard (nothing extra), unless the
     # optimizer is offloaded (the host keeps an fp32 copy of its own) or external (it steps
     # one whole fp32 tensor).
     master = 4 if (layout.mixed_precision or layout.offload_optimizer != "none"
-                   or layout.offload_param or layout.optimizer == "external") else 0
+                   or layout.offload_param or layout.external) else 0
     return {
         "param": (b, stage >= 3),
         "gradient": (b, stage >= 2 or layout.sharded_grads),

@@ -27,6 +27,13 @@ void bind_options(py::module_& m) {
       .value("adagrad", adapter::OptimizerKind::kAdagrad)
       .value("lion", adapter::OptimizerKind::kLion)
       .value("external", adapter::OptimizerKind::kExternal);
+  // The fp32 arrays a kind keeps per element, by name: the one list the estimator and the
+  // memory report count (an external optimizer's come from its probe instead).
+  m.def("optimizer_state_names",
+        [](adapter::OptimizerKind kind, bool sgd_momentum) {
+          return adapter::optimizer_state_names(kind, sgd_momentum, {});
+        },
+        py::arg("kind"), py::arg("sgd_momentum") = false);
 
   // offload_states' kinds, under DeepSpeed's OffloadStateTypeEnum names
   py::enum_<adapter::StateKind>(m, "StateKind")

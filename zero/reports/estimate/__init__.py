@@ -130,8 +130,8 @@ from .training_setup import (ALIGNMENT_BYTES, DEFAULT_MAX_INFLIGHT_GATHERS,
                              DEFAULT_PARAM_MAX_IN_CPU, DEFAULT_PERSISTENCE_THRESHOLD,
                              DEFAULT_PREFETCH_BUCKET_SIZE, DEFAULT_REDUCE_BUCKET_SIZE,
                              DEFAULT_SUB_GROUP_SIZE, DTYPE_NAMES, OFFLOAD_DEVICES, OPTIMIZERS,
-                             OPTIMIZER_STATE_BYTES, PARAM_BYTES, PRECISIONS, STAGE3_KEYS, Setup,
-                             setup_from_config)
+                             PARAM_BYTES, PRECISIONS, STAGE3_KEYS, Setup,
+                             optimizer_state_bytes, setup_from_config)
 
 __all__ = [
     "ALIGNMENT_BYTES", "BUILT", "CATEGORIES", "DEFAULT_MAX_INFLIGHT_GATHERS",
@@ -140,10 +140,10 @@ __all__ = [
     "DEFAULT_PREFETCH_BUCKET_SIZE", "DEFAULT_REDUCE_BUCKET_SIZE", "DEFAULT_SUB_GROUP_SIZE",
     "DTYPE_NAMES", "Estimate", "EstimateError", "FORMULA_ONLY", "GiB", "IO_ALIGNMENT", "KiB",
     "LOCATIONS", "MAX_ASSUMED_UNITS", "MeshPart", "MeshSizes", "MiB", "ModelShapes", "OFFLOAD_DEVICES", "OFFLOAD_TILE",
-    "OPTIMIZERS", "OPTIMIZER_STATE_BYTES", "OPTIONS", "Option", "PARAM_BYTES", "PRECISIONS",
+    "OPTIMIZERS", "OPTIONS", "Option", "PARAM_BYTES", "PRECISIONS",
     "ParamPlacement", "STAGE3_ASSUMED_UNITS", "STAGE3_FORMULA", "STAGE3_KEYS", "Setup",
     "Stage3Layout", "WorkingSet", "build_on_meta", "by_location", "estimate", "estimate_all", "format_bytes",
-    "format_estimates", "import_factory", "layouts", "location_formula", "mesh_parts", "model_from_hf_config", "option_for",
+    "format_estimates", "import_factory", "layouts", "location_formula", "mesh_parts", "model_from_hf_config", "optimizer_state_bytes", "option_for",
     "param_placement", "parse_bytes", "parse_count", "setup_from_config", "shapes_from_count",
     "shapes_from_factory", "shapes_from_hf_config", "shapes_from_module",
     "simulate_stage3_schedule", "stage3_layout", "state_arrays", "tensor_slice",

@@ -13,11 +13,8 @@ from .errors import EstimateError
 PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-# The fp32 arrays each optimizer keeps per element (csrc optimizer_state_names)
-OPTIMIZER_STATE_ARRAYS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": (), "sgd_momentum": ("momentum_buffer",),
-                          "adagrad": ("sum",), "lion": ("exp_avg",)}
-OPTIMIZERS = tuple(OPTIMIZER_STATE_ARRAYS)
-OPTIMIZER_STATE_BYTES = {name: 4 * len(arrays) for name, arrays in OPTIMIZER_STATE_ARRAYS.items()}
+# The optimizers zero steps itself (_C.OptimizerKind; "sgd_momentum": SGD with its buffer)
+OPTIMIZERS = ("adam", "sgd", "sgd_momentum", "adagrad", "lion")
 EXTERNAL = "external"  # a torch.optim config type, run on the shards (zero/external_optimizer.py)
 # Every parameter starts 16-byte aligned in its flat buffer (zero/engine.py ALIGNMENT_BYTES;
 # a test keeps the two equal).
@@ -291,9 +288,14 @@ def _external_arrays(optimizer_config) -> tuple:
 
 
 def optimizer_arrays(setup: Setup) -> tuple:
-    """The fp32 arrays the optimizer keeps per element."""
-    return setup.external_arrays if setup.optimizer == EXTERNAL \
-        else OPTIMIZER_STATE_ARRAYS[setup.optimizer]
+    """The fp32 arrays the optimizer keeps per element: the engine's own list of them."""
+    if setup.optimizer == EXTERNAL:
+        return setup.external_arrays
+    from zero import _C
+
+    momentum = setup.optimizer == "sgd_momentum"
+    kind = getattr(_C.OptimizerKind, "sgd" if momentum else setup.optimizer)
+    return tuple(_C.optimizer_state_names(kind, momentum))
 
 
 def optimizer_state_bytes(setup: Setup) -> int:
