@@ -161,6 +161,34 @@ def test_stage3_estimate_equals_the_engines_measured_bytes(world):
     _check(shapes, world, GRID, KNOBS, results)
 
 
+def _attention_granularity() -> int:
+    attn = training.make_model().blocks[0].attn
+    return sum(p.numel() for p in attn.parameters()) // 3  # qkv, proj, itself
+
+
+# DeepSpeed's split rules (zero/stage3_policy.py): a cap on the elements kept whole, and the
+# attentions gathered as the units (their granularity), the rest of each block with the root.
+POLICY_KNOBS = {
+    "model-cap": {"stage3_param_persistence_threshold": 5_000,
+                  "stage3_model_persistence_threshold": 3_000},
+    "granularity": {"stage3_module_granularity_threshold": _attention_granularity()},
+}
+POLICY_GRID = [("bf16", name) for name in POLICY_KNOBS]
+
+
+def test_the_persistence_cap_and_granularity_units_are_estimated_exactly():
+    results = run_distributed(_measure, 2, args=(POLICY_GRID, POLICY_KNOBS), timeout=120)
+    capped = est.shapes_from_factory(FACTORY)
+    _check(capped, 2, POLICY_GRID[:1], POLICY_KNOBS, [rank[:1] for rank in results])
+    threshold = POLICY_KNOBS["granularity"]["stage3_module_granularity_threshold"]
+    fine = est.shapes_from_factory(FACTORY, module_granularity_threshold=threshold)
+    assert fine.unit_names == ("", "blocks.0.attn", "blocks.1.attn")
+    _check(fine, 2, POLICY_GRID[1:], POLICY_KNOBS, [rank[1:] for rank in results])
+    setup, _ = est.setup_from_config(_config("bf16", POLICY_KNOBS["granularity"]), 2)
+    with pytest.raises(est.EstimateError, match="module_granularity_threshold"):
+        est.estimate(capped, setup, 3)  # units planned without the threshold
+
+
 # Eight blocks: bounds that keep some units and not others.
 DEEP_KNOBS = {
     "reuse-30k": {"stage3_max_reuse_distance": 30_000, "stage3_prefetch_bucket_size": 0},

@@ -7,10 +7,11 @@ order):
 2. shard_groups: the C++ engine groups, one per optimizer group and kind:
    - stages 0-2: one group of the config's stage per optimizer group (with pipeline or
      tensor parallelism, one per optimizer group and gradient-norm weight, norm_span.py);
-   - stage 3: the gather units are planned (stage3.plan_units); trainable parameters above
-     stage3_param_persistence_threshold are partitioned (a stage-3 group per optimizer group,
-     sharded per unit), the rest stay whole with their optimizer state sharded (a stage-1
-     group, added last); the module hooks are attached (Stage3Hooks), and zero.Init's
+   - stage 3: the gather units are planned (stage3.plan_units, after
+     stage3_module_granularity_threshold marks its units: stage3_policy); trainable
+     parameters are partitioned (a stage-3 group per optimizer group, sharded per unit)
+     except those kept whole by the persistence thresholds (stage3_policy.kept_whole), which
+     keep their optimizer state sharded (a stage-1 group, added last); the module hooks are attached (Stage3Hooks), and zero.Init's
      per-parameter shards are adopted into the engine's per-unit shards, unit by unit.
 
 The engine then attaches its gradient hooks to each group's parameters and builds the
@@ -26,7 +27,7 @@ from torch import nn
 
 import offload
 
-from . import boundary, ds_param, process_groups, stage3
+from . import boundary, ds_param, process_groups, stage3, stage3_policy
 from . import init as zero_init
 from .parallel.data_group import first_rank
 from .parallel.norm_span import by_weight
@@ -112,10 +113,11 @@ def shard_groups(builder: GroupBuilder, model: nn.Module, trainables: list[list]
 
 def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list],
                   device: torch.device, step_counter) -> Sharding:
-    threshold = int(builder.config.zero_optimization.stage3_param_persistence_threshold)
-    plan = stage3.plan_units(model)
-    partitioned = {id(p): p for params in trainables for p in params
-                   if zero_init.full_numel(p) > threshold}
+    zero_cfg = builder.config.zero_optimization
+    plan = stage3.plan_units(model, stage3_policy.granularity_units(
+        model, int(zero_cfg.stage3_module_granularity_threshold)))
+    partitioned = _partitioned(model, trainables, int(zero_cfg.stage3_param_persistence_threshold),
+                               int(zero_cfg.stage3_model_persistence_threshold))
     whole_shapes = {id(p): zero_init.full_shape(p) for p in model.parameters()}
     # zero.Init partitioned everything large; what the engine keeps whole (small or frozen
     # parameters) is gathered back once, in the same order on every rank.
@@ -151,6 +153,20 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
         ds_param.mark(param, whole_shapes[id(param)], persist=id(param) not in partitioned)
     stage3.add_ds_external_parameters(model)
     return Sharding(groups, hooks)
+
+
+def _partitioned(model: nn.Module, trainables: list[list], param_threshold: int,
+                 model_threshold: int) -> dict[int, nn.Parameter]:
+    """id -> parameter of the trainable parameters stage 3 partitions (in optimizer-group
+    order): all but those kept whole, decided in model order as DeepSpeed does."""
+    trainable = {id(p): p for params in trainables for p in params}
+    ordered = [p for p in model.parameters() if id(p) in trainable]
+    seen = {id(p) for p in ordered}
+    ordered += [p for key, p in trainable.items() if key not in seen]  # not in the model
+    whole = stage3_policy.kept_whole([zero_init.full_numel(p) for p in ordered],
+                                     param_threshold, model_threshold)
+    kept = {id(p) for p, keep in zip(ordered, whole) if keep}
+    return {key: p for key, p in trainable.items() if key not in kept}
 
 
 def _add_stage3_group(builder: GroupBuilder, plan, owner: int, params: list,

@@ -5,12 +5,14 @@ memory live in C++ (csrc/adapter/stage3_group.h, gather_schedule.h, backward_hoo
 
 Gather-unit policy (documented in docs/ARCHITECTURE.md):
   * a module marked with gather_unit(module) (or whose class was named in
-    set_z3_leaf_modules, DeepSpeed's call) is one unit with everything inside it;
+    set_z3_leaf_modules, DeepSpeed's call, or chosen by stage3_module_granularity_threshold:
+    stage3_policy.granularity_units) is one unit with everything inside it;
   * every other child of an nn.ModuleList that owns parameters is one unit (the transformer
     blocks of a GPT, the layers of most models), unless it contains a marked module;
   * every other managed parameter belongs to the root unit, which stays gathered for the
     whole forward (embeddings, final norm, and a head tied to the embedding);
-  * parameters with at most `stage3_param_persistence_threshold` elements are not
+  * parameters with at most `stage3_param_persistence_threshold` elements (within
+    `stage3_model_persistence_threshold` in all: stage3_policy.kept_whole) are not
     partitioned: they stay whole on every rank (a stage-1 group: gradients all-reduced,
     optimizer state sharded) and are reported separately.
 Units are numbered in forward order. A parameter used by a module of another unit must be
@@ -59,11 +61,16 @@ def set_z3_leaf_modules(model: nn.Module, leaf_module_classes) -> list[nn.Module
     return [gather_unit(m) for m in marked]
 
 
-def plan_units(model: nn.Module) -> UnitPlan:
+def plan_units(model: nn.Module, marked_units=()) -> UnitPlan:
+    """The gather units of `model` (the policy above); `marked_units`: modules treated as
+    marked besides those gather_unit marked (stage3_policy.granularity_units), the model
+    itself among them making it one unit."""
     units: list[tuple[str, nn.Module]] = [("", model)]
-    inside_unit: set[int] = set()
+    extra = {id(m) for m in marked_units}
+    inside_unit: set[int] = {id(m) for m in model.modules()} if id(model) in extra else set()
     has_params = lambda m: any(True for _ in m.parameters())  # noqa: E731
-    marked = {id(m) for m in model.modules() if m is not model and m.__dict__.get(UNIT_ATTR)}
+    marked = {id(m) for m in model.modules()
+              if m is not model and (m.__dict__.get(UNIT_ATTR) or id(m) in extra)}
     for name, module in model.named_modules():  # marked modules first: they win
         if id(module) in marked and id(module) not in inside_unit and has_params(module):
             units.append((name, module))

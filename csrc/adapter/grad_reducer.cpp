@@ -136,7 +136,10 @@ std::optional<std::size_t> GradReducer::grad_ready(std::size_t param, const at::
     }
   }
   if (shared_[param]) return std::nullopt;  // complete at the end of backward
-  if (--missing_[where.buffer] == 0) return where.buffer;
+  // A unit holding a shared parameter completes at the end of backward too: reported
+  // complete now, it would be learned as the first to launch and hold every later unit's
+  // bucket back until then.
+  if (--missing_[where.buffer] == 0 && !holds_shared_[where.buffer]) return where.buffer;
   return std::nullopt;
 }
 

@@ -25,10 +25,11 @@ FEATURE_DOCS = {
                            "gathered elements: prefetch stays under it, and a unit that cannot "
                            "fit is an error), `stage3_max_reuse_distance` (keep a unit "
                            "gathered for a reuse coming soon), `stage3_max_inflight_gathers`, "
-                           "`stage3_gather_16bit_weights_on_model_save`",
+                           "`stage3_gather_16bit_weights_on_model_save`, "
+                           "`stage3_model_persistence_threshold` (a cap on all elements kept "
+                           "whole), `stage3_module_granularity_threshold` (fine modules "
+                           "gathered as one unit)",
     schema.FEATURE_STAGE3_PREFETCH: "non-default stage-3 fetch tuning not built yet: "
-                                    "`stage3_model_persistence_threshold`, "
-                                    "`stage3_module_granularity_threshold`, "
                                     "`stage3_use_all_reduce_for_fetch_params`",
     schema.FEATURE_OFFLOAD: "`offload_optimizer.device: \"cpu\"` (stages 1-3), its `pin_memory`, `ratio` and "
                             "`delayed_update`",

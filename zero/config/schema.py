@@ -514,7 +514,8 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "say 5e8; its code default is 5e7).", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_param_persistence_threshold", 100_000, "Parameters smaller than this stay unpartitioned.",
             minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
-    _stage3_tuning(INT, "stage3_model_persistence_threshold", sys.maxsize, "Cap on the total unpartitioned elements.",
+    _stage3(INT, "stage3_model_persistence_threshold", sys.maxsize, "Cap on the elements kept whole in "
+            "all: in model order, a small parameter that would pass it is partitioned (DeepSpeed's rule).",
             minimum=0, maximum=MAX_INT64, default_doc="sys.maxsize"),
     _stage3(INT, "stage3_max_live_parameters", 1_000_000_000, "Parameter elements resident per GPU before "
             "releasing.", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
@@ -526,7 +527,9 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "all-gathers in flight at once.", minimum=1, maximum=MAX_BUFFERS),
     _stage3(BOOL, "stage3_gather_16bit_weights_on_model_save", False, "Gather the full 16-bit weights when saving "
             "the model."),
-    _stage3_tuning(INT, "stage3_module_granularity_threshold", 0, "Treat fine-grained modules as one fetch unit.",
+    _stage3(INT, "stage3_module_granularity_threshold", 0, "From the root down, a module whose elements per "
+            "layer (its torch leaves with parameters, and itself) are at most this becomes one gather unit, "
+            "as with set_z3_leaf_modules; containers never; 0: off (DeepSpeed's rule).",
             minimum=0, maximum=MAX_ELEMENTS),
     _stage3_tuning(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Fetch parameters with all-reduce."),
     _int("sub_group_size", 1_000_000_000, "Elements per tile of the offloaded optimizer step; zero streams "

@@ -60,10 +60,30 @@ class Stage3Layout:
         return sum(layout.shard_numel for layout in self.persistent)
 
 
+def _kept_whole(shapes: ModelShapes, setup: Setup) -> list[list[bool]]:
+    """Per shape (nested like shapes.groups): whether stage 3 keeps it whole, by the engine's
+    rule (stage3_policy.kept_whole) in model order."""
+    from zero.stage3_policy import kept_whole
+
+    order = shapes.order
+    if order is None:  # the groups' order
+        starts = [sum(len(g) for g in shapes.groups[:k]) for k in range(len(shapes.groups))]
+        order = tuple(tuple(range(s, s + len(g))) for s, g in zip(starts, shapes.groups))
+    flat = sorted((place, g, i) for g, places in enumerate(order)
+                  for i, place in enumerate(places))
+    keep = kept_whole([shape_numel(shapes.groups[g][i]) for _, g, i in flat],
+                      setup.persistence_threshold, setup.model_persistence_threshold)
+    whole = [[False] * len(group) for group in shapes.groups]
+    for (_, g, i), kept in zip(flat, keep):
+        whole[g][i] = kept
+    return whole
+
+
 def stage3_layout(shapes: ModelShapes, setup: Setup,
                   reduce_bucket_size: int | None = None) -> Stage3Layout:
     """The engine's stage-3 layout from the shapes and their gather units: parameters with
-    more than `persistence_threshold` elements go to their unit's buffer (each unit padded to
+    more than `persistence_threshold` elements (or past the model_persistence_threshold
+    cap: _kept_whole) go to their unit's buffer (each unit padded to
     a multiple of N x alignment, `zero._C.plan_partition`), the rest to a stage-1 group
     (`ShardedLayout` with reduce_bucket_size units)."""
     from zero import _C
@@ -72,17 +92,24 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
         raise EstimateError("stage 3 needs the model's gather units: describe the model with "
                             "--model (or shapes_from_module)")
     dtype = DTYPE_NAMES[setup.precision]
-    world, threshold = setup.world_size, setup.persistence_threshold
+    if shapes.exact and shapes.module_granularity_threshold != setup.module_granularity_threshold:
+        raise EstimateError(
+            f"stage3_module_granularity_threshold {setup.module_granularity_threshold}: the "
+            f"model's gather units were planned with {shapes.module_granularity_threshold}; "
+            "describe the model with shapes_from_module(..., module_granularity_threshold="
+            f"{setup.module_granularity_threshold})")
+    world = setup.world_size
+    whole = _kept_whole(shapes, setup)
     partition_world = setup.partition_world  # MiCS: the shard group
     rbs = int(reduce_bucket_size or setup.reduce_bucket_size)
     unit_total = max((u for group in shapes.units for u in group), default=0) + 1
     unit_numel = [0] * max(unit_total, len(shapes.unit_names), 1)
     group_units, persistent, persistent_count, root_early = [], [], 0, []
     late_flags = shapes.root_late or tuple((False,) * len(group) for group in shapes.groups)
-    for group, units, late in zip(shapes.groups, shapes.units, late_flags):
-        small = [list(shape) for shape in group if shape_numel(shape) <= threshold]
-        large = [(list(shape), unit) for shape, unit in zip(group, units)
-                 if shape_numel(shape) > threshold]
+    for group, units, late, kept in zip(shapes.groups, shapes.units, late_flags, whole):
+        small = [list(shape) for shape, keep in zip(group, kept) if keep]
+        large = [(list(shape), unit) for shape, unit, keep in zip(group, units, kept)
+                 if not keep]
         if small:
             persistent.append(_C.ShardedLayout(small, dtype, world, setup.alignment, rbs))
             persistent_count += len(small)
@@ -99,7 +126,6 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
             rows.append((unit, int(buffer.numel), int(buffer.shard_numel)))
             unit_numel[unit] += int(buffer.numel)
         group_units.append(rows)
-        root_early.append(any(flag and shape_numel(shape) > threshold
-                              for shape, flag in zip(group, late)))
+        root_early.append(any(flag and not keep for flag, keep in zip(late, kept)))
     return Stage3Layout(unit_numel=unit_numel, group_units=group_units, persistent=persistent,
                         persistent_count=persistent_count, root_early_grads=root_early)

@@ -32,6 +32,11 @@ class ModelShapes:
     # first parameter of another unit (a final norm, an untied head): in a sequential model
     # it is used after the blocks, so its gradient arrives at the start of backward.
     root_late: Optional[tuple[tuple[bool, ...], ...]] = None
+    # Per shape (nested like `groups`): its place in module.parameters(), the order in which
+    # stage 3 decides what stays whole (stage3_policy.kept_whole); None: the groups' order.
+    order: Optional[tuple[tuple[int, ...], ...]] = None
+    # the stage3_module_granularity_threshold the units above were planned with
+    module_granularity_threshold: int = 0
 
     @property
     def trainable_numel(self) -> int:
@@ -59,13 +64,15 @@ def shape_numel(shape: Sequence[int]) -> int:
 
 def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                        param_groups: Iterable | None = None,
-                       local_shape: Mapping[int, tuple[int, ...]] | None = None) -> ModelShapes:
+                       local_shape: Mapping[int, tuple[int, ...]] | None = None,
+                       module_granularity_threshold: int = 0) -> ModelShapes:
     """The shapes the engine will manage: trainable parameters in `module.parameters()` order
     (tied parameters once), one group, as `zero.initialize(model=..., config=...)` does with a
     config optimizer. `param_groups` (a list of lists of parameters, or of dicts with
     "params") mirrors a client optimizer's groups instead. Stage 3: every shape's gather unit
     from `zero.stage3.plan_units` (the engine's rule), the units' names, the
-    register_external_parameter links, and which root parameters come after the blocks.
+    register_external_parameter links, and which root parameters come after the blocks;
+    `module_granularity_threshold`: stage3_module_granularity_threshold's units too.
     `local_shape`: {id(parameter): shape} of the parameters a rank holds a slice of (tensor
     parallelism: zero.tp.auto_tp.local_shapes)."""
     if not isinstance(module, torch.nn.Module):
@@ -75,15 +82,16 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     else:
         raw_groups = [list(g["params"]) if isinstance(g, Mapping) else list(g)
                       for g in param_groups]
-    from zero import init as zero_init, stage3
+    from zero import init as zero_init, stage3, stage3_policy
 
-    plan = stage3.plan_units(module)  # the engine's gather units (stage 3)
+    plan = stage3.plan_units(module, stage3_policy.granularity_units(  # the engine's units
+        module, int(module_granularity_threshold)))
     position = {id(p): i for i, p in enumerate(module.parameters())}  # first registration
     first_block = min((position[id(p)] for p in module.parameters()
                        if plan.unit_of_param.get(id(p), 0) != 0), default=len(position))
-    groups, units, late, seen = [], [], [], set()
+    groups, units, late, order, seen = [], [], [], [], set()
     for raw in raw_groups:
-        shapes, unit_ids, late_ids = [], [], []
+        shapes, unit_ids, late_ids, places = [], [], [], []
         for param in raw:
             if not param.requires_grad or id(param) in seen:
                 continue
@@ -95,10 +103,12 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
             unit = plan.unit_of_param.get(id(param), 0)
             unit_ids.append(unit)
             late_ids.append(unit == 0 and position.get(id(param), -1) > first_block)
+            places.append(position.get(id(param), len(position) + len(seen)))
         if shapes:
             groups.append(tuple(shapes))
             units.append(tuple(unit_ids))
             late.append(tuple(late_ids))
+            order.append(tuple(places))
     if not groups:
         raise EstimateError("the model has no trainable parameters")
     unique = {id(p): p for p in module.parameters()}
@@ -107,7 +117,8 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                        exact=True, frozen_numel=frozen, units=tuple(units),
                        unit_names=tuple(name for name, _ in plan.modules),
                        externals=tuple(stage3.external_links(plan)),
-                       root_late=tuple(late))
+                       root_late=tuple(late), order=tuple(order),
+                       module_granularity_threshold=int(module_granularity_threshold))
 
 
 def shapes_from_count(count: int, tensor_numel: int | None = None,

@@ -47,7 +47,10 @@ def _setup_lines(shapes: ModelShapes, setup: Setup) -> list[str]:
         + ("default (stage 3 only)" if setup.overlap_comm is None else str(setup.overlap_comm)),
         f"stage 3: persistence threshold {setup.persistence_threshold:,}, prefetch "
         f"{setup.prefetch_bucket_size:,}, max live {setup.max_live_parameters:,}, max reuse "
-        f"distance {setup.max_reuse_distance:,}, {setup.max_inflight_gathers} gather(s) in flight",
+        f"distance {setup.max_reuse_distance:,}, {setup.max_inflight_gathers} gather(s) in flight"
+        + "".join(f", {key} {value:,}" for key, value in setup.stage3_dict().items()
+                  if key in ("stage3_model_persistence_threshold",
+                             "stage3_module_granularity_threshold")),
     ]
     if shapes.note:
         lines.append(f"note: {shapes.note}")

@@ -26,6 +26,8 @@ DEFAULT_PREFETCH_BUCKET_SIZE = 50_000_000
 DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
 DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
 DEFAULT_MAX_INFLIGHT_GATHERS = 2
+DEFAULT_MODEL_PERSISTENCE_THRESHOLD = 2**63 - 1  # sys.maxsize: no cap
+DEFAULT_MODULE_GRANULARITY_THRESHOLD = 0         # off
 
 # Offload (OFFLOAD_TILE from offload/options.py, the engine's own constant): the offloaded
 # step streams chunks of at most OFFLOAD_TILE elements.
@@ -58,6 +60,9 @@ class Setup:
     max_live_parameters: int = DEFAULT_MAX_LIVE_PARAMETERS
     max_reuse_distance: int = DEFAULT_MAX_REUSE_DISTANCE
     max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS
+    model_persistence_threshold: int = DEFAULT_MODEL_PERSISTENCE_THRESHOLD
+    # the gather units of shapes_from_module(..., module_granularity_threshold=) (stage 3)
+    module_granularity_threshold: int = DEFAULT_MODULE_GRANULARITY_THRESHOLD
     mics_shard_size: int = -1  # MiCS: partitioned within groups of this many ranks (-1: off)
     hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary copies shared by this many ranks
     quantized_weights: bool = False    # ZeRO++ qwZ: all-gathers carry int8
@@ -98,7 +103,8 @@ class Setup:
         if self.reduce_bucket_size < 1:
             raise EstimateError(f"reduce_bucket_size must be >= 1, got {self.reduce_bucket_size}")
         for name in ("persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
-                     "max_reuse_distance"):
+                     "max_reuse_distance", "model_persistence_threshold",
+                     "module_granularity_threshold"):
             if getattr(self, name) < 0:
                 raise EstimateError(f"stage3 {name} must be >= 0, got {getattr(self, name)}")
         if self.max_inflight_gathers < 1:
@@ -209,7 +215,12 @@ class Setup:
                 "stage3_prefetch_bucket_size": self.prefetch_bucket_size,
                 "stage3_max_live_parameters": self.max_live_parameters,
                 "stage3_max_reuse_distance": self.max_reuse_distance,
-                "stage3_max_inflight_gathers": self.max_inflight_gathers}
+                "stage3_max_inflight_gathers": self.max_inflight_gathers,
+                **({"stage3_model_persistence_threshold": self.model_persistence_threshold}
+                   if self.model_persistence_threshold != DEFAULT_MODEL_PERSISTENCE_THRESHOLD
+                   else {}),
+                **({"stage3_module_granularity_threshold": self.module_granularity_threshold}
+                   if self.module_granularity_threshold else {})}
 
 
 # config key -> Setup field (stage 3)
@@ -218,6 +229,8 @@ STAGE3_KEYS = {"stage3_param_persistence_threshold": "persistence_threshold",
                "stage3_max_live_parameters": "max_live_parameters",
                "stage3_max_reuse_distance": "max_reuse_distance",
                "stage3_max_inflight_gathers": "max_inflight_gathers",
+               "stage3_model_persistence_threshold": "model_persistence_threshold",
+               "stage3_module_granularity_threshold": "module_granularity_threshold",
                "mics_shard_size": "mics_shard_size",
                "zero_hpz_partition_size": "hpz_partition_size"}
 

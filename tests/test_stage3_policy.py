@@ -1,0 +1,101 @@
+"""DeepSpeed's stage-3 split rules (zero/stage3_policy.py): stage3_model_persistence_threshold
+caps what stays whole, stage3_module_granularity_threshold gathers fine modules as one unit;
+the engine follows them and still trains like single-process PyTorch. (The estimate's exact
+bytes under both: tests/test_estimate_stage3.py.)"""
+import logging
+
+import pytest
+import torch
+
+import training
+from distributed_harness import run_distributed
+from zero import stage3, stage3_policy
+from zero.models.tiny_gpt import GPTConfig, TinyGPT
+
+
+def test_small_parameters_stay_whole_until_the_model_cap_then_later_ones_may_fit():
+    # DeepSpeed's mark_persistent_parameters, walked in model order
+    numels = [10, 500, 30, 40, 5, 20]
+    assert stage3_policy.kept_whole(numels, 100, 2**63 - 1) == [True, False, True, True, True, True]
+    # 10 + 30 = 40 kept; 40 more would pass 75; 5 fits (45); 20 fits (65)
+    assert stage3_policy.kept_whole(numels, 100, 75) == [True, False, True, False, True, True]
+    assert stage3_policy.kept_whole(numels, 100, 0) == [False] * 6
+    assert stage3_policy.kept_whole(numels, 0, 2**63 - 1) == [False] * 6
+
+
+def _gpt():
+    torch.manual_seed(0)
+    return TinyGPT(GPTConfig())  # 64 wide, two blocks, tied head
+
+
+def test_granularity_is_elements_per_layer_as_deepspeed_counts_them():
+    model = _gpt()
+    block, attn = model.blocks[0], model.blocks[0].attn
+    numel = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    # a block: ln1, qkv, proj, attn itself, ln2, two linears of its Sequential, itself = 8
+    # layers; the attention: qkv, proj, itself = 3 (containers and GELU add none)
+    assert numel(block) // 8 == 6_224 and numel(attn) // 3 == 5_482
+    assert stage3_policy.granularity_units(model, 6_224) == [model.blocks[0], model.blocks[1]]
+    assert stage3_policy.granularity_units(model, 5_482) == [model.blocks[0].attn,
+                                                             model.blocks[1].attn]
+    plan = stage3.plan_units(model, stage3_policy.granularity_units(model, 5_482))
+    # the attention modules are the units; the rest of each block goes with the root
+    assert [name for name, _ in plan.modules] == ["", "blocks.0.attn", "blocks.1.attn"]
+    assert plan.unit_of_param[id(block.mlp[0].weight)] == 0
+
+
+def test_a_root_within_the_threshold_makes_the_whole_model_one_unit():
+    model = _gpt()
+    units = stage3_policy.granularity_units(model, 10**6)
+    assert units == [model]
+    plan = stage3.plan_units(model, units)
+    assert [name for name, _ in plan.modules] == [""]
+    assert len(stage3.plan_units(model).modules) == 3  # nothing was marked on the model
+
+
+def test_a_threshold_finer_than_every_module_marks_none_and_names_the_finest(caplog):
+    with caplog.at_level(logging.WARNING, logger="zero"):
+        assert stage3_policy.granularity_units(_gpt(), 100) == []
+    assert "CausalSelfAttention at 5,482" in caplog.text
+
+
+STEPS, GAS = 10, 2
+ZERO_EXTRA = {"stage3_param_persistence_threshold": 5_000,
+              "stage3_model_persistence_threshold": 3_000}
+
+
+def _attention_granularity() -> int:
+    attn = training.make_model().blocks[0].attn
+    return sum(p.numel() for p in attn.parameters()) // 3  # qkv, proj, itself
+
+
+def _config():
+    return training.engine_config(3, gas=GAS, stage3_module_granularity_threshold=
+                                  _attention_granularity(), **ZERO_EXTRA)
+
+
+def _train(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config())
+    losses = training.train_engine(engine, rank, world, STEPS, GAS)
+    persist = [bool(p.ds_persist) for p in engine.module.parameters()]
+    state = engine.module_state_dict()
+    return losses, persist, ({k: v.float() for k, v in state.items()} if rank == 0 else None)
+
+
+def test_the_engine_keeps_what_the_rules_say_and_trains_like_torch():
+    model = training.make_model()
+    expected = stage3_policy.kept_whole([p.numel() for p in model.parameters()],
+                                        ZERO_EXTRA["stage3_param_persistence_threshold"],
+                                        ZERO_EXTRA["stage3_model_persistence_threshold"])
+    small = [p.numel() <= 5_000 for p in model.parameters()]
+    assert expected != small and any(expected)  # the cap partitions some small ones
+    ref_losses, ref_params = training.train_reference(2, STEPS, GAS, _config())
+    results = run_distributed(_train, 2, timeout=180)
+    for losses, persist, _ in results:
+        assert persist == expected
+        assert losses == pytest.approx(ref_losses, rel=1e-5)
+    state = results[0][2]
+    for name, value in ref_params.items():
+        assert training.relative_error(state[name], value) < 1e-5, name
