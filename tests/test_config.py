@@ -96,8 +96,6 @@ BAD = [
     ("offload device typo", with_(zero_optimization={"offload_optimizer": {"device": "gpu"}}),
      "zero_optimization.offload_optimizer.device", "must be one of \"none\", \"cpu\", \"nvme\""),
 
-    ("stage3 all-reduce fetch not built", with_(zero_optimization={"stage": 3, "stage3_use_all_reduce_for_fetch_params": True}),
-     "zero_optimization.stage3_use_all_reduce_for_fetch_params", "needs engine feature 'stage3_prefetch'"),
     ("stage3 in-flight gathers", with_(zero_optimization={"stage": 3, "stage3_max_inflight_gathers": 0}),
      "zero_optimization.stage3_max_inflight_gathers", "must be >= 1"),
     ("bool for int", with_(train_micro_batch_size_per_gpu=True), "train_micro_batch_size_per_gpu",

@@ -2,8 +2,8 @@
 reference, optimizer and parameter offload to pinned host memory through the copy engine and
 to NVMe, the delayed parameter update, the reduced gradients read per parameter, bf16
 gradients reduced in fp32, the memory report's device bytes against torch.cuda's allocator,
-offload_states giving GPU memory back, and Adagrad, Lion and a torch optimizer run on the
-shards. Skipped where torch sees
+offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
+shards, and DeepSpeed's stage-3 split rules with gathers by all-reduce. Skipped where torch sees
 no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -177,6 +177,16 @@ def test_the_int8_code_is_the_same_bytes_on_the_gpu():
     decoded_cpu, decoded_gpu = _C.dequantize_int8(on_cpu, 1000), _C.dequantize_int8(on_gpu, 1000)
     assert torch.allclose(decoded_gpu.cpu(), decoded_cpu, rtol=0, atol=0, equal_nan=True)
     assert torch.isnan(decoded_cpu[256:512]).all() and torch.isfinite(decoded_cpu[512:]).all()
+
+
+def test_stage3_split_rules_and_all_reduce_fetch_on_nccl():
+    """stage3_model_persistence_threshold, stage3_module_granularity_threshold and the
+    gathers by all-reduce (stage3_use_all_reduce_for_fetch_params) on NCCL, bf16."""
+    results = _run(1, 3, "bf16", stage3_param_persistence_threshold=5_000,
+                   stage3_model_persistence_threshold=3_000,
+                   stage3_module_granularity_threshold=1_500,
+                   stage3_use_all_reduce_for_fetch_params=True)
+    _assert_matches_reference(results, 1, 3, "bf16")
 
 
 def test_quantized_weights_and_gradients_train_on_the_gpu():

@@ -172,18 +172,25 @@ POLICY_KNOBS = {
     "model-cap": {"stage3_param_persistence_threshold": 5_000,
                   "stage3_model_persistence_threshold": 3_000},
     "granularity": {"stage3_module_granularity_threshold": _attention_granularity()},
+    # the same gathers by all-reduce: the same bytes held, twice the gather payload
+    "all-reduce-fetch": {"stage3_use_all_reduce_for_fetch_params": True},
 }
 POLICY_GRID = [("bf16", name) for name in POLICY_KNOBS]
 
 
-def test_the_persistence_cap_and_granularity_units_are_estimated_exactly():
+def test_the_persistence_cap_granularity_units_and_all_reduce_fetch_are_estimated_exactly():
     results = run_distributed(_measure, 2, args=(POLICY_GRID, POLICY_KNOBS), timeout=120)
     capped = est.shapes_from_factory(FACTORY)
-    _check(capped, 2, POLICY_GRID[:1], POLICY_KNOBS, [rank[:1] for rank in results])
+    plain = [0, 2]  # the model's own units
+    _check(capped, 2, [POLICY_GRID[i] for i in plain], POLICY_KNOBS,
+           [[rank[i] for i in plain] for rank in results])
+    all_gather, all_reduce = (est.setup_from_config(_config("bf16", POLICY_KNOBS[name]), 2)[0]
+                              for name in ("model-cap", "all-reduce-fetch"))
+    assert all_reduce.all_reduce_fetch and not all_gather.all_reduce_fetch
     threshold = POLICY_KNOBS["granularity"]["stage3_module_granularity_threshold"]
     fine = est.shapes_from_factory(FACTORY, module_granularity_threshold=threshold)
     assert fine.unit_names == ("", "blocks.0.attn", "blocks.1.attn")
-    _check(fine, 2, POLICY_GRID[1:], POLICY_KNOBS, [rank[1:] for rank in results])
+    _check(fine, 2, POLICY_GRID[1:2], POLICY_KNOBS, [rank[1:2] for rank in results])
     setup, _ = est.setup_from_config(_config("bf16", POLICY_KNOBS["granularity"]), 2)
     with pytest.raises(est.EstimateError, match="module_granularity_threshold"):
         est.estimate(capped, setup, 3)  # units planned without the threshold

@@ -1,6 +1,7 @@
 """DeepSpeed's stage-3 split rules (zero/stage3_policy.py): stage3_model_persistence_threshold
 caps what stays whole, stage3_module_granularity_threshold gathers fine modules as one unit;
-the engine follows them and still trains like single-process PyTorch. (The estimate's exact
+the engine follows them, with stage3_use_all_reduce_for_fetch_params too, and still trains
+like single-process PyTorch. (The estimate's exact
 bytes under both: tests/test_estimate_stage3.py.)"""
 import logging
 
@@ -61,7 +62,8 @@ def test_a_threshold_finer_than_every_module_marks_none_and_names_the_finest(cap
 
 STEPS, GAS = 10, 2
 ZERO_EXTRA = {"stage3_param_persistence_threshold": 5_000,
-              "stage3_model_persistence_threshold": 3_000}
+              "stage3_model_persistence_threshold": 3_000,
+              "stage3_use_all_reduce_for_fetch_params": True}
 
 
 def _attention_granularity() -> int:
@@ -81,7 +83,14 @@ def _train(rank, world):
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
     persist = [bool(p.ds_persist) for p in engine.module.parameters()]
     state = engine.module_state_dict()
-    return losses, persist, ({k: v.float() for k, v in state.items()} if rank == 0 else None)
+    engine.core.reset_comm_stats()
+    training.train_engine(engine, rank, world, 1, GAS, first_step=STEPS)
+    comm = engine.core.comm_stats()
+    # all-gathers left: the persistent (stage-1) group's new parameters, fp32
+    gathers = (comm.all_gather_bytes - 4 * engine.memory_report()["persistent_numel"],
+               comm.all_reduce_bytes)
+    return losses, persist, gathers, ({k: v.float() for k, v in state.items()}
+                                      if rank == 0 else None)
 
 
 def test_the_engine_keeps_what_the_rules_say_and_trains_like_torch():
@@ -93,9 +102,10 @@ def test_the_engine_keeps_what_the_rules_say_and_trains_like_torch():
     assert expected != small and any(expected)  # the cap partitions some small ones
     ref_losses, ref_params = training.train_reference(2, STEPS, GAS, _config())
     results = run_distributed(_train, 2, timeout=180)
-    for losses, persist, _ in results:
+    for losses, persist, (all_gather_bytes, all_reduce_bytes), _ in results:
         assert persist == expected
         assert losses == pytest.approx(ref_losses, rel=1e-5)
-    state = results[0][2]
+        assert all_gather_bytes == 0 < all_reduce_bytes  # every unit's gather an all-reduce
+    state = results[0][3]
     for name, value in ref_params.items():
         assert training.relative_error(state[name], value) < 1e-5, name

@@ -154,6 +154,14 @@ std::unique_ptr<PendingCollective> Communicator::all_gather(at::Tensor full, at:
                                              std::move(on_complete), std::move(timed));
 }
 
+std::unique_ptr<PendingCollective> Communicator::all_gather_by_all_reduce(at::Tensor full,
+                                                                          at::Tensor shard) {
+  check_pair("all_gather", full, shard, world_size_);
+  full.zero_();
+  full.narrow(0, rank_ * shard.numel(), shard.numel()).copy_(shard.reshape({-1}));
+  return all_reduce(full);
+}
+
 std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard, at::Tensor full,
                                                                 Reduction reduction) {
   check_pair("reduce_scatter", full, shard, world_size_);

@@ -90,6 +90,10 @@ class Communicator {
   std::unique_ptr<PendingCollective> all_gather(at::Tensor full, at::Tensor shard,
                                                 bool control = false,
                                                 std::function<void()> on_complete = {});
+  // The same result as all_gather, by an all-reduce (sum) of `full` zeroed but for this
+  // rank's slice (DeepSpeed's stage3_use_all_reduce_for_fetch_params, for networks where
+  // all-reduce is the faster collective); counted as the all-reduce it is.
+  std::unique_ptr<PendingCollective> all_gather_by_all_reduce(at::Tensor full, at::Tensor shard);
   // shard <- this rank's slice of the reduction of every rank's full buffer. On the host a
   // sum or mean is an all-to-all and a local sum (host_reduce_scatter).
   std::unique_ptr<PendingCollective> reduce_scatter(at::Tensor shard, at::Tensor full,

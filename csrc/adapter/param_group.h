@@ -84,6 +84,9 @@ struct GroupOptions {
   // reduce-scattered (qgZ) as block-wise int8.
   bool quantized_weights = false;
   bool quantized_gradients = false;
+  // Stage 3 (DeepSpeed's stage3_use_all_reduce_for_fetch_params): units are gathered by an
+  // all-reduce (Communicator::all_gather_by_all_reduce); not the quantized or hpZ gathers.
+  bool all_reduce_fetch = false;
   // The dtype gradients are reduced in (DeepSpeed's communication_data_type); none: the
   // gradients' own. Another dtype reduces a copy of each unit (GradReducer's buckets) and
   // casts the result back into the gradients.

@@ -208,6 +208,8 @@ void Stage3Group::fetch(std::size_t index) {
   allocate_gathered(index);
   unit.in_flight = options_.quantized_weights
                        ? quantized_all_gather(communicator_, unit.gathered, source)
+                   : options_.all_reduce_fetch
+                       ? communicator_.all_gather_by_all_reduce(unit.gathered, source)
                        : communicator_.all_gather(unit.gathered, source);
 }
 

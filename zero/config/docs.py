@@ -28,9 +28,7 @@ FEATURE_DOCS = {
                            "`stage3_gather_16bit_weights_on_model_save`, "
                            "`stage3_model_persistence_threshold` (a cap on all elements kept "
                            "whole), `stage3_module_granularity_threshold` (fine modules "
-                           "gathered as one unit)",
-    schema.FEATURE_STAGE3_PREFETCH: "non-default stage-3 fetch tuning not built yet: "
-                                    "`stage3_use_all_reduce_for_fetch_params`",
+                           "gathered as one unit), `stage3_use_all_reduce_for_fetch_params`",
     schema.FEATURE_OFFLOAD: "`offload_optimizer.device: \"cpu\"` (stages 1-3), its `pin_memory`, `ratio` and "
                             "`delayed_update`",
     schema.FEATURE_OFFLOAD_PARAM: "`offload_param.device: \"cpu\"` (stage 3) and its `pin_memory`",

@@ -32,14 +32,13 @@ from typing import Any, Mapping, Optional, Tuple
 # --------------------------------------------------------------------------- features
 
 FEATURE_STAGE3 = "stage3"  # ZeRO stage 3 (parameter partitioning), persistence, 16-bit save
-FEATURE_STAGE3_PREFETCH = "stage3_prefetch"  # stage-3 fetch-tuning knobs not built yet
 FEATURE_OFFLOAD = "offload"  # offload optimizer state and the optimizer step to CPU memory
 FEATURE_OFFLOAD_PARAM = "offload_param"  # stage-3 parameters in CPU memory
 FEATURE_OFFLOAD_PARAM_NVME = "offload_param_nvme"  # stage-3 parameters on NVMe
 FEATURE_OFFLOAD_TUNING = "offload_tuning"  # round-robin gradients
 FEATURE_NVME = "nvme"  # optimizer state on NVMe, and the aio block that tunes it
 
-ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_STAGE3_PREFETCH, FEATURE_OFFLOAD,
+ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD,
                           FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_PARAM_NVME, FEATURE_OFFLOAD_TUNING,
                           FEATURE_NVME})
 
@@ -489,10 +488,6 @@ def _stage3(kind, name, default, doc, feature=FEATURE_STAGE3, **kw):
     return Key(name, kind, default, doc + " Stage 3 only.", feature=feature, **kw)
 
 
-def _stage3_tuning(kind, name, default, doc, **kw):
-    return _stage3(kind, name, default, doc, feature=FEATURE_STAGE3_PREFETCH, **kw)
-
-
 ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer state (stage 1), gradients "
                           "(stage 2) and parameters (stage 3).", (
     _int("stage", 0, "0: plain data parallel, 1: partition optimizer state, 2: + gradients, 3: + parameters.",
@@ -531,7 +526,9 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "layer (its torch leaves with parameters, and itself) are at most this becomes one gather unit, "
             "as with set_z3_leaf_modules; containers never; 0: off (DeepSpeed's rule).",
             minimum=0, maximum=MAX_ELEMENTS),
-    _stage3_tuning(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Fetch parameters with all-reduce."),
+    _stage3(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Gather each unit by an all-reduce of "
+            "a zeroed buffer holding this rank's shard (for networks where all-reduce is faster); not the "
+            "quantized (zero_quantized_weights) or hpZ gathers, as in DeepSpeed."),
     _int("sub_group_size", 1_000_000_000, "Elements per tile of the offloaded optimizer step; zero streams "
          "tiles of min(sub_group_size, 4,194,304) elements through two staging buffers.", minimum=1,
          maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),

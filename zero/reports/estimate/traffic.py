@@ -13,6 +13,8 @@ all-gathers its Ψp elements over the world. The layouts move these:
              secondary group (plain, unquantized);
   MiCS       gathers and reduce-scatters stay within the shard group of S ranks; each reduced
              piece is all-reduced over the replicas: 2·Ψ/S·b per micro-step across nodes.
+stage3_use_all_reduce_for_fetch_params makes the plain (not qwZ, not hpZ's secondary) gathers
+all-reduces of the whole unit: twice their bytes.
 """
 from __future__ import annotations
 
@@ -43,11 +45,12 @@ def stage3_traffic(est: Estimate, setup: Setup, gas: int) -> Traffic:
     gathered = gas * est.stage3["working_set"]["gathered_numel_per_micro_step"]
     reduced = _wire(gas * psi, bc, setup.quantized_gradients)
     persistent = est.persistent_numel * (bc + b)  # reduce-scatter, all-gather
+    fetch = 2 if setup.all_reduce_fetch and not setup.quantized_weights else 1
     if setup.hpz_world:
-        first = _wire(psi, b, setup.quantized_weights)  # each unit's first gather of the step
+        first = fetch * _wire(psi, b, setup.quantized_weights)  # each unit's first of the step
         return Traffic(cross_node=first + reduced + persistent,
                        in_node=(gathered - psi) * b)
-    gathers = _wire(gathered, b, setup.quantized_weights)
+    gathers = fetch * _wire(gathered, b, setup.quantized_weights)
     if setup.partition_world < setup.world_size:  # MiCS
         replicas = gas * 2 * (psi // setup.partition_world) * bc
         return Traffic(cross_node=replicas + persistent, in_node=gathers + reduced)

@@ -67,6 +67,7 @@ class Setup:
     hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary copies shared by this many ranks
     quantized_weights: bool = False    # ZeRO++ qwZ: all-gathers carry int8
     quantized_gradients: bool = False  # ZeRO++ qgZ: reduce-scatters carry int8
+    all_reduce_fetch: bool = False  # stage3_use_all_reduce_for_fetch_params: gathers are all-reduces
     # offload: the configured devices (which row `estimate(shapes, setup, stage)` gives and the
     # table marks) and the chunk of the offloaded step
     offload_optimizer: str = "none"   # none | cpu | nvme
@@ -220,7 +221,9 @@ class Setup:
                    if self.model_persistence_threshold != DEFAULT_MODEL_PERSISTENCE_THRESHOLD
                    else {}),
                 **({"stage3_module_granularity_threshold": self.module_granularity_threshold}
-                   if self.module_granularity_threshold else {})}
+                   if self.module_granularity_threshold else {}),
+                **({"stage3_use_all_reduce_for_fetch_params": True}
+                   if self.all_reduce_fetch else {})}
 
 
 # config key -> Setup field (stage 3)
@@ -273,6 +276,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     values["sub_group_size"] = int(zero_cfg.sub_group_size)
     values["quantized_weights"] = bool(zero_cfg.zero_quantized_weights)
     values["quantized_gradients"] = bool(zero_cfg.zero_quantized_gradients)
+    values["all_reduce_fetch"] = bool(zero_cfg.stage3_use_all_reduce_for_fetch_params)
     values["delayed_update"] = bool(getattr(zero_cfg.offload_optimizer, "delayed_update", False))
     param = zero_cfg.offload_param
     values["param_buffer_count"] = int(param.buffer_count)
