@@ -78,8 +78,6 @@ BAD = [
     ("stage out of range", with_(zero_optimization={"stage": 4}), "zero_optimization.stage", ">= 0 and <= 3"),
     ("param offload below stage 3", with_(zero_optimization={"stage": 2, "offload_param": {"device": "cpu"}}),
      "zero_optimization.offload_param.device", "parameter offload needs stage 3"),
-    ("round robin not built", with_(zero_optimization={"stage": 2, "round_robin_gradients": True}),
-     "zero_optimization.round_robin_gradients", "needs engine feature 'offload_tuning'"),
     ("delayed update with partial offload", with_(zero_optimization={"stage": 2, "offload_optimizer": {
         "device": "cpu", "ratio": 0.5, "delayed_update": True}}),
      "zero_optimization.offload_optimizer.delayed_update", "needs the whole step on the host"),

@@ -70,6 +70,16 @@ def test_bf16_offload_matches_the_engine_without_it(stage):
     _assert_same_training(plain, offloaded, 1e-6)
 
 
+def test_round_robin_gradients_is_taken_and_trains_the_same():
+    """DeepSpeed's round_robin_gradients reorders its partitions so every rank copies
+    gradients to the CPU throughout backward; zero's reduce-scatter hands every rank 1/N of
+    each unit as it completes, so a config asking for it trains exactly as one without."""
+    config = _config(2, True, "bf16")
+    plain = run_distributed(_train, 2, args=(config,), timeout=180)
+    config["zero_optimization"]["round_robin_gradients"] = True
+    _assert_same_training(plain, run_distributed(_train, 2, args=(config,), timeout=180), 0.0)
+
+
 def test_sgd_with_momentum_offloads_too():
     sgd = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
     plain = run_distributed(_train, 2, args=(_config(2, False, optimizer=sgd),), timeout=180)

@@ -462,3 +462,45 @@ def test_a_units_output_can_be_modified_in_place():
                                              reuse_block=True)
     for losses in run_distributed(_train_scaling_in_place, 2):
         assert losses == pytest.approx(ref_losses, rel=1e-5)
+
+
+def _load_bad_state(rank, world, bad_ranks, change):
+    engine = _make(rank)
+    before = training.make_model(freeze_position_embedding=True, reuse_block=True).state_dict()
+    state = {k: v.clone() for k, v in before.items()}  # the engine's own start values
+    if rank in bad_ranks:
+        change(state)
+    try:
+        engine.load_module_state_dict(state)
+    except RuntimeError as error:
+        message = str(error)
+    else:
+        message = ""
+    after = engine.module_state_dict()  # a gather: every rank is still in step; rank 0 keeps it
+    return message, all(torch.equal(after[k], v) for k, v in before.items()) if rank == 0 \
+        else not after
+
+
+def _broadcastable_weight(state):
+    state["blocks.0.mlp.0.weight"] = state["blocks.0.mlp.0.weight"][:1].clone()
+
+
+def _missing_weight(state):
+    del state["blocks.0.attn.qkv.weight"]
+
+
+@pytest.mark.parametrize("change,bad_ranks,expected", [
+    (_broadcastable_weight, (0, 1), "size mismatch for blocks.0.mlp.0.weight"),
+    (_broadcastable_weight, (1,), "size mismatch for blocks.0.mlp.0.weight"),
+    (_missing_weight, (0, 1), "missing keys ['blocks.0.attn.qkv.weight']"),
+], ids=["shape", "shape-on-one-rank", "missing"])
+def test_a_state_dict_the_model_cannot_take_is_refused_on_every_rank_before_loading(
+        change, bad_ranks, expected):
+    """A weight that would broadcast into its partitioned parameter (copy_ took it), or a
+    missing one, is refused before any gather, on every rank, even when only one rank's state
+    is wrong: nothing is loaded and the ranks stay in step."""
+    results = run_distributed(_load_bad_state, 2, args=(bad_ranks, change), timeout=120)
+    for message, unchanged in results:
+        assert expected in message and "nothing was loaded" in message
+        assert unchanged
+    assert ("rank 1: " in results[0][0]) == (bad_ranks == (1,))  # rank 0 names the other

@@ -33,6 +33,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from . import agreement
+
 
 @dataclass
 class UnitPlan:
@@ -329,11 +331,40 @@ def full_state_dict(hooks: Stage3Hooks, module: nn.Module, keep: bool) -> dict:
     return state
 
 
+def _check_full_state(hooks: Stage3Hooks, module: nn.Module, state: dict, strict: bool) -> None:
+    """What torch's load_state_dict refuses, found before anything is gathered or written: a
+    value whose shape is not its tensor's whole shape, and with `strict` the keys the model
+    lacks or the state lacks (a tied parameter needs one of its names)."""
+    current = module.state_dict(keep_vars=True)
+    errors = [f"size mismatch for {name}: copying a param with shape {tuple(value.shape)} from "
+              f"checkpoint, the shape in current model is {tuple(whole)}"
+              for name, value in state.items() if name in current
+              and isinstance(value, torch.Tensor)
+              and tuple(value.shape) != tuple(whole := getattr(current[name], "ds_shape",
+                                                                 current[name].shape))]
+    if strict:
+        tied = {name: names for pid in hooks.partitioned for names in [hooks.param_names[pid]]
+                for name in names}
+        missing = [name for name in current if name not in state
+                   and not any(other in state for other in tied.get(name, ()))]
+        unexpected = [name for name in state if name not in current]
+        if missing:
+            errors.append(f"missing keys {missing}")
+        if unexpected:
+            errors.append(f"unexpected keys {unexpected}")
+    if errors:
+        raise RuntimeError("zero: error(s) in loading the state dict (nothing was loaded): "
+                           + "; ".join(errors))
+
+
 def load_full_state_dict(hooks: Stage3Hooks, module: nn.Module, state: dict,
                          strict: bool) -> None:
     """Loads a whole-parameter state dict into the shards: unit by unit, gather, overwrite,
     commit this rank's piece (and fp32 master), release. Everything else (persistent and
-    frozen parameters, buffers) loads through the module as usual."""
+    frozen parameters, buffers) loads through the module as usual. A state the model cannot
+    take (shapes, and with `strict` its keys) is refused on every rank before any gather."""
+    agreement.on_every_rank(lambda: _check_full_state(hooks, module, state, strict),
+                            RuntimeError, "nothing was loaded")
     partitioned_names = {name for pid in hooks.partitioned for name in hooks.param_names[pid]}
     with torch.no_grad():
         for unit in each_gathered_unit(hooks):
@@ -342,12 +373,8 @@ def load_full_state_dict(hooks: Stage3Hooks, module: nn.Module, state: dict,
                 if source is not None:
                     param.data.copy_(source)
             hooks.commit(unit)
-    rest = {k: v for k, v in state.items() if k not in partitioned_names}
-    missing, unexpected = module.load_state_dict(rest, strict=False)
-    missing = [k for k in missing if k not in partitioned_names]
-    if strict and (missing or unexpected):
-        raise RuntimeError(f"zero: state dict mismatch: missing {missing}, "
-                           f"unexpected {unexpected}")
+    module.load_state_dict({k: v for k, v in state.items() if k not in partitioned_names},
+                           strict=False)  # (checked above)
 
 
 @contextlib.contextmanager

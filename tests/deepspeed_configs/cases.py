@@ -37,6 +37,23 @@ CASES = {
                                         "contiguous_gradients": False}}, 2),
 }
 
+# block path -> DeepSpeed's pydantic model of it (module, class): make.py writes every field's
+# default, and zero's schema default of the same key must equal it
+MODELS = {
+    "zero_optimization": ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig"),
+    "zero_optimization.offload_optimizer": ("deepspeed.runtime.zero.offload_config",
+                                            "DeepSpeedZeroOffloadOptimizerConfig"),
+    "zero_optimization.offload_param": ("deepspeed.runtime.zero.offload_config",
+                                        "DeepSpeedZeroOffloadParamConfig"),
+    "bf16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
+    "fp16": ("deepspeed.runtime.precision_config", "DeepSpeedFP16Config"),
+    "tensorboard": ("deepspeed.monitor.config", "TensorBoardConfig"),
+    "wandb": ("deepspeed.monitor.config", "WandbConfig"),
+    "csv_monitor": ("deepspeed.monitor.config", "CSVConfig"),
+    "comet": ("deepspeed.monitor.config", "CometConfig"),
+    "comms_logger": ("deepspeed.comm.config", "CommsLoggerConfig"),
+}
+
 # config key -> how DeepSpeed's DeepSpeedConfig holds it
 DEEPSPEED = {
     "train_batch_size": lambda c: c.train_batch_size,

@@ -35,7 +35,33 @@ def _answers(rank, world):
     return found
 
 
+def _json(value):
+    value = getattr(value, "value", value)  # an enum: its JSON spelling
+    if isinstance(value, (list, tuple)):
+        return [_json(item) for item in value]
+    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+
+
+def _defaults():
+    """{block path: {JSON key: DeepSpeed's default}} of DeepSpeed's pydantic config models
+    (cases.MODELS), each field under the name a config spells it with (its alias)."""
+    import importlib
+
+    from pydantic_core import PydanticUndefined
+
+    found = {}
+    for block, (module, name) in cases.MODELS.items():
+        model = getattr(importlib.import_module(module), name)
+        fields = {}
+        for field_name, field in model.model_fields.items():
+            default = field.default_factory() if field.default_factory else field.default
+            if default is not PydanticUndefined:
+                fields[field.alias or field_name] = _json(default)
+        found[block] = fields
+    return found
+
+
 if __name__ == "__main__":
     version, found = ask_deepspeed(_answers)
-    write("configs", {"deepspeed": version, **found}, indent=1)
+    write("configs", {"deepspeed": version, **found, "defaults": _defaults()}, indent=1)
     print(found["stage3"])

@@ -33,7 +33,6 @@ FEATURE_DOCS = {
                             "`delayed_update`",
     schema.FEATURE_OFFLOAD_PARAM: "`offload_param.device: \"cpu\"` (stage 3) and its `pin_memory`",
     schema.FEATURE_OFFLOAD_PARAM_NVME: "`offload_param.device: \"nvme\"` and its NVMe keys",
-    schema.FEATURE_OFFLOAD_TUNING: "`round_robin_gradients`",
     schema.FEATURE_NVME: "`offload_optimizer.device: \"nvme\"` (stages 1-3, unlike DeepSpeed's stage 3 only), "
                          "its NVMe keys and the `aio` block",
 }

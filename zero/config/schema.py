@@ -35,11 +35,10 @@ FEATURE_STAGE3 = "stage3"  # ZeRO stage 3 (parameter partitioning), persistence,
 FEATURE_OFFLOAD = "offload"  # offload optimizer state and the optimizer step to CPU memory
 FEATURE_OFFLOAD_PARAM = "offload_param"  # stage-3 parameters in CPU memory
 FEATURE_OFFLOAD_PARAM_NVME = "offload_param_nvme"  # stage-3 parameters on NVMe
-FEATURE_OFFLOAD_TUNING = "offload_tuning"  # round-robin gradients
 FEATURE_NVME = "nvme"  # optimizer state on NVMe, and the aio block that tunes it
 
 ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD,
-                          FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_PARAM_NVME, FEATURE_OFFLOAD_TUNING,
+                          FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_PARAM_NVME,
                           FEATURE_NVME})
 
 # The features the engine implements today. When one lands, add it here (one
@@ -426,7 +425,9 @@ FP16 = Block("fp16", "fp16 mixed precision with loss scaling.", (
 BF16 = Block("bf16", "bf16 mixed precision (no loss scaling).", (
     _bool("enabled", False, "Train in bf16 (fp32 master weights)."),
     _unsupported(BOOL, "immediate_grad_update", False, "DeepSpeed BF16_Optimizer scheduling knob."),
-    _unsupported(BOOL, "check_grad_overflow", False, "Check bf16 gradients for overflow."),
+    _unsupported(BOOL, "check_grad_overflow", True, "Skip a step whose gradients are not finite (DeepSpeed's "
+                 "default): zero always does (nonfinite_gradients); false, which lets DeepSpeed apply such a "
+                 "step, is refused."),
     _unsupported(BOOL, "bf16_master_weights_and_grads", False, "Keep master weights in bf16."),
     _unsupported(BOOL, "bf16_optimizer_states", False, "Keep optimizer states in bf16."),
 ))
@@ -501,8 +502,10 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _bool("overlap_comm", None, "Overlap gradient reduction with the backward pass. Default (DeepSpeed code): true "
           "for stage 3, false otherwise (DeepSpeed's docs say false).", nullable=True,
           auto="the stage-dependent default", default_doc="stage == 3"),
-    _bool("round_robin_gradients", False, "Spread gradient copies to CPU across ranks (CPU offload, stages 1-2).",
-          feature=FEATURE_OFFLOAD_TUNING),
+    _bool("round_robin_gradients", False, "DeepSpeed: reorder its contiguous partitions so that every rank "
+          "copies gradients to the CPU throughout backward (CPU offload, stages 1-2). zero's reduce-scatter "
+          "already gives every rank 1/N of each unit as the unit completes, so the copies are spread over all "
+          "ranks either way; the flag changes nothing."),
     _block("offload_optimizer", OFFLOAD_OPTIMIZER, "Optimizer-state offload (table below). Absent or null: none."),
     _block("offload_param", OFFLOAD_PARAM, "Parameter offload (table below). Absent or null: none."),
     _stage3(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
@@ -526,6 +529,8 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "layer (its torch leaves with parameters, and itself) are at most this becomes one gather unit, "
             "as with set_z3_leaf_modules; containers never; 0: off (DeepSpeed's rule).",
             minimum=0, maximum=MAX_ELEMENTS),
+    _unsupported(BOOL, "stage3_allgather_sequential", False, "DeepSpeed: gather a unit's parameters one by one "
+                 "instead of through a flat buffer (zero gathers each unit into its own buffer, no extra copy)."),
     _stage3(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Gather each unit by an all-reduce of "
             "a zeroed buffer holding this rank's shard (for networks where all-reduce is faster); not the "
             "quantized (zero_quantized_weights) or hpZ gathers, as in DeepSpeed."),
