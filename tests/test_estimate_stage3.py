@@ -167,13 +167,15 @@ def _attention_granularity() -> int:
 
 
 # DeepSpeed's split rules (zero/stage3_policy.py): a cap on the elements kept whole, and the
-# attentions gathered as the units (their granularity), the rest of each block with the root.
+# attentions gathered as units of their own (their granularity) inside their blocks' units.
 POLICY_KNOBS = {
     "model-cap": {"stage3_param_persistence_threshold": 5_000,
                   "stage3_model_persistence_threshold": 3_000},
     "granularity": {"stage3_module_granularity_threshold": _attention_granularity()},
     # the same gathers by all-reduce: the same bytes held, twice the gather payload
     "all-reduce-fetch": {"stage3_use_all_reduce_for_fetch_params": True},
+    # the MLPs named as leaf modules: units inside their blocks' units
+    "leaf-modules": {"leaf_module": {"name_suffixes": [".mlp"]}},
 }
 POLICY_GRID = [("bf16", name) for name in POLICY_KNOBS]
 
@@ -187,13 +189,17 @@ def test_the_persistence_cap_granularity_units_and_all_reduce_fetch_are_estimate
     all_gather, all_reduce = (est.setup_from_config(_config("bf16", POLICY_KNOBS[name]), 2)[0]
                               for name in ("model-cap", "all-reduce-fetch"))
     assert all_reduce.all_reduce_fetch and not all_gather.all_reduce_fetch
-    threshold = POLICY_KNOBS["granularity"]["stage3_module_granularity_threshold"]
-    fine = est.shapes_from_factory(FACTORY, module_granularity_threshold=threshold)
-    assert fine.unit_names == ("", "blocks.0.attn", "blocks.1.attn")
+    granular, _ = est.setup_from_config(_config("bf16", POLICY_KNOBS["granularity"]), 2)
+    fine = est.shapes_from_factory(FACTORY, granular.unit_rules())
+    assert fine.unit_names == ("", "blocks.0", "blocks.0.attn", "blocks.1", "blocks.1.attn")
     _check(fine, 2, POLICY_GRID[1:2], POLICY_KNOBS, [rank[1:2] for rank in results])
-    setup, _ = est.setup_from_config(_config("bf16", POLICY_KNOBS["granularity"]), 2)
-    with pytest.raises(est.EstimateError, match="module_granularity_threshold"):
-        est.estimate(capped, setup, 3)  # units planned without the threshold
+    leafy, _ = est.setup_from_config(_config("bf16", POLICY_KNOBS["leaf-modules"]), 2)
+    nested = est.shapes_from_factory(FACTORY, leafy.unit_rules())
+    assert nested.unit_names == ("", "blocks.0", "blocks.0.mlp", "blocks.1", "blocks.1.mlp")
+    assert nested.unit_parents == (0, 0, 1, 0, 3)
+    _check(nested, 2, POLICY_GRID[3:], POLICY_KNOBS, [rank[3:] for rank in results])
+    with pytest.raises(est.EstimateError, match="stage3_module_granularity_threshold"):
+        est.estimate(capped, granular, 3)  # units planned without the threshold
 
 
 # Eight blocks: bounds that keep some units and not others.

@@ -408,9 +408,10 @@ def test_units_can_be_named_by_module_or_class():
     ref_losses, _ = training.train_reference(2, STEPS, GAS, _config(),
                                              freeze_position_embedding=True, reuse_block=True)
     losses, units = run_distributed(_train_with_named_units, 2, timeout=240)[0]
-    # blocks.0 holds a marked module, so it is not a unit itself: its attention is, and the
-    # rest of it (LayerNorms are persistent; its MLP) falls to the root.
-    assert units == ["", "blocks.0.attn", "blocks.1.attn", "blocks.1.mlp"]
+    # a block holding marked modules is still a unit for the rest of it (its MLP; the
+    # LayerNorms are persistent): the marked ones are units inside it
+    assert units == ["", "blocks.0", "blocks.0.attn", "blocks.1", "blocks.1.attn",
+                     "blocks.1.mlp"]
     assert losses == pytest.approx(ref_losses, rel=1e-5)
 
 

@@ -40,9 +40,12 @@ def test_granularity_is_elements_per_layer_as_deepspeed_counts_them():
     assert stage3_policy.granularity_units(model, 5_482) == [model.blocks[0].attn,
                                                              model.blocks[1].attn]
     plan = stage3.plan_units(model, stage3_policy.granularity_units(model, 5_482))
-    # the attention modules are the units; the rest of each block goes with the root
-    assert [name for name, _ in plan.modules] == ["", "blocks.0.attn", "blocks.1.attn"]
-    assert plan.unit_of_param[id(block.mlp[0].weight)] == 0
+    # the attention modules are units inside their blocks' units (nested)
+    assert [name for name, _ in plan.modules] == ["", "blocks.0", "blocks.0.attn", "blocks.1",
+                                                  "blocks.1.attn"]
+    assert plan.parents == [0, 0, 1, 0, 3]
+    assert plan.unit_of_param[id(block.mlp[0].weight)] == 1
+    assert plan.unit_of_param[id(attn.qkv.weight)] == 2
 
 
 def test_a_root_within_the_threshold_makes_the_whole_model_one_unit():
@@ -52,6 +55,20 @@ def test_a_root_within_the_threshold_makes_the_whole_model_one_unit():
     plan = stage3.plan_units(model, units)
     assert [name for name, _ in plan.modules] == [""]
     assert len(stage3.plan_units(model).modules) == 3  # nothing was marked on the model
+
+
+def test_leaf_modules_are_chosen_by_class_path_name_or_suffix_as_deepspeed_does(caplog):
+    model = _gpt()
+    attentions = [model.blocks[0].attn, model.blocks[1].attn]
+    for classes in (["CausalSelfAttention"], ["zero.models.tiny_gpt.CausalSelfAttention"]):
+        assert stage3_policy.leaf_units(model, classes) == attentions
+    assert stage3_policy.leaf_units(model, (), names=["blocks.1.mlp"]) == [model.blocks[1].mlp]
+    assert stage3_policy.leaf_units(model, (), suffixes=[".mlp"]) == [model.blocks[0].mlp,
+                                                                       model.blocks[1].mlp]
+    assert stage3_policy.leaf_units(model) == []  # DeepSpeed's default: MoE blocks only
+    with caplog.at_level(logging.WARNING, logger="zero"):
+        assert stage3_policy.leaf_units(model, (), names=["blocks.7"]) == []
+    assert "no module named ['blocks.7']" in caplog.text
 
 
 def test_a_threshold_finer_than_every_module_marks_none_and_names_the_finest(caplog):
@@ -72,8 +89,10 @@ def _attention_granularity() -> int:
 
 
 def _config():
+    # the attentions by granularity, the MLPs by name: units inside their blocks' units
     return training.engine_config(3, gas=GAS, stage3_module_granularity_threshold=
-                                  _attention_granularity(), **ZERO_EXTRA)
+                                  _attention_granularity(),
+                                  leaf_module={"name_suffixes": ".mlp"}, **ZERO_EXTRA)
 
 
 def _train(rank, world):
@@ -82,6 +101,9 @@ def _train(rank, world):
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config())
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
     persist = [bool(p.ds_persist) for p in engine.module.parameters()]
+    assert [name for name, _ in engine._stage3.plan.modules] == [
+        "", "blocks.0", "blocks.0.attn", "blocks.0.mlp", "blocks.1", "blocks.1.attn",
+        "blocks.1.mlp"]
     state = engine.module_state_dict()
     engine.core.reset_comm_stats()
     training.train_engine(engine, rank, world, 1, GAS, first_step=STEPS)
@@ -109,3 +131,62 @@ def test_the_engine_keeps_what_the_rules_say_and_trains_like_torch():
     state = results[0][3]
     for name, value in ref_params.items():
         assert training.relative_error(state[name], value) < 1e-5, name
+
+
+def _mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    return MixtralForCausalLM(MixtralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=1, max_position_embeddings=64, tie_word_embeddings=False))
+
+
+MIXTRAL_STEPS, MIXTRAL_ROWS = 4, 2  # rows per rank and step
+MIXTRAL_CONFIG = {"train_micro_batch_size_per_gpu": MIXTRAL_ROWS, "gradient_clipping": 0.0,
+                  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.0}},
+                  "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+
+
+def _mixtral_tokens(world):
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(0, 64, (MIXTRAL_STEPS, world * MIXTRAL_ROWS, 12), generator=generator)
+
+
+def _train_mixtral(rank, world):
+    import torch.distributed as dist
+
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=_mixtral(), config=MIXTRAL_CONFIG)
+    losses = []
+    for tokens in _mixtral_tokens(world):
+        mine = tokens[rank * MIXTRAL_ROWS:(rank + 1) * MIXTRAL_ROWS]
+        loss = engine(input_ids=mine, labels=mine).loss
+        engine.backward(loss)
+        engine.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses.append(total.item() / world)
+    return losses, [name for name, _ in engine._stage3.plan.modules]
+
+
+def test_deepspeeds_default_leaf_modules_make_a_mixtral_moe_block_a_unit_inside_its_layer():
+    """DeepSpeed's default leaf_module classes name Mixtral's sparse MoE block: at stage 3 it
+    is a unit of its own inside its decoder layer's unit, and the model trains like
+    single-process PyTorch on the global batch."""
+    pytest.importorskip("transformers")
+    reference = _mixtral()
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.0)
+    expected = []
+    for tokens in _mixtral_tokens(2):
+        loss = reference(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        expected.append(loss.item())
+    for losses, units in run_distributed(_train_mixtral, 2, timeout=180):
+        assert units == ["", "model.layers.0", "model.layers.0.mlp", "model.layers.1",
+                         "model.layers.1.mlp"]
+        assert losses == pytest.approx(expected, rel=1e-5)

@@ -7,8 +7,8 @@ order):
 2. shard_groups: the C++ engine groups, one per optimizer group and kind:
    - stages 0-2: one group of the config's stage per optimizer group (with pipeline or
      tensor parallelism, one per optimizer group and gradient-norm weight, norm_span.py);
-   - stage 3: the gather units are planned (stage3.plan_units, after
-     stage3_module_granularity_threshold marks its units: stage3_policy); trainable
+   - stage 3: the gather units are planned (stage3.plan_units, with the units the config's
+     granularity threshold and leaf modules choose: stage3_policy.UnitRules); trainable
      parameters are partitioned (a stage-3 group per optimizer group, sharded per unit)
      except those kept whole by the persistence thresholds (stage3_policy.kept_whole), which
      keep their optimizer state sharded (a stage-1 group, added last); the module hooks are attached (Stage3Hooks), and zero.Init's
@@ -114,8 +114,7 @@ def shard_groups(builder: GroupBuilder, model: nn.Module, trainables: list[list]
 def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list],
                   device: torch.device, step_counter) -> Sharding:
     zero_cfg = builder.config.zero_optimization
-    plan = stage3.plan_units(model, stage3_policy.granularity_units(
-        model, int(zero_cfg.stage3_module_granularity_threshold)))
+    plan = stage3.plan_units(model, stage3_policy.UnitRules.from_config(zero_cfg).units(model))
     partitioned = _partitioned(model, trainables, int(zero_cfg.stage3_param_persistence_threshold),
                                int(zero_cfg.stage3_model_persistence_threshold))
     whole_shapes = {id(p): zero_init.full_shape(p) for p in model.parameters()}

@@ -8,7 +8,8 @@ Gather-unit policy (documented in docs/ARCHITECTURE.md):
     set_z3_leaf_modules, DeepSpeed's call, or chosen by stage3_module_granularity_threshold:
     stage3_policy.granularity_units) is one unit with everything inside it;
   * every other child of an nn.ModuleList that owns parameters is one unit (the transformer
-    blocks of a GPT, the layers of most models), unless it contains a marked module;
+    blocks of a GPT, the layers of most models); marked modules inside it are units of their
+    own within it (nested: a MoE block marked by set_z3_leaf_modules inside its layer);
   * every other managed parameter belongs to the root unit, which stays gathered for the
     whole forward (embeddings, final norm, and a head tied to the embedding);
   * parameters with at most `stage3_param_persistence_threshold` elements (within
@@ -41,6 +42,9 @@ class UnitPlan:
     modules: list[tuple[str, nn.Module]]           # unit index -> (name, module)
     unit_of_param: dict[int, int] = field(default_factory=dict)  # id(param) -> unit
     unit_of_module: dict[int, int] = field(default_factory=dict)  # id(module) -> unit
+    # unit index -> the unit whose module encloses its own most closely (0, the root, for
+    # the top level; the root's is 0): a marked module inside a block is a unit in that unit
+    parents: list[int] = field(default_factory=list)
 
 
 UNIT_ATTR = "_zero_gather_unit"
@@ -53,13 +57,19 @@ def gather_unit(module: nn.Module) -> nn.Module:
     return module
 
 
-def set_z3_leaf_modules(model: nn.Module, leaf_module_classes) -> list[nn.Module]:
+def set_z3_leaf_modules(model: nn.Module, leaf_module_classes,
+                        raise_if_not_found: bool = True) -> list[nn.Module]:
     """DeepSpeed's deepspeed.utils.set_z3_leaf_modules: every instance of the given classes
-    (or class names) inside `model` becomes one gather unit."""
+    (or class names, plain or module.Qualname) inside `model` becomes one gather unit (inside
+    the block that holds it). None found is a ValueError unless raise_if_not_found is false."""
     classes = tuple(c for c in leaf_module_classes if isinstance(c, type))
     names = {c for c in leaf_module_classes if isinstance(c, str)}
     marked = [m for m in model.modules()
-              if isinstance(m, classes) or type(m).__name__ in names]
+              if isinstance(m, classes) or type(m).__name__ in names
+              or f"{type(m).__module__}.{type(m).__qualname__}" in names]
+    if not marked and raise_if_not_found:
+        raise ValueError(f"zero: set_z3_leaf_modules: no module of {list(leaf_module_classes)} "
+                         f"in {type(model).__name__}")
     return [gather_unit(m) for m in marked]
 
 
@@ -77,23 +87,33 @@ def plan_units(model: nn.Module, marked_units=()) -> UnitPlan:
         if id(module) in marked and id(module) not in inside_unit and has_params(module):
             units.append((name, module))
             inside_unit.update(id(m) for m in module.modules())
+    claimed = {id(p) for _, unit in units[1:] for p in unit.parameters()}  # the marked units'
     for name, module in model.named_modules():
         if id(module) in inside_unit or not isinstance(module, nn.ModuleList):
             continue
         for child_name, child in module.named_children():
-            contains_marked = any(id(m) in marked for m in child.modules())
-            if has_params(child) and not contains_marked and id(child) not in inside_unit:
+            # a block holding marked modules is a unit for the rest of it (nested units)
+            owns = any(id(p) not in claimed for p in child.parameters())
+            if owns and id(child) not in inside_unit:
                 units.append((f"{name}.{child_name}" if name else child_name, child))
                 inside_unit.update(id(m) for m in child.modules())
     order = {id(m): i for i, m in enumerate(model.modules())}
     units[1:] = sorted(units[1:], key=lambda unit: order[id(unit[1])])  # definition order
-    plan = UnitPlan(units)
-    for index in range(len(units) - 1, -1, -1):  # blocks first, so the root gets the rest
+    plan = UnitPlan(units, parents=_parents(units))
+    for index in range(len(units) - 1, -1, -1):  # inner units first, the root gets the rest
         for param in units[index][1].parameters():
             plan.unit_of_param.setdefault(id(param), index)
         for module in units[index][1].modules():
             plan.unit_of_module.setdefault(id(module), index)
     return plan
+
+
+def _parents(units: list[tuple[str, nn.Module]]) -> list[int]:
+    """Each unit's innermost enclosing unit (units in definition order: an enclosing unit comes
+    first)."""
+    inside = [{id(m) for m in module.modules()} for _, module in units]
+    return [0] + [max(v for v in range(u) if id(units[u][1]) in inside[v])
+                  for u in range(1, len(units))]
 
 
 def external_links(plan: UnitPlan) -> list[tuple[int, int]]:

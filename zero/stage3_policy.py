@@ -1,19 +1,22 @@
-"""DeepSpeed's two config rules for how stage 3 splits a model, the engine's and the
-estimator's one copy of each:
+"""DeepSpeed's config rules for how stage 3 splits a model, the engine's and the estimator's
+one copy of each:
 
   * which parameters stay whole (stage3_param_persistence_threshold and
     stage3_model_persistence_threshold): `kept_whole`;
-  * which modules are one gather unit (stage3_module_granularity_threshold):
-    `granularity_units`, given to zero's own unit policy (zero/stage3.py plan_units).
+  * which modules are one gather unit besides zero's own unit policy (zero/stage3.py
+    plan_units): stage3_module_granularity_threshold (`granularity_units`) and
+    zero_optimization.leaf_module (`leaf_units`), together `UnitRules`.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Sequence
 
 from torch import nn
 
 from . import init as zero_init
+from .config.schema import DEFAULT_LEAF_MODULE_CLASSES
 
 logger = logging.getLogger("zero")
 
@@ -93,3 +96,44 @@ def granularity_units(model: nn.Module, threshold: int) -> list[nn.Module]:
 
     visit(model)
     return units
+
+
+def leaf_units(model: nn.Module, classes: Sequence[str] = DEFAULT_LEAF_MODULE_CLASSES,
+               names: Sequence[str] = (), suffixes: Sequence[str] = ()) -> list[nn.Module]:
+    """DeepSpeed's zero_optimization.leaf_module (apply_zero_leaf_module_config): the modules
+    whose class is in `classes` (by import path, module.Qualname, or by class name), whose
+    name in model.named_modules() is in `names` or ends with one of `suffixes`; each becomes
+    one gather unit inside the block holding it. A name the model lacks is a warning."""
+    modules = dict(model.named_modules())
+    missing = [name for name in names if name not in modules]
+    if missing:
+        logger.warning("zero: zero_optimization.leaf_module.names: the model has no module "
+                       "named %s", missing)
+    wanted = set(classes)
+    return [module for name, module in modules.items()
+            if type(module).__name__ in wanted
+            or f"{type(module).__module__}.{type(module).__qualname__}" in wanted
+            or name in names or any(name.endswith(suffix) for suffix in suffixes)]
+
+
+@dataclass(frozen=True)
+class UnitRules:
+    """The config's choice of stage-3 units besides zero's policy: the estimator keeps it with
+    the shapes it planned (ModelShapes.unit_rules) and the engine applies it (sharding.py)."""
+    granularity_threshold: int = 0   # stage3_module_granularity_threshold
+    leaf_classes: tuple = DEFAULT_LEAF_MODULE_CLASSES  # zero_optimization.leaf_module.*
+    leaf_names: tuple = ()
+    leaf_suffixes: tuple = ()
+
+    @classmethod
+    def from_config(cls, zero_cfg) -> "UnitRules":
+        leaf = zero_cfg.leaf_module
+        return cls(int(zero_cfg.stage3_module_granularity_threshold), tuple(leaf.classes),
+                   tuple(leaf.names), tuple(leaf.name_suffixes))
+
+    def units(self, model: nn.Module) -> list[nn.Module]:
+        """The modules to plan as units of their own (plan_units' marked_units)."""
+        chosen = granularity_units(model, self.granularity_threshold)
+        chosen += [m for m in leaf_units(model, self.leaf_classes, self.leaf_names,
+                                         self.leaf_suffixes) if all(m is not c for c in chosen)]
+        return chosen

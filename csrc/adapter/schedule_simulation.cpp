@@ -84,22 +84,49 @@ class SizedUnits : public UnitStore {
   std::size_t last_gathered_ = 0;
 };
 
-// One training micro-step of a sequential model (see the header), as the hooks report it.
-void micro_step(GatherSchedule& schedule, const UnitStore& units, std::int64_t step) {
-  std::vector<std::size_t> blocks;
-  for (std::size_t u = 1; u < units.unit_count(); ++u) {
-    if (units.placed(u)) blocks.push_back(u);
+// The units directly inside each unit (parents[u]: u's enclosing unit; none given: every
+// unit is directly inside the root), in index order.
+std::vector<std::vector<std::size_t>> children_of(std::size_t count,
+                                                  const std::vector<std::size_t>& parents) {
+  TORCH_CHECK(parents.empty() || parents.size() == count, "zero: ", parents.size(),
+              " unit parents for ", count, " units");
+  std::vector<std::vector<std::size_t>> children(count);
+  for (std::size_t u = 1; u < count; ++u) {
+    const std::size_t parent = parents.empty() ? 0 : parents[u];
+    TORCH_CHECK(parent < u, "zero: unit ", u, "'s parent ", parent, " does not come before it");
+    children[parent].push_back(u);
   }
-  schedule.before_forward(0, step, /*expects_backward=*/true);
-  for (const std::size_t u : blocks) {
-    schedule.before_forward(u, step, true);
-    schedule.after_forward(u);
+  return children;
+}
+
+// A unit's forward and the units inside it, as the hooks report them: a unit with nothing
+// partitioned has no hooks, the units inside it still run.
+void forward(GatherSchedule& schedule, const UnitStore& units,
+             const std::vector<std::vector<std::size_t>>& children, std::size_t unit,
+             std::int64_t step) {
+  const bool hooked = unit == 0 || units.placed(unit);
+  if (hooked) schedule.before_forward(unit, step, /*expects_backward=*/true);
+  for (const std::size_t child : children[unit]) forward(schedule, units, children, child, step);
+  if (hooked) schedule.after_forward(unit);
+}
+
+void backward(GatherSchedule& schedule, const UnitStore& units,
+              const std::vector<std::vector<std::size_t>>& children, std::size_t unit) {
+  const bool hooked = units.placed(unit);
+  if (hooked) schedule.before_backward(unit);
+  for (auto child = children[unit].rbegin(); child != children[unit].rend(); ++child) {
+    backward(schedule, units, children, *child);
   }
-  schedule.after_forward(0);
+  if (hooked) schedule.after_backward(unit);
+}
+
+// One training micro-step (see the header). The root's backward opens with the loss.
+void micro_step(GatherSchedule& schedule, const UnitStore& units,
+                const std::vector<std::vector<std::size_t>>& children, std::int64_t step) {
+  forward(schedule, units, children, 0, step);
   schedule.before_backward(0);
-  for (auto u = blocks.rbegin(); u != blocks.rend(); ++u) {
-    schedule.before_backward(*u);
-    schedule.after_backward(*u);
+  for (auto child = children[0].rbegin(); child != children[0].rend(); ++child) {
+    backward(schedule, units, children, *child);
   }
   if (units.placed(0)) schedule.after_backward(0);  // the root's last gradient is reduced
   schedule.end_backward();
@@ -110,20 +137,22 @@ void micro_step(GatherSchedule& schedule, const UnitStore& units, std::int64_t s
 ScheduleSimulation simulate_schedule(const std::vector<std::int64_t>& unit_numel,
                                      const ScheduleOptions& options,
                                      const std::vector<std::pair<std::size_t, std::size_t>>&
-                                         externals) {
+                                         externals,
+                                     const std::vector<std::size_t>& parents) {
   SizedUnits units(unit_numel.empty() ? std::vector<std::int64_t>{0} : unit_numel);
+  const auto children = children_of(units.unit_count(), parents);
   GatherSchedule schedule(units, std::vector<std::string>(units.unit_count()), options,
                           /*fingerprints=*/nullptr);
   for (const auto& [user, owner] : externals) schedule.add_external(user, owner);
   ScheduleSimulation out;
   try {
-    micro_step(schedule, units, 0);
+    micro_step(schedule, units, children, 0);
     out.first_peak_numel = units.peak();
     const std::int64_t gathers = schedule.gathers();
     const std::int64_t gathered = units.gathered();
     const std::int64_t prefetches = schedule.prefetches();
     const std::int64_t reuses = schedule.reuses();
-    micro_step(schedule, units, 1);
+    micro_step(schedule, units, children, 1);
     out.gathers = schedule.gathers() - gathers;
     out.gathered_numel = units.gathered() - gathered;
     out.prefetches = schedule.prefetches() - prefetches;

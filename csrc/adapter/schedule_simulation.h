@@ -3,8 +3,10 @@
 // estimate) comes from the engine's own GatherSchedule, not a copy of it.
 //
 // Training micro-steps as a sequential model runs them: the root's forward opens, every other
-// placed unit runs once in index (definition) order, the root closes; backward starts in the
-// root (the loss) and visits the units in reverse, the root's gradients come last. The first
+// placed unit runs once in index (definition) order, each inside its enclosing unit (nested
+// units: a marked module inside a block), the root closes; backward starts in the root (the
+// loss) and visits the units in reverse, each inside its enclosing unit's backward, the
+// root's gradients come last. The first
 // micro-step records the order (no prefetch, no reuse); the second follows it, and every
 // later one repeats the second.
 #include <cstdint>
@@ -34,9 +36,12 @@ struct ScheduleSimulation {
 
 // unit_numel[u]: unit u's partitioned elements (unit 0 is the root; 0: nothing partitioned).
 // externals: (user, owner) pairs, as register_external_parameter records them.
+// parents[u]: the unit enclosing unit u (a smaller index; 0, the root, at the top); empty:
+// every unit at the top.
 ScheduleSimulation simulate_schedule(const std::vector<std::int64_t>& unit_numel,
                                      const ScheduleOptions& options,
                                      const std::vector<std::pair<std::size_t, std::size_t>>&
-                                         externals);
+                                         externals,
+                                     const std::vector<std::size_t>& parents = {});
 
 }  // namespace zero::adapter

@@ -110,6 +110,7 @@ void bind_planner(py::module_& m) {
       .def_readonly("bound_live_numel", &Simulation::bound_live_numel);
   m.def("simulate_schedule", &adapter::simulate_schedule, py::arg("unit_numel"),
         py::arg("options"), py::arg("externals") = std::vector<std::pair<std::size_t, std::size_t>>{},
+        py::arg("parents") = std::vector<std::size_t>{},
         "The engine's stage-3 gather schedule run on unit sizes (csrc/adapter/schedule_simulation.h)");
 }
 

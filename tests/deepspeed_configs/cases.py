@@ -45,6 +45,8 @@ MODELS = {
                                             "DeepSpeedZeroOffloadOptimizerConfig"),
     "zero_optimization.offload_param": ("deepspeed.runtime.zero.offload_config",
                                         "DeepSpeedZeroOffloadParamConfig"),
+    "zero_optimization.leaf_module": ("deepspeed.runtime.zero.leaf_module_config",
+                                      "DeepSpeedZeroLeafModuleConfig"),
     "bf16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
     "fp16": ("deepspeed.runtime.precision_config", "DeepSpeedFP16Config"),
     "tensorboard": ("deepspeed.monitor.config", "TensorBoardConfig"),

@@ -43,6 +43,13 @@ class OffloadParamConfig:
 
 
 @dataclass(frozen=True)
+class LeafModuleConfig:
+    classes: Tuple[str, ...]
+    names: Tuple[str, ...]
+    name_suffixes: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ZeroOptimizationConfig:
     stage: int
     contiguous_gradients: bool
@@ -53,6 +60,7 @@ class ZeroOptimizationConfig:
     round_robin_gradients: bool
     offload_optimizer: OffloadOptimizerConfig
     offload_param: OffloadParamConfig
+    leaf_module: LeafModuleConfig
     stage3_prefetch_bucket_size: int
     stage3_param_persistence_threshold: int
     stage3_model_persistence_threshold: int
@@ -283,6 +291,7 @@ def build(values, raw, world_size, features):
     zero = dict(values["zero_optimization"])
     zero["offload_optimizer"] = _make(OffloadOptimizerConfig, zero["offload_optimizer"])
     zero["offload_param"] = _make(OffloadParamConfig, zero["offload_param"])
+    zero["leaf_module"] = _make(LeafModuleConfig, zero["leaf_module"])
     optimizer = values["optimizer"]
     if optimizer is not None:
         optimizer = OptimizerConfig(optimizer["type"], _frozen(optimizer["params"]),

@@ -457,6 +457,23 @@ OFFLOAD_PARAM = Block("zero_optimization.offload_param", "Offload parameters (st
          minimum=0, maximum=MAX_ELEMENTS, feature=FEATURE_OFFLOAD_PARAM_NVME),
 ))
 
+# DeepSpeed 0.19.8's default leaf_module.classes (leaf_module_config.py): MoE blocks whose experts
+# a batch may not all use, so that they are gathered whole
+DEFAULT_LEAF_MODULE_CLASSES = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+
+LEAF_MODULE = Block("zero_optimization.leaf_module", "Stage 3: modules gathered whole as one gather unit "
+                    "(DeepSpeed's set_z3_leaf_modules from the config), inside the block that holds them.", (
+    Key("classes", STRINGS, DEFAULT_LEAF_MODULE_CLASSES, "Module classes, by import path (module.Class) or "
+        "class name; a class the model does not use is ignored (DeepSpeed's default: three MoE blocks)."),
+    Key("names", STRINGS, (), "Modules by their name in model.named_modules() (a name the model lacks "
+        "is a warning)."),
+    Key("name_suffixes", STRINGS, (), "Modules whose name ends with one of these."),
+))
+
 OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimizer state (and the optimizer "
                           "step) to CPU or NVMe.", (
     _choice("device", "none", _DEVICES, "Where optimizer state lives (DeepSpeed's docs say cpu; its code default "
@@ -508,6 +525,7 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
           "ranks either way; the flag changes nothing."),
     _block("offload_optimizer", OFFLOAD_OPTIMIZER, "Optimizer-state offload (table below). Absent or null: none."),
     _block("offload_param", OFFLOAD_PARAM, "Parameter offload (table below). Absent or null: none."),
+    _block("leaf_module", LEAF_MODULE, "Stage 3: modules gathered whole as one unit (table below)."),
     _stage3(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
             "say 5e8; its code default is 5e7).", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_param_persistence_threshold", 100_000, "Parameters smaller than this stay unpartitioned.",

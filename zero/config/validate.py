@@ -279,7 +279,8 @@ class _Validator:
         return {BOOL: "true or false", INT: "an integer", FLOAT: "a number", STR: "a string",
                 CHOICE: "one of " + ", ".join(_show(c) for c in key.choices),
                 BETAS: "[beta1, beta2]", BLOCK: "an object",
-                STRINGS: "a list of strings from " + ", ".join(_show(c) for c in key.choices)}[key.kind]
+                STRINGS: "a list of strings" + (" from " + ", ".join(_show(c) for c in key.choices)
+                                                if key.choices else "")}[key.kind]
 
     def wrong_type(self, key, value, path):
         fix = None
@@ -323,9 +324,11 @@ class _Validator:
         return value if isinstance(value, str) else self.wrong_type(key, value, path)
 
     def check_strings(self, key, value, path):
+        if isinstance(value, str) and not key.choices:
+            value = [value]  # one free-form name (DeepSpeed's leaf_module lists take one too)
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             return self.wrong_type(key, value, path)
-        unknown = [v for v in value if v not in key.choices]
+        unknown = [v for v in value if key.choices and v not in key.choices]
         if unknown:
             self.error(path, unknown[0], "unknown name in the list",
                        "use names from " + ", ".join(_show(c) for c in key.choices))

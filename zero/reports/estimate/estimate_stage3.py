@@ -31,7 +31,7 @@ def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
     work = simulate_stage3_schedule(layout.unit_numel, setup.prefetch_bucket_size,
                                     setup.max_live_parameters, setup.max_reuse_distance,
                                     setup.max_inflight_gathers, shapes.externals,
-                                    shapes.unit_names)
+                                    shapes.unit_names, _parents(shapes, len(layout.unit_numel)))
     categories["gathered_param"] = _gathered_param(work, shapes, setup, layout.numel)
     group_shards = [sum(r[2] for r in rows) for rows in layout.group_units] + \
         [group.shard_numel for group in layout.persistent]
@@ -57,6 +57,12 @@ def _param_placement(shapes: ModelShapes, setup: Setup, option: Option,
     return param_placement(setup, [[(names[unit] or "<root>", shard)
                                      for unit, _, shard in rows]
                                     for rows in layout.group_units])
+
+
+def _parents(shapes: ModelShapes, unit_count: int) -> tuple[int, ...]:
+    """Each unit's enclosing unit, one per unit of the layout (none known: all at the top)."""
+    parents = tuple(shapes.unit_parents)
+    return parents + (0,) * (unit_count - len(parents)) if parents else ()
 
 
 def _model_state_row(layout: Stage3Layout, coefficient: int, persistent_sharded: bool,

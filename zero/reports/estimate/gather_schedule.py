@@ -30,11 +30,13 @@ def simulate_stage3_schedule(unit_numel: Sequence[int], prefetch_bucket_size: in
                              max_live_parameters: int, max_reuse_distance: int,
                              max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS,
                              externals: Iterable[tuple[int, int]] = (),
-                             unit_names: Sequence[str] = ()) -> WorkingSet:
+                             unit_names: Sequence[str] = (),
+                             unit_parents: Sequence[int] = ()) -> WorkingSet:
     """The engine's own stage-3 gather schedule (csrc/adapter/gather_schedule.cpp) run on unit
     sizes (elements; unit 0 is the root, units without partitioned parameters have 0) by
     _C.simulate_schedule: two training micro-steps of a sequential model, the first recording
-    the order, the second following it. Returns the peak and the steady micro-step's gathers."""
+    the order, the second following it; `unit_parents` (UnitPlan.parents) nests a unit in the
+    one enclosing it. Returns the peak and the steady micro-step's gathers."""
     from zero import _C
     from zero.boundary import typed
 
@@ -43,7 +45,8 @@ def simulate_stage3_schedule(unit_numel: Sequence[int], prefetch_bucket_size: in
                     max_reuse_distance=int(max_reuse_distance),
                     max_inflight=int(max_inflight_gathers))
     run = _C.simulate_schedule([int(n) for n in unit_numel], options,
-                               [(int(user), int(owner)) for user, owner in externals])
+                               [(int(user), int(owner)) for user, owner in externals],
+                               [int(p) for p in unit_parents])
     working = WorkingSet(peak_numel=run.peak_numel, live_at_peak=tuple(run.live_at_peak),
                          first_peak_numel=run.first_peak_numel, gathers=run.gathers,
                          gathered_numel=run.gathered_numel, prefetches=run.prefetches,

@@ -92,12 +92,12 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
         raise EstimateError("stage 3 needs the model's gather units: describe the model with "
                             "--model (or shapes_from_module)")
     dtype = DTYPE_NAMES[setup.precision]
-    if shapes.exact and shapes.module_granularity_threshold != setup.module_granularity_threshold:
+    if shapes.unit_rules is not None and shapes.unit_rules != setup.unit_rules():
         raise EstimateError(
-            f"stage3_module_granularity_threshold {setup.module_granularity_threshold}: the "
-            f"model's gather units were planned with {shapes.module_granularity_threshold}; "
-            "describe the model with shapes_from_module(..., module_granularity_threshold="
-            f"{setup.module_granularity_threshold})")
+            f"the config chooses stage-3 units by {setup.unit_rules()} "
+            "(stage3_module_granularity_threshold, zero_optimization.leaf_module) but the "
+            f"model's units were planned by {shapes.unit_rules}; describe the model with "
+            "shapes_from_module(..., unit_rules=setup.unit_rules())")
     world = setup.world_size
     whole = _kept_whole(shapes, setup)
     partition_world = setup.partition_world  # MiCS: the shard group

@@ -26,6 +26,7 @@ class ModelShapes:
     # nested like `groups`; None when unknown (stage 3 is then a formula only).
     units: Optional[tuple[tuple[int, ...], ...]] = None
     unit_names: tuple[str, ...] = ()          # per unit index ("" is the root)
+    unit_parents: tuple[int, ...] = ()        # per unit: its enclosing unit (UnitPlan.parents)
     # (user unit, owner unit) per register_external_parameter link
     externals: tuple[tuple[int, int], ...] = ()
     # Stage 3, per shape (nested like `groups`): a root-unit parameter registered after the
@@ -35,8 +36,9 @@ class ModelShapes:
     # Per shape (nested like `groups`): its place in module.parameters(), the order in which
     # stage 3 decides what stays whole (stage3_policy.kept_whole); None: the groups' order.
     order: Optional[tuple[tuple[int, ...], ...]] = None
-    # the stage3_module_granularity_threshold the units above were planned with
-    module_granularity_threshold: int = 0
+    # the config's unit rules the units above were planned with (stage3_policy.UnitRules;
+    # None: not planned from a model)
+    unit_rules: object = None
 
     @property
     def trainable_numel(self) -> int:
@@ -65,14 +67,14 @@ def shape_numel(shape: Sequence[int]) -> int:
 def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                        param_groups: Iterable | None = None,
                        local_shape: Mapping[int, tuple[int, ...]] | None = None,
-                       module_granularity_threshold: int = 0) -> ModelShapes:
+                       unit_rules=None) -> ModelShapes:
     """The shapes the engine will manage: trainable parameters in `module.parameters()` order
     (tied parameters once), one group, as `zero.initialize(model=..., config=...)` does with a
     config optimizer. `param_groups` (a list of lists of parameters, or of dicts with
     "params") mirrors a client optimizer's groups instead. Stage 3: every shape's gather unit
     from `zero.stage3.plan_units` (the engine's rule), the units' names, the
     register_external_parameter links, and which root parameters come after the blocks;
-    `module_granularity_threshold`: stage3_module_granularity_threshold's units too.
+    `unit_rules` (stage3_policy.UnitRules, default DeepSpeed's): the config's units too.
     `local_shape`: {id(parameter): shape} of the parameters a rank holds a slice of (tensor
     parallelism: zero.tp.auto_tp.local_shapes)."""
     if not isinstance(module, torch.nn.Module):
@@ -84,8 +86,8 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                       for g in param_groups]
     from zero import init as zero_init, stage3, stage3_policy
 
-    plan = stage3.plan_units(module, stage3_policy.granularity_units(  # the engine's units
-        module, int(module_granularity_threshold)))
+    unit_rules = unit_rules or stage3_policy.UnitRules()
+    plan = stage3.plan_units(module, unit_rules.units(module))  # the engine's units
     position = {id(p): i for i, p in enumerate(module.parameters())}  # first registration
     first_block = min((position[id(p)] for p in module.parameters()
                        if plan.unit_of_param.get(id(p), 0) != 0), default=len(position))
@@ -116,9 +118,9 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     return ModelShapes(groups=tuple(groups), description=description or type(module).__name__,
                        exact=True, frozen_numel=frozen, units=tuple(units),
                        unit_names=tuple(name for name, _ in plan.modules),
+                       unit_parents=tuple(plan.parents),
                        externals=tuple(stage3.external_links(plan)),
-                       root_late=tuple(late), order=tuple(order),
-                       module_granularity_threshold=int(module_granularity_threshold))
+                       root_late=tuple(late), order=tuple(order), unit_rules=unit_rules)
 
 
 def shapes_from_count(count: int, tensor_numel: int | None = None,

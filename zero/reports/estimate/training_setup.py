@@ -61,8 +61,11 @@ class Setup:
     max_reuse_distance: int = DEFAULT_MAX_REUSE_DISTANCE
     max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS
     model_persistence_threshold: int = DEFAULT_MODEL_PERSISTENCE_THRESHOLD
-    # the gather units of shapes_from_module(..., module_granularity_threshold=) (stage 3)
+    # stage 3's units besides zero's policy (shapes_from_module(..., unit_rules=) plans them):
+    # stage3_module_granularity_threshold, and leaf_module's (classes, names, name_suffixes)
+    # (None: DeepSpeed's default)
     module_granularity_threshold: int = DEFAULT_MODULE_GRANULARITY_THRESHOLD
+    leaf_module: Optional[tuple] = None
     mics_shard_size: int = -1  # MiCS: partitioned within groups of this many ranks (-1: off)
     hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary copies shared by this many ranks
     quantized_weights: bool = False    # ZeRO++ qwZ: all-gathers carry int8
@@ -210,6 +213,14 @@ class Setup:
                             "param_buffer_size": self.param_buffer_size,
                             "param_max_in_cpu": self.param_max_in_cpu}}
 
+    def unit_rules(self):
+        """The stage3_policy.UnitRules of this set-up."""
+        from zero.stage3_policy import UnitRules
+
+        leaf = {} if self.leaf_module is None else dict(zip(
+            ("leaf_classes", "leaf_names", "leaf_suffixes"), self.leaf_module))
+        return UnitRules(self.module_granularity_threshold, **leaf)
+
     def stage3_dict(self) -> dict:
         """The stage-3 settings under their config names."""
         return {"stage3_param_persistence_threshold": self.persistence_threshold,
@@ -277,6 +288,8 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     values["quantized_weights"] = bool(zero_cfg.zero_quantized_weights)
     values["quantized_gradients"] = bool(zero_cfg.zero_quantized_gradients)
     values["all_reduce_fetch"] = bool(zero_cfg.stage3_use_all_reduce_for_fetch_params)
+    leaf = zero_cfg.leaf_module
+    values["leaf_module"] = (tuple(leaf.classes), tuple(leaf.names), tuple(leaf.name_suffixes))
     values["delayed_update"] = bool(getattr(zero_cfg.offload_optimizer, "delayed_update", False))
     param = zero_cfg.offload_param
     values["param_buffer_count"] = int(param.buffer_count)
