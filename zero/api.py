@@ -5,7 +5,6 @@ import argparse
 import logging
 import os
 
-import torch
 import torch.distributed as dist
 
 from . import activation_checkpointing, agreement
@@ -128,9 +127,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     else:
         engine = ZeroEngine(model, zero_config, optimizer=optimizer,
                             model_parameters=model_parameters, lr_scheduler=lr_scheduler)
+    engine.collate_fn = collate_fn
     dataloader = None
-    if training_data is not None:
-        dataloader = _dataloader(training_data, zero_config, collate_fn, engine)
+    if training_data is not None:  # DeepSpeed's: each data-parallel rank reads its part
+        dataloader = engine.deepspeed_io(training_data)
         if pipeline is not None:  # DeepSpeed: the pipeline engine reads it by itself
             engine.set_dataiterator(_repeating(dataloader))
     optimizer = None if engine.inference_only else engine.optimizer  # DeepSpeed: None
@@ -164,11 +164,3 @@ def _repeating(loader):
         yield from loader
 
 
-def _dataloader(dataset, config, collate_fn, engine):
-    """Each data-parallel rank's part of the dataset (with pipeline stages, every stage of
-    one pipeline reads the same part)."""
-    group = engine.data_parallel_group
-    sampler = torch.utils.data.distributed.DistributedSampler(
-        dataset, num_replicas=dist.get_world_size(group), rank=dist.get_rank(group))
-    return torch.utils.data.DataLoader(dataset, batch_size=config.train_micro_batch_size_per_gpu,
-                                       sampler=sampler, collate_fn=collate_fn)

@@ -30,6 +30,7 @@ from .parallel import data_group
 from .boundary import as_dict
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
+from .engine_batch import EngineBatch
 from .engine_getters import EngineGetters
 from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import build_report, state_layouts
@@ -48,7 +49,7 @@ PRECISION_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch
 ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffer
 
 
-class ZeroEngine(EngineGetters, nn.Module):
+class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
     def __init__(self, model: nn.Module, config: ZeroConfig, optimizer=None,
                  model_parameters: Iterable | None = None, lr_scheduler=None,
                  data_parallel_group=None, tensor_parallel_group=None, norm_span=None):
@@ -505,9 +506,11 @@ class ZeroEngine(EngineGetters, nn.Module):
         else:
             stage3.load_full_state_dict(self._stage3, self.module, state, strict)
 
-    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
-        """Rank 0 writes the whole model in its training dtype (gathered unit by unit). At
-        stage 3 this needs stage3_gather_16bit_weights_on_model_save, as in DeepSpeed."""
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """Rank 0 writes the whole model in its training dtype (gathered unit by unit), without
+        the frozen parameters if asked. At stage 3 this needs
+        stage3_gather_16bit_weights_on_model_save, as in DeepSpeed."""
         data_group.check_whole_model_save(self._whole_world, "save_16bit_model")
         if self._stage3 is not None and \
                 not self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
@@ -516,7 +519,7 @@ class ZeroEngine(EngineGetters, nn.Module):
                                "stage3_gather_16bit_weights_on_model_save to true to gather the "
                                "weights at stage 3")
             return False
-        state = self.module_state_dict()
+        state = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
         if dist.get_rank() == 0:
             os.makedirs(save_dir, exist_ok=True)
             path = os.path.join(save_dir, save_filename)
@@ -524,6 +527,10 @@ class ZeroEngine(EngineGetters, nn.Module):
             os.replace(path + ".partial", path)
         dist.barrier()
         return True
+
+    def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
+        """DeepSpeed's old name of save_16bit_model."""
+        return self.save_16bit_model(save_dir, save_filename)
 
     def _warn_if_not_pinned(self) -> None:
         infos = [self._core.group_offload_info(g) for g in range(self._core.group_count)]

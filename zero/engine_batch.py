@@ -1,0 +1,67 @@
+"""DeepSpeed's engine calls about the batch: `set_train_batch_size` and
+`set_train_micro_batch_size` (batch-size ramps change them between steps) and `deepspeed_io`
+(a DataLoader over a dataset, each data-parallel rank reading its part). Names, arguments
+and behaviour are DeepSpeed 0.19.8's (runtime/engine.py)."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+ROUTE_TRAIN, ROUTE_EVAL, ROUTE_PREDICT = "train", "eval", "predict"  # DeepSpeed's routes
+
+
+class EngineBatch:
+    """Mixed into ZeroEngine, which sets `config`, `micro_steps`, `world_size` (the
+    data-parallel ranks) and `data_parallel_group`."""
+
+    collate_fn = None  # initialize(collate_fn=...): deepspeed_io's default
+
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        """The global batch by more or fewer micro-batches per step (gradient accumulation
+        steps); the micro-batch stays. Call it between optimizer steps."""
+        per_micro_step = self.train_micro_batch_size_per_gpu() * self.world_size
+        if train_batch_size < per_micro_step or train_batch_size % per_micro_step:
+            raise ValueError(
+                f"zero: set_train_batch_size({train_batch_size}): the global batch must be a "
+                f"multiple of train_micro_batch_size_per_gpu x data-parallel ranks = "
+                f"{per_micro_step} (e.g. {per_micro_step}, {2 * per_micro_step}); to change "
+                "the micro-batch, call set_train_micro_batch_size")
+        self._set_batch(train_batch_size=train_batch_size,
+                        gradient_accumulation_steps=train_batch_size // per_micro_step)
+
+    def set_train_micro_batch_size(self, micro_batch_size: int) -> None:
+        """The micro-batch per rank; the gradient accumulation steps stay, so the global batch
+        follows. Call it between optimizer steps."""
+        if micro_batch_size < 1:
+            raise ValueError(f"zero: set_train_micro_batch_size({micro_batch_size}): the "
+                             "micro-batch must be at least 1")
+        gas = self.gradient_accumulation_steps()
+        self._set_batch(train_batch_size=micro_batch_size * gas * self.world_size,
+                        train_micro_batch_size_per_gpu=micro_batch_size)
+
+    def _set_batch(self, **values) -> None:
+        if self.micro_steps % self.gradient_accumulation_steps():
+            raise RuntimeError("zero: the batch size changed in the middle of an accumulation "
+                               "window; change it between optimizer steps")
+        self.config = dataclasses.replace(self.config, **values)
+
+    def deepspeed_io(self, dataset, batch_size=None, route=ROUTE_TRAIN, pin_memory=True,
+                     data_sampler=None, collate_fn=None, num_local_io_workers=None):
+        """A DataLoader of `dataset` in micro-batches (batch_size, default the config's),
+        each data-parallel rank reading its part (a DistributedSampler, shuffled for training,
+        in order for "eval" and "predict"), unless `data_sampler` is given."""
+        iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if not iterable and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise ValueError("zero: deepspeed_io needs a dataset (map-style: __getitem__ and "
+                             f"__len__, or a torch IterableDataset), got {type(dataset).__name__}")
+        if data_sampler is None and not iterable:
+            data_sampler = torch.utils.data.DistributedSampler(
+                dataset, num_replicas=self.world_size,
+                rank=dist.get_rank(self.data_parallel_group), shuffle=route == ROUTE_TRAIN)
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
+            sampler=data_sampler, collate_fn=collate_fn or self.collate_fn,
+            pin_memory=pin_memory and torch.cuda.is_available(),
+            num_workers=num_local_io_workers or 0)
