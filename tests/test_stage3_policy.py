@@ -71,6 +71,40 @@ def test_leaf_modules_are_chosen_by_class_path_name_or_suffix_as_deepspeed_does(
     assert "no module named ['blocks.7']" in caplog.text
 
 
+def test_a_marked_root_is_one_unit_whichever_way_it_was_marked():
+    model = _gpt()
+    stage3.set_z3_leaf_modules(model, [TinyGPT])
+    assert [name for name, _ in stage3.plan_units(model).modules] == [""]
+
+
+def test_a_subclass_of_sequential_can_be_a_unit_as_deepspeed_names_containers():
+    class Feed(torch.nn.Sequential):
+        pass
+
+    model = torch.nn.Sequential(Feed(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)),
+                                torch.nn.Linear(4, 4))
+    assert stage3_policy.granularity_units(model, 13) == [model[0]]  # 40 elements // 3 layers
+
+
+def _tied_split(rank, world):
+    import zero
+
+    config = training.engine_config(3, gas=GAS, stage3_param_persistence_threshold=0,
+                                    leaf_module={"names": ["token_embedding"]})
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    return training.train_engine(engine, rank, world, 3, GAS)
+
+
+def test_a_unit_taking_a_tied_weight_is_gathered_with_the_other_user():
+    """The embedding named as a unit takes the weight the head (in the root) shares: the
+    root then gathers that unit with it (an implicit external link), as DeepSpeed fetches
+    each module's own parameters."""
+    config = training.engine_config(3, gas=GAS, stage3_param_persistence_threshold=0)
+    ref_losses, _ = training.train_reference(2, 3, GAS, config)
+    for losses in run_distributed(_tied_split, 2, timeout=120):
+        assert losses == pytest.approx(ref_losses, rel=1e-5)
+
+
 def test_a_threshold_finer_than_every_module_marks_none_and_names_the_finest(caplog):
     with caplog.at_level(logging.WARNING, logger="zero"):
         assert stage3_policy.granularity_units(_gpt(), 100) == []

@@ -146,7 +146,8 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
     builder.core.configure_schedule([name for name, _ in plan.modules],
                                     boundary.schedule_options(builder.config, device))
     hooks = stage3.Stage3Hooks(builder.core, plan, placement, step_counter=step_counter,
-                               partitioned=partitioned, param_names=names_by_id(model))
+                               partitioned=partitioned, param_names=names_by_id(model),
+                               full_shapes=whole_shapes)
     _adopt_init_shards(hooks)
     for param in model.parameters():  # DeepSpeed's ds_* attributes (zero/ds_param.py)
         ds_param.mark(param, whole_shapes[id(param)], persist=id(param) not in partitioned)

@@ -75,11 +75,12 @@ def set_z3_leaf_modules(model: nn.Module, leaf_module_classes,
 
 def plan_units(model: nn.Module, marked_units=()) -> UnitPlan:
     """The gather units of `model` (the policy above); `marked_units`: modules treated as
-    marked besides those gather_unit marked (stage3_policy.granularity_units), the model
-    itself among them making it one unit."""
+    marked besides those gather_unit marked (stage3_policy.UnitRules); the model itself
+    marked makes it one unit."""
     units: list[tuple[str, nn.Module]] = [("", model)]
     extra = {id(m) for m in marked_units}
-    inside_unit: set[int] = {id(m) for m in model.modules()} if id(model) in extra else set()
+    root_marked = id(model) in extra or model.__dict__.get(UNIT_ATTR)
+    inside_unit: set[int] = {id(m) for m in model.modules()} if root_marked else set()
     has_params = lambda m: any(True for _ in m.parameters())  # noqa: E731
     marked = {id(m) for m in model.modules()
               if m is not model and (m.__dict__.get(UNIT_ATTR) or id(m) in extra)}
@@ -117,12 +118,14 @@ def _parents(units: list[tuple[str, nn.Module]]) -> list[int]:
 
 
 def external_links(plan: UnitPlan) -> list[tuple[int, int]]:
-    """(user unit, owner unit) for every parameter registered as used by a module of another
-    unit (register_external_parameter)."""
+    """(user unit, owner unit) for every parameter a module of another unit uses: registered
+    as external (register_external_parameter), or its own under a second name (a head tied
+    to an embedding that a marked unit took)."""
     links = []
     for _, unit_module in plan.modules:
         for module in unit_module.modules():
-            for param in getattr(module, EXTERNAL_ATTR, ()):
+            used = [*getattr(module, EXTERNAL_ATTR, ()), *module.parameters(recurse=False)]
+            for param in used:
                 user, owner = plan.unit_of_module[id(module)], plan.unit_of_param.get(id(param))
                 if owner is not None and owner != user and (user, owner) not in links:
                     links.append((user, owner))
@@ -191,12 +194,13 @@ class Stage3Hooks:
 
     def __init__(self, core, plan: UnitPlan, placement: dict[int, list[tuple[int, int]]],
                  step_counter, partitioned: dict[int, nn.Parameter],
-                 param_names: dict[int, list[str]]):
+                 param_names: dict[int, list[str]], full_shapes: dict[int, torch.Size]):
         self._core = core
         self.plan = plan
         self.placement = placement  # model unit -> [(engine group, group-local unit)]
         self.partitioned = partitioned  # id(param) -> param, for every partitioned parameter
         self.param_names = param_names  # id(param) -> its names in the model (ties: several)
+        self.full_shapes = full_shapes  # id(param) -> its whole shape
         self._step = step_counter     # callable: the engine's global step
         self._handles = []
         self._linked: set[tuple[int, int]] = set()
@@ -351,39 +355,51 @@ def full_state_dict(hooks: Stage3Hooks, module: nn.Module, keep: bool) -> dict:
     return state
 
 
-def _check_full_state(hooks: Stage3Hooks, module: nn.Module, state: dict, strict: bool) -> None:
-    """What torch's load_state_dict refuses, found before anything is gathered or written: a
-    value whose shape is not its tensor's whole shape, and with `strict` the keys the model
-    lacks or the state lacks (a tied parameter needs one of its names)."""
-    current = module.state_dict(keep_vars=True)
-    errors = [f"size mismatch for {name}: copying a param with shape {tuple(value.shape)} from "
-              f"checkpoint, the shape in current model is {tuple(whole)}"
-              for name, value in state.items() if name in current
-              and isinstance(value, torch.Tensor)
-              and tuple(value.shape) != tuple(whole := getattr(current[name], "ds_shape",
-                                                                 current[name].shape))]
-    if strict:
-        tied = {name: names for pid in hooks.partitioned for names in [hooks.param_names[pid]]
-                for name in names}
-        missing = [name for name in current if name not in state
-                   and not any(other in state for other in tied.get(name, ()))]
-        unexpected = [name for name in state if name not in current]
-        if missing:
-            errors.append(f"missing keys {missing}")
-        if unexpected:
-            errors.append(f"unexpected keys {unexpected}")
+def _check_partitioned_state(hooks: Stage3Hooks, state: dict, strict: bool) -> None:
+    """What torch's load_state_dict would refuse of the partitioned parameters, found before
+    anything is gathered or written: a value that is not a tensor of the parameter's whole
+    shape, and with `strict` a parameter none of whose names the state has."""
+    errors, missing = [], []
+    for pid, names in hooks.param_names.items():
+        if pid not in hooks.partitioned:
+            continue
+        name = next((name for name in names if name in state), None)
+        if name is None:
+            missing.append(names[0])
+            continue
+        value, whole = state[name], tuple(hooks.full_shapes[pid])
+        if not isinstance(value, torch.Tensor):
+            errors.append(f"{name}: expected a tensor, got {type(value).__name__}")
+        elif tuple(value.shape) != whole:
+            errors.append(f"size mismatch for {name}: copying a param with shape "
+                          f"{tuple(value.shape)} from checkpoint, the shape in current model "
+                          f"is {whole}")
+    if strict and missing:
+        errors.append(f"missing keys {missing}")
     if errors:
         raise RuntimeError("zero: error(s) in loading the state dict (nothing was loaded): "
                            + "; ".join(errors))
+
+
+def _load_the_rest(module: nn.Module, rest: dict, partitioned_names: set, strict: bool) -> None:
+    """Everything but the partitioned parameters, through torch's own load_state_dict (its
+    hooks, its shape checks), with its strictness for keys other than the partitioned ones."""
+    missing, unexpected = module.load_state_dict(rest, strict=False)
+    missing = [key for key in missing if key not in partitioned_names]
+    if strict and (missing or unexpected):
+        raise RuntimeError(f"zero: error(s) in loading the state dict: missing keys {missing}, "
+                           f"unexpected keys {unexpected}")
 
 
 def load_full_state_dict(hooks: Stage3Hooks, module: nn.Module, state: dict,
                          strict: bool) -> None:
     """Loads a whole-parameter state dict into the shards: unit by unit, gather, overwrite,
     commit this rank's piece (and fp32 master), release. Everything else (persistent and
-    frozen parameters, buffers) loads through the module as usual. A state the model cannot
-    take (shapes, and with `strict` its keys) is refused on every rank before any gather."""
-    agreement.on_every_rank(lambda: _check_full_state(hooks, module, state, strict),
+    frozen parameters, buffers) loads through the module as usual. A state whose partitioned
+    parameters the model cannot take is refused on every rank before any gather; an error in
+    the rest stops every rank too (after the partitioned parameters were loaded, as torch's
+    own strict load raises after loading the rest)."""
+    agreement.on_every_rank(lambda: _check_partitioned_state(hooks, state, strict),
                             RuntimeError, "nothing was loaded")
     partitioned_names = {name for pid in hooks.partitioned for name in hooks.param_names[pid]}
     with torch.no_grad():
@@ -393,8 +409,10 @@ def load_full_state_dict(hooks: Stage3Hooks, module: nn.Module, state: dict,
                 if source is not None:
                     param.data.copy_(source)
             hooks.commit(unit)
-    module.load_state_dict({k: v for k, v in state.items() if k not in partitioned_names},
-                           strict=False)  # (checked above)
+    rest = {key: value for key, value in state.items() if key not in partitioned_names}
+    agreement.on_every_rank(lambda: _load_the_rest(module, rest, partitioned_names, strict),
+                            RuntimeError, "the partitioned parameters were loaded, the rest not "
+                            "on every rank")
 
 
 @contextlib.contextmanager

@@ -23,8 +23,10 @@ logger = logging.getLogger("zero")
 # DeepSpeed never makes a module of more than this many elements one unit by granularity
 # (parameter_offload.py Z3_MAX_LEAF_SIZE): a huge unit holds too much gathered at once.
 MAX_GRANULARITY_UNIT = 1_000_000_000
-# Containers are never a unit of their own: their children run, not they (DeepSpeed's rule).
-_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+# Containers are never a unit of their own: their children run, not they (DeepSpeed's rule,
+# by class name: torch.nn.modules.container.__all__; a subclass of Sequential may be a unit).
+_CONTAINERS = frozenset({"Container", "Sequential", "ModuleList", "ModuleDict", "ParameterList",
+                         "ParameterDict"})
 
 
 def kept_whole(numels: Sequence[int], param_threshold: int, model_threshold: int) -> list[bool]:
@@ -55,7 +57,7 @@ def _granularity(module: nn.Module, into: dict[int, int | None]) -> tuple[int, i
     for child in children:
         child_layers, child_elements = _granularity(child, into)
         layers, elements = layers + child_layers, elements + child_elements
-    if isinstance(module, _CONTAINERS):
+    if type(module).__name__ in _CONTAINERS:
         into[id(module)] = None
         return layers, elements
     layers += 1
