@@ -103,3 +103,23 @@ def test_save_16bit_model_leaves_frozen_parameters_out_when_asked(tmp_path):
     trainable = torch.load(os.path.join(tmp_path, "trainable.bin"))
     everything = torch.load(os.path.join(tmp_path, "all.bin"))
     assert set(everything) - set(trainable) == {"position_embedding.weight"}
+
+
+def _compiled(rank, world, stage, compile_it):
+    import zero
+
+    config = training.engine_config(stage, gas=2, scheduler=False,
+                                    stage3_param_persistence_threshold=40)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    if compile_it:  # as Accelerate calls it for the HF Trainer's --torch_compile
+        engine.compile(backend="eager", compile_kwargs={"dynamic": False})
+        assert engine.is_compiled
+    return training.train_engine(engine, rank, world, 3, 2)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_engine_compile_trains_as_the_engine_without_it(stage):
+    plain = run_distributed(_compiled, 2, args=(stage, False))
+    compiled = run_distributed(_compiled, 2, args=(stage, True))
+    for losses, compiled_losses in zip(plain, compiled):
+        assert compiled_losses == pytest.approx(losses, rel=1e-6)

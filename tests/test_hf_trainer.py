@@ -103,6 +103,17 @@ def test_the_trainers_other_optimizers_train_on_zero_like_ddp(tmp_path, ddp):
     assert off < 0.1 * adamw, (off, adamw)
 
 
+def test_trainer_with_torch_compile_trains_on_zero_like_ddp(tmp_path, ddp):
+    """--torch_compile: Accelerate calls engine.compile(backend=..., compile_kwargs=...), which
+    compiles the model with the engine's stage-3 hooks on it (the eager backend: the same
+    numbers as DDP without compilation)."""
+    compile_args = ["--torch_compile", "true", "--torch_compile_backend", "eager"]
+    result = run_trainer(tmp_path, "--deepspeed", variant_config(tmp_path, "zero3"),
+                         *compile_args)
+    assert result["wrapped"] == "zero.engine.ZeroEngine"
+    assert step_losses(result) == pytest.approx(step_losses(ddp), rel=2e-3)
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_trainer_in_bf16_trains_on_zero_in_bf16_near_ddp(tmp_path, ddp, stage):
     """--bf16 (on a machine without a GPU transformers asks for --use_cpu true with it; the

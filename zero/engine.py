@@ -528,6 +528,25 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         dist.barrier()
         return True
 
+    def compile(self, backend="inductor", compile_kwargs=None, schedule=None,
+                compiled_autograd_enabled=False) -> None:
+        """DeepSpeed's engine.compile (Accelerate calls it for the HF Trainer's
+        --torch_compile): torch.compile of the model (module.compile), its hooks included,
+        which dynamo runs eagerly where it cannot trace them. DeepCompile `schedule`s and
+        compiled autograd are DeepSpeed's own and refused."""
+        if schedule is not None or compiled_autograd_enabled:
+            raise NotImplementedError("zero: engine.compile takes backend and compile_kwargs; "
+                                      "DeepSpeed's DeepCompile schedules and compiled autograd "
+                                      "are not built")
+        if self.is_compiled:
+            return
+        self.module.compile(**{**(compile_kwargs or {}), "backend": backend})
+        self._is_compiled = True
+
+    @property
+    def is_compiled(self) -> bool:
+        return getattr(self, "_is_compiled", False)
+
     def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
         """DeepSpeed's old name of save_16bit_model."""
         return self.save_16bit_model(save_dir, save_filename)
