@@ -177,6 +177,29 @@ def test_fp16_pipeline_applies_and_agrees_on_the_loss_scale():
     assert results[0][1][-1] < 2.0 ** 24
 
 
+def ramp_ranks(rank, world):
+    """set_train_batch_size halves the micro-batches of each step (DeepSpeed's pipeline
+    engine follows it): train_batch then reads and counts two, not four."""
+    engine = engine_for("1f1b")
+    engine.set_train_batch_size(engine.train_batch_size() // 2)
+    batches, read = data(), []
+
+    def counted():
+        for batch in batches:
+            read.append(1)
+            yield batch
+
+    engine.train_batch(counted())
+    return engine.micro_batches, len(read), engine.global_samples
+
+
+def test_set_train_batch_size_changes_the_micro_batches_of_a_pipeline_step():
+    for micro_batches, read, samples in run_distributed(ramp_ranks, STAGES * DATA):
+        assert micro_batches == MICRO_BATCHES // 2
+        assert read in (0, MICRO_BATCHES // 2)  # the stages that read data read two
+        assert samples == MICRO_BATCH * (MICRO_BATCHES // 2) * DATA
+
+
 def train_both(rank, world):
     return [train_ranks(rank, world, schedule) for schedule in ("1f1b", "gpipe")]
 

@@ -496,7 +496,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         if dist.get_rank() != 0:
             return None
         if exclude_frozen_parameters:
-            frozen = {name for name, p in self.module.named_parameters() if not p.requires_grad}
+            frozen = {name for name, p in self.module.named_parameters(remove_duplicate=False)
+                      if not p.requires_grad}  # every name of a tied one
             state = {name: value for name, value in state.items() if name not in frozen}
         return state
 

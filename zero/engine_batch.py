@@ -5,11 +5,13 @@ and behaviour are DeepSpeed 0.19.8's (runtime/engine.py)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 import torch.distributed as dist
 
 ROUTE_TRAIN, ROUTE_EVAL, ROUTE_PREDICT = "train", "eval", "predict"  # DeepSpeed's routes
+logger = logging.getLogger("zero")
 
 
 class EngineBatch:
@@ -56,6 +58,10 @@ class EngineBatch:
         if not iterable and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise ValueError("zero: deepspeed_io needs a dataset (map-style: __getitem__ and "
                              f"__len__, or a torch IterableDataset), got {type(dataset).__name__}")
+        if iterable and self.world_size > 1 and dist.get_rank() == 0:
+            logger.warning("zero: deepspeed_io reads an IterableDataset as it is given: it must "
+                           "hand each data-parallel rank its own part (e.g. datasets' "
+                           "split_dataset_by_node), or every rank trains on the same samples")
         if data_sampler is None and not iterable:
             data_sampler = torch.utils.data.DistributedSampler(
                 dataset, num_replicas=self.world_size,

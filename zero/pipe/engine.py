@@ -60,7 +60,6 @@ class PipelineEngine(ZeroEngine):
                          norm_span=norm_span(self.grid, module))
         self.num_stages = module.num_stages
         self.stage_id = self.grid.get_stage_id()
-        self.micro_batches = config.gradient_accumulation_steps
         self.schedule = config.pipeline.schedule
         self.data_iterator = None
         self.agg_train_loss = None
@@ -78,6 +77,12 @@ class PipelineEngine(ZeroEngine):
 
     def set_dataiterator(self, iterator) -> None:
         self.data_iterator = iterator
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per step: the gradient accumulation steps, as set_train_batch_size
+        leaves them."""
+        return self.gradient_accumulation_steps()
 
     def train_batch(self, data_iter=None) -> torch.Tensor:
         """One optimizer step over `micro_batches` micro-batches (gradient_accumulation_steps)
