@@ -505,3 +505,69 @@ def test_a_state_dict_the_model_cannot_take_is_refused_on_every_rank_before_load
         assert expected in message and "nothing was loaded" in message
         assert unchanged
     assert ("rank 1: " in results[0][0]) == (bad_ranks == (1,))  # rank 0 names the other
+
+
+class _BlockWithSharedLayer(torch.nn.Module):
+    def __init__(self, shared):
+        super().__init__()
+        self.own, self.shared = torch.nn.Linear(16, 16), shared
+
+    def forward(self, x):
+        return torch.tanh(self.shared(self.own(x)))
+
+
+class _SharedLayerNet(torch.nn.Module):
+    """Two blocks that both hold (and run) one shared layer, as Zamba's hybrid layers share
+    one transformer: the shared layer's parameters belong to one block's unit."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        shared = torch.nn.Linear(16, 16)
+        self.blocks = torch.nn.ModuleList(_BlockWithSharedLayer(shared) for _ in range(2))
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _shared_layer_data():
+    generator = torch.Generator().manual_seed(3)
+    return torch.randn(4, 8, 16, generator=generator), torch.randn(4, 8, 1, generator=generator)
+
+
+def _train_shared_layer(rank, world):
+    import zero
+
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, _, _, _ = zero.initialize(model=_SharedLayerNet(), config=config)
+    losses = []
+    for x, y in zip(*_shared_layer_data()):
+        loss = torch.nn.functional.mse_loss(engine(x[rank * 4:(rank + 1) * 4]),
+                                            y[rank * 4:(rank + 1) * 4])
+        engine.backward(loss)
+        engine.step()
+        total = loss.detach().clone()
+        torch.distributed.all_reduce(total)
+        losses.append(total.item() / world)
+    return losses
+
+
+def test_a_layer_shared_by_two_blocks_is_gathered_for_each():
+    """Each block's unit gathers the unit owning the shared layer with it (a link), so both
+    blocks run it whole; the model trains like single-process torch."""
+    model = _SharedLayerNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    expected = []
+    for x, y in zip(*_shared_layer_data()):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        expected.append(loss.item())
+    for losses in run_distributed(_train_shared_layer, 2, timeout=120):
+        assert losses == pytest.approx(expected, rel=1e-4)  # (Adam on two ranks' sums)

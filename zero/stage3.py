@@ -117,16 +117,31 @@ def _parents(units: list[tuple[str, nn.Module]]) -> list[int]:
                   for u in range(1, len(units))]
 
 
+def _modules_of(plan: UnitPlan, unit: int) -> list[nn.Module]:
+    """The modules that run as part of `unit`: its module's tree down to, not into, the units
+    nested in it. A module registered under several units (one shared layer) is in each."""
+    roots = {id(module) for _, module in plan.modules}
+    found, stack, seen = [], [plan.modules[unit][1]], set()
+    while stack:
+        module = stack.pop()
+        if id(module) not in seen:
+            seen.add(id(module))
+            found.append(module)
+            stack.extend(child for child in module.children() if id(child) not in roots)
+    return found
+
+
 def external_links(plan: UnitPlan) -> list[tuple[int, int]]:
     """(user unit, owner unit) for every parameter a module of another unit uses: registered
-    as external (register_external_parameter), or its own under a second name (a head tied
-    to an embedding that a marked unit took)."""
+    as external (register_external_parameter), or its own but owned elsewhere (a head tied
+    to an embedding that a marked unit took; a layer shared by several blocks, whose
+    parameters the last of them owns)."""
     links = []
-    for _, unit_module in plan.modules:
-        for module in unit_module.modules():
+    for user in range(len(plan.modules)):
+        for module in _modules_of(plan, user):
             used = [*getattr(module, EXTERNAL_ATTR, ()), *module.parameters(recurse=False)]
             for param in used:
-                user, owner = plan.unit_of_module[id(module)], plan.unit_of_param.get(id(param))
+                owner = plan.unit_of_param.get(id(param))
                 if owner is not None and owner != user and (user, owner) not in links:
                     links.append((user, owner))
     return links
