@@ -6,4 +6,4 @@ bash scripts/setup.sh
 echo "== ctest (C++ core) =="
 ctest --test-dir build/cmake --output-on-failure -j2
 echo "== pytest =="
-python3 -m pytest -q "$@"
+python3 -m pytest -q --durations=25 "$@"  # the slowest tests, to keep CI under its 25 minutes

@@ -103,21 +103,15 @@ def test_the_trainers_other_optimizers_train_on_zero_like_ddp(tmp_path, ddp):
     assert off < 0.1 * adamw, (off, adamw)
 
 
-def test_trainer_with_gradient_checkpointing_at_stage3_trains_like_ddp(tmp_path, ddp):
-    """--gradient_checkpointing (transformers' own, its default kwargs): each block's forward
-    runs again in backward, gathering its unit again."""
+def test_trainer_with_gradient_checkpointing_and_torch_compile_at_stage3_trains_like_ddp(
+        tmp_path, ddp):
+    """--gradient_checkpointing (transformers' own, its default kwargs: each block's forward
+    runs again in backward, gathering its unit again) and --torch_compile (Accelerate calls
+    engine.compile(backend=..., compile_kwargs=...), which compiles the model with the
+    engine's stage-3 hooks on it; the eager backend: DDP's numbers without compilation)."""
     result = run_trainer(tmp_path, "--deepspeed", variant_config(tmp_path, "zero3"),
-                         "--gradient_checkpointing", "true")
-    assert step_losses(result) == pytest.approx(step_losses(ddp), rel=2e-3)
-
-
-def test_trainer_with_torch_compile_trains_on_zero_like_ddp(tmp_path, ddp):
-    """--torch_compile: Accelerate calls engine.compile(backend=..., compile_kwargs=...), which
-    compiles the model with the engine's stage-3 hooks on it (the eager backend: the same
-    numbers as DDP without compilation)."""
-    compile_args = ["--torch_compile", "true", "--torch_compile_backend", "eager"]
-    result = run_trainer(tmp_path, "--deepspeed", variant_config(tmp_path, "zero3"),
-                         *compile_args)
+                         "--gradient_checkpointing", "true", "--torch_compile", "true",
+                         "--torch_compile_backend", "eager")
     assert result["wrapped"] == "zero.engine.ZeroEngine"
     assert step_losses(result) == pytest.approx(step_losses(ddp), rel=2e-3)
 
