@@ -11,8 +11,9 @@ order):
      granularity threshold and leaf modules choose: stage3_policy.UnitRules); trainable
      parameters are partitioned (a stage-3 group per optimizer group, sharded per unit)
      except those kept whole by the persistence thresholds (stage3_policy.kept_whole), which
-     keep their optimizer state sharded (a stage-1 group, added last); the module hooks are attached (Stage3Hooks), and zero.Init's
-     per-parameter shards are adopted into the engine's per-unit shards, unit by unit.
+     keep their optimizer state sharded (a stage-1 group, added last); the module hooks are
+     attached (Stage3Hooks), and zero.Init's per-parameter shards are adopted into the
+     engine's per-unit shards, unit by unit.
 
 The engine then attaches its gradient hooks to each group's parameters and builds the
 optimizer over the optimizer groups.

@@ -5,8 +5,8 @@ memory live in C++ (csrc/adapter/stage3_group.h, gather_schedule.h, backward_hoo
 
 Gather-unit policy (documented in docs/ARCHITECTURE.md):
   * a module marked with gather_unit(module) (or whose class was named in
-    set_z3_leaf_modules, DeepSpeed's call, or chosen by stage3_module_granularity_threshold:
-    stage3_policy.granularity_units) is one unit with everything inside it;
+    set_z3_leaf_modules, DeepSpeed's call, or chosen by the config's granularity threshold
+    and leaf modules: stage3_policy.UnitRules) is one unit with everything inside it;
   * every other child of an nn.ModuleList that owns parameters is one unit (the transformer
     blocks of a GPT, the layers of most models); marked modules inside it are units of their
     own within it (nested: a MoE block marked by set_z3_leaf_modules inside its layer);
@@ -41,7 +41,6 @@ from . import agreement
 class UnitPlan:
     modules: list[tuple[str, nn.Module]]           # unit index -> (name, module)
     unit_of_param: dict[int, int] = field(default_factory=dict)  # id(param) -> unit
-    unit_of_module: dict[int, int] = field(default_factory=dict)  # id(module) -> unit
     # unit index -> the unit whose module encloses its own most closely (0, the root, for
     # the top level; the root's is 0): a marked module inside a block is a unit in that unit
     parents: list[int] = field(default_factory=list)
@@ -104,8 +103,6 @@ def plan_units(model: nn.Module, marked_units=()) -> UnitPlan:
     for index in range(len(units) - 1, -1, -1):  # inner units first, the root gets the rest
         for param in units[index][1].parameters():
             plan.unit_of_param.setdefault(id(param), index)
-        for module in units[index][1].modules():
-            plan.unit_of_module.setdefault(id(module), index)
     return plan
 
 
@@ -117,10 +114,10 @@ def _parents(units: list[tuple[str, nn.Module]]) -> list[int]:
                   for u in range(1, len(units))]
 
 
-def _modules_of(plan: UnitPlan, unit: int) -> list[nn.Module]:
+def _modules_of(plan: UnitPlan, unit: int, roots: set[int]) -> list[nn.Module]:
     """The modules that run as part of `unit`: its module's tree down to, not into, the units
-    nested in it. A module registered under several units (one shared layer) is in each."""
-    roots = {id(module) for _, module in plan.modules}
+    nested in it (`roots`: every unit's module). A module registered under several units (one
+    shared layer) is in each."""
     found, stack, seen = [], [plan.modules[unit][1]], set()
     while stack:
         module = stack.pop()
@@ -136,9 +133,9 @@ def external_links(plan: UnitPlan) -> list[tuple[int, int]]:
     as external (register_external_parameter), or its own but owned elsewhere (a head tied
     to an embedding that a marked unit took; a layer shared by several blocks, whose
     parameters the last of them owns)."""
-    links = []
+    links, roots = [], {id(module) for _, module in plan.modules}
     for user in range(len(plan.modules)):
-        for module in _modules_of(plan, user):
+        for module in _modules_of(plan, user, roots):
             used = [*getattr(module, EXTERNAL_ATTR, ()), *module.parameters(recurse=False)]
             for param in used:
                 owner = plan.unit_of_param.get(id(param))
