@@ -75,20 +75,27 @@ def _memory(rank, world, prefetch=0, **extra):
     psi = sum(engine.core.group_numel(g) for g in partitioned)
     persistent = sum(engine.core.group_numel(g) for g in groups if g not in partitioned)
     buckets = sum(engine.core.group_bucket_info(g).bucket_bytes for g in groups)
-    return report, psi, persistent, buckets, units
+    frozen = sum(engine.core.frozen_group_layout(g).full_numel
+                 for g in range(engine.core.frozen_group_count))
+    return report, psi, persistent, buckets, units, frozen
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_model_states_are_16_psi_over_n_plus_the_persistent_part(world):
-    report, psi, persistent, buckets, _ = run_distributed(_memory, world)[0]
+def test_model_states_are_16_psi_over_n_plus_the_persistent_and_frozen_parts(world):
+    report, psi, persistent, buckets, _, frozen = run_distributed(_memory, world)[0]
     assert psi % world == 0
     # fp32 training: 4 (param) + 4 (grad) + 8 (Adam) bytes per element, all divided by N; the
-    # master is the parameter shard itself. Persistent parameters follow stage 1.
+    # master is the parameter shard itself. Persistent parameters follow stage 1; the frozen
+    # position embedding is partitioned too, its shard alone (4 bytes per element / N).
     partitioned_bytes = 16 * psi // world
     persistent_bytes = 4 * persistent + 4 * persistent + 8 * persistent // world
-    assert report["model_state_bytes"] == partitioned_bytes + persistent_bytes
-    assert report["model_state_expected_bytes"] == partitioned_bytes + persistent_bytes
-    assert report["model_state_formula"] == "16Ψ/N + persistent: 8Ψ + 8Ψ/N"
+    frozen_bytes = 4 * frozen // world
+    assert frozen >= training.MODEL.block_size * training.MODEL.n_embd
+    assert report["frozen_numel"] == frozen
+    assert report["model_state_bytes"] == partitioned_bytes + persistent_bytes + frozen_bytes
+    assert report["model_state_expected_bytes"] == \
+        partitioned_bytes + persistent_bytes + frozen_bytes
+    assert report["model_state_formula"] == "16Ψ/N + persistent: 8Ψ + 8Ψ/N + frozen: 4Ψ/N"
     assert report["categories"]["gathered_param"]["current"] == 0
     # Between steps the partitioned gradient shard (4Ψ/N) holds no memory: it is taken at
     # the first backward of a window and given back at the step, as FSDP2 frees its grads.
@@ -96,11 +103,11 @@ def test_model_states_are_16_psi_over_n_plus_the_persistent_part(world):
     assert gradient["peak"] == 4 * psi // world + 4 * persistent
     assert gradient["current"] == 4 * persistent
     assert report["total"]["current"] == \
-        partitioned_bytes - 4 * psi // world + persistent_bytes + buckets
+        partitioned_bytes - 4 * psi // world + persistent_bytes + frozen_bytes + buckets
 
 
 def test_without_prefetch_or_reuse_the_working_set_is_the_root_plus_one_block():
-    report, psi, persistent, _, units = run_distributed(
+    report, psi, persistent, _, units, _ = run_distributed(
         _memory, 2, kwargs={"stage3_max_reuse_distance": 0})[0]
     peak = report["categories"]["gathered_param"]["peak"]
     root, blocks = units[0][1], [numel for _, numel in units[1:]]
@@ -111,13 +118,13 @@ def test_without_prefetch_or_reuse_the_working_set_is_the_root_plus_one_block():
 
 def test_prefetch_stays_within_its_bound():
     bound = 13_000  # elements: room to prefetch one block (12,416 + padding), not two
-    report, psi, persistent, _, units = run_distributed(
+    report, psi, persistent, _, units, frozen = run_distributed(
         _memory, 2, args=(bound,), kwargs={"stage3_max_reuse_distance": 0})[0]
     peak = report["categories"]["gathered_param"]["peak"]
     root, blocks = units[0][1], [numel for _, numel in units[1:]]
     assert peak <= 4 * (root + max(blocks) + bound)
     assert peak > 4 * (root + max(blocks) + 64)  # it did prefetch a block ahead
-    assert peak < 4 * (psi + persistent)  # never the whole model
+    assert peak < 4 * (psi + persistent + frozen)  # never the whole model
 
 
 def _live_bound(rank, world):

@@ -27,6 +27,7 @@ class StateLayout:
     optimizer_arrays: int  # the optimizer's fp32 arrays per element (the engine's names)
     external: bool = False  # an external optimizer: it steps one whole fp32 tensor
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
+    frozen: bool = False  # stage 3's frozen parameters: their partitioned shard alone
     sharded_grads: bool = False  # stage 1, one micro-step per step: gradients sharded as at 2
     offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
     offload_param: bool = False  # stage 3: the parameter shard lives in host memory ...
@@ -50,7 +51,8 @@ def state_layouts(core, groups, spec, config, param_bytes: int) -> list[StateLay
     """What the ZeRO formulas describe for an engine (its EngineCore and EngineGroups): one
     layout per group kind (stage, the optimizer's arrays as the engine keeps them); stage 3's
     persistent parameters follow stage 1 and are a layout of their own. N is the ranks a group
-    shards over: the world, or with MiCS the shard group."""
+    shards over: the world, or with MiCS the shard group. Stage 3's partitioned frozen
+    parameters are a layout of their own (their shard only: no gradients or optimizer)."""
     kinds: dict[tuple[int, int], dict] = {}
     for g, group in enumerate(groups):
         info = core.group_offload_info(g)
@@ -72,12 +74,29 @@ def state_layouts(core, groups, spec, config, param_bytes: int) -> list[StateLay
                         offload_param=stage == 3 and zero_cfg.offload_param.device != "none",
                         param_nvme_numel=kind["nvme"], grads_on_host=kind["grads_on_host"],
                         offloaded_numel=kind["offloaded"])
-            for (stage, arrays), kind in sorted(kinds.items(), reverse=True)]
+            for (stage, arrays), kind in sorted(kinds.items(), reverse=True)] + \
+        _frozen_layouts(core, param_bytes, zero_cfg.offload_param.device)
+
+
+def _frozen_layouts(core, param_bytes: int, offload_param: str) -> list[StateLayout]:
+    """Stage 3's frozen group, if any, as a layout after the trained ones."""
+    if not core.frozen_group_count:
+        return []
+    layouts = [core.frozen_group_layout(g) for g in range(core.frozen_group_count)]
+    infos = [core.frozen_group_offload_info(g) for g in range(core.frozen_group_count)]
+    return [StateLayout(stage=3, world_size=layouts[0].world_size,
+                        numel=sum(layout.full_numel for layout in layouts),
+                        param_bytes=param_bytes, optimizer_arrays=0, frozen=True,
+                        offload_param=offload_param != "none",
+                        param_nvme_numel=sum(info.nvme_param_numel for info in infos))]
 
 
 def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     """Bytes per parameter of each category, and whether it is divided by N."""
     b, stage = layout.param_bytes, layout.stage
+    if layout.frozen:
+        return {"param": (b, True), "gradient": (0, True), "fp32_master": (0, True),
+                "optimizer_state": (0, True)}
     optimizer = 4 * layout.optimizer_arrays
     # In fp32 training the master is the parameter's own shard (nothing extra), unless the
     # optimizer is offloaded (the host keeps an fp32 copy of its own) or external (it steps
@@ -185,7 +204,7 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
     expected_total = 0
     expected_by_location = {"device": 0, "host": 0, "nvme": 0}
     for layout in layouts:
-        label = "persistent " if layout.persistent else ""
+        label = _label(layout)
         for name, row in expected_model_state_bytes(layout).items():
             entry = categories.setdefault(name, {"current": 0, "peak": 0, "by_location": {}})
             entry["expected"] = entry.get("expected", 0) + row["bytes"]
@@ -202,20 +221,21 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         for location, usage in categories[name]["by_location"].items():
             where = location if location in ("device", "nvme") else "host"
             measured_by_location[where] += usage["peak"]
-    main = next((layout for layout in layouts if not layout.persistent), layouts[0])
+    main = layouts[0]  # the trained parameters' (partitioned at stage 3)
     process = process_memory()
     if "cuda_allocated_bytes" in process:  # e.g. cuBLAS workspaces, the user's own tensors
         process["cuda_outside_zero_bytes"] = (process["cuda_allocated_bytes"] -
                                               registry.location_usage("device").current)
-    formula = " + ".join(("persistent: " if layout.persistent else "") + total_formula(layout)
-                         for layout in layouts)
+    formula = " + ".join((f"{_label(layout).strip()}: " if _label(layout) else "")
+                         + total_formula(layout) for layout in layouts)
     return {
         "rank": rank,
         "step": step,
         "stage": main.stage,
         "world_size": main.world_size,
-        "numel": sum(layout.numel for layout in layouts if not layout.persistent),
+        "numel": sum(layout.numel for layout in layouts if not _label(layout)),
         "persistent_numel": sum(layout.numel for layout in layouts if layout.persistent),
+        "frozen_numel": sum(layout.numel for layout in layouts if layout.frozen),
         "param_bytes": main.param_bytes,
         "categories": categories,
         "model_state_bytes": model_state,
@@ -239,6 +259,11 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         "activations_bytes": activation_bytes,
         "mesh": mesh,
     }
+
+
+def _label(layout: StateLayout) -> str:
+    """How a layout's terms are told apart in the report: "" for the trained parameters'."""
+    return "persistent " if layout.persistent else "frozen " if layout.frozen else ""
 
 
 def location_totals(report: dict) -> dict[str, dict[str, int | None]]:

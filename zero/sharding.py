@@ -8,12 +8,13 @@ order):
    - stages 0-2: one group of the config's stage per optimizer group (with pipeline or
      tensor parallelism, one per optimizer group and gradient-norm weight, norm_span.py);
    - stage 3: the gather units are planned (stage3.plan_units, with the units the config's
-     granularity threshold and leaf modules choose: stage3_policy.UnitRules); trainable
-     parameters are partitioned (a stage-3 group per optimizer group, sharded per unit)
-     except those kept whole by the persistence thresholds (stage3_policy.kept_whole), which
-     keep their optimizer state sharded (a stage-1 group, added last); the module hooks are
-     attached (Stage3Hooks), and zero.Init's per-parameter shards are adopted into the
-     engine's per-unit shards, unit by unit.
+     granularity threshold and leaf modules choose: stage3_policy.UnitRules); parameters
+     are partitioned (trainable ones in a stage-3 group per optimizer group, frozen ones in
+     one frozen group that keeps no optimizer state; all sharded per unit) except those kept
+     whole by the persistence thresholds (stage3_policy.kept_whole): trainable ones keep their
+     optimizer state sharded (a stage-1 group, added last), frozen ones stay as they are; the
+     module hooks are attached (Stage3Hooks), and zero.Init's per-parameter shards are adopted
+     into the engine's per-unit shards, unit by unit.
 
 The engine then attaches its gradient hooks to each group's parameters and builds the
 optimizer over the optimizer groups.
@@ -75,6 +76,10 @@ class GroupBuilder:
             shared_params=[i for i, p in enumerate(params) if id(p) in self.shared],
             stage3_groups=self.stage3_groups if stage == 3 else None)
 
+    def frozen_options(self, params: list):
+        # (optimizer group 0's fields are read but unused: a frozen group keeps no state)
+        return self.options(0, 3, params)
+
     def add_flat(self, owner: int, params: list, stage: int) -> EngineGroup:
         # A group is the grain of communication below stage 3: its gradients are reduced in
         # buckets of reduce_bucket_size, its parameters all-gathered after the step.
@@ -118,9 +123,10 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
     plan = stage3.plan_units(model, stage3_policy.UnitRules.from_config(zero_cfg).units(model))
     partitioned = _partitioned(model, trainables, int(zero_cfg.stage3_param_persistence_threshold),
                                int(zero_cfg.stage3_model_persistence_threshold))
+    trainable = {id(p) for params in trainables for p in params}
     whole_shapes = {id(p): zero_init.full_shape(p) for p in model.parameters()}
-    # zero.Init partitioned everything large; what the engine keeps whole (small or frozen
-    # parameters) is gathered back once, in the same order on every rank.
+    # zero.Init partitioned everything large; what the engine keeps whole (small parameters)
+    # is gathered back once, in the same order on every rank.
     if builder.stage3_groups.mics_shard and any(zero_init.is_partitioned(p)
                                                 for p in model.parameters()):
         raise NotImplementedError(
@@ -131,12 +137,15 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
         if zero_init.is_partitioned(param) and id(param) not in partitioned:
             zero_init.unpartition(param)
     groups: list[EngineGroup] = []
-    placement: dict[int, list[tuple[int, int]]] = {}  # model unit -> [(group, local unit)]
+    placement: dict[int, list[stage3.UnitPart]] = {}  # model unit -> its groups' pieces
     for owner, params in enumerate(trainables):
         mine = [p for p in params if id(p) in partitioned]
         if mine:
             _add_stage3_group(builder, plan, owner, mine, placement)
             groups.append(EngineGroup(owner, mine, 3))
+    frozen = [p for key, p in partitioned.items() if key not in trainable]
+    if frozen:
+        _add_stage3_group(builder, plan, None, frozen, placement)
     # Small parameters: whole on every rank, optimizer state sharded (a stage-1 group).
     # Added after the partitioned groups: the default launch order (before the first
     # backward teaches one) follows the groups, and these complete last in backward.
@@ -158,29 +167,37 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
 
 def _partitioned(model: nn.Module, trainables: list[list], param_threshold: int,
                  model_threshold: int) -> dict[int, nn.Parameter]:
-    """id -> parameter of the trainable parameters stage 3 partitions (in optimizer-group
-    order): all but those kept whole, decided in model order as DeepSpeed does."""
+    """id -> parameter of the parameters stage 3 partitions: the trainable ones (in
+    optimizer-group order), then the frozen ones (model order); all but those kept whole,
+    decided over both in model order as DeepSpeed does."""
     trainable = {id(p): p for params in trainables for p in params}
-    ordered = [p for p in model.parameters() if id(p) in trainable]
+    frozen = {id(p): p for p in model.parameters()
+              if id(p) not in trainable and not p.requires_grad and zero_init.full_numel(p)}
+    ordered = [p for p in model.parameters() if id(p) in trainable or id(p) in frozen]
     seen = {id(p) for p in ordered}
     ordered += [p for key, p in trainable.items() if key not in seen]  # not in the model
     whole = stage3_policy.kept_whole([zero_init.full_numel(p) for p in ordered],
                                      param_threshold, model_threshold)
     kept = {id(p) for p, keep in zip(ordered, whole) if keep}
-    return {key: p for key, p in trainable.items() if key not in kept}
+    return {key: p for key, p in {**trainable, **frozen}.items() if key not in kept}
 
 
-def _add_stage3_group(builder: GroupBuilder, plan, owner: int, params: list,
+def _add_stage3_group(builder: GroupBuilder, plan, owner: int | None, params: list,
                       placement: dict) -> None:
     """One stage-3 group: its parameters sharded per gather unit (the group-local units are
-    the model units its parameters belong to, in model order)."""
+    the model units its parameters belong to, in model order). owner None: the frozen
+    parameters' group."""
     model_units = sorted({plan.unit_of_param[id(p)] for p in params})
     local = {unit: i for i, unit in enumerate(model_units)}
-    index = builder.core.add_stage3_group(
-        params, [local[plan.unit_of_param[id(p)]] for p in params],
-        [zero_init.shard_shape(p) for p in params], builder.options(owner, 3, params))
+    args = (params, [local[plan.unit_of_param[id(p)]] for p in params],
+            [zero_init.shard_shape(p) for p in params])
+    if owner is None:
+        index = builder.core.add_frozen_stage3_group(*args, builder.frozen_options(params))
+    else:
+        index = builder.core.add_stage3_group(*args, builder.options(owner, 3, params))
     for unit in model_units:
-        placement.setdefault(unit, []).append((index, local[unit]))
+        placement.setdefault(unit, []).append(stage3.UnitPart(index, local[unit],
+                                                              frozen=owner is None))
 
 
 def _adopt_init_shards(hooks: stage3.Stage3Hooks) -> None:

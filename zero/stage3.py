@@ -15,7 +15,10 @@ Gather-unit policy (documented in docs/ARCHITECTURE.md):
   * parameters with at most `stage3_param_persistence_threshold` elements (within
     `stage3_model_persistence_threshold` in all: stage3_policy.kept_whole) are not
     partitioned: they stay whole on every rank (a stage-1 group: gradients all-reduced,
-    optimizer state sharded) and are reported separately.
+    optimizer state sharded) and are reported separately;
+  * frozen parameters (requires_grad False, as a LoRA base model's) are partitioned and
+    gathered with their units too (a frozen group: no gradients, master or optimizer state),
+    unless kept whole by the same thresholds (then they stay as they are).
 Units are numbered in forward order. A parameter used by a module of another unit must be
 registered (register_external_parameter), as in DeepSpeed.
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -44,6 +48,14 @@ class UnitPlan:
     # unit index -> the unit whose module encloses its own most closely (0, the root, for
     # the top level; the root's is 0): a marked module inside a block is a unit in that unit
     parents: list[int] = field(default_factory=list)
+
+
+class UnitPart(NamedTuple):
+    """One engine group's piece of a model unit: its group-local unit `local` (`group`
+    numbers the frozen groups when `frozen`: EngineCore.add_frozen_stage3_group)."""
+    group: int
+    local: int
+    frozen: bool = False
 
 
 UNIT_ATTR = "_zero_gather_unit"
@@ -204,12 +216,12 @@ class Stage3Hooks:
     attached here to each unit's inputs and outputs (backward_hooks.h); the end-of-backward
     flush is queued by the first of them. Python only flattens the tensors."""
 
-    def __init__(self, core, plan: UnitPlan, placement: dict[int, list[tuple[int, int]]],
+    def __init__(self, core, plan: UnitPlan, placement: dict[int, list[UnitPart]],
                  step_counter, partitioned: dict[int, nn.Parameter],
                  param_names: dict[int, list[str]], full_shapes: dict[int, torch.Size]):
         self._core = core
         self.plan = plan
-        self.placement = placement  # model unit -> [(engine group, group-local unit)]
+        self.placement = placement  # model unit -> its groups' pieces
         self.partitioned = partitioned  # id(param) -> param, for every partitioned parameter
         self.param_names = param_names  # id(param) -> its names in the model (ties: several)
         self.full_shapes = full_shapes  # id(param) -> its whole shape
@@ -217,8 +229,8 @@ class Stage3Hooks:
         self._handles = []
         self._linked: set[tuple[int, int]] = set()
         for unit in range(len(plan.modules)):
-            for group, local in placement.get(unit, ()):
-                core.place(unit, group, local)
+            for part in placement.get(unit, ()):
+                core.place(unit, part.group, part.local, part.frozen)
         self.attach_module_hooks()
         for param in partitioned.values():
             setattr(param, OWNER_ATTR, _Owner(self))
@@ -275,8 +287,8 @@ class Stage3Hooks:
     def commit(self, unit: int) -> None:
         """The unit's gathered values (edited in place) become every rank's shard and fp32
         master; call while it is held."""
-        for group, local in self.placement.get(unit, ()):
-            self._core.commit(group, local)
+        for part in self.placement.get(unit, ()):
+            self._core.commit(part.group, part.local, part.frozen)
 
     def unit_params(self, unit: int):
         """(param, [names]) of the partitioned parameters of one unit."""

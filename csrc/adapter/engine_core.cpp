@@ -37,6 +37,25 @@ std::size_t EngineCore::adopt_group(std::unique_ptr<Group> group, int stage) {
   return index;
 }
 
+std::size_t EngineCore::adopt_frozen_group(std::unique_ptr<Stage3Group> group) {
+  TORCH_CHECK(!group->reduces(false), "zero: adopt_frozen_group takes a frozen stage-3 group");
+  frozen_.push_back(std::move(group));
+  return frozen_.size() - 1;
+}
+
+Stage3Group& EngineCore::frozen_group(std::size_t index) {
+  TORCH_CHECK(index < frozen_.size(), "zero: frozen group ", index, " does not exist (",
+              frozen_.size(), " frozen groups)");
+  return *frozen_[index];
+}
+
+std::vector<Group*> EngineCore::every_group() {
+  std::vector<Group*> all;
+  for (auto& group : groups_) all.push_back(group.get());
+  for (auto& group : frozen_) all.push_back(group.get());
+  return all;
+}
+
 GatherSchedule& EngineCore::configure_schedule(std::vector<std::string> unit_names,
                                                const ScheduleOptions& options) {
   schedule_.reset();
@@ -144,7 +163,7 @@ void EngineCore::finish_backward(bool boundary) {
     if (learning_order_) adopt_observed_order();
   }
   cursor_ = 0;
-  for (auto& group : groups_) group->finish_backward(boundary);
+  for (Group* group : every_group()) group->finish_backward(boundary);
 }
 
 void EngineCore::adopt_observed_order() {
@@ -267,6 +286,7 @@ void EngineCore::close() {
   schedule_.reset();  // refers to units_, which refers to groups_
   units_.reset();
   groups_.clear();
+  frozen_.clear();
   sequence_.clear();
   observed_.clear();
   communicator_.release();
@@ -285,22 +305,23 @@ void EngineCore::offload_states(const std::vector<StateKind>& kinds, bool pin) {
   TORCH_CHECK(!backward_pending_, "zero: offload_states during a backward; call it after the "
               "step (or before the next forward)");
   release_gathered();
+  const std::vector<Group*> groups = every_group();  // the frozen parameters' shards too
   // Every group of every kind asked before anything moves (a group may refuse).
   std::vector<std::pair<StateKind, std::vector<std::vector<TrackedTensor*>>>> moves;
   for (const StateKind kind : kinds) {
     if (parked_.parked(kind)) continue;
     moves.emplace_back(kind, std::vector<std::vector<TrackedTensor*>>{});
-    for (auto& group : groups_) moves.back().second.push_back(group->device_buffers(kind));
+    for (Group* group : groups) moves.back().second.push_back(group->device_buffers(kind));
   }
   for (const auto& [kind, buffers] : moves) {
     parked_.mark_parked(kind);
     try {
-      for (std::size_t g = 0; g < groups_.size(); ++g) {
+      for (std::size_t g = 0; g < groups.size(); ++g) {
         std::vector<at::Tensor> hosts;
         for (TrackedTensor* buffer : buffers[g]) {
           hosts.push_back(parked_.park(kind, *buffer, registry_, pin));
         }
-        groups_[g]->states_parked(kind, hosts);
+        groups[g]->states_parked(kind, hosts);
       }
     } catch (...) {  // a failed host allocation: put back what this call had moved
       std::vector<StateKind> moved;
@@ -316,7 +337,7 @@ void EngineCore::reload_states(const std::vector<StateKind>& kinds) {
     if (!parked_.parked(kind)) continue;
     at::NoGradGuard no_grad;
     parked_.restore(kind);
-    for (auto& group : groups_) group->states_restored(kind);
+    for (Group* group : every_group()) group->states_restored(kind);
   }
 }
 

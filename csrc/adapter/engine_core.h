@@ -11,6 +11,7 @@
 #include "adapter/group_units.h"
 #include "adapter/group.h"
 #include "adapter/param_group.h"
+#include "adapter/stage3_group.h"
 #include "core/memory_registry.h"
 
 namespace zero::adapter {
@@ -30,6 +31,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::size_t adopt_group(std::unique_ptr<Group> group, int stage);
   Group& group(std::size_t index);
   std::size_t group_count() const { return groups_.size(); }
+  // Stage 3's frozen parameters (GroupOptions::frozen): partitioned and gathered like the
+  // rest, outside the optimizer's groups (numbered apart: no gradients, norm or step).
+  std::size_t adopt_frozen_group(std::unique_ptr<Stage3Group> group);
+  Stage3Group& frozen_group(std::size_t index);
+  std::size_t frozen_group_count() const { return frozen_.size(); }
 
   void prepare_backward(bool boundary);
   void grad_ready(std::size_t group, std::size_t index, bool boundary);
@@ -91,6 +97,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
  private:
   double global_grad_norm(double loss_scale);
+  std::vector<Group*> every_group();  // groups_, then frozen_
   void launch_in_order(bool boundary);
   void adopt_observed_order();
 
@@ -100,7 +107,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::unique_ptr<Communicator> span_;  // span_norm's group; null: the norm is the group's own
   std::vector<double> norm_weights_;    // per group; empty: every group counts once
   std::vector<std::unique_ptr<Group>> groups_;
-  std::unique_ptr<GroupUnits> units_;          // stage 3 only; refers to groups_
+  std::vector<std::unique_ptr<Stage3Group>> frozen_;
+  std::unique_ptr<GroupUnits> units_;  // stage 3 only; refers to groups_ and frozen_
   std::unique_ptr<GatherSchedule> schedule_;  // stage 3 only; refers to units_
   // offload_states: host copies of groups_' buffers, which it points into (declared after
   // groups_, so it goes first; close() drops it before them too)

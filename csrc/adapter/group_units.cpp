@@ -20,7 +20,10 @@ std::vector<std::size_t> GroupUnits::completed_by(const Stage3Group* group,
     bool done = true;
     for (const auto& [g, l] : parts_[u]) {
       mine = mine || (g == group && l == local);
-      done = done && g->pending_grads(l) == 0;
+      // A frozen part's weights may still be needed for the inputs' gradients after every
+      // trainable gradient of the unit is in (LoRA: the base layer's): such a unit is
+      // released when its backward ends (GatherSchedule::after_backward), not here.
+      done = done && g->pending_grads(l) == 0 && !g->frozen();
     }
     if (mine && done) done_units.push_back(u);
   }

@@ -17,7 +17,8 @@ class GroupUnits : public UnitStore {
 
   // Model unit `unit` holds group-local unit `local` of `group`.
   void place(std::size_t unit, Stage3Group* group, std::size_t local);
-  // The units that (group, local) belongs to and whose gradients are now all reduced.
+  // The units that (group, local) belongs to and whose gradients are now all reduced (none
+  // with a frozen part: those are released when their backward ends).
   std::vector<std::size_t> completed_by(const Stage3Group* group, std::size_t local) const;
 
   std::size_t unit_count() const override { return parts_.size(); }

@@ -100,6 +100,10 @@ struct GroupOptions {
   // which average their reduced gradient shards). Empty: the engine's world group shards.
   std::string mics_shard_group;
   std::string mics_replicate_group;
+  // Stage 3: parameters that train nothing (requires_grad false, as a LoRA base model's),
+  // partitioned and gathered like the rest but keeping no gradients, master or optimizer
+  // state (EngineCore::adopt_frozen_group); the optimizer options above are ignored.
+  bool frozen = false;
 };
 
 class ParamGroup : public Group {

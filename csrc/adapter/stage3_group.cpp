@@ -30,6 +30,17 @@ core::ShardedLayout stage3_layout(const std::vector<at::Tensor>& params,
   return core::ShardedLayout(specs, world_size, options.alignment, unit_of_param);
 }
 
+// A frozen group's options: no optimizer state to offload, none kept per element, no
+// gradients to wait for (a tied frozen parameter is shared, but reduces nothing).
+GroupOptions frozen_or_trained(GroupOptions options) {
+  if (options.frozen) {
+    options.offload = OffloadOptions{};
+    options.external_states.clear();
+    options.shared_params.clear();
+  }
+  return options;
+}
+
 }  // namespace
 
 Stage3Group::Stage3Group(std::vector<at::Tensor> params,
@@ -38,7 +49,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                          const GroupOptions& options, core::MemoryRegistry& registry,
                          Communicator& communicator)
     : params_(std::move(params)),
-      options_(options),
+      options_(frozen_or_trained(options)),
       registry_(registry),
       shard_(options.mics_shard_group.empty()
                  ? nullptr
@@ -50,11 +61,13 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
       layout_(stage3_layout(params_, unit_of_param, full_shapes, options,
                             communicator_.world_size())),
       model_options_(params_.front().options()),
-      state_(registry, layout_.shard_numel(), model_options_, options.optimizer,
-             optimizer_arrays(options),
+      // A frozen group keeps its parameters' shard alone (a shard state of no elements).
+      state_(registry, options_.frozen ? 0 : layout_.shard_numel(), model_options_,
+             options_.optimizer,
+             options_.frozen ? std::vector<std::string>{} : optimizer_arrays(options_),
              // With the parameters on the host, a device-side step needs its own master.
-             /*keep_master=*/mixed_precision() || options.offload_param.enabled,
-             options.offload),
+             /*keep_master=*/mixed_precision() || options_.offload_param.enabled,
+             options_.offload),
       units_(layout_.unit_count()) {
   if (!options.hpz_group.empty()) {
     secondary_ = std::make_unique<Communicator>(resolve_group(options.hpz_group));
@@ -67,9 +80,12 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     Unit& unit = units_[layout_.location(i).buffer];
     unit.params.push_back(i);
     if (params_[i].requires_grad()) ++unit.trainable;
+    TORCH_CHECK(!options_.frozen || !params_[i].requires_grad(), "zero: parameter ", i,
+                " of a frozen stage-3 group requires a gradient");
   }
   place_param_shard();
-  grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient, layout_.shard_numel(),
+  grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient,
+                             options_.frozen ? 0 : layout_.shard_numel(),
                              model_options_, grads_offloaded(options_),
                              options_.offload.pin_memory);
   fill_shard(full_shapes);
@@ -359,7 +375,7 @@ void Stage3Group::refresh_master() {
 
 void Stage3Group::prepare_backward() {}
 
-bool Stage3Group::reduces(bool /*boundary*/) const { return true; }
+bool Stage3Group::reduces(bool /*boundary*/) const { return !options_.frozen; }
 
 std::optional<std::size_t> Stage3Group::grad_ready(std::size_t index, bool /*boundary*/) {
   TORCH_CHECK(index < params_.size(), "zero: parameter index ", index, " outside the group's ",

@@ -27,6 +27,10 @@
 // first units up to max_in_cpu elements; the gather schedule hints which NVMe units to read
 // ahead, and the optimizer step streams the new parameters back to the file.
 //
+// A frozen group (GroupOptions::frozen: parameters with requires_grad false, as a LoRA base
+// model's) is partitioned, gathered, offloaded and committed the same way, but keeps nothing
+// else: no gradient shard memory, master or optimizer state, and it never reduces.
+//
 // While released, a parameter's data is an empty tensor of its dtype and device, and the
 // unit's gathered storage keeps its identity but holds no memory (its bytes are freed in
 // place, as FSDP does with resize_(0)): views that autograd saved during forward, such as a
@@ -94,6 +98,7 @@ class Stage3Group : public Group {
   at::Device device() const override { return model_options_.device(); }
   bool grads_on_host() const override { return grad_shard_.on_host(); }
   bool params_offloaded() const { return options_.offload_param.enabled; }
+  bool frozen() const { return options_.frozen; }
   // With the parameter shard's offload: where it is (host, NVMe: the swap file, its reads).
   OffloadInfo offload_info() const override;
   at::Tensor master_shard() const override;

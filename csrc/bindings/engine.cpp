@@ -10,7 +10,9 @@ namespace {
 
 using Core = py::class_<adapter::EngineCore, std::shared_ptr<adapter::EngineCore>>;
 
-adapter::Stage3Group& stage3(adapter::EngineCore& e, std::size_t g) {
+// A stage-3 group: engine group g, or with `frozen` frozen group g.
+adapter::Stage3Group& stage3(adapter::EngineCore& e, std::size_t g, bool frozen = false) {
+  if (frozen) return e.frozen_group(g);
   auto* group = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
   TORCH_CHECK(group != nullptr, "zero: group ", g, " is not a stage-3 (partitioned) group");
   return *group;
@@ -21,10 +23,13 @@ adapter::Stage3Group& stage3(adapter::EngineCore& e, std::size_t g) {
 std::vector<adapter::Communicator*> own_communicators(
     adapter::EngineCore& e, adapter::Communicator* (adapter::Stage3Group::*which)()) {
   std::vector<adapter::Communicator*> found;
-  for (std::size_t g = 0; g < e.group_count(); ++g) {
-    auto* group = dynamic_cast<adapter::Stage3Group*>(&e.group(g));
+  auto add = [&](adapter::Stage3Group* group) {
     if (group != nullptr && (group->*which)() != nullptr) found.push_back((group->*which)());
+  };
+  for (std::size_t g = 0; g < e.group_count(); ++g) {
+    add(dynamic_cast<adapter::Stage3Group*>(&e.group(g)));
   }
+  for (std::size_t g = 0; g < e.frozen_group_count(); ++g) add(&e.frozen_group(g));
   return found;
 }
 
@@ -66,6 +71,21 @@ void add_training(Core& core) {
         },
         py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
         py::arg("options"), py::call_guard<py::gil_scoped_release>())
+    .def(
+        "add_frozen_stage3_group",
+        [](adapter::EngineCore& e, std::vector<at::Tensor> params,
+           const std::vector<std::size_t>& unit_of_param,
+           const std::vector<std::vector<std::int64_t>>& full_shapes,
+           adapter::GroupOptions options) {
+          at::NoGradGuard no_grad;
+          options.frozen = true;
+          return e.adopt_frozen_group(std::make_unique<adapter::Stage3Group>(
+              std::move(params), unit_of_param, full_shapes, options, e.registry(),
+              e.communicator()));
+        },
+        py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
+        py::arg("options"), py::call_guard<py::gil_scoped_release>())
+    .def_property_readonly("frozen_group_count", &adapter::EngineCore::frozen_group_count)
     .def("prepare_backward", &adapter::EngineCore::prepare_backward, py::arg("boundary"),
          py::call_guard<py::gil_scoped_release>())
     .def_property_readonly("backward_pending", &adapter::EngineCore::backward_pending)
@@ -99,23 +119,26 @@ void add_training(Core& core) {
 // Stage 3: the gather schedule's events, its hooks on autograd, and its account.
 void add_stage3(Core& core) {
   core
-    .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
+    // `frozen`: g numbers the frozen groups (add_frozen_stage3_group)
+    .def("commit", [](adapter::EngineCore& e, std::size_t g, std::size_t u, bool frozen) {
            at::NoGradGuard no_grad;
            e.reload_states();  // writes the shard and the master
-           stage3(e, g).commit(u);
-         }, py::arg("group"), py::arg("unit"), py::call_guard<py::gil_scoped_release>())
-    .def("is_gathered", [](adapter::EngineCore& e, std::size_t g, std::size_t u) {
-           return stage3(e, g).is_gathered(u);
-         }, py::arg("group"), py::arg("unit"))
+           stage3(e, g, frozen).commit(u);
+         }, py::arg("group"), py::arg("unit"), py::arg("frozen") = false,
+         py::call_guard<py::gil_scoped_release>())
+    .def("is_gathered", [](adapter::EngineCore& e, std::size_t g, std::size_t u, bool frozen) {
+           return stage3(e, g, frozen).is_gathered(u);
+         }, py::arg("group"), py::arg("unit"), py::arg("frozen") = false)
     .def("configure_schedule",
          [](adapter::EngineCore& e, std::vector<std::string> names,
             const adapter::ScheduleOptions& options) {
            e.configure_schedule(std::move(names), options);
          },
          py::arg("unit_names"), py::arg("options"), py::call_guard<py::gil_scoped_release>())
-    .def("place", [](adapter::EngineCore& e, std::size_t unit, std::size_t g, std::size_t local) {
-           e.units().place(unit, &stage3(e, g), local);
-         }, py::arg("unit"), py::arg("group"), py::arg("local"))
+    .def("place", [](adapter::EngineCore& e, std::size_t unit, std::size_t g, std::size_t local,
+                     bool frozen) {
+           e.units().place(unit, &stage3(e, g, frozen), local);
+         }, py::arg("unit"), py::arg("group"), py::arg("local"), py::arg("frozen") = false)
     .def("add_external", [](adapter::EngineCore& e, std::size_t user, std::size_t owner) {
            e.schedule().add_external(user, owner);
          }, py::arg("user"), py::arg("owner"))
@@ -155,9 +178,9 @@ void add_stage3(Core& core) {
     .def("release_gathered", &adapter::EngineCore::release_gathered,
          py::call_guard<py::gil_scoped_release>())
     .def("schedule_stats", [](adapter::EngineCore& e) { return e.schedule().stats(); })
-    .def("gathered_numel", [](adapter::EngineCore& e, std::size_t g) {
-           return stage3(e, g).gathered_numel();
-         }, py::arg("group"));
+    .def("gathered_numel", [](adapter::EngineCore& e, std::size_t g, bool frozen) {
+           return stage3(e, g, frozen).gathered_numel();
+         }, py::arg("group"), py::arg("frozen") = false);
 }
 
 // The communicators' byte counts and logs (the engine's own, hpZ's, MiCS's).
@@ -220,6 +243,13 @@ void add_groups(Core& core) {
          })
     .def("group_offload_info",
          [](adapter::EngineCore& e, std::size_t g) { return e.group(g).offload_info(); },
+         py::arg("group"))
+    .def("frozen_group_layout",
+         [](adapter::EngineCore& e, std::size_t g) -> const core::ShardedLayout& {
+           return e.frozen_group(g).layout();
+         }, py::arg("group"), py::return_value_policy::reference_internal)
+    .def("frozen_group_offload_info",
+         [](adapter::EngineCore& e, std::size_t g) { return e.frozen_group(g).offload_info(); },
          py::arg("group"))
     .def("group_offload_timings",
          [](adapter::EngineCore& e, std::size_t g) {

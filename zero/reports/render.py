@@ -315,6 +315,7 @@ def _suptitle(series: list[Series], shown: list[Series]) -> str:
             f"N = {first['world_size']} ranks, {dtype} parameters\n"
             f"Ψ = {first['numel']:,}" + (" partitioned" if persistent else "")
             + (f" + Ψp = {persistent:,} persistent" if persistent else "")
+            + (f" + Ψf = {first['frozen_numel']:,} frozen" if first.get("frozen_numel") else "")
             + (f"; {offload}" if offload else "") + "\n"
             f"model states {first['model_state_formula']} · stacked: bytes after each "
             "reported step · hatched: transient within a step")

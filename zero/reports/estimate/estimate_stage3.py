@@ -32,11 +32,13 @@ def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
                                     setup.max_live_parameters, setup.max_reuse_distance,
                                     setup.max_inflight_gathers, shapes.externals,
                                     shapes.unit_names, _parents(shapes, len(layout.unit_numel)))
-    categories["gathered_param"] = _gathered_param(work, shapes, setup, layout.numel)
+    categories["gathered_param"] = _gathered_param(work, shapes, setup,
+                                                   layout.numel + layout.frozen_numel)
     group_shards = [sum(r[2] for r in rows) for rows in layout.group_units] + \
         [group.shard_numel for group in layout.persistent]
     split_partial(categories, setup, option, group_shards)
-    categories["staging"], offload = _staging(shapes, setup, option, layout.numel, work,
+    categories["staging"], offload = _staging(shapes, setup, option,
+                                              layout.numel + layout.frozen_numel, work,
                                               group_shards, params)
     detail = _detail(shapes, setup, layout, work, persistent_buckets, overlap, params)
     largest_unit = max((numel for rows in layout.group_units for _, numel, _ in rows), default=0)
@@ -44,19 +46,22 @@ def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
                     shard_numel=layout.shard_numel, max_unit_numel=largest_unit,
                     unit_count=len(detail["units"]), groups=group_rows,
                     exact_units=shapes.exact, persistent_numel=layout.persistent_numel,
-                    persistent_shard_numel=layout.persistent_shard_numel, stage3=detail,
+                    persistent_shard_numel=layout.persistent_shard_numel,
+                    frozen_numel=layout.frozen_numel, stage3=detail,
                     offload=offload)
 
 
 def _param_placement(shapes: ModelShapes, setup: Setup, option: Option,
                      layout: Stage3Layout) -> Optional[ParamPlacement]:
-    """offload_param "nvme": the partitioned groups' units, in the engine's order."""
+    """offload_param "nvme": the partitioned groups' units (the frozen group's last), in the
+    engine's order."""
     if option.offload_param != "nvme":
         return None
     names = list(shapes.unit_names) + [""] * len(layout.unit_numel)
+    groups = layout.group_units + ([layout.frozen_units] if layout.frozen_units else [])
     return param_placement(setup, [[(names[unit] or "<root>", shard)
                                      for unit, _, shard in rows]
-                                    for rows in layout.group_units])
+                                    for rows in groups])
 
 
 def _parents(shapes: ModelShapes, unit_count: int) -> tuple[int, ...]:
@@ -103,8 +108,10 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
     return {
         # the persistent parameters stay whole (a stage-1 group: whole params and gradients,
         # sharded master and optimizer state) and on the device: offload_param moves the
-        # partitioned shard only
-        "param": (_model_state_row(layout, b, False, WHERE[option.offload_param], "device")
+        # partitioned shards only (the frozen group's too, counted in `params` on NVMe)
+        "param": (_with_frozen(_model_state_row(layout, b, False, WHERE[option.offload_param],
+                                                "device"),
+                               layout, b, WHERE[option.offload_param])
                   if params is None else
                   param_row_on_nvme(params, b, b * layout.persistent_numel,
                                     term(b, False, "Ψp"))),
@@ -118,6 +125,29 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
         "optimizer_state": _model_state_row(layout, optimizer_state_bytes(setup),
                                             True, opt_location),
     }
+
+
+def _with_frozen(row: dict, layout: Stage3Layout, b: int, location: str) -> dict:
+    """The param row plus the frozen group's shard (b·Ψf/N at the partitioned shard's
+    `location`)."""
+    extra = b * layout.frozen_shard_numel
+    if not extra:
+        return row
+    frozen_term = term(b, True, "Ψf")
+    if not row["bytes"]:
+        return {**row, "bytes": extra, "formula": frozen_term, "location": location,
+                "by_location": {location: extra}}
+    by_location = {where: value for where, value in row["by_location"].items() if value}
+    by_location[location] = by_location.get(location, 0) + extra
+    out = {**row, "bytes": row["bytes"] + extra, "by_location": by_location,
+           "formula": f"{row['formula']} + {frozen_term}"}
+    if len(by_location) > 1:
+        texts = dict(row.get("formula_by_location") or {row["location"]: row["formula"]})
+        texts[location] = f"{texts[location]} + {frozen_term}" if location in texts \
+            else frozen_term
+        out["formula_by_location"] = texts
+        out["location"] = max(by_location, key=by_location.get)
+    return out
 
 
 def _buckets(layout: Stage3Layout, setup: Setup, overlap: bool, pieces: bool

@@ -42,6 +42,8 @@ class Stage3Layout:
     persistent: list                      # per group with persistent parameters: ShardedLayout
     persistent_count: int                 # persistent tensors
     root_early_grads: list[bool] = field(default_factory=list)  # per partitioned group
+    # the frozen group (partitioned frozen parameters): (model unit, numel, shard numel)
+    frozen_units: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def numel(self) -> int:
@@ -52,6 +54,14 @@ class Stage3Layout:
         return sum(shard for units in self.group_units for _, _, shard in units)
 
     @property
+    def frozen_numel(self) -> int:
+        return sum(numel for _, numel, _ in self.frozen_units)
+
+    @property
+    def frozen_shard_numel(self) -> int:
+        return sum(shard for _, _, shard in self.frozen_units)
+
+    @property
     def persistent_numel(self) -> int:
         return sum(layout.full_numel for layout in self.persistent)
 
@@ -60,23 +70,26 @@ class Stage3Layout:
         return sum(layout.shard_numel for layout in self.persistent)
 
 
-def _kept_whole(shapes: ModelShapes, setup: Setup) -> list[list[bool]]:
-    """Per shape (nested like shapes.groups): whether stage 3 keeps it whole, by the engine's
-    rule (stage3_policy.kept_whole) in model order."""
+def _kept_whole(shapes: ModelShapes, setup: Setup) -> tuple[list[list[bool]], list[bool]]:
+    """Per shape (nested like shapes.groups), and per frozen shape: whether stage 3 keeps it
+    whole, by the engine's rule (stage3_policy.kept_whole) over both in model order."""
     from zero.stage3_policy import kept_whole
 
     order = shapes.order
     if order is None:  # the groups' order
         starts = [sum(len(g) for g in shapes.groups[:k]) for k in range(len(shapes.groups))]
         order = tuple(tuple(range(s, s + len(g))) for s, g in zip(starts, shapes.groups))
-    flat = sorted((place, g, i) for g, places in enumerate(order)
-                  for i, place in enumerate(places))
-    keep = kept_whole([shape_numel(shapes.groups[g][i]) for _, g, i in flat],
-                      setup.persistence_threshold, setup.model_persistence_threshold)
-    whole = [[False] * len(group) for group in shapes.groups]
+    frozen = len(shapes.groups)  # the frozen shapes' "group" below
+    flat = sorted([(place, g, i) for g, places in enumerate(order)
+                   for i, place in enumerate(places)] +
+                  [(place, frozen, i) for i, (_, _, place) in enumerate(shapes.frozen)])
+    numel = [shape_numel(shapes.frozen[i][0] if g == frozen else shapes.groups[g][i])
+             for _, g, i in flat]
+    keep = kept_whole(numel, setup.persistence_threshold, setup.model_persistence_threshold)
+    whole = [[False] * len(group) for group in shapes.groups] + [[False] * len(shapes.frozen)]
     for (_, g, i), kept in zip(flat, keep):
         whole[g][i] = kept
-    return whole
+    return whole[:frozen], whole[frozen]
 
 
 def stage3_layout(shapes: ModelShapes, setup: Setup,
@@ -99,7 +112,7 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
             f"model's units were planned by {shapes.unit_rules}; describe the model with "
             "shapes_from_module(..., unit_rules=setup.unit_rules())")
     world = setup.world_size
-    whole = _kept_whole(shapes, setup)
+    whole, frozen_whole = _kept_whole(shapes, setup)
     partition_world = setup.partition_world  # MiCS: the shard group
     rbs = int(reduce_bucket_size or setup.reduce_bucket_size)
     unit_total = max((u for group in shapes.units for u in group), default=0) + 1
@@ -115,17 +128,30 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
             persistent_count += len(small)
         if not large:
             continue
-        model_units = sorted({unit for _, unit in large})
-        local = {unit: i for i, unit in enumerate(model_units)}
-        plan = _C.plan_partition([shape for shape, _ in large], [dtype] * len(large),
-                                 [local[unit] for _, unit in large], partition_world,
-                                 setup.alignment)
-        rows = []
-        for unit in model_units:
-            buffer = plan.buffers[local[unit]]
-            rows.append((unit, int(buffer.numel), int(buffer.shard_numel)))
-            unit_numel[unit] += int(buffer.numel)
-        group_units.append(rows)
+        group_units.append(_unit_rows(large, dtype, partition_world, setup.alignment,
+                                      unit_numel))
         root_early.append(any(flag and not keep for flag, keep in zip(late, kept)))
+    frozen = [(list(shape), unit) for (shape, unit, _), keep in zip(shapes.frozen, frozen_whole)
+              if not keep]
     return Stage3Layout(unit_numel=unit_numel, group_units=group_units, persistent=persistent,
-                        persistent_count=persistent_count, root_early_grads=root_early)
+                        persistent_count=persistent_count, root_early_grads=root_early,
+                        frozen_units=(_unit_rows(frozen, dtype, partition_world,
+                                                 setup.alignment, unit_numel) if frozen else []))
+
+
+def _unit_rows(large: list, dtype, world: int, alignment: int, unit_numel: list[int]
+               ) -> list[tuple[int, int, int]]:
+    """One stage-3 group of (shape, model unit) pairs: (unit, numel, shard numel) per unit,
+    each unit's buffer padded as `zero._C.plan_partition` does; adds to `unit_numel`."""
+    from zero import _C
+
+    model_units = sorted({unit for _, unit in large})
+    local = {unit: i for i, unit in enumerate(model_units)}
+    plan = _C.plan_partition([shape for shape, _ in large], [dtype] * len(large),
+                             [local[unit] for _, unit in large], world, alignment)
+    rows = []
+    for unit in model_units:
+        buffer = plan.buffers[local[unit]]
+        rows.append((unit, int(buffer.numel), int(buffer.shard_numel)))
+        unit_numel[unit] += int(buffer.numel)
+    return rows

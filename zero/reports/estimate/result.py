@@ -37,6 +37,7 @@ class Estimate:
     exact_units: bool = True      # stage 3: the model's gather units (False: assumed / none)
     persistent_numel: int = 0     # stage 3: Ψp, the persistent (whole) parameters, padded
     persistent_shard_numel: int = 0
+    frozen_numel: int = 0         # stage 3: Ψf, the partitioned frozen parameters, padded
     stage3: Optional[dict] = None  # stage 3: units, working set, bounds (see estimate())
     offload: Optional[dict] = None  # offload: chunks, staging, swap file (see staging_row)
     refused: str = ""  # why the engine refuses this option whatever the sizes
@@ -124,7 +125,8 @@ class Estimate:
         if self.option.stage == 3:
             out.update(persistent_numel=self.persistent_numel,
                        persistent_shard_numel=self.persistent_shard_numel,
-                       persistent_bytes=self.persistent_bytes, stage3=self.stage3)
+                       persistent_bytes=self.persistent_bytes,
+                       frozen_numel=self.frozen_numel, stage3=self.stage3)
         if self.offload is not None:
             out["offload"] = self.offload
         if self.error:

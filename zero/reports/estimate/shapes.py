@@ -20,7 +20,7 @@ class ModelShapes:
     groups: tuple[tuple[tuple[int, ...], ...], ...]
     description: str
     exact: bool = True            # False: --params N, shapes are a stand-in (see shapes_from_count)
-    frozen_numel: int = 0          # requires_grad=False: not managed by the engine
+    frozen_numel: int = 0          # requires_grad=False: no gradients or optimizer state
     note: str = ""
     # Stage 3: the gather unit (zero.stage3.plan_units; 0 is the root) of every shape above,
     # nested like `groups`; None when unknown (stage 3 is then a formula only).
@@ -39,6 +39,9 @@ class ModelShapes:
     # the config's unit rules the units above were planned with (stage3_policy.UnitRules;
     # None: not planned from a model)
     unit_rules: object = None
+    # Stage 3's frozen parameters (partitioned with their units, no optimizer state): each
+    # one's shape, gather unit and place in module.parameters(), in model order
+    frozen: tuple[tuple[tuple[int, ...], int, int], ...] = ()
 
     @property
     def trainable_numel(self) -> int:
@@ -115,8 +118,13 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
         raise EstimateError("the model has no trainable parameters")
     unique = {id(p): p for p in module.parameters()}
     frozen = sum(zero_init.full_numel(p) for p in unique.values() if not p.requires_grad)
+    frozen_shapes = tuple(
+        (tuple(int(d) for d in (zero_init.shard_shape(p) or p.shape)),
+         plan.unit_of_param.get(id(p), 0), position[id(p)])
+        for p in unique.values() if not p.requires_grad and zero_init.full_numel(p))
     return ModelShapes(groups=tuple(groups), description=description or type(module).__name__,
                        exact=True, frozen_numel=frozen, units=tuple(units),
+                       frozen=frozen_shapes,
                        unit_names=tuple(name for name, _ in plan.modules),
                        unit_parents=tuple(plan.parents),
                        externals=tuple(stage3.external_links(plan)),

@@ -39,8 +39,10 @@ def _setup_lines(shapes: ModelShapes, setup: Setup) -> list[str]:
     """The model and the set-up the estimate is for."""
     lines = [
         f"model: {shapes.description}: {shapes.trainable_numel:,} trainable parameters in "
-        f"{shapes.tensor_count:,} tensors" + (f", {shapes.frozen_numel:,} frozen (not managed "
-                                              "by the engine)" if shapes.frozen_numel else ""),
+        f"{shapes.tensor_count:,} tensors" + (
+            f", {shapes.frozen_numel:,} frozen (stage 3 partitions them with their units, "
+            "keeping no gradients or optimizer state; below stage 3 they stay the model's, "
+            "not counted)" if shapes.frozen_numel else ""),
         f"setup: {setup.world_size} rank(s) = {setup.num_nodes} node(s) x "
         f"{setup.ranks_per_node}, {setup.precision} (b = {setup.param_bytes}), "
         f"{setup.optimizer}, reduce_bucket_size {setup.reduce_bucket_size:,}, overlap_comm "

@@ -1,0 +1,155 @@
+"""ZeRO-3 with frozen parameters (a LoRA model: the base frozen, the adapters trained): the
+frozen base is partitioned and gathered with its units like the rest, keeps no gradients,
+master or optimizer state, trains like single-process PyTorch, checkpoints whole, and the
+estimate counts its shard exactly."""
+import pytest
+import torch
+
+import training
+from distributed_harness import run_distributed
+
+STEPS = 6
+GAS = 2
+PERSISTENCE = 40  # elements: the LoRA matrices (128+) partition, the norms' 32 stay whole
+
+
+def _config(precision="fp32", **extra):
+    return training.engine_config(3, gas=GAS, precision=precision,
+                                  stage3_param_persistence_threshold=PERSISTENCE, **extra)
+
+
+def _engine(init: bool = False, precision="fp32", **extra):
+    import zero
+
+    config = _config(precision, **extra)
+    if init:  # built partitioned, then frozen: zero.Init's shards are adopted
+        with zero.Init(config_dict_or_path=config):
+            model = training.make_model(lora=True)
+    else:
+        model = training.make_model(lora=True)
+    engine, _, _, _ = zero.initialize(model=model, config=config)
+    return engine
+
+
+def _train(rank, world, init):
+    engine = _engine(init)
+    trained = {id(p) for group in engine.groups for p in group.params}
+    frozen = [p for p in engine.module.parameters() if not p.requires_grad]
+    losses = training.train_engine(engine, rank, world, STEPS, GAS)
+    released = {name: p.numel() == 0 for name, p in engine.module.named_parameters()
+                if not p.requires_grad}
+    state = engine.module_state_dict()
+    return (losses, engine.core.frozen_group_count, any(id(p) in trained for p in frozen),
+            released, {k: v.float() for k, v in state.items()} if rank == 0 else None)
+
+
+@pytest.mark.parametrize("init", [False, True], ids=["whole", "zero.Init"])
+def test_a_lora_model_trains_like_torch_with_its_frozen_base_partitioned(init):
+    config = _config()
+    ref_losses, ref_params = training.train_reference(2, STEPS, GAS, config, lora=True)
+    initial = training.parameters_of(training.make_model(lora=True))
+    results = run_distributed(_train, 2, args=(init,), timeout=240)
+    for losses, frozen_groups, frozen_in_optimizer, released, _ in results:
+        assert losses == pytest.approx(ref_losses, rel=1e-5)
+        assert frozen_groups == 1 and not frozen_in_optimizer
+        # every frozen parameter above the persistence threshold is partitioned: outside
+        # forward and backward no rank holds it whole (the norms and biases stay whole)
+        assert released == {name: value.numel() > PERSISTENCE
+                            for name, value in initial.items() if "lora_" not in name}
+    state = results[0][4]
+    for name, expected in ref_params.items():
+        assert training.relative_error(state[name], expected) < 1e-5, name
+        if "lora_" not in name:  # frozen: exactly as built
+            assert torch.equal(state[name], initial[name]), name
+        else:
+            assert not torch.equal(state[name], initial[name]), name  # it trained
+
+
+def _measure(rank, world, precision, extra):
+    engine = _engine(precision=precision, **extra)
+    training.train_engine(engine, rank, world, 1, GAS)
+    report = engine.memory_report()
+    return {name: entry["peak"] for name, entry in report["categories"].items()}, \
+        {name: entry["expected"] for name, entry in report["categories"].items()
+         if "expected" in entry}, report["frozen_numel"], report["model_state_formula"]
+
+
+@pytest.mark.parametrize("precision,extra", [
+    ("bf16", {}),
+    ("fp32", {"offload_param": {"device": "cpu", "pin_memory": False}}),
+], ids=["bf16", "fp32-offload-param"])
+def test_the_frozen_base_costs_its_shard_alone_and_the_estimate_counts_it(precision, extra):
+    from zero.reports import estimate as est
+
+    world = 2
+    peak, expected, frozen_numel, formula = run_distributed(
+        _measure, world, args=(precision, extra), timeout=120)[0]
+    setup, stage = est.setup_from_config(_config(precision, **extra), world)
+    estimate = est.estimate(est.shapes_from_module(training.make_model(lora=True)), setup, stage)
+    model = training.make_model(lora=True)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    b = setup.param_bytes
+    assert 0.9 * (frozen - 32 * 6) <= frozen_numel <= frozen + 64  # padded units, norms whole
+    assert estimate.frozen_numel == frozen_numel
+    assert formula.endswith(f"frozen: {b}Ψ/N")
+    # the frozen shard alone: gradients, master and optimizer state follow the trained
+    # parameters (a LoRA model's few), nothing of the frozen base
+    assert peak["param"] == expected["param"] >= b * frozen_numel // world
+    assert peak["gradient"] <= b * (trainable + 64 * 8)
+    assert peak["optimizer_state"] <= 8 * (trainable + 64 * 8)
+    for category in ("param", "gradient", "fp32_master", "optimizer_state"):
+        assert estimate.categories[category]["bytes"] == peak.get(category, 0), category
+    if extra:  # offload_param: the frozen shard is in host memory with the trained one
+        assert estimate.categories["param"]["by_location"]["host"] >= b * frozen_numel // world
+    measured = peak["gathered_param"]
+    assert abs(estimate.categories["gathered_param"]["bytes"] - measured) <= 0.05 * measured
+
+
+def _resume(rank, world, save_dir, phase):
+    engine = _engine()
+    if phase == "full":
+        losses = training.train_engine(engine, rank, world, 4, GAS)
+    elif phase == "first":
+        losses = training.train_engine(engine, rank, world, 2, GAS)
+        engine.save_checkpoint(save_dir, tag="t")
+    else:
+        engine.load_checkpoint(save_dir, tag="t")
+        losses = [] if phase == "load" else \
+            training.train_engine(engine, rank, world, 2, GAS, first_step=2)
+    state = engine.module_state_dict()
+    return losses, state if rank == 0 else None
+
+
+def test_a_lora_checkpoint_resumes_bit_for_bit_and_loads_at_another_world_size(tmp_path):
+    from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
+
+    full = run_distributed(_resume, 2, args=(str(tmp_path), "full"))
+    first = run_distributed(_resume, 2, args=(str(tmp_path), "first"))
+    second = run_distributed(_resume, 2, args=(str(tmp_path), "second"))
+    for rank in range(2):
+        assert first[rank][0] + second[rank][0] == full[rank][0]
+    for name, value in full[0][1].items():
+        assert torch.equal(second[0][1][name], value), name
+    saved = first[0][1]
+    one_rank = run_distributed(_resume, 1, args=(str(tmp_path), "load"))[0][1]
+    exported = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), tag="t")
+    for name, value in saved.items():
+        assert torch.equal(one_rank[name], value), name
+        assert torch.equal(exported[name], value.float()), name
+
+
+def _sleep_between_steps(rank, world):
+    straight = training.train_engine(_engine(), rank, world, 2, GAS)
+    engine = _engine()
+    losses = training.train_engine(engine, rank, world, 1, GAS)
+    engine.offload_states()
+    on_device = engine.core.registry().usage("param", "device").current
+    losses += training.train_engine(engine, rank, world, 1, GAS, first_step=1)
+    return straight, losses, on_device
+
+
+def test_offload_states_moves_the_frozen_shard_too():
+    for straight, losses, on_device in run_distributed(_sleep_between_steps, 2, timeout=120):
+        assert on_device == 0  # the frozen group's shard left the device with the rest
+        assert losses == straight
