@@ -71,7 +71,8 @@ from benchmarks.timing import engine_step, interleave_steps, step_stats  # noqa:
 DS_VERSION = "0.19.8"
 ENGINES = ("zero", "deepspeed")
 ALL_CONFIGS = ["stage1-fp32", "stage2-fp32", "stage3-fp32",
-               "stage1-bf16", "stage2-bf16", "stage3-bf16", "stage2-offload-bf16"]
+               "stage1-bf16", "stage2-bf16", "stage3-bf16", "stage2-offload-bf16",
+               "stage3-lora-bf16"]
 DEFAULT_PYTHON = os.path.join(ROOT, "build", "ds-venv", "bin", "python")
 PHASES = ("forward", "backward", "step")
 
@@ -111,7 +112,7 @@ def parse_args(argv=None):
 
 def shared_config(name: str, args) -> dict:
     """The one DeepSpeed-format config both engines get: stageN, fp32 or bf16, optionally the
-    optimizer offloaded to the CPU (ZeRO-Offload)."""
+    optimizer offloaded to the CPU (ZeRO-Offload). ("lora" changes the model: config_model.)"""
     parts = name.split("-")
     zero_optimization = {"stage": int(parts[0][len("stage"):]),
                          "reduce_bucket_size": args.bucket_numel, "overlap_comm": True}
@@ -119,6 +120,12 @@ def shared_config(name: str, args) -> dict:
         zero_optimization["offload_optimizer"] = {"device": "cpu"}
     return engine_config(args.micro_batch, args.clip, zero_optimization,
                          bf16=parts[-1] == "bf16")
+
+
+def config_model(name: str, gpt):
+    """The model a configuration trains: the seeded TinyGPT, with "lora" frozen but for its
+    LoRA adapters (the base model then partitioned at stage 3 without optimizer state)."""
+    return seeded_model(gpt, lora="lora" in name.split("-"))
 
 
 # ---- the ranks -------------------------------------------------------------------------------
@@ -207,7 +214,7 @@ def _interleaved(rank, args) -> dict:
         for engine_name in ENGINES:
             key = f"{config_name}/{engine_name}"
             try:
-                engine, info[key] = _build(engine_name, config, seeded_model(gpt))
+                engine, info[key] = _build(engine_name, config, config_model(config_name, gpt))
             except Exception:  # noqa: BLE001 -- the table shows the failure
                 failed[key] = traceback.format_exc()
                 print(f"[rank {rank}] {key} failed to build:\n{failed[key]}", flush=True)
@@ -267,7 +274,7 @@ def _memory(rank, args) -> dict:
                    peak_reset=reset_peak_rss())
         phases = PhasePeaks(out["rss_before_bytes"])
         with AnonPeak() as anon:
-            engine, out["info"] = _build(engine_name, config, seeded_model(gpt))
+            engine, out["info"] = _build(engine_name, config, config_model(config_name, gpt))
             phases.mark("build")
             for tokens, targets in batches:
                 out["losses"].append(engine_step(engine, tokens, targets,
@@ -579,7 +586,9 @@ def _method_section(facts, args) -> list[str]:
         f"thread(s) per rank. Both engines get the same weights (seed 0), the same data and the "
         f"same DeepSpeed JSON config (AdamW lr {1e-3}, gradient clipping {args.clip}, "
         f"reduce_bucket_size {args.bucket_numel}, overlap_comm; bf16 rows: \"bf16\": "
-        f"{{\"enabled\": true}}; offload: \"offload_optimizer\": {{\"device\": \"cpu\"}}).",
+        f"{{\"enabled\": true}}; offload: \"offload_optimizer\": {{\"device\": \"cpu\"}}; "
+        "lora: the same model frozen but for rank-8 LoRA adapters on every block's Linear "
+        "layers, zero.models.lora, as PEFT adds them).",
         "",
         f"Timing: {layout}; {args.interleaved_steps} measured steps per engine after "
         f"{args.warmup} warm-up steps. Step = forward + engine.backward + engine.step, the "

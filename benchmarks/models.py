@@ -17,13 +17,17 @@ def gpt_config(sizes):
                      n_head=a["n_head"], n_embd=a["n_embd"])
 
 
-def seeded_model(gpt):
-    """TinyGPT with the weights every configuration starts from."""
+def seeded_model(gpt, lora: bool = False):
+    """TinyGPT with the weights every configuration starts from; with `lora`, frozen but for
+    rank-8 LoRA adapters on every block's Linear layers (zero.models.lora, as PEFT adds
+    them)."""
     import torch
+    from zero.models.lora import add_lora
     from zero.models.tiny_gpt import TinyGPT
 
     torch.manual_seed(0)
-    return TinyGPT(gpt)
+    model = TinyGPT(gpt)
+    return add_lora(model, rank=8) if lora else model
 
 
 def rank_batches(gpt, micro_batch: int, count: int, rank: int) -> list:

@@ -153,3 +153,21 @@ def test_offload_states_moves_the_frozen_shard_too():
     for straight, losses, on_device in run_distributed(_sleep_between_steps, 2, timeout=120):
         assert on_device == 0  # the frozen group's shard left the device with the rest
         assert losses == straight
+
+
+def _adapters_whole(rank, world):
+    import zero
+
+    # every adapter (at most 512 elements) whole, the base layers (1,024 and up) partitioned
+    config = training.engine_config(3, gas=GAS, stage3_param_persistence_threshold=600)
+    engine, _, _, _ = zero.initialize(model=training.make_model(lora=True), config=config)
+    training.train_engine(engine, rank, world, 1, GAS)
+    report = engine.memory_report()
+    return report["stage"], report["model_state_formula"], [g.stage for g in engine.groups]
+
+
+def test_with_every_adapter_kept_whole_the_report_still_says_stage_3():
+    stage, formula, groups = run_distributed(_adapters_whole, 2, timeout=120)[0]
+    assert groups == [1]  # the adapters: one stage-1 group
+    assert stage == 3
+    assert formula == "persistent: 8Ψ + 8Ψ/N + frozen: 4Ψ/N"

@@ -8,6 +8,7 @@ import copy
 
 import torch
 
+from zero.models.lora import add_lora
 from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
 
 MODEL = GPTConfig(vocab_size=97, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -82,36 +83,6 @@ class CheckpointedGPT(TinyGPT):
         return checkpoint(block, x, use_reentrant=self.checkpointing == "reentrant")
 
 
-class LoraLinear(torch.nn.Module):
-    """A frozen nn.Linear plus a trainable low-rank update, as PEFT's LoRA: base(x) +
-    B(A(x))·alpha/r (B starts random here, not at zero, so that both matrices train from the
-    first step)."""
-
-    def __init__(self, base: torch.nn.Linear, rank: int = 4, alpha: float = 8.0):
-        super().__init__()
-        self.base = base
-        self.lora_a = torch.nn.Linear(base.in_features, rank, bias=False)
-        self.lora_b = torch.nn.Linear(rank, base.out_features, bias=False)
-        torch.nn.init.normal_(self.lora_b.weight, std=0.02)
-        self.scale = alpha / rank
-
-    def forward(self, x):
-        return self.base(x) + self.lora_b(self.lora_a(x)) * self.scale
-
-
-def add_lora(model: TinyGPT) -> TinyGPT:
-    """Every block's Linear layers get a LoRA update, and only the LoRA matrices train (the
-    embeddings, the tied head, the norms and the base weights are frozen)."""
-    for param in model.parameters():
-        param.requires_grad_(False)
-    for block in model.blocks:
-        block.attn.qkv = LoraLinear(block.attn.qkv)
-        block.attn.proj = LoraLinear(block.attn.proj)
-        block.mlp[0] = LoraLinear(block.mlp[0])
-        block.mlp[2] = LoraLinear(block.mlp[2])
-    return model
-
-
 def make_model(config: GPTConfig = MODEL, freeze_position_embedding: bool = False,
                reuse_block: bool = False, external_use: bool = False,
                checkpointing: str | None = None, lora: bool = False) -> TinyGPT:
@@ -123,7 +94,7 @@ def make_model(config: GPTConfig = MODEL, freeze_position_embedding: bool = Fals
         model = kind(config)
     if freeze_position_embedding:
         model.position_embedding.weight.requires_grad_(False)
-    return add_lora(model) if lora else model
+    return add_lora(model) if lora else model  # PEFT-style adapters, the rest frozen
 
 
 def engine_config(stage: int, gas: int = 2, clip: float = 1.0, precision: str = "fp32",

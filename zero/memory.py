@@ -221,7 +221,7 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
         for location, usage in categories[name]["by_location"].items():
             where = location if location in ("device", "nvme") else "host"
             measured_by_location[where] += usage["peak"]
-    main = layouts[0]  # the trained parameters' (partitioned at stage 3)
+    main = layouts[0]  # the trained parameters' (partitioned at stage 3, when any are)
     process = process_memory()
     if "cuda_allocated_bytes" in process:  # e.g. cuBLAS workspaces, the user's own tensors
         process["cuda_outside_zero_bytes"] = (process["cuda_allocated_bytes"] -
@@ -231,7 +231,9 @@ def build_report(registry, layouts: list[StateLayout], rank: int, step: int,
     return {
         "rank": rank,
         "step": step,
-        "stage": main.stage,
+        # (persistent and frozen layouts exist at stage 3 only: a LoRA model's adapters may
+        # all be persistent, its frozen base partitioned)
+        "stage": 3 if any(_label(layout) for layout in layouts) else main.stage,
         "world_size": main.world_size,
         "numel": sum(layout.numel for layout in layouts if not _label(layout)),
         "persistent_numel": sum(layout.numel for layout in layouts if layout.persistent),
