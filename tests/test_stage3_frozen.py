@@ -171,3 +171,98 @@ def test_with_every_adapter_kept_whole_the_report_still_says_stage_3():
     assert groups == [1]  # the adapters: one stage-1 group
     assert stage == 3
     assert formula == "persistent: 8Ψ + 8Ψ/N + frozen: 4Ψ/N"
+
+
+QUANTIZED = {"zero_quantized_nontrainable_weights": True}
+
+
+def _frozen_order(model) -> list:
+    """The frozen parameters the engine partitions, in its frozen group's order (the model's)."""
+    unique = {id(p): p for p in model.parameters()}
+    return [p for p in unique.values() if not p.requires_grad and p.numel() > PERSISTENCE]
+
+
+def _quantized_values(layout, world: int) -> list[torch.Tensor]:
+    """Each frozen parameter as the engine keeps it: its unit's flat buffer (padded, fp32)
+    cut into the ranks' pieces, each piece through the int8 code and back."""
+    from zero import _C
+
+    params = _frozen_order(training.make_model(lora=True))
+    full = torch.zeros(layout.full_numel)
+    for i, param in enumerate(params):
+        start = layout.param_offset(i)
+        full[start:start + param.numel()] = param.detach().reshape(-1)
+    for u in range(layout.unit_count):
+        piece = layout.unit(u).shard_numel
+        for r in range(world):
+            start = layout.full_offset(u) + r * piece
+            values = full[start:start + piece]
+            values.copy_(_C.dequantize_int8(_C.quantize_int8(values.clone()), piece))
+    return [full[layout.param_offset(i):layout.param_offset(i) + p.numel()].view_as(p)
+            for i, p in enumerate(params)]
+
+
+def _quantized(rank, world, steps):
+    engine = _engine(**QUANTIZED)
+    losses = training.train_engine(engine, rank, world, steps, GAS)
+    layout = engine.core.frozen_group_layout(0)
+    expected = _quantized_values(layout, world)
+    fresh = training.make_model(lora=True)
+    names = {id(p): n for n, p in fresh.named_parameters()}
+    frozen = [names[id(p)] for p in _frozen_order(fresh)]
+    state = engine.module_state_dict()
+    report = engine.memory_report()
+    engine.optimizer.quantize_nontrainable_params()  # DeepSpeed-Chat's call: nothing left to do
+    adapter = engine.module.blocks[0].attn.qkv.lora_a.weight
+    adapter.requires_grad_(False)  # frozen after the layout: named
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.qkv\.lora_a\.weight"):
+        engine.optimizer.quantize_nontrainable_params()
+    adapter.requires_grad_(True)
+    exact = [torch.equal(state[name], value) for name, value in zip(frozen, expected)] \
+        if rank == 0 else None  # (the whole state dict is rank 0's)
+    return (losses, exact,
+            report["categories"]["param"]["peak"], report["categories"]["param"]["expected"],
+            report["model_state_formula"])
+
+
+def test_quantized_frozen_weights_are_the_int8_code_of_each_ranks_piece():
+    """zero_quantized_nontrainable_weights: the frozen shard is kept as int8 blocks, so the
+    base model the adapters train on is each rank's piece rounded once, exactly; the adapters
+    still train (the losses follow the unquantized run's closely), and the report and the
+    estimate count the packed bytes."""
+    from zero.reports import estimate as est
+
+    plain = run_distributed(_train, 2, args=(False,), timeout=120)[0][0]
+    results = run_distributed(_quantized, 2, args=(STEPS,), timeout=120)
+    exact = results[0][1]
+    # per block its 4 base weights and mlp[0]'s bias (128); both embeddings
+    assert all(exact) and len(exact) == 5 * training.MODEL.n_layer + 2
+    for losses, _, measured, expected, formula in results:
+        assert losses == pytest.approx(plain, rel=2e-3) and losses != plain
+        assert measured == expected
+        assert formula.endswith("frozen: 1Ψ/N")
+    setup, stage = est.setup_from_config(_config(**QUANTIZED), 2)
+    estimate = est.estimate(est.shapes_from_module(training.make_model(lora=True)), setup, stage)
+    assert estimate.categories["param"]["bytes"] == results[0][2]
+    plain_estimate = est.estimate(est.shapes_from_module(training.make_model(lora=True)),
+                                  est.setup_from_config(_config(), 2)[0], 3)
+    frozen_fp32 = 4 * estimate.frozen_numel // 2
+    saved = plain_estimate.categories["param"]["bytes"] - estimate.categories["param"]["bytes"]
+    assert 0.7 * frozen_fp32 < saved < 0.76 * frozen_fp32  # fp32 -> int8 + scales: ~3/4 less
+
+
+def _quantized_on_nvme(rank, world, path):
+    with pytest.raises(ValueError, match="zero_quantized_nontrainable_weights with "
+                                         "offload_param.device \"nvme\""):
+        _engine(**QUANTIZED, offload_param={"device": "nvme", "nvme_path": path})
+    return True
+
+
+def test_quantized_frozen_weights_on_nvme_are_refused_naming_both_keys(tmp_path):
+    from zero.reports import estimate as est
+
+    assert run_distributed(_quantized_on_nvme, 2, args=(str(tmp_path),), timeout=60) == [True] * 2
+    config = _config(**QUANTIZED, offload_param={"device": "nvme", "nvme_path": str(tmp_path)})
+    setup, stage = est.setup_from_config(config, 2)
+    with pytest.raises(est.EstimateError, match="zero_quantized_nontrainable_weights"):
+        est.estimate(est.shapes_from_module(training.make_model(lora=True)), setup, stage)

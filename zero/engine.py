@@ -119,7 +119,9 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                                        owners=[group.owner for group in self._engine_groups])
         fill_initial_state(self._core, self._engine_groups, groups)
         if self._stage3 is not None:  # DeepSpeed's stage-3 optimizer has one
-            self.optimizer.parameter_offload = ParameterOffload(self._stage3, model)
+            self.optimizer.parameter_offload = ParameterOffload(
+                self._stage3, model,
+                quantized_frozen=bool(zero_cfg.zero_quantized_nontrainable_weights))
         # No optimizer passed or configured: an engine for forward passes (DeepSpeed's
         # inference engine; the HF Trainer evaluates through one at stage 3).
         self.inference_only = optimizer is None and config.optimizer is None

@@ -27,7 +27,8 @@ class StateLayout:
     optimizer_arrays: int  # the optimizer's fp32 arrays per element (the engine's names)
     external: bool = False  # an external optimizer: it steps one whole fp32 tensor
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
-    frozen: bool = False  # stage 3's frozen parameters: their partitioned shard alone
+    frozen: bool = False  # stage 3's frozen parameters: their partitioned shard alone ...
+    packed_bytes: int = 0  # ... kept as int8 code (zero_quantized_nontrainable_weights): bytes
     sharded_grads: bool = False  # stage 1, one micro-step per step: gradients sharded as at 2
     offload_optimizer: str = "none"  # "cpu" | "nvme": where fp32 master + optimizer state live
     offload_param: bool = False  # stage 3: the parameter shard lives in host memory ...
@@ -75,27 +76,34 @@ def state_layouts(core, groups, spec, config, param_bytes: int) -> list[StateLay
                         param_nvme_numel=kind["nvme"], grads_on_host=kind["grads_on_host"],
                         offloaded_numel=kind["offloaded"])
             for (stage, arrays), kind in sorted(kinds.items(), reverse=True)] + \
-        _frozen_layouts(core, param_bytes, zero_cfg.offload_param.device)
+        _frozen_layouts(core, param_bytes, zero_cfg.offload_param.device,
+                        bool(zero_cfg.zero_quantized_nontrainable_weights))
 
 
-def _frozen_layouts(core, param_bytes: int, offload_param: str) -> list[StateLayout]:
-    """Stage 3's frozen group, if any, as a layout after the trained ones."""
+def _frozen_layouts(core, param_bytes: int, offload_param: str,
+                    quantized: bool) -> list[StateLayout]:
+    """Stage 3's frozen group, if any, as a layout after the trained ones (`quantized`: its
+    shard kept packed, quantized_bytes per unit piece)."""
     if not core.frozen_group_count:
         return []
+    from . import _C
+
     layouts = [core.frozen_group_layout(g) for g in range(core.frozen_group_count)]
     infos = [core.frozen_group_offload_info(g) for g in range(core.frozen_group_count)]
+    packed = sum(_C.quantized_bytes(layout.unit(u).shard_numel)
+                 for layout in layouts for u in range(layout.unit_count)) if quantized else 0
     return [StateLayout(stage=3, world_size=layouts[0].world_size,
                         numel=sum(layout.full_numel for layout in layouts),
                         param_bytes=param_bytes, optimizer_arrays=0, frozen=True,
-                        offload_param=offload_param != "none",
+                        packed_bytes=packed, offload_param=offload_param != "none",
                         param_nvme_numel=sum(info.nvme_param_numel for info in infos))]
 
 
 def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     """Bytes per parameter of each category, and whether it is divided by N."""
     b, stage = layout.param_bytes, layout.stage
-    if layout.frozen:
-        return {"param": (b, True), "gradient": (0, True), "fp32_master": (0, True),
+    if layout.frozen:  # (packed: about 1 byte per element, int8 and a scale per 256)
+        return {"param": (1 if layout.packed_bytes else b, True), "gradient": (0, True), "fp32_master": (0, True),
                 "optimizer_state": (0, True)}
     optimizer = 4 * layout.optimizer_arrays
     # In fp32 training the master is the parameter's own shard (nothing extra), unless the
@@ -134,6 +142,9 @@ def expected_model_state_bytes(layout: StateLayout) -> dict[str, dict]:
         formula = f"{coefficient}Ψ/N" if sharded and coefficient else f"{coefficient}Ψ"
         location = category_location(layout, name)
         value = coefficient * numel
+        if name == "param" and layout.packed_bytes:  # exact: the packed pieces' bytes
+            value = layout.packed_bytes
+            formula += " (int8 + fp32 scale per 256)"
         by_location = {location: value}
         partial = (location != "device" and name in ("fp32_master", "optimizer_state")
                    and layout.offloaded_numel is not None and layout.offloaded_numel != numel)

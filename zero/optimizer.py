@@ -7,11 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import collections
+import logging
 
 import torch
 
 from zero.boundary import optimizer_hyper
 from zero.external_optimizer import ExternalOptimizer
+
+logger = logging.getLogger("zero")
 
 ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
@@ -203,6 +206,28 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self.spec.external is not None:
             self.spec.external.load_scalar_state(state.get("external_scalars", {}),
                                                  self.param_groups, self.owners)
+
+    def quantize_nontrainable_params(self) -> None:
+        """DeepSpeed's stage-3 call after a model was made LoRA (DeepSpeed-Chat, the Mixed
+        Precision ZeRO++ tutorial) with zero_quantized_nontrainable_weights. zero decides what
+        is frozen when the engine is built and keeps the frozen shard in int8 from then on, so
+        there is nothing left to quantize; a parameter frozen or unfrozen since is an error
+        (build the engine after freezing)."""
+        offload = getattr(self, "parameter_offload", None)
+        if offload is None:
+            raise RuntimeError("zero: quantize_nontrainable_params is stage 3's "
+                               "(zero_optimization.stage 3 with zero_quantized_nontrainable_weights)")
+        if not offload.quantized_frozen:
+            logger.warning("zero: quantize_nontrainable_params() with "
+                           "zero_optimization.zero_quantized_nontrainable_weights false: nothing "
+                           "to do")
+            return
+        changed = offload.changed_since_layout()
+        if changed:
+            raise ValueError(
+                f"zero: requires_grad of {changed[:5]} changed after the engine was built; zero "
+                "lays the frozen parameters out (and quantizes them) at initialize: freeze the "
+                "model (e.g. make it LoRA) before zero.initialize / deepspeed.initialize")
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - engine owns grads
         """Gradients live in engine buffers; engine.zero_grad() clears them."""

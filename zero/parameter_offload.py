@@ -21,13 +21,21 @@ from .stage3 import Stage3Hooks
 class ParameterOffload:
     """DeepSpeedZeRoOffload's hook handles and re-registration, over a Stage3Hooks."""
 
-    def __init__(self, hooks: Stage3Hooks, module: nn.Module):
+    def __init__(self, hooks: Stage3Hooks, module: nn.Module, quantized_frozen: bool = False):
         # the engine holds the hooks; this (reachable from the optimizer) must not keep them,
         # and the C++ engine behind them, alive
         self._hooks = weakref.ref(hooks)
         self.module = module
         self.forward_hooks = hooks.module_hooks
         self.backward_hooks = []
+        self.quantized_frozen = quantized_frozen  # zero_quantized_nontrainable_weights
+        # which parameters were frozen when the engine laid them out (a frozen group, or whole)
+        self._frozen = {id(p) for p in module.parameters() if not p.requires_grad}
+
+    def changed_since_layout(self) -> list[str]:
+        """The parameters whose requires_grad changed since the engine laid the model out."""
+        return [name for name, param in self.module.named_parameters()
+                if (id(param) in self._frozen) == param.requires_grad]
 
     def _live(self) -> Stage3Hooks:
         hooks = self._hooks()

@@ -78,7 +78,10 @@ class GroupBuilder:
 
     def frozen_options(self, params: list):
         # (optimizer group 0's fields are read but unused: a frozen group keeps no state)
-        return self.options(0, 3, params)
+        options = self.options(0, 3, params)
+        options.quantized_storage = bool(
+            self.config.zero_optimization.zero_quantized_nontrainable_weights)
+        return options
 
     def add_flat(self, owner: int, params: list, stage: int) -> EngineGroup:
         # A group is the grain of communication below stage 3: its gradients are reduced in

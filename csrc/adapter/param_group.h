@@ -104,6 +104,10 @@ struct GroupOptions {
   // partitioned and gathered like the rest but keeping no gradients, master or optimizer
   // state (EngineCore::adopt_frozen_group); the optimizer options above are ignored.
   bool frozen = false;
+  // A frozen group only (DeepSpeed's zero_quantized_nontrainable_weights): its shard is kept
+  // as the block-wise int8 code of quantized_comm.h (about 1 byte per element), gathered
+  // packed and decoded into the unit's buffer; not with offload_param "nvme".
+  bool quantized_storage = false;
 };
 
 class ParamGroup : public Group {

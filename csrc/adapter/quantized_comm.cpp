@@ -110,12 +110,27 @@ std::unique_ptr<PendingCollective> quantized_all_gather(Communicator& communicat
   const std::int64_t piece = shard.numel();
   TORCH_CHECK(full.numel() == piece * world, "zero quantized all_gather: full buffer has ",
               full.numel(), " elements, expected ", piece * world, " (shard x world size)");
-  at::Tensor mine = pack(shard, 1, piece);
-  at::Tensor everyone = at::empty({world * mine.numel()}, mine.options());
-  auto decode_all = [full, everyone, world, piece]() mutable {
-    full.copy_(unpack(everyone, world, piece, /*add=*/false));
+  return packed_all_gather(communicator, std::move(full), pack(shard, 1, piece), piece);
+}
+
+std::unique_ptr<PendingCollective> packed_all_gather(Communicator& communicator, at::Tensor full,
+                                                     at::Tensor packed, std::int64_t piece_numel) {
+  check_floating("packed all_gather", full);
+  const std::int64_t world = communicator.world_size();
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.numel() == core::quantized_bytes(piece_numel),
+              "zero packed all_gather: expected ", core::quantized_bytes(piece_numel),
+              " contiguous bytes for ", piece_numel, " values, got ", packed.numel(), " ",
+              packed.scalar_type());
+  TORCH_CHECK(full.numel() == piece_numel * world, "zero packed all_gather: full buffer has ",
+              full.numel(), " elements, expected ", piece_numel * world,
+              " (piece x world size)");
+  at::Tensor everyone = at::empty({world * packed.numel()}, packed.options());
+  auto decode_all = [full, everyone, world, piece_numel]() mutable {
+    full.copy_(unpack(everyone, world, piece_numel, /*add=*/false));
   };
-  return communicator.all_gather(everyone, mine, /*control=*/false, std::move(decode_all));
+  return communicator.all_gather(everyone, std::move(packed), /*control=*/false,
+                                 std::move(decode_all));
 }
 
 std::unique_ptr<PendingCollective> quantized_reduce_scatter(Communicator& communicator,

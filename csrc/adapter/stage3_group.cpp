@@ -11,6 +11,7 @@
 #include "adapter/dtype_map.h"
 #include "adapter/grad_norm.h"
 #include "adapter/storage_in_place.h"
+#include "core/block_quantizer.h"
 
 namespace zero::adapter {
 namespace {
@@ -108,6 +109,22 @@ void Stage3Group::place_param_shard() {
   const ParamOffloadOptions& offload = options_.offload_param;
   const c10::TensorOptions model_options = params_.front().options();
   host_numel_ = layout_.shard_numel();
+  if (packed()) {
+    TORCH_CHECK(options_.frozen, "zero: quantized_storage is for a frozen group's shard");
+    TORCH_CHECK_VALUE(offload.nvme_path.empty(), "zero: zero_optimization."
+                      "zero_quantized_nontrainable_weights with offload_param.device \"nvme\" is "
+                      "not supported: keep the frozen shard in host memory (device \"cpu\") or "
+                      "set zero_quantized_nontrainable_weights to false");
+    packed_offsets_.assign(1, 0);
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      packed_offsets_.push_back(packed_offsets_.back() +
+                                core::quantized_bytes(layout_.unit(u).shard_numel()));
+    }
+    param_shard_ = PlacedBuffer(registry_, core::MemoryCategory::kParam, packed_offsets_.back(),
+                                model_options.dtype(at::kByte), offload.enabled,
+                                offload.pin_memory);
+    return;
+  }
   if (!offload.nvme_path.empty()) {
     // The first units, up to max_in_cpu elements, stay in host memory; the rest go to NVMe.
     std::vector<std::int64_t> nvme_numel(units_.size(), 0);
@@ -150,9 +167,10 @@ void Stage3Group::fill_shard(const std::vector<std::vector<std::int64_t>>& full_
   const c10::TensorOptions model_options = params_.front().options();
   const int rank = communicator_.rank();
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    const at::Tensor target = on_nvme(u)
-        ? at::zeros({layout_.unit(u).shard_numel()}, model_options.device(at::kCPU))
-        : shard_piece(param_shard_.tensor(), u);
+    const at::Tensor target =
+        on_nvme(u) ? at::zeros({layout_.unit(u).shard_numel()}, model_options.device(at::kCPU))
+        : packed() ? at::zeros({layout_.unit(u).shard_numel()}, model_options)
+                   : shard_piece(param_shard_.tensor(), u);
     bool filled = false;
     for (const std::size_t i : units_[u].params) {
       if (i < full_shapes.size() && !full_shapes[i].empty()) continue;
@@ -170,6 +188,22 @@ void Stage3Group::fill_shard(const std::vector<std::vector<std::int64_t>>& full_
       const auto& report = options_.offload_param.on_swap_write;
       if (report) report(static_cast<std::int64_t>(target.nbytes()));
     }
+    if (packed()) store_piece(u, target);  // (zero.Init's pieces: zeros until committed)
+  }
+}
+
+at::Tensor Stage3Group::param_piece(std::size_t unit) const {
+  if (!packed()) return shard_piece(param_shard_.tensor(), unit);
+  return param_shard_.tensor().narrow(0, packed_offsets_[unit],
+                                      packed_offsets_[unit + 1] - packed_offsets_[unit]);
+}
+
+void Stage3Group::store_piece(std::size_t unit, const at::Tensor& values) {
+  if (packed()) {
+    // encoded where the values are (the device's kernel on CUDA), then moved to the shard
+    param_piece(unit).copy_(quantize(values.contiguous()));
+  } else {
+    param_piece(unit).copy_(values);
   }
 }
 
@@ -202,10 +236,13 @@ void Stage3Group::fetch(std::size_t index) {
   }
   // The shard piece to send first: if bringing it to the device fails, the unit stays
   // released and nothing is lent out.
-  at::Tensor source = on_nvme(index) ? at::Tensor() : shard_piece(param_shard_.tensor(), index);
+  at::Tensor source = on_nvme(index) ? at::Tensor() : param_piece(index);
   if (params_offloaded()) {  // collectives send from the device
-    unit.staging = device_buffer(registry_, core::MemoryCategory::kStaging,
-                                 layout_.unit(index).shard_numel(), model_options_);
+    unit.staging = packed()
+        ? device_buffer(registry_, core::MemoryCategory::kStaging, source.numel(),
+                        model_options_.dtype(at::kByte))
+        : device_buffer(registry_, core::MemoryCategory::kStaging,
+                        layout_.unit(index).shard_numel(), model_options_);
     if (on_nvme(index)) {
       const at::Tensor host = param_swap_->read(index);
       try {
@@ -222,7 +259,10 @@ void Stage3Group::fetch(std::size_t index) {
     source = unit.staging.tensor();
   }
   allocate_gathered(index);
-  unit.in_flight = options_.quantized_weights
+  unit.in_flight = packed()
+                       ? packed_all_gather(communicator_, unit.gathered, source,
+                                           layout_.unit(index).shard_numel())
+                   : options_.quantized_weights
                        ? quantized_all_gather(communicator_, unit.gathered, source)
                    : options_.all_reduce_fetch
                        ? communicator_.all_gather_by_all_reduce(unit.gathered, source)
@@ -341,7 +381,7 @@ void Stage3Group::commit(std::size_t index) {
   if (on_nvme(index)) {
     param_swap_->write(index, mine);
   } else {
-    shard_piece(param_shard_.tensor(), index).copy_(mine);
+    store_piece(index, mine);
   }
   if (state_.has_master()) state_.write_master(layout_.shard_offset(index), mine);
   if (unit.secondary_valid) keep_secondary(index);  // the gathered values are the new ones

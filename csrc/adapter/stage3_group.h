@@ -29,7 +29,9 @@
 //
 // A frozen group (GroupOptions::frozen: parameters with requires_grad false, as a LoRA base
 // model's) is partitioned, gathered, offloaded and committed the same way, but keeps nothing
-// else: no gradient shard memory, master or optimizer state, and it never reduces.
+// else: no gradient shard memory, master or optimizer state, and it never reduces. With
+// GroupOptions::quantized_storage its shard is kept packed (block-wise int8, per unit) and each
+// gather moves and decodes the packed pieces.
 //
 // While released, a parameter's data is an empty tensor of its dtype and device, and the
 // unit's gathered storage keeps its identity but holds no memory (its bytes are freed in
@@ -133,6 +135,10 @@ class Stage3Group : public Group {
 
   bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
   bool on_nvme(std::size_t unit) const { return param_swap_ && param_swap_->holds(unit); }
+  bool packed() const { return options_.quantized_storage; }
+  // This rank's piece of the unit in param_shard_: its elements, or its packed bytes.
+  at::Tensor param_piece(std::size_t unit) const;
+  void store_piece(std::size_t unit, const at::Tensor& values);  // into param_piece(unit)
   void place_param_shard();  // the host / device shard and the NVMe units
   void fill_shard(const std::vector<std::vector<std::int64_t>>& full_shapes);
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
@@ -153,6 +159,7 @@ class Stage3Group : public Group {
   // offload_param (then each gather first copies the unit's piece to the device).
   PlacedBuffer param_shard_;  // the shard's first host_numel_ elements (all but NVMe's)
   std::int64_t host_numel_ = 0;
+  std::vector<std::int64_t> packed_offsets_;  // quantized_storage: unit u's bytes start here
   std::unique_ptr<ParamSwap> param_swap_;  // offload_param "nvme": the rest
   c10::TensorOptions model_options_;  // the parameters' dtype and device
   PlacedBuffer grad_shard_;           // on the device, or in host memory (grads_offloaded)

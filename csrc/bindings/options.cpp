@@ -111,7 +111,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("hpz_group", &Group::hpz_group)
       .def_readwrite("mics_shard_group", &Group::mics_shard_group)
       .def_readwrite("mics_replicate_group", &Group::mics_replicate_group)
-      .def_readwrite("frozen", &Group::frozen);
+      .def_readwrite("frozen", &Group::frozen)
+      .def_readwrite("quantized_storage", &Group::quantized_storage);
 
   using Schedule = adapter::ScheduleOptions;
   py::class_<Schedule>(m, "ScheduleOptions")

@@ -73,6 +73,7 @@ class ZeroOptimizationConfig:
     sub_group_size: int
     zero_hpz_partition_size: int
     zero_quantized_weights: bool
+    zero_quantized_nontrainable_weights: bool
     zero_quantized_gradients: bool
     mics_shard_size: int  # resolved: from dp_shard_size / dp_replicate_size when those are given
     dp_shard_size: int

@@ -569,7 +569,11 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _stage3(BOOL, "zero_quantized_weights", False, "ZeRO++ qwZ: parameters all-gathered as block-wise "
             "int8 (one fp32 scale per 256 values), about 1/4 of fp32's bytes, 1/2 of bf16's. Runs on gloo "
             "(CPU) and NCCL (CUDA kernels)."),
-    _unsupported(BOOL, "zero_quantized_nontrainable_weights", False, "ZeRO++ quantized frozen weights."),
+    _stage3(BOOL, "zero_quantized_nontrainable_weights", False, "ZeRO++: the partitioned frozen "
+            "(requires_grad False) parameters kept as block-wise int8 (one fp32 scale per 256 values, "
+            "about 1 byte per element instead of 2 or 4), gathered as int8 and decoded into each unit's "
+            "buffer: a LoRA base model's shard at about half its bf16 bytes, its values rounded once. "
+            "Not with offload_param.device \"nvme\"."),
     _stage3(BOOL, "zero_quantized_gradients", False, "ZeRO++ qgZ: gradients reduce-scattered as block-wise "
             "int8 through one all-to-all, summed in fp32 by the receiving rank."),
     _unsupported(OBJECT, "zeropp_loco_param", None, "LoCo-ZeRO++ parameters.", nullable=True),

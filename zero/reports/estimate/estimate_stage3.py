@@ -111,7 +111,7 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
         # partitioned shards only (the frozen group's too, counted in `params` on NVMe)
         "param": (_with_frozen(_model_state_row(layout, b, False, WHERE[option.offload_param],
                                                 "device"),
-                               layout, b, WHERE[option.offload_param])
+                               layout, setup, WHERE[option.offload_param])
                   if params is None else
                   param_row_on_nvme(params, b, b * layout.persistent_numel,
                                     term(b, False, "Ψp"))),
@@ -127,13 +127,20 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
     }
 
 
-def _with_frozen(row: dict, layout: Stage3Layout, b: int, location: str) -> dict:
-    """The param row plus the frozen group's shard (b·Ψf/N at the partitioned shard's
-    `location`)."""
-    extra = b * layout.frozen_shard_numel
+def _with_frozen(row: dict, layout: Stage3Layout, setup: Setup, location: str) -> dict:
+    """The param row plus the frozen group's shard at the partitioned shard's `location`:
+    b·Ψf/N, or with zero_quantized_nontrainable_weights its int8 code (quantized_bytes of each
+    unit's piece: about 1·Ψf/N)."""
+    from zero import _C
+
+    if setup.quantized_nontrainable:
+        extra = sum(_C.quantized_bytes(shard) for _, _, shard in layout.frozen_units)
+        frozen_term = "1Ψf/N (int8 + fp32 scale per 256)"
+    else:
+        extra = setup.param_bytes * layout.frozen_shard_numel
+        frozen_term = term(setup.param_bytes, True, "Ψf")
     if not extra:
         return row
-    frozen_term = term(b, True, "Ψf")
     if not row["bytes"]:
         return {**row, "bytes": extra, "formula": frozen_term, "location": location,
                 "by_location": {location: extra}}

@@ -12,6 +12,10 @@ from .training_setup import EXTERNAL, Setup
 EXTERNAL_OFFLOAD = ("zero_optimization.offload_optimizer: an optimizer zero runs as torch's own "
                     "on the shards (a torch.optim type or a client's) is not offloaded; use Adam, "
                     "AdamW, Adagrad, Lion or SGD to offload")
+QUANTIZED_FROZEN_ON_NVME = ("zero_optimization.zero_quantized_nontrainable_weights with "
+                            "offload_param.device \"nvme\" is not supported: keep the frozen "
+                            "shard in host memory (device \"cpu\") or set "
+                            "zero_quantized_nontrainable_weights to false")
 
 
 def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
@@ -30,6 +34,9 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         result = estimate_stages_0_2(shapes, setup, option, reduce_bucket_size, overlap_comm)
     if setup.optimizer == EXTERNAL and option.offload_optimizer != "none":
         result.refused = EXTERNAL_OFFLOAD
+    if option.stage == 3 and option.offload_param == "nvme" and setup.quantized_nontrainable \
+            and result.frozen_numel:
+        result.refused = QUANTIZED_FROZEN_ON_NVME
     params = (result.offload or {}).get("param_nvme") or {}
     if strict and (result.refused or params.get("error")):
         raise EstimateError(f"{option.name}: {result.refused or params['error']}")

@@ -71,6 +71,8 @@ class Setup:
     quantized_weights: bool = False    # ZeRO++ qwZ: all-gathers carry int8
     quantized_gradients: bool = False  # ZeRO++ qgZ: reduce-scatters carry int8
     all_reduce_fetch: bool = False  # stage3_use_all_reduce_for_fetch_params: gathers are all-reduces
+    # zero_quantized_nontrainable_weights: the frozen shard kept as int8 code (quantized_bytes)
+    quantized_nontrainable: bool = False
     # offload: the configured devices (which row `estimate(shapes, setup, stage)` gives and the
     # table marks) and the chunk of the offloaded step
     offload_optimizer: str = "none"   # none | cpu | nvme
@@ -234,7 +236,9 @@ class Setup:
                 **({"stage3_module_granularity_threshold": self.module_granularity_threshold}
                    if self.module_granularity_threshold else {}),
                 **({"stage3_use_all_reduce_for_fetch_params": True}
-                   if self.all_reduce_fetch else {})}
+                   if self.all_reduce_fetch else {}),
+                **({"zero_quantized_nontrainable_weights": True}
+                   if self.quantized_nontrainable else {})}
 
 
 # config key -> Setup field (stage 3)
@@ -288,6 +292,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     values["quantized_weights"] = bool(zero_cfg.zero_quantized_weights)
     values["quantized_gradients"] = bool(zero_cfg.zero_quantized_gradients)
     values["all_reduce_fetch"] = bool(zero_cfg.stage3_use_all_reduce_for_fetch_params)
+    values["quantized_nontrainable"] = bool(zero_cfg.zero_quantized_nontrainable_weights)
     leaf = zero_cfg.leaf_module
     values["leaf_module"] = (tuple(leaf.classes), tuple(leaf.names), tuple(leaf.name_suffixes))
     values["delayed_update"] = bool(getattr(zero_cfg.offload_optimizer, "delayed_update", False))
