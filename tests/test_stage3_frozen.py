@@ -107,16 +107,12 @@ def test_the_frozen_base_costs_its_shard_alone_and_the_estimate_counts_it(precis
 
 
 def _resume(rank, world, save_dir, phase):
+    """full: 4 steps; first: 2, saved; second: loaded, 2 more; load: loaded only."""
+    first, steps, load_dir, to_dir = {"full": (0, 4, None, None), "first": (0, 2, None, save_dir),
+                                      "second": (2, 2, save_dir, None),
+                                      "load": (2, 0, save_dir, None)}[phase]
     engine = _engine()
-    if phase == "full":
-        losses = training.train_engine(engine, rank, world, 4, GAS)
-    elif phase == "first":
-        losses = training.train_engine(engine, rank, world, 2, GAS)
-        engine.save_checkpoint(save_dir, tag="t")
-    else:
-        engine.load_checkpoint(save_dir, tag="t")
-        losses = [] if phase == "load" else \
-            training.train_engine(engine, rank, world, 2, GAS, first_step=2)
+    losses = training.load_train_save(engine, rank, world, GAS, first, steps, load_dir, to_dir)
     state = engine.module_state_dict()
     return losses, state if rank == 0 else None
 
@@ -124,16 +120,9 @@ def _resume(rank, world, save_dir, phase):
 def test_a_lora_checkpoint_resumes_bit_for_bit_and_loads_at_another_world_size(tmp_path):
     from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
 
-    full = run_distributed(_resume, 2, args=(str(tmp_path), "full"))
-    first = run_distributed(_resume, 2, args=(str(tmp_path), "first"))
-    second = run_distributed(_resume, 2, args=(str(tmp_path), "second"))
-    for rank in range(2):
-        assert first[rank][0] + second[rank][0] == full[rank][0]
-    for name, value in full[0][1].items():
-        assert torch.equal(second[0][1][name], value), name
-    saved = first[0][1]
+    saved = training.check_resume_bit_for_bit(_resume, 2, str(tmp_path))[0][1]
     one_rank = run_distributed(_resume, 1, args=(str(tmp_path), "load"))[0][1]
-    exported = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), tag="t")
+    exported = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path))
     for name, value in saved.items():
         assert torch.equal(one_rank[name], value), name
         assert torch.equal(exported[name], value.float()), name

@@ -261,6 +261,22 @@ def load_train_save(engine, rank: int, world: int, gas: int, first: int, steps: 
     return losses
 
 
+def check_resume_bit_for_bit(resume, world: int, save_dir: str) -> list:
+    """`resume(rank, world, save_dir, phase)` -> (losses, rank 0's module state) for the
+    phases "full" (one run), "first" (its first part, saved) and "second" (loaded, the rest):
+    the two parts' losses are the full run's and the final states equal, bit for bit. Returns
+    the "first" results (the saved state: rank 0's [1])."""
+    from distributed_harness import run_distributed
+
+    full, first, second = (run_distributed(resume, world, args=(save_dir, phase))
+                           for phase in ("full", "first", "second"))
+    for rank in range(world):
+        assert first[rank][0] + second[rank][0] == full[rank][0]
+    for name, value in full[0][1].items():
+        assert torch.equal(second[0][1][name], value), name
+    return first
+
+
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).norm() / expected.norm().clamp_min(1e-12)).item()
 
