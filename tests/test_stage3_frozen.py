@@ -255,3 +255,28 @@ def test_quantized_frozen_weights_on_nvme_are_refused_naming_both_keys(tmp_path)
     setup, stage = est.setup_from_config(config, 2)
     with pytest.raises(est.EstimateError, match="zero_quantized_nontrainable_weights"):
         est.estimate(est.shapes_from_module(training.make_model(lora=True)), setup, stage)
+
+
+class _Codes(torch.nn.Parameter):
+    """A parameter class of its own holding an already-quantized code (as bitsandbytes'
+    Params4bit does, stored in a float dtype)."""
+
+
+def _odd_frozen(rank, world):
+    import zero
+
+    model = training.make_model(lora=True)
+    model.int_codes = torch.nn.Parameter(torch.arange(4096, dtype=torch.int32),
+                                         requires_grad=False)
+    engine, _, _, _ = zero.initialize(model=model, config=_config())
+    training.train_engine(engine, rank, world, 1, GAS)
+    whole = engine.module.int_codes.numel()  # integer: the model's own, never partitioned
+    model = training.make_model(lora=True)
+    model.float_codes = _Codes(torch.randn(4096), requires_grad=False)
+    with pytest.raises(ValueError, match="float_codes .*already a quantized code"):
+        zero.initialize(model=model, config=_config(**QUANTIZED))
+    return whole
+
+
+def test_integer_frozen_codes_stay_whole_and_quantized_codes_are_not_quantized_again():
+    assert run_distributed(_odd_frozen, 2, timeout=120) == [4096, 4096]

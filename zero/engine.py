@@ -555,7 +555,9 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         return self.save_16bit_model(save_dir, save_filename)
 
     def _warn_if_not_pinned(self) -> None:
-        infos = [self._core.group_offload_info(g) for g in range(self._core.group_count)]
+        infos = [self._core.group_offload_info(g) for g in range(self._core.group_count)] + \
+            [self._core.frozen_group_offload_info(g)
+             for g in range(self._core.frozen_group_count)]  # stage 3's frozen shard
         message = offload.pinning_warning(self.config, infos)
         if message and dist.get_rank() == 0:
             warnings.warn(message, stacklevel=3)

@@ -148,6 +148,8 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
             groups.append(EngineGroup(owner, mine, 3))
     frozen = [p for key, p in partitioned.items() if key not in trainable]
     if frozen:
+        if zero_cfg.zero_quantized_nontrainable_weights:
+            _check_quantizable(frozen, names_by_id(model))
         _add_stage3_group(builder, plan, None, frozen, placement)
     # Small parameters: whole on every rank, optimizer state sharded (a stage-1 group).
     # Added after the partitioned groups: the default launch order (before the first
@@ -174,8 +176,7 @@ def _partitioned(model: nn.Module, trainables: list[list], param_threshold: int,
     optimizer-group order), then the frozen ones (model order); all but those kept whole,
     decided over both in model order as DeepSpeed does."""
     trainable = {id(p): p for params in trainables for p in params}
-    frozen = {id(p): p for p in model.parameters()
-              if id(p) not in trainable and not p.requires_grad and zero_init.full_numel(p)}
+    frozen = {id(p): p for p in model.parameters() if id(p) not in trainable and _frozen_float(p)}
     ordered = [p for p in model.parameters() if id(p) in trainable or id(p) in frozen]
     seen = {id(p) for p in ordered}
     ordered += [p for key, p in trainable.items() if key not in seen]  # not in the model
@@ -183,6 +184,25 @@ def _partitioned(model: nn.Module, trainables: list[list], param_threshold: int,
                                      param_threshold, model_threshold)
     kept = {id(p) for p, keep in zip(ordered, whole) if keep}
     return {key: p for key, p in {**trainable, **frozen}.items() if key not in kept}
+
+
+def _frozen_float(param) -> bool:
+    """A frozen parameter stage 3 may partition: floating point (the training dtype by now),
+    not empty. Integer ones (bitsandbytes' int8 / 4-bit codes) stay the model's, whole."""
+    return not param.requires_grad and param.is_floating_point() and \
+        bool(zero_init.full_numel(param))
+
+
+def _check_quantizable(params: list, names: dict) -> None:
+    """zero_quantized_nontrainable_weights re-codes the frozen values as int8: a parameter of
+    a class of its own (bitsandbytes' Params4bit stored in bf16) holds codes already."""
+    odd = [(names[id(p)][0], type(p).__name__) for p in params
+           if type(p) not in (torch.nn.Parameter, torch.Tensor)]
+    if odd:
+        raise ValueError(
+            f"zero: zero_optimization.zero_quantized_nontrainable_weights would quantize "
+            f"{odd[0][0]} ({odd[0][1]}), whose values are already a quantized code; set "
+            "zero_quantized_nontrainable_weights to false for this model")
 
 
 def _add_stage3_group(builder: GroupBuilder, plan, owner: int | None, params: list,

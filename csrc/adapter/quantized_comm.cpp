@@ -87,6 +87,20 @@ at::Tensor unpack(const at::Tensor& packed, std::int64_t pieces, std::int64_t pi
   return values;
 }
 
+// The `pieces` packed pieces decoded into `full`, one piece at a time: straight into an fp32
+// `full`, else through one piece of fp32 scratch (not a whole unit of it).
+void decode_into(at::Tensor& full, const at::Tensor& packed, std::int64_t pieces,
+                 std::int64_t piece) {
+  const std::int64_t stride = core::quantized_bytes(piece);
+  const bool direct = full.scalar_type() == at::kFloat;
+  at::Tensor scratch = direct ? at::Tensor() : at::empty({piece}, full.options().dtype(at::kFloat));
+  for (std::int64_t i = 0; i < pieces; ++i) {
+    float* out = direct ? full.data_ptr<float>() + i * piece : scratch.data_ptr<float>();
+    decode(packed, packed.data_ptr<std::uint8_t>() + i * stride, piece, out, /*add=*/false);
+    if (!direct) full.narrow(0, i * piece, piece).copy_(scratch);
+  }
+}
+
 }  // namespace
 
 at::Tensor quantize(const at::Tensor& values) {
@@ -127,7 +141,7 @@ std::unique_ptr<PendingCollective> packed_all_gather(Communicator& communicator,
               " (piece x world size)");
   at::Tensor everyone = at::empty({world * packed.numel()}, packed.options());
   auto decode_all = [full, everyone, world, piece_numel]() mutable {
-    full.copy_(unpack(everyone, world, piece_numel, /*add=*/false));
+    decode_into(full, everyone, world, piece_numel);
   };
   return communicator.all_gather(everyone, std::move(packed), /*control=*/false,
                                  std::move(decode_all));

@@ -41,7 +41,8 @@ def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
                                               layout.numel + layout.frozen_numel, work,
                                               group_shards, params)
     detail = _detail(shapes, setup, layout, work, persistent_buckets, overlap, params)
-    largest_unit = max((numel for rows in layout.group_units for _, numel, _ in rows), default=0)
+    largest_unit = max((numel for rows in layout.group_units + [layout.frozen_units]
+                        for _, numel, _ in rows), default=0)
     return Estimate(option=option, setup=setup, categories=categories, numel=layout.numel,
                     shard_numel=layout.shard_numel, max_unit_numel=largest_unit,
                     unit_count=len(detail["units"]), groups=group_rows,

@@ -118,10 +118,12 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
         raise EstimateError("the model has no trainable parameters")
     unique = {id(p): p for p in module.parameters()}
     frozen = sum(zero_init.full_numel(p) for p in unique.values() if not p.requires_grad)
-    frozen_shapes = tuple(
-        (tuple(int(d) for d in (zero_init.shard_shape(p) or p.shape)),
+    frozen_shapes = tuple(  # those stage 3 partitions (zero.sharding._frozen_float)
+        (tuple(int(d) for d in ((local_shape or {}).get(id(p)) or zero_init.shard_shape(p)
+                                or p.shape)),
          plan.unit_of_param.get(id(p), 0), position[id(p)])
-        for p in unique.values() if not p.requires_grad and zero_init.full_numel(p))
+        for p in unique.values()
+        if not p.requires_grad and p.is_floating_point() and zero_init.full_numel(p))
     return ModelShapes(groups=tuple(groups), description=description or type(module).__name__,
                        exact=True, frozen_numel=frozen, units=tuple(units),
                        frozen=frozen_shapes,
