@@ -247,7 +247,16 @@ def _quantized_on_nvme(rank, world, path):
     return True
 
 
-def test_quantized_frozen_weights_on_nvme_are_refused_naming_both_keys(tmp_path):
+def lora_model():
+    """zero-mem's --model factory: the LoRA test model."""
+    return training.make_model(lora=True)
+
+
+def test_quantized_frozen_weights_on_nvme_are_refused_naming_both_keys(tmp_path, capsys):
+    import json
+    import os
+
+    from zero.reports import cli
     from zero.reports import estimate as est
 
     assert run_distributed(_quantized_on_nvme, 2, args=(str(tmp_path),), timeout=60) == [True] * 2
@@ -255,6 +264,15 @@ def test_quantized_frozen_weights_on_nvme_are_refused_naming_both_keys(tmp_path)
     setup, stage = est.setup_from_config(config, 2)
     with pytest.raises(est.EstimateError, match="zero_quantized_nontrainable_weights"):
         est.estimate(est.shapes_from_module(training.make_model(lora=True)), setup, stage)
+    path = tmp_path / "ds_config.json"  # zero-mem's table: the NVMe rows do not run, and why
+    path.write_text(json.dumps(config))
+    factory = os.path.abspath(__file__) + ":lora_model"
+    assert cli.main(["estimate", "--model", factory, "--config", str(path),
+                     "--world-size", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "stage 3 + offload params (NVMe) does not run: zero_optimization." \
+        "zero_quantized_nontrainable_weights" in text
+    assert "frozen (stage 3 partitions them" in text and "1Ψf/N" in text
 
 
 class _Codes(torch.nn.Parameter):

@@ -156,12 +156,14 @@ def _formula_table(setup: Setup, estimates: list[Estimate]) -> list[str]:
     rows = [[est.name, location_formula(est, "device"), location_formula(est, "host"),
              location_formula(est, "nvme"), format_bytes(est.device_bytes * per_node),
              format_bytes(est.host_bytes * per_node), format_bytes(est.nvme_bytes * per_node),
-             est.status] for est in estimates]
+             est.status if est.runs else "does not run (below)"] for est in estimates]
+    refusals = [f"{est.name} does not run: {est.error}" for est in estimates if not est.runs]
     return [*_table(headers, rows, left={0, 1, 2, 3, 7}),
             f"(Ψ padded parameter count (stage 3: partitioned), Ψp stage 3's persistent "
-            f"parameters, N = {setup.world_size} ranks, U = largest unit in elements, W = "
-            f"most elements gathered at once, C = offload chunk, P = shard elements whose "
-            f"all-gather is in flight at once, b = {setup.param_bytes})"]
+            f"parameters, Ψf its partitioned frozen ones, N = {setup.world_size} ranks, U = "
+            f"largest unit in elements, W = most elements gathered at once, C = offload chunk, "
+            f"P = shard elements whose all-gather is in flight at once, b = {setup.param_bytes})",
+            *refusals]
 
 
 def _cell(row: dict) -> str:
