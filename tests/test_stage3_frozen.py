@@ -65,6 +65,24 @@ def test_a_lora_model_trains_like_torch_with_its_frozen_base_partitioned(init):
             assert not torch.equal(state[name], initial[name]), name  # it trained
 
 
+def _layout_losses(rank, world, extra):
+    return training.train_engine(_engine(**extra), rank, world, STEPS, GAS)
+
+
+@pytest.mark.parametrize("world,extra,env", [
+    (4, {"zero_hpz_partition_size": 2, "stage3_max_reuse_distance": 0},
+     {"LOCAL_WORLD_SIZE": "2"}),
+    (4, {"mics_shard_size": 2}, {}),
+    (2, {"offload_param": {"device": "cpu", "pin_memory": False}}, {}),
+], ids=["hpZ", "MiCS", "offload-param"])
+def test_the_frozen_group_trains_like_torch_under_hpz_mics_and_offload_param(world, extra, env):
+    """The frozen group takes the partitioned groups' layouts: hpZ's secondary copies (kept
+    across steps: frozen values never change), MiCS's shard groups, a host shard."""
+    ref_losses, _ = training.train_reference(world, STEPS, GAS, _config(), lora=True)
+    for losses in run_distributed(_layout_losses, world, args=(extra,), env=env, timeout=240):
+        assert losses == pytest.approx(ref_losses, rel=1e-5)
+
+
 def _measure(rank, world, precision, extra):
     engine = _engine(precision=precision, **extra)
     training.train_engine(engine, rank, world, 1, GAS)
