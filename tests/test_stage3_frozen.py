@@ -146,6 +146,37 @@ def test_a_lora_checkpoint_resumes_bit_for_bit_and_loads_at_another_world_size(t
         assert torch.equal(exported[name], value.float()), name
 
 
+def _adapters_only(rank, world, save_dir, strict):
+    """Two steps saved without the frozen parameters (the HF Trainer's PEFT save), loaded into
+    a fresh engine of the same model, two more steps; or the strict load's error."""
+    engine = _engine()
+    training.train_engine(engine, rank, world, 2, GAS)
+    engine.save_checkpoint(save_dir, exclude_frozen_parameters=True)
+    fresh = _engine()
+    if strict:  # every rank names what is missing
+        from zero.checkpoint import CheckpointError
+
+        with pytest.raises(CheckpointError, match="missing keys.*token_embedding.weight"):
+            fresh.load_checkpoint(save_dir)
+        return None
+    fresh.load_checkpoint(save_dir, load_module_strict=False)
+    return training.train_engine(fresh, rank, world, 2, GAS, first_step=2)
+
+
+def test_a_checkpoint_without_the_frozen_base_resumes_from_the_rebuilt_model(tmp_path):
+    from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
+
+    full = run_distributed(_resume, 2, args=(str(tmp_path / "full"), "full"))
+    resumed = run_distributed(_adapters_only, 2, args=(str(tmp_path / "a"), False))
+    assert [losses for losses in resumed] == [losses[2:] for losses, _ in full]
+    saved = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "a"))
+    assert saved and all("lora_" in name or p.requires_grad
+                         for name, p in training.make_model(lora=True).named_parameters()
+                         if name in saved)
+    assert "token_embedding.weight" not in saved and "blocks.0.attn.qkv.base.weight" not in saved
+    assert run_distributed(_adapters_only, 2, args=(str(tmp_path / "b"), True)) == [None, None]
+
+
 def _sleep_between_steps(rank, world):
     straight = training.train_engine(_engine(), rank, world, 2, GAS)
     engine = _engine()

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from . import checkpoint_files as files
 from . import (agreement, checkpoint_deepspeed, checkpoint_layout, checkpoint_mesh,
-               checkpoint_remesh, checkpoint_universal, stage3)
+               checkpoint_remesh, checkpoint_universal, sharding, stage3)
 from .checkpoint_files import LATEST
 
 logger = logging.getLogger("zero")
@@ -76,7 +76,8 @@ def _fingerprint(engine, part: checkpoint_mesh.Part) -> dict:
             "mesh": part.mesh}  # None without pipeline or tensor parallelism
 
 
-def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool) -> bool:
+def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool,
+                    exclude_frozen: bool = False) -> bool:
     settings = engine.config.checkpoint
     part = checkpoint_mesh.part_of(engine)
     tag = _agreed_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}",
@@ -100,7 +101,8 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
             os.makedirs(staging)
     with _all_ranks_or_none(f"saving checkpoint {tag} to {save_dir}"):
         model_writer = part.writes_model if part.mesh is not None else writer
-        written = _write_files(engine, staging, part, model_writer, client_state)
+        written = _write_files(engine, staging, part, model_writer, client_state,
+                               exclude_frozen)
     entries = [None] * dist.get_world_size()
     dist.all_gather_object(entries, written)  # every shard is on disk before the tag appears
     with _all_ranks_or_none(f"publishing checkpoint {tag} in {save_dir}",
@@ -198,13 +200,17 @@ class _all_ranks_or_none:
 
 
 def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer: bool,
-                 client_state: dict) -> dict[str, dict]:
+                 client_state: dict, exclude_frozen: bool) -> dict[str, dict]:
     """Writes this rank's shard (and its part's model file on a model writer); returns their
-    manifest entries."""
+    manifest entries. `exclude_frozen`: the module state without the frozen parameters."""
     # The one collective first (stage 3 gathers unit by unit), so that a write failing on one
     # rank cannot leave the others waiting in it.
     module_state = (engine.module.state_dict() if engine._stage3 is None else
                     stage3.full_state_dict(engine._stage3, engine.module, keep=model_writer))
+    if exclude_frozen:
+        frozen = sharding.frozen_names(engine.module)
+        module_state = {name: value for name, value in module_state.items()
+                        if name not in frozen}
     core = engine.core
     groups = [{"master": core.group_master_shard(g),
                "state": dict(core.group_optimizer_state(g))}  # copies

@@ -417,9 +417,14 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             print(format_report(report), flush=True)
 
     # ---- checkpoints -----------------------------------------------------------------------
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True):
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
+                        exclude_frozen_parameters=False):
+        """`exclude_frozen_parameters` (the HF Trainer passes it for a PEFT model): the
+        module state leaves out the frozen parameters, which the model rebuilds from its
+        pretrained weights (load with load_module_strict=False)."""
         self._alive("save_checkpoint")
-        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest)
+        return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest,
+                               exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
@@ -498,8 +503,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         if dist.get_rank() != 0:
             return None
         if exclude_frozen_parameters:
-            frozen = {name for name, p in self.module.named_parameters(remove_duplicate=False)
-                      if not p.requires_grad}  # every name of a tied one
+            frozen = sharding.frozen_names(self.module)
             state = {name: value for name, value in state.items() if name not in frozen}
         return state
 

@@ -254,6 +254,12 @@ def shared_parameters(model: nn.Module) -> frozenset:
     return frozenset(key for key, names in names_by_id(model).items() if len(names) > 1)
 
 
+def frozen_names(model: nn.Module) -> set[str]:
+    """Every name of the model's frozen (requires_grad False) parameters, a tied one's all."""
+    return {name for name, param in model.named_parameters(remove_duplicate=False)
+            if not param.requires_grad}
+
+
 def names_by_id(model: nn.Module) -> dict[int, list[str]]:
     """id(parameter) -> its names in the model (tied parameters have several), in order."""
     names: dict[int, list[str]] = {}
