@@ -171,6 +171,28 @@ def test_trainer_resumes_from_its_checkpoint_on_the_same_curve(tmp_path):
     assert resumed["eval"]["eval_loss"] == pytest.approx(whole["eval"]["eval_loss"], rel=2e-3)
 
 
+def test_a_peft_model_at_stage3_checkpoints_its_adapters_alone_and_resumes_on_its_curve(
+        tmp_path):
+    """PEFT LoRA at stage 3: the frozen GPT-2 is partitioned (zero's frozen group); the
+    Trainer saves with exclude_frozen_parameters=True, so the checkpoint's module state holds
+    the adapters alone, and resuming (load_module_strict=False, the base rebuilt by the
+    script) follows the uninterrupted run."""
+    pytest.importorskip("peft")
+    config = str(EXAMPLES / "ds_zero3.json")
+    whole = run_trainer(tmp_path / "whole", "--deepspeed", config, "--lora", "4")
+    checkpoint = tmp_path / "whole" / "checkpoint-4"
+    tag = (checkpoint / "latest").read_text().strip()
+    module = torch.load(checkpoint / tag / "model_states.pt",
+                        weights_only=False)["module"]
+    assert module and all("lora_" in name for name in module), sorted(module)[:5]
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(checkpoint, resumed_dir / "checkpoint-4")
+    resumed = run_trainer(resumed_dir, "--deepspeed", config, "--lora", "4",
+                          "--resume_from_checkpoint", str(resumed_dir / "checkpoint-4"))
+    assert step_losses(resumed) == pytest.approx(step_losses(whole), rel=2e-3)
+    assert step_losses(whole)[-1] < step_losses(whole)[0]
+
+
 def test_trainer_resumes_a_checkpoint_the_real_deepspeed_wrote(tmp_path):
     """The same script trained to step 4 by the HF Trainer on the real DeepSpeed 0.19.8
     (tests/deepspeed_checkpoints/make.py), resumed on zero: steps 5-8 and the final model are

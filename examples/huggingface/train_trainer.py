@@ -6,7 +6,8 @@
 A small GPT-2 built from its config (no download) learns a synthetic copy task; the loss of
 every step is in out/log_history.json. --resume_from_checkpoint resumes, --init_from loads a
 saved model with from_pretrained (under ZeRO-3 inside zero.Init, as the Trainer does),
---evaluate_first evaluates before training (--train false: only that). On a machine without a GPU, --bf16 needs
+--evaluate_first evaluates before training (--train false: only that), --lora R trains PEFT LoRA
+adapters of rank R on the frozen model. On a machine without a GPU, --bf16 needs
 --use_cpu true (transformers' rule, with DeepSpeed as with zero).
 """
 import dataclasses
@@ -25,6 +26,7 @@ class ScriptArguments:
     evaluate_first: bool = dataclasses.field(default=False,
                                              metadata={"help": "evaluate before training"})
     train: bool = dataclasses.field(default=True, metadata={"help": "false: evaluate only"})
+    lora: int = dataclasses.field(default=0, metadata={"help": "> 0: PEFT LoRA of this rank"})
 
 
 def dataset(samples: int, seed: int = 1234) -> list[dict]:
@@ -47,6 +49,11 @@ def main():
     else:
         model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=96,
                                            n_positions=32))
+    if script_args.lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=script_args.lora, lora_alpha=2 * script_args.lora,
+                                                 target_modules=["c_attn", "c_fc"],
+                                                 lora_dropout=0.0, fan_in_fan_out=True))
     data = dataset(script_args.samples)
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:16])
     first = trainer.evaluate() if script_args.evaluate_first else None
