@@ -347,3 +347,30 @@ def _odd_frozen(rank, world):
 
 def test_integer_frozen_codes_stay_whole_and_quantized_codes_are_not_quantized_again():
     assert run_distributed(_odd_frozen, 2, timeout=120) == [4096, 4096]
+
+
+def _released_during_backward(rank, world):
+    """An untied GPT with its embeddings frozen: the root unit holds the frozen embeddings
+    and the trainable head. Seen from a later gradient of backward (blocks.0's): the head is
+    released once its gradients are in, the frozen part of the root stays to the end."""
+    import dataclasses
+
+    import zero
+
+    model = training.make_model(dataclasses.replace(training.MODEL, tie_embeddings=False),
+                                freeze_position_embedding=True)
+    model.token_embedding.weight.requires_grad_(False)
+    config = _config(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0)
+    engine, _, _, _ = zero.initialize(model=model, config=config)
+    seen = []
+    head, embedding = engine.module.head.weight, engine.module.token_embedding.weight
+    engine.module.blocks[0].attn.qkv.weight.register_post_accumulate_grad_hook(
+        lambda _: seen.append((head.numel(), embedding.numel())))
+    training.train_engine(engine, rank, world, 2, GAS)
+    return seen
+
+
+def test_a_units_trainable_parts_go_when_their_gradients_are_in_its_frozen_part_stays():
+    for seen in run_distributed(_released_during_backward, 2, timeout=120):
+        assert len(seen) == 2 * GAS
+        assert all(head == 0 and embedding > 0 for head, embedding in seen), seen

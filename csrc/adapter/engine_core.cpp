@@ -118,8 +118,12 @@ void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool bou
     const std::size_t local = target.layout().location(index).buffer;
     // Only a gradient that completes its unit's part can complete the unit.
     if (partitioned != nullptr && partitioned->pending_grads(local) == 0) {
-      for (const std::size_t unit : units_->completed_by(partitioned, local)) {
-        schedule_->after_backward(unit);
+      for (const auto& [unit, frozen_part] : units_->completed_by(partitioned, local)) {
+        if (frozen_part) {
+          schedule_->trained_parts_done(unit);
+        } else {
+          schedule_->after_backward(unit);
+        }
       }
     }
   }

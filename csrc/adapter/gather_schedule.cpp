@@ -276,6 +276,14 @@ void GatherSchedule::after_backward(std::size_t unit) {
   drop(unit);
 }
 
+void GatherSchedule::trained_parts_done(std::size_t unit) {
+  const UnitState& state = state_[unit];
+  if (!state.backward_open || state.uses != 1) return;  // a forward, hold or user has it too
+  const std::optional<std::int64_t> distance = reuse_distance(unit);
+  if (distance && *distance < options_.max_reuse_distance) return;  // kept whole for that
+  units_.release_trained(unit);
+}
+
 void GatherSchedule::end_backward() {
   verify(kEnd, 0, step_);
   restart(forward_);

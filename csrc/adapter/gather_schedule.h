@@ -73,6 +73,11 @@ class GatherSchedule {
   void after_forward(std::size_t unit);
   void before_backward(std::size_t unit);
   void after_backward(std::size_t unit);
+  // The unit's trainable parts have all their gradients while a frozen part may still serve
+  // the inputs' gradients (its backward stays open until after_backward): when nothing but
+  // its backward holds it and the recorded order does not reuse it soon, the trainable parts
+  // are released now (UnitStore::release_trained), the frozen part when the backward ends.
+  void trained_parts_done(std::size_t unit);
   void end_backward();
   bool in_backward() const { return in_backward_; }
 

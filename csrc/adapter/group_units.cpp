@@ -12,22 +12,28 @@ void GroupUnits::place(std::size_t unit, Stage3Group* group, std::size_t local) 
   parts_[unit].emplace_back(group, local);
 }
 
-std::vector<std::size_t> GroupUnits::completed_by(const Stage3Group* group,
-                                                  std::size_t local) const {
-  std::vector<std::size_t> done_units;
+std::vector<std::pair<std::size_t, bool>> GroupUnits::completed_by(const Stage3Group* group,
+                                                                   std::size_t local) const {
+  std::vector<std::pair<std::size_t, bool>> done_units;
   for (std::size_t u = 0; u < parts_.size(); ++u) {
     bool mine = false;
     bool done = true;
+    bool frozen = false;
     for (const auto& [g, l] : parts_[u]) {
       mine = mine || (g == group && l == local);
-      // A frozen part's weights may still be needed for the inputs' gradients after every
-      // trainable gradient of the unit is in (LoRA: the base layer's): such a unit is
-      // released when its backward ends (GatherSchedule::after_backward), not here.
-      done = done && g->pending_grads(l) == 0 && !g->frozen();
+      done = done && g->pending_grads(l) == 0;
+      frozen = frozen || g->frozen();
     }
-    if (mine && done) done_units.push_back(u);
+    if (mine && done) done_units.emplace_back(u, frozen);
   }
   return done_units;
+}
+
+void GroupUnits::release_trained(std::size_t unit) {
+  for (const auto& [group, local] : parts_[unit]) {
+    if (!group->frozen()) group->release(local);
+  }
+  trained_released_[unit] = true;
 }
 
 std::int64_t GroupUnits::numel(std::size_t unit) const {
@@ -38,7 +44,10 @@ std::int64_t GroupUnits::numel(std::size_t unit) const {
 
 bool GroupUnits::is_gathered(std::size_t unit) const {
   for (const auto& [group, local] : parts_[unit]) {
-    if (!group->is_gathered(local)) return false;
+    // (parts let go by release_trained: the unit is still held, by its frozen part)
+    if (!group->is_gathered(local) && !(trained_released_[unit] && !group->frozen())) {
+      return false;
+    }
   }
   return placed(unit);
 }
@@ -51,14 +60,17 @@ bool GroupUnits::is_in_flight(std::size_t unit) const {
 }
 
 void GroupUnits::fetch(std::size_t unit) {
+  trained_released_[unit] = false;
   for (const auto& [group, local] : parts_[unit]) group->fetch(local);
 }
 
 void GroupUnits::gather(std::size_t unit) {
+  trained_released_[unit] = false;
   for (const auto& [group, local] : parts_[unit]) group->gather(local);
 }
 
 void GroupUnits::release(std::size_t unit) {
+  trained_released_[unit] = false;
   for (const auto& [group, local] : parts_[unit]) group->release(local);
 }
 

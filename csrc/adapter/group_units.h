@@ -13,13 +13,16 @@ class Stage3Group;
 
 class GroupUnits : public UnitStore {
  public:
-  explicit GroupUnits(std::size_t unit_count) : parts_(unit_count) {}
+  explicit GroupUnits(std::size_t unit_count)
+      : parts_(unit_count), trained_released_(unit_count, false) {}
 
   // Model unit `unit` holds group-local unit `local` of `group`.
   void place(std::size_t unit, Stage3Group* group, std::size_t local);
-  // The units that (group, local) belongs to and whose gradients are now all reduced (none
-  // with a frozen part: those are released when their backward ends).
-  std::vector<std::size_t> completed_by(const Stage3Group* group, std::size_t local) const;
+  // The units that (group, local) belongs to and whose trainable parts now have all their
+  // gradients, each with whether it has a frozen part (whose weights may still serve the
+  // inputs' gradients: GatherSchedule::trained_parts_done, not after_backward).
+  std::vector<std::pair<std::size_t, bool>> completed_by(const Stage3Group* group,
+                                                         std::size_t local) const;
 
   std::size_t unit_count() const override { return parts_.size(); }
   bool placed(std::size_t unit) const override { return !parts_[unit].empty(); }
@@ -30,9 +33,11 @@ class GroupUnits : public UnitStore {
   void gather(std::size_t unit) override;
   void release(std::size_t unit) override;
   void read_ahead(std::size_t unit) override;
+  void release_trained(std::size_t unit) override;
 
  private:
   std::vector<std::vector<std::pair<Stage3Group*, std::size_t>>> parts_;
+  std::vector<bool> trained_released_;  // release_trained since the last fetch / release
 };
 
 }  // namespace zero::adapter
