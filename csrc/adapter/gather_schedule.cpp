@@ -131,7 +131,9 @@ void GatherSchedule::check_live_bound(std::size_t unit) const {
 }
 
 void GatherSchedule::fetch(std::size_t unit) {
-  if (!is_live(unit) && units_.placed(unit)) ++gathers_;
+  // (trainable parts let go by trained_parts_done are all-gathered again: a gather too)
+  if ((!is_live(unit) || state_[unit].trained_released) && units_.placed(unit)) ++gathers_;
+  state_[unit].trained_released = false;
   units_.fetch(unit);
   peak_gathered_numel_ = std::max(peak_gathered_numel_, gathered_numel());
 }
@@ -145,6 +147,7 @@ void GatherSchedule::gather(std::size_t unit) {
 
 void GatherSchedule::release(std::size_t unit) {
   state_[unit].kept = false;
+  state_[unit].trained_released = false;
   units_.release(unit);
 }
 
@@ -206,7 +209,8 @@ void GatherSchedule::drop(std::size_t unit) {
 
 void GatherSchedule::retire(std::size_t unit) {
   const std::optional<std::int64_t> distance = reuse_distance(unit);
-  if (distance && *distance < options_.max_reuse_distance) {
+  // (a unit whose trainable parts went is not kept: its reuse would gather them again)
+  if (distance && *distance < options_.max_reuse_distance && !state_[unit].trained_released) {
     state_[unit].kept = true;
     ++reuses_;
     return;
@@ -282,6 +286,7 @@ void GatherSchedule::trained_parts_done(std::size_t unit) {
   const std::optional<std::int64_t> distance = reuse_distance(unit);
   if (distance && *distance < options_.max_reuse_distance) return;  // kept whole for that
   units_.release_trained(unit);
+  state_[unit].trained_released = true;
 }
 
 void GatherSchedule::end_backward() {

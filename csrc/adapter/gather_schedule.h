@@ -113,6 +113,7 @@ class GatherSchedule {
     int uses = 0;                // forward calls, holds and external users running now
     bool backward_open = false;  // between before_backward and after_backward / grads_done
     bool kept = false;           // resident for a reuse coming soon
+    bool trained_released = false;  // trained_parts_done let its trainable parts go
     std::vector<std::size_t> externals;  // units gathered together with this one
   };
 
