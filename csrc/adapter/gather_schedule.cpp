@@ -101,7 +101,8 @@ void GatherSchedule::restart(Order& order) {
 // ---- residency ------------------------------------------------------------------------------
 
 bool GatherSchedule::is_live(std::size_t unit) const {
-  return units_.placed(unit) && units_.is_gathered(unit);
+  // (a unit whose trainable parts trained_parts_done let go is still held by its frozen part)
+  return units_.placed(unit) && (units_.is_gathered(unit) || state_[unit].trained_released);
 }
 
 std::int64_t GatherSchedule::inflight() const {

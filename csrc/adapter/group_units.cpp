@@ -33,7 +33,6 @@ void GroupUnits::release_trained(std::size_t unit) {
   for (const auto& [group, local] : parts_[unit]) {
     if (!group->frozen()) group->release(local);
   }
-  trained_released_[unit] = true;
 }
 
 std::int64_t GroupUnits::numel(std::size_t unit) const {
@@ -44,10 +43,7 @@ std::int64_t GroupUnits::numel(std::size_t unit) const {
 
 bool GroupUnits::is_gathered(std::size_t unit) const {
   for (const auto& [group, local] : parts_[unit]) {
-    // (parts let go by release_trained: the unit is still held, by its frozen part)
-    if (!group->is_gathered(local) && !(trained_released_[unit] && !group->frozen())) {
-      return false;
-    }
+    if (!group->is_gathered(local)) return false;
   }
   return placed(unit);
 }
@@ -60,17 +56,14 @@ bool GroupUnits::is_in_flight(std::size_t unit) const {
 }
 
 void GroupUnits::fetch(std::size_t unit) {
-  trained_released_[unit] = false;
   for (const auto& [group, local] : parts_[unit]) group->fetch(local);
 }
 
 void GroupUnits::gather(std::size_t unit) {
-  trained_released_[unit] = false;
   for (const auto& [group, local] : parts_[unit]) group->gather(local);
 }
 
 void GroupUnits::release(std::size_t unit) {
-  trained_released_[unit] = false;
   for (const auto& [group, local] : parts_[unit]) group->release(local);
 }
 

@@ -13,8 +13,7 @@ class Stage3Group;
 
 class GroupUnits : public UnitStore {
  public:
-  explicit GroupUnits(std::size_t unit_count)
-      : parts_(unit_count), trained_released_(unit_count, false) {}
+  explicit GroupUnits(std::size_t unit_count) : parts_(unit_count) {}
 
   // Model unit `unit` holds group-local unit `local` of `group`.
   void place(std::size_t unit, Stage3Group* group, std::size_t local);
@@ -37,7 +36,6 @@ class GroupUnits : public UnitStore {
 
  private:
   std::vector<std::vector<std::pair<Stage3Group*, std::size_t>>> parts_;
-  std::vector<bool> trained_released_;  // release_trained since the last fetch / release
 };
 
 }  // namespace zero::adapter

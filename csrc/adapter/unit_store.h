@@ -21,8 +21,9 @@ class UnitStore {
   virtual void fetch(std::size_t unit) = 0;       // starts the all-gather
   virtual void gather(std::size_t unit) = 0;      // ... and waits for it
   virtual void release(std::size_t unit) = 0;     // back to this rank's shard only
-  // The unit's parts of trainable parameters back to the shard, a frozen part kept (the unit
-  // still counts as gathered; the next fetch or gather brings them back). Sizes alone: none.
+  // The unit's parts of trainable parameters back to the shard, a frozen part kept (the
+  // schedule still counts the unit as gathered; the next fetch or gather brings them back).
+  // Sizes alone: nothing to do.
   virtual void release_trained(std::size_t /*unit*/) {}
   virtual void read_ahead(std::size_t unit) = 0;  // parameters on NVMe: start reading
 };
