@@ -183,6 +183,32 @@ def test_gathered_parameters_shows_whole_tensors_and_broadcasts_edits():
     assert results[0][1] is True
 
 
+def _kept_from_inside(rank, world, save_path):
+    import zero.compat.deepspeed as deepspeed
+
+    engine = _make(rank)
+    weight = engine.module.blocks[1].mlp[0].weight
+    with deepspeed.zero.GatheredParameters([weight]):
+        kept = weight.data.cpu()  # on a CPU machine the same tensor (DeepSpeed-Chat's save)
+        expected = weight.data.clone()
+    training.train_engine(engine, rank, world, 6, GAS)  # gathers that unit again, and changes it
+    with deepspeed.zero.GatheredParameters([weight]):
+        trained = weight.data.clone()
+    if rank == 0:
+        torch.save({"weight": kept}, save_path)
+    return torch.equal(kept, expected), torch.equal(kept, trained), tuple(kept.shape)
+
+
+def test_a_tensor_kept_from_inside_gathered_parameters_stays_whole_and_apart(tmp_path):
+    """DeepSpeed frees nothing a script still holds: a tensor taken inside the block keeps the
+    values it had there, after the block and after later gathers of its unit (it was emptied
+    in place, then filled with other values, and could not be saved)."""
+    results = run_distributed(_kept_from_inside, 2, args=(str(tmp_path / "kept.pt"),))
+    for same_as_inside, same_as_trained, shape in results:
+        assert same_as_inside and not same_as_trained and shape == (128, 32)
+    assert torch.load(tmp_path / "kept.pt")["weight"].shape == (128, 32)
+
+
 def _save_16bit_model(rank, world, save_dir):
     import zero
 

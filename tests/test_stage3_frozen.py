@@ -289,6 +289,34 @@ def test_quantized_frozen_weights_are_the_int8_code_of_each_ranks_piece():
     assert 0.7 * frozen_fp32 < saved < 0.76 * frozen_fp32  # fp32 -> int8 + scales: ~3/4 less
 
 
+def _edited_under_hpz(rank, world):
+    import zero.compat.deepspeed as deepspeed
+
+    engine = _engine(**QUANTIZED, zero_hpz_partition_size=2, stage3_max_reuse_distance=0)
+    training.train_engine(engine, rank, world, 1, GAS)  # each unit's hpZ copy is made
+    weight = engine.module.blocks[0].mlp[0].base.weight  # a partitioned frozen weight
+    with deepspeed.zero.GatheredParameters([weight], modifier_rank=0):
+        edit = torch.linspace(-1, 1, weight.numel()).view_as(weight)
+        if rank == 0:
+            with torch.no_grad():
+                weight.copy_(edit)
+    with deepspeed.zero.GatheredParameters([weight]):
+        from_copies = weight.detach().clone()  # within the hpZ group, from its copies
+    engine.offload_states()
+    engine.reload_states()  # the copies are dropped
+    with deepspeed.zero.GatheredParameters([weight]):
+        from_shards = weight.detach().clone()  # from every rank's packed piece
+    return torch.equal(from_copies, from_shards), torch.equal(from_shards, edit)
+
+
+def test_an_edit_of_quantized_frozen_weights_reads_the_same_from_hpz_copies_and_shards():
+    """A commit under hpZ used to leave the edit's exact values in the secondary copies while
+    the shards kept its int8 code: gathers gave the one or the other depending on whether the
+    copies were still there."""
+    for same, exact in run_distributed(_edited_under_hpz, 4, timeout=120):
+        assert same and not exact
+
+
 def _quantized_on_nvme(rank, world, path):
     with pytest.raises(ValueError, match="zero_quantized_nontrainable_weights with "
                                          "offload_param.device \"nvme\""):

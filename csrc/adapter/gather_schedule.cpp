@@ -146,10 +146,14 @@ void GatherSchedule::gather(std::size_t unit) {
   check_live_bound(unit);
 }
 
-void GatherSchedule::release(std::size_t unit) {
+void GatherSchedule::release(std::size_t unit, bool after_hold) {
   state_[unit].kept = false;
   state_[unit].trained_released = false;
-  units_.release(unit);
+  if (after_hold) {
+    units_.release_after_hold(unit);
+  } else {
+    units_.release(unit);
+  }
 }
 
 void GatherSchedule::make_room(std::int64_t numel) {
@@ -314,7 +318,7 @@ void GatherSchedule::hold(std::size_t unit) {
 void GatherSchedule::unhold(std::size_t unit) {
   TORCH_CHECK(unit < state_.size() && state_[unit].uses > 0, "zero: unit ", unit,
               " is not held");
-  if (--state_[unit].uses == 0 && !state_[unit].backward_open) release(unit);
+  if (--state_[unit].uses == 0 && !state_[unit].backward_open) release(unit, /*after_hold=*/true);
 }
 
 void GatherSchedule::release_unused() {

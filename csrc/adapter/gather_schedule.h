@@ -129,7 +129,7 @@ class GatherSchedule {
   void make_room(std::int64_t numel);
   void gather(std::size_t unit);
   void fetch(std::size_t unit);
-  void release(std::size_t unit);
+  void release(std::size_t unit, bool after_hold = false);  // after_hold: UnitStore::release_after_hold
   bool is_live(std::size_t unit) const;
   std::int64_t inflight() const;
   std::int64_t unit_numel(std::size_t unit) const;

@@ -67,6 +67,10 @@ void GroupUnits::release(std::size_t unit) {
   for (const auto& [group, local] : parts_[unit]) group->release(local);
 }
 
+void GroupUnits::release_after_hold(std::size_t unit) {
+  for (const auto& [group, local] : parts_[unit]) group->release(local, /*leave_shared=*/true);
+}
+
 void GroupUnits::read_ahead(std::size_t unit) {
   for (const auto& [group, local] : parts_[unit]) group->read_ahead(local);
 }

@@ -31,6 +31,7 @@ class GroupUnits : public UnitStore {
   void fetch(std::size_t unit) override;
   void gather(std::size_t unit) override;
   void release(std::size_t unit) override;
+  void release_after_hold(std::size_t unit) override;
   void read_ahead(std::size_t unit) override;
   void release_trained(std::size_t unit) override;
 

@@ -348,7 +348,7 @@ void Stage3Group::attach(std::size_t index) {
   }
 }
 
-void Stage3Group::release(std::size_t index) {
+void Stage3Group::release(std::size_t index, bool leave_shared) {
   Unit& unit = units_.at(index);
   if (!unit.resident) return;
   if (unit.in_flight) {  // never free a buffer a collective is still writing
@@ -358,7 +358,11 @@ void Stage3Group::release(std::size_t index) {
   }
   const at::TensorOptions options = model_options_;
   for (const std::size_t p : unit.params) params_[p].set_data(at::empty({0}, options));
-  free_storage(unit.gathered);
+  if (leave_shared && unit.gathered.storage().use_count() > 1) {
+    unit.gathered = at::Tensor();  // theirs now
+  } else {
+    free_storage(unit.gathered);
+  }
   unit.tracking.release();
   unit.resident = false;
 }
@@ -384,7 +388,12 @@ void Stage3Group::commit(std::size_t index) {
     store_piece(index, mine);
   }
   if (state_.has_master()) state_.write_master(layout_.shard_offset(index), mine);
-  if (unit.secondary_valid) keep_secondary(index);  // the gathered values are the new ones
+  if (!unit.secondary_valid) return;
+  if (packed()) {  // the shards hold the values' int8 code: copies are made again from them
+    unit.secondary_valid = false;
+  } else {
+    keep_secondary(index);  // the gathered values are the new ones
+  }
 }
 
 void Stage3Group::refresh_master() {

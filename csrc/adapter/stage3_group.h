@@ -70,7 +70,10 @@ class Stage3Group : public Group {
   void fetch(std::size_t unit);    // starts the all-gather (no-op if gathered or in flight)
   void read_ahead(std::size_t unit);  // NVMe: start reading the unit's shard (a hint)
   void gather(std::size_t unit);   // fetch + wait; the unit's parameters are full afterwards
-  void release(std::size_t unit);  // frees the gathered buffer; parameters become empty
+  // Frees the gathered buffer in place (autograd's saved views see it filled again at the next
+  // gather); parameters become empty. leave_shared: a buffer something else still references
+  // is not freed but let go, and the next gather makes a new one (GroupUnits::release_after_hold).
+  void release(std::size_t unit, bool leave_shared = false);
   bool is_gathered(std::size_t unit) const { return units_.at(unit).resident; }
   bool is_in_flight(std::size_t unit) const { return units_.at(unit).in_flight != nullptr; }
   // Trainable parameters of the unit whose gradients have not arrived in this backward.

@@ -21,6 +21,10 @@ class UnitStore {
   virtual void fetch(std::size_t unit) = 0;       // starts the all-gather
   virtual void gather(std::size_t unit) = 0;      // ... and waits for it
   virtual void release(std::size_t unit) = 0;     // back to this rank's shard only
+  // release, when a hold (GatheredParameters) ends: a gathered buffer that something outside
+  // the engine still references (a tensor a script kept from inside the block, as DeepSpeed
+  // allows) is left to it, not emptied in place, and the next gather makes a new one.
+  virtual void release_after_hold(std::size_t unit) { release(unit); }
   // The unit's parts of trainable parameters back to the shard, a frozen part kept (the
   // schedule still counts the unit as gathered; the next fetch or gather brings them back).
   // Sizes alone: nothing to do.
