@@ -131,7 +131,8 @@ BAD = [
     ("unsupported scalar", with_(sparse_gradients=True), "sparse_gradients", "DeepSpeed's default false"),
     ("unsupported zero key", with_(zero_optimization={"mics_hierarchical_params_gather": True}),
      "zero_optimization.mics_hierarchical_params_gather", "not supported yet"),
-    ("old bf16 spelling", with_(bfloat16={"enabled": True}), "bfloat16", "rename the block to \"bf16\""),
+    ("bf16 under both names", with_(bfloat16={"enabled": True}, bf16={"enabled": True}), "bfloat16",
+     "keep one block"),
     ("deprecated cpu_offload", with_(zero_optimization={"cpu_offload": True}), "zero_optimization.cpu_offload",
      "\"offload_optimizer\": {\"device\": \"cpu\"}"),
     ("unprefixed stage3 key", with_(zero_optimization={"max_live_parameters": 1e9}),
@@ -327,6 +328,22 @@ def test_adam_params_filled():
     opt = load_config(with_(optimizer={"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.99]}}), 2).optimizer
     assert dict(opt.params) == {"lr": 3e-4, "betas": (0.8, 0.99), "eps": 1e-8, "weight_decay": 0.0,
                                 "adam_w_mode": True, "torch_adam": False}
+
+
+def test_deepspeed_chats_config_is_read_as_deepspeed_reads_it():
+    """DeepSpeed-Chat's get_train_ds_config writes the "bfloat16" block (DeepSpeed reads it when
+    "bf16" is absent, without a word) and memory_efficient_linear false (zero runs torch's
+    linear whatever the value), beside switched-off hybrid_engine and tensorboard blocks."""
+    config = with_(bfloat16={"enabled": True},
+                   zero_optimization={"stage": 2, "memory_efficient_linear": False,
+                                      "stage3_param_persistence_threshold": 1e4},
+                   hybrid_engine={"enabled": False, "max_out_tokens": 512, "inference_tp_size": 1},
+                   tensorboard={"enabled": False, "output_path": "tb/", "job_name": "step1"})
+    cfg = load_config(config, 2)
+    assert cfg.bf16.enabled and cfg.precision == "bf16"
+    assert load_config(with_(bfloat16={"enabled": False}), 2).precision == "fp32"
+    with pytest.raises(ConfigError, match=r"bf16\.enable = true: unknown key"):
+        load_config(with_(bfloat16={"enable": True}), 2)  # checked as the bf16 block
 
 
 def test_unsupported_keys_at_default_are_accepted():

@@ -35,6 +35,7 @@ from .engine_getters import EngineGetters
 from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import build_report, state_layouts
 from .monitor import Watch
+from .monitor.throughput import ThroughputTimer
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
 from .optimizer import (TORCH_CONFIG_TYPES, OptimizerSpec, ZeroOptimizer, check_external,
                         fill_initial_state, torch_optimizer)
@@ -148,6 +149,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary
         self._final_report_step = None  # destroy() writes a final report unless one was
         self._watch = Watch(self)  # monitors, wall_clock_breakdown, comms_logger, flops_profiler
+        self.tput_timer = ThroughputTimer(self.train_batch_size(), config.steps_per_print,
+                                          self.device, report=dist.get_rank() == 0)
         _LIVE_ENGINES.add(self)
 
     # ---- DeepSpeed's engine surface -------------------------------------------------------
@@ -164,8 +167,22 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                 "does for generation) and not put back: put them back with "
                 "engine.optimizer.parameter_offload._register_deepspeed_module(engine.module) "
                 "(TRL's add_hooks) before the engine's forward")
+        self.tput_timer.start()
         with self._watch.phase(FORWARD):
             return self.module(*inputs, **kwargs)
+
+    def __getattr__(self, name: str):
+        """What the engine lacks is the model's, as DeepSpeed's engine passes it through
+        (`engine.config` of an HF model is the engine's own; `engine.gradient_checkpointing_enable()`,
+        `engine.model` are the model's)."""
+        try:
+            return super().__getattr__(name)  # the engine's own parameters, buffers and modules
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is None or name.startswith("__") or not hasattr(module, name):
+                raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}', nor "
+                                     f"has its model ({type(module).__name__})") from None
+        return getattr(module, name)
 
     @property
     def monitor(self):
@@ -288,9 +305,11 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         with self._watch.phase(STEP):
             self.micro_steps += 1
             self.global_samples += self.train_micro_batch_size_per_gpu() * self.world_size
-            if not boundary:
-                return
-            self._optimizer_step(lr_kwargs)
+            if boundary:
+                self._optimizer_step(lr_kwargs)
+        self.tput_timer.stop(global_step=boundary)
+        if not boundary:
+            return
         self._watch.after_step()
         self._maybe_report()
 

@@ -105,9 +105,11 @@ DIFFERENCES = """\
   models coerce some of them).
 * `"auto"` is accepted only by the keys listed above; DeepSpeed's sub-configs silently drop
   it everywhere, and its top-level keys pass it through until something crashes.
-* Deprecated spellings DeepSpeed still accepts with a warning (`bfloat16`, `cpu_offload`,
+* Deprecated spellings DeepSpeed still accepts with a warning (`cpu_offload`,
   `cpu_offload_param`, `cpu_offload_use_pin_memory`, `stage3_gather_fp16_weights_on_model_save`,
   `aio.thread_count`, the `stage3_*` keys without their prefix) are errors naming the new key.
+  The one exception is a block DeepSpeed reads under its old name without a word, which zero reads
+  the same way: `bfloat16` for `bf16` (DeepSpeed-Chat writes it); both names together are an error.
 * Features zero has not built yet are errors, not no-ops. In particular NVMe offload is never
   silently treated as CPU offload, and `device: "nvme"` requires `nvme_path`.
 * Settings DeepSpeed ignores are errors: `offload_param` or NVMe optimizer offload below

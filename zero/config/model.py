@@ -78,6 +78,7 @@ class ZeroOptimizationConfig:
     mics_shard_size: int  # resolved: from dp_shard_size / dp_replicate_size when those are given
     dp_shard_size: int
     dp_replicate_size: int
+    memory_efficient_linear: bool  # read by nobody: zero runs torch's linear either way
 
 
 @dataclass(frozen=True)

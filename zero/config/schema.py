@@ -588,7 +588,10 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _stage3(INT, "dp_replicate_size", -1, "zero only, FSDP2 / Accelerate naming of MiCS (HSDP): the "
             "shard groups that replicate; shard size = world size / dp_replicate_size. -1: not given.",
             minimum=-1, maximum=MAX_BUFFERS),
-    _unsupported(BOOL, "memory_efficient_linear", True, "Stage 3 memory-efficient linear."),
+    _bool("memory_efficient_linear", True, "DeepSpeed: at stage 3, swap torch's linear for its own autograd "
+          "function. zero always runs torch's own linear (DeepSpeed's false) and lets a gathered weight go "
+          "after its forward either way: both values are accepted (DeepSpeed-Chat writes false) and change "
+          "nothing."),
     _unsupported(BOOL, "pipeline_loading_checkpoint", False, "Stage 3 pipelined checkpoint loading."),
     _unsupported(BOOL, "override_module_apply", True, "Stage 3 nn.Module.apply override."),
     _unsupported(BOOL, "log_trace_cache_warnings", False, "Stage 3 trace-cache warnings."),
@@ -871,10 +874,14 @@ TOP = Block("", "Top-level keys.", (
 
 # --------------------------------------------------------------------------- renamed keys
 
+# Old names of top-level blocks that DeepSpeed reads, silently, when the new name is absent
+# (its get_bfloat16_config); DeepSpeed-Chat still writes "bfloat16". zero reads them the same
+# way, and refuses a config that gives both names.
+ALIASES = {"bfloat16": "bf16"}
+
 # Spellings DeepSpeed still accepts (with a deprecation warning) or that belong
 # elsewhere: zero rejects them with the fix instead of guessing.
 RENAMED = {
-    "bfloat16": "DeepSpeed's deprecated spelling; rename the block to \"bf16\"",
     "zero_optimization.cpu_offload": "deprecated in DeepSpeed; use \"offload_optimizer\": {\"device\": \"cpu\"}",
     "zero_optimization.cpu_offload_param": "deprecated in DeepSpeed; use \"offload_param\": {\"device\": \"cpu\"}",
     "zero_optimization.cpu_offload_use_pin_memory": "deprecated in DeepSpeed; set \"pin_memory\" inside "

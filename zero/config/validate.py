@@ -651,6 +651,21 @@ def _resolve_memory_report(values):
         report["every_n_steps"] = values["steps_per_print"]
 
 
+def _read_aliases(v, raw):
+    """The config with each block given under its old name (schema.ALIASES) renamed, as DeepSpeed reads it."""
+    renamed = dict(raw)
+    for old, new in schema.ALIASES.items():
+        if old not in raw:
+            continue
+        block = renamed.pop(old)
+        if new in raw:
+            v.error(old, block, f"given beside \"{new}\", its new name",
+                    f"keep one block (DeepSpeed reads \"{new}\" and ignores this one)")
+        else:
+            renamed[new] = block
+    return renamed
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -659,7 +674,7 @@ def validate(raw, world_size, features, source=None):
     if not isinstance(raw, Mapping):
         raise ConfigError([f"<root> = {_show(raw)}: expected a JSON object"], source)
     v = _Validator(features)
-    values = v.block(schema.TOP, raw, "")
+    values = v.block(schema.TOP, _read_aliases(v, raw), "")
     if v.dotted:  # DeepSpeed ignores every unknown top-level key
         _note_once(f"top-level keys {', '.join(v.dotted)} ignored, as DeepSpeed ignores them "
                    "(it reads no dotted paths); to set one, write it inside its block")

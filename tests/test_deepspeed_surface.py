@@ -1,0 +1,123 @@
+"""What DeepSpeed scripts reach for beside initialize (DeepSpeed-Chat's step 1 uses each): the
+names at the package's top, deepspeed.compression.helper, get_accelerator()'s calls answered as
+DeepSpeed's CPU accelerator answers them, the engine passing what it lacks to its model, and
+the engine's throughput timer. tests/test_deepspeed_scripts.py runs them together in a script."""
+import pytest
+import torch
+
+import zero.compat.deepspeed as deepspeed
+from distributed_harness import run_distributed
+from zero.compat.deepspeed.utils.module_utils import recursive_getattr, recursive_setattr
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_the_package_top_has_deepspeeds_common_names():
+    from zero.compat.deepspeed.accelerator import get_accelerator
+    from zero.pipe import PipelineModule
+
+    assert deepspeed.get_accelerator is get_accelerator
+    assert deepspeed.PipelineModule is PipelineModule
+    assert deepspeed.log_dist is deepspeed.utils.log_dist
+    assert deepspeed.logger is deepspeed.utils.logger
+    assert deepspeed.utils.recursive_getattr is recursive_getattr
+
+
+def test_the_helpers_old_home_still_answers_with_deepspeeds_warning():
+    import importlib
+    import sys
+
+    sys.modules.pop("zero.compat.deepspeed.compression.helper", None)
+    with pytest.warns(FutureWarning, match="deepspeed.compression.helper is deprecated"):
+        helper = importlib.import_module("zero.compat.deepspeed.compression.helper")
+    assert (helper.recursive_getattr, helper.recursive_setattr) == \
+        (recursive_getattr, recursive_setattr)
+
+
+def test_recursive_getattr_and_setattr_follow_a_dotted_path():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.Linear(3, 4)))
+    assert recursive_getattr(model, "1.0") is model[1][0]
+    assert recursive_getattr(model, "1.0.weight") is model[1][0].weight
+    replacement = torch.nn.Identity()
+    recursive_setattr(model, "1.0", replacement)
+    assert model[1][0] is replacement
+    recursive_setattr(model, "0", replacement)
+    assert model[0] is replacement
+    with pytest.raises(AttributeError):
+        recursive_getattr(model, "1.missing")
+
+
+def test_the_accelerator_answers_as_deepspeeds_cpu_accelerator():
+    accelerator = deepspeed.get_accelerator()
+    assert accelerator is deepspeed.get_accelerator()  # one object, as DeepSpeed's
+    assert (accelerator._name, accelerator.device_name(), accelerator.device_name(1)) == \
+        ("cpu", "cpu", "cpu")
+    accelerator.set_device(1)  # nothing to set on the CPU
+    assert accelerator.current_device_name() == "cpu" and accelerator.device_count() == 1
+    assert accelerator.Stream is None and accelerator.Event is None
+    assert accelerator.current_stream() is None
+    with accelerator.stream(accelerator.current_stream()):
+        pass
+    assert accelerator.on_accelerator(torch.zeros(1))
+    assert torch.bfloat16 in accelerator.supported_dtypes()
+    state = accelerator.get_rng_state()
+    first = torch.rand(3)
+    accelerator.set_rng_state(state)
+    assert torch.equal(torch.rand(3), first)
+    resident = accelerator.memory_allocated()
+    assert 0 < resident <= accelerator.max_memory_allocated()
+    held = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB touched
+    assert accelerator.max_memory_allocated() >= resident + (60 << 20)
+    del held
+    accelerator.reset_peak_memory_stats()  # the peak is the resident set again
+    assert accelerator.max_memory_allocated() < resident + (60 << 20)
+    assert accelerator.total_memory() > accelerator.available_memory() > 0
+    assert accelerator.memory_stats()["allocated_bytes.all.peak"] > 0
+
+
+class _WithExtras(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Linear(4, 4)  # an HF causal LM's inner model has this name
+        self.note = "the model's"
+        self.checkpointing = False
+
+    def forward(self, x):
+        return self.model(x).sum()
+
+    def gradient_checkpointing_enable(self):
+        self.checkpointing = True
+
+
+def _pass_through(rank, world):
+    import zero
+
+    model = _WithExtras()
+    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 2,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+              "zero_optimization": {"stage": 2}}
+    engine, _, _, _ = zero.initialize(model=model, config=config)
+    engine.gradient_checkpointing_enable()
+    seen = (engine.model is model.model, engine.note, model.checkpointing,
+            engine.config is not model)  # the engine's own names come first
+    with pytest.raises(AttributeError, match="'ZeroEngine' object has no attribute 'missing', "
+                                             r"nor has its model \(_WithExtras\)"):
+        engine.missing
+    for _ in range(4):
+        engine.backward(engine(torch.ones(2, 4)))
+        engine.step()
+    engine.tput_timer.update_epoch_count()
+    timer = engine.tput_timer
+    return seen, (timer.global_step_count, timer.epoch_count, timer.avg_samples_per_sec() > 0)
+
+
+def test_the_engine_passes_what_it_lacks_to_its_model_and_times_its_steps(capfd):
+    """DeepSpeed's engine.__getattr__: engine.model, engine.gradient_checkpointing_enable() are
+    the model's. tput_timer times steps from the third on and prints on rank 0 every
+    steps_per_print steps."""
+    for seen, timer in run_distributed(_pass_through, 2):
+        assert seen == (True, "the model's", True, True)
+        assert timer == (4, 1, True)
+    printed = capfd.readouterr().out
+    assert printed.count("RunningAvgSamplesPerSec=") == 1  # step 4 (step 2 is before timing)
+    assert "epoch=0/micro_step=4/global_step=4, RunningAvgSamplesPerSec=" in printed
