@@ -2,6 +2,9 @@
 names at the package's top, deepspeed.compression.helper, get_accelerator()'s calls answered as
 DeepSpeed's CPU accelerator answers them, the engine passing what it lacks to its model, and
 the engine's throughput timer. tests/test_deepspeed_scripts.py runs them together in a script."""
+import contextlib
+import io
+
 import pytest
 import torch
 
@@ -103,21 +106,25 @@ def _pass_through(rank, world):
     with pytest.raises(AttributeError, match="'ZeroEngine' object has no attribute 'missing', "
                                              r"nor has its model \(_WithExtras\)"):
         engine.missing
-    for _ in range(4):
-        engine.backward(engine(torch.ones(2, 4)))
-        engine.step()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        for _ in range(4):
+            engine.backward(engine(torch.ones(2, 4)))
+            engine.step()
     engine.tput_timer.update_epoch_count()
     timer = engine.tput_timer
-    return seen, (timer.global_step_count, timer.epoch_count, timer.avg_samples_per_sec() > 0)
+    return seen, (timer.global_step_count, timer.epoch_count, timer.avg_samples_per_sec() > 0), \
+        printed.getvalue()
 
 
-def test_the_engine_passes_what_it_lacks_to_its_model_and_times_its_steps(capfd):
+def test_the_engine_passes_what_it_lacks_to_its_model_and_times_its_steps():
     """DeepSpeed's engine.__getattr__: engine.model, engine.gradient_checkpointing_enable() are
     the model's. tput_timer times steps from the third on and prints on rank 0 every
     steps_per_print steps."""
-    for seen, timer in run_distributed(_pass_through, 2):
-        assert seen == (True, "the model's", True, True)
-        assert timer == (4, 1, True)
-    printed = capfd.readouterr().out
-    assert printed.count("RunningAvgSamplesPerSec=") == 1  # step 4 (step 2 is before timing)
-    assert "epoch=0/micro_step=4/global_step=4, RunningAvgSamplesPerSec=" in printed
+    (seen, timer, printed), (_, _, printed_by_rank_1) = run_distributed(_pass_through, 2)
+    assert seen == (True, "the model's", True, True)
+    assert timer == (4, 1, True)
+    throughput = [line for line in printed.splitlines() if "RunningAvgSamplesPerSec=" in line]
+    assert len(throughput) == 1  # step 4 (step 2 comes before the timing starts)
+    assert throughput[0].startswith("epoch=0/micro_step=4/global_step=4, RunningAvgSamplesPerSec=")
+    assert "RunningAvgSamplesPerSec=" not in printed_by_rank_1

@@ -39,6 +39,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import agreement
+from .stage3_root_parts import RootParts
 
 
 @dataclass
@@ -228,6 +229,7 @@ class Stage3Hooks:
         self._step = step_counter     # callable: the engine's global step
         self._handles = []
         self._linked: set[tuple[int, int]] = set()
+        self._root_parts = RootParts(self, plan.modules[0][1], RootParts.owners(plan, partitioned))
         for unit in range(len(plan.modules)):
             for part in placement.get(unit, ()):
                 core.place(unit, part.group, part.local, part.frozen)
@@ -249,6 +251,7 @@ class Stage3Hooks:
                 self._handles.append(module.register_forward_pre_hook(
                     self._pre_forward(unit), with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._post_forward(unit)))
+        self._handles += self._root_parts.attach()  # (after the root's own: see module_hooks_attached)
 
     def detach_module_hooks(self) -> None:
         """Takes the module hooks off: the model then runs on what its parameters hold now
@@ -290,6 +293,14 @@ class Stage3Hooks:
         for part in self.placement.get(unit, ()):
             self._core.commit(part.group, part.local, part.frozen)
 
+    def attach_post_backward(self, unit: int, value):
+        """`value` with its tensors routed through the unit's end-of-backward trigger."""
+        return _map_tensors(value, lambda tensors: self._core.attach_post_backward(unit, tensors))
+
+    def attach_pre_backward(self, unit: int, value):
+        """`value` with its tensors routed through the unit's start-of-backward trigger."""
+        return _map_tensors(value, lambda tensors: self._core.attach_pre_backward(unit, tensors))
+
     def unit_params(self, unit: int):
         """(param, [names]) of the partitioned parameters of one unit."""
         for param_id, param in self.partitioned.items():
@@ -311,10 +322,7 @@ class Stage3Hooks:
                 return None
             training = torch.is_grad_enabled()
             hooks._core.before_forward(unit, hooks._step(), training)
-            if not training:
-                return None
-            attach = lambda tensors: hooks._core.attach_post_backward(unit, tensors)  # noqa: E731
-            return _map_tensors((args, kwargs), attach)
+            return hooks.attach_post_backward(unit, (args, kwargs)) if training else None
         return hook
 
     def _post_forward(self, unit):
@@ -325,9 +333,7 @@ class Stage3Hooks:
             if hooks is None:
                 return None
             hooks._core.after_forward(unit)
-            if not torch.is_grad_enabled():
-                return None
-            return _map_tensors(outputs, lambda ts: hooks._core.attach_pre_backward(unit, ts))
+            return hooks.attach_pre_backward(unit, outputs) if torch.is_grad_enabled() else None
         return hook
 
     def remove(self) -> None:
