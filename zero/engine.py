@@ -23,7 +23,7 @@ from torch import nn
 import offload
 from offload import disk_space
 
-from . import _C, agreement, process_groups, sharding, stage3
+from . import _C, agreement, hybrid_engine, process_groups, sharding, stage3
 from . import init as zero_init
 from . import offload_states as states_offload
 from .parallel import data_group
@@ -149,6 +149,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary
         self._final_report_step = None  # destroy() writes a final report unless one was
         self._watch = Watch(self)  # monitors, wall_clock_breakdown, comms_logger, flops_profiler
+        hybrid_engine.take_over_generate(model, config.hybrid_engine, self._stage3)
         self.tput_timer = ThroughputTimer(self.train_batch_size(), config.steps_per_print,
                                           self.device, report=dist.get_rank() == 0)
         _LIVE_ENGINES.add(self)
@@ -179,9 +180,11 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             return super().__getattr__(name)  # the engine's own parameters, buffers and modules
         except AttributeError:
             module = self.__dict__.get("_modules", {}).get("module")
-            if module is None or name.startswith("__") or not hasattr(module, name):
-                raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}', nor "
-                                     f"has its model ({type(module).__name__})") from None
+            if module is None or name.startswith("__"):
+                raise
+        if not hasattr(module, name):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}', nor has "
+                                 f"its model ({type(module).__name__})")
         return getattr(module, name)
 
     @property

@@ -357,6 +357,27 @@ def _map_tensors(value, fn):
     return tree_unflatten(leaves, spec)
 
 
+@contextlib.contextmanager
+def whole_model(hooks: Stage3Hooks):
+    """Every unit gathered at once and the module hooks off (put back after, if they were on):
+    inside, the model runs as a plain module on whole parameters (the hybrid engine's generate).
+    Collective: every rank enters it."""
+    held = []
+    hooked = hooks.module_hooks_attached()
+    try:
+        for unit in range(len(hooks.plan.modules)):
+            hooks.hold(unit)
+            held.append(unit)
+        if hooked:
+            hooks.detach_module_hooks()
+        yield
+    finally:
+        if hooked:
+            hooks.attach_module_hooks()
+        for unit in reversed(held):
+            hooks.unhold(unit)
+
+
 def each_gathered_unit(hooks: Stage3Hooks):
     """Yields every unit index while that unit (and only it) is gathered."""
     for unit in range(len(hooks.plan.modules)):

@@ -139,11 +139,11 @@ void GatherSchedule::fetch(std::size_t unit) {
   peak_gathered_numel_ = std::max(peak_gathered_numel_, gathered_numel());
 }
 
-void GatherSchedule::gather(std::size_t unit) {
+void GatherSchedule::gather(std::size_t unit, bool bounded) {
   if (!is_live(unit)) make_room(unit_numel(unit));
   fetch(unit);
   units_.gather(unit);
-  check_live_bound(unit);
+  if (bounded) check_live_bound(unit);
 }
 
 void GatherSchedule::release(std::size_t unit, bool after_hold) {
@@ -312,7 +312,7 @@ void GatherSchedule::hold(std::size_t unit) {
   verify(kHold, unit, step_);
   ++state_[unit].uses;
   state_[unit].kept = false;
-  gather(unit);
+  gather(unit, /*bounded=*/false);  // a hold asks for the unit whatever else is gathered
 }
 
 void GatherSchedule::unhold(std::size_t unit) {

@@ -127,7 +127,9 @@ class GatherSchedule {
   void retire(std::size_t unit);
   std::optional<std::int64_t> reuse_distance(std::size_t unit) const;
   void make_room(std::int64_t numel);
-  void gather(std::size_t unit);
+  // bounded: more than max_live_numel gathered is an error (forward and backward; a hold is
+  // never refused: GatheredParameters over a whole model, as DeepSpeed's, which never refuses)
+  void gather(std::size_t unit, bool bounded = true);
   void fetch(std::size_t unit);
   void release(std::size_t unit, bool after_hold = false);  // after_hold: UnitStore::release_after_hold
   bool is_live(std::size_t unit) const;

@@ -215,6 +215,15 @@ class CommsLoggerConfig:
 
 
 @dataclass(frozen=True)
+class HybridEngineConfig:
+    enabled: bool
+    max_out_tokens: int  # DeepSpeed's kernels' workspace: no effect in zero
+    release_inference_cache: bool  # no effect in zero
+    pin_parameters: bool
+    tp_gather_partition_size: int  # tensor-parallel generation only: no effect in zero
+
+
+@dataclass(frozen=True)
 class FlopsProfilerConfig:
     enabled: bool
     recompute_fwd_factor: float
@@ -256,6 +265,7 @@ class ZeroConfig:
     comet: CometConfig
     comms_logger: CommsLoggerConfig
     flops_profiler: FlopsProfilerConfig
+    hybrid_engine: HybridEngineConfig
     world_size: int
     enabled_features: FrozenSet[str]
     raw: Mapping[str, Any]  # the config as given (a private deep copy)
@@ -321,6 +331,7 @@ def build(values, raw, world_size, features):
         comet=_make(CometConfig, values["comet"]),
         comms_logger=_make(CommsLoggerConfig, values["comms_logger"]),
         flops_profiler=_make(FlopsProfilerConfig, values["flops_profiler"]),
+        hybrid_engine=_make(HybridEngineConfig, values["hybrid_engine"]),
         world_size=world_size,
         enabled_features=frozenset(features),
         raw=raw,
@@ -346,4 +357,5 @@ DATACLASS_FOR_BLOCK = {  # schema block path -> dataclass (for the schema/model 
     "comet": CometConfig,
     "comms_logger": CommsLoggerConfig,
     "flops_profiler": FlopsProfilerConfig,
+    "hybrid_engine": HybridEngineConfig,
 }

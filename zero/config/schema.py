@@ -534,7 +534,9 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "all: in model order, a small parameter that would pass it is partitioned (DeepSpeed's rule).",
             minimum=0, maximum=MAX_INT64, default_doc="sys.maxsize"),
     _stage3(INT, "stage3_max_live_parameters", 1_000_000_000, "Parameter elements resident per GPU before "
-            "releasing.", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
+            "releasing: kept units make way, and a forward or backward that needs more is an error. "
+            "Gathers asked for by name (GatheredParameters, state dicts, the hybrid engine's "
+            "generate) are never refused, as in DeepSpeed.", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_max_reuse_distance", 1_000_000_000, "Keep a unit gathered after use if the recorded "
             "order reuses it before this many elements of other units are gathered (0: never; "
             "kept units make way when stage3_max_live_parameters needs room).", minimum=0,
@@ -750,6 +752,24 @@ FLOPS_PROFILER = Block("flops_profiler", "DeepSpeed's FLOPs profiler (counts fro
     Key("output_file", STR, None, "File the profile is written to (null: standard output).", nullable=True),
 ))
 
+HYBRID_ENGINE = Block("hybrid_engine", "DeepSpeed's hybrid engine (RLHF: one actor that trains and "
+                     "generates; DeepSpeed-Chat's --enable_hybrid_engine). zero builds what it does for "
+                     "generation: at stage 3 the model's generate runs with every parameter gathered once, "
+                     "not layer by layer for every token (zero/hybrid_engine.py). DeepSpeed's inference "
+                     "kernels and tensor-parallel generation are not built: the model's own generate runs.", (
+    _bool("enabled", False, "Take over the model's generate (engine.module.generate), as DeepSpeed does."),
+    _int("max_out_tokens", 512, "DeepSpeed: its inference kernels' workspace, in tokens (zero runs the "
+         "model's own generate: no workspace, no effect).", minimum=1, maximum=MAX_ELEMENTS),
+    _unsupported(INT, "inference_tp_size", 1, "Tensor-parallel generation over this many ranks."),
+    _bool("release_inference_cache", False, "DeepSpeed: free its inference workspace after each generate "
+          "(zero keeps none: no effect)."),
+    _bool("pin_parameters", True, "At stage 3: gather every parameter once for a whole generate (true), or "
+          "layer by layer at every forward, ZeRO-3's usual way (false)."),
+    _int("tp_gather_partition_size", 8, "DeepSpeed: layers gathered at once for tensor-parallel generation "
+         "(only with inference_tp_size > 1: no effect).", minimum=1, maximum=MAX_BUFFERS),
+    _unsupported(BOOL, "enable_cuda_graph", False, "CUDA graphs for the decode steps."),
+))
+
 # --------------------------------------------------------------------------- checkpoint
 
 CHECKPOINT = Block("checkpoint", "DeepSpeed's checkpoint options (zero's checkpoint files: "
@@ -837,6 +857,7 @@ TOP = Block("", "Top-level keys.", (
     _block("comet", COMET, "Comet monitor (table below)."),
     _block("comms_logger", COMMS_LOGGER, "Communication logger (table below)."),
     _block("flops_profiler", FLOPS_PROFILER, "FLOPs profiler (table below)."),
+    _block("hybrid_engine", HYBRID_ENGINE, "RLHF hybrid engine: generate at stage 3 (table below)."),
     # DeepSpeed scalar keys zero does not implement: only their defaults are accepted.
     _unsupported(BOOL, "sparse_gradients", False, "CSR gradients for sparse embeddings."),
     _unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),
@@ -864,7 +885,6 @@ TOP = Block("", "Top-level keys.", (
     _section("autotuning", "Autotuner."),
     _section("elasticity", "Elastic training."),
     _section("data_types", "Gradient-accumulation / parameter dtypes."),
-    _section("hybrid_engine", "RLHF hybrid engine."),
     _section("compile", "torch.compile / DeepCompile."),
     _section("nebula", "Nebula checkpointing."),
     _section("timers", "Timer options."),

@@ -1,0 +1,38 @@
+"""DeepSpeed's hybrid engine (`"hybrid_engine": {"enabled": true}`, DeepSpeed-Chat's
+--enable_hybrid_engine): what zero builds of it.
+
+An RLHF actor trains under ZeRO and generates the experience it trains on. At stage 3 plain
+ZeRO gathers every layer for every generated token, one layer at a time. DeepSpeed's hybrid
+engine takes over the model's `generate` and, with `pin_parameters` (its default), gathers
+every parameter once for the whole call; so does zero's: the units are held for the call and
+the module hooks are off while the model's own generate runs, so the tokens cost no gathers and
+no per-layer bookkeeping. DeepSpeed also swaps in its inference kernels, fuses LoRA weights and
+can generate tensor-parallel (inference_tp_size); zero runs the model's own generate, LoRA
+unfused, on every rank alone. At stages 0-2 nothing is partitioned and generate runs as it is.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+
+from . import stage3
+
+
+def take_over_generate(model, config, hooks) -> None:
+    """With `config.enabled` (a HybridEngineConfig) and at stage 3 (`hooks`: the engine's
+    Stage3Hooks, None below stage 3), replaces `model.generate` by one that runs with the whole
+    model gathered (DeepSpeed's DeepSpeedHybridEngine.generate also replaces it)."""
+    original = getattr(model, "generate", None)
+    if not config.enabled or not config.pin_parameters or hooks is None or original is None:
+        return
+    owner = weakref.ref(hooks)  # the model keeps this function; it must not keep the engine
+
+    @functools.wraps(original)
+    def generate(*args, **kwargs):
+        hooks = owner()
+        if hooks is None or hooks.removed:  # the engine is gone: a plain model
+            return original(*args, **kwargs)
+        with stage3.whole_model(hooks):
+            return original(*args, **kwargs)
+
+    model.generate = generate
