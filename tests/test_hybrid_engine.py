@@ -47,6 +47,9 @@ def _run(rank, world, enabled):
     tokens = _generate(engine.module, rank, synced_gpus=True)  # DeepSpeed-Chat's call
     gathers = engine.core.schedule_stats().gathers - before
     released = all(p.numel() == 0 for p in engine.module.parameters())
+    # the handles TRL's remove_hooks would take off are still the model's hooks
+    handles = engine.optimizer.parameter_offload.forward_hooks
+    released = released and bool(handles) and all(h.id in h.hooks_dict_ref() for h in handles)
     ids = _prompt(rank)
     loss = engine(input_ids=ids, labels=ids).loss  # training goes on, hooks back on
     engine.backward(loss)

@@ -5,7 +5,7 @@ An RLHF actor trains under ZeRO and generates the experience it trains on. At st
 ZeRO gathers every layer for every generated token, one layer at a time. DeepSpeed's hybrid
 engine takes over the model's `generate` and, with `pin_parameters` (its default), gathers
 every parameter once for the whole call; so does zero's: the units are held for the call and
-the module hooks are off while the model's own generate runs, so the tokens cost no gathers and
+the module hooks idle while the model's own generate runs, so the tokens cost no gathers and
 no per-layer bookkeeping. DeepSpeed also swaps in its inference kernels, fuses LoRA weights and
 can generate tensor-parallel (inference_tp_size); zero runs the model's own generate, LoRA
 unfused, on every rank alone. At stages 0-2 nothing is partitioned and generate runs as it is.

@@ -230,6 +230,7 @@ class Stage3Hooks:
         self._handles = []
         self._linked: set[tuple[int, int]] = set()
         self._root_parts = RootParts(self, plan.modules[0][1], RootParts.owners(plan, partitioned))
+        self.suspended = False  # the module hooks do nothing (whole_model)
         for unit in range(len(plan.modules)):
             for part in placement.get(unit, ()):
                 core.place(unit, part.group, part.local, part.frozen)
@@ -318,7 +319,7 @@ class Stage3Hooks:
 
         def hook(_module, args, kwargs):
             hooks = this()
-            if hooks is None:
+            if hooks is None or hooks.suspended:
                 return None
             training = torch.is_grad_enabled()
             hooks._core.before_forward(unit, hooks._step(), training)
@@ -330,7 +331,7 @@ class Stage3Hooks:
 
         def hook(_module, _inputs, outputs):
             hooks = this()
-            if hooks is None:
+            if hooks is None or hooks.suspended:
                 return None
             hooks._core.after_forward(unit)
             return hooks.attach_pre_backward(unit, outputs) if torch.is_grad_enabled() else None
@@ -359,21 +360,17 @@ def _map_tensors(value, fn):
 
 @contextlib.contextmanager
 def whole_model(hooks: Stage3Hooks):
-    """Every unit gathered at once and the module hooks off (put back after, if they were on):
-    inside, the model runs as a plain module on whole parameters (the hybrid engine's generate).
-    Collective: every rank enters it."""
-    held = []
-    hooked = hooks.module_hooks_attached()
+    """Every unit gathered at once and the module hooks idle: inside, the model runs as a plain
+    module on whole parameters (the hybrid engine's generate). Collective: every rank enters it."""
+    held, suspended = [], hooks.suspended
     try:
         for unit in range(len(hooks.plan.modules)):
             hooks.hold(unit)
             held.append(unit)
-        if hooked:
-            hooks.detach_module_hooks()
+        hooks.suspended = True  # (not taken off: TRL's remove_hooks keeps the handles it saw)
         yield
     finally:
-        if hooked:
-            hooks.attach_module_hooks()
+        hooks.suspended = suspended
         for unit in reversed(held):
             hooks.unhold(unit)
 

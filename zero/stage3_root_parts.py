@@ -59,7 +59,7 @@ class RootParts:
 
     def _owner_enters(self, module, args, kwargs):
         hooks = self._hooks()
-        if self._root_running or hooks is None or hooks.removed:
+        if self._root_running or hooks is None or hooks.removed or hooks.suspended:
             return None
         hooks.hold(ROOT)
         self._holding.append(module)
