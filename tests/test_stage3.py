@@ -209,6 +209,31 @@ def test_a_tensor_kept_from_inside_gathered_parameters_stays_whole_and_apart(tmp
     assert torch.load(tmp_path / "kept.pt")["weight"].shape == (128, 32)
 
 
+def _two_engines(rank, world):
+    import zero.compat.deepspeed as deepspeed
+
+    actor, ema = _make(rank), _make(rank)  # DeepSpeed-Chat's actor and its EMA copy
+    pairs = list(zip(actor.module.parameters(), ema.module.parameters()))
+    expected = 0.0
+    with torch.no_grad():
+        for param, copy in pairs:  # its moving_average, the edit kept (modifier_rank)
+            with deepspeed.zero.GatheredParameters([param, copy], modifier_rank=0):
+                assert param.shape == copy.shape and param.numel() == copy.numel() > 0
+                copy.data.copy_(torch.lerp(param.data, copy.data, 0.5) + 1)
+                expected += float(copy.sum())
+    released = all(param.numel() == 0 or param.ds_persist for param, _ in pairs)
+    with deepspeed.zero.GatheredParameters(list(ema.module.parameters())):
+        return released, float(sum(copy.sum() for _, copy in pairs)), expected
+
+
+def test_gathered_parameters_over_two_engines_gathers_each_engines_own():
+    """GatheredParameters([an actor's parameter, its EMA copy's]) gathered only the first
+    engine's; the copy stayed empty. Now each engine gathers its own, and writes back its own."""
+    for released, total, expected in run_distributed(_two_engines, 2):
+        assert released
+        assert total == pytest.approx(expected, rel=1e-5)
+
+
 def _save_16bit_model(rank, world, save_dir):
     import zero
 

@@ -289,6 +289,19 @@ def test_quantized_frozen_weights_are_the_int8_code_of_each_ranks_piece():
     assert 0.7 * frozen_fp32 < saved < 0.76 * frozen_fp32  # fp32 -> int8 + scales: ~3/4 less
 
 
+def _quantized_under_init(rank, world):
+    engine = _engine(init=True, **QUANTIZED)  # zero.Init's parameters are zero's own class
+    return training.train_engine(engine, rank, world, 2, GAS)
+
+
+def test_quantized_frozen_weights_of_a_model_built_under_zero_init():
+    """DeepSpeed-Chat's --enable_mixed_precision_lora builds its actor under zero.Init (through
+    HfDeepSpeedConfig): its frozen base was refused as "already a quantized code"."""
+    built = run_distributed(_quantized_under_init, 2, timeout=120)[0]
+    whole = run_distributed(_quantized, 2, args=(2,), timeout=120)[0][0]
+    assert built == pytest.approx(whole, rel=1e-6)
+
+
 def _edited_under_hpz(rank, world):
     import zero.compat.deepspeed as deepspeed
 

@@ -195,9 +195,10 @@ def _frozen_float(param) -> bool:
 
 def _check_quantizable(params: list, names: dict) -> None:
     """zero_quantized_nontrainable_weights re-codes the frozen values as int8: a parameter of
-    a class of its own (bitsandbytes' Params4bit stored in bf16) holds codes already."""
+    a class of its own (bitsandbytes' Params4bit stored in bf16) holds codes already; zero's
+    own (a parameter zero.Init built) holds plain values."""
     odd = [(names[id(p)][0], type(p).__name__) for p in params
-           if type(p) not in (torch.nn.Parameter, torch.Tensor)]
+           if type(p) not in (torch.nn.Parameter, torch.Tensor, ds_param.ZeroParameter)]
     if odd:
         raise ValueError(
             f"zero: zero_optimization.zero_quantized_nontrainable_weights would quantize "

@@ -500,18 +500,32 @@ class GatheredParameters:
         self._context = None
 
     def __enter__(self):
+        self._context = contextlib.ExitStack()
+        if self._enabled:
+            with contextlib.ExitStack() as stack:  # (a failed gather lets go of the others)
+                for context in self._gathers():
+                    stack.enter_context(context)
+                self._context = stack.pop_all()
+        return None
+
+    def _gathers(self):
+        """One gather per engine owning some of the parameters (DeepSpeed-Chat's EMA update
+        gathers an actor's parameter and its copy's: two engines), in the order they first
+        appear, the same on every rank; then zero.Init's parameters that no engine owns yet."""
         from . import init as zero_init
 
-        hooks = next((h for h in map(owner_of, self._params) if h is not None), None) \
-            if self._enabled else None
-        if hooks is not None:
-            self._context = gathered_parameters(hooks, self._params, self._modifier_rank)
-        elif self._enabled and any(zero_init.is_partitioned(p) for p in self._params):
-            # built under zero.Init, no engine yet
-            self._context = zero_init.gathered(self._params, self._modifier_rank)
-        else:
-            self._context = contextlib.nullcontext()
-        return self._context.__enter__()
+        owners: dict[int, tuple[Stage3Hooks, list]] = {}
+        unowned = []
+        for param in self._params:
+            hooks = owner_of(param)
+            if hooks is None:
+                unowned.append(param)
+            else:
+                owners.setdefault(id(hooks), (hooks, []))[1].append(param)
+        for hooks, params in owners.values():
+            yield gathered_parameters(hooks, params, self._modifier_rank)
+        if any(zero_init.is_partitioned(p) for p in unowned):
+            yield zero_init.gathered(unowned, self._modifier_rank)
 
     def __exit__(self, *exc):
         return self._context.__exit__(*exc)
