@@ -32,20 +32,24 @@ def _generate(model, rank, **kwargs):
                               do_sample=False, pad_token_id=1, **kwargs)
 
 
-def _run(rank, world, enabled):
-    import zero
-
-    config = {"train_micro_batch_size_per_gpu": 2,
+def _config(enabled):
+    return {"train_micro_batch_size_per_gpu": 2,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
               "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
                                     "stage3_max_live_parameters": 20000},  # a forward fits, the whole model does not
               "hybrid_engine": {"enabled": enabled, "max_out_tokens": 512, "inference_tp_size": 1,
                                 "release_inference_cache": False, "pin_parameters": True,
                                 "tp_gather_partition_size": 8}}
-    engine, _, _, _ = zero.initialize(model=_model(), config=config)
+
+
+def _run(rank, world, enabled):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=_model(), config=_config(enabled))
     before = engine.core.schedule_stats().gathers
     tokens = _generate(engine.module, rank, synced_gpus=True)  # DeepSpeed-Chat's call
     gathers = engine.core.schedule_stats().gathers - before
+    peak = engine.memory_report()["categories"]["gathered_param"]["peak"]
     released = all(p.numel() == 0 for p in engine.module.parameters())
     # the handles TRL's remove_hooks would take off are still the model's hooks
     handles = engine.optimizer.parameter_offload.forward_hooks
@@ -54,19 +58,35 @@ def _run(rank, world, enabled):
     loss = engine(input_ids=ids, labels=ids).loss  # training goes on, hooks back on
     engine.backward(loss)
     engine.step()
-    return tokens, gathers, released, engine.core.schedule_stats().notice
+    return tokens, gathers, released, engine.core.schedule_stats().notice, peak
 
 
 def test_generate_gathers_each_unit_once_and_matches_the_single_process_model():
     reference = _model()
     results = run_distributed(_run, 2, args=(True,))
     units = None
-    for rank, (tokens, gathers, released, notice) in enumerate(results):
+    for rank, (tokens, gathers, released, notice, _) in enumerate(results):
         assert torch.equal(tokens, _generate(reference, rank))
         assert released and notice == ""
         units = gathers
     assert 0 < units <= 6  # one gather per unit (root + 3 layers), not one per token
     plain = run_distributed(_run, 2, args=(False,), timeout=120)
-    for rank, (tokens, gathers, _, _) in enumerate(plain):
+    for rank, (tokens, gathers, _, _, _) in enumerate(plain):
         assert torch.equal(tokens, _generate(reference, rank))
         assert gathers >= NEW_TOKENS * units  # ZeRO-3's usual way: every layer for every token
+
+
+def test_the_estimate_counts_the_whole_model_gathered_for_generate():
+    """zero-mem: with the hybrid engine the gathered parameters peak at every unit at once,
+    the bytes the engine measured while generating."""
+    from zero.reports import estimate as est
+
+    measured = [result[4] for result in run_distributed(_run, 2, args=(True,))]
+    for enabled in (True, False):
+        setup, stage = est.setup_from_config(_config(enabled), 2)
+        row = est.estimate(est.shapes_from_module(_model()), setup, stage).categories["gathered_param"]
+        if enabled:
+            assert row["bytes"] == measured[0] == measured[1]
+            assert "hybrid engine" in row["formula"]
+        else:
+            assert row["bytes"] < measured[0]

@@ -32,7 +32,9 @@ and every category is the byte count the engine's accounting registry reports af
                                               accumulation steps 1, no qgZ or MiCS, the shard
                                               on the buckets' device
     gathered_param   0 (stages 0-2)           stage 3: W·b, W = the most elements gathered at
-                                              once (peak), from the gather schedule's rule
+                                              once (peak), from the gather schedule's rule;
+                                              with the hybrid engine, every unit (Ψ·b): its
+                                              generate holds them all
 
 Stages 0-2: units are cut from the parameters at reduce_bucket_size elements. Stage 3
 (`zero/stage3.py::plan_units`, the engine's rule): gather units are the modules marked with

@@ -33,7 +33,8 @@ def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
                                     setup.max_inflight_gathers, shapes.externals,
                                     shapes.unit_names, _parents(shapes, len(layout.unit_numel)))
     categories["gathered_param"] = _gathered_param(work, shapes, setup,
-                                                   layout.numel + layout.frozen_numel)
+                                                   layout.numel + layout.frozen_numel,
+                                                   sum(layout.unit_numel))
     group_shards = [sum(r[2] for r in rows) for rows in layout.group_units] + \
         [group.shard_numel for group in layout.persistent]
     split_partial(categories, setup, option, group_shards)
@@ -221,9 +222,11 @@ def _live_bucket_numel(rows: list, n: int, live: int, root_early: bool, pieces: 
     return max(a + b for a, b in zip(order, order[1:]))
 
 
-def _gathered_param(work: WorkingSet, shapes: ModelShapes, setup: Setup, psi: int) -> dict:
+def _gathered_param(work: WorkingSet, shapes: ModelShapes, setup: Setup, psi: int,
+                    every_unit: int) -> dict:
     """W·b: the most elements the replayed gather schedule holds gathered at once; with hpZ
-    plus every unit's secondary copy, Ψ/H·b (all of them held from forward to the step)."""
+    plus every unit's secondary copy, Ψ/H·b (all of them held from forward to the step). The
+    hybrid engine's generate holds `every_unit` elements (all units, padded) at once."""
     b = setup.param_bytes
     bounds = (f"prefetch ≤ {short_count(setup.prefetch_bucket_size)}, reuse < "
               f"{short_count(setup.max_reuse_distance)}, "
@@ -231,10 +234,15 @@ def _gathered_param(work: WorkingSet, shapes: ModelShapes, setup: Setup, psi: in
     formula = (f"W·{b} (W = {work.peak_numel:,}: "
                f"{describe_live(work.live_at_peak, shapes.unit_names)} gathered at once; "
                f"{bounds})") if psi else "0"
+    peak = work.peak_numel
+    if setup.hybrid_generate and psi and every_unit > peak:
+        peak = every_unit
+        formula = (f"Ψ·{b} (every unit, {every_unit:,} elements: the hybrid engine's generate "
+                   f"holds them at once; training alone holds {work.peak_numel:,})")
     secondary = psi // setup.hpz_world * b if setup.hpz_world and psi else 0
     if secondary:
         formula += f" + Ψ/{setup.hpz_world}·{b} (hpZ's secondary copies)"
-    return category_row(work.peak_numel * b + secondary, formula)
+    return category_row(peak * b + secondary, formula)
 
 
 def _staging(shapes: ModelShapes, setup: Setup, option: Option, psi: int, work: WorkingSet,

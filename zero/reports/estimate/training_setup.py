@@ -73,6 +73,8 @@ class Setup:
     all_reduce_fetch: bool = False  # stage3_use_all_reduce_for_fetch_params: gathers are all-reduces
     # zero_quantized_nontrainable_weights: the frozen shard kept as int8 code (quantized_bytes)
     quantized_nontrainable: bool = False
+    # hybrid_engine enabled with pin_parameters: the model's generate holds every unit at once
+    hybrid_generate: bool = False
     # offload: the configured devices (which row `estimate(shapes, setup, stage)` gives and the
     # table marks) and the chunk of the offloaded step
     offload_optimizer: str = "none"   # none | cpu | nvme
@@ -293,6 +295,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, **overrides):
     values["quantized_gradients"] = bool(zero_cfg.zero_quantized_gradients)
     values["all_reduce_fetch"] = bool(zero_cfg.stage3_use_all_reduce_for_fetch_params)
     values["quantized_nontrainable"] = bool(zero_cfg.zero_quantized_nontrainable_weights)
+    values["hybrid_generate"] = bool(cfg.hybrid_engine.enabled and cfg.hybrid_engine.pin_parameters)
     leaf = zero_cfg.leaf_module
     values["leaf_module"] = (tuple(leaf.classes), tuple(leaf.names), tuple(leaf.name_suffixes))
     values["delayed_update"] = bool(getattr(zero_cfg.offload_optimizer, "delayed_update", False))
