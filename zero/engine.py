@@ -51,6 +51,10 @@ ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffe
 
 
 class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
+    # Read with getattr(engine, name, default) by zero itself: defaults here, so that the
+    # model's attribute of the same name (engine.__getattr__ passes to it) is never taken.
+    grid = None  # the pipeline engine's grid
+    _is_compiled = False
     def __init__(self, model: nn.Module, config: ZeroConfig, optimizer=None,
                  model_parameters: Iterable | None = None, lr_scheduler=None,
                  data_parallel_group=None, tensor_parallel_group=None, norm_span=None):
@@ -380,7 +384,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         return self._report(dist.get_rank())
 
     def _report(self, rank: int) -> dict:
-        grid = getattr(self, "grid", None)  # pipeline stages / tensor slices: the rank's place
+        grid = self.grid  # pipeline stages / tensor slices: the rank's place
         return build_report(self._core.registry(), self._layouts, rank, self.global_steps,
                             as_dict(self._core.comm_stats()), self._watch.activation_bytes,
                             mesh=grid.describe() if grid is not None else None)
@@ -574,7 +578,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
 
     @property
     def is_compiled(self) -> bool:
-        return getattr(self, "_is_compiled", False)
+        return self._is_compiled
 
     def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
         """DeepSpeed's old name of save_16bit_model."""

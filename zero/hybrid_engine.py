@@ -13,6 +13,7 @@ unfused, on every rank alone. At stages 0-2 nothing is partitioned and generate 
 from __future__ import annotations
 
 import functools
+import types
 import weakref
 
 from . import stage3
@@ -22,17 +23,18 @@ def take_over_generate(model, config, hooks) -> None:
     """With `config.enabled` (a HybridEngineConfig) and at stage 3 (`hooks`: the engine's
     Stage3Hooks, None below stage 3), replaces `model.generate` by one that runs with the whole
     model gathered (DeepSpeed's DeepSpeedHybridEngine.generate also replaces it)."""
-    original = getattr(model, "generate", None)
+    original = getattr(type(model), "generate", None)
     if not config.enabled or not config.pin_parameters or hooks is None or original is None:
         return
-    owner = weakref.ref(hooks)  # the model keeps this function; it must not keep the engine
+    owner, managed = weakref.ref(hooks), weakref.ref(model)  # the model must not keep the engine
 
     @functools.wraps(original)
-    def generate(*args, **kwargs):
+    def generate(self, *args, **kwargs):
         hooks = owner()
-        if hooks is None or hooks.removed:  # the engine is gone: a plain model
-            return original(*args, **kwargs)
+        # (a copy of the model, copy.deepcopy's, runs as its class says: nothing gathers for it)
+        if self is not managed() or hooks is None or hooks.removed:
+            return original(self, *args, **kwargs)
         with stage3.whole_model(hooks):
-            return original(*args, **kwargs)
+            return original(self, *args, **kwargs)
 
-    model.generate = generate
+    model.generate = types.MethodType(generate, model)

@@ -285,8 +285,10 @@ class Stage3Hooks:
         """Gathers a unit outside forward/backward (state dicts, GatheredParameters)."""
         self._core.hold(unit)
 
-    def unhold(self, unit: int) -> None:
-        self._core.unhold(unit)
+    def unhold(self, unit: int, hand_over: bool = True) -> None:
+        """hand_over: a gathered buffer still referenced elsewhere (a tensor a script kept) is
+        left to it; False: freed in place (for a forward's saved views, refilled in backward)."""
+        self._core.unhold(unit, hand_over)
 
     def commit(self, unit: int) -> None:
         """The unit's gathered values (edited in place) become every rank's shard and fp32

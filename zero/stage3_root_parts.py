@@ -8,10 +8,13 @@ scores with `getattr(model, model.base_model_prefix)(...)` and `model.score(...)
 gathers each module's own parameters in that module's hook, so those calls work there.
 
 Here each module that owns root-unit parameters gets a hook pair that does nothing while the
-root's forward runs (the usual path: one check). Called outside it, the module holds the root
-unit for the length of its own call (GatherSchedule::hold, as GatheredParameters does, so the
-recorded forward order is left alone) and, when autograd records it, puts the root unit's
-backward triggers on its inputs and outputs, as the root's hooks do for a whole forward.
+root's forward runs (the usual path: one check) or inside another such module's call. Called
+otherwise, the module holds the root unit for the length of its own call (GatherSchedule::hold,
+as GatheredParameters does, so the recorded forward order is left alone). In a forward autograd
+records, it puts the root unit's backward triggers on its inputs and outputs, as the root's
+hooks do for a whole forward, and the unit is freed in place after (backward's gather fills the
+views autograd saved). Recomputed in backward (activation checkpointing), it holds the unit
+until that backward ends: the recomputed part's backward, and its gradients, follow.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ class RootParts:
         self._root = root
         self._owners = owners
         self._root_running = 0  # depth of the root module's forward (it may call itself)
-        self._holding: list[nn.Module] = []  # the owners holding the root unit now, innermost last
+        self._depth = 0  # owner calls open inside the one that holds the root unit (0: none holds)
+        self._recorded = False  # that call is a forward autograd records (not one in backward)
 
     @staticmethod
     def owners(plan, partitioned: dict[int, nn.Parameter]) -> list[nn.Module]:
@@ -55,26 +59,36 @@ class RootParts:
         self._root_running += 1
 
     def _root_leaves(self, _module, _inputs, _outputs):
-        self._root_running -= 1
+        self._root_running = max(0, self._root_running - 1)
 
-    def _owner_enters(self, module, args, kwargs):
+    def _owner_enters(self, _module, args, kwargs):
+        if self._depth:  # inside the owner call that holds the root unit
+            self._depth += 1
+            return None
         hooks = self._hooks()
         if self._root_running or hooks is None or hooks.removed or hooks.suspended:
             return None
         hooks.hold(ROOT)
-        self._holding.append(module)
-        if not torch.is_grad_enabled():
+        if torch._C._current_graph_task_id() != -1:
+            # recomputed in backward (activation checkpointing), its own backward follows: the
+            # unit stays held until this backward ends (end_backward lets every unit go)
             return None
-        return hooks.attach_post_backward(ROOT, (args, kwargs))
+        self._depth = 1
+        self._recorded = torch.is_grad_enabled()  # the backward triggers, for autograd's record
+        return hooks.attach_post_backward(ROOT, (args, kwargs)) if self._recorded else None
 
-    def _owner_leaves(self, module, _inputs, outputs):
-        if not self._holding or self._holding[-1] is not module:
+    def _owner_leaves(self, _module, _inputs, outputs):
+        if not self._depth:
             return None
-        self._holding.pop()
+        self._depth -= 1
+        if self._depth:
+            return None
         hooks = self._hooks()
         if hooks is None or hooks.removed:
             return None
-        hooks.unhold(ROOT)
-        if outputs is None or not torch.is_grad_enabled():
+        # freed in place, as after a forward: the views autograd saved (this call's, or an
+        # earlier one's) are filled again by the backward's gather
+        hooks.unhold(ROOT, hand_over=False)
+        if outputs is None or not self._recorded:
             return None
         return hooks.attach_pre_backward(ROOT, outputs)

@@ -76,6 +76,9 @@ void GatherSchedule::verify(Phase phase, std::size_t unit, std::int64_t step) {
 }
 
 void GatherSchedule::advance(Order& order, std::size_t unit, const char* phase_name) {
+  // A forward that never opens at the root (a model's parts called on their own, as a
+  // reward model's forward_value) never restarts its order: it is kept bounded.
+  if (order.current.size() >= kMaxOrder) restart(order);
   const std::size_t position = order.current.size();
   order.current.push_back(unit);
   if (!order.following) return;
@@ -312,13 +315,18 @@ void GatherSchedule::hold(std::size_t unit) {
   verify(kHold, unit, step_);
   ++state_[unit].uses;
   state_[unit].kept = false;
-  gather(unit, /*bounded=*/false);  // a hold asks for the unit whatever else is gathered
+  try {
+    gather(unit, /*bounded=*/false);  // a hold asks for the unit whatever else is gathered
+  } catch (...) {
+    --state_[unit].uses;  // (out of memory, say: the caller's unhold will not come)
+    throw;
+  }
 }
 
-void GatherSchedule::unhold(std::size_t unit) {
+void GatherSchedule::unhold(std::size_t unit, bool hand_over) {
   TORCH_CHECK(unit < state_.size() && state_[unit].uses > 0, "zero: unit ", unit,
               " is not held");
-  if (--state_[unit].uses == 0 && !state_[unit].backward_open) release(unit, /*after_hold=*/true);
+  if (--state_[unit].uses == 0 && !state_[unit].backward_open) release(unit, hand_over);
 }
 
 void GatherSchedule::release_unused() {

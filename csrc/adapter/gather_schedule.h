@@ -81,9 +81,12 @@ class GatherSchedule {
   void end_backward();
   bool in_backward() const { return in_backward_; }
 
-  // --- explicit gathers (GatheredParameters, state dicts), bounded like the rest ---
+  // --- explicit gathers (GatheredParameters, state dicts): never refused by max_live_numel ---
   void hold(std::size_t unit);
-  void unhold(std::size_t unit);
+  // hand_over: a gathered buffer still referenced elsewhere (a script's tensor) is left to it
+  // (UnitStore::release_after_hold); false: freed in place, as after a forward (the views
+  // autograd saved see it filled again when backward gathers the unit)
+  void unhold(std::size_t unit, bool hand_over = true);
   // Releases every unit nobody holds (before an optimizer step changes the shards).
   void release_unused();
 
@@ -104,6 +107,7 @@ class GatherSchedule {
  private:
   enum Phase : std::int64_t { kForward = 0, kBackward = 1, kEnd = 2, kHold = 3 };
   static constexpr std::size_t kReadAhead = 4;  // units past the prefetch whose NVMe reads start
+  static constexpr std::size_t kMaxOrder = std::size_t{1} << 16;  // units in one recorded order
   struct Order {
     std::vector<std::size_t> recorded;
     std::vector<std::size_t> current;

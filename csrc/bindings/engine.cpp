@@ -160,11 +160,11 @@ void add_stage3(Core& core) {
            e.reload_states({adapter::StateKind::kParams});
            e.schedule().hold(unit);
          }, py::arg("unit"))
-    .def("unhold", [](adapter::EngineCore& e, std::size_t unit) {
+    .def("unhold", [](adapter::EngineCore& e, std::size_t unit, bool hand_over) {
            at::NoGradGuard no_grad;
            py::gil_scoped_release no_gil;
-           e.schedule().unhold(unit);
-         }, py::arg("unit"))
+           e.schedule().unhold(unit, hand_over);
+         }, py::arg("unit"), py::arg("hand_over") = true)
     .def("attach_pre_backward",
          [](const std::shared_ptr<adapter::EngineCore>& e, std::size_t unit,
             std::vector<at::Tensor> outputs) {

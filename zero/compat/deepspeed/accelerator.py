@@ -3,7 +3,8 @@ for the device zero trains on (a CUDA GPU when torch sees one, else the CPU).
 
 On a GPU every call is torch.cuda's. On the CPU the answers are those of DeepSpeed's own CPU
 accelerator: one device named "cpu", no streams or events (None, and a no-op context), and the
-memory calls report the process's resident set (peak: the kernel's VmHWM)."""
+memory calls report the process's resident set, the peak being the largest one these calls
+have seen since the last reset (the kernel's own peak is left alone: zero's reports read it)."""
 from __future__ import annotations
 
 import contextlib
@@ -31,6 +32,7 @@ class Accelerator:
     def __init__(self):
         self._cuda = torch.cuda.is_available()
         self._name = "cuda" if self._cuda else "cpu"  # DeepSpeed's attribute; scripts read it
+        self._peak_rss = 0  # the CPU's: the largest resident set seen by the memory calls
 
     # ---- the device
 
@@ -148,17 +150,26 @@ class Accelerator:
         if self._cuda:
             torch.cuda.empty_cache()
 
+    def _rss(self) -> int:
+        rss = _proc_status_bytes("VmRSS")
+        self._peak_rss = max(self._peak_rss, rss)
+        return rss
+
+    def _max_rss(self) -> int:
+        self._rss()
+        return self._peak_rss
+
     def memory_allocated(self, device_index: int | None = None) -> int:
-        return torch.cuda.memory_allocated(device_index) if self._cuda else _proc_status_bytes("VmRSS")
+        return torch.cuda.memory_allocated(device_index) if self._cuda else self._rss()
 
     def max_memory_allocated(self, device_index: int | None = None) -> int:
-        return torch.cuda.max_memory_allocated(device_index) if self._cuda else _proc_status_bytes("VmHWM")
+        return torch.cuda.max_memory_allocated(device_index) if self._cuda else self._max_rss()
 
     def memory_reserved(self, device_index: int | None = None) -> int:
-        return torch.cuda.memory_reserved(device_index) if self._cuda else _proc_status_bytes("VmRSS")
+        return torch.cuda.memory_reserved(device_index) if self._cuda else self._rss()
 
     def max_memory_reserved(self, device_index: int | None = None) -> int:
-        return torch.cuda.max_memory_reserved(device_index) if self._cuda else _proc_status_bytes("VmHWM")
+        return torch.cuda.max_memory_reserved(device_index) if self._cuda else self._max_rss()
 
     memory_cached = memory_reserved
     max_memory_cached = max_memory_reserved
@@ -166,12 +177,8 @@ class Accelerator:
     def reset_peak_memory_stats(self, device_index: int | None = None) -> None:
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(device_index)
-            return
-        try:  # "5" resets the kernel's peak resident set (VmHWM) to the current one
-            with open("/proc/self/clear_refs", "w") as clear_refs:
-                clear_refs.write("5")
-        except OSError:
-            pass
+        else:
+            self._peak_rss = _proc_status_bytes("VmRSS")
 
     reset_max_memory_allocated = reset_peak_memory_stats
     reset_max_memory_cached = reset_peak_memory_stats
@@ -179,13 +186,14 @@ class Accelerator:
     def memory_stats(self, device_index: int | None = None) -> dict:
         if self._cuda:
             return torch.cuda.memory_stats(device_index)
-        rss, peak = _proc_status_bytes("VmRSS"), _proc_status_bytes("VmHWM")
+        rss, peak = self._rss(), self._peak_rss
         return {"allocated_bytes.all.current": rss, "allocated_bytes.all.peak": peak,
                 "reserved_bytes.all.current": rss, "reserved_bytes.all.peak": peak}
 
     def total_memory(self, device_index: int | None = None) -> int:
         if self._cuda:
-            return torch.cuda.get_device_properties(device_index or 0).total_memory
+            index = torch.cuda.current_device() if device_index is None else device_index
+            return torch.cuda.get_device_properties(index).total_memory
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
     def available_memory(self, device_index: int | None = None) -> int:
