@@ -35,7 +35,7 @@ class RootParts:
         self._owners = owners
         self._root_running = 0  # depth of the root module's forward (it may call itself)
         self._depth = 0  # owner calls open inside the one that holds the root unit (0: none holds)
-        self._recorded = False  # that call is a forward autograd records (not one in backward)
+        self._recorded = False  # that call runs with gradients: it gets the backward triggers
 
     @staticmethod
     def owners(plan, partitioned: dict[int, nn.Parameter]) -> list[nn.Module]:
