@@ -124,14 +124,16 @@ std::int64_t GatherSchedule::gathered_numel() const {
   return numel;
 }
 
-void GatherSchedule::check_live_bound(std::size_t unit) const {
+void GatherSchedule::note_live_bound(std::size_t unit) {
   const std::int64_t live = gathered_numel();
-  TORCH_CHECK(live <= options_.max_live_numel, "zero: gathering unit '", name(unit),
-              "' brings the gathered parameters to ", live,
-              " elements, above zero_optimization.stage3_max_live_parameters = ",
-              options_.max_live_numel,
-              "; raise the bound or split the model into smaller units (every ModuleList child "
-              "is one unit)");
+  if (live <= options_.max_live_numel || !notice_.empty()) return;
+  std::ostringstream message;
+  message << "zero: gathering unit '" << name(unit) << "' brought the gathered parameters to "
+          << live << " elements, above zero_optimization.stage3_max_live_parameters = "
+          << options_.max_live_numel
+          << ": the units in use are gathered whatever the bound (as in DeepSpeed, which "
+             "bounds prefetching and the units kept for reuse with it)";
+  notice_ = message.str();
 }
 
 void GatherSchedule::fetch(std::size_t unit) {
@@ -146,7 +148,7 @@ void GatherSchedule::gather(std::size_t unit, bool bounded) {
   if (!is_live(unit)) make_room(unit_numel(unit));
   fetch(unit);
   units_.gather(unit);
-  if (bounded) check_live_bound(unit);
+  if (bounded) note_live_bound(unit);
 }
 
 void GatherSchedule::release(std::size_t unit, bool after_hold) {

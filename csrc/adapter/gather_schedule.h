@@ -55,7 +55,7 @@ struct ScheduleStats {
   std::int64_t max_inflight_seen = 0;
   std::int64_t gathered_numel = 0;  // live now
   std::int64_t peak_gathered_numel = 0;
-  std::string notice;  // the order-change notice, if any
+  std::string notice;  // the first notice, if any: the order changed, or the live bound was passed
 };
 
 class GatherSchedule {
@@ -98,7 +98,7 @@ class GatherSchedule {
   std::int64_t gathered_numel() const;
   std::int64_t peak_gathered_numel() const { return peak_gathered_numel_; }
   std::size_t unit_count() const { return names_.size(); }
-  const std::string& notice() const { return notice_; }  // the order-change notice, if any
+  const std::string& notice() const { return notice_; }  // (ScheduleStats::notice)
   ScheduleStats stats() const {
     return {prefetches_, gathers_, reuses_, max_inflight_seen_, gathered_numel(),
             peak_gathered_numel_, notice_};
@@ -131,15 +131,15 @@ class GatherSchedule {
   void retire(std::size_t unit);
   std::optional<std::int64_t> reuse_distance(std::size_t unit) const;
   void make_room(std::int64_t numel);
-  // bounded: more than max_live_numel gathered is an error (forward and backward; a hold is
-  // never refused: GatheredParameters over a whole model, as DeepSpeed's, which never refuses)
+  // bounded: more than max_live_numel gathered gives the notice (forward and backward; a hold,
+  // as GatheredParameters over a whole model, asks for all of it)
   void gather(std::size_t unit, bool bounded = true);
   void fetch(std::size_t unit);
   void release(std::size_t unit, bool after_hold = false);  // after_hold: UnitStore::release_after_hold
   bool is_live(std::size_t unit) const;
   std::int64_t inflight() const;
   std::int64_t unit_numel(std::size_t unit) const;
-  void check_live_bound(std::size_t unit) const;
+  void note_live_bound(std::size_t unit);  // above max_live_numel: the notice, once
   const std::string& name(std::size_t unit) const;
 
   UnitStore& units_;

@@ -39,7 +39,6 @@ class SizedUnits : public UnitStore {
     }
   }
   void gather(std::size_t unit) override {
-    last_gathered_ = unit;
     if (flying_[unit]) {
       flying_[unit] = false;
       flying_numel_ -= numel_[unit];
@@ -54,7 +53,6 @@ class SizedUnits : public UnitStore {
   std::int64_t gathered() const { return gathered_; }
   std::int64_t peak() const { return peak_; }
   std::int64_t live() const { return live_; }
-  std::size_t last_gathered() const { return last_gathered_; }
   void report(ScheduleSimulation& out) const {
     out.peak_numel = peak_;
     out.live_at_peak = live_at_peak_;
@@ -81,7 +79,6 @@ class SizedUnits : public UnitStore {
   std::int64_t flying_numel_ = 0;
   std::int64_t peak_flying_ = 0;
   std::vector<std::size_t> flying_at_peak_;
-  std::size_t last_gathered_ = 0;
 };
 
 // The units directly inside each unit (parents[u]: u's enclosing unit; none given: every
@@ -145,24 +142,17 @@ ScheduleSimulation simulate_schedule(const std::vector<std::int64_t>& unit_numel
                           /*fingerprints=*/nullptr);
   for (const auto& [user, owner] : externals) schedule.add_external(user, owner);
   ScheduleSimulation out;
-  try {
-    micro_step(schedule, units, children, 0);
-    out.first_peak_numel = units.peak();
-    const std::int64_t gathers = schedule.gathers();
-    const std::int64_t gathered = units.gathered();
-    const std::int64_t prefetches = schedule.prefetches();
-    const std::int64_t reuses = schedule.reuses();
-    micro_step(schedule, units, children, 1);
-    out.gathers = schedule.gathers() - gathers;
-    out.gathered_numel = units.gathered() - gathered;
-    out.prefetches = schedule.prefetches() - prefetches;
-    out.reuses = schedule.reuses() - reuses;
-  } catch (const c10::Error&) {
-    if (units.live() <= options.max_live_numel) throw;  // not the live bound: a real error
-    out.bound_unit = static_cast<std::int64_t>(units.last_gathered());
-    out.bound_live_numel = units.live();
-    if (out.first_peak_numel == 0) out.first_peak_numel = units.peak();
-  }
+  micro_step(schedule, units, children, 0);
+  out.first_peak_numel = units.peak();
+  const std::int64_t gathers = schedule.gathers();
+  const std::int64_t gathered = units.gathered();
+  const std::int64_t prefetches = schedule.prefetches();
+  const std::int64_t reuses = schedule.reuses();
+  micro_step(schedule, units, children, 1);
+  out.gathers = schedule.gathers() - gathers;
+  out.gathered_numel = units.gathered() - gathered;
+  out.prefetches = schedule.prefetches() - prefetches;
+  out.reuses = schedule.reuses() - reuses;
   units.report(out);
   return out;
 }

@@ -29,9 +29,6 @@ struct ScheduleSimulation {
   // The most elements whose all-gather was in flight at once, and those units.
   std::int64_t peak_inflight_numel = 0;
   std::vector<std::size_t> inflight_at_peak;
-  // The live bound refused a gather: the unit, and the elements gathered with it (else -1).
-  std::int64_t bound_unit = -1;
-  std::int64_t bound_live_numel = 0;
 };
 
 // unit_numel[u]: unit u's partitioned elements (unit 0 is the root; 0: nothing partitioned).

@@ -105,9 +105,7 @@ void bind_planner(py::module_& m) {
       .def_readonly("prefetches", &Simulation::prefetches)
       .def_readonly("reuses", &Simulation::reuses)
       .def_readonly("peak_inflight_numel", &Simulation::peak_inflight_numel)
-      .def_readonly("inflight_at_peak", &Simulation::inflight_at_peak)
-      .def_readonly("bound_unit", &Simulation::bound_unit)
-      .def_readonly("bound_live_numel", &Simulation::bound_live_numel);
+      .def_readonly("inflight_at_peak", &Simulation::inflight_at_peak);
   m.def("simulate_schedule", &adapter::simulate_schedule, py::arg("unit_numel"),
         py::arg("options"), py::arg("externals") = std::vector<std::pair<std::size_t, std::size_t>>{},
         py::arg("parents") = std::vector<std::size_t>{},

@@ -31,7 +31,7 @@ def estimate_stage3(shapes: ModelShapes, setup: Setup, option: Option,
     work = simulate_stage3_schedule(layout.unit_numel, setup.prefetch_bucket_size,
                                     setup.max_live_parameters, setup.max_reuse_distance,
                                     setup.max_inflight_gathers, shapes.externals,
-                                    shapes.unit_names, _parents(shapes, len(layout.unit_numel)))
+                                    _parents(shapes, len(layout.unit_numel)))
     categories["gathered_param"] = _gathered_param(work, shapes, setup,
                                                    layout.numel + layout.frozen_numel,
                                                    sum(layout.unit_numel))
@@ -285,6 +285,6 @@ def _detail(shapes: ModelShapes, setup: Setup, layout: Stage3Layout, work: Worki
         "overlap_comm": overlap,
         # the persistent (stage-1) group's piece buckets, part of the bucket row
         "persistent_bucket_bytes": persistent_buckets,
-        # what the engine raises: the live bound, parameters on NVMe (offload detail)
-        "error": "; ".join(e for e in (work.error, params.error if params else "") if e),
+        # what the engine raises: parameters on NVMe that do not fit its buffers (offload detail)
+        "error": params.error if params else "",
     }

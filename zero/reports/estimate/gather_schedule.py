@@ -19,7 +19,6 @@ class WorkingSet:
     gathered_numel: int           # elements all-gathered in that micro-step
     prefetches: int               # of those, started ahead of use
     reuses: int                   # units kept gathered for a use soon after
-    error: str = ""               # what the engine would raise (live bound too small)
     # the most elements whose all-gather was in flight at once (the unit being gathered
     # included): with offload_param each holds its shard piece in device staging
     peak_inflight_numel: int = 0
@@ -30,7 +29,6 @@ def simulate_stage3_schedule(unit_numel: Sequence[int], prefetch_bucket_size: in
                              max_live_parameters: int, max_reuse_distance: int,
                              max_inflight_gathers: int = DEFAULT_MAX_INFLIGHT_GATHERS,
                              externals: Iterable[tuple[int, int]] = (),
-                             unit_names: Sequence[str] = (),
                              unit_parents: Sequence[int] = ()) -> WorkingSet:
     """The engine's own stage-3 gather schedule (csrc/adapter/gather_schedule.cpp) run on unit
     sizes (elements; unit 0 is the root, units without partitioned parameters have 0) by
@@ -52,12 +50,6 @@ def simulate_stage3_schedule(unit_numel: Sequence[int], prefetch_bucket_size: in
                          gathered_numel=run.gathered_numel, prefetches=run.prefetches,
                          reuses=run.reuses, peak_inflight_numel=run.peak_inflight_numel,
                          inflight_at_peak=tuple(run.inflight_at_peak))
-    if run.bound_unit >= 0:
-        unit = run.bound_unit
-        name = (unit_names[unit] if unit < len(unit_names) else "") or "<root module>"
-        working.error = (f"gathering unit '{name}' brings the gathered parameters to "
-                         f"{run.bound_live_numel:,} elements, above stage3_max_live_parameters "
-                         f"= {int(max_live_parameters):,}: the engine raises")
     return working
 
 
