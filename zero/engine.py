@@ -55,6 +55,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
     # model's attribute of the same name (engine.__getattr__ passes to it) is never taken.
     grid = None  # the pipeline engine's grid
     _is_compiled = False
+
     def __init__(self, model: nn.Module, config: ZeroConfig, optimizer=None,
                  model_parameters: Iterable | None = None, lr_scheduler=None,
                  data_parallel_group=None, tensor_parallel_group=None, norm_span=None):

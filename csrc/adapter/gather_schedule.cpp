@@ -151,10 +151,10 @@ void GatherSchedule::gather(std::size_t unit, bool bounded) {
   if (bounded) note_live_bound(unit);
 }
 
-void GatherSchedule::release(std::size_t unit, bool after_hold) {
+void GatherSchedule::release(std::size_t unit, bool hand_over) {
   state_[unit].kept = false;
   state_[unit].trained_released = false;
-  if (after_hold) {
+  if (hand_over) {
     units_.release_after_hold(unit);
   } else {
     units_.release(unit);

@@ -135,7 +135,7 @@ class GatherSchedule {
   // as GatheredParameters over a whole model, asks for all of it)
   void gather(std::size_t unit, bool bounded = true);
   void fetch(std::size_t unit);
-  void release(std::size_t unit, bool after_hold = false);  // after_hold: UnitStore::release_after_hold
+  void release(std::size_t unit, bool hand_over = false);  // hand_over: as unhold's
   bool is_live(std::size_t unit) const;
   std::int64_t inflight() const;
   std::int64_t unit_numel(std::size_t unit) const;

@@ -536,7 +536,8 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
     _stage3(INT, "stage3_max_live_parameters", 1_000_000_000, "Parameter elements resident per GPU before "
             "releasing: prefetching stops and kept units make way at it. As in DeepSpeed it refuses "
             "nothing: the units in use are gathered whatever it says (DeepSpeed-Chat sets 3e7, less "
-            "than one layer of a 1.3B model), and the schedule's notice names it once.", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
+            "than one layer of a 1.3B model), and the schedule's notice names it once.", minimum=0,
+            maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_max_reuse_distance", 1_000_000_000, "Keep a unit gathered after use if the recorded "
             "order reuses it before this many elements of other units are gathered (0: never; "
             "kept units make way when stage3_max_live_parameters needs room).", minimum=0,

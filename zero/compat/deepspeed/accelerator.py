@@ -13,17 +13,12 @@ import os
 
 import torch
 
+from zero.memory import process_memory
 
-def _proc_status_bytes(field: str) -> int:
-    """A byte count of /proc/self/status ("VmRSS", "VmHWM"); 0 where there is no /proc."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+
+def _resident_bytes() -> int:
+    """This process's resident set (zero's memory report reads it the same way)."""
+    return process_memory().get("rss_bytes", 0)
 
 
 class Accelerator:
@@ -151,7 +146,7 @@ class Accelerator:
             torch.cuda.empty_cache()
 
     def _rss(self) -> int:
-        rss = _proc_status_bytes("VmRSS")
+        rss = _resident_bytes()
         self._peak_rss = max(self._peak_rss, rss)
         return rss
 
@@ -178,7 +173,7 @@ class Accelerator:
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(device_index)
         else:
-            self._peak_rss = _proc_status_bytes("VmRSS")
+            self._peak_rss = _resident_bytes()
 
     reset_max_memory_allocated = reset_peak_memory_stats
     reset_max_memory_cached = reset_peak_memory_stats
