@@ -642,7 +642,10 @@ def test_a_value_above_the_maximum_names_key_value_and_range(path, key, make):
 
 @pytest.mark.parametrize("path,key,make", BOUNDED, ids=[path for path, _, _ in BOUNDED])
 def test_the_maximum_itself_is_accepted(path, key, make):
-    load_config(merged(BOUNDS_BASE, make(key.maximum)), world_size=1, enabled_features=ALL)
+    # data_parallel_size must say the run's data ranks: a run of that many
+    world_size = key.maximum if path == "data_parallel_size" else 1
+    load_config(merged(BOUNDS_BASE, make(key.maximum)), world_size=world_size,
+                enabled_features=ALL)
 
 
 @pytest.mark.parametrize("path,key,make", [c for c in NUMERIC if not c[1].supported],

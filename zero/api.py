@@ -10,6 +10,7 @@ import torch.distributed as dist
 from . import activation_checkpointing, agreement
 from .config import load_config, read_config
 from .distributed import init_distributed
+from .parallel.mpu_grid import MpuError, MpuGrid
 from .parallel.norm_span import norm_span
 from .tp import setup as tp_setup
 
@@ -88,8 +89,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
     if model is None:
         raise ValueError("zero.initialize: model is required")
-    if mpu is not None:
-        raise ValueError("zero.initialize: mpu (model parallelism) is not supported yet")
     if config is None and config_params is not None:
         config = config_params
     source = _config_source(args, config)   # before any rendezvous: a wrong call fails at once
@@ -97,11 +96,13 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         init_distributed()
     _align_local_rank(args)
     pipeline = _pipeline_module(model)
+    mpu_grid = _mpu_grid(mpu, pipeline)
     # The batch trio counts data-parallel ranks: with pipeline stages, one stage's ranks;
-    # with tensor parallelism, world / tensor.
+    # with an mpu, its data group's; with tensor parallelism, world / tensor.
     raw = read_config(source)
-    data_ranks = (tp_setup.data_ranks(dist.get_world_size(), tp_setup.requested_size(raw, model))
-                  if pipeline is None else model.mpu().get_data_parallel_world_size())
+    data_ranks = (model.mpu().get_data_parallel_world_size() if pipeline is not None else
+                  mpu_grid.get_data_parallel_world_size() if mpu_grid is not None else
+                  tp_setup.data_ranks(dist.get_world_size(), tp_setup.requested_size(raw, model)))
     zero_config = load_config(source, world_size=data_ranks,
                               unused_blocks=_unused_blocks(raw, optimizer))
     if "activation_checkpointing" in zero_config.raw and not activation_checkpointing.is_configured():
@@ -111,8 +112,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # the model within each data-parallel group, where it is the same).
     agreement.agree_config(zero_config.raw)
     grid = tp_setup.prepare(model, zero_config,
-                            pipeline_grid=model.mpu() if pipeline is not None else None)
-    tensor_group = grid.get_tensor_model_parallel_group() if grid is not None else None
+                            pipeline_grid=model.mpu() if pipeline is not None else None,
+                            mpu_grid=mpu_grid)
+    tensor_group = (grid.get_tensor_model_parallel_group()
+                    if grid is not None and grid.get_tensor_model_parallel_world_size() > 1
+                    else None)
     if pipeline is not None:
         engine = pipeline(model, zero_config, optimizer=optimizer,
                           model_parameters=model_parameters, lr_scheduler=lr_scheduler,
@@ -157,6 +161,17 @@ def _pipeline_module(model):
     from .pipe.engine import PipelineEngine
 
     return PipelineEngine
+
+
+def _mpu_grid(mpu, pipeline) -> MpuGrid | None:
+    """The script's model-parallel unit as zero's grid (parallel/mpu_grid.py); a
+    PipelineModule brings its own."""
+    if mpu is None:
+        return None
+    if pipeline is not None:
+        raise MpuError("zero.initialize: a PipelineModule brings its own grid (its topology); "
+                       "pass it without mpu=")
+    return MpuGrid(mpu)
 
 
 def _repeating(loader):

@@ -239,6 +239,7 @@ class ZeroConfig:
     train_batch_size: int
     train_micro_batch_size_per_gpu: int
     gradient_accumulation_steps: int
+    data_parallel_size: Optional[int]  # checked against the data-parallel ranks; None: unsaid
     optimizer: Optional[OptimizerConfig]  # None: the client passes its own optimizer
     scheduler: Optional[SchedulerConfig]
     fp16: FP16Config

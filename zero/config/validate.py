@@ -669,6 +669,15 @@ def _read_aliases(v, raw):
 # --------------------------------------------------------------------------- entry point
 
 
+def _check_data_parallel_size(v, values, world_size):
+    """`data_parallel_size` says what the launch makes; a different number is a mistake."""
+    size = values["data_parallel_size"]
+    if _valid(size) and size is not None and size != world_size:
+        v.error("data_parallel_size", size, f"this run has {world_size} data-parallel rank(s) "
+                "(world size / tensor size, or the mpu's data group)",
+                f"set it to {world_size} or leave it out")
+
+
 def validate(raw, world_size, features, source=None):
     """Validate `raw` (a dict) and return the resolved nested dict; raise ConfigError listing every problem."""
     if not isinstance(raw, Mapping):
@@ -679,6 +688,7 @@ def validate(raw, world_size, features, source=None):
         _note_once(f"top-level keys {', '.join(v.dotted)} ignored, as DeepSpeed ignores them "
                    "(it reads no dotted paths); to set one, write it inside its block")
     _resolve_batch(v, values, world_size)
+    _check_data_parallel_size(v, values, world_size)
     _check_precision(v, values)
     _check_zero(v, values)
     _check_stage3_layouts(v, values, world_size)

@@ -13,6 +13,7 @@ from torch import nn
 from .. import agreement
 from ..parallel import DeviceMesh
 from ..parallel.grid import PipelineParallelGrid, grid_for
+from ..parallel.mpu_grid import MpuGrid
 from .auto_tp import auto_tp
 from .split import TensorParallelSplitError, is_split
 
@@ -60,17 +61,24 @@ def data_ranks(world_size: int, tensor: int) -> int:
     return DeviceMesh.build(world_size, tensor=tensor).data
 
 
-def prepare(model: nn.Module, config,
-            pipeline_grid: PipelineParallelGrid | None = None) -> PipelineParallelGrid | None:
-    """None without tensor parallelism. Otherwise checks the config composes, builds the
-    grid (collective) or, for a PipelineModule, takes its grid (`pipeline_grid`, whose tensor
-    size its topology set), converts `model` in place with auto_tp over the tensor group, and
-    returns the grid; the engine then runs over grid.get_data_parallel_group()."""
-    size = _size(config, model, pipeline_grid)
+def prepare(model: nn.Module, config, pipeline_grid: PipelineParallelGrid | None = None,
+            mpu_grid: MpuGrid | None = None) -> PipelineParallelGrid | MpuGrid | None:
+    """None without tensor parallelism or an mpu. Otherwise checks the config composes,
+    builds the grid (collective) or takes a PipelineModule's (`pipeline_grid`, whose tensor
+    size its topology set) or the script's mpu's (`mpu_grid`), converts `model` in place with
+    auto_tp over the tensor group when `tensor_parallel.autotp_size` asks (a model an mpu
+    comes with may be split already, as Megatron's is), and returns the grid; the engine
+    then runs over grid.get_data_parallel_group()."""
+    size = _size(config, model, pipeline_grid or mpu_grid)
+    if mpu_grid is not None and _asked_size(config, model) <= 1:
+        if size > 1:  # the script's layers split themselves
+            _check(config, size, where=f"an mpu of tensor size {size}")
+            check_same_inputs_once(model, mpu_grid)
+        return mpu_grid
     if size <= 1:
         return None
     _check(config, size)
-    grid = pipeline_grid or grid_for(tensor=size)
+    grid = pipeline_grid or mpu_grid or grid_for(tensor=size)
     if pipeline_grid is None:
         converted = auto_tp(model, grid.get_tensor_model_parallel_group())
         split = bool(converted) or any(is_split(p) for p in model.parameters())
@@ -125,10 +133,12 @@ def check_same_inputs_once(model: nn.Module, grid: PipelineParallelGrid) -> None
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _size(config, model: nn.Module, pipeline_grid) -> int:
-    configured = config.tensor_parallel.autotp_size
-    if pipeline_grid is not None:  # the PipelineModule's topology says it
-        tensor = pipeline_grid.get_tensor_model_parallel_world_size()
+def _size(config, model: nn.Module, given_grid) -> int:
+    """The tensor size: a PipelineModule's topology's, else the mpu's or what the config or
+    tp_model_init asks (the two must agree when both say it)."""
+    if isinstance(given_grid, PipelineParallelGrid):
+        tensor = given_grid.get_tensor_model_parallel_world_size()
+        configured = config.tensor_parallel.autotp_size
         if configured not in (0, 1, tensor) or getattr(model, _RECORD, None) is not None:
             raise ValueError(
                 f"zero: tensor_parallel.autotp_size = {configured} but the PipelineModule's "
@@ -136,6 +146,20 @@ def _size(config, model: nn.Module, pipeline_grid) -> int:
                 "sets it: PipelineModule(topology=PipeModelDataParallelTopology(num_pp, num_mp, "
                 "num_dp)), and leave autotp_size out or equal (tp_model_init does not apply)")
         return tensor
+    asked = _asked_size(config, model)
+    if given_grid is None:
+        return asked
+    tensor = given_grid.get_tensor_model_parallel_world_size()
+    if asked not in (0, 1, tensor):
+        raise ValueError(
+            f"zero: tensor_parallel.autotp_size (or tp_model_init's tp_size) = {asked} but the "
+            f"mpu passed to initialize has tensor size {tensor}; make them equal, or leave "
+            "autotp_size out when the model's layers are split already")
+    return tensor
+
+
+def _asked_size(config, model: nn.Module) -> int:
+    configured = config.tensor_parallel.autotp_size
     recorded = getattr(model, _RECORD, None)
     if recorded is None:
         return configured
@@ -151,8 +175,8 @@ def _size(config, model: nn.Module, pipeline_grid) -> int:
     return recorded.tp_size
 
 
-def _check(config, size: int) -> None:
-    where = f"tensor_parallel.autotp_size = {size}"
+def _check(config, size: int, where: str | None = None) -> None:
+    where = where or f"tensor_parallel.autotp_size = {size}"
     if config.zero_optimization.stage == 3:
         raise NotImplementedError(
             f"zero: ZeRO stage 3 with tensor parallelism ({where}) is not built: set "
