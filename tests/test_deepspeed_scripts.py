@@ -239,3 +239,45 @@ def test_deepspeed_chat_style_sft_trains_and_saves_a_model_that_loads(tmp_path, 
                      r"CurrSamplesPerSec=[\d.]+, MemAllocated=[\d.]+GB", out, re.M), out
     assert out.count("global_step=10, RunningAvg") == 1  # rank 0 alone
     assert _saved_model_eval_loss(tmp_path / "saved") == pytest.approx(after, abs=0.03)
+
+
+def _single_process_losses(model_dir, steps, batch_size=2, seq_length=16, lr=1e-3):
+    """autotp_mpu.py's training (data rank 0's fixed batch, AdamW, DeepSpeed's default
+    gradient clipping 1.0) in one process on the whole model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_length),
+                        generator=torch.Generator().manual_seed(0))
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.timeout(300)
+def test_autotp_example_with_its_own_groups_and_optimizer_matches_one_process(tmp_path):
+    """DeepSpeed's AutoTP example's shape (examples/deepspeed/autotp_mpu.py): its own tensor
+    and data groups passed as mpu=, a torch optimizer built before initialize() (AutoTP keeps
+    its parameter objects), `data_parallel_size` in the config: on 2 ranks at tensor size 2
+    both ranks train like one process on the whole model."""
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from examples.deepspeed.autotp_mpu import save_tiny_llama
+
+    save_tiny_llama(tmp_path / "tiny")
+    out = launch(tmp_path, EXAMPLES / "autotp_mpu.py", "--model_name", "tiny", "--tp_size", 2,
+                 "--dp_size", 1, "--num_steps", 4)
+    expected = _single_process_losses(tmp_path / "tiny", 4)
+    for rank in (0, 1):
+        got = [float(m) for m in re.findall(rf"^rank {rank} step \d+ loss ([\d.]+)$", out, re.M)]
+        assert got == pytest.approx(expected, rel=1e-5), (rank, got, expected)
+    assert expected[-1] < expected[0] - 0.1  # it trains

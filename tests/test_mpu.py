@@ -56,6 +56,29 @@ class ModelParallelUnit:
         return self.tp_rank
 
 
+class MegatronState:
+    """Megatron-LM's parallel_state spelling: tensor_model_parallel and pipeline accessors
+    beside the model-parallel ones."""
+
+    def __init__(self, mpu: ModelParallelUnit, pipeline_stages: int = 1):
+        self.mpu, self.pipeline_stages = mpu, pipeline_stages
+
+    def get_tensor_model_parallel_group(self):
+        return self.mpu.tp_group
+
+    def get_tensor_model_parallel_rank(self):
+        return self.mpu.tp_rank
+
+    def get_tensor_model_parallel_world_size(self):
+        return self.mpu.tp_size
+
+    def get_pipeline_model_parallel_world_size(self):
+        return self.pipeline_stages
+
+    def __getattr__(self, name):  # get_data_parallel_*, get_model_parallel_*
+        return getattr(self.__dict__["mpu"], name)
+
+
 def strided_mpu(rank: int) -> ModelParallelUnit:
     """Tensor groups {0, 2} and {1, 3}, data groups {0, 1} and {2, 3}: zero's own mesh would
     pair the tensor ranks the other way."""
@@ -97,9 +120,7 @@ def autotp_ranks(rank, world):
 def test_autotp_runs_over_the_mpus_own_groups_like_one_process():
     runs = run_distributed(autotp_ranks, 4, timeout=90)
     # one optimizer step per micro batch here: the reference's 3 steps of 2 are 6 of 1
-    import test_tp
-
-    expected_losses, expected = _reference_one_micro_batch_a_step(test_tp)
+    expected_losses, expected = reference(steps=STEPS * 2, micro_batches=1)
     for rank, (losses, whole) in enumerate(runs):
         for name, value in whole.items():
             error = ((value - expected[name]).norm() / expected[name].norm()).item()
@@ -107,15 +128,6 @@ def test_autotp_runs_over_the_mpus_own_groups_like_one_process():
     assert runs[0][0] == runs[2][0] and runs[1][0] == runs[3][0]  # tensor pairs {0,2}, {1,3}
     mean = [(a + b) / 2 for a, b in zip(runs[0][0], runs[1][0])]  # data ranks 0 and 1
     assert mean == pytest.approx(expected_losses, rel=1e-5)
-
-
-def _reference_one_micro_batch_a_step(test_tp):
-    saved = test_tp.STEPS, test_tp.MICRO_BATCHES
-    test_tp.STEPS, test_tp.MICRO_BATCHES = STEPS * 2, 1
-    try:
-        return reference()
-    finally:
-        test_tp.STEPS, test_tp.MICRO_BATCHES = saved
 
 
 # ---- a model the script split itself (Megatron's way) ---------------------------------------
@@ -135,7 +147,8 @@ class _SumOverTensorRanks(torch.autograd.Function):
 
 class SplitMLP(nn.Module):
     """A column-parallel then row-parallel MLP holding this tensor rank's slices of `whole`
-    (fc1: rows, fc2: columns; fc2's bias whole), marked as Megatron marks them."""
+    (fc1: rows, fc2: columns; fc2's bias whole), marked as Megatron marks them (fc2's weight
+    with the older `model_parallel`)."""
 
     def __init__(self, whole: dict, tensor_rank: int, group):
         super().__init__()
@@ -145,8 +158,9 @@ class SplitMLP(nn.Module):
         self.fc1_bias = nn.Parameter(whole["fc1_bias"][rows].clone())
         self.fc2_weight = nn.Parameter(whole["fc2_weight"][:, rows].clone())
         self.fc2_bias = nn.Parameter(whole["fc2_bias"].clone())
-        for param, dim in ((self.fc1_weight, 0), (self.fc1_bias, 0), (self.fc2_weight, 1)):
+        for param, dim in ((self.fc1_weight, 0), (self.fc1_bias, 0)):
             param.tensor_model_parallel, param.partition_dim = True, dim
+        self.fc2_weight.model_parallel, self.fc2_weight.partition_dim = True, 1  # Megatron v1
 
     def forward(self, x, y):
         hidden = F.gelu(F.linear(x, self.fc1_weight, self.fc1_bias))
@@ -176,7 +190,7 @@ def split_ranks(rank, world, clip, save_dir):
 
     def build():
         model = SplitMLP(whole_mlp(), mpu.tp_rank, mpu.tp_group)
-        return zero.initialize(model=model, mpu=mpu, config=config(clip=clip))[0]
+        return zero.initialize(model=model, mpu=MegatronState(mpu), config=config(clip=clip))[0]
 
     engine, data = build(), mlp_batches()
 
@@ -229,6 +243,7 @@ def test_a_model_split_by_the_script_trains_clips_and_resumes_with_its_mpu(tmp_p
         tensor_rank = rank // 2
         rows = slice(tensor_rank * HIDDEN // TENSOR, (tensor_rank + 1) * HIDDEN // TENSOR)
         for name, expected in (("fc1_weight", whole["fc1_weight"][rows]),
+                               ("fc1_bias", whole["fc1_bias"][rows]),
                                ("fc2_weight", whole["fc2_weight"][:, rows]),
                                ("fc2_bias", whole["fc2_bias"])):
             assert torch.allclose(local[name], expected, rtol=1e-5, atol=1e-6), (rank, name)
@@ -259,23 +274,54 @@ def refusal_ranks(rank, world):
         except error_type as error:
             errors[key] = str(error)
 
+    def unmarked(drop_dim=False):
+        model = SplitMLP(whole_mlp(), mpu.tp_rank, mpu.tp_group)
+        for param in model.parameters():
+            if drop_dim and hasattr(param, "partition_dim"):
+                del param.partition_dim
+            else:
+                param.tensor_model_parallel = param.model_parallel = False
+        return model
+
     attempt("methods", build_gpt(), MpuError, mpu=_NoDataGroup(), config=config())
     lying = ModelParallelUnit(mpu.tp_group, mpu.dp_group, TENSOR, 1, mpu.tp_rank, 0)
     attempt("sizes", build_gpt(), MpuError, mpu=lying, config=config())
+    crossed = ModelParallelUnit(mpu.dp_group, mpu.dp_group, TENSOR, DATA, mpu.tp_rank,
+                                mpu.dp_rank)
+    crossed.get_tensor_model_parallel_group = lambda: mpu.tp_group
+    crossed.get_tensor_model_parallel_rank = lambda: mpu.tp_rank
+    crossed.get_tensor_model_parallel_world_size = lambda: TENSOR
+    attempt("crossed", build_gpt(), MpuError, mpu=crossed, config=config())
+    attempt("pipeline", build_gpt(), MpuError, mpu=MegatronState(mpu, pipeline_stages=2),
+            config=config())
     attempt("autotp", build_gpt(), ValueError, mpu=mpu,
             config=config(tensor_parallel={"autotp_size": 4}))
     attempt("stage3", SplitMLP(whole_mlp(), mpu.tp_rank, mpu.tp_group), NotImplementedError,
             mpu=mpu, config=config(stage=3))
+    attempt("unmarked", unmarked(), ValueError, mpu=mpu, config=config())
+    attempt("no_dim", unmarked(drop_dim=True), ValueError, mpu=mpu, config=config())
     attempt("data_size", build_gpt(), ConfigError, mpu=mpu, config=config(data_parallel_size=4))
-    return errors
+    # an mpu of tensor size 1 is the data-parallel world
+    world = dist.new_group(list(range(4)))
+    alone = [dist.new_group([r]) for r in range(4)][rank]
+    engine = zero.initialize(model=build_gpt(), config=config(data_parallel_size=4),
+                             mpu=ModelParallelUnit(alone, world, 1, 4, 0, rank))[0]
+    return errors, engine.world_size
 
 
 def test_what_an_mpu_cannot_describe_is_refused_on_every_rank_naming_it():
-    for errors in run_distributed(refusal_ranks, 4, timeout=60):
+    for errors, data_ranks in run_distributed(refusal_ranks, 4, timeout=60):
+        assert data_ranks == 4
         assert "get_data_parallel_group" in errors["methods"]
         assert "data-parallel size 1 x model-parallel size 2 is not the world size 4" in \
             errors["sizes"]
+        assert "tensor group" in errors["crossed"] and "is not its model-parallel group" in \
+            errors["crossed"]
+        assert "get_pipeline_model_parallel_world_size() is 2" in errors["pipeline"]
         assert "= 4 but the mpu passed to initialize has tensor size 2" in errors["autotp"]
         assert "stage 3" in errors["stage3"] and "an mpu of tensor size 2" in errors["stage3"]
+        assert "no parameter of the model is marked as a slice" in errors["unmarked"]
+        assert "fc1_weight is marked tensor_model_parallel but has no partition_dim" in \
+            errors["no_dim"]
         assert "data_parallel_size = 4" in errors["data_size"] and "2 data-parallel" in \
             errors["data_size"]

@@ -94,18 +94,21 @@ def train_ranks(rank, world, stages, clip=0.0, fp16=None):
     return runs
 
 
-def reference(clip: float = 0.0, norms: list | None = None):
+def reference(clip: float = 0.0, norms: list | None = None, steps: int = STEPS,
+              micro_batches: int = MICRO_BATCHES):
+    """Losses and parameters of one process on the global batches; `steps` x `micro_batches`
+    covers batches() (STEPS x MICRO_BATCHES of the data ranks) in another grouping."""
     model, data = build_gpt(), batches()
     optimizer = torch.optim.AdamW(model.parameters(), lr=HYPER["lr"], betas=tuple(HYPER["betas"]),
                                   eps=HYPER["eps"], weight_decay=HYPER["weight_decay"],
                                   foreach=False)
     losses = []  # per micro-batch: the mean of the data ranks' losses
-    for step in range(STEPS):
+    for step in range(steps):
         optimizer.zero_grad()
-        for k in range(MICRO_BATCHES):
-            parts = [data[(step * MICRO_BATCHES + k) * DATA + d] for d in range(DATA)]
+        for k in range(micro_batches):
+            parts = [data[(step * micro_batches + k) * DATA + d] for d in range(DATA)]
             loss = model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
-            (loss / MICRO_BATCHES).backward()
+            (loss / micro_batches).backward()
             losses.append(loss.item())
         if clip:
             norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())

@@ -813,7 +813,9 @@ TOP = Block("", "Top-level keys.", (
     _int("gradient_accumulation_steps", None, "Micro batches accumulated per optimizer step.", minimum=1,
          maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
     _int("data_parallel_size", None, "The data-parallel ranks (world / tensor size, or the mpu's data "
-         "group), as DeepSpeed's AutoTP example writes it: checked, never set. DeepSpeed ignores it.",
+         "group), as DeepSpeed's AutoTP example writes it: checked against the run, never set. DeepSpeed "
+         "reads it only beside sequence_parallel_size (its sequence mesh) and otherwise ignores it; zero "
+         "refuses a value that is not the run's.",
          minimum=1, maximum=MAX_SAMPLES, nullable=True),
     _block("optimizer", OPTIMIZER, "Optimizer (table below). Absent or null: client optimizer.", optional=True),
     _block("scheduler", SCHEDULER, "Learning-rate schedule (table below). Absent or null: none.",

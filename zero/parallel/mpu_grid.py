@@ -35,6 +35,9 @@ class MpuError(ValueError):
 class MpuGrid:
     """The grid accessors zero uses, answered from `mpu` (read once, on construction)."""
 
+    stage_id = 0  # no pipeline stages: a PipelineModule brings its own grid
+    pipe_parallel_size = 1
+
     def __init__(self, mpu):
         missing = [name for name in _REQUIRED if not callable(getattr(mpu, name, None))]
         if missing:
@@ -50,7 +53,9 @@ class MpuGrid:
         self.model_parallel_group = mpu.get_model_parallel_group()
         self.model_parallel_rank = mpu.get_model_parallel_rank()
         self.model_parallel_size = mpu.get_model_parallel_world_size()
-        spelling = next(s for s in _TENSOR_SPELLINGS if hasattr(mpu, f"get_{s}_world_size"))
+        spelling = next(s for s in _TENSOR_SPELLINGS
+                        if all(callable(getattr(mpu, f"get_{s}_{what}", None))
+                               for what in ("group", "rank", "world_size")))
         self.tensor_parallel_group = getattr(mpu, f"get_{spelling}_group")()
         self.tensor_parallel_id = getattr(mpu, f"get_{spelling}_rank")()
         self.tensor_parallel_size = getattr(mpu, f"get_{spelling}_world_size")()
@@ -64,11 +69,15 @@ class MpuGrid:
                     f"zero.initialize: the mpu's {name}() is {stages}; zero takes pipeline "
                     "stages from a PipelineModule's topology (PipeModelDataParallelTopology), "
                     "not from an mpu: pass the PipelineModule without mpu=")
-        if self.tensor_parallel_size != self.model_parallel_size:
+        tensor_ranks = dist.get_process_group_ranks(self.tensor_parallel_group)
+        model_ranks = dist.get_process_group_ranks(self.model_parallel_group)
+        if tensor_ranks != model_ranks or self.tensor_parallel_id != self.model_parallel_rank:
             raise MpuError(
-                f"zero.initialize: the mpu's tensor size {self.tensor_parallel_size} is not its "
-                f"model-parallel size {self.model_parallel_size}; without pipeline stages the "
-                "two are the same ranks")
+                f"zero.initialize: the mpu's tensor group (ranks {tensor_ranks}, this rank "
+                f"{self.tensor_parallel_id}) is not its model-parallel group (ranks "
+                f"{model_ranks}, this rank {self.model_parallel_rank}); without pipeline stages "
+                "the two are the same ranks in the same order (checkpoint parts are named by "
+                "the model rank and joined in tensor order)")
         if self.data_parallel_size * self.model_parallel_size != self.world_size:
             raise MpuError(
                 f"zero.initialize: the mpu's data-parallel size {self.data_parallel_size} x "
@@ -83,9 +92,6 @@ class MpuGrid:
                     f"ranks but get_{what}_parallel_world_size() says {size}")
 
     # ---- the accessors of grid.PipelineParallelGrid that zero reads --------------------------
-    stage_id = 0
-    pipe_parallel_size = 1
-
     def get_data_parallel_group(self):
         return self.data_parallel_group
 

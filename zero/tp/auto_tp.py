@@ -157,6 +157,25 @@ def local_shapes(model: nn.Module, size: int) -> dict[int, tuple[int, ...]]:
     return shapes
 
 
+_SPLIT_MARKS = ("tensor_model_parallel", "partition_dim", "partition_fused", "partition_transposed")
+
+
+def _adopt_parameters(layer: nn.Module, original: nn.Module) -> None:
+    """The split layer takes over the original layer's Parameter objects, each now holding
+    this rank's slice, as DeepSpeed's AutoTP keeps them: an optimizer or a parameter list a
+    script made before initialize() (DeepSpeed's AutoTP example builds its torch optimizer
+    first) still holds the parameters that train."""
+    for name in ("weight", "bias"):
+        made, kept = getattr(layer, name, None), getattr(original, name, None)
+        if made is None or kept is None:
+            continue
+        kept.data = made.data
+        for mark in _SPLIT_MARKS:
+            if hasattr(made, mark):
+                setattr(kept, mark, getattr(made, mark))
+        setattr(layer, name, kept)
+
+
 def auto_tp(model: nn.Module, group) -> list[str]:
     """Converts `model` in place over the tensor-parallel process group `group`; returns the
     qualified names of the linears it split, in model order. Every rank of the group must
@@ -170,9 +189,12 @@ def auto_tp(model: nn.Module, group) -> list[str]:
         layer = (ColumnParallelLinear.from_linear(linear, group, fused=split.fused,
                                                   name=split.name) if split.column
                  else RowParallelLinear.from_linear(linear, group, name=split.name))
-        if linear is not getattr(split.parent, split.attr):  # an HF Conv1D, weight [in, out]
+        original = getattr(split.parent, split.attr)
+        if linear is not original:  # an HF Conv1D, weight [in, out]
             layer.weight.partition_transposed = True  # checkpoints export it as it was
-        setattr(split.parent, split.attr, layer.to(linear.weight.device))
+        layer = layer.to(linear.weight.device)
+        _adopt_parameters(layer, original)
+        setattr(split.parent, split.attr, layer)
     for parent, _ in _parents(splits):
         for attr in HEADS + WIDTHS:
             value = getattr(parent, attr, None)

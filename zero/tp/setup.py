@@ -33,8 +33,9 @@ def tp_model_init(model: nn.Module, tp_size: int, dtype: torch.dtype | None = No
     model; `initialize()` converts it, with `tensor_parallel.autotp_size` filled in from
     here when the config has none (a different value in both is an error). Returns model."""
     if kwargs.get("tp_group") is not None or kwargs.get("mpu") is not None:
-        raise NotImplementedError("zero: tp_model_init(tp_group=/mpu=) is not built: zero "
-                                  "builds the tensor groups from the mesh; pass tp_size only")
+        raise NotImplementedError("zero: tp_model_init(tp_group=/mpu=) is not built: pass "
+                                  "tp_size only, and the mpu to initialize(mpu=...), whose "
+                                  "tensor group AutoTP then splits over")
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"zero: tp_model_init tp_size = {tp_size!r} must be a positive integer")
     setattr(model, _RECORD, TPModelInit(tp_size, dtype))
@@ -73,6 +74,7 @@ def prepare(model: nn.Module, config, pipeline_grid: PipelineParallelGrid | None
     if mpu_grid is not None and _asked_size(config, model) <= 1:
         if size > 1:  # the script's layers split themselves
             _check(config, size, where=f"an mpu of tensor size {size}")
+            _read_script_marks(model, size)
             check_same_inputs_once(model, mpu_grid)
         return mpu_grid
     if size <= 1:
@@ -92,6 +94,35 @@ def prepare(model: nn.Module, config, pipeline_grid: PipelineParallelGrid | None
             "...) and no zero.tp layer was built by hand; set autotp_size to 0")
     check_same_inputs_once(model, grid)
     return grid
+
+
+def _read_script_marks(model: nn.Module, size: int) -> None:
+    """A model an mpu of tensor size > 1 comes with, without AutoTP, was split by the script:
+    its slices carry Megatron's marks. The older `model_parallel` mark counts as
+    `tensor_model_parallel`, as DeepSpeed reads both. Refused, naming the parameter or the
+    fix: no marked slice at all (every rank would start from tensor rank 0's values), a slice
+    without `partition_dim` (checkpoints join slices along it), a `partition_stride` other
+    than 1 (interleaved slices are not joined)."""
+    named = list(model.named_parameters())
+    for _, param in named:
+        if getattr(param, "model_parallel", False) and not is_split(param):
+            param.tensor_model_parallel = True
+    split = [(name, param) for name, param in named if is_split(param)]
+    if not split:
+        raise ValueError(
+            f"zero: the mpu has tensor size {size} but no parameter of the model is marked as "
+            "a slice; mark each split parameter as Megatron does (param.tensor_model_parallel "
+            "= True, param.partition_dim = the dimension it is split along), or set "
+            f"tensor_parallel.autotp_size = {size} to let AutoTP split the model")
+    for name, param in split:
+        if not isinstance(getattr(param, "partition_dim", None), int):
+            raise ValueError(f"zero: {name} is marked tensor_model_parallel but has no "
+                             "partition_dim; set it to the dimension the parameter is split "
+                             "along (checkpoints join the slices along it)")
+        if getattr(param, "partition_stride", 1) != 1:
+            raise NotImplementedError(
+                f"zero: {name} has partition_stride = {param.partition_stride}; interleaved "
+                "slices are not built: split it into contiguous slices (partition_stride 1)")
 
 
 def _convert_stages(module: nn.Module, grid: PipelineParallelGrid) -> bool:
