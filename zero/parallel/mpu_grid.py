@@ -12,14 +12,16 @@ DeepSpeed reads it by these methods (its `utils/bwc.py` and `utils/groups.py`):
     Megatron); pipeline stages by `get_pipeline_model_parallel_world_size` or
     `get_pipe_parallel_world_size`.
 
-`MpuGrid` reads those once and answers the accessors zero's engine, norm span and
-checkpoints ask of a PipelineParallelGrid (grid.py). Pipeline stages come from a
+`MpuGrid` reads those once into a PipelineParallelGrid of one stage (grid.py), whose
+accessors zero's engine, norm span and checkpoints read. Pipeline stages come from a
 PipelineModule's own topology, so an mpu with more than one is refused. The parameters the
 script's layers split say so as Megatron's do (`tensor_model_parallel`, `partition_dim`).
 """
 from __future__ import annotations
 
 import torch.distributed as dist
+
+from .grid import PipelineParallelGrid
 
 _REQUIRED = ("get_data_parallel_group", "get_data_parallel_rank",
              "get_data_parallel_world_size", "get_model_parallel_group",
@@ -32,36 +34,39 @@ class MpuError(ValueError):
     """The mpu passed to initialize() cannot describe this run."""
 
 
-class MpuGrid:
-    """The grid accessors zero uses, answered from `mpu` (read once, on construction)."""
+class MpuGrid(PipelineParallelGrid):
+    """A PipelineParallelGrid of one stage whose groups and ranks are `mpu`'s (read once, on
+    construction; nothing is created). The mesh arithmetic (`stage_to_global`) does not
+    apply: the mpu's rank layout is its own."""
 
-    stage_id = 0  # no pipeline stages: a PipelineModule brings its own grid
-    pipe_parallel_size = 1
-
-    def __init__(self, mpu):
+    def __init__(self, mpu):  # the base class's __init__ creates groups: not called
         missing = [name for name in _REQUIRED if not callable(getattr(mpu, name, None))]
         if missing:
             raise MpuError(f"zero.initialize: the mpu ({type(mpu).__name__}) has no {missing}; "
                            "a model-parallel unit answers DeepSpeed's get_data_parallel_* and "
                            "get_model_parallel_* (group, rank, world_size) for this rank")
-        self.mpu = mpu
-        self.global_rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.data_parallel_group = mpu.get_data_parallel_group()
+        self.mpu, self.mesh = mpu, None
+        self.global_rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.stage_id, self.pipe_parallel_size = 0, 1
+        self.is_first_stage = self.is_last_stage = True
+        self.prev_stage_rank = self.next_stage_rank = None
+        self.dp_proc_group = mpu.get_data_parallel_group()
         self.data_parallel_id = mpu.get_data_parallel_rank()
         self.data_parallel_size = mpu.get_data_parallel_world_size()
-        self.model_parallel_group = mpu.get_model_parallel_group()
-        self.model_parallel_rank = mpu.get_model_parallel_rank()
-        self.model_parallel_size = mpu.get_model_parallel_world_size()
+        self.mp_proc_group = mpu.get_model_parallel_group()
+        self.mp_group = dist.get_process_group_ranks(self.mp_proc_group)
+        self.pp_proc_group, self.pp_group = None, [self.global_rank]
         spelling = next(s for s in _TENSOR_SPELLINGS
                         if all(callable(getattr(mpu, f"get_{s}_{what}", None))
                                for what in ("group", "rank", "world_size")))
-        self.tensor_parallel_group = getattr(mpu, f"get_{spelling}_group")()
+        self.tp_proc_group = getattr(mpu, f"get_{spelling}_group")()
         self.tensor_parallel_id = getattr(mpu, f"get_{spelling}_rank")()
         self.tensor_parallel_size = getattr(mpu, f"get_{spelling}_world_size")()
-        self._check()
+        self.tp_group = dist.get_process_group_ranks(self.tp_proc_group)
+        self.dp_group = dist.get_process_group_ranks(self.dp_proc_group)
+        self._check(mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size())
 
-    def _check(self) -> None:
+    def _check(self, model_rank: int, model_size: int) -> None:
         for name in _PIPELINE_SIZES:
             stages = getattr(self.mpu, name, lambda: 1)()
             if stages != 1:
@@ -69,74 +74,28 @@ class MpuGrid:
                     f"zero.initialize: the mpu's {name}() is {stages}; zero takes pipeline "
                     "stages from a PipelineModule's topology (PipeModelDataParallelTopology), "
                     "not from an mpu: pass the PipelineModule without mpu=")
-        tensor_ranks = dist.get_process_group_ranks(self.tensor_parallel_group)
-        model_ranks = dist.get_process_group_ranks(self.model_parallel_group)
-        if tensor_ranks != model_ranks or self.tensor_parallel_id != self.model_parallel_rank:
-            raise MpuError(
-                f"zero.initialize: the mpu's tensor group (ranks {tensor_ranks}, this rank "
-                f"{self.tensor_parallel_id}) is not its model-parallel group (ranks "
-                f"{model_ranks}, this rank {self.model_parallel_rank}); without pipeline stages "
-                "the two are the same ranks in the same order (checkpoint parts are named by "
-                "the model rank and joined in tensor order)")
-        if self.data_parallel_size * self.model_parallel_size != self.world_size:
+        if self.data_parallel_size * model_size != self.world_size:
             raise MpuError(
                 f"zero.initialize: the mpu's data-parallel size {self.data_parallel_size} x "
-                f"model-parallel size {self.model_parallel_size} is not the world size "
+                f"model-parallel size {model_size} is not the world size "
                 f"{self.world_size}; every rank must be in one data group and one model group")
-        for what, group, size in (("data", self.data_parallel_group, self.data_parallel_size),
-                                  ("model", self.model_parallel_group, self.model_parallel_size)):
-            actual = dist.get_world_size(group)
-            if actual != size:
+        for what, ranks, size in (("data", self.dp_group, self.data_parallel_size),
+                                  ("model", self.mp_group, model_size)):
+            if len(ranks) != size:
                 raise MpuError(
-                    f"zero.initialize: the mpu's get_{what}_parallel_group() has {actual} "
+                    f"zero.initialize: the mpu's get_{what}_parallel_group() has {len(ranks)} "
                     f"ranks but get_{what}_parallel_world_size() says {size}")
+        if self.tp_group != self.mp_group or self.tensor_parallel_id != model_rank:
+            raise MpuError(
+                f"zero.initialize: the mpu's tensor group (ranks {self.tp_group}, this rank "
+                f"{self.tensor_parallel_id}) is not its model-parallel group (ranks "
+                f"{self.mp_group}, this rank {model_rank}); without pipeline stages the two are "
+                "the same ranks in the same order (checkpoint parts are named by the model "
+                "rank and joined in tensor order)")
 
-    # ---- the accessors of grid.PipelineParallelGrid that zero reads --------------------------
-    def get_data_parallel_group(self):
-        return self.data_parallel_group
-
-    def get_data_parallel_rank(self) -> int:
-        return self.data_parallel_id
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.data_parallel_size
-
-    def get_model_parallel_group(self):
-        return self.model_parallel_group
-
-    def get_model_parallel_rank(self) -> int:
-        return self.model_parallel_rank
-
-    def get_model_parallel_world_size(self) -> int:
-        return self.model_parallel_size
-
-    def get_tensor_model_parallel_group(self):
-        return self.tensor_parallel_group
-
-    def get_tensor_model_parallel_rank(self) -> int:
-        return self.tensor_parallel_id
-
-    def get_tensor_model_parallel_world_size(self) -> int:
-        return self.tensor_parallel_size
-
-    get_slice_parallel_group = get_tensor_model_parallel_group
-    get_slice_parallel_rank = get_tensor_model_parallel_rank
-    get_slice_parallel_world_size = get_tensor_model_parallel_world_size
-
-    def get_pipe_parallel_world_size(self) -> int:
-        return 1
-
-    def get_stage_id(self) -> int:
-        return 0
-
-    def get_global_rank(self) -> int:
-        return self.global_rank
-
-    def describe(self) -> dict:
-        """The sizes and this rank's place, as PipelineParallelGrid.describe()."""
-        return {"pipe": 1, "data": self.data_parallel_size, "tensor": self.tensor_parallel_size,
-                "stage": 0, "data_rank": self.data_parallel_id,
-                "tensor_rank": self.tensor_parallel_id}
+    def stage_to_global(self, stage_id: int, **kwargs) -> int:
+        raise NotImplementedError("zero: stage_to_global is a pipeline mesh's; an mpu's grid "
+                                  "has one stage and the mpu's own rank layout")
 
     def __getattr__(self, name):
         # anything else a script asks of engine.mpu is its own mpu's

@@ -167,7 +167,7 @@ def check_same_inputs_once(model: nn.Module, grid: PipelineParallelGrid) -> None
 def _size(config, model: nn.Module, given_grid) -> int:
     """The tensor size: a PipelineModule's topology's, else the mpu's or what the config or
     tp_model_init asks (the two must agree when both say it)."""
-    if isinstance(given_grid, PipelineParallelGrid):
+    if given_grid is not None and not isinstance(given_grid, MpuGrid):
         tensor = given_grid.get_tensor_model_parallel_world_size()
         configured = config.tensor_parallel.autotp_size
         if configured not in (0, 1, tensor) or getattr(model, _RECORD, None) is not None:
