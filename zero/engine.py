@@ -27,6 +27,7 @@ from . import _C, agreement, hybrid_engine, process_groups, sharding, stage3
 from . import init as zero_init
 from . import offload_states as states_offload
 from .parallel import data_group
+from .autocast import ForwardAutocast
 from .boundary import as_dict
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
@@ -116,11 +117,13 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
                        for g, group in enumerate(self._engine_groups)
                        for i, param in enumerate(group.params)]
+        self.forward_autocast = ForwardAutocast(config.torch_autocast, self.device.type)
         self.loss_scaler = (loss_scaler_from_config(
             loss_scale=config.fp16.loss_scale, initial_scale_power=config.fp16.initial_scale_power,
             loss_scale_window=config.fp16.loss_scale_window, hysteresis=config.fp16.hysteresis,
             consecutive_hysteresis=config.fp16.consecutive_hysteresis,
-            min_loss_scale=config.fp16.min_loss_scale) if config.fp16.enabled else None)
+            min_loss_scale=config.fp16.min_loss_scale)
+            if config.fp16.enabled or self.forward_autocast.loss_scaled else None)
         self.optimizer = ZeroOptimizer(spec, groups, self.loss_scaler,
                                        owners=[group.owner for group in self._engine_groups])
         fill_initial_state(self._core, self._engine_groups, groups)
@@ -174,7 +177,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                 "engine.optimizer.parameter_offload._register_deepspeed_module(engine.module) "
                 "(TRL's add_hooks) before the engine's forward")
         self.tput_timer.start()
-        with self._watch.phase(FORWARD):
+        with self._watch.phase(FORWARD), self.forward_autocast():
             return self.module(*inputs, **kwargs)
 
     def __getattr__(self, name: str):

@@ -224,6 +224,13 @@ class HybridEngineConfig:
 
 
 @dataclass(frozen=True)
+class TorchAutocastConfig:
+    enabled: bool
+    dtype: Optional[str]  # one of schema.AUTOCAST_DTYPES; None: the device's autocast default
+    lower_precision_safe_modules: Tuple[str, ...]  # checked to import; reduction is unchanged
+
+
+@dataclass(frozen=True)
 class FlopsProfilerConfig:
     enabled: bool
     recompute_fwd_factor: float
@@ -267,6 +274,7 @@ class ZeroConfig:
     comms_logger: CommsLoggerConfig
     flops_profiler: FlopsProfilerConfig
     hybrid_engine: HybridEngineConfig
+    torch_autocast: TorchAutocastConfig
     world_size: int
     enabled_features: FrozenSet[str]
     raw: Mapping[str, Any]  # the config as given (a private deep copy)
@@ -333,6 +341,7 @@ def build(values, raw, world_size, features):
         comms_logger=_make(CommsLoggerConfig, values["comms_logger"]),
         flops_profiler=_make(FlopsProfilerConfig, values["flops_profiler"]),
         hybrid_engine=_make(HybridEngineConfig, values["hybrid_engine"]),
+        torch_autocast=_make(TorchAutocastConfig, values["torch_autocast"]),
         world_size=world_size,
         enabled_features=frozenset(features),
         raw=raw,
@@ -359,4 +368,5 @@ DATACLASS_FOR_BLOCK = {  # schema block path -> dataclass (for the schema/model 
     "comms_logger": CommsLoggerConfig,
     "flops_profiler": FlopsProfilerConfig,
     "hybrid_engine": HybridEngineConfig,
+    "torch_autocast": TorchAutocastConfig,
 }

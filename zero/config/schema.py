@@ -771,6 +771,28 @@ HYBRID_ENGINE = Block("hybrid_engine", "DeepSpeed's hybrid engine (RLHF: one act
     _unsupported(BOOL, "enable_cuda_graph", False, "CUDA graphs for the decode steps."),
 ))
 
+# DeepSpeed 0.19: runtime/torch_autocast.py, read by zero/autocast.py.
+AUTOCAST_DTYPES = ("torch.bfloat16", "bf16", "bfloat16", "torch.float16", "fp16", "float16", "half")
+DEFAULT_LOWER_PRECISION_SAFE_MODULES = ("torch.nn.Linear", "torch.nn.Conv1d", "torch.nn.Conv2d",
+                                        "torch.nn.Conv3d")
+
+TORCH_AUTOCAST = Block("torch_autocast", "torch.autocast mixed precision, DeepSpeed's: the engine's "
+                       "forward runs under torch.autocast, the parameters keep their dtype (fp32 "
+                       "unless bf16/fp16 is enabled too), and the optimizer steps them directly "
+                       "(zero/autocast.py).", (
+    _bool("enabled", False, "Run the forward under torch.autocast. A torch.autocast the script opens "
+          "around the forward gives way to this block, as in DeepSpeed (and is switched off inside the "
+          "forward when this is false)."),
+    _choice("dtype", None, AUTOCAST_DTYPES, "The autocast dtype (DeepSpeed's spellings). Null: the "
+            "device's autocast default (bf16 on a CPU, fp16 on a GPU). fp16 scales the loss dynamically, "
+            "with the fp16 block's loss-scale keys.", nullable=True),
+    Key("lower_precision_safe_modules", STRINGS, DEFAULT_LOWER_PRECISION_SAFE_MODULES,
+        "Module classes by import path whose parameters' gradients DeepSpeed reduces in the autocast "
+        "dtype. zero checks that each imports and reduces every gradient in communication_data_type "
+        "(default: the parameters' own dtype, so more exact sums and twice the bytes of DeepSpeed's for "
+        "these; set communication_data_type to \"bf16\" to halve all of them)."),
+))
+
 # --------------------------------------------------------------------------- checkpoint
 
 CHECKPOINT = Block("checkpoint", "DeepSpeed's checkpoint options (zero's checkpoint files: "
@@ -864,6 +886,7 @@ TOP = Block("", "Top-level keys.", (
     _block("comms_logger", COMMS_LOGGER, "Communication logger (table below)."),
     _block("flops_profiler", FLOPS_PROFILER, "FLOPs profiler (table below)."),
     _block("hybrid_engine", HYBRID_ENGINE, "RLHF hybrid engine: generate at stage 3 (table below)."),
+    _block("torch_autocast", TORCH_AUTOCAST, "torch.autocast mixed precision (table below)."),
     # DeepSpeed scalar keys zero does not implement: only their defaults are accepted.
     _unsupported(BOOL, "sparse_gradients", False, "CSR gradients for sparse embeddings."),
     _unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),
@@ -881,7 +904,6 @@ TOP = Block("", "Top-level keys.", (
     # DeepSpeed sections zero does not implement: accepted only while inert.
     _section("sparse_attention", "Sparse attention kernels."),
     _section("amp", "NVIDIA Apex AMP."),
-    _section("torch_autocast", "torch.autocast mixed precision."),
     _section("compression_training", "Compression (quantization/pruning) training."),
     _section("quantize_training", "MoQ quantized training."),
     _section("data_efficiency", "Data efficiency library."),

@@ -172,7 +172,8 @@ class PipelineEngine(ZeroEngine):
 
     def _stage_forward(self, mb: int, batch: _Batch):
         """This stage's layers on the micro-batch; on the last stage the loss."""
-        outputs = self.module(batch.inputs[mb])
+        with self.forward_autocast():
+            outputs = self.module(batch.inputs[mb])
         if self.is_last_stage():
             labels = batch.labels.pop(mb)
             loss_fn = self.module.loss_fn
