@@ -394,12 +394,13 @@ def test_in_flight_gathers_are_bounded(inflight):
 def _plain_backward(rank, world):
     engine = _make(rank)
     tokens, targets = training.batches(world, 1, 1)[rank]
-    with pytest.raises(RuntimeError, match=r"call engine.backward\(loss\), not loss.backward\(\)"):
-        engine(tokens, targets).backward()
+    with pytest.raises(RuntimeError, match=r"without the engine: compute the loss from the "
+                                           r"engine's forward \(engine\(...\), not engine.module"):
+        engine.module(tokens, targets).backward()
     return True
 
 
-def test_plain_loss_backward_at_stage_3_is_a_named_error():
+def test_a_backward_around_the_engine_at_stage_3_is_a_named_error():
     assert run_distributed(_plain_backward, 1) == [True]
 
 

@@ -44,6 +44,7 @@ from .parameter_offload import ParameterOffload
 from offload.progress import SwapWriteProgress
 from .reports.table import format_report, format_report_line
 from .schedulers import build_scheduler
+from .torch_backward import TorchStyleBackward
 
 logger = logging.getLogger("zero")
 
@@ -118,6 +119,9 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                        for g, group in enumerate(self._engine_groups)
                        for i, param in enumerate(group.params)]
         self.forward_autocast = ForwardAutocast(config.torch_autocast, self.device.type)
+        self._torch_backward = TorchStyleBackward(self._open_backward, self._close_backward,
+                                                  self.gradient_accumulation_steps,
+                                                  self._needs_loss_scale)
         self.loss_scaler = (loss_scaler_from_config(
             loss_scale=config.fp16.loss_scale, initial_scale_power=config.fp16.initial_scale_power,
             loss_scale_window=config.fp16.loss_scale_window, hysteresis=config.fp16.hysteresis,
@@ -178,7 +182,9 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                 "(TRL's add_hooks) before the engine's forward")
         self.tput_timer.start()
         with self._watch.phase(FORWARD), self.forward_autocast():
-            return self.module(*inputs, **kwargs)
+            outputs = self.module(*inputs, **kwargs)
+        self._torch_backward.attach(outputs)  # loss.backward() works too, as in DeepSpeed
+        return outputs
 
     def __getattr__(self, name: str):
         """What the engine lacks is the model's, as DeepSpeed's engine passes it through
@@ -277,20 +283,39 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         DeepSpeed; and the fp16 loss scale), runs backward with gradient reduction overlapped,
         and waits for the reductions."""
         self._alive("backward")
-        boundary = self.is_gradient_accumulation_boundary() and not self._no_sync
         scaled = loss.float() / self.gradient_accumulation_steps() if scale_wrt_gas else loss.float()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
+        boundary = self._open_backward()
+        self._watch.add_loss(loss)
+        with self._watch.phase(BACKWARD):
+            with self._watch.phase(BACKWARD_INNER), self._torch_backward.engine_backward():
+                scaled.backward(retain_graph=retain_graph)
+            with self._watch.phase(BACKWARD_REDUCE):  # stage 3: the end-of-backward hook did it
+                self._close_backward(boundary)
+        return loss
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """DeepSpeed's: the loss times the loss scale (fp16), for `engine.scale(loss).backward()`
+        (zero/torch_backward.py); the loss itself without one."""
+        self._torch_backward.expect_scaled()
+        return loss * self.loss_scaler.loss_scale if self.loss_scaler is not None else loss
+
+    def _open_backward(self) -> bool:
+        """Before autograd runs a backward (engine.backward, or a torch-style one): the
+        accumulation boundary it ends on, if any, and the C++ side made ready."""
+        boundary = self.is_gradient_accumulation_boundary() and not self._no_sync
         self._boundary_in_backward = boundary
         self._boundary_backward_seen = self._boundary_backward_seen or boundary
         self._core.prepare_backward(boundary)
-        self._watch.add_loss(loss)
-        with self._watch.phase(BACKWARD):
-            with self._watch.phase(BACKWARD_INNER):
-                scaled.backward(retain_graph=retain_graph)
-            with self._watch.phase(BACKWARD_REDUCE):  # stage 3: the end-of-backward hook did it
-                self._core.finish_backward(boundary)
-        return loss
+        return boundary
+
+    def _close_backward(self, boundary: bool) -> None:
+        if self._core is not None:
+            self._core.finish_backward(boundary)
+
+    def _needs_loss_scale(self) -> bool:
+        return self.loss_scaler is not None
 
     def step(self, lr_kwargs: dict | None = None):
         """At the accumulation boundary: the sharded optimizer step, then scheduler and loss
@@ -304,10 +329,11 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         if boundary and not self._boundary_backward_seen:
             raise RuntimeError(
                 f"zero: engine.step() at the end of step {self.global_steps + 1}, but that "
-                "micro-batch's backward did not go through engine.backward(loss): call "
-                "engine.backward(loss) instead of loss.backward(). The engine scales the loss and "
-                "reduces the gradients across ranks there; this step would apply unreduced "
-                "gradients (at stages 2 and 3: none)")
+                "micro-batch's backward did not go through the engine: compute the loss from "
+                "the engine's forward (engine(...), not engine.module(...)) and call "
+                "loss.backward() or engine.backward(loss). The engine reduces the gradients "
+                "across ranks there; this step would apply unreduced gradients (at stages 2 and "
+                "3: none)")
         if self.inference_only:
             raise RuntimeError("zero: engine.step() on an engine built without an optimizer "
                                "(no \"optimizer\" block and no optimizer= to initialize()); "

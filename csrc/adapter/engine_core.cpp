@@ -94,9 +94,10 @@ void EngineCore::prepare_backward(bool boundary) {
 
 bool EngineCore::unit_backward_begins(std::size_t unit) {
   at::NoGradGuard no_grad;
-  TORCH_CHECK(backward_pending_, "zero: at ZeRO stage 3 call engine.backward(loss), not "
-              "loss.backward(): the engine gathers each unit's parameters and reduces its "
-              "gradients around autograd");
+  TORCH_CHECK(backward_pending_, "zero: a backward reached the model's ZeRO-3 units without "
+              "the engine: compute the loss from the engine's forward (engine(...), not "
+              "engine.module(...)) and call loss.backward() or engine.backward(loss); the engine "
+              "gathers each unit's parameters and reduces its gradients around autograd");
   schedule().before_backward(unit);
   const bool first = !flush_queued_;
   flush_queued_ = true;

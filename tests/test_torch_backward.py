@@ -1,0 +1,84 @@
+"""DeepSpeed's PyTorch-style backward (zero/torch_backward.py): `loss.backward()` then
+`engine.step()` on a loss from the engine's forward trains exactly as `engine.backward(loss)`
+does, at every ZeRO stage and with gradient accumulation, on 2 gloo ranks; with fp16 an
+unscaled `loss.backward()` is refused naming the fix and `engine.scale(loss).backward()`
+trains as `engine.backward(loss)`; a model answering with a mapping (as HF models do) works
+too."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import training
+from distributed_harness import run_distributed
+
+pytestmark = pytest.mark.timeout(240)
+WORLD, STEPS, GAS = 2, 3, 2
+
+
+class DictOutput(torch.nn.Module):
+    """The test model answering as an HF model does: a mapping with the loss in it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = training.make_model()
+
+    def forward(self, tokens, targets):
+        return {"loss": self.inner(tokens, targets), "tokens": tokens}
+
+
+def train_ranks(rank, world, cfg, style, dict_output=False):
+    import zero
+
+    model = DictOutput() if dict_output else training.make_model()
+    engine, _, _, _ = zero.initialize(model=model, config=cfg)
+    data, losses = training.batches(world, STEPS, GAS), []
+    for step in range(STEPS):
+        for micro in range(GAS):
+            out = engine(*data[(step * GAS + micro) * world + rank])
+            loss = out["loss"] if dict_output else out
+            if style == "engine":
+                engine.backward(loss)
+            else:
+                (engine.scale(loss) if style == "scaled" else loss).backward()
+            engine.step()
+            losses.append(loss.item())
+    return losses, training.parameters_of(engine.module), engine.skipped_steps
+
+
+@pytest.mark.parametrize("stage,dict_output", [(0, False), (1, False), (2, True), (3, False),
+                                               (3, True)])
+def test_loss_backward_trains_as_engine_backward(stage, dict_output):
+    cfg = training.engine_config(stage, gas=GAS, scheduler=False)
+    torch_style = run_distributed(train_ranks, WORLD, args=(cfg, "torch", dict_output),
+                                  timeout=120)
+    engine_style = run_distributed(train_ranks, WORLD, args=(cfg, "engine", dict_output),
+                                   timeout=120)
+    for (losses, params, _), (expected_losses, expected, _) in zip(torch_style, engine_style):
+        assert losses == expected_losses
+        for name, value in params.items():
+            assert training.relative_error(value, expected[name]) < 1e-6, (stage, name)
+
+
+def unscaled_ranks(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(2, gas=1, precision="fp16"))
+    tokens, targets = training.batches(world, 1, 1)[rank]
+    with pytest.raises(RuntimeError, match=r"call engine.backward\(loss\), or "
+                                           r"engine.scale\(loss\).backward\(\)"):
+        engine(tokens, targets).backward()
+    return True
+
+
+def test_fp16_needs_the_scale_and_engine_scale_trains_as_engine_backward():
+    assert run_distributed(unscaled_ranks, WORLD) == [True, True]
+    cfg = training.engine_config(2, gas=GAS, precision="fp16", scheduler=False)
+    scaled = run_distributed(train_ranks, WORLD, args=(cfg, "scaled"), timeout=120)
+    engine_style = run_distributed(train_ranks, WORLD, args=(cfg, "engine"), timeout=120)
+    for (losses, params, skipped), (expected_losses, expected, expected_skipped) in \
+            zip(scaled, engine_style):
+        assert losses == expected_losses and skipped == expected_skipped
+        for name, value in params.items():
+            assert training.relative_error(value, expected[name]) < 1e-6, name
