@@ -306,12 +306,18 @@ def refusal_ranks(rank, world):
     alone = [dist.new_group([r]) for r in range(4)][rank]
     engine = zero.initialize(model=build_gpt(), config=config(data_parallel_size=4),
                              mpu=ModelParallelUnit(alone, world, 1, 4, 0, rank))[0]
-    return errors, engine.world_size
+    # deepspeed.checkpointing.configure reads a tensor-parallel config at its data ranks
+    from zero import activation_checkpointing
+
+    activation_checkpointing.configure(deepspeed_config=config(
+        tensor_parallel={"autotp_size": TENSOR}, data_parallel_size=DATA,
+        train_batch_size=MICRO_BATCH * DATA, activation_checkpointing={"profile": True}))
+    return errors, engine.world_size, activation_checkpointing.settings().profile
 
 
 def test_what_an_mpu_cannot_describe_is_refused_on_every_rank_naming_it():
-    for errors, data_ranks in run_distributed(refusal_ranks, 4, timeout=60):
-        assert data_ranks == 4
+    for errors, data_ranks, configured in run_distributed(refusal_ranks, 4, timeout=60):
+        assert data_ranks == 4 and configured
         assert "get_data_parallel_group" in errors["methods"]
         assert "data-parallel size 1 x model-parallel size 2 is not the world size 4" in \
             errors["sizes"]

@@ -105,11 +105,16 @@ def checkpoint(function, *args, **kwargs):
 
 def settings_from_config(config) -> Settings:
     """The `activation_checkpointing` block of a config: zero's validated config, or a
-    DeepSpeed config as a dict or a JSON path (validated here, for this world size)."""
+    DeepSpeed config as a dict or a JSON path (validated here, for this world's data ranks)."""
     if not hasattr(config, "activation_checkpointing"):
-        from .config import load_config
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        config = load_config(config, world_size=world)
+        from .config import load_config, read_config
+        from .tp import setup as tp_setup
+
+        data = 1  # the batch keys count data ranks: world / tensor size
+        if dist.is_initialized():
+            tensor = tp_setup.requested_size(read_config(config), None)
+            data = tp_setup.data_ranks(dist.get_world_size(), tensor)
+        config = load_config(config, world_size=data)
     return config.activation_checkpointing
 
 

@@ -171,7 +171,10 @@ def _mpu_grid(mpu, pipeline) -> MpuGrid | None:
     if pipeline is not None:
         raise MpuError("zero.initialize: a PipelineModule brings its own grid (its topology); "
                        "pass it without mpu=")
-    return MpuGrid(mpu)
+    grids = []  # read on every rank, refused on every rank if one rank's mpu is wrong
+    agreement.on_every_rank(lambda: grids.append(MpuGrid(mpu)), MpuError,
+                            "the engine was not built")
+    return grids[0]
 
 
 def _repeating(loader):
