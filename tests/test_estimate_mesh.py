@@ -119,6 +119,13 @@ def test_the_command_line_estimates_each_part_and_names_bad_sizes(tmp_path, caps
     assert part["options"][1]["stage"] == 1 and part["options"][1]["numel"] > 0
     assert main(args + ["--tensor-parallel", "2"]) == 0
     assert "mesh: pipe 1 x data 4 x tensor 2 = 8 ranks" in capsys.readouterr().out
+    # a config written for the mesh: its batch keys count the 4 data ranks
+    ds_config = tmp_path / "ds_config.json"
+    ds_config.write_text(json.dumps({
+        "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "data_parallel_size": 4,
+        "zero_optimization": {"stage": 1}, "tensor_parallel": {"autotp_size": 2}}))
+    assert main(args + ["--config", str(ds_config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mesh"]["data"] == 4
     assert main(args + ["--tensor-parallel", "3"]) == 2
     assert "tensor 3 does not divide the world size 8" in capsys.readouterr().err
     assert main(args + ["--pipeline-stages", "2"]) == 2

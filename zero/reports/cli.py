@@ -133,10 +133,11 @@ def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
                      offload_ratio=args.offload_ratio, cpu_only=args.cpu_only)
     base = None
     if args.config:
-        setup, stage = est.setup_from_config(args.config, world, args.num_nodes, stage=args.stage,
-                                             **overrides)
         with open(args.config, encoding="utf-8") as handle:
             base = json.load(handle)
+        setup, stage = est.setup_from_config(args.config, world, args.num_nodes, stage=args.stage,
+                                             data_ranks=_data_ranks(args, world, base),
+                                             **overrides)
         return setup, stage, base
     values = {k: v for k, v in overrides.items() if v is not None}
     return est.Setup(world_size=world, num_nodes=args.num_nodes, **values), args.stage, base
@@ -184,9 +185,22 @@ def _add_mesh_arguments(parser: argparse.ArgumentParser) -> None:
                            "linears AutoTP splits are cut to 1/T")
 
 
+def _tensor_size(args, base: dict | None) -> int:
+    """--tensor-parallel, else the config's tensor_parallel.autotp_size, else 1."""
+    return getattr(args, "tensor_parallel", None) or int(
+        ((base or {}).get("tensor_parallel") or {}).get("autotp_size") or 1)
+
+
+def _data_ranks(args, world: int, base: dict | None) -> int:
+    """The data-parallel ranks a config's batch keys (and data_parallel_size) count: world /
+    (pipeline stages x tensor size); the world when those do not divide it (the mesh's own
+    error names the sizes later)."""
+    parts = _tensor_size(args, base) * (getattr(args, "pipeline_stages", 1) or 1)
+    return world // parts if world % parts == 0 else world
+
+
 def _estimate_mesh(args, setup: est.Setup, stage: int | None, base: dict | None) -> int:
-    tensor = args.tensor_parallel or int(((base or {}).get("tensor_parallel") or {})
-                                         .get("autotp_size") or 1)
+    tensor = _tensor_size(args, base)
     sizes = est.MeshSizes.of(setup.world_size, args.pipeline_stages, tensor)
     if args.params is not None or args.sample_input:
         raise est.EstimateError("--pipeline-stages / --tensor-parallel need the model's layers "
