@@ -132,3 +132,13 @@ def test_bad_settings_are_refused_naming_them():
         check_modules(["torch.nn.Linear", "torch.nn.Lineer"])
     cfg = load_config(config(1, dtype="half"), world_size=WORLD)
     assert cfg.torch_autocast.lower_precision_safe_modules[0] == "torch.nn.Linear"
+    # an fp16 autocast scales the loss with the fp16 block's keys: they are checked for it too
+    with pytest.raises(ConfigError, match="fp16.min_loss_scale"):
+        load_config(config(1, dtype="fp16", fp16={"initial_scale_power": 2,
+                                                   "min_loss_scale": 8}), world_size=WORLD)
+    from zero import autocast
+    from zero.config import schema
+
+    assert set(autocast.DTYPES) == set(schema.AUTOCAST_DTYPES)  # one list of spellings
+    assert {k for k, v in autocast.DTYPES.items() if v == torch.float16} == \
+        set(schema.FP16_AUTOCAST_DTYPES)

@@ -17,14 +17,18 @@ WORLD, STEPS, GAS = 2, 3, 2
 
 
 class DictOutput(torch.nn.Module):
-    """The test model answering as an HF model does: a mapping with the loss in it."""
+    """The test model answering as an HF model does: a mapping holding the loss and the
+    logits it was computed from (both outputs autograd reaches, one feeding the other)."""
 
     def __init__(self):
         super().__init__()
         self.inner = training.make_model()
 
     def forward(self, tokens, targets):
-        return {"loss": self.inner(tokens, targets), "tokens": tokens}
+        logits = self.inner(tokens)
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                                 targets.view(-1))
+        return {"loss": loss, "logits": logits}
 
 
 def train_ranks(rank, world, cfg, style, dict_output=False):
@@ -77,8 +81,30 @@ def test_fp16_needs_the_scale_and_engine_scale_trains_as_engine_backward():
     cfg = training.engine_config(2, gas=GAS, precision="fp16", scheduler=False)
     scaled = run_distributed(train_ranks, WORLD, args=(cfg, "scaled"), timeout=120)
     engine_style = run_distributed(train_ranks, WORLD, args=(cfg, "engine"), timeout=120)
+    # the same up to fp16 rounding: the torch-style pass carries gradients gas times larger
+    # through the fp16 model and divides them at the parameters, engine.backward divides the
+    # loss first (a power of two, so only values near fp16's smallest differ)
     for (losses, params, skipped), (expected_losses, expected, expected_skipped) in \
             zip(scaled, engine_style):
-        assert losses == expected_losses and skipped == expected_skipped
+        assert losses == pytest.approx(expected_losses, rel=1e-5) and skipped == expected_skipped
         for name, value in params.items():
-            assert training.relative_error(value, expected[name]) < 1e-6, name
+            assert training.relative_error(value, expected[name]) < 1e-3, name
+
+
+def raised_ranks(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=DictOutput(),
+                                      config=training.engine_config(1, gas=1, scheduler=False))
+    batch = training.batches(world, 2, 1)
+    handle = engine.module.inner.ln_f.weight.register_hook(lambda grad: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        engine(*batch[rank])["loss"].backward()
+    handle.remove()
+    with pytest.raises(RuntimeError, match="a backward is still open"):
+        engine(*batch[world + rank])["loss"].backward()
+    return True
+
+
+def test_a_backward_that_raised_leaves_the_next_one_refused_not_silently_wrong():
+    assert run_distributed(raised_ranks, WORLD) == [True, True]

@@ -8,7 +8,7 @@ the loss dynamically with the fp16 block's loss-scale keys (engine.py builds the
 As DeepSpeed's `autocast_if_enabled`: a torch.autocast the script opened around the forward
 gives way to the block's dtype when the block is enabled, and is switched off inside the
 forward when it is not (the bf16/fp16 blocks then say the precision); either case is logged
-once.
+once, on rank 0.
 
 DeepSpeed also reduces the gradients of `lower_precision_safe_modules` (Linear, Conv) in the
 autocast dtype. zero reduces every gradient in `communication_data_type` (default: the
@@ -21,10 +21,11 @@ import importlib
 import logging
 
 import torch
+import torch.distributed as dist
 
 logger = logging.getLogger("zero")
 
-_DTYPES = {"torch.bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+DTYPES = {"torch.bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
            "torch.float16": torch.float16, "fp16": torch.float16, "float16": torch.float16,
            "half": torch.float16}
 
@@ -37,7 +38,7 @@ class ForwardAutocast:
         self.device_type = device_type
         self.dtype = None
         if block.enabled:
-            self.dtype = _DTYPES[block.dtype] if block.dtype is not None else \
+            self.dtype = DTYPES[block.dtype] if block.dtype is not None else \
                 torch.get_autocast_dtype(device_type)
             check_modules(block.lower_precision_safe_modules)
         self._told = False
@@ -62,9 +63,9 @@ class ForwardAutocast:
         return contextlib.nullcontext()
 
     def _tell_once(self, message: str) -> None:
-        if not self._told:
+        if not self._told and (not dist.is_initialized() or dist.get_rank() == 0):
             logger.warning("zero: %s (as DeepSpeed does)", message)
-            self._told = True
+        self._told = True
 
 
 def check_modules(names) -> None:

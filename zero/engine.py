@@ -119,9 +119,10 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                        for g, group in enumerate(self._engine_groups)
                        for i, param in enumerate(group.params)]
         self.forward_autocast = ForwardAutocast(config.torch_autocast, self.device.type)
-        self._torch_backward = TorchStyleBackward(self._open_backward, self._close_backward,
-                                                  self.gradient_accumulation_steps,
-                                                  self._needs_loss_scale)
+        self._torch_backward = TorchStyleBackward(
+            [param for group in self._engine_groups for param in group.params],
+            self._open_backward, self._close_backward, self.gradient_accumulation_steps,
+            self._needs_loss_scale)
         self.loss_scaler = (loss_scaler_from_config(
             loss_scale=config.fp16.loss_scale, initial_scale_power=config.fp16.initial_scale_power,
             loss_scale_window=config.fp16.loss_scale_window, hysteresis=config.fp16.hysteresis,
@@ -183,7 +184,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self.tput_timer.start()
         with self._watch.phase(FORWARD), self.forward_autocast():
             outputs = self.module(*inputs, **kwargs)
-        self._torch_backward.attach(outputs)  # loss.backward() works too, as in DeepSpeed
+        if self._core is not None:  # loss.backward() works too, as in DeepSpeed
+            self._torch_backward.attach(outputs)
         return outputs
 
     def __getattr__(self, name: str):
@@ -288,18 +290,24 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             scaled = scaled * self.loss_scaler.loss_scale
         boundary = self._open_backward()
         self._watch.add_loss(loss)
-        with self._watch.phase(BACKWARD):
-            with self._watch.phase(BACKWARD_INNER), self._torch_backward.engine_backward():
-                scaled.backward(retain_graph=retain_graph)
-            with self._watch.phase(BACKWARD_REDUCE):  # stage 3: the end-of-backward hook did it
-                self._close_backward(boundary)
+        self._torch_backward.mark_engine_backward(scaled)
+        try:
+            with self._watch.phase(BACKWARD):
+                with self._watch.phase(BACKWARD_INNER):
+                    scaled.backward(retain_graph=retain_graph)
+                with self._watch.phase(BACKWARD_REDUCE):  # stage 3: the end-of-backward hook did it
+                    self._close_backward(boundary)
+        finally:
+            self._torch_backward.engine_backward_done()
         return loss
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """DeepSpeed's: the loss times the loss scale (fp16), for `engine.scale(loss).backward()`
         (zero/torch_backward.py); the loss itself without one."""
-        self._torch_backward.expect_scaled()
-        return loss * self.loss_scaler.loss_scale if self.loss_scaler is not None else loss
+        scaled = loss.float() * self.loss_scaler.loss_scale if self.loss_scaler is not None \
+            else loss
+        self._torch_backward.mark_scaled(scaled)
+        return scaled
 
     def _open_backward(self) -> bool:
         """Before autograd runs a backward (engine.backward, or a torch-style one): the
@@ -645,6 +653,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        self._torch_backward.detach()
         if self._stage3 is not None:
             self._stage3.remove()
         if self._core is not None:

@@ -772,7 +772,8 @@ HYBRID_ENGINE = Block("hybrid_engine", "DeepSpeed's hybrid engine (RLHF: one act
 ))
 
 # DeepSpeed 0.19: runtime/torch_autocast.py, read by zero/autocast.py.
-AUTOCAST_DTYPES = ("torch.bfloat16", "bf16", "bfloat16", "torch.float16", "fp16", "float16", "half")
+FP16_AUTOCAST_DTYPES = ("torch.float16", "fp16", "float16", "half")
+AUTOCAST_DTYPES = ("torch.bfloat16", "bf16", "bfloat16") + FP16_AUTOCAST_DTYPES
 DEFAULT_LOWER_PRECISION_SAFE_MODULES = ("torch.nn.Linear", "torch.nn.Conv1d", "torch.nn.Conv2d",
                                         "torch.nn.Conv3d")
 

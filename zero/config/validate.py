@@ -496,7 +496,10 @@ def _check_precision(v, values):
     if fp16["enabled"] is True and bf16["enabled"] is True:
         v.error("bf16.enabled", True, "fp16 and bf16 cannot both be enabled", "disable one of them")
     power, minimum = fp16["initial_scale_power"], fp16["min_loss_scale"]
-    if fp16["enabled"] is True and fp16["loss_scale"] == 0 and _valid(power, minimum) and minimum > 2 ** power:
+    autocast = values["torch_autocast"]  # an fp16 autocast scales the loss with these keys
+    scaled = fp16["enabled"] is True or (_valid(autocast) and autocast["enabled"] is True and
+                                         autocast["dtype"] in schema.FP16_AUTOCAST_DTYPES)
+    if scaled and fp16["loss_scale"] == 0 and _valid(power, minimum) and minimum > 2 ** power:
         v.error("fp16.min_loss_scale", minimum, f"larger than the initial dynamic loss scale 2**{power}",
                 "lower min_loss_scale or raise initial_scale_power")
 

@@ -136,7 +136,8 @@ class Watch:
         self._loss = None
         comm_after = self._core.comm_stats()
         batch = events.training_events(samples, engine.get_lr()[0], loss,
-                                       engine.optimizer.cur_scale if engine.fp16_enabled() else None)
+                                       engine.optimizer.cur_scale if engine.loss_scaler is not None
+                                       else None)
         batch += events.timer_events(samples, milliseconds)
         batch += events.comm_events(samples, self._comm_before, comm_after)
         if memory is not None:
