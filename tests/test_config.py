@@ -135,8 +135,11 @@ BAD = [
      "keep one block"),
     ("deprecated cpu_offload", with_(zero_optimization={"cpu_offload": True}), "zero_optimization.cpu_offload",
      "\"offload_optimizer\": {\"device\": \"cpu\"}"),
-    ("unprefixed stage3 key", with_(zero_optimization={"max_live_parameters": 1e9}),
-     "zero_optimization.max_live_parameters", "rename to \"stage3_max_live_parameters\""),
+    ("stage3 key under both names", with_(zero_optimization={
+        "max_live_parameters": 1e9, "stage3_max_live_parameters": 1e9}),
+     "zero_optimization.max_live_parameters", "keep one of the two"),
+    ("zero's own stage3 key unprefixed", with_(zero_optimization={"max_inflight_gathers": 2}),
+     "zero_optimization.max_inflight_gathers", "rename to \"stage3_max_inflight_gathers\""),
     ("aio thread_count", with_(aio={"thread_count": 1}), "aio.thread_count", "intra_op_parallelism"),
     ("max_grad_norm", with_(optimizer={"type": "AdamW", "params": {"max_grad_norm": 1.0}}),
      "optimizer.params.max_grad_norm", "gradient_clipping"),
@@ -344,6 +347,24 @@ def test_deepspeed_chats_config_is_read_as_deepspeed_reads_it():
     assert load_config(with_(bfloat16={"enabled": False}), 2).precision == "fp32"
     with pytest.raises(ConfigError, match=r"bf16\.enable = true: unknown key"):
         load_config(with_(bfloat16={"enable": True}), 2)  # checked as the bf16 block
+
+
+def test_autotp_hf_config_is_read_as_deepspeed_reads_it():
+    """DeepSpeedExamples' HF AutoTP config (training/tensor_parallel/hf_integration): the stage-3
+    field names DeepSpeed reads beside its documented ones, and a train_batch_size the HF
+    Trainer filled in over every rank (DeepSpeed's check counts them under AutoTP alone)."""
+    config = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+              "gradient_accumulation_steps": 2, "tensor_parallel": {"autotp_size": 2},
+              "zero_optimization": {"stage": 2, "gather_16bit_weights_on_model_save": True,
+                                    "prefetch_bucket_size": 100}}
+    cfg = load_config(config, 1, all_ranks=2)  # world 2, tensor 2: one data rank
+    assert cfg.zero_optimization.stage3_gather_16bit_weights_on_model_save
+    assert cfg.zero_optimization.stage3_prefetch_bucket_size == 100
+    assert cfg.train_batch_size == 16 and cfg.gradient_accumulation_steps == 2
+    with pytest.raises(ConfigError, match=r"train_batch_size must equal"):
+        load_config({**config, "train_batch_size": 12}, 1, all_ranks=2)
+    with pytest.raises(ConfigError, match=r"train_batch_size must equal"):
+        load_config(config, 1)  # counted over the data ranks only: 8
 
 
 def test_unsupported_keys_at_default_are_accepted():

@@ -83,10 +83,12 @@ def train_ranks(rank, world, stages, clip=0.0, fp16=None):
             norms.append(engine.get_global_grad_norm())
             scales.append(engine.optimizer.cur_scale)
         report = engine.memory_report()["categories"]["optimizer_state"]["current"]
+        consolidated = engine._consolidated_16bit_state_dict()  # Accelerate's get_state_dict
         runs.append({"losses": losses, "norms": norms, "scales": scales,
                      "skipped": engine.skipped_steps, "optimizer_bytes": report,
                      "numel": sum(p.numel() for p in engine.module.parameters()),
                      "whole": gathered(engine.module, grid.get_tensor_model_parallel_group()),
+                     "consolidated": consolidated,
                      "local": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
                      "coord": (grid.get_data_parallel_rank(),
                                grid.get_tensor_model_parallel_rank(),
@@ -155,6 +157,12 @@ def test_tensor_2_x_data_2_matches_single_process_and_zero_1_shards_state():
 def test_zero_2_under_tensor_parallelism_matches_single_process():
     runs = [r[0] for r in run_distributed(train_ranks, 4, args=((2,),), timeout=60)]
     assert_matches_reference(runs)
+    # the whole model on rank 0 (Accelerate saves it), under the unsplit model's names
+    assert all(run["consolidated"] is None for run in runs[1:])
+    consolidated, whole = runs[0]["consolidated"], runs[0]["whole"]
+    assert set(consolidated) == set(whole)
+    for name, value in whole.items():
+        assert torch.equal(consolidated[name], value), name
 
 
 def test_gradient_clipping_clips_by_the_whole_models_norm_over_the_tensor_ranks():

@@ -106,6 +106,24 @@ def join_parts(per_part: list[dict], splits: list[dict], pipe: int, tensor: int,
     return whole
 
 
+def whole_parameters(module: nn.Module, tensor_group, exclude_frozen: bool = False):
+    """The whole model's parameters ({name: CPU tensor}, tied names each listed) on global
+    rank 0, None on the others: each slice a tensor rank holds all-gathered over
+    `tensor_group` and joined as the unsplit model holds it. Collective over the group."""
+    split = tensor_split(module)
+    size = dist.get_world_size(tensor_group)
+    whole = {} if dist.get_rank() == 0 else None
+    for name, param in module.named_parameters(remove_duplicate=False):
+        value = param.detach()
+        if name in split:
+            slices = [torch.empty_like(value) for _ in range(size)]
+            dist.all_gather(slices, value.contiguous(), group=tensor_group)
+            value = join_slices(slices, split[name])
+        if whole is not None and (param.requires_grad or not exclude_frozen):
+            whole[name] = value.cpu().clone()
+    return whole
+
+
 def cut_slice(whole: torch.Tensor, param: torch.Tensor | None, tensor_rank: int) -> torch.Tensor:
     """`param`'s part of the whole (unsplit model's) value: itself unless `param` is a slice
     a tensor-parallel layer holds (join_slices' inverse for this rank)."""

@@ -29,6 +29,7 @@ from . import offload_states as states_offload
 from .parallel import data_group
 from .autocast import ForwardAutocast
 from .boundary import as_dict
+from . import checkpoint_mesh
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .engine_batch import EngineBatch
@@ -570,6 +571,19 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             frozen = sharding.frozen_names(self.module)
             state = {name: value for name, value in state.items() if name not in frozen}
         return state
+
+    def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """DeepSpeed's, which Accelerate's get_state_dict calls under ZeRO-3 or AutoTP: the
+        whole model's state dict on rank 0 (None elsewhere); under tensor parallelism its
+        parameters, each split one's slices gathered and joined. Every rank must call it."""
+        if self.stage == 3:
+            return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        group = self.tensor_parallel_group
+        if group is None or dist.get_world_size(group) == 1:
+            raise ValueError("zero: consolidated_16bit_state_dict is only for weights that are "
+                             "partitioned: ZeRO stage 3 or tensor parallelism; use "
+                             "engine.module_state_dict()")
+        return checkpoint_mesh.whole_parameters(self.module, group, exclude_frozen_parameters)
 
     def load_module_state_dict(self, state: dict, strict: bool = True) -> None:
         if self._stage3 is None:

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 
-def load_config(config, world_size, enabled_features=None, unused_blocks=()):
+def load_config(config, world_size, enabled_features=None, unused_blocks=(), all_ranks=None):
     """Validate a DeepSpeed-style config and return the resolved ``ZeroConfig``.
 
     Args:
@@ -38,6 +38,10 @@ def load_config(config, world_size, enabled_features=None, unused_blocks=()):
             "not supported yet". Default: ``BUILT_FEATURES``.
         unused_blocks: top-level blocks nothing will read (a "scheduler" without an
             optimizer): kept in ``raw`` as given, not validated, as DeepSpeed never reads them.
+        all_ranks: with tensor parallelism set by the config alone, the world's rank count:
+            DeepSpeed checks the batch trio against every rank then (no mpu tells it the data
+            ranks), and the HF Trainer fills "auto" the same way, so a train_batch_size given
+            beside both other keys may count them instead of the data ranks.
 
     Raises:
         ConfigError: the config is invalid; ``.errors`` lists every problem.
@@ -51,7 +55,7 @@ def load_config(config, world_size, enabled_features=None, unused_blocks=()):
         raise ValueError(f"unknown engine feature(s) {unknown}; known: {sorted(ALL_FEATURES)}")
     raw, source = _read(config)
     values = validate({k: v for k, v in raw.items() if k not in unused_blocks}, world_size,
-                      features, source)
+                      features, source, all_ranks=all_ranks)
     return build(values, raw, world_size, features)
 
 

@@ -21,9 +21,9 @@ DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
 FEATURE_DOCS = {
     schema.FEATURE_STAGE3: "`zero_optimization.stage: 3`, `stage3_param_persistence_threshold`, "
                            "`stage3_prefetch_bucket_size` (elements all-gathered ahead in the "
-                           "recorded order), `stage3_max_live_parameters` (a bound on all "
-                           "gathered elements: prefetch stays under it, and a unit that cannot "
-                           "fit is an error), `stage3_max_reuse_distance` (keep a unit "
+                           "recorded order), `stage3_max_live_parameters` (a bound on "
+                           "prefetched and kept units; the units in use are gathered whatever "
+                           "it says, as in DeepSpeed), `stage3_max_reuse_distance` (keep a unit "
                            "gathered for a reuse coming soon), `stage3_max_inflight_gathers`, "
                            "`stage3_gather_16bit_weights_on_model_save`, "
                            "`stage3_model_persistence_threshold` (a cap on all elements kept "
@@ -82,7 +82,10 @@ invalid zero config ds_config.json: 2 errors
 * **Batch size.** `train_batch_size = train_micro_batch_size_per_gpu *
   gradient_accumulation_steps * world_size`. Give any two and the third is derived; give
   only `train_batch_size` or only `train_micro_batch_size_per_gpu` and
-  `gradient_accumulation_steps` is 1; give all three and they must agree. A division that
+  `gradient_accumulation_steps` is 1; give all three and they must agree. `world_size` counts
+  the data-parallel ranks (world / tensor size, or an mpu's data group); with AutoTP set by the
+  config alone a `train_batch_size` given beside both other keys may count every rank instead,
+  as DeepSpeed's check (and the HF Trainer's `"auto"`) does. A division that
   does not come out even is an error naming the numbers and nearby valid values.
 * **fp16 and bf16** cannot both be enabled.
 * **Not supported yet** is always an error, never silently ignored. Three kinds:
@@ -107,9 +110,11 @@ DIFFERENCES = """\
   it everywhere, and its top-level keys pass it through until something crashes.
 * Deprecated spellings DeepSpeed still accepts with a warning (`cpu_offload`,
   `cpu_offload_param`, `cpu_offload_use_pin_memory`, `stage3_gather_fp16_weights_on_model_save`,
-  `aio.thread_count`, the `stage3_*` keys without their prefix) are errors naming the new key.
-  The one exception is a block DeepSpeed reads under its old name without a word, which zero reads
-  the same way: `bfloat16` for `bf16` (DeepSpeed-Chat writes it); both names together are an error.
+  `aio.thread_count`) are errors naming the new key. The exceptions are the names DeepSpeed
+  reads without a word, which zero reads the same way: the block `bfloat16` for `bf16`
+  (DeepSpeed-Chat writes it), and DeepSpeed's `stage3_*` keys under their field names, without
+  the prefix (`gather_16bit_weights_on_model_save`, DeepSpeedExamples' HF AutoTP config);
+  both names together are an error.
 * Features zero has not built yet are errors, not no-ops. In particular NVMe offload is never
   silently treated as CPU offload, and `device: "nvme"` requires `nvme_path`.
 * Settings DeepSpeed ignores are errors: `offload_param` or NVMe optimizer offload below

@@ -946,11 +946,15 @@ RENAMED = {
     "optimizer.params.max_grad_norm": "not an optimizer parameter (DeepSpeed rejects it too); use the top-level "
                                       "\"gradient_clipping\"",
 }
-# DeepSpeed also accepts the stage-3 keys without their "stage3_" prefix.
-for _key in ZERO_OPTIMIZATION.keys:
-    if _key.name.startswith("stage3_"):
-        RENAMED[f"zero_optimization.{_key.name[len('stage3_'):]}"] = f"rename to \"{_key.name}\" (the name " \
-                                                                      "DeepSpeed documents)"
+# DeepSpeed's zero_optimization fields whose documented names carry "stage3_" (its pydantic
+# aliases) are read under the field name too (populate_by_name): DeepSpeedExamples' HF AutoTP
+# config writes "gather_16bit_weights_on_model_save". zero reads both names, and refuses a config
+# that gives both. zero's own stage-3 keys keep the prefix.
+ZERO_OWN_STAGE3_KEYS = ("stage3_max_inflight_gathers",)
+ZERO_OPTIMIZATION_ALIASES = {
+    key.name[len("stage3_"):]: key.name for key in ZERO_OPTIMIZATION.keys
+    if key.name.startswith("stage3_") and key.name not in ZERO_OWN_STAGE3_KEYS}
+RENAMED["zero_optimization.max_inflight_gathers"] = "rename to \"stage3_max_inflight_gathers\""
 
 
 # --------------------------------------------------------------------------- walking the schema

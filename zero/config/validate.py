@@ -442,8 +442,10 @@ def _multiples(total, unit):
     return [m for m in (below, below + unit) if m > 0]
 
 
-def _resolve_batch(v, values, world_size):
-    """DeepSpeed's rules: any two of the trio derive the third; one alone derives with gas=1."""
+def _resolve_batch(v, values, world_size, all_ranks=None):
+    """DeepSpeed's rules: any two of the trio derive the third; one alone derives with gas=1.
+    `all_ranks` (tensor parallelism from the config): a train_batch_size beside both other
+    keys may count every rank, as DeepSpeed's check does; it is then kept as given."""
     tb = values["train_batch_size"]
     mb = values["train_micro_batch_size_per_gpu"]
     gas = values["gradient_accumulation_steps"]
@@ -457,7 +459,11 @@ def _resolve_batch(v, values, world_size):
                 f"use a multiple of {unit} (e.g. {hint}) or change the other batch keys")
 
     if tb is not None and mb is not None and gas is not None:
-        if tb != mb * gas * ws:
+        if all_ranks is not None and tb == mb * gas * all_ranks != mb * gas * ws:
+            _note_once(f"train_batch_size {tb} counts all {all_ranks} ranks, as DeepSpeed's "
+                       f"check does under AutoTP; the step takes {mb * gas * ws} samples over "
+                       f"the {ws} data-parallel rank(s)")
+        elif tb != mb * gas * ws:
             v.error("train_batch_size", tb, f"train_batch_size must equal train_micro_batch_size_per_gpu ({mb}) * "
                     f"gradient_accumulation_steps ({gas}) * world_size ({ws}) = {mb * gas * ws}",
                     f"set it to {mb * gas * ws}, or leave one of the three keys out to derive it")
@@ -655,7 +661,9 @@ def _resolve_memory_report(values):
 
 
 def _read_aliases(v, raw):
-    """The config with each block given under its old name (schema.ALIASES) renamed, as DeepSpeed reads it."""
+    """The config with each block given under its old name (schema.ALIASES) renamed, and the
+    zero_optimization keys given under DeepSpeed's field names (schema.ZERO_OPTIMIZATION_ALIASES)
+    given their documented names, as DeepSpeed reads them."""
     renamed = dict(raw)
     for old, new in schema.ALIASES.items():
         if old not in raw:
@@ -666,6 +674,18 @@ def _read_aliases(v, raw):
                     f"keep one block (DeepSpeed reads \"{new}\" and ignores this one)")
         else:
             renamed[new] = block
+    zero = renamed.get("zero_optimization")
+    if isinstance(zero, Mapping):
+        zero = renamed["zero_optimization"] = dict(zero)
+        for short, documented in schema.ZERO_OPTIMIZATION_ALIASES.items():
+            if short not in zero:
+                continue
+            value = zero.pop(short)
+            if documented in zero:
+                v.error(f"zero_optimization.{short}", value, f"given beside \"{documented}\", "
+                        "the same key's documented name", "keep one of the two")
+            else:
+                zero[documented] = value
     return renamed
 
 
@@ -681,7 +701,7 @@ def _check_data_parallel_size(v, values, world_size):
                 f"set it to {world_size} or leave it out")
 
 
-def validate(raw, world_size, features, source=None):
+def validate(raw, world_size, features, source=None, all_ranks=None):
     """Validate `raw` (a dict) and return the resolved nested dict; raise ConfigError listing every problem."""
     if not isinstance(raw, Mapping):
         raise ConfigError([f"<root> = {_show(raw)}: expected a JSON object"], source)
@@ -690,7 +710,7 @@ def validate(raw, world_size, features, source=None):
     if v.dotted:  # DeepSpeed ignores every unknown top-level key
         _note_once(f"top-level keys {', '.join(v.dotted)} ignored, as DeepSpeed ignores them "
                    "(it reads no dotted paths); to set one, write it inside its block")
-    _resolve_batch(v, values, world_size)
+    _resolve_batch(v, values, world_size, all_ranks)
     _check_data_parallel_size(v, values, world_size)
     _check_precision(v, values)
     _check_zero(v, values)
