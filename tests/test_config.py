@@ -365,6 +365,9 @@ def test_autotp_hf_config_is_read_as_deepspeed_reads_it():
         load_config({**config, "train_batch_size": 12}, 1, all_ranks=2)
     with pytest.raises(ConfigError, match=r"train_batch_size must equal"):
         load_config(config, 1)  # counted over the data ranks only: 8
+    # a missing key is derived over the data ranks, zero's rule (DeepSpeed's would give 2)
+    derived = {k: v for k, v in config.items() if k != "gradient_accumulation_steps"}
+    assert load_config(derived, 1, all_ranks=2).gradient_accumulation_steps == 4
 
 
 def test_unsupported_keys_at_default_are_accepted():

@@ -245,6 +245,24 @@ def test_a_stage3_config_is_read_and_a_budget_nothing_fits_writes_nothing(tmp_pa
 
 
 # ---- the tuner ------------------------------------------------------------------------------
+def test_the_tuner_reads_deepspeeds_short_stage3_names_and_refuses_a_mesh(tmp_path, capsys):
+    """A base config with DeepSpeed's field names (`prefetch_bucket_size`, no stage3_ prefix)
+    tunes as with the documented names; a tensor-parallel one is refused up front."""
+    config = training.engine_config(3, precision="bf16", prefetch_bucket_size=100)
+    path, out = tmp_path / "ds.json", tmp_path / "tuned.json"
+    path.write_text(json.dumps(config))
+    assert cli.main(["tune", "--model", FACTORY, "--config", str(path), "--world-size", "2",
+                     "--budget", "1GiB", "--out", str(out)]) == 0
+    tuned = json.loads(out.read_text())["zero_optimization"]
+    assert "prefetch_bucket_size" not in tuned  # dropped below stage 3, or written prefixed
+    capsys.readouterr()
+    path.write_text(json.dumps({**config, "tensor_parallel": {"autotp_size": 2},
+                                "zero_optimization": {"stage": 1}}))
+    assert cli.main(["tune", "--model", FACTORY, "--config", str(path), "--world-size", "2",
+                     "--budget", "1GiB", "--out", str(out)]) == 2
+    assert "does not search a mesh" in capsys.readouterr().err
+
+
 
 def _setup(overlap=None, gas=2):
     """training.engine_config's set-up: two micro-steps per step (stage 1 accumulates)."""

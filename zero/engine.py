@@ -583,6 +583,9 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             raise ValueError("zero: consolidated_16bit_state_dict is only for weights that are "
                              "partitioned: ZeRO stage 3 or tensor parallelism; use "
                              "engine.module_state_dict()")
+        data_group.check_whole_model_save(self.grid is None or
+                                          self.grid.get_pipe_parallel_world_size() == 1,
+                                          "_consolidated_16bit_state_dict with pipeline stages")
         return checkpoint_mesh.whole_parameters(self.module, group, exclude_frozen_parameters)
 
     def load_module_state_dict(self, state: dict, strict: bool = True) -> None:

@@ -241,8 +241,9 @@ class Init:
         self._spill: ShardSpill | None = None
         self._progress = SwapWriteProgress(enabled=self._spill_folder is not None)
         self._showing = contextlib.ExitStack()
-        threshold = (raw.get("zero_optimization") or {}).get(
-            "stage3_param_persistence_threshold", "auto")
+        zero_block = raw.get("zero_optimization") or {}
+        threshold = zero_block.get("stage3_param_persistence_threshold",  # or DeepSpeed's
+                                   zero_block.get("param_persistence_threshold", "auto"))
         # "auto": the HF Trainer's config is not finalised yet when from_pretrained runs
         # zero.Init; DeepSpeed's config then uses its default, and so does zero.
         self.threshold = DEFAULT_PERSISTENCE_THRESHOLD if threshold == "auto" else int(threshold)

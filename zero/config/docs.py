@@ -85,7 +85,9 @@ invalid zero config ds_config.json: 2 errors
   `gradient_accumulation_steps` is 1; give all three and they must agree. `world_size` counts
   the data-parallel ranks (world / tensor size, or an mpu's data group); with AutoTP set by the
   config alone a `train_batch_size` given beside both other keys may count every rank instead,
-  as DeepSpeed's check (and the HF Trainer's `"auto"`) does. A division that
+  as DeepSpeed's check (and the HF Trainer's `"auto"`) does. DeepSpeed also derives a missing
+  key over every rank there; zero derives it over the data ranks (the samples one step takes),
+  so such a config gets `autotp_size` times DeepSpeed's accumulation steps: give all three. A division that
   does not come out even is an error naming the numbers and nearby valid values.
 * **fp16 and bf16** cannot both be enabled.
 * **Not supported yet** is always an error, never silently ignored. Three kinds:

@@ -444,8 +444,10 @@ def _multiples(total, unit):
 
 def _resolve_batch(v, values, world_size, all_ranks=None):
     """DeepSpeed's rules: any two of the trio derive the third; one alone derives with gas=1.
-    `all_ranks` (tensor parallelism from the config): a train_batch_size beside both other
-    keys may count every rank, as DeepSpeed's check does; it is then kept as given."""
+    `all_ranks` (tensor parallelism from the config alone): DeepSpeed's rules count every rank
+    then; a train_batch_size beside both other keys may count them (the HF Trainer's "auto"
+    does) as well as the data ranks. A missing key is derived over the data ranks, zero's
+    rule (docs/CONFIG.md says where this differs from DeepSpeed)."""
     tb = values["train_batch_size"]
     mb = values["train_micro_batch_size_per_gpu"]
     gas = values["gradient_accumulation_steps"]

@@ -135,8 +135,11 @@ def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
     if args.config:
         with open(args.config, encoding="utf-8") as handle:
             base = json.load(handle)
+        autotp_alone = _tensor_size(args, base) > 1 and \
+            (getattr(args, "pipeline_stages", 1) or 1) == 1
         setup, stage = est.setup_from_config(args.config, world, args.num_nodes, stage=args.stage,
                                              data_ranks=_data_ranks(args, world, base),
+                                             all_ranks=world if autotp_alone else None,
                                              **overrides)
         return setup, stage, base
     values = {k: v for k, v in overrides.items() if v is not None}
@@ -277,6 +280,10 @@ def cmd_estimate(args) -> int:
 
 def cmd_tune(args) -> int:
     setup, _, base = _setup(args)
+    if _tensor_size(args, base) > 1:
+        raise est.EstimateError("zero-mem tune does not search a mesh yet (the config sets "
+                                "tensor_parallel.autotp_size): estimate each layout with "
+                                "zero-mem estimate --tensor-parallel T instead")
     shapes = _shapes(args, setup)
     gas = 1
     if base is not None:

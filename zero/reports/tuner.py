@@ -449,6 +449,7 @@ def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = No
     (stage, buckets, the stage-3 bounds, the offload blocks) and precision; checked with
     zero.config.load_config before it is returned."""
     from zero.config import ConfigError, load_config
+    from zero.config.schema import ZERO_OPTIMIZATION_ALIASES
 
     if rec.chosen is None:
         raise TuneError("no built configuration fits the budget; nothing to write")
@@ -461,6 +462,9 @@ def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = No
     previous = {name: zero_block.pop(name, None) for name in ("offload_optimizer",
                                                                "offload_param")}
     not_built = _not_built_zero_keys()
+    for short, documented in ZERO_OPTIMIZATION_ALIASES.items():  # DeepSpeed's field names
+        if short in zero_block and documented not in zero_block:
+            zero_block[documented] = zero_block.pop(short)
     for key in list(zero_block):
         if chosen.stage < 3 and (key.startswith("stage3_") or key in _ZERO_DROP_BELOW_STAGE3):
             notes.append(f"dropped zero_optimization.{key} (stage 3 only)")

@@ -256,18 +256,19 @@ STAGE3_KEYS = {"stage3_param_persistence_threshold": "persistence_threshold",
 
 
 def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: int | None = None,
-                      **overrides):
+                      all_ranks: int | None = None, **overrides):
     """(Setup, stage) from a DeepSpeed JSON config (a path or dict); keyword overrides that are
     not None win (precision, optimizer, reduce_bucket_size, overlap_comm, stage, and the
     stage-3 and offload fields of Setup). Stage-3 keys are read, and the offload blocks
     (devices, sub_group_size, ratio, delayed_update; offload_param's buffer_count, buffer_size
     and max_in_cpu). `data_ranks`: the ranks the batch keys count when the world also holds
-    pipeline stages or tensor slices (default: the world)."""
+    pipeline stages or tensor slices (default: the world); `all_ranks`: load_config's, for
+    AutoTP set by the config alone."""
     from zero.config import ALL_FEATURES, ConfigError, load_config
 
     try:
         cfg = load_config(config, world_size=data_ranks or world_size,
-                          enabled_features=ALL_FEATURES)
+                          enabled_features=ALL_FEATURES, all_ranks=all_ranks)
     except ConfigError as error:
         raise EstimateError(f"--config: {error}") from None
     raw_zero = cfg.raw.get("zero_optimization") or {}
