@@ -64,6 +64,28 @@ def test_loss_backward_trains_as_engine_backward(stage, dict_output):
             assert training.relative_error(value, expected[name]) < 1e-6, (stage, name)
 
 
+def unscaled_output_ranks(rank, world, scale_wrt_gas):
+    """engine.backward(loss, scale_wrt_gas=False) on the forward's own fp32 output, as the HF
+    Trainer calls it: autograd starts at the hooked output itself."""
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(2, gas=1, scheduler=False))
+    data, losses = training.batches(world, 2, 1), []
+    for step in range(2):
+        loss = engine(*data[step * world + rank])
+        engine.backward(loss, scale_wrt_gas=scale_wrt_gas)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_engine_backward_from_the_forwards_own_output_is_the_engines_pass():
+    # at gas 1 the two spellings are the same backward; from the output itself it ran twice
+    assert run_distributed(unscaled_output_ranks, WORLD, args=(False,)) == \
+        run_distributed(unscaled_output_ranks, WORLD, args=(True,))
+
+
 def unscaled_ranks(rank, world):
     import zero
 

@@ -23,13 +23,12 @@ from torch import nn
 import offload
 from offload import disk_space
 
-from . import _C, agreement, hybrid_engine, process_groups, sharding, stage3
+from . import _C, agreement, checkpoint_mesh, hybrid_engine, process_groups, sharding, stage3
 from . import init as zero_init
 from . import offload_states as states_offload
 from .parallel import data_group
 from .autocast import ForwardAutocast
 from .boundary import as_dict
-from . import checkpoint_mesh
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .engine_batch import EngineBatch

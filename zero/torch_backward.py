@@ -62,6 +62,7 @@ class TorchStyleBackward:
         self._accumulation_steps = weakref.WeakMethod(accumulation_steps)
         self._needs_scale = weakref.WeakMethod(needs_scale)
         self._open_pass = None       # the pass this engine's backward is open for
+        self._in_engine_backward = False  # engine.backward runs, its pass not yet seen
         self._dividing_pass = None   # a torch-style pass whose parameter gradients are divided
         self._scaled_pass = None     # the pass engine.scale(loss)'s tensor started
         this = weakref.ref(self)
@@ -77,12 +78,19 @@ class TorchStyleBackward:
 
     def mark_engine_backward(self, loss: torch.Tensor) -> None:
         """Before engine.backward runs autograd from `loss` (scaled, divided): its pass is this
-        engine's own, its loss divided."""
+        engine's own, its loss divided. The hook on `loss` marks the pass for other engines;
+        this engine's own output hooks may run first (when `loss` is the forward's output
+        itself), so they claim the pass too."""
+        self._in_engine_backward = True
         loss.register_hook(functools.partial(_engine_pass_starts, weakref.ref(self)))
 
     def engine_backward_done(self) -> None:
         _DIVIDED_PASSES.discard(self._open_pass)
-        self._open_pass = None
+        self._open_pass, self._in_engine_backward = None, False
+
+    def _claim_engine_pass(self, task: int) -> None:
+        self._open_pass = task
+        _DIVIDED_PASSES.add(task)
 
     def mark_scaled(self, scaled: torch.Tensor) -> None:
         """engine.scale(loss): a pass started from `scaled` carries the loss scale."""
@@ -115,7 +123,9 @@ def _output_reached(ref, grad):
     self = ref()
     if self is not None and self._open() is not None:
         task = current_pass()
-        if self._open_pass != task:
+        if self._in_engine_backward and self._open_pass is None:
+            self._claim_engine_pass(task)
+        elif self._open_pass != task:
             self._begin(task)
     return grad
 
@@ -130,8 +140,7 @@ def _divide(ref, grad):
 def _engine_pass_starts(ref, grad):
     self = ref()
     if self is not None:
-        self._open_pass = current_pass()
-        _DIVIDED_PASSES.add(self._open_pass)
+        self._claim_engine_pass(current_pass())
     return grad
 
 
