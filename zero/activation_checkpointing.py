@@ -110,11 +110,10 @@ def settings_from_config(config) -> Settings:
         from .config import load_config, read_config
         from .tp import setup as tp_setup
 
-        data, every = 1, None  # the batch keys count data ranks: world / tensor size
+        data, every = 1, None  # the batch keys count data ranks, as initialize's
         if dist.is_initialized():
-            tensor = tp_setup.requested_size(read_config(config), None)
-            data = tp_setup.data_ranks(dist.get_world_size(), tensor)
-            every = dist.get_world_size() if tensor > 1 else None  # as initialize: DeepSpeed's
+            data, every = tp_setup.batch_ranks(dist.get_world_size(),
+                                               tp_setup.requested_size(read_config(config), None))
         config = load_config(config, world_size=data, all_ranks=every)
     return config.activation_checkpointing
 

@@ -100,15 +100,16 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # The batch trio counts data-parallel ranks: with pipeline stages, one stage's ranks;
     # with an mpu, its data group's; with tensor parallelism, world / tensor.
     raw = read_config(source)
-    data_ranks = (model.mpu().get_data_parallel_world_size() if pipeline is not None else
-                  mpu_grid.get_data_parallel_world_size() if mpu_grid is not None else
-                  tp_setup.data_ranks(dist.get_world_size(), tp_setup.requested_size(raw, model)))
-    # AutoTP from the config alone: DeepSpeed (and the HF Trainer's "auto") count every rank
-    autotp_alone = pipeline is None and mpu_grid is None and \
-        tp_setup.requested_size(raw, model) > 1
+    all_ranks = None  # AutoTP from the config alone: tp_setup.batch_ranks
+    if pipeline is not None:
+        data_ranks = model.mpu().get_data_parallel_world_size()
+    elif mpu_grid is not None:
+        data_ranks = mpu_grid.get_data_parallel_world_size()
+    else:
+        data_ranks, all_ranks = tp_setup.batch_ranks(dist.get_world_size(),
+                                                     tp_setup.requested_size(raw, model))
     zero_config = load_config(source, world_size=data_ranks,
-                              unused_blocks=_unused_blocks(raw, optimizer),
-                              all_ranks=dist.get_world_size() if autotp_alone else None)
+                              unused_blocks=_unused_blocks(raw, optimizer), all_ranks=all_ranks)
     if "activation_checkpointing" in zero_config.raw and not activation_checkpointing.is_configured():
         activation_checkpointing.configure(deepspeed_config=zero_config)  # the block applies
     # Every rank, whatever part of the model it holds, runs one config: checked over the

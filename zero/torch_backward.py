@@ -63,7 +63,6 @@ class TorchStyleBackward:
         self._needs_scale = weakref.WeakMethod(needs_scale)
         self._open_pass = None       # the pass this engine's backward is open for
         self._in_engine_backward = False  # engine.backward runs, its pass not yet seen
-        self._dividing_pass = None   # a torch-style pass whose parameter gradients are divided
         self._scaled_pass = None     # the pass engine.scale(loss)'s tensor started
         this = weakref.ref(self)
         self._param_hooks = [p.register_hook(functools.partial(_divide, this)) for p in params]
@@ -108,12 +107,11 @@ class TorchStyleBackward:
                 "unscaled loss: call engine.backward(loss), or engine.scale(loss).backward()")
         boundary = self._open()()
         self._open_pass = task
-        self._dividing_pass = None if task in _DIVIDED_PASSES else task
         torch.autograd.Variable._execution_engine.queue_callback(
             functools.partial(self._end, boundary))
 
     def _end(self, boundary: bool) -> None:
-        self._open_pass = self._dividing_pass = self._scaled_pass = None
+        self._open_pass = self._scaled_pass = None
         close = self._close()
         if close is not None:
             close(boundary)
@@ -131,8 +129,10 @@ def _output_reached(ref, grad):
 
 
 def _divide(ref, grad):
+    """In a pass this engine opened torch-style, whose loss no engine.backward divided."""
     self = ref()
-    if self is None or self._dividing_pass is None or self._dividing_pass != current_pass():
+    task = current_pass()
+    if self is None or self._open_pass != task or task in _DIVIDED_PASSES:
         return grad
     return grad / self._accumulation_steps()()
 

@@ -62,6 +62,13 @@ def data_ranks(world_size: int, tensor: int) -> int:
     return DeviceMesh.build(world_size, tensor=tensor).data
 
 
+def batch_ranks(world_size: int, tensor: int) -> tuple[int, int | None]:
+    """load_config's world_size and all_ranks for a config whose tensor size is `tensor` (AutoTP
+    from the config alone): the data ranks, and with tensor parallelism every rank, which
+    DeepSpeed's batch check (and the HF Trainer's "auto") counts."""
+    return data_ranks(world_size, tensor), (world_size if tensor > 1 else None)
+
+
 def prepare(model: nn.Module, config, pipeline_grid: PipelineParallelGrid | None = None,
             mpu_grid: MpuGrid | None = None) -> PipelineParallelGrid | MpuGrid | None:
     """None without tensor parallelism or an mpu. Otherwise checks the config composes,
