@@ -20,6 +20,7 @@ def _config(stage, precision, overrides, nvme_path, gas=GAS):
     optimizer = zero_extra.pop("optimizer", None)
     delayed = zero_extra.pop("delayed_update", False)
     ratio = zero_extra.pop("ratio", None)
+    sixteen_bit = zero_extra.pop("bf16", None)  # bf16 block keys (a 16-bit master, states)
     param_keys = {PARAM_KEYS[key]: zero_extra.pop(key) for key in list(zero_extra)
                   if key in PARAM_KEYS}
     for name in ("offload_optimizer", "offload_param"):
@@ -39,6 +40,8 @@ def _config(stage, precision, overrides, nvme_path, gas=GAS):
     config = training.engine_config(stage, gas=gas, precision=precision, **zero_extra)
     if optimizer is not None:
         config["optimizer"] = optimizer
+    if sixteen_bit:
+        config["bf16"].update(sixteen_bit)
     return config
 
 

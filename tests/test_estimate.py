@@ -29,6 +29,9 @@ GRID = [(stage, precision, {}) for stage in (0, 1, 2) for precision in ("fp32", 
     # stage 2 accumulating: after a window's first micro-step each bucket has a 1/N piece
     # (with gas 1 the reduced 1/N goes straight into the gradient shard)
     (2, "bf16", {"gas": 2, "overlap_comm": True}),
+    # DeepSpeed's bf16_master_weights_and_grads (no fp32 master) and bf16_optimizer_states
+    (1, "bf16", {"master16": True}),
+    (2, "bf16", {"master16": True, "states16": True, "optimizer": "sgd_momentum"}),
 ]
 
 
@@ -36,7 +39,10 @@ def _config(stage, precision, overrides):
     overrides = dict(overrides)
     optimizer = overrides.pop("optimizer", "adam")
     gas = overrides.pop("gas", 1)
+    master16, states16 = overrides.pop("master16", False), overrides.pop("states16", False)
     config = training.engine_config(stage, gas=gas, precision=precision, **overrides)
+    if master16:
+        config["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=states16)
     config["optimizer"] = {"adam": config["optimizer"],
                            "sgd_momentum": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}},
                            "lion": {"type": "Lion", "params": {"lr": 1e-4}},
@@ -83,6 +89,8 @@ def test_estimate_equals_the_engines_measured_bytes_exactly(world):
             setup = est.Setup(world_size=world, precision=precision,
                               optimizer=external.optimizer if external else optimizer,
                               external_arrays=external.external_arrays if external else (),
+                              sixteen_bit_master=bool(overrides.get("master16")),
+                              sixteen_bit_states=bool(overrides.get("states16")),
                               reduce_bucket_size=zero_cfg["reduce_bucket_size"],
                               overlap_comm=zero_cfg.get("overlap_comm"),
                               gradient_accumulation_steps=config["gradient_accumulation_steps"])

@@ -55,6 +55,16 @@ GRID = [
     ("s3-cpu-ratio-params-bf16", 3, "bf16", {"offload_optimizer": "cpu", "ratio": 0.75,
                                              "offload_param": "cpu"}),
     ("s2-cpu-ratio-0-bf16", 2, "bf16", {"offload_optimizer": "cpu", "ratio": 0.0}),
+    # DeepSpeed's bf16_master_weights_and_grads (a bf16 master on the host / NVMe) and
+    # bf16_optimizer_states, a partial offload's device head included
+    ("s2-cpu-bf16-master", 2, "bf16", {"offload_optimizer": "cpu",
+                                       "bf16": {"bf16_master_weights_and_grads": True}}),
+    ("s3-nvme-bf16-master-states-chunks", 3, "bf16", {
+        "offload_optimizer": "nvme", "sub_group_size": 1000,
+        "bf16": {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}),
+    ("s3-cpu-ratio-params-bf16-master-states", 3, "bf16", {
+        "offload_optimizer": "cpu", "ratio": 0.5, "offload_param": "cpu",
+        "bf16": {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}),
 ]
 
 # Parameters on NVMe (offload_param "nvme"): alone and with the optimizer on the host or NVMe,

@@ -63,9 +63,12 @@ MODELS = {"tiny": (training.make_model, FACTORY), "deep": (deep_model, DEEP_FACT
 def _config(precision, knobs, gas=GAS):
     zero_extra = {"stage3_param_persistence_threshold": PERSISTENCE, **knobs}
     optimizer = zero_extra.pop("optimizer", "adam")
+    sixteen_bit = zero_extra.pop("bf16", None)  # bf16 block keys (a 16-bit master, states)
     config = training.engine_config(3, gas=gas, precision=precision, **zero_extra)
     if optimizer == "sgd_momentum":
         config["optimizer"] = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
+    if sixteen_bit:
+        config["bf16"].update(sixteen_bit)
     return config
 
 
@@ -122,13 +125,14 @@ def _check(shapes, world, grid, knobs, results):
                 assert row["bytes"] == measured["expected"][category], (label, category)
             assert estimate.model_state_bytes == measured["model_state_bytes"], label
             b, n = setup.param_bytes, world
-            master = 4 if precision == "bf16" else 0
-            state = est.optimizer_state_bytes(setup)  # Adam 8
+            # (a bf16 master is the parameters themselves; bf16 states are half the bytes)
+            master = 4 if precision == "bf16" and not setup.sixteen_bit_master else 0
+            state = est.optimizer_state_bytes(setup)  # Adam 8 (bf16 states: 4)
             assert estimate.persistent_bytes == (
                 2 * b * estimate.persistent_numel
                 + (master + state) * estimate.persistent_shard_numel), label
             assert estimate.model_state_bytes - estimate.persistent_bytes == \
-                (2 * b + master + state) * estimate.numel // n, label  # Adam: 16Ψ/N
+                (2 * b + master + state) * estimate.numel // n, label  # Adam: 16Ψ/N (bf16: 8)
             # Buckets (the peak in backward; none kept between steps) and the gathered
             # working set: within 5%.
             bucket = estimate.categories["bucket"]["bytes"]
@@ -237,6 +241,9 @@ ROOT_KNOBS = {
     "overlap-on-nothing-persistent": {"stage3_param_persistence_threshold": 0},
     "all-persistent": {"stage3_param_persistence_threshold": 100_000},
     "sgd-momentum": {"optimizer": "sgd_momentum"},
+    # bf16_master_weights_and_grads and bf16_optimizer_states: no fp32 master, 2-byte moments
+    "bf16-master-states": {"bf16": {"bf16_master_weights_and_grads": True,
+                                    "bf16_optimizer_states": True}},
     # external: the root keeps blocks.0 with it, so blocks.1 in use makes the whole model
     "no-prefetch-no-reuse": {"stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0},
 }

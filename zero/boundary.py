@@ -66,10 +66,19 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  quantized_weights=stage3 and bool(zero_cfg.zero_quantized_weights),
                  quantized_gradients=stage3 and bool(zero_cfg.zero_quantized_gradients),
                  all_reduce_fetch=stage3 and bool(zero_cfg.stage3_use_all_reduce_for_fetch_params),
+                 master_in_model_dtype=sixteen_bit_master(config),
+                 states_in_model_dtype=bool(config.bf16.bf16_optimizer_states),
                  communication_dtype=_COMM_DTYPES.get(config.communication_data_type),
                  hpz_group=stage3_groups.hpz if stage3 else "",
                  mics_shard_group=stage3_groups.mics_shard if stage3 else "",
                  mics_replicate_group=stage3_groups.mics_replicate if stage3 else "")
+
+
+def sixteen_bit_master(config) -> bool:
+    """DeepSpeed's bf16_master_weights_and_grads / fp16_master_weights_and_grads: the master
+    weights in the parameters' 16-bit dtype (GroupOptions::master_in_model_dtype)."""
+    return bool(config.bf16.bf16_master_weights_and_grads
+                or config.fp16.fp16_master_weights_and_grads)
 
 
 def grads_sharded(stage: int, gradient_accumulation_steps: int) -> bool:

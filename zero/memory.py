@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .boundary import as_dict, grads_sharded
+from .boundary import as_dict, grads_sharded, sixteen_bit_master
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,9 @@ class StateLayout:
     world_size: int
     numel: int            # Ψ (padded)
     param_bytes: int      # b: 2 (fp16/bf16) or 4 (fp32)
-    optimizer_arrays: int  # the optimizer's fp32 arrays per element (the engine's names)
+    optimizer_arrays: int  # the optimizer's arrays per element (the engine's names)
+    master_bytes: int = 4  # 2: bf16/fp16_master_weights_and_grads (the master in the model dtype)
+    state_bytes: int = 4   # 2: bf16_optimizer_states
     external: bool = False  # an external optimizer: it steps one whole fp32 tensor
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
     frozen: bool = False  # stage 3's frozen parameters: their partitioned shard alone ...
@@ -38,10 +40,6 @@ class StateLayout:
     # offload_optimizer.ratio < 1: of the shard's Ψ/N elements, how many keep their master and
     # optimizer state offloaded (the rest, on the device, keep theirs there); None: all of them
     offloaded_numel: int | None = None
-
-    @property
-    def mixed_precision(self) -> bool:
-        return self.param_bytes != 4
 
     @property
     def sharded_numel(self) -> int:
@@ -67,6 +65,8 @@ def state_layouts(core, groups, spec, config, param_bytes: int) -> list[StateLay
     zero_cfg = config.zero_optimization
     return [StateLayout(stage=stage, world_size=kind["world_size"], numel=kind["numel"],
                         param_bytes=param_bytes, optimizer_arrays=arrays,
+                        master_bytes=param_bytes if sixteen_bit_master(config) else 4,
+                        state_bytes=param_bytes if config.bf16.bf16_optimizer_states else 4,
                         external=spec.external is not None,
                         persistent=zero_cfg.stage == 3 and stage == 1,
                         sharded_grads=stage == 1 and grads_sharded(
@@ -105,12 +105,14 @@ def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     if layout.frozen:  # (packed: about 1 byte per element, int8 and a scale per 256)
         return {"param": (1 if layout.packed_bytes else b, True), "gradient": (0, True), "fp32_master": (0, True),
                 "optimizer_state": (0, True)}
-    optimizer = 4 * layout.optimizer_arrays
-    # In fp32 training the master is the parameter's own shard (nothing extra), unless the
-    # optimizer is offloaded (the host keeps an fp32 copy of its own) or external (it steps
-    # one whole fp32 tensor).
-    master = 4 if (layout.mixed_precision or layout.offload_optimizer != "none"
-                   or layout.offload_param or layout.external) else 0
+    optimizer = layout.state_bytes * layout.optimizer_arrays
+    # Where the master has the parameters' dtype (fp32 training, or a 16-bit master) it is the
+    # parameter's own shard (nothing extra), unless the optimizer is offloaded (the host keeps
+    # a copy of its own), the parameters are (stage 3's device step keeps one) or the
+    # optimizer is external (it steps one whole fp32 tensor).
+    separate = (layout.master_bytes != b or layout.offload_optimizer != "none"
+                or layout.offload_param or layout.external)
+    master = layout.master_bytes if separate else 0
     return {
         "param": (b, stage >= 3),
         "gradient": (b, stage >= 2 or layout.sharded_grads),

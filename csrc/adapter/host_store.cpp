@@ -3,10 +3,11 @@
 namespace zero::adapter {
 
 HostStore::HostStore(core::MemoryRegistry& registry, ChunkGrid grid,
-                     std::vector<std::string> names, bool pin_memory)
-    : OffloadStore(grid, std::move(names)) {
+                     std::vector<std::string> names, ShardPrecision precision,
+                     bool pin_memory)
+    : OffloadStore(grid, std::move(names), precision) {
   for (const std::string& name : this->names()) {
-    arrays_.emplace_back(registry, state_category(name), grid.shard_numel, at::kFloat,
+    arrays_.emplace_back(registry, state_category(name), grid.shard_numel, dtype(name),
                          pin_memory);
   }
 }

@@ -1,7 +1,8 @@
 #pragma once
-// offload_optimizer device "cpu": the shard's fp32 state arrays whole in host memory (pinned
-// when asked and possible), counted under their category (master, optimizer state). A chunk
-// is a view into its array in either slot, so fetch, flush and commit have nothing to do.
+// offload_optimizer device "cpu": the shard's state arrays (each in its dtype,
+// shard_precision.h) whole in host memory (pinned when asked and possible), counted under
+// their category (master, optimizer state). A chunk is a view into its array in either slot,
+// so fetch, flush and commit have nothing to do.
 #include <vector>
 
 #include "adapter/host_pinning.h"
@@ -12,7 +13,7 @@ namespace zero::adapter {
 class HostStore final : public OffloadStore {
  public:
   HostStore(core::MemoryRegistry& registry, ChunkGrid grid, std::vector<std::string> names,
-            bool pin_memory);
+            ShardPrecision precision, bool pin_memory);
 
   at::Tensor view(const std::string& name, std::int64_t chunk, int slot) const override;
   std::vector<core::IoHandle> fetch(std::int64_t, int) override { return {}; }

@@ -3,20 +3,23 @@
 namespace zero::adapter {
 
 NvmeStore::NvmeStore(core::MemoryRegistry& registry, ChunkGrid grid,
-                     std::vector<std::string> names, const OffloadOptions& options)
-    : OffloadStore(grid, std::move(names)), on_swap_write_(options.on_swap_write) {
-  const auto slot_numel = static_cast<std::int64_t>(padded_chunk_bytes() / 4);
+                     std::vector<std::string> names, ShardPrecision precision,
+                     const OffloadOptions& options)
+    : OffloadStore(grid, std::move(names), precision), on_swap_write_(options.on_swap_write) {
   std::vector<core::TileSpec> tiles;
   for (std::size_t a = 0; a < this->names().size(); ++a) {
+    const std::string& name = this->names()[a];
+    const std::size_t element = element_bytes(a);
+    const auto slot_numel = static_cast<std::int64_t>(padded_chunk_bytes(a) / element);
     for (int slot = 0; slot < 2; ++slot) {
-      slots_[slot].emplace_back(registry, core::MemoryCategory::kStaging, slot_numel, at::kFloat,
-                                options.pin_memory);
+      slots_[slot].emplace_back(registry, core::MemoryCategory::kStaging, slot_numel,
+                                dtype(name), options.pin_memory);
     }
     for (std::int64_t c = 0; c < grid.count(); ++c) {
-      tiles.push_back({tile_name(a, c), static_cast<std::size_t>(4 * grid.numel(c))});
+      tiles.push_back({tile_name(a, c), static_cast<std::size_t>(grid.numel(c)) * element});
     }
-    nvme_bytes_.emplace_back(&registry, state_category(this->names()[a]), core::MemoryLocation::kNvme,
-                             4 * grid.shard_numel);
+    nvme_bytes_.emplace_back(&registry, state_category(name), core::MemoryLocation::kNvme,
+                             static_cast<std::int64_t>(element) * grid.shard_numel);
   }
   core::SwapStoreOptions swap_options;
   swap_options.aio = options.aio;
@@ -27,8 +30,12 @@ std::string NvmeStore::tile_name(std::size_t array, std::int64_t chunk) const {
   return names()[array] + "." + std::to_string(chunk);
 }
 
-std::size_t NvmeStore::padded_chunk_bytes() const {
-  return core::round_up(static_cast<std::size_t>(4 * grid().chunk));
+std::size_t NvmeStore::element_bytes(std::size_t array) const {
+  return c10::elementSize(dtype(names()[array]));
+}
+
+std::size_t NvmeStore::padded_chunk_bytes(std::size_t array) const {
+  return core::round_up(static_cast<std::size_t>(grid().chunk) * element_bytes(array));
 }
 
 at::Tensor NvmeStore::view(const std::string& name, std::int64_t chunk, int slot) const {
@@ -39,7 +46,7 @@ std::vector<core::IoHandle> NvmeStore::fetch(std::int64_t chunk, int slot) {
   std::vector<core::IoHandle> handles;
   for (std::size_t a = 0; a < names().size(); ++a) {
     auto* data = static_cast<std::byte*>(slots_[slot][a].tensor().data_ptr());
-    handles.push_back(swap_->read_async(tile_name(a, chunk), data, padded_chunk_bytes()));
+    handles.push_back(swap_->read_async(tile_name(a, chunk), data, padded_chunk_bytes(a)));
   }
   return handles;
 }
@@ -48,7 +55,7 @@ std::vector<core::IoHandle> NvmeStore::flush(std::int64_t chunk, int slot) {
   std::vector<core::IoHandle> handles;
   for (std::size_t a = 0; a < names().size(); ++a) {
     const auto* data = static_cast<const std::byte*>(slots_[slot][a].tensor().data_ptr());
-    handles.push_back(swap_->write_async(tile_name(a, chunk), data, padded_chunk_bytes()));
+    handles.push_back(swap_->write_async(tile_name(a, chunk), data, padded_chunk_bytes(a)));
   }
   return handles;
 }
@@ -57,7 +64,9 @@ void NvmeStore::commit(std::int64_t chunk) {
   auto writes = flush(chunk, 0);
   wait_all(writes);
   if (on_swap_write_) {
-    on_swap_write_(static_cast<std::int64_t>(names().size() * padded_chunk_bytes()));
+    std::size_t bytes = 0;
+    for (std::size_t a = 0; a < names().size(); ++a) bytes += padded_chunk_bytes(a);
+    on_swap_write_(static_cast<std::int64_t>(bytes));
   }
 }
 

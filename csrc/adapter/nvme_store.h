@@ -1,6 +1,7 @@
 #pragma once
-// offload_optimizer device "nvme" (ZeRO-Infinity): the shard's fp32 state arrays live in a
-// swap file under nvme_path, one tile per array and chunk ("exp_avg.3"), counted at kNvme.
+// offload_optimizer device "nvme" (ZeRO-Infinity): the shard's state arrays (each in its
+// dtype, shard_precision.h) live in a swap file under nvme_path, one tile per array and chunk
+// ("exp_avg.3"), counted at kNvme.
 // Host memory holds two slots per array, each one chunk padded to whole pages for O_DIRECT
 // (staging); fetch reads a chunk into a slot, flush writes a slot back.
 #include <memory>
@@ -15,7 +16,7 @@ namespace zero::adapter {
 class NvmeStore final : public OffloadStore {
  public:
   NvmeStore(core::MemoryRegistry& registry, ChunkGrid grid, std::vector<std::string> names,
-            const OffloadOptions& options);
+            ShardPrecision precision, const OffloadOptions& options);
 
   at::Tensor view(const std::string& name, std::int64_t chunk, int slot) const override;
   std::vector<core::IoHandle> fetch(std::int64_t chunk, int slot) override;
@@ -28,7 +29,8 @@ class NvmeStore final : public OffloadStore {
 
  private:
   std::string tile_name(std::size_t array, std::int64_t chunk) const;
-  std::size_t padded_chunk_bytes() const;
+  std::size_t element_bytes(std::size_t array) const;
+  std::size_t padded_chunk_bytes(std::size_t array) const;  // one chunk, whole pages
 
   std::function<void(std::int64_t bytes)> on_swap_write_;
   std::vector<HostTensor> slots_[2];  // per slot, one chunk of each array (names() order)

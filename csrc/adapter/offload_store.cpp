@@ -47,7 +47,7 @@ at::Tensor OffloadStore::read(const std::string& name, std::int64_t offset, std:
     const std::int64_t end = std::min(offset + numel, c * grid_.chunk + grid_.numel(c));
     parts.push_back(view(name, c, 0).narrow(0, begin - c * grid_.chunk, end - begin).clone());
   }
-  if (parts.empty()) return at::empty({0}, at::TensorOptions().dtype(at::kFloat));
+  if (parts.empty()) return at::empty({0}, at::TensorOptions().dtype(dtype(name)));
   return parts.size() == 1 ? parts.front() : at::cat(parts);
 }
 
@@ -67,11 +67,13 @@ void OffloadStore::write(const std::string& name, std::int64_t offset, const at:
 
 std::unique_ptr<OffloadStore> make_offload_store(core::MemoryRegistry& registry, ChunkGrid grid,
                                                  std::vector<std::string> names,
+                                                 ShardPrecision precision,
                                                  const OffloadOptions& options) {
   if (options.nvme_path.empty()) {
-    return std::make_unique<HostStore>(registry, grid, std::move(names), options.pin_memory);
+    return std::make_unique<HostStore>(registry, grid, std::move(names), precision,
+                                       options.pin_memory);
   }
-  return std::make_unique<NvmeStore>(registry, grid, std::move(names), options);
+  return std::make_unique<NvmeStore>(registry, grid, std::move(names), precision, options);
 }
 
 }  // namespace zero::adapter

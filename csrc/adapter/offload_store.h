@@ -1,5 +1,5 @@
 #pragma once
-// Where an offloaded shard's fp32 state lives (its master, and Adam's m and v or SGD's
+// Where an offloaded shard's state lives (its master, and Adam's m and v or SGD's
 // momentum), seen chunk by chunk. Two kinds:
 //
 //   HostStore (host_store.h)  offload_optimizer device "cpu": whole arrays in host memory;
@@ -19,6 +19,7 @@
 
 #include "adapter/offload_options.h"
 #include "adapter/optimizer_math.h"
+#include "adapter/shard_precision.h"
 #include "core/io_handle.h"
 #include "core/memory_registry.h"
 
@@ -44,8 +45,8 @@ void wait_all(std::vector<core::IoHandle>& handles);
 
 class OffloadStore {
  public:
-  OffloadStore(ChunkGrid grid, std::vector<std::string> names)
-      : grid_(grid), names_(std::move(names)) {}
+  OffloadStore(ChunkGrid grid, std::vector<std::string> names, ShardPrecision precision)
+      : grid_(grid), names_(std::move(names)), precision_(precision) {}
   virtual ~OffloadStore() = default;
   OffloadStore(const OffloadStore&) = delete;
   OffloadStore& operator=(const OffloadStore&) = delete;
@@ -53,6 +54,7 @@ class OffloadStore {
   const ChunkGrid& grid() const { return grid_; }
   const std::vector<std::string>& names() const { return names_; }
   bool has(const std::string& name) const;
+  c10::ScalarType dtype(const std::string& name) const { return precision_.of(name); }
   // Position of array `name` in names(); an error naming it when there is none.
   std::size_t index_of(const std::string& name) const;
 
@@ -80,11 +82,13 @@ class OffloadStore {
  private:
   ChunkGrid grid_;
   std::vector<std::string> names_;
+  ShardPrecision precision_;
 };
 
 // A HostStore for options.nvme_path empty, else an NvmeStore.
 std::unique_ptr<OffloadStore> make_offload_store(core::MemoryRegistry& registry, ChunkGrid grid,
                                                  std::vector<std::string> names,
+                                                 ShardPrecision precision,
                                                  const OffloadOptions& options);
 
 }  // namespace zero::adapter

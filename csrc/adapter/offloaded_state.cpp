@@ -20,8 +20,9 @@ double seconds_since(Clock::time_point since) {
 OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                                const c10::TensorOptions& device_options, OptimizerKind kind,
                                std::vector<std::string> state_names,
-                               const OffloadOptions& offload)
-    : kind_(kind), state_names_(std::move(state_names)), num_threads_(offload.num_threads) {
+                               ShardPrecision precision, const OffloadOptions& offload)
+    : kind_(kind), state_names_(std::move(state_names)), precision_(precision),
+      num_threads_(offload.num_threads) {
   TORCH_CHECK_VALUE(kind != OptimizerKind::kExternal, "zero: an optimizer zero does not build "
                     "itself steps on the device only; remove offload_optimizer, or use Adam, "
                     "AdamW, Adagrad, Lion or SGD");
@@ -33,7 +34,8 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
               "parameter update works with offload_optimizer device \"cpu\", not \"nvme\"; turn "
               "delayed_update off or use the CPU");
   grid_ = {shard_numel, std::min(offload.tile_numel, std::max<std::int64_t>(shard_numel, 1))};
-  store_ = make_offload_store(registry, grid_, state_array_names(state_names_), offload);
+  store_ = make_offload_store(registry, grid_, state_array_names(state_names_), precision_,
+                              offload);
   const at::ScalarType model_type = device_options.dtype().toScalarType();
   const bool sixteen_bit = model_type != at::kFloat;
   if (offload.delayed_update) {
@@ -279,7 +281,7 @@ void OffloadedState::update(const at::Tensor& grads, const at::Tensor& out, std:
     return store_->view(name, chunk, slot).narrow(0, at, numel);
   };
   at::Tensor master = state("master");
-  if (kind_ != OptimizerKind::kAdam) {
+  if (kind_ != OptimizerKind::kAdam || !precision_.all_fp32()) {  // ATen ops, any dtypes
     at::Tensor fp32 = grads.to(at::kFloat);
     if (grad_scale != 1.0) fp32.mul_(grad_scale);
     std::vector<at::Tensor> states;

@@ -1,5 +1,5 @@
 #pragma once
-// A shard's fp32 master and optimizer state offloaded from the device (ZeRO-Offload /
+// A shard's master and optimizer state offloaded from the device (ZeRO-Offload /
 // ZeRO-Infinity), and the step that streams the shard through them in chunks. Where the
 // state lives is an OffloadStore (offload_store.h: HostStore for "cpu", NvmeStore for
 // "nvme"); when the step runs is the streamed step below, or with delayed_update a
@@ -26,6 +26,7 @@
 #include "adapter/offload_store.h"
 #include "adapter/optimizer_math.h"
 #include "adapter/shard_piece.h"
+#include "adapter/shard_precision.h"
 #include "core/memory_registry.h"
 
 namespace zero::adapter {
@@ -46,7 +47,8 @@ class OffloadedState {
  public:
   OffloadedState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                  const c10::TensorOptions& device_options, OptimizerKind kind,
-                 std::vector<std::string> state_names, const OffloadOptions& offload);
+                 std::vector<std::string> state_names, ShardPrecision precision,
+                 const OffloadOptions& offload);
   OffloadedState(const OffloadedState&) = delete;
   OffloadedState& operator=(const OffloadedState&) = delete;
 
@@ -89,6 +91,7 @@ class OffloadedState {
 
   OptimizerKind kind_;
   std::vector<std::string> state_names_;  // the optimizer's arrays (not the master)
+  ShardPrecision precision_;
   int num_threads_ = 1;
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home

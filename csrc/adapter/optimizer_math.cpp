@@ -46,8 +46,14 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_mome
   return {};
 }
 
-void optimizer_update(at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states,
-                      const OptimizerHyper& hyper, std::int64_t step) {
+void optimizer_update(at::Tensor& param, const at::Tensor& fp32_grad,
+                      std::vector<at::Tensor>& states, const OptimizerHyper& hyper,
+                      std::int64_t step) {
+  // 16-bit state (bf16_optimizer_states) takes the gradients in its dtype, as a torch optimizer
+  // over 16-bit tensors does.
+  const bool cast = hyper.kind != OptimizerKind::kExternal && !states.empty() &&
+                    states.front().scalar_type() != fp32_grad.scalar_type();
+  const at::Tensor grad = cast ? fp32_grad.to(states.front().scalar_type()) : fp32_grad;
   switch (hyper.kind) {
     case OptimizerKind::kAdam: return adam_update(param, grad, states.at(0), states.at(1), hyper, step);
     case OptimizerKind::kSgd: {

@@ -22,6 +22,15 @@ std::vector<std::string> optimizer_arrays(const GroupOptions& options) {
   return optimizer_state_names(options.optimizer, options.sgd_momentum, options.external_states);
 }
 
+ShardPrecision shard_precision(const GroupOptions& options, at::ScalarType model,
+                               bool separate_master) {
+  ShardPrecision precision;
+  precision.master = options.master_in_model_dtype ? model : at::kFloat;
+  precision.states = options.states_in_model_dtype ? model : at::kFloat;
+  precision.keep_master = separate_master || precision.master != model;
+  return precision;
+}
+
 void start_grad_window(PlacedBuffer& shard, GradReducer& reducer) {
   if (shard.on_host()) {
     reducer.grads_discarded();
@@ -53,7 +62,9 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
       rank_(options.stage == 0 ? 0 : communicator.rank()),
       layout_(layout_for(params_, options, communicator.world_size())),
       state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
-             optimizer_arrays(options), /*keep_master=*/mixed_precision(), options.offload) {
+             optimizer_arrays(options),
+             shard_precision(options, params_.front().scalar_type(), /*separate_master=*/false),
+             options.offload) {
   TORCH_CHECK(!options.offload.enabled || options.stage >= 1, "zero: offload_optimizer needs "
               "ZeRO stage 1, 2 or 3 (at stage 0 nothing is sharded to offload)");
   const c10::TensorOptions model_options = params_.front().options();

@@ -59,6 +59,11 @@ void start_grad_window(PlacedBuffer& shard, GradReducer& reducer);
 c10::TensorOptions bucket_options(const c10::TensorOptions& model, const GroupOptions& options);
 // The optimizer-state arrays a group of these options keeps (optimizer_state_names).
 std::vector<std::string> optimizer_arrays(const GroupOptions& options);
+// The dtypes of a group's shard state for a model of `model` dtype; separate_master: the
+// group needs a master apart from its parameters whatever their dtype (stage 3's parameters
+// offloaded to the host while the step runs on the device).
+ShardPrecision shard_precision(const GroupOptions& options, at::ScalarType model,
+                               bool separate_master);
 
 struct GroupOptions {
   int stage = 0;
@@ -87,6 +92,11 @@ struct GroupOptions {
   // Stage 3 (DeepSpeed's stage3_use_all_reduce_for_fetch_params): units are gathered by an
   // all-reduce (Communicator::all_gather_by_all_reduce); not the quantized or hpZ gathers.
   bool all_reduce_fetch = false;
+  // DeepSpeed's bf16_master_weights_and_grads / fp16_master_weights_and_grads: the master
+  // weights in the parameters' 16-bit dtype (the parameters themselves where no separate copy
+  // is needed; shard_precision.h), and bf16_optimizer_states: the optimizer's arrays too.
+  bool master_in_model_dtype = false;
+  bool states_in_model_dtype = false;
   // The dtype gradients are reduced in (DeepSpeed's communication_data_type); none: the
   // gradients' own. Another dtype reduces a copy of each unit (GradReducer's buckets) and
   // casts the result back into the gradients.
@@ -155,7 +165,6 @@ class ParamGroup : public Group {
   // Every parameter's data (or .grad) made its place in `flat`.
   void point_params_at(const at::Tensor& flat);
   void point_grads_at(const at::Tensor& flat);
-  bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
   bool sharded_grads() const {
     return options_.stage == 2 || (options_.stage == 1 && options_.shard_grads);
   }

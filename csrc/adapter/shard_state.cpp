@@ -13,11 +13,16 @@ namespace zero::adapter {
 
 ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                        const c10::TensorOptions& device_options, OptimizerKind kind,
-                       std::vector<std::string> state_names, bool keep_master,
+                       std::vector<std::string> state_names, ShardPrecision precision,
                        const OffloadOptions& offload)
-    : kind_(kind), shard_numel_(shard_numel), device_numel_(shard_numel),
+    : kind_(kind), precision_(precision), shard_numel_(shard_numel), device_numel_(shard_numel),
       state_names_(std::move(state_names)) {
-  if (kind == OptimizerKind::kExternal) keep_master = true;  // the update's one fp32 tensor
+  // An external optimizer steps one tensor, the separate fp32 master.
+  TORCH_CHECK_VALUE(kind != OptimizerKind::kExternal || precision_.all_fp32(), "zero: an "
+                    "optimizer zero does not build itself steps an fp32 master; set "
+                    "bf16_master_weights_and_grads / fp16_master_weights_and_grads and "
+                    "bf16_optimizer_states to false, or use Adam, AdamW, Adagrad, Lion or SGD");
+  if (kind == OptimizerKind::kExternal) precision_.keep_master = true;
   if (offload.enabled) {
     TORCH_CHECK(offload.ratio >= 0.0 && offload.ratio <= 1.0, "zero: offload_optimizer.ratio "
                 "must be in [0, 1], got ", offload.ratio);
@@ -25,21 +30,21 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
     TORCH_CHECK(host == shard_numel || !offload.delayed_update, "zero: the delayed parameter "
                 "update needs the whole optimizer step on the host (ratio 1)");
     device_numel_ = shard_numel - host;
+    precision_.keep_master = true;  // parameters and master are separate wherever it steps
     if (host > 0) {
       offloaded_ = std::make_unique<OffloadedState>(registry, host, device_options, kind,
-                                                    state_names_, offload);
+                                                    state_names_, precision_, offload);
     }
-    keep_master = true;  // parameters and master are separate wherever the step runs
   }
   if (device_numel_ == 0) return;
-  auto fp32_buffer = [&](core::MemoryCategory category) {
+  auto buffer = [&](core::MemoryCategory category, at::ScalarType dtype) {
     device_owned_.push_back(
-        device_buffer(registry, category, device_numel_, device_options.dtype(at::kFloat)));
+        device_buffer(registry, category, device_numel_, device_options.dtype(dtype)));
     return device_owned_.back().tensor();
   };
-  if (keep_master) master_ = fp32_buffer(core::MemoryCategory::kMaster);
+  if (precision_.keep_master) master_ = buffer(core::MemoryCategory::kMaster, precision_.master);
   for (std::size_t i = 0; i < state_names_.size(); ++i) {
-    states_.push_back(fp32_buffer(core::MemoryCategory::kOptimizerState));
+    states_.push_back(buffer(core::MemoryCategory::kOptimizerState, precision_.states));
   }
 }
 
@@ -85,7 +90,7 @@ std::vector<std::string> ShardState::state_names() const {
 at::Tensor ShardState::read_array(const std::string& name, std::int64_t offset,
                                   std::int64_t numel) const {
   TORCH_CHECK(name != "master" || has_master(),
-              "zero: this shard keeps no separate master (fp32 training)");
+              "zero: this shard keeps no separate master (its parameters are the master)");
   const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
   std::vector<at::Tensor> parts;
   if (head > 0) {
@@ -98,14 +103,14 @@ at::Tensor ShardState::read_array(const std::string& name, std::int64_t offset,
     at::Tensor tail = offloaded_->read(name, offset + head - device_numel_, numel - head);
     parts.push_back(parts.empty() ? tail : tail.to(parts.front().device()));
   }
-  if (parts.empty()) return at::empty({0}, at::TensorOptions().dtype(at::kFloat));
+  if (parts.empty()) return at::empty({0}, at::TensorOptions().dtype(precision_.of(name)));
   return parts.size() == 1 ? parts.front() : at::cat(parts);
 }
 
 void ShardState::write_array(const std::string& name, std::int64_t offset,
                              const at::Tensor& values) {
   TORCH_CHECK(name != "master" || has_master(),
-              "zero: this shard keeps no separate master (fp32 training)");
+              "zero: this shard keeps no separate master (its parameters are the master)");
   const at::Tensor source = values.reshape({-1});
   const std::int64_t numel = source.numel();
   const std::int64_t head = std::clamp(device_numel_ - offset, std::int64_t{0}, numel);
@@ -185,8 +190,8 @@ void ShardState::step(const std::vector<ShardPiece>& pieces, const OptimizerHype
 void ShardState::external_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
                                double grad_scale,
                                const std::function<void(std::size_t)>& stepped) {
-  const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor master = master_.defined() ? master_ : at::empty({0}, fp32);  // an empty shard
+  const at::TensorOptions options = at::TensorOptions().dtype(precision_.master);
+  at::Tensor master = master_.defined() ? master_ : at::empty({0}, options);  // an empty shard
   // The whole shard's gradients in one tensor, as the optimizer sees one parameter; what no
   // piece covers (alignment padding) is 0.
   at::Tensor grads = at::zeros({shard_numel_}, master.options());
@@ -206,7 +211,7 @@ void ShardState::step_on_device(const ShardPiece& piece, const OptimizerHyper& h
   if (host_adam(piece, hyper, grad_scale, step)) return;
   at::Tensor grads = piece.grad.to(at::kFloat);  // a copy of 16-bit grads
   if (grad_scale != 1.0) grads.mul_(grad_scale);
-  if (!master_.defined()) {  // fp32: the parameters are the master
+  if (!master_.defined()) {  // the parameters are the master (fp32, or a 16-bit master)
     update(piece.param, grads, piece.offset, hyper, step);
     return;
   }
@@ -227,7 +232,7 @@ bool ShardState::host_adam(const ShardPiece& piece, const OptimizerHyper& hyper,
                                               : piece.param;
   const bool writes_params = master_.defined() && !piece.store && host_adam_takes(piece.param) &&
                              piece.param.scalar_type() != at::kFloat;
-  if (!host_adam_takes(master) || master.scalar_type() != at::kFloat ||
+  if (!precision_.all_fp32() || !host_adam_takes(master) || master.scalar_type() != at::kFloat ||
       !host_adam_takes(piece.grad)) {
     return false;
   }

@@ -1,7 +1,7 @@
 #pragma once
-// The optimizer side of a rank's shard: fp32 master (mixed precision, or offload) and the
+// The optimizer side of a rank's shard: the master (mixed precision, or offload) and the
 // optimizer's arrays (Adam's m and v, SGD's momentum, ...: optimizer_state_names), all laid
-// out like the shard, and the step over its pieces. On the
+// out like the shard, in the dtypes of shard_precision.h, and the step over its pieces. On the
 // device (the default) the update runs with ATen ops, or, for Adam on a CPU device, with the
 // fused CPU Adam kernel (host_adam_update); with offload the state and the step
 // move to the host or NVMe (offloaded_state.h): all of the shard, or with a ratio < 1 its
@@ -17,17 +17,19 @@
 #include "adapter/offloaded_state.h"
 #include "adapter/optimizer_math.h"
 #include "adapter/parked_states.h"
+#include "adapter/shard_precision.h"
 #include "adapter/tracked_tensor.h"
 
 namespace zero::adapter {
 
 class ShardState {
  public:
-  // state_names: the optimizer's arrays (optimizer_state_names). keep_master: a separate fp32
-  // master (mixed precision); offload and an external optimizer always keep one.
+  // state_names: the optimizer's arrays (optimizer_state_names). precision: their dtypes and
+  // whether a separate master is kept (mixed precision); offload and an external optimizer
+  // always keep one.
   ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
              const c10::TensorOptions& device_options, OptimizerKind kind,
-             std::vector<std::string> state_names, bool keep_master,
+             std::vector<std::string> state_names, ShardPrecision precision,
              const OffloadOptions& offload);
 
   bool has_master() const { return master_.defined() || offloaded_ != nullptr; }
@@ -42,7 +44,7 @@ class ShardState {
   OffloadTimings offload_timings() const { return offloaded_ ? offloaded_->timings() : OffloadTimings{}; }
   std::int64_t offloaded_numel() const { return shard_numel_ - device_numel_; }
 
-  // The fp32 master of shard [offset, offset + numel): read returns a copy, write stores.
+  // The separate master of shard [offset, offset + numel): read returns a copy, write stores.
   at::Tensor read_master(std::int64_t offset, std::int64_t numel) const {
     return read_array("master", offset, numel);
   }
@@ -96,6 +98,7 @@ class ShardState {
   bool on_device_only() const { return device_numel_ > 0 || !offloaded_; }
 
   OptimizerKind kind_;
+  ShardPrecision precision_;
   std::int64_t shard_numel_;
   std::int64_t device_numel_;  // [0, device_numel_) of the shard keeps its state here
   std::vector<TrackedTensor> device_owned_;

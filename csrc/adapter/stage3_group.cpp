@@ -67,7 +67,8 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
              options_.optimizer,
              options_.frozen ? std::vector<std::string>{} : optimizer_arrays(options_),
              // With the parameters on the host, a device-side step needs its own master.
-             /*keep_master=*/mixed_precision() || options_.offload_param.enabled,
+             shard_precision(options_, model_options_.dtype().toScalarType(),
+                             /*separate_master=*/options_.offload_param.enabled),
              options_.offload),
       units_(layout_.unit_count()) {
   if (!options.hpz_group.empty()) {

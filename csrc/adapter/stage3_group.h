@@ -136,7 +136,6 @@ class Stage3Group : public Group {
     bool secondary_valid = false;
   };
 
-  bool mixed_precision() const { return layout_.dtype() != core::DType::kFloat32; }
   bool on_nvme(std::size_t unit) const { return param_swap_ && param_swap_->holds(unit); }
   bool packed() const { return options_.quantized_storage; }
   // This rank's piece of the unit in param_shard_: its elements, or its packed bytes.

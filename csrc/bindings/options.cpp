@@ -107,6 +107,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("quantized_weights", &Group::quantized_weights)
       .def_readwrite("quantized_gradients", &Group::quantized_gradients)
       .def_readwrite("all_reduce_fetch", &Group::all_reduce_fetch)
+      .def_readwrite("master_in_model_dtype", &Group::master_in_model_dtype)
+      .def_readwrite("states_in_model_dtype", &Group::states_in_model_dtype)
       .def_readwrite("communication_dtype", &Group::communication_dtype)
       .def_readwrite("hpz_group", &Group::hpz_group)
       .def_readwrite("mics_shard_group", &Group::mics_shard_group)

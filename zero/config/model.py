@@ -91,6 +91,7 @@ class FP16Config:
     consecutive_hysteresis: bool
     min_loss_scale: float
     auto_cast: bool  # forward's floating-point positional inputs cast to fp16
+    fp16_master_weights_and_grads: bool  # the fp16 parameters are the master
 
     @property
     def dynamic_loss_scale(self):
@@ -104,6 +105,8 @@ class FP16Config:
 @dataclass(frozen=True)
 class BF16Config:
     enabled: bool
+    bf16_master_weights_and_grads: bool  # the bf16 parameters are the master
+    bf16_optimizer_states: bool  # the optimizer's arrays in bf16 too
 
 
 @dataclass(frozen=True)

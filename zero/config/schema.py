@@ -419,7 +419,9 @@ FP16 = Block("fp16", "fp16 mixed precision with loss scaling.", (
     _bool("auto_cast", False, "Cast the floating-point tensors among forward's positional inputs to fp16 "
           "(DeepSpeed casts every tensor with a .half(), integer token ids too; zero leaves those alone). "
           "Accelerate adds it for --fp16 without an fp16 block."),
-    _unsupported(BOOL, "fp16_master_weights_and_grads", False, "Keep master weights in fp16."),
+    _bool("fp16_master_weights_and_grads", False, "Keep the master weights in fp16: the fp16 parameters are "
+          "the master (no fp32 copy), stepped with fp32 optimizer state; stages 1-3. DeepSpeed also requires "
+          "offload_optimizer (its CPU Adam) here; zero steps them wherever the optimizer runs."),
 ))
 
 BF16 = Block("bf16", "bf16 mixed precision (no loss scaling).", (
@@ -428,8 +430,12 @@ BF16 = Block("bf16", "bf16 mixed precision (no loss scaling).", (
     _unsupported(BOOL, "check_grad_overflow", True, "Skip a step whose gradients are not finite (DeepSpeed's "
                  "default): zero always does (nonfinite_gradients); false, which lets DeepSpeed apply such a "
                  "step, is refused."),
-    _unsupported(BOOL, "bf16_master_weights_and_grads", False, "Keep master weights in bf16."),
-    _unsupported(BOOL, "bf16_optimizer_states", False, "Keep optimizer states in bf16."),
+    _bool("bf16_master_weights_and_grads", False, "Keep the master weights (and, as always in zero, the "
+          "gradients) in bf16: the bf16 parameters are the master, with no fp32 copy (2 bytes per parameter "
+          "instead of 4; offload, parameter offload and an external optimizer keep a bf16 copy). Stages 1-3. "
+          "DeepSpeed requires offload_optimizer unless bf16_optimizer_states is set; zero does not."),
+    _bool("bf16_optimizer_states", False, "Keep the optimizer's state (Adam's moments, ...) in bf16 too: 2 bytes "
+          "per parameter and array instead of 4. Needs bf16_master_weights_and_grads; stages 1-3."),
 ))
 
 # --------------------------------------------------------------------------- ZeRO

@@ -510,6 +510,29 @@ def _check_precision(v, values):
     if scaled and fp16["loss_scale"] == 0 and _valid(power, minimum) and minimum > 2 ** power:
         v.error("fp16.min_loss_scale", minimum, f"larger than the initial dynamic loss scale 2**{power}",
                 "lower min_loss_scale or raise initial_scale_power")
+    _check_sixteen_bit_master(v, values)
+
+
+def _check_sixteen_bit_master(v, values):
+    """DeepSpeed's 16-bit master weights and bf16 optimizer states: over a 16-bit model, at
+    stages 1-3 (DeepSpeed's assertions), the states only with the master."""
+    fp16, bf16 = values["fp16"], values["bf16"]
+    zero = values["zero_optimization"]
+    stage = zero["stage"] if _valid(zero) else INVALID
+    asked = [(block, name, precision) for block, name, precision in (
+        (fp16, "fp16_master_weights_and_grads", "fp16"),
+        (bf16, "bf16_master_weights_and_grads", "bf16"),
+        (bf16, "bf16_optimizer_states", "bf16")) if block[name] is True]
+    for block, name, precision in asked:
+        if block["enabled"] is not True:
+            v.error(f"{precision}.{name}", True, f"keeps state in the {precision} parameters' dtype but "
+                    f"{precision}.enabled is false", f"set {precision}.enabled to true, or {name} to false")
+        if _valid(stage) and stage == 0:
+            v.error(f"{precision}.{name}", True, "is only supported with ZeRO stage 1, 2 or 3 (as in "
+                    "DeepSpeed)", f"set zero_optimization.stage to 1, 2 or 3, or {name} to false")
+    if bf16["bf16_optimizer_states"] is True and bf16["bf16_master_weights_and_grads"] is not True:
+        v.error("bf16.bf16_optimizer_states", True, "requires bf16_master_weights_and_grads (as in DeepSpeed)",
+                "set bf16.bf16_master_weights_and_grads to true too")
 
 
 def _check_activation_checkpointing(v, values):

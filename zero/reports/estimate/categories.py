@@ -56,11 +56,12 @@ def bucket_pieces(setup: Setup, option: Option) -> bool:
 
 
 def master_bytes(setup: Setup, option: Option) -> int:
-    """4 in mixed precision; in fp32 the parameter shard is the master, unless the optimizer
-    is offloaded (the host or NVMe keeps an fp32 master of its own) or external (it steps one
-    fp32 tensor)."""
-    return 4 if (setup.precision != "fp32" or option.offload_optimizer != "none"
-                 or setup.optimizer == "external") else 0
+    """4 in mixed precision; where the master has the parameters' dtype (fp32, or a 16-bit
+    master) the parameter shard is the master, unless the optimizer is offloaded (the host or
+    NVMe keeps a master of its own) or external (it steps one fp32 tensor)."""
+    separate = (setup.master_dtype_bytes != setup.param_bytes
+                or option.offload_optimizer != "none" or setup.optimizer == "external")
+    return setup.master_dtype_bytes if separate else 0
 
 
 def split_partial(categories: dict, setup: Setup, option: Option,
@@ -80,7 +81,7 @@ def split_partial(categories: dict, setup: Setup, option: Option,
         row = categories[name]
         if not row["bytes"] or not total:
             continue
-        per_element = row["bytes"] // total  # 4 (master), 8 / 4 (Adam / momentum)
+        per_element = row["bytes"] // total  # 4 (master), 8 / 4 (Adam / momentum); 16-bit: half
         offloaded = per_element * tail
         formula = row["formula"]
         row["by_location"] = {k: v for k, v in ((where, offloaded),

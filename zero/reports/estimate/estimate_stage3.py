@@ -122,7 +122,8 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
         # with the parameter shard on the host, the partitioned group keeps its own master
         # (also in fp32) for a device-side step; the persistent group does not need one
         "fp32_master": _model_state_row(
-            layout, 4 if option.offload_param != "none" else master_bytes(setup, option),
+            layout, setup.master_dtype_bytes if option.offload_param != "none"
+            else master_bytes(setup, option),
             True, opt_location, persistent_coefficient=master_bytes(setup, option)),
         "optimizer_state": _model_state_row(layout, optimizer_state_bytes(setup),
                                             True, opt_location),

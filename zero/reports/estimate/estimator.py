@@ -17,6 +17,13 @@ QUANTIZED_FROZEN_ON_NVME = ("zero_optimization.zero_quantized_nontrainable_weigh
                             "shard in host memory (device \"cpu\") or set "
                             "zero_quantized_nontrainable_weights to false")
 
+SIXTEEN_BIT_STAGE_0 = ("bf16.bf16_master_weights_and_grads (fp16.fp16_master_weights_and_grads) "
+                       "is only supported with ZeRO stage 1, 2 or 3")
+SIXTEEN_BIT_EXTERNAL = ("an optimizer zero does not build itself steps an fp32 master; set "
+                        "bf16_master_weights_and_grads / fp16_master_weights_and_grads to false, "
+                        "or use Adam, AdamW, Adagrad, Lion or SGD")
+
+
 
 def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
              reduce_bucket_size: int | None = None, overlap_comm: bool | None = None,
@@ -34,6 +41,10 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         result = estimate_stages_0_2(shapes, setup, option, reduce_bucket_size, overlap_comm)
     if setup.optimizer == EXTERNAL and option.offload_optimizer != "none":
         result.refused = EXTERNAL_OFFLOAD
+    if setup.sixteen_bit_master and option.stage == 0:
+        result.refused = SIXTEEN_BIT_STAGE_0
+    if setup.sixteen_bit_master and setup.optimizer == EXTERNAL:
+        result.refused = SIXTEEN_BIT_EXTERNAL
     if option.stage == 3 and option.offload_param == "nvme" and setup.quantized_nontrainable \
             and result.frozen_numel:
         result.refused = QUANTIZED_FROZEN_ON_NVME

@@ -72,8 +72,9 @@ def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
                       ) -> tuple[int, str, str, dict]:
     """offload_optimizer, per engine group: 2 slots x (C·b gradients + C·b parameters for a
     16-bit model; none for a model on the CPU, updated in place), with NVMe also 2 slots x each
-    state array x round_up(4·C, 4096); the delayed update adds the shard's gradients and new
-    parameters. (host bytes, formula term, its note, the offload detail's fields)."""
+    state array x round_up(a·C, 4096) (a: the array's bytes per element, 4, or 2 for a 16-bit
+    master or state); the delayed update adds the shard's gradients and new parameters.
+    (host bytes, formula term, its note, the offload detail's fields)."""
     b = setup.param_bytes
     sixteen_bit = b != 4
     nvme = option.offload_optimizer == "nvme"
@@ -89,8 +90,10 @@ def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
         host = sum(2 * c * b * (2 if sixteen_bit else 1) for c in chunks)
         terms.append(f"2·C·{model}")
     if nvme:
-        host += sum(2 * len(arrays) * round_up(4 * c) for c in chunks)
-        terms.append(f"2·{len(arrays)}·⌈4C⌉")
+        host += sum(2 * round_up(setup.array_bytes(name) * c) for c in chunks for name in arrays)
+        sizes = [setup.array_bytes(name) for name in arrays]
+        terms.append(f"2·{len(arrays)}·⌈4C⌉" if set(sizes) == {4} else
+                     "2·(" + " + ".join(f"⌈{size}C⌉" for size in sizes) + ")")
     delayed = setup.delayed_update and not nvme  # the engine refuses it with NVMe
     if delayed:  # the whole shard's gradients and new parameters, one update behind
         host += sum(2 * int(shard) * b for shard in group_shards)
@@ -107,8 +110,9 @@ def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
     if nvme:  # the swap file: every chunk of every array at a page-aligned offset
         for shard, c in zip(group_shards, chunks):
             full, rest = divmod(int(shard), c)
-            swap += len(arrays) * (full * round_up(4 * c) + (round_up(4 * rest) if rest
-                                                             else 0))
+            for name in arrays:
+                size = setup.array_bytes(name)
+                swap += full * round_up(size * c) + (round_up(size * rest) if rest else 0)
     detail = dict(chunk_limit=setup.offload_chunk_limit, state_arrays=arrays,
                   groups=[{"offloaded_numel": int(shard), "chunk_numel": c}
                           for shard, c in zip(group_shards, chunks)],

@@ -104,7 +104,8 @@ def _offload_lines(setup: Setup, estimates: list[Estimate]) -> list[str]:
         lines.append(f"offload: the step streams chunks of C = min(sub_group_size "
                      f"{setup.sub_group_size:,}, {OFFLOAD_TILE:,}, the group's Ψ/N) elements "
                      "through 2 host staging slots per engine group; an offloaded optimizer keeps "
-                     "an fp32 master (fp32 training too)")
+                     + ("a bf16/fp16 master of its own (bf16/fp16_master_weights_and_grads)"
+                        if setup.sixteen_bit_master else "an fp32 master (fp32 training too)"))
     on_nvme = next((e for e in estimates if e.option.offload_param == "nvme"), None)
     if on_nvme is not None:
         lines.append(_params_on_nvme_line(on_nvme))

@@ -49,6 +49,10 @@ class Setup:
     num_nodes: int = 1
     precision: str = "fp32"
     communication_data_type: Optional[str] = None  # gradients reduced in it (None: precision)
+    # bf16/fp16_master_weights_and_grads: the master in the 16-bit precision (the parameters
+    # themselves where no copy is needed); bf16_optimizer_states: the optimizer's arrays too
+    sixteen_bit_master: bool = False
+    sixteen_bit_states: bool = False
     optimizer: str = "adam"          # one of OPTIMIZERS, or EXTERNAL
     external_arrays: tuple = ()      # EXTERNAL: the optimizer's per-element fp32 arrays
     reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
@@ -100,6 +104,11 @@ class Setup:
                                 f"{self.num_nodes} nodes")
         if self.precision not in PRECISIONS:
             raise EstimateError(f"precision {self.precision!r}: expected one of {PRECISIONS}")
+        if (self.sixteen_bit_master or self.sixteen_bit_states) and self.precision == "fp32":
+            raise EstimateError("a 16-bit master or optimizer state needs precision bf16 or fp16")
+        if self.sixteen_bit_states and not self.sixteen_bit_master:
+            raise EstimateError("16-bit optimizer states need the 16-bit master "
+                                "(bf16_master_weights_and_grads)")
         if self.communication_data_type not in (None, *PRECISIONS):
             raise EstimateError(f"communication_data_type {self.communication_data_type!r}: "
                                 f"expected one of {PRECISIONS}")
@@ -175,6 +184,20 @@ class Setup:
         return PARAM_BYTES[self.precision]
 
     @property
+    def master_dtype_bytes(self) -> int:
+        """Bytes per element of the master weights (shard_precision.h)."""
+        return self.param_bytes if self.sixteen_bit_master else 4
+
+    @property
+    def state_dtype_bytes(self) -> int:
+        """Bytes per element of each optimizer array."""
+        return self.param_bytes if self.sixteen_bit_states else 4
+
+    def array_bytes(self, name: str) -> int:
+        """Bytes per element of one state array ("master", or an optimizer array)."""
+        return self.master_dtype_bytes if name == "master" else self.state_dtype_bytes
+
+    @property
     def comm_bytes(self) -> int:
         """Bytes per element of the reduce buckets: the communication dtype's."""
         return PARAM_BYTES[self.communication_data_type or self.precision]
@@ -202,6 +225,8 @@ class Setup:
         return {"world_size": self.world_size, "num_nodes": self.num_nodes,
                 "ranks_per_node": self.ranks_per_node, "precision": self.precision,
                 "communication_data_type": self.communication_data_type,
+                "sixteen_bit_master": self.sixteen_bit_master,
+                "sixteen_bit_states": self.sixteen_bit_states,
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
                 "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
                 "cpu_only": self.cpu_only,
@@ -264,6 +289,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     and max_in_cpu). `data_ranks`: the ranks the batch keys count when the world also holds
     pipeline stages or tensor slices (default: the world); `all_ranks`: load_config's, for
     AutoTP set by the config alone."""
+    from zero.boundary import sixteen_bit_master
     from zero.config import ALL_FEATURES, ConfigError, load_config
 
     try:
@@ -282,6 +308,8 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     values = {
         "precision": cfg.precision,
         "communication_data_type": cfg.communication_data_type,
+        "sixteen_bit_master": sixteen_bit_master(cfg),
+        "sixteen_bit_states": bool(cfg.bf16.bf16_optimizer_states),
         "optimizer": optimizer,
         "external_arrays": _external_arrays(cfg.optimizer) if optimizer == EXTERNAL else (),
         "reduce_bucket_size": cfg.zero_optimization.reduce_bucket_size,
@@ -330,7 +358,7 @@ def _external_arrays(optimizer_config) -> tuple:
 
 
 def optimizer_arrays(setup: Setup) -> tuple:
-    """The fp32 arrays the optimizer keeps per element: the engine's own list of them."""
+    """The arrays the optimizer keeps per element: the engine's own list of them."""
     if setup.optimizer == EXTERNAL:
         return setup.external_arrays
     from zero import _C
@@ -341,4 +369,4 @@ def optimizer_arrays(setup: Setup) -> tuple:
 
 
 def optimizer_state_bytes(setup: Setup) -> int:
-    return 4 * len(optimizer_arrays(setup))
+    return setup.state_dtype_bytes * len(optimizer_arrays(setup))

@@ -1,0 +1,188 @@
+"""DeepSpeed's bf16_master_weights_and_grads and bf16_optimizer_states (fp16_master_weights_and_grads
+alike): the 16-bit parameters are the master, with no fp32 copy, and with bf16_optimizer_states
+Adam's moments are bf16 too, as when DeepSpeed steps them with torch's AdamW over bf16 tensors.
+
+Stages 1-3 on 2 ranks track that single-process reference (a bf16 model, torch.optim.AdamW),
+closer than the fp32-master engine does; an update below bf16's resolution is lost, as on a
+bf16 model, where an fp32 master keeps it; the memory report has no master and half the
+moments; the offloaded step keeps a bf16 master (host, NVMe); a checkpoint resumes the run;
+bad combinations are refused naming the key."""
+import pytest
+import torch
+
+import training
+from distributed_harness import RankFailed, run_distributed
+
+STEPS = 12
+WORLD = 2
+
+
+def _config(stage, states=True, precision="bf16", **zero_extra):
+    if stage == 3:  # the test model's parameters partitioned, not kept whole
+        zero_extra.setdefault("stage3_param_persistence_threshold", 0)
+    config = training.engine_config(stage, precision=precision, **zero_extra)
+    if precision == "bf16":
+        config["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=states)
+    else:
+        config["fp16"]["fp16_master_weights_and_grads"] = True
+    return config
+
+
+def _fp32_master(config):
+    config = dict(config, bf16={"enabled": True})
+    return config
+
+
+def _train(rank, world, config, steps=STEPS):
+    import zero
+    from zero.compat.deepspeed.utils import safe_get_full_optimizer_state
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    losses = training.train_engine(engine, rank, world, steps, config["gradient_accumulation_steps"])
+    report = engine.memory_report()
+    weight = engine.module.blocks[0].mlp[0].weight
+    moment = safe_get_full_optimizer_state(weight, "exp_avg")
+    with zero.GatheredParameters(list(engine.module.parameters())):  # stage 3: whole
+        params = training.parameters_of(engine.module)
+    return (losses, params,
+            {name: row["current"] for name, row in report["categories"].items()},
+            report["numel"], moment)
+
+
+def _bf16_reference(world, steps, config):
+    """Single process, the global batch, the bf16 model and torch's AdamW over its bf16
+    tensors (bf16 moments), clipping and the scheduler: (losses, parameters)."""
+    from zero.schedulers import build_scheduler
+
+    model = training.make_model().to(torch.bfloat16)
+    optimizer = training.reference_adamw(list(model.parameters()), config)
+    scheduler = build_scheduler(config["scheduler"]["type"], dict(config["scheduler"]["params"]),
+                                optimizer)
+    gas = config["gradient_accumulation_steps"]
+    losses = training.reference_steps(model, optimizer, training.batches(world, steps, gas),
+                                      world, steps, gas, config["gradient_clipping"], scheduler)
+    return losses, training.parameters_of(model)
+
+
+def _loss_error(losses, reference):
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_stages_track_torch_adamw_on_the_bf16_model(stage):
+    """Stated tolerance: every loss within 3e-4 of the reference's (the fp32-master engine is
+    4e-4 away on this run), each parameter within 5% relative L2 (bf16 rounding, compounded)."""
+    config = _config(stage)
+    ref_losses, ref_params = _bf16_reference(WORLD, STEPS, config)
+    results = run_distributed(_train, WORLD, args=(config,), timeout=240)
+    fp32_master = run_distributed(_train, WORLD, args=(_fp32_master(config),), timeout=240)[0]
+    for losses, params, current, numel, moment in results:
+        assert _loss_error(losses, ref_losses) < 3e-4
+        assert _loss_error(losses, ref_losses) < _loss_error(fp32_master[0], ref_losses)
+        for name, expected in ref_params.items():
+            assert training.relative_error(params[name], expected) < 5e-2, name
+        # no master; Adam's two moments in 2 bytes each, over this rank's shard
+        assert current.get("fp32_master", 0) == 0
+        assert current["optimizer_state"] == 2 * 2 * numel // WORLD
+        assert torch.equal(moment, moment.bfloat16().float())  # (read back as fp32)
+    assert ref_losses[-1] < ref_losses[0] - 0.1  # the reference learned
+    for _, params, *_ in results[1:]:
+        for name in params:
+            assert torch.equal(params[name], results[0][1][name]), name
+
+
+def _moved(before, after, smallest):
+    """How many elements of magnitude >= smallest changed."""
+    return sum(int(((b.abs() >= smallest) & (a != b)).sum()) for b, a in
+               ((before[name], after[name]) for name in before))
+
+
+@pytest.mark.parametrize("states", [True, False])
+def test_an_update_below_bf16_resolution_is_lost_as_on_a_bf16_model(states):
+    """lr 1e-5 without weight decay: an AdamW update of a weight >= 2**-6 (whose bf16 spacing
+    is 2**-13, 1.2e-4) is at most a few lr, below half the spacing, so a bf16 master rounds
+    every update away, on one step and on twelve; an fp32 master adds them up until the bf16
+    parameter moves."""
+    config = _config(2, states=states, scheduler=False)
+    config["optimizer"]["params"].update(lr=1e-5, weight_decay=0.0)
+    before = training.parameters_of(training.make_model().to(torch.bfloat16))
+    sixteen = run_distributed(_train, WORLD, args=(config,), timeout=120)[0][1]
+    fp32_master = run_distributed(_train, WORLD, args=(_fp32_master(config),), timeout=120)[0][1]
+    assert _moved(before, sixteen, 2 ** -6) == 0
+    assert _moved(before, fp32_master, 2 ** -6) > 100
+
+
+@pytest.mark.parametrize("stage,device,states", [(2, "cpu", False), (3, "nvme", True),
+                                                 (3, "cpu", True)])
+def test_the_offloaded_step_keeps_a_bf16_master(tmp_path, stage, device, states):
+    """ZeRO-Offload with a 16-bit master (DeepSpeed requires offload for it unless the states
+    are bf16 too): the host or NVMe keeps a bf16 master, the moments in bf16 or fp32, and the
+    run tracks the one on the device."""
+    offload = {"device": device, "pin_memory": False}
+    if device == "nvme":
+        offload["nvme_path"] = str(tmp_path)
+    config = _config(stage, states=states, offload_optimizer=offload)
+    on_device = _config(stage, states=states)
+    losses, _, current, numel, _ = run_distributed(_train, WORLD, args=(config, 6),
+                                                   timeout=240)[0]
+    expected = run_distributed(_train, WORLD, args=(on_device, 6), timeout=240)[0][0]
+    assert losses == pytest.approx(expected, rel=1e-3)
+    assert current["fp32_master"] == 2 * numel // WORLD  # bf16, host or NVMe
+    assert current["optimizer_state"] == (2 if states else 4) * 2 * numel // WORLD
+
+
+def _resume(rank, world, config, first, steps, load_dir, save_dir):
+    return training.resume_and_train(config, rank, world, first, steps, load_dir, save_dir)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_checkpoint_resumes_the_run(tmp_path, stage):
+    config = _config(stage, scheduler=False)
+    whole = run_distributed(_resume, WORLD, args=(config, 0, 6, None, None))[0]
+    run_distributed(_resume, WORLD, args=(config, 0, 3, None, str(tmp_path)))
+    resumed = run_distributed(_resume, WORLD, args=(config, 3, 3, str(tmp_path), None))[0]
+    assert resumed == whole[3:]
+
+
+def test_fp16_master_weights_train_with_loss_scaling():
+    config = _config(2, precision="fp16")
+    losses, _, current, numel, moment = run_distributed(_train, WORLD, args=(config,),
+                                                        timeout=240)[0]
+    assert losses[-1] < losses[0] - 0.1
+    assert current.get("fp32_master", 0) == 0
+    assert current["optimizer_state"] == 4 * 2 * numel // WORLD  # fp32 moments
+    assert not torch.equal(moment, moment.half().float())
+
+
+@pytest.mark.parametrize("bf16,stage,message", [
+    ({"enabled": True, "bf16_optimizer_states": True}, 2,
+     "bf16.bf16_optimizer_states = true: requires bf16_master_weights_and_grads"),
+    ({"enabled": False, "bf16_master_weights_and_grads": True}, 2,
+     "bf16.bf16_master_weights_and_grads = true: keeps state in the bf16 parameters' dtype but "
+     "bf16.enabled is false"),
+    ({"enabled": True, "bf16_master_weights_and_grads": True}, 0,
+     "is only supported with ZeRO stage 1, 2 or 3"),
+])
+def test_bad_combinations_are_refused_naming_the_key(bf16, stage, message):
+    from zero.config import ConfigError, load_config
+
+    config = training.engine_config(stage)
+    config["bf16"] = bf16
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_config(config, world_size=WORLD)
+
+
+def _external(rank, world):
+    import zero
+
+    model = training.make_model()
+    config = dict(_config(2), zero_allow_untested_optimizer=True)
+    del config["optimizer"]
+    zero.initialize(model=model, config=config,
+                    optimizer=torch.optim.RMSprop(model.parameters(), lr=1e-3))
+
+
+def test_an_external_optimizer_is_refused_on_every_rank():
+    with pytest.raises(RankFailed) as failed:
+        run_distributed(_external, WORLD, timeout=60)
+    assert "steps an fp32 master" in str(failed.value)
