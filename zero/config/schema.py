@@ -432,7 +432,8 @@ BF16 = Block("bf16", "bf16 mixed precision (no loss scaling).", (
                  "step, is refused."),
     _bool("bf16_master_weights_and_grads", False, "Keep the master weights (and, as always in zero, the "
           "gradients) in bf16: the bf16 parameters are the master, with no fp32 copy (2 bytes per parameter "
-          "instead of 4; offload, parameter offload and an external optimizer keep a bf16 copy). Stages 1-3. "
+          "instead of 4; offload and parameter offload keep a bf16 copy). Stages 1-3; not with an optimizer "
+          "zero does not build itself (it steps an fp32 master). "
           "DeepSpeed requires offload_optimizer unless bf16_optimizer_states is set; zero does not."),
     _bool("bf16_optimizer_states", False, "Keep the optimizer's state (Adam's moments, ...) in bf16 too: 2 bytes "
           "per parameter and array instead of 4. Needs bf16_master_weights_and_grads; stages 1-3."),
