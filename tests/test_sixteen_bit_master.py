@@ -186,3 +186,25 @@ def test_an_external_optimizer_is_refused_on_every_rank():
     with pytest.raises(RankFailed) as failed:
         run_distributed(_external, WORLD, timeout=60)
     assert "steps an fp32 master" in str(failed.value)
+
+
+def _save(rank, world, save_dir):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=_config(2, scheduler=False))
+    training.train_engine(engine, rank, world, 2, 2)
+    engine.save_checkpoint(save_dir)
+    return training.parameters_of(engine.module)
+
+
+def test_the_fp32_export_of_a_bf16_master_checkpoint_is_the_weights(tmp_path):
+    """zero_to_fp32 on such a checkpoint: fp32 tensors, the bf16 master (the weights) widened."""
+    from zero.compat.deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    weights = run_distributed(_save, WORLD, args=(str(tmp_path),))[0]
+    exported = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path))
+    assert set(exported) == set(weights) | {"head.weight"}  # (tied to the token embedding)
+    for name, value in exported.items():
+        assert value.dtype == torch.float32, name
+        assert torch.equal(value, weights[name.replace("head.", "token_embedding.")]), name

@@ -78,6 +78,12 @@ class Entry:
         return self.shape.numel() * self.dtype.itemsize
 
 
+def _fp32(value) -> Callable[[], torch.Tensor]:
+    """Builds a located master array whole, in fp32 (a 16-bit master, bf16_master_weights_and_grads,
+    widened)."""
+    return lambda: value.whole().float()
+
+
 def _same_tensor(tensor: torch.Tensor) -> tuple:
     """What identifies one saved tensor however many names point at it (torch.save keeps the
     storage shared between tied names)."""
@@ -106,7 +112,7 @@ def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool,
         if name in first_name:
             if first_name[name] == name:
                 names, value = trainable[name]
-                entries.append(Entry(names, value.shape, torch.float32, value.whole))
+                entries.append(Entry(names, value.shape, torch.float32, _fp32(value)))
         elif not (exclude_frozen_parameters and name in frozen):
             key = _same_tensor(saved)
             if key in saved_entries:  # another name of a tensor already listed
@@ -147,7 +153,7 @@ def _deepspeed_entries(saved: checkpoint_deepspeed.DeepSpeedCheckpoint,
         if id(value) in entries:
             entries[id(value)].names.append(name)
         elif name in saved.master:
-            entries[id(value)] = Entry([name], value.shape, torch.float32, value.whole)
+            entries[id(value)] = Entry([name], value.shape, torch.float32, _fp32(value))
         else:
             entries[id(value)] = Entry([name], value.shape, value.dtype, lambda t=value: t.clone())
     return list(entries.values()), order
