@@ -208,3 +208,30 @@ def test_the_fp32_export_of_a_bf16_master_checkpoint_is_the_weights(tmp_path):
     for name, value in exported.items():
         assert value.dtype == torch.float32, name
         assert torch.equal(value, weights[name.replace("head.", "token_embedding.")]), name
+
+
+def _fp32_optimizer_states_off(rank, world, client, nvme_path):
+    import zero
+    from zero.compat.deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    config = _config(2, states=False, scheduler=False, offload_optimizer={"device": "cpu"})
+    model = training.make_model()
+    optimizer = None
+    if client:
+        del config["optimizer"]
+        optimizer = DeepSpeedCPUAdam(model.parameters(), lr=1e-3, fp32_optimizer_states=False)
+    else:
+        config["optimizer"]["params"]["fp32_optimizer_states"] = False
+    engine, _, _, _ = zero.initialize(model=model, optimizer=optimizer, config=config)
+    training.train_engine(engine, rank, world, 1, config["gradient_accumulation_steps"])
+    report = engine.memory_report()
+    return report["categories"]["optimizer_state"]["current"], report["numel"]
+
+
+@pytest.mark.parametrize("client", [False, True])
+def test_cpu_adams_fp32_optimizer_states_false_keeps_16_bit_moments(client):
+    """DeepSpeed's DeepSpeedCPUAdam(fp32_optimizer_states=False), from the config's optimizer
+    params or a client optimizer: with a bf16 master offloaded its moments are bf16."""
+    state, numel = run_distributed(_fp32_optimizer_states_off, WORLD, args=(client, ""),
+                                   timeout=120)[0]
+    assert state == 2 * 2 * numel // WORLD

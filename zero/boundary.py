@@ -46,11 +46,12 @@ _COMM_DTYPES = {"fp32": _C.DType.float32, "bf16": _C.DType.bfloat16, "fp16": _C.
 
 def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                   sgd_momentum: bool, offload, offload_param=None, shared_params=(),
-                  stage3_groups=None, external_states=()):
+                  stage3_groups=None, external_states=(), fp32_optimizer_states=None):
     """One parameter group's options. A unit (the grain of one reduce-scatter / all-gather)
     is reduce_bucket_size elements at stages 0-2; stage 3 units are the model's modules.
     `stage3_groups` (a partitioned group's, process_groups.Stage3Groups): hpZ's and MiCS's
-    groups; such a group also takes ZeRO++'s quantized communication where the config asks."""
+    groups; such a group also takes ZeRO++'s quantized communication where the config asks.
+    `fp32_optimizer_states`: a client DeepSpeedCPUAdam's (sixteen_bit_states)."""
     zero_cfg = config.zero_optimization
     stage3 = stage3_groups is not None
     return typed(_C.GroupOptions, stage=stage, alignment=alignment,
@@ -67,7 +68,7 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  quantized_gradients=stage3 and bool(zero_cfg.zero_quantized_gradients),
                  all_reduce_fetch=stage3 and bool(zero_cfg.stage3_use_all_reduce_for_fetch_params),
                  master_in_model_dtype=sixteen_bit_master(config),
-                 states_in_model_dtype=bool(config.bf16.bf16_optimizer_states),
+                 states_in_model_dtype=sixteen_bit_states(config, fp32_optimizer_states),
                  communication_dtype=_COMM_DTYPES.get(config.communication_data_type),
                  hpz_group=stage3_groups.hpz if stage3 else "",
                  mics_shard_group=stage3_groups.mics_shard if stage3 else "",
@@ -79,6 +80,19 @@ def sixteen_bit_master(config) -> bool:
     weights in the parameters' 16-bit dtype (GroupOptions::master_in_model_dtype)."""
     return bool(config.bf16.bf16_master_weights_and_grads
                 or config.fp16.fp16_master_weights_and_grads)
+
+
+def sixteen_bit_states(config, fp32_optimizer_states=None) -> bool:
+    """The optimizer's arrays in the 16-bit dtype (GroupOptions::states_in_model_dtype):
+    bf16_optimizer_states; or, as DeepSpeedCPUAdam's fp32_optimizer_states=False keeps its
+    moments in the master's dtype, that switch (the config's optimizer.params, else a client
+    optimizer's `fp32_optimizer_states`) with a 16-bit master offloaded."""
+    if config.bf16.bf16_optimizer_states:
+        return True
+    if fp32_optimizer_states is None and config.optimizer is not None:
+        fp32_optimizer_states = config.optimizer.params.get("fp32_optimizer_states")
+    return (fp32_optimizer_states is False and sixteen_bit_master(config)
+            and config.zero_optimization.offload_optimizer.device != "none")
 
 
 def grads_sharded(stage: int, gradient_accumulation_steps: int) -> bool:

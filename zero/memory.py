@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .boundary import as_dict, grads_sharded, sixteen_bit_master
+from .boundary import as_dict, grads_sharded, sixteen_bit_master, sixteen_bit_states
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class StateLayout:
     param_bytes: int      # b: 2 (fp16/bf16) or 4 (fp32)
     optimizer_arrays: int  # the optimizer's arrays per element (the engine's names)
     master_bytes: int = 4  # 2: bf16/fp16_master_weights_and_grads (the master in the model dtype)
-    state_bytes: int = 4   # 2: bf16_optimizer_states
+    state_bytes: int = 4   # 2: bf16_optimizer_states (boundary.sixteen_bit_states)
     external: bool = False  # an external optimizer: it steps one whole fp32 tensor
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
     frozen: bool = False  # stage 3's frozen parameters: their partitioned shard alone ...
@@ -66,7 +66,8 @@ def state_layouts(core, groups, spec, config, param_bytes: int) -> list[StateLay
     return [StateLayout(stage=stage, world_size=kind["world_size"], numel=kind["numel"],
                         param_bytes=param_bytes, optimizer_arrays=arrays,
                         master_bytes=param_bytes if sixteen_bit_master(config) else 4,
-                        state_bytes=param_bytes if config.bf16.bf16_optimizer_states else 4,
+                        state_bytes=param_bytes if sixteen_bit_states(
+                            config, spec.fp32_optimizer_states) else 4,
                         external=spec.external is not None,
                         persistent=zero_cfg.stage == 3 and stage == 1,
                         sharded_grads=stage == 1 and grads_sharded(

@@ -48,6 +48,8 @@ class OptimizerSpec:
         self.decoupled_weight_decay = decoupled_weight_decay
         self.client_name = client_name  # a client optimizer's class name (optimizer_name())
         self.external = external  # kind "external": the client, run on the shards
+        # a client DeepSpeedCPUAdam's switch (boundary.sixteen_bit_states); None: the config's
+        self.fp32_optimizer_states: bool | None = None
 
     @classmethod
     def from_config(cls, optimizer_config) -> "OptimizerSpec":
@@ -69,6 +71,12 @@ class OptimizerSpec:
         """A client optimizer: its type and hyperparameters are taken over; its state is not
         (the engine keeps state only for its shard). One zero does not build (another class,
         or an option such as amsgrad) runs as it is on each shard (external_optimizer.py)."""
+        spec = cls._of_client(optimizer)
+        spec.fp32_optimizer_states = getattr(optimizer, "fp32_optimizer_states", None)
+        return spec
+
+    @classmethod
+    def _of_client(cls, optimizer: torch.optim.Optimizer) -> "OptimizerSpec":
         name = type(optimizer).__name__
         if any(group.get(option) for group in [optimizer.defaults, *optimizer.param_groups]
                for option in ("amsgrad", "maximize", "capturable", "differentiable")):

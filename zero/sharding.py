@@ -74,7 +74,8 @@ class GroupBuilder:
             offload_param=(offload.param_offload_options(self.config, self.on_swap_write)
                            if stage == 3 else None),
             shared_params=[i for i, p in enumerate(params) if id(p) in self.shared],
-            stage3_groups=self.stage3_groups if stage == 3 else None)
+            stage3_groups=self.stage3_groups if stage == 3 else None,
+            fp32_optimizer_states=self.spec.fp32_optimizer_states)
 
     def frozen_options(self, params: list):
         # (optimizer group 0's fields are read but unused: a frozen group keeps no state)

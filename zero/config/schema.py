@@ -201,6 +201,11 @@ _ADAM_PARAMS = (
           "decay, i.e. \"Adam\" IS AdamW unless this is false. For type \"AdamW\" it must stay true."),
     _bool("torch_adam", False, "DeepSpeed: use torch.optim.Adam/AdamW instead of its fused kernel. The update is the "
           "same; in zero it only changes the weight_decay default (see weight_decay)."),
+    Key("fp32_optimizer_states", BOOL, None, "DeepSpeedCPUAdam's switch (DeepSpeed reads it here for the CPU "
+        "optimizer of offload_optimizer): false keeps the moments in the master's dtype, so with "
+        "bf16_master_weights_and_grads (fp16_...) and offload_optimizer they are 16-bit, as bf16_optimizer_states "
+        "makes them; otherwise no effect. bf16_optimizer_states true overrides true, as in DeepSpeed.",
+        nullable=True),
     _unsupported(BOOL, "bias_correction", True, "FusedAdam option; zero always applies Adam's bias correction."),
     _unsupported(BOOL, "amsgrad", False, "AMSGrad variant (DeepSpeed's FusedAdam rejects it too)."),
     _unsupported(BOOL, "set_grad_none", True, "FusedAdam zero_grad() behaviour."),

@@ -289,7 +289,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     and max_in_cpu). `data_ranks`: the ranks the batch keys count when the world also holds
     pipeline stages or tensor slices (default: the world); `all_ranks`: load_config's, for
     AutoTP set by the config alone."""
-    from zero.boundary import sixteen_bit_master
+    from zero.boundary import sixteen_bit_master, sixteen_bit_states
     from zero.config import ALL_FEATURES, ConfigError, load_config
 
     try:
@@ -309,7 +309,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
         "precision": cfg.precision,
         "communication_data_type": cfg.communication_data_type,
         "sixteen_bit_master": sixteen_bit_master(cfg),
-        "sixteen_bit_states": bool(cfg.bf16.bf16_optimizer_states),
+        "sixteen_bit_states": sixteen_bit_states(cfg),
         "optimizer": optimizer,
         "external_arrays": _external_arrays(cfg.optimizer) if optimizer == EXTERNAL else (),
         "reduce_bucket_size": cfg.zero_optimization.reduce_bucket_size,

@@ -25,6 +25,8 @@ class DeepSpeedCPUAdam(torch.optim.Adam):
         _check(bias_correction)
         super().__init__(model_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          amsgrad=amsgrad, decoupled_weight_decay=adamw_mode)
+        # False: with a 16-bit master offloaded its moments are 16-bit (boundary.sixteen_bit_states)
+        self.fp32_optimizer_states = fp32_optimizer_states
 
 
 class FusedAdam(torch.optim.Adam):
