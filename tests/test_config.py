@@ -330,7 +330,7 @@ def test_optimizer_resolution(optimizer, kind, decoupled, weight_decay):
 def test_adam_params_filled():
     opt = load_config(with_(optimizer={"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.99]}}), 2).optimizer
     assert dict(opt.params) == {"lr": 3e-4, "betas": (0.8, 0.99), "eps": 1e-8, "weight_decay": 0.0,
-                                "adam_w_mode": True, "torch_adam": False}
+                                "adam_w_mode": True, "torch_adam": False, "fp32_optimizer_states": None}
 
 
 def test_deepspeed_chats_config_is_read_as_deepspeed_reads_it():

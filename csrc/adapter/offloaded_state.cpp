@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "adapter/host_adam.h"
+
 namespace zero::adapter {
 namespace {
 
@@ -21,8 +23,7 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
                                const c10::TensorOptions& device_options, OptimizerKind kind,
                                std::vector<std::string> state_names,
                                ShardPrecision precision, const OffloadOptions& offload)
-    : kind_(kind), state_names_(std::move(state_names)), precision_(precision),
-      num_threads_(offload.num_threads) {
+    : kind_(kind), state_names_(std::move(state_names)), num_threads_(offload.num_threads) {
   TORCH_CHECK_VALUE(kind != OptimizerKind::kExternal, "zero: an optimizer zero does not build "
                     "itself steps on the device only; remove offload_optimizer, or use Adam, "
                     "AdamW, Adagrad, Lion or SGD");
@@ -34,7 +35,7 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
               "parameter update works with offload_optimizer device \"cpu\", not \"nvme\"; turn "
               "delayed_update off or use the CPU");
   grid_ = {shard_numel, std::min(offload.tile_numel, std::max<std::int64_t>(shard_numel, 1))};
-  store_ = make_offload_store(registry, grid_, state_array_names(state_names_), precision_,
+  store_ = make_offload_store(registry, grid_, state_array_names(state_names_), precision,
                               offload);
   const at::ScalarType model_type = device_options.dtype().toScalarType();
   const bool sixteen_bit = model_type != at::kFloat;
@@ -281,7 +282,7 @@ void OffloadedState::update(const at::Tensor& grads, const at::Tensor& out, std:
     return store_->view(name, chunk, slot).narrow(0, at, numel);
   };
   at::Tensor master = state("master");
-  if (kind_ != OptimizerKind::kAdam || !precision_.all_fp32()) {  // ATen ops, any dtypes
+  if (kind_ != OptimizerKind::kAdam) {
     at::Tensor fp32 = grads.to(at::kFloat);
     if (grad_scale != 1.0) fp32.mul_(grad_scale);
     std::vector<at::Tensor> states;

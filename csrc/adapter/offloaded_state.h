@@ -91,7 +91,6 @@ class OffloadedState {
 
   OptimizerKind kind_;
   std::vector<std::string> state_names_;  // the optimizer's arrays (not the master)
-  ShardPrecision precision_;
   int num_threads_ = 1;
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home

@@ -1,26 +1,10 @@
 #include "adapter/optimizer_math.h"
 
 #include <cmath>
-#include <optional>
 
 #include <c10/util/Exception.h>
 
-#include "core/cpu_adam.h"
-
 namespace zero::adapter {
-namespace {
-
-// The kernel's element type for a tensor's dtype; none for a dtype it does not take.
-std::optional<core::ElemType> elem_type(at::ScalarType type) {
-  switch (type) {
-    case at::kFloat: return core::ElemType::kF32;
-    case at::kBFloat16: return core::ElemType::kBF16;
-    case at::kHalf: return core::ElemType::kF16;
-    default: return std::nullopt;
-  }
-}
-
-}  // namespace
 
 const char* optimizer_name(OptimizerKind kind) {
   switch (kind) {
@@ -85,45 +69,6 @@ void adam_update(at::Tensor& param, at::Tensor grad, at::Tensor& exp_avg, at::Te
   param.addcdiv_(exp_avg, denom, -hyper.lr / correction1);
 }
 
-bool host_adam_takes(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided &&
-         t.is_contiguous() && elem_type(t.scalar_type()).has_value();
-}
-
-void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const at::Tensor& exp_avg,
-                      const at::Tensor& exp_avg_sq, const OptimizerHyper& hyper,
-                      double grad_scale, std::int64_t step, const at::Tensor& out16,
-                      int num_threads) {
-  for (const at::Tensor* t : {&master, &grads, &exp_avg, &exp_avg_sq}) {
-    TORCH_CHECK(host_adam_takes(*t) && t->numel() == master.numel(), "zero: the host Adam "
-                "step needs contiguous fp32/bf16/fp16 host tensors of ", master.numel(),
-                " elements");
-  }
-  core::AdamParams params;
-  params.lr = hyper.lr;
-  params.beta1 = hyper.beta1;
-  params.beta2 = hyper.beta2;
-  params.eps = hyper.eps;
-  params.weight_decay = hyper.weight_decay;
-  params.adamw_mode = hyper.decoupled_weight_decay;
-  params.bias_correction = hyper.bias_correction;
-  params.step = step;
-  params.grad_scale = static_cast<float>(grad_scale);
-  const bool has_out = out16.defined();
-  TORCH_CHECK(!has_out || (host_adam_takes(out16) && out16.numel() == master.numel()),
-              "zero: the host Adam step writes 16-bit parameters into a contiguous host tensor "
-              "of ", master.numel(), " elements");
-  core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
-                  *elem_type(grads.scalar_type()), exp_avg.data_ptr<float>(),
-                  exp_avg_sq.data_ptr<float>(), master.numel(),
-                  has_out ? out16.data_ptr() : nullptr,
-                  has_out ? *elem_type(out16.scalar_type()) : core::ElemType::kBF16,
-                  core::best_isa(), num_threads);
-  // raw writes: bump the version counters as in-place ops would (autograd's checks)
-  for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq, &out16}) {
-    if (t->defined() && !t->is_inference()) t->unsafeGetTensorImpl()->bump_version();
-  }
-}
 
 void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer, bool first_step,
                 const OptimizerHyper& hyper) {

@@ -1,7 +1,7 @@
 #pragma once
-// Optimizer updates on flat fp32 tensors (a rank's shard). The updates are written with ATen
-// ops so the same code runs on CPU and CUDA; host_adam_update runs the fused CPU Adam kernel
-// (core/cpu_adam.h: one pass through memory instead of six) on host tensors. The formulas
+// Optimizer updates on flat tensors (a rank's shard). The updates are written with ATen ops so
+// the same code runs on CPU and CUDA; host_adam.h runs the fused CPU Adam kernel (core/cpu_adam.h:
+// one pass through memory instead of six) on host tensors. The formulas
 // follow torch.optim.AdamW / Adam / SGD / Adagrad op for op, and Lion the paper's (as
 // DeepSpeed's FusedLion), so a sharded run matches the single-process reference to float
 // rounding.
@@ -62,16 +62,6 @@ void optimizer_update(at::Tensor& param, const at::Tensor& fp32_grad,
 void adam_update(at::Tensor& param, at::Tensor grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                  const OptimizerHyper& hyper, std::int64_t step);
 
-// The fused kernel on contiguous host tensors: master, exp_avg, exp_avg_sq fp32; grads fp32,
-// bf16 or fp16, multiplied by grad_scale; out16 (undefined, or bf16/fp16) also receives the new
-// parameters. step is 1-based and already counts this update.
-void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const at::Tensor& exp_avg,
-                      const at::Tensor& exp_avg_sq, const OptimizerHyper& hyper,
-                      double grad_scale, std::int64_t step, const at::Tensor& out16,
-                      int num_threads);
-// Whether host_adam_update takes `t` as it is: on the host, dense, contiguous, and fp32,
-// bf16 or fp16.
-bool host_adam_takes(const at::Tensor& t);
 
 // momentum_buffer is used only when hyper.momentum != 0; first_step seeds it with the grad.
 void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer, bool first_step,

@@ -9,6 +9,8 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
+#include "adapter/host_adam.h"
+
 namespace zero::adapter {
 
 ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
@@ -226,14 +228,13 @@ bool ShardState::host_adam(const ShardPiece& piece, const OptimizerHyper& hyper,
     return false;
   }
   const std::int64_t numel = piece.grad.numel();
-  // fp32: the parameters are the master; mixed precision: the kernel also writes the 16-bit
-  // parameters when they are a plain host tensor, in the same pass.
+  // fp32 or a 16-bit master: the parameters are the master; a separate master: the kernel
+  // also writes the 16-bit parameters when they are a plain host tensor, in the same pass.
   const at::Tensor master = master_.defined() ? master_.narrow(0, piece.offset, numel)
                                               : piece.param;
   const bool writes_params = master_.defined() && !piece.store && host_adam_takes(piece.param) &&
                              piece.param.scalar_type() != at::kFloat;
-  if (!precision_.all_fp32() || !host_adam_takes(master) || master.scalar_type() != at::kFloat ||
-      !host_adam_takes(piece.grad)) {
+  if (!host_adam_takes(master) || !host_adam_takes(piece.grad)) {
     return false;
   }
   host_adam_update(master, piece.grad, states_[0].narrow(0, piece.offset, numel),

@@ -3,7 +3,7 @@
 // optimizer's arrays (Adam's m and v, SGD's momentum, ...: optimizer_state_names), all laid
 // out like the shard, in the dtypes of shard_precision.h, and the step over its pieces. On the
 // device (the default) the update runs with ATen ops, or, for Adam on a CPU device, with the
-// fused CPU Adam kernel (host_adam_update); with offload the state and the step
+// fused CPU Adam kernel (host_adam.h); with offload the state and the step
 // move to the host or NVMe (offloaded_state.h): all of the shard, or with a ratio < 1 its
 // tail, [device_numel, shard_numel), while the head stays on the device.
 #include <functional>

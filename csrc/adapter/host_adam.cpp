@@ -1,0 +1,137 @@
+#include "adapter/host_adam.h"
+
+#include <algorithm>
+#include <optional>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include "core/cpu_adam.h"
+
+namespace zero::adapter {
+namespace {
+
+// Elements widened at once: three fp32 tiles of 64 KiB each stay in a core's L2.
+constexpr std::int64_t kTile = 16384;
+
+// The kernel's element type for a tensor's dtype; none for a dtype it does not take.
+std::optional<core::ElemType> elem_type(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return core::ElemType::kF32;
+    case at::kBFloat16: return core::ElemType::kBF16;
+    case at::kHalf: return core::ElemType::kF16;
+    default: return std::nullopt;
+  }
+}
+
+core::AdamParams adam_params(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) {
+  core::AdamParams params;
+  params.lr = hyper.lr;
+  params.beta1 = hyper.beta1;
+  params.beta2 = hyper.beta2;
+  params.eps = hyper.eps;
+  params.weight_decay = hyper.weight_decay;
+  params.adamw_mode = hyper.decoupled_weight_decay;
+  params.bias_correction = hyper.bias_correction;
+  params.step = step;
+  params.grad_scale = static_cast<float>(grad_scale);
+  return params;
+}
+
+// The kernel over fp32 master and moments.
+void fused_step(const core::AdamParams& params, const at::Tensor& master, const at::Tensor& grads,
+                const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& out16,
+                int num_threads) {
+  const bool has_out = out16.defined();
+  core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
+                  *elem_type(grads.scalar_type()), exp_avg.data_ptr<float>(),
+                  exp_avg_sq.data_ptr<float>(), master.numel(),
+                  has_out ? out16.data_ptr() : nullptr,
+                  has_out ? *elem_type(out16.scalar_type()) : core::ElemType::kBF16,
+                  core::best_isa(), num_threads);
+}
+
+// [begin, end) of every array, one tile at a time: each 16-bit array widened into its fp32
+// scratch row, the kernel on one thread, the rows rounded back.
+void widened_range(const core::AdamParams& params, const at::Tensor& master,
+                   const at::Tensor& grads, const at::Tensor& exp_avg,
+                   const at::Tensor& exp_avg_sq, const at::Tensor& out16, std::int64_t begin,
+                   std::int64_t end) {
+  const at::Tensor scratch = at::empty({3, std::min(kTile, end - begin)},
+                                       master.options().dtype(at::kFloat));
+  const at::Tensor arrays[3] = {master, exp_avg, exp_avg_sq};
+  for (std::int64_t offset = begin; offset < end; offset += kTile) {
+    const std::int64_t n = std::min(kTile, end - offset);
+    at::Tensor wide[3];
+    for (int a = 0; a < 3; ++a) {
+      const at::Tensor part = arrays[a].narrow(0, offset, n);
+      wide[a] = part.scalar_type() == at::kFloat ? part : scratch[a].narrow(0, 0, n).copy_(part);
+    }
+    fused_step(params, wide[0], grads.narrow(0, offset, n), wide[1], wide[2],
+               out16.defined() ? out16.narrow(0, offset, n) : at::Tensor(), /*num_threads=*/1);
+    for (int a = 0; a < 3; ++a) {
+      if (arrays[a].scalar_type() != at::kFloat) arrays[a].narrow(0, offset, n).copy_(wide[a]);
+    }
+  }
+}
+
+// The widened step split among num_threads threads (the kernel's own split, by range).
+void widened_step(const core::AdamParams& params, const at::Tensor& master,
+                  const at::Tensor& grads, const at::Tensor& exp_avg,
+                  const at::Tensor& exp_avg_sq, const at::Tensor& out16, int num_threads) {
+  const std::int64_t n = master.numel();
+  const std::int64_t threads = std::clamp<std::int64_t>(num_threads, 1, (n + kTile - 1) / kTile);
+  const std::int64_t share = ((n + threads - 1) / threads + kTile - 1) / kTile * kTile;
+  auto range = [&](std::int64_t begin) {
+    widened_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin,
+                  std::min(n, begin + share));
+  };
+  std::vector<std::thread> workers;
+  for (std::int64_t begin = share; begin < n; begin += share) {
+    try {
+      workers.emplace_back(range, begin);
+    } catch (const std::system_error&) {
+      range(begin);  // out of threads: this share here rather than fail the step
+    }
+  }
+  if (n > 0) range(0);
+  for (std::thread& worker : workers) worker.join();
+}
+
+}  // namespace
+
+bool host_adam_takes(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided &&
+         t.is_contiguous() && elem_type(t.scalar_type()).has_value();
+}
+
+void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const at::Tensor& exp_avg,
+                      const at::Tensor& exp_avg_sq, const OptimizerHyper& hyper,
+                      double grad_scale, std::int64_t step, const at::Tensor& out16,
+                      int num_threads) {
+  for (const at::Tensor* t : {&master, &grads, &exp_avg, &exp_avg_sq}) {
+    TORCH_CHECK(host_adam_takes(*t) && t->numel() == master.numel(), "zero: the host Adam "
+                "step needs contiguous fp32/bf16/fp16 host tensors of ", master.numel(),
+                " elements");
+  }
+  TORCH_CHECK(!out16.defined() || (host_adam_takes(out16) && out16.numel() == master.numel()),
+              "zero: the host Adam step writes 16-bit parameters into a contiguous host tensor "
+              "of ", master.numel(), " elements");
+  const core::AdamParams params = adam_params(hyper, grad_scale, step);
+  const bool fp32 = master.scalar_type() == at::kFloat &&
+                    exp_avg.scalar_type() == at::kFloat && exp_avg_sq.scalar_type() == at::kFloat;
+  if (fp32) {
+    fused_step(params, master, grads, exp_avg, exp_avg_sq, out16, num_threads);
+  } else {
+    widened_step(params, master, grads, exp_avg, exp_avg_sq, out16, num_threads);
+  }
+  // raw writes: bump the version counters as in-place ops would (autograd's checks)
+  for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq, &out16}) {
+    if (t->defined() && !t->is_inference()) t->unsafeGetTensorImpl()->bump_version();
+  }
+}
+
+}  // namespace zero::adapter
