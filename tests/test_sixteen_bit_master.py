@@ -40,6 +40,10 @@ def _train(rank, world, config, steps=STEPS):
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     losses = training.train_engine(engine, rank, world, steps, config["gradient_accumulation_steps"])
     report = engine.memory_report()
+    assert engine.bf16_master_weights_and_gradients() == bool(
+        config.get("bf16", {}).get("bf16_master_weights_and_grads"))  # DeepSpeed's getters
+    assert engine.bf16_optimizer_states() == bool(config.get("bf16", {}).get("bf16_optimizer_states"))
+    assert engine.fp16_master_weights_and_gradients() == ("fp16" in config)
     weight = engine.module.blocks[0].mlp[0].weight
     moment = safe_get_full_optimizer_state(weight, "exp_avg")
     with zero.GatheredParameters(list(engine.module.parameters())):  # stage 3: whole

@@ -37,6 +37,15 @@ class EngineGetters:
     def fp16_enabled(self) -> bool:
         return self.config.precision == "fp16"
 
+    def fp16_master_weights_and_gradients(self) -> bool:
+        return bool(self.config.fp16.fp16_master_weights_and_grads)
+
+    def bf16_master_weights_and_gradients(self) -> bool:
+        return bool(self.config.bf16.bf16_master_weights_and_grads)
+
+    def bf16_optimizer_states(self) -> bool:
+        return bool(self.config.bf16.bf16_optimizer_states)
+
     def loss_scale(self) -> float:
         """DeepSpeed's: the config's fp16.loss_scale (0: dynamic). The scale in use now is
         engine.optimizer.cur_scale."""
