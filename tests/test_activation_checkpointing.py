@@ -120,14 +120,15 @@ def test_configure_reads_the_block_and_the_arguments_override_it(tmp_path):
     assert checkpointing.settings().cpu_checkpointing and not checkpointing.settings().profile
 
 
-def test_configure_refuses_model_parallelism_naming_the_issue():
+def test_configure_refuses_an_mpu_without_a_tensor_group_naming_the_methods():
     import zero.activation_checkpointing as checkpointing
+    from zero.parallel.mpu_grid import MpuError
 
     class Mpu:
         def get_model_parallel_world_size(self):
             return 2
 
-    with pytest.raises(NotImplementedError, match="model-parallel world size 2"):
+    with pytest.raises(MpuError, match="get_tensor_model_parallel_group/_rank/_world_size"):
         checkpointing.configure(Mpu())
 
 

@@ -3,7 +3,8 @@ is_configured, reset, and the `activation_checkpointing` config block.
 
 `checkpoint(function, *args)` runs `function` without keeping its activations and runs it
 again in backward (torch.utils.checkpoint, reentrant as DeepSpeed's own CheckpointFunction, with
-the RNG state restored so dropout draws the same). Under every ZeRO stage, tied weights
+the RNG state restored so dropout draws the same, the model-parallel tracker's states too:
+rng_tracker.py). Under every ZeRO stage, tied weights
 included: the engine adds up the gradient a shared weight receives from each recomputed region
 before reducing it (GroupOptions::shared_params).
 
@@ -12,12 +13,14 @@ The options, as DeepSpeed reads them:
 * cpu_checkpointing (configure's checkpoint_in_cpu): what a region keeps for backward (its
   inputs) waits in host memory, pinned on a GPU machine, and comes back for the recomputation.
   DeepSpeed applies it only together with partition_activations; zero applies it on its own.
-* partition_activations: DeepSpeed splits each kept input over the model-parallel group.
-  zero has no model parallelism yet (one model-parallel rank), so there is nothing to split:
-  accepted, no effect, as in DeepSpeed without an mpu.
+* partition_activations: with configure's mpu (Megatron's tensor group: the ranks that hold
+  the same inputs), each floating tensor a region keeps is kept as this rank's 1/T of it and
+  all-gathered back for the recomputation (with cpu_checkpointing the slice waits in host
+  memory); a tensor T does not divide is kept whole (DeepSpeed asserts). Without an mpu, or
+  with one tensor rank, nothing is split, as in DeepSpeed.
 * contiguous_memory_optimization (with number_checkpoints): DeepSpeed copies partitioned
   inputs into one preallocated buffer; it needs partition_activations, as in DeepSpeed, and has
-  no effect here (nothing is partitioned).
+  no effect here (each slice is its own tensor).
 * synchronize_checkpoint_boundary: synchronizes the GPU at every region's start and end.
 * profile: prints each region's forward and backward time on rank 0.
 
@@ -33,21 +36,26 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from . import rng_tracker
 from .config.model import ActivationCheckpointingConfig as Settings
 from .config.schema import ACTIVATION_CHECKPOINTING
+from .parallel.mpu_grid import TensorSlice, tensor_slice
 
 DEFAULTS = Settings(**{key.name: key.default for key in ACTIVATION_CHECKPOINTING.keys})
 _settings: Settings | None = None  # None until configure(): DeepSpeed's is_configured()
+_tensor: TensorSlice | None = None  # configure's mpu: its tensor group, rank and size
 
 
 def configure(mpu_=None, deepspeed_config=None, partition_activations=None,
               contiguous_checkpointing=None, num_checkpoints=None, checkpoint_in_cpu=None,
               synchronize=None, profile=None) -> None:
     """DeepSpeed's configure: the config's `activation_checkpointing` block (a path, a dict or a
-    zero config), then the arguments given. `mpu_` (model parallelism) must be None or report a
-    model-parallel world size of 1."""
-    global _settings
-    _check_mpu(mpu_)
+    zero config), then the arguments given. `mpu_`: the script's model-parallel unit, whose
+    tensor group partition_activations splits over and whose tensor rank
+    model_parallel_cuda_manual_seed seeds by (kept from an earlier call when None)."""
+    global _settings, _tensor
+    if mpu_ is not None:
+        _tensor = tensor_slice(mpu_)
     given = {"partition_activations": partition_activations,
              "contiguous_memory_optimization": contiguous_checkpointing,
              "number_checkpoints": num_checkpoints, "cpu_checkpointing": checkpoint_in_cpu,
@@ -87,6 +95,20 @@ def set_num_layers(nlayers: int) -> None:
     _settings = dataclasses.replace(settings(), number_checkpoints=nlayers)
 
 
+def tensor_rank() -> int:
+    """configure's mpu's tensor rank (0 without one, as DeepSpeed's bwc helper)."""
+    return _tensor.rank if _tensor is not None else 0
+
+
+def model_parallel_cuda_manual_seed(seed: int) -> None:
+    """DeepSpeed's (rng_tracker.py), by configure's mpu's tensor rank."""
+    rng_tracker.model_parallel_cuda_manual_seed(seed, tensor_rank())
+
+
+def model_parallel_reconfigure_tp_seed(seed: int) -> None:
+    rng_tracker.model_parallel_reconfigure_tp_seed(seed, tensor_rank())
+
+
 def checkpoint(function, *args, **kwargs):
     """Runs function(*args, **kwargs) keeping only its inputs for backward, where it runs again."""
     current = settings()
@@ -97,10 +119,44 @@ def checkpoint(function, *args, **kwargs):
         def function(*all_args):  # noqa: F811 -- keyword arguments passed positionally
             return plain(*all_args[:count], **dict(zip(names, all_args[count:])))
         args = args + tuple(kwargs.values())
-    keep = torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()) \
-        if current.cpu_checkpointing else contextlib.nullcontext()
-    with _boundary(current, "forward"), keep:
-        return torch_checkpoint(_timed_backward(function, current), *args, use_reentrant=True)
+    with _boundary(current, "forward"), saved_inputs_hooks(current):
+        return torch_checkpoint(_timed_backward(_tracker_replayed(function), current), *args,
+                                use_reentrant=True)
+
+
+def saved_inputs_hooks(current: Settings):
+    """Where a region's kept inputs wait for backward: this rank's share of each
+    (partition_activations over configure's tensor group), host memory (cpu_checkpointing),
+    or as they are."""
+    if current.partition_activations and _tensor is not None and _tensor.size > 1:
+        return PartitionedInputs(_tensor, to_host=current.cpu_checkpointing)
+    if current.cpu_checkpointing:
+        return torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
+    return contextlib.nullcontext()
+
+
+class PartitionedInputs(torch.autograd.graph.saved_tensors_hooks):
+    """partition_activations: the tensor ranks hold the same inputs, so each keeps its 1/T of
+    every floating tensor a region saves (on the host with to_host) and the recomputation
+    all-gathers it back; a tensor T does not divide is kept whole."""
+
+    def __init__(self, tensor: TensorSlice, to_host: bool):
+        def pack(saved):
+            if not saved.is_floating_point() or saved.numel() % tensor.size:
+                return saved
+            share = saved.detach().reshape(-1).chunk(tensor.size)[tensor.rank].clone()
+            return share.to("cpu") if to_host else share, saved.shape, saved.device
+
+        def unpack(packed):
+            if torch.is_tensor(packed):
+                return packed
+            share, shape, device = packed
+            share = share.to(device)
+            whole = torch.empty(share.numel() * tensor.size, dtype=share.dtype, device=device)
+            dist.all_gather_into_tensor(whole, share, group=tensor.group)
+            return whole.view(shape)
+
+        super().__init__(pack, unpack)
 
 
 def settings_from_config(config) -> Settings:
@@ -118,18 +174,6 @@ def settings_from_config(config) -> Settings:
     return config.activation_checkpointing
 
 
-def _check_mpu(mpu) -> None:
-    if mpu is None:
-        return
-    size = getattr(mpu, "get_model_parallel_world_size", None) or \
-        getattr(mpu, "get_tensor_model_parallel_world_size", None)
-    if size is not None and size() != 1:
-        raise NotImplementedError(
-            f"zero: deepspeed.checkpointing.configure got an mpu with model-parallel world size "
-            f"{size()}; zero does not implement model parallelism yet (issue #22), so activations "
-            "cannot be partitioned over it. Pass mpu_=None")
-
-
 @contextlib.contextmanager
 def _boundary(current: Settings, phase: str):
     """synchronize_checkpoint_boundary and profile around one region's forward or backward."""
@@ -144,6 +188,25 @@ def _boundary(current: Settings, phase: str):
         if current.profile and (not dist.is_initialized() or dist.get_rank() == 0):
             print(f"time (ms) | checkpoint {phase}: {1000 * (time.perf_counter() - start):.2f}",
                   flush=True)
+
+
+def _tracker_replayed(function):
+    """function, whose recomputation in backward draws from the model-parallel tracker's
+    states as they were at its forward (DeepSpeed's CheckpointFunction); the tracker is put
+    back after it."""
+    tracker = rng_tracker.get_cuda_rng_tracker()
+    at_forward = tracker.get_states()
+
+    def run(*args):
+        if not torch.is_grad_enabled():  # the forward itself
+            return function(*args)
+        now = tracker.get_states()
+        tracker.set_states(dict(at_forward))
+        try:
+            return function(*args)
+        finally:
+            tracker.set_states(now)
+    return run
 
 
 def _timed_backward(function, current: Settings):

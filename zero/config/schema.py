@@ -648,12 +648,13 @@ MEMORY_REPORT = Block("memory_report", "zero's own block: periodic memory report
 # configure(deepspeed_config=...) and applied by the engine (zero/activation_checkpointing.py).
 ACTIVATION_CHECKPOINTING = Block("activation_checkpointing", "deepspeed.checkpointing.checkpoint's "
                                  "options (zero/activation_checkpointing.py).", (
-    _bool("partition_activations", False, "Split each kept activation over the model-parallel ranks "
-          "(zero has one model-parallel rank: nothing to split, no effect)."),
+    _bool("partition_activations", False, "Keep each rank's 1/T of what a checkpointed region saves, T the "
+          "tensor ranks of the mpu given to deepspeed.checkpointing.configure (all-gathered back for the "
+          "recomputation; a tensor T does not divide stays whole); no effect without one."),
     _bool("cpu_checkpointing", False, "Keep what a checkpointed region saves for backward in host memory "
           "(DeepSpeed: only with partition_activations; zero: on its own too)."),
     _bool("contiguous_memory_optimization", False, "Copy partitioned activations into one buffer (needs "
-          "partition_activations and number_checkpoints; no effect without model parallelism)."),
+          "partition_activations and number_checkpoints; accepted, no effect: each share is its own tensor)."),
     _int("number_checkpoints", None, "Checkpointed regions per forward (for "
          "contiguous_memory_optimization).", minimum=1, maximum=10 ** 6, nullable=True),
     _bool("synchronize_checkpoint_boundary", False, "Synchronize the GPU at each region's start and end."),

@@ -19,6 +19,8 @@ script's layers split say so as Megatron's do (`tensor_model_parallel`, `partiti
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch.distributed as dist
 
 from .grid import PipelineParallelGrid
@@ -32,6 +34,28 @@ _PIPELINE_SIZES = ("get_pipeline_model_parallel_world_size", "get_pipe_parallel_
 
 class MpuError(ValueError):
     """The mpu passed to initialize() cannot describe this run."""
+
+
+@dataclass(frozen=True)
+class TensorSlice:
+    """An mpu's tensor-parallel group, this rank in it and its size."""
+    group: object
+    rank: int
+    size: int
+
+
+def tensor_slice(mpu) -> TensorSlice:
+    """The mpu's tensor group by the first spelling it answers (as DeepSpeed's bwc helpers
+    read it)."""
+    spelling = next((s for s in _TENSOR_SPELLINGS
+                     if all(callable(getattr(mpu, f"get_{s}_{what}", None))
+                            for what in ("group", "rank", "world_size"))), None)
+    if spelling is None:
+        raise MpuError(f"the mpu ({type(mpu).__name__}) answers none of "
+                       f"{[f'get_{s}_group/_rank/_world_size' for s in _TENSOR_SPELLINGS]}")
+    return TensorSlice(getattr(mpu, f"get_{spelling}_group")(),
+                       getattr(mpu, f"get_{spelling}_rank")(),
+                       getattr(mpu, f"get_{spelling}_world_size")())
 
 
 class MpuGrid(PipelineParallelGrid):
@@ -56,12 +80,9 @@ class MpuGrid(PipelineParallelGrid):
         self.mp_proc_group = mpu.get_model_parallel_group()
         self.mp_group = dist.get_process_group_ranks(self.mp_proc_group)
         self.pp_proc_group, self.pp_group = None, [self.global_rank]
-        spelling = next(s for s in _TENSOR_SPELLINGS
-                        if all(callable(getattr(mpu, f"get_{s}_{what}", None))
-                               for what in ("group", "rank", "world_size")))
-        self.tp_proc_group = getattr(mpu, f"get_{spelling}_group")()
-        self.tensor_parallel_id = getattr(mpu, f"get_{spelling}_rank")()
-        self.tensor_parallel_size = getattr(mpu, f"get_{spelling}_world_size")()
+        tensor = tensor_slice(mpu)
+        self.tp_proc_group, self.tensor_parallel_id = tensor.group, tensor.rank
+        self.tensor_parallel_size = tensor.size
         self.tp_group = dist.get_process_group_ranks(self.tp_proc_group)
         self.dp_group = dist.get_process_group_ranks(self.dp_proc_group)
         self._check(mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size())
