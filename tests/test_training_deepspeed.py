@@ -1,7 +1,8 @@
 """zero trains like the real DeepSpeed 0.19.8 on the same JSON config and parameter groups
 (tests/deepspeed_training/: cases.py, expected.pt written by make.py on 2 ranks): the losses
 of 4 steps and the final fp32 weights, with accumulation, the default clipping, per-group lrs
-and weight decay, Adam's L2 form, SGD with momentum, the decaying schedules, Adagrad and Lion.
+and weight decay, Adam's L2 form, SGD with momentum, the decaying schedules, Adagrad and Lion,
+and the low-precision master (bf16_master_weights_and_grads, bf16_optimizer_states).
 Where DeepSpeed itself fails (torch's Adagrad with several groups at stage 2), zero must not:
 it is held to a single-process torch run instead."""
 import os
@@ -36,11 +37,14 @@ def test_training_matches_deepspeeds(name):
         assert reference[-1] != reference[0]
         return
     losses, weights = run_distributed(_train, cases.WORLD, args=(name,))[0]
-    assert losses == pytest.approx(expected["losses"], rel=1e-6, abs=1e-6)
+    # bf16 weights (a bf16 master): the engines reduce and round in their own order, so a few
+    # bf16 steps (2**-8 relative) apart; the losses still within 5e-5
+    loss_tolerance, weight_tolerance = (5e-5, 2e-2) if "bf16" in name else (1e-6, 1e-5)
+    assert losses == pytest.approx(expected["losses"], rel=loss_tolerance, abs=1e-6)
     moved = 0.0
     for key, value in expected["weights"].items():
         error = ((weights[key] - value).norm() / value.norm().clamp_min(1e-12)).item()
-        assert error < 1e-5, (name, key, error)
+        assert error < weight_tolerance, (name, key, error)
         moved = max(moved, ((cases.make_model().state_dict()[key] - value).norm()
                             / value.norm().clamp_min(1e-12)).item())
     assert moved > 1e-3  # the check can fail: the steps moved the weights
