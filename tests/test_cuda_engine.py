@@ -3,7 +3,8 @@ reference, optimizer and parameter offload to pinned host memory through the cop
 to NVMe, the delayed parameter update, the reduced gradients read per parameter, bf16
 gradients reduced in fp32, the memory report's device bytes against torch.cuda's allocator,
 offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
-shards, and DeepSpeed's stage-3 split rules with gathers by all-reduce. Skipped where torch sees
+shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, and a bf16 master
+(bf16_master_weights_and_grads). Skipped where torch sees
 no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -23,13 +24,14 @@ ONE_GPU = {"LOCAL_RANK": "0"}
 TOLERANCE = {"fp32": (1e-4, 1e-3), "bf16": (2e-2, 5e-2)}  # (losses rel, parameters rel L2)
 
 
-def _train(rank, world, stage, precision, zero_extra, lora=False):
+def _train(rank, world, stage, precision, zero_extra, lora=False, bf16_extra=None):
     import zero
 
     model = training.make_model(lora=lora)
     if stage == 3:  # partition every tensor but the biases and norms (default: all whole)
         zero_extra = {"stage3_param_persistence_threshold": 40, **zero_extra}
     config = training.engine_config(stage, gas=GAS, precision=precision, **zero_extra)
+    config.get("bf16", {}).update(bf16_extra or {})
     engine, _, _, _ = zero.initialize(model=model, config=config)
     assert engine.device.type == "cuda"
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
@@ -40,8 +42,8 @@ def _train(rank, world, stage, precision, zero_extra, lora=False):
     return losses, params, report
 
 
-def _run(world, stage, precision, lora=False, **zero_extra):
-    kwargs = dict(args=(stage, precision, zero_extra, lora), timeout=300)
+def _run(world, stage, precision, lora=False, bf16_extra=None, **zero_extra):
+    kwargs = dict(args=(stage, precision, zero_extra, lora, bf16_extra), timeout=300)
     if world == 1:
         return run_distributed(_train, 1, backend="nccl", **kwargs)
     return run_distributed(_train, world, env=ONE_GPU, **kwargs)
@@ -64,6 +66,20 @@ def _assert_matches_reference(results, world, stage, precision):
 @pytest.mark.parametrize("world", [1, 2])
 def test_stages_match_the_reference_on_the_gpu(world, stage, precision):
     _assert_matches_reference(_run(world, stage, precision), world, stage, precision)
+
+
+@pytest.mark.parametrize("stage,offload", [(2, False), (3, False), (2, True)])
+def test_a_bf16_master_on_the_gpu(stage, offload):
+    """bf16_master_weights_and_grads with bf16_optimizer_states on the GPU, or offloaded with
+    fp32 moments (DeepSpeed's CPU Adam): no fp32 master anywhere, within bf16 tolerance of the
+    fp32 reference."""
+    extra = {"offload_optimizer": {"device": "cpu"}} if offload else {}
+    results = _run(1, stage, "bf16", bf16_extra={"bf16_master_weights_and_grads": True,
+                                                 "bf16_optimizer_states": not offload}, **extra)
+    _assert_matches_reference(results, 1, stage, "bf16")
+    master = results[0][2]["categories"].get("fp32_master", {"by_location": {}})["by_location"]
+    assert master.get("device", {"current": 0})["current"] == 0
+    assert bool(offload) == any(where.startswith("host") for where in master)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
