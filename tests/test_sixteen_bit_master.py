@@ -6,7 +6,7 @@ Stages 1-3 on 2 ranks track that single-process reference (a bf16 model, torch.o
 closer than the fp32-master engine does; an update below bf16's resolution is lost, as on a
 bf16 model, where an fp32 master keeps it; the memory report has no master and half the
 moments; the offloaded step keeps a bf16 master (host, NVMe); a checkpoint resumes the run;
-bad combinations are refused naming the key."""
+pipeline stages keep one too; bad combinations are refused naming the key."""
 import pytest
 import torch
 
@@ -299,3 +299,34 @@ def test_cpu_adams_fp32_optimizer_states_false_keeps_16_bit_moments(client):
     state, numel = run_distributed(_fp32_optimizer_states_off, WORLD, args=(client, ""),
                                    timeout=120)[0]
     assert state == 2 * 2 * numel // WORLD
+
+
+def _pipeline(rank, world, master16):
+    import zero.compat.deepspeed as deepspeed
+    from test_pipe import HYPER, MICRO_BATCH, MICRO_BATCHES, MODEL, STEPS, data
+    from zero.models.pipe_gpt import cross_entropy, pipe_layers
+
+    module = deepspeed.pipe.PipelineModule(layers=pipe_layers(MODEL), num_stages=world,
+                                           loss_fn=cross_entropy, seed_layers=True)
+    config = {"train_micro_batch_size_per_gpu": MICRO_BATCH,
+              "gradient_accumulation_steps": MICRO_BATCHES,
+              "optimizer": {"type": "AdamW", "params": HYPER},
+              "zero_optimization": {"stage": 1},
+              "bf16": {"enabled": True, "bf16_master_weights_and_grads": master16,
+                       "bf16_optimizer_states": master16}}
+    engine, _, _, _ = deepspeed.initialize(model=module, config=config)
+    batches = iter(data()[:STEPS * MICRO_BATCHES])
+    losses = [engine.train_batch(batches).item() for _ in range(STEPS)]
+    current = {k: v["current"] for k, v in engine.memory_report()["categories"].items()}
+    return losses, current
+
+
+def test_pipeline_stages_keep_a_bf16_master():
+    """2 pipeline stages, ZeRO-1 inside each: each stage keeps its bf16 weights as the master
+    and bf16 moments, and trains as the fp32-master pipeline does to bf16 tolerance."""
+    sixteen = run_distributed(_pipeline, 2, args=(True,), timeout=120)
+    fp32_master = run_distributed(_pipeline, 2, args=(False,), timeout=120)
+    for (losses, current), (expected, with_master) in zip(sixteen, fp32_master):
+        assert losses == pytest.approx(expected, rel=1e-2)
+        assert current.get("fp32_master", 0) == 0 and with_master["fp32_master"] > 0
+        assert current["optimizer_state"] * 2 == with_master["optimizer_state"]
