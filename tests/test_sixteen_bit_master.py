@@ -81,10 +81,16 @@ def test_one_rank_steps_exactly_as_torch_fused_adamw_on_the_bf16_model():
     """gradient_accumulation_steps 1, no clipping: the same bf16 gradients, and the fused CPU
     step over bf16 master and moments is torch's fused AdamW bit for bit."""
     config = _config(1, gas=1, clip=0.0, scheduler=False)
+    _one_rank_equals(config, lambda: _bf16_reference(1, STEPS, config))
+
+
+def _one_rank_equals(config, reference):
+    """One rank of `config` against reference() run here on one thread (the rank's: the
+    matmuls' sums follow the thread count): every loss and weight equal."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the rank's (the matmuls' sums follow the thread count)
+    torch.set_num_threads(1)
     try:
-        ref_losses, ref_params = _bf16_reference(1, STEPS, config)
+        ref_losses, ref_params = reference()
     finally:
         torch.set_num_threads(threads)
     losses, params, *_ = run_distributed(_train, 1, args=(config,), timeout=120)[0]
@@ -120,16 +126,7 @@ def _rounding_reference(steps, config):
 
 def test_one_rank_with_fp32_moments_steps_as_fused_adamw_rounding_the_weights():
     config = _config(1, states=False, gas=1, clip=0.0, scheduler=False)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        ref_losses, ref_params = _rounding_reference(STEPS, config)
-    finally:
-        torch.set_num_threads(threads)
-    losses, params, *_ = run_distributed(_train, 1, args=(config,), timeout=120)[0]
-    assert losses == ref_losses
-    for name, expected in ref_params.items():
-        assert torch.equal(params[name], expected), name
+    _one_rank_equals(config, lambda: _rounding_reference(STEPS, config))
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
