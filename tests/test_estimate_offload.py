@@ -59,6 +59,9 @@ GRID = [
     # bf16_optimizer_states, a partial offload's device head included
     ("s2-cpu-bf16-master", 2, "bf16", {"offload_optimizer": "cpu",
                                        "bf16": {"bf16_master_weights_and_grads": True}}),
+    ("s2-cpu-bf16-master-cpu-adam-16-bit-moments", 2, "bf16", {
+        "offload_optimizer": "cpu", "bf16": {"bf16_master_weights_and_grads": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "fp32_optimizer_states": False}}}),
     ("s3-nvme-bf16-master-states-chunks", 3, "bf16", {
         "offload_optimizer": "nvme", "sub_group_size": 1000,
         "bf16": {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}),

@@ -327,3 +327,17 @@ def test_pipeline_stages_keep_a_bf16_master():
         assert losses == pytest.approx(expected, rel=1e-2)
         assert current.get("fp32_master", 0) == 0 and with_master["fp32_master"] > 0
         assert current["optimizer_state"] * 2 == with_master["optimizer_state"]
+
+
+def test_the_estimate_prices_fp32_optimizer_states_false_by_offload_option():
+    """DeepSpeedCPUAdam's switch halves the moments only where the optimizer is offloaded: the
+    estimate's rows for one config follow the engine's rule option by option."""
+    from zero.reports import estimate as est
+
+    config = _config(2, states=False)
+    config["optimizer"]["params"]["fp32_optimizer_states"] = False
+    setup, _ = est.setup_from_config(config, world_size=WORLD)
+    shapes = est.shapes_from_count(10_000_000)
+    rows = {e.option.name: e.categories["optimizer_state"]["bytes"]
+            for e in est.estimate_all(shapes, setup)}
+    assert rows["stage 2 + offload optimizer"] * 2 == rows["stage 2"]

@@ -138,18 +138,22 @@ def saved_inputs_hooks(current: Settings):
 class PartitionedInputs(torch.autograd.graph.saved_tensors_hooks):
     """partition_activations: the tensor ranks hold the same inputs, so each keeps its 1/T of
     every floating tensor a region saves (on the host with to_host) and the recomputation
-    all-gathers it back; a tensor T does not divide is kept whole."""
+    all-gathers it back; a tensor T does not divide is kept whole (on the host with to_host).
+    Like cpu_checkpointing's hook it is the innermost one, so the memory report's activation
+    count (saved_activations.py) does not see what it keeps."""
 
     def __init__(self, tensor: TensorSlice, to_host: bool):
         def pack(saved):
             if not saved.is_floating_point() or saved.numel() % tensor.size:
-                return saved
+                return (saved.to("cpu"), saved.device) if to_host else saved
             share = saved.detach().reshape(-1).chunk(tensor.size)[tensor.rank].clone()
             return share.to("cpu") if to_host else share, saved.shape, saved.device
 
         def unpack(packed):
             if torch.is_tensor(packed):
                 return packed
+            if len(packed) == 2:  # whole, in host memory
+                return packed[0].to(packed[1])
             share, shape, device = packed
             share = share.to(device)
             whole = torch.empty(share.numel() * tensor.size, dtype=share.dtype, device=device)

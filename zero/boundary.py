@@ -83,16 +83,23 @@ def sixteen_bit_master(config) -> bool:
 
 
 def sixteen_bit_states(config, fp32_optimizer_states=None) -> bool:
-    """The optimizer's arrays in the 16-bit dtype (GroupOptions::states_in_model_dtype):
-    bf16_optimizer_states; or, as DeepSpeedCPUAdam's fp32_optimizer_states=False keeps its
-    moments in the master's dtype, that switch (the config's optimizer.params, else a client
-    optimizer's `fp32_optimizer_states`) with a 16-bit master offloaded."""
-    if config.bf16.bf16_optimizer_states:
-        return True
+    """The optimizer's arrays in the 16-bit dtype (GroupOptions::states_in_model_dtype), by
+    states_rule: `fp32_optimizer_states` is a client optimizer's when given, else the
+    config's optimizer.params'."""
     if fp32_optimizer_states is None and config.optimizer is not None:
         fp32_optimizer_states = config.optimizer.params.get("fp32_optimizer_states")
-    return (fp32_optimizer_states is False and sixteen_bit_master(config)
-            and config.zero_optimization.offload_optimizer.device != "none")
+    return states_rule(bool(config.bf16.bf16_optimizer_states), fp32_optimizer_states,
+                       sixteen_bit_master(config),
+                       config.zero_optimization.offload_optimizer.device != "none")
+
+
+def states_rule(bf16_optimizer_states: bool, fp32_optimizer_states, sixteen_bit_master: bool,
+                offloaded: bool) -> bool:
+    """bf16_optimizer_states; or, as DeepSpeedCPUAdam's fp32_optimizer_states=False keeps its
+    moments in the master's dtype, that switch with a 16-bit master offloaded. (The estimator
+    applies it per offload option.)"""
+    return bf16_optimizer_states or (fp32_optimizer_states is False and sixteen_bit_master
+                                     and offloaded)
 
 
 def grads_sharded(stage: int, gradient_accumulation_steps: int) -> bool:

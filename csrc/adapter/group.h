@@ -73,12 +73,12 @@ class Group {
     shard_state().load_optimizer_state(name, values);
   }
   // One array ("master", or an optimizer state such as "exp_avg") at this rank's shard
-  // [offset, offset + numel), fp32, touching only that range: read copies (safe_get_full_*),
-  // write stores (safe_set_full_*). Where the shard keeps no separate master (fp32 training)
-  // the master is the parameters' shard.
+  // [offset, offset + numel), touching only that range: read copies it as fp32 whatever its
+  // dtype (safe_get_full_*), write stores (safe_set_full_*). Where the shard keeps no separate
+  // master (fp32 training, a 16-bit master) the master is the parameters' shard.
   at::Tensor read_array(const std::string& name, std::int64_t offset, std::int64_t numel) const {
     if (name != "master" || shard_state().has_master()) {
-      return shard_state().read_array(name, offset, numel);
+      return shard_state().read_array(name, offset, numel).to(at::kFloat);
     }
     return read_params(offset, numel);
   }

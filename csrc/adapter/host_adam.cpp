@@ -1,6 +1,7 @@
 #include "adapter/host_adam.h"
 
 #include <algorithm>
+#include <exception>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -78,27 +79,39 @@ void widened_range(const core::AdamParams& params, const at::Tensor& master,
   }
 }
 
-// The widened step split among num_threads threads (the kernel's own split, by range).
+// The widened step split among num_threads threads (the kernel's own split, by range); an
+// error in any range is rethrown here once every thread has finished.
 void widened_step(const core::AdamParams& params, const at::Tensor& master,
                   const at::Tensor& grads, const at::Tensor& exp_avg,
                   const at::Tensor& exp_avg_sq, const at::Tensor& out16, int num_threads) {
   const std::int64_t n = master.numel();
+  if (n == 0) return;
   const std::int64_t threads = std::clamp<std::int64_t>(num_threads, 1, (n + kTile - 1) / kTile);
   const std::int64_t share = ((n + threads - 1) / threads + kTile - 1) / kTile * kTile;
-  auto range = [&](std::int64_t begin) {
-    widened_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin,
-                  std::min(n, begin + share));
+  const std::int64_t ranges = (n + share - 1) / share;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranges));
+  auto range = [&](std::int64_t index) {
+    try {
+      const std::int64_t begin = index * share;
+      widened_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin,
+                    std::min(n, begin + share));
+    } catch (...) {
+      errors[static_cast<std::size_t>(index)] = std::current_exception();
+    }
   };
   std::vector<std::thread> workers;
-  for (std::int64_t begin = share; begin < n; begin += share) {
+  for (std::int64_t index = 1; index < ranges; ++index) {
     try {
-      workers.emplace_back(range, begin);
+      workers.emplace_back(range, index);
     } catch (const std::system_error&) {
-      range(begin);  // out of threads: this share here rather than fail the step
+      range(index);  // out of threads: this range here rather than fail the step
     }
   }
-  if (n > 0) range(0);
+  range(0);
   for (std::thread& worker : workers) worker.join();
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
 }
 
 }  // namespace

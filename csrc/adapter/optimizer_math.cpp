@@ -1,5 +1,6 @@
 #include "adapter/optimizer_math.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <c10/util/Exception.h>
@@ -30,14 +31,10 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_mome
   return {};
 }
 
-void optimizer_update(at::Tensor& param, const at::Tensor& fp32_grad,
-                      std::vector<at::Tensor>& states, const OptimizerHyper& hyper,
-                      std::int64_t step) {
-  // 16-bit state (bf16_optimizer_states) takes the gradients in its dtype, as a torch optimizer
-  // over 16-bit tensors does.
-  const bool cast = hyper.kind != OptimizerKind::kExternal && !states.empty() &&
-                    states.front().scalar_type() != fp32_grad.scalar_type();
-  const at::Tensor grad = cast ? fp32_grad.to(states.front().scalar_type()) : fp32_grad;
+namespace {
+
+void update_fp32(at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states,
+                 const OptimizerHyper& hyper, std::int64_t step) {
   switch (hyper.kind) {
     case OptimizerKind::kAdam: return adam_update(param, grad, states.at(0), states.at(1), hyper, step);
     case OptimizerKind::kSgd: {
@@ -49,6 +46,27 @@ void optimizer_update(at::Tensor& param, const at::Tensor& fp32_grad,
     case OptimizerKind::kExternal:
       TORCH_CHECK(hyper.external, "zero: an external optimizer's group stepped without its update");
       return hyper.external(param, grad, states);
+  }
+}
+
+}  // namespace
+
+void optimizer_update(at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states,
+                      const OptimizerHyper& hyper, std::int64_t step) {
+  const auto fp32 = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat; };
+  if (fp32(param) && std::all_of(states.begin(), states.end(), fp32)) {
+    return update_fp32(param, grad, states, hyper, step);
+  }
+  // A 16-bit master or 16-bit arrays: updated in fp32 copies, each rounded back once (as the
+  // fused CPU step, host_adam.h, and DeepSpeed's fused optimizers do: an op-by-op update in
+  // bf16 rounds every intermediate, in fp16 eps and small squares vanish).
+  at::Tensor wide_param = param.to(at::kFloat);
+  std::vector<at::Tensor> wide_states;
+  for (const at::Tensor& state : states) wide_states.push_back(state.to(at::kFloat));
+  update_fp32(wide_param, grad, wide_states, hyper, step);
+  if (!fp32(param)) param.copy_(wide_param);
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    if (!fp32(states[i])) states[i].copy_(wide_states[i]);
   }
 }
 
@@ -68,7 +86,6 @@ void adam_update(at::Tensor& param, at::Tensor grad, at::Tensor& exp_avg, at::Te
   const at::Tensor denom = exp_avg_sq.sqrt().div_(std::sqrt(correction2)).add_(hyper.eps);
   param.addcdiv_(exp_avg, denom, -hyper.lr / correction1);
 }
-
 
 void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer, bool first_step,
                 const OptimizerHyper& hyper) {

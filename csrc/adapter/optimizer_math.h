@@ -52,11 +52,11 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_mome
                                                const std::vector<std::string>& external = {});
 
 // One update of `param` (the master: fp32, or 16-bit, shard_precision.h) from fp32 `grad`
-// with the kind's arrays (in optimizer_state_names order; fp32, or 16-bit, which then take the
-// gradients in their dtype). step is 1-based and already counts this update.
-void optimizer_update(at::Tensor& param, const at::Tensor& fp32_grad,
-                      std::vector<at::Tensor>& states, const OptimizerHyper& hyper,
-                      std::int64_t step);
+// with the kind's arrays (in optimizer_state_names order, fp32 or 16-bit). 16-bit tensors are
+// updated in fp32 copies and rounded back once. step is 1-based and already counts this
+// update.
+void optimizer_update(at::Tensor& param, const at::Tensor& grad, std::vector<at::Tensor>& states,
+                      const OptimizerHyper& hyper, std::int64_t step);
 
 // step is 1-based and already counts this update.
 void adam_update(at::Tensor& param, at::Tensor grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,

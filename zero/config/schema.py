@@ -425,12 +425,13 @@ FP16 = Block("fp16", "fp16 mixed precision with loss scaling.", (
           "(DeepSpeed casts every tensor with a .half(), integer token ids too; zero leaves those alone). "
           "Accelerate adds it for --fp16 without an fp16 block."),
     _bool("fp16_master_weights_and_grads", False, "Keep the master weights in fp16: the fp16 parameters are "
-          "the master (no fp32 copy), stepped with fp32 optimizer state; stages 1-3. DeepSpeed also requires "
+          "the master (no fp32 copy), stepped with fp32 optimizer state (fp16 with optimizer.params."
+          "fp32_optimizer_states false and offload_optimizer); stages 1-3. DeepSpeed also requires "
           "offload_optimizer (its CPU Adam) here; zero steps them wherever the optimizer runs."),
 ))
 
 BF16 = Block("bf16", "bf16 mixed precision (no loss scaling).", (
-    _bool("enabled", False, "Train in bf16 (fp32 master weights)."),
+    _bool("enabled", False, "Train in bf16 (fp32 master weights, unless bf16_master_weights_and_grads)."),
     _unsupported(BOOL, "immediate_grad_update", False, "DeepSpeed BF16_Optimizer scheduling knob."),
     _unsupported(BOOL, "check_grad_overflow", True, "Skip a step whose gradients are not finite (DeepSpeed's "
                  "default): zero always does (nonfinite_gradients); false, which lets DeepSpeed apply such a "

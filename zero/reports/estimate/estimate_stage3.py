@@ -125,7 +125,7 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
             layout, setup.master_dtype_bytes if option.offload_param != "none"
             else master_bytes(setup, option),
             True, opt_location, persistent_coefficient=master_bytes(setup, option)),
-        "optimizer_state": _model_state_row(layout, optimizer_state_bytes(setup),
+        "optimizer_state": _model_state_row(layout, optimizer_state_bytes(setup, option),
                                             True, opt_location),
     }
 

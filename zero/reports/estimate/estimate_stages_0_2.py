@@ -25,7 +25,7 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
     largest_unit = max(layout.max_unit_numel for layout in group_layouts)
     overlap = setup.overlap_for(stage) if overlap_comm is None else overlap_comm
     slots = 2 if overlap else 1
-    optimizer_bytes = optimizer_state_bytes(setup)
+    optimizer_bytes = optimizer_state_bytes(setup, option)
     sharded_grads = stage >= 3 or setup.grads_sharded(stage)
 
     def row(coefficient: int, sharded: bool, location: str = "device") -> dict:

@@ -24,7 +24,6 @@ SIXTEEN_BIT_EXTERNAL = ("an optimizer zero does not build itself steps an fp32 m
                         "or use Adam, AdamW, Adagrad, Lion or SGD")
 
 
-
 def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
              reduce_bucket_size: int | None = None, overlap_comm: bool | None = None,
              strict: bool = True) -> Estimate:

@@ -50,9 +50,11 @@ class Setup:
     precision: str = "fp32"
     communication_data_type: Optional[str] = None  # gradients reduced in it (None: precision)
     # bf16/fp16_master_weights_and_grads: the master in the 16-bit precision (the parameters
-    # themselves where no copy is needed); bf16_optimizer_states: the optimizer's arrays too
+    # themselves where no copy is needed); bf16_optimizer_states: the optimizer's arrays too;
+    # optimizer.params.fp32_optimizer_states false: those arrays too when offloaded
     sixteen_bit_master: bool = False
     sixteen_bit_states: bool = False
+    fp32_optimizer_states: Optional[bool] = None
     optimizer: str = "adam"          # one of OPTIMIZERS, or EXTERNAL
     external_arrays: tuple = ()      # EXTERNAL: the optimizer's per-element fp32 arrays
     reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
@@ -188,14 +190,18 @@ class Setup:
         """Bytes per element of the master weights (shard_precision.h)."""
         return self.param_bytes if self.sixteen_bit_master else 4
 
-    @property
-    def state_dtype_bytes(self) -> int:
-        """Bytes per element of each optimizer array."""
-        return self.param_bytes if self.sixteen_bit_states else 4
+    def state_dtype_bytes(self, offloaded: bool) -> int:
+        """Bytes per element of each optimizer array, for an option that offloads the
+        optimizer or not (the engine's boundary.states_rule)."""
+        from zero.boundary import states_rule
+
+        sixteen = states_rule(self.sixteen_bit_states, self.fp32_optimizer_states,
+                              self.sixteen_bit_master, offloaded)
+        return self.param_bytes if sixteen else 4
 
     def array_bytes(self, name: str) -> int:
-        """Bytes per element of one state array ("master", or an optimizer array)."""
-        return self.master_dtype_bytes if name == "master" else self.state_dtype_bytes
+        """Bytes per element of one offloaded state array ("master", or an optimizer array)."""
+        return self.master_dtype_bytes if name == "master" else self.state_dtype_bytes(True)
 
     @property
     def comm_bytes(self) -> int:
@@ -227,6 +233,7 @@ class Setup:
                 "communication_data_type": self.communication_data_type,
                 "sixteen_bit_master": self.sixteen_bit_master,
                 "sixteen_bit_states": self.sixteen_bit_states,
+                "fp32_optimizer_states": self.fp32_optimizer_states,
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
                 "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
                 "cpu_only": self.cpu_only,
@@ -289,7 +296,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     and max_in_cpu). `data_ranks`: the ranks the batch keys count when the world also holds
     pipeline stages or tensor slices (default: the world); `all_ranks`: load_config's, for
     AutoTP set by the config alone."""
-    from zero.boundary import sixteen_bit_master, sixteen_bit_states
+    from zero.boundary import sixteen_bit_master
     from zero.config import ALL_FEATURES, ConfigError, load_config
 
     try:
@@ -309,7 +316,9 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
         "precision": cfg.precision,
         "communication_data_type": cfg.communication_data_type,
         "sixteen_bit_master": sixteen_bit_master(cfg),
-        "sixteen_bit_states": sixteen_bit_states(cfg),
+        "sixteen_bit_states": bool(cfg.bf16.bf16_optimizer_states),
+        "fp32_optimizer_states": (cfg.optimizer.params.get("fp32_optimizer_states")
+                                  if cfg.optimizer is not None else None),
         "optimizer": optimizer,
         "external_arrays": _external_arrays(cfg.optimizer) if optimizer == EXTERNAL else (),
         "reduce_bucket_size": cfg.zero_optimization.reduce_bucket_size,
@@ -368,5 +377,7 @@ def optimizer_arrays(setup: Setup) -> tuple:
     return tuple(_C.optimizer_state_names(kind, momentum))
 
 
-def optimizer_state_bytes(setup: Setup) -> int:
-    return setup.state_dtype_bytes * len(optimizer_arrays(setup))
+def optimizer_state_bytes(setup: Setup, option=None) -> int:
+    """Bytes per element of the optimizer's arrays under `option` (None: not offloaded)."""
+    offloaded = option is not None and option.offload_optimizer != "none"
+    return setup.state_dtype_bytes(offloaded) * len(optimizer_arrays(setup))
