@@ -94,13 +94,13 @@ class _WithExtras(torch.nn.Module):
         self.checkpointing = True
 
 
-def _pass_through(rank, world):
+def _pass_through(rank, world, timers=None):
     import zero
 
     model = _WithExtras()
     config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 2,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-              "zero_optimization": {"stage": 2}}
+              "zero_optimization": {"stage": 2}, **({"timers": timers} if timers else {})}
     engine, _, _, _ = zero.initialize(model=model, config=config)
     engine.gradient_checkpointing_enable()
     seen = (engine.model is model.model, engine.note, model.checkpointing,
@@ -130,3 +130,10 @@ def test_the_engine_passes_what_it_lacks_to_its_model_and_times_its_steps():
     assert len(throughput) == 1  # step 4 (step 2 comes before the timing starts)
     assert throughput[0].startswith("epoch=0/micro_step=4/global_step=4, RunningAvgSamplesPerSec=")
     assert "RunningAvgSamplesPerSec=" not in printed_by_rank_1
+
+
+def test_the_timers_block_turns_the_throughput_timer_off():
+    """DeepSpeed's "timers": {"throughput": {"enabled": false}}: nothing timed or printed."""
+    off = {"throughput": {"enabled": False, "synchronized": False}}
+    (_, timer, printed), _ = run_distributed(_pass_through, 2, args=(off,))
+    assert timer == (0, 1, False) and "RunningAvgSamplesPerSec=" not in printed

@@ -164,7 +164,9 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self._watch = Watch(self)  # monitors, wall_clock_breakdown, comms_logger, flops_profiler
         hybrid_engine.take_over_generate(model, config.hybrid_engine, self._stage3)
         self.tput_timer = ThroughputTimer(self.train_batch_size(), config.steps_per_print,
-                                          self.device, report=dist.get_rank() == 0)
+                                          self.device, report=dist.get_rank() == 0,
+                                          enabled=config.timers.throughput.enabled,
+                                          synchronized=config.timers.throughput.synchronized)
         _LIVE_ENGINES.add(self)
 
     # ---- DeepSpeed's engine surface -------------------------------------------------------

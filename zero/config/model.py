@@ -209,6 +209,17 @@ class CometConfig:
 
 
 @dataclass(frozen=True)
+class ThroughputTimerConfig:
+    enabled: bool
+    synchronized: bool
+
+
+@dataclass(frozen=True)
+class TimersConfig:
+    throughput: ThroughputTimerConfig
+
+
+@dataclass(frozen=True)
 class CommsLoggerConfig:
     enabled: bool
     verbose: bool
@@ -276,6 +287,7 @@ class ZeroConfig:
     comet: CometConfig
     comms_logger: CommsLoggerConfig
     flops_profiler: FlopsProfilerConfig
+    timers: TimersConfig
     hybrid_engine: HybridEngineConfig
     torch_autocast: TorchAutocastConfig
     world_size: int
@@ -343,6 +355,7 @@ def build(values, raw, world_size, features):
         comet=_make(CometConfig, values["comet"]),
         comms_logger=_make(CommsLoggerConfig, values["comms_logger"]),
         flops_profiler=_make(FlopsProfilerConfig, values["flops_profiler"]),
+        timers=TimersConfig(_make(ThroughputTimerConfig, values["timers"]["throughput"])),
         hybrid_engine=_make(HybridEngineConfig, values["hybrid_engine"]),
         torch_autocast=_make(TorchAutocastConfig, values["torch_autocast"]),
         world_size=world_size,
@@ -369,6 +382,8 @@ DATACLASS_FOR_BLOCK = {  # schema block path -> dataclass (for the schema/model 
     "wandb": WandbConfig,
     "comet": CometConfig,
     "comms_logger": CommsLoggerConfig,
+    "timers": TimersConfig,
+    "timers.throughput": ThroughputTimerConfig,
     "flops_profiler": FlopsProfilerConfig,
     "hybrid_engine": HybridEngineConfig,
     "torch_autocast": TorchAutocastConfig,

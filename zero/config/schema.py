@@ -742,6 +742,17 @@ COMET = Block("comet", "DeepSpeed's Comet monitor (needs comet_ml >= 3.41.0; onl
             "comet_ml's default, get_or_create).", nullable=True),
 ))
 COMM_OPS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "broadcast")
+TIMERS_THROUGHPUT = Block("timers.throughput", "engine.tput_timer, DeepSpeed's ThroughputTimer: samples per "
+                          "second, printed every steps_per_print steps (zero/monitor/throughput.py).", (
+    _bool("enabled", True, "Time the steps; false: the timer counts nothing and avg_samples_per_sec() is -inf, "
+          "as DeepSpeed's."),
+    _bool("synchronized", True, "Synchronize the GPU before reading the clock (exact step times; false saves "
+          "the synchronization)."),
+))
+TIMERS = Block("timers", "DeepSpeed's timers.", (
+    _block("throughput", TIMERS_THROUGHPUT, "The throughput timer (table below)."),
+))
+
 COMMS_LOGGER = Block("comms_logger", "DeepSpeed's communication logger: every collective the engine "
                      "issues, with size, latency and bandwidth; the summary at the end "
                      "(deepspeed.comm.log_summary()).", (
@@ -900,6 +911,7 @@ TOP = Block("", "Top-level keys.", (
     _block("comet", COMET, "Comet monitor (table below)."),
     _block("comms_logger", COMMS_LOGGER, "Communication logger (table below)."),
     _block("flops_profiler", FLOPS_PROFILER, "FLOPs profiler (table below)."),
+    _block("timers", TIMERS, "DeepSpeed's timers (table below)."),
     _block("hybrid_engine", HYBRID_ENGINE, "RLHF hybrid engine: generate at stage 3 (table below)."),
     _block("torch_autocast", TORCH_AUTOCAST, "torch.autocast mixed precision (table below)."),
     # DeepSpeed scalar keys zero does not implement: only their defaults are accepted.
@@ -930,7 +942,6 @@ TOP = Block("", "Top-level keys.", (
     _section("data_types", "Gradient-accumulation / parameter dtypes."),
     _section("compile", "torch.compile / DeepCompile."),
     _section("nebula", "Nebula checkpointing."),
-    _section("timers", "Timer options."),
     _section("expert_parallel", "AutoEP expert parallelism."),
     _section("weight_quantization", "Weight quantization."),
 ))

@@ -6,7 +6,8 @@ gradient-accumulation window is a global step. From the third global step on (De
 points, and every `steps_per_print` global steps rank 0 prints DeepSpeed's line:
 `epoch=E/micro_step=M/global_step=G, RunningAvgSamplesPerSec=..., CurrSamplesPerSec=...,
 MemAllocated=...GB, MaxMemAllocated=...GB`. Scripts call `update_epoch_count()` at the end of
-each epoch (DeepSpeed-Chat does) and read `avg_samples_per_sec()`.
+each epoch (DeepSpeed-Chat does) and read `avg_samples_per_sec()`. The config's
+`timers.throughput` turns it off (`enabled`) or its GPU synchronization (`synchronized`).
 """
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ _EPSILON = 1e-6  # DeepSpeed's TIME_EPSILON: no division by a zero-length step
 
 
 class ThroughputTimer:
+    """`enabled` false (the config's timers.throughput.enabled): start and stop do nothing;
+    `synchronized` false: the GPU is not synchronized before the clock is read."""
+
     def __init__(self, batch_size: int, steps_per_output: int | None, device: torch.device,
-                 report: bool, start_step: int = 2):
+                 report: bool, start_step: int = 2, enabled: bool = True,
+                 synchronized: bool = True):
+        self.enabled, self.synchronized = enabled, synchronized
         self.batch_size = batch_size
         self.steps_per_output = steps_per_output or None
         self.start_step = start_step
@@ -40,13 +46,15 @@ class ThroughputTimer:
         self.micro_step_count = 0
 
     def start(self) -> None:
+        if not self.enabled:
+            return
         self.started = True
         if self.global_step_count >= self.start_step:
             self._synchronize()
             self.start_time = time.time()
 
     def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
-        if not self.started:
+        if not self.enabled or not self.started:
             return
         self.started = False
         self.micro_step_count += 1
@@ -80,7 +88,7 @@ class ThroughputTimer:
                 f"MemAllocated={allocated}GB, MaxMemAllocated={peak}GB")
 
     def _synchronize(self) -> None:
-        if self._cuda:
+        if self._cuda and self.synchronized:
             torch.cuda.synchronize()
 
 
