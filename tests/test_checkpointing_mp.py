@@ -98,19 +98,26 @@ def test_model_parallel_seeds_are_deepspeeds():
 
 def _partitioned(rank, world):
     from zero import activation_checkpointing as checkpointing
+    from zero.saved_activations import SavedActivations
 
     checkpointing.configure(_mpu(rank, world), partition_activations=True)
     hooks = checkpointing.saved_inputs_hooks(checkpointing.settings())
     whole = torch.arange(24.0).view(4, 6)
     kept = hooks.pack_hook(whole)
     odd = torch.arange(5.0)  # 2 does not divide it: kept whole
+    # the memory report's activation count sees the share a region keeps
+    layer = nn.Linear(4, 6)
+    watch = SavedActivations(layer)
+    with watch.counting():
+        checkpointing.checkpoint(layer, torch.randn(8, 4, requires_grad=True))
     return (kept[0].numel(), torch.equal(hooks.unpack_hook(kept), whole),
-            hooks.pack_hook(odd) is odd)
+            hooks.pack_hook(odd)[0] is odd, watch.bytes)
 
 
 def test_partition_activations_keeps_each_tensor_ranks_share_of_the_inputs():
-    for kept, back, odd_whole in run_distributed(_partitioned, 2, timeout=60):
+    for kept, back, odd_whole, counted in run_distributed(_partitioned, 2, timeout=60):
         assert kept == 12 and back and odd_whole
+        assert counted == 16 * 4  # half of the region's 8 x 4 fp32 input
 
 
 def test_the_tracker_forks_and_refuses_a_seed_twice():

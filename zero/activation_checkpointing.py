@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from . import rng_tracker
+from . import rng_tracker, saved_activations
 from .config.model import ActivationCheckpointingConfig as Settings
 from .config.schema import ACTIVATION_CHECKPOINTING
 from .parallel.mpu_grid import TensorSlice, tensor_slice
@@ -139,20 +139,23 @@ class PartitionedInputs(torch.autograd.graph.saved_tensors_hooks):
     """partition_activations: the tensor ranks hold the same inputs, so each keeps its 1/T of
     every floating tensor a region saves (on the host with to_host) and the recomputation
     all-gathers it back; a tensor T does not divide is kept whole (on the host with to_host).
-    Like cpu_checkpointing's hook it is the innermost one, so the memory report's activation
-    count (saved_activations.py) does not see what it keeps."""
+    What stays on the device is recorded into the memory report's activation count
+    (saved_activations.record), which an inner hook hides otherwise."""
 
     def __init__(self, tensor: TensorSlice, to_host: bool):
         def pack(saved):
-            if not saved.is_floating_point() or saved.numel() % tensor.size:
-                return (saved.to("cpu"), saved.device) if to_host else saved
-            share = saved.detach().reshape(-1).chunk(tensor.size)[tensor.rank].clone()
-            return share.to("cpu") if to_host else share, saved.shape, saved.device
+            whole = not saved.is_floating_point() or saved.numel() % tensor.size
+            if to_host:
+                kept = saved.to("cpu") if whole else \
+                    saved.detach().reshape(-1).chunk(tensor.size)[tensor.rank].to("cpu")
+            else:
+                kept = saved if whole else \
+                    saved.detach().reshape(-1).chunk(tensor.size)[tensor.rank].clone()
+                saved_activations.record(kept)  # what stays on the device, for the report
+            return (kept, saved.device) if whole else (kept, saved.shape, saved.device)
 
         def unpack(packed):
-            if torch.is_tensor(packed):
-                return packed
-            if len(packed) == 2:  # whole, in host memory
+            if len(packed) == 2:  # whole (in host memory with to_host)
                 return packed[0].to(packed[1])
             share, shape, device = packed
             share = share.to(device)

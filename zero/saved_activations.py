@@ -18,6 +18,17 @@ def storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
+_COUNTS: list = []  # the pack hooks of the counts in progress, innermost last
+
+
+def record(tensor: torch.Tensor) -> None:
+    """What an inner saved-tensors hook keeps on the device in a tensor's place (activation
+    checkpointing's partition_activations share): the count in progress does not see it
+    otherwise, since only the innermost hook runs."""
+    if _COUNTS:
+        _COUNTS[-1](tensor)
+
+
 class SavedActivations:
     """Counts what autograd saves inside `counting()`; `bytes` is the last count."""
 
@@ -38,8 +49,10 @@ class SavedActivations:
                 saved[key] = tensor.untyped_storage().nbytes()
             return tensor
 
+        _COUNTS.append(pack)
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
                 yield self
         finally:
+            _COUNTS.remove(pack)
             self.bytes = sum(saved.values())
