@@ -341,3 +341,19 @@ def test_the_estimate_prices_fp32_optimizer_states_false_by_offload_option():
     rows = {e.option.name: e.categories["optimizer_state"]["bytes"]
             for e in est.estimate_all(shapes, setup)}
     assert rows["stage 2 + offload optimizer"] * 2 == rows["stage 2"]
+
+
+def _client_fp32_states(rank, world):
+    import zero
+    from zero.compat.deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    model = training.make_model()
+    config = _config(2, offload_optimizer={"device": "cpu"})
+    del config["optimizer"]
+    zero.initialize(model=model, config=config, optimizer=DeepSpeedCPUAdam(model.parameters()))
+
+
+def test_a_client_cpu_adam_with_fp32_moments_is_refused_with_bf16_states_offloaded():
+    with pytest.raises(RankFailed) as failed:
+        run_distributed(_client_fp32_states, WORLD, timeout=60)
+    assert "built with fp32_optimizer_states=True" in str(failed.value)

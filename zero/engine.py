@@ -38,8 +38,8 @@ from .memory import build_report, state_layouts
 from .monitor import Watch
 from .monitor.throughput import ThroughputTimer
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
-from .optimizer import (TORCH_CONFIG_TYPES, OptimizerSpec, ZeroOptimizer, check_external,
-                        fill_initial_state, torch_optimizer)
+from .optimizer import (TORCH_CONFIG_TYPES, OptimizerSpec, ZeroOptimizer, check_client_states,
+                        check_external, fill_initial_state, torch_optimizer)
 from .parameter_offload import ParameterOffload
 from offload.progress import SwapWriteProgress
 from .reports.table import format_report, format_report_line
@@ -730,6 +730,7 @@ def _parameter_groups(model, config, optimizer, model_parameters):
     if isinstance(optimizer, torch.optim.Optimizer):
         spec = OptimizerSpec.from_torch(optimizer)
         check_external(spec, config)
+        check_client_states(spec, config)
         raw_groups = optimizer.param_groups
         optimizer.state.clear()  # the engine keeps the state, sharded (Adagrad's is built eagerly)
     else:

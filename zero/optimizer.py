@@ -115,6 +115,19 @@ class OptimizerSpec:
         return self.kind == "sgd" and any(g.get("momentum", 0.0) != 0.0 for g in groups)
 
 
+def check_client_states(spec: OptimizerSpec, config) -> None:
+    """DeepSpeed's check of a client DeepSpeedCPUAdam: with bf16_optimizer_states and the
+    optimizer offloaded, one built with fp32_optimizer_states=True is refused (its moments
+    would be fp32 where the config asks for bf16)."""
+    if (spec.fp32_optimizer_states and config.bf16.bf16_optimizer_states
+            and config.zero_optimization.offload_optimizer.device != "none"):
+        raise ValueError(
+            f"zero: bf16.bf16_optimizer_states keeps the moments in bf16 with the optimizer "
+            f"offloaded, but the client {spec.client_name} was built with "
+            "fp32_optimizer_states=True (DeepSpeed refuses this too); build it with "
+            "fp32_optimizer_states=False, or set bf16_optimizer_states to false")
+
+
 def check_external(spec: OptimizerSpec, config) -> None:
     """What an optimizer zero runs as the script's own object (external_optimizer.py) needs:
     DeepSpeed's consent to an untested optimizer under ZeRO, and its state on the device."""
