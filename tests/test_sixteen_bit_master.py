@@ -7,6 +7,8 @@ closer than the fp32-master engine does; an update below bf16's resolution is lo
 bf16 model, where an fp32 master keeps it; the memory report has no master and half the
 moments; the offloaded step keeps a bf16 master (host, NVMe); a checkpoint resumes the run;
 pipeline stages keep one too; bad combinations are refused naming the key."""
+import json
+
 import pytest
 import torch
 
@@ -357,3 +359,22 @@ def test_a_client_cpu_adam_with_fp32_moments_is_refused_with_bf16_states_offload
     with pytest.raises(RankFailed) as failed:
         run_distributed(_client_fp32_states, WORLD, timeout=60)
     assert "built with fp32_optimizer_states=True" in str(failed.value)
+
+
+def _model_states(capsys, *flags):
+    from zero.reports import cli
+
+    assert cli.main(["estimate", "--params", "1e8", "--world-size", "4", "--precision", "bf16",
+                     "--json", *flags]) == 0
+    out = json.loads(capsys.readouterr().out)
+    stage2 = next(o for o in out["options"] if o["option"] == "stage 2")
+    return {name: stage2["categories"][name]["bytes"] for name in ("fp32_master", "optimizer_state")}
+
+
+def test_zero_mem_estimate_flags_for_the_sixteen_bit_master(capsys):
+    default = _model_states(capsys)
+    master = _model_states(capsys, "--sixteen-bit-master")
+    both = _model_states(capsys, "--sixteen-bit-master", "--sixteen-bit-states")
+    assert master == {"fp32_master": 0, "optimizer_state": default["optimizer_state"]}
+    assert both == {"fp32_master": 0, "optimizer_state": default["optimizer_state"] // 2}
+    assert default["fp32_master"] == default["optimizer_state"] // 2  # 4 and 8 bytes

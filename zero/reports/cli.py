@@ -73,6 +73,14 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="nodes the ranks are spread over (per-node = per-rank x "
                              "world-size / num-nodes)")
     parser.add_argument("--precision", choices=est.PRECISIONS)
+    parser.add_argument("--sixteen-bit-master", action=argparse.BooleanOptionalAction,
+                        default=None,
+                        help="bf16/fp16 precision: the parameters are the master "
+                             "(bf16_master_weights_and_grads; default off or the config's)")
+    parser.add_argument("--sixteen-bit-states", action=argparse.BooleanOptionalAction,
+                        default=None,
+                        help="with --sixteen-bit-master: the optimizer state in the 16-bit "
+                             "dtype too (bf16_optimizer_states; default off or the config's)")
     parser.add_argument("--optimizer", choices=est.OPTIMIZERS,
                         help="adam (8 bytes/element of state), sgd_momentum, adagrad, lion (4), "
                              "sgd (0); "
@@ -121,6 +129,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
     world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
     overrides = dict(precision=args.precision, optimizer=args.optimizer,
+                     sixteen_bit_master=args.sixteen_bit_master,
+                     sixteen_bit_states=args.sixteen_bit_states,
                      reduce_bucket_size=args.reduce_bucket_size, overlap_comm=args.overlap_comm,
                      gradient_accumulation_steps=args.gradient_accumulation_steps,
                      persistence_threshold=args.persistence_threshold,
