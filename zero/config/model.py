@@ -209,6 +209,11 @@ class CometConfig:
 
 
 @dataclass(frozen=True)
+class DataTypesConfig:
+    grad_accum_dtype: Optional[str]  # DeepSpeed's spelling as written; None: the training dtype
+
+
+@dataclass(frozen=True)
 class ThroughputTimerConfig:
     enabled: bool
     synchronized: bool
@@ -288,6 +293,7 @@ class ZeroConfig:
     comms_logger: CommsLoggerConfig
     flops_profiler: FlopsProfilerConfig
     timers: TimersConfig
+    data_types: DataTypesConfig
     hybrid_engine: HybridEngineConfig
     torch_autocast: TorchAutocastConfig
     world_size: int
@@ -356,6 +362,7 @@ def build(values, raw, world_size, features):
         comms_logger=_make(CommsLoggerConfig, values["comms_logger"]),
         flops_profiler=_make(FlopsProfilerConfig, values["flops_profiler"]),
         timers=TimersConfig(_make(ThroughputTimerConfig, values["timers"]["throughput"])),
+        data_types=_make(DataTypesConfig, values["data_types"]),
         hybrid_engine=_make(HybridEngineConfig, values["hybrid_engine"]),
         torch_autocast=_make(TorchAutocastConfig, values["torch_autocast"]),
         world_size=world_size,
@@ -383,6 +390,7 @@ DATACLASS_FOR_BLOCK = {  # schema block path -> dataclass (for the schema/model 
     "comet": CometConfig,
     "comms_logger": CommsLoggerConfig,
     "timers": TimersConfig,
+    "data_types": DataTypesConfig,
     "timers.throughput": ThroughputTimerConfig,
     "flops_profiler": FlopsProfilerConfig,
     "hybrid_engine": HybridEngineConfig,

@@ -802,6 +802,22 @@ AUTOCAST_DTYPES = ("torch.bfloat16", "bf16", "bfloat16") + FP16_AUTOCAST_DTYPES
 DEFAULT_LOWER_PRECISION_SAFE_MODULES = ("torch.nn.Linear", "torch.nn.Conv1d", "torch.nn.Conv2d",
                                         "torch.nn.Conv3d")
 
+FP32_DTYPES = ("torch.float32", "fp32", "float32", "float")  # DeepSpeed's DtypeEnum spellings
+BF16_DTYPES = ("torch.bfloat16", "bf16", "bfloat16")
+DATA_TYPES = Block("data_types", "DeepSpeed's data types block.", (
+    _choice("grad_accum_dtype", None, FP32_DTYPES + BF16_DTYPES + FP16_AUTOCAST_DTYPES,
+            "The dtype gradients accumulate in (DeepSpeed's spellings). Null or the training dtype: as "
+            "zero always does. Another one at stages 2-3 is accepted and changes nothing, as in DeepSpeed, "
+            "whose ZeRO-2/3 do not read it (both accumulate the gradient partitions in the training "
+            "dtype); at stages 0-1 it is refused (DeepSpeed's fp32 accumulation there, BF16_Optimizer, is not "
+            "built; DeepSpeed raises at stage 0).", nullable=True),
+    _unsupported(CHOICE, "param_dtype", None, "The dtype the module's parameters are cast to.",
+                 choices=FP32_DTYPES + BF16_DTYPES + FP16_AUTOCAST_DTYPES, nullable=True),
+    _unsupported(CHOICE, "buffer_dtype", None, "The dtype the module's buffers are cast to.",
+                 choices=FP32_DTYPES + BF16_DTYPES + FP16_AUTOCAST_DTYPES, nullable=True),
+    _unsupported(STR, "keep_in_fp32_modules", "auto", "Modules whose parameters stay fp32."),
+))
+
 TORCH_AUTOCAST = Block("torch_autocast", "torch.autocast mixed precision, DeepSpeed's: the engine's "
                        "forward runs under torch.autocast, the parameters keep their dtype (fp32 "
                        "unless bf16/fp16 is enabled too), and the optimizer steps them directly "
@@ -912,6 +928,7 @@ TOP = Block("", "Top-level keys.", (
     _block("comms_logger", COMMS_LOGGER, "Communication logger (table below)."),
     _block("flops_profiler", FLOPS_PROFILER, "FLOPs profiler (table below)."),
     _block("timers", TIMERS, "DeepSpeed's timers (table below)."),
+    _block("data_types", DATA_TYPES, "DeepSpeed's data types (table below)."),
     _block("hybrid_engine", HYBRID_ENGINE, "RLHF hybrid engine: generate at stage 3 (table below)."),
     _block("torch_autocast", TORCH_AUTOCAST, "torch.autocast mixed precision (table below)."),
     # DeepSpeed scalar keys zero does not implement: only their defaults are accepted.
@@ -939,7 +956,6 @@ TOP = Block("", "Top-level keys.", (
     _section("eigenvalue", "Eigenvalue computation."),
     _section("autotuning", "Autotuner."),
     _section("elasticity", "Elastic training."),
-    _section("data_types", "Gradient-accumulation / parameter dtypes."),
     _section("compile", "torch.compile / DeepCompile."),
     _section("nebula", "Nebula checkpointing."),
     _section("expert_parallel", "AutoEP expert parallelism."),

@@ -511,6 +511,27 @@ def _check_precision(v, values):
         v.error("fp16.min_loss_scale", minimum, f"larger than the initial dynamic loss scale 2**{power}",
                 "lower min_loss_scale or raise initial_scale_power")
     _check_sixteen_bit_master(v, values)
+    _check_grad_accum_dtype(v, values)
+
+
+def _check_grad_accum_dtype(v, values):
+    """data_types.grad_accum_dtype other than the training dtype: DeepSpeed's ZeRO-2/3 do not
+    read it (accepted); its stage-1 BF16_Optimizer is not built and its stage 0 raises."""
+    block, zero = values.get("data_types"), values["zero_optimization"]
+    if not _valid(block, zero) or block["grad_accum_dtype"] is None or not _valid(zero["stage"]):
+        return
+    fp16, bf16 = values["fp16"], values["bf16"]
+    training = "fp16" if fp16["enabled"] is True else "bf16" if bf16["enabled"] is True else "fp32"
+    asked = block["grad_accum_dtype"]
+    spellings = {"fp32": schema.FP32_DTYPES, "bf16": schema.BF16_DTYPES,
+                 "fp16": schema.FP16_AUTOCAST_DTYPES}
+    if asked in spellings[training] or zero["stage"] >= 2:
+        return
+    v.error("data_types.grad_accum_dtype", asked,
+            f"accumulating {training} gradients in another dtype at ZeRO stage {zero['stage']} is not "
+            "built (DeepSpeed's stage-1 BF16_Optimizer; DeepSpeed's stage 0 refuses it)",
+            f"remove the key or set it to \"{training}\", or use ZeRO stage 2 or 3 (which accumulate in "
+            f"{training}, as DeepSpeed's do)")
 
 
 def _check_sixteen_bit_master(v, values):
