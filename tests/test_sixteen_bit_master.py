@@ -380,28 +380,17 @@ def test_zero_mem_estimate_flags_for_the_sixteen_bit_master(capsys):
     assert default["fp32_master"] == default["optimizer_state"] // 2  # 4 and 8 bytes
 
 
-def _accumulating(rank, world, stage, accum):
-    import zero
-
-    config = training.engine_config(stage, precision="bf16", scheduler=False)
-    config["data_types"] = {"grad_accum_dtype": accum}
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
-    losses = training.train_engine(engine, rank, world, 3, config["gradient_accumulation_steps"])
-    return losses, engine.get_data_types()
-
-
-def test_data_types_grad_accum_dtype_is_read_as_deepspeed_reads_it():
-    """DeepSpeed's data_types.grad_accum_dtype "fp32" with bf16: its ZeRO-2/3 do not read it
-    (they accumulate the gradient partitions in bf16, as zero does), so zero accepts it there
-    and trains as without it; at stage 1 (DeepSpeed's BF16_Optimizer) it is refused naming it."""
+def test_data_types_grad_accum_dtype_only_the_training_dtype():
+    """DeepSpeed's data_types.grad_accum_dtype: the training dtype (in any of DeepSpeed's
+    spellings) is what zero does; another (DeepSpeed's fp32 gradient partitions under bf16) is
+    refused naming the key, at every stage."""
     from zero.config import ConfigError, load_config
 
-    with_key = run_distributed(_accumulating, WORLD, args=(2, "fp32"))[0]
-    without = run_distributed(_accumulating, WORLD, args=(2, "bf16"))[0]
-    assert with_key[0] == without[0]
-    assert with_key[1] == (torch.bfloat16, torch.float32)  # DeepSpeed's get_data_types()
-    config = training.engine_config(1, precision="bf16")
-    config["data_types"] = {"grad_accum_dtype": "fp32"}
-    with pytest.raises(ConfigError, match='data_types.grad_accum_dtype = "fp32": accumulating '
-                                          "bf16 gradients in another dtype at ZeRO stage 1"):
-        load_config(config, world_size=WORLD)
+    for stage in (0, 1, 2, 3):
+        config = training.engine_config(stage, precision="bf16")
+        config["data_types"] = {"grad_accum_dtype": "torch.bfloat16"}
+        assert load_config(config, world_size=WORLD).data_types.grad_accum_dtype == "torch.bfloat16"
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+        with pytest.raises(ConfigError, match='data_types.grad_accum_dtype = "fp32": accumulating '
+                                              "bf16 gradients in another dtype is not built"):
+            load_config(config, world_size=WORLD)

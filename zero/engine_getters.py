@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from .config import schema
-
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -60,11 +58,9 @@ class EngineGetters:
         return 2 ** self.config.fp16.initial_scale_power
 
     def get_data_types(self) -> tuple[torch.dtype, torch.dtype]:
-        """(model dtype, gradient-accumulation dtype) as DeepSpeed reports them: the latter is
-        data_types.grad_accum_dtype when set (accepted at stages 2-3, where zero, like
-        DeepSpeed's ZeRO-2/3, accumulates in the model's dtype), else the model's."""
-        asked = self.config.data_types.grad_accum_dtype
-        return (self.dtype, self.dtype if asked is None else _torch_dtype(asked))
+        """(model dtype, gradient-accumulation dtype): zero accumulates in the model's
+        (data_types.grad_accum_dtype, when given, is that dtype: the config check holds it)."""
+        return (self.dtype, self.dtype)
 
     @property
     def communication_data_type(self) -> torch.dtype:
@@ -205,12 +201,3 @@ class EngineGetters:
     def zero_force_ds_cpu_optimizer(self) -> bool:
         return self.config.zero_force_ds_cpu_optimizer
 
-
-def _torch_dtype(spelling: str) -> torch.dtype:
-    """A dtype in DeepSpeed's DtypeEnum spellings (schema.py's lists)."""
-    for dtype, spellings in ((torch.float32, schema.FP32_DTYPES),
-                             (torch.bfloat16, schema.BF16_DTYPES),
-                             (torch.float16, schema.FP16_AUTOCAST_DTYPES)):
-        if spelling in spellings:
-            return dtype
-    raise ValueError(f"zero: unknown dtype spelling {spelling!r}")

@@ -807,10 +807,8 @@ BF16_DTYPES = ("torch.bfloat16", "bf16", "bfloat16")
 DATA_TYPES = Block("data_types", "DeepSpeed's data types block.", (
     _choice("grad_accum_dtype", None, FP32_DTYPES + BF16_DTYPES + FP16_AUTOCAST_DTYPES,
             "The dtype gradients accumulate in (DeepSpeed's spellings). Null or the training dtype: as "
-            "zero always does. Another one at stages 2-3 is accepted and changes nothing, as in DeepSpeed, "
-            "whose ZeRO-2/3 do not read it (both accumulate the gradient partitions in the training "
-            "dtype); at stages 0-1 it is refused (DeepSpeed's fp32 accumulation there, BF16_Optimizer, is not "
-            "built; DeepSpeed raises at stage 0).", nullable=True),
+            "zero always does. Another one (DeepSpeed accumulates its gradient partitions in it, e.g. fp32 "
+            "under bf16) is refused: not built.", nullable=True),
     _unsupported(CHOICE, "param_dtype", None, "The dtype the module's parameters are cast to.",
                  choices=FP32_DTYPES + BF16_DTYPES + FP16_AUTOCAST_DTYPES, nullable=True),
     _unsupported(CHOICE, "buffer_dtype", None, "The dtype the module's buffers are cast to.",

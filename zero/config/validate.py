@@ -515,23 +515,21 @@ def _check_precision(v, values):
 
 
 def _check_grad_accum_dtype(v, values):
-    """data_types.grad_accum_dtype other than the training dtype: DeepSpeed's ZeRO-2/3 do not
-    read it (accepted); its stage-1 BF16_Optimizer is not built and its stage 0 raises."""
-    block, zero = values.get("data_types"), values["zero_optimization"]
-    if not _valid(block, zero) or block["grad_accum_dtype"] is None or not _valid(zero["stage"]):
+    """data_types.grad_accum_dtype: only the training dtype, in which zero accumulates (DeepSpeed
+    accumulates its gradient partitions in the given one: not built)."""
+    block = values.get("data_types")
+    if not _valid(block) or block["grad_accum_dtype"] is None:
         return
     fp16, bf16 = values["fp16"], values["bf16"]
     training = "fp16" if fp16["enabled"] is True else "bf16" if bf16["enabled"] is True else "fp32"
     asked = block["grad_accum_dtype"]
     spellings = {"fp32": schema.FP32_DTYPES, "bf16": schema.BF16_DTYPES,
                  "fp16": schema.FP16_AUTOCAST_DTYPES}
-    if asked in spellings[training] or zero["stage"] >= 2:
-        return
-    v.error("data_types.grad_accum_dtype", asked,
-            f"accumulating {training} gradients in another dtype at ZeRO stage {zero['stage']} is not "
-            "built (DeepSpeed's stage-1 BF16_Optimizer; DeepSpeed's stage 0 refuses it)",
-            f"remove the key or set it to \"{training}\", or use ZeRO stage 2 or 3 (which accumulate in "
-            f"{training}, as DeepSpeed's do)")
+    if asked not in spellings[training]:
+        v.error("data_types.grad_accum_dtype", asked,
+                f"accumulating {training} gradients in another dtype is not built (zero accumulates "
+                f"in the training dtype; DeepSpeed keeps its gradient partitions in this one)",
+                f"remove the key or set it to \"{training}\"")
 
 
 def _check_sixteen_bit_master(v, values):
