@@ -378,6 +378,11 @@ def test_zero_mem_estimate_flags_for_the_sixteen_bit_master(capsys):
     assert master == {"fp32_master": 0, "optimizer_state": default["optimizer_state"]}
     assert both == {"fp32_master": 0, "optimizer_state": default["optimizer_state"] // 2}
     assert default["fp32_master"] == default["optimizer_state"] // 2  # 4 and 8 bytes
+    from zero.reports import cli  # fp16: DeepSpeed's bf16_optimizer_states is bf16 only
+
+    assert cli.main(["estimate", "--params", "1e8", "--precision", "fp16",
+                     "--sixteen-bit-master", "--sixteen-bit-states"]) == 2
+    assert "need precision bf16" in capsys.readouterr().err
 
 
 def test_data_types_grad_accum_dtype_only_the_training_dtype():
@@ -394,3 +399,7 @@ def test_data_types_grad_accum_dtype_only_the_training_dtype():
         with pytest.raises(ConfigError, match='data_types.grad_accum_dtype = "fp32": accumulating '
                                               "bf16 gradients in another dtype is not built"):
             load_config(config, world_size=WORLD)
+    config["data_types"] = {"grad_accum_dtype": "FP32"}  # (DeepSpeed's spellings are lower case)
+    with pytest.raises(ConfigError) as refused:
+        load_config(config, world_size=WORLD)
+    assert "1 error" in str(refused.value) and "must be one of" in str(refused.value)

@@ -9,6 +9,7 @@ on fake tensors, the engine on the real forward when memory reports are on.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 from torch import nn
@@ -18,15 +19,23 @@ def storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
 
-_COUNTS: list = []  # the pack hooks of the counts in progress, innermost last
+_THREAD = threading.local()  # .counts: this thread's counts in progress (autograd's hooks
+#                              are per thread too), innermost last
+
+
+def _counts() -> list:
+    if not hasattr(_THREAD, "counts"):
+        _THREAD.counts = []
+    return _THREAD.counts
 
 
 def record(tensor: torch.Tensor) -> None:
     """What an inner saved-tensors hook keeps on the device in a tensor's place (activation
     checkpointing's partition_activations share): the count in progress does not see it
     otherwise, since only the innermost hook runs."""
-    if _COUNTS:
-        _COUNTS[-1](tensor)
+    counts = _counts()
+    if counts:
+        counts[-1](tensor)
 
 
 class SavedActivations:
@@ -49,10 +58,10 @@ class SavedActivations:
                 saved[key] = tensor.untyped_storage().nbytes()
             return tensor
 
-        _COUNTS.append(pack)
+        _counts().append(pack)
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
                 yield self
         finally:
-            _COUNTS.remove(pack)
+            _counts().remove(pack)
             self.bytes = sum(saved.values())

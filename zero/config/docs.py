@@ -143,6 +143,12 @@ DIFFERENCES = """\
   a config-built one; `zero-mem` marks those options refused).
 * A config is a dict or a JSON file path (DeepSpeed also takes base64 strings and hjson).
   Duplicate keys in a JSON file are an error, as in DeepSpeed.
+* `data_types.grad_accum_dtype` other than the training dtype is refused: zero accumulates
+  gradients in the training dtype, where DeepSpeed keeps its gradient partitions in the given
+  one (e.g. fp32 under bf16).
+* `bf16_master_weights_and_grads` without `bf16_optimizer_states` does not need
+  `offload_optimizer` (DeepSpeed requires its CPU Adam there); zero keeps no bf16 copy beside
+  the bf16 parameters (DeepSpeed keeps one).
 
 ## DeepSpeed defaults: where its docs and its code disagree
 
@@ -305,7 +311,8 @@ def render():
     for block in (schema.FP16, schema.BF16, schema.ZERO_OPTIMIZATION, schema.OFFLOAD_OPTIMIZER,
                   schema.OFFLOAD_PARAM, schema.AIO, schema.MEMORY_REPORT, schema.CHECKPOINT,
                   schema.ACTIVATION_CHECKPOINTING, schema.TENSORBOARD, schema.CSV_MONITOR, schema.WANDB, schema.COMET,
-                  schema.COMMS_LOGGER, schema.FLOPS_PROFILER):
+                  schema.COMMS_LOGGER, schema.FLOPS_PROFILER, schema.TIMERS_THROUGHPUT,
+                  schema.DATA_TYPES):
         parts.append(_section(f"`{block.path}`", block))
     parts.append("### DeepSpeed sections zero does not implement\n\nAccepted only while inert (empty, "
                  "`\"enabled\": false`, or all values false/0/null/empty).\n\n" + _table(sections) + "\n")

@@ -517,10 +517,10 @@ def _check_precision(v, values):
 def _check_grad_accum_dtype(v, values):
     """data_types.grad_accum_dtype: only the training dtype, in which zero accumulates (DeepSpeed
     accumulates its gradient partitions in the given one: not built)."""
-    block = values.get("data_types")
-    if not _valid(block) or block["grad_accum_dtype"] is None:
+    block, fp16, bf16 = values.get("data_types"), values["fp16"], values["bf16"]
+    if not _valid(block, fp16, bf16) or block["grad_accum_dtype"] is None or \
+            not _valid(block["grad_accum_dtype"], fp16["enabled"], bf16["enabled"]):
         return
-    fp16, bf16 = values["fp16"], values["bf16"]
     training = "fp16" if fp16["enabled"] is True else "bf16" if bf16["enabled"] is True else "fp32"
     asked = block["grad_accum_dtype"]
     spellings = {"fp32": schema.FP32_DTYPES, "bf16": schema.BF16_DTYPES,

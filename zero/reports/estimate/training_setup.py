@@ -108,6 +108,9 @@ class Setup:
             raise EstimateError(f"precision {self.precision!r}: expected one of {PRECISIONS}")
         if (self.sixteen_bit_master or self.sixteen_bit_states) and self.precision == "fp32":
             raise EstimateError("a 16-bit master or optimizer state needs precision bf16 or fp16")
+        if self.sixteen_bit_states and self.precision != "bf16":
+            raise EstimateError("16-bit optimizer states (bf16_optimizer_states) need precision "
+                                "bf16")
         if self.sixteen_bit_states and not self.sixteen_bit_master:
             raise EstimateError("16-bit optimizer states need the 16-bit master "
                                 "(bf16_master_weights_and_grads)")
