@@ -31,8 +31,7 @@ def _config(stage, states=True, precision="bf16", **zero_extra):
 
 
 def _fp32_master(config):
-    config = dict(config, bf16={"enabled": True})
-    return config
+    return dict(config, bf16={"enabled": True})
 
 
 def _train(rank, world, config, steps=STEPS):

@@ -23,11 +23,12 @@ import logging
 import torch
 import torch.distributed as dist
 
+from .config import schema
+
 logger = logging.getLogger("zero")
 
-DTYPES = {"torch.bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-           "torch.float16": torch.float16, "fp16": torch.float16, "float16": torch.float16,
-           "half": torch.float16}
+DTYPES = {**dict.fromkeys(schema.BF16_DTYPES, torch.bfloat16),  # the block's spellings
+          **dict.fromkeys(schema.FP16_AUTOCAST_DTYPES, torch.float16)}
 
 
 class ForwardAutocast:

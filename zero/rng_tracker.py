@@ -20,14 +20,17 @@ MODEL_PARALLEL_RNG = "model-parallel-rng"  # DeepSpeed's _MODEL_PARALLEL_RNG_TRA
 SEED_OFFSET = 2718  # DeepSpeed's: the tensor-parallel seed is seed + 2718 + tensor rank
 
 
-def get_rng_state() -> torch.Tensor:
-    """The accelerator generator's state: the current CUDA device's, else the CPU's."""
-    return torch.cuda.get_rng_state() if torch.cuda.is_available() else torch.get_rng_state()
-
-
-def set_rng_state(state: torch.Tensor) -> None:
+def get_rng_state(device_index: int | None = None) -> torch.Tensor:
+    """The accelerator generator's state: a CUDA device's (the current one by default), else
+    the CPU's. (The compat get_accelerator() answers with these too.)"""
     if torch.cuda.is_available():
-        torch.cuda.set_rng_state(state)
+        return torch.cuda.get_rng_state("cuda" if device_index is None else device_index)
+    return torch.get_rng_state()
+
+
+def set_rng_state(state: torch.Tensor, device_index: int | None = None) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.set_rng_state(state, "cuda" if device_index is None else device_index)
     else:
         torch.set_rng_state(state)
 

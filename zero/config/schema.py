@@ -797,22 +797,25 @@ HYBRID_ENGINE = Block("hybrid_engine", "DeepSpeed's hybrid engine (RLHF: one act
 ))
 
 # DeepSpeed 0.19: runtime/torch_autocast.py, read by zero/autocast.py.
+# DeepSpeed's DtypeEnum spellings of each training dtype
+FP32_DTYPES = ("torch.float32", "fp32", "float32", "float")
+BF16_DTYPES = ("torch.bfloat16", "bf16", "bfloat16")
 FP16_AUTOCAST_DTYPES = ("torch.float16", "fp16", "float16", "half")
-AUTOCAST_DTYPES = ("torch.bfloat16", "bf16", "bfloat16") + FP16_AUTOCAST_DTYPES
+DTYPE_SPELLINGS = {"fp32": FP32_DTYPES, "bf16": BF16_DTYPES, "fp16": FP16_AUTOCAST_DTYPES}
+DEEPSPEED_DTYPES = FP32_DTYPES + BF16_DTYPES + FP16_AUTOCAST_DTYPES
+AUTOCAST_DTYPES = BF16_DTYPES + FP16_AUTOCAST_DTYPES
 DEFAULT_LOWER_PRECISION_SAFE_MODULES = ("torch.nn.Linear", "torch.nn.Conv1d", "torch.nn.Conv2d",
                                         "torch.nn.Conv3d")
 
-FP32_DTYPES = ("torch.float32", "fp32", "float32", "float")  # DeepSpeed's DtypeEnum spellings
-BF16_DTYPES = ("torch.bfloat16", "bf16", "bfloat16")
 DATA_TYPES = Block("data_types", "DeepSpeed's data types block.", (
-    _choice("grad_accum_dtype", None, FP32_DTYPES + BF16_DTYPES + FP16_AUTOCAST_DTYPES,
+    _choice("grad_accum_dtype", None, DEEPSPEED_DTYPES,
             "The dtype gradients accumulate in (DeepSpeed's spellings). Null or the training dtype: as "
             "zero always does. Another one (DeepSpeed accumulates its gradient partitions in it, e.g. fp32 "
             "under bf16) is refused: not built.", nullable=True),
     _unsupported(CHOICE, "param_dtype", None, "The dtype the module's parameters are cast to.",
-                 choices=FP32_DTYPES + BF16_DTYPES + FP16_AUTOCAST_DTYPES, nullable=True),
+                 choices=DEEPSPEED_DTYPES, nullable=True),
     _unsupported(CHOICE, "buffer_dtype", None, "The dtype the module's buffers are cast to.",
-                 choices=FP32_DTYPES + BF16_DTYPES + FP16_AUTOCAST_DTYPES, nullable=True),
+                 choices=DEEPSPEED_DTYPES, nullable=True),
     _unsupported(STR, "keep_in_fp32_modules", "auto", "Modules whose parameters stay fp32."),
 ))
 

@@ -523,9 +523,7 @@ def _check_grad_accum_dtype(v, values):
         return
     training = "fp16" if fp16["enabled"] is True else "bf16" if bf16["enabled"] is True else "fp32"
     asked = block["grad_accum_dtype"]
-    spellings = {"fp32": schema.FP32_DTYPES, "bf16": schema.BF16_DTYPES,
-                 "fp16": schema.FP16_AUTOCAST_DTYPES}
-    if asked not in spellings[training]:
+    if asked not in schema.DTYPE_SPELLINGS[training]:
         v.error("data_types.grad_accum_dtype", asked,
                 f"accumulating {training} gradients in another dtype is not built (zero accumulates "
                 f"in the training dtype; DeepSpeed keeps its gradient partitions in this one)",

@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from zero import rng_tracker
 from zero.memory import process_memory
 
 
@@ -129,15 +130,10 @@ class Accelerator:
         return torch.initial_seed()
 
     def get_rng_state(self, device_index: int | None = None) -> torch.Tensor:
-        if self._cuda:
-            return torch.cuda.get_rng_state("cuda" if device_index is None else device_index)
-        return torch.get_rng_state()
+        return rng_tracker.get_rng_state(device_index)
 
     def set_rng_state(self, new_state: torch.Tensor, device_index: int | None = None) -> None:
-        if self._cuda:
-            torch.cuda.set_rng_state(new_state, "cuda" if device_index is None else device_index)
-        else:
-            torch.set_rng_state(new_state)
+        rng_tracker.set_rng_state(new_state, device_index)
 
     # ---- memory (the CPU's: this process's resident set, as DeepSpeed's CPU accelerator)
 
