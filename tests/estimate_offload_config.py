@@ -21,6 +21,7 @@ def _config(stage, precision, overrides, nvme_path, gas=GAS):
     delayed = zero_extra.pop("delayed_update", False)
     ratio = zero_extra.pop("ratio", None)
     sixteen_bit = zero_extra.pop("bf16", None)  # bf16 block keys (a 16-bit master, states)
+    data_types = zero_extra.pop("data_types", None)
     param_keys = {PARAM_KEYS[key]: zero_extra.pop(key) for key in list(zero_extra)
                   if key in PARAM_KEYS}
     for name in ("offload_optimizer", "offload_param"):
@@ -42,6 +43,8 @@ def _config(stage, precision, overrides, nvme_path, gas=GAS):
         config["optimizer"] = optimizer
     if sixteen_bit:
         config["bf16"].update(sixteen_bit)
+    if data_types:
+        config["data_types"] = data_types
     return config
 
 

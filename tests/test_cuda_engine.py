@@ -3,8 +3,9 @@ reference, optimizer and parameter offload to pinned host memory through the cop
 to NVMe, the delayed parameter update, the reduced gradients read per parameter, bf16
 gradients reduced in fp32, the memory report's device bytes against torch.cuda's allocator,
 offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
-shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, and a bf16 master
-(bf16_master_weights_and_grads). Skipped where torch sees
+shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, a bf16 master
+(bf16_master_weights_and_grads) and fp32 gradient accumulation (data_types.grad_accum_dtype).
+Skipped where torch sees
 no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -24,7 +25,8 @@ ONE_GPU = {"LOCAL_RANK": "0"}
 TOLERANCE = {"fp32": (1e-4, 1e-3), "bf16": (2e-2, 5e-2)}  # (losses rel, parameters rel L2)
 
 
-def _train(rank, world, stage, precision, zero_extra, lora=False, bf16_extra=None):
+def _train(rank, world, stage, precision, zero_extra, lora=False, bf16_extra=None,
+           top_extra=None):
     import zero
 
     model = training.make_model(lora=lora)
@@ -32,6 +34,7 @@ def _train(rank, world, stage, precision, zero_extra, lora=False, bf16_extra=Non
         zero_extra = {"stage3_param_persistence_threshold": 40, **zero_extra}
     config = training.engine_config(stage, gas=GAS, precision=precision, **zero_extra)
     config.get("bf16", {}).update(bf16_extra or {})
+    config.update(top_extra or {})
     engine, _, _, _ = zero.initialize(model=model, config=config)
     assert engine.device.type == "cuda"
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
@@ -42,8 +45,8 @@ def _train(rank, world, stage, precision, zero_extra, lora=False, bf16_extra=Non
     return losses, params, report
 
 
-def _run(world, stage, precision, lora=False, bf16_extra=None, **zero_extra):
-    kwargs = dict(args=(stage, precision, zero_extra, lora, bf16_extra), timeout=300)
+def _run(world, stage, precision, lora=False, bf16_extra=None, top_extra=None, **zero_extra):
+    kwargs = dict(args=(stage, precision, zero_extra, lora, bf16_extra, top_extra), timeout=300)
     if world == 1:
         return run_distributed(_train, 1, backend="nccl", **kwargs)
     return run_distributed(_train, world, env=ONE_GPU, **kwargs)
@@ -80,6 +83,21 @@ def test_a_bf16_master_on_the_gpu(stage, offload):
     master = results[0][2]["categories"].get("fp32_master", {"by_location": {}})["by_location"]
     assert master.get("device", {"current": 0})["current"] == 0
     assert bool(offload) == any(where.startswith("host") for where in master)
+
+
+@pytest.mark.parametrize("stage,offload", [(0, False), (1, False), (2, False), (3, False),
+                                           (1, True), (2, True)])
+def test_fp32_gradient_accumulation_on_the_gpu(stage, offload):
+    """data_types.grad_accum_dtype fp32 under bf16: fp32 gradient buffers on the GPU (the
+    offloaded step stages fp32 gradient chunks through pinned memory), within bf16 tolerance
+    of the fp32 reference; the report's gradient bytes are 4 per element, as its formula says."""
+    extra = {"offload_optimizer": {"device": "cpu", "pin_memory": True}} if offload else {}
+    results = _run(1, stage, "bf16", top_extra={"data_types": {"grad_accum_dtype": "fp32"}},
+                   **extra)
+    _assert_matches_reference(results, 1, stage, "bf16")
+    gradient = results[0][2]["categories"]["gradient"]
+    assert gradient["peak"] == gradient["expected"] > 0
+    assert gradient["formula"].startswith("4Ψ")
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -32,6 +32,11 @@ GRID = [(stage, precision, {}) for stage in (0, 1, 2) for precision in ("fp32", 
     # DeepSpeed's bf16_master_weights_and_grads (no fp32 master) and bf16_optimizer_states
     (1, "bf16", {"master16": True}),
     (2, "bf16", {"master16": True, "states16": True, "optimizer": "sgd_momentum"}),
+    # data_types.grad_accum_dtype fp32: fp32 gradient buffers, reduced through bf16 copies
+    (0, "bf16", {"grads32": True}),
+    (1, "bf16", {"grads32": True}),
+    (1, "bf16", {"gas": 2, "grads32": True}),
+    (2, "bf16", {"gas": 2, "grads32": True, "overlap_comm": True}),
 ]
 
 
@@ -40,7 +45,10 @@ def _config(stage, precision, overrides):
     optimizer = overrides.pop("optimizer", "adam")
     gas = overrides.pop("gas", 1)
     master16, states16 = overrides.pop("master16", False), overrides.pop("states16", False)
+    grads32 = overrides.pop("grads32", False)
     config = training.engine_config(stage, gas=gas, precision=precision, **overrides)
+    if grads32:
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
     if master16:
         config["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=states16)
     config["optimizer"] = {"adam": config["optimizer"],
@@ -91,6 +99,7 @@ def test_estimate_equals_the_engines_measured_bytes_exactly(world):
                               external_arrays=external.external_arrays if external else (),
                               sixteen_bit_master=bool(overrides.get("master16")),
                               sixteen_bit_states=bool(overrides.get("states16")),
+                              fp32_grads=bool(overrides.get("grads32")),
                               reduce_bucket_size=zero_cfg["reduce_bucket_size"],
                               overlap_comm=zero_cfg.get("overlap_comm"),
                               gradient_accumulation_steps=config["gradient_accumulation_steps"])

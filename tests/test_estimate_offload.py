@@ -68,6 +68,16 @@ GRID = [
     ("s3-cpu-ratio-params-bf16-master-states", 3, "bf16", {
         "offload_optimizer": "cpu", "ratio": 0.5, "offload_param": "cpu",
         "bf16": {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}),
+    # data_types.grad_accum_dtype fp32: the delayed update keeps fp32 gradients, the host
+    # gradient shard is fp32
+    ("s2-cpu-delayed-bf16-fp32-grads", 2, "bf16", {
+        "offload_optimizer": "cpu", "delayed_update": True, "sub_group_size": 1000,
+        "data_types": {"grad_accum_dtype": "fp32"}}),
+    ("s1-nvme-bf16-fp32-grads", 1, "bf16", {"offload_optimizer": "nvme",
+                                            "data_types": {"grad_accum_dtype": "fp32"}}),
+    ("s3-cpu-params-bf16-fp32-grads", 3, "bf16", {
+        "offload_optimizer": "cpu", "offload_param": "cpu",
+        "data_types": {"grad_accum_dtype": "fp32"}}),
 ]
 
 # Parameters on NVMe (offload_param "nvme"): alone and with the optimizer on the host or NVMe,

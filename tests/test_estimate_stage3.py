@@ -32,6 +32,8 @@ KNOBS = {
     "prefetch-one-block": {"stage3_prefetch_bucket_size": 13_000,
                            "stage3_max_reuse_distance": 0},
     "live-bound": {"stage3_max_live_parameters": 17_000},  # kept units evicted, less prefetch
+    # data_types.grad_accum_dtype fp32: fp32 gradient shard and persistent gradients
+    "fp32-grads": {"data_types": {"grad_accum_dtype": "fp32"}},
 }
 GRID = [(precision, name) for name in KNOBS for precision in ("fp32", "bf16")]
 MODEL_STATES = ("param", "gradient", "fp32_master", "optimizer_state")
@@ -64,7 +66,10 @@ def _config(precision, knobs, gas=GAS):
     zero_extra = {"stage3_param_persistence_threshold": PERSISTENCE, **knobs}
     optimizer = zero_extra.pop("optimizer", "adam")
     sixteen_bit = zero_extra.pop("bf16", None)  # bf16 block keys (a 16-bit master, states)
+    data_types = zero_extra.pop("data_types", None)
     config = training.engine_config(3, gas=gas, precision=precision, **zero_extra)
+    if data_types:
+        config["data_types"] = data_types
     if optimizer == "sgd_momentum":
         config["optimizer"] = {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}
     if sixteen_bit:
@@ -128,11 +133,12 @@ def _check(shapes, world, grid, knobs, results):
             # (a bf16 master is the parameters themselves; bf16 states are half the bytes)
             master = 4 if precision == "bf16" and not setup.sixteen_bit_master else 0
             state = est.optimizer_state_bytes(setup)  # Adam 8 (bf16 states: 4)
+            g = setup.grad_bytes  # b, or 4 for fp32 gradients
             assert estimate.persistent_bytes == (
-                2 * b * estimate.persistent_numel
+                (b + g) * estimate.persistent_numel
                 + (master + state) * estimate.persistent_shard_numel), label
             assert estimate.model_state_bytes - estimate.persistent_bytes == \
-                (2 * b + master + state) * estimate.numel // n, label  # Adam: 16Ψ/N (bf16: 8)
+                (b + g + master + state) * estimate.numel // n, label  # Adam: 16Ψ/N (bf16: 8)
             # Buckets (the peak in backward; none kept between steps) and the gathered
             # working set: within 5%.
             bucket = estimate.categories["bucket"]["bytes"]

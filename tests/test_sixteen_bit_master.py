@@ -382,23 +382,3 @@ def test_zero_mem_estimate_flags_for_the_sixteen_bit_master(capsys):
     assert cli.main(["estimate", "--params", "1e8", "--precision", "fp16",
                      "--sixteen-bit-master", "--sixteen-bit-states"]) == 2
     assert "need precision bf16" in capsys.readouterr().err
-
-
-def test_data_types_grad_accum_dtype_only_the_training_dtype():
-    """DeepSpeed's data_types.grad_accum_dtype: the training dtype (in any of DeepSpeed's
-    spellings) is what zero does; another (DeepSpeed's fp32 gradient partitions under bf16) is
-    refused naming the key, at every stage."""
-    from zero.config import ConfigError, load_config
-
-    for stage in (0, 1, 2, 3):
-        config = training.engine_config(stage, precision="bf16")
-        config["data_types"] = {"grad_accum_dtype": "torch.bfloat16"}
-        assert load_config(config, world_size=WORLD).data_types.grad_accum_dtype == "torch.bfloat16"
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
-        with pytest.raises(ConfigError, match='data_types.grad_accum_dtype = "fp32": accumulating '
-                                              "bf16 gradients in another dtype is not built"):
-            load_config(config, world_size=WORLD)
-    config["data_types"] = {"grad_accum_dtype": "FP32"}  # (DeepSpeed's spellings are lower case)
-    with pytest.raises(ConfigError) as refused:
-        load_config(config, world_size=WORLD)
-    assert "1 error" in str(refused.value) and "must be one of" in str(refused.value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from zero import _C
+from zero.config.schema import FP32_DTYPES
 
 
 def typed(cls, **fields):
@@ -69,6 +70,7 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  all_reduce_fetch=stage3 and bool(zero_cfg.stage3_use_all_reduce_for_fetch_params),
                  master_in_model_dtype=sixteen_bit_master(config),
                  states_in_model_dtype=sixteen_bit_states(config, fp32_optimizer_states),
+                 grads_in_fp32=fp32_grads(config),
                  communication_dtype=_COMM_DTYPES.get(config.communication_data_type),
                  hpz_group=stage3_groups.hpz if stage3 else "",
                  mics_shard_group=stage3_groups.mics_shard if stage3 else "",
@@ -100,6 +102,13 @@ def states_rule(bf16_optimizer_states: bool, fp32_optimizer_states, sixteen_bit_
     applies it per offload option.)"""
     return bf16_optimizer_states or (fp32_optimizer_states is False and sixteen_bit_master
                                      and offloaded)
+
+
+def fp32_grads(config) -> bool:
+    """DeepSpeed's data_types.grad_accum_dtype fp32 under bf16/fp16 training: the gradients
+    accumulate in fp32 buffers (GroupOptions::grads_in_fp32). The config check admits no
+    other mix."""
+    return config.precision != "fp32" and config.data_types.grad_accum_dtype in FP32_DTYPES
 
 
 def grads_sharded(stage: int, gradient_accumulation_steps: int) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .boundary import fp32_grads
+
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -58,9 +60,9 @@ class EngineGetters:
         return 2 ** self.config.fp16.initial_scale_power
 
     def get_data_types(self) -> tuple[torch.dtype, torch.dtype]:
-        """(model dtype, gradient-accumulation dtype): zero accumulates in the model's
-        (data_types.grad_accum_dtype, when given, is that dtype: the config check holds it)."""
-        return (self.dtype, self.dtype)
+        """(model dtype, gradient-accumulation dtype): the model's, or fp32 where
+        data_types.grad_accum_dtype asks a 16-bit model for it (boundary.fp32_grads)."""
+        return (self.dtype, torch.float32 if fp32_grads(self.config) else self.dtype)
 
     @property
     def communication_data_type(self) -> torch.dtype:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .boundary import as_dict, grads_sharded, sixteen_bit_master, sixteen_bit_states
+from .boundary import as_dict, fp32_grads, grads_sharded, sixteen_bit_master, sixteen_bit_states
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class StateLayout:
     optimizer_arrays: int  # the optimizer's arrays per element (the engine's names)
     master_bytes: int = 4  # 2: bf16/fp16_master_weights_and_grads (the master in the model dtype)
     state_bytes: int = 4   # 2: bf16_optimizer_states (boundary.sixteen_bit_states)
+    grad_bytes: int = 0    # 4: a 16-bit model's gradients accumulated in fp32; 0: b
     external: bool = False  # an external optimizer: it steps one whole fp32 tensor
     persistent: bool = False  # stage 3's small parameters kept whole (laid out as stage 1)
     frozen: bool = False  # stage 3's frozen parameters: their partitioned shard alone ...
@@ -68,6 +69,7 @@ def state_layouts(core, groups, spec, config, param_bytes: int) -> list[StateLay
                         master_bytes=param_bytes if sixteen_bit_master(config) else 4,
                         state_bytes=param_bytes if sixteen_bit_states(
                             config, spec.fp32_optimizer_states) else 4,
+                        grad_bytes=4 if fp32_grads(config) else param_bytes,
                         external=spec.external is not None,
                         persistent=zero_cfg.stage == 3 and stage == 1,
                         sharded_grads=stage == 1 and grads_sharded(
@@ -116,7 +118,7 @@ def _coefficients(layout: StateLayout) -> dict[str, tuple[int, bool]]:
     master = layout.master_bytes if separate else 0
     return {
         "param": (b, stage >= 3),
-        "gradient": (b, stage >= 2 or layout.sharded_grads),
+        "gradient": (layout.grad_bytes or b, stage >= 2 or layout.sharded_grads),
         "fp32_master": (master, stage >= 1),
         "optimizer_state": (optimizer, stage >= 1),
     }

@@ -6,9 +6,10 @@
 namespace zero::adapter {
 
 DelayedUpdate::DelayedUpdate(core::MemoryRegistry& registry, ChunkGrid grid,
-                             at::ScalarType model_type, bool pin_memory)
+                             at::ScalarType model_type, at::ScalarType grads_type,
+                             bool pin_memory)
     : grid_(grid),
-      grads_(registry, core::MemoryCategory::kStaging, grid.shard_numel, model_type, pin_memory),
+      grads_(registry, core::MemoryCategory::kStaging, grid.shard_numel, grads_type, pin_memory),
       params_(registry, core::MemoryCategory::kStaging, grid.shard_numel, model_type, pin_memory),
       worker_(std::make_unique<core::TaskWorker>()) {}
 

@@ -3,7 +3,8 @@
 // whole host update of step i runs on a worker thread during step i+1's forward and
 // backward; its new parameters become the model's at the start of step i+1's optimizer step.
 // The model trains on parameters one update old. Holds the step's gradients and the
-// parameters the update produces (shard-sized, model dtype, staging).
+// parameters the update produces (shard-sized, staging; the gradients in their own dtype, the
+// parameters in the model's).
 #include <functional>
 #include <future>
 #include <memory>
@@ -24,8 +25,10 @@ class DelayedUpdate {
   using ChunkUpdate =
       std::function<void(const at::Tensor& grads, const at::Tensor& out, std::int64_t chunk)>;
 
+  // The kept gradients are `grads_type` (ShardPrecision::grads), the new parameters
+  // `model_type`.
   DelayedUpdate(core::MemoryRegistry& registry, ChunkGrid grid, at::ScalarType model_type,
-                bool pin_memory);
+                at::ScalarType grads_type, bool pin_memory);
   DelayedUpdate(const DelayedUpdate&) = delete;
   DelayedUpdate& operator=(const DelayedUpdate&) = delete;
 

@@ -19,9 +19,10 @@
 //                  grows only if more units fill at once than it holds. The shard may be in
 //                  host memory (optimizer offload): then each unit's 1/N leaves the device as
 //                  soon as its reduce-scatter is waited for.
-// With a communication dtype other than the gradients' (DeepSpeed's communication_data_type,
-// e.g. fp32 sums of bf16 gradients), every mode reduces a copy of the unit in a bucket of
-// that dtype and casts the result back into the gradients (on the device, before a host
+// With a bucket dtype other than the gradients' (DeepSpeed's communication_data_type, e.g.
+// fp32 sums of bf16 gradients; or bf16 buckets for gradients accumulated in fp32,
+// GroupOptions::grads_in_fp32), every mode reduces a copy of the unit in a bucket of that
+// dtype and casts the result back into the gradients (on the device, before a host
 // shard's copy). With qgZ the copy is quantized as DeepSpeed quantizes its cast: the wire
 // carries the same int8, the buckets are the larger dtype's.
 #include <deque>

@@ -36,6 +36,10 @@ class Group {
   // Returns the unit that became complete, if any (EngineCore decides when it launches).
   virtual std::optional<std::size_t> grad_ready(std::size_t index, bool boundary) = 0;
   virtual GradReducer& reducer() = 0;
+  // Stages 0-1: parameter `index`'s gradient accumulated so far, in the full buffer (what
+  // param.grad views, or with grads_in_fp32 the fp32 place it is added to), for a sum made
+  // outside the engine (a pipeline's tied weights). Undefined where gradients are sharded.
+  virtual at::Tensor accumulated_grad(std::size_t /*index*/) const { return {}; }
   // After EngineCore has launched and waited for every unit of this backward.
   virtual void finish_backward(bool boundary) = 0;
 

@@ -40,12 +40,13 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
   const at::ScalarType model_type = device_options.dtype().toScalarType();
   const bool sixteen_bit = model_type != at::kFloat;
   if (offload.delayed_update) {
-    delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, model_type, offload.pin_memory);
+    delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, model_type, precision.grads,
+                                               offload.pin_memory);
   }
   if (device_options.device().is_cpu()) return;  // in place: nothing to stage
   for (int slot = 0; slot < 2; ++slot) {
     staged_grads_[slot] = HostTensor(registry, core::MemoryCategory::kStaging, grid_.chunk,
-                                     model_type, offload.pin_memory);
+                                     precision.grads, offload.pin_memory);
     if (sixteen_bit) {
       staged_params_[slot] = HostTensor(registry, core::MemoryCategory::kStaging, grid_.chunk,
                                         model_type, offload.pin_memory);
@@ -271,8 +272,8 @@ void OffloadedState::update_in_place(const Segment& s, std::int64_t chunk,
   if (!direct) store_params(piece, s.begin, out);
 }
 
-// Updates elements [at, at + grads.numel()) of one chunk of the state from `grads` (model
-// dtype); `out`, when defined, receives the new parameters in the model dtype.
+// Updates elements [at, at + grads.numel()) of one chunk of the state from `grads`
+// (ShardPrecision::grads); `out`, when defined, receives the new parameters in the model dtype.
 void OffloadedState::update(const at::Tensor& grads, const at::Tensor& out, std::int64_t chunk,
                             std::int64_t at, const OptimizerHyper& hyper, double grad_scale,
                             std::int64_t step) {

@@ -94,8 +94,8 @@ class OffloadedState {
   int num_threads_ = 1;
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home
-  // A device model's: two chunks' gradients and, 16-bit, new parameters (model dtype). A model
-  // on the host has none (in_place_step).
+  // A device model's: two chunks' gradients (ShardPrecision::grads) and, 16-bit, new
+  // parameters (model dtype). A model on the host has none (in_place_step).
   HostTensor staged_grads_[2];
   HostTensor staged_params_[2];
   std::unique_ptr<DelayedUpdate> delayed_;  // delayed_update only

@@ -18,6 +18,10 @@ c10::TensorOptions bucket_options(const c10::TensorOptions& model, const GroupOp
   return model.dtype(to_scalar_type(*options.communication_dtype));
 }
 
+c10::TensorOptions grad_options(const c10::TensorOptions& model, const GroupOptions& options) {
+  return options.grads_in_fp32 ? model.dtype(at::kFloat) : model;
+}
+
 std::vector<std::string> optimizer_arrays(const GroupOptions& options) {
   return optimizer_state_names(options.optimizer, options.sgd_momentum, options.external_states);
 }
@@ -27,6 +31,7 @@ ShardPrecision shard_precision(const GroupOptions& options, at::ScalarType model
   ShardPrecision precision;
   precision.master = options.master_in_model_dtype ? model : at::kFloat;
   precision.states = options.states_in_model_dtype ? model : at::kFloat;
+  precision.grads = options.grads_in_fp32 ? at::kFloat : model;
   precision.keep_master = separate_master || precision.master != model;
   return precision;
 }
@@ -79,8 +84,9 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
   gathering_.assign(layout_.unit_count(), false);
   refresh_master();
   if (sharded_grads()) {
-    grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient, shard, model_options,
-                               grads_offloaded(options_), options_.offload.pin_memory);
+    grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient, shard,
+                               grad_options(model_options, options_), grads_offloaded(options_),
+                               options_.offload.pin_memory);
     reducer_ = std::make_unique<GradReducer>(ReduceMode::kReduceScatter, layout_,
                                              options_.overlap_comm, grad_shard_.tensor(), registry,
                                              communicator_, std::vector<std::size_t>{},
@@ -89,7 +95,7 @@ ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& optio
     ParamGroup::zero_grads();  // on the device: no memory until the first gradient
   } else {
     grad_full_ = device_buffer(registry, core::MemoryCategory::kGradient, layout_.full_numel(),
-                          model_options);
+                               grad_options(model_options, options_));
     // Stage 0 steps every element and needs the whole average; stage 1 only its pieces.
     const ReduceMode mode = options_.stage == 0 ? ReduceMode::kAllReduce
                                                 : ReduceMode::kReduceScatterInPlace;
@@ -116,6 +122,7 @@ void ParamGroup::point_params_at(const at::Tensor& flat) {
 }
 
 void ParamGroup::point_grads_at(const at::Tensor& flat) {
+  if (grads_apart()) return;  // no param.grad views the buffer
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& grad = params_[i].mutable_grad();
     if (!grad.defined()) continue;  // set to None (zero_grad): prepare_backward starts it anew
@@ -168,6 +175,12 @@ void ParamGroup::prepare_backward() {
   if (!grad_full_.defined()) return;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& grad = params_[i].mutable_grad();
+    if (grads_apart()) {
+      // what was accumulated outside the engine joins the buffer; backward starts from None
+      if (grad.defined()) place_in(grad_full_.tensor(), i).add_(grad);
+      grad = at::Tensor();
+      continue;
+    }
     const at::Tensor view = place_in(grad_full_.tensor(), i);
     if (!grad.defined()) {
       view.zero_();  // zero_grad(set_to_none=True) between micro-steps: start from zero
@@ -193,8 +206,19 @@ std::optional<std::size_t> ParamGroup::grad_ready(std::size_t index, bool bounda
     grad = at::Tensor();  // the bucket has it; release autograd's full-size gradient
     return completed;
   }
+  if (grads_apart()) {  // this micro-step's 16-bit gradient, added in fp32 and released
+    at::Tensor& grad = params_[index].mutable_grad();
+    if (grad.defined()) place_in(grad_full_.tensor(), index).add_(grad);
+    grad = at::Tensor();
+  }
   if (boundary) return reducer_->grad_ready(index, params_[index].grad());
   return std::nullopt;
+}
+
+at::Tensor ParamGroup::accumulated_grad(std::size_t index) const {
+  TORCH_CHECK(index < params_.size(), "zero: parameter index ", index, " outside the group's ",
+              params_.size());
+  return grad_full_.defined() ? place_in(grad_full_.tensor(), index) : at::Tensor();
 }
 
 void ParamGroup::finish_backward(bool /*boundary*/) { reducer_->reset(); }

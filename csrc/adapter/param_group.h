@@ -57,6 +57,9 @@ void start_grad_window(PlacedBuffer& shard, GradReducer& reducer);
 // The reduce buckets' options: the gradients' (`model`), in the communication dtype if one
 // is set.
 c10::TensorOptions bucket_options(const c10::TensorOptions& model, const GroupOptions& options);
+// The gradient buffers' options for a model of `model` options: fp32 with grads_in_fp32 (a
+// 16-bit model's gradients accumulated in fp32), else the model's.
+c10::TensorOptions grad_options(const c10::TensorOptions& model, const GroupOptions& options);
 // The optimizer-state arrays a group of these options keeps (optimizer_state_names).
 std::vector<std::string> optimizer_arrays(const GroupOptions& options);
 // The dtypes of a group's shard state for a model of `model` dtype; separate_master: the
@@ -97,6 +100,11 @@ struct GroupOptions {
   // is needed; shard_precision.h), and bf16_optimizer_states: the optimizer's arrays too.
   bool master_in_model_dtype = false;
   bool states_in_model_dtype = false;
+  // DeepSpeed's data_types.grad_accum_dtype "fp32" under bf16/fp16: the gradient buffers
+  // (stages 0-1's full one, stages 2-3's shard) are fp32. Autograd's 16-bit gradient of each
+  // micro-step is added into them by the hook and released; reductions still go in the
+  // model's dtype (or communication_dtype) through a converting copy (GradReducer).
+  bool grads_in_fp32 = false;
   // The dtype gradients are reduced in (DeepSpeed's communication_data_type); none: the
   // gradients' own. Another dtype reduces a copy of each unit (GradReducer's buckets) and
   // casts the result back into the gradients.
@@ -131,6 +139,7 @@ class ParamGroup : public Group {
   bool reduces(bool boundary) const override;
   std::optional<std::size_t> grad_ready(std::size_t index, bool boundary) override;
   GradReducer& reducer() override { return *reducer_; }
+  at::Tensor accumulated_grad(std::size_t index) const override;
   void finish_backward(bool boundary) override;
 
   double grad_square_sum() const override;
@@ -167,6 +176,12 @@ class ParamGroup : public Group {
   void point_grads_at(const at::Tensor& flat);
   bool sharded_grads() const {
     return options_.stage == 2 || (options_.stage == 1 && options_.shard_grads);
+  }
+  // Stages 0-1 with the full gradient buffer in another dtype than the parameters
+  // (grads_in_fp32): param.grad cannot view it, so the hook adds autograd's gradient in.
+  bool grads_apart() const {
+    return grad_full_.defined() &&
+           grad_full_.tensor().scalar_type() != param_buffer_.tensor().scalar_type();
   }
   std::int64_t piece_numel(std::size_t unit) const { return layout_.unit(unit).shard_numel(); }
   at::Tensor full_piece(const at::Tensor& full, std::size_t unit) const;

@@ -88,7 +88,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
   place_param_shard();
   grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient,
                              options_.frozen ? 0 : layout_.shard_numel(),
-                             model_options_, grads_offloaded(options_),
+                             grad_options(model_options_, options_), grads_offloaded(options_),
                              options_.offload.pin_memory);
   fill_shard(full_shapes);
   refresh_master();

@@ -290,6 +290,10 @@ void add_groups(Core& core) {
            at::NoGradGuard no_grad;
            awake(e, g).write_array(name, offset, values);
          }, py::arg("group"), py::arg("name"), py::arg("offset"), py::arg("values"))
+    .def("group_accumulated_grad",  // stages 0-1: a view of one parameter's gradient buffer
+         [](adapter::EngineCore& e, std::size_t g, std::size_t index) {
+           return e.group(g).accumulated_grad(index);
+         }, py::arg("group"), py::arg("index"))
     .def("group_read_grads",  // this rank's reduced gradients by shard position, fp32
          [](adapter::EngineCore& e, std::size_t g, std::int64_t offset, std::int64_t numel) {
            return adapter::read_grads(awake(e, g), offset, numel);

@@ -109,6 +109,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("all_reduce_fetch", &Group::all_reduce_fetch)
       .def_readwrite("master_in_model_dtype", &Group::master_in_model_dtype)
       .def_readwrite("states_in_model_dtype", &Group::states_in_model_dtype)
+      .def_readwrite("grads_in_fp32", &Group::grads_in_fp32)
       .def_readwrite("communication_dtype", &Group::communication_dtype)
       .def_readwrite("hpz_group", &Group::hpz_group)
       .def_readwrite("mics_shard_group", &Group::mics_shard_group)

@@ -4,8 +4,8 @@ with the parameter groups a script would pass, trained 4 steps on 2 ranks. Share
 test (zero on the same). What the other fixtures leave out: accumulation, the default
 clipping, per-group lrs and weight decay, Adam's L2 form, SGD with momentum, the decaying
 schedules, the optimizer (and at stage 3 the parameters) offloaded to CPU memory, a bf16
-master (and bf16 moments), DeepSpeed's other ZeRO optimizers, Adagrad and Lion, and
-torch.optim types it runs as "untested" optimizers."""
+master (and bf16 moments), fp32 gradient accumulation under bf16, DeepSpeed's other ZeRO
+optimizers, Adagrad and Lion, and torch.optim types it runs as "untested" optimizers."""
 import torch
 
 from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
@@ -90,6 +90,23 @@ CASES = {
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
         "bf16": {"enabled": True, "bf16_master_weights_and_grads": True},
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+    # data_types.grad_accum_dtype fp32 under bf16: at stage 1 DeepSpeed's BF16_Optimizer (fp32
+    # gradients of the whole model, reduced at the boundary), at stages 2-3 fp32 partitions
+    "stage1-bf16-fp32-grad-accum-gas2": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
+        "zero_optimization": {"stage": 1}},
+    "stage2-bf16-fp32-grad-accum-gas2": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
+        "zero_optimization": {"stage": 2}},
+    "stage3-bf16-fp32-grad-accum-gas2": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
     "stage3-nadam-untested": {
         "train_micro_batch_size_per_gpu": MICRO,
         "optimizer": {"type": "NAdam", "params": {"lr": 2e-3, "weight_decay": 0.01}},

@@ -143,9 +143,10 @@ DIFFERENCES = """\
   a config-built one; `zero-mem` marks those options refused).
 * A config is a dict or a JSON file path (DeepSpeed also takes base64 strings and hjson).
   Duplicate keys in a JSON file are an error, as in DeepSpeed.
-* `data_types.grad_accum_dtype` other than the training dtype is refused: zero accumulates
-  gradients in the training dtype, where DeepSpeed keeps its gradient partitions in the given
-  one (e.g. fp32 under bf16).
+* `data_types.grad_accum_dtype: "fp32"` under bf16/fp16 works at every stage, 0 included
+  (DeepSpeed refuses it at stage 0 without ZeRO). At stages 0-1 the hook adds each
+  micro-step's 16-bit gradient into the fp32 buffer and sets `param.grad` to None, as
+  DeepSpeed's BF16 optimizer does; a pipeline with layers tied across stages is refused with it.
 * `bf16_master_weights_and_grads` without `bf16_optimizer_states` does not need
   `offload_optimizer` (DeepSpeed requires its CPU Adam there); zero keeps no bf16 copy beside
   the bf16 parameters (DeepSpeed keeps one).

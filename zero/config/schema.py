@@ -809,9 +809,11 @@ DEFAULT_LOWER_PRECISION_SAFE_MODULES = ("torch.nn.Linear", "torch.nn.Conv1d", "t
 
 DATA_TYPES = Block("data_types", "DeepSpeed's data types block.", (
     _choice("grad_accum_dtype", None, DEEPSPEED_DTYPES,
-            "The dtype gradients accumulate in (DeepSpeed's spellings). Null or the training dtype: as "
-            "zero always does. Another one (DeepSpeed accumulates its gradient partitions in it, e.g. fp32 "
-            "under bf16) is refused: not built.", nullable=True),
+            "The dtype gradients accumulate in (DeepSpeed's spellings). Null: the training dtype. "
+            "\"fp32\" under bf16/fp16 training: the gradient buffers (stages 0-1 the whole gradients, "
+            "stages 2-3 each rank's shard) are fp32; each micro-step's 16-bit gradient is added in, "
+            "reductions still go in the training dtype (or communication_data_type). Any other dtype "
+            "than these is refused.", nullable=True),
     _unsupported(CHOICE, "param_dtype", None, "The dtype the module's parameters are cast to.",
                  choices=DEEPSPEED_DTYPES, nullable=True),
     _unsupported(CHOICE, "buffer_dtype", None, "The dtype the module's buffers are cast to.",

@@ -515,19 +515,20 @@ def _check_precision(v, values):
 
 
 def _check_grad_accum_dtype(v, values):
-    """data_types.grad_accum_dtype: only the training dtype, in which zero accumulates (DeepSpeed
-    accumulates its gradient partitions in the given one: not built)."""
+    """data_types.grad_accum_dtype: the training dtype, or fp32 under bf16/fp16 (DeepSpeed's
+    fp32 gradient accumulation of a 16-bit model)."""
     block, fp16, bf16 = values.get("data_types"), values["fp16"], values["bf16"]
     if not _valid(block, fp16, bf16) or block["grad_accum_dtype"] is None or \
             not _valid(block["grad_accum_dtype"], fp16["enabled"], bf16["enabled"]):
         return
     training = "fp16" if fp16["enabled"] is True else "bf16" if bf16["enabled"] is True else "fp32"
     asked = block["grad_accum_dtype"]
-    if asked not in schema.DTYPE_SPELLINGS[training]:
-        v.error("data_types.grad_accum_dtype", asked,
-                f"accumulating {training} gradients in another dtype is not built (zero accumulates "
-                f"in the training dtype; DeepSpeed keeps its gradient partitions in this one)",
-                f"remove the key or set it to \"{training}\"")
+    if asked in schema.DTYPE_SPELLINGS[training] or asked in schema.FP32_DTYPES:
+        return
+    v.error("data_types.grad_accum_dtype", asked,
+            f"{training} training accumulates its gradients in {training} or fp32 (a 16-bit "
+            f"model's in fp32 when asked), not in a narrower or other 16-bit dtype",
+            f"remove the key or set it to \"{training}\" or \"fp32\"")
 
 
 def _check_sixteen_bit_master(v, values):

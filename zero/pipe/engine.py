@@ -215,7 +215,19 @@ class PipelineEngine(ZeroEngine):
         p2p.send_grads(grads, self.grid.prev_stage_rank, batch.sends)
 
     def _reduce_tied(self, mb: int, batch: _Batch) -> None:
-        self.module.allreduce_tied_weight_gradients()
+        self.module.allreduce_tied_weight_gradients(grad_of=self._accumulated_grad)
+
+    def _accumulated_grad(self, weight: torch.Tensor):
+        """A weight's gradient as this batch accumulated it: its place in the engine's
+        gradient buffer (the one param.grad views, or the fp32 one of data_types.grad_accum_dtype
+        fp32), or weight.grad where gradients are sharded."""
+        if self.stage >= 2:
+            return weight.grad
+        for g, group in enumerate(self._engine_groups):
+            for i, param in enumerate(group.params):
+                if param is weight:
+                    return self._core.group_accumulated_grad(g, i)
+        return weight.grad
 
     def _reduce(self, mb: int, batch: _Batch) -> None:
         if self.stage < 2:  # the boundary reduction of what the batch accumulated

@@ -164,11 +164,14 @@ class PipelineModule(nn.Module):
             x = self.activation_checkpoint_func(_run_chunk(chunk), x)
         return x
 
-    def allreduce_tied_weight_gradients(self) -> None:
-        """Sums every tied weight's gradient over the stages that hold it."""
+    def allreduce_tied_weight_gradients(self, grad_of=None) -> None:
+        """Sums every tied weight's gradient over the stages that hold it. `grad_of(weight)`:
+        where the gradient is (the engine's fp32 buffer with fp32 accumulation, as DeepSpeed
+        sums `_hp_grad`); default `weight.grad`."""
         for weight, comm in self._shared_tied_weights():
-            if weight.grad is not None:
-                dist.all_reduce(weight.grad, group=comm.group)
+            grad = weight.grad if grad_of is None else grad_of(weight)
+            if grad is not None:
+                dist.all_reduce(grad, group=comm.group)
 
     def tied_weights(self) -> list[tuple[nn.Parameter, int]]:
         """(weight, number of stages holding it) for every tied weight shared by more than

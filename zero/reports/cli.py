@@ -81,6 +81,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         default=None,
                         help="with --sixteen-bit-master: the optimizer state in the 16-bit "
                              "dtype too (bf16_optimizer_states; default off or the config's)")
+    parser.add_argument("--fp32-grads", action=argparse.BooleanOptionalAction, default=None,
+                        help="bf16/fp16 precision: gradients accumulate in fp32 buffers "
+                             "(data_types.grad_accum_dtype \"fp32\"; default off or the "
+                             "config's)")
     parser.add_argument("--optimizer", choices=est.OPTIMIZERS,
                         help="adam (8 bytes/element of state), sgd_momentum, adagrad, lion (4), "
                              "sgd (0); "
@@ -130,7 +134,7 @@ def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
     world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
     overrides = dict(precision=args.precision, optimizer=args.optimizer,
                      sixteen_bit_master=args.sixteen_bit_master,
-                     sixteen_bit_states=args.sixteen_bit_states,
+                     sixteen_bit_states=args.sixteen_bit_states, fp32_grads=args.fp32_grads,
                      reduce_bucket_size=args.reduce_bucket_size, overlap_comm=args.overlap_comm,
                      gradient_accumulation_steps=args.gradient_accumulation_steps,
                      persistence_threshold=args.persistence_threshold,

@@ -117,7 +117,8 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
                   if params is None else
                   param_row_on_nvme(params, b, b * layout.persistent_numel,
                                     term(b, False, "Ψp"))),
-        "gradient": _model_state_row(layout, b, False, gradient_location(setup, option),
+        "gradient": _model_state_row(layout, setup.grad_bytes, False,
+                                     gradient_location(setup, option),
                                      "device"),
         # with the parameter shard on the host, the partitioned group keeps its own master
         # (also in fp32) for a device-side step; the persistent group does not need one

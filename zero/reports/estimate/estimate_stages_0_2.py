@@ -41,7 +41,7 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
     categories = {
         "param": (row(b, stage >= 3, WHERE[option.offload_param]) if params is None
                   else param_row_on_nvme(params, b)),
-        "gradient": row(b, sharded_grads, gradient_location(setup, option)),
+        "gradient": row(setup.grad_bytes, sharded_grads, gradient_location(setup, option)),
         "fp32_master": row(master_bytes(setup, option), stage >= 1, opt_location),
         "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
     }

@@ -70,12 +70,13 @@ def staging_row(setup: Setup, option: Option, group_shards: Sequence[int], devic
 
 def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
                       ) -> tuple[int, str, str, dict]:
-    """offload_optimizer, per engine group: 2 slots x (C·b gradients + C·b parameters for a
-    16-bit model; none for a model on the CPU, updated in place), with NVMe also 2 slots x each
-    state array x round_up(a·C, 4096) (a: the array's bytes per element, 4, or 2 for a 16-bit
-    master or state); the delayed update adds the shard's gradients and new parameters.
+    """offload_optimizer, per engine group: 2 slots x (C·g gradients + C·b parameters for a
+    16-bit model; none for a model on the CPU, updated in place; g: the gradients' bytes, b
+    unless they accumulate in fp32), with NVMe also 2 slots x each state array x
+    round_up(a·C, 4096) (a: the array's bytes per element, 4, or 2 for a 16-bit master or
+    state); the delayed update adds the shard's gradients and new parameters.
     (host bytes, formula term, its note, the offload detail's fields)."""
-    b = setup.param_bytes
+    b, g = setup.param_bytes, setup.grad_bytes
     sixteen_bit = b != 4
     nvme = option.offload_optimizer == "nvme"
     arrays = state_arrays(setup)
@@ -84,10 +85,10 @@ def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
     tails = [setup.offloaded_numel(shard) for shard in group_shards]
     group_shards = [tail for tail in tails if tail]
     chunks = [setup.offload_chunk(shard) for shard in group_shards]
-    model = f"({b}+{b})" if sixteen_bit else f"{b}"
+    model = f"({g}+{b})" if sixteen_bit else f"{g}"
     host, terms = 0, []
     if not setup.cpu_only:
-        host = sum(2 * c * b * (2 if sixteen_bit else 1) for c in chunks)
+        host = sum(2 * c * (g + (b if sixteen_bit else 0)) for c in chunks)
         terms.append(f"2·C·{model}")
     if nvme:
         host += sum(2 * round_up(setup.array_bytes(name) * c) for c in chunks for name in arrays)
@@ -96,8 +97,8 @@ def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
                      "2·(" + " + ".join(f"⌈{size}C⌉" for size in sizes) + ")")
     delayed = setup.delayed_update and not nvme  # the engine refuses it with NVMe
     if delayed:  # the whole shard's gradients and new parameters, one update behind
-        host += sum(2 * int(shard) * b for shard in group_shards)
-        terms.append(f"2·S·{b}")
+        host += sum(int(shard) * (g + b) for shard in group_shards)
+        terms.append(f"2·S·{b}" if g == b else f"S·({g}+{b})")
     term = " + ".join(terms) or "0 (the model is on the CPU: updated in place)"
     sigma = "Σ groups " if len(chunks) > 1 else ""
     part = "Ψ/N" if setup.offload_ratio == 1 else f"the offloaded {setup.offload_ratio:g}·Ψ/N"

@@ -55,6 +55,8 @@ class Setup:
     sixteen_bit_master: bool = False
     sixteen_bit_states: bool = False
     fp32_optimizer_states: Optional[bool] = None
+    # data_types.grad_accum_dtype fp32 under 16-bit precision: the gradient buffers are fp32
+    fp32_grads: bool = False
     optimizer: str = "adam"          # one of OPTIMIZERS, or EXTERNAL
     external_arrays: tuple = ()      # EXTERNAL: the optimizer's per-element fp32 arrays
     reduce_bucket_size: int = DEFAULT_REDUCE_BUCKET_SIZE
@@ -207,15 +209,26 @@ class Setup:
         return self.master_dtype_bytes if name == "master" else self.state_dtype_bytes(True)
 
     @property
+    def grad_dtype(self) -> str:
+        """The gradient buffers' dtype (csrc grad_options): fp32 with fp32_grads, else the
+        parameters'."""
+        return "fp32" if self.fp32_grads else self.precision
+
+    @property
+    def grad_bytes(self) -> int:
+        return PARAM_BYTES[self.grad_dtype]
+
+    @property
     def comm_bytes(self) -> int:
         """Bytes per element of the reduce buckets: the communication dtype's."""
         return PARAM_BYTES[self.communication_data_type or self.precision]
 
     @property
     def comm_converts(self) -> bool:
-        """The gradients are reduced in another dtype: every reducer reduces a copy of each
-        unit in a bucket of it (grad_reducer.h), at every stage."""
-        return (self.communication_data_type or self.precision) != self.precision
+        """The buckets' dtype (the communication dtype, else the parameters') is not the
+        gradients': every reducer reduces a copy of each unit in a bucket of it
+        (grad_reducer.h), at every stage."""
+        return (self.communication_data_type or self.precision) != self.grad_dtype
 
     @property
     def alignment(self) -> int:
@@ -237,6 +250,7 @@ class Setup:
                 "sixteen_bit_master": self.sixteen_bit_master,
                 "sixteen_bit_states": self.sixteen_bit_states,
                 "fp32_optimizer_states": self.fp32_optimizer_states,
+                "fp32_grads": self.fp32_grads,
                 "param_bytes": self.param_bytes, "optimizer": self.optimizer,
                 "reduce_bucket_size": self.reduce_bucket_size, "overlap_comm": self.overlap_comm,
                 "cpu_only": self.cpu_only,
@@ -299,7 +313,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     and max_in_cpu). `data_ranks`: the ranks the batch keys count when the world also holds
     pipeline stages or tensor slices (default: the world); `all_ranks`: load_config's, for
     AutoTP set by the config alone."""
-    from zero.boundary import sixteen_bit_master
+    from zero.boundary import fp32_grads, sixteen_bit_master
     from zero.config import ALL_FEATURES, ConfigError, load_config
 
     try:
@@ -322,6 +336,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
         "sixteen_bit_states": bool(cfg.bf16.bf16_optimizer_states),
         "fp32_optimizer_states": (cfg.optimizer.params.get("fp32_optimizer_states")
                                   if cfg.optimizer is not None else None),
+        "fp32_grads": fp32_grads(cfg),
         "optimizer": optimizer,
         "external_arrays": _external_arrays(cfg.optimizer) if optimizer == EXTERNAL else (),
         "reduce_bucket_size": cfg.zero_optimization.reduce_bucket_size,
