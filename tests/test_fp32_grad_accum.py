@@ -6,7 +6,8 @@ On 2 ranks against single-process references: the reduced gradients at the bound
 the fp32 sums bit for bit at every stage (0-1 sum the window then reduce once, 2-3 reduce
 each micro-step and add the result in fp32), with and without an fp32 communication dtype;
 training tracks an fp32-accumulating reference closer than 16-bit accumulation does; the
-offloaded step (host, NVMe, delayed update) steps the same fp32 gradients; a pipeline sums
+offloaded step (host, NVMe, delayed update) steps the same fp32 gradients; torch-style
+backward, offload_states, qgZ and MiCS compose with it; a pipeline sums
 its tied weights' fp32 gradients across stages; the memory report counts 4 bytes per
 gradient element; bad dtypes are refused naming the key."""
 import pytest
@@ -21,10 +22,12 @@ STEPS = 10
 FP32_GRADS = {"grad_accum_dtype": "fp32"}
 
 
-def _config(stage, gas=GAS, precision="bf16", communication=None, **zero_extra):
+def _config(stage, gas=GAS, precision="bf16", communication=None, scheduler=True,
+            **zero_extra):
     if stage == 3:  # the test model's parameters partitioned, not kept whole
         zero_extra.setdefault("stage3_param_persistence_threshold", 0)
-    config = training.engine_config(stage, gas=gas, precision=precision, **zero_extra)
+    config = training.engine_config(stage, gas=gas, precision=precision, scheduler=scheduler,
+                                    **zero_extra)
     config["data_types"] = dict(FP32_GRADS)
     if communication:
         config["communication_data_type"] = communication
@@ -208,6 +211,42 @@ def test_the_offloaded_step_reads_the_same_fp32_gradients(tmp_path, stage, offlo
     assert losses == plain_losses
     for name, value in plain_params.items():
         assert torch.equal(params[name], value), name
+
+
+def _styles(rank, world, config, style, steps=4, gas=2):
+    """`steps` steps: engine.backward, torch's loss.backward() ("torch"), or engine.backward
+    with offload_states / reload_states after every step ("sleep"); the micro-steps' losses."""
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    data = training.batches(world, steps, gas)
+    losses = []
+    for step in range(steps):
+        for micro in range(gas):
+            loss = engine(*data[(step * gas + micro) * world + rank])
+            loss.backward() if style == "torch" else engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        if style == "sleep":
+            engine.offload_states()
+            engine.reload_states()
+    engine.destroy()
+    return losses
+
+
+@pytest.mark.parametrize("stage,extra", [(0, {}), (1, {}), (3, {"zero_quantized_gradients": True}),
+                                         (3, {"mics_shard_size": 1})],
+                         ids=["stage0", "stage1", "stage3-qgZ", "stage3-MiCS"])
+def test_torch_style_backward_and_offload_states_compose_bit_for_bit(stage, extra):
+    """loss.backward() (the hooks alone) and the gradients parked in host memory between steps
+    train exactly as engine.backward does; ZeRO++'s int8 reduce-scatter and MiCS reduce the
+    16-bit copies of fp32 gradients too."""
+    config = _config(stage, gas=2, scheduler=False, **extra)
+    runs = {style: run_distributed(_styles, WORLD, args=(config, style),
+                                   env={"LOCAL_WORLD_SIZE": "2"})[0]
+            for style in ("engine", "torch", "sleep")}
+    assert runs["torch"] == runs["engine"] and runs["sleep"] == runs["engine"]
+    assert runs["engine"][-1] < runs["engine"][0]
 
 
 # ---- a pipeline's tied weights ---------------------------------------------------------------
