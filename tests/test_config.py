@@ -330,7 +330,8 @@ def test_optimizer_resolution(optimizer, kind, decoupled, weight_decay):
 def test_adam_params_filled():
     opt = load_config(with_(optimizer={"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.99]}}), 2).optimizer
     assert dict(opt.params) == {"lr": 3e-4, "betas": (0.8, 0.99), "eps": 1e-8, "weight_decay": 0.0,
-                                "adam_w_mode": True, "torch_adam": False, "fp32_optimizer_states": None}
+                                "adam_w_mode": True, "torch_adam": False, "fp32_optimizer_states": None,
+                                "bias_correction": True}
 
 
 def test_deepspeed_chats_config_is_read_as_deepspeed_reads_it():
@@ -379,7 +380,7 @@ def test_unsupported_keys_at_default_are_accepted():
                    activation_checkpointing={"partition_activations": False, "number_checkpoints": None},
                    wandb=None)
     cfg = load_config(config, 2)
-    assert "bias_correction" not in cfg.optimizer.params
+    assert "amsgrad" not in cfg.optimizer.params  # accepted at its default, then dropped
     assert cfg.zero_allow_untested_optimizer is True
 
 

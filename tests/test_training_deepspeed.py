@@ -1,8 +1,9 @@
 """zero trains like the real DeepSpeed 0.19.8 on the same JSON config and parameter groups
 (tests/deepspeed_training/: cases.py, expected.pt written by make.py on 2 ranks): the losses
 of 4 steps and the final fp32 weights, with accumulation, the default clipping, per-group lrs
-and weight decay, Adam's L2 form, SGD with momentum, the decaying schedules, Adagrad and Lion,
-and the low-precision master (bf16_master_weights_and_grads, bf16_optimizer_states).
+and weight decay, Adam's L2 form and no bias correction, SGD with momentum, the decaying
+schedules, Adagrad and Lion, the low-precision master (bf16_master_weights_and_grads,
+bf16_optimizer_states) and fp32 gradient accumulation under bf16.
 Where DeepSpeed itself fails (torch's Adagrad with several groups at stage 2), zero must not:
 it is held to a single-process torch run instead."""
 import os
@@ -40,6 +41,11 @@ def test_training_matches_deepspeeds(name):
     # bf16 weights (a bf16 master): the engines reduce and round in their own order, so a few
     # bf16 steps (2**-8 relative) apart; the losses still within 5e-5
     loss_tolerance, weight_tolerance = (5e-5, 2e-2) if "bf16" in name else (1e-6, 1e-5)
+    if "no-bias-correction" in name:
+        # uncorrected moments make the first updates ~3x larger (0.1 / sqrt(0.001)): the two
+        # kernels' rounding shows a little more on LayerNorm biases near zero (seen 1.03e-5)
+        weight_tolerance = 3e-5
+
     assert losses == pytest.approx(expected["losses"], rel=loss_tolerance, abs=1e-6)
     moved = 0.0
     for key, value in expected["weights"].items():

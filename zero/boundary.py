@@ -138,7 +138,8 @@ def optimizer_hyper(kind: str, group: dict, decoupled_weight_decay: bool, extern
     if kind == "adam":
         beta1, beta2 = (float(b) for b in group["betas"])
         return typed(_C.OptimizerHyper, beta1=beta1, beta2=beta2, eps=float(group["eps"]),
-                     decoupled_weight_decay=decoupled_weight_decay, **common)
+                     decoupled_weight_decay=decoupled_weight_decay,
+                     bias_correction=bool(group.get("bias_correction", True)), **common)
     if kind == "lion":
         beta1, beta2 = (float(b) for b in group["betas"])
         return typed(_C.OptimizerHyper, beta1=beta1, beta2=beta2, **common)

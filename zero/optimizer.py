@@ -16,7 +16,7 @@ from zero.external_optimizer import ExternalOptimizer
 
 logger = logging.getLogger("zero")
 
-ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
+ADAM_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction")
 SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
 ADAGRAD_KEYS = ("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
 LION_KEYS = ("lr", "betas", "weight_decay")

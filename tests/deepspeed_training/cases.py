@@ -2,10 +2,11 @@
 with the parameter groups a script would pass, trained 4 steps on 2 ranks. Shared by make.py
 (the real DeepSpeed 0.19.8 writes expected.pt: the losses and the final fp32 weights) and the
 test (zero on the same). What the other fixtures leave out: accumulation, the default
-clipping, per-group lrs and weight decay, Adam's L2 form, SGD with momentum, the decaying
-schedules, the optimizer (and at stage 3 the parameters) offloaded to CPU memory, a bf16
-master (and bf16 moments), fp32 gradient accumulation under bf16, DeepSpeed's other ZeRO
-optimizers, Adagrad and Lion, and torch.optim types it runs as "untested" optimizers."""
+clipping, per-group lrs and weight decay, Adam's L2 form and no bias correction, SGD with
+momentum, the decaying schedules, the optimizer (and at stage 3 the parameters) offloaded to
+CPU memory, a bf16 master (and bf16 moments), fp32 gradient accumulation under bf16,
+DeepSpeed's other ZeRO optimizers, Adagrad and Lion, and torch.optim types it runs as
+"untested" optimizers."""
 import torch
 
 from zero.models.tiny_gpt import GPTConfig, TinyGPT, synthetic_batches
@@ -71,6 +72,18 @@ CASES = {
                                                     "centered": True}},
         "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": 2}},
+    # Adam without bias correction (BERT recipes' "bias_correction": false), per group and offloaded
+    "stage2-adam-no-bias-correction-gas2": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "Adam", "params": {"lr": 2e-3, "weight_decay": 0.01,
+                                                 "bias_correction": False}},
+        "zero_optimization": {"stage": 2}},
+    "stage3-offload-adamw-no-bias-correction": {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.1,
+                                                  "bias_correction": False}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                              "offload_optimizer": {"device": "cpu"}}},
     # DeepSpeed's low-precision master: bf16 weights that are the master, bf16 moments
     # (bf16_optimizer_states); the master alone needs the CPU optimizer in DeepSpeed
     "stage2-bf16-master-states-gas2": {

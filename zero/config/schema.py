@@ -206,7 +206,8 @@ _ADAM_PARAMS = (
         "bf16_master_weights_and_grads (fp16_...) and offload_optimizer they are 16-bit, as bf16_optimizer_states "
         "makes them; otherwise no effect. bf16_optimizer_states true overrides true, as in DeepSpeed.",
         nullable=True),
-    _unsupported(BOOL, "bias_correction", True, "FusedAdam option; zero always applies Adam's bias correction."),
+    _bool("bias_correction", True, "Adam's bias correction of the moments (DeepSpeed's FusedAdam and "
+          "DeepSpeedCPUAdam option, per parameter group); false uses them as they are, as BERT recipes do."),
     _unsupported(BOOL, "amsgrad", False, "AMSGrad variant (DeepSpeed's FusedAdam rejects it too)."),
     _unsupported(BOOL, "set_grad_none", True, "FusedAdam zero_grad() behaviour."),
     _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
