@@ -301,6 +301,10 @@ def test_grad_accum_dtype_is_the_training_dtype_or_fp32():
         with pytest.raises(ConfigError, match='data_types.grad_accum_dtype = "fp16": bf16 '
                                               "training accumulates its gradients in bf16 or fp32"):
             load_config(config, world_size=WORLD)
+    config = training.engine_config(1, precision="bf16")  # BF16_Optimizer's knob: either value
+    config["bf16"]["immediate_grad_update"] = True
+    config["data_types"] = {"grad_accum_dtype": "fp32"}
+    assert load_config(config, world_size=WORLD).bf16.immediate_grad_update is True
     config = training.engine_config(2)  # fp32 training: fp32 is what it does anyway
     config["data_types"] = {"grad_accum_dtype": "fp32"}
     assert not fp32_grads(load_config(config, world_size=WORLD))

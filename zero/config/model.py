@@ -105,6 +105,7 @@ class FP16Config:
 @dataclass(frozen=True)
 class BF16Config:
     enabled: bool
+    immediate_grad_update: bool  # accepted either way: zero adds each gradient at its hook
     bf16_master_weights_and_grads: bool  # the bf16 parameters are the master
     bf16_optimizer_states: bool  # the optimizer's arrays in bf16 too
 

@@ -433,12 +433,14 @@ FP16 = Block("fp16", "fp16 mixed precision with loss scaling.", (
 
 BF16 = Block("bf16", "bf16 mixed precision (no loss scaling).", (
     _bool("enabled", False, "Train in bf16 (fp32 master weights, unless bf16_master_weights_and_grads)."),
-    _unsupported(BOOL, "immediate_grad_update", False, "DeepSpeed BF16_Optimizer scheduling knob."),
+    _bool("immediate_grad_update", False, "DeepSpeed's BF16_Optimizer knob: add each gradient into the fp32 "
+          "gradients as its hook fires (true) or after backward (false). zero always does the former "
+          "(data_types.grad_accum_dtype fp32); either value is accepted and changes nothing."),
     _unsupported(BOOL, "check_grad_overflow", True, "Skip a step whose gradients are not finite (DeepSpeed's "
                  "default): zero always does (nonfinite_gradients); false, which lets DeepSpeed apply such a "
                  "step, is refused."),
-    _bool("bf16_master_weights_and_grads", False, "Keep the master weights (and, as always in zero, the "
-          "gradients) in bf16: the bf16 parameters are the master, with no fp32 copy (2 bytes per parameter "
+    _bool("bf16_master_weights_and_grads", False, "Keep the master weights (and the gradients, unless "
+          "data_types.grad_accum_dtype is fp32) in bf16: the bf16 parameters are the master, with no fp32 copy (2 bytes per parameter "
           "instead of 4; offload and parameter offload keep a bf16 copy). Stages 1-3; not with an optimizer "
           "zero does not build itself (it steps an fp32 master). "
           "DeepSpeed requires offload_optimizer unless bf16_optimizer_states is set; zero does not."),
