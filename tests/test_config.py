@@ -60,7 +60,7 @@ BAD = [
     ("adam_w_mode beside params", with_(optimizer={"type": "Adam", "adam_w_mode": True}), "optimizer.adam_w_mode",
      "belongs under optimizer.params"),
     ("unknown optimizer", with_(optimizer={"type": "Adamm"}), "optimizer.type", "did you mean 'Adam'?"),
-    ("optimizer not built", with_(optimizer={"type": "Lamb"}), "optimizer.type", "not supported yet"),
+    ("optimizer not built", with_(optimizer={"type": "OneBitAdam"}), "optimizer.type", "not supported yet"),
     ("optimizer type missing", with_(optimizer={"params": {"lr": 1e-3}}), "optimizer.type",
      "required key is missing"),
     ("scheduler wrong case", with_(scheduler={"type": "warmuplr"}), "scheduler.type", "did you mean 'WarmupLR'?"),
@@ -583,6 +583,10 @@ UNBOUNDED = {
     # step, and the accumulator's start is in squared-gradient units: both scale-dependent.
     "optimizer.params.lr_decay": "no cap in torch.optim; scale-dependent",
     "optimizer.params.initial_accumulator_value": "no cap in torch.optim; scale-dependent",
+    # LAMB's trust-ratio bounds (DeepSpeed's FusedLamb checks nothing): ||w|| / ||update|| is
+    # scale-free but unbounded, and min_coeff <= max_coeff is checked
+    "optimizer.params.max_coeff": "a ratio of norms; FusedLamb caps nothing",
+    "optimizer.params.min_coeff": "a ratio of norms; FusedLamb caps nothing",
     # NAdam's momentum decay (torch.optim.NAdam checks only >= 0): a rate per step
     "optimizer.params.momentum_decay": "no cap in torch.optim; any rate >= 0 is a schedule",
     # The schedules' learning rates are the optimizer's lr at some step: the same reasoning.

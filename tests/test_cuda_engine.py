@@ -4,9 +4,8 @@ to NVMe, the delayed parameter update, the reduced gradients read per parameter,
 gradients reduced in fp32, the memory report's device bytes against torch.cuda's allocator,
 offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
 shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, a bf16 master
-(bf16_master_weights_and_grads) and fp32 gradient accumulation (data_types.grad_accum_dtype).
-Skipped where torch sees
-no GPU (scripts/gpu_check.sh runs them on one).
+(bf16_master_weights_and_grads), fp32 gradient accumulation (data_types.grad_accum_dtype) and
+LAMB. Skipped where torch sees no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
 ranks on one device). The reference trains on the CPU in fp32, so fp32 tolerances allow for
@@ -98,6 +97,22 @@ def test_fp32_gradient_accumulation_on_the_gpu(stage, offload):
     gradient = results[0][2]["categories"]["gradient"]
     assert gradient["peak"] == gradient["expected"] > 0
     assert gradient["formula"].startswith("4Ψ")
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_lamb_on_the_gpu(stage):
+    """DeepSpeed's "Lamb" type on the GPU: the per-parameter trust ratios' squares summed on the
+    device (NCCL), within fp32 tolerance of test_lamb.py's FusedLamb-kernel reference."""
+    from test_lamb import LAMB, ReferenceLamb
+
+    results = _run(1, stage, "fp32", top_extra={"optimizer": LAMB})
+    config = dict(training.engine_config(stage, gas=GAS), optimizer=LAMB)  # its scheduler too
+    ref_losses, ref_params, _ = training.train_reference(
+        1, STEPS, GAS, config, make_optimizer=lambda params: ReferenceLamb(params, **LAMB["params"]))
+    losses, params, _ = results[0]
+    assert losses == pytest.approx(ref_losses, rel=TOLERANCE["fp32"][0])
+    for name, expected in ref_params.items():
+        assert training.relative_error(params[name], expected) < TOLERANCE["fp32"][1], name
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -194,7 +194,8 @@ def test_deepspeeds_lion_class_steps_outside_an_engine_too():
 
 
 @pytest.mark.parametrize("block,message", [
-    ({"type": "Lamb", "params": {}}, "Lamb"),
+    ({"type": "OneBitLamb", "params": {}}, "OneBitLamb"),
+    ({"type": "Lamb", "params": {"min_coeff": 2.0, "max_coeff": 1.0}}, "optimizer.params.min_coeff"),
     ({"type": "Adagrad", "params": {"amsgrad": True}}, "optimizer.params.amsgrad"),
     ({"type": "Lion", "params": {"betas": [0.9, 1.5]}}, "optimizer.params.betas"),
 ])

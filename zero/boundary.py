@@ -143,6 +143,12 @@ def optimizer_hyper(kind: str, group: dict, decoupled_weight_decay: bool, extern
     if kind == "lion":
         beta1, beta2 = (float(b) for b in group["betas"])
         return typed(_C.OptimizerHyper, beta1=beta1, beta2=beta2, **common)
+    if kind == "lamb":
+        beta1, beta2 = (float(b) for b in group["betas"])
+        return typed(_C.OptimizerHyper, beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+                     bias_correction=bool(group["bias_correction"]),
+                     max_coeff=float(group["max_coeff"]), min_coeff=float(group["min_coeff"]),
+                     eps_inside_sqrt=bool(group["eps_inside_sqrt"]), **common)
     if kind == "adagrad":
         return typed(_C.OptimizerHyper, eps=float(group["eps"]),
                      lr_decay=float(group.get("lr_decay", 0.0)), decoupled_weight_decay=False,

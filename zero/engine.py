@@ -39,7 +39,7 @@ from .monitor import Watch
 from .monitor.throughput import ThroughputTimer
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
 from .optimizer import (TORCH_CONFIG_TYPES, OptimizerSpec, ZeroOptimizer, check_client_states,
-                        check_external, fill_initial_state, torch_optimizer)
+                        check_external, check_lamb, fill_initial_state, torch_optimizer)
 from .parameter_offload import ParameterOffload
 from offload.progress import SwapWriteProgress
 from .reports.table import format_report, format_report_line
@@ -738,6 +738,7 @@ def _parameter_groups(model, config, optimizer, model_parameters):
             else OptimizerSpec.inference_only()
         source = model.parameters() if model_parameters is None else model_parameters
         raw_groups = _as_groups(source)
+    check_lamb(spec, config)
     groups, trainables, seen = [], [], set()
     for raw in raw_groups:
         params = []

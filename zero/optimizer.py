@@ -20,9 +20,13 @@ ADAM_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction")
 SGD_KEYS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
 ADAGRAD_KEYS = ("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value")
 LION_KEYS = ("lr", "betas", "weight_decay")
+LAMB_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff",
+             "eps_inside_sqrt")
 # The hyperparameters of each update zero builds, and the config types that name them
-KINDS = {"adam": ADAM_KEYS, "sgd": SGD_KEYS, "adagrad": ADAGRAD_KEYS, "lion": LION_KEYS}
-CONFIG_KINDS = {"Adam": "adam", "AdamW": "adam", "SGD": "sgd", "Adagrad": "adagrad", "Lion": "lion"}
+KINDS = {"adam": ADAM_KEYS, "sgd": SGD_KEYS, "adagrad": ADAGRAD_KEYS, "lion": LION_KEYS,
+         "lamb": LAMB_KEYS}
+CONFIG_KINDS = {"Adam": "adam", "AdamW": "adam", "SGD": "sgd", "Adagrad": "adagrad", "Lion": "lion",
+                "Lamb": "lamb"}
 
 
 # Config types DeepSpeed builds from torch.optim (getattr(torch.optim, type)): zero builds them
@@ -92,7 +96,7 @@ class OptimizerSpec:
             return cls("adagrad", _pick(optimizer.defaults, ADAGRAD_KEYS), False, name)
         kind = getattr(optimizer, "zero_optimizer_kind", None)  # zero's DeepSpeed ops (Lion, ...)
         if kind in KINDS:
-            return cls(kind, _pick(optimizer.defaults, KINDS[kind]), kind == "lion", name)
+            return cls(kind, _pick(optimizer.defaults, KINDS[kind]), kind in ("lion", "lamb"), name)
         return cls.external_from(optimizer)
 
     @classmethod
@@ -126,6 +130,25 @@ def check_client_states(spec: OptimizerSpec, config) -> None:
             f"offloaded, but the client {spec.client_name} was built with "
             "fp32_optimizer_states=True (DeepSpeed refuses this too); build it with "
             "fp32_optimizer_states=False, or set bf16_optimizer_states to false")
+
+
+def check_lamb(spec: OptimizerSpec, config) -> None:
+    """LAMB steps an fp32 master on the device (DeepSpeed's FusedLamb has no CPU version)."""
+    if spec.kind != "lamb":
+        return
+    zero_cfg = config.zero_optimization
+    if zero_cfg.offload_optimizer.device != "none":
+        raise ValueError(
+            f"zero: zero_optimization.offload_optimizer.device "
+            f"\"{zero_cfg.offload_optimizer.device}\" with optimizer Lamb: LAMB steps on the "
+            "device (DeepSpeed's FusedLamb has no CPU version either); remove offload_optimizer "
+            "or use Adam")
+    for block, key in ((config.bf16, "bf16_master_weights_and_grads"),
+                       (config.fp16, "fp16_master_weights_and_grads")):
+        if getattr(block, key):
+            precision = key.split("_")[0]
+            raise ValueError(f"zero: {precision}.{key} with optimizer Lamb: LAMB steps an fp32 "
+                             f"master; set {key} to false or use Adam")
 
 
 def check_external(spec: OptimizerSpec, config) -> None:

@@ -9,6 +9,7 @@
 #include <ATen/Tensor.h>
 
 #include "adapter/grad_reducer.h"
+#include "adapter/lamb.h"
 #include "adapter/offload_info.h"
 #include "adapter/optimizer_math.h"
 #include "adapter/parked_states.h"
@@ -51,9 +52,15 @@ class Group {
   // step: 1-based count of applied optimizer steps, including this one. The new parameters
   // land in this rank's pieces (shard_pieces).
   void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) {
-    shard_state().step(shard_pieces(), hyper, grad_scale, step,
-                       [this](std::size_t piece) { piece_stepped(piece); });
+    const auto stepped = [this](std::size_t piece) { piece_stepped(piece); };
+    if (hyper.kind == OptimizerKind::kLamb) {  // per-parameter norms over the sharing ranks
+      lamb_step(shard_state(), shard_pieces(), param_slices(), hyper, grad_scale, step, stepped);
+      return;
+    }
+    shard_state().step(shard_pieces(), hyper, grad_scale, step, stepped);
   }
+  // Which parameter each stretch of this rank's shard belongs to, and the ranks sharing them.
+  virtual ParamSlices param_slices() = 0;
   // make the updated parameters visible after a step (waits for what piece_stepped started)
   virtual void gather_params() = 0;
   // Delayed parameter update: applies a finished update's parameters to this rank's shard

@@ -13,6 +13,7 @@ const char* optimizer_name(OptimizerKind kind) {
     case OptimizerKind::kSgd: return "SGD";
     case OptimizerKind::kAdagrad: return "Adagrad";
     case OptimizerKind::kLion: return "Lion";
+    case OptimizerKind::kLamb: return "LAMB";
     case OptimizerKind::kExternal: return "an external optimizer";
   }
   return "?";
@@ -21,7 +22,8 @@ const char* optimizer_name(OptimizerKind kind) {
 std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_momentum,
                                                const std::vector<std::string>& external) {
   switch (kind) {
-    case OptimizerKind::kAdam: return {"exp_avg", "exp_avg_sq"};
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kLamb: return {"exp_avg", "exp_avg_sq"};
     case OptimizerKind::kSgd: return sgd_momentum ? std::vector<std::string>{"momentum_buffer"}
                                                   : std::vector<std::string>{};
     case OptimizerKind::kAdagrad: return {"sum"};
@@ -43,6 +45,8 @@ void update_fp32(at::Tensor& param, const at::Tensor& grad, std::vector<at::Tens
     }
     case OptimizerKind::kAdagrad: return adagrad_update(param, grad, states.at(0), hyper, step);
     case OptimizerKind::kLion: return lion_update(param, grad, states.at(0), hyper);
+    case OptimizerKind::kLamb:
+      TORCH_CHECK(false, "zero: LAMB needs whole-parameter norms; it is stepped by lamb_step");
     case OptimizerKind::kExternal:
       TORCH_CHECK(hyper.external, "zero: an external optimizer's group stepped without its update");
       return hyper.external(param, grad, states);

@@ -15,8 +15,9 @@
 namespace zero::adapter {
 
 // kExternal: any other optimizer, run outside the engine on the whole shard (a torch optimizer
-// in Python: zero/external_optimizer.py) through OptimizerHyper::external.
-enum class OptimizerKind { kAdam, kSgd, kAdagrad, kLion, kExternal };
+// in Python: zero/external_optimizer.py) through OptimizerHyper::external. kLamb needs
+// whole-parameter norms, so it is stepped by lamb.h, not optimizer_update.
+enum class OptimizerKind { kAdam, kSgd, kAdagrad, kLion, kLamb, kExternal };
 
 // An external update of one shard: `master` (fp32, updated in place), its fp32 `grads`
 // (unscaled and clipped), and the group's per-element arrays in its state-name order.
@@ -41,11 +42,16 @@ struct OptimizerHyper {
   bool nesterov = false;
   // Adagrad (its initial_accumulator_value is the sum's starting value: zero/optimizer.py)
   double lr_decay = 0.0;
+  // LAMB (with beta1, beta2, eps, weight_decay, bias_correction above): the trust ratio's
+  // bounds, and eps added under the square root instead of after it
+  double max_coeff = 10.0;
+  double min_coeff = 0.01;
+  bool eps_inside_sqrt = false;
   ExternalUpdate external;  // kExternal
 };
 
 // The arrays a kind keeps per element, laid out like the shard, under torch.optim's state
-// names, in the order optimizer_update takes them: Adam exp_avg and exp_avg_sq, SGD
+// names, in the order optimizer_update takes them: Adam (and LAMB) exp_avg and exp_avg_sq, SGD
 // momentum_buffer (only with momentum), Adagrad sum, Lion exp_avg; an external optimizer's
 // are its own (`external`).
 std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_momentum,

@@ -238,6 +238,12 @@ std::vector<ShardPiece> ParamGroup::shard_pieces() const {
   return pieces;
 }
 
+ParamSlices ParamGroup::param_slices() {
+  // stage 0 lays out for one rank: every parameter is whole here, as on every rank
+  return {layout_.param_count(), layout_.slices_owned_by(rank_),
+          options_.stage == 0 ? nullptr : &communicator_};
+}
+
 void ParamGroup::piece_stepped(std::size_t unit) {
   if (options_.stage == 0) return;
   const at::Tensor& full = param_buffer_.tensor();

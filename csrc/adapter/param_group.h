@@ -159,6 +159,7 @@ class ParamGroup : public Group {
   const ShardState& shard_state() const override { return state_; }
   std::vector<ShardPiece> shard_pieces() const override;
   void piece_stepped(std::size_t unit) override;  // stages 1, 2: starts the unit's all-gather
+  ParamSlices param_slices() override;
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
   std::vector<TrackedTensor*> device_buffers(StateKind kind) override;

@@ -25,6 +25,10 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                     "bf16_master_weights_and_grads / fp16_master_weights_and_grads and "
                     "bf16_optimizer_states to false, or use Adam, AdamW, Adagrad, Lion or SGD");
   if (kind == OptimizerKind::kExternal) precision_.keep_master = true;
+  TORCH_CHECK_VALUE(kind != OptimizerKind::kLamb || (!offload.enabled && precision_.all_fp32()),
+                    "zero: LAMB steps an fp32 master on the device (as DeepSpeed's FusedLamb, "
+                    "which has no CPU version); remove offload_optimizer and "
+                    "bf16_master_weights_and_grads / fp16_master_weights_and_grads, or use Adam");
   if (offload.enabled) {
     TORCH_CHECK(offload.ratio >= 0.0 && offload.ratio <= 1.0, "zero: offload_optimizer.ratio "
                 "must be in [0, 1], got ", offload.ratio);
@@ -242,6 +246,20 @@ bool ShardState::host_adam(const ShardPiece& piece, const OptimizerHyper& hyper,
                    writes_params ? piece.param : at::Tensor(), at::get_num_threads());
   if (master_.defined() && !writes_params) store_params(piece, 0, master);
   return true;
+}
+
+at::Tensor ShardState::master_of(const ShardPiece& piece) const {
+  TORCH_CHECK(!offloaded_, "zero: this update runs on the device; the state is offloaded");
+  return master_.defined() ? master_.narrow(0, piece.offset, piece.grad.numel()) : piece.param;
+}
+
+std::vector<at::Tensor> ShardState::states_of(const ShardPiece& piece) const {
+  TORCH_CHECK(!offloaded_, "zero: this update runs on the device; the state is offloaded");
+  std::vector<at::Tensor> views;
+  for (const at::Tensor& array : states_) {
+    views.push_back(array.narrow(0, piece.offset, piece.grad.numel()));
+  }
+  return views;
 }
 
 void ShardState::apply_delayed(const std::vector<ShardPiece>& pieces) {

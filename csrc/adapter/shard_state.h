@@ -57,6 +57,13 @@ class ShardState {
   // the device, all at the end when some of the shard is offloaded.
   void step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper, double grad_scale,
             std::int64_t step, const std::function<void(std::size_t)>& stepped = {});
+  // For an update stepped outside step() (LAMB, lamb.h), on the device: what piece `piece`
+  // updates (the separate master's range, or the piece's parameters themselves) and its
+  // optimizer arrays' ranges (views). keeps_master(): the new parameters are then stored into
+  // the piece (store_params).
+  at::Tensor master_of(const ShardPiece& piece) const;
+  std::vector<at::Tensor> states_of(const ShardPiece& piece) const;
+  bool keeps_master() const { return master_.defined(); }
   // Delayed update: writes the finished update's parameters into the pieces.
   void apply_delayed(const std::vector<ShardPiece>& pieces);
   // Copies of the optimizer state tensors (state_names(); with a delayed update also its

@@ -488,6 +488,11 @@ void Stage3Group::gather_params() {
   if (param_swap_) param_swap_->flush();
 }
 
+ParamSlices Stage3Group::param_slices() {
+  // (with MiCS communicator_ is the shard group: the replicas hold the same slices)
+  return {layout_.param_count(), layout_.slices_owned_by(communicator_.rank()), &communicator_};
+}
+
 void Stage3Group::zero_grads() { start_grad_window(grad_shard_, *reducer_); }
 
 at::Tensor Stage3Group::master_shard() const {

@@ -115,6 +115,7 @@ class Stage3Group : public Group {
   ShardState& shard_state() override { return state_; }
   const ShardState& shard_state() const override { return state_; }
   std::vector<ShardPiece> shard_pieces() const override;
+  ParamSlices param_slices() override;
   std::size_t bucket_count() const override { return reducer_->bucket_count(); }
   std::int64_t bucket_bytes() const override { return reducer_->bucket_bytes(); }
   // kParams: the device shard (every unit must be released first).

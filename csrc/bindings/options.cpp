@@ -26,6 +26,7 @@ void bind_options(py::module_& m) {
       .value("sgd", adapter::OptimizerKind::kSgd)
       .value("adagrad", adapter::OptimizerKind::kAdagrad)
       .value("lion", adapter::OptimizerKind::kLion)
+      .value("lamb", adapter::OptimizerKind::kLamb)
       .value("external", adapter::OptimizerKind::kExternal);
   // The fp32 arrays a kind keeps per element, by name: the one list the estimator and the
   // memory report count (an external optimizer's come from its probe instead).
@@ -57,6 +58,9 @@ void bind_options(py::module_& m) {
       .def_readwrite("dampening", &Hyper::dampening)
       .def_readwrite("nesterov", &Hyper::nesterov)
       .def_readwrite("lr_decay", &Hyper::lr_decay)
+      .def_readwrite("max_coeff", &Hyper::max_coeff)
+      .def_readwrite("min_coeff", &Hyper::min_coeff)
+      .def_readwrite("eps_inside_sqrt", &Hyper::eps_inside_sqrt)
       .def_readwrite("external", &Hyper::external);
 
   py::class_<core::AioConfig>(m, "AioConfig")

@@ -68,6 +68,22 @@ ShardedLayout::ShardedLayout(const std::vector<TensorSpec>& params, int world_si
   compute_offsets();
 }
 
+std::vector<ShardSlice> ShardedLayout::slices_owned_by(int rank) const {
+  std::vector<ShardSlice> slices;
+  std::vector<std::vector<std::size_t>> param_of_slot(unit_count());
+  for (std::size_t u = 0; u < unit_count(); ++u) param_of_slot[u].resize(unit(u).params().size());
+  for (std::size_t p = 0; p < param_count(); ++p) {
+    param_of_slot[location(p).buffer][location(p).index] = p;
+  }
+  for (std::size_t u = 0; u < unit_count(); ++u) {
+    for (const auto& [slot, owned] : unit(u).slices_owned_by(rank)) {
+      slices.push_back({param_of_slot[u][slot], shard_offset(u) + owned.shard_offset,
+                        owned.param_end - owned.param_begin});
+    }
+  }
+  return slices;
+}
+
 void ShardedLayout::compute_offsets() {
   for (const FlatBufferPlan& unit : plan_.buffers) {
     full_offsets_.push_back(full_numel_);

@@ -26,6 +26,14 @@ namespace zero::core {
 std::vector<std::size_t> assign_units(const std::vector<std::int64_t>& numels,
                                       std::int64_t unit_numel);
 
+// The part of parameter `param` (the layout's index) that one rank owns, where it lies in that
+// rank's shard (its pieces of every unit back to back).
+struct ShardSlice {
+  std::size_t param = 0;
+  std::int64_t shard_offset = 0;
+  std::int64_t numel = 0;
+};
+
 class ShardedLayout {
  public:
   ShardedLayout(const std::vector<TensorSpec>& params, int world_size, std::int64_t alignment,
@@ -49,6 +57,9 @@ class ShardedLayout {
   // Element offset of parameter `param` in the full buffer.
   std::int64_t param_offset(std::size_t param) const;
   std::int64_t max_unit_numel() const;
+  // Every slice of a parameter that `rank` owns, in shard order: what an update needing
+  // whole-parameter sums (LAMB's norms) adds up per parameter before summing over the ranks.
+  std::vector<ShardSlice> slices_owned_by(int rank) const;
 
  private:
   void compute_offsets();

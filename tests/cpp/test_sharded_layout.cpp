@@ -6,6 +6,7 @@
 
 using zero::core::DType;
 using zero::core::ShardedLayout;
+using zero::core::ShardSlice;
 using zero::core::TensorSpec;
 using zero::core::assign_units;
 
@@ -77,4 +78,24 @@ TEST_CASE("units can be given explicitly, as stage 3 gathers by module", "[layou
   CHECK(layout.unit(1).numel() == 12);
   CHECK_THROWS_WITH(ShardedLayout(specs({3, 5}), 2, 1, std::vector<std::size_t>{0, 2}),
                     Catch::Contains("unit 1 has no parameters"));
+}
+
+TEST_CASE("a rank's slices of each parameter lie where its shard keeps them", "[layout]") {
+  // units {3, 5} and {6} over 2 ranks: unit 0 is 8 elements (4 each), unit 1 is 6 (3 each)
+  const ShardedLayout layout(specs({3, 5, 6}), 2, 1, 8);
+  REQUIRE(layout.unit_count() == 2);
+  const std::vector<ShardSlice> first = layout.slices_owned_by(0);
+  REQUIRE(first.size() == 3);
+  CHECK((first[0].param == 0 && first[0].shard_offset == 0 && first[0].numel == 3));
+  CHECK((first[1].param == 1 && first[1].shard_offset == 3 && first[1].numel == 1));
+  CHECK((first[2].param == 2 && first[2].shard_offset == 4 && first[2].numel == 3));
+  const std::vector<ShardSlice> second = layout.slices_owned_by(1);
+  REQUIRE(second.size() == 2);
+  CHECK((second[0].param == 1 && second[0].shard_offset == 0 && second[0].numel == 4));
+  CHECK((second[1].param == 2 && second[1].shard_offset == 4 && second[1].numel == 3));
+  std::int64_t owned = 0;  // together the ranks own every element exactly once
+  for (const auto& slices : {first, second}) {
+    for (const ShardSlice& slice : slices) owned += slice.numel;
+  }
+  CHECK(owned == 3 + 5 + 6);
 }

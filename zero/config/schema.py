@@ -254,6 +254,24 @@ _LION_PARAMS = (
     _unsupported(BOOL, "set_grad_none", True, "FusedLion zero_grad() behaviour."),
 )
 
+_LAMB_PARAMS = (
+    _float("lr", 1e-3, "Learning rate (DeepSpeed's FusedLamb default).", minimum=0),
+    _bool("bias_correction", True, "Scale the step by sqrt(1 - beta2^t) / (1 - beta1^t) (the moments "
+          "themselves stay uncorrected in the update, as in FusedLamb)."),
+    Key("betas", BETAS, (0.9, 0.999), "Coefficients of the running averages of the gradient and its square.",
+        minimum=0, maximum=1, maximum_exclusive=True),
+    _float("eps", 1e-8, "Added to sqrt(v) (or to v under the root with eps_inside_sqrt).", minimum=0),
+    _bool("eps_inside_sqrt", False, "Add eps to v before the square root instead of after it."),
+    _float("weight_decay", 0.0, "Added to the update as weight_decay * w before the trust ratio.",
+           minimum=0),
+    _float("max_coeff", 10.0, "Upper bound of each parameter's trust ratio ||w|| / ||update||.", minimum=0),
+    _float("min_coeff", 0.01, "Lower bound of the trust ratio.", minimum=0),
+    _unsupported(FLOAT, "max_grad_norm", 0.0, "FusedLamb's own clipping by the global norm (use "
+                 "gradient_clipping, which the engine applies)."),
+    _unsupported(BOOL, "amsgrad", False, "AMSGrad variant (FusedLamb rejects it too)."),
+)
+
+
 def _torch_keys(lr, *keys):
     """A torch.optim optimizer's arguments (DeepSpeed passes an unknown type's params to
     torch.optim.<type> as they are): its lr default, then `keys`, maximize and foreach;
@@ -305,6 +323,9 @@ OPTIMIZER_PARAMS = {
                      "DeepSpeedCPUAdagrad with offload).", _ADAGRAD_PARAMS),
     "Lion": Block("optimizer.params", "Parameters of type \"Lion\" (DeepSpeed's FusedLion; DeepSpeedCPULion "
                   "with offload).", _LION_PARAMS),
+    "Lamb": Block("optimizer.params", "Parameters of type \"Lamb\" (DeepSpeed's FusedLamb: Adam's moments, "
+                  "each parameter's step scaled by its trust ratio, over the whole parameter at every ZeRO "
+                  "stage; on the device only, as FusedLamb has no CPU version).", _LAMB_PARAMS),
     **{name: Block("optimizer.params", f"Parameters of type \"{name}\" (torch.optim.{name}, run on each "
                    "rank's shard; needs zero_allow_untested_optimizer under ZeRO, as in DeepSpeed).", keys)
        for name, keys in TORCH_OPTIMIZERS.items()},
@@ -312,7 +333,7 @@ OPTIMIZER_PARAMS = {
 
 # DeepSpeed's own optimizers (config.py DEEPSPEED_OPTIMIZERS) and common torch.optim
 # names that DeepSpeed would import: known, but not implemented by zero.
-_UNSUPPORTED_OPTIMIZERS = ("Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW",
+_UNSUPPORTED_OPTIMIZERS = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW",
                            "MuSGD", "Muon", "SparseAdam", "ASGD", "LBFGS", "Rprop")
 
 OPTIMIZER = Block("optimizer", "Optimizer built by the engine. Absent or null: the client passes its own optimizer.", (

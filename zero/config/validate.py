@@ -676,6 +676,13 @@ def _resolve_optimizer(v, values):
     if kind in ("Adagrad", "Lion"):
         optimizer["decoupled_weight_decay"] = kind == "Lion"
         return
+    if kind == "Lamb":  # its weight decay joins the update, scaled by the trust ratio
+        optimizer["decoupled_weight_decay"] = True
+        low, high = params["min_coeff"], params["max_coeff"]
+        if _valid(low, high) and low > high:
+            v.error(f"{path}.min_coeff", low, f"above max_coeff {high}: the trust ratio is clamped to "
+                    "[min_coeff, max_coeff]", "lower min_coeff or raise max_coeff")
+        return
     if kind not in ("Adam", "AdamW", "SGD"):  # a torch.optim type: its own switch, if any
         optimizer["decoupled_weight_decay"] = params.get("decoupled_weight_decay") is True
         return

@@ -86,7 +86,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "(data_types.grad_accum_dtype \"fp32\"; default off or the "
                              "config's)")
     parser.add_argument("--optimizer", choices=est.OPTIMIZERS,
-                        help="adam (8 bytes/element of state), sgd_momentum, adagrad, lion (4), "
+                        help="adam, lamb (8 bytes/element of state), sgd_momentum, adagrad, lion (4), "
                              "sgd (0); "
                              "default adam or the config's")
     parser.add_argument("--reduce-bucket-size", type=_count, metavar="ELEMENTS")

@@ -12,6 +12,10 @@ from .training_setup import EXTERNAL, Setup
 EXTERNAL_OFFLOAD = ("zero_optimization.offload_optimizer: an optimizer zero runs as torch's own "
                     "on the shards (a torch.optim type or a client's) is not offloaded; use Adam, "
                     "AdamW, Adagrad, Lion or SGD to offload")
+SIXTEEN_BIT_LAMB = ("bf16_master_weights_and_grads / fp16_master_weights_and_grads with optimizer "
+                    "Lamb: LAMB steps an fp32 master; set them to false or use Adam")
+LAMB_OFFLOAD = ("zero_optimization.offload_optimizer with optimizer Lamb: LAMB steps on the "
+                "device (DeepSpeed's FusedLamb has no CPU version either); use Adam to offload")
 QUANTIZED_FROZEN_ON_NVME = ("zero_optimization.zero_quantized_nontrainable_weights with "
                             "offload_param.device \"nvme\" is not supported: keep the frozen "
                             "shard in host memory (device \"cpu\") or set "
@@ -40,10 +44,14 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         result = estimate_stages_0_2(shapes, setup, option, reduce_bucket_size, overlap_comm)
     if setup.optimizer == EXTERNAL and option.offload_optimizer != "none":
         result.refused = EXTERNAL_OFFLOAD
+    if setup.optimizer == "lamb" and option.offload_optimizer != "none":
+        result.refused = LAMB_OFFLOAD
     if setup.sixteen_bit_master and option.stage == 0:
         result.refused = SIXTEEN_BIT_STAGE_0
     if setup.sixteen_bit_master and setup.optimizer == EXTERNAL:
         result.refused = SIXTEEN_BIT_EXTERNAL
+    if setup.sixteen_bit_master and setup.optimizer == "lamb":
+        result.refused = SIXTEEN_BIT_LAMB
     if option.stage == 3 and option.offload_param == "nvme" and setup.quantized_nontrainable \
             and result.frozen_numel:
         result.refused = QUANTIZED_FROZEN_ON_NVME

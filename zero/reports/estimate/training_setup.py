@@ -14,7 +14,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # The optimizers zero steps itself (_C.OptimizerKind; "sgd_momentum": SGD with its buffer)
-OPTIMIZERS = ("adam", "sgd", "sgd_momentum", "adagrad", "lion")
+OPTIMIZERS = ("adam", "sgd", "sgd_momentum", "adagrad", "lion", "lamb")
 EXTERNAL = "external"  # a torch.optim config type, run on the shards (zero/external_optimizer.py)
 # Every parameter starts 16-byte aligned in its flat buffer (zero/engine.py ALIGNMENT_BYTES;
 # a test keeps the two equal).
@@ -325,7 +325,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     optimizer = "adam"
     if cfg.optimizer is not None and cfg.optimizer.type == "SGD":
         optimizer = "sgd_momentum" if cfg.optimizer.params.get("momentum", 0.0) else "sgd"
-    elif cfg.optimizer is not None and cfg.optimizer.type in ("Adagrad", "Lion"):
+    elif cfg.optimizer is not None and cfg.optimizer.type in ("Adagrad", "Lion", "Lamb"):
         optimizer = cfg.optimizer.type.lower()
     elif cfg.optimizer is not None and cfg.optimizer.type != "Adam" and cfg.optimizer.type != "AdamW":
         optimizer = EXTERNAL
