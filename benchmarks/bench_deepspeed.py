@@ -72,7 +72,8 @@ DS_VERSION = "0.19.8"
 ENGINES = ("zero", "deepspeed")
 ALL_CONFIGS = ["stage1-fp32", "stage2-fp32", "stage3-fp32",
                "stage1-bf16", "stage2-bf16", "stage3-bf16", "stage2-offload-bf16",
-               "stage3-lora-bf16", "stage2-bf16master-bf16", "stage3-bf16master-bf16"]
+               "stage3-lora-bf16", "stage2-bf16master-bf16", "stage3-bf16master-bf16",
+               "stage1-fp32accum-bf16", "stage2-fp32accum-bf16", "stage3-fp32accum-bf16"]
 DEFAULT_PYTHON = os.path.join(ROOT, "build", "ds-venv", "bin", "python")
 PHASES = ("forward", "backward", "step")
 
@@ -114,7 +115,9 @@ def shared_config(name: str, args) -> dict:
     """The one DeepSpeed-format config both engines get: stageN, fp32 or bf16, optionally the
     optimizer offloaded to the CPU (ZeRO-Offload) or, "bf16master", DeepSpeed's low-precision
     master (bf16_master_weights_and_grads and bf16_optimizer_states, as its bf16_full.json
-    example). ("lora" changes the model: config_model.)"""
+    example), or "fp32accum", gradients accumulated in fp32 (data_types.grad_accum_dtype, as
+    Megatron-DeepSpeed's bf16 configs; DeepSpeed's stage 1 then runs its BF16_Optimizer).
+    ("lora" changes the model: config_model.)"""
     parts = name.split("-")
     zero_optimization = {"stage": int(parts[0][len("stage"):]),
                          "reduce_bucket_size": args.bucket_numel, "overlap_comm": True}
@@ -124,6 +127,8 @@ def shared_config(name: str, args) -> dict:
                            bf16=parts[-1] == "bf16")
     if "bf16master" in parts:
         config["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    if "fp32accum" in parts:
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
     return config
 
 
@@ -593,7 +598,8 @@ def _method_section(facts, args) -> list[str]:
         f"reduce_bucket_size {args.bucket_numel}, overlap_comm; bf16 rows: \"bf16\": "
         f"{{\"enabled\": true}}; offload: \"offload_optimizer\": {{\"device\": \"cpu\"}}; "
         "bf16master: \"bf16_master_weights_and_grads\" and \"bf16_optimizer_states\" true in "
-        "the bf16 block, as DeepSpeed's bf16_full.json example; "
+        "the bf16 block, as DeepSpeed's bf16_full.json example; fp32accum: \"data_types\": "
+        "{\"grad_accum_dtype\": \"fp32\"}; "
         "lora: the same model frozen but for rank-8 LoRA adapters on every block's Linear "
         "layers, zero.models.lora, as PEFT adds them).",
         "",

@@ -333,3 +333,20 @@ def test_zero_mem_estimate_counts_fp32_gradients(capsys):
         plain = rows["--no-fp32-grads"][stage]
         assert categories["gradient"]["bytes"] == 2 * plain["gradient"]["bytes"], stage
         assert categories["param"] == plain["param"], stage
+
+
+def test_zero_mem_tune_writes_the_gradient_dtype_it_estimated(tmp_path):
+    """--fp32-grads / --no-fp32-grads win over the config's key in the config written."""
+    import json
+
+    from zero.reports import cli
+
+    config = tmp_path / "in.json"
+    config.write_text(json.dumps(_config(2)))
+    for flag, expected in (("--no-fp32-grads", None), ("--fp32-grads", "fp32")):
+        out = tmp_path / f"out{flag}.json"
+        assert cli.main(["tune", "--model", training.__file__ + ":make_model", "--config",
+                         str(config), "--world-size", "2", flag, "--budget", "1GiB",
+                         "--out", str(out)]) == 0
+        written = json.loads(out.read_text())
+        assert (written.get("data_types") or {}).get("grad_accum_dtype") == expected, flag

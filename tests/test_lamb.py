@@ -244,3 +244,24 @@ def test_the_fused_lamb_class_refuses_what_it_cannot_do():
     model(torch.ones(3)).sum().backward()
     with pytest.raises(NotImplementedError, match="inside zero's engine"):
         FusedLamb(model.parameters()).step()
+
+
+def test_zero_mem_tune_writes_a_lamb_config(tmp_path, capsys):
+    """Without --config the tuner's template keeps the optimizer it estimated for."""
+    import json
+
+    from zero.reports import cli
+
+    out = tmp_path / "ds.json"
+    assert cli.main(["tune", "--model", training.__file__ + ":make_model", "--world-size", "2",
+                     "--optimizer", "lamb", "--budget", "1GiB", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["optimizer"]["type"] == "Lamb"
+
+
+def test_a_groups_bounds_are_checked_before_any_group_steps():
+    from zero.boundary import optimizer_hyper
+
+    group = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
+             "bias_correction": True, "max_coeff": 0.3, "min_coeff": 0.5, "eps_inside_sqrt": False}
+    with pytest.raises(ValueError, match="min_coeff 0.5 is above its max_coeff 0.3"):
+        optimizer_hyper("lamb", group, True)

@@ -296,3 +296,27 @@ def test_mesh_layout_and_invalid_sizes():
     assert mesh.tensor_parallel_partition() == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert mesh.data_parallel_partition() == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert mesh.pipeline_partition() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def _tied_over_sharded_gradients(rank, world, zero_stage, gas):
+    import zero.compat.deepspeed as deepspeed
+
+    module = deepspeed.pipe.PipelineModule(layers=pipe_layers(MODEL), num_stages=STAGES,
+                                           loss_fn=cross_entropy)
+    try:
+        deepspeed.initialize(model=module, config=dict(config(stage=zero_stage),
+                                                       gradient_accumulation_steps=gas))
+    except NotImplementedError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("zero_stage,gas", [(2, MICRO_BATCHES), (1, 1)])
+def test_layers_tied_across_stages_over_sharded_gradients_are_refused(zero_stage, gas):
+    """Stage 2, and stage 1 with one micro-batch per step (its gradients sharded as at stage
+    2), reduce before the tied sum: refused on every rank, naming both keys, not trained
+    with two copies of the weight drifting apart."""
+    for message in run_distributed(_tied_over_sharded_gradients, STAGES,
+                                   args=(zero_stage, gas), timeout=60):
+        assert message is not None and "tied layers across pipeline stages" in message
+        assert f"stage {zero_stage} with gradient_accumulation_steps {gas}" in message

@@ -143,7 +143,11 @@ def optimizer_hyper(kind: str, group: dict, decoupled_weight_decay: bool, extern
     if kind == "lion":
         beta1, beta2 = (float(b) for b in group["betas"])
         return typed(_C.OptimizerHyper, beta1=beta1, beta2=beta2, **common)
-    if kind == "lamb":
+    if kind == "lamb":  # (every group's is built before any group steps)
+        if float(group["min_coeff"]) > float(group["max_coeff"]):
+            raise ValueError(f"zero: a Lamb parameter group's min_coeff {group['min_coeff']} is "
+                             f"above its max_coeff {group['max_coeff']}: the trust ratio is "
+                             "clamped to [min_coeff, max_coeff]; fix the group's values")
         beta1, beta2 = (float(b) for b in group["betas"])
         return typed(_C.OptimizerHyper, beta1=beta1, beta2=beta2, eps=float(group["eps"]),
                      bias_correction=bool(group["bias_correction"]),

@@ -392,7 +392,7 @@ def _check_optimizer(engine, saved: DeepSpeedCheckpoint, trainable: set[str]) ->
             f"zero: DeepSpeed checkpoint {saved.path} holds the optimizer state "
             f"{sorted(saved.moments) or 'of an optimizer zero does not build'}, this engine's "
             f"optimizer ({engine.optimizer.spec.kind}) keeps {sorted(names)}; zero resumes "
-            "Adam, AdamW, Adagrad, Lion and SGD from DeepSpeed: configure the optimizer the "
+            "Adam, AdamW, Adagrad, Lion, Lamb and SGD from DeepSpeed: configure the optimizer the "
             "checkpoint was trained with, or load with load_optimizer_states=False")
     saved_groups = [set(group) & trainable for group in saved.model_state["param_shapes"]]
     by_id = names_by_id(engine.module)

@@ -10,7 +10,8 @@ location. What differs from DeepSpeed, on purpose:
   a backward the parameters and gradients, the step and a checkpoint everything), where
   DeepSpeed would fail or read stale copies; reload_states() brings all back at once;
   zero_grad() zeroes moved gradients where they are;
-- at stages 0-2 the model's parameters (and stage 0-1's .grad) view the host copies
+- at stages 0-2 the model's parameters (and stage 0-1's .grad, unless gradients accumulate in
+  fp32) view the host copies
   meanwhile, so the module stays readable; a view taken then keeps its copy's memory and
   values after the reload (it no longer follows the engine);
 - an engine without an optimizer, or with parameters offloaded, may offload what it holds

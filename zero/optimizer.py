@@ -163,7 +163,7 @@ def check_external(spec: OptimizerSpec, config) -> None:
             f"zero: ZeRO stage {zero_cfg.stage} with optimizer {spec.external.name}, which "
             "DeepSpeed does not test under ZeRO: add \"zero_allow_untested_optimizer\": true "
             "to the config (as DeepSpeed asks; the HF Trainer adds it when it builds the "
-            "optimizer), or use Adam, AdamW, Adagrad, Lion or SGD")
+            "optimizer), or use Adam, AdamW, Adagrad, Lion, Lamb or SGD")
     if zero_cfg.offload_optimizer.device != "none":
         raise ValueError(
             f"zero: zero_optimization.offload_optimizer.device "

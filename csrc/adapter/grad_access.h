@@ -3,7 +3,8 @@
 // accumulation boundary and the optimizer step: what DeepSpeed's safe_get_full_grad /
 // safe_set_full_grad reach (zero/param_values.py). Positions are the shard's (the master's
 // and the optimizer state's, core::ShardedLayout::shard_offset); the gradients are the
-// ranks' average, in the group's dtype, with fp16's loss scale still in them.
+// ranks' average, in the gradients' dtype (the group's, or fp32 with grads_in_fp32), with
+// fp16's loss scale still in them.
 //
 // Only ranges of this rank's pieces (Group::shard_pieces) are touched, so a read copies just
 // what it asks for, wherever the shard lives (the device, or host memory with optimizer

@@ -9,7 +9,8 @@
 // The norms are over whole parameters although a rank holds slices of them: each rank sums
 // its slices' squares per parameter and one all-reduce adds them up over the ranks sharing
 // the parameters. (DeepSpeed's ZeRO steps its flat fp32 partition as one tensor, one trust
-// ratio for all of it; zero keeps LAMB's per-parameter ratio at every stage.)
+// ratio for all of it; zero keeps LAMB's per-parameter ratio at every stage.) A parameter
+// split by tensor parallelism gets the ratio of each rank's slice, as in DeepSpeed.
 #include <cstdint>
 #include <functional>
 #include <vector>

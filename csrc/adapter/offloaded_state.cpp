@@ -23,7 +23,10 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
                                const c10::TensorOptions& device_options, OptimizerKind kind,
                                std::vector<std::string> state_names,
                                ShardPrecision precision, const OffloadOptions& offload)
-    : kind_(kind), state_names_(std::move(state_names)), num_threads_(offload.num_threads) {
+    : kind_(kind),
+      state_names_(std::move(state_names)),
+      num_threads_(offload.num_threads),
+      model_type_(device_options.dtype().toScalarType()) {
   TORCH_CHECK_VALUE(kind != OptimizerKind::kExternal, "zero: an optimizer zero does not build "
                     "itself steps on the device only; remove offload_optimizer, or use Adam, "
                     "AdamW, Adagrad, Lion or SGD");
@@ -37,7 +40,7 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
   grid_ = {shard_numel, std::min(offload.tile_numel, std::max<std::int64_t>(shard_numel, 1))};
   store_ = make_offload_store(registry, grid_, state_array_names(state_names_), precision,
                               offload);
-  const at::ScalarType model_type = device_options.dtype().toScalarType();
+  const at::ScalarType model_type = model_type_;
   const bool sixteen_bit = model_type != at::kFloat;
   if (offload.delayed_update) {
     delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, model_type, precision.grads,
@@ -267,7 +270,7 @@ void OffloadedState::update_in_place(const Segment& s, std::int64_t chunk,
   const at::Tensor grads = piece.grad.narrow(0, s.begin, s.numel);
   at::Tensor out = piece.param.defined() ? piece.param.narrow(0, s.begin, s.numel) : at::Tensor();
   const bool direct = out.defined() && host_adam_takes(out);
-  if (!direct) out = at::empty({s.numel}, grads.options());
+  if (!direct) out = at::empty({s.numel}, grads.options().dtype(model_type_));
   update(grads, out, chunk, s.at, hyper, grad_scale, step);
   if (!direct) store_params(piece, s.begin, out);
 }

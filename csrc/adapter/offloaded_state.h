@@ -92,6 +92,7 @@ class OffloadedState {
   OptimizerKind kind_;
   std::vector<std::string> state_names_;  // the optimizer's arrays (not the master)
   int num_threads_ = 1;
+  at::ScalarType model_type_;  // the parameters' (gradients may be fp32: ShardPrecision::grads)
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home
   // A device model's: two chunks' gradients (ShardPrecision::grads) and, 16-bit, new

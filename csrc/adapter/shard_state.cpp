@@ -215,7 +215,8 @@ void ShardState::external_step(const std::vector<ShardPiece>& pieces, const Opti
 void ShardState::step_on_device(const ShardPiece& piece, const OptimizerHyper& hyper,
                                 double grad_scale, std::int64_t step) {
   if (host_adam(piece, hyper, grad_scale, step)) return;
-  at::Tensor grads = piece.grad.to(at::kFloat);  // a copy of 16-bit grads
+  // a copy of 16-bit gradients; fp32 ones are scaled in place (zeroed after the step anyway)
+  at::Tensor grads = piece.grad.to(at::kFloat);
   if (grad_scale != 1.0) grads.mul_(grad_scale);
   if (!master_.defined()) {  // the parameters are the master (fp32, or a 16-bit master)
     update(piece.param, grads, piece.offset, hyper, step);

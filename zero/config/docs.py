@@ -124,12 +124,19 @@ DIFFERENCES = """\
   `stage3_*` keys below stage 3, type `"AdamW"` with `adam_w_mode: false` (DeepSpeed silently
   uses decoupled decay), `nesterov` without momentum (torch raises late).
 * Optimizer types are matched case-insensitively for all supported types (DeepSpeed does so
-  only for its own optimizers, so `"sgd"` fails there); Adam, AdamW, SGD, Adagrad and Lion are
-  built; RMSprop, Adamax, NAdam, RAdam and Adadelta (which DeepSpeed takes from `torch.optim`)
+  only for its own optimizers, so `"sgd"` fails there); Adam, AdamW, SGD, Adagrad, Lion and
+  Lamb are built; RMSprop, Adamax, NAdam, RAdam and Adadelta (which DeepSpeed takes from `torch.optim`)
   run as torch's own on each rank's shard; the others DeepSpeed knows are errors.
 * Lion leaves an element whose momentum and gradient mix to exactly 0 where it is (the paper's
   sign(0) = 0); DeepSpeed's Lion kernels move it by the learning rate (CUDA: +lr; CPU: -lr).
   Only elements that never had a gradient (e.g. unused embedding rows) are affected.
+* Lamb's trust ratio is each parameter's, over the whole parameter at every ZeRO stage (the
+  ranks sum their slices' squares); DeepSpeed's ZeRO and BF16 optimizers step a flat partition
+  with FusedLamb, one ratio per partition. Without ZeRO the two agree. Under tensor
+  parallelism the ratio is over each rank's slice, as DeepSpeed with Megatron. zero builds it
+  at stages 1-3 without `zero_allow_untested_optimizer` (DeepSpeed asks for it) and with a
+  static fp16 loss scale (DeepSpeed asserts dynamic scaling); `get_lamb_coeffs()` is not
+  provided.
 * An unknown `warmup_type` is an error (DeepSpeed warns and falls back to `"log"`).
 * Scheduler values are numbers; DeepSpeed's per-param-group lists are not accepted.
 * `fp16.min_loss_scale` accepts fractions (> 0); DeepSpeed types it as an integer.
@@ -146,7 +153,8 @@ DIFFERENCES = """\
 * `data_types.grad_accum_dtype: "fp32"` under bf16/fp16 works at every stage, 0 included
   (DeepSpeed refuses it at stage 0 without ZeRO). At stages 0-1 the hook adds each
   micro-step's 16-bit gradient into the fp32 buffer and sets `param.grad` to None, as
-  DeepSpeed's BF16 optimizer does; a pipeline with layers tied across stages is refused with it.
+  DeepSpeed's BF16 optimizer does; so a `model.zero_grad()` between micro-steps no longer
+  discards what the buffer holds (`engine.zero_grad()` does, as at stages 2-3).
 * `bf16_master_weights_and_grads` without `bf16_optimizer_states` does not need
   `offload_optimizer` (DeepSpeed requires its CPU Adam there); zero keeps no bf16 copy beside
   the bf16 parameters (DeepSpeed keeps one).

@@ -121,13 +121,14 @@ class AioConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """``type`` is "Adam", "AdamW", "SGD", "Adagrad" or "Lion"; ``params`` holds every key of its
-    schema, defaults filled.
+    """``type`` is "Adam", "AdamW", "SGD", "Adagrad", "Lion", "Lamb" or a torch.optim type run on
+    the shards; ``params`` holds every key of its schema, defaults filled.
 
     ``decoupled_weight_decay`` is what the weight decay actually does, resolved
     the DeepSpeed way: True for "AdamW", and for "Adam" unless
     ``params["adam_w_mode"]`` is false (DeepSpeed's "Adam" defaults to AdamW
-    behaviour); False for "SGD" and "Adagrad" (L2 added to the gradient); True for "Lion".
+    behaviour); False for "SGD" and "Adagrad" (L2 added to the gradient); True for "Lion" and
+    "Lamb" (its decay joins the update the trust ratio scales).
     """
 
     type: str

@@ -934,7 +934,7 @@ TOP = Block("", "Top-level keys.", (
             "(e.g. fp32 sums of bf16 gradients: twice the buckets and the gradient traffic) and casts the "
             "result back, at every stage. Case-insensitive.", nullable=True, ignore_case=True),
     _bool("zero_allow_untested_optimizer", False, "As in DeepSpeed: ZeRO stages 1-3 run a client optimizer "
-          "zero does not build itself (not Adam, AdamW, SGD, Adagrad or Lion: torch's RMSprop, NAdam, ..., "
+          "zero does not build itself (not Adam, AdamW, SGD, Adagrad, Lion or Lamb: torch's RMSprop, NAdam, ..., "
           "transformers' Adafactor) only when this is true; the HF Trainer sets it when it builds its optimizer."),
     _bool("zero_force_ds_cpu_optimizer", True, "Accepted for compatibility; no effect in zero (there is no "
           "DeepSpeed CPU optimizer to force)."),

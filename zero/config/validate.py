@@ -525,9 +525,13 @@ def _check_grad_accum_dtype(v, values):
     asked = block["grad_accum_dtype"]
     if asked in schema.DTYPE_SPELLINGS[training] or asked in schema.FP32_DTYPES:
         return
+    if training == "fp32":
+        v.error("data_types.grad_accum_dtype", asked, "fp32 training accumulates its gradients in "
+                "fp32, not in a 16-bit dtype", "remove the key or set it to \"fp32\"")
+        return
     v.error("data_types.grad_accum_dtype", asked,
             f"{training} training accumulates its gradients in {training} or fp32 (a 16-bit "
-            f"model's in fp32 when asked), not in a narrower or other 16-bit dtype",
+            f"model's in fp32 when asked), not in another 16-bit dtype",
             f"remove the key or set it to \"{training}\" or \"fp32\"")
 
 

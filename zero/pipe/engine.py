@@ -9,14 +9,16 @@ data-parallel group and steps. `forward`, `backward` and `step` are not for dire
 in DeepSpeed.
 
 Gradients of a batch accumulate locally at stages 0 and 1 and are reduced once, after the
-tied-weight sum (the order DeepSpeed uses); stage 2 reduces every micro-batch's gradients as
-they come, so tied layers are refused there.
+tied-weight sum (the order DeepSpeed uses); stage 2 (and stage 1 with one micro-batch per
+step, whose gradients are sharded as at stage 2) reduces every micro-batch's gradients as they
+come, so layers tied across stages are refused there.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from ..boundary import grads_sharded
 from ..engine import ZeroEngine
 from ..parallel.norm_span import norm_span
 from ..saved_activations import SavedActivations
@@ -221,13 +223,15 @@ class PipelineEngine(ZeroEngine):
         """A weight's gradient as this batch accumulated it: its place in the engine's
         gradient buffer (the one param.grad views, or the fp32 one of data_types.grad_accum_dtype
         fp32), or weight.grad where gradients are sharded."""
-        if self.stage >= 2:
-            return weight.grad
         for g, group in enumerate(self._engine_groups):
             for i, param in enumerate(group.params):
                 if param is weight:
-                    return self._core.group_accumulated_grad(g, i)
-        return weight.grad
+                    grad = self._core.group_accumulated_grad(g, i)
+                    if grad is None:  # _check refuses ties over sharded gradients
+                        raise PipelineError("zero: a tied weight's gradient is sharded; it "
+                                            "cannot be summed across stages")
+                    return grad
+        return weight.grad  # frozen: not the engine's
 
     def _reduce(self, mb: int, batch: _Batch) -> None:
         if self.stage < 2:  # the boundary reduction of what the batch accumulated
@@ -270,11 +274,14 @@ def _check(module, config) -> None:
             "point-to-point exchange is built and tested on gloo only (its send/receive order "
             "relies on gloo's non-blocking sends); initialise torch.distributed with "
             "backend='gloo' to use it")
-    if config.zero_optimization.stage == 2 and module.ties_across_stages():
+    stage = config.zero_optimization.stage
+    if grads_sharded(stage, config.gradient_accumulation_steps) and module.ties_across_stages():
         raise NotImplementedError(
-            "zero: ZeRO stage 2 with tied layers across pipeline stages is not built (stage 2 "
-            "reduces each micro-batch's gradients before the tied sum); use "
-            "zero_optimization.stage 1 (DeepSpeed's pipeline engine allows only 0 and 1)")
+            f"zero: ZeRO stage {stage} with gradient_accumulation_steps "
+            f"{config.gradient_accumulation_steps} and tied layers across pipeline stages is not "
+            "built: the gradients are sharded (stage 2, or stage 1 with one micro-batch per "
+            "step) and reduced before the tied sum; use zero_optimization.stage 0, or stage 1 "
+            "with several micro-batches (DeepSpeed's pipeline engine allows only stages 0 and 1)")
 
 
 def _to(value, device):

@@ -407,6 +407,8 @@ def template_config(setup: Setup, micro_batch: int = 1, gradient_accumulation_st
         optimizer = {"type": "Adagrad", "params": {"lr": 1e-2}}
     elif setup.optimizer == "lion":
         optimizer = {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 0.1}}
+    elif setup.optimizer == "lamb":
+        optimizer = {"type": "Lamb", "params": {"lr": 1e-3, "weight_decay": 0.01}}
     else:
         optimizer = {"type": "SGD", "params": {
             "lr": 1e-2, "momentum": 0.9 if setup.optimizer == "sgd_momentum" else 0.0}}
@@ -502,11 +504,28 @@ def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = No
         if bool(block.get("enabled", False)) != wanted:
             block["enabled"] = wanted
             config[name] = block
+    _keep_gradient_dtype(config, setup, notes)
     try:
         load_config(config, world_size=setup.world_size)
     except ConfigError as error:
         raise TuneError(f"the recommended config does not validate: {error}") from None
     return config, notes
+
+
+def _keep_gradient_dtype(config: dict, setup: Setup, notes: list[str]) -> None:
+    """The written config accumulates gradients in the dtype the estimate counted."""
+    from zero.config.schema import FP32_DTYPES
+
+    data_types = dict(config.get("data_types") or {})
+    asked = data_types.get("grad_accum_dtype") in FP32_DTYPES and setup.precision != "fp32"
+    if setup.fp32_grads == asked:
+        return
+    if setup.fp32_grads:
+        data_types["grad_accum_dtype"] = "fp32"
+    else:
+        data_types.pop("grad_accum_dtype", None)
+    config["data_types"] = data_types
+    notes.append(f"data_types.grad_accum_dtype: {'fp32' if setup.fp32_grads else 'the training dtype'}")
 
 
 def _not_built_zero_keys() -> set[str]:

@@ -13,7 +13,7 @@ and every category is the byte count the engine's accounting registry reports af
     fp32_master      4·Ψ (stage 0)            4·Ψ/N (stages >= 1; stage 3 + 4·Ψp/N)
                      0 when training in fp32 without optimizer offload (the parameter
                      shard is the master)
-    optimizer_state  8·Ψ or 8·Ψ/N (Adam)      4· (SGD with momentum, Adagrad, Lion)    0 (SGD)
+    optimizer_state  8·Ψ or 8·Ψ/N (Adam, Lamb) 4· (SGD with momentum, Adagrad, Lion)   0 (SGD)
     bucket           0 (stage 0)              made per unit at its first gradient (stage 1:
                                               at its reduce-scatter) and freed once reduced:
                                               the backward's peak, nothing between steps.

@@ -22,6 +22,9 @@ class _BiasCorrection:
             group.setdefault("bias_correction", bool(bias_correction))
 
     def add_param_group(self, param_group: dict) -> None:
+        if param_group.get("amsgrad", self.defaults.get("amsgrad")):
+            raise RuntimeError(f"zero: {type(self).__name__} does not support the AMSGrad variant "
+                               "(nor does DeepSpeed's); use torch.optim.AdamW(amsgrad=True)")
         if "bias_correction" in self.defaults:  # (during torch's __init__ it is not yet)
             param_group.setdefault("bias_correction", self.defaults["bias_correction"])
         super().add_param_group(param_group)
