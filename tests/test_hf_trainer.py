@@ -116,16 +116,20 @@ def test_trainer_with_gradient_checkpointing_and_torch_compile_at_stage3_trains_
     assert step_losses(result) == pytest.approx(step_losses(ddp), rel=2e-3)
 
 
-@pytest.mark.parametrize("stage,bf16_master", [(2, False), (3, False), (3, True)])
-def test_trainer_in_bf16_trains_on_zero_in_bf16_near_ddp(tmp_path, ddp, stage, bf16_master):
+@pytest.mark.parametrize("stage,extra", [(2, None), (3, None), (3, "bf16-master"),
+                                         (2, "fp32-grads")])
+def test_trainer_in_bf16_trains_on_zero_in_bf16_near_ddp(tmp_path, ddp, stage, extra):
     """--bf16 (on a machine without a GPU transformers asks for --use_cpu true with it; the
     DeepSpeed config's "bf16": "auto" follows): zero's engine trains in bf16 with an fp32
     master, or with the config's bf16_master_weights_and_grads and bf16_optimizer_states with
-    none, within bf16's rounding of DDP in fp32, and save_model writes bf16 weights
-    (DeepSpeed's 16-bit save) that from_pretrained loads, near DDP's."""
+    none, or with its data_types.grad_accum_dtype fp32 (Megatron-DeepSpeed's), within bf16's
+    rounding of DDP in fp32, and save_model writes bf16 weights (DeepSpeed's 16-bit save) that
+    from_pretrained loads, near DDP's."""
     config = json.loads((EXAMPLES / f"ds_zero{stage}.json").read_text())
-    if bf16_master:
+    if extra == "bf16-master":
         config["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    if extra == "fp32-grads":
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps(config))
     result = run_trainer(tmp_path, "--deepspeed", str(path), "--bf16", "true",
