@@ -61,6 +61,16 @@ class Group {
   }
   // Which parameter each stretch of this rank's shard belongs to, and the ranks sharing them.
   virtual ParamSlices param_slices() = 0;
+
+ protected:
+  // The layout's slices owned by `rank`, worked out on the first call (only LAMB asks).
+  const std::vector<core::ShardSlice>& owned_slices(int rank) {
+    if (!slices_known_) owned_slices_ = layout().slices_owned_by(rank);
+    slices_known_ = true;
+    return owned_slices_;
+  }
+
+ public:
   // make the updated parameters visible after a step (waits for what piece_stepped started)
   virtual void gather_params() = 0;
   // Delayed parameter update: applies a finished update's parameters to this rank's shard
@@ -142,6 +152,10 @@ class Group {
   // Told, during optimizer_step, that shard_pieces()[piece] holds its new parameters (a group
   // may start gathering them while the step goes on).
   virtual void piece_stepped(std::size_t /*piece*/) {}
+
+ private:
+  std::vector<core::ShardSlice> owned_slices_;
+  bool slices_known_ = false;
 };
 
 }  // namespace zero::adapter
