@@ -26,20 +26,15 @@ class UncorrectedAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
+        for group, p, state in training.moment_steps(self):
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                state = self.state[p]
-                if not state:
-                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-                state["step"] += 1
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                state["m"].lerp_(p.grad, 1 - beta1)
-                state["v"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                c1 = 1 - beta1 ** state["step"] if group["bias_correction"] else 1.0
-                c2 = 1 - beta2 ** state["step"] if group["bias_correction"] else 1.0
-                denom = state["v"].sqrt().div_(c2 ** 0.5).add_(group["eps"])
-                p.addcdiv_(state["m"], denom, value=-group["lr"] / c1)
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            state["m"].lerp_(p.grad, 1 - beta1)
+            state["v"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            c1 = 1 - beta1 ** state["step"] if group["bias_correction"] else 1.0
+            c2 = 1 - beta2 ** state["step"] if group["bias_correction"] else 1.0
+            denom = state["v"].sqrt().div_(c2 ** 0.5).add_(group["eps"])
+            p.addcdiv_(state["m"], denom, value=-group["lr"] / c1)
 
 
 def _config(stage, **zero_extra):

@@ -41,31 +41,25 @@ class ReferenceLamb(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self):
         self.ratios = []
-        for group in self.param_groups:
+        for group, p, state in training.moment_steps(self):
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                state = self.state[p]
-                if not state:
-                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-                state["step"] += 1
-                m, v, t = state["m"], state["v"], state["step"]
-                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                eps = group["eps"]
-                denom = (v + eps).sqrt() if group["eps_inside_sqrt"] else v.sqrt() + eps
-                update = m / denom + group["weight_decay"] * p
-                seen = max(1, int(p.numel() * self.part))
-                w_norm = p.flatten()[:seen].norm().item()
-                u_norm = update.flatten()[:seen].norm().item()
-                ratio = 1.0
-                if w_norm and u_norm:
-                    ratio = min(max(w_norm / u_norm, group["min_coeff"]), group["max_coeff"])
-                self.ratios.append(ratio)
-                size = group["lr"]
-                if group["bias_correction"]:
-                    size *= (1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)
-                p.add_(update, alpha=-size * ratio)
-
+            m, v, t = state["m"], state["v"], state["step"]
+            m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            eps = group["eps"]
+            denom = (v + eps).sqrt() if group["eps_inside_sqrt"] else v.sqrt() + eps
+            update = m / denom + group["weight_decay"] * p
+            seen = max(1, int(p.numel() * self.part))
+            w_norm = p.flatten()[:seen].norm().item()
+            u_norm = update.flatten()[:seen].norm().item()
+            ratio = 1.0
+            if w_norm and u_norm:
+                ratio = min(max(w_norm / u_norm, group["min_coeff"]), group["max_coeff"])
+            self.ratios.append(ratio)
+            size = group["lr"]
+            if group["bias_correction"]:
+                size *= (1 - beta2 ** t) ** 0.5 / (1 - beta1 ** t)
+            p.add_(update, alpha=-size * ratio)
 
 def _config(stage, precision="fp32", **params):
     zero_extra = {"stage3_param_persistence_threshold": 10} if stage == 3 else {}

@@ -176,6 +176,18 @@ def reference_adamw(params, config: dict) -> torch.optim.Optimizer:
                              eps=hyper["eps"], weight_decay=hyper["weight_decay"], foreach=False)
 
 
+def moment_steps(optimizer: torch.optim.Optimizer):
+    """(group, parameter, state) for every parameter of `optimizer`, the state's step counted
+    and Adam's moments m and v made at the first: the loop of the tests' reference optimizers."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state[param]
+            if not state:
+                state.update(step=0, m=torch.zeros_like(param), v=torch.zeros_like(param))
+            state["step"] += 1
+            yield group, param, state
+
+
 def reference_grads(world: int, gas: int) -> dict[str, torch.Tensor]:
     """The single-process reference's gradients of the first step on the global batch (the
     micro-steps' losses divided by gas, as the engine scales them)."""
