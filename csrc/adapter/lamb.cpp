@@ -31,7 +31,9 @@ double trust_ratio(double w_squares, double u_squares, const OptimizerHyper& hyp
 // The slices inside `piece`, as [first, last) indices into `slices` (both in shard order).
 std::pair<std::size_t, std::size_t> slices_of(const ShardPiece& piece,
                                               const std::vector<core::ShardSlice>& slices) {
-  const auto before = [](const core::ShardSlice& s, std::int64_t at) { return s.shard_offset < at; };
+  const auto before = [](const core::ShardSlice& s, std::int64_t at) {
+    return s.shard_offset < at;
+  };
   const auto first = std::lower_bound(slices.begin(), slices.end(), piece.offset, before);
   const auto last = std::lower_bound(first, slices.end(), piece.offset + piece.grad.numel(),
                                      before);
@@ -88,10 +90,12 @@ void lamb_step(ShardState& state, const std::vector<ShardPiece>& pieces,
   if (params.sharers != nullptr) params.sharers->all_reduce(sums, Reduction::kSum)->wait();
   const at::Tensor host = sums.cpu();
   const auto* squares = host.data_ptr<double>();
-  const double step_size =
-      hyper.bias_correction
-          ? hyper.lr * std::sqrt(1.0 - std::pow(hyper.beta2, step)) / (1.0 - std::pow(hyper.beta1, step))
-          : hyper.lr;
+  double step_size = hyper.lr;
+  if (hyper.bias_correction) {
+    const double steps = static_cast<double>(step);
+    step_size *= std::sqrt(1.0 - std::pow(hyper.beta2, steps)) /
+                 (1.0 - std::pow(hyper.beta1, steps));
+  }
   for (std::size_t i = 0; i < pieces.size(); ++i) {  // the update, parameter by parameter
     const ShardPiece& piece = pieces[i];
     at::Tensor w = state.master_of(piece);

@@ -30,7 +30,7 @@ class ShardState;
 struct ParamSlices {
   std::size_t param_count = 0;
   std::vector<core::ShardSlice> slices;  // this rank's, in shard order
-  Communicator* sharers = nullptr;       // sums per-parameter squares; null: every one is whole here
+  Communicator* sharers = nullptr;       // sums per-parameter squares; null: all whole here
 };
 
 // One LAMB step of `state`'s pieces (gradients multiplied by grad_scale) on the device; the
