@@ -259,3 +259,24 @@ def test_a_groups_bounds_are_checked_before_any_group_steps():
              "bias_correction": True, "max_coeff": 0.3, "min_coeff": 0.5, "eps_inside_sqrt": False}
     with pytest.raises(ValueError, match="min_coeff 0.5 is above its max_coeff 0.3"):
         optimizer_hyper("lamb", group, True)
+
+
+def _coefficients(rank, world, config):
+    import zero
+
+    model = training.make_model()
+    engine, _, _, _ = zero.initialize(model=model, config=config, model_parameters=_groups(model))
+    before = engine.optimizer.get_lamb_coeffs()
+    training.train_engine(engine, rank, world, STEPS, GAS)
+    return before, engine.optimizer.optimizer.get_lamb_coeffs()  # as bing_bert reaches it
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_get_lamb_coeffs_gives_the_last_steps_ratios_in_group_order(stage):
+    """DeepSpeed's FusedLamb.get_lamb_coeffs() (bing_bert logs it): every parameter's ratio of
+    the last step, group by group, the same on every rank."""
+    config = _config(stage)
+    _, _, expected = _reference(config)
+    for before, after in run_distributed(_coefficients, WORLD, args=(config,)):
+        assert before == []
+        assert after == pytest.approx(expected, rel=1e-4)

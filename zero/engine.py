@@ -39,7 +39,8 @@ from .monitor import Watch
 from .monitor.throughput import ThroughputTimer
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
 from .optimizer import (TORCH_CONFIG_TYPES, OptimizerSpec, ZeroOptimizer, check_client_states,
-                        check_external, check_lamb, fill_initial_state, torch_optimizer)
+                        check_external, check_lamb, fill_initial_state, torch_optimizer,
+                        trust_ratios)
 from .parameter_offload import ParameterOffload
 from offload.progress import SwapWriteProgress
 from .reports.table import format_report, format_report_line
@@ -129,8 +130,10 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             consecutive_hysteresis=config.fp16.consecutive_hysteresis,
             min_loss_scale=config.fp16.min_loss_scale)
             if config.fp16.enabled or self.forward_autocast.loss_scaled else None)
+        live = weakref.ref(self)  # (the optimizer may outlive the engine)
         self.optimizer = ZeroOptimizer(spec, groups, self.loss_scaler,
-                                       owners=[group.owner for group in self._engine_groups])
+                                       owners=[group.owner for group in self._engine_groups],
+                                       trust_ratios=lambda: trust_ratios(live()))
         fill_initial_state(self._core, self._engine_groups, groups)
         if self._stage3 is not None:  # DeepSpeed's stage-3 optimizer has one
             self.optimizer.parameter_offload = ParameterOffload(

@@ -172,6 +172,16 @@ def check_external(spec: OptimizerSpec, config) -> None:
             "offload_optimizer or use one of those")
 
 
+def trust_ratios(engine) -> dict[int, float]:
+    """LAMB's last step: each engine group's trust ratios, by id of the parameter (none once
+    the engine is gone)."""
+    core = getattr(engine, "core", None)
+    if core is None:
+        return {}
+    return {id(param): ratio for g, group in enumerate(engine.groups)
+            for param, ratio in zip(group.params, core.group_trust_ratios(g))}
+
+
 def fill_initial_state(core, engine_groups, param_groups) -> None:
     """Adagrad's sum starts at its group's initial_accumulator_value, as torch fills it when
     the optimizer is built (the engine's arrays start at 0): this rank's shard of each engine
@@ -199,7 +209,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     optimizer has one; it is absent at the other stages, as there."""
 
     def __init__(self, spec: OptimizerSpec, param_groups: list[dict],  # noqa: super-init-not-called
-                 loss_scaler=None, owners: list[int] | None = None):
+                 loss_scaler=None, owners: list[int] | None = None, trust_ratios=None):
         self.spec = spec
         self.param_groups = param_groups
         self.owners = owners or []  # the optimizer group of each engine group
@@ -207,6 +217,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.state = collections.defaultdict(dict)
         self.overflow = False  # the last step was skipped (fp16 overflow, non-finite grads)
         self._loss_scaler = loss_scaler  # fp16's (zero/loss_scaler.py); None otherwise
+        self._trust_ratios = trust_ratios  # LAMB's: () -> {id(parameter): last ratio}
 
     def _get_scale(self) -> float:
         return self._loss_scaler.loss_scale if self._loss_scaler is not None else 1.0
@@ -231,6 +242,23 @@ class ZeroOptimizer(torch.optim.Optimizer):
             hypers.append(optimizer_hyper(self.spec.kind, group, self.spec.decoupled_weight_decay,
                                           external))
         return hypers
+
+    @property
+    def optimizer(self) -> "ZeroOptimizer":
+        """DeepSpeed's ZeRO and fp16 optimizers wrap the basic one as `.optimizer` (its
+        param_groups the same); here it is this object (bing_bert's
+        `optimizer.optimizer.get_lamb_coeffs()`)."""
+        return self
+
+    def get_lamb_coeffs(self) -> list[float]:
+        """DeepSpeed's FusedLamb.get_lamb_coeffs(): each parameter's trust ratio at the last
+        step, in parameter-group order (empty before the first step)."""
+        if self.spec.kind != "lamb" or self._trust_ratios is None:
+            raise ValueError(f"zero: get_lamb_coeffs() is LAMB's; this engine's optimizer is "
+                             f"{self.spec.label}")
+        ratios = self._trust_ratios()
+        return [ratios[id(p)] for group in self.param_groups for p in group["params"]
+                if id(p) in ratios]
 
     def state_dict(self) -> dict:
         state = {"param_groups": [{k: v for k, v in g.items() if k != "params"}

@@ -54,13 +54,16 @@ class Group {
   void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) {
     const auto stepped = [this](std::size_t piece) { piece_stepped(piece); };
     if (hyper.kind == OptimizerKind::kLamb) {  // per-parameter norms over the sharing ranks
-      lamb_step(shard_state(), shard_pieces(), param_slices(), hyper, grad_scale, step, stepped);
+      trust_ratios_ = lamb_step(shard_state(), shard_pieces(), param_slices(), hyper, grad_scale,
+                                step, stepped);
       return;
     }
     shard_state().step(shard_pieces(), hyper, grad_scale, step, stepped);
   }
   // Which parameter each stretch of this rank's shard belongs to, and the ranks sharing them.
   virtual ParamSlices param_slices() = 0;
+  // LAMB: each parameter's trust ratio at the last step (none before the first).
+  const std::vector<double>& trust_ratios() const { return trust_ratios_; }
 
  protected:
   // The layout's slices owned by `rank`, worked out on the first call (only LAMB asks).
@@ -156,6 +159,7 @@ class Group {
  private:
   std::vector<core::ShardSlice> owned_slices_;
   bool slices_known_ = false;
+  std::vector<double> trust_ratios_;
 };
 
 }  // namespace zero::adapter

@@ -72,7 +72,7 @@ at::Tensor squares_per_param(ShardState& state, const std::vector<ShardPiece>& p
 
 }  // namespace
 
-void lamb_step(ShardState& state, const std::vector<ShardPiece>& pieces,
+std::vector<double> lamb_step(ShardState& state, const std::vector<ShardPiece>& pieces,
                const ParamSlices& params, const OptimizerHyper& hyper, double grad_scale,
                std::int64_t step, const std::function<void(std::size_t)>& stepped) {
   TORCH_CHECK(hyper.kind == OptimizerKind::kLamb, "zero: lamb_step stepped with ",
@@ -96,6 +96,10 @@ void lamb_step(ShardState& state, const std::vector<ShardPiece>& pieces,
     step_size *= std::sqrt(1.0 - std::pow(hyper.beta2, steps)) /
                  (1.0 - std::pow(hyper.beta1, steps));
   }
+  std::vector<double> ratios(params.param_count);
+  for (std::size_t p = 0; p < params.param_count; ++p) {
+    ratios[p] = trust_ratio(squares[2 * p], squares[2 * p + 1], hyper);
+  }
   for (std::size_t i = 0; i < pieces.size(); ++i) {  // the update, parameter by parameter
     const ShardPiece& piece = pieces[i];
     at::Tensor w = state.master_of(piece);
@@ -104,14 +108,14 @@ void lamb_step(ShardState& state, const std::vector<ShardPiece>& pieces,
     const auto [first, last] = slices_of(piece, params.slices);
     for (std::size_t s = first; s < last; ++s) {
       const core::ShardSlice& slice = params.slices[s];
-      const double ratio = trust_ratio(squares[2 * slice.param], squares[2 * slice.param + 1],
-                                       hyper);
       const std::int64_t at = slice.shard_offset - piece.offset;
-      w.narrow(0, at, slice.numel).add_(u.narrow(0, at, slice.numel), -step_size * ratio);
+      w.narrow(0, at, slice.numel).add_(u.narrow(0, at, slice.numel),
+                                        -step_size * ratios[slice.param]);
     }
     if (state.keeps_master()) store_params(piece, 0, w);
     if (stepped) stepped(i);
   }
+  return ratios;
 }
 
 }  // namespace zero::adapter

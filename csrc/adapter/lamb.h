@@ -35,7 +35,8 @@ struct ParamSlices {
 
 // One LAMB step of `state`'s pieces (gradients multiplied by grad_scale) on the device; the
 // new parameters land in the pieces and stepped(i) follows piece i's. step is 1-based.
-void lamb_step(ShardState& state, const std::vector<ShardPiece>& pieces,
+// Returns every parameter's trust ratio (the same on every rank sharing them).
+std::vector<double> lamb_step(ShardState& state, const std::vector<ShardPiece>& pieces,
                const ParamSlices& params, const OptimizerHyper& hyper, double grad_scale,
                std::int64_t step, const std::function<void(std::size_t)>& stepped);
 

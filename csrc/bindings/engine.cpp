@@ -290,6 +290,9 @@ void add_groups(Core& core) {
            at::NoGradGuard no_grad;
            awake(e, g).write_array(name, offset, values);
          }, py::arg("group"), py::arg("name"), py::arg("offset"), py::arg("values"))
+    .def("group_trust_ratios",  // LAMB's last step, per parameter of the group
+         [](adapter::EngineCore& e, std::size_t g) { return e.group(g).trust_ratios(); },
+         py::arg("group"))
     .def("group_accumulated_grad",  // stages 0-1: a view of one parameter's gradient buffer
          [](adapter::EngineCore& e, std::size_t g, std::size_t index) {
            return e.group(g).accumulated_grad(index);

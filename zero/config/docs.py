@@ -135,8 +135,9 @@ DIFFERENCES = """\
   with FusedLamb, one ratio per partition. Without ZeRO the two agree. Under tensor
   parallelism the ratio is over each rank's slice, as DeepSpeed with Megatron. zero builds it
   at stages 1-3 without `zero_allow_untested_optimizer` (DeepSpeed asks for it) and with a
-  static fp16 loss scale (DeepSpeed asserts dynamic scaling); `get_lamb_coeffs()` is not
-  provided.
+  static fp16 loss scale (DeepSpeed asserts dynamic scaling). `engine.optimizer.get_lamb_coeffs()`
+  (also as DeepSpeed's fp16 path reaches it, `engine.optimizer.optimizer...`) lists the last
+  step's ratios parameter by parameter.
 * An unknown `warmup_type` is an error (DeepSpeed warns and falls back to `"log"`).
 * Scheduler values are numbers; DeepSpeed's per-param-group lists are not accepted.
 * `fp16.min_loss_scale` accepts fractions (> 0); DeepSpeed types it as an integer.
