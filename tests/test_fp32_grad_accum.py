@@ -250,14 +250,14 @@ def test_torch_style_backward_and_offload_states_compose_bit_for_bit(stage, extr
 
 
 # ---- a pipeline's tied weights ---------------------------------------------------------------
-def _pipeline(rank, world):
+def _pipeline(rank, world, zero_stage):
     import zero.compat.deepspeed as deepspeed
     from test_pipe import MODEL, MICRO_BATCHES, STEPS as PIPE_STEPS, config, data
     from zero.models.pipe_gpt import cross_entropy, pipe_layers
 
     module = deepspeed.pipe.PipelineModule(layers=pipe_layers(MODEL), num_stages=2,
                                            loss_fn=cross_entropy, seed_layers=True)
-    ds_config = dict(config(), bf16={"enabled": True}, data_types=dict(FP32_GRADS))
+    ds_config = dict(config(stage=zero_stage), bf16={"enabled": True}, data_types=dict(FP32_GRADS))
     engine, _, _, _ = deepspeed.initialize(model=module, config=ds_config)
     grid = engine.grid
     d = grid.get_data_parallel_id()
@@ -269,13 +269,15 @@ def _pipeline(rank, world):
     return losses, tied[0].detach().float().clone(), grid.get_stage_id()
 
 
-def test_a_pipeline_sums_tied_weights_fp32_gradients_across_stages():
-    """2 stages x 2 data ranks, the embedding tied to the head: each stage adds its part of
-    the tied gradient in fp32, the stages sum them (DeepSpeed sums _hp_grad), so both copies
-    take the same step and the run tracks the single-process fp32 model."""
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_a_pipeline_sums_tied_weights_fp32_gradients_across_stages(zero_stage):
+    """2 stages x 2 data ranks, the embedding tied to the head (Megatron-DeepSpeed's bf16 GPT
+    with ZeRO 0 or 1): each stage adds its part of the tied gradient in fp32, the stages sum
+    them (DeepSpeed sums _hp_grad), so both copies take the same step and the run tracks the
+    single-process fp32 model."""
     from test_pipe import reference
 
-    results = run_distributed(_pipeline, 4, timeout=120)
+    results = run_distributed(_pipeline, 4, args=(zero_stage,), timeout=120)
     stage0 = [r for r in results if r[2] == 0]
     stage1 = [r for r in results if r[2] == 1]
     assert torch.equal(stage0[0][1], stage1[0][1])  # both stages' copies stepped alike
