@@ -21,6 +21,17 @@ at::Tensor direction(const at::Tensor& w, const at::Tensor& m, const at::Tensor&
   return u;
 }
 
+// A piece's master (what the update writes) and its update direction from the moments. The
+// step computes it twice, for the norms and for the update, rather than keep the whole
+// shard's directions alive in between (as FusedLamb's two kernels do).
+std::pair<at::Tensor, at::Tensor> master_and_direction(ShardState& state, const ShardPiece& piece,
+                                                       const OptimizerHyper& hyper) {
+  at::Tensor w = state.master_of(piece);
+  const std::vector<at::Tensor> moments = state.states_of(piece);
+  at::Tensor u = direction(w, moments[0], moments[1], hyper);
+  return {std::move(w), std::move(u)};
+}
+
 double trust_ratio(double w_squares, double u_squares, const OptimizerHyper& hyper) {
   const double w = std::sqrt(w_squares);
   const double u = std::sqrt(u_squares);
@@ -49,9 +60,7 @@ at::Tensor squares_per_param(ShardState& state, const std::vector<ShardPiece>& p
   std::vector<at::Tensor> w_squares, u_squares;
   std::vector<std::int64_t> owner;
   for (const ShardPiece& piece : pieces) {
-    const at::Tensor w = state.master_of(piece);
-    const std::vector<at::Tensor> moments = state.states_of(piece);
-    const at::Tensor u = direction(w, moments[0], moments[1], hyper);
+    const auto [w, u] = master_and_direction(state, piece, hyper);
     const auto [first, last] = slices_of(piece, params.slices);
     for (std::size_t i = first; i < last; ++i) {
       const core::ShardSlice& slice = params.slices[i];
@@ -73,8 +82,9 @@ at::Tensor squares_per_param(ShardState& state, const std::vector<ShardPiece>& p
 }  // namespace
 
 std::vector<double> lamb_step(ShardState& state, const std::vector<ShardPiece>& pieces,
-               const ParamSlices& params, const OptimizerHyper& hyper, double grad_scale,
-               std::int64_t step, const std::function<void(std::size_t)>& stepped) {
+                              const ParamSlices& params, const OptimizerHyper& hyper,
+                              double grad_scale, std::int64_t step,
+                              const std::function<void(std::size_t)>& stepped) {
   TORCH_CHECK(hyper.kind == OptimizerKind::kLamb, "zero: lamb_step stepped with ",
               optimizer_name(hyper.kind));
   TORCH_CHECK_VALUE(hyper.min_coeff <= hyper.max_coeff, "zero: LAMB's min_coeff ",
@@ -102,9 +112,7 @@ std::vector<double> lamb_step(ShardState& state, const std::vector<ShardPiece>& 
   }
   for (std::size_t i = 0; i < pieces.size(); ++i) {  // the update, parameter by parameter
     const ShardPiece& piece = pieces[i];
-    at::Tensor w = state.master_of(piece);
-    const std::vector<at::Tensor> moments = state.states_of(piece);
-    const at::Tensor u = direction(w, moments[0], moments[1], hyper);
+    const auto [w, u] = master_and_direction(state, piece, hyper);
     const auto [first, last] = slices_of(piece, params.slices);
     for (std::size_t s = first; s < last; ++s) {
       const core::ShardSlice& slice = params.slices[s];

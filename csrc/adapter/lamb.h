@@ -37,7 +37,8 @@ struct ParamSlices {
 // new parameters land in the pieces and stepped(i) follows piece i's. step is 1-based.
 // Returns every parameter's trust ratio (the same on every rank sharing them).
 std::vector<double> lamb_step(ShardState& state, const std::vector<ShardPiece>& pieces,
-               const ParamSlices& params, const OptimizerHyper& hyper, double grad_scale,
-               std::int64_t step, const std::function<void(std::size_t)>& stepped);
+                              const ParamSlices& params, const OptimizerHyper& hyper,
+                              double grad_scale, std::int64_t step,
+                              const std::function<void(std::size_t)>& stepped);
 
 }  // namespace zero::adapter

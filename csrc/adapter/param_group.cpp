@@ -171,16 +171,21 @@ void ParamGroup::refresh_master() {
   }
 }
 
+void ParamGroup::fold_grad(std::size_t index) {
+  at::Tensor& grad = params_[index].mutable_grad();
+  if (grad.defined()) place_in(grad_full_.tensor(), index).add_(grad);
+  grad = at::Tensor();
+}
+
 void ParamGroup::prepare_backward() {
   if (!grad_full_.defined()) return;
+  const bool apart = grads_apart();
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& grad = params_[i].mutable_grad();
-    if (grads_apart()) {
-      // what was accumulated outside the engine joins the buffer; backward starts from None
-      if (grad.defined()) place_in(grad_full_.tensor(), i).add_(grad);
-      grad = at::Tensor();
+    if (apart) {  // what was accumulated outside the engine joins the buffer
+      fold_grad(i);
       continue;
     }
+    at::Tensor& grad = params_[i].mutable_grad();
     const at::Tensor view = place_in(grad_full_.tensor(), i);
     if (!grad.defined()) {
       view.zero_();  // zero_grad(set_to_none=True) between micro-steps: start from zero
@@ -206,11 +211,7 @@ std::optional<std::size_t> ParamGroup::grad_ready(std::size_t index, bool bounda
     grad = at::Tensor();  // the bucket has it; release autograd's full-size gradient
     return completed;
   }
-  if (grads_apart()) {  // this micro-step's 16-bit gradient, added in fp32 and released
-    at::Tensor& grad = params_[index].mutable_grad();
-    if (grad.defined()) place_in(grad_full_.tensor(), index).add_(grad);
-    grad = at::Tensor();
-  }
+  if (grads_apart()) fold_grad(index);  // this micro-step's 16-bit gradient, added in fp32
   if (boundary) return reducer_->grad_ready(index, params_[index].grad());
   return std::nullopt;
 }

@@ -184,6 +184,8 @@ class ParamGroup : public Group {
     return grad_full_.defined() &&
            grad_full_.tensor().scalar_type() != param_buffer_.tensor().scalar_type();
   }
+  // grads_apart(): adds parameter `index`'s .grad into the full buffer and releases it.
+  void fold_grad(std::size_t index);
   std::int64_t piece_numel(std::size_t unit) const { return layout_.unit(unit).shard_numel(); }
   at::Tensor full_piece(const at::Tensor& full, std::size_t unit) const;
   // The pieces of the param buffer holding shard [offset, offset + numel), in order: each a

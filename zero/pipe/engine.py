@@ -220,9 +220,9 @@ class PipelineEngine(ZeroEngine):
         self.module.allreduce_tied_weight_gradients(grad_of=self._accumulated_grad)
 
     def _accumulated_grad(self, weight: torch.Tensor):
-        """A weight's gradient as this batch accumulated it: its place in the engine's
+        """A weight's gradient as this batch accumulated it: its place in the engine's full
         gradient buffer (the one param.grad views, or the fp32 one of data_types.grad_accum_dtype
-        fp32), or weight.grad where gradients are sharded."""
+        fp32); weight.grad for a weight the engine does not train."""
         for g, group in enumerate(self._engine_groups):
             for i, param in enumerate(group.params):
                 if param is weight:
