@@ -214,11 +214,11 @@ void EngineCore::span_norm(std::vector<double> weights, const std::string& span_
   span_ = std::make_unique<Communicator>(resolve_group(span_group));
 }
 
-double EngineCore::global_grad_norm(double loss_scale) {
+double EngineCore::global_grad_norm(const std::vector<double>& unscale) {
   double square_sum = 0.0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const double weight = norm_weights_.empty() ? 1.0 : norm_weights_[g];
-    square_sum += weight * groups_[g]->grad_square_sum();
+    square_sum += weight * unscale[g] * unscale[g] * groups_[g]->grad_square_sum();
   }
   if (stage_ >= 1 || span_) {
     at::Tensor total = at::tensor({square_sum}, at::TensorOptions().dtype(at::kDouble).device(
@@ -228,7 +228,7 @@ double EngineCore::global_grad_norm(double loss_scale) {
     if (span_) span_->all_reduce(total, Reduction::kSum)->wait();  // the other parts'
     square_sum = total.item<double>();
   }
-  return std::sqrt(square_sum) / loss_scale;
+  return std::sqrt(square_sum);
 }
 
 StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double loss_scale,
@@ -244,9 +244,10 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
     group->hold_grads();
     group->reducer().zero_unreduced();  // a discarded host shard: what no backward reached
   }
+  std::vector<double> unscale(groups_.size(), 1.0 / loss_scale);
   {
     RECORD_FUNCTION("zero::grad_norm", {});
-    result.grad_norm = global_grad_norm(loss_scale);
+    result.grad_norm = global_grad_norm(unscale);
   }
   // The norm is all-reduced, so every rank sees the same non-finite value: in any dtype, a
   // NaN or Inf gradient anywhere skips the step everywhere and never reaches the weights
@@ -256,13 +257,17 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
     zero_grads();
     return result;
   }
+  if (orthogonalize_grads(hypers, unscale)) {  // the norm is the updates' (DeepSpeed's too)
+    RECORD_FUNCTION("zero::grad_norm", {});
+    result.grad_norm = global_grad_norm(unscale);
+  }
   if (max_norm > 0.0) {
     // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1.
     result.clip_coef = std::min(1.0, max_norm / (result.grad_norm + 1e-6));
   }
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     RECORD_FUNCTION("zero::optimizer_step", {});
-    groups_[g]->optimizer_step(hypers[g], result.clip_coef / loss_scale, step);
+    groups_[g]->optimizer_step(hypers[g], result.clip_coef * unscale[g], step);
   }
   for (auto& group : groups_) {
     RECORD_FUNCTION("zero::gather_params", {});
@@ -271,6 +276,19 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   RECORD_FUNCTION("zero::zero_grads", {});
   zero_grads();
   return result;
+}
+
+bool EngineCore::orthogonalize_grads(const std::vector<OptimizerHyper>& hypers,
+                                     std::vector<double>& unscale) {
+  RECORD_FUNCTION("zero::muon_updates", {});
+  bool any = false;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g]->orthogonalize_grads(hypers[g], unscale[g])) {
+      unscale[g] = 1.0;
+      any = true;
+    }
+  }
+  return any;
 }
 
 void EngineCore::release_gathered() {

@@ -10,6 +10,7 @@
 
 #include "adapter/grad_reducer.h"
 #include "adapter/lamb.h"
+#include "adapter/muon.h"
 #include "adapter/offload_info.h"
 #include "adapter/optimizer_math.h"
 #include "adapter/parked_states.h"
@@ -49,6 +50,13 @@ class Group {
   // the step reads them.
   virtual void hold_grads() {}
   virtual double grad_square_sum() const = 0;  // over the gradients this rank owns, in fp32
+  // Muon: the gradients (multiplied by grad_scale, 1 / the loss scale) become Muon's unscaled
+  // updates (muon.h), before the norm is taken; returns false for every other kind.
+  bool orthogonalize_grads(const OptimizerHyper& hyper, double grad_scale) {
+    if (hyper.kind != OptimizerKind::kMuon) return false;
+    muon_updates(shard_state(), shard_pieces(), param_slices(), hyper, grad_scale);
+    return true;
+  }
   // step: 1-based count of applied optimizer steps, including this one. The new parameters
   // land in this rank's pieces (shard_pieces).
   void optimizer_step(const OptimizerHyper& hyper, double grad_scale, std::int64_t step) {
@@ -66,7 +74,7 @@ class Group {
   const std::vector<double>& trust_ratios() const { return trust_ratios_; }
 
  protected:
-  // The layout's slices owned by `rank`, worked out on the first call (only LAMB asks).
+  // The layout's slices owned by `rank`, worked out on the first call (LAMB and Muon ask).
   const std::vector<core::ShardSlice>& owned_slices(int rank) {
     if (!slices_known_) owned_slices_ = layout().slices_owned_by(rank);
     slices_known_ = true;

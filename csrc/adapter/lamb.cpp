@@ -39,19 +39,6 @@ double trust_ratio(double w_squares, double u_squares, const OptimizerHyper& hyp
   return std::clamp(w / u, hyper.min_coeff, hyper.max_coeff);
 }
 
-// The slices inside `piece`, as [first, last) indices into `slices` (both in shard order).
-std::pair<std::size_t, std::size_t> slices_of(const ShardPiece& piece,
-                                              const std::vector<core::ShardSlice>& slices) {
-  const auto before = [](const core::ShardSlice& s, std::int64_t at) {
-    return s.shard_offset < at;
-  };
-  const auto first = std::lower_bound(slices.begin(), slices.end(), piece.offset, before);
-  const auto last = std::lower_bound(first, slices.end(), piece.offset + piece.grad.numel(),
-                                     before);
-  return {static_cast<std::size_t>(first - slices.begin()),
-          static_cast<std::size_t>(last - slices.begin())};
-}
-
 // Per parameter, this rank's sum of w^2 and of u^2 (before the update), [param_count, 2] in
 // double on the pieces' device.
 at::Tensor squares_per_param(ShardState& state, const std::vector<ShardPiece>& pieces,

@@ -17,21 +17,13 @@
 
 #include <ATen/Tensor.h>
 
-#include "adapter/collectives.h"
 #include "adapter/optimizer_math.h"
+#include "adapter/param_slices.h"
 #include "adapter/shard_piece.h"
-#include "core/sharded_layout.h"
 
 namespace zero::adapter {
 
 class ShardState;
-
-// Which parameter each stretch of a rank's shard belongs to, and who shares the parameters.
-struct ParamSlices {
-  std::size_t param_count = 0;
-  std::vector<core::ShardSlice> slices;  // this rank's, in shard order
-  Communicator* sharers = nullptr;       // sums per-parameter squares; null: all whole here
-};
 
 // One LAMB step of `state`'s pieces (gradients multiplied by grad_scale) on the device; the
 // new parameters land in the pieces and stepped(i) follows piece i's. step is 1-based.

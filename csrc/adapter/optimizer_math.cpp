@@ -14,6 +14,7 @@ const char* optimizer_name(OptimizerKind kind) {
     case OptimizerKind::kAdagrad: return "Adagrad";
     case OptimizerKind::kLion: return "Lion";
     case OptimizerKind::kLamb: return "LAMB";
+    case OptimizerKind::kMuon: return "Muon";
     case OptimizerKind::kExternal: return "an external optimizer";
   }
   return "?";
@@ -28,6 +29,7 @@ std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_mome
                                                   : std::vector<std::string>{};
     case OptimizerKind::kAdagrad: return {"sum"};
     case OptimizerKind::kLion: return {"exp_avg"};
+    case OptimizerKind::kMuon: return {"momentum_buffer"};
     case OptimizerKind::kExternal: return external;
   }
   return {};
@@ -47,6 +49,7 @@ void update_fp32(at::Tensor& param, const at::Tensor& grad, std::vector<at::Tens
     case OptimizerKind::kLion: return lion_update(param, grad, states.at(0), hyper);
     case OptimizerKind::kLamb:
       TORCH_CHECK(false, "zero: LAMB needs whole-parameter norms; it is stepped by lamb_step");
+    case OptimizerKind::kMuon: return muon_apply(param, grad, hyper);
     case OptimizerKind::kExternal:
       TORCH_CHECK(hyper.external, "zero: an external optimizer's group stepped without its update");
       return hyper.external(param, grad, states);
@@ -120,6 +123,11 @@ void lion_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
   if (hyper.weight_decay != 0.0) param.mul_(1.0 - hyper.lr * hyper.weight_decay);
   param.add_(direction, -hyper.lr);
   exp_avg.mul_(hyper.beta2).add_(grad, 1.0 - hyper.beta2);
+}
+
+void muon_apply(at::Tensor& param, const at::Tensor& update, const OptimizerHyper& hyper) {
+  if (hyper.weight_decay != 0.0) param.mul_(1.0 - hyper.lr * hyper.weight_decay);
+  param.add_(update, -hyper.lr);
 }
 
 }  // namespace zero::adapter

@@ -12,12 +12,20 @@
 
 #include <ATen/Tensor.h>
 
+#include "core/dtype.h"
+
 namespace zero::adapter {
 
 // kExternal: any other optimizer, run outside the engine on the whole shard (a torch optimizer
 // in Python: zero/external_optimizer.py) through OptimizerHyper::external. kLamb needs
-// whole-parameter norms, so it is stepped by lamb.h, not optimizer_update.
-enum class OptimizerKind { kAdam, kSgd, kAdagrad, kLion, kLamb, kExternal };
+// whole-parameter norms, so it is stepped by lamb.h, not optimizer_update. kMuon's gradients
+// are replaced by their orthogonalized updates before the step (muon.h); optimizer_update
+// then applies them.
+enum class OptimizerKind { kAdam, kSgd, kAdagrad, kLion, kLamb, kMuon, kExternal };
+
+// Muon's Newton-Schulz iteration (DeepSpeed's ns_method): "gram" iterates on the small Gram
+// matrix in fp16, "standard" on the matrix itself in bf16; the same map up to rounding.
+enum class NsMethod { kGram, kStandard };
 
 // An external update of one shard: `master` (fp32, updated in place), its fp32 `grads`
 // (unscaled and clipped), and the group's per-element arrays in its state-name order.
@@ -47,12 +55,17 @@ struct OptimizerHyper {
   double max_coeff = 10.0;
   double min_coeff = 0.01;
   bool eps_inside_sqrt = false;
+  // Muon (with momentum, nesterov and weight_decay above)
+  NsMethod ns_method = NsMethod::kGram;
+  std::int64_t ns_steps = 5;
+  core::DType ns_dtype = core::DType::kFloat16;  // the iteration's (zero/muon.py picks it)
   ExternalUpdate external;  // kExternal
 };
 
 // The arrays a kind keeps per element, laid out like the shard, under torch.optim's state
 // names, in the order optimizer_update takes them: Adam (and LAMB) exp_avg and exp_avg_sq, SGD
-// momentum_buffer (only with momentum), Adagrad sum, Lion exp_avg; an external optimizer's
+// momentum_buffer (only with momentum), Adagrad sum, Lion exp_avg, Muon momentum_buffer; an
+// external optimizer's
 // are its own (`external`).
 std::vector<std::string> optimizer_state_names(OptimizerKind kind, bool sgd_momentum,
                                                const std::vector<std::string>& external = {});
@@ -76,6 +89,10 @@ void sgd_update(at::Tensor& param, at::Tensor grad, at::Tensor& momentum_buffer,
 // torch.optim.Adagrad.
 void adagrad_update(at::Tensor& param, at::Tensor grad, at::Tensor& sum,
                     const OptimizerHyper& hyper, std::int64_t step);
+
+// Muon's step from its update (muon.h left it in `update`, scaled): decoupled weight decay,
+// then param -= lr * update.
+void muon_apply(at::Tensor& param, const at::Tensor& update, const OptimizerHyper& hyper);
 
 // Lion (Chen et al. 2023): param -= lr * (sign(beta1 m + (1 - beta1) g) + weight_decay param),
 // then m = beta2 m + (1 - beta2) g. sign(0) is 0, as in the paper.

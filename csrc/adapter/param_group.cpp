@@ -242,7 +242,7 @@ std::vector<ShardPiece> ParamGroup::shard_pieces() const {
 ParamSlices ParamGroup::param_slices() {
   // stage 0 lays out for one rank: every parameter is whole here, as on every rank
   return {layout_.param_count(), owned_slices(rank_),
-          options_.stage == 0 ? nullptr : &communicator_};
+          options_.stage == 0 ? nullptr : &communicator_, &layout_};
 }
 
 void ParamGroup::piece_stepped(std::size_t unit) {

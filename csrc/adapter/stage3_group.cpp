@@ -490,7 +490,7 @@ void Stage3Group::gather_params() {
 
 ParamSlices Stage3Group::param_slices() {
   // (with MiCS communicator_ is the shard group: the replicas hold the same slices)
-  return {layout_.param_count(), owned_slices(communicator_.rank()), &communicator_};
+  return {layout_.param_count(), owned_slices(communicator_.rank()), &communicator_, &layout_};
 }
 
 void Stage3Group::zero_grads() { start_grad_window(grad_shard_, *reducer_); }

@@ -5,6 +5,7 @@
 #include "bindings/bindings.h"
 
 #include "adapter/gather_schedule.h"
+#include "adapter/muon.h"
 #include "adapter/offloaded_state.h"
 #include "adapter/optimizer_math.h"
 #include "adapter/param_group.h"
@@ -27,6 +28,7 @@ void bind_options(py::module_& m) {
       .value("adagrad", adapter::OptimizerKind::kAdagrad)
       .value("lion", adapter::OptimizerKind::kLion)
       .value("lamb", adapter::OptimizerKind::kLamb)
+      .value("muon", adapter::OptimizerKind::kMuon)
       .value("external", adapter::OptimizerKind::kExternal);
   // The fp32 arrays a kind keeps per element, by name: the one list the estimator and the
   // memory report count (an external optimizer's come from its probe instead).
@@ -35,6 +37,10 @@ void bind_options(py::module_& m) {
           return adapter::optimizer_state_names(kind, sgd_momentum, {});
         },
         py::arg("kind"), py::arg("sgd_momentum") = false);
+
+  py::enum_<adapter::NsMethod>(m, "NsMethod")
+      .value("gram", adapter::NsMethod::kGram)
+      .value("standard", adapter::NsMethod::kStandard);
 
   // offload_states' kinds, under DeepSpeed's OffloadStateTypeEnum names
   py::enum_<adapter::StateKind>(m, "StateKind")
@@ -61,7 +67,15 @@ void bind_options(py::module_& m) {
       .def_readwrite("max_coeff", &Hyper::max_coeff)
       .def_readwrite("min_coeff", &Hyper::min_coeff)
       .def_readwrite("eps_inside_sqrt", &Hyper::eps_inside_sqrt)
+      .def_readwrite("ns_method", &Hyper::ns_method)
+      .def_readwrite("ns_steps", &Hyper::ns_steps)
+      .def_readwrite("ns_dtype", &Hyper::ns_dtype)
       .def_readwrite("external", &Hyper::external);
+
+  // One parameter's Muon update from its blend, as the engine computes it (tests compare it
+  // with DeepSpeed's muon_update).
+  m.def("muon_orthogonalized", &adapter::orthogonalized, py::arg("blend"), py::arg("shape"),
+        py::arg("hyper"));
 
   py::class_<core::AioConfig>(m, "AioConfig")
       .def(py::init<>())

@@ -78,7 +78,7 @@ std::vector<ShardSlice> ShardedLayout::slices_owned_by(int rank) const {
   for (std::size_t u = 0; u < unit_count(); ++u) {
     for (const auto& [slot, owned] : unit(u).slices_owned_by(rank)) {
       slices.push_back({param_of_slot[u][slot], shard_offset(u) + owned.shard_offset,
-                        owned.param_end - owned.param_begin});
+                        owned.param_end - owned.param_begin, owned.param_begin});
     }
   }
   return slices;

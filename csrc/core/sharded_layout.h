@@ -26,12 +26,14 @@ namespace zero::core {
 std::vector<std::size_t> assign_units(const std::vector<std::int64_t>& numels,
                                       std::int64_t unit_numel);
 
-// The part of parameter `param` (the layout's index) that one rank owns, where it lies in that
-// rank's shard (its pieces of every unit back to back).
+// The part of parameter `param` (the layout's index) that one rank owns: its elements
+// [param_begin, param_begin + numel), and where they lie in that rank's shard (its pieces of
+// every unit back to back).
 struct ShardSlice {
   std::size_t param = 0;
   std::int64_t shard_offset = 0;
   std::int64_t numel = 0;
+  std::int64_t param_begin = 0;
 };
 
 class ShardedLayout {

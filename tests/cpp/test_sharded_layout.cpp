@@ -93,6 +93,9 @@ TEST_CASE("a rank's slices of each parameter lie where its shard keeps them", "[
   REQUIRE(second.size() == 2);
   CHECK((second[0].param == 1 && second[0].shard_offset == 0 && second[0].numel == 4));
   CHECK((second[1].param == 2 && second[1].shard_offset == 4 && second[1].numel == 3));
+  // where each slice starts inside its parameter: parameter 1's first element is rank 0's
+  CHECK((first[1].param_begin == 0 && second[0].param_begin == 1));
+  CHECK((first[2].param_begin == 0 && second[1].param_begin == 3));
   std::int64_t owned = 0;  // together the ranks own every element exactly once
   for (const auto& slices : {first, second}) {
     for (const ShardSlice& slice : slices) owned += slice.numel;
