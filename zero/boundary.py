@@ -111,6 +111,16 @@ def fp32_grads(config) -> bool:
     return config.precision != "fp32" and config.data_types.grad_accum_dtype in FP32_DTYPES
 
 
+def _ns_dtype(method: str):
+    """The dtype DeepSpeed runs Muon's Newton-Schulz in: "gram" fp16, "standard" bf16, each
+    where the accelerator supports it (on a CPU, fp16 only with oneDNN's fp16), else fp32."""
+    if method == "gram":
+        fp16 = torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_fp16_supported()
+        return _C.DType.float16 if fp16 else _C.DType.float32
+    bf16 = not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+    return _C.DType.bfloat16 if bf16 else _C.DType.float32
+
+
 def grads_sharded(stage: int, gradient_accumulation_steps: int) -> bool:
     """Whether an engine of this ZeRO stage (0-2) keeps only each rank's shard of the
     gradients: stage 2, and stage 1 when every step is one micro-step (nothing to accumulate,
@@ -153,6 +163,10 @@ def optimizer_hyper(kind: str, group: dict, decoupled_weight_decay: bool, extern
                      bias_correction=bool(group["bias_correction"]),
                      max_coeff=float(group["max_coeff"]), min_coeff=float(group["min_coeff"]),
                      eps_inside_sqrt=bool(group["eps_inside_sqrt"]), **common)
+    if kind == "muon":  # (zero/muon.py: Nesterov, 5 steps, as DeepSpeed's muon_update)
+        return typed(_C.OptimizerHyper, momentum=float(group["momentum"]), nesterov=True,
+                     ns_method=_C.NsMethod.__members__[group["ns_method"]],
+                     ns_dtype=_ns_dtype(group["ns_method"]), **common)
     if kind == "adagrad":
         return typed(_C.OptimizerHyper, eps=float(group["eps"]),
                      lr_decay=float(group.get("lr_decay", 0.0)), decoupled_weight_decay=False,

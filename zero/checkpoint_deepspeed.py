@@ -360,7 +360,9 @@ def engine_moments(engine, saved: DeepSpeedCheckpoint) -> dict | None:
     hyperparameters (Lion has no eps)."""
     names = _engine_arrays(engine)
     kind = engine.optimizer.spec.kind
-    if kind == "external":  # DeepSpeed's files hold no state of its that is not per element
+    # DeepSpeed's files hold no state of an external optimizer that is not per element; Muon's
+    # groups keep different arrays (momentum or Adam's moments), which zero does not map
+    if kind in ("external", "muon"):
         return None
     lion = all("betas" in group and "eps" not in group for group in saved.param_groups)
     if lion != (kind == "lion"):

@@ -23,7 +23,8 @@ from torch import nn
 import offload
 from offload import disk_space
 
-from . import _C, agreement, checkpoint_mesh, hybrid_engine, process_groups, sharding, stage3
+from . import _C, agreement, checkpoint_mesh, hybrid_engine, muon, process_groups, sharding
+from . import stage3
 from . import init as zero_init
 from . import offload_states as states_offload
 from .parallel import data_group
@@ -741,6 +742,10 @@ def _parameter_groups(model, config, optimizer, model_parameters):
             else OptimizerSpec.inference_only()
         source = model.parameters() if model_parameters is None else model_parameters
         raw_groups = _as_groups(source)
+        if spec.kind == "muon":
+            muon.check(config)
+            muon.tag_parameters(model)
+            raw_groups = muon.param_groups(raw_groups, config.optimizer.params)
     check_lamb(spec, config)
     groups, trainables, seen = [], [], set()
     for raw in raw_groups:

@@ -22,11 +22,12 @@ ADAGRAD_KEYS = ("lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_va
 LION_KEYS = ("lr", "betas", "weight_decay")
 LAMB_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff",
              "eps_inside_sqrt")
-# The hyperparameters of each update zero builds, and the config types that name them
+# The hyperparameters of each update zero builds, and the config types that name them. Muon's
+# groups are each Muon's or Adam's (zero/muon.py builds them with their settings).
 KINDS = {"adam": ADAM_KEYS, "sgd": SGD_KEYS, "adagrad": ADAGRAD_KEYS, "lion": LION_KEYS,
-         "lamb": LAMB_KEYS}
+         "lamb": LAMB_KEYS, "muon": ()}
 CONFIG_KINDS = {"Adam": "adam", "AdamW": "adam", "SGD": "sgd", "Adagrad": "adagrad", "Lion": "lion",
-                "Lamb": "lamb"}
+                "Lamb": "lamb", "Muon": "muon"}
 
 
 # Config types DeepSpeed builds from torch.optim (getattr(torch.optim, type)): zero builds them
@@ -114,6 +115,13 @@ class OptimizerSpec:
         ZeRO: one zero does not build itself, other than an Adam variant (amsgrad, ...)."""
         return self.external is not None and not isinstance(
             self.external.client, (torch.optim.Adam, torch.optim.AdamW))
+
+    def kind_of(self, group: dict) -> str:
+        """The update of one optimizer group: the spec's kind, but Adam for a Muon optimizer's
+        groups that are not use_muon (MuonWithAuxAdam's auxiliary Adam)."""
+        if self.kind == "muon" and not group.get("use_muon", False):
+            return "adam"
+        return self.kind
 
     def momentum_buffer_needed(self, groups) -> bool:
         return self.kind == "sgd" and any(g.get("momentum", 0.0) != 0.0 for g in groups)
@@ -239,8 +247,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for g, owner in enumerate(self.owners):
             group = self.param_groups[owner]
             external = self.spec.external.update(g, group) if self.spec.external else None
-            hypers.append(optimizer_hyper(self.spec.kind, group, self.spec.decoupled_weight_decay,
-                                          external))
+            hypers.append(optimizer_hyper(self.spec.kind_of(group), group,
+                                          self.spec.decoupled_weight_decay, external))
         return hypers
 
     @property

@@ -66,7 +66,8 @@ class GroupBuilder:
 
     def options(self, owner: int, stage: int, params: list):
         return boundary.group_options(
-            self.config, stage=stage, alignment=self.alignment, optimizer_kind=self.spec.kind,
+            self.config, stage=stage, alignment=self.alignment,
+            optimizer_kind=self.spec.kind_of(self.optimizer_groups[owner]),
             sgd_momentum=self.spec.momentum_buffer_needed([self.optimizer_groups[owner]]),
             external_states=(self.spec.external.state_names(self.optimizer_groups[owner])
                              if self.spec.external else ()),

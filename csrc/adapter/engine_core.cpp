@@ -257,7 +257,11 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
     zero_grads();
     return result;
   }
-  if (orthogonalize_grads(hypers, unscale)) {  // the norm is the updates' (DeepSpeed's too)
+  // Muon's gradients become its updates: under ZeRO before the norm is taken (DeepSpeed's ZeRO
+  // optimizers clip the updates), without it after clipping (DeepSpeed's engine clips the
+  // model's gradients, then steps).
+  const bool updates_clipped = stage_ >= 1;
+  if (updates_clipped && orthogonalize_grads(hypers, unscale)) {
     RECORD_FUNCTION("zero::grad_norm", {});
     result.grad_norm = global_grad_norm(unscale);
   }
@@ -265,9 +269,12 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
     // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1.
     result.clip_coef = std::min(1.0, max_norm / (result.grad_norm + 1e-6));
   }
+  std::vector<double> scale(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g) scale[g] = result.clip_coef * unscale[g];
+  if (!updates_clipped) orthogonalize_grads(hypers, scale);
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     RECORD_FUNCTION("zero::optimizer_step", {});
-    groups_[g]->optimizer_step(hypers[g], result.clip_coef * unscale[g], step);
+    groups_[g]->optimizer_step(hypers[g], scale[g], step);
   }
   for (auto& group : groups_) {
     RECORD_FUNCTION("zero::gather_params", {});
@@ -279,12 +286,12 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
 }
 
 bool EngineCore::orthogonalize_grads(const std::vector<OptimizerHyper>& hypers,
-                                     std::vector<double>& unscale) {
+                                     std::vector<double>& scale) {
   RECORD_FUNCTION("zero::muon_updates", {});
   bool any = false;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (groups_[g]->orthogonalize_grads(hypers[g], unscale[g])) {
-      unscale[g] = 1.0;
+    if (groups_[g]->orthogonalize_grads(hypers[g], scale[g])) {
+      scale[g] = 1.0;
       any = true;
     }
   }

@@ -99,10 +99,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // The norm of every group's gradients, each multiplied by its `unscale` (1 / the loss scale,
   // or 1 where they are unscaled already: Muon's updates).
   double global_grad_norm(const std::vector<double>& unscale);
-  // Muon's groups: their gradients become the updates (Group::orthogonalize_grads), already
-  // unscaled (their `unscale` set to 1). Returns whether there were any.
+  // Muon's groups: their gradients, multiplied by their `scale`, become the updates
+  // (Group::orthogonalize_grads); their scale is then 1. Returns whether there were any.
   bool orthogonalize_grads(const std::vector<OptimizerHyper>& hypers,
-                           std::vector<double>& unscale);
+                           std::vector<double>& scale);
   std::vector<Group*> every_group();  // groups_, then frozen_
   void launch_in_order(bool boundary);
   void adopt_observed_order();

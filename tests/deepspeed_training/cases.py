@@ -120,6 +120,29 @@ CASES = {
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
         "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
+    # Muon (MuonWithAuxAdam): each script group split into its matrices (Muon) and the rest
+    # (Adam, inline on DeepSpeed's CPU accelerator); DeepSpeed's ZeRO clips the updates
+    "stage0-muon": {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "optimizer": {"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3,
+                                                 "weight_decay": 0.1}},
+        "zero_optimization": {"stage": 0}},
+    "stage1-muon-gas2": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3,
+                                                 "weight_decay": 0.1}},
+        "zero_optimization": {"stage": 1}},
+    "stage2-muon-clip": {
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_clipping": 0.5,
+        "optimizer": {"type": "Muon", "params": {"muon_lr": 0.03, "lr": 2e-3,
+                                                 "momentum": 0.9, "betas": [0.9, 0.99]}},
+        "zero_optimization": {"stage": 2}},
+    "stage3-muon-gas2": {  # (DeepSpeed's stage 3 refuses Muon with reduce_scatter; zero not)
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3,
+                                                 "weight_decay": 0.1}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                              "reduce_scatter": False}},
     "stage3-nadam-untested": {
         "train_micro_batch_size_per_gpu": MICRO,
         "optimizer": {"type": "NAdam", "params": {"lr": 2e-3, "weight_decay": 0.01}},

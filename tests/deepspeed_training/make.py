@@ -4,6 +4,8 @@ what it raised. From the project root,
 after scripts/deepspeed_cpu.sh:
 
     PYTHONPATH=$PWD DS_ACCELERATOR=cpu build/ds-venv/bin/python tests/deepspeed_training/make.py
+
+Naming cases (make.py NAME...) reruns those alone into the existing expected.pt.
 """
 import os
 import sys
@@ -35,12 +37,14 @@ def _failure(error: Exception) -> str:
 if __name__ == "__main__":
     import deepspeed
 
-    found = {}
-    for name in cases.CASES:
+    path = os.path.join(TESTS, "deepspeed_training", "expected.pt")
+    names = sys.argv[1:] or list(cases.CASES)
+    found = torch.load(path) if sys.argv[1:] else {}
+    for name in names:
         try:
             version, run = ask_deepspeed(_run, cases.WORLD, args=(name,))
         except Exception as error:  # noqa: BLE001 - recorded: zero must not fail there
             version, run = deepspeed.__version__, {"failed": _failure(error)}
         found[name] = {"deepspeed": version, **run}
-    torch.save(found, os.path.join(TESTS, "deepspeed_training", "expected.pt"))
-    print({name: run.get("losses", run.get("failed")) for name, run in found.items()})
+    torch.save(found, path)
+    print({name: found[name].get("losses", found[name].get("failed")) for name in names})

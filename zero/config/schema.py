@@ -271,6 +271,26 @@ _LAMB_PARAMS = (
     _unsupported(BOOL, "amsgrad", False, "AMSGrad variant (FusedLamb rejects it too)."),
 )
 
+# DeepSpeed's MuonWithAuxAdam: Muon for the matrices, Adam for the rest (zero/muon.py)
+_MUON_PARAMS = (
+    _float("lr", None, "Learning rate of both halves, unless muon_lr / adam_lr set one.", minimum=0,
+           default_doc="0.02 for Muon, 3e-4 for Adam (MuonWithAuxAdam's)"),
+    _float("muon_lr", None, "Learning rate of the Muon half (over lr).", minimum=0, default_doc="lr"),
+    _float("adam_lr", None, "Learning rate of the Adam half (over lr).", minimum=0, default_doc="lr"),
+    _float("momentum", 0.95, "Muon's momentum; its update is the Nesterov blend (1 - momentum) g + momentum m, "
+           "orthogonalized.", minimum=0, maximum=1),
+    _choice("ns_method", "gram", ("gram", "standard"), "Muon's Newton-Schulz iteration: \"gram\" iterates on the "
+            "Gram matrix in fp16, \"standard\" on the matrix in bf16 (each in fp32 where the device lacks it, "
+            "as DeepSpeed)."),
+    _float("weight_decay", 0.0, "Decoupled weight decay of both halves: each step multiplies the parameters by "
+           "1 - lr * weight_decay (the Adam half's is L2 with adam_w_mode false).", minimum=0),
+    Key("betas", BETAS, (0.9, 0.95), "The Adam half's betas (MuonWithAuxAdam's default).", minimum=0, maximum=1,
+        maximum_exclusive=True),
+    _float("eps", 1e-10, "The Adam half's eps (MuonWithAuxAdam's default).", minimum=0),
+    _bool("adam_w_mode", True, "The Adam half's decoupled weight decay (true) or L2 added to the gradient."),
+    _unsupported(BOOL, "per_head_muon", False, "Orthogonalize each attention head's rows apart."),
+)
+
 
 def _torch_keys(lr, *keys):
     """A torch.optim optimizer's arguments (DeepSpeed passes an unknown type's params to
@@ -326,6 +346,10 @@ OPTIMIZER_PARAMS = {
     "Lamb": Block("optimizer.params", "Parameters of type \"Lamb\" (DeepSpeed's FusedLamb: Adam's moments, "
                   "each parameter's step scaled by its trust ratio, over the whole parameter at every ZeRO "
                   "stage; on the device only, as FusedLamb has no CPU version).", _LAMB_PARAMS),
+    "Muon": Block("optimizer.params", "Parameters of type \"Muon\" (DeepSpeed's MuonWithAuxAdam: Muon for every "
+                  "parameter of 2 or more dimensions whose name has neither \"embed\" nor \"lm_head\", Adam for the "
+                  "others; each parameter group is split in two, its own keys applying to the half that takes them). "
+                  "Muon's matrices are orthogonalized whole at every ZeRO stage; on the device only.", _MUON_PARAMS),
     **{name: Block("optimizer.params", f"Parameters of type \"{name}\" (torch.optim.{name}, run on each "
                    "rank's shard; needs zero_allow_untested_optimizer under ZeRO, as in DeepSpeed).", keys)
        for name, keys in TORCH_OPTIMIZERS.items()},
@@ -334,7 +358,7 @@ OPTIMIZER_PARAMS = {
 # DeepSpeed's own optimizers (config.py DEEPSPEED_OPTIMIZERS) and common torch.optim
 # names that DeepSpeed would import: known, but not implemented by zero.
 _UNSUPPORTED_OPTIMIZERS = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW",
-                           "MuSGD", "Muon", "SparseAdam", "ASGD", "LBFGS", "Rprop")
+                           "MuSGD", "SparseAdam", "ASGD", "LBFGS", "Rprop")
 
 OPTIMIZER = Block("optimizer", "Optimizer built by the engine. Absent or null: the client passes its own optimizer.", (
     _choice("type", REQUIRED, tuple(OPTIMIZER_PARAMS), "Optimizer name, matched case-insensitively (as DeepSpeed "

@@ -680,6 +680,9 @@ def _resolve_optimizer(v, values):
     if kind in ("Adagrad", "Lion"):
         optimizer["decoupled_weight_decay"] = kind == "Lion"
         return
+    if kind == "Muon":  # Muon's decay is decoupled; this is the Adam half's
+        optimizer["decoupled_weight_decay"] = params["adam_w_mode"] is True
+        return
     if kind == "Lamb":  # its weight decay joins the update, scaled by the trust ratio
         optimizer["decoupled_weight_decay"] = True
         low, high = params["min_coeff"], params["max_coeff"]

@@ -1,0 +1,304 @@
+"""Muon, DeepSpeed's "Muon" optimizer type (MuonWithAuxAdam), at every ZeRO stage: the
+matrices (2+ dimensions, no "embed" or "lm_head" in the name) get Muon's momentum, the
+Nesterov blend orthogonalized by Newton-Schulz over the *whole* matrix although ranks hold
+slices of it, and a decoupled-decay step; the other parameters get Adam in groups of their
+own. 2 ranks at stages 0-3 (and MiCS) train like a single-process reference; the engine's
+per-matrix update equals DeepSpeed 0.19.8's muon_update bit for bit (tests/deepspeed_muon);
+gradient clipping scales the updates (their norm is what DeepSpeed's ZeRO clips); the groups
+and their settings follow DeepSpeed's split; a checkpoint resumes; the refusals are clear."""
+import copy
+import os
+
+import pytest
+import torch
+
+import training
+from distributed_harness import run_distributed
+
+STEPS, GAS, WORLD = 5, 2, 2
+MUON = {"type": "Muon", "params": {"lr": 0.02, "weight_decay": 0.1, "adam_lr": 3e-3}}
+FIXTURE = os.path.join(os.path.dirname(__file__), "deepspeed_muon", "expected.pt")
+
+
+def _is_muon(name, param):
+    return param.ndim >= 2 and "embed" not in name.lower() and "lm_head" not in name.lower()
+
+
+def _hyper(method="gram"):
+    from zero.boundary import optimizer_hyper
+
+    group = {"lr": 0.02, "momentum": 0.95, "ns_method": method}
+    return optimizer_hyper("muon", group, True)
+
+
+def _orthogonalized(blend, method="gram", dtype=None):
+    """The engine's update of one matrix from its blend (in `dtype`, a _C.DType, when given;
+    else as the engine picks it on this machine)."""
+    from zero import _C
+
+    hyper = _hyper(method)
+    if dtype is not None:
+        hyper.ns_dtype = dtype
+    return _C.muon_orthogonalized(blend.reshape(-1), list(blend.shape), hyper).view(blend.shape)
+
+
+class ReferenceMuon(torch.optim.Optimizer):
+    """MuonWithAuxAdam in one process: Muon's momentum, Nesterov blend and whole-matrix
+    update (the engine's per-matrix function, held to DeepSpeed's by the fixture test) for the
+    matrices; Adam (bias-corrected, decoupled decay) for the rest; gradient clipping by the
+    norm of the updates and Adam's gradients together, as DeepSpeed's ZeRO clips them (with
+    `zero_stage` 0 by the gradients' norm first, as DeepSpeed's engine does without ZeRO).
+    `slices` > 1 orthogonalizes each matrix's row blocks apart instead (what a rank holding a
+    slice would do without the gather)."""
+
+    def __init__(self, groups, clip=None, slices=1, zero_stage=1):
+        self.clip, self.slices = clip, slices
+        self.clips_gradients = zero_stage == 0
+        super().__init__(groups, {})
+
+    @torch.no_grad()
+    def step(self):
+        if self.clip and self.clips_gradients:
+            torch.nn.utils.clip_grad_norm_([p for g in self.param_groups for p in g["params"]],
+                                           self.clip)
+        updates = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if group["use_muon"]:
+                    updates[p] = self._muon_update(p, group)
+                else:
+                    updates[p] = p.grad.clone()
+        coef = 1.0
+        if self.clip and not self.clips_gradients:
+            norm = torch.stack([u.norm() for u in updates.values()]).norm().item()
+            coef = min(1.0, self.clip / (norm + 1e-6))
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                if group["use_muon"]:
+                    p.add_(updates[p], alpha=-group["lr"] * coef)
+                else:
+                    self._adam(p, updates[p] * coef, group)
+
+    def _muon_update(self, p, group):
+        state = self.state[p]
+        if not state:
+            state["momentum"] = torch.zeros_like(p)
+        beta = group["momentum"]
+        state["momentum"].lerp_(p.grad, 1 - beta)
+        blend = p.grad.lerp(state["momentum"], beta)
+        if self.slices == 1:
+            return _orthogonalized(blend, group["ns_method"])
+        rows = blend.shape[0] // self.slices
+        return torch.cat([_orthogonalized(part, group["ns_method"])
+                          for part in blend.split(rows)])
+
+    def _adam(self, p, grad, group):
+        state = self.state[p]
+        if not state:
+            state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+        state["step"] += 1
+        (beta1, beta2), t = group["betas"], state["step"]
+        state["m"].lerp_(grad, 1 - beta1)
+        state["v"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = (state["v"] / (1 - beta2 ** t)).sqrt().add_(group["eps"])
+        p.addcdiv_(state["m"], denom, value=-group["lr"] / (1 - beta1 ** t))
+
+
+def _config(stage, precision="fp32", clip=1.0, **params):
+    zero_extra = {"stage3_param_persistence_threshold": 10} if stage == 3 else {}
+    config = training.engine_config(stage, gas=GAS, precision=precision, scheduler=False,
+                                    clip=clip, **zero_extra)
+    config["optimizer"] = copy.deepcopy(MUON)
+    config["optimizer"]["params"].update(params)
+    return config
+
+
+def _reference_groups(model, params):
+    """DeepSpeed's split of one group, with its settings (MuonWithAuxAdam's defaults under
+    the config's)."""
+    named = list(model.named_parameters())
+    lr = params.get("lr")
+    muon = {"params": [p for n, p in named if _is_muon(n, p)], "use_muon": True,
+            "lr": params.get("muon_lr", lr or 0.02), "momentum": params.get("momentum", 0.95),
+            "weight_decay": params.get("weight_decay", 0.0),
+            "ns_method": params.get("ns_method", "gram")}
+    adam = {"params": [p for n, p in named if not _is_muon(n, p)], "use_muon": False,
+            "lr": params.get("adam_lr", lr or 3e-4), "betas": tuple(params.get("betas", (0.9, 0.95))),
+            "eps": params.get("eps", 1e-10), "weight_decay": params.get("weight_decay", 0.0)}
+    return [muon, adam]
+
+
+def _reference(config, steps=STEPS, slices=1):
+    model = training.make_model()
+    optimizer = ReferenceMuon(_reference_groups(model, config["optimizer"]["params"]),
+                              clip=config["gradient_clipping"], slices=slices,
+                              zero_stage=config["zero_optimization"]["stage"])
+    losses = training.reference_steps(model, optimizer, training.batches(WORLD, steps, GAS),
+                                      WORLD, steps, GAS)
+    return losses, training.parameters_of(model)
+
+
+def _train(rank, world, config, steps=STEPS):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    losses = training.train_engine(engine, rank, world, steps, GAS)
+    with zero.GatheredParameters(list(engine.module.parameters())):
+        params = training.parameters_of(engine.module)
+    groups = [{k: v for k, v in g.items() if k != "params"} | {"count": len(g["params"])}
+              for g in engine.optimizer.param_groups]
+    state = engine.memory_report()["categories"]["optimizer_state"]
+    assert state["current"] == state["expected"] > 0  # one array for Muon's, two for Adam's
+    engine.destroy()
+    return losses, params, groups
+
+
+def _assert_matches(result, reference, weight_tolerance=1e-5):
+    losses, params, _ = result
+    ref_losses, ref_params = reference
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    for name, expected in ref_params.items():
+        assert training.relative_error(params[name], expected) < weight_tolerance, name
+
+
+@pytest.mark.parametrize("stage,extra", [(0, {}), (1, {}), (2, {}), (3, {}),
+                                         (3, {"mics_shard_size": 1})],
+                         ids=["stage0", "stage1", "stage2", "stage3", "stage3-MiCS"])
+def test_every_stage_orthogonalizes_each_matrix_whole(stage, extra):
+    config = _config(stage)
+    config["zero_optimization"].update(extra)
+    result = run_distributed(_train, WORLD, args=(config,), env={"LOCAL_WORLD_SIZE": "2"})[0]
+    _assert_matches(result, _reference(config))
+
+
+def test_orthogonalizing_each_ranks_slice_alone_would_differ():
+    """The check above can fail: the same run with each matrix orthogonalized in two row
+    blocks (what a rank holding half of it would do without the gather) is another run."""
+    config = _config(2)
+    _, whole = _reference(config)
+    _, halved = _reference(config, slices=2)
+    names = [n for n, p in training.make_model().named_parameters() if _is_muon(n, p)]
+    assert min(training.relative_error(halved[n], whole[n]) for n in names) > 1e-3
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_clipping_scales_the_updates_under_zero_and_the_gradients_without(stage):
+    """A tight clip acts (the reference with another clip is another run). Under ZeRO the
+    engine clips by the norm of Muon's updates and Adam's gradients, as DeepSpeed's ZeRO
+    optimizers do; without ZeRO the gradients before Muon, as DeepSpeed's engine does (the
+    two differ)."""
+    config = _config(stage, clip=0.5)
+    reference = _reference(config)
+    unclipped = _reference(_config(stage, clip=0.0))
+    assert max(training.relative_error(reference[1][n], v) for n, v in unclipped[1].items()) > 1e-3
+    other = _reference(_config(1 - stage, clip=0.5))
+    assert max(training.relative_error(reference[1][n], v) for n, v in other[1].items()) > 1e-3
+    _assert_matches(run_distributed(_train, WORLD, args=(config,))[0], reference)
+
+
+def test_the_groups_follow_deepspeeds_split():
+    """One group split into Muon's matrices and Adam's rest, named as DeepSpeed names them,
+    each with its own settings: muon_lr / adam_lr over lr, the half's keys only."""
+    config = _config(1, lr=0.05, muon_lr=0.01, momentum=0.9, ns_method="standard",
+                     betas=[0.8, 0.9])
+    _, _, groups = run_distributed(_train, WORLD, args=(config,), kwargs={"steps": 1})[0]
+    named = list(training.make_model().named_parameters())
+    assert [g["name"] for g in groups] == ["muon-params", "adam-params"]
+    assert groups[0]["count"] == sum(_is_muon(n, p) for n, p in named) == 8
+    assert groups[1]["count"] == len(named) - 8
+    assert (groups[0]["lr"], groups[0]["momentum"], groups[0]["ns_method"]) == (0.01, 0.9, "standard")
+    assert (groups[1]["lr"], tuple(groups[1]["betas"]), groups[1]["eps"]) == (3e-3, (0.8, 0.9), 1e-10)
+    assert "betas" not in groups[0] and "momentum" not in groups[1]
+
+
+def test_the_standard_iteration_trains_like_the_reference():
+    """"standard" iterates in bf16 (gram in fp16, or fp32 on a CPU without oneDNN fp16, as
+    DeepSpeed picks): the reduced gradients' last bits (summed in another order than the
+    reference's) show in the bf16 rounding, so the tolerance is bf16's."""
+    from zero import _C
+
+    standard, gram = _hyper("standard"), _hyper("gram")
+    assert (standard.ns_method, standard.ns_dtype) == (_C.NsMethod.standard, _C.DType.bfloat16)
+    fp16 = torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    assert (gram.ns_method, gram.ns_dtype) == (
+        _C.NsMethod.gram, _C.DType.float16 if fp16 else _C.DType.float32)
+    config = _config(2, ns_method="standard")
+    result = run_distributed(_train, WORLD, args=(config,))[0]
+    _assert_matches(result, _reference(config), weight_tolerance=2e-3)
+
+
+def test_bf16_tracks_the_fp32_reference():
+    """bf16 weights and gradients, an fp32 master and momentum: the matrices stay within
+    bf16's rounding of the fp32 run (they moved 3-6% from their start); the biases, which
+    start at 0 and stay small, within 10%."""
+    config = _config(3, precision="bf16")
+    losses, params, _ = run_distributed(_train, WORLD, args=(config,))[0]
+    ref_losses, ref_params = _reference(_config(3))
+    assert losses == pytest.approx(ref_losses, rel=1e-4)
+    named = dict(training.make_model().named_parameters())
+    for name, expected in ref_params.items():
+        tolerance = 1e-2 if _is_muon(name, named[name]) else 0.1
+        assert training.relative_error(params[name], expected) < tolerance, name
+
+
+def test_engine_update_equals_deepspeeds_muon_update():
+    """DeepSpeed 0.19.8's muon_update (run by tests/deepspeed_muon/make.py on this CPU, where
+    "gram" iterates in fp32 and "standard" in bf16) on random matrices, wide, tall, square and
+    batched: the engine's update from the same momentum and gradient is the same, bit for
+    bit."""
+    from zero import _C
+
+    cases = torch.load(FIXTURE)
+    assert len(cases) == 8
+    dtypes = {"gram": _C.DType.float32, "standard": _C.DType.bfloat16}  # the fixture's
+    for (shape, method), (grad, momentum, expected_update, expected_momentum) in cases.items():
+        m = momentum.clone()
+        m.lerp_(grad, 1 - 0.95)
+        assert torch.equal(m, expected_momentum)
+        update = _orthogonalized(grad.lerp(m, 0.95), method, dtypes[method])
+        assert torch.equal(update, expected_update), (shape, method)
+
+
+def test_a_convolution_is_orthogonalized_as_its_flattened_matrix():
+    """A 4-d weight is [out, in * kh * kw] to Newton-Schulz (DeepSpeed 0.19.8 fails on it)."""
+    blend = torch.randn(6, 4, 3, 3)
+    flat = _orthogonalized(blend.reshape(6, 36))
+    assert torch.equal(_orthogonalized(blend), flat.view(6, 4, 3, 3))
+    singular = torch.linalg.svdvals(flat.double())
+    assert 0.5 < singular.min() and singular.max() < 1.5  # near-orthogonal rows
+
+
+def test_a_checkpoint_resumes_the_momentum(tmp_path):
+    config = _config(2)
+    straight = run_distributed(_train, WORLD, args=(config,), kwargs={"steps": 4})[0]
+    save = str(tmp_path / "ckpt")
+    first = run_distributed(_resume, WORLD, args=(config, 0, 2, None, save))[0]
+    second = run_distributed(_resume, WORLD, args=(_config(3), 2, 2, save, None))[0]
+    assert first + second == pytest.approx(straight[0], rel=1e-6)
+
+
+def _resume(rank, world, config, first, steps, load_dir, save_dir):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    return training.load_train_save(engine, rank, world, GAS, first, steps, load_dir, save_dir)
+
+
+def _build(rank, world, config):
+    import zero
+
+    zero.initialize(model=training.make_model(), config=config)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
+     'offload_optimizer.device "cpu" with optimizer Muon'),
+    ({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}},
+     "bf16.bf16_master_weights_and_grads with optimizer Muon"),
+])
+def test_what_muon_does_not_do_is_refused_on_every_rank(change, message):
+    config = _config(2)
+    config.update(change)
+    with pytest.raises(AssertionError, match=message):  # RankFailed, naming the key
+        run_distributed(_build, WORLD, args=(config,), timeout=60)
