@@ -151,7 +151,7 @@ def _train(rank, world, config, steps=STEPS):
     state = engine.memory_report()["categories"]["optimizer_state"]
     assert state["current"] == state["expected"] > 0  # one array for Muon's, two for Adam's
     engine.destroy()
-    return losses, params, groups
+    return losses, params, groups, state["current"]
 
 
 def _assert_matches(result, reference, weight_tolerance=1e-5):
@@ -283,6 +283,32 @@ def _resume(rank, world, config, first, steps, load_dir, save_dir):
 
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     return training.load_train_save(engine, rank, world, GAS, first, steps, load_dir, save_dir)
+
+
+@pytest.mark.parametrize("stage,persistence", [(0, 10), (1, 10), (2, 10), (3, 10), (3, 200)],
+                         ids=["stage0", "stage1", "stage2", "stage3", "stage3-persistent"])
+def test_the_estimate_counts_what_the_engine_keeps(stage, persistence):
+    """zero-mem's estimate of optimizer_state from the model: one array (the momentum) per
+    element of Muon's matrices, two (Adam's moments) per element of the rest, each group
+    padded as the engine pads it (at stage 3 the small parameters kept whole too): the
+    engine's own count, byte for byte."""
+    from zero.reports import estimate as est
+
+    config = _config(stage)
+    if stage == 3:
+        config["zero_optimization"]["stage3_param_persistence_threshold"] = persistence
+    setup, _ = est.setup_from_config(config, world_size=WORLD)
+    shapes = est.shapes_from_factory(training.__file__ + ":make_model")
+    row = est.estimate(shapes, setup, stage).categories["optimizer_state"]
+    assert setup.optimizer == "muon"
+    assert row["formula"] == ("4Ψm + 8Ψa" if stage == 0 else "4Ψm/N + 8Ψa/N + 8Ψap/N"
+                              if persistence == 200 else "4Ψm/N + 8Ψa/N")
+    engine_bytes = run_distributed(_train, WORLD, args=(config,), kwargs={"steps": 1})[0][3]
+    assert row["bytes"] == engine_bytes
+    with pytest.raises(est.EstimateError, match="optimizer Muon: zero steps Muon on the device"):
+        est.estimate(shapes, setup, est.option_for(2, "cpu", "none"))
+    with pytest.raises(est.EstimateError, match="describe the model with --model"):
+        est.estimate(est.shapes_from_count(10_000), setup, stage)
 
 
 def _build(rank, world, config):

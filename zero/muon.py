@@ -27,12 +27,16 @@ ADAM_DEFAULTS = {"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-10, "weight_decay":
 _NOT_MUON = ("embed", "lm_head")
 
 
+def is_muon(name: str, shape) -> bool:
+    """Whether Muon steps the parameter of this name and (whole) shape."""
+    return len(shape) >= 2 and not any(word in name.lower() for word in _NOT_MUON)
+
+
 def tag_parameters(model: nn.Module) -> None:
     """Sets `use_muon` on every parameter of the model, as deepspeed.initialize does (over
     whatever a script set)."""
     for name, param in model.named_parameters():
-        param.use_muon = (len(zero_init.full_shape(param)) >= 2
-                          and not any(word in name.lower() for word in _NOT_MUON))
+        param.use_muon = is_muon(name, zero_init.full_shape(param))
 
 
 def param_groups(groups: list[dict], params: dict) -> list[dict]:

@@ -19,6 +19,26 @@ def category_row(value: int, formula: str, location: str = "device") -> dict:
             "by_location": {location: value}}
 
 
+# optimizer_state's formula symbol of a group kind's elements (ModelShapes.group_kinds)
+KIND_SYMBOLS = {"muon": "Ψm", "adam": "Ψa"}
+
+
+def merged_row(rows: Sequence[dict]) -> dict:
+    """One row of several (the optimizer's arrays of each group kind): their bytes added per
+    location, their formulas joined."""
+    located: dict = {}
+    for row in rows:
+        for where, value in by_location(row).items():
+            located[where] = located.get(where, 0) + value
+    total = sum(located.values())
+    formula = " + ".join(row["formula"] for row in rows if row["bytes"]) or "0"
+    out = {"bytes": total, "formula": formula,
+           "location": max(located, key=lambda where: located[where]), "by_location": located}
+    if any("persistent_bytes" in row for row in rows):
+        out["persistent_bytes"] = sum(row.get("persistent_bytes", 0) for row in rows)
+    return out
+
+
 def by_location(row: dict) -> dict:
     """A row's bytes per location (a row split over locations says so; others are at one)."""
     return row.get("by_location") or {row["location"]: row["bytes"]}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .categories import (WHERE, bucket_pieces, category_row, gradient_location, master_bytes,
-                         split_partial, term)
+from .categories import (KIND_SYMBOLS, WHERE, bucket_pieces, category_row, gradient_location,
+                         master_bytes, merged_row, split_partial, term)
 from .gather_schedule import WorkingSet, describe_live, short_count, simulate_stage3_schedule
 from .layout import Stage3Layout, bucket_peak_numel, stage3_layout
 from .options import Option
@@ -74,10 +74,10 @@ def _parents(shapes: ModelShapes, unit_count: int) -> tuple[int, ...]:
 
 def _model_state_row(layout: Stage3Layout, coefficient: int, persistent_sharded: bool,
                      location: str = "device", persistent_location: str | None = None,
-                     persistent_coefficient: int | None = None) -> dict:
+                     persistent_coefficient: int | None = None, symbol: str = "Ψ") -> dict:
     """A model-state row: `coefficient` bytes per element of the partitioned shard (Ψ/N) at
     `location`, plus the persistent parameters' bytes (Ψp, or Ψp/N when sharded) at
-    `persistent_location` (default: the same)."""
+    `persistent_location` (default: the same); `symbol` names the elements in the formula."""
     psi, shard = layout.numel, layout.shard_numel
     psi_p, shard_p = layout.persistent_numel, layout.persistent_shard_numel
     persistent_location = persistent_location or location
@@ -85,8 +85,8 @@ def _model_state_row(layout: Stage3Layout, coefficient: int, persistent_sharded:
         else persistent_coefficient
     main = coefficient * shard
     extra = persistent_coefficient * (shard_p if persistent_sharded else psi_p)
-    main_term = term(coefficient, True) if psi else "0"
-    extra_term = term(persistent_coefficient, persistent_sharded, "Ψp") if psi_p else "0"
+    main_term = term(coefficient, True, symbol) if psi else "0"
+    extra_term = term(persistent_coefficient, persistent_sharded, symbol + "p") if psi_p else "0"
     terms = [t for t in (main_term, extra_term) if t != "0"]
     by_location = {location: main}
     by_location[persistent_location] = by_location.get(persistent_location, 0) + extra
@@ -126,9 +126,21 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
             layout, setup.master_dtype_bytes if option.offload_param != "none"
             else master_bytes(setup, option),
             True, opt_location, persistent_coefficient=master_bytes(setup, option)),
-        "optimizer_state": _model_state_row(layout, optimizer_state_bytes(setup, option),
-                                            True, opt_location),
+        "optimizer_state": _optimizer_row(layout, setup, option, opt_location),
     }
+
+
+def _optimizer_row(layout: Stage3Layout, setup: Setup, option: Option, location: str) -> dict:
+    """The optimizer's arrays (sharded, the persistent group's too), by each group's update
+    where the groups differ (Muon's keep one array, its Adam's two)."""
+    if not layout.group_kinds and not layout.persistent_kinds:
+        return _model_state_row(layout, optimizer_state_bytes(setup, option), True, location)
+    rows = []
+    for kind in dict.fromkeys(layout.group_kinds + layout.persistent_kinds):
+        part = layout.only(kind)
+        rows.append(_model_state_row(part, optimizer_state_bytes(setup, option, kind), True,
+                                     location, symbol=KIND_SYMBOLS[kind]))
+    return merged_row(rows)
 
 
 def _with_frozen(row: dict, layout: Stage3Layout, setup: Setup, location: str) -> dict:

@@ -3,8 +3,8 @@ reduce_bucket_size (stage 0 laid out for one rank). Also stage 3 described witho
 units: the paper's formula on those padded numbers, not checked against the engine."""
 from __future__ import annotations
 
-from .categories import (WHERE, bucket_pieces, category_row, gradient_location, master_bytes,
-                         split_partial, term)
+from .categories import (KIND_SYMBOLS, WHERE, bucket_pieces, category_row, gradient_location,
+                         master_bytes, merged_row, split_partial, term)
 from .layout import bucket_peak_numel, layouts
 from .options import Option
 from .params_on_nvme import param_placement, param_row_on_nvme
@@ -25,7 +25,6 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
     largest_unit = max(layout.max_unit_numel for layout in group_layouts)
     overlap = setup.overlap_for(stage) if overlap_comm is None else overlap_comm
     slots = 2 if overlap else 1
-    optimizer_bytes = optimizer_state_bytes(setup, option)
     sharded_grads = stage >= 3 or setup.grads_sharded(stage)
 
     def row(coefficient: int, sharded: bool, location: str = "device") -> dict:
@@ -43,7 +42,8 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
                   else param_row_on_nvme(params, b)),
         "gradient": row(setup.grad_bytes, sharded_grads, gradient_location(setup, option)),
         "fp32_master": row(master_bytes(setup, option), stage >= 1, opt_location),
-        "optimizer_state": row(optimizer_bytes, stage >= 1, opt_location),
+        "optimizer_state": _optimizer_row(group_layouts, shapes.group_kinds, setup, option,
+                                          opt_location),
     }
     categories["bucket"] = _bucket_row(group_layouts, setup, option, slots, sharded_grads)
     gathered = 2 * largest_unit * b if stage >= 3 else 0
@@ -62,6 +62,22 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
         groups=[{"numel": l.full_numel, "shard_numel": l.shard_numel,
                  "max_unit_numel": l.max_unit_numel, "unit_count": l.unit_count}
                 for l in group_layouts], exact_units=False, offload=offload)
+
+
+def _optimizer_row(group_layouts, kinds, setup: Setup, option: Option, location: str) -> dict:
+    """The optimizer's arrays of every group (sharded at stages 1-2), by the group's update
+    where the groups differ (`kinds`: Muon's keep one array, its Adam's two)."""
+    sharded = option.stage >= 1
+    numel = [layout.shard_numel if sharded else layout.full_numel for layout in group_layouts]
+    if kinds is None:
+        coefficient = optimizer_state_bytes(setup, option)
+        return category_row(coefficient * sum(numel), term(coefficient, sharded), location)
+    rows = []
+    for kind in dict.fromkeys(kinds):
+        coefficient = optimizer_state_bytes(setup, option, kind)
+        value = coefficient * sum(n for n, k in zip(numel, kinds) if k == kind)
+        rows.append(category_row(value, term(coefficient, sharded, KIND_SYMBOLS[kind]), location))
+    return merged_row(rows)
 
 
 def _bucket_row(group_layouts, setup: Setup, option: Option, slots: int,

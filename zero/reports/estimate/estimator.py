@@ -6,7 +6,7 @@ from .estimate_stage3 import estimate_stage3
 from .estimate_stages_0_2 import estimate_stages_0_2
 from .options import OPTIONS, Option, option_for
 from .result import Estimate
-from .shapes import ModelShapes
+from .shapes import ModelShapes, for_muon
 from .training_setup import EXTERNAL, Setup
 
 EXTERNAL_OFFLOAD = ("zero_optimization.offload_optimizer: an optimizer zero runs as torch's own "
@@ -16,6 +16,11 @@ SIXTEEN_BIT_LAMB = ("bf16_master_weights_and_grads / fp16_master_weights_and_gra
                     "Lamb: LAMB steps an fp32 master; set them to false or use Adam")
 LAMB_OFFLOAD = ("zero_optimization.offload_optimizer with optimizer Lamb: LAMB steps on the "
                 "device (DeepSpeed's FusedLamb has no CPU version either); use Adam to offload")
+SIXTEEN_BIT_MUON = ("bf16_master_weights_and_grads / fp16_master_weights_and_grads with optimizer "
+                    "Muon: Muon keeps an fp32 master and fp32 momentum; set them to false or use "
+                    "Adam")
+MUON_OFFLOAD = ("zero_optimization.offload_optimizer with optimizer Muon: zero steps Muon on the "
+                "device (Newton-Schulz is matrix products); use Adam to offload")
 QUANTIZED_FROZEN_ON_NVME = ("zero_optimization.zero_quantized_nontrainable_weights with "
                             "offload_param.device \"nvme\" is not supported: keep the frozen "
                             "shard in host memory (device \"cpu\") or set "
@@ -38,6 +43,8 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
     for a stage-3 live bound that is too small."""
     if isinstance(option, int):
         option = option_for(option, setup.offload_optimizer, setup.offload_param)
+    if setup.optimizer == "muon":  # its groups: the matrices' (Muon) and the rest (Adam)
+        shapes = for_muon(shapes)
     if option.stage == 3 and shapes.units is not None:
         result = estimate_stage3(shapes, setup, option, reduce_bucket_size, overlap_comm)
     else:  # stages 0-2, and stage 3 without gather units (a formula)
@@ -52,6 +59,10 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         result.refused = SIXTEEN_BIT_EXTERNAL
     if setup.sixteen_bit_master and setup.optimizer == "lamb":
         result.refused = SIXTEEN_BIT_LAMB
+    if setup.optimizer == "muon" and option.offload_optimizer != "none":
+        result.refused = MUON_OFFLOAD
+    if setup.sixteen_bit_master and setup.optimizer == "muon":
+        result.refused = SIXTEEN_BIT_MUON
     if option.stage == 3 and option.offload_param == "nvme" and setup.quantized_nontrainable \
             and result.frozen_numel:
         result.refused = QUANTIZED_FROZEN_ON_NVME

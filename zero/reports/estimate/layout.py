@@ -2,6 +2,7 @@
 one buffer per gather unit plus a stage-1 group of the persistent parameters."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .errors import EstimateError
@@ -44,6 +45,18 @@ class Stage3Layout:
     root_early_grads: list[bool] = field(default_factory=list)  # per partitioned group
     # the frozen group (partitioned frozen parameters): (model unit, numel, shard numel)
     frozen_units: list[tuple[int, int, int]] = field(default_factory=list)
+    # each group's update where they differ (ModelShapes.group_kinds), parallel to
+    # group_units and to persistent; empty: the setup's optimizer for all
+    group_kinds: list = field(default_factory=list)
+    persistent_kinds: list = field(default_factory=list)
+
+    def only(self, kind: str) -> "Stage3Layout":
+        """The groups of one kind (their model states), the rest left out."""
+        return dataclasses.replace(
+            self, group_units=[u for u, k in zip(self.group_units, self.group_kinds) if k == kind],
+            persistent=[p for p, k in zip(self.persistent, self.persistent_kinds) if k == kind],
+            group_kinds=[kind] * self.group_kinds.count(kind),
+            persistent_kinds=[kind] * self.persistent_kinds.count(kind))
 
     @property
     def numel(self) -> int:
@@ -118,23 +131,31 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
     unit_total = max((u for group in shapes.units for u in group), default=0) + 1
     unit_numel = [0] * max(unit_total, len(shapes.unit_names), 1)
     group_units, persistent, persistent_count, root_early = [], [], 0, []
+    group_kinds, persistent_kinds = [], []
     late_flags = shapes.root_late or tuple((False,) * len(group) for group in shapes.groups)
-    for group, units, late, kept in zip(shapes.groups, shapes.units, late_flags, whole):
+    kinds = shapes.group_kinds or (None,) * len(shapes.groups)
+    for group, units, late, kept, kind in zip(shapes.groups, shapes.units, late_flags, whole,
+                                              kinds):
         small = [list(shape) for shape, keep in zip(group, kept) if keep]
         large = [(list(shape), unit) for shape, unit, keep in zip(group, units, kept)
                  if not keep]
         if small:
             persistent.append(_C.ShardedLayout(small, dtype, world, setup.alignment, rbs))
+            persistent_kinds.append(kind)
             persistent_count += len(small)
         if not large:
             continue
         group_units.append(_unit_rows(large, dtype, partition_world, setup.alignment,
                                       unit_numel))
+        group_kinds.append(kind)
         root_early.append(any(flag and not keep for flag, keep in zip(late, kept)))
     frozen = [(list(shape), unit) for (shape, unit, _), keep in zip(shapes.frozen, frozen_whole)
               if not keep]
+    known = shapes.group_kinds is not None
     return Stage3Layout(unit_numel=unit_numel, group_units=group_units, persistent=persistent,
                         persistent_count=persistent_count, root_early_grads=root_early,
+                        group_kinds=group_kinds if known else [],
+                        persistent_kinds=persistent_kinds if known else [],
                         frozen_units=(_unit_rows(frozen, dtype, partition_world,
                                                  setup.alignment, unit_numel) if frozen else []))
 

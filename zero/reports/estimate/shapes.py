@@ -2,6 +2,7 @@
 stage 3, every shape's gather unit; from a module (exact) or from a parameter count (assumed)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -42,6 +43,11 @@ class ModelShapes:
     # Stage 3's frozen parameters (partitioned with their units, no optimizer state): each
     # one's shape, gather unit and place in module.parameters(), in model order
     frozen: tuple[tuple[tuple[int, ...], int, int], ...] = ()
+    # Per shape (nested like `groups`): whether optimizer Muon steps it (zero.muon.is_muon, by
+    # its name and shape; None: names unknown). `group_kinds`: each group's update once split
+    # into Muon's and Adam's halves (for_muon); None: the setup's optimizer for every group.
+    muon: Optional[tuple[tuple[bool, ...], ...]] = None
+    group_kinds: Optional[tuple[str, ...]] = None
 
     @property
     def trainable_numel(self) -> int:
@@ -94,9 +100,14 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     position = {id(p): i for i, p in enumerate(module.parameters())}  # first registration
     first_block = min((position[id(p)] for p in module.parameters()
                        if plan.unit_of_param.get(id(p), 0) != 0), default=len(position))
-    groups, units, late, order, seen = [], [], [], [], set()
+    from zero.muon import is_muon
+
+    names = {}
+    for name, param in module.named_parameters():
+        names.setdefault(id(param), name)
+    groups, units, late, order, muon, seen = [], [], [], [], [], set()
     for raw in raw_groups:
-        shapes, unit_ids, late_ids, places = [], [], [], []
+        shapes, unit_ids, late_ids, places, muon_ids = [], [], [], [], []
         for param in raw:
             if not param.requires_grad or id(param) in seen:
                 continue
@@ -109,11 +120,13 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
             unit_ids.append(unit)
             late_ids.append(unit == 0 and position.get(id(param), -1) > first_block)
             places.append(position.get(id(param), len(position) + len(seen)))
+            muon_ids.append(is_muon(names.get(id(param), ""), zero_init.full_shape(param)))
         if shapes:
             groups.append(tuple(shapes))
             units.append(tuple(unit_ids))
             late.append(tuple(late_ids))
             order.append(tuple(places))
+            muon.append(tuple(muon_ids))
     if not groups:
         raise EstimateError("the model has no trainable parameters")
     unique = {id(p): p for p in module.parameters()}
@@ -130,7 +143,34 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                        unit_names=tuple(name for name, _ in plan.modules),
                        unit_parents=tuple(plan.parents),
                        externals=tuple(stage3.external_links(plan)),
-                       root_late=tuple(late), order=tuple(order), unit_rules=unit_rules)
+                       root_late=tuple(late), order=tuple(order), unit_rules=unit_rules,
+                       muon=tuple(muon))
+
+
+def for_muon(shapes: ModelShapes) -> ModelShapes:
+    """The shapes as optimizer Muon groups them (zero.muon.param_groups): each group split
+    into its Muon half and its Adam half, in that order, each only where it has shapes."""
+    if shapes.group_kinds is not None:
+        return shapes
+    if shapes.muon is None:
+        raise EstimateError("optimizer Muon steps the parameters of 2 or more dimensions whose "
+                            "names have neither \"embed\" nor \"lm_head\": describe the model "
+                            "with --model (or shapes_from_module) so the estimate knows them")
+    nested = {"groups": shapes.groups, "units": shapes.units, "root_late": shapes.root_late,
+              "order": shapes.order}
+    split = {key: [] for key, value in nested.items() if value is not None}
+    kinds = []
+    for g, flags in enumerate(shapes.muon):
+        for kind, wanted in (("muon", True), ("adam", False)):
+            picks = [i for i, flag in enumerate(flags) if flag is wanted]
+            if not picks:
+                continue
+            kinds.append(kind)
+            for key in split:
+                split[key].append(tuple(nested[key][g][i] for i in picks))
+    muon = tuple((kind == "muon",) * len(group) for kind, group in zip(kinds, split["groups"]))
+    return dataclasses.replace(shapes, **{k: tuple(v) for k, v in split.items()}, muon=muon,
+                               group_kinds=tuple(kinds))
 
 
 def shapes_from_count(count: int, tensor_numel: int | None = None,

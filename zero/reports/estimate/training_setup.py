@@ -13,8 +13,9 @@ from .errors import EstimateError
 PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-# The optimizers zero steps itself (_C.OptimizerKind; "sgd_momentum": SGD with its buffer)
-OPTIMIZERS = ("adam", "sgd", "sgd_momentum", "adagrad", "lion", "lamb")
+# The optimizers zero steps itself (_C.OptimizerKind; "sgd_momentum": SGD with its buffer;
+# "muon": Muon for the matrices, Adam for the rest, shapes.for_muon)
+OPTIMIZERS = ("adam", "sgd", "sgd_momentum", "adagrad", "lion", "lamb", "muon")
 EXTERNAL = "external"  # a torch.optim config type, run on the shards (zero/external_optimizer.py)
 # Every parameter starts 16-byte aligned in its flat buffer (zero/engine.py ALIGNMENT_BYTES;
 # a test keeps the two equal).
@@ -325,7 +326,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     optimizer = "adam"
     if cfg.optimizer is not None and cfg.optimizer.type == "SGD":
         optimizer = "sgd_momentum" if cfg.optimizer.params.get("momentum", 0.0) else "sgd"
-    elif cfg.optimizer is not None and cfg.optimizer.type in ("Adagrad", "Lion", "Lamb"):
+    elif cfg.optimizer is not None and cfg.optimizer.type in ("Adagrad", "Lion", "Lamb", "Muon"):
         optimizer = cfg.optimizer.type.lower()
     elif cfg.optimizer is not None and cfg.optimizer.type != "Adam" and cfg.optimizer.type != "AdamW":
         optimizer = EXTERNAL
@@ -384,18 +385,20 @@ def _external_arrays(optimizer_config) -> tuple:
     return tuple(probe(client, client.param_groups[0]))
 
 
-def optimizer_arrays(setup: Setup) -> tuple:
-    """The arrays the optimizer keeps per element: the engine's own list of them."""
-    if setup.optimizer == EXTERNAL:
+def optimizer_arrays(setup: Setup, kind: str | None = None) -> tuple:
+    """The arrays the optimizer keeps per element: the engine's own list of them (`kind`: of
+    one group's update, where they differ: ModelShapes.group_kinds)."""
+    kind = kind or setup.optimizer
+    if kind == EXTERNAL:
         return setup.external_arrays
     from zero import _C
 
-    momentum = setup.optimizer == "sgd_momentum"
-    kind = getattr(_C.OptimizerKind, "sgd" if momentum else setup.optimizer)
-    return tuple(_C.optimizer_state_names(kind, momentum))
+    momentum = kind == "sgd_momentum"
+    return tuple(_C.optimizer_state_names(getattr(_C.OptimizerKind, "sgd" if momentum else kind),
+                                          momentum))
 
 
-def optimizer_state_bytes(setup: Setup, option=None) -> int:
+def optimizer_state_bytes(setup: Setup, option=None, kind: str | None = None) -> int:
     """Bytes per element of the optimizer's arrays under `option` (None: not offloaded)."""
     offloaded = option is not None and option.offload_optimizer != "none"
-    return setup.state_dtype_bytes(offloaded) * len(optimizer_arrays(setup))
+    return setup.state_dtype_bytes(offloaded) * len(optimizer_arrays(setup, kind))
