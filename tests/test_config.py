@@ -577,6 +577,8 @@ UNBOUNDED = {
     # loss's scale (SGD lr 30 in AWD-LSTM, Adam eps 1.0 in TensorFlow's Inception recipe): any cap
     # would be a guess that can reject a real run.
     "optimizer.params.lr": "no cap in torch.optim or DeepSpeed; scale-dependent",
+    "optimizer.params.muon_lr": "Muon's lr: no cap in DeepSpeed; scale-dependent",
+    "optimizer.params.adam_lr": "Muon's Adam half's lr: no cap in DeepSpeed; scale-dependent",
     "optimizer.params.eps": "no cap in torch.optim or DeepSpeed; scale-dependent",
     "optimizer.params.weight_decay": "no cap in torch.optim or DeepSpeed; scale-dependent",
     # Adagrad's (torch.optim.Adagrad checks only >= 0): the lr's divisor grows by lr_decay per

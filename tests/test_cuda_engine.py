@@ -4,8 +4,8 @@ to NVMe, the delayed parameter update, the reduced gradients read per parameter,
 gradients reduced in fp32, the memory report's device bytes against torch.cuda's allocator,
 offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
 shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, a bf16 master
-(bf16_master_weights_and_grads), fp32 gradient accumulation (data_types.grad_accum_dtype) and
-LAMB. Skipped where torch sees no GPU (scripts/gpu_check.sh runs them on one).
+(bf16_master_weights_and_grads), fp32 gradient accumulation (data_types.grad_accum_dtype),
+LAMB and Muon. Skipped where torch sees no GPU (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
 ranks on one device). The reference trains on the CPU in fp32, so fp32 tolerances allow for
@@ -113,6 +113,22 @@ def test_lamb_on_the_gpu(stage):
     assert losses == pytest.approx(ref_losses, rel=TOLERANCE["fp32"][0])
     for name, expected in ref_params.items():
         assert training.relative_error(params[name], expected) < TOLERANCE["fp32"][1], name
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_muon_on_the_gpu(stage):
+    """DeepSpeed's "Muon" type on the GPU, 2 ranks sharing it: each unit's blends all-gathered
+    on the device, Newton-Schulz ("gram") in fp16 as DeepSpeed runs it on a GPU, within fp16's
+    rounding of test_muon.py's single-process reference (which iterates in fp16 on the CPU)."""
+    import test_muon
+
+    config = test_muon._config(stage)
+    losses, params, _, _ = run_distributed(test_muon._train, 2, args=(config,), env=ONE_GPU,
+                                           timeout=300)[0]
+    ref_losses, ref_params = test_muon._reference(config)
+    assert losses == pytest.approx(ref_losses, rel=1e-3)
+    for name, expected in ref_params.items():
+        assert training.relative_error(params[name], expected) < 2e-2, name
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

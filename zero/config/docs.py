@@ -124,8 +124,8 @@ DIFFERENCES = """\
   `stage3_*` keys below stage 3, type `"AdamW"` with `adam_w_mode: false` (DeepSpeed silently
   uses decoupled decay), `nesterov` without momentum (torch raises late).
 * Optimizer types are matched case-insensitively for all supported types (DeepSpeed does so
-  only for its own optimizers, so `"sgd"` fails there); Adam, AdamW, SGD, Adagrad, Lion and
-  Lamb are built; RMSprop, Adamax, NAdam, RAdam and Adadelta (which DeepSpeed takes from `torch.optim`)
+  only for its own optimizers, so `"sgd"` fails there); Adam, AdamW, SGD, Adagrad, Lion,
+  Lamb and Muon are built; RMSprop, Adamax, NAdam, RAdam and Adadelta (which DeepSpeed takes from `torch.optim`)
   run as torch's own on each rank's shard; the others DeepSpeed knows are errors.
 * Lion leaves an element whose momentum and gradient mix to exactly 0 where it is (the paper's
   sign(0) = 0); DeepSpeed's Lion kernels move it by the learning rate (CUDA: +lr; CPU: -lr).
@@ -138,6 +138,16 @@ DIFFERENCES = """\
   static fp16 loss scale (DeepSpeed asserts dynamic scaling). `engine.optimizer.get_lamb_coeffs()`
   (also as DeepSpeed's fp16 path reaches it, `engine.optimizer.optimizer...`) lists the last
   step's ratios parameter by parameter.
+* Muon (DeepSpeed's MuonWithAuxAdam) tags and splits the parameters as DeepSpeed does and
+  steps them as it does: the same update element for element (held to DeepSpeed's
+  `muon_update` bit for bit), each matrix orthogonalized whole at every ZeRO stage, the
+  updates clipped under ZeRO and the gradients without it. Where DeepSpeed differs or fails:
+  its stage 3 refuses Muon with `reduce_scatter` (zero accepts it); its `muon_update` fails on
+  a 4-d (convolution) weight, which zero orthogonalizes as [out, in * kh * kw]; zero keeps
+  Muon's momentum in fp32 (DeepSpeed's stage 2 keeps it in the gradients' dtype, bf16 under
+  bf16) and steps bf16 at stage 0 without `grad_accum_dtype` fp32 (DeepSpeed requires it).
+  Not built: offloading Muon's step (`offload_optimizer`), a 16-bit master, `per_head_muon`,
+  and DeepSpeed's Muon checkpoints (zero's own resume at any stage).
 * An unknown `warmup_type` is an error (DeepSpeed warns and falls back to `"log"`).
 * Scheduler values are numbers; DeepSpeed's per-param-group lists are not accepted.
 * `fp16.min_loss_scale` accepts fractions (> 0); DeepSpeed types it as an integer.
