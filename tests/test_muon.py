@@ -231,16 +231,16 @@ def test_the_standard_iteration_trains_like_the_reference():
 @pytest.mark.parametrize("stage", [0, 3])
 def test_bf16_tracks_the_fp32_reference(stage):
     """bf16 weights and gradients, an fp32 master and momentum (at stage 0 too, where
-    DeepSpeed asks for fp32 gradient accumulation): the matrices stay within bf16's rounding
-    of the fp32 run (they moved 3-6% from their start); the biases, which start at 0 and stay
-    small, within 10%."""
+    DeepSpeed asks for fp32 gradient accumulation): the matrices stay within 2% of the fp32
+    run (bf16's rounding of weights and gradients over 5 steps; they moved 3-6% from their
+    start); the biases, which start at 0 and stay small, within 10%."""
     config = _config(stage, precision="bf16")
     losses, params, _, _ = run_distributed(_train, WORLD, args=(config,))[0]
     ref_losses, ref_params = _reference(_config(stage))
     assert losses == pytest.approx(ref_losses, rel=5e-4)
     named = dict(training.make_model().named_parameters())
     for name, expected in ref_params.items():
-        tolerance = 1e-2 if _is_muon(name, named[name]) else 0.1
+        tolerance = 2e-2 if _is_muon(name, named[name]) else 0.1
         assert training.relative_error(params[name], expected) < tolerance, name
 
 
