@@ -73,7 +73,10 @@ ENGINES = ("zero", "deepspeed")
 ALL_CONFIGS = ["stage1-fp32", "stage2-fp32", "stage3-fp32",
                "stage1-bf16", "stage2-bf16", "stage3-bf16", "stage2-offload-bf16",
                "stage3-lora-bf16", "stage2-bf16master-bf16", "stage3-bf16master-bf16",
-               "stage1-fp32accum-bf16", "stage2-fp32accum-bf16", "stage3-fp32accum-bf16"]
+               "stage1-fp32accum-bf16", "stage2-fp32accum-bf16", "stage3-fp32accum-bf16",
+               "stage1-muon-fp32", "stage2-muon-fp32", "stage3-muon-fp32"]
+# "muon": DeepSpeed's Muon type (the matrices; Adam at adam_lr for the rest)
+MUON = {"type": "Muon", "params": {"lr": 0.02, "adam_lr": 1e-3, "weight_decay": 0.01}}
 DEFAULT_PYTHON = os.path.join(ROOT, "build", "ds-venv", "bin", "python")
 PHASES = ("forward", "backward", "step")
 
@@ -116,8 +119,9 @@ def shared_config(name: str, args) -> dict:
     optimizer offloaded to the CPU (ZeRO-Offload) or, "bf16master", DeepSpeed's low-precision
     master (bf16_master_weights_and_grads and bf16_optimizer_states, as its bf16_full.json
     example), or "fp32accum", gradients accumulated in fp32 (data_types.grad_accum_dtype, as
-    Megatron-DeepSpeed's bf16 configs; DeepSpeed's stage 1 then runs its BF16_Optimizer).
-    ("lora" changes the model: config_model.)"""
+    Megatron-DeepSpeed's bf16 configs; DeepSpeed's stage 1 then runs its BF16_Optimizer), or
+    "muon", DeepSpeed's Muon type instead of AdamW (at stage 3 with reduce_scatter false,
+    which DeepSpeed requires of it). ("lora" changes the model: config_model.)"""
     parts = name.split("-")
     zero_optimization = {"stage": int(parts[0][len("stage"):]),
                          "reduce_bucket_size": args.bucket_numel, "overlap_comm": True}
@@ -129,6 +133,10 @@ def shared_config(name: str, args) -> dict:
         config["bf16"].update(bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
     if "fp32accum" in parts:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    if "muon" in parts:
+        config["optimizer"] = copy.deepcopy(MUON)
+        if zero_optimization["stage"] == 3:
+            zero_optimization["reduce_scatter"] = False
     return config
 
 
@@ -599,7 +607,8 @@ def _method_section(facts, args) -> list[str]:
         f"{{\"enabled\": true}}; offload: \"offload_optimizer\": {{\"device\": \"cpu\"}}; "
         "bf16master: \"bf16_master_weights_and_grads\" and \"bf16_optimizer_states\" true in "
         "the bf16 block, as DeepSpeed's bf16_full.json example; fp32accum: \"data_types\": "
-        "{\"grad_accum_dtype\": \"fp32\"}; "
+        "{\"grad_accum_dtype\": \"fp32\"}; muon: \"optimizer\": " + json.dumps(MUON) +
+        " (at stage 3 with \"reduce_scatter\": false, as DeepSpeed requires of Muon); "
         "lora: the same model frozen but for rank-8 LoRA adapters on every block's Linear "
         "layers, zero.models.lora, as PEFT adds them).",
         "",

@@ -220,7 +220,8 @@ def test_the_standard_iteration_trains_like_the_reference():
 
     standard, gram = _hyper("standard"), _hyper("gram")
     assert (standard.ns_method, standard.ns_dtype) == (_C.NsMethod.standard, _C.DType.bfloat16)
-    fp16 = torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    fp16 = (torch.cuda.get_device_capability()[0] >= 7 if torch.cuda.is_available()
+            else torch.ops.mkldnn._is_mkldnn_fp16_supported())
     assert (gram.ns_method, gram.ns_dtype) == (
         _C.NsMethod.gram, _C.DType.float16 if fp16 else _C.DType.float32)
     config = _config(2, ns_method="standard")
@@ -247,19 +248,20 @@ def test_bf16_tracks_the_fp32_reference(stage, tolerance):
 
 def test_engine_update_equals_deepspeeds_muon_update():
     """DeepSpeed 0.19.8's muon_update (run by tests/deepspeed_muon/make.py on this CPU, where
-    "gram" iterates in fp32 and "standard" in bf16) on random matrices, wide, tall, square and
-    batched: the engine's update from the same momentum and gradient is the same, bit for
-    bit."""
+    "gram" iterates in fp32 and "standard" in bf16, and gram in fp16 as on a GPU) on random
+    matrices, wide, tall, square and batched: the engine's update from the same momentum and
+    gradient is the same, bit for bit."""
     from zero import _C
 
     cases = torch.load(FIXTURE)
-    assert len(cases) == 8
-    dtypes = {"gram": _C.DType.float32, "standard": _C.DType.bfloat16}  # the fixture's
+    assert len(cases) == 12
+    dtypes = {"gram": _C.DType.float32, "standard": _C.DType.bfloat16,  # the fixture's
+              "gram-fp16": _C.DType.float16}
     for (shape, method), (grad, momentum, expected_update, expected_momentum) in cases.items():
         m = momentum.clone()
         m.lerp_(grad, 1 - 0.95)
         assert torch.equal(m, expected_momentum)
-        update = _orthogonalized(grad.lerp(m, 0.95), method, dtypes[method])
+        update = _orthogonalized(grad.lerp(m, 0.95), method.split("-")[0], dtypes[method])
         assert torch.equal(update, expected_update), (shape, method)
 
 
@@ -344,3 +346,104 @@ def test_config_errors_name_the_key(params, message):
     with pytest.raises(ConfigError, match=message):
         load_config({"train_micro_batch_size_per_gpu": 1,
                      "optimizer": {"type": "muon", "params": params}}, world_size=1)
+
+
+PIPE_STEPS, PIPE_MICRO, PIPE_GAS = 3, 2, 2
+
+
+def _pipe_layers():
+    """Stage 0: two LayerNorms (no matrix: Adam only); stage 1: two Linear layers."""
+    torch.manual_seed(5)
+    return [torch.nn.LayerNorm(16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 16),
+            torch.nn.Linear(16, 4)]
+
+
+def _pipe_data():
+    torch.manual_seed(6)
+    count = PIPE_STEPS * PIPE_GAS * 2
+    return [(torch.randn(PIPE_MICRO, 16), torch.randint(0, 4, (PIPE_MICRO,)))
+            for _ in range(count)]
+
+
+def _pipe_config():
+    return {"train_micro_batch_size_per_gpu": PIPE_MICRO, "gradient_clipping": 0.5,
+            "gradient_accumulation_steps": PIPE_GAS,
+            "optimizer": {"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3}},
+            "zero_optimization": {"stage": 1}}
+
+
+def _pipe_train(rank, world):
+    import zero.compat.deepspeed as deepspeed
+
+    module = deepspeed.pipe.PipelineModule(layers=_pipe_layers(), num_stages=2,
+                                           loss_fn=torch.nn.functional.cross_entropy,
+                                           partition_method="uniform")
+    engine, _, _, _ = deepspeed.initialize(model=module, config=_pipe_config())
+    d = engine.grid.get_data_parallel_id()
+    batches = _pipe_data()
+    mine = iter([batches[(s * PIPE_GAS + k) * 2 + d]
+                 for s in range(PIPE_STEPS) for k in range(PIPE_GAS)])
+    losses = [engine.train_batch(mine).item() for _ in range(PIPE_STEPS)]
+    uses_muon = any(g["use_muon"] for g in engine.optimizer.param_groups)
+    return losses, engine.grid.get_stage_id(), uses_muon
+
+
+def test_a_pipeline_stage_without_matrices_steps_with_the_others():
+    """2 stages x 2 data ranks, stage 0 holding no matrix (Adam alone): every stage takes the
+    norm of Muon's updates together (no rank waits on another's extra collective), and the
+    run is the single-process reference's."""
+    results = run_distributed(_pipe_train, 4, timeout=120)
+    assert {(stage, muon) for _, stage, muon in results} == {(0, False), (1, True)}
+    model = torch.nn.Sequential(*_pipe_layers())
+    named = list(model.named_parameters())
+    groups = [{"params": [p for _, p in named if p.ndim >= 2], "use_muon": True, "lr": 0.02,
+               "momentum": 0.95, "weight_decay": 0.0, "ns_method": "gram"},
+              {"params": [p for _, p in named if p.ndim < 2], "use_muon": False, "lr": 3e-3,
+               "betas": (0.9, 0.95), "eps": 1e-10, "weight_decay": 0.0}]
+    optimizer = ReferenceMuon(groups, clip=0.5)
+    batches, losses = _pipe_data(), []
+    for step in range(PIPE_STEPS):
+        optimizer.zero_grad()
+        total = 0.0
+        for k in range(PIPE_GAS):
+            parts = [batches[(step * PIPE_GAS + k) * 2 + d] for d in range(2)]
+            loss = torch.nn.functional.cross_entropy(model(torch.cat([p[0] for p in parts])),
+                                                     torch.cat([p[1] for p in parts]))
+            (loss / PIPE_GAS).backward()
+            total += loss.item()
+        optimizer.step()
+        losses.append(total / PIPE_GAS)
+    for result in results:
+        assert result[0] == pytest.approx(losses, rel=1e-5)
+    assert losses[-1] < losses[0]
+
+
+def _save_and_convert(rank, world, config, save_dir):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.load_train_save(engine, rank, world, GAS, 0, 2, None, save_dir)
+
+
+def test_a_universal_checkpoint_resumes_each_groups_arrays(tmp_path):
+    """zero's checkpoint converted to DeepSpeed's universal form (Muon's parameters with
+    momentum_buffer.pt, Adam's with exp_avg.pt and exp_avg_sq.pt) loads at another stage
+    with its optimizer state and continues the straight run."""
+    from zero.checkpoint_to_universal import convert
+
+    straight = run_distributed(_train, WORLD, args=(_config(2),), kwargs={"steps": 4})[0]
+    save = str(tmp_path / "ckpt")
+    run_distributed(_save_and_convert, WORLD, args=(_config(2), save))
+    tag = open(os.path.join(save, "latest")).read().strip()
+    universal = os.path.join(str(tmp_path / "universal"), f"{tag}_universal")
+    convert(os.path.join(save, tag), universal)
+    root = os.path.join(universal, "zero")
+    saved = {n: sorted(os.listdir(os.path.join(root, n))) for n in os.listdir(root)
+             if os.path.isdir(os.path.join(root, n))}
+    assert saved["blocks.0.mlp.0.weight"] == ["fp32.pt", "momentum_buffer.pt", "step.pt"]
+    assert saved["blocks.0.ln1.bias"] == ["exp_avg.pt", "exp_avg_sq.pt", "fp32.pt", "step.pt"]
+    config = _config(3)
+    config["checkpoint"] = {"load_universal": True}
+    resumed = run_distributed(_resume, WORLD, args=(config, 2, 2, str(tmp_path / "universal"),
+                                                     None))[0]
+    assert resumed == pytest.approx(straight[0][2:], rel=1e-6)

@@ -113,9 +113,13 @@ def fp32_grads(config) -> bool:
 
 def _ns_dtype(method: str):
     """The dtype DeepSpeed runs Muon's Newton-Schulz in: "gram" fp16, "standard" bf16, each
-    where the accelerator supports it (on a CPU, fp16 only with oneDNN's fp16), else fp32."""
+    where the accelerator supports it (fp16 on a GPU of compute capability 7 or more, on a
+    CPU only with oneDNN's fp16), else fp32."""
     if method == "gram":
-        fp16 = torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_fp16_supported()
+        if torch.cuda.is_available():
+            fp16 = torch.cuda.get_device_capability()[0] >= 7
+        else:
+            fp16 = torch.ops.mkldnn._is_mkldnn_fp16_supported()
         return _C.DType.float16 if fp16 else _C.DType.float32
     bf16 = not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
     return _C.DType.bfloat16 if bf16 else _C.DType.float32

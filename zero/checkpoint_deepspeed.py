@@ -349,8 +349,10 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
 
 def _engine_arrays(engine) -> set[str]:
     """The optimizer-state arrays the engine keeps per element (not a delayed update's own
-    state), copying nothing."""
-    return set(engine.core.group_state_names(0)) if engine.core.group_count else set()
+    state), over its groups (Muon's keep the momentum, its Adam's the moments), copying
+    nothing."""
+    return {name for g in range(engine.core.group_count)
+            for name in engine.core.group_state_names(g)}
 
 
 def engine_moments(engine, saved: DeepSpeedCheckpoint) -> dict | None:
@@ -360,9 +362,10 @@ def engine_moments(engine, saved: DeepSpeedCheckpoint) -> dict | None:
     hyperparameters (Lion has no eps)."""
     names = _engine_arrays(engine)
     kind = engine.optimizer.spec.kind
-    # DeepSpeed's files hold no state of an external optimizer that is not per element; Muon's
-    # groups keep different arrays (momentum or Adam's moments), which zero does not map
-    if kind in ("external", "muon"):
+    # DeepSpeed's files hold no state of an external optimizer that is not per element; of
+    # Muon's, zero reads the universal form (each parameter's arrays), not DeepSpeed's flat
+    # partitions
+    if kind == "external" or (kind == "muon" and not saved.universal):
         return None
     lion = all("betas" in group and "eps" not in group for group in saved.param_groups)
     if lion != (kind == "lion"):

@@ -176,9 +176,13 @@ def refresh_masters(core) -> None:
 def load_group(core, g: int, names: list[str], master: dict[str, Located],
                states: dict[str, dict[str, Located]]) -> None:
     """Engine group g's shards on this rank, cut from the saved values by parameter name
-    (checkpoint_pieces.shard_from): the fp32 master and each optimizer-state array laid out
-    like it (`states`: array -> values)."""
+    (checkpoint_pieces.shard_from): the fp32 master and each optimizer-state array the group
+    keeps, laid out like it (`states`: array -> values; Muon's groups keep other arrays than
+    its Adam's)."""
     layout = core.group_layout(g)
     core.group_load_master_shard(g, shard_from(layout, core.rank, master, names))
+    kept = set(core.group_state_names(g))
     for array, values in states.items():
-        core.group_load_optimizer_state(g, array, shard_from(layout, core.rank, values, names))
+        if array in kept:
+            core.group_load_optimizer_state(g, array,
+                                            shard_from(layout, core.rank, values, names))

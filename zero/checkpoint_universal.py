@@ -46,8 +46,8 @@ def read(path: str) -> DeepSpeedCheckpoint:
     shapes = {name: shape for group in model_state["param_shapes"]
               for name, shape in group.items()}
     master = {name: _value(path, name, "fp32", shape) for name, shape in shapes.items()}
-    moments = {key: {name: _value(path, name, key, shape) for name, shape in shapes.items()}
-               for key in _moments_saved(path, shapes)}
+    moments = {key: {name: _value(path, name, key, shapes[name]) for name in names}
+               for key, names in _moments_saved(path, shapes).items()}
     # as saved in the model files ds_to_universal copied (stage 3: every rank's fragment)
     frozen = frozen_parameters(path, model_state, os.path.basename(model_file) != WHOLE_MODEL_FILE,
                                model_state.get("dp_world_size", 1))
@@ -62,22 +62,21 @@ def read(path: str) -> DeepSpeedCheckpoint:
         universal=True)
 
 
-def _moments_saved(path: str, shapes: dict) -> list[str]:
-    """The optimizer-state arrays every parameter has (MOMENTS); some parameters without one
-    is a conversion cut short."""
-    saved = []
-    for key in MOMENTS:
-        missing = [name for name in shapes if not _has(path, name, key)]
-        if len(missing) == len(shapes):
-            continue
-        if missing:
-            raise CorruptCheckpoint(
-                f"zero: DeepSpeed universal checkpoint {path} has no {key}.pt for "
-                f"{', '.join(missing[:3])}" + (f" (and {len(missing) - 3} more)"
-                                              if len(missing) > 3 else "") +
-                "; convert the checkpoint with ds_to_universal again")
-        saved.append(key)
-    return saved
+def _moments_saved(path: str, shapes: dict) -> dict[str, list[str]]:
+    """Which parameters hold each optimizer-state array (MOMENTS) that some parameter has:
+    all of them, or with Muon's groups (its momentum, Adam's moments) each parameter those
+    of its group. A parameter with none while others have some is a conversion cut short."""
+    holders = {key: [name for name in shapes if _has(path, name, key)] for key in MOMENTS}
+    holders = {key: names for key, names in holders.items() if names}
+    covered = {name for names in holders.values() for name in names}
+    missing = [name for name in shapes if holders and name not in covered]
+    if missing:
+        raise CorruptCheckpoint(
+            f"zero: DeepSpeed universal checkpoint {path} has no optimizer state "
+            f"({', '.join(f'{key}.pt' for key in holders)}) for {', '.join(missing[:3])}" +
+            (f" (and {len(missing) - 3} more)" if len(missing) > 3 else "") +
+            "; convert the checkpoint with ds_to_universal again")
+    return holders
 
 
 def _step(path: str, first: str | None, optimizer: dict, moments: bool) -> int:

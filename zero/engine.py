@@ -367,7 +367,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
     def _optimizer_step(self, lr_kwargs: dict | None) -> None:
         self._boundary_backward_seen = False
         result = self._core.step(self.optimizer.hypers(), self.optimizer.cur_scale,
-                                 float(self.config.gradient_clipping), self.applied_steps + 1)
+                                 float(self.config.gradient_clipping), self.applied_steps + 1,
+                                 muon=self.optimizer.spec.kind == "muon")
         self.last_step_result = result
         self.optimizer.overflow = result.overflow  # Accelerate's step_was_skipped
         if self.loss_scaler is not None:

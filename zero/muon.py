@@ -61,8 +61,26 @@ def param_groups(groups: list[dict], params: dict) -> list[dict]:
             keys = MUON_KEYS if use_muon else ADAM_KEYS
             settings = {**defaults, **{k: v for k, v in own.items() if k in keys}}
             name = f"{prefix}-{label}-params" if prefix else f"{label}-params"
+            if use_muon:
+                _check_muon_half(name, half, settings)
             split.append({"params": half, "use_muon": use_muon, "name": name, **settings})
     return split
+
+
+def _check_muon_half(name: str, params: list, settings: dict) -> None:
+    """What DeepSpeed asserts of a Muon group: matrices, a known iteration, a momentum in
+    [0, 1] (here before the first step, on every rank alike)."""
+    flat = [tuple(zero_init.full_shape(p)) for p in params if len(zero_init.full_shape(p)) < 2]
+    if flat:
+        raise ValueError(f"zero: optimizer Muon: group {name!r} has use_muon parameters of "
+                         f"shapes {flat[:3]}; Muon orthogonalizes matrices: set use_muon = "
+                         "False on them (Adam steps them)")
+    if settings["ns_method"] not in ("gram", "standard"):
+        raise ValueError(f"zero: optimizer Muon: group {name!r} has ns_method "
+                         f"{settings['ns_method']!r}; use \"gram\" or \"standard\"")
+    if not 0.0 <= float(settings["momentum"]) <= 1.0:
+        raise ValueError(f"zero: optimizer Muon: group {name!r} has momentum "
+                         f"{settings['momentum']}; it must lie in [0, 1]")
 
 
 def _half_defaults(defaults: dict, keys, params: dict, lr_key: str) -> dict:

@@ -232,7 +232,7 @@ double EngineCore::global_grad_norm(const std::vector<double>& unscale) {
 }
 
 StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double loss_scale,
-                            double max_norm, std::int64_t step) {
+                            double max_norm, std::int64_t step, bool muon) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
   TORCH_CHECK(hypers.size() == groups_.size(), "zero: step got ", hypers.size(),
               " hyperparameter sets for ", groups_.size(), " groups");
@@ -261,9 +261,15 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   // optimizers clip the updates), without it after clipping (DeepSpeed's engine clips the
   // model's gradients, then steps).
   const bool updates_clipped = stage_ >= 1;
-  if (updates_clipped && orthogonalize_grads(hypers, unscale)) {
+  if (muon && updates_clipped) {
+    orthogonalize_grads(hypers, unscale);
     RECORD_FUNCTION("zero::grad_norm", {});
     result.grad_norm = global_grad_norm(unscale);
+    if (!std::isfinite(result.grad_norm)) {  // (the momentum has moved; the weights do not)
+      result.overflow = true;
+      zero_grads();
+      return result;
+    }
   }
   if (max_norm > 0.0) {
     // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1.
@@ -271,7 +277,7 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   }
   std::vector<double> scale(groups_.size());
   for (std::size_t g = 0; g < groups_.size(); ++g) scale[g] = result.clip_coef * unscale[g];
-  if (!updates_clipped) orthogonalize_grads(hypers, scale);
+  if (muon && !updates_clipped) orthogonalize_grads(hypers, scale);
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     RECORD_FUNCTION("zero::optimizer_step", {});
     groups_[g]->optimizer_step(hypers[g], scale[g], step);
@@ -285,17 +291,12 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   return result;
 }
 
-bool EngineCore::orthogonalize_grads(const std::vector<OptimizerHyper>& hypers,
+void EngineCore::orthogonalize_grads(const std::vector<OptimizerHyper>& hypers,
                                      std::vector<double>& scale) {
   RECORD_FUNCTION("zero::muon_updates", {});
-  bool any = false;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (groups_[g]->orthogonalize_grads(hypers[g], scale[g])) {
-      scale[g] = 1.0;
-      any = true;
-    }
+    if (groups_[g]->orthogonalize_grads(hypers[g], scale[g])) scale[g] = 1.0;
   }
-  return any;
 }
 
 void EngineCore::release_gathered() {

@@ -55,9 +55,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   }
 
   // hypers: one per group. loss_scale divides the gradients; max_norm <= 0 disables clipping;
-  // step is the 1-based count of applied steps including this one.
+  // step is the 1-based count of applied steps including this one. muon: the optimizer is
+  // Muon (on every rank alike, whether or not this rank's part of the model has Muon groups:
+  // under ZeRO the norm is then taken again, over every rank of the span).
   StepResult step(const std::vector<OptimizerHyper>& hypers, double loss_scale, double max_norm,
-                  std::int64_t step);
+                  std::int64_t step, bool muon = false);
   // Model parallelism (pipeline stages, tensor slices): this engine holds one part of the
   // model. Group g's squared gradients count weights[g] times in the global norm (a parameter
   // replicated on t tensor ranks 1/t, a weight tied over k stages 1/k), and the norm and the
@@ -100,8 +102,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // or 1 where they are unscaled already: Muon's updates).
   double global_grad_norm(const std::vector<double>& unscale);
   // Muon's groups: their gradients, multiplied by their `scale`, become the updates
-  // (Group::orthogonalize_grads); their scale is then 1. Returns whether there were any.
-  bool orthogonalize_grads(const std::vector<OptimizerHyper>& hypers,
+  // (Group::orthogonalize_grads); their scale is then 1.
+  void orthogonalize_grads(const std::vector<OptimizerHyper>& hypers,
                            std::vector<double>& scale);
   std::vector<Group*> every_group();  // groups_, then frozen_
   void launch_in_order(bool boundary);

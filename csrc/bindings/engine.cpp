@@ -99,7 +99,7 @@ void add_training(Core& core) {
     .def(
         "step",
         &adapter::EngineCore::step, py::arg("hypers"), py::arg("loss_scale"),
-        py::arg("max_norm"), py::arg("step"),
+        py::arg("max_norm"), py::arg("step"), py::arg("muon") = false,
         py::call_guard<py::gil_scoped_release>())
     .def("zero_grads", &adapter::EngineCore::zero_grads, py::call_guard<py::gil_scoped_release>())
     .def("offload_states", &adapter::EngineCore::offload_states, py::arg("kinds"),

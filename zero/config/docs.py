@@ -145,7 +145,10 @@ DIFFERENCES = """\
   its stage 3 refuses Muon with `reduce_scatter` (zero accepts it); its `muon_update` fails on
   a 4-d (convolution) weight, which zero orthogonalizes as [out, in * kh * kw]; zero keeps
   Muon's momentum in fp32 (DeepSpeed's stage 2 keeps it in the gradients' dtype, bf16 under
-  bf16) and steps bf16 at stage 0 without `grad_accum_dtype` fp32 (DeepSpeed requires it).
+  bf16) and unscaled under fp16 (DeepSpeed's ZeRO folds the loss-scaled gradients into it, so
+  a change of loss scale re-weights its past), and steps bf16 at stage 0 without
+  `grad_accum_dtype` fp32 (DeepSpeed requires it). A matrix split by tensor parallelism is
+  orthogonalized slice by slice on each tensor rank, as in DeepSpeed with AutoTP.
   Not built: offloading Muon's step (`offload_optimizer`), a 16-bit master, `per_head_muon`,
   and DeepSpeed's Muon checkpoints (zero's own resume at any stage).
 * An unknown `warmup_type` is an error (DeepSpeed warns and falls back to `"log"`).
