@@ -65,17 +65,24 @@ def read(path: str) -> DeepSpeedCheckpoint:
 def _moments_saved(path: str, shapes: dict) -> dict[str, list[str]]:
     """Which parameters hold each optimizer-state array (MOMENTS) that some parameter has:
     all of them, or with Muon's groups (its momentum, Adam's moments) each parameter those
-    of its group. A parameter with none while others have some is a conversion cut short."""
+    of its group. A parameter with none while others have some, or with one of Adam's two
+    moments where others have both, is a conversion cut short."""
     holders = {key: [name for name in shapes if _has(path, name, key)] for key in MOMENTS}
     holders = {key: names for key, names in holders.items() if names}
     covered = {name for names in holders.values() for name in names}
-    missing = [name for name in shapes if holders and name not in covered]
-    if missing:
-        raise CorruptCheckpoint(
-            f"zero: DeepSpeed universal checkpoint {path} has no optimizer state "
-            f"({', '.join(f'{key}.pt' for key in holders)}) for {', '.join(missing[:3])}" +
-            (f" (and {len(missing) - 3} more)" if len(missing) > 3 else "") +
-            "; convert the checkpoint with ds_to_universal again")
+    lacking = [("optimizer state", [name for name in shapes if holders and name not in covered])]
+    pair = [set(holders.get(key, ())) for key in ("exp_avg", "exp_avg_sq")]
+    if pair[0] & pair[1]:  # Adam's: whoever has one moment has both
+        lacking += [(f"{key}.pt", [name for name in shapes if name in pair[0] | pair[1]
+                                   and name not in holders[key]])
+                    for key in ("exp_avg", "exp_avg_sq")]
+    for what, names in lacking:
+        if names:
+            raise CorruptCheckpoint(
+                f"zero: DeepSpeed universal checkpoint {path} has no {what} for "
+                f"{', '.join(names[:3])}" + (f" (and {len(names) - 3} more)" if len(names) > 3
+                                             else "") +
+                "; convert the checkpoint with ds_to_universal again")
     return holders
 
 
