@@ -1,6 +1,7 @@
 #include "adapter/muon.h"
 
 #include <cmath>
+#include <memory>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -100,34 +101,64 @@ at::Tensor orthogonalized(const at::Tensor& blend, const std::vector<std::int64_
   return update.to(at::kFloat).reshape({-1});
 }
 
+namespace {
+
+// A piece's blends on their way to the whole unit (in rank order: each rank holds the same
+// 1/N of every unit); `unit` is the blends themselves where the parameters are whole here.
+struct UnitBlends {
+  at::Tensor unit;
+  std::unique_ptr<PendingCollective> gather;
+};
+
+// Advances the piece's momentum and starts gathering its Nesterov blends.
+UnitBlends start_blends(ShardState& state, const ShardPiece& piece, const ParamSlices& params,
+                        const OptimizerHyper& hyper, double grad_scale) {
+  const double beta = hyper.momentum;
+  at::Tensor grad = piece.grad.to(at::kFloat, false, /*copy=*/true);
+  if (grad_scale != 1.0) grad.mul_(grad_scale);
+  at::Tensor momentum = state.states_of(piece).at(0);
+  momentum.lerp_(grad, 1.0 - beta);
+  at::Tensor blend = hyper.nesterov ? grad.lerp_(momentum, beta) : momentum.clone();
+  if (params.sharers == nullptr) return {blend, nullptr};
+  at::Tensor unit = at::empty({blend.numel() * params.sharers->world_size()}, blend.options());
+  auto gather = params.sharers->all_gather(unit, blend);
+  return {unit, std::move(gather)};
+}
+
+// Each parameter of the gathered unit that the piece holds a slice of, orthogonalized whole;
+// the piece's slices of the updates replace its gradients.
+void write_updates(const ShardPiece& piece, const at::Tensor& unit, const ParamSlices& params,
+                   const OptimizerHyper& hyper) {
+  const auto [first, last] = slices_of(piece, params.slices);
+  for (std::size_t s = first; s < last; ++s) {
+    const core::ShardSlice& slice = params.slices[s];
+    const core::ParamLocation& where = params.layout->location(slice.param);
+    const core::ParamSlot& slot = params.layout->unit(where.buffer).params().at(where.index);
+    const at::Tensor update = orthogonalized(unit.narrow(0, slot.offset, slot.numel), slot.shape,
+                                             hyper);
+    piece.grad.narrow(0, slice.shard_offset - piece.offset, slice.numel)
+        .copy_(update.narrow(0, slice.param_begin, slice.numel));
+  }
+}
+
+}  // namespace
+
 void muon_updates(ShardState& state, const std::vector<ShardPiece>& pieces,
                   const ParamSlices& params, const OptimizerHyper& hyper, double grad_scale) {
   TORCH_CHECK(hyper.kind == OptimizerKind::kMuon, "zero: muon_updates stepped with ",
               optimizer_name(hyper.kind));
   TORCH_CHECK(params.layout != nullptr, "zero: Muon needs the parameters' layout");
-  const double beta = hyper.momentum;
-  for (const ShardPiece& piece : pieces) {
-    at::Tensor grad = piece.grad.to(at::kFloat, false, /*copy=*/true);
-    if (grad_scale != 1.0) grad.mul_(grad_scale);
-    at::Tensor momentum = state.states_of(piece).at(0);
-    momentum.lerp_(grad, 1.0 - beta);
-    at::Tensor blend = hyper.nesterov ? grad.lerp_(momentum, beta) : momentum.clone();
-    // the unit's blends in rank order (each rank holds the same 1/N of every unit)
-    at::Tensor unit = blend;
-    if (params.sharers != nullptr) {
-      unit = at::empty({blend.numel() * params.sharers->world_size()}, blend.options());
-      params.sharers->all_gather(unit, blend)->wait();
+  // One unit's gather in flight while the one before is orthogonalized (two units' blends
+  // alive at a time).
+  UnitBlends next;
+  if (!pieces.empty()) next = start_blends(state, pieces.front(), params, hyper, grad_scale);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    UnitBlends current = std::move(next);
+    if (i + 1 < pieces.size()) {
+      next = start_blends(state, pieces[i + 1], params, hyper, grad_scale);
     }
-    const auto [first, last] = slices_of(piece, params.slices);
-    for (std::size_t s = first; s < last; ++s) {
-      const core::ShardSlice& slice = params.slices[s];
-      const core::ParamLocation& where = params.layout->location(slice.param);
-      const core::ParamSlot& slot = params.layout->unit(where.buffer).params().at(where.index);
-      const at::Tensor update = orthogonalized(unit.narrow(0, slot.offset, slot.numel),
-                                               slot.shape, hyper);
-      piece.grad.narrow(0, slice.shard_offset - piece.offset, slice.numel)
-          .copy_(update.narrow(0, slice.param_begin, slice.numel));
-    }
+    if (current.gather) current.gather->wait();
+    write_updates(pieces[i], current.unit, params, hyper);
   }
 }
 
