@@ -106,14 +106,6 @@ def _train(rank, world, config, client=False, steps=STEPS):
     return losses, params, (report["current"], report["expected"])
 
 
-def _assert_matches(result, reference, weight_tolerance=1e-5):
-    losses, params, _ = result
-    ref_losses, ref_params, _ = reference
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
-    for name, expected in ref_params.items():
-        assert training.relative_error(params[name], expected) < weight_tolerance, name
-
-
 @pytest.mark.parametrize("stage,extra", [(0, {}), (1, {}), (2, {}), (3, {}),
                                          (3, {"mics_shard_size": 1})],
                          ids=["stage0", "stage1", "stage2", "stage3", "stage3-MiCS"])
@@ -125,7 +117,7 @@ def test_every_stage_takes_each_parameters_trust_ratio_whole(stage, extra):
     # the bounds act: some ratios are clamped at max_coeff, others are not
     assert 0.3 in ratios and any(0.01 < r < 0.3 for r in ratios)
     result = run_distributed(_train, WORLD, args=(config,), env={"LOCAL_WORLD_SIZE": "2"})[0]
-    _assert_matches(result, reference)
+    training.assert_run_matches(result, reference)
     state_bytes, formula_bytes = result[2]
     assert state_bytes == formula_bytes > 0  # Adam's two arrays, counted as the formula says
 
@@ -150,7 +142,7 @@ def test_fusedlambs_switches(params):
     config = _config(2, **params)
     result = run_distributed(_train, WORLD, args=(config,))[0]
     # (uncorrected moments make larger early steps: rounding shows a little more)
-    _assert_matches(result, _reference(config), weight_tolerance=3e-5)
+    training.assert_run_matches(result, _reference(config), weight_tolerance=3e-5)
 
 
 def test_the_scripts_fused_lamb_trains_as_the_config_does():

@@ -124,7 +124,8 @@ def _reference_groups(model, params):
             "weight_decay": params.get("weight_decay", 0.0),
             "ns_method": params.get("ns_method", "gram")}
     adam = {"params": [p for n, p in named if not _is_muon(n, p)], "use_muon": False,
-            "lr": params.get("adam_lr", lr or 3e-4), "betas": tuple(params.get("betas", (0.9, 0.95))),
+            "lr": params.get("adam_lr", lr or 3e-4),
+            "betas": tuple(params.get("betas", (0.9, 0.95))),
             "eps": params.get("eps", 1e-10), "weight_decay": params.get("weight_decay", 0.0)}
     return [muon, adam]
 
@@ -154,14 +155,6 @@ def _train(rank, world, config, steps=STEPS):
     return losses, params, groups, state["current"]
 
 
-def _assert_matches(result, reference, weight_tolerance=1e-5):
-    losses, params = result[:2]
-    ref_losses, ref_params = reference
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
-    for name, expected in ref_params.items():
-        assert training.relative_error(params[name], expected) < weight_tolerance, name
-
-
 @pytest.mark.parametrize("stage,extra", [(0, {}), (1, {}), (2, {}), (3, {}),
                                          (3, {"mics_shard_size": 1})],
                          ids=["stage0", "stage1", "stage2", "stage3", "stage3-MiCS"])
@@ -169,7 +162,7 @@ def test_every_stage_orthogonalizes_each_matrix_whole(stage, extra):
     config = _config(stage)
     config["zero_optimization"].update(extra)
     result = run_distributed(_train, WORLD, args=(config,), env={"LOCAL_WORLD_SIZE": "2"})[0]
-    _assert_matches(result, _reference(config))
+    training.assert_run_matches(result, _reference(config))
 
 
 def test_orthogonalizing_each_ranks_slice_alone_would_differ():
@@ -194,7 +187,8 @@ def test_clipping_scales_the_updates_under_zero_and_the_gradients_without(stage)
     assert max(training.relative_error(reference[1][n], v) for n, v in unclipped[1].items()) > 1e-3
     other = _reference(_config(1 - stage, clip=0.5))
     assert max(training.relative_error(reference[1][n], v) for n, v in other[1].items()) > 1e-3
-    _assert_matches(run_distributed(_train, WORLD, args=(config,))[0], reference)
+    result = run_distributed(_train, WORLD, args=(config,))[0]
+    training.assert_run_matches(result, reference)
 
 
 def test_the_groups_follow_deepspeeds_split():
@@ -207,8 +201,9 @@ def test_the_groups_follow_deepspeeds_split():
     assert [g["name"] for g in groups] == ["muon-params", "adam-params"]
     assert groups[0]["count"] == sum(_is_muon(n, p) for n, p in named) == 8
     assert groups[1]["count"] == len(named) - 8
-    assert (groups[0]["lr"], groups[0]["momentum"], groups[0]["ns_method"]) == (0.01, 0.9, "standard")
-    assert (groups[1]["lr"], tuple(groups[1]["betas"]), groups[1]["eps"]) == (3e-3, (0.8, 0.9), 1e-10)
+    muon, adam = groups
+    assert (muon["lr"], muon["momentum"], muon["ns_method"]) == (0.01, 0.9, "standard")
+    assert (adam["lr"], tuple(adam["betas"]), adam["eps"]) == (3e-3, (0.8, 0.9), 1e-10)
     assert "betas" not in groups[0] and "momentum" not in groups[1]
 
 
@@ -226,7 +221,7 @@ def test_the_standard_iteration_trains_like_the_reference():
         _C.NsMethod.gram, _C.DType.float16 if fp16 else _C.DType.float32)
     config = _config(2, ns_method="standard")
     result = run_distributed(_train, WORLD, args=(config,))[0]
-    _assert_matches(result, _reference(config), weight_tolerance=2e-3)
+    training.assert_run_matches(result, _reference(config), weight_tolerance=2e-3)
 
 
 @pytest.mark.parametrize("stage,tolerance", [(0, 5e-2), (3, 1e-2)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from zero.models.lora import add_lora
@@ -287,6 +288,16 @@ def check_resume_bit_for_bit(resume, world: int, save_dir: str) -> list:
     for name, value in full[0][1].items():
         assert torch.equal(second[0][1][name], value), name
     return first
+
+
+def assert_run_matches(result, reference, weight_tolerance=1e-5, loss_tolerance=1e-5) -> None:
+    """A run's (losses, parameters, ...) against a reference's (losses, parameters, ...):
+    the losses within `loss_tolerance`, every parameter within `weight_tolerance`."""
+    losses, params = result[:2]
+    ref_losses, ref_params = reference[:2]
+    assert losses == pytest.approx(ref_losses, rel=loss_tolerance)
+    for name, expected in ref_params.items():
+        assert relative_error(params[name], expected) < weight_tolerance, name
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -40,7 +40,7 @@ from .monitor import Watch
 from .monitor.throughput import ThroughputTimer
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
 from .optimizer import (TORCH_CONFIG_TYPES, OptimizerSpec, ZeroOptimizer, check_client_states,
-                        check_external, check_lamb, fill_initial_state, torch_optimizer,
+                        check_external, check_on_device, fill_initial_state, torch_optimizer,
                         trust_ratios)
 from .parameter_offload import ParameterOffload
 from offload.progress import SwapWriteProgress
@@ -744,10 +744,9 @@ def _parameter_groups(model, config, optimizer, model_parameters):
         source = model.parameters() if model_parameters is None else model_parameters
         raw_groups = _as_groups(source)
         if spec.kind == "muon":
-            muon.check(config)
             muon.tag_parameters(model)
             raw_groups = muon.param_groups(raw_groups, config.optimizer.params)
-    check_lamb(spec, config)
+    check_on_device(spec, config)
     groups, trainables, seen = [], [], set()
     for raw in raw_groups:
         params = []

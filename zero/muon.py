@@ -89,20 +89,3 @@ def _half_defaults(defaults: dict, keys, params: dict, lr_key: str) -> dict:
     if params.get(lr_key) is not None:
         settings["lr"] = params[lr_key]
     return settings
-
-
-def check(config) -> None:
-    """What Muon's update needs: its fp32 momentum on the device, next to an fp32 master."""
-    zero_cfg = config.zero_optimization
-    if zero_cfg.offload_optimizer.device != "none":
-        raise ValueError(
-            f"zero: zero_optimization.offload_optimizer.device "
-            f"\"{zero_cfg.offload_optimizer.device}\" with optimizer Muon: zero steps Muon on "
-            "the device (Newton-Schulz is matrix products); remove offload_optimizer or use "
-            "Adam")
-    for block, key in ((config.bf16, "bf16_master_weights_and_grads"),
-                       (config.fp16, "fp16_master_weights_and_grads")):
-        if getattr(block, key):
-            precision = key.split("_")[0]
-            raise ValueError(f"zero: {precision}.{key} with optimizer Muon: Muon keeps an fp32 "
-                             "master and fp32 momentum; set it to false or use Adam")

@@ -140,23 +140,33 @@ def check_client_states(spec: OptimizerSpec, config) -> None:
             "fp32_optimizer_states=False, or set bf16_optimizer_states to false")
 
 
-def check_lamb(spec: OptimizerSpec, config) -> None:
-    """LAMB steps an fp32 master on the device (DeepSpeed's FusedLamb has no CPU version)."""
-    if spec.kind != "lamb":
+# The updates zero steps on the device only, with an fp32 master: the config type's name, why
+# not offloaded, why not a 16-bit master
+_ON_DEVICE = {
+    "lamb": ("Lamb", "LAMB steps on the device (DeepSpeed's FusedLamb has no CPU version "
+             "either)", "LAMB steps an fp32 master"),
+    "muon": ("Muon", "zero steps Muon on the device (Newton-Schulz is matrix products)",
+             "Muon keeps an fp32 master and fp32 momentum"),
+}
+
+
+def check_on_device(spec: OptimizerSpec, config) -> None:
+    """LAMB and Muon step an fp32 master on the device: no offload, no 16-bit master."""
+    if spec.kind not in _ON_DEVICE:
         return
+    name, not_offloaded, not_16_bit = _ON_DEVICE[spec.kind]
     zero_cfg = config.zero_optimization
     if zero_cfg.offload_optimizer.device != "none":
         raise ValueError(
             f"zero: zero_optimization.offload_optimizer.device "
-            f"\"{zero_cfg.offload_optimizer.device}\" with optimizer Lamb: LAMB steps on the "
-            "device (DeepSpeed's FusedLamb has no CPU version either); remove offload_optimizer "
-            "or use Adam")
+            f"\"{zero_cfg.offload_optimizer.device}\" with optimizer {name}: {not_offloaded}; "
+            "remove offload_optimizer or use Adam")
     for block, key in ((config.bf16, "bf16_master_weights_and_grads"),
                        (config.fp16, "fp16_master_weights_and_grads")):
         if getattr(block, key):
             precision = key.split("_")[0]
-            raise ValueError(f"zero: {precision}.{key} with optimizer Lamb: LAMB steps an fp32 "
-                             f"master; set {key} to false or use Adam")
+            raise ValueError(f"zero: {precision}.{key} with optimizer {name}: {not_16_bit}; "
+                             f"set {key} to false or use Adam")
 
 
 def check_external(spec: OptimizerSpec, config) -> None:
