@@ -140,27 +140,31 @@ def check_client_states(spec: OptimizerSpec, config) -> None:
             "fp32_optimizer_states=False, or set bf16_optimizer_states to false")
 
 
-# The updates zero steps on the device only, with an fp32 master: the config type's name, why
-# not offloaded, why not a 16-bit master
+# The updates zero steps with an fp32 master, on the device only or (Muon) with all of its
+# state in host memory: the config type's name, what offload it takes, why not a 16-bit master
 _ON_DEVICE = {
     "lamb": ("Lamb", "LAMB steps on the device (DeepSpeed's FusedLamb has no CPU version "
              "either)", "LAMB steps an fp32 master"),
-    "muon": ("Muon", "zero steps Muon on the device (Newton-Schulz is matrix products)",
+    "muon": ("Muon", "zero offloads Muon's momentum to host memory only, all of it and stepped "
+             "at once (device \"cpu\", ratio 1, no delayed_update)",
              "Muon keeps an fp32 master and fp32 momentum"),
 }
 
 
 def check_on_device(spec: OptimizerSpec, config) -> None:
-    """LAMB and Muon step an fp32 master on the device: no offload, no 16-bit master."""
+    """LAMB steps an fp32 master on the device; Muon too, or with its state in host memory:
+    no other offload, no 16-bit master."""
     if spec.kind not in _ON_DEVICE:
         return
-    name, not_offloaded, not_16_bit = _ON_DEVICE[spec.kind]
-    zero_cfg = config.zero_optimization
-    if zero_cfg.offload_optimizer.device != "none":
+    name, offload_rule, not_16_bit = _ON_DEVICE[spec.kind]
+    offload = config.zero_optimization.offload_optimizer
+    host_whole = (offload.device == "cpu" and float(offload.ratio) == 1.0
+                  and not offload.delayed_update)
+    if offload.device != "none" and not (spec.kind == "muon" and host_whole):
         raise ValueError(
-            f"zero: zero_optimization.offload_optimizer.device "
-            f"\"{zero_cfg.offload_optimizer.device}\" with optimizer {name}: {not_offloaded}; "
-            "remove offload_optimizer or use Adam")
+            f"zero: zero_optimization.offload_optimizer (device \"{offload.device}\", ratio "
+            f"{offload.ratio}, delayed_update {str(offload.delayed_update).lower()}) with "
+            f"optimizer {name}: {offload_rule}; remove offload_optimizer or use Adam")
     for block, key in ((config.bf16, "bf16_master_weights_and_grads"),
                        (config.fp16, "fp16_master_weights_and_grads")):
         if getattr(block, key):

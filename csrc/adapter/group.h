@@ -54,7 +54,7 @@ class Group {
   // updates (muon.h), before the norm is taken; returns false for every other kind.
   bool orthogonalize_grads(const OptimizerHyper& hyper, double grad_scale) {
     if (hyper.kind != OptimizerKind::kMuon) return false;
-    muon_updates(shard_state(), shard_pieces(), param_slices(), hyper, grad_scale);
+    muon_updates(shard_state(), shard_pieces(), param_slices(), hyper, grad_scale, device());
     return true;
   }
   // step: 1-based count of applied optimizer steps, including this one. The new parameters

@@ -110,14 +110,19 @@ struct UnitBlends {
   std::unique_ptr<PendingCollective> gather;
 };
 
-// Advances the piece's momentum and starts gathering its Nesterov blends.
+// Advances the piece's momentum and starts gathering its Nesterov blends, on `device`.
 UnitBlends start_blends(ShardState& state, const ShardPiece& piece, const ParamSlices& params,
-                        const OptimizerHyper& hyper, double grad_scale) {
+                        const OptimizerHyper& hyper, double grad_scale, at::Device device) {
   const double beta = hyper.momentum;
-  at::Tensor grad = piece.grad.to(at::kFloat, false, /*copy=*/true);
+  at::Tensor grad = piece.grad.to(device, at::kFloat, false, /*copy=*/true);
   if (grad_scale != 1.0) grad.mul_(grad_scale);
-  at::Tensor momentum = state.states_of(piece).at(0);
+  const std::int64_t numel = piece.grad.numel();
+  // offloaded: a copy of the host momentum, stored back once advanced
+  at::Tensor momentum = state.offloaded()
+      ? state.read_array("momentum_buffer", piece.offset, numel).to(device)
+      : state.states_of(piece).at(0);
   momentum.lerp_(grad, 1.0 - beta);
+  if (state.offloaded()) state.write_array("momentum_buffer", piece.offset, momentum);
   at::Tensor blend = hyper.nesterov ? grad.lerp_(momentum, beta) : momentum.clone();
   if (params.sharers == nullptr) return {blend, nullptr};
   at::Tensor unit = at::empty({blend.numel() * params.sharers->world_size()}, blend.options());
@@ -144,18 +149,21 @@ void write_updates(const ShardPiece& piece, const at::Tensor& unit, const ParamS
 }  // namespace
 
 void muon_updates(ShardState& state, const std::vector<ShardPiece>& pieces,
-                  const ParamSlices& params, const OptimizerHyper& hyper, double grad_scale) {
+                  const ParamSlices& params, const OptimizerHyper& hyper, double grad_scale,
+                  at::Device device) {
   TORCH_CHECK(hyper.kind == OptimizerKind::kMuon, "zero: muon_updates stepped with ",
               optimizer_name(hyper.kind));
   TORCH_CHECK(params.layout != nullptr, "zero: Muon needs the parameters' layout");
   // One unit's gather in flight while the one before is orthogonalized (two units' blends
   // alive at a time).
   UnitBlends next;
-  if (!pieces.empty()) next = start_blends(state, pieces.front(), params, hyper, grad_scale);
+  if (!pieces.empty()) {
+    next = start_blends(state, pieces.front(), params, hyper, grad_scale, device);
+  }
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     UnitBlends current = std::move(next);
     if (i + 1 < pieces.size()) {
-      next = start_blends(state, pieces[i + 1], params, hyper, grad_scale);
+      next = start_blends(state, pieces[i + 1], params, hyper, grad_scale, device);
     }
     if (current.gather) current.gather->wait();
     write_updates(pieces[i], current.unit, params, hyper);

@@ -25,10 +25,12 @@ namespace zero::adapter {
 class ShardState;
 
 // Replaces the gradients in `pieces` (multiplied by grad_scale: 1 / the loss scale) by Muon's
-// unscaled updates, advancing the momentum in `state`. Every rank sharing the parameters
-// calls it (one all-gather per piece).
+// unscaled updates, advancing the momentum in `state` (on the device, or offloaded to host
+// memory). The work runs on `device` (the model's), wherever the gradients and the momentum
+// live. Every rank sharing the parameters calls it (one all-gather per piece).
 void muon_updates(ShardState& state, const std::vector<ShardPiece>& pieces,
-                  const ParamSlices& params, const OptimizerHyper& hyper, double grad_scale);
+                  const ParamSlices& params, const OptimizerHyper& hyper, double grad_scale,
+                  at::Device device);
 
 // One parameter's update from its whole blend `blend` (fp32, `shape`'s elements, flat):
 // hyper.ns_steps Newton-Schulz steps (hyper.ns_method in hyper.ns_dtype) on the matrix view

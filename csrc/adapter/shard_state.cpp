@@ -29,10 +29,15 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                     "zero: LAMB steps an fp32 master on the device (as DeepSpeed's FusedLamb, "
                     "which has no CPU version); remove offload_optimizer and "
                     "bf16_master_weights_and_grads / fp16_master_weights_and_grads, or use Adam");
-  TORCH_CHECK_VALUE(kind != OptimizerKind::kMuon || (!offload.enabled && precision_.all_fp32()),
-                    "zero: Muon keeps its fp32 momentum on the device; remove offload_optimizer "
-                    "and bf16_master_weights_and_grads / fp16_master_weights_and_grads / "
-                    "bf16_optimizer_states, or use Adam");
+  // Muon's transform reads and writes its momentum through read_array / write_array, which
+  // reach host memory (not a swap file in flight, nor a delayed update's running step)
+  const bool muon_offload = offload.enabled && (offload.delayed_update || offload.ratio != 1.0 ||
+                                                !offload.nvme_path.empty());
+  TORCH_CHECK_VALUE(kind != OptimizerKind::kMuon || (precision_.all_fp32() && !muon_offload),
+                    "zero: Muon keeps fp32 momentum, on the device or all of it in host memory; "
+                    "remove bf16_master_weights_and_grads / fp16_master_weights_and_grads / "
+                    "bf16_optimizer_states, and offload_optimizer's nvme, ratio and "
+                    "delayed_update, or use Adam");
   if (offload.enabled) {
     TORCH_CHECK(offload.ratio >= 0.0 && offload.ratio <= 1.0, "zero: offload_optimizer.ratio "
                 "must be in [0, 1], got ", offload.ratio);

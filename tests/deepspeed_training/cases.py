@@ -137,6 +137,11 @@ CASES = {
         "optimizer": {"type": "Muon", "params": {"muon_lr": 0.03, "lr": 2e-3,
                                                  "momentum": 0.9, "betas": [0.9, 0.99]}},
         "zero_optimization": {"stage": 2}},
+    "stage2-offload-muon-gas2": {  # the momentum and Adam's moments in host memory
+        "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3,
+                                                 "weight_decay": 0.1}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}},
     "stage3-muon-gas2": {  # (DeepSpeed's stage 3 refuses Muon with reduce_scatter; zero not)
         "train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2,
         "optimizer": {"type": "Muon", "params": {"lr": 0.02, "adam_lr": 3e-3,

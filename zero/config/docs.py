@@ -149,8 +149,11 @@ DIFFERENCES = """\
   a change of loss scale re-weights its past), and steps bf16 at stage 0 without
   `grad_accum_dtype` fp32 (DeepSpeed requires it). A matrix split by tensor parallelism is
   orthogonalized slice by slice on each tensor rank, as in DeepSpeed with AutoTP.
-  Not built: offloading Muon's step (`offload_optimizer`), a 16-bit master, `per_head_muon`,
-  and DeepSpeed's Muon checkpoints (zero's own resume at any stage).
+  `offload_optimizer` keeps Muon's momentum (with the master and Adam's moments) in host
+  memory: device `"cpu"`, ratio 1, no `delayed_update`; the transform reads and writes it
+  around each unit. Not built: NVMe, a partial ratio or the delayed update with Muon, a 16-bit
+  master, `per_head_muon`, and DeepSpeed's flat Muon checkpoints (its universal ones and
+  zero's own resume at any stage).
 * An unknown `warmup_type` is an error (DeepSpeed warns and falls back to `"log"`).
 * Scheduler values are numbers; DeepSpeed's per-param-group lists are not accepted.
 * `fp16.min_loss_scale` accepts fractions (> 0); DeepSpeed types it as an integer.

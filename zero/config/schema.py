@@ -349,7 +349,8 @@ OPTIMIZER_PARAMS = {
     "Muon": Block("optimizer.params", "Parameters of type \"Muon\" (DeepSpeed's MuonWithAuxAdam: Muon for every "
                   "parameter of 2 or more dimensions whose name has neither \"embed\" nor \"lm_head\", Adam for the "
                   "others; each parameter group is split in two, its own keys applying to the half that takes them). "
-                  "Muon's matrices are orthogonalized whole at every ZeRO stage; on the device only.", _MUON_PARAMS),
+                  "Muon's matrices are orthogonalized whole at every ZeRO stage; its state on the device or in host "
+                  "memory (offload_optimizer \"cpu\").", _MUON_PARAMS),
     **{name: Block("optimizer.params", f"Parameters of type \"{name}\" (torch.optim.{name}, run on each "
                    "rank's shard; needs zero_allow_untested_optimizer under ZeRO, as in DeepSpeed).", keys)
        for name, keys in TORCH_OPTIMIZERS.items()},

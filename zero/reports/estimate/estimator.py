@@ -19,8 +19,9 @@ LAMB_OFFLOAD = ("zero_optimization.offload_optimizer with optimizer Lamb: LAMB s
 SIXTEEN_BIT_MUON = ("bf16_master_weights_and_grads / fp16_master_weights_and_grads with optimizer "
                     "Muon: Muon keeps an fp32 master and fp32 momentum; set them to false or use "
                     "Adam")
-MUON_OFFLOAD = ("zero_optimization.offload_optimizer with optimizer Muon: zero steps Muon on the "
-                "device (Newton-Schulz is matrix products); use Adam to offload")
+MUON_OFFLOAD = ("zero_optimization.offload_optimizer with optimizer Muon: zero offloads Muon's "
+                "momentum to host memory only, all of it and stepped at once (device \"cpu\", "
+                "ratio 1, no delayed_update); use Adam for the others")
 QUANTIZED_FROZEN_ON_NVME = ("zero_optimization.zero_quantized_nontrainable_weights with "
                             "offload_param.device \"nvme\" is not supported: keep the frozen "
                             "shard in host memory (device \"cpu\") or set "
@@ -59,7 +60,9 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         result.refused = SIXTEEN_BIT_EXTERNAL
     if setup.sixteen_bit_master and setup.optimizer == "lamb":
         result.refused = SIXTEEN_BIT_LAMB
-    if setup.optimizer == "muon" and option.offload_optimizer != "none":
+    if setup.optimizer == "muon" and option.offload_optimizer != "none" and not (
+            option.offload_optimizer == "cpu" and float(setup.offload_ratio) == 1.0
+            and not setup.delayed_update):
         result.refused = MUON_OFFLOAD
     if setup.sixteen_bit_master and setup.optimizer == "muon":
         result.refused = SIXTEEN_BIT_MUON
