@@ -115,14 +115,18 @@ def test_lamb_on_the_gpu(stage):
         assert training.relative_error(params[name], expected) < TOLERANCE["fp32"][1], name
 
 
-@pytest.mark.parametrize("stage", [0, 1, 3])
-def test_muon_on_the_gpu(stage):
+@pytest.mark.parametrize("stage,offload", [(0, False), (1, False), (3, False), (2, True)])
+def test_muon_on_the_gpu(stage, offload):
     """DeepSpeed's "Muon" type on the GPU, 2 ranks sharing it: each unit's blends all-gathered
     on the device, Newton-Schulz ("gram") in fp16 as DeepSpeed runs it on a GPU, within fp16's
-    rounding of test_muon.py's single-process reference (which iterates in fp16 on the CPU)."""
+    rounding of test_muon.py's single-process reference (which iterates in fp16 on the CPU);
+    with ZeRO-Offload the gradient shard and the momentum in host memory, the transform on
+    the GPU."""
     import test_muon
 
     config = test_muon._config(stage)
+    if offload:
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     losses, params, _, _ = run_distributed(test_muon._train, 2, args=(config,), env=ONE_GPU,
                                            timeout=300)[0]
     ref_losses, ref_params = test_muon._reference(config)
