@@ -13,6 +13,8 @@ JSON -> zero.config (schema check, defaults) -> offload.offload_options() -> typ
 _C.OffloadOptions.pin_memory -> GroupOptions.offload -> EngineCore.add_group (C++)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from zero import _C
@@ -111,6 +113,7 @@ def fp32_grads(config) -> bool:
     return config.precision != "fp32" and config.data_types.grad_accum_dtype in FP32_DTYPES
 
 
+@functools.cache
 def _ns_dtype(method: str):
     """The dtype DeepSpeed runs Muon's Newton-Schulz in: "gram" fp16, "standard" bf16, each
     where the accelerator supports it (fp16 on a GPU of compute capability 7 or more, on a

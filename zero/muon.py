@@ -70,7 +70,8 @@ def param_groups(groups: list[dict], params: dict) -> list[dict]:
 def _check_muon_half(name: str, params: list, settings: dict) -> None:
     """What DeepSpeed asserts of a Muon group: matrices, a known iteration, a momentum in
     [0, 1] (here before the first step, on every rank alike)."""
-    flat = [tuple(zero_init.full_shape(p)) for p in params if len(zero_init.full_shape(p)) < 2]
+    flat = [shape for shape in (tuple(zero_init.full_shape(p)) for p in params)
+            if len(shape) < 2]
     if flat:
         raise ValueError(f"zero: optimizer Muon: group {name!r} has use_muon parameters of "
                          f"shapes {flat[:3]}; Muon orthogonalizes matrices: set use_muon = "

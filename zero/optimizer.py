@@ -142,7 +142,8 @@ def check_client_states(spec: OptimizerSpec, config) -> None:
 
 # The updates zero steps with an fp32 master, on the device only or (Muon) with all of its
 # state in host memory: the config type's name, what offload it takes, why not a 16-bit master
-_ON_DEVICE = {
+# (the engine's check below and the estimator's refusals)
+ON_DEVICE = {
     "lamb": ("Lamb", "LAMB steps on the device (DeepSpeed's FusedLamb has no CPU version "
              "either)", "LAMB steps an fp32 master"),
     "muon": ("Muon", "zero offloads Muon's momentum to host memory only, all of it and stepped "
@@ -151,16 +152,21 @@ _ON_DEVICE = {
 }
 
 
+def offload_allowed(kind: str, device: str, ratio: float, delayed_update: bool) -> bool:
+    """Whether an update of `kind` (one of ON_DEVICE) takes this offload_optimizer: none, or
+    for Muon all of its state in host memory, stepped at once."""
+    host_whole = device == "cpu" and float(ratio) == 1.0 and not delayed_update
+    return device == "none" or (kind == "muon" and host_whole)
+
+
 def check_on_device(spec: OptimizerSpec, config) -> None:
     """LAMB steps an fp32 master on the device; Muon too, or with its state in host memory:
     no other offload, no 16-bit master."""
-    if spec.kind not in _ON_DEVICE:
+    if spec.kind not in ON_DEVICE:
         return
-    name, offload_rule, not_16_bit = _ON_DEVICE[spec.kind]
+    name, offload_rule, not_16_bit = ON_DEVICE[spec.kind]
     offload = config.zero_optimization.offload_optimizer
-    host_whole = (offload.device == "cpu" and float(offload.ratio) == 1.0
-                  and not offload.delayed_update)
-    if offload.device != "none" and not (spec.kind == "muon" and host_whole):
+    if not offload_allowed(spec.kind, offload.device, offload.ratio, offload.delayed_update):
         raise ValueError(
             f"zero: zero_optimization.offload_optimizer (device \"{offload.device}\", ratio "
             f"{offload.ratio}, delayed_update {str(offload.delayed_update).lower()}) with "

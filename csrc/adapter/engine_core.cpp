@@ -252,11 +252,12 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   // The norm is all-reduced, so every rank sees the same non-finite value: in any dtype, a
   // NaN or Inf gradient anywhere skips the step everywhere and never reaches the weights
   // (fp16's overflow, which lowers the loss scale, is this too).
-  if (!std::isfinite(result.grad_norm)) {
+  const auto skipped = [&] {
     result.overflow = true;
     zero_grads();
     return result;
-  }
+  };
+  if (!std::isfinite(result.grad_norm)) return skipped();
   // Muon's gradients become its updates: under ZeRO before the norm is taken (DeepSpeed's ZeRO
   // optimizers clip the updates), without it after clipping (DeepSpeed's engine clips the
   // model's gradients, then steps).
@@ -265,11 +266,7 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
     orthogonalize_grads(hypers, unscale);
     RECORD_FUNCTION("zero::grad_norm", {});
     result.grad_norm = global_grad_norm(unscale);
-    if (!std::isfinite(result.grad_norm)) {  // (the momentum has moved; the weights do not)
-      result.overflow = true;
-      zero_grads();
-      return result;
-    }
+    if (!std::isfinite(result.grad_norm)) return skipped();  // (the momentum has moved)
   }
   if (max_norm > 0.0) {
     // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1.

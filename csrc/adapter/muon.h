@@ -9,8 +9,8 @@
 // The momentum and the blend are element by element, on the rank's shard. Newton-Schulz needs
 // whole matrices: each unit's blends are all-gathered, every rank orthogonalizes the
 // parameters it holds a slice of and keeps its slices. The updates replace the gradients in
-// the pieces before the gradient norm is taken, so gradient clipping scales the updates, as
-// in DeepSpeed's ZeRO optimizers.
+// the pieces: under ZeRO before the gradient norm is taken, so clipping scales the updates,
+// as in DeepSpeed's ZeRO optimizers (EngineCore::step; at stage 0 after clipping).
 #include <cstdint>
 #include <vector>
 

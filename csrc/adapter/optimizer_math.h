@@ -58,7 +58,7 @@ struct OptimizerHyper {
   // Muon (with momentum, nesterov and weight_decay above)
   NsMethod ns_method = NsMethod::kGram;
   std::int64_t ns_steps = 5;
-  core::DType ns_dtype = core::DType::kFloat16;  // the iteration's (zero/muon.py picks it)
+  core::DType ns_dtype = core::DType::kFloat16;  // the iteration's (zero/boundary.py picks it)
   ExternalUpdate external;  // kExternal
 };
 

@@ -19,8 +19,10 @@ def category_row(value: int, formula: str, location: str = "device") -> dict:
             "by_location": {location: value}}
 
 
-# optimizer_state's formula symbol of a group kind's elements (ModelShapes.group_kinds)
-KIND_SYMBOLS = {"muon": "Ψm", "adam": "Ψa"}
+def kind_symbol(kind: str | None) -> str:
+    """optimizer_state's formula symbol of a group kind's elements (ModelShapes.group_kinds;
+    None: every group's, Ψ)."""
+    return {"muon": "Ψm", "adam": "Ψa"}.get(kind, "Ψ")
 
 
 def merged_row(rows: Sequence[dict]) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .categories import (KIND_SYMBOLS, WHERE, bucket_pieces, category_row, gradient_location,
+from .categories import (WHERE, bucket_pieces, category_row, gradient_location, kind_symbol,
                          master_bytes, merged_row, split_partial, term)
 from .gather_schedule import WorkingSet, describe_live, short_count, simulate_stage3_schedule
 from .layout import Stage3Layout, bucket_peak_numel, stage3_layout
@@ -133,14 +133,11 @@ def _model_states(layout: Stage3Layout, setup: Setup, option: Option,
 def _optimizer_row(layout: Stage3Layout, setup: Setup, option: Option, location: str) -> dict:
     """The optimizer's arrays (sharded, the persistent group's too), by each group's update
     where the groups differ (Muon's keep one array, its Adam's two)."""
-    if not layout.group_kinds and not layout.persistent_kinds:
-        return _model_state_row(layout, optimizer_state_bytes(setup, option), True, location)
-    rows = []
-    for kind in dict.fromkeys(layout.group_kinds + layout.persistent_kinds):
-        part = layout.only(kind)
-        rows.append(_model_state_row(part, optimizer_state_bytes(setup, option, kind), True,
-                                     location, symbol=KIND_SYMBOLS[kind]))
-    return merged_row(rows)
+    kinds = dict.fromkeys(layout.group_kinds + layout.persistent_kinds) or [None]
+    return merged_row([_model_state_row(layout.only(kind),
+                                        optimizer_state_bytes(setup, option, kind), True,
+                                        location, symbol=kind_symbol(kind))
+                       for kind in kinds])
 
 
 def _with_frozen(row: dict, layout: Stage3Layout, setup: Setup, location: str) -> dict:

@@ -3,7 +3,7 @@ reduce_bucket_size (stage 0 laid out for one rank). Also stage 3 described witho
 units: the paper's formula on those padded numbers, not checked against the engine."""
 from __future__ import annotations
 
-from .categories import (KIND_SYMBOLS, WHERE, bucket_pieces, category_row, gradient_location,
+from .categories import (WHERE, bucket_pieces, category_row, gradient_location, kind_symbol,
                          master_bytes, merged_row, split_partial, term)
 from .layout import bucket_peak_numel, layouts
 from .options import Option
@@ -66,17 +66,16 @@ def estimate_stages_0_2(shapes: ModelShapes, setup: Setup, option: Option,
 
 def _optimizer_row(group_layouts, kinds, setup: Setup, option: Option, location: str) -> dict:
     """The optimizer's arrays of every group (sharded at stages 1-2), by the group's update
-    where the groups differ (`kinds`: Muon's keep one array, its Adam's two)."""
+    where the groups differ (`kinds`: Muon's keep one array, its Adam's two; None: the
+    setup's optimizer for all)."""
     sharded = option.stage >= 1
     numel = [layout.shard_numel if sharded else layout.full_numel for layout in group_layouts]
-    if kinds is None:
-        coefficient = optimizer_state_bytes(setup, option)
-        return category_row(coefficient * sum(numel), term(coefficient, sharded), location)
+    kinds = kinds or (None,) * len(group_layouts)
     rows = []
     for kind in dict.fromkeys(kinds):
         coefficient = optimizer_state_bytes(setup, option, kind)
         value = coefficient * sum(n for n, k in zip(numel, kinds) if k == kind)
-        rows.append(category_row(value, term(coefficient, sharded, KIND_SYMBOLS[kind]), location))
+        rows.append(category_row(value, term(coefficient, sharded, kind_symbol(kind)), location))
     return merged_row(rows)
 
 

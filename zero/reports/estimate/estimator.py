@@ -12,16 +12,6 @@ from .training_setup import EXTERNAL, Setup
 EXTERNAL_OFFLOAD = ("zero_optimization.offload_optimizer: an optimizer zero runs as torch's own "
                     "on the shards (a torch.optim type or a client's) is not offloaded; use Adam, "
                     "AdamW, Adagrad, Lion or SGD to offload")
-SIXTEEN_BIT_LAMB = ("bf16_master_weights_and_grads / fp16_master_weights_and_grads with optimizer "
-                    "Lamb: LAMB steps an fp32 master; set them to false or use Adam")
-LAMB_OFFLOAD = ("zero_optimization.offload_optimizer with optimizer Lamb: LAMB steps on the "
-                "device (DeepSpeed's FusedLamb has no CPU version either); use Adam to offload")
-SIXTEEN_BIT_MUON = ("bf16_master_weights_and_grads / fp16_master_weights_and_grads with optimizer "
-                    "Muon: Muon keeps an fp32 master and fp32 momentum; set them to false or use "
-                    "Adam")
-MUON_OFFLOAD = ("zero_optimization.offload_optimizer with optimizer Muon: zero offloads Muon's "
-                "momentum to host memory only, all of it and stepped at once (device \"cpu\", "
-                "ratio 1, no delayed_update); use Adam for the others")
 QUANTIZED_FROZEN_ON_NVME = ("zero_optimization.zero_quantized_nontrainable_weights with "
                             "offload_param.device \"nvme\" is not supported: keep the frozen "
                             "shard in host memory (device \"cpu\") or set "
@@ -52,20 +42,11 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         result = estimate_stages_0_2(shapes, setup, option, reduce_bucket_size, overlap_comm)
     if setup.optimizer == EXTERNAL and option.offload_optimizer != "none":
         result.refused = EXTERNAL_OFFLOAD
-    if setup.optimizer == "lamb" and option.offload_optimizer != "none":
-        result.refused = LAMB_OFFLOAD
     if setup.sixteen_bit_master and option.stage == 0:
         result.refused = SIXTEEN_BIT_STAGE_0
     if setup.sixteen_bit_master and setup.optimizer == EXTERNAL:
         result.refused = SIXTEEN_BIT_EXTERNAL
-    if setup.sixteen_bit_master and setup.optimizer == "lamb":
-        result.refused = SIXTEEN_BIT_LAMB
-    if setup.optimizer == "muon" and option.offload_optimizer != "none" and not (
-            option.offload_optimizer == "cpu" and float(setup.offload_ratio) == 1.0
-            and not setup.delayed_update):
-        result.refused = MUON_OFFLOAD
-    if setup.sixteen_bit_master and setup.optimizer == "muon":
-        result.refused = SIXTEEN_BIT_MUON
+    result.refused = _device_only_refusal(setup, option) or result.refused
     if option.stage == 3 and option.offload_param == "nvme" and setup.quantized_nontrainable \
             and result.frozen_numel:
         result.refused = QUANTIZED_FROZEN_ON_NVME
@@ -73,6 +54,24 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
     if strict and (result.refused or params.get("error")):
         raise EstimateError(f"{option.name}: {result.refused or params['error']}")
     return result
+
+
+def _device_only_refusal(setup: Setup, option: Option) -> str | None:
+    """LAMB's and Muon's refusals, by the engine's rule (zero.optimizer.ON_DEVICE): a 16-bit
+    master, or an offload they do not take."""
+    from zero.optimizer import ON_DEVICE, offload_allowed
+
+    if setup.optimizer not in ON_DEVICE:
+        return None
+    name, offload_rule, not_16_bit = ON_DEVICE[setup.optimizer]
+    if setup.sixteen_bit_master:
+        return (f"bf16_master_weights_and_grads / fp16_master_weights_and_grads with optimizer "
+                f"{name}: {not_16_bit}; set them to false or use Adam")
+    if not offload_allowed(setup.optimizer, option.offload_optimizer, setup.offload_ratio,
+                           setup.delayed_update):
+        return (f"zero_optimization.offload_optimizer with optimizer {name}: {offload_rule}; "
+                "use Adam to offload")
+    return None
 
 
 def estimate_all(shapes: ModelShapes, setup: Setup) -> list[Estimate]:

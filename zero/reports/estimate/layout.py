@@ -45,12 +45,12 @@ class Stage3Layout:
     root_early_grads: list[bool] = field(default_factory=list)  # per partitioned group
     # the frozen group (partitioned frozen parameters): (model unit, numel, shard numel)
     frozen_units: list[tuple[int, int, int]] = field(default_factory=list)
-    # each group's update where they differ (ModelShapes.group_kinds), parallel to
-    # group_units and to persistent; empty: the setup's optimizer for all
+    # each group's update (ModelShapes.group_kinds; None: the setup's optimizer), parallel to
+    # group_units and to persistent
     group_kinds: list = field(default_factory=list)
     persistent_kinds: list = field(default_factory=list)
 
-    def only(self, kind: str) -> "Stage3Layout":
+    def only(self, kind: str | None) -> "Stage3Layout":
         """The groups of one kind (their model states), the rest left out."""
         return dataclasses.replace(
             self, group_units=[u for u, k in zip(self.group_units, self.group_kinds) if k == kind],
@@ -151,11 +151,9 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
         root_early.append(any(flag and not keep for flag, keep in zip(late, kept)))
     frozen = [(list(shape), unit) for (shape, unit, _), keep in zip(shapes.frozen, frozen_whole)
               if not keep]
-    known = shapes.group_kinds is not None
     return Stage3Layout(unit_numel=unit_numel, group_units=group_units, persistent=persistent,
                         persistent_count=persistent_count, root_early_grads=root_early,
-                        group_kinds=group_kinds if known else [],
-                        persistent_kinds=persistent_kinds if known else [],
+                        group_kinds=group_kinds, persistent_kinds=persistent_kinds,
                         frozen_units=(_unit_rows(frozen, dtype, partition_world,
                                                  setup.alignment, unit_numel) if frozen else []))
 
