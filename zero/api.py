@@ -11,6 +11,7 @@ from . import activation_checkpointing, agreement
 from .config import load_config, read_config
 from .distributed import init_distributed
 from .parallel.mpu_grid import MpuError, MpuGrid
+from .parallel import sequence
 from .parallel.norm_span import norm_span
 from .tp import setup as tp_setup
 
@@ -96,12 +97,19 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         init_distributed()
     _align_local_rank(args)
     pipeline = _pipeline_module(model)
-    mpu_grid = _mpu_grid(mpu, pipeline)
+    sequence_mpu = sequence.is_sequence_mpu(mpu)  # DeepSpeed's parallel_state_sp
+    mpu_grid = None if sequence_mpu else _mpu_grid(mpu, pipeline)
     # The batch trio counts data-parallel ranks: with pipeline stages, one stage's ranks;
-    # with an mpu, its data group's; with tensor parallelism, world / tensor.
+    # with an mpu, its data group's; with tensor parallelism, world / tensor; with sequence
+    # parallelism, world / sequence.
     raw = read_config(source)
+    sequence_size = sequence.planned_size(raw, mpu)
+    sequence.check_alone(sequence_size, pipeline=pipeline is not None, mpu=mpu_grid is not None,
+                         tensor=tp_setup.requested_size(raw, model))
     all_ranks = None  # AutoTP from the config alone: tp_setup.batch_ranks
-    if pipeline is not None:
+    if sequence_size > 1:
+        data_ranks = sequence.replicas(dist.get_world_size(), sequence_size)
+    elif pipeline is not None:
         data_ranks = model.mpu().get_data_parallel_world_size()
     elif mpu_grid is not None:
         data_ranks = mpu_grid.get_data_parallel_world_size()
@@ -116,6 +124,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # world before the mesh's groups are made (pipeline and tensor parallelism then check
     # the model within each data-parallel group, where it is the same).
     agreement.agree_config(zero_config.raw)
+    sequence_layout = _sequence_layout(sequence_size, mpu if sequence_mpu else None)
     grid = tp_setup.prepare(model, zero_config,
                             pipeline_grid=model.mpu() if pipeline is not None else None,
                             mpu_grid=mpu_grid)
@@ -135,7 +144,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine.grid = engine.mpu = grid  # DeepSpeed's engine.mpu
     else:
         engine = ZeroEngine(model, zero_config, optimizer=optimizer,
-                            model_parameters=model_parameters, lr_scheduler=lr_scheduler)
+                            model_parameters=model_parameters, lr_scheduler=lr_scheduler,
+                            sequence_parallel=sequence_layout)
     engine.collate_fn = collate_fn
     dataloader = None
     if training_data is not None:  # DeepSpeed's: each data-parallel rank reads its part
@@ -166,6 +176,16 @@ def _pipeline_module(model):
     from .pipe.engine import PipelineEngine
 
     return PipelineEngine
+
+
+def _sequence_layout(size: int, mpu) -> sequence.SequenceParallel | None:
+    """The sequence groups (None without sequence parallelism): the mpu's, or built here
+    (collective); DeepSpeed's module-level accessors answer for them from now on."""
+    if size <= 1:
+        return None
+    layout = sequence.from_mpu(mpu) if mpu is not None else sequence.build(size)
+    sequence.ActiveGroups.set(layout)
+    return layout
 
 
 def _mpu_grid(mpu, pipeline) -> MpuGrid | None:

@@ -27,7 +27,7 @@ from . import _C, agreement, checkpoint_mesh, hybrid_engine, muon, process_group
 from . import stage3
 from . import init as zero_init
 from . import offload_states as states_offload
-from .parallel import data_group
+from .parallel import data_group, sequence
 from .autocast import ForwardAutocast
 from .boundary import as_dict
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -58,18 +58,22 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
     # Read with getattr(engine, name, default) by zero itself: defaults here, so that the
     # model's attribute of the same name (engine.__getattr__ passes to it) is never taken.
     grid = None  # the pipeline engine's grid
+    sequence_parallel = None  # parallel/sequence.py's layout, with sequence parallelism
     _is_compiled = False
 
     def __init__(self, model: nn.Module, config: ZeroConfig, optimizer=None,
                  model_parameters: Iterable | None = None, lr_scheduler=None,
-                 data_parallel_group=None, tensor_parallel_group=None, norm_span=None):
+                 data_parallel_group=None, tensor_parallel_group=None, norm_span=None,
+                 sequence_parallel=None):
         """`data_parallel_group`: the ranks that hold this same model and shard its states
         (default the world; a pipeline stage's ranks under zero.pipe; the ranks of one tensor
         slice under zero.tp). On a sub-group, stage 3 and whole-model 16-bit saves are refused
         (not built yet); checkpoints save each part (zero.checkpoint_mesh). `tensor_parallel_group` (zero.tp): the ranks holding the other slices of the
         same layers; the parameters not split start equal over it. `norm_span`
         (parallel/norm_span.py): with pipeline or tensor parallelism, the group and weights
-        that make the gradient norm (clipping, non-finite skips) the whole model's."""
+        that make the gradient norm (clipping, non-finite skips) the whole model's.
+        `sequence_parallel` (parallel/sequence.py): the sequence groups; ZeRO still shards
+        and averages over every rank, and the batch counts the replicas."""
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("zero: torch.distributed is not initialised; call "
@@ -83,6 +87,10 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             torch.cuda.set_device(self.device)  # collectives and allocations on this rank's GPU
         self.data_parallel_group = data_parallel_group or dist.group.WORLD
         self.tensor_parallel_group = tensor_parallel_group
+        self.sequence_parallel = sequence_parallel
+        if sequence_parallel is not None:
+            config = sequence.reduction_config(config)
+            self.config = config
         self._whole_world = data_group.is_world(self.data_parallel_group)
         if not self._whole_world:
             data_group.check_supported(self.stage, model)
@@ -252,8 +260,32 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
 
     @property
     def world_size(self) -> int:
-        """The data-parallel ranks (the world unless a data_parallel_group was given)."""
+        """The data-parallel ranks the batch counts (the world unless a data_parallel_group
+        was given; with sequence parallelism, its replicas)."""
+        if self.sequence_parallel is not None:
+            return self.sequence_parallel.data_size
         return dist.get_world_size(self.data_parallel_group)
+
+    # DeepSpeed's names for the sequence-parallel layout (its engine attributes)
+    @property
+    def dp_world_size(self) -> int:
+        return self.world_size
+
+    @property
+    def sequence_parallel_size(self) -> int:
+        return self.sequence_parallel.size if self.sequence_parallel is not None else 1
+
+    @property
+    def seq_data_parallel_group(self):
+        return self.data_parallel_group
+
+    @property
+    def seq_dp_world_size(self) -> int:
+        return dist.get_world_size(self.data_parallel_group)
+
+    def get_sequence_parallel_group(self):
+        """This rank's sequence group; None without sequence parallelism."""
+        return self.sequence_parallel.group if self.sequence_parallel is not None else None
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether this micro-batch ends the accumulation window: counted from the micro-steps,

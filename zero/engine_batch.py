@@ -16,7 +16,7 @@ logger = logging.getLogger("zero")
 
 class EngineBatch:
     """Mixed into ZeroEngine, which sets `config`, `micro_steps`, `world_size` (the
-    data-parallel ranks) and `data_parallel_group`."""
+    data-parallel ranks), `data_parallel_group` and `sequence_parallel`."""
 
     collate_fn = None  # initialize(collate_fn=...): deepspeed_io's default
 
@@ -49,6 +49,13 @@ class EngineBatch:
                                "window; change it between optimizer steps")
         self.config = dataclasses.replace(self.config, **values)
 
+    def _replica(self) -> int:
+        """Which part of the data this rank reads: its data-parallel rank (the ranks of one
+        sequence group read the same samples)."""
+        if self.sequence_parallel is not None:
+            return self.sequence_parallel.data_rank
+        return dist.get_rank(self.data_parallel_group)
+
     def deepspeed_io(self, dataset, batch_size=None, route=ROUTE_TRAIN, pin_memory=True,
                      data_sampler=None, collate_fn=None, num_local_io_workers=None):
         """A DataLoader of `dataset` in micro-batches (batch_size, default the config's),
@@ -64,8 +71,8 @@ class EngineBatch:
                            "split_dataset_by_node), or every rank trains on the same samples")
         if data_sampler is None and not iterable:
             data_sampler = torch.utils.data.DistributedSampler(
-                dataset, num_replicas=self.world_size,
-                rank=dist.get_rank(self.data_parallel_group), shuffle=route == ROUTE_TRAIN)
+                dataset, num_replicas=self.world_size, rank=self._replica(),
+                shuffle=route == ROUTE_TRAIN)
         return torch.utils.data.DataLoader(
             dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
             sampler=data_sampler, collate_fn=collate_fn or self.collate_fn,

@@ -958,6 +958,18 @@ TOP = Block("", "Top-level keys.", (
             "in (null: the training dtype). Another dtype reduces a copy of each unit in a bucket of it "
             "(e.g. fp32 sums of bf16 gradients: twice the buckets and the gradient traffic) and casts the "
             "result back, at every stage. Case-insensitive.", nullable=True, ignore_case=True),
+    _int("sequence_parallel_size", 1, "DeepSpeed-Ulysses: the ranks that split each sample's sequence, groups "
+         "of consecutive ranks (docs/PARALLELISM.md). Their attention layers exchange heads for sequence "
+         "(deepspeed.sequence.layer.DistributedAttention); ZeRO shards over every rank and averages the "
+         "gradients over every rank, as DeepSpeed's ZeRO-3 does (its stages 0-2 take size times that); the "
+         "batch keys count the world / size replicas. "
+         "DeepSpeed builds the groups from this key only beside data_parallel_size (or from an mpu, as "
+         "Ulysses for Hugging Face passes one); zero builds them from it alone too. Not with pipeline or "
+         "tensor parallelism.", minimum=1, maximum=MAX_SAMPLES),
+    _choice("seq_parallel_communication_data_type", "fp32", ("fp16", "bf16", "fp32"), "With sequence "
+            "parallelism, the dtype the gradients are reduced in, in place of communication_data_type "
+            "(as in DeepSpeed, whose default sums 16-bit gradients in fp32 then; a different "
+            "communication_data_type beside it is refused).", ignore_case=True),
     _bool("zero_allow_untested_optimizer", False, "As in DeepSpeed: ZeRO stages 1-3 run a client optimizer "
           "zero does not build itself (not Adam, AdamW, SGD, Adagrad, Lion or Lamb: torch's RMSprop, NAdam, ..., "
           "transformers' Adafactor) only when this is true; the HF Trainer sets it when it builds its optimizer."),
@@ -992,11 +1004,8 @@ TOP = Block("", "Top-level keys.", (
     _unsupported(BOOL, "graph_harvesting", False, "CUDA graph harvesting."),
     _unsupported(INT, "vocabulary_size", None, "Only used by DeepSpeed for an alignment warning.", nullable=True),
     _unsupported(BOOL, "use_data_before_expert_parallelism", False, "MoE topology."),
-    _unsupported(CHOICE, "seq_parallel_comm_data_type", "fp32", "Sequence-parallel gradient dtype.",
-                 choices=("fp16", "bf16", "fp32")),
     _unsupported(CHOICE, "gradient_allreduce_op", "mean", "Average or sum gradients.", choices=("mean", "sum")),
     _unsupported(BOOL, "managed_gradient_accumulation", True, "Engine-managed accumulation boundaries."),
-    _unsupported(INT, "sequence_parallel_size", 1, "Ulysses sequence parallelism."),
     # DeepSpeed sections zero does not implement: accepted only while inert.
     _section("sparse_attention", "Sparse attention kernels."),
     _section("amp", "NVIDIA Apex AMP."),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from zero.stage3 import set_z3_leaf_modules
 
 from ..runtime.dataloader import RepeatingLoader
-from . import zero_to_fp32
+from . import groups, zero_to_fp32
 from .logging import log_dist, log_dist_once, logger, print_dist
 from .module_utils import recursive_getattr, recursive_setattr
 from .tensor_fragment import (safe_get_full_fp32_param, safe_get_full_grad,
@@ -22,4 +22,4 @@ __all__ = ["RepeatingLoader", "log_dist", "log_dist_once", "logger", "print_dist
            "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
            "safe_set_full_fp32_param", "safe_set_full_grad", "safe_set_full_optimizer_state",
            "safe_set_local_fp32_param", "safe_set_local_grad", "safe_set_local_optimizer_state",
-           "set_z3_leaf_modules", "zero_to_fp32"]
+           "set_z3_leaf_modules", "groups", "zero_to_fp32"]
