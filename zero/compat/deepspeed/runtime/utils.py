@@ -1,4 +1,4 @@
-"""`deepspeed.runtime.utils`: see_memory_usage."""
+"""`deepspeed.runtime.utils`: see_memory_usage, move_to_device."""
 from __future__ import annotations
 
 import gc
@@ -33,3 +33,23 @@ def _meminfo(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"/proc/meminfo has no {field}")
+
+
+def move_to_device(item, device, criterion_func=None):
+    """`item` with its tensors (also inside lists, tuples and dicts) on `device`, as
+    DeepSpeed's: a tensor `criterion_func` accepts moves in place, any other is copied there;
+    values that are not tensors come back as they are."""
+    import torch
+
+    if isinstance(item, list):
+        return [move_to_device(v, device, criterion_func) for v in item]
+    if isinstance(item, tuple):
+        return tuple(move_to_device(v, device, criterion_func) for v in item)
+    if isinstance(item, dict):
+        return {k: move_to_device(v, device, criterion_func) for k, v in item.items()}
+    if not torch.is_tensor(item):
+        return item
+    if criterion_func is not None and criterion_func(item):
+        item.data = item.to(device).data
+        return item
+    return item.to(device)
