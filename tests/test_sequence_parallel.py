@@ -227,3 +227,51 @@ def test_the_exchange_refuses_what_it_does_not_build():
         single_all_to_all(torch.zeros(2, 3), 2, 1, 0, None)
     for message in run_distributed(_uneven_heads, world_size=2, timeout=60):
         assert "heads (3)" in message and "2 ranks" in message, message
+
+
+def test_the_estimate_reads_a_sequence_parallel_config(tmp_path, capsys):
+    """The batch keys count world / sequence replicas; the model states shard over every rank
+    (the same per-rank bytes as without sequence parallelism)."""
+    import json
+
+    from zero.reports.cli import main
+
+    def estimate(**extra):
+        path = tmp_path / "ds_config.json"
+        path.write_text(json.dumps({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+                                    "gradient_accumulation_steps": 1,
+                                    "zero_optimization": {"stage": 3}, **extra}))
+        code = main(["estimate", "--params", "1000000", "--world-size", "4", "--config",
+                     str(path), "--json"])
+        captured = capsys.readouterr()
+        return code, captured
+
+    code, sequence = estimate(sequence_parallel_size=2)
+    assert code == 0, sequence.err
+    code, plain = estimate(train_batch_size=8)
+    assert code == 0, plain.err
+    assert json.loads(sequence.out)["options"] == json.loads(plain.out)["options"]
+    code, wrong = estimate(sequence_parallel_size=2, train_batch_size=8)  # 4 ranks' batch
+    assert code == 2 and "train_batch_size" in wrong.err
+
+
+def _save_and_resume(rank, world, save_dir):
+    import zero
+    import zero.compat.deepspeed as deepspeed
+
+    engine, _, _ = cases.train(deepspeed, "stage2")
+    engine.save_checkpoint(save_dir, tag="sp")
+    saved = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    plain, *_ = zero.initialize(model=cases.make_model(), config=cases.config(3))  # no groups
+    plain.load_checkpoint(save_dir, tag="sp")
+    with zero.GatheredParameters(list(plain.module.parameters())):
+        loaded = {n: p.detach().clone() for n, p in plain.module.named_parameters()}
+    return max((saved[n] - loaded[n]).abs().max().item() for n in saved), plain.global_steps
+
+
+def test_a_checkpoint_of_a_sequence_parallel_run_loads_without_it(tmp_path):
+    """ZeRO shards over every rank either way: a checkpoint saved with sequence groups resumes
+    in an engine without them (here at stage 3)."""
+    for apart, steps in run_distributed(_save_and_resume, world_size=2, args=(str(tmp_path),),
+                                        timeout=120):
+        assert apart == 0.0 and steps == cases.STEPS

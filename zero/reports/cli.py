@@ -22,6 +22,7 @@ import sys
 
 import torch
 
+from ..parallel import sequence
 from . import activations
 from . import estimate as est
 from . import render, table, tuner
@@ -210,9 +211,11 @@ def _tensor_size(args, base: dict | None) -> int:
 
 def _data_ranks(args, world: int, base: dict | None) -> int:
     """The data-parallel ranks a config's batch keys (and data_parallel_size) count: world /
-    (pipeline stages x tensor size); the world when those do not divide it (the mesh's own
-    error names the sizes later)."""
-    parts = _tensor_size(args, base) * (getattr(args, "pipeline_stages", 1) or 1)
+    (pipeline stages x tensor size x sequence size); the world when those do not divide it
+    (the mesh's own error names the sizes later). ZeRO still shards over every rank of a
+    sequence group."""
+    parts = _tensor_size(args, base) * (getattr(args, "pipeline_stages", 1) or 1) * \
+        sequence.requested_size(base or {})
     return world // parts if world % parts == 0 else world
 
 
