@@ -76,15 +76,16 @@ def _attention(rank, world, kv_heads):
     logits.sum().backward()
     grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
     torch.distributed.all_reduce(grad)  # each rank's piece of the sequence's gradient
+    groups = model.model.layers[0].self_attn.num_key_value_groups  # as the model set it
     return (mpu.get_sequence_parallel_world_size(), (logits - whole[:, mine]).abs().max().item(),
-            (grad - expected_grad).abs().max().item())
+            (grad - expected_grad).abs().max().item(), groups == 4 // kv_heads)
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1])  # 1: each rank gets the one key/value head
 def test_ulysses_attention_sees_the_whole_sequence(kv_heads):
-    for size, logits_apart, grad_apart in run_distributed(_attention, world_size=2,
-                                                           args=(kv_heads,), timeout=120):
-        assert size == 2 and logits_apart < 1e-5 and grad_apart < 1e-5
+    for size, logits_apart, grad_apart, groups_kept in run_distributed(
+            _attention, world_size=2, args=(kv_heads,), timeout=120):
+        assert size == 2 and logits_apart < 1e-5 and grad_apart < 1e-5 and groups_kept
 
 
 def _adapter(rank, world):
@@ -135,3 +136,22 @@ def test_refusals_name_the_fix(attention, configured, words):
     for message in run_distributed(_refused, world_size=2, args=(attention, configured),
                                    timeout=60):
         assert message is not None and all(word in message for word in words), message
+
+
+def _retry(rank, world):
+    """A refused registration makes no groups: the corrected call goes through."""
+    from zero.compat.deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    model = _llama(2)
+    try:
+        UlyssesSPAttentionHF.register_with_transformers(model, "sdpa", world, 1,
+                                                        seq_length_is_variable=False)
+    except ValueError as error:
+        refused = str(error)
+    mpu = UlyssesSPAttentionHF.register_with_transformers(model, "sdpa", world, 1)
+    return refused, mpu.get_sequence_parallel_world_size()
+
+
+def test_a_refused_registration_can_be_corrected():
+    for refused, size in run_distributed(_retry, world_size=2, timeout=60):
+        assert "seq_length" in refused and size == 2

@@ -146,6 +146,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         engine = ZeroEngine(model, zero_config, optimizer=optimizer,
                             model_parameters=model_parameters, lr_scheduler=lr_scheduler,
                             sequence_parallel=sequence_layout)
+        if sequence_mpu:
+            engine.mpu = mpu  # DeepSpeed's engine.mpu: the script's parallel_state_sp
     engine.collate_fn = collate_fn
     dataloader = None
     if training_data is not None:  # DeepSpeed's: each data-parallel rank reads its part

@@ -582,7 +582,9 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self._core.reload_states()
 
     def get_data_parallel_rank(self) -> int:
-        return dist.get_rank(self.data_parallel_group)
+        """This rank among the dp_world_size data-parallel ranks (a sequence group's ranks
+        share one)."""
+        return self._replica()
 
     def get_tensor_parallel_rank(self) -> int:
         group = self.tensor_parallel_group

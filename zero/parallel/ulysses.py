@@ -68,6 +68,14 @@ class _SeqAllToAll(torch.autograd.Function):
         return (None, back) + (None,) * 8
 
 
+def exchange(tensor: torch.Tensor, group, heads_out: bool, batch_dim_idx: int = 0):
+    """The differentiable exchange: `heads_out` True trades sequence for heads (a rank's
+    piece, every head -> the whole sequence, its heads), False the reverse."""
+    seq_dim = 1 - batch_dim_idx
+    scatter, gather = (2, seq_dim) if heads_out else (seq_dim, 2)  # backward swaps them
+    return _SeqAllToAll.apply(group, tensor, scatter, gather, batch_dim_idx)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     first, second = x.unflatten(-1, (2, -1)).unbind(dim=-2)
     return torch.cat((-second, first), dim=-1)
@@ -100,6 +108,9 @@ class DistributedAttention(nn.Module):
         self.scatter_idx, self.gather_idx = scatter_idx, gather_idx
         self.num_kv_heads = num_kv_heads
         self.sp_overlap_comm, self.overlap_handles, self.sp_stream = False, None, None
+
+    def layer_sync(self, layer):
+        """DeepSpeed's wait for the overlapped exchange's event: nothing to wait for here."""
 
     def forward(self, query, key, value, batch_dim_idx: int, rotary_pos_emb=None, *args,
                 **kwargs):

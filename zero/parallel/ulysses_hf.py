@@ -11,7 +11,8 @@ from the whole sequence, as in DeepSpeed). With fewer key/value heads than ranks
 repeated so every rank holds one.
 
 `install` puts it in transformers' attention table under the model's own implementation name,
-so every branch transformers takes on that name still runs (DeepSpeed does the same).
+so every branch transformers takes on that name still runs (DeepSpeed does the same);
+`check` refuses what cannot work before any group is made.
 
 `SequenceShardingLoader` wraps a script's DataLoader: the ranks of a group gather their
 batches, and each batch in turn is cut along the sequence, every rank taking its piece, with
@@ -25,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .ulysses import _SeqAllToAll
+from .ulysses import exchange
 
 IGNORE_INDEX = -100  # the labels' "no loss here"
 REFUSED_ATTENTION = {
@@ -53,13 +54,7 @@ class UlyssesAttention(nn.Module):
         self.attn_head_count, self.attn_head_size = attn_head_count, attn_head_size
         self.global_kv_head_count, self.num_hidden_layers = kv_head_count, num_hidden_layers
         self.core_attn_implementation = None  # set by install()
-        if attn_head_count % self.world_size:
-            raise ValueError(f"Attention head count {attn_head_count} is not divisible by SP "
-                             f"size {self.world_size}: use a sequence_parallel_size that "
-                             f"divides {attn_head_count}")
-        if kv_head_count % self.world_size and self.world_size % kv_head_count:
-            raise ValueError(f"KV attention head count {kv_head_count} is not divisible by SP "
-                             f"size {self.world_size} or vice versa")
+        check_heads(attn_head_count, kv_head_count, self.world_size)
         self.kv_replication_factor = max(1, self.world_size // kv_head_count)
 
     def forward(self, module: nn.Module, query, key, value, attention_mask, *args, **kwargs):
@@ -71,25 +66,30 @@ class UlyssesAttention(nn.Module):
                 "its place in the whole sequence (torch.arange(seq_len) per sample, or "
                 "restarting at document boundaries for packed ones); UlyssesSPDataLoaderAdapter "
                 "passes the batch's own")
-        kwargs["position_ids"] = self._whole(kwargs["position_ids"])
         if not self.seq_length_is_variable and query.shape[2] != self.local_seq_length:
             raise ValueError(f"zero: this rank's piece has {query.shape[2]} tokens but Ulysses "
                              f"was registered for a fixed {self.local_seq_length} "
                              "(seq_length_is_variable=False)")
+        kwargs["position_ids"] = self._whole(kwargs["position_ids"])
         if self.kv_replication_factor > 1:  # every rank needs a key/value head of its own
             key, value = (t.repeat_interleave(self.kv_replication_factor, dim=1)
                           for t in (key, value))
         q, k, v = (self._heads_for_sequence(t) for t in (query, key, value))
-        if self.kv_replication_factor > 1:
+        groups = getattr(module, "num_key_value_groups", None)
+        if groups is not None:  # the local heads' ratio, for this call only
             module.num_key_value_groups = q.shape[1] // k.shape[1]
-        context, weights = self.attn(module, q, k, v, None, *args, **kwargs)
+        try:
+            context, weights = self.attn(module, q, k, v, None, *args, **kwargs)
+        finally:
+            if groups is not None:
+                module.num_key_value_groups = groups
         # [batch, whole seq, local heads, dim] -> [batch, piece, heads * dim]
-        mine = _SeqAllToAll.apply(self.process_group, context, 0, 2, 0)
+        mine = exchange(context, self.process_group, heads_out=False)
         return mine.reshape(*mine.shape[:2], -1), weights
 
     def _heads_for_sequence(self, tensor):
         """[batch, heads, piece, dim] -> [batch, heads / s, whole seq, dim]."""
-        whole = _SeqAllToAll.apply(self.process_group, tensor.transpose(1, 2), 2, 1, 0)
+        whole = exchange(tensor.transpose(1, 2), self.process_group, heads_out=True)
         return whole.transpose(1, 2).contiguous()
 
     def _whole(self, position_ids):
@@ -98,14 +98,16 @@ class UlyssesAttention(nn.Module):
         return torch.cat(pieces, dim=1)
 
 
-def install(model_or_name, core_attn_implementation: str, group, micro_batch_size: int,
-            seq_length: int | None, seq_length_is_variable: bool, disable_in_eval: bool,
-            cls=UlyssesAttention) -> UlyssesAttention:
-    """Puts a `cls` over `group` in transformers' attention table under
-    `core_attn_implementation`, sized from the model's (or its name's) config."""
+def check(model_or_name, core_attn_implementation: str, size: int, seq_length: int | None,
+          seq_length_is_variable: bool):
+    """Everything `install` needs, checked before any group exists (DeepSpeed's checks, and
+    the heads against `size`): the model's text config."""
     from transformers import AutoConfig
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    if not seq_length_is_variable and seq_length is None:
+        raise ValueError("Either `seq_length_is_variable` needs to be `True` or `seq_length` "
+                         "needs to be set to an integer value of the fixed batch size length.")
     loaded = hasattr(model_or_name, "config")
     config = model_or_name.config if loaded else AutoConfig.from_pretrained(model_or_name)
     active = getattr(config, "_attn_implementation", None) if loaded else None
@@ -121,18 +123,38 @@ def install(model_or_name, core_attn_implementation: str, group, micro_batch_siz
     if core_attn_implementation not in ALL_ATTENTION_FUNCTIONS:
         raise ValueError(f"{core_attn_implementation} is not a valid attn_implementation. The "
                          f"choices are {ALL_ATTENTION_FUNCTIONS.valid_keys()}")
-    if not seq_length_is_variable and seq_length is None:
-        raise ValueError("Either `seq_length_is_variable` needs to be `True` or `seq_length` "
-                         "needs to be set to an integer value of the fixed batch size length.")
-    size = dist.get_world_size(group)
     text = config.get_text_config()
+    check_heads(text.num_attention_heads,
+                getattr(text, "num_key_value_heads", None) or text.num_attention_heads, size)
+    return text
+
+
+def check_heads(heads: int, kv_heads: int, size: int) -> None:
+    """Each rank takes heads / size query heads, and kv_heads / size key/value heads or a copy
+    of one (DeepSpeed's rule)."""
+    if heads % size:
+        raise ValueError(f"Attention head count {heads} is not divisible by SP size {size}: "
+                         f"use a sequence_parallel_size that divides {heads}")
+    if kv_heads % size and size % kv_heads:
+        raise ValueError(f"KV attention head count {kv_heads} is not divisible by SP size "
+                         f"{size} or vice versa")
+
+
+def install(text_config, core_attn_implementation: str, group, micro_batch_size: int,
+            seq_length: int | None, seq_length_is_variable: bool, disable_in_eval: bool,
+            cls=UlyssesAttention) -> UlyssesAttention:
+    """Puts a `cls` over `group` in transformers' attention table under
+    `core_attn_implementation`, sized from `text_config` (what `check` returned)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    size = dist.get_world_size(group)
+    heads = text_config.num_attention_heads
     attention = cls(
         attn=ALL_ATTENTION_FUNCTIONS[core_attn_implementation], batch_size=micro_batch_size,
-        attn_head_count=text.num_attention_heads,
-        attn_head_size=getattr(text, "head_dim", None) or
-        text.hidden_size // text.num_attention_heads,
-        kv_head_count=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-        num_hidden_layers=text.num_hidden_layers, process_group=group,
+        attn_head_count=heads,
+        attn_head_size=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
+        kv_head_count=getattr(text_config, "num_key_value_heads", None) or heads,
+        num_hidden_layers=text_config.num_hidden_layers, process_group=group,
         seq_length_is_variable=seq_length_is_variable,
         local_seq_length=None if seq_length_is_variable else seq_length // size,
         global_seq_length=None if seq_length_is_variable else seq_length,

@@ -316,12 +316,18 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     AutoTP set by the config alone."""
     from zero.boundary import fp32_grads, sixteen_bit_master
     from zero.config import ALL_FEATURES, ConfigError, load_config
+    from zero.parallel import sequence
 
     try:
         cfg = load_config(config, world_size=data_ranks or world_size,
                           enabled_features=ALL_FEATURES, all_ranks=all_ranks)
     except ConfigError as error:
         raise EstimateError(f"--config: {error}") from None
+    if cfg.sequence_parallel_size > 1:  # reduced in seq_parallel_communication_data_type
+        try:
+            cfg = sequence.reduction_config(cfg)
+        except sequence.SequenceParallelError as error:
+            raise EstimateError(f"--config: {error}") from None
     raw_zero = cfg.raw.get("zero_optimization") or {}
     optimizer = "adam"
     if cfg.optimizer is not None and cfg.optimizer.type == "SGD":

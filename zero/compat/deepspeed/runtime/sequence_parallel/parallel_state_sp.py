@@ -21,6 +21,9 @@ def initialize_sequence_parallel(sequence_parallel_size: int) -> None:
     if sequence_parallel_size <= 1:
         raise ValueError(f"sequence_parallel_size must be greater than 1, got "
                          f"{sequence_parallel_size}")
+    if world % sequence_parallel_size:
+        raise RuntimeError(f"world_size ({world}) is not divisible by sequence_parallel_size "
+                           f"{sequence_parallel_size})")
     if sequence.ActiveGroups.get() is not None:
         raise RuntimeError("zero: the sequence parallel groups are already initialized")
     sequence.ActiveGroups.set(sequence.build(sequence_parallel_size))

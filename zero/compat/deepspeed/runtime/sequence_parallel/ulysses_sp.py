@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from zero.parallel.ulysses_hf import SequenceShardingLoader, UlyssesAttention, install
+from zero.parallel.ulysses_hf import SequenceShardingLoader, UlyssesAttention, check, install
 
 from . import parallel_state_sp
 
@@ -33,8 +33,10 @@ class UlyssesSPAttentionHF(UlyssesAttention):
             logger.warning("The 'max_length` argument is deprecated and will be eventually "
                            "removed, please use `seq_length` instead")
             seq_length = seq_length if seq_length is not None else max_length
+        text_config = check(model_name_or_path, core_attn_implementation,
+                            sequence_parallel_size, seq_length, seq_length_is_variable)
         parallel_state_sp.initialize_sequence_parallel(sequence_parallel_size)
-        install(model_name_or_path, core_attn_implementation,
+        install(text_config, core_attn_implementation,
                 parallel_state_sp.get_sequence_parallel_group(), micro_batch_size, seq_length,
                 seq_length_is_variable, disable_in_eval, cls=cls)
         return parallel_state_sp
