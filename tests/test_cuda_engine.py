@@ -5,7 +5,8 @@ gradients reduced in fp32, the memory report's device bytes against torch.cuda's
 offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
 shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, a bf16 master
 (bf16_master_weights_and_grads), fp32 gradient accumulation (data_types.grad_accum_dtype),
-LAMB and Muon. Skipped where torch sees no GPU (scripts/gpu_check.sh runs them on one).
+LAMB and Muon, and Ulysses sequence parallelism. Skipped where torch sees no GPU
+(scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
 ranks on one device). The reference trains on the CPU in fp32, so fp32 tolerances allow for
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 import training
+from deepspeed_reference import TESTS, cases_of
 from distributed_harness import run_distributed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -351,3 +353,21 @@ def test_other_optimizers_match_the_reference_on_the_gpu(name, stage):
     [losses] = run_distributed(_train_config, 1, timeout=300, backend="nccl", args=(config,))
     assert losses == pytest.approx(ref_losses, rel=TOLERANCE["fp32"][0])
     assert ref_losses[-1] < ref_losses[0]
+
+
+def _ulysses(rank, world, name):
+    import zero.compat.deepspeed as deepspeed
+
+    engine, losses, _ = cases_of("ulysses").train(deepspeed, name)
+    return engine.device.type, losses
+
+
+@pytest.mark.parametrize("name", ["stage1", "stage3"])
+def test_ulysses_on_the_gpu(name):
+    """DistributedAttention's all-to-alls on CUDA tensors (2 ranks on the GPU over gloo):
+    rank 0's losses are the real DeepSpeed's ZeRO-3 run on the CPU (tests/deepspeed_ulysses;
+    clipping makes its stages' trajectories one)."""
+    expected = torch.load(f"{TESTS}/deepspeed_ulysses/expected.pt")["stage3"]["losses"]
+    (device, losses), _ = run_distributed(_ulysses, 2, args=(name,), env=ONE_GPU, timeout=300)
+    assert device == "cuda"
+    assert losses == pytest.approx(expected, rel=1e-4)

@@ -76,7 +76,7 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(DIM, VOCAB)
 
     def forward(self, tokens, start=0):
-        positions = torch.arange(start, start + tokens.shape[1])
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         x = self.embed(tokens) + self.position(positions)
         for block in self.blocks:
             x = block(x)
@@ -103,7 +103,7 @@ def piece_loss(logits, targets, kind: str, group):
         return loss
     losses = torch.distributed.nn.functional.all_gather(loss, group=group)
     tokens = torch.distributed.nn.functional.all_gather(
-        torch.tensor(float(targets.numel())), group=group)
+        torch.tensor(float(targets.numel()), device=targets.device), group=group)
     return sum(l * t for l, t in zip(losses, tokens)) / sum(tokens)
 
 
@@ -129,7 +129,7 @@ def train(deepspeed, name: str):
     losses, grads = [], None
     for step in range(STEPS):
         for micro in range(GAS):
-            tokens = data[step, micro, replica]
+            tokens = data[step, micro, replica].to(engine.device)
             inputs, targets = tokens[:, :-1], tokens[:, 1:]
             cut = slice(piece * length, (piece + 1) * length)
             loss = piece_loss(engine(inputs[:, cut], start=piece * length), targets[:, cut],
