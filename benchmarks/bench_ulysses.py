@@ -139,7 +139,7 @@ def _run(rank, world, name, args) -> dict:
             engine.backward(loss)
             engine.step()
             times.append(time.perf_counter() - t0)
-            losses.append(float(loss))
+            losses.append(loss.item())
         return times, losses
 
     # a throwaway engine first pays the one-time costs (imports, DeepSpeed's built ops)
@@ -174,13 +174,17 @@ def render(rows: dict, args, facts: dict, wall_s: float) -> str:
     for name, row in rows.items():
         engine, sp, length = name.split("-")
         if "error" in row:
-            table.append([engine, sp[2:], length, "failed: " + row["error"], "", ""])
+            table.append([engine, sp[2:], length, "failed: " + row["error"], "", "", ""])
             continue
+        other = rows.get("-".join(("deepspeed" if engine == "zero" else "zero", sp, length)), {})
+        apart = (f"{max(abs(a - b) for a, b in zip(row['losses'], other['losses'])):.1e}"
+                 if "losses" in other else "")
         table.append([engine, sp[2:], length, f"{row['peak_growth_mib']:.1f}",
                       f"{row['step_s'] * 1000:.0f}",
-                      f"{row['losses'][0]:.4f} / {row['losses'][-1]:.4f}"])
+                      f"{row['losses'][0]:.4f} / {row['losses'][-1]:.4f}", apart])
     lines += [markdown_table(["engine", "sp", "sequence", "peak growth per rank (MiB)",
-                              "step (ms)", "rank 0 loss first / last"], table), ""]
+                              "step (ms)", "rank 0 loss first / last",
+                              "max loss difference to the other engine"], table), ""]
     lines += ["sp 1: each rank its own sample of the whole sequence (two data-parallel "
               "ranks); sp 2: the two ranks share one sample, each holding half of it.", "",
               "## Machine", "", f"- {facts['cpu']}", f"- load: {facts['load']}", ""]
