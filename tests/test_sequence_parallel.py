@@ -320,3 +320,88 @@ def test_a_checkpoint_of_a_sequence_parallel_run_loads_without_it(tmp_path):
     for apart, steps in run_distributed(_save_and_resume, world_size=2, args=(str(tmp_path),),
                                         timeout=120):
         assert apart == 0.0 and steps == cases.STEPS
+
+
+class MegatronStyleMpu:
+    """Megatron-DeepSpeed's parallel_state as DeepSpeed reads it: sequence groups of
+    `sequence` consecutive ranks inside tensor groups of `tensor`, no
+    initialize_sequence_parallel."""
+
+    def __init__(self, sequence: int, tensor: int):
+        import torch.distributed as dist
+
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.sequence, self.tensor = sequence, tensor
+
+        def groups(partition):
+            mine = None
+            for ranks in partition:
+                group = dist.new_group(ranks)
+                mine = group if rank in ranks else mine
+            return mine
+
+        # rank = (data * sequence + s) * tensor + t
+        span = sequence * tensor
+        self.tp = groups([list(range(i, i + tensor)) for i in range(0, world, tensor)])
+        self.sp = groups([[base + s * tensor + t for s in range(sequence)]
+                          for base in range(0, world, span) for t in range(tensor)])
+        self.seq_data = groups([list(range(t, world, tensor)) for t in range(tensor)])
+        self.data = groups([[d * span + s * tensor + t for d in range(world // span)]
+                            for s in range(sequence) for t in range(tensor)])
+
+    def get_sequence_parallel_group(self):
+        return self.sp
+
+    def get_sequence_parallel_world_size(self):
+        return self.sequence
+
+    def get_sequence_parallel_rank(self):
+        import torch.distributed as dist
+
+        return dist.get_rank(self.sp)
+
+    def get_sequence_data_parallel_group(self):
+        return self.seq_data
+
+    def get_data_parallel_group(self):
+        return self.data
+
+    def get_data_parallel_rank(self):
+        import torch.distributed as dist
+
+        return dist.get_rank(self.data)
+
+    def get_data_parallel_world_size(self):
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.data)
+
+    def get_model_parallel_group(self):
+        return self.tp
+
+    def get_model_parallel_rank(self):
+        import torch.distributed as dist
+
+        return dist.get_rank(self.tp)
+
+    def get_model_parallel_world_size(self):
+        return self.tensor
+
+
+def _megatron(rank, world, tensor):
+    import zero
+
+    mpu = MegatronStyleMpu(sequence=2, tensor=tensor)
+    try:
+        engine, *_ = zero.initialize(model=cases.make_model(), config=cases.config(2), mpu=mpu)
+    except ValueError as error:
+        return str(error)
+    return engine.sequence_parallel_size, engine.dp_world_size
+
+
+def test_a_megatron_mpus_sequence_groups():
+    """Without tensor parallelism they are zero's sequence groups; beside it (which zero does
+    not build with sequence parallelism) a refusal, not ranks whose gradients stay apart."""
+    assert run_distributed(_megatron, world_size=2, args=(1,), timeout=60) == [(2, 1)] * 2
+    for message in run_distributed(_megatron, world_size=4, args=(2,), timeout=60):
+        assert "sequence data parallel group is ranks" in message and "not built" in message

@@ -106,9 +106,17 @@ def build(size: int) -> SequenceParallel:
 
 
 def is_sequence_mpu(mpu) -> bool:
-    """DeepSpeed's test for a sequence-parallel mpu (its parallel_state_sp module, which
-    Ulysses' register_with_transformers returns): it has `initialize_sequence_parallel`."""
-    return mpu is not None and hasattr(mpu, "initialize_sequence_parallel")
+    """Whether `mpu` brings sequence groups: DeepSpeed's parallel_state_sp (which Ulysses'
+    register_with_transformers returns; DeepSpeed tests for `initialize_sequence_parallel`),
+    or a Megatron-DeepSpeed mpu whose get_sequence_parallel_world_size() is above 1 (its
+    sequence data parallel group must then be the world: from_mpu refuses tensor or pipeline
+    parallelism beside it rather than leave the sequence ranks' gradients apart)."""
+    if mpu is None:
+        return False
+    if hasattr(mpu, "initialize_sequence_parallel"):
+        return True
+    size = getattr(mpu, "get_sequence_parallel_world_size", None)
+    return callable(size) and size() > 1
 
 
 def from_mpu(mpu) -> SequenceParallel:
