@@ -692,9 +692,11 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
     def _grad_hook(self, group: int, index: int):
         engine = weakref.ref(self)  # hooks must not keep a finished engine alive
 
-        def hook(_param):
+        def hook(param):
             live = engine()
-            if live is not None:
+            # a tiled compute (zero/parallel/tiled_compute.py, DeepSpeed's protocol) marks
+            # its weights not ready until its last tile: the gradient adds up in param.grad
+            if live is not None and getattr(param, "ds_grad_is_ready", True):
                 live._core.grad_ready(group, index, live._boundary_in_backward)
         return hook
 

@@ -2,11 +2,14 @@
 ALST), as the Trainer and Accelerate call it with `ParallelismConfig(sp_backend="deepspeed")`:
 `UlyssesSPAttentionHF.register_with_transformers(...)` returns the mpu (parallel_state_sp)
 for `deepspeed.initialize(mpu=...)`, and `UlyssesSPDataLoaderAdapter` cuts the batches.
-zero/parallel/ulysses_hf.py holds the attention and the loader."""
+zero/parallel/ulysses_hf.py holds the attention and the loader; tiled_compute.py the tiling
+(TiledMLP, SequenceTiledCompute, TiledFusedLogitsLoss)."""
 from __future__ import annotations
 
 import logging
 
+from zero.parallel.tiled_compute import (SequenceTiledCompute, TiledFusedLogitsLoss, TiledMLP,
+                                         sequence_tiled_compute)
 from zero.parallel.ulysses_hf import SequenceShardingLoader, UlyssesAttention, check, install
 
 from . import parallel_state_sp
@@ -44,4 +47,5 @@ class UlyssesSPAttentionHF(UlyssesAttention):
 
 UlyssesSPDataLoaderAdapter = SequenceShardingLoader
 
-__all__ = ["UlyssesSPAttentionHF", "UlyssesSPDataLoaderAdapter"]
+__all__ = ["UlyssesSPAttentionHF", "UlyssesSPDataLoaderAdapter", "SequenceTiledCompute",
+           "TiledFusedLogitsLoss", "TiledMLP", "sequence_tiled_compute"]
