@@ -348,44 +348,12 @@ class MegatronStyleMpu:
         self.seq_data = groups([list(range(t, world, tensor)) for t in range(tensor)])
         self.data = groups([[d * span + s * tensor + t for d in range(world // span)]
                             for s in range(sequence) for t in range(tensor)])
-
-    def get_sequence_parallel_group(self):
-        return self.sp
-
-    def get_sequence_parallel_world_size(self):
-        return self.sequence
-
-    def get_sequence_parallel_rank(self):
-        import torch.distributed as dist
-
-        return dist.get_rank(self.sp)
-
-    def get_sequence_data_parallel_group(self):
-        return self.seq_data
-
-    def get_data_parallel_group(self):
-        return self.data
-
-    def get_data_parallel_rank(self):
-        import torch.distributed as dist
-
-        return dist.get_rank(self.data)
-
-    def get_data_parallel_world_size(self):
-        import torch.distributed as dist
-
-        return dist.get_world_size(self.data)
-
-    def get_model_parallel_group(self):
-        return self.tp
-
-    def get_model_parallel_rank(self):
-        import torch.distributed as dist
-
-        return dist.get_rank(self.tp)
-
-    def get_model_parallel_world_size(self):
-        return self.tensor
+        for kind, group in (("sequence", self.sp), ("data", self.data), ("model", self.tp)):
+            setattr(self, f"get_{kind}_parallel_group", lambda group=group: group)
+            setattr(self, f"get_{kind}_parallel_rank", lambda group=group: dist.get_rank(group))
+            setattr(self, f"get_{kind}_parallel_world_size",
+                    lambda group=group: dist.get_world_size(group))
+        self.get_sequence_data_parallel_group = lambda: self.seq_data
 
 
 def _megatron(rank, world, tensor):
