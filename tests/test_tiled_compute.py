@@ -74,6 +74,47 @@ def test_sequence_tiled_compute_equals_the_whole_sequence(dim, reduction):
         assert torch.allclose(got, want, atol=1e-5)
 
 
+def test_the_mean_is_over_the_tiles_chunk_makes():
+    """Five positions in four shards are three tiles: "mean" averages three losses, and the
+    gradients are those of that mean."""
+    torch.manual_seed(0)
+    head = nn.Linear(DIM, VOCAB)
+    x = torch.randn(1, 5, DIM, requires_grad=True)
+    y = torch.randint(0, VOCAB, (1, 5))
+
+    def loss_fn(module, x, y):
+        return F.cross_entropy(module(x), y, reduction="sum")
+
+    pieces = [loss_fn(head, xs, ys) for xs, ys in zip(x[0].chunk(4), y[0].chunk(4))]
+    expected_loss = torch.stack(pieces).mean()
+    expected_loss.backward()
+    expected = _grads(x, head.weight)
+    x.grad = head.weight.grad = None
+    loss = _tiling().TiledFusedLogitsLoss.apply(loss_fn, head, x, y, None, 4, [head.weight],
+                                                "mean")
+    loss.backward()
+    assert torch.allclose(loss, expected_loss.detach(), atol=1e-6)
+    for got, want in zip(_grads(x, head.weight), expected):
+        assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_a_failing_tile_leaves_the_weights_ready():
+    mlp = nn.Sequential(nn.Linear(DIM, DIM), nn.Identity(), nn.Identity())
+    calls = []
+
+    def fn(module, x):
+        calls.append(1)
+        if len(calls) > 2:  # the forward's two tiles pass; the backward's first fails
+            raise RuntimeError("out of memory")
+        return _mlp(module, x)
+
+    out = _tiling().TiledMLP.apply(fn, mlp, torch.randn(1, 4, DIM, requires_grad=True), 2,
+                                   list(mlp.parameters()))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        out.sum().backward()
+    assert all(p.ds_grad_is_ready for p in mlp.parameters())
+
+
 @pytest.mark.parametrize("masked", [False, True])
 def test_tiled_fused_logits_loss_equals_the_loss(masked):
     torch.manual_seed(0)
@@ -145,38 +186,45 @@ class TiledLM(nn.Module):
                                                     "sum")
 
 
-def _data(rank):
+def _data(rank, gas):
     generator = torch.Generator().manual_seed(10 + rank)
-    return [torch.randint(0, VOCAB, (2, SEQ + 1), generator=generator) for _ in range(STEPS)]
+    return [torch.randint(0, VOCAB, (2, SEQ + 1), generator=generator)
+            for _ in range(STEPS * gas)]
 
 
-def _train_tiled(rank, world, stage):
+def _train_tiled(rank, world, stage, gas):
     import zero
 
     torch.manual_seed(0)
     model = TiledLM(tiles=3)
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": gas,
               "gradient_clipping": 1.0,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
-              "zero_optimization": {"stage": stage, "reduce_bucket_size": 200,
+              "zero_optimization": {"stage": stage, "reduce_bucket_size": 144,  # head: a unit
                                     "stage3_param_persistence_threshold": 0}}
     engine, *_ = zero.initialize(model=model, config=config)
-    for tokens in _data(rank):
+    for tokens in _data(rank, gas):
         engine.backward(engine(tokens[:, :-1], tokens[:, 1:]))
         engine.step()
     with zero.GatheredParameters(list(engine.module.parameters())):
         return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
 
 
-def _reference(world):
+def _reference(world, gas):
+    """The untiled model in one process. The head's gradients are taken in the tiled loss's
+    forward, so the engine's 1/gas reaches the rest of the model only (as in DeepSpeed): the
+    reference gives the head gas times its share too."""
     torch.manual_seed(0)
     model = TiledLM(tiles=1)
+    for param in model.head.parameters():
+        param.register_hook(lambda grad: grad * gas)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    data = [_data(rank) for rank in range(world)]
+    data = [_data(rank, gas) for rank in range(world)]
     for step in range(STEPS):
-        for rank in range(world):
-            tokens = data[rank][step]
-            (model(tokens[:, :-1], tokens[:, 1:]) / world).backward()
+        for micro in range(step * gas, (step + 1) * gas):
+            for rank in range(world):
+                tokens = data[rank][micro]
+                (model(tokens[:, :-1], tokens[:, 1:]) / (world * gas)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
@@ -184,9 +232,14 @@ def _reference(world):
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_a_tiled_model_trains_like_the_untiled_one_at_every_stage(stage):
-    expected = _reference(2)
-    for weights in run_distributed(_train_tiled, world_size=2, args=(stage,), timeout=120):
+@pytest.mark.parametrize("gas", [1, 2])
+def test_a_tiled_model_trains_like_the_untiled_one_at_every_stage(stage, gas):
+    """gas 2: the loss's weight gradients, taken in the forward before any backward is
+    open, reach the engine when the backward opens (at stages 0-1 the accumulation
+    buffer's)."""
+    expected = _reference(2, gas)
+    for weights in run_distributed(_train_tiled, world_size=2, args=(stage, gas),
+                                   timeout=120):
         for name, value in expected.items():
             assert torch.allclose(weights[name], value, atol=2e-6, rtol=1e-4), \
                 (name, (weights[name] - value).abs().max().item())

@@ -169,6 +169,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self.last_step_result: _C.StepResult | None = None  # None before the first step
         self._step_applied = False  # the last step() updated the weights (was_step_applied)
         self._boundary_in_backward = False
+        self._backward_open = False  # between _open_backward and _close_backward
+        self._early_grads: list[tuple[int, int]] = []  # gradients the forward took
         self._boundary_backward_seen = False  # engine.backward ran for this boundary
         self._no_sync = False
         self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary
@@ -354,9 +356,14 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self._boundary_in_backward = boundary
         self._boundary_backward_seen = self._boundary_backward_seen or boundary
         self._core.prepare_backward(boundary)
+        self._backward_open = True
+        for group, index in self._early_grads:
+            self._core.grad_ready(group, index, boundary)
+        self._early_grads = []
         return boundary
 
     def _close_backward(self, boundary: bool) -> None:
+        self._backward_open = False
         if self._core is not None:
             self._core.finish_backward(boundary)
 
@@ -696,8 +703,12 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             live = engine()
             # a tiled compute (zero/parallel/tiled_compute.py, DeepSpeed's protocol) marks
             # its weights not ready until its last tile: the gradient adds up in param.grad
-            if live is not None and getattr(param, "ds_grad_is_ready", True):
+            if live is None or not getattr(param, "ds_grad_is_ready", True):
+                return
+            if live._backward_open:
                 live._core.grad_ready(group, index, live._boundary_in_backward)
+            else:  # a gradient taken in the forward (TiledFusedLogitsLoss): at the backward
+                live._early_grads.append((group, index))
         return hook
 
     def destroy(self) -> None:

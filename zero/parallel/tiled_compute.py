@@ -15,7 +15,8 @@ activations exist at once.
 The weights a tile touches get their gradient once per tile. `compute_params` are marked
 `ds_grad_is_ready = False` for all but the last tile, as DeepSpeed marks them: zero's
 gradient hook then leaves the gradient adding up in `param.grad` and hands it to the engine
-after the last tile, once.
+after the last tile, once (for the loss, whose tiles run in the forward, when the backward
+opens: engine.py). A tile that raises leaves the weights marked ready again.
 """
 from __future__ import annotations
 
@@ -25,6 +26,22 @@ import torch
 def _mark(params, last: bool) -> None:
     for param in params:
         param.ds_grad_is_ready = last
+
+
+class _Tiles:
+    """`with _Tiles(params):` around a loop over tiles: whatever ends the loop (a tile that
+    raises, say out of memory) leaves the weights marked ready again, so a later untiled
+    backward hands their gradients to the engine."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _mark(self.params, last=True)
+        return False
 
 
 def _trainable(params) -> list:
@@ -54,15 +71,16 @@ class TiledMLP(torch.autograd.Function):
         x_grad = torch.zeros_like(flat) if x.requires_grad else None
         start = 0
         tiles = flat.chunk(ctx.shards, dim=0)
-        for i, tile in enumerate(tiles):
-            _mark(ctx.compute_params, last=i + 1 == len(tiles))
-            tile = _leaf(tile, x.requires_grad)
-            with torch.enable_grad():
-                out = ctx.fn(ctx.module, tile)
-            torch.autograd.backward(out, flat_grad[start:start + tile.shape[0]])
-            if x_grad is not None:
-                x_grad[start:start + tile.shape[0]] = tile.grad
-            start += tile.shape[0]
+        with _Tiles(ctx.compute_params):
+            for i, tile in enumerate(tiles):
+                _mark(ctx.compute_params, last=i + 1 == len(tiles))
+                tile = _leaf(tile, x.requires_grad)
+                with torch.enable_grad():
+                    out = ctx.fn(ctx.module, tile)
+                torch.autograd.backward(out, flat_grad[start:start + tile.shape[0]])
+                if x_grad is not None:
+                    x_grad[start:start + tile.shape[0]] = tile.grad
+                start += tile.shape[0]
         return None, None, None if x_grad is None else x_grad.view_as(x), None, None
 
 
@@ -113,23 +131,25 @@ class SequenceTiledCompute(torch.autograd.Function):
         whole = ctx.sharded[ctx.key]
         whole_grad = torch.zeros_like(whole)
         joined_at = 0  # where this tile's output sits in the joined output
-        for i in range(ctx.shards):
-            _mark(ctx.compute_params, last=i + 1 == ctx.shards)
-            tiles = SequenceTiledCompute._tile(ctx, i)
-            tile = tiles[ctx.key] = _leaf(tiles[ctx.key], whole.requires_grad)
-            with torch.enable_grad():
-                out = ctx.fn(**tiles, **ctx.passed)
-            if ctx.reduction is not None:  # d(sum)/d(out) = 1, d(mean)/d(out) = 1 / numel
-                incoming = grad.expand_as(out) / (ctx.total if ctx.reduction == "mean" else 1)
-            elif ctx.dim == 0:
-                incoming = grad[i]
-            else:
-                incoming = grad.narrow(ctx.dim, joined_at, out.shape[ctx.dim])
-                joined_at += out.shape[ctx.dim]
-            torch.autograd.backward(out, incoming)
-            if tile.grad is not None:
-                start = min(i * ctx.step, whole.shape[1])
-                whole_grad.narrow(1, start, tile.shape[1]).copy_(tile.grad)
+        with _Tiles(ctx.compute_params):
+            for i in range(ctx.shards):
+                _mark(ctx.compute_params, last=i + 1 == ctx.shards)
+                tiles = SequenceTiledCompute._tile(ctx, i)
+                tile = tiles[ctx.key] = _leaf(tiles[ctx.key], whole.requires_grad)
+                with torch.enable_grad():
+                    out = ctx.fn(**tiles, **ctx.passed)
+                if ctx.reduction is not None:  # d(sum)/d(out) = 1, d(mean)/d(out) = 1/numel
+                    incoming = grad.expand_as(out) / (ctx.total if ctx.reduction == "mean"
+                                                      else 1)
+                elif ctx.dim == 0:
+                    incoming = grad[i]
+                else:
+                    incoming = grad.narrow(ctx.dim, joined_at, out.shape[ctx.dim])
+                    joined_at += out.shape[ctx.dim]
+                torch.autograd.backward(out, incoming)
+                if tile.grad is not None:
+                    start = min(i * ctx.step, whole.shape[1])
+                    whole_grad.narrow(1, start, tile.shape[1]).copy_(tile.grad)
         grads = [None] * ctx.count
         grads[ctx.index] = whole_grad
         return (None,) * 9 + tuple(grads)
@@ -146,24 +166,26 @@ class TiledFusedLogitsLoss(torch.autograd.Function):
         batch, seq = x.shape[:2]
         flat_x, flat_y = x.reshape(-1, *x.shape[2:]), y.reshape(-1, *y.shape[2:])
         flat_mask = None if mask is None else mask.reshape(-1)
-        # the reduction over tiles happens outside autograd: its gradient is put in by hand
-        scale = torch.tensor(1.0 / shards if output_reduction == "mean" else 1.0,
-                             dtype=x.dtype, device=x.device)
         x_grad = torch.zeros_like(flat_x) if x.requires_grad else None
         losses, start = [], 0
         tiles = list(zip(flat_x.chunk(shards), flat_y.chunk(shards),
                          flat_mask.chunk(shards) if flat_mask is not None else [None] * shards))
-        for i, (x_tile, y_tile, mask_tile) in enumerate(tiles):
-            _mark(params, last=i + 1 == len(tiles))
-            x_tile = _leaf(x_tile, x.requires_grad)
-            extra = () if mask_tile is None else (mask_tile,)
-            with torch.enable_grad():
-                loss = fn(module, x_tile, y_tile, *extra)
-            if x_grad is not None:
-                torch.autograd.backward(loss, scale)
-                x_grad[start:start + x_tile.shape[0]] = x_tile.grad
-            losses.append(loss.detach())
-            start += x_tile.shape[0]
+        # the reduction over tiles happens outside autograd: its gradient is put in by hand
+        # (over the tiles chunk made, which can be fewer than `shards`)
+        scale = torch.tensor(1.0 / len(tiles) if output_reduction == "mean" else 1.0,
+                             dtype=torch.float32, device=x.device)
+        with _Tiles(params):
+            for i, (x_tile, y_tile, mask_tile) in enumerate(tiles):
+                _mark(params, last=i + 1 == len(tiles))
+                x_tile = _leaf(x_tile, x.requires_grad)
+                extra = () if mask_tile is None else (mask_tile,)
+                with torch.enable_grad():
+                    loss = fn(module, x_tile, y_tile, *extra)
+                if x_grad is not None:
+                    torch.autograd.backward(loss, scale.to(loss.dtype))
+                    x_grad[start:start + x_tile.shape[0]] = x_tile.grad
+                losses.append(loss.detach())
+                start += x_tile.shape[0]
         if x_grad is not None:
             ctx.save_for_backward(x_grad.view(batch, seq, *x_grad.shape[1:]))
         stacked = torch.stack(losses)
