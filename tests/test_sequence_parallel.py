@@ -373,3 +373,30 @@ def test_a_megatron_mpus_sequence_groups():
     assert run_distributed(_megatron, world_size=2, args=(1,), timeout=60) == [(2, 1)] * 2
     for message in run_distributed(_megatron, world_size=4, args=(2,), timeout=60):
         assert "sequence data parallel group is ranks" in message and "not built" in message
+
+
+def _mesh(rank, world, mesh_param):
+    import zero
+
+    try:
+        engine, *_ = zero.initialize(model=cases.make_model(), config=cases.config(2),
+                                     mesh_param=mesh_param)
+    except ValueError as error:
+        return str(error)
+    return engine.sequence_parallel_size, engine.dp_world_size
+
+
+def test_initialize_takes_deepspeeds_mesh_param_and_argument_order():
+    """deepspeed.initialize(..., mesh_param=(data, sequence)) makes the sequence groups;
+    its arguments in DeepSpeed 0.19.8's order (distributed_port before mpu)."""
+    import inspect
+
+    import zero
+
+    assert list(inspect.signature(zero.initialize).parameters) == [
+        "args", "model", "optimizer", "model_parameters", "training_data", "lr_scheduler",
+        "distributed_port", "mpu", "dist_init_required", "collate_fn", "config", "mesh_param",
+        "config_params"]
+    assert run_distributed(_mesh, world_size=2, args=((1, 2),), timeout=60) == [(2, 1)] * 2
+    for message in run_distributed(_mesh, world_size=2, args=((2, 2),), timeout=60):
+        assert "mesh_param=(2, 2)" in message and "world size 2" in message

@@ -9,9 +9,9 @@ import torch.distributed as dist
 
 from . import activation_checkpointing, agreement
 from .config import load_config, read_config
-from .distributed import init_distributed
-from .parallel.mpu_grid import MpuError, MpuGrid
+from .distributed import TORCH_DISTRIBUTED_DEFAULT_PORT, init_distributed
 from .parallel import sequence
+from .parallel.mpu_grid import MpuError, MpuGrid
 from .parallel.norm_span import norm_span
 from .tp import setup as tp_setup
 
@@ -83,9 +83,12 @@ def _align_local_rank(args) -> None:
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
-               lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
-               config=None, config_params=None):
-    """Returns (engine, optimizer, training_dataloader, lr_scheduler), like deepspeed.initialize."""
+               lr_scheduler=None, distributed_port=TORCH_DISTRIBUTED_DEFAULT_PORT, mpu=None,
+               dist_init_required=None, collate_fn=None, config=None, mesh_param=None,
+               config_params=None):
+    """Returns (engine, optimizer, training_dataloader, lr_scheduler), like deepspeed.initialize
+    (its arguments in its order: `distributed_port` goes to init_distributed, `mesh_param`
+    is its (data, sequence) mesh shape: parallel/sequence.py)."""
     from .engine import ZeroEngine  # needs zero._C
 
     if model is None:
@@ -94,7 +97,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         config = config_params
     source = _config_source(args, config)   # before any rendezvous: a wrong call fails at once
     if dist_init_required is not False and not dist.is_initialized():
-        init_distributed()
+        init_distributed(distributed_port=distributed_port)
     _align_local_rank(args)
     pipeline = _pipeline_module(model)
     sequence_mpu = sequence.is_sequence_mpu(mpu)  # DeepSpeed's parallel_state_sp
@@ -103,7 +106,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # with an mpu, its data group's; with tensor parallelism, world / tensor; with sequence
     # parallelism, world / sequence.
     raw = read_config(source)
-    sequence_size = sequence.planned_size(raw, mpu)
+    sequence_size = sequence.planned_size(raw, mpu, mesh_param)
     sequence.check_alone(sequence_size, pipeline=pipeline is not None, mpu=mpu_grid is not None,
                          tensor=tp_setup.requested_size(raw, model))
     all_ranks = None  # AutoTP from the config alone: tp_setup.batch_ranks

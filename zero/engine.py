@@ -353,19 +353,24 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         """Before autograd runs a backward (engine.backward, or a torch-style one): the
         accumulation boundary it ends on, if any, and the C++ side made ready."""
         boundary = self.is_gradient_accumulation_boundary() and not self._no_sync
-        self._boundary_in_backward = boundary
         self._boundary_backward_seen = self._boundary_backward_seen or boundary
-        self._core.prepare_backward(boundary)
-        self._backward_open = True
-        for group, index in self._early_grads:
-            self._core.grad_ready(group, index, boundary)
-        self._early_grads = []
+        self._begin_backward(boundary)
         return boundary
 
     def _close_backward(self, boundary: bool) -> None:
         self._backward_open = False
         if self._core is not None:
             self._core.finish_backward(boundary)
+
+    def _begin_backward(self, boundary: bool) -> None:
+        """The C++ side made ready for a backward ending on `boundary` (or not); gradients
+        the forward took (a tiled loss) are handed over now."""
+        self._boundary_in_backward = boundary
+        self._core.prepare_backward(boundary)
+        self._backward_open = True
+        for group, index in self._early_grads:
+            self._core.grad_ready(group, index, boundary)
+        self._early_grads = []
 
     def _needs_loss_scale(self) -> bool:
         return self.loss_scaler is not None

@@ -57,18 +57,36 @@ def requested_size(raw: dict) -> int:
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
 
 
-def planned_size(raw: dict, mpu) -> int:
-    """The sequence group size this run asks for: a sequence-parallel mpu's, else the
-    config's; a config that says another size than the mpu's is refused."""
+def planned_size(raw: dict, mpu, mesh_param=None) -> int:
+    """The sequence group size this run asks for: a sequence-parallel mpu's, else
+    initialize's `mesh_param` (DeepSpeed's (data, sequence) mesh shape), else the config's;
+    two sources that disagree are refused."""
     asked = requested_size(raw)
-    if not is_sequence_mpu(mpu):
+    if is_sequence_mpu(mpu):
+        size, source = mpu.get_sequence_parallel_world_size(), "the mpu's sequence groups have"
+    elif mesh_param is not None:
+        size, source = _mesh_size(mesh_param), "mesh_param asks for"
+    else:
         return asked
-    size = mpu.get_sequence_parallel_world_size()
     if asked > 1 and asked != size:
         raise SequenceParallelError(
-            f"zero.initialize: the config's {KEY} is {asked} but the mpu's sequence groups "
-            f"have {size} ranks; set {KEY} to {size} or leave it out")
+            f"zero.initialize: the config's {KEY} is {asked} but {source} {size} ranks; set "
+            f"{KEY} to {size} or leave it out")
     return size
+
+
+def _mesh_size(mesh_param) -> int:
+    """The sequence size of DeepSpeed's mesh_param (data, sequence), checked against the
+    world."""
+    world = dist.get_world_size()
+    if (not isinstance(mesh_param, (tuple, list)) or len(mesh_param) != 2 or
+            not all(isinstance(n, int) and n > 0 for n in mesh_param) or
+            mesh_param[0] * mesh_param[1] != world):
+        raise SequenceParallelError(
+            f"zero.initialize: mesh_param={mesh_param!r} must be (data_parallel_size, "
+            f"sequence_parallel_size), two positive ints whose product is the world size "
+            f"{world}")
+    return mesh_param[1]
 
 
 def check_alone(size: int, *, pipeline: bool, mpu: bool, tensor: int) -> None:

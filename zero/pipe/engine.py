@@ -204,10 +204,9 @@ class PipelineEngine(ZeroEngine):
         batch.backwards += 1
         batch.saved_bytes.pop(mb, None)
         boundary = self.stage == 2 and batch.backwards == self.micro_batches
-        self._boundary_in_backward = boundary
-        self._core.prepare_backward(boundary)
+        self._begin_backward(boundary)
         torch.autograd.backward(tensors, grads)
-        self._core.finish_backward(boundary)
+        self._close_backward(boundary)
         if self.is_first_stage():
             batch.inputs.pop(mb)
 
@@ -235,9 +234,8 @@ class PipelineEngine(ZeroEngine):
 
     def _reduce(self, mb: int, batch: _Batch) -> None:
         if self.stage < 2:  # the boundary reduction of what the batch accumulated
-            self._boundary_in_backward = True
-            self._core.prepare_backward(True)
-            self._core.finish_backward(True)
+            self._begin_backward(True)
+            self._close_backward(True)
         self._boundary_backward_seen = True
 
     def _step(self, mb: int, batch: _Batch) -> None:
