@@ -14,8 +14,8 @@ groups from DeepSpeed's parallel_state_sp as the mpu, as Ulysses for Hugging Fac
 them. Every configuration runs in a fresh pair of processes (launch.spawn_ranks), where a
 throwaway engine on a 1-layer model pays the one-time costs first (imports, DeepSpeed's built
 ops): peak memory growth per rank = the kernel's peak RSS (VmHWM, reset just before the
-model is built) minus the RSS then; step time = the slower rank's, median over the measured steps. Rank 0's
-losses are kept: zero and DeepSpeed start from the same weights and data, and at ZeRO-3 both
+model is built) minus the RSS then; step time = the slower rank's, median over the measured
+steps. Rank 0's losses are kept: zero and DeepSpeed start from the same weights and data, and at ZeRO-3 both
 average the gradients over all ranks, so their losses agree.
 """
 from __future__ import annotations

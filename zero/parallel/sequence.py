@@ -142,10 +142,11 @@ def from_mpu(mpu) -> SequenceParallel:
     parallel group must be the world (pipeline or tensor parallelism beside it is not built)."""
     missing = [name for name in _MPU_METHODS if not callable(getattr(mpu, name, None))]
     if missing:
+        name = getattr(mpu, "__name__", type(mpu).__name__)
         raise SequenceParallelError(
-            f"zero.initialize: the sequence-parallel mpu ({getattr(mpu, '__name__', type(mpu).__name__)}) "
-            f"has no {missing}; DeepSpeed's parallel_state_sp answers them once "
-            "initialize_sequence_parallel(size) has run")
+            f"zero.initialize: the sequence-parallel mpu ({name}) has no {missing}; "
+            "DeepSpeed's parallel_state_sp answers them once initialize_sequence_parallel(size) "
+            "has run")
     seq_data = dist.get_process_group_ranks(mpu.get_sequence_data_parallel_group())
     if seq_data != list(range(dist.get_world_size())):
         raise SequenceParallelError(

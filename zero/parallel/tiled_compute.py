@@ -20,6 +20,8 @@ opens: engine.py). A tile that raises leaves the weights marked ready again.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -28,20 +30,15 @@ def _mark(params, last: bool) -> None:
         param.ds_grad_is_ready = last
 
 
-class _Tiles:
-    """`with _Tiles(params):` around a loop over tiles: whatever ends the loop (a tile that
-    raises, say out of memory) leaves the weights marked ready again, so a later untiled
-    backward hands their gradients to the engine."""
-
-    def __init__(self, params):
-        self.params = params
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        _mark(self.params, last=True)
-        return False
+@contextlib.contextmanager
+def _tiles(params):
+    """Around a loop over tiles: whatever ends the loop (a tile that raises, say out of
+    memory) leaves the weights marked ready again, so a later untiled backward hands their
+    gradients to the engine."""
+    try:
+        yield
+    finally:
+        _mark(params, last=True)
 
 
 def _trainable(params) -> list:
@@ -71,7 +68,7 @@ class TiledMLP(torch.autograd.Function):
         x_grad = torch.zeros_like(flat) if x.requires_grad else None
         start = 0
         tiles = flat.chunk(ctx.shards, dim=0)
-        with _Tiles(ctx.compute_params):
+        with _tiles(ctx.compute_params):
             for i, tile in enumerate(tiles):
                 _mark(ctx.compute_params, last=i + 1 == len(tiles))
                 tile = _leaf(tile, x.requires_grad)
@@ -131,7 +128,7 @@ class SequenceTiledCompute(torch.autograd.Function):
         whole = ctx.sharded[ctx.key]
         whole_grad = torch.zeros_like(whole)
         joined_at = 0  # where this tile's output sits in the joined output
-        with _Tiles(ctx.compute_params):
+        with _tiles(ctx.compute_params):
             for i in range(ctx.shards):
                 _mark(ctx.compute_params, last=i + 1 == ctx.shards)
                 tiles = SequenceTiledCompute._tile(ctx, i)
@@ -174,7 +171,7 @@ class TiledFusedLogitsLoss(torch.autograd.Function):
         # (over the tiles chunk made, which can be fewer than `shards`)
         scale = torch.tensor(1.0 / len(tiles) if output_reduction == "mean" else 1.0,
                              dtype=torch.float32, device=x.device)
-        with _Tiles(params):
+        with _tiles(params):
             for i, (x_tile, y_tile, mask_tile) in enumerate(tiles):
                 _mark(params, last=i + 1 == len(tiles))
                 x_tile = _leaf(x_tile, x.requires_grad)

@@ -124,9 +124,15 @@ def check(model_or_name, core_attn_implementation: str, size: int, seq_length: i
         raise ValueError(f"{core_attn_implementation} is not a valid attn_implementation. The "
                          f"choices are {ALL_ATTENTION_FUNCTIONS.valid_keys()}")
     text = config.get_text_config()
-    check_heads(text.num_attention_heads,
-                getattr(text, "num_key_value_heads", None) or text.num_attention_heads, size)
+    check_heads(*head_counts(text), size)
     return text
+
+
+def head_counts(text_config) -> tuple[int, int]:
+    """(query heads, key/value heads) of a transformers text config (no key/value count:
+    one per query head)."""
+    heads = text_config.num_attention_heads
+    return heads, getattr(text_config, "num_key_value_heads", None) or heads
 
 
 def check_heads(heads: int, kv_heads: int, size: int) -> None:
@@ -148,12 +154,12 @@ def install(text_config, core_attn_implementation: str, group, micro_batch_size:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     size = dist.get_world_size(group)
-    heads = text_config.num_attention_heads
+    heads, kv_heads = head_counts(text_config)
     attention = cls(
         attn=ALL_ATTENTION_FUNCTIONS[core_attn_implementation], batch_size=micro_batch_size,
         attn_head_count=heads,
         attn_head_size=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
-        kv_head_count=getattr(text_config, "num_key_value_heads", None) or heads,
+        kv_head_count=kv_heads,
         num_hidden_layers=text_config.num_hidden_layers, process_group=group,
         seq_length_is_variable=seq_length_is_variable,
         local_seq_length=None if seq_length_is_variable else seq_length // size,
