@@ -49,12 +49,15 @@ _COMM_DTYPES = {"fp32": _C.DType.float32, "bf16": _C.DType.bfloat16, "fp16": _C.
 
 def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                   sgd_momentum: bool, offload, offload_param=None, shared_params=(),
-                  stage3_groups=None, external_states=(), fp32_optimizer_states=None):
+                  stage3_groups=None, external_states=(), fp32_optimizer_states=None,
+                  data_group=None):
     """One parameter group's options. A unit (the grain of one reduce-scatter / all-gather)
     is reduce_bucket_size elements at stages 0-2; stage 3 units are the model's modules.
     `stage3_groups` (a partitioned group's, process_groups.Stage3Groups): hpZ's and MiCS's
     groups; such a group also takes ZeRO++'s quantized communication where the config asks.
-    `fp32_optimizer_states`: a client DeepSpeedCPUAdam's (sixteen_bit_states)."""
+    `fp32_optimizer_states`: a client DeepSpeedCPUAdam's (sixteen_bit_states).
+    `data_group` (stages 0-2, MoE's experts: zero.moe.ExpertDataGroup): the group sharded and
+    reduced over instead of the engine's, and the count its gradient mean divides by."""
     zero_cfg = config.zero_optimization
     stage3 = stage3_groups is not None
     return typed(_C.GroupOptions, stage=stage, alignment=alignment,
@@ -76,7 +79,9 @@ def group_options(config, *, stage: int, alignment: int, optimizer_kind: str,
                  communication_dtype=_COMM_DTYPES.get(config.communication_data_type),
                  hpz_group=stage3_groups.hpz if stage3 else "",
                  mics_shard_group=stage3_groups.mics_shard if stage3 else "",
-                 mics_replicate_group=stage3_groups.mics_replicate if stage3 else "")
+                 mics_replicate_group=stage3_groups.mics_replicate if stage3 else "",
+                 data_group=data_group.name if data_group else "",
+                 average_over=data_group.average_over if data_group else 0)
 
 
 def sixteen_bit_master(config) -> bool:

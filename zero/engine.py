@@ -27,6 +27,8 @@ from . import _C, agreement, checkpoint_mesh, hybrid_engine, muon, process_group
 from . import stage3
 from . import init as zero_init
 from . import offload_states as states_offload
+from .moe import params as moe_params
+from .moe.engine_layout import ExpertLayout
 from .parallel import data_group, sequence
 from .autocast import ForwardAutocast
 from .boundary import as_dict
@@ -96,12 +98,19 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             data_group.check_supported(self.stage, model)
         # before any collective that could hang on it
         agreement.agree(config.raw, model, group=self.data_parallel_group)
+        self.moe = ExpertLayout.of(model, config, whole_world=self._whole_world,
+                                   tensor_parallel_group=tensor_parallel_group,
+                                   sequence_parallel=sequence_parallel)  # its groups made
+        if self.moe is not None:
+            norm_span = self.moe.norm_span(model, self.stage)
         self.full_shapes = sharding.full_shapes(model)  # checkpoint loads check against them
         if tensor_parallel_group is not None:  # before the data group's broadcast copies them
             data_group.equalize_unsplit(model, self.device, self.dtype, tensor_parallel_group)
         sharding.prepare_model(model, self.device, self.dtype, self.stage,
-                               self.data_parallel_group)
-        spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters)
+                               self.data_parallel_group,
+                               source=self.moe.source if self.moe is not None else None)
+        spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters,
+                                                     moe=self.moe is not None)
         # before a byte is written
         disk_space.check_swap_space(config, model, trainables, self.data_parallel_group)
         self._core = _C.EngineCore(self.data_parallel_group.group_name)
@@ -119,7 +128,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             layout = sharding.shard_groups(
                 builder, model, trainables, self.stage, self.device,
                 step_counter=lambda: engine().global_steps,
-                norm_weight=norm_span.weight if norm_span is not None else None)
+                norm_weight=norm_span.weight if norm_span is not None else None,
+                data_group=self.moe.data_group if self.moe is not None else None)
         self._engine_groups = layout.groups
         if norm_span is not None:
             self._core.span_norm([norm_span.weight(group.params[0]) for group in layout.groups],
@@ -775,9 +785,10 @@ def _rank_path(path: str, rank: int) -> str:
     return f"{root}.rank{rank}{ext or '.jsonl'}"
 
 
-def _parameter_groups(model, config, optimizer, model_parameters):
+def _parameter_groups(model, config, optimizer, model_parameters, moe=False):
     """Trainable parameters in optimizer groups, with each group's hyperparameters filled in.
-    Frozen parameters (requires_grad=False) stay as they are and are not managed."""
+    Frozen parameters (requires_grad=False) stay as they are and are not managed. `moe`: the
+    configured optimizer's groups are split into shared and expert ones, as DeepSpeed's."""
     if optimizer is not None and config.optimizer is not None:
         raise ValueError("zero: an optimizer was passed to initialize() and the config has an "
                          "\"optimizer\" block; remove one of them")
@@ -795,6 +806,8 @@ def _parameter_groups(model, config, optimizer, model_parameters):
             else OptimizerSpec.inference_only()
         source = model.parameters() if model_parameters is None else model_parameters
         raw_groups = _as_groups(source)
+        if moe:
+            raw_groups = moe_params.configure_moe_param_groups(raw_groups)
         if spec.kind == "muon":
             muon.tag_parameters(model)
             raw_groups = muon.param_groups(raw_groups, config.optimizer.params)

@@ -64,7 +64,7 @@ class GroupBuilder:
     # stage 3: hpZ's and MiCS's groups of this rank (process_groups.py)
     stage3_groups: process_groups.Stage3Groups = process_groups.Stage3Groups()
 
-    def options(self, owner: int, stage: int, params: list):
+    def options(self, owner: int, stage: int, params: list, data_group=None):
         return boundary.group_options(
             self.config, stage=stage, alignment=self.alignment,
             optimizer_kind=self.spec.kind_of(self.optimizer_groups[owner]),
@@ -76,7 +76,7 @@ class GroupBuilder:
                            if stage == 3 else None),
             shared_params=[i for i, p in enumerate(params) if id(p) in self.shared],
             stage3_groups=self.stage3_groups if stage == 3 else None,
-            fp32_optimizer_states=self.spec.fp32_optimizer_states)
+            fp32_optimizer_states=self.spec.fp32_optimizer_states, data_group=data_group)
 
     def frozen_options(self, params: list):
         # (optimizer group 0's fields are read but unused: a frozen group keeps no state)
@@ -85,17 +85,19 @@ class GroupBuilder:
             self.config.zero_optimization.zero_quantized_nontrainable_weights)
         return options
 
-    def add_flat(self, owner: int, params: list, stage: int) -> EngineGroup:
+    def add_flat(self, owner: int, params: list, stage: int, data_group=None) -> EngineGroup:
         # A group is the grain of communication below stage 3: its gradients are reduced in
         # buckets of reduce_bucket_size, its parameters all-gathered after the step.
-        self.core.add_group(params, self.options(owner, stage, params))
+        options = self.options(owner, stage, params, data_group)
+        self.core.add_group(params, options)
         return EngineGroup(owner, params, stage)
 
 
 def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
-                  stage: int, group=None) -> None:
+                  stage: int, group=None, source=None) -> None:
     """The model in the training dtype on the device, every rank of `group` (default the
-    world) starting from the group's first rank's values."""
+    world) starting from the group's first rank's values; `source(param)` (MoE's experts,
+    moe/engine_layout.py): the (rank, group) a parameter's values come from instead."""
     model.to(device=device, dtype=dtype)
     for param in model.parameters():
         if zero_init.is_partitioned(param):
@@ -105,20 +107,27 @@ def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
     src = 0 if group is None else first_rank(group)
     with torch.no_grad():  # zero.Init's shards were cut from rank 0's values already
         for tensor in list(model.parameters()) + list(model.buffers()):
-            if not zero_init.is_partitioned(tensor):
+            if zero_init.is_partitioned(tensor):
+                continue
+            if source is not None and isinstance(tensor, nn.Parameter):
+                dist.broadcast(tensor.data, *source(tensor))
+            else:
                 dist.broadcast(tensor.data, src=src, group=group)
 
 
 def shard_groups(builder: GroupBuilder, model: nn.Module, trainables: list[list],
                  stage: int, device: torch.device, step_counter,
-                 norm_weight=None) -> Sharding:
-    """`norm_weight(param)` (stages 0-2, model parallelism: parallel/norm_span.py): each
-    optimizer group's parameters are split into engine groups of one weight each."""
+                 norm_weight=None, data_group=None) -> Sharding:
+    """Stages 0-2: each optimizer group's parameters are split into engine groups of one
+    `norm_weight(param)` (model parallelism, MoE at stage 0: parallel/norm_span.py) and one
+    `data_group(param)` (MoE's experts: the group they shard over, moe/engine_layout.py)."""
     if stage < 3:
-        return Sharding([builder.add_flat(owner, part, stage)
+        def key(param):
+            return (norm_weight(param) if norm_weight else None,
+                    data_group(param) if data_group else None)
+        return Sharding([builder.add_flat(owner, part, stage, data_group=key(part[0])[1])
                          for owner, params in enumerate(trainables)
-                         for part in (by_weight(params, norm_weight) if norm_weight
-                                      else [params])])
+                         for part in by_weight(params, key)])
     return _shard_stage3(builder, model, trainables, device, step_counter)
 
 

@@ -42,9 +42,9 @@ c10d::ReduceOp to_c10d(Reduction reduction) {
   TORCH_CHECK(false, "zero: unknown reduction");
 }
 
-std::function<void()> finisher(Reduction reduction, at::Tensor result, int world_size) {
+std::function<void()> finisher(Reduction reduction, at::Tensor result, int divisor) {
   if (reduction != Reduction::kAvg) return {};
-  return [result, world_size]() mutable { result.div_(world_size); };
+  return [result, divisor]() mutable { result.div_(divisor); };
 }
 
 std::int64_t nbytes(const at::Tensor& tensor) {
@@ -94,8 +94,11 @@ void PendingCollective::wait() {
   keep_alive_.clear();
 }
 
-Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group)
-    : group_(std::move(group)), rank_(group_->getRank()), world_size_(group_->getSize()) {}
+Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group, int average_over)
+    : group_(std::move(group)),
+      rank_(group_->getRank()),
+      world_size_(group_->getSize()),
+      average_over_(average_over > 0 ? average_over : world_size_) {}
 
 c10d::ProcessGroup& Communicator::group() const {
   TORCH_CHECK(group_, "zero: this engine was closed (engine.destroy()); it has no process group "
@@ -177,7 +180,7 @@ std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard
   auto timed = timing(CollectiveOp::kReduceScatter, nbytes(full), false, work, full);
   return std::make_unique<PendingCollective>(describe("reduce_scatter", full), std::move(work),
                                              std::vector<at::Tensor>{full, shard},
-                                             finisher(reduction, shard, world_size_),
+                                             finisher(reduction, shard, average_over_),
                                              std::move(timed));
 }
 
@@ -195,9 +198,10 @@ std::unique_ptr<PendingCollective> Communicator::host_reduce_scatter(at::Tensor 
   ++stats_.calls;
   auto timed = timing(CollectiveOp::kReduceScatter, nbytes(full), false, work, full);
   const int world = world_size_;
-  auto sum = [pieces, shard, world, reduction]() mutable {
+  const int average_over = average_over_;
+  auto sum = [pieces, shard, world, average_over, reduction]() mutable {
     at::sum_out(shard, pieces.view({world, -1}), {0});
-    if (reduction == Reduction::kAvg) shard.div_(world);
+    if (reduction == Reduction::kAvg) shard.div_(average_over);
   };
   return std::make_unique<PendingCollective>(describe("reduce_scatter", full), std::move(work),
                                              std::vector<at::Tensor>{full, shard, pieces},
@@ -216,7 +220,7 @@ std::unique_ptr<PendingCollective> Communicator::all_reduce(at::Tensor tensor,
   auto timed = timing(CollectiveOp::kAllReduce, nbytes(tensor), false, work, tensor);
   return std::make_unique<PendingCollective>(describe("all_reduce", tensor), std::move(work),
                                              std::move(tensors),
-                                             finisher(reduction, tensor, world_size_),
+                                             finisher(reduction, tensor, average_over_),
                                              std::move(timed));
 }
 

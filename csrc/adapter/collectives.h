@@ -71,7 +71,10 @@ class PendingCollective {
 
 class Communicator {
  public:
-  explicit Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group);
+  // average_over: what a mean (Reduction::kAvg) divides the sum by; 0: the group's size.
+  // DeepSpeed-MoE's expert gradients are summed over the few ranks holding the same experts
+  // and divided by the whole data-parallel world, so their value does not change with ep_size.
+  explicit Communicator(c10::intrusive_ptr<c10d::ProcessGroup> group, int average_over = 0);
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -122,6 +125,7 @@ class Communicator {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   int rank_;
   int world_size_;
+  int average_over_;  // a mean's divisor
   CommStats stats_;
   std::shared_ptr<CommLog> log_ = std::make_shared<CommLog>();
 };

@@ -19,8 +19,17 @@ EngineCore::EngineCore(const std::string& group_name)
 
 std::size_t EngineCore::add_group(std::vector<at::Tensor> params, const GroupOptions& options) {
   at::NoGradGuard no_grad;
+  TORCH_CHECK(options.stage < 3 || options.data_group.empty(),
+              "zero: GroupOptions.data_group is for stages 0-2; stage 3 shards over the engine's "
+              "group (or MiCS's)");
+  Communicator* communicator = &communicator_;
+  if (!options.data_group.empty()) {
+    data_groups_.push_back(
+        std::make_unique<Communicator>(resolve_group(options.data_group), options.average_over));
+    communicator = data_groups_.back().get();
+  }
   return adopt_group(
-      std::make_unique<ParamGroup>(std::move(params), options, *registry_, communicator_),
+      std::make_unique<ParamGroup>(std::move(params), options, *registry_, *communicator),
       options.stage);
 }
 
@@ -319,6 +328,7 @@ void EngineCore::close() {
   observed_.clear();
   communicator_.release();
   if (span_) span_->release();
+  for (auto& data_group : data_groups_) data_group->release();
 }
 
 void EngineCore::zero_grads() {

@@ -26,6 +26,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
   explicit EngineCore(const std::string& group_name);
 
+  // Stages 0-2. options.data_group names another group to shard and reduce over (MoE's
+  // expert data-parallel group): the engine keeps a Communicator of its own for it.
   std::size_t add_group(std::vector<at::Tensor> params, const GroupOptions& options);
   // Takes a group built elsewhere (stage 3's partitioned groups).
   std::size_t adopt_group(std::unique_ptr<Group> group, int stage);
@@ -96,6 +98,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   core::MemoryRegistry& registry() { return *registry_; }
   std::shared_ptr<core::MemoryRegistry> shared_registry() const { return registry_; }
   Communicator& communicator() { return communicator_; }
+  // add_group's own data groups' communicators (MoE's expert data-parallel groups).
+  std::vector<Communicator*> data_group_communicators() {
+    std::vector<Communicator*> found;
+    for (auto& c : data_groups_) found.push_back(c.get());
+    return found;
+  }
 
  private:
   // The norm of every group's gradients, each multiplied by its `unscale` (1 / the loss scale,
@@ -113,6 +121,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::shared_ptr<core::MemoryRegistry> registry_;
   Communicator communicator_;
   std::unique_ptr<Communicator> span_;  // span_norm's group; null: the norm is the group's own
+  // add_group's own data groups (GroupOptions::data_group), before the groups that use them
+  std::vector<std::unique_ptr<Communicator>> data_groups_;
   std::vector<double> norm_weights_;    // per group; empty: every group counts once
   std::vector<std::unique_ptr<Group>> groups_;
   std::vector<std::unique_ptr<Stage3Group>> frozen_;

@@ -199,9 +199,16 @@ void add_communication(Core& core) {
          [](adapter::EngineCore& e) {
            return summed_stats(e, &adapter::Stage3Group::mics_replicate_communicator);
          })
+    .def("data_group_comm_stats",  // MoE: the bytes within the expert data-parallel groups
+         [](adapter::EngineCore& e) {
+           adapter::CommStats total;
+           for (const adapter::Communicator* c : e.data_group_communicators()) total += c->stats();
+           return total;
+         })
     .def("reset_comm_stats",
          [](adapter::EngineCore& e) {
            e.communicator().reset_stats();
+           for (adapter::Communicator* c : e.data_group_communicators()) c->reset_stats();
            for (auto which : kOwnCommunicators) {
              for (adapter::Communicator* c : own_communicators(e, which)) c->reset_stats();
            }

@@ -131,6 +131,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("communication_dtype", &Group::communication_dtype)
       .def_readwrite("hpz_group", &Group::hpz_group)
       .def_readwrite("mics_shard_group", &Group::mics_shard_group)
+      .def_readwrite("data_group", &Group::data_group)
+      .def_readwrite("average_over", &Group::average_over)
       .def_readwrite("mics_replicate_group", &Group::mics_replicate_group)
       .def_readwrite("frozen", &Group::frozen)
       .def_readwrite("quantized_storage", &Group::quantized_storage);

@@ -280,6 +280,7 @@ class ZeroConfig:
     prescale_gradients: bool
     gradient_predivide_factor: float
     communication_data_type: Optional[str]  # "fp16" | "bf16" | "fp32" | None (= training dtype)
+    use_data_before_expert_parallelism: bool  # MoE's rank layout (zero/moe/groups.py)
     sequence_parallel_size: int  # 1: none; the groups come from parallel/sequence.py
     seq_parallel_communication_data_type: str  # the reduction dtype under sequence parallelism
     zero_allow_untested_optimizer: bool  # a client optimizer zero does not build, under ZeRO

@@ -958,6 +958,9 @@ TOP = Block("", "Top-level keys.", (
             "in (null: the training dtype). Another dtype reduces a copy of each unit in a bucket of it "
             "(e.g. fp32 sums of bf16 gradients: twice the buckets and the gradient traffic) and casts the "
             "result back, at every stage. Case-insensitive.", nullable=True, ignore_case=True),
+    _bool("use_data_before_expert_parallelism", False, "DeepSpeed-MoE's rank layout (zero.moe, "
+          "docs/PARALLELISM.md): false, expert-parallel groups of consecutive ranks and each expert "
+          "data-parallel group strided (\"E + D\"); true, the reverse (\"D + E\")."),
     _int("sequence_parallel_size", 1, "DeepSpeed-Ulysses: the ranks that split each sample's sequence, groups "
          "of consecutive ranks (docs/PARALLELISM.md). Their attention layers exchange heads for sequence "
          "(deepspeed.sequence.layer.DistributedAttention); ZeRO shards over every rank and averages the "
@@ -1003,7 +1006,6 @@ TOP = Block("", "Top-level keys.", (
     _unsupported(BOOL, "dataloader_drop_last", False, "DeepSpeed dataloader option."),
     _unsupported(BOOL, "graph_harvesting", False, "CUDA graph harvesting."),
     _unsupported(INT, "vocabulary_size", None, "Only used by DeepSpeed for an alignment warning.", nullable=True),
-    _unsupported(BOOL, "use_data_before_expert_parallelism", False, "MoE topology."),
     _unsupported(CHOICE, "gradient_allreduce_op", "mean", "Average or sum gradients.", choices=("mean", "sum")),
     _unsupported(BOOL, "managed_gradient_accumulation", True, "Engine-managed accumulation boundaries."),
     # DeepSpeed sections zero does not implement: accepted only while inert.

@@ -54,8 +54,8 @@ def norm_weights(params, tensor: int, is_split, tied: dict[int, int]) -> dict[in
 
 
 def by_weight(params: list, weight) -> list[list]:
-    """`params` in runs of one weight(param), in the order each weight first appears: the
-    engine groups of one optimizer group (sharding.shard_groups)."""
+    """`params` in runs of one weight(param) (any hashable key), in the order each first
+    appears: the engine groups of one optimizer group (sharding.shard_groups)."""
     parts: dict[float, list] = {}
     for param in params:
         parts.setdefault(weight(param), []).append(param)

@@ -11,8 +11,8 @@ from zero.api import add_config_arguments, init_distributed, initialize
 from zero.engine import ZeroEngine as DeepSpeedEngine
 from zero.tp import tp_model_init
 
-from . import (accelerator, checkpoint, checkpointing, comm, env_report, launcher, monitor, ops, pipe,
-               profiling, runtime, sequence, utils)
+from . import (accelerator, checkpoint, checkpointing, comm, env_report, launcher, moe, monitor, ops,
+               pipe, profiling, runtime, sequence, utils)
 from .accelerator import get_accelerator
 from .pipe import PipelineModule
 from .runtime import zero  # deepspeed.zero is deepspeed.runtime.zero, as in DeepSpeed
@@ -23,5 +23,5 @@ __version_major__, __version_minor__, __version_patch__ = 0, 19, 8
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "comm", "utils",
            "checkpointing", "tp_model_init", "accelerator", "checkpoint", "env_report",
-           "launcher", "monitor", "ops", "pipe", "profiling", "runtime", "sequence", "DeepSpeedEngine",
+           "launcher", "moe", "monitor", "ops", "pipe", "profiling", "runtime", "sequence", "DeepSpeedEngine",
            "get_accelerator", "PipelineModule", "log_dist", "logger", "__version__"]

@@ -1,0 +1,177 @@
+"""DeepSpeed-MoE (`deepspeed.moe.layer.MoE`, zero/moe/): experts split over expert-parallel
+ranks, tokens exchanged by all-to-all, trained with ZeRO stages 0-2.
+
+Checked against the real DeepSpeed 0.19.8 (tests/deepspeed_moe/: its gating functions'
+answers on fixed logits; every rank's losses and final weights for 2 ranks at ep_size 1 and
+2, top-1 and top-2, stages 0-2, bf16, no token drops) and against a single process holding
+every expert (4 ranks, ep_size 2: the experts' states sharded over their expert data-parallel
+group of 2; with clipping, which zero takes over the whole model's norm)."""
+import os
+
+import pytest
+import torch
+
+from deepspeed_reference import TESTS, cases_of
+from distributed_harness import run_distributed
+
+cases = cases_of("moe")
+EXPECTED = os.path.join(TESTS, "deepspeed_moe", "expected.pt")
+
+
+def _expected():
+    return torch.load(EXPECTED, weights_only=False)
+
+
+# ---- the gates ---------------------------------------------------------------------------
+def test_the_gates_route_as_deepspeeds():
+    from zero.moe import gating
+    entries = _expected()["gating"]
+    assert len(entries) > 50
+    for entry in entries:
+        got = getattr(gating, entry["fn"])(entry["logits"].clone(), **entry["kwargs"])
+        want = entry["out"]
+        where = f"{entry['fn']}({entry['kwargs']})"
+        torch.testing.assert_close(got[0], want[0], msg=f"l_aux of {where}")
+        assert int(got[1]) == int(want[1]), f"capacity of {where}"
+        assert got[2] == want[2]
+        for index, what in ((3, "indices"), (4, "locations"), (6, "exp_counts")):
+            assert torch.equal(got[index].long(), want[index].long()), f"{what} of {where}"
+        torch.testing.assert_close(got[5], want[5], msg=f"gates of {where}")
+
+
+def test_the_dense_form_holds_the_same_routes():
+    from zero.moe import gating
+    logits = torch.randn(12, 4, generator=torch.Generator().manual_seed(3))
+    l_aux, combine, dispatch, counts = gating.top2gating(logits, 1.0, 0,
+                                                         top2_2nd_expert_sampling=False)
+    _, capacity, _, indices, locations, gates, _ = gating.top2gating(
+        logits, 1.0, 0, top2_2nd_expert_sampling=False, sparse_routes=True)
+    assert combine.shape == (12, 4, int(capacity)) and torch.equal(dispatch, combine.bool())
+    for route in range(2):
+        for token in range(12):
+            if indices[route, token] >= 0:
+                assert combine[token, indices[route, token], locations[route, token]] == \
+                    gates[route, token]
+    assert torch.isclose(combine.sum(), gates.sum())
+
+
+# ---- against DeepSpeed ------------------------------------------------------------------
+def _train_cases(rank, world, names):
+    import zero.compat.deepspeed as deepspeed
+    from zero.compat.deepspeed.moe.layer import MoE
+
+    found = {}
+    for name in names:
+        case = next(c for c in cases.CASES if c["name"] == name)
+        net = cases.build(MoE, rank, case["ep_size"], case["k"], **case["moe_kwargs"])
+        engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
+                                          config=cases.config(case["stage"], case["dtype"]))
+        losses = []
+        for step in range(cases.STEPS):
+            loss = engine(*cases.batch(rank, step))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        found[name] = {"losses": losses, "params": {
+            n: p.detach().float().clone() for n, p in engine.module.named_parameters()}}
+        engine.destroy()
+    return found
+
+
+@pytest.mark.parametrize("names", [
+    [c["name"] for c in cases.CASES if c["ep_size"] == 1],
+    [c["name"] for c in cases.CASES if c["ep_size"] == 2],
+], ids=["ep1", "ep2"])
+def test_training_matches_deepspeed(names):
+    expected = _expected()
+    results = run_distributed(_train_cases, 2, args=(names,), timeout=240)
+    for name in names:
+        bf16 = name.endswith("bf16")
+        for rank, found in enumerate(results):
+            want = expected[name]
+            torch.testing.assert_close(
+                torch.tensor(found[name]["losses"]), torch.tensor(want["losses"][rank]),
+                rtol=2e-2 if bf16 else 1e-5, atol=2e-2 if bf16 else 1e-6,
+                msg=f"{name} losses on rank {rank}")
+            for param, value in want["params"][rank].items():
+                torch.testing.assert_close(
+                    found[name]["params"][param], value, rtol=5e-2 if bf16 else 1e-4,
+                    atol=5e-2 if bf16 else 1e-5, msg=f"{name} {param} on rank {rank}")
+
+
+# ---- against one process holding every expert ---------------------------------------------
+OPTIMIZERS = {  # SGD: the gradients' scale shows; Adam with clipping: the norm's
+    "sgd": ({"type": "SGD", "params": {"lr": 0.2}}, 0.0),
+    "adam-clipped": ({"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.0}}, 0.05),
+}
+
+
+def _build(rank: int, ep_size: int, k: int):
+    from zero.moe import MoE
+    sampled = {"top2_2nd_expert_sampling": False} if k == 2 else {}  # (else random)
+    return cases.build(MoE, rank, ep_size, k, **sampled)
+
+
+def _config(stage: int, optimizer: str) -> dict:
+    block, clip = OPTIMIZERS[optimizer]
+    return {**cases.config(stage), "optimizer": block, "gradient_clipping": clip}
+
+
+def _reference(world: int, k: int, optimizer: str) -> dict:
+    """Every expert in one process (ep_size 1: experts 0-3 as cases.build draws them); each
+    rank's batch routed on its own (the capacity is per rank's tokens), the losses averaged."""
+    net = _build(0, 1, k)
+    block, clip = OPTIMIZERS[optimizer]
+    params = block["params"]
+    optim = torch.optim.SGD(net.parameters(), lr=params["lr"]) if block["type"] == "SGD" else \
+        torch.optim.Adam(net.parameters(), lr=params["lr"])
+    for step in range(cases.STEPS):
+        for rank in range(world):
+            (net(*cases.batch(rank, step)) / world).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+        optim.step()
+        optim.zero_grad()
+    return {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+def _train_zero(rank, world, ep_size, k, stage, optimizer):
+    import zero
+
+    net = _build(rank, ep_size, k)
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(),
+                                 config=_config(stage, optimizer))
+    for step in range(cases.STEPS):
+        loss = engine(*cases.batch(rank, step))
+        engine.backward(loss)
+        engine.step()
+    found = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    comm = engine.core.data_group_comm_stats()
+    engine.destroy()
+    return found, comm.all_reduce_bytes + comm.reduce_scatter_bytes
+
+
+def _global_name(name: str, rank: int, ep_size: int) -> str:
+    """A rank's local expert parameter's name in the one-process model."""
+    marker = "deepspeed_experts."
+    if marker not in name:
+        return name
+    head, tail = name.split(marker)
+    local, rest = tail.split(".", 1)
+    return f"{head}{marker}{(rank % ep_size) * (cases.NUM_EXPERTS // ep_size) + int(local)}.{rest}"
+
+
+@pytest.mark.parametrize("world,ep_size,k,stage,optimizer", [
+    (4, 2, 1, 2, "sgd"), (4, 2, 2, 1, "adam-clipped"), (2, 2, 1, 0, "adam-clipped"),
+    (2, 2, 2, 0, "sgd"), (4, 4, 1, 2, "adam-clipped"),
+])
+def test_training_matches_one_process_with_every_expert(world, ep_size, k, stage, optimizer):
+    want = _reference(world, k, optimizer)
+    results = run_distributed(_train_zero, world, args=(ep_size, k, stage, optimizer),
+                              timeout=240)
+    for rank, (found, expert_bytes) in enumerate(results):
+        for name, value in found.items():
+            torch.testing.assert_close(value, want[_global_name(name, rank, ep_size)],
+                                       rtol=1e-4, atol=1e-5, msg=f"{name} on rank {rank}")
+        # the experts' gradients go over their expert data-parallel group
+        assert expert_bytes > 0

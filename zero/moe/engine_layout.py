@@ -1,0 +1,90 @@
+"""What an engine does differently for a model with MoE layers (ZeroEngine takes one
+`ExpertLayout`, or None without MoE):
+
+- the layers' process groups are made (layer.MoE.set_deepspeed_parallelism);
+- each expert parameter starts from its expert data-parallel group's first rank (the shared
+  ones from rank 0), as DeepSpeed broadcasts them;
+- the experts' engine groups shard and reduce over their expert data-parallel group, their
+  gradient mean divided by the whole world (`data_group`);
+- the gradient norm is the whole model's: at stages 1-2 each element is held by one rank of
+  the world already; at stage 0 each rank's squares are weighted (shared ones 1/world,
+  experts 1/expert data-parallel size) and summed over the world (`norm_span`). DeepSpeed's
+  own norm counts only the rank's own experts, so its ranks may clip differently.
+
+Built with ZeRO stages 0-2 on the whole world, as DeepSpeed's MoE (it refuses stage 3);
+every other combination is refused here, naming the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch import nn
+
+from ..parallel.norm_span import NormSpan
+from .groups import EXPERT_GROUPS, ExpertDataGroup, ExpertGroups
+from .layer import MoE
+from .params import is_moe_param
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """The expert groups of an engine's MoE layers, by name ("ep_size_{n}")."""
+    groups: dict[str, ExpertGroups]
+    world: int
+
+    @classmethod
+    def of(cls, model: nn.Module, config, *, whole_world: bool, tensor_parallel_group,
+           sequence_parallel) -> "ExpertLayout | None":
+        layers = [module for module in model.modules() if isinstance(module, MoE)]
+        if not layers:
+            return None
+        _check_supported(config, whole_world, tensor_parallel_group, sequence_parallel)
+        for layer in layers:
+            layer.set_deepspeed_parallelism(bool(config.use_data_before_expert_parallelism))
+        names = sorted({layer.expert_group_name for layer in layers})
+        return cls({name: EXPERT_GROUPS.get(name) for name in names}, dist.get_world_size())
+
+    def _groups_of(self, param) -> ExpertGroups | None:
+        return self.groups[param.group_name] if is_moe_param(param) else None
+
+    def source(self, param) -> tuple[int, object]:
+        """(global rank, group) this parameter's starting value is broadcast from and over."""
+        groups = self._groups_of(param)
+        if groups is None:
+            return 0, dist.group.WORLD
+        return groups.data_ranks[0], groups.data_group
+
+    def data_group(self, param) -> ExpertDataGroup | None:
+        """The group an expert parameter's engine group shards and reduces over; None for a
+        shared one, or where its experts are on every rank (ep_size 1)."""
+        groups = self._groups_of(param)
+        if groups is None or len(groups.data_ranks) == self.world:
+            return None
+        return ExpertDataGroup(groups.data_group.group_name, self.world)
+
+    def norm_span(self, model: nn.Module, stage: int) -> NormSpan | None:
+        """Stage 0: the weights that make the summed squares the whole model's (above)."""
+        if stage != 0:
+            return None
+        weights = {}
+        for param in model.parameters():
+            groups = self._groups_of(param)
+            weights[id(param)] = 1.0 / len(groups.data_ranks if groups else range(self.world))
+        return NormSpan(dist.group.WORLD, weights)
+
+
+def _check_supported(config, whole_world: bool, tensor_parallel_group, sequence_parallel):
+    stage = config.zero_optimization.stage
+    if stage == 3:
+        raise NotImplementedError(
+            "zero: MoE layers (zero.moe.MoE / deepspeed.moe.layer.MoE) at ZeRO stage 3 are not "
+            "built (DeepSpeed refuses them too); use zero_optimization.stage 0, 1 or 2: the "
+            "experts are split over the ranks already")
+    others = [name for name, on in (
+        ("pipeline or tensor parallelism", not whole_world or tensor_parallel_group is not None),
+        ("sequence parallelism", sequence_parallel is not None)) if on]
+    if others:
+        raise NotImplementedError(
+            f"zero: MoE layers with {others[0]} are not built; train the MoE model with data "
+            "and expert parallelism alone")
