@@ -5,6 +5,8 @@ Layout (DeepSpeed-like names):
     save_dir/<tag>/model_states.pt               rank 0: module, counters, scheduler, scaler,
                                                  client_state, layout fingerprint
     save_dir/<tag>/zero_rank<r>_optim_states.pt  rank r: fp32 master shard + optimizer state
+    save_dir/<tag>/layer_<L>_expert_<E>_mp_rank_00_model_states.pt
+                                                 MoE: each expert's weights (moe/checkpoint.py)
     save_dir/<tag>/manifest.json                 every file's size and SHA-256, written last
     save_dir/zero_to_fp32.py                     DeepSpeed's command: the fp32 weights from
                                                  the files (checkpoint_export.py)
@@ -45,6 +47,7 @@ from . import checkpoint_files as files
 from . import (agreement, checkpoint_deepspeed, checkpoint_layout, checkpoint_mesh,
                checkpoint_remesh, checkpoint_universal, sharding, stage3)
 from .checkpoint_files import LATEST
+from .moe import checkpoint as moe_checkpoint
 
 logger = logging.getLogger("zero")
 
@@ -211,6 +214,9 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
         frozen = sharding.frozen_names(engine.module)
         module_state = {name: value for name, value in module_state.items()
                         if name not in frozen}
+    expert_files = {}
+    if engine.moe is not None:  # the experts in files of their own, by global id
+        module_state, expert_files = moe_checkpoint.split(engine.module, module_state)
     core = engine.core
     groups = [{"master": core.group_master_shard(g),
                "state": dict(core.group_optimizer_state(g))}  # copies
@@ -220,6 +226,8 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
              "groups": groups}
     shard_file = part.names.rank(part.data_rank)
     written = {shard_file: _atomic_torch_save(shard, os.path.join(staging, shard_file))}
+    for name, experts in expert_files.items():
+        written[name] = _atomic_torch_save(experts, os.path.join(staging, name))
     if model_writer:
         written[part.names.model] = _atomic_torch_save({
             "format_version": files.FORMAT_VERSION,
@@ -227,6 +235,7 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
             "fingerprint": fingerprint,
             "layout": checkpoint_layout.describe(engine),
             "tensor_split": checkpoint_mesh.tensor_split(engine.module),
+            "moe": moe_checkpoint.describe(engine.module),
             "optimizer": engine.optimizer.state_dict(),
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler else None,
@@ -312,6 +321,10 @@ def _load_deepspeed(engine, path: str, read, strict: bool, load_optimizer_states
     """A checkpoint DeepSpeed wrote, read by `read` (checkpoint_deepspeed.py,
     checkpoint_universal.py), at any world size and stage."""
     load_shards = load_optimizer_states and not load_module_only
+    if engine.moe is not None:
+        raise NotImplementedError(
+            f"zero: {path} is a checkpoint DeepSpeed wrote; loading one into a model with MoE "
+            "layers is not built (zero reads its own MoE checkpoints)")
     with _all_ranks_or_none(f"reading DeepSpeed checkpoint {path}", "nothing was loaded"):
         saved = read(path)
     _agreed_check(lambda: checkpoint_deepspeed.check_fits(engine, saved, load_shards))
@@ -336,14 +349,22 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
     """A checkpoint of this engine's pipeline x tensor layout: each part reads its own files
     (resharded when the data-parallel size or stage differs). Returns its model state."""
     with _all_ranks_or_none(f"checking checkpoint {path}", "nothing was loaded"):
-        files.verify(path, [part.names.model])
+        files.verify(path, [part.names.model] + moe_checkpoint.own_files(engine.module))
         model_state = files.load_torch(os.path.join(path, part.names.model))
+        model_state["module"].update(moe_checkpoint.read_own(engine.module, path,
+                                                             files.load_torch))
 
     def check() -> bool:
+        moe_checkpoint.check_layers(model_state, engine.module, path)
         checkpoint_layout.check_same_model(
             f"checkpoint {os.path.join(path, part.names.model)}", model_state["module"],
             engine.full_shapes)
-        return _check_fingerprint(model_state, engine, part, path)
+        if model_state.get("moe") and not load_shards:
+            return True  # MoE weights alone load at any layout (moe/checkpoint.py)
+        reshard = _check_fingerprint(model_state, engine, part, path)
+        if reshard and model_state.get("moe"):
+            raise ValueError(moe_checkpoint.reshard_refusal(path, model_state))
+        return reshard
 
     # Each part reads its own file: one part's mismatch is raised on every rank.
     reshard = _agreed_check(check)

@@ -34,6 +34,7 @@ from . import checkpoint_files as files
 from .checkpoint_files import LATEST, WHOLE, PartNames
 from .checkpoint_layout import layout_of, located_arrays
 from .checkpoint_mesh import check_parts, join_parts, join_slices
+from .moe import checkpoint as moe_checkpoint
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 
@@ -61,8 +62,10 @@ def _model_states(path: str) -> list[tuple[PartNames, dict]]:
     """Each part's model state in tag directory `path`, verified and mapped."""
     parts = files.part_names(path) or [WHOLE]  # none found: verify names what is missing
     files.verify(path, [names.model for names in parts])
-    return [(names, files.load_torch(os.path.join(path, names.model), mmap=True))
-            for names in parts]
+    states = [(names, files.load_torch(os.path.join(path, names.model), mmap=True))
+              for names in parts]
+    moe_checkpoint.refuse_split_experts(path, states[0][1], "zero_to_fp32")
+    return states
 
 
 @dataclass

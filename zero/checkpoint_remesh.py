@@ -19,6 +19,7 @@ import torch
 from . import checkpoint_files as files
 from . import checkpoint_layout, checkpoint_mesh
 from .checkpoint_pieces import Located
+from .moe import checkpoint as moe_checkpoint
 
 
 class SavedParts:
@@ -30,6 +31,7 @@ class SavedParts:
         files.verify(path, [names.model for names in self.names])
         self.states = [files.load_torch(os.path.join(path, names.model), mmap=True)
                        for names in self.names]
+        moe_checkpoint.refuse_split_experts(path, self.states[0], "reading every part")
         mesh = self.states[0]["fingerprint"].get("mesh")
         self.pipe, self.tensor = (1, 1) if mesh is None else (mesh["pipe"], mesh["tensor"])
         if mesh is not None:

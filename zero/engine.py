@@ -27,6 +27,7 @@ from . import _C, agreement, checkpoint_mesh, hybrid_engine, muon, process_group
 from . import stage3
 from . import init as zero_init
 from . import offload_states as states_offload
+from .moe import checkpoint as moe_checkpoint
 from .moe import params as moe_params
 from .moe.engine_layout import ExpertLayout
 from .parallel import data_group, sequence
@@ -627,6 +628,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         must call it."""
         data_group.check_whole_model_save(self._whole_world, "_zero3_consolidated_16bit_state_dict")
         state = self.module_state_dict()
+        if self.moe is not None:  # every expert, under its global id
+            state = moe_checkpoint.whole_state(self.module, state)
         if dist.get_rank() != 0:
             return None
         if exclude_frozen_parameters:

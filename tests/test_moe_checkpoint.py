@@ -1,0 +1,142 @@
+"""Checkpoints of a model with MoE layers (zero/moe/checkpoint.py): each expert in a file of its
+own under its global id, as DeepSpeed writes them; a resume at the same layout continues the
+run exactly; the weights load at another world size and ep_size; optimizer states at another
+layout, DeepSpeed's own MoE checkpoints and zero_to_fp32 are refused naming the fix;
+save_16bit_model writes every expert, loadable into a model with ep_size 1."""
+import os
+
+import pytest
+import torch
+
+from deepspeed_reference import cases_of
+from distributed_harness import RankFailed, run_distributed
+
+cases = cases_of("moe")
+STAGE = 2
+
+
+def _engine(rank, ep_size, stage=STAGE):
+    import zero
+    from zero.moe import MoE
+
+    net = cases.build(MoE, rank, ep_size, 1)
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(),
+                                 config={**cases.config(stage), "gradient_clipping": 0.05})
+    return engine
+
+
+def _steps(engine, rank, steps):
+    for step in steps:
+        loss = engine(*cases.batch(rank, step))
+        engine.backward(loss)
+        engine.step()
+
+
+def _weights(engine):
+    return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+def _save_then_resume(rank, world, directory):
+    straight = _engine(rank, 2)
+    _steps(straight, rank, range(4))
+    want = _weights(straight)
+    straight.destroy()
+    first = _engine(rank, 2)
+    _steps(first, rank, range(2))
+    first.save_checkpoint(directory, tag="half")
+    first.save_16bit_model(directory, "whole.bin")
+    saved = _weights(first)
+    first.destroy()
+    second = _engine(rank, 2)
+    second.load_checkpoint(directory, tag="half")
+    _steps(second, rank, range(2, 4))
+    return want, _weights(second), saved
+
+
+def _load_weights(rank, world, directory, ep_size, load_optimizer_states):
+    engine = _engine(rank, ep_size)
+    engine.load_checkpoint(directory, tag="half", load_optimizer_states=load_optimizer_states)
+    return _weights(engine)
+
+
+def _global(name, rank, ep_size):
+    marker = "deepspeed_experts."
+    if marker not in name:
+        return name
+    head, tail = name.split(marker)
+    local, rest = tail.split(".", 1)
+    return f"{head}{marker}{(rank % ep_size) * (cases.NUM_EXPERTS // ep_size) + int(local)}.{rest}"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("moe_ckpt"))
+    return directory, run_distributed(_save_then_resume, 4, args=(directory,), timeout=240)
+
+
+def test_a_resume_at_the_same_layout_continues_the_run(saved):
+    _, results = saved
+    for rank, (want, found, _) in enumerate(results):
+        for name, value in want.items():
+            torch.testing.assert_close(found[name], value, rtol=0, atol=0,
+                                       msg=f"{name} on rank {rank}")
+
+
+def test_each_expert_has_a_file_of_its_own(saved):
+    import zero.checkpoint_files as files
+    directory, results = saved
+    tag = os.path.join(directory, "half")
+    module = files.load_torch(os.path.join(tag, "model_states.pt"))["module"]
+    assert not [key for key in module if "deepspeed_experts" in key]
+    for expert in range(cases.NUM_EXPERTS):
+        state = files.load_torch(os.path.join(tag, f"layer_0_expert_{expert}_mp_rank_00_model_states.pt"))
+        rank = expert // 2  # ep_size 2: experts 0, 1 on ranks 0, 2; 2, 3 on ranks 1, 3
+        for key, value in state.items():
+            assert f"deepspeed_experts.{expert}." in key
+            local = key.replace(f"deepspeed_experts.{expert}.", f"deepspeed_experts.{expert % 2}.")
+            torch.testing.assert_close(value, results[rank][2][local])
+
+
+def _saved_weight(results, global_name):
+    """The saved value of a parameter named as in a model with every expert (ep_size 1):
+    global expert g was held by ranks r with r % 2 == g // 2 (ep_size 2), as local g % 2."""
+    marker = "deepspeed_experts."
+    if marker not in global_name:
+        return results[0][2][global_name]
+    head, tail = global_name.split(marker)
+    expert, rest = tail.split(".", 1)
+    return results[int(expert) // 2][2][f"{head}{marker}{int(expert) % 2}.{rest}"]
+
+
+def test_the_weights_load_at_another_world_size_and_ep_size(saved):
+    directory, results = saved
+    for ep_size in (1, 2):
+        loaded = run_distributed(_load_weights, 2, args=(directory, ep_size, False), timeout=120)
+        for rank, found in enumerate(loaded):
+            for name, value in found.items():
+                torch.testing.assert_close(
+                    value, _saved_weight(results, _global(name, rank, ep_size)),
+                    msg=f"{name} on rank {rank} (ep_size {ep_size})")
+
+
+def test_optimizer_states_at_another_layout_are_refused_on_every_rank(saved):
+    directory, _ = saved
+    with pytest.raises(RankFailed, match="optimizer states load only at that layout"):
+        run_distributed(_load_weights, 2, args=(directory, 2, True), timeout=120)
+
+
+def test_save_16bit_model_writes_every_expert_by_its_global_id(saved):
+    from zero.moe import MoE
+    directory, results = saved
+    whole = torch.load(os.path.join(directory, "whole.bin"), weights_only=True)
+    net = cases.build(MoE, 0, 1, 1)
+    net.load_state_dict(whole)  # strict: every expert of a model with ep_size 1
+    for name, value in whole.items():
+        torch.testing.assert_close(value, _saved_weight(results, name), msg=name)
+
+
+def test_zero_to_fp32_of_split_experts_is_refused(saved):
+    from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
+    directory, _ = saved
+    with pytest.raises(NotImplementedError, match="save_16bit_model"):
+        get_fp32_state_dict_from_zero_checkpoint(directory, tag="half")

@@ -1,0 +1,136 @@
+"""The experts in a checkpoint, as DeepSpeed writes them: the shared weights stay in the
+model file; each expert of each MoE layer has a file of its own,
+`layer_{L}_expert_{E}_mp_rank_00_model_states.pt` (L: the layer's place among the model's
+MoE layers, E: the global expert id), holding its state-dict entries under the global id
+(`...deepspeed_experts.{E}.fc1.weight`), written once, by the first rank of the expert's
+expert data-parallel group. A rank loading reads its own experts' files and names them by
+its local ids again, so module weights load at any ep_size and world size; the ranks'
+optimizer shards load at the layout they were saved with (checkpoint.py refuses others).
+`whole_state` is the model with every expert under its global id, for a whole-model save.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import torch.distributed as dist
+from torch import nn
+
+from .groups import EXPERT_GROUPS
+from .layer import MoE
+
+EXPERTS = "deepspeed_moe.experts.deepspeed_experts."
+_EXPERT_KEY = re.compile(re.escape(EXPERTS) + r"(\d+)\.")
+
+
+def expert_file(layer: int, expert: int) -> str:
+    return f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt"
+
+
+def layers(model: nn.Module) -> list[tuple[str, MoE]]:
+    """(name, layer) of the model's MoE layers, in model order (DeepSpeed's layer ids)."""
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, MoE)]
+
+
+def describe(model: nn.Module) -> list[dict]:
+    """What the model file records of the MoE layers (checked at load)."""
+    return [{"name": name, "num_experts": layer.num_experts, "ep_size": layer.ep_size}
+            for name, layer in layers(model)]
+
+
+def _first_expert(layer: MoE) -> int:
+    """The global id of this rank's first local expert."""
+    return EXPERT_GROUPS.get(layer.expert_group_name).expert_rank * layer.num_local_experts
+
+
+def _renamed(key: str, layer_name: str, offset: int) -> str | None:
+    """`key` of an expert of the layer named `layer_name`, its expert index moved by
+    `offset`; None for any other key."""
+    head = f"{layer_name}." if layer_name else ""
+    match = _EXPERT_KEY.match(key, len(head)) if key.startswith(head) else None
+    if match is None:
+        return None
+    return f"{head}{EXPERTS}{int(match.group(1)) + offset}.{key[match.end():]}"
+
+
+def split(model: nn.Module, state: dict) -> tuple[dict, dict[str, dict]]:
+    """(the shared entries, {file: one expert's entries under its global id} of the experts
+    this rank writes: those of which it is its expert data-parallel group's first rank)."""
+    shared, files = dict(state), {}
+    for index, (name, layer) in enumerate(layers(model)):
+        offset = _first_expert(layer)
+        writes = EXPERT_GROUPS.get(layer.expert_group_name).data_rank == 0
+        for key in [k for k in shared if _renamed(k, name, 0)]:
+            value = shared.pop(key)
+            if writes:
+                global_key = _renamed(key, name, offset)
+                expert = int(_EXPERT_KEY.match(global_key, len(name) + bool(name)).group(1))
+                files.setdefault(expert_file(index, expert), {})[global_key] = \
+                    value.detach().clone()
+    return shared, files
+
+
+def read_own(model: nn.Module, path: str, load) -> dict:
+    """This rank's experts' entries from their files in checkpoint `path`, under its local
+    ids; `load(file)` reads one file."""
+    found = {}
+    for index, (name, layer) in enumerate(layers(model)):
+        first = _first_expert(layer)
+        for expert in range(first, first + layer.num_local_experts):
+            for key, value in load(os.path.join(path, expert_file(index, expert))).items():
+                found[_renamed(key, name, -first)] = value
+    return found
+
+
+def own_files(model: nn.Module) -> list[str]:
+    """The expert files this rank reads."""
+    return [expert_file(index, expert) for index, (_, layer) in enumerate(layers(model))
+            for expert in range(_first_expert(layer), _first_expert(layer) + layer.num_local_experts)]
+
+
+def whole_state(model: nn.Module, state: dict) -> dict | None:
+    """The model with every expert under its global id on rank 0 (None on the others): each
+    expert's entries sent from its writer (split). Every rank must call it."""
+    shared, files = split(model, state)
+    gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object({k: v.cpu() for one in files.values() for k, v in one.items()},
+                       gathered, dst=0)
+    if dist.get_rank() != 0:
+        return None
+    for experts in gathered:
+        shared.update(experts)
+    return shared
+
+
+def check_layers(model_state: dict, model: nn.Module, path: str) -> None:
+    """The checkpoint's MoE layers are the model's (names and expert counts; ep_size may
+    differ)."""
+    saved = [(layer["name"], layer["num_experts"]) for layer in model_state.get("moe") or []]
+    mine = [(layer["name"], layer["num_experts"]) for layer in describe(model)]
+    if saved != mine:
+        raise ValueError(
+            f"zero: checkpoint {path} has MoE layers {saved or 'none'} (name, num_experts) but "
+            f"this model has {mine or 'none'}; load it into the same model")
+
+
+def reshard_refusal(path: str, model_state: dict) -> str:
+    saved = model_state["fingerprint"]
+    sizes = sorted({layer["ep_size"] for layer in model_state["moe"]})
+    return (f"zero: checkpoint {path} of a model with MoE layers was saved at stage "
+            f"{saved['stage']} on {saved['world_size']} ranks with ep_size {sizes}; its "
+            "optimizer states load only at that layout (resharding them is not built). Resume "
+            "there, or load the weights alone: load_checkpoint(..., load_optimizer_states="
+            "False) loads the model at any world size and ep_size")
+
+
+def refuse_split_experts(path: str, model_state: dict, what: str) -> None:
+    """The whole-model readers (zero_to_fp32, ds_to_universal, another pipe x tensor
+    layout) join the ranks' shards as if every rank held the same parameters; experts split
+    over expert-parallel ranks are not built there."""
+    sizes = sorted({layer["ep_size"] for layer in model_state.get("moe") or []})
+    if any(size > 1 for size in sizes):
+        raise NotImplementedError(
+            f"zero: {what} of checkpoint {path}, whose MoE layers split their experts over "
+            f"ep_size {sizes} ranks, is not built; for the whole model's weights call "
+            "engine.save_16bit_model() (every expert under its global id) while training, or "
+            "load the checkpoint into the engine (load_checkpoint)")
