@@ -175,3 +175,93 @@ def test_training_matches_one_process_with_every_expert(world, ep_size, k, stage
                                        rtol=1e-4, atol=1e-5, msg=f"{name} on rank {rank}")
         # the experts' gradients go over their expert data-parallel group
         assert expert_bytes > 0
+
+
+def _train_data_before_expert(rank, world):
+    import zero
+    from zero.compat.deepspeed.utils import groups
+
+    # D + E: ranks [0, 1] and [2, 3] hold the same experts, [0, 2] and [1, 3] split them
+    net = _build(rank // 2, 2, 1)  # (cases.build draws experts of expert-parallel rank r % 2)
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config={
+        **_config(1, "adam-clipped"), "use_data_before_expert_parallelism": True})
+    layout = (list(groups._get_expert_parallel_group_ranks("ep_size_2")),
+              list(groups._get_expert_data_parallel_group_ranks("ep_size_2")),
+              groups._get_expert_parallel_rank("ep_size_2"),
+              groups._get_expert_broadcast_src_rank("ep_size_2"), groups._get_max_expert_size())
+    for step in range(cases.STEPS):
+        loss = engine(*cases.batch(rank, step))
+        engine.backward(loss)
+        engine.step()
+    return layout, {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+def test_data_before_expert_layout_trains_the_same():
+    """use_data_before_expert_parallelism: rank r is expert-parallel rank r // 2 on 4 ranks."""
+    want = _reference(4, 1, "adam-clipped")
+    results = run_distributed(_train_data_before_expert, 4, timeout=240)
+    for rank, (layout, found) in enumerate(results):
+        ep_rank = rank // 2
+        assert layout == ([rank % 2, rank % 2 + 2], [2 * ep_rank, 2 * ep_rank + 1], ep_rank,
+                          2 * ep_rank, 2)
+        for name, value in found.items():
+            marker = "deepspeed_experts."
+            if marker in name:
+                head, tail = name.split(marker)
+                local, rest = tail.split(".", 1)
+                name_in_reference = f"{head}{marker}{ep_rank * 2 + int(local)}.{rest}"
+            else:
+                name_in_reference = name
+            torch.testing.assert_close(value, want[name_in_reference], rtol=1e-4, atol=1e-5,
+                                       msg=f"{name} on rank {rank}")
+
+
+# ---- what is refused --------------------------------------------------------------------
+def _initialize(rank, world, ep_size, num_experts, stage, extra):
+    import zero
+    from zero.moe import MoE
+
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    net.append(MoE(8, torch.nn.Linear(8, 8), num_experts=num_experts, ep_size=ep_size))
+    try:
+        zero.initialize(model=net, model_parameters=net.parameters(),
+                        config={**cases.config(stage), **extra})
+    except (ValueError, NotImplementedError) as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("ep_size,num_experts,stage,extra,message", [
+    (2, 4, 3, {}, "stage 3 are not built"),
+    (3, 3, 1, {}, "ep_size=3 does not divide the world of 2 ranks"),
+    (2, 2, 1, {"sequence_parallel_size": 2}, "with sequence parallelism are not built"),
+])
+def test_what_is_not_built_is_refused_on_every_rank(ep_size, num_experts, stage, extra, message):
+    errors = run_distributed(_initialize, 2, args=(ep_size, num_experts, stage, extra),
+                             timeout=60)
+    assert all(error is not None and message in error for error in errors), errors
+
+
+def test_a_layer_that_cannot_split_its_experts_is_refused():
+    from zero.moe import MoE
+    with pytest.raises(ValueError, match="num_experts=3 must be a multiple of ep_size=2"):
+        MoE(8, torch.nn.Linear(8, 8), num_experts=3, ep_size=2)
+    with pytest.raises(ValueError, match="noisy_gate_policy='Gumbel'"):
+        MoE(8, torch.nn.Linear(8, 8), num_experts=2, noisy_gate_policy="Gumbel")
+    with pytest.raises(NotImplementedError, match="enable_expert_tensor_parallelism"):
+        MoE(8, torch.nn.Linear(8, 8), num_experts=2, enable_expert_tensor_parallelism=True)
+
+
+def test_deepspeeds_moe_names_are_zeros():
+    import zero.compat.deepspeed as deepspeed
+    from zero.compat.deepspeed.moe import layer, sharded_moe, utils
+    from zero.moe import MoE
+    assert layer.MoE is MoE and deepspeed.moe.layer.MoE is MoE
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), MoE(4, torch.nn.Linear(4, 4), num_experts=2))
+    assert utils.has_moe_layers(net) == (True, 2)
+    groups = utils.split_params_into_different_moe_groups_for_optimizer(
+        {"params": list(net.parameters()), "name": "all", "lr": 0.1})
+    assert [(g["name"], g.get("moe", False), len(g["params"])) for g in groups] == \
+        [("all", False, 3), ("ep_size_1", True, 4)]  # linear + gate; 2 experts x (w, b)
+    assert all(utils.is_moe_param(p) for p in groups[1]["params"])
+    assert sharded_moe.TopKGate(4, 2).wg.bias is None
