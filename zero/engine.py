@@ -112,6 +112,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                                source=self.moe.source if self.moe is not None else None)
         spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters,
                                                      moe=self.moe is not None)
+        if self.moe is not None:
+            self.moe.check_optimizer(spec.kind)
         # before a byte is written
         disk_space.check_swap_space(config, model, trainables, self.data_parallel_group)
         self._core = _C.EngineCore(self.data_parallel_group.group_name)

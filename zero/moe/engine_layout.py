@@ -45,6 +45,14 @@ class ExpertLayout:
         names = sorted({layer.expert_group_name for layer in layers})
         return cls({name: EXPERT_GROUPS.get(name) for name in names}, dist.get_world_size())
 
+    def check_optimizer(self, kind: str) -> None:
+        """LAMB's trust ratios and Muon's whole matrices add up squares over the engine's
+        ranks, which hold other experts: not built for MoE's expert groups."""
+        if kind in ("lamb", "muon"):
+            raise NotImplementedError(
+                f"zero: optimizer {kind!r} with MoE layers is not built (its per-parameter "
+                "norms would mix other ranks' experts); use Adam, AdamW, SGD, Adagrad or Lion")
+
     def _groups_of(self, param) -> ExpertGroups | None:
         return self.groups[param.group_name] if is_moe_param(param) else None
 

@@ -36,7 +36,11 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         option = option_for(option, setup.offload_optimizer, setup.offload_param)
     if setup.optimizer == "muon":  # its groups: the matrices' (Muon) and the rest (Adam)
         shapes = for_muon(shapes)
-    if option.stage == 3 and shapes.units is not None:
+    if option.stage == 3 and shapes.group_ep is not None:  # (the engine refuses it)
+        result = estimate_stages_0_2(shapes, setup, option_for(2), reduce_bucket_size,
+                                     overlap_comm)
+        result.option, result.refused = option, MOE_STAGE_3
+    elif option.stage == 3 and shapes.units is not None:
         result = estimate_stage3(shapes, setup, option, reduce_bucket_size, overlap_comm)
     else:  # stages 0-2, and stage 3 without gather units (a formula)
         result = estimate_stages_0_2(shapes, setup, option, reduce_bucket_size, overlap_comm)
@@ -54,6 +58,10 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
     if strict and (result.refused or params.get("error")):
         raise EstimateError(f"{option.name}: {result.refused or params['error']}")
     return result
+
+
+MOE_STAGE_3 = ("MoE layers at stage 3 are not built (as in DeepSpeed); use stage 1 or 2: the "
+               "experts are split over the ranks already")
 
 
 def _device_only_refusal(setup: Setup, option: Option) -> str | None:

@@ -14,11 +14,16 @@ def layouts(shapes: ModelShapes, setup: Setup, stage: int, reduce_bucket_size: i
     """One zero._C.ShardedLayout per group, exactly as the engine builds it (stages 0-2)."""
     from zero import _C
 
-    world = 1 if stage == 0 else setup.world_size
     unit = int(reduce_bucket_size or setup.reduce_bucket_size)
-    return [_C.ShardedLayout([list(s) for s in group], DTYPE_NAMES[setup.precision], world,
-                             setup.alignment, unit)
-            for group in shapes.groups]
+    expert_parallel = shapes.group_ep or (1,) * len(shapes.groups)
+    if any(setup.world_size % ep for ep in expert_parallel):
+        raise EstimateError(f"the model's MoE layers split their experts over "
+                            f"{max(expert_parallel)} ranks, which does not divide the world of "
+                            f"{setup.world_size}; estimate at a world size that ep_size divides")
+    # an MoE expert group shards over its expert data-parallel group: world / ep_size ranks
+    return [_C.ShardedLayout([list(s) for s in group], DTYPE_NAMES[setup.precision],
+                             1 if stage == 0 else setup.world_size // ep, setup.alignment, unit)
+            for group, ep in zip(shapes.groups, expert_parallel)]
 
 
 def bucket_peak_numel(layout, slots: int, whole_units: bool, pieces: bool = True) -> int:

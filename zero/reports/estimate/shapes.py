@@ -48,6 +48,10 @@ class ModelShapes:
     # into Muon's and Adam's halves (for_muon); None: the setup's optimizer for every group.
     muon: Optional[tuple[tuple[bool, ...], ...]] = None
     group_kinds: Optional[tuple[str, ...]] = None
+    # Per group: the expert-parallel size its parameters are split over (MoE's experts, in
+    # groups of their own as the engine splits them: their states shard over world / ep_size
+    # ranks); None: 1 for every group.
+    group_ep: Optional[tuple[int, ...]] = None
 
     @property
     def trainable_numel(self) -> int:
@@ -93,6 +97,7 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     else:
         raw_groups = [list(g["params"]) if isinstance(g, Mapping) else list(g)
                       for g in param_groups]
+    raw_groups, raw_ep = _expert_groups(module, raw_groups)
     from zero import init as zero_init, stage3, stage3_policy
 
     unit_rules = unit_rules or stage3_policy.UnitRules()
@@ -105,8 +110,8 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     names = {}
     for name, param in module.named_parameters():
         names.setdefault(id(param), name)
-    groups, units, late, order, muon, seen = [], [], [], [], [], set()
-    for raw in raw_groups:
+    groups, units, late, order, muon, group_ep, seen = [], [], [], [], [], [], set()
+    for raw, ep_size in zip(raw_groups, raw_ep or [1] * len(raw_groups)):
         shapes, unit_ids, late_ids, places, muon_ids = [], [], [], [], []
         for param in raw:
             if not param.requires_grad or id(param) in seen:
@@ -127,6 +132,7 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
             late.append(tuple(late_ids))
             order.append(tuple(places))
             muon.append(tuple(muon_ids))
+            group_ep.append(ep_size)
     if not groups:
         raise EstimateError("the model has no trainable parameters")
     unique = {id(p): p for p in module.parameters()}
@@ -144,7 +150,23 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                        unit_parents=tuple(plan.parents),
                        externals=tuple(stage3.external_links(plan)),
                        root_late=tuple(late), order=tuple(order), unit_rules=unit_rules,
-                       muon=tuple(muon))
+                       muon=tuple(muon),
+                       group_ep=tuple(group_ep) if raw_ep else None)
+
+
+def _expert_groups(module: torch.nn.Module, raw_groups: list[list]) -> tuple[list, list | None]:
+    """(groups, each one's ep_size): with MoE layers their experts split into groups of their
+    own as the engine splits a configured optimizer's (zero.moe.params); else as given, None."""
+    from zero.moe.layer import MoE
+    from zero.moe.params import split_params_into_different_moe_groups_for_optimizer
+
+    sizes = {m.expert_group_name: m.ep_size for m in module.modules() if isinstance(m, MoE)}
+    if not sizes:
+        return raw_groups, None
+    split = split_params_into_different_moe_groups_for_optimizer(
+        [{"params": params} for params in raw_groups])
+    return ([group["params"] for group in split],
+            [sizes[group["name"]] if group.get("moe") else 1 for group in split])
 
 
 def for_muon(shapes: ModelShapes) -> ModelShapes:
@@ -152,6 +174,8 @@ def for_muon(shapes: ModelShapes) -> ModelShapes:
     into its Muon half and its Adam half, in that order, each only where it has shapes."""
     if shapes.group_kinds is not None:
         return shapes
+    if shapes.group_ep is not None:
+        raise EstimateError("optimizer Muon with MoE layers is not built (zero.moe); use Adam")
     if shapes.muon is None:
         raise EstimateError("optimizer Muon steps the parameters of 2 or more dimensions whose "
                             "names have neither \"embed\" nor \"lm_head\": describe the model "
