@@ -84,7 +84,7 @@ void PendingCollective::wait() {
   if (waited_) return;
   waited_ = true;
   try {
-    work_->wait();
+    if (work_) work_->wait();  // (none: done locally, Communicator::all_gather on one rank)
   } catch (const std::exception& error) {
     keep_alive_.clear();
     TORCH_CHECK(false, "zero: ", description_, " failed: ", message_of(error));
@@ -149,6 +149,15 @@ std::unique_ptr<PendingCollective> Communicator::all_gather(at::Tensor full, at:
                                                             bool control,
                                                             std::function<void()> on_complete) {
   check_pair("all_gather", full, shard, world_size_);
+  if (world_size_ == 1 && !log_->enabled()) {
+    // One rank: a copy. gloo's all-gather on a group of one keeps growing the process's
+    // memory with every call (an MoE expert group of one rank all-gathers every step).
+    full.copy_(shard.reshape(full.sizes()));
+    count(stats_.all_gather_bytes, nbytes(full), control);
+    return std::make_unique<PendingCollective>(describe("all_gather", full), nullptr,
+                                               std::vector<at::Tensor>{},
+                                               std::move(on_complete));
+  }
   auto work = all_gather_into(group(), full, shard);
   count(stats_.all_gather_bytes, nbytes(full), control);
   auto timed = timing(CollectiveOp::kAllGather, nbytes(full), control, work, full);
