@@ -10,7 +10,7 @@ zero.compat.deepspeed) of `--experts` copies of that MLP, top-1 gating without r
 selection (so both engines route alike), the load-balancing loss added at 0.01. Expert
 parallel size 1 (every rank holds every expert) or 2 (each rank half of them, tokens traded
 by all-to-all), at ZeRO stages 1 and 2, fp32 and bf16; AdamW, clipping off (DeepSpeed's MoE
-norm counts each rank's own experts only). Every configuration runs in a fresh pair of
+norm is built from each rank's own experts' norms, not the whole model's). Every configuration runs in a fresh pair of
 processes (launch.spawn_ranks) after a throwaway engine on a 1-layer model pays the one-time
 costs: peak memory growth per rank = the peak RSS (VmHWM, reset just before the model is built)
 minus the RSS then; step time = the slower rank's, median over the measured steps. Rank 0's

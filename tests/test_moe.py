@@ -310,3 +310,62 @@ def test_the_estimate_is_what_each_rank_holds(world, ep_size, stage):
         assert estimate.device_bytes == total
     refused = est.estimate(shapes, setup, 3, strict=False)
     assert not refused.runs and "MoE layers at stage 3" in refused.refused
+
+
+def test_the_capacity_is_rounded_in_fp32_as_deepspeeds():
+    """DeepSpeed's _capacity: ceil(tokens / experts * capacity_factor) in fp32 (200 tokens, 8
+    experts, factor 1.2: 31 where exact arithmetic gives 30), at least min_capacity."""
+    from zero.moe.gating import capacity
+    assert capacity(200, 8, 1.2, 0) == 31 and capacity(25, 2, 1.2, 0) == 16
+    for tokens in range(1, 300, 7):
+        for experts in (2, 4, 8, 16):
+            for factor in (0.5, 1.0, 1.2, 1.25, 2.0):
+                deepspeed = torch.ceil(torch.tensor(tokens / experts) * torch.tensor(factor))
+                assert capacity(tokens, experts, factor, 4) == max(int(deepspeed), 4)
+
+
+# ---- expert buffers, parameter values, whole-model saves -----------------------------------
+def _details(rank, world, directory):
+    import zero
+    from zero.compat.deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+
+    net = _build(rank, 2, 1)
+    for expert in net.moe.deepspeed_moe.experts.deepspeed_experts:
+        expert.register_buffer("count", torch.full((3,), float(rank)))
+    net.register_buffer("shared", torch.full((3,), float(rank)))
+    frozen = net.moe.deepspeed_moe.experts.deepspeed_experts[1].fc2.bias
+    frozen.requires_grad_(False)
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(),
+                                 config=_config(2, "adam-clipped"))
+    loss = engine(*cases.batch(rank, 0))
+    engine.backward(loss)
+    engine.step()
+    found = {"buffers": [float(e.count[0]) for e in net.moe.deepspeed_moe.experts.deepspeed_experts],
+             "shared": float(net.shared[0])}
+    # each parameter's whole fp32 master is its value; a write reads back (experts' shards
+    # lie in their expert data-parallel group)
+    found["full_equal"] = all(torch.equal(safe_get_full_fp32_param(p), p.detach())
+                              for p in net.parameters() if p.requires_grad)
+    expert = net.moe.deepspeed_moe.experts.deepspeed_experts[0].fc1.weight
+    safe_set_full_fp32_param(expert, torch.full_like(expert, float(rank % 2)))
+    found["written"] = torch.equal(safe_get_full_fp32_param(expert),
+                                   torch.full_like(expert, float(rank % 2)))
+    engine.save_16bit_model(directory, "whole.bin", exclude_frozen_parameters=True)
+    engine.destroy()
+    return found
+
+
+def test_expert_buffers_parameter_values_and_whole_saves(tmp_path):
+    results = run_distributed(_details, 4, args=(str(tmp_path),), timeout=120)
+    for rank, found in enumerate(results):
+        # experts' buffers from their expert data-parallel group's first rank (0 or 1); the
+        # shared ones from rank 0
+        assert found["buffers"] == [float(rank % 2)] * 2 and found["shared"] == 0.0
+        assert found["full_equal"] and found["written"], rank
+    whole = torch.load(tmp_path / "whole.bin", weights_only=True)
+    experts = {int(k.split("deepspeed_experts.")[1].split(".")[0]) for k in whole
+               if "deepspeed_experts" in k}
+    assert experts == {0, 1, 2, 3}
+    # the frozen local expert 1's bias is global expert 1's and 3's: left out of both
+    assert {k for k in whole if k.endswith("fc2.bias") and "deepspeed_experts" in k} == \
+        {f"moe.deepspeed_moe.experts.deepspeed_experts.{e}.fc2.bias" for e in (0, 2)}

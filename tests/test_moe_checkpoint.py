@@ -140,3 +140,25 @@ def test_zero_to_fp32_of_split_experts_is_refused(saved):
     directory, _ = saved
     with pytest.raises(NotImplementedError, match="save_16bit_model"):
         get_fp32_state_dict_from_zero_checkpoint(directory, tag="half")
+
+
+def _load_other_layout_flag(rank, world, directory):
+    import zero
+    from zero.moe import MoE
+
+    net = cases.build(MoE, rank // 2, 2, 1)
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config={
+        **cases.config(STAGE), "use_data_before_expert_parallelism": True})
+    try:
+        engine.load_checkpoint(directory, tag="half")
+    except Exception as error:  # noqa: BLE001 -- the refusal is the answer
+        return str(error)
+    return None
+
+
+def test_optimizer_states_of_the_other_expert_layout_are_refused(saved):
+    """Saved "E + D", resumed "D + E" on as many ranks: each rank's shard holds other
+    experts' states."""
+    directory, _ = saved
+    errors = run_distributed(_load_other_layout_flag, 4, args=(directory,), timeout=120)
+    assert all(e and "ep_size 2 and use_data_before_expert_parallelism false;" in e for e in errors), errors

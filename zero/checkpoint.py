@@ -90,6 +90,8 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
     # except that each part of a split model has its own (checkpoint_mesh.py).
     writer = engine.local_rank == 0 if settings.use_node_local_storage else dist.get_rank() == 0
     if settings.use_node_local_storage:
+        if engine.moe is not None:
+            moe_checkpoint.check_saving(node_local=True)
         if part.mesh is not None:
             raise NotImplementedError(
                 "zero: checkpoint.use_node_local_storage with pipeline stages or tensor "
@@ -362,7 +364,8 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
         if model_state.get("moe") and not load_shards:
             return True  # MoE weights alone load at any layout (moe/checkpoint.py)
         reshard = _check_fingerprint(model_state, engine, part, path)
-        if reshard and model_state.get("moe"):
+        if model_state.get("moe") and (
+                reshard or not moe_checkpoint.same_expert_layout(model_state, engine.module)):
             raise ValueError(moe_checkpoint.reshard_refusal(path, model_state))
         return reshard
 

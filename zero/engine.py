@@ -62,6 +62,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
     # model's attribute of the same name (engine.__getattr__ passes to it) is never taken.
     grid = None  # the pipeline engine's grid
     sequence_parallel = None  # parallel/sequence.py's layout, with sequence parallelism
+    moe = None  # moe/engine_layout.py's ExpertLayout, for a model with MoE layers
     _is_compiled = False
 
     def __init__(self, model: nn.Module, config: ZeroConfig, optimizer=None,
@@ -630,14 +631,12 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         must call it."""
         data_group.check_whole_model_save(self._whole_world, "_zero3_consolidated_16bit_state_dict")
         state = self.module_state_dict()
-        if self.moe is not None:  # every expert, under its global id
-            state = moe_checkpoint.whole_state(self.module, state)
-        if dist.get_rank() != 0:
-            return None
         if exclude_frozen_parameters:
             frozen = sharding.frozen_names(self.module)
             state = {name: value for name, value in state.items() if name not in frozen}
-        return state
+        if self.moe is not None:  # every expert, under its global id
+            state = moe_checkpoint.whole_state(self.module, state)
+        return state if dist.get_rank() == 0 else None
 
     def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
         """DeepSpeed's, which Accelerate's get_state_dict calls under ZeRO-3 or AutoTP: the

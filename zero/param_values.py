@@ -54,9 +54,9 @@ def get_full(param, array: str) -> torch.Tensor | None:
     read = _reader(engine, g, array)
     # on the engine's device (an offloaded shard is on the host; NCCL sums device tensors)
     value = torch.zeros(shape.numel(), dtype=torch.float32, device=engine.device)
-    for start, stop, position in _runs(layout, engine.core.rank, i, shape):
+    rank, group = _expert_place(engine, g) or (engine.core.rank, _shard_group(engine, layout))
+    for start, stop, position in _runs(layout, rank, i, shape):
         value[start:stop] = read(position, stop - start).to(value.device)
-    group = _shard_group(engine, layout)
     if group is not None:
         dist.all_reduce(value, group=group)  # each element is held by one rank, zeros elsewhere
     return value.view(shape)
@@ -75,7 +75,7 @@ def set_full(param, value: torch.Tensor, array: str) -> None:
                          f"shape {tuple(shape)}")
     flat = value.detach().reshape(-1)
     _write(engine, g, array, [(position, flat[start:stop]) for start, stop, position in
-                              _runs(engine.core.group_layout(g), engine.core.rank, i, shape)])
+                              _own_runs(engine, g, i, shape)])
 
 
 def get_local(param, array: str) -> torch.Tensor | None:
@@ -87,7 +87,7 @@ def get_local(param, array: str) -> torch.Tensor | None:
     engine, g, i, shape = place
     read = _reader(engine, g, array)
     pieces = [read(position, stop - start).to(engine.device) for start, stop, position in
-              _runs(engine.core.group_layout(g), engine.core.rank, i, shape)]
+              _own_runs(engine, g, i, shape)]
     return torch.cat(pieces) if pieces else \
         torch.zeros(0, dtype=torch.float32, device=engine.device)
 
@@ -98,7 +98,7 @@ def set_local(param, value: torch.Tensor, array: str) -> None:
     if place is None:
         return
     engine, g, i, shape = place
-    runs = _runs(engine.core.group_layout(g), engine.core.rank, i, shape)
+    runs = _own_runs(engine, g, i, shape)
     held = sum(stop - start for start, stop, _ in runs)
     if value.numel() != held:
         raise ValueError(f"zero: {value.numel()} elements for the {held} this rank holds")
@@ -111,6 +111,19 @@ def set_local(param, value: torch.Tensor, array: str) -> None:
 
 def _runs(layout, rank: int, i: int, shape) -> list[tuple[int, int, int]]:
     return RankPieces(layout, rank).of(layout.param_offset(i), shape.numel())
+
+
+def _own_runs(engine, g: int, i: int, shape) -> list[tuple[int, int, int]]:
+    """This rank's runs of parameter i of group g."""
+    expert = _expert_place(engine, g)
+    return _runs(engine.core.group_layout(g), expert[0] if expert else engine.core.rank, i,
+                 shape)
+
+
+def _expert_place(engine, g: int) -> tuple[int, object] | None:
+    """(this rank's place, the process group) an MoE expert group's shards are spread over,
+    its expert data-parallel group (moe/engine_layout.py); None for any other group."""
+    return engine.moe.shard_group(engine.groups[g].params[0]) if engine.moe else None
 
 
 def _reader(engine, g: int, array: str):

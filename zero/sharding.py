@@ -96,8 +96,9 @@ class GroupBuilder:
 def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
                   stage: int, group=None, source=None) -> None:
     """The model in the training dtype on the device, every rank of `group` (default the
-    world) starting from the group's first rank's values; `source(param)` (MoE's experts,
-    moe/engine_layout.py): the (rank, group) a parameter's values come from instead."""
+    world) starting from the group's first rank's values; `source(tensor)` (MoE's experts,
+    moe/engine_layout.py): the (rank, group) a parameter's or buffer's values come from
+    instead."""
     model.to(device=device, dtype=dtype)
     for param in model.parameters():
         if zero_init.is_partitioned(param):
@@ -109,7 +110,7 @@ def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
         for tensor in list(model.parameters()) + list(model.buffers()):
             if zero_init.is_partitioned(tensor):
                 continue
-            if source is not None and isinstance(tensor, nn.Parameter):
+            if source is not None:
                 dist.broadcast(tensor.data, *source(tensor))
             else:
                 dist.broadcast(tensor.data, src=src, group=group)

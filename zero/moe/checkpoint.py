@@ -33,8 +33,10 @@ def layers(model: nn.Module) -> list[tuple[str, MoE]]:
 
 
 def describe(model: nn.Module) -> list[dict]:
-    """What the model file records of the MoE layers (checked at load)."""
-    return [{"name": name, "num_experts": layer.num_experts, "ep_size": layer.ep_size}
+    """What the model file records of the MoE layers (checked at load): the experts' layout
+    decides which rank's shard holds which experts' optimizer state."""
+    return [{"name": name, "num_experts": layer.num_experts, "ep_size": layer.ep_size,
+             "data_before_expert": EXPERT_GROUPS.get(layer.expert_group_name).data_before_expert}
             for name, layer in layers(model)]
 
 
@@ -113,24 +115,40 @@ def check_layers(model_state: dict, model: nn.Module, path: str) -> None:
             f"this model has {mine or 'none'}; load it into the same model")
 
 
+def same_expert_layout(model_state: dict, model: nn.Module) -> bool:
+    """Whether each rank's shard of the checkpoint holds the experts it holds now."""
+    return model_state.get("moe") == describe(model)
+
+
 def reshard_refusal(path: str, model_state: dict) -> str:
     saved = model_state["fingerprint"]
-    sizes = sorted({layer["ep_size"] for layer in model_state["moe"]})
+    sizes = ", ".join(sorted({str(layer["ep_size"]) for layer in model_state["moe"]}))
+    flags = ", ".join(sorted({str(layer.get("data_before_expert", False)).lower()
+                              for layer in model_state["moe"]}))
     return (f"zero: checkpoint {path} of a model with MoE layers was saved at stage "
-            f"{saved['stage']} on {saved['world_size']} ranks with ep_size {sizes}; its "
-            "optimizer states load only at that layout (resharding them is not built). Resume "
-            "there, or load the weights alone: load_checkpoint(..., load_optimizer_states="
-            "False) loads the model at any world size and ep_size")
+            f"{saved['stage']} on {saved['world_size']} ranks with ep_size {sizes} and "
+            f"use_data_before_expert_parallelism {flags}; its optimizer states load only at "
+            "that layout (resharding them is not built). Resume there, or load the weights "
+            "alone: load_checkpoint(..., load_optimizer_states=False) loads the model at any "
+            "world size and ep_size")
+
+
+def check_saving(node_local: bool) -> None:
+    """Refuses what a save of MoE experts cannot do (raised on every rank alike)."""
+    if node_local:
+        raise NotImplementedError(
+            "zero: checkpoint.use_node_local_storage with MoE layers is not built (each expert's "
+            "file is written on one node only); set it to false and save to a directory every "
+            "rank sees")
 
 
 def refuse_split_experts(path: str, model_state: dict, what: str) -> None:
     """The whole-model readers (zero_to_fp32, ds_to_universal, another pipe x tensor
-    layout) join the ranks' shards as if every rank held the same parameters; experts split
-    over expert-parallel ranks are not built there."""
-    sizes = sorted({layer["ep_size"] for layer in model_state.get("moe") or []})
-    if any(size > 1 for size in sizes):
+    layout) read the model file's module and join the ranks' shards as if every rank held
+    the same parameters; MoE checkpoints are not built there."""
+    if model_state.get("moe"):
         raise NotImplementedError(
-            f"zero: {what} of checkpoint {path}, whose MoE layers split their experts over "
-            f"ep_size {sizes} ranks, is not built; for the whole model's weights call "
+            f"zero: {what} of checkpoint {path}, a model with MoE layers (its experts in files "
+            "of their own), is not built; for the whole model's weights call "
             "engine.save_16bit_model() (every expert under its global id) while training, or "
             "load the checkpoint into the engine (load_checkpoint)")

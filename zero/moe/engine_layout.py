@@ -9,7 +9,8 @@
 - the gradient norm is the whole model's: at stages 1-2 each element is held by one rank of
   the world already; at stage 0 each rank's squares are weighted (shared ones 1/world,
   experts 1/expert data-parallel size) and summed over the world (`norm_span`). DeepSpeed's
-  own norm counts only the rank's own experts, so its ranks may clip differently.
+  norm is built from each rank's norm over its own experts (averaged over ranks), not every
+  expert once, so with clipping the two engines clip by different norms.
 
 Built with ZeRO stages 0-2 on the whole world, as DeepSpeed's MoE (it refuses stage 3);
 every other combination is refused here, naming the fix.
@@ -32,6 +33,7 @@ class ExpertLayout:
     """The expert groups of an engine's MoE layers, by name ("ep_size_{n}")."""
     groups: dict[str, ExpertGroups]
     world: int
+    buffers: dict[int, str]  # id(buffer) -> expert group name: the experts' own buffers
 
     @classmethod
     def of(cls, model: nn.Module, config, *, whole_world: bool, tensor_parallel_group,
@@ -43,7 +45,10 @@ class ExpertLayout:
         for layer in layers:
             layer.set_deepspeed_parallelism(bool(config.use_data_before_expert_parallelism))
         names = sorted({layer.expert_group_name for layer in layers})
-        return cls({name: EXPERT_GROUPS.get(name) for name in names}, dist.get_world_size())
+        buffers = {id(buffer): layer.expert_group_name for layer in layers
+                   for buffer in layer.deepspeed_moe.experts.buffers()}
+        return cls({name: EXPERT_GROUPS.get(name) for name in names}, dist.get_world_size(),
+                   buffers)
 
     def check_optimizer(self, kind: str) -> None:
         """LAMB's trust ratios and Muon's whole matrices add up squares over the engine's
@@ -53,12 +58,15 @@ class ExpertLayout:
                 f"zero: optimizer {kind!r} with MoE layers is not built (its per-parameter "
                 "norms would mix other ranks' experts); use Adam, AdamW, SGD, Adagrad or Lion")
 
-    def _groups_of(self, param) -> ExpertGroups | None:
-        return self.groups[param.group_name] if is_moe_param(param) else None
+    def _groups_of(self, tensor) -> ExpertGroups | None:
+        if id(tensor) in self.buffers:
+            return self.groups[self.buffers[id(tensor)]]
+        return self.groups[tensor.group_name] if is_moe_param(tensor) else None
 
-    def source(self, param) -> tuple[int, object]:
-        """(global rank, group) this parameter's starting value is broadcast from and over."""
-        groups = self._groups_of(param)
+    def source(self, tensor) -> tuple[int, object]:
+        """(global rank, group) a parameter's or buffer's starting value is broadcast from
+        and over: an expert's from its expert data-parallel group's first rank."""
+        groups = self._groups_of(tensor)
         if groups is None:
             return 0, dist.group.WORLD
         return groups.data_ranks[0], groups.data_group
@@ -70,6 +78,15 @@ class ExpertLayout:
         if groups is None or len(groups.data_ranks) == self.world:
             return None
         return ExpertDataGroup(groups.data_group.group_name, self.world)
+
+    def shard_group(self, param) -> tuple[int, object] | None:
+        """(this rank's place, the process group) an expert parameter's shards are spread
+        over, for reading and writing its elements (zero/param_values.py); None for a shared
+        one."""
+        groups = self._groups_of(param)
+        if groups is None or len(groups.data_ranks) == self.world:
+            return None
+        return groups.data_rank, groups.data_group
 
     def norm_span(self, model: nn.Module, stage: int) -> NormSpan | None:
         """Stage 0: the weights that make the summed squares the whole model's (above)."""

@@ -10,7 +10,6 @@ Everything here is fp32, as in DeepSpeed.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +27,9 @@ class Routes:
     locations: Tensor   # [k, tokens] int32: its slot
     gates: Tensor       # [k, tokens] fp32: its weight
     exp_counts: Tensor  # [experts]: the routes each expert was chosen for, before drops
+
+    def __post_init__(self):
+        self.capacity = int(self.capacity)  # (DeepSpeed's sparse answer holds a tensor)
 
     def as_deepspeed(self, sparse_routes: bool):
         """DeepSpeed's return value: with sparse_routes (l_aux, capacity, experts, indices,
@@ -47,9 +49,11 @@ class Routes:
 
 
 def capacity(tokens: int, experts: int, capacity_factor: float, min_capacity: int) -> int:
-    """Slots per expert: tokens / experts * capacity_factor, rounded up, at least
+    """Slots per expert: tokens / experts * capacity_factor, rounded up (in fp32, as
+    DeepSpeed computes it: 200 tokens, 8 experts, factor 1.2 give 31), at least
     min_capacity."""
-    return max(math.ceil(tokens / experts * capacity_factor), int(min_capacity))
+    slots = torch.ceil(torch.tensor(tokens / experts) * torch.tensor(capacity_factor))
+    return max(int(slots), int(min_capacity))
 
 
 def _agreed_capacity(exp_counts: Tensor, ep_group) -> int:

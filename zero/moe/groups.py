@@ -30,6 +30,7 @@ def group_name(ep_size: int) -> str:
 class ExpertGroups:
     """This rank's two groups for one `ep_size`."""
     ep_size: int
+    data_before_expert: bool       # the "D + E" layout
     expert_ranks: tuple[int, ...]  # this rank's expert-parallel group
     expert_group: object           # its torch ProcessGroup (None for a single rank)
     data_ranks: tuple[int, ...]    # this rank's expert data-parallel group
@@ -80,26 +81,33 @@ class _Registry:
 
     def __init__(self):
         self._groups: dict[str, ExpertGroups] = {}
+        self._world = None  # the torch.distributed world they were made in
 
     def create(self, ep_size: int, data_before_expert: bool = False) -> ExpertGroups:
+        if self._world is not dist.group.WORLD:  # a new process group: the old ones are gone
+            self._groups, self._world = {}, dist.group.WORLD
         name = group_name(ep_size)
         if name not in self._groups:
             self._groups[name] = _make(ep_size, data_before_expert)
-        return self._groups[name]
+        made = self._groups[name]
+        if made.data_before_expert != data_before_expert:
+            raise ValueError(
+                f"zero: the MoE groups {name} were made with use_data_before_expert_parallelism="
+                f"{str(made.data_before_expert).lower()} in this process; a model cannot take "
+                f"the other layout now: set use_data_before_expert_parallelism to "
+                f"{str(made.data_before_expert).lower()}")
+        return made
 
     def get(self, name: str) -> ExpertGroups:
-        if name not in self._groups:
+        if name not in self._groups or self._world is not dist.group.WORLD:
             raise KeyError(f"zero: no MoE process groups named {name!r}: they are made when an "
                            "engine is built over a model with MoE layers (or by "
                            "MoE.set_deepspeed_parallelism())")
         return self._groups[name]
 
     def names(self) -> list[str]:
-        return list(self._groups)
+        return list(self._groups) if self._world is dist.group.WORLD else []
 
-    def forget(self) -> None:
-        """Every group forgotten (after torch.distributed was torn down)."""
-        self._groups.clear()
 
 
 EXPERT_GROUPS = _Registry()
@@ -115,5 +123,5 @@ def _make(ep_size: int, data_before_expert: bool) -> ExpertGroups:
             group = dist.new_group(ranks) if len(ranks) < world else dist.group.WORLD
             if rank in ranks:
                 mine[kind] = (tuple(ranks), group)
-    return ExpertGroups(ep_size, mine["expert"][0], mine["expert"][1],
+    return ExpertGroups(ep_size, data_before_expert, mine["expert"][0], mine["expert"][1],
                         mine["data"][0], mine["data"][1])

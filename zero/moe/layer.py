@@ -146,7 +146,8 @@ class MOELayer(nn.Module):
         hidden = input[0]
         model_dim = hidden.shape[-1]
         tokens = hidden.reshape(-1, model_dim)
-        routes = self.gate.routes(tokens, input[1] if len(input) > 1 else None)
+        # through the module, so its hooks run (DeepSpeed's sparse answer: the routes)
+        routes = gating.Routes(*self.gate(tokens, input[1] if len(input) > 1 else None, True))
         self.l_aux, self.exp_counts = routes.l_aux, routes.exp_counts
         slots = _slots(routes)
         dispatched = _dispatch(tokens, slots, routes.num_experts, routes.capacity)

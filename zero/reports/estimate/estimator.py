@@ -36,6 +36,8 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         option = option_for(option, setup.offload_optimizer, setup.offload_param)
     if setup.optimizer == "muon":  # its groups: the matrices' (Muon) and the rest (Adam)
         shapes = for_muon(shapes)
+    if shapes.group_ep is not None and setup.optimizer == "lamb":  # (the engine refuses it)
+        raise EstimateError("optimizer LAMB with MoE layers is not built (zero.moe); use Adam")
     if option.stage == 3 and shapes.group_ep is not None:  # (the engine refuses it)
         result = estimate_stages_0_2(shapes, setup, option_for(2), reduce_bucket_size,
                                      overlap_comm)
