@@ -371,3 +371,33 @@ def test_ulysses_on_the_gpu(name):
     (device, losses), _ = run_distributed(_ulysses, 2, args=(name,), env=ONE_GPU, timeout=300)
     assert device == "cuda"
     assert losses == pytest.approx(expected, rel=1e-4)
+
+
+def _moe(rank, world, name):
+    import zero.compat.deepspeed as deepspeed
+    from zero.compat.deepspeed.moe.layer import MoE
+
+    cases = cases_of("moe")
+    case = next(c for c in cases.CASES if c["name"] == name)
+    net = cases.build(MoE, rank, case["ep_size"], case["k"], **case["moe_kwargs"])
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
+                                      config=cases.config(case["stage"], case["dtype"]))
+    losses = []
+    for step in range(cases.STEPS):
+        loss = engine(*(t.to(engine.device) for t in cases.batch(rank, step)))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return engine.device.type, losses
+
+
+@pytest.mark.parametrize("name", ["ep2-k1-stage2", "ep2-k2-stage1"])
+def test_moe_on_the_gpu(name):
+    """MoE's token all-to-alls and the expert groups' reductions on CUDA tensors (2 ranks on
+    the GPU over gloo): every rank's losses are the real DeepSpeed's on the CPU
+    (tests/deepspeed_moe)."""
+    expected = torch.load(f"{TESTS}/deepspeed_moe/expected.pt", weights_only=False)[name]
+    results = run_distributed(_moe, 2, args=(name,), env=ONE_GPU, timeout=300)
+    for rank, (device, losses) in enumerate(results):
+        assert device == "cuda"
+        assert losses == pytest.approx(expected["losses"][rank], rel=1e-4)

@@ -74,6 +74,8 @@ def _train_cases(rank, world, names):
             losses.append(loss.item())
         found[name] = {"losses": losses, "params": {
             n: p.detach().float().clone() for n, p in engine.module.named_parameters()}}
+        assert engine.has_moe_layers and engine.num_experts == [cases.NUM_EXPERTS]
+        assert engine.moe_layers == [net.moe]
         engine.destroy()
     return found
 

@@ -299,6 +299,19 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
     def seq_dp_world_size(self) -> int:
         return dist.get_world_size(self.data_parallel_group)
 
+    # DeepSpeed's MoE attributes
+    @property
+    def has_moe_layers(self) -> bool:
+        return self.moe is not None
+
+    @property
+    def moe_layers(self) -> list:
+        return [layer for _, layer in moe_checkpoint.layers(self.module)] if self.moe else []
+
+    @property
+    def num_experts(self) -> list[int]:
+        return [layer.num_experts for layer in self.moe_layers]
+
     def get_sequence_parallel_group(self):
         """This rank's sequence group; None without sequence parallelism."""
         return self.sequence_parallel.group if self.sequence_parallel is not None else None
