@@ -21,16 +21,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import benchmarks.under_test  # noqa: E402,F401  (first: which zero)
 from benchmarks import facts as machine  # noqa: E402
-from benchmarks.launch import spawn_ranks  # noqa: E402
-from benchmarks.memory import MIB, proc_status, reset_peak_rss, rss_now  # noqa: E402
+from benchmarks.launch import spawn_each  # noqa: E402
+from benchmarks.memory import proc_status, reset_peak_rss, rss_now  # noqa: E402
 from benchmarks.models import engine_config  # noqa: E402
 from benchmarks.report import header, markdown_table, publish  # noqa: E402
 from benchmarks.under_test import command_line  # noqa: E402
@@ -65,7 +63,6 @@ def parse_args(argv=None):
 def _moe_gpt(gpt, moe_class, experts: int, ep_size: int):
     """TinyGPT (seed 0), each block's MLP the experts of an MoE layer."""
     import torch
-    import torch.nn.functional as F
 
     from zero.models.tiny_gpt import Block, TinyGPT
 
@@ -133,16 +130,6 @@ def _run(rank, world, name, args) -> dict:
             "peak_growth": proc_status()["VmHWM"] - before}
 
 
-def summarize(result: dict) -> dict:
-    if "error" in result:
-        return {"error": result["error"].strip().splitlines()[-1]}
-    ranks = result["ranks"]
-    slowest = [max(step) for step in zip(*(r["times"] for r in ranks))]
-    return {"step_s": statistics.median(slowest),
-            "peak_growth_mib": max(r["peak_growth"] for r in ranks) / MIB,
-            "losses": ranks[0]["losses"]}
-
-
 def render(rows: dict, args, facts: dict, wall_s: float) -> str:
     lines = header("DeepSpeed-MoE: zero and DeepSpeed 0.19.8, CPU", "bench_moe.py",
                    facts["date"], wall_s, command_line())
@@ -177,15 +164,9 @@ def render(rows: dict, args, facts: dict, wall_s: float) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    rows = {}
-    with tempfile.TemporaryDirectory(prefix="bench_moe_") as tmp:
-        for stage, ep_size, dtype in ROWS:
-            for engine in args.engine_list:
-                name = f"{engine}-s{stage}-ep{ep_size}-{dtype}"
-                rows[name] = summarize(spawn_ranks(_run, name, args, tmp))
-                print(name, rows[name], flush=True)
-    facts = {"date": machine.utc_now(), "cpu": machine.sh("lscpu | grep 'Model name'"),
-             "load": machine.loadavg()}
+    rows = spawn_each([f"{engine}-s{stage}-ep{ep_size}-{dtype}" for stage, ep_size, dtype in ROWS
+                       for engine in args.engine_list], _run, args)
+    facts = machine.cpu_and_load()
     wall = time.perf_counter() - t0
     publish(args.out, "moe", render(rows, args, facts, wall),
             {"args": vars(args), "facts": facts, "rows": rows})

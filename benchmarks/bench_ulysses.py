@@ -23,16 +23,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import benchmarks.under_test  # noqa: E402,F401  (first: which zero)
 from benchmarks import facts as machine  # noqa: E402
-from benchmarks.launch import spawn_ranks  # noqa: E402
-from benchmarks.memory import MIB, proc_status, reset_peak_rss, rss_now  # noqa: E402
+from benchmarks.launch import spawn_each  # noqa: E402
+from benchmarks.memory import proc_status, reset_peak_rss, rss_now  # noqa: E402
 from benchmarks.models import engine_config  # noqa: E402
 from benchmarks.report import header, markdown_table, publish  # noqa: E402
 from benchmarks.under_test import command_line  # noqa: E402
@@ -154,16 +152,6 @@ def _run(rank, world, name, args) -> dict:
             "peak_growth": proc_status()["VmHWM"] - before}
 
 
-def summarize(result: dict) -> dict:
-    if "error" in result:
-        return {"error": result["error"].strip().splitlines()[-1]}
-    ranks = result["ranks"]
-    slowest = [max(step) for step in zip(*(r["times"] for r in ranks))]
-    return {"step_s": statistics.median(slowest),
-            "peak_growth_mib": max(r["peak_growth"] for r in ranks) / MIB,
-            "losses": ranks[0]["losses"]}
-
-
 def render(rows: dict, args, facts: dict, wall_s: float) -> str:
     lines = header("Sequence parallelism (Ulysses): zero and DeepSpeed 0.19.8, CPU",
                    "bench_ulysses.py", facts["date"], wall_s, command_line())
@@ -194,16 +182,9 @@ def render(rows: dict, args, facts: dict, wall_s: float) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    rows = {}
-    with tempfile.TemporaryDirectory(prefix="bench_ulysses_") as tmp:
-        for length in args.seq_list:
-            for sp in (1, 2):
-                for engine in args.engine_list:
-                    name = f"{engine}-sp{sp}-{length}"
-                    rows[name] = summarize(spawn_ranks(_run, name, args, tmp))
-                    print(name, rows[name], flush=True)
-    facts = {"date": machine.utc_now(), "cpu": machine.sh("lscpu | grep 'Model name'"),
-             "load": machine.loadavg()}
+    rows = spawn_each([f"{engine}-sp{sp}-{length}" for length in args.seq_list for sp in (1, 2)
+                       for engine in args.engine_list], _run, args)
+    facts = machine.cpu_and_load()
     wall = time.perf_counter() - t0
     publish(args.out, "ulysses", render(rows, args, facts, wall),
             {"args": vars(args), "facts": facts, "rows": rows})

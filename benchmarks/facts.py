@@ -114,3 +114,8 @@ def machine_facts() -> dict:
         facts["driver"] = sh("nvidia-smi --query-gpu=driver_version --format=csv,noheader") \
             or "unknown"
     return facts
+
+
+def cpu_and_load() -> dict:
+    """The date, the CPU's model name and the load average, for a short results header."""
+    return {"date": utc_now(), "cpu": sh("lscpu | grep 'Model name'"), "load": loadavg()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import socket
 import subprocess
 import tempfile
@@ -35,6 +36,30 @@ def outcome(name: str, t0: float, ranks: list | None = None, error: str | None =
     if error:
         return {"config": name, "error": error, "wall_s": time.perf_counter() - t0}
     return {"config": name, "ranks": ranks, "wall_s": time.perf_counter() - t0}
+
+
+def step_summary(result: dict) -> dict:
+    """spawn_ranks' outcome of ranks that return their step `times`, `losses` and
+    `peak_growth` (bytes): the slower rank's median step (s), the largest peak growth (MiB)
+    and rank 0's losses; or the error's last line."""
+    if "error" in result:
+        return {"error": result["error"].strip().splitlines()[-1]}
+    ranks = result["ranks"]
+    slowest = [max(step) for step in zip(*(r["times"] for r in ranks))]
+    return {"step_s": statistics.median(slowest),
+            "peak_growth_mib": max(r["peak_growth"] for r in ranks) / (1 << 20),
+            "losses": ranks[0]["losses"]}
+
+
+def spawn_each(names, run_rank, args) -> dict:
+    """{name: step_summary of spawn_ranks} for each configuration name in order, each
+    printed as it ends."""
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
+        for name in names:
+            rows[name] = step_summary(spawn_ranks(run_rank, name, args, tmp))
+            print(name, rows[name], flush=True)
+    return rows
 
 
 def spawn_ranks(run_rank, name: str, args, tmp: str) -> dict:

@@ -378,17 +378,8 @@ def _moe(rank, world, name):
     from zero.compat.deepspeed.moe.layer import MoE
 
     cases = cases_of("moe")
-    case = next(c for c in cases.CASES if c["name"] == name)
-    net = cases.build(MoE, rank, case["ep_size"], case["k"], **case["moe_kwargs"])
-    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
-                                      config=cases.config(case["stage"], case["dtype"]))
-    losses = []
-    for step in range(cases.STEPS):
-        loss = engine(*(t.to(engine.device) for t in cases.batch(rank, step)))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-    return engine.device.type, losses
+    trained = cases.train(deepspeed, MoE, rank, cases.case_named(name), device="cuda")
+    return trained["engine"].device.type, trained["losses"]
 
 
 @pytest.mark.parametrize("name", ["ep2-k1-stage2", "ep2-k2-stage1"])

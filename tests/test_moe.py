@@ -62,20 +62,10 @@ def _train_cases(rank, world, names):
 
     found = {}
     for name in names:
-        case = next(c for c in cases.CASES if c["name"] == name)
-        net = cases.build(MoE, rank, case["ep_size"], case["k"], **case["moe_kwargs"])
-        engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
-                                          config=cases.config(case["stage"], case["dtype"]))
-        losses = []
-        for step in range(cases.STEPS):
-            loss = engine(*cases.batch(rank, step))
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
-        found[name] = {"losses": losses, "params": {
-            n: p.detach().float().clone() for n, p in engine.module.named_parameters()}}
+        found[name] = cases.train(deepspeed, MoE, rank, cases.case_named(name))
+        engine = found[name].pop("engine")
         assert engine.has_moe_layers and engine.num_experts == [cases.NUM_EXPERTS]
-        assert engine.moe_layers == [net.moe]
+        assert engine.moe_layers == [engine.module.moe]
         engine.destroy()
     return found
 
@@ -153,16 +143,6 @@ def _train_zero(rank, world, ep_size, k, stage, optimizer):
     return found, comm.all_reduce_bytes + comm.reduce_scatter_bytes
 
 
-def _global_name(name: str, rank: int, ep_size: int) -> str:
-    """A rank's local expert parameter's name in the one-process model."""
-    marker = "deepspeed_experts."
-    if marker not in name:
-        return name
-    head, tail = name.split(marker)
-    local, rest = tail.split(".", 1)
-    return f"{head}{marker}{(rank % ep_size) * (cases.NUM_EXPERTS // ep_size) + int(local)}.{rest}"
-
-
 @pytest.mark.parametrize("world,ep_size,k,stage,optimizer", [
     (4, 2, 1, 2, "sgd"), (4, 2, 2, 1, "adam-clipped"), (2, 2, 1, 0, "adam-clipped"),
     (2, 2, 2, 0, "sgd"), (4, 4, 1, 2, "adam-clipped"),
@@ -173,7 +153,7 @@ def test_training_matches_one_process_with_every_expert(world, ep_size, k, stage
                               timeout=240)
     for rank, (found, expert_bytes) in enumerate(results):
         for name, value in found.items():
-            torch.testing.assert_close(value, want[_global_name(name, rank, ep_size)],
+            torch.testing.assert_close(value, want[cases.global_name(name, rank, ep_size)],
                                        rtol=1e-4, atol=1e-5, msg=f"{name} on rank {rank}")
         # the experts' gradients go over their expert data-parallel group
         assert expert_bytes > 0

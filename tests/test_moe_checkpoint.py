@@ -59,15 +59,6 @@ def _load_weights(rank, world, directory, ep_size, load_optimizer_states):
     return _weights(engine)
 
 
-def _global(name, rank, ep_size):
-    marker = "deepspeed_experts."
-    if marker not in name:
-        return name
-    head, tail = name.split(marker)
-    local, rest = tail.split(".", 1)
-    return f"{head}{marker}{(rank % ep_size) * (cases.NUM_EXPERTS // ep_size) + int(local)}.{rest}"
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("moe_ckpt"))
@@ -115,7 +106,7 @@ def test_the_weights_load_at_another_world_size_and_ep_size(saved):
         for rank, found in enumerate(loaded):
             for name, value in found.items():
                 torch.testing.assert_close(
-                    value, _saved_weight(results, _global(name, rank, ep_size)),
+                    value, _saved_weight(results, cases.global_name(name, rank, ep_size)),
                     msg=f"{name} on rank {rank} (ep_size {ep_size})")
 
 

@@ -110,3 +110,36 @@ CASES = [_case(ep, k, stage) for ep in (1, 2) for k in (1, 2) for stage in (0, 1
     # over the expert-parallel group (an all-reduce MAX in DeepSpeed's gate)
     _case(2, 1, 2, drop_tokens=False),
 ]
+
+
+def case_named(name: str) -> dict:
+    return next(case for case in CASES if case["name"] == name)
+
+
+def train(deepspeed, moe_cls, rank: int, case: dict, device=None) -> dict:
+    """`case` trained STEPS steps by `deepspeed` (the real one or zero's compat package) on
+    this rank, the data on `device` (default the CPU): {"losses", "params", "engine"}. As a
+    DeepSpeed MoE user with the optimizer in the config passes them: plain parameters, which
+    the engine splits into shared and expert groups itself (configure_moe_param_groups)."""
+    net = build(moe_cls, rank, case["ep_size"], case["k"], **case["moe_kwargs"])
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
+                                      config=config(case["stage"], case["dtype"]))
+    losses = []
+    for step in range(STEPS):
+        loss = engine(*(t.to(device or "cpu") for t in batch(rank, step)))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    params = {k: v.detach().float().cpu().clone() for k, v in engine.module.named_parameters()}
+    return {"losses": losses, "params": params, "engine": engine}
+
+
+def global_name(name: str, rank: int, ep_size: int) -> str:
+    """A rank's parameter name as in a model holding every expert (ep_size 1): a local expert
+    index becomes its global id (DeepSpeed's default layout)."""
+    marker = "deepspeed_experts."
+    if marker not in name:
+        return name
+    head, tail = name.split(marker)
+    local, rest = tail.split(".", 1)
+    return f"{head}{marker}{(rank % ep_size) * (NUM_EXPERTS // ep_size) + int(local)}.{rest}"

@@ -32,23 +32,9 @@ cases = cases_of("moe")
 def _train(deepspeed, rank, case):
     from deepspeed.moe.layer import MoE
 
-    net = cases.build(MoE, rank, case["ep_size"], case["k"], **case["moe_kwargs"])
-    # As a DeepSpeed MoE user with the optimizer in the config: plain parameters, which the
-    # engine splits itself into dense and expert groups (configure_moe_param_groups). With an
-    # optimizer of one's own one would split them first with
-    # deepspeed.moe.utils.split_params_into_different_moe_groups_for_optimizer.
-    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
-                                      config=cases.config(case["stage"], case["dtype"]))
-    losses = []
-    for step in range(cases.STEPS):
-        x, y = cases.batch(rank, step)
-        loss = engine(x, y)
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-    params = {k: v.detach().float().clone() for k, v in engine.module.named_parameters()}
-    engine.destroy()
-    return {"losses": losses, "params": params}
+    trained = cases.train(deepspeed, MoE, rank, case)
+    trained.pop("engine").destroy()
+    return trained
 
 
 def _run(rank, world, names):
