@@ -12,16 +12,20 @@ from deepspeed_reference import cases_of
 from distributed_harness import RankFailed, run_distributed
 
 cases = cases_of("moe")
-STAGE = 2
+# stage 3: every parameter partitioned, the whole model gathered for save_16bit_model
+STAGE3 = {"stage3_param_persistence_threshold": 0, "stage3_model_persistence_threshold": 0,
+          "stage3_gather_16bit_weights_on_model_save": True}
 
 
-def _engine(rank, ep_size, stage=STAGE):
+def _engine(rank, ep_size, stage, extra=None):
     import zero
     from zero.moe import MoE
 
     net = cases.build(MoE, rank, ep_size, 1)
-    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(),
-                                 config={**cases.config(stage), "gradient_clipping": 0.05})
+    zero_block = {"stage": stage, **(STAGE3 if stage == 3 else {})}
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config={
+        **cases.config(stage), "gradient_clipping": 0.05, "zero_optimization": zero_block,
+        **(extra or {})})
     return engine
 
 
@@ -33,40 +37,45 @@ def _steps(engine, rank, steps):
 
 
 def _weights(engine):
-    return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    import zero
+    with zero.GatheredParameters(list(engine.module.parameters())):  # (stage 3)
+        return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
 
 
-def _save_then_resume(rank, world, directory):
-    straight = _engine(rank, 2)
+def _save_then_resume(rank, world, directory, stage):
+    straight = _engine(rank, 2, stage)
     _steps(straight, rank, range(4))
     want = _weights(straight)
     straight.destroy()
-    first = _engine(rank, 2)
+    first = _engine(rank, 2, stage)
     _steps(first, rank, range(2))
     first.save_checkpoint(directory, tag="half")
     first.save_16bit_model(directory, "whole.bin")
     saved = _weights(first)
     first.destroy()
-    second = _engine(rank, 2)
+    second = _engine(rank, 2, stage)
     second.load_checkpoint(directory, tag="half")
     _steps(second, rank, range(2, 4))
     return want, _weights(second), saved
 
 
-def _load_weights(rank, world, directory, ep_size, load_optimizer_states):
-    engine = _engine(rank, ep_size)
+def _load_weights(rank, world, directory, ep_size, load_optimizer_states, stage):
+    engine = _engine(rank, ep_size, stage)
     engine.load_checkpoint(directory, tag="half", load_optimizer_states=load_optimizer_states)
     return _weights(engine)
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    directory = str(tmp_path_factory.mktemp("moe_ckpt"))
-    return directory, run_distributed(_save_then_resume, 4, args=(directory,), timeout=240)
+@pytest.fixture(scope="module", params=[2, 3], ids=["stage2", "stage3"])
+def saved(tmp_path_factory, request):
+    """4 ranks, ep_size 2: (directory, per rank (straight run's weights, resumed run's, the
+    saved ones), stage)."""
+    directory = str(tmp_path_factory.mktemp(f"moe_ckpt{request.param}"))
+    return directory, run_distributed(_save_then_resume, 4, args=(directory, request.param),
+                                      timeout=240), request.param
 
 
 def test_a_resume_at_the_same_layout_continues_the_run(saved):
-    _, results = saved
+    _, results, _ = saved
     for rank, (want, found, _) in enumerate(results):
         for name, value in want.items():
             torch.testing.assert_close(found[name], value, rtol=0, atol=0,
@@ -75,7 +84,7 @@ def test_a_resume_at_the_same_layout_continues_the_run(saved):
 
 def test_each_expert_has_a_file_of_its_own(saved):
     import zero.checkpoint_files as files
-    directory, results = saved
+    directory, results, stage = saved
     tag = os.path.join(directory, "half")
     module = files.load_torch(os.path.join(tag, "model_states.pt"))["module"]
     assert not [key for key in module if "deepspeed_experts" in key]
@@ -100,9 +109,9 @@ def _saved_weight(results, global_name):
 
 
 def test_the_weights_load_at_another_world_size_and_ep_size(saved):
-    directory, results = saved
+    directory, results, stage = saved
     for ep_size in (1, 2):
-        loaded = run_distributed(_load_weights, 2, args=(directory, ep_size, False), timeout=120)
+        loaded = run_distributed(_load_weights, 2, args=(directory, ep_size, False, stage), timeout=120)
         for rank, found in enumerate(loaded):
             for name, value in found.items():
                 torch.testing.assert_close(
@@ -111,14 +120,14 @@ def test_the_weights_load_at_another_world_size_and_ep_size(saved):
 
 
 def test_optimizer_states_at_another_layout_are_refused_on_every_rank(saved):
-    directory, _ = saved
+    directory, _, stage = saved
     with pytest.raises(RankFailed, match="optimizer states load only at that layout"):
-        run_distributed(_load_weights, 2, args=(directory, 2, True), timeout=120)
+        run_distributed(_load_weights, 2, args=(directory, 2, True, stage), timeout=120)
 
 
 def test_save_16bit_model_writes_every_expert_by_its_global_id(saved):
     from zero.moe import MoE
-    directory, results = saved
+    directory, results, stage = saved
     whole = torch.load(os.path.join(directory, "whole.bin"), weights_only=True)
     net = cases.build(MoE, 0, 1, 1)
     net.load_state_dict(whole)  # strict: every expert of a model with ep_size 1
@@ -128,18 +137,13 @@ def test_save_16bit_model_writes_every_expert_by_its_global_id(saved):
 
 def test_zero_to_fp32_of_split_experts_is_refused(saved):
     from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
-    directory, _ = saved
+    directory, _, stage = saved
     with pytest.raises(NotImplementedError, match="save_16bit_model"):
         get_fp32_state_dict_from_zero_checkpoint(directory, tag="half")
 
 
-def _load_other_layout_flag(rank, world, directory):
-    import zero
-    from zero.moe import MoE
-
-    net = cases.build(MoE, rank // 2, 2, 1)
-    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config={
-        **cases.config(STAGE), "use_data_before_expert_parallelism": True})
+def _load_other_layout_flag(rank, world, directory, stage):
+    engine = _engine(rank // 2, 2, stage, {"use_data_before_expert_parallelism": True})
     try:
         engine.load_checkpoint(directory, tag="half")
     except Exception as error:  # noqa: BLE001 -- the refusal is the answer
@@ -150,6 +154,6 @@ def _load_other_layout_flag(rank, world, directory):
 def test_optimizer_states_of_the_other_expert_layout_are_refused(saved):
     """Saved "E + D", resumed "D + E" on as many ranks: each rank's shard holds other
     experts' states."""
-    directory, _ = saved
-    errors = run_distributed(_load_other_layout_flag, 4, args=(directory,), timeout=120)
+    directory, _, stage = saved
+    errors = run_distributed(_load_other_layout_flag, 4, args=(directory, stage), timeout=120)
     assert all(e and "ep_size 2 and use_data_before_expert_parallelism false;" in e for e in errors), errors

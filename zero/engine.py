@@ -586,12 +586,14 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
 
     def module_state_dict(self) -> dict:
         """The module's state dict with whole parameters (gathered unit by unit at stage 3).
-        Every rank must call it; at stage 3 only rank 0 gets the full copy. With pipeline or
-        tensor parallelism: this rank's stage / slice of the model."""
+        Every rank must call it; at stage 3 only rank 0 gets the full copy (with MoE layers
+        every rank, its own experts). With pipeline or tensor parallelism: this rank's stage /
+        slice of the model."""
         if self._stage3 is None:
             return self.module.state_dict()
         self._alive("module_state_dict")
-        return stage3.full_state_dict(self._stage3, self.module, keep=dist.get_rank() == 0)
+        return stage3.full_state_dict(self._stage3, self.module,
+                                      keep=dist.get_rank() == 0 or self.moe is not None)
 
     def was_step_applied(self) -> bool:
         """Whether the last engine.step() updated the weights: False between accumulation

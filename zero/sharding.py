@@ -78,9 +78,9 @@ class GroupBuilder:
             stage3_groups=self.stage3_groups if stage == 3 else None,
             fp32_optimizer_states=self.spec.fp32_optimizer_states, data_group=data_group)
 
-    def frozen_options(self, params: list):
+    def frozen_options(self, params: list, data_group=None):
         # (optimizer group 0's fields are read but unused: a frozen group keeps no state)
-        options = self.options(0, 3, params)
+        options = self.options(0, 3, params, data_group)
         options.quantized_storage = bool(
             self.config.zero_optimization.zero_quantized_nontrainable_weights)
         return options
@@ -122,18 +122,21 @@ def shard_groups(builder: GroupBuilder, model: nn.Module, trainables: list[list]
     """Stages 0-2: each optimizer group's parameters are split into engine groups of one
     `norm_weight(param)` (model parallelism, MoE at stage 0: parallel/norm_span.py) and one
     `data_group(param)` (MoE's experts: the group they shard over, moe/engine_layout.py)."""
+    def key(param):
+        return (norm_weight(param) if norm_weight else None,
+                data_group(param) if data_group else None)
+
     if stage < 3:
-        def key(param):
-            return (norm_weight(param) if norm_weight else None,
-                    data_group(param) if data_group else None)
         return Sharding([builder.add_flat(owner, part, stage, data_group=key(part[0])[1])
                          for owner, params in enumerate(trainables)
                          for part in by_weight(params, key)])
-    return _shard_stage3(builder, model, trainables, device, step_counter)
+    return _shard_stage3(builder, model, trainables, device, step_counter, key)
 
 
 def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list],
-                  device: torch.device, step_counter) -> Sharding:
+                  device: torch.device, step_counter, key) -> Sharding:
+    """`key(param)`: (norm weight, data group); the groups' parameters split by it (MoE's
+    experts shard over their expert data-parallel group)."""
     zero_cfg = builder.config.zero_optimization
     plan = stage3.plan_units(model, stage3_policy.UnitRules.from_config(zero_cfg).units(model))
     partitioned = _partitioned(model, trainables, int(zero_cfg.stage3_param_persistence_threshold),
@@ -154,22 +157,21 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
     groups: list[EngineGroup] = []
     placement: dict[int, list[stage3.UnitPart]] = {}  # model unit -> its groups' pieces
     for owner, params in enumerate(trainables):
-        mine = [p for p in params if id(p) in partitioned]
-        if mine:
-            _add_stage3_group(builder, plan, owner, mine, placement)
+        for mine in by_weight([p for p in params if id(p) in partitioned], key):
+            _add_stage3_group(builder, plan, owner, mine, placement, key(mine[0])[1])
             groups.append(EngineGroup(owner, mine, 3))
-    frozen = [p for key, p in partitioned.items() if key not in trainable]
-    if frozen:
-        if zero_cfg.zero_quantized_nontrainable_weights:
-            _check_quantizable(frozen, names_by_id(model))
-        _add_stage3_group(builder, plan, None, frozen, placement)
+    frozen = [p for ident, p in partitioned.items() if ident not in trainable]
+    if frozen and zero_cfg.zero_quantized_nontrainable_weights:
+        _check_quantizable(frozen, names_by_id(model))
+    for part in by_weight(frozen, key):
+        _add_stage3_group(builder, plan, None, part, placement, key(part[0])[1])
     # Small parameters: whole on every rank, optimizer state sharded (a stage-1 group).
     # Added after the partitioned groups: the default launch order (before the first
     # backward teaches one) follows the groups, and these complete last in backward.
     for owner, params in enumerate(trainables):
-        persistent = [p for p in params if id(p) not in partitioned]
-        if persistent:
-            groups.append(builder.add_flat(owner, persistent, stage=1))
+        for persistent in by_weight([p for p in params if id(p) not in partitioned], key):
+            groups.append(builder.add_flat(owner, persistent, stage=1,
+                                           data_group=key(persistent[0])[1]))
     builder.core.configure_schedule([name for name, _ in plan.modules],
                                     boundary.schedule_options(builder.config, device))
     hooks = stage3.Stage3Hooks(builder.core, plan, placement, step_counter=step_counter,
@@ -219,18 +221,20 @@ def _check_quantizable(params: list, names: dict) -> None:
 
 
 def _add_stage3_group(builder: GroupBuilder, plan, owner: int | None, params: list,
-                      placement: dict) -> None:
+                      placement: dict, data_group=None) -> None:
     """One stage-3 group: its parameters sharded per gather unit (the group-local units are
     the model units its parameters belong to, in model order). owner None: the frozen
-    parameters' group."""
+    parameters' group. `data_group`: the group it shards over (MoE's experts)."""
     model_units = sorted({plan.unit_of_param[id(p)] for p in params})
     local = {unit: i for i, unit in enumerate(model_units)}
     args = (params, [local[plan.unit_of_param[id(p)]] for p in params],
             [zero_init.shard_shape(p) for p in params])
     if owner is None:
-        index = builder.core.add_frozen_stage3_group(*args, builder.frozen_options(params))
+        index = builder.core.add_frozen_stage3_group(*args,
+                                                     builder.frozen_options(params, data_group))
     else:
-        index = builder.core.add_stage3_group(*args, builder.options(owner, 3, params))
+        index = builder.core.add_stage3_group(*args, builder.options(owner, 3, params,
+                                                                     data_group))
     for unit in model_units:
         placement.setdefault(unit, []).append(stage3.UnitPart(index, local[unit],
                                                               frozen=owner is None))

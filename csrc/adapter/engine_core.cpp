@@ -19,9 +19,6 @@ EngineCore::EngineCore(const std::string& group_name)
 
 std::size_t EngineCore::add_group(std::vector<at::Tensor> params, const GroupOptions& options) {
   at::NoGradGuard no_grad;
-  TORCH_CHECK(options.stage < 3 || options.data_group.empty(),
-              "zero: GroupOptions.data_group is for stages 0-2; stage 3 shards over the engine's "
-              "group (or MiCS's)");
   Communicator* communicator = &communicator_;
   if (!options.data_group.empty()) {
     data_groups_.push_back(

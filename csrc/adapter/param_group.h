@@ -118,10 +118,10 @@ struct GroupOptions {
   // which average their reduced gradient shards). Empty: the engine's world group shards.
   std::string mics_shard_group;
   std::string mics_replicate_group;
-  // Stages 0-2, DeepSpeed-MoE's expert parameters: the registered name of the group this
-  // group shards and reduces over instead of the engine's (the expert data-parallel group: the
-  // ranks holding the same experts); empty: the engine's. average_over: what its gradient
-  // mean divides by (the whole data-parallel world, as DeepSpeed does); 0: that group's size.
+  // DeepSpeed-MoE's expert parameters: the registered name of the group this group shards
+  // and reduces over instead of the engine's (the expert data-parallel group: the ranks
+  // holding the same experts); empty: the engine's. average_over: what its gradient mean
+  // divides by (the whole data-parallel world, as DeepSpeed does); 0: that group's size.
   std::string data_group;
   int average_over = 0;
   // Stage 3: parameters that train nothing (requires_grad false, as a LoRA base model's),

@@ -52,9 +52,12 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
     : params_(std::move(params)),
       options_(frozen_or_trained(options)),
       registry_(registry),
-      shard_(options.mics_shard_group.empty()
+      shard_(options.mics_shard_group.empty() && options.data_group.empty()
                  ? nullptr
-                 : std::make_unique<Communicator>(resolve_group(options.mics_shard_group))),
+                 : std::make_unique<Communicator>(
+                       resolve_group(options.data_group.empty() ? options.mics_shard_group
+                                                                : options.data_group),
+                       options.average_over)),
       replicate_(options.mics_replicate_group.empty()
                      ? nullptr
                      : std::make_unique<Communicator>(resolve_group(options.mics_replicate_group))),

@@ -83,7 +83,13 @@ class Stage3Group : public Group {
   // hpZ: the secondary group's collectives; MiCS: the shard and replicate groups' (null
   // without them).
   Communicator* secondary_communicator() { return secondary_.get(); }
-  Communicator* mics_shard_communicator() { return shard_.get(); }
+  Communicator* mics_shard_communicator() {
+    return options_.mics_shard_group.empty() ? nullptr : shard_.get();
+  }
+  // MoE's experts (GroupOptions::data_group): the expert data-parallel group they shard over.
+  Communicator* data_group_communicator() {
+    return options_.data_group.empty() ? nullptr : shard_.get();
+  }
   Communicator* mics_replicate_communicator() { return replicate_.get(); }
   // Writes the gathered unit's (possibly modified) full parameters back into this rank's
   // shard and master, e.g. after loading a checkpoint or GatheredParameters edits.
@@ -153,7 +159,8 @@ class Stage3Group : public Group {
   std::vector<at::Tensor> params_;
   GroupOptions options_;
   core::MemoryRegistry& registry_;
-  std::unique_ptr<Communicator> shard_;      // MiCS: the shard group (then communicator_)
+  // MiCS's shard group or MoE's expert data-parallel group (then communicator_)
+  std::unique_ptr<Communicator> shard_;
   std::unique_ptr<Communicator> replicate_;  // MiCS: the ranks holding the same shard
   Communicator& communicator_;               // the ranks that partition the parameters
   std::unique_ptr<Communicator> secondary_;  // hpZ

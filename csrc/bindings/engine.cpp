@@ -36,7 +36,8 @@ std::vector<adapter::Communicator*> own_communicators(
 constexpr adapter::Communicator* (adapter::Stage3Group::*kOwnCommunicators[])() = {
     &adapter::Stage3Group::secondary_communicator,
     &adapter::Stage3Group::mics_shard_communicator,
-    &adapter::Stage3Group::mics_replicate_communicator};
+    &adapter::Stage3Group::mics_replicate_communicator,
+    &adapter::Stage3Group::data_group_communicator};
 
 adapter::CommStats summed_stats(adapter::EngineCore& e,
                                 adapter::Communicator* (adapter::Stage3Group::*which)()) {
@@ -201,7 +202,7 @@ void add_communication(Core& core) {
          })
     .def("data_group_comm_stats",  // MoE: the bytes within the expert data-parallel groups
          [](adapter::EngineCore& e) {
-           adapter::CommStats total;
+           adapter::CommStats total = summed_stats(e, &adapter::Stage3Group::data_group_communicator);
            for (const adapter::Communicator* c : e.data_group_communicators()) total += c->stats();
            return total;
          })

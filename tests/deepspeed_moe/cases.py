@@ -116,21 +116,25 @@ def case_named(name: str) -> dict:
     return next(case for case in CASES if case["name"] == name)
 
 
-def train(deepspeed, moe_cls, rank: int, case: dict, device=None) -> dict:
+def train(deepspeed, moe_cls, rank: int, case: dict, device=None, zero_extra=None) -> dict:
     """`case` trained STEPS steps by `deepspeed` (the real one or zero's compat package) on
     this rank, the data on `device` (default the CPU): {"losses", "params", "engine"}. As a
     DeepSpeed MoE user with the optimizer in the config passes them: plain parameters, which
     the engine splits into shared and expert groups itself (configure_moe_param_groups)."""
     net = build(moe_cls, rank, case["ep_size"], case["k"], **case["moe_kwargs"])
+    settings = config(case["stage"], case["dtype"])
+    settings["zero_optimization"].update(zero_extra or {})  # (zero's tests: stage-3 keys)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
-                                      config=config(case["stage"], case["dtype"]))
+                                      config=settings)
     losses = []
     for step in range(STEPS):
         loss = engine(*(t.to(device or "cpu") for t in batch(rank, step)))
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    params = {k: v.detach().float().cpu().clone() for k, v in engine.module.named_parameters()}
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):  # (stage 3)
+        params = {k: v.detach().float().cpu().clone()
+                  for k, v in engine.module.named_parameters()}
     return {"losses": losses, "params": params, "engine": engine}
 
 

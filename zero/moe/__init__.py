@@ -1,5 +1,5 @@
 """DeepSpeed-MoE (`deepspeed.moe`): mixture-of-experts layers whose experts are split over
-expert-parallel ranks, trained with ZeRO stages 0-2 (docs/PARALLELISM.md).
+expert-parallel ranks, trained with ZeRO stages 0-3 (docs/PARALLELISM.md).
 
 - `layer.py`: `MoE`, its gate, experts and the all-to-all exchange;
 - `gating.py`: the top-1 / top-2 / top-k routing and its load-balancing loss;

@@ -12,8 +12,9 @@
   norm is built from each rank's norm over its own experts (averaged over ranks), not every
   expert once, so with clipping the two engines clip by different norms.
 
-Built with ZeRO stages 0-2 on the whole world, as DeepSpeed's MoE (it refuses stage 3);
-every other combination is refused here, naming the fix.
+Built with ZeRO stages 0-3 on the whole world (DeepSpeed refuses its MoE at stage 3; here
+the experts' stage-3 groups partition them over their expert data-parallel group, gathered
+within it); every other combination is refused here, naming the fix.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import nn
 
+from .. import init as zero_init
 from ..parallel.norm_span import NormSpan
 from .groups import EXPERT_GROUPS, ExpertDataGroup, ExpertGroups
 from .layer import MoE
@@ -42,6 +44,11 @@ class ExpertLayout:
         if not layers:
             return None
         _check_supported(config, whole_world, tensor_parallel_group, sequence_parallel)
+        if any(zero_init.is_partitioned(p) for layer in layers for p in layer.parameters()):
+            raise NotImplementedError(
+                "zero: MoE layers built under zero.Init are not built (zero.Init partitions "
+                "over every rank, the experts differ between ranks); build the model without "
+                "zero.Init")
         for layer in layers:
             layer.set_deepspeed_parallelism(bool(config.use_data_before_expert_parallelism))
         names = sorted({layer.expert_group_name for layer in layers})
@@ -100,12 +107,20 @@ class ExpertLayout:
 
 
 def _check_supported(config, whole_world: bool, tensor_parallel_group, sequence_parallel):
-    stage = config.zero_optimization.stage
-    if stage == 3:
-        raise NotImplementedError(
-            "zero: MoE layers (zero.moe.MoE / deepspeed.moe.layer.MoE) at ZeRO stage 3 are not "
-            "built (DeepSpeed refuses them too); use zero_optimization.stage 0, 1 or 2: the "
-            "experts are split over the ranks already")
+    zero_cfg = config.zero_optimization
+    if zero_cfg.stage == 3:
+        stage3_keys = [key for key, on in (
+            ("mics_shard_size", zero_cfg.mics_shard_size > 0),
+            ("zero_hpz_partition_size", zero_cfg.zero_hpz_partition_size > 1),
+            ("zero_quantized_weights", zero_cfg.zero_quantized_weights),
+            ("zero_quantized_gradients", zero_cfg.zero_quantized_gradients),
+            ("zero_quantized_nontrainable_weights", zero_cfg.zero_quantized_nontrainable_weights),
+            ("offload_param", zero_cfg.offload_param.device != "none")) if on]
+        if stage3_keys:
+            raise NotImplementedError(
+                f"zero: MoE layers at stage 3 with zero_optimization.{stage3_keys[0]} are not "
+                "built (the experts shard over their own expert data-parallel group); leave it "
+                "at its default, or use stage 1 or 2")
     others = [name for name, on in (
         ("pipeline or tensor parallelism", not whole_world or tensor_parallel_group is not None),
         ("sequence parallelism", sequence_parallel is not None)) if on]

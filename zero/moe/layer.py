@@ -252,4 +252,4 @@ def _check(num_experts: int, ep_size: int, noisy_gate_policy, expert_tensor_para
     if expert_tensor_parallel:
         raise NotImplementedError(
             "zero: MoE enable_expert_tensor_parallelism is not built (MoE composes with ZeRO "
-            "stages 0-2 and data parallelism here); leave it False")
+            "stages 0-3 and data parallelism here); leave it False")

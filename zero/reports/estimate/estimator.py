@@ -38,11 +38,7 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
         shapes = for_muon(shapes)
     if shapes.group_ep is not None and setup.optimizer == "lamb":  # (the engine refuses it)
         raise EstimateError("optimizer LAMB with MoE layers is not built (zero.moe); use Adam")
-    if option.stage == 3 and shapes.group_ep is not None:  # (the engine refuses it)
-        result = estimate_stages_0_2(shapes, setup, option_for(2), reduce_bucket_size,
-                                     overlap_comm)
-        result.option, result.refused = option, MOE_STAGE_3
-    elif option.stage == 3 and shapes.units is not None:
+    if option.stage == 3 and shapes.units is not None:
         result = estimate_stage3(shapes, setup, option, reduce_bucket_size, overlap_comm)
     else:  # stages 0-2, and stage 3 without gather units (a formula)
         result = estimate_stages_0_2(shapes, setup, option, reduce_bucket_size, overlap_comm)
@@ -53,6 +49,8 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
     if setup.sixteen_bit_master and setup.optimizer == EXTERNAL:
         result.refused = SIXTEEN_BIT_EXTERNAL
     result.refused = _device_only_refusal(setup, option) or result.refused
+    if shapes.group_ep is not None and option.stage == 3 and option.offload_param != "none":
+        result.refused = "offload_param with MoE layers at stage 3 is not built (zero.moe)"
     if option.stage == 3 and option.offload_param == "nvme" and setup.quantized_nontrainable \
             and result.frozen_numel:
         result.refused = QUANTIZED_FROZEN_ON_NVME
@@ -60,10 +58,6 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
     if strict and (result.refused or params.get("error")):
         raise EstimateError(f"{option.name}: {result.refused or params['error']}")
     return result
-
-
-MOE_STAGE_3 = ("MoE layers at stage 3 are not built (as in DeepSpeed); use stage 1 or 2: the "
-               "experts are split over the ranks already")
 
 
 def _device_only_refusal(setup: Setup, option: Option) -> str | None:

@@ -139,18 +139,20 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
     group_kinds, persistent_kinds = [], []
     late_flags = shapes.root_late or tuple((False,) * len(group) for group in shapes.groups)
     kinds = shapes.group_kinds or (None,) * len(shapes.groups)
-    for group, units, late, kept, kind in zip(shapes.groups, shapes.units, late_flags, whole,
-                                              kinds):
+    # an MoE expert group shards over its expert data-parallel group (world / ep_size)
+    expert_parallel = shapes.group_ep or (1,) * len(shapes.groups)
+    for group, units, late, kept, kind, ep in zip(shapes.groups, shapes.units, late_flags, whole,
+                                                  kinds, expert_parallel):
         small = [list(shape) for shape, keep in zip(group, kept) if keep]
         large = [(list(shape), unit) for shape, unit, keep in zip(group, units, kept)
                  if not keep]
         if small:
-            persistent.append(_C.ShardedLayout(small, dtype, world, setup.alignment, rbs))
+            persistent.append(_C.ShardedLayout(small, dtype, world // ep, setup.alignment, rbs))
             persistent_kinds.append(kind)
             persistent_count += len(small)
         if not large:
             continue
-        group_units.append(_unit_rows(large, dtype, partition_world, setup.alignment,
+        group_units.append(_unit_rows(large, dtype, partition_world // ep, setup.alignment,
                                       unit_numel))
         group_kinds.append(kind)
         root_early.append(any(flag and not keep for flag, keep in zip(late, kept)))
