@@ -9,7 +9,8 @@ MoE layer (`deepspeed.moe.layer.MoE`, the engine's own: zero's through
 zero.compat.deepspeed) of `--experts` copies of that MLP, top-1 gating without random token
 selection (so both engines route alike), the load-balancing loss added at 0.01. Expert
 parallel size 1 (every rank holds every expert) or 2 (each rank half of them, tokens traded
-by all-to-all), at ZeRO stages 1 and 2, fp32 and bf16; AdamW, clipping off (DeepSpeed's MoE
+by all-to-all), at ZeRO stages 1 and 2, fp32 and bf16, and at stage 3 (which DeepSpeed
+refuses for its MoE: its rows show the refusal); AdamW, clipping off (DeepSpeed's MoE
 norm is built from each rank's own experts' norms, not the whole model's). Every configuration runs in a fresh pair of
 processes (launch.spawn_ranks) after a throwaway engine on a 1-layer model pays the one-time
 costs: peak memory growth per rank = the peak RSS (VmHWM, reset just before the model is built)
@@ -35,7 +36,7 @@ from benchmarks.under_test import command_line  # noqa: E402
 
 ENGINES = {"zero": "zero.compat.deepspeed", "deepspeed": "deepspeed"}
 ROWS = [(1, 1, "fp32"), (1, 2, "fp32"), (2, 1, "fp32"), (2, 2, "fp32"), (2, 1, "bf16"),
-        (2, 2, "bf16")]  # (stage, ep_size, dtype)
+        (2, 2, "bf16"), (3, 2, "fp32"), (3, 2, "bf16")]  # (stage, ep_size, dtype)
 
 
 def parse_args(argv=None):
