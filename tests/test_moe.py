@@ -260,10 +260,17 @@ def test_deepspeeds_moe_names_are_zeros():
 
 
 # ---- memory: the estimate is what the engine holds ---------------------------------------
+def _frozen_build(rank: int, ep_size: int):
+    """The net with local expert 1's second layer frozen (global experts 1 and 3 at ep 2)."""
+    net = _build(rank, ep_size, 1)
+    net.moe.deepspeed_moe.experts.deepspeed_experts[1].fc2.requires_grad_(False)
+    return net
+
+
 def _held(rank, world, ep_size, stage, config):
     import zero
 
-    net = _build(rank, ep_size, 1)
+    net = _frozen_build(rank, ep_size)
     engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config=config)
     for step in range(2):
         loss = engine(*cases.batch(rank, step))
@@ -285,12 +292,13 @@ def _held(rank, world, ep_size, stage, config):
 @pytest.mark.parametrize("world,ep_size,stage", [(4, 2, 1), (4, 2, 2), (2, 2, 0), (2, 1, 2),
                                                   (4, 2, 3)])
 def test_the_estimate_is_what_each_rank_holds(world, ep_size, stage):
-    """Each rank holds only its experts, their states sharded over world / ep_size ranks."""
+    """Each rank holds only its experts, their states sharded over world / ep_size ranks (at
+    stage 3 the frozen experts' too)."""
     from zero.reports import estimate as est
     config = {**cases.config(stage), "zero_optimization": {
         "stage": stage, "reduce_bucket_size": 1000, **(STAGE3 if stage == 3 else {})}}
     setup, _ = est.setup_from_config(config, world_size=world)
-    shapes = est.shapes_from_module(_build(0, ep_size, 1))
+    shapes = est.shapes_from_module(_frozen_build(0, ep_size))
     assert shapes.group_ep == (1, ep_size)
     estimate = est.estimate(shapes, setup, stage)
     for held, peaks, total in run_distributed(_held, world, args=(ep_size, stage, config),
@@ -390,3 +398,31 @@ def test_stage_3_trains_as_deepspeeds_stages_0_to_2(name):
         for param, value in want["params"][rank].items():
             torch.testing.assert_close(found["params"][param], value, rtol=1e-4, atol=1e-5,
                                        msg=f"{param} on rank {rank}")
+
+
+def _modify(rank, world):
+    import zero
+
+    net = _build(rank, 2, 1)
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(),
+                                 config=_config(3, "sgd"))
+    expert = net.moe.deepspeed_moe.experts.deepspeed_experts[0].fc1.weight
+    with zero.GatheredParameters([expert, net.inp.weight], modifier_rank=0):
+        if rank == 0:
+            expert.data.fill_(7.0)
+            net.inp.weight.data.fill_(3.0)
+    with zero.GatheredParameters([expert, net.inp.weight]):
+        found = expert.detach().clone(), net.inp.weight.detach().clone()
+    engine.destroy()
+    return found
+
+
+def test_a_stage_3_edit_reaches_the_ranks_holding_the_same_experts_only():
+    """GatheredParameters(modifier_rank=0) at stage 3: rank 0's edit of a shared weight
+    reaches every rank; of its expert, the ranks holding that expert (0 and 2 on 4 ranks at
+    ep 2), while ranks 1 and 3 keep their own, other expert."""
+    results = run_distributed(_modify, 4, timeout=120)
+    for rank, (expert, shared) in enumerate(results):
+        assert torch.equal(shared, torch.full_like(shared, 3.0))
+        assert torch.equal(expert, torch.full_like(expert, 7.0)) == (rank % 2 == 0), rank
+    assert torch.equal(results[1][0], results[3][0])

@@ -210,9 +210,9 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
     manifest entries. `exclude_frozen`: the module state without the frozen parameters."""
     # The one collective first (stage 3 gathers unit by unit), so that a write failing on one
     # rank cannot leave the others waiting in it.
+    keep = moe_checkpoint.kept_names(model_writer) if engine.moe is not None else model_writer
     module_state = (engine.module.state_dict() if engine._stage3 is None else
-                    stage3.full_state_dict(engine._stage3, engine.module,
-                                           keep=model_writer or engine.moe is not None))
+                    stage3.full_state_dict(engine._stage3, engine.module, keep=keep))
     if exclude_frozen:
         frozen = sharding.frozen_names(engine.module)
         module_state = {name: value for name, value in module_state.items()

@@ -139,6 +139,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             self._core.span_norm([norm_span.weight(group.params[0]) for group in layout.groups],
                                  norm_span.group.group_name)
         self._stage3 = layout.stage3
+        if self._stage3 is not None and self.moe is not None:
+            self._stage3.modifier_source = self.moe.modifier_source
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
                        for g, group in enumerate(self._engine_groups)
                        for i, param in enumerate(group.params)]
@@ -587,13 +589,15 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
     def module_state_dict(self) -> dict:
         """The module's state dict with whole parameters (gathered unit by unit at stage 3).
         Every rank must call it; at stage 3 only rank 0 gets the full copy (with MoE layers
-        every rank, its own experts). With pipeline or tensor parallelism: this rank's stage /
-        slice of the model."""
+        every other rank its own experts). With pipeline or tensor parallelism: this rank's
+        stage / slice of the model."""
         if self._stage3 is None:
             return self.module.state_dict()
         self._alive("module_state_dict")
-        return stage3.full_state_dict(self._stage3, self.module,
-                                      keep=dist.get_rank() == 0 or self.moe is not None)
+        keep = dist.get_rank() == 0
+        return stage3.full_state_dict(
+            self._stage3, self.module,
+            keep=moe_checkpoint.kept_names(keep) if self.moe is not None else keep)
 
     def was_step_applied(self) -> bool:
         """Whether the last engine.step() updated the weights: False between accumulation

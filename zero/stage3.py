@@ -231,6 +231,9 @@ class Stage3Hooks:
         self._linked: set[tuple[int, int]] = set()
         self._root_parts = RootParts(self, plan.modules[0][1], RootParts.owners(plan, partitioned))
         self.suspended = False  # the module hooks do nothing (whole_model)
+        # (param, modifier_rank) -> (source rank, group) of a GatheredParameters edit; the
+        # engine's MoE layout sends an expert's within its expert data-parallel group
+        self.modifier_source = lambda param, rank: (rank, None)
         for unit in range(len(plan.modules)):
             for part in placement.get(unit, ()):
                 core.place(unit, part.group, part.local, part.frozen)
@@ -387,21 +390,24 @@ def each_gathered_unit(hooks: Stage3Hooks):
             hooks.unhold(unit)
 
 
-def full_state_dict(hooks: Stage3Hooks, module: nn.Module, keep: bool) -> dict:
+def full_state_dict(hooks: Stage3Hooks, module: nn.Module, keep) -> dict:
     """The module's state dict with every partitioned parameter whole, built unit by unit so
     no rank ever holds more than one gathered unit beyond its shards. Every rank takes part
-    in the gathers; only ranks with keep=True keep the (CPU) copies."""
+    in the gathers; only ranks with keep=True keep the (CPU) copies (`keep` may also be a
+    predicate on the name: MoE's experts, which every rank holds its own of)."""
+    kept = keep if callable(keep) else (lambda name: keep)
     state, copies = {}, {}
-    if keep:  # one copy per tensor: tied names share it, as in the module (and DeepSpeed)
-        for name, value in module.state_dict(keep_vars=True).items():
+    # one copy per tensor: tied names share it, as in the module (and DeepSpeed)
+    for name, value in module.state_dict(keep_vars=True).items():
+        if kept(name):
             if id(value) not in copies:
                 copies[id(value)] = value.detach().cpu().clone()
             state[name] = copies[id(value)]
     for unit in each_gathered_unit(hooks):
         for param, names in hooks.unit_params(unit):
-            if keep:
-                whole = param.detach().cpu().clone()
-                state.update(dict.fromkeys(names, whole))
+            names = [name for name in names if kept(name)]
+            if names:
+                state.update(dict.fromkeys(names, param.detach().cpu().clone()))
     return state
 
 
@@ -481,7 +487,7 @@ def gathered_parameters(hooks: Stage3Hooks, params, modifier_rank=None):
             with torch.no_grad():
                 for unit in units:
                     for param, _ in hooks.unit_params(unit):
-                        dist.broadcast(param.data, src=modifier_rank)
+                        dist.broadcast(param.data, *hooks.modifier_source(param, modifier_rank))
                     hooks.commit(unit)
     finally:
         for unit in units:

@@ -23,6 +23,16 @@ EXPERTS = "deepspeed_moe.experts.deepspeed_experts."
 _EXPERT_KEY = re.compile(re.escape(EXPERTS) + r"(\d+)\.")
 
 
+def is_expert_key(name: str) -> bool:
+    return EXPERTS in name
+
+
+def kept_names(keep_all: bool):
+    """full_state_dict's `keep` for a model with MoE layers: every name on a rank that keeps
+    the whole state, its own experts' on every other rank (they write or gather them)."""
+    return (lambda name: True) if keep_all else is_expert_key
+
+
 def expert_file(layer: int, expert: int) -> str:
     return f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt"
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from .. import init as zero_init
 from ..parallel.norm_span import NormSpan
-from .groups import EXPERT_GROUPS, ExpertDataGroup, ExpertGroups
+from .groups import EXPERT_GROUPS, ExpertDataGroup, ExpertGroups, layout
 from .layer import MoE
 from .params import is_moe_param
 
@@ -85,6 +85,19 @@ class ExpertLayout:
         if groups is None or len(groups.data_ranks) == self.world:
             return None
         return ExpertDataGroup(groups.data_group.group_name, self.world)
+
+    def modifier_source(self, param, modifier_rank: int) -> tuple[int, object]:
+        """(rank, group) an edit under GatheredParameters(modifier_rank=r) is broadcast from
+        and over: a shared parameter's from r over the world; an expert's within its expert
+        data-parallel group, from the member at r's place in r's own such group (r holds
+        other experts)."""
+        groups = self._groups_of(param)
+        if groups is None:
+            return modifier_rank, None
+        _, data_layout = layout(self.world, groups.ep_size, groups.data_before_expert)
+        place = next(ranks.index(modifier_rank) for ranks in data_layout
+                     if modifier_rank in ranks)
+        return groups.data_ranks[place], groups.data_group
 
     def shard_group(self, param) -> tuple[int, object] | None:
         """(this rank's place, the process group) an expert parameter's shards are spread

@@ -49,8 +49,8 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
     if setup.sixteen_bit_master and setup.optimizer == EXTERNAL:
         result.refused = SIXTEEN_BIT_EXTERNAL
     result.refused = _device_only_refusal(setup, option) or result.refused
-    if shapes.group_ep is not None and option.stage == 3 and option.offload_param != "none":
-        result.refused = "offload_param with MoE layers at stage 3 is not built (zero.moe)"
+    if shapes.group_ep is not None and option.stage == 3:
+        result.refused = _moe_stage3_refusal(setup, option) or result.refused
     if option.stage == 3 and option.offload_param == "nvme" and setup.quantized_nontrainable \
             and result.frozen_numel:
         result.refused = QUANTIZED_FROZEN_ON_NVME
@@ -58,6 +58,19 @@ def estimate(shapes: ModelShapes, setup: Setup, option: Option | int = 0,
     if strict and (result.refused or params.get("error")):
         raise EstimateError(f"{option.name}: {result.refused or params['error']}")
     return result
+
+
+def _moe_stage3_refusal(setup: Setup, option: Option) -> str | None:
+    """What the engine refuses with MoE layers at stage 3 (zero/moe/engine_layout.py)."""
+    for key, on in (("mics_shard_size", setup.mics_shard_size > 0),
+                    ("zero_hpz_partition_size", setup.hpz_partition_size > 1),
+                    ("zero_quantized_weights", setup.quantized_weights),
+                    ("zero_quantized_gradients", setup.quantized_gradients),
+                    ("zero_quantized_nontrainable_weights", setup.quantized_nontrainable),
+                    ("offload_param", option.offload_param != "none")):
+        if on:
+            return f"{key} with MoE layers at stage 3 is not built (zero.moe)"
+    return None
 
 
 def _device_only_refusal(setup: Setup, option: Option) -> str | None:

@@ -156,13 +156,19 @@ def stage3_layout(shapes: ModelShapes, setup: Setup,
                                       unit_numel))
         group_kinds.append(kind)
         root_early.append(any(flag and not keep for flag, keep in zip(late, kept)))
-    frozen = [(list(shape), unit) for (shape, unit, _), keep in zip(shapes.frozen, frozen_whole)
-              if not keep]
+    # the frozen parameters: a group per expert-parallel size, as the engine splits them
+    frozen_ep = shapes.frozen_ep or (1,) * len(shapes.frozen)
+    frozen_units = []
+    for ep in sorted(set(frozen_ep)):
+        frozen = [(list(shape), unit) for (shape, unit, _), keep, size
+                  in zip(shapes.frozen, frozen_whole, frozen_ep) if not keep and size == ep]
+        if frozen:
+            frozen_units += _unit_rows(frozen, dtype, partition_world // ep, setup.alignment,
+                                       unit_numel)
     return Stage3Layout(unit_numel=unit_numel, group_units=group_units, persistent=persistent,
                         persistent_count=persistent_count, root_early_grads=root_early,
                         group_kinds=group_kinds, persistent_kinds=persistent_kinds,
-                        frozen_units=(_unit_rows(frozen, dtype, partition_world,
-                                                 setup.alignment, unit_numel) if frozen else []))
+                        frozen_units=frozen_units)
 
 
 def _unit_rows(large: list, dtype, world: int, alignment: int, unit_numel: list[int]

@@ -52,6 +52,7 @@ class ModelShapes:
     # groups of their own as the engine splits them: their states shard over world / ep_size
     # ranks); None: 1 for every group.
     group_ep: Optional[tuple[int, ...]] = None
+    frozen_ep: Optional[tuple[int, ...]] = None  # the same per frozen shape (None: all 1)
 
     @property
     def trainable_numel(self) -> int:
@@ -137,12 +138,13 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
         raise EstimateError("the model has no trainable parameters")
     unique = {id(p): p for p in module.parameters()}
     frozen = sum(zero_init.full_numel(p) for p in unique.values() if not p.requires_grad)
-    frozen_shapes = tuple(  # those stage 3 partitions (zero.sharding._frozen_float)
+    frozen_params = [p for p in unique.values()  # those stage 3 partitions (sharding._frozen_float)
+                     if not p.requires_grad and p.is_floating_point() and zero_init.full_numel(p)]
+    frozen_shapes = tuple(
         (tuple(int(d) for d in ((local_shape or {}).get(id(p)) or zero_init.shard_shape(p)
                                 or p.shape)),
          plan.unit_of_param.get(id(p), 0), position[id(p)])
-        for p in unique.values()
-        if not p.requires_grad and p.is_floating_point() and zero_init.full_numel(p))
+        for p in frozen_params)
     return ModelShapes(groups=tuple(groups), description=description or type(module).__name__,
                        exact=True, frozen_numel=frozen, units=tuple(units),
                        frozen=frozen_shapes,
@@ -151,7 +153,17 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                        externals=tuple(stage3.external_links(plan)),
                        root_late=tuple(late), order=tuple(order), unit_rules=unit_rules,
                        muon=tuple(muon),
-                       group_ep=tuple(group_ep) if raw_ep else None)
+                       group_ep=tuple(group_ep) if raw_ep else None,
+                       frozen_ep=_frozen_ep(module, frozen_params) if raw_ep else None)
+
+
+def _frozen_ep(module: torch.nn.Module, frozen: list) -> tuple[int, ...]:
+    """Each frozen parameter's expert-parallel size (an MoE expert's; 1 otherwise)."""
+    from zero.moe.layer import MoE
+    from zero.moe.params import is_moe_param
+
+    sizes = {m.expert_group_name: m.ep_size for m in module.modules() if isinstance(m, MoE)}
+    return tuple(sizes[p.group_name] if is_moe_param(p) else 1 for p in frozen)
 
 
 def _expert_groups(module: torch.nn.Module, raw_groups: list[list]) -> tuple[list, list | None]:
