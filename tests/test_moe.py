@@ -331,7 +331,7 @@ def test_the_capacity_is_rounded_in_fp32_as_deepspeeds():
 
 
 # ---- expert buffers, parameter values, whole-model saves -----------------------------------
-def _details(rank, world, directory):
+def _details(rank, world, directory, precision):
     import zero
     from zero.compat.deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
 
@@ -341,8 +341,10 @@ def _details(rank, world, directory):
     net.register_buffer("shared", torch.full((3,), float(rank)))
     frozen = net.moe.deepspeed_moe.experts.deepspeed_experts[1].fc2.bias
     frozen.requires_grad_(False)
-    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(),
-                                 config=_config(2, "adam-clipped"))
+    config = _config(2, "adam-clipped")
+    if precision == "bf16":  # (.to(bf16) gives the buffers new tensors)
+        config["bf16"] = {"enabled": True}
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config=config)
     loss = engine(*cases.batch(rank, 0))
     engine.backward(loss)
     engine.step()
@@ -350,7 +352,7 @@ def _details(rank, world, directory):
              "shared": float(net.shared[0])}
     # each parameter's whole fp32 master is its value; a write reads back (experts' shards
     # lie in their expert data-parallel group)
-    found["full_equal"] = all(torch.equal(safe_get_full_fp32_param(p), p.detach())
+    found["full_equal"] = all(torch.equal(safe_get_full_fp32_param(p).to(p.dtype), p.detach())
                               for p in net.parameters() if p.requires_grad)
     expert = net.moe.deepspeed_moe.experts.deepspeed_experts[0].fc1.weight
     safe_set_full_fp32_param(expert, torch.full_like(expert, float(rank % 2)))
@@ -361,8 +363,9 @@ def _details(rank, world, directory):
     return found
 
 
-def test_expert_buffers_parameter_values_and_whole_saves(tmp_path):
-    results = run_distributed(_details, 4, args=(str(tmp_path),), timeout=120)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_expert_buffers_parameter_values_and_whole_saves(tmp_path, precision):
+    results = run_distributed(_details, 4, args=(str(tmp_path), precision), timeout=120)
     for rank, found in enumerate(results):
         # experts' buffers from their expert data-parallel group's first rank (0 or 1); the
         # shared ones from rank 0

@@ -35,7 +35,7 @@ class ExpertLayout:
     """The expert groups of an engine's MoE layers, by name ("ep_size_{n}")."""
     groups: dict[str, ExpertGroups]
     world: int
-    buffers: dict[int, str]  # id(buffer) -> expert group name: the experts' own buffers
+    layers: tuple  # the model's MoE layers
 
     @classmethod
     def of(cls, model: nn.Module, config, *, whole_world: bool, tensor_parallel_group,
@@ -52,10 +52,8 @@ class ExpertLayout:
         for layer in layers:
             layer.set_deepspeed_parallelism(bool(config.use_data_before_expert_parallelism))
         names = sorted({layer.expert_group_name for layer in layers})
-        buffers = {id(buffer): layer.expert_group_name for layer in layers
-                   for buffer in layer.deepspeed_moe.experts.buffers()}
         return cls({name: EXPERT_GROUPS.get(name) for name in names}, dist.get_world_size(),
-                   buffers)
+                   tuple(layers))
 
     def check_optimizer(self, kind: str) -> None:
         """LAMB's trust ratios and Muon's whole matrices add up squares over the engine's
@@ -66,9 +64,12 @@ class ExpertLayout:
                 "norms would mix other ranks' experts); use Adam, AdamW, SGD, Adagrad or Lion")
 
     def _groups_of(self, tensor) -> ExpertGroups | None:
-        if id(tensor) in self.buffers:
-            return self.groups[self.buffers[id(tensor)]]
-        return self.groups[tensor.group_name] if is_moe_param(tensor) else None
+        if is_moe_param(tensor):
+            return self.groups[tensor.group_name]
+        for layer in self.layers:  # an expert's buffer (looked up now: .to() replaces them)
+            if any(buffer is tensor for buffer in layer.deepspeed_moe.experts.buffers()):
+                return self.groups[layer.expert_group_name]
+        return None
 
     def source(self, tensor) -> tuple[int, object]:
         """(global rank, group) a parameter's or buffer's starting value is broadcast from
