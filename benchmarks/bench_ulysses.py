@@ -28,11 +28,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import benchmarks.under_test  # noqa: E402,F401  (first: which zero)
-from benchmarks import facts as machine  # noqa: E402
-from benchmarks.launch import spawn_each  # noqa: E402
-from benchmarks.memory import proc_status, reset_peak_rss, rss_now  # noqa: E402
+from benchmarks import cli  # noqa: E402
+from benchmarks.launch import measured_steps, run_and_publish  # noqa: E402
 from benchmarks.models import engine_config  # noqa: E402
-from benchmarks.report import header, markdown_table, publish  # noqa: E402
+from benchmarks.report import header, markdown_table  # noqa: E402
 from benchmarks.under_test import command_line  # noqa: E402
 
 ENGINES = {"zero": "zero.compat.deepspeed", "deepspeed": "deepspeed"}
@@ -41,20 +40,10 @@ ENGINES = {"zero": "zero.compat.deepspeed", "deepspeed": "deepspeed"}
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engines", default="zero,deepspeed")
     p.add_argument("--seq-lens", default="1024,2048,4096")
-    p.add_argument("--n-layer", type=int, default=2)
-    p.add_argument("--n-head", type=int, default=8)
-    p.add_argument("--n-embd", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--steps", type=int, default=4, help="measured steps")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    p.add_argument("--out", default=os.path.join(benchmarks.under_test.ROOT, "benchmarks",
-                                                 "results", "ulysses"))
-    args = p.parse_args(argv)
-    args.world_size = 2
-    args.engine_list = args.engines.split(",")
+    cli.add_beside_deepspeed_args(p, n_head=8, out_dir=os.path.join(
+        benchmarks.under_test.ROOT, "benchmarks", "results", "ulysses"))
+    args = cli.beside_deepspeed(p.parse_args(argv))
     args.seq_list = [int(n) for n in args.seq_lens.split(",")]
     return args
 
@@ -145,11 +134,7 @@ def _run(rank, world, name, args) -> dict:
                       n_embd=args.n_embd)
     train(small, synthetic_batches(small, 1, 1))
     batches = synthetic_batches(gpt, 1, args.warmup + args.steps, seed=1000 + rank // sp)
-    reset_peak_rss()
-    before = rss_now()
-    times, losses = train(gpt, batches)
-    return {"times": times[args.warmup:], "losses": losses,
-            "peak_growth": proc_status()["VmHWM"] - before}
+    return measured_steps(lambda measured: train(gpt, measured), batches, args.warmup)
 
 
 def render(rows: dict, args, facts: dict, wall_s: float) -> str:
@@ -181,13 +166,8 @@ def render(rows: dict, args, facts: dict, wall_s: float) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    t0 = time.perf_counter()
-    rows = spawn_each([f"{engine}-sp{sp}-{length}" for length in args.seq_list for sp in (1, 2)
-                       for engine in args.engine_list], _run, args)
-    facts = machine.cpu_and_load()
-    wall = time.perf_counter() - t0
-    publish(args.out, "ulysses", render(rows, args, facts, wall),
-            {"args": vars(args), "facts": facts, "rows": rows})
+    run_and_publish([f"{engine}-sp{sp}-{length}" for length in args.seq_list for sp in (1, 2)
+                     for engine in args.engine_list], _run, args, "ulysses", render)
     return 0
 
 

@@ -36,6 +36,28 @@ def add_comparison_args(parser, all_configs: list[str]) -> None:
                         help="comma-separated subset of " + ",".join(all_configs))
 
 
+def add_beside_deepspeed_args(parser, n_head: int, out_dir: str) -> None:
+    """zero beside the real DeepSpeed in one invocation on 2 ranks (bench_ulysses, bench_moe):
+    the engines, TinyGPT's sizes, measured and warm-up steps, torch threads per rank and the
+    results' folder; read back with beside_deepspeed()."""
+    parser.add_argument("--engines", default="zero,deepspeed")
+    parser.add_argument("--n-layer", type=int, default=2)
+    parser.add_argument("--n-head", type=int, default=n_head)
+    parser.add_argument("--n-embd", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=4, help="measured steps")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--out", default=out_dir)
+
+
+def beside_deepspeed(args):
+    """add_beside_deepspeed_args' settings completed: 2 ranks and the engines as a list."""
+    args.world_size = 2
+    args.engine_list = args.engines.split(",")
+    return args
+
+
 def threads_per_rank(args) -> int:
     """--threads, or (0) the cores shared out over the ranks, at least 1."""
     return args.threads if args.threads > 0 else max(1, (os.cpu_count() or 1) // args.world_size)

@@ -38,6 +38,18 @@ def outcome(name: str, t0: float, ranks: list | None = None, error: str | None =
     return {"config": name, "ranks": ranks, "wall_s": time.perf_counter() - t0}
 
 
+def measured_steps(train, batches, warmup: int) -> dict:
+    """`train(batches)` -> (step times, losses) run with the peak RSS reset first: what a
+    rank returns for step_summary (the times after `warmup`, the losses, the peak growth)."""
+    from benchmarks.memory import proc_status, reset_peak_rss, rss_now
+
+    reset_peak_rss()
+    before = rss_now()
+    times, losses = train(batches)
+    return {"times": times[warmup:], "losses": losses,
+            "peak_growth": proc_status()["VmHWM"] - before}
+
+
 def step_summary(result: dict) -> dict:
     """spawn_ranks' outcome of ranks that return their step `times`, `losses` and
     `peak_growth` (bytes): the slower rank's median step (s), the largest peak growth (MiB)
@@ -51,15 +63,22 @@ def step_summary(result: dict) -> dict:
             "losses": ranks[0]["losses"]}
 
 
-def spawn_each(names, run_rank, args) -> dict:
-    """{name: step_summary of spawn_ranks} for each configuration name in order, each
-    printed as it ends."""
+def run_and_publish(names, run_rank, args, stem: str, render) -> None:
+    """Each configuration name in order on fresh ranks (spawn_ranks, its step_summary printed
+    as it ends), then `render(rows, args, facts, wall_s)` and the rows published under
+    args.out as `stem`.md and .json."""
+    from benchmarks import facts as machine
+    from benchmarks.report import publish
+
+    t0 = time.perf_counter()
     rows = {}
     with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
         for name in names:
             rows[name] = step_summary(spawn_ranks(run_rank, name, args, tmp))
             print(name, rows[name], flush=True)
-    return rows
+    facts = machine.cpu_and_load()
+    publish(args.out, stem, render(rows, args, facts, time.perf_counter() - t0),
+            {"args": vars(args), "facts": facts, "rows": rows})
 
 
 def spawn_ranks(run_rank, name: str, args, tmp: str) -> dict:

@@ -91,7 +91,7 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
     writer = engine.local_rank == 0 if settings.use_node_local_storage else dist.get_rank() == 0
     if settings.use_node_local_storage:
         if engine.moe is not None:
-            moe_checkpoint.check_saving(node_local=True)
+            moe_checkpoint.refuse_node_local()
         if part.mesh is not None:
             raise NotImplementedError(
                 "zero: checkpoint.use_node_local_storage with pipeline stages or tensor "

@@ -308,7 +308,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
 
     @property
     def moe_layers(self) -> list:
-        return [layer for _, layer in moe_checkpoint.layers(self.module)] if self.moe else []
+        return list(self.moe.layers) if self.moe is not None else []
 
     @property
     def num_experts(self) -> list[int]:

@@ -88,8 +88,7 @@ class GroupBuilder:
     def add_flat(self, owner: int, params: list, stage: int, data_group=None) -> EngineGroup:
         # A group is the grain of communication below stage 3: its gradients are reduced in
         # buckets of reduce_bucket_size, its parameters all-gathered after the step.
-        options = self.options(owner, stage, params, data_group)
-        self.core.add_group(params, options)
+        self.core.add_group(params, self.options(owner, stage, params, data_group))
         return EngineGroup(owner, params, stage)
 
 

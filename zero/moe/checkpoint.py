@@ -82,22 +82,26 @@ def split(model: nn.Module, state: dict) -> tuple[dict, dict[str, dict]]:
     return shared, files
 
 
-def read_own(model: nn.Module, path: str, load) -> dict:
-    """This rank's experts' entries from their files in checkpoint `path`, under its local
-    ids; `load(file)` reads one file."""
-    found = {}
+def _own_experts(model: nn.Module):
+    """(file, layer name, the global id of the layer's first local expert) of each expert
+    this rank holds."""
     for index, (name, layer) in enumerate(layers(model)):
         first = _first_expert(layer)
         for expert in range(first, first + layer.num_local_experts):
-            for key, value in load(os.path.join(path, expert_file(index, expert))).items():
-                found[_renamed(key, name, -first)] = value
-    return found
+            yield expert_file(index, expert), name, first
+
+
+def read_own(model: nn.Module, path: str, load) -> dict:
+    """This rank's experts' entries from their files in checkpoint `path`, under its local
+    ids; `load(file)` reads one file."""
+    return {_renamed(key, name, -first): value
+            for file, name, first in _own_experts(model)
+            for key, value in load(os.path.join(path, file)).items()}
 
 
 def own_files(model: nn.Module) -> list[str]:
     """The expert files this rank reads."""
-    return [expert_file(index, expert) for index, (_, layer) in enumerate(layers(model))
-            for expert in range(_first_expert(layer), _first_expert(layer) + layer.num_local_experts)]
+    return [file for file, _, _ in _own_experts(model)]
 
 
 def whole_state(model: nn.Module, state: dict) -> dict | None:
@@ -143,13 +147,12 @@ def reshard_refusal(path: str, model_state: dict) -> str:
             "world size and ep_size")
 
 
-def check_saving(node_local: bool) -> None:
-    """Refuses what a save of MoE experts cannot do (raised on every rank alike)."""
-    if node_local:
-        raise NotImplementedError(
-            "zero: checkpoint.use_node_local_storage with MoE layers is not built (each expert's "
-            "file is written on one node only); set it to false and save to a directory every "
-            "rank sees")
+def refuse_node_local() -> None:
+    """checkpoint.use_node_local_storage with experts (raised on every rank alike)."""
+    raise NotImplementedError(
+        "zero: checkpoint.use_node_local_storage with MoE layers is not built (each expert's "
+        "file is written on one node only); set it to false and save to a directory every "
+        "rank sees")
 
 
 def refuse_split_experts(path: str, model_state: dict, what: str) -> None:

@@ -66,10 +66,18 @@ class ExpertLayout:
     def _groups_of(self, tensor) -> ExpertGroups | None:
         if is_moe_param(tensor):
             return self.groups[tensor.group_name]
+        if isinstance(tensor, nn.Parameter):  # a shared parameter
+            return None
         for layer in self.layers:  # an expert's buffer (looked up now: .to() replaces them)
             if any(buffer is tensor for buffer in layer.deepspeed_moe.experts.buffers()):
                 return self.groups[layer.expert_group_name]
         return None
+
+    def _split_groups(self, param) -> ExpertGroups | None:
+        """An expert parameter's groups where its expert data-parallel group is smaller than
+        the world (None: a shared parameter, or ep_size 1: the engine's own group)."""
+        groups = self._groups_of(param)
+        return None if groups is None or len(groups.data_ranks) == self.world else groups
 
     def source(self, tensor) -> tuple[int, object]:
         """(global rank, group) a parameter's or buffer's starting value is broadcast from
@@ -82,10 +90,9 @@ class ExpertLayout:
     def data_group(self, param) -> ExpertDataGroup | None:
         """The group an expert parameter's engine group shards and reduces over; None for a
         shared one, or where its experts are on every rank (ep_size 1)."""
-        groups = self._groups_of(param)
-        if groups is None or len(groups.data_ranks) == self.world:
-            return None
-        return ExpertDataGroup(groups.data_group.group_name, self.world)
+        groups = self._split_groups(param)
+        return None if groups is None else ExpertDataGroup(groups.data_group.group_name,
+                                                           self.world)
 
     def modifier_source(self, param, modifier_rank: int) -> tuple[int, object]:
         """(rank, group) an edit under GatheredParameters(modifier_rank=r) is broadcast from
@@ -104,10 +111,8 @@ class ExpertLayout:
         """(this rank's place, the process group) an expert parameter's shards are spread
         over, for reading and writing its elements (zero/param_values.py); None for a shared
         one."""
-        groups = self._groups_of(param)
-        if groups is None or len(groups.data_ranks) == self.world:
-            return None
-        return groups.data_rank, groups.data_group
+        groups = self._split_groups(param)
+        return None if groups is None else (groups.data_rank, groups.data_group)
 
     def norm_span(self, model: nn.Module, stage: int) -> NormSpan | None:
         """Stage 0: the weights that make the summed squares the whole model's (above)."""
@@ -116,7 +121,7 @@ class ExpertLayout:
         weights = {}
         for param in model.parameters():
             groups = self._groups_of(param)
-            weights[id(param)] = 1.0 / len(groups.data_ranks if groups else range(self.world))
+            weights[id(param)] = 1.0 / (len(groups.data_ranks) if groups else self.world)
         return NormSpan(dist.group.WORLD, weights)
 
 
