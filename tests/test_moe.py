@@ -331,7 +331,7 @@ def test_the_capacity_is_rounded_in_fp32_as_deepspeeds():
 
 
 # ---- expert buffers, parameter values, whole-model saves -----------------------------------
-def _details(rank, world, directory, precision):
+def _details(rank, world, directory, precision, stage):
     import zero
     from zero.compat.deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
 
@@ -341,7 +341,7 @@ def _details(rank, world, directory, precision):
     net.register_buffer("shared", torch.full((3,), float(rank)))
     frozen = net.moe.deepspeed_moe.experts.deepspeed_experts[1].fc2.bias
     frozen.requires_grad_(False)
-    config = _config(2, "adam-clipped")
+    config = _config(stage, "adam-clipped")
     if precision == "bf16":  # (.to(bf16) gives the buffers new tensors)
         config["bf16"] = {"enabled": True}
     engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config=config)
@@ -363,9 +363,11 @@ def _details(rank, world, directory, precision):
     return found
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_expert_buffers_parameter_values_and_whole_saves(tmp_path, precision):
-    results = run_distributed(_details, 4, args=(str(tmp_path), precision), timeout=120)
+@pytest.mark.parametrize("precision, stage", [("fp32", 2), ("bf16", 2), ("fp32", 0)],
+                         ids=["fp32", "bf16", "stage0"])
+def test_expert_buffers_parameter_values_and_whole_saves(tmp_path, precision, stage):
+    """(stage 0: each rank holds its experts whole, no shards to add up)"""
+    results = run_distributed(_details, 4, args=(str(tmp_path), precision, stage), timeout=120)
     for rank, found in enumerate(results):
         # experts' buffers from their expert data-parallel group's first rank (0 or 1); the
         # shared ones from rank 0
