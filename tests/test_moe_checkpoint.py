@@ -1,15 +1,19 @@
 """Checkpoints of a model with MoE layers (zero/moe/checkpoint.py): each expert in a file of its
 own under its global id, as DeepSpeed writes them; a resume at the same layout continues the
-run exactly; the weights load at another world size and ep_size; optimizer states at another
-layout, DeepSpeed's own MoE checkpoints and zero_to_fp32 are refused naming the fix;
-save_16bit_model writes every expert, loadable into a model with ep_size 1."""
+run exactly; the weights, fp32 masters and optimizer states load at another world size,
+ep_size, expert layout and stage, each expert's exactly as saved, and the run continues as
+before; zero_to_fp32 and save_16bit_model write every expert under its global id, loadable
+into a model with ep_size 1; DeepSpeed's own MoE checkpoints are refused naming the fix.
+
+Every value here is named as in a model holding every expert (global ids), so runs of any
+layout compare name by name."""
 import os
 
 import pytest
 import torch
 
 from deepspeed_reference import cases_of
-from distributed_harness import RankFailed, run_distributed
+from distributed_harness import run_distributed
 
 cases = cases_of("moe")
 # stage 3: every parameter partitioned, the whole model gathered for save_16bit_model
@@ -17,7 +21,7 @@ STAGE3 = {"stage3_param_persistence_threshold": 0, "stage3_model_persistence_thr
           "stage3_gather_16bit_weights_on_model_save": True}
 
 
-def _engine(rank, ep_size, stage, extra=None):
+def _engine(rank, ep_size, stage, data_before_expert=False):
     import zero
     from zero.moe import MoE
 
@@ -25,7 +29,7 @@ def _engine(rank, ep_size, stage, extra=None):
     zero_block = {"stage": stage, **(STAGE3 if stage == 3 else {})}
     engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config={
         **cases.config(stage), "gradient_clipping": 0.05, "zero_optimization": zero_block,
-        **(extra or {})})
+        "use_data_before_expert_parallelism": data_before_expert})
     return engine
 
 
@@ -37,9 +41,25 @@ def _steps(engine, rank, steps):
 
 
 def _weights(engine):
+    """This rank's parameters by global name."""
     import zero
+    from zero.moe.checkpoint import global_names
+
+    name = global_names(engine.module)
     with zero.GatheredParameters(list(engine.module.parameters())):  # (stage 3)
-        return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+        return {name(n): p.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+def _optimizer_states(engine):
+    """This rank's parameters' whole fp32 master and Adam moments, by global name."""
+    from zero.compat.deepspeed.utils import (safe_get_full_fp32_param,
+                                             safe_get_full_optimizer_state)
+    from zero.moe.checkpoint import global_names
+
+    name = global_names(engine.module)
+    return {name(n): [safe_get_full_fp32_param(p)] + [safe_get_full_optimizer_state(p, key)
+                                                      for key in ("exp_avg", "exp_avg_sq")]
+            for n, p in engine.module.named_parameters()}
 
 
 def _save_then_resume(rank, world, directory, stage):
@@ -51,7 +71,7 @@ def _save_then_resume(rank, world, directory, stage):
     _steps(first, rank, range(2))
     first.save_checkpoint(directory, tag="half")
     first.save_16bit_model(directory, "whole.bin")
-    saved = _weights(first)
+    saved = {"weights": _weights(first), "states": _optimizer_states(first)}
     first.destroy()
     second = _engine(rank, 2, stage)
     second.load_checkpoint(directory, tag="half")
@@ -59,16 +79,15 @@ def _save_then_resume(rank, world, directory, stage):
     return want, _weights(second), saved
 
 
-def _load_weights(rank, world, directory, ep_size, load_optimizer_states, stage):
-    engine = _engine(rank, ep_size, stage)
-    engine.load_checkpoint(directory, tag="half", load_optimizer_states=load_optimizer_states)
-    return _weights(engine)
+def _whole(results, key: str) -> dict:
+    """Every rank's values of `key` in one dict (ranks holding the same expert agree)."""
+    return {name: value for found in results for name, value in found[2][key].items()}
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["stage2", "stage3"])
+@pytest.fixture(scope="module", params=[0, 2, 3], ids=["stage0", "stage2", "stage3"])
 def saved(tmp_path_factory, request):
     """4 ranks, ep_size 2: (directory, per rank (straight run's weights, resumed run's, the
-    saved ones), stage)."""
+    saved weights and optimizer states), stage)."""
     directory = str(tmp_path_factory.mktemp(f"moe_ckpt{request.param}"))
     return directory, run_distributed(_save_then_resume, 4, args=(directory, request.param),
                                       timeout=240), request.param
@@ -84,76 +103,111 @@ def test_a_resume_at_the_same_layout_continues_the_run(saved):
 
 def test_each_expert_has_a_file_of_its_own(saved):
     import zero.checkpoint_files as files
-    directory, results, stage = saved
+    directory, results, _ = saved
     tag = os.path.join(directory, "half")
     module = files.load_torch(os.path.join(tag, "model_states.pt"))["module"]
     assert not [key for key in module if "deepspeed_experts" in key]
+    weights = _whole(results, "weights")
     for expert in range(cases.NUM_EXPERTS):
         state = files.load_torch(os.path.join(tag, f"layer_0_expert_{expert}_mp_rank_00_model_states.pt"))
-        rank = expert // 2  # ep_size 2: experts 0, 1 on ranks 0, 2; 2, 3 on ranks 1, 3
+        assert state and all(f"deepspeed_experts.{expert}." in key for key in state)
         for key, value in state.items():
-            assert f"deepspeed_experts.{expert}." in key
-            local = key.replace(f"deepspeed_experts.{expert}.", f"deepspeed_experts.{expert % 2}.")
-            torch.testing.assert_close(value, results[rank][2][local])
+            torch.testing.assert_close(value, weights[key])
 
 
-def _saved_weight(results, global_name):
-    """The saved value of a parameter named as in a model with every expert (ep_size 1):
-    global expert g was held by ranks r with r % 2 == g // 2 (ep_size 2), as local g % 2."""
-    marker = "deepspeed_experts."
-    if marker not in global_name:
-        return results[0][2][global_name]
-    head, tail = global_name.split(marker)
-    expert, rest = tail.split(".", 1)
-    return results[int(expert) // 2][2][f"{head}{marker}{int(expert) % 2}.{rest}"]
+def _load_weights(rank, world, directory, ep_size, stage):
+    engine = _engine(rank, ep_size, stage)
+    engine.load_checkpoint(directory, tag="half", load_optimizer_states=False)
+    return _weights(engine)
 
 
-def test_the_weights_load_at_another_world_size_and_ep_size(saved):
+def test_the_weights_alone_load_at_another_world_size_and_ep_size(saved):
     directory, results, stage = saved
+    weights = _whole(results, "weights")
     for ep_size in (1, 2):
-        loaded = run_distributed(_load_weights, 2, args=(directory, ep_size, False, stage), timeout=120)
+        loaded = run_distributed(_load_weights, 2, args=(directory, ep_size, stage), timeout=120)
         for rank, found in enumerate(loaded):
             for name, value in found.items():
-                torch.testing.assert_close(
-                    value, _saved_weight(results, cases.global_name(name, rank, ep_size)),
-                    msg=f"{name} on rank {rank} (ep_size {ep_size})")
+                torch.testing.assert_close(value, weights[name],
+                                           msg=f"{name} on rank {rank} (ep_size {ep_size})")
 
 
-def test_optimizer_states_at_another_layout_are_refused_on_every_rank(saved):
-    directory, _, stage = saved
-    with pytest.raises(RankFailed, match="optimizer states load only at that layout"):
-        run_distributed(_load_weights, 2, args=(directory, 2, True, stage), timeout=120)
+def _load_then_train(rank, world, directory, ep_size, stage, data_before_expert):
+    engine = _engine(rank, ep_size, stage, data_before_expert)
+    engine.load_checkpoint(directory, tag="half")
+    states = _optimizer_states(engine)
+    _steps(engine, rank, range(2, 4))
+    return states, _weights(engine)
+
+
+# (world, ep_size, stage: None for the saved one, use_data_before_expert_parallelism)
+LAYOUTS = {"2-ranks-ep1": (2, 1, None, False), "2-ranks-ep2-other-stage": (2, 2, "other", False),
+           "4-ranks-ep4": (4, 4, None, False), "4-ranks-data-before-expert": (4, 2, None, True)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_optimizer_states_load_at_another_layout(saved, layout):
+    """Each parameter's fp32 master and Adam moments are the saved ones, bit for bit, whatever
+    ranks now hold the expert; on 4 ranks (the saved run's data) the run then continues as
+    the straight one, to fp32 rounding (another ep_size splits the same sums otherwise)."""
+    directory, results, stage = saved
+    world, ep_size, load_stage, data_before_expert = LAYOUTS[layout]
+    load_stage = stage if load_stage is None else (1 if stage == 3 else 3)
+    loaded = run_distributed(_load_then_train, world,
+                             args=(directory, ep_size, load_stage, data_before_expert),
+                             timeout=120)
+    states = _whole(results, "states")
+    for rank, (found, _) in enumerate(loaded):
+        assert found.keys() <= states.keys() and len(found) == 5 + 4 * cases.NUM_EXPERTS // ep_size
+        for name, arrays in found.items():
+            for array, value, want in zip(("master", "exp_avg", "exp_avg_sq"), arrays, states[name]):
+                torch.testing.assert_close(value, want, rtol=0, atol=0,
+                                           msg=f"{array} of {name} on rank {rank}")
+    if world == 4:
+        straight = {name: value for found in results for name, value in found[0].items()}
+        for rank, (_, weights) in enumerate(loaded):
+            for name, value in weights.items():
+                torch.testing.assert_close(value, straight[name], rtol=1e-5, atol=1e-6,
+                                           msg=f"{name} on rank {rank}")
 
 
 def test_save_16bit_model_writes_every_expert_by_its_global_id(saved):
     from zero.moe import MoE
-    directory, results, stage = saved
+    directory, results, _ = saved
     whole = torch.load(os.path.join(directory, "whole.bin"), weights_only=True)
     net = cases.build(MoE, 0, 1, 1)
     net.load_state_dict(whole)  # strict: every expert of a model with ep_size 1
+    weights = _whole(results, "weights")
     for name, value in whole.items():
-        torch.testing.assert_close(value, _saved_weight(results, name), msg=name)
+        torch.testing.assert_close(value, weights[name], msg=name)
 
 
-def test_zero_to_fp32_of_split_experts_is_refused(saved):
+def test_zero_to_fp32_writes_every_expert_by_its_global_id(saved):
     from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
-    directory, _, stage = saved
-    with pytest.raises(NotImplementedError, match="save_16bit_model"):
-        get_fp32_state_dict_from_zero_checkpoint(directory, tag="half")
+    from zero.moe import MoE
+    directory, results, _ = saved
+    state = get_fp32_state_dict_from_zero_checkpoint(directory, tag="half")
+    cases.build(MoE, 0, 1, 1).load_state_dict(state)  # strict: every expert, ep_size 1
+    for name, (master, *_) in _whole(results, "states").items():
+        torch.testing.assert_close(state[name], master, rtol=0, atol=0, msg=name)
 
 
-def _load_other_layout_flag(rank, world, directory, stage):
-    engine = _engine(rank // 2, 2, stage, {"use_data_before_expert_parallelism": True})
+def test_a_deepspeed_checkpoint_into_an_moe_model_is_refused(tmp_path):
+    """zero reads its own MoE checkpoints; DeepSpeed's are told apart by their files."""
+    # (one rank is enough: the refusal comes before any collective)
+    error = run_distributed(_load_deepspeed_layout, 1, args=(str(tmp_path),), timeout=60)[0]
+    assert "checkpoint DeepSpeed wrote" in error and "MoE" in error, error
+
+
+def _load_deepspeed_layout(rank, world, directory):
+    tag = os.path.join(directory, "global_step1")
+    os.makedirs(tag)
+    torch.save({"ds_version": "0.19.8"}, os.path.join(tag, "mp_rank_00_model_states.pt"))
+    with open(os.path.join(directory, "latest"), "w") as file:
+        file.write("global_step1")
+    engine = _engine(rank, 1, 2)
     try:
-        engine.load_checkpoint(directory, tag="half")
-    except Exception as error:  # noqa: BLE001 -- the refusal is the answer
+        engine.load_checkpoint(directory)
+    except NotImplementedError as error:
         return str(error)
     return None
-
-
-def test_optimizer_states_of_the_other_expert_layout_are_refused(saved):
-    """Saved "E + D", resumed "D + E" on as many ranks: each rank's shard holds other
-    experts' states."""
-    directory, _, stage = saved
-    errors = run_distributed(_load_other_layout_flag, 4, args=(directory, stage), timeout=120)
-    assert all(e and "ep_size 2 and use_data_before_expert_parallelism false;" in e for e in errors), errors

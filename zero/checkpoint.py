@@ -364,11 +364,10 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
             engine.full_shapes)
         if model_state.get("moe") and not load_shards:
             return True  # MoE weights alone load at any layout (moe/checkpoint.py)
-        reshard = _check_fingerprint(model_state, engine, part, path)
-        if model_state.get("moe") and (
-                reshard or not moe_checkpoint.same_expert_layout(model_state, engine.module)):
-            raise ValueError(moe_checkpoint.reshard_refusal(path, model_state))
-        return reshard
+        # each rank's shard holds other experts at another ep_size or expert layout
+        return _check_fingerprint(model_state, engine, part, path, force=bool(
+            model_state.get("moe"))
+            and not moe_checkpoint.same_expert_layout(model_state, engine.module))
 
     # Each part reads its own file: one part's mismatch is raised on every rank.
     reshard = _agreed_check(check)
@@ -459,10 +458,11 @@ def _load_shard(engine, groups: list[dict]) -> None:
                 core.group_load_optimizer_state(g, name, tensor)
 
 
-def _check_fingerprint(model_state: dict, engine, part: checkpoint_mesh.Part, path: str) -> bool:
+def _check_fingerprint(model_state: dict, engine, part: checkpoint_mesh.Part, path: str,
+                       force: bool = False) -> bool:
     """Whether the checkpoint fits this engine as saved (False) or must be resharded (True:
-    another world size or stage, the same dtype, optimizer and trainable parameters); raises
-    naming the difference otherwise."""
+    another world size or stage, or `force`, the same dtype, optimizer and trainable
+    parameters); raises naming the difference otherwise."""
     saved, current = model_state["fingerprint"], _fingerprint(engine, part)
     for key in ("dtype", "optimizer"):
         if saved.get(key) != current[key]:
@@ -471,13 +471,16 @@ def _check_fingerprint(model_state: dict, engine, part: checkpoint_mesh.Part, pa
                 f"has {key}={current[key]!r}; resume with the same {key}")
     # Saved before group_worlds was recorded: every group was sharded over the world.
     saved_worlds = saved.get("group_worlds", [saved["world_size"]] * len(saved["group_numels"]))
-    if all(saved[key] == current[key] for key in ("stage", "world_size", "group_numels")) \
-            and saved_worlds == current["group_worlds"]:
+    if not force and saved_worlds == current["group_worlds"] and all(
+            saved[key] == current[key] for key in ("stage", "world_size", "group_numels")):
         return False
     layout = model_state.get("layout")
-    trainable = sorted(n for group in checkpoint_layout.group_param_names(engine) for n in group)
-    if layout is None or sorted(n[0] for g in layout["groups"] for n, _ in g["params"]) \
-            != trainable:
+    # an MoE expert's names compared without its id (the layers' expert counts are checked)
+    generic = moe_checkpoint.generic
+    trainable = sorted({generic(n) for group in checkpoint_layout.group_param_names(engine)
+                        for n in group})
+    if layout is None or sorted({generic(n[0]) for g in layout["groups"]
+                                 for n, _ in g["params"]}) != trainable:
         raise ValueError(
             f"zero: checkpoint {path} was written with stage={saved['stage']}, "
             f"world_size={saved['world_size']} and groups of {saved['group_numels']} elements "

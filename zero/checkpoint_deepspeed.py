@@ -344,7 +344,7 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
         return
     moments = engine_moments(engine, saved) if load_shards else {}
     for g, wanted in enumerate(checkpoint_layout.group_param_names(engine)):
-        checkpoint_layout.load_group(engine.core, g, wanted, saved.master, moments)
+        checkpoint_layout.load_group(engine, g, wanted, saved.master, moments)
 
 
 def _engine_arrays(engine) -> set[str]:

@@ -35,6 +35,7 @@ from .checkpoint_files import LATEST, WHOLE, PartNames
 from .checkpoint_layout import layout_of, located_arrays
 from .checkpoint_mesh import check_parts, join_parts, join_slices
 from .moe import checkpoint as moe_checkpoint
+from .moe.checkpoint import saved_copies
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 
@@ -64,7 +65,12 @@ def _model_states(path: str) -> list[tuple[PartNames, dict]]:
     files.verify(path, [names.model for names in parts])
     states = [(names, files.load_torch(os.path.join(path, names.model), mmap=True))
               for names in parts]
-    moe_checkpoint.refuse_split_experts(path, states[0][1], "zero_to_fp32")
+    model_state = states[0][1]
+    if model_state.get("moe"):  # (a whole model: MoE is built without pipeline or tensor parts)
+        experts = moe_checkpoint.expert_files(model_state)
+        files.verify(path, experts)
+        model_state["module"].update(moe_checkpoint.every_expert(
+            path, model_state, lambda file: files.load_torch(file, mmap=True)))
     return states
 
 
@@ -102,13 +108,17 @@ def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool,
     layout = layout_of(model_state, path)
     # each trainable parameter read from the memory-mapped rank files when its entry is built
     located = located_arrays(path, model_state, "master", names=names)
-    frozen = set(layout["frozen"])
+    frozen = {name for saved in layout["frozen"]
+              for name in moe_checkpoint.on_every_expert_rank(model_state, saved)}
     first_name = {}
     trainable = {}
     for g, group in enumerate(layout["groups"]):
-        for names, _ in group["params"]:
-            trainable[names[0]] = (names, located[g][names[0]])
-            first_name.update((name, names[0]) for name in names)
+        # MoE: each expert-parallel rank's experts, under their global ids
+        for _, rename in saved_copies(model_state, group):
+            for names, _ in group["params"]:
+                names = [rename(name) for name in names]
+                trainable[names[0]] = (names, located[g][names[0]])
+                first_name.update((name, names[0]) for name in names)
     entries = []
     saved_entries = {}  # _same_tensor -> the entry of a frozen parameter or buffer
     for name, saved in model_state["module"].items():

@@ -6,8 +6,10 @@ group, that rank's shard: its piece of every unit of the group's sharded layout
 (csrc/core/sharded_layout.h), in unit order. `describe` records the layout at save time in
 model_states.pt; `located_arrays` says where each parameter's elements lie in the ranks'
 pieces, and `reshard_into` cuts this rank's new shard from them, reading only its own
-elements (checkpoint_pieces.py). checkpoint_export.py reads the fp32 weights from the same
-layout without a process group.
+elements (checkpoint_pieces.py). An MoE expert group's shard lies over the expert data-parallel
+group of each expert-parallel rank, under rank 0's local expert ids: moe/checkpoint.py says
+which saved ranks hold whose experts, and experts are matched by their global ids.
+checkpoint_export.py reads the fp32 weights from the same layout without a process group.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import torch
 from . import checkpoint_files as files
 from .checkpoint_files import WHOLE, PartNames
 from .checkpoint_pieces import Flat, Located, shard_from
+from .moe import checkpoint as moe_checkpoint
+from .moe.checkpoint import saved_copies
 from .sharding import names_by_id
 
 
@@ -60,7 +64,8 @@ def read_shards(path: str, model_state: dict, names: PartNames = WHOLE) -> list[
     """Every saved rank's groups (master and optimizer state shards) of the part `names`:
     each rank file present, equal to the manifest and in a format this zero reads (a
     CorruptCheckpoint naming the file otherwise), memory-mapped (read when touched)."""
-    world = max(group["world_size"] for group in layout_of(model_state, path)["groups"])
+    world = max(max(ranks) + 1 for group in layout_of(model_state, path)["groups"]
+                for ranks, _ in saved_copies(model_state, group))
     files.verify(path, [names.rank(r) for r in range(world)])
     return [files.load_torch(os.path.join(path, names.rank(r)), mmap=True)["groups"]
             for r in range(world)]
@@ -76,41 +81,46 @@ def laid_out_arrays(group: dict) -> list[str]:
 def located_arrays(path: str, model_state: dict, array: str, shards=None,
                    names: PartNames = WHOLE) -> list[dict[str, Located]]:
     """Per group: where each parameter's elements of array `array` ("master", "exp_avg", ...)
-    lie in the saved ranks' shards, by its first name (nothing read yet; an empty dict for a
-    group whose optimizer keeps no such array). A group's full buffer is, unit after unit,
-    every rank's piece of the unit in rank order."""
+    lie in the saved ranks' shards, by its first name, an MoE expert's under its global id
+    (nothing read yet; an empty dict for a group whose optimizer keeps no such array). A
+    group's full buffer is, unit after unit, every rank's piece of the unit in rank order;
+    an expert group has one such buffer per expert-parallel rank (moe/checkpoint.py)."""
     layout = layout_of(model_state, path)
     shards = shards if shards is not None else read_shards(path, model_state, names)
+    module = model_state["module"]
     result = []
     for g, group in enumerate(layout["groups"]):
-        ranks = [shards[r][g]["master"] if array == "master" else shards[r][g]["state"].get(array)
-                 for r in range(group["world_size"])]
-        if ranks[0] is None:
-            result.append({})
-            continue
-        _check_pieces(ranks, group, g, path, names)
-        flat = Flat([piece[begin:begin + numel] for begin, numel in group["units"]
-                     for piece in ranks])
         located = {}
-        for names_of_param, offset in group["params"]:
-            name = names_of_param[0]
-            try:  # the saved parameter's shape
-                located[name] = flat.located(model_state["module"][name].shape, offset)
-            except ValueError as error:
-                raise files.CorruptCheckpoint(
-                    f"zero: the layout in {os.path.join(path, names.model)} puts {name} "
-                    f"outside group {g}'s units ({error})") from error
+        for ranks, rename in saved_copies(model_state, group):
+            pieces = [shards[r][g]["master"] if array == "master"
+                      else shards[r][g]["state"].get(array) for r in ranks]
+            if pieces[0] is None:
+                break
+            _check_pieces(pieces, ranks, group, g, path, names)
+            flat = Flat([piece[begin:begin + numel] for begin, numel in group["units"]
+                         for piece in pieces])
+            for names_of_param, offset in group["params"]:
+                name = names_of_param[0]
+                try:  # the saved parameter's shape
+                    located[rename(name)] = flat.located(
+                        module[moe_checkpoint.shape_name(module, name)].shape, offset)
+                except ValueError as error:
+                    raise files.CorruptCheckpoint(
+                        f"zero: the layout in {os.path.join(path, names.model)} puts {name} "
+                        f"outside group {g}'s units ({error})") from error
         result.append(located)
     return result
 
 
-def _check_pieces(ranks: list, group: dict, g: int, path: str, names: PartNames) -> None:
+def _check_pieces(pieces: list, ranks: list[int], group: dict, g: int, path: str,
+                  names: PartNames) -> None:
     """Every saved rank's array of group g holds all its units' pieces."""
     needed = max((begin + numel for begin, numel in group["units"]), default=0)
-    for r, piece in enumerate(ranks):
-        if piece.numel() < needed:
+    for r, piece in zip(ranks, pieces):
+        if piece is None or piece.numel() < needed:
             raise files.CorruptCheckpoint(
-                f"zero: {os.path.join(path, names.rank(r))} holds {piece.numel()} elements of "
+                f"zero: {os.path.join(path, names.rank(r))} holds "
+                f"{0 if piece is None else piece.numel()} elements of "
                 f"group {g}, its layout needs {needed}; the files are of different saves")
 
 
@@ -125,15 +135,13 @@ def full_arrays(path: str, model_state: dict, array: str, shards=None,
 
 
 def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
-    """Loads a checkpoint saved at another world size or stage: this rank's new shard of
-    each engine group is cut from the saved ranks' shards, parameter by parameter, reading
-    only its own elements (checkpoint_pieces.py; parameters are matched by name, so groups
-    may differ, as stage 3's persistent parameters do). `shards`: `read_shards`' result,
-    when the caller checked the files already."""
+    """Loads a checkpoint saved at another world size or stage (or, with MoE layers, another
+    ep_size or expert layout): this rank's new shard of each engine group is cut from the
+    saved ranks' shards, parameter by parameter, reading only its own elements
+    (checkpoint_pieces.py; parameters are matched by name, an expert's by its global id, so
+    groups may differ, as stage 3's persistent parameters do). `shards`: `read_shards`'
+    result, when the caller checked the files already."""
     shards = shards if shards is not None else read_shards(path, model_state)
-    core = engine.core
-    saved_group = {names[0]: g for g, group in enumerate(layout_of(model_state, path)["groups"])
-                   for names, _ in group["params"]}
     cache = {}
 
     def saved(array: str) -> dict[str, Located]:
@@ -143,13 +151,21 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
                             for name, value in group.items()}
         return cache[array]
 
-    for g, wanted in enumerate(group_param_names(engine)):
+    saved_group = {name: g for g, group in enumerate(
+        located_arrays(path, model_state, "master", shards)) for name in group}
+    for g, wanted in enumerate(global_param_names(engine)):
         source = saved_group[wanted[0]]  # the saved group these parameters' state came from
         laid_out = laid_out_arrays(shards[0][source])
-        load_group(core, g, wanted, saved("master"), {a: saved(a) for a in laid_out})
+        load_group(engine, g, wanted, saved("master"), {a: saved(a) for a in laid_out})
         for array, value in shards[0][source]["state"].items():
             if array not in laid_out:  # not laid out like the shard (a flag): as saved
-                core.group_load_optimizer_state(g, array, value)
+                engine.core.group_load_optimizer_state(g, array, value)
+
+
+def global_param_names(engine) -> list[list[str]]:
+    """group_param_names, an MoE expert's under its global id (moe/checkpoint.py)."""
+    rename = moe_checkpoint.global_names(engine.module) if engine.moe is not None else str
+    return [[rename(name) for name in names] for names in group_param_names(engine)]
 
 
 def check_same_model(where: str, saved: dict, expected: dict, required=()) -> None:
@@ -173,16 +189,25 @@ def refresh_masters(core) -> None:
         core.group_refresh_master(g)
 
 
-def load_group(core, g: int, names: list[str], master: dict[str, Located],
+def load_group(engine, g: int, names: list[str], master: dict[str, Located],
                states: dict[str, dict[str, Located]]) -> None:
     """Engine group g's shards on this rank, cut from the saved values by parameter name
     (checkpoint_pieces.shard_from): the fp32 master and each optimizer-state array the group
     keeps, laid out like it (`states`: array -> values; Muon's groups keep other arrays than
     its Adam's)."""
+    core = engine.core
     layout = core.group_layout(g)
-    core.group_load_master_shard(g, shard_from(layout, core.rank, master, names))
+    place = _shard_place(engine, g)
+    core.group_load_master_shard(g, shard_from(layout, place, master, names))
     kept = set(core.group_state_names(g))
     for array, values in states.items():
         if array in kept:
-            core.group_load_optimizer_state(g, array,
-                                            shard_from(layout, core.rank, values, names))
+            core.group_load_optimizer_state(g, array, shard_from(layout, place, values, names))
+
+
+def _shard_place(engine, g: int) -> int:
+    """This rank's place among the ranks group g is sharded over: an MoE expert group's
+    expert data-parallel group (moe/engine_layout.py), else the world's (MiCS's shard groups
+    are consecutive ranks: RankPieces takes the rank modulo their size)."""
+    expert = engine.moe.shard_group(engine.groups[g].params[0]) if engine.moe else None
+    return expert[0] if expert else engine.core.rank

@@ -101,7 +101,7 @@ def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> Non
                         for n in names} for array, values in arrays.items()
                 if all(n in values for n in names)}  # the arrays this group's optimizer keeps
         master = mine.pop("master")
-        checkpoint_layout.load_group(core, g, names, master, mine)
+        checkpoint_layout.load_group(engine, g, names, master, mine)
         for array, value in first["state"].items():
             if array not in checkpoint_layout.laid_out_arrays(first):  # a flag: as saved
                 core.group_load_optimizer_state(g, array, value)

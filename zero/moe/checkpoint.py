@@ -4,23 +4,33 @@ model file; each expert of each MoE layer has a file of its own,
 MoE layers, E: the global expert id), holding its state-dict entries under the global id
 (`...deepspeed_experts.{E}.fc1.weight`), written once, by the first rank of the expert's
 expert data-parallel group. A rank loading reads its own experts' files and names them by
-its local ids again, so module weights load at any ep_size and world size; the ranks'
-optimizer shards load at the layout they were saved with (checkpoint.py refuses others).
-`whole_state` is the model with every expert under its global id, for a whole-model save.
+its local ids again, so module weights load at any ep_size and world size.
+
+The ranks' optimizer shards name each expert by the local id it had on rank 0, and an expert
+group's shard lies over the expert's expert data-parallel group. `saved_copies` says, for
+each saved engine group, which saved ranks' pieces make up whose experts' buffer, under
+global ids; `global_names` names the loading engine's experts alike, so the optimizer states
+reshard to any world size, ep_size and layout (checkpoint_layout.py), and zero_to_fp32
+writes every expert under its global id. `whole_state` is the model with every expert under
+its global id, for a whole-model save.
 """
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 import torch.distributed as dist
 from torch import nn
 
-from .groups import EXPERT_GROUPS
+from ..checkpoint_files import CorruptCheckpoint
+
+from .groups import EXPERT_GROUPS, layout
 from .layer import MoE
 
 EXPERTS = "deepspeed_moe.experts.deepspeed_experts."
 _EXPERT_KEY = re.compile(re.escape(EXPERTS) + r"(\d+)\.")
+_EXPERT_ANYWHERE = re.compile(re.escape(EXPERTS) + r"\d+\.")
 
 
 def is_expert_key(name: str) -> bool:
@@ -99,6 +109,87 @@ def read_own(model: nn.Module, path: str, load) -> dict:
             for key, value in load(os.path.join(path, file)).items()}
 
 
+def global_names(model: nn.Module) -> Callable[[str], str]:
+    """name -> the name in a model holding every expert: an expert's local id made its
+    global id, any other name as it is."""
+    return _renamer([(name, _first_expert(layer)) for name, layer in layers(model)])
+
+
+def _renamer(offsets: list[tuple[str, int]]) -> Callable[[str], str]:
+    """key -> key with the expert index of layer `name` moved by `offset`, for each (name,
+    offset); any other key as it is."""
+    def rename(key: str) -> str:
+        return next((renamed for name, offset in offsets
+                     if (renamed := _renamed(key, name, offset)) is not None), key)
+    return rename
+
+
+def generic(name: str) -> str:
+    """A name with any expert id left out: the same for every expert of a layer, whatever
+    its place (the trainable parameters compared across layouts)."""
+    return _EXPERT_ANYWHERE.sub(EXPERTS + "*.", name)
+
+
+def saved_copies(model_state: dict, group: dict) -> list[tuple[list[int], Callable[[str], str]]]:
+    """Where saved engine group `group` (checkpoint_layout.describe's, named as on rank 0)
+    lies: per copy of its buffer, (the saved ranks whose pieces, in order, make it up, the
+    rename of its names to global ids). A group of shared parameters has one copy, over its
+    first `world_size` ranks; an expert group one per expert-parallel rank e, over e's
+    expert data-parallel group (its first rank alone at stage 0), holding e's experts."""
+    first_ranks = list(range(group["world_size"]))
+    names = [names[0] for names, _ in group["params"]]
+    held = [layer for layer in model_state.get("moe") or []
+            if any(_renamed(name, layer["name"], 0) for name in names)]
+    if not held:
+        return [(first_ranks, lambda name: name)]
+    (ep_size, data_before_expert), *others = {(layer["ep_size"],
+                                               layer.get("data_before_expert", False))
+                                              for layer in held}
+    if others:
+        raise CorruptCheckpoint(f"zero: the layout in a checkpoint puts MoE layers of "
+                                f"different layouts in one group ({held})")
+    _, data_layout = layout(model_state["fingerprint"]["world_size"], ep_size,
+                            data_before_expert)
+
+    return [(ranks[:group["world_size"]],
+             _renamer([(layer["name"], e * (layer["num_experts"] // ep_size)) for layer in held]))
+            for e, ranks in enumerate(data_layout)]
+
+
+def on_every_expert_rank(model_state: dict, name: str) -> list[str]:
+    """Saved name `name` (an expert's under rank 0's local id) under the global id of the
+    expert at its place on each expert-parallel rank; [name] for a shared one."""
+    for layer in model_state.get("moe") or []:
+        if _renamed(name, layer["name"], 0) is not None:
+            local = layer["num_experts"] // layer["ep_size"]
+            return [_renamed(name, layer["name"], e * local) for e in range(layer["ep_size"])]
+    return [name]
+
+
+def shape_name(module_state: dict, name: str) -> str:
+    """The entry of `module_state` with the shape of expert parameter `name` (saved under a
+    local id this rank may not hold): its layer's first local expert's, every expert of a
+    layer being alike."""
+    return name if name in module_state else _EXPERT_ANYWHERE.sub(EXPERTS + "0.", name, count=1)
+
+
+def every_expert(path: str, model_state: dict, load) -> dict:
+    """Every expert's entries of checkpoint `path` under their global ids (zero_to_fp32);
+    `load(file)` reads one file."""
+    found = {}
+    for index, layer in enumerate(model_state.get("moe") or []):
+        for expert in range(layer["num_experts"]):
+            found.update(load(os.path.join(path, expert_file(index, expert))))
+    return found
+
+
+def expert_files(model_state: dict) -> list[str]:
+    """The expert files a checkpoint of `model_state` holds."""
+    return [expert_file(index, expert)
+            for index, layer in enumerate(model_state.get("moe") or [])
+            for expert in range(layer["num_experts"])]
+
+
 def own_files(model: nn.Module) -> list[str]:
     """The expert files this rank reads."""
     return [file for file, _, _ in _own_experts(model)]
@@ -134,19 +225,6 @@ def same_expert_layout(model_state: dict, model: nn.Module) -> bool:
     return model_state.get("moe") == describe(model)
 
 
-def reshard_refusal(path: str, model_state: dict) -> str:
-    saved = model_state["fingerprint"]
-    sizes = ", ".join(sorted({str(layer["ep_size"]) for layer in model_state["moe"]}))
-    flags = ", ".join(sorted({str(layer.get("data_before_expert", False)).lower()
-                              for layer in model_state["moe"]}))
-    return (f"zero: checkpoint {path} of a model with MoE layers was saved at stage "
-            f"{saved['stage']} on {saved['world_size']} ranks with ep_size {sizes} and "
-            f"use_data_before_expert_parallelism {flags}; its optimizer states load only at "
-            "that layout (resharding them is not built). Resume there, or load the weights "
-            "alone: load_checkpoint(..., load_optimizer_states=False) loads the model at any "
-            "world size and ep_size")
-
-
 def refuse_node_local() -> None:
     """checkpoint.use_node_local_storage with experts (raised on every rank alike)."""
     raise NotImplementedError(
@@ -156,12 +234,12 @@ def refuse_node_local() -> None:
 
 
 def refuse_split_experts(path: str, model_state: dict, what: str) -> None:
-    """The whole-model readers (zero_to_fp32, ds_to_universal, another pipe x tensor
-    layout) read the model file's module and join the ranks' shards as if every rank held
-    the same parameters; MoE checkpoints are not built there."""
+    """The readers of every part (ds_to_universal, a load at another pipe x tensor layout)
+    join the ranks' shards as if every rank held the same parameters; MoE checkpoints are
+    not built there."""
     if model_state.get("moe"):
         raise NotImplementedError(
             f"zero: {what} of checkpoint {path}, a model with MoE layers (its experts in files "
-            "of their own), is not built; for the whole model's weights call "
-            "engine.save_16bit_model() (every expert under its global id) while training, or "
-            "load the checkpoint into the engine (load_checkpoint)")
+            "of their own), is not built; for the whole model's fp32 weights use zero_to_fp32 "
+            "(every expert under its global id), or load the checkpoint into an engine "
+            "(load_checkpoint: any world size, ep_size and stage)")
