@@ -3,7 +3,8 @@ own under its global id, as DeepSpeed writes them; a resume at the same layout c
 run exactly; the weights, fp32 masters and optimizer states load at another world size,
 ep_size, expert layout and stage, each expert's exactly as saved, and the run continues as
 before; zero_to_fp32 and save_16bit_model write every expert under its global id, loadable
-into a model with ep_size 1; DeepSpeed's own MoE checkpoints are refused naming the fix.
+into a model with ep_size 1. Checkpoints the real DeepSpeed wrote of a DeepSpeed-MoE model
+resume the same ways.
 
 Every value here is named as in a model holding every expert (global ids), so runs of any
 layout compare name by name."""
@@ -192,22 +193,87 @@ def test_zero_to_fp32_writes_every_expert_by_its_global_id(saved):
         torch.testing.assert_close(state[name], master, rtol=0, atol=0, msg=name)
 
 
-def test_a_deepspeed_checkpoint_into_an_moe_model_is_refused(tmp_path):
-    """zero reads its own MoE checkpoints; DeepSpeed's are told apart by their files."""
-    # (one rank is enough: the refusal comes before any collective)
-    error = run_distributed(_load_deepspeed_layout, 1, args=(str(tmp_path),), timeout=60)[0]
-    assert "checkpoint DeepSpeed wrote" in error and "MoE" in error, error
+# ---- checkpoints the real DeepSpeed wrote (tests/deepspeed_moe/make_checkpoints.py) -------------
+DEEPSPEED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deepspeed_moe", "checkpoints")
 
 
-def _load_deepspeed_layout(rank, world, directory):
-    tag = os.path.join(directory, "global_step1")
-    os.makedirs(tag)
-    torch.save({"ds_version": "0.19.8"}, os.path.join(tag, "mp_rank_00_model_states.pt"))
-    with open(os.path.join(directory, "latest"), "w") as file:
-        file.write("global_step1")
-    engine = _engine(rank, 1, 2)
-    try:
-        engine.load_checkpoint(directory)
-    except NotImplementedError as error:
-        return str(error)
-    return None
+def _resume_deepspeed(rank, world, run, ep_size, stage, data_before_expert):
+    """DeepSpeed's checkpoint resumed at this layout and trained on as DeepSpeed did: (the fp32
+    masters as loaded, the losses, the weights after), by global name."""
+    import zero
+    from zero.compat.deepspeed.utils import safe_get_full_fp32_param
+    from zero.moe import MoE
+    from zero.moe.checkpoint import global_names
+
+    net = cases.build(MoE, rank, ep_size, 1)
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config={
+        **cases.config(stage), "use_data_before_expert_parallelism": data_before_expert})
+    engine.load_checkpoint(os.path.join(DEEPSPEED, run))  # (latest: global_step2)
+    name = global_names(engine.module)
+    masters = {name(n): safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()}
+    losses = []
+    for step in range(2, 4):
+        loss = engine(*cases.batch(rank, step))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return masters, losses, _weights(engine)
+
+
+# (world, ep_size, stage: None for DeepSpeed's, use_data_before_expert_parallelism)
+DEEPSPEED_LAYOUTS = {"as-saved": (4, 2, None, False), "4-ranks-ep4-stage3": (4, 4, 3, False),
+                     "data-before-expert-other-stage": (4, 2, "other", True),
+                     "2-ranks-ep1": (2, 1, 2, False)}
+
+
+@pytest.mark.parametrize("layout", DEEPSPEED_LAYOUTS)
+@pytest.mark.parametrize("run", ["stage1-fp32", "stage2-fp32"])
+def test_a_deepspeed_moe_checkpoint_resumes_at_any_layout(run, layout):
+    """DeepSpeed saved 4 ranks at ep_size 2 after 2 steps (each rank's optimizer file holds its
+    piece of the experts' group over its expert data-parallel group). Loaded into zero: every
+    fp32 master is DeepSpeed's bit for bit; on 4 ranks (DeepSpeed's data) the next 2 steps
+    give DeepSpeed's losses and weights, to fp32 rounding (no clipping: the two engines' MoE
+    norms differ), which needs its Adam moments too."""
+    expected = torch.load(os.path.join(DEEPSPEED, run, "expected.pt"), weights_only=True)
+    world, ep_size, stage, data_before_expert = DEEPSPEED_LAYOUTS[layout]
+    saved_stage = int(run[5])
+    stage = saved_stage if stage is None else (3 - saved_stage if stage == "other" else stage)
+    results = run_distributed(_resume_deepspeed, world,
+                              args=(run, ep_size, stage, data_before_expert), timeout=120)
+    for rank, (masters, losses, weights) in enumerate(results):
+        assert len(masters) == 5 + 4 * cases.NUM_EXPERTS // ep_size
+        for name, value in masters.items():
+            torch.testing.assert_close(value, expected["at_save"][name], rtol=0, atol=0,
+                                       msg=f"{name} on rank {rank}")
+        if world == 4:
+            assert losses == pytest.approx(expected["losses"][rank], abs=1e-6)
+            for name, value in weights.items():
+                torch.testing.assert_close(value, expected["after"][name], rtol=1e-5, atol=1e-6,
+                                           msg=f"{name} on rank {rank}")
+
+
+@pytest.mark.parametrize("run", ["stage1-fp32", "stage2-fp32"])
+def test_zero_to_fp32_of_a_deepspeed_moe_checkpoint(run):
+    from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
+    from zero.moe import MoE
+    expected = torch.load(os.path.join(DEEPSPEED, run, "expected.pt"), weights_only=True)
+    state = get_fp32_state_dict_from_zero_checkpoint(os.path.join(DEEPSPEED, run))
+    cases.build(MoE, 0, 1, 1).load_state_dict(state)  # strict: every expert, ep_size 1
+    for name, value in expected["at_save"].items():
+        torch.testing.assert_close(state[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_a_group_over_fewer_ranks_that_is_no_moe_layers_is_refused(tmp_path):
+    """Without the MoE layers' record (num_experts), the experts' group partitioned over 2 of
+    the 4 ranks reads as MiCS's: refused naming the partition counts."""
+    import shutil
+
+    from zero.checkpoint_deepspeed import load_file, read
+    copy = str(tmp_path / "step")
+    shutil.copytree(os.path.join(DEEPSPEED, "stage2-fp32", "global_step2"), copy)
+    model_file = os.path.join(copy, "mp_rank_00_model_states.pt")
+    model_state = load_file(model_file)
+    model_state["num_experts"] = None
+    torch.save(model_state, model_file)
+    with pytest.raises(ValueError, match=r"partitions its groups over \[4, 2\] ranks of the 4"):
+        read(copy)

@@ -324,10 +324,6 @@ def _load_deepspeed(engine, path: str, read, strict: bool, load_optimizer_states
     """A checkpoint DeepSpeed wrote, read by `read` (checkpoint_deepspeed.py,
     checkpoint_universal.py), at any world size and stage."""
     load_shards = load_optimizer_states and not load_module_only
-    if engine.moe is not None:
-        raise NotImplementedError(
-            f"zero: {path} is a checkpoint DeepSpeed wrote; loading one into a model with MoE "
-            "layers is not built (zero reads its own MoE checkpoints)")
     with _all_ranks_or_none(f"reading DeepSpeed checkpoint {path}", "nothing was loaded"):
         saved = read(path)
     _agreed_check(lambda: checkpoint_deepspeed.check_fits(engine, saved, load_shards))

@@ -8,9 +8,13 @@ What DeepSpeed (0.19) writes for one model part (no pipeline or tensor split), Z
                                                    module's parameters empty
     <tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt   rank r's fp32 master partition
                                                    and Adam's moments laid out like it
+    <tag>/layer_<L>_expert_<E>_mp_rank_00_model_states.pt   DeepSpeed-MoE: each expert's
+                                                   weights under its global id
 Stages 1-2 flatten each parameter group in param_shapes order and cut the flat buffer into
-equal rank partitions; stage 3 cuts every parameter into ceil(numel / world) pieces, rank r's
-piece of each, in order, making its flat buffer. DeepSpeed's own zero_to_fp32 reads them the
+equal rank partitions (a DeepSpeed-MoE expert group's over each expert data-parallel group,
+its experts named as on rank 0: read under their global ids, moe/checkpoint.copies); stage
+3 cuts every parameter into ceil(numel / world) pieces, rank r's piece of each, in order,
+making its flat buffer. DeepSpeed's own zero_to_fp32 reads them the
 same way. From these, `read` says where every parameter's fp32 master and moments lie, by
 name (checkpoint_pieces.Located, memory-mapped); `load_into` loads the module from the whole
 master (in the engine's dtype) and cuts this rank's shards from the files, reading only its
@@ -33,6 +37,7 @@ import torch
 from . import checkpoint_layout
 from .checkpoint_files import MANIFEST, CorruptCheckpoint
 from .checkpoint_pieces import Flat, Located
+from .moe import checkpoint as moe_checkpoint
 from .sharding import names_by_id
 
 logger = logging.getLogger("zero")
@@ -110,6 +115,9 @@ class DeepSpeedCheckpoint:
     loss_scale: dict | None    # fp16: DeepSpeed's loss scaler's fields
     frozen: dict               # name -> value of a parameter the optimizer does not own
     universal: bool = False    # ds_to_universal's output (checkpoint_universal.py)
+    # DeepSpeed-MoE's layers (moe/checkpoint.describe's records); their experts are named by
+    # global id in `master`, `moments` and the module state
+    moe_layers: list = dataclasses.field(default_factory=list)
 
     def module_state(self, dtype: torch.dtype) -> dict:
         """The module's state dict: the parameters from the fp32 master (in `dtype`, as
@@ -144,8 +152,12 @@ def read(path: str) -> DeepSpeedCheckpoint:
     check_one_part(model_state, path)
     optim = _optimizer_files(path, model_state)
     world = len(optim)
-    _check_partitions(optim[0], world, path)
     shapes = model_state["param_shapes"]
+    experts = _moe_layers(path, model_state, optim[0], stage3)
+    if experts:  # every expert under its global id beside the shared weights
+        model_state["module"].update(moe_checkpoint.every_expert(
+            path, experts, lambda file: load_file(file, mmap=True)))
+    copies = _group_copies(optim[0], world, shapes, experts, path)
     if stage3:
         if any(t.numel() == 0 for o in optim for t in o["fp32_flat_groups"]):
             raise ValueError(
@@ -161,13 +173,13 @@ def read(path: str) -> DeepSpeedCheckpoint:
         adam = [_base_state(o["base_optimizer_state"], path) for o in optim]
         locate = _stage12_located
     paddings = optim[0].get("param_alignment_paddings") or [[0] * len(g) for g in shapes]
-    master = locate(flats, shapes, paddings, path)
+    master = locate(flats, shapes, paddings, path, copies)
     moments = {}
     for key in MOMENTS:  # another optimizer's state stays behind (check_fits says so)
         if all(key in state for a in adam for state in a["state"].values()) and adam[0]["state"]:
             laid_out_like_flats = [[a["state"][i][key] for i in sorted(a["state"])] for a in adam]
-            moments[key] = locate(laid_out_like_flats, shapes, paddings, path)
-    frozen = frozen_parameters(path, model_state, stage3, world)
+            moments[key] = locate(laid_out_like_flats, shapes, paddings, path, copies)
+    frozen = frozen_parameters(path, model_state, stage3, world, master)
     tie_names(model_state, frozen, master, *moments.values())
     step = next(iter(adam[0]["state"].values()), {}).get("step", 0)
     return DeepSpeedCheckpoint(
@@ -175,7 +187,7 @@ def read(path: str) -> DeepSpeedCheckpoint:
         world_size=world, master=master, moments=moments, step=int(step),
         param_groups=[{k: v for k, v in g.items() if k != "params"}
                       for g in adam[0]["param_groups"]],
-        frozen=frozen,
+        frozen=frozen, moe_layers=experts,
         loss_scale=record_fields(optim[0].get("loss_scaler")) or None)
 
 
@@ -211,17 +223,51 @@ def _optimizer_files(path: str, model_state: dict) -> list[dict]:
             for _, name in found]
 
 
-def _check_partitions(optim: dict, world: int, path: str) -> None:
-    """Every group partitioned over all the ranks that wrote files (not MiCS's or an expert
-    group's fewer)."""
+def _moe_layers(path: str, model_state: dict, optim: dict, stage3: bool) -> list[dict]:
+    """DeepSpeed-MoE's layers, as zero's checkpoints describe them (moe/checkpoint.describe):
+    each layer's module name from its first expert's file, its expert count from the model
+    file, its ep_size from the name of the optimizer group holding its experts
+    ("ep_size_<n>"), the rank layout from the config. [] for a model without MoE layers."""
+    counts = model_state.get("num_experts") or []
+    if not counts:
+        return []
+    if stage3:  # (DeepSpeed refuses its MoE at stage 3: no such checkpoint is written)
+        raise ValueError(f"zero: DeepSpeed checkpoint {path} has MoE layers at ZeRO stage 3, "
+                         "which DeepSpeed does not write; the files are not DeepSpeed's")
+    groups = _base_state(optim["base_optimizer_state"], path)["param_groups"] \
+        if "base_optimizer_state" in optim else []
+    ep_sizes = {moe_checkpoint.layer_name(name): int(group["name"].rsplit("_", 1)[1])
+                for group, shapes in zip(groups, model_state["param_shapes"])
+                if group.get("moe") for name in shapes}
+    data_before_expert = bool(model_state.get("ds_config", {}).get(
+        "use_data_before_expert_parallelism", False))
+    layers = []
+    for index, count in enumerate(counts):
+        first = load_file(os.path.join(path, moe_checkpoint.expert_file(index, 0)), mmap=True)
+        name = moe_checkpoint.layer_name(next(iter(first)))
+        layers.append({"name": name, "num_experts": int(count),
+                       "ep_size": ep_sizes.get(name, 1), "data_before_expert": data_before_expert})
+    return layers
+
+
+def _group_copies(optim: dict, world: int, shapes: list[dict], moe_layers: list[dict],
+                  path: str) -> list[list]:
+    """Per group, where its flat buffer lies (moe/checkpoint.copies): over every rank that
+    wrote files, or an expert group over each expert data-parallel group; any other group
+    partitioned over fewer ranks (MiCS) is refused."""
     counts = optim.get("partition_count", world)
-    counts = counts if isinstance(counts, (list, tuple)) else [counts]
-    if any(int(count) != world for count in counts):
-        raise ValueError(
-            f"zero: DeepSpeed checkpoint {path} partitions its groups over {list(counts)} ranks "
-            f"of the {world} that saved it (MiCS or expert parallelism); zero reads DeepSpeed "
-            "checkpoints partitioned over every data-parallel rank. Convert it to fp32 weights "
-            "with DeepSpeed's zero_to_fp32.py")
+    counts = counts if isinstance(counts, (list, tuple)) else [counts] * len(shapes)
+    found = []
+    for count, names in zip(counts, shapes):
+        found.append(moe_checkpoint.copies(moe_layers, world, int(count), list(names)))
+        if sum(len(ranks) for ranks, _ in found[-1]) != world:
+            raise ValueError(
+                f"zero: DeepSpeed checkpoint {path} partitions its groups over {list(counts)} "
+                f"ranks of the {world} that saved it (MiCS, or expert groups other than its "
+                "MoE layers'); zero reads DeepSpeed checkpoints partitioned over every "
+                "data-parallel rank or expert data-parallel group. Convert it to fp32 weights "
+                "with DeepSpeed's zero_to_fp32.py")
+    return found
 
 
 def _base_state(state, path: str) -> dict:
@@ -259,25 +305,29 @@ def check_one_part(model_state: dict, path: str) -> None:
 
 
 def _stage12_located(flats: list[list[torch.Tensor]], shapes: list[dict],
-                     paddings: list[list[int]], path: str) -> dict[str, Located]:
-    """Stages 1-2: group g's flat buffer is the ranks' partitions end to end (flats[r][g]),
-    its parameters one after another from offset 0, each followed by its alignment padding
-    (DeepSpeed's parameter_alignment; the group's tail is padding too)."""
+                     paddings: list[list[int]], path: str, copies: list[list]
+                     ) -> dict[str, Located]:
+    """Stages 1-2: group g's flat buffer is its ranks' partitions end to end (flats[r][g]:
+    every rank's, or an expert group's each expert data-parallel group's, one buffer per
+    expert-parallel rank, its experts renamed to their global ids: `copies`), its parameters
+    one after another from offset 0, each followed by its alignment padding (DeepSpeed's
+    parameter_alignment; the group's tail is padding too)."""
     values = {}
     for g, group in enumerate(shapes):
-        full = Flat([rank_flats[g] for rank_flats in flats])
-        offset = 0
-        for (name, shape), padding in zip(group.items(), paddings[g]):
-            values[name] = _located(full, shape, offset, name, path)
-            offset += math.prod(shape) + padding
+        for ranks, rename in copies[g]:
+            full = Flat([flats[r][g] for r in ranks])
+            offset = 0
+            for (name, shape), padding in zip(group.items(), paddings[g]):
+                values[rename(name)] = _located(full, shape, offset, name, path)
+                offset += math.prod(shape) + padding
     return values
 
 
-def _stage3_located(flats: list[list[torch.Tensor]], shapes: list[dict], paddings, path: str
-                    ) -> dict[str, Located]:
+def _stage3_located(flats: list[list[torch.Tensor]], shapes: list[dict], paddings, path: str,
+                    copies) -> dict[str, Located]:
     """Stage 3: rank r's flat buffer (its sub-groups end to end, flats[r]) holds its
     ceil(numel / world) piece of every parameter in order, the last rank's shorter."""
-    del paddings  # stage 3 pads each parameter to a multiple of the world size instead
+    del paddings, copies  # stage 3 pads each parameter to a multiple of the world size instead
     ranks = [Flat(rank_flats) for rank_flats in flats]
     values, offset = {}, 0
     for group in shapes:
@@ -308,12 +358,12 @@ def _located(flat: Flat, shape, offset: int, name: str, path: str) -> Located:
             "truncated") from error
 
 
-def frozen_parameters(path: str, model_state: dict, stage3: bool, world: int) -> dict:
+def frozen_parameters(path: str, model_state: dict, stage3: bool, world: int,
+                      master: dict) -> dict:
     """The parameters the optimizer does not own (frozen, or of no elements): whole in the
-    module at stages 1-2, rank fragments at stage 3."""
+    module at stages 1-2 (with MoE an expert's in its own file), rank fragments at stage 3."""
     if not stage3:  # (stage 1 records no frozen_param_shapes)
-        owned = {name for group in model_state["param_shapes"] for name in group}
-        owned |= set(model_state.get("shared_params", {}))
+        owned = set(master) | set(model_state.get("shared_params", {}))
         owned |= set(model_state.get("buffer_names", []))
         return {name: value for name, value in model_state["module"].items()
                 if name not in owned}
@@ -338,12 +388,15 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
     universal checkpoint, whose fp32 master DeepSpeed loads whatever the flags say (and its
     moments too: zero leaves those out when asked to; tests/deepspeed_checkpoints/*/loaded.pt
     holds what DeepSpeed does). `module_only`: the master always follows the module."""
-    engine.load_module_state_dict(saved.module_state(engine.dtype), strict=strict)
+    state = saved.module_state(engine.dtype)
+    if engine.moe is not None:  # this rank's experts under their local ids
+        state = moe_checkpoint.localized(engine.module, state)
+    engine.load_module_state_dict(state, strict=strict)
     if module_only or not (load_shards or saved.universal):
         checkpoint_layout.refresh_masters(engine.core)
         return
     moments = engine_moments(engine, saved) if load_shards else {}
-    for g, wanted in enumerate(checkpoint_layout.group_param_names(engine)):
+    for g, wanted in enumerate(checkpoint_layout.global_param_names(engine)):
         checkpoint_layout.load_group(engine, g, wanted, saved.master, moments)
 
 
@@ -381,9 +434,14 @@ def engine_moments(engine, saved: DeepSpeedCheckpoint) -> dict | None:
 def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:
     """Before anything is loaded: the same trainable parameters and shapes, the checkpoint's
     optimizer here when its state is to be loaded, and one optimizer group per group."""
-    trainable = {n for group in checkpoint_layout.group_param_names(engine) for n in group}
-    checkpoint_layout.check_same_model(f"DeepSpeed checkpoint {saved.path}", saved.master,
-                                       engine.full_shapes, required=sorted(trainable))
+    where = f"DeepSpeed checkpoint {saved.path}"
+    if saved.moe_layers or engine.moe is not None:
+        moe_checkpoint.check_layers({"moe": saved.moe_layers}, engine.module, saved.path)
+    trainable = {n for group in checkpoint_layout.global_param_names(engine) for n in group}
+    rename = checkpoint_layout.global_name(engine)  # MoE: an expert by its global id
+    checkpoint_layout.check_same_model(
+        where, saved.master, {rename(name): shape for name, shape in engine.full_shapes.items()},
+        required=sorted(trainable))
     if load_shards:
         _check_optimizer(engine, saved, trainable)
 
@@ -399,9 +457,14 @@ def _check_optimizer(engine, saved: DeepSpeedCheckpoint, trainable: set[str]) ->
             f"optimizer ({engine.optimizer.spec.kind}) keeps {sorted(names)}; zero resumes "
             "Adam, AdamW, Adagrad, Lion, Lamb and SGD from DeepSpeed: configure the optimizer the "
             "checkpoint was trained with, or load with load_optimizer_states=False")
-    saved_groups = [set(group) & trainable for group in saved.model_state["param_shapes"]]
+    # by names without expert ids (moe/checkpoint.generic): rank 0's experts saved, this
+    # rank's now, at any ep_size
+    generic = moe_checkpoint.generic
+    trainable = {generic(name) for name in trainable}
+    saved_groups = [{generic(name) for name in group} & trainable
+                    for group in saved.model_state["param_shapes"]]
     by_id = names_by_id(engine.module)
-    groups = [{by_id[id(p)][0] for p in group["params"]} & trainable
+    groups = [{generic(by_id[id(p)][0]) for p in group["params"]} & trainable
               for group in engine.optimizer.param_groups]
     if len(saved.param_groups) != len(groups) or (len(saved_groups) == len(groups)
                                                   and saved_groups != groups):

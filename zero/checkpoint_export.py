@@ -70,7 +70,7 @@ def _model_states(path: str) -> list[tuple[PartNames, dict]]:
         experts = moe_checkpoint.expert_files(model_state)
         files.verify(path, experts)
         model_state["module"].update(moe_checkpoint.every_expert(
-            path, model_state, lambda file: files.load_torch(file, mmap=True)))
+            path, model_state["moe"], lambda file: files.load_torch(file, mmap=True)))
     return states
 
 

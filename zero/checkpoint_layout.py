@@ -164,8 +164,13 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
 
 def global_param_names(engine) -> list[list[str]]:
     """group_param_names, an MoE expert's under its global id (moe/checkpoint.py)."""
-    rename = moe_checkpoint.global_names(engine.module) if engine.moe is not None else str
+    rename = global_name(engine)
     return [[rename(name) for name in names] for names in group_param_names(engine)]
+
+
+def global_name(engine):
+    """name -> the name in a model holding every expert (the same without MoE layers)."""
+    return moe_checkpoint.global_names(engine.module) if engine.moe is not None else str
 
 
 def check_same_model(where: str, saved: dict, expected: dict, required=()) -> None:

@@ -50,7 +50,7 @@ def read(path: str) -> DeepSpeedCheckpoint:
                for key, names in _moments_saved(path, shapes).items()}
     # as saved in the model files ds_to_universal copied (stage 3: every rank's fragment)
     frozen = frozen_parameters(path, model_state, os.path.basename(model_file) != WHOLE_MODEL_FILE,
-                               model_state.get("dp_world_size", 1))
+                               model_state.get("dp_world_size", 1), master)
     tie_names(model_state, frozen, master, *moments.values())
     step = _step(path, next(iter(shapes), None), optimizer, bool(moments))
     return DeepSpeedCheckpoint(

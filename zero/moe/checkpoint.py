@@ -37,6 +37,11 @@ def is_expert_key(name: str) -> bool:
     return EXPERTS in name
 
 
+def layer_name(key: str) -> str:
+    """The module name of the MoE layer an expert's state-dict key is of."""
+    return key[:key.index(EXPERTS)].removesuffix(".")
+
+
 def kept_names(keep_all: bool):
     """full_state_dict's `keep` for a model with MoE layers: every name on a rank that keeps
     the whole state, its own experts' on every other rank (they write or gather them)."""
@@ -124,6 +129,17 @@ def _renamer(offsets: list[tuple[str, int]]) -> Callable[[str], str]:
     return rename
 
 
+def localized(model: nn.Module, state: dict) -> dict:
+    """A state dict naming every expert by its global id, as this rank's model names it: its
+    own experts under their local ids, the other ranks' left out."""
+    rename = global_names(model)
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    names += [name for name, _ in model.named_buffers(remove_duplicate=False)]
+    local = {rename(name): name for name in names}
+    return {local.get(name, name): value for name, value in state.items()
+            if not is_expert_key(name) or name in local}
+
+
 def generic(name: str) -> str:
     """A name with any expert id left out: the same for every expert of a layer, whatever
     its place (the trainable parameters compared across layouts)."""
@@ -132,26 +148,32 @@ def generic(name: str) -> str:
 
 def saved_copies(model_state: dict, group: dict) -> list[tuple[list[int], Callable[[str], str]]]:
     """Where saved engine group `group` (checkpoint_layout.describe's, named as on rank 0)
-    lies: per copy of its buffer, (the saved ranks whose pieces, in order, make it up, the
-    rename of its names to global ids). A group of shared parameters has one copy, over its
-    first `world_size` ranks; an expert group one per expert-parallel rank e, over e's
-    expert data-parallel group (its first rank alone at stage 0), holding e's experts."""
-    first_ranks = list(range(group["world_size"]))
-    names = [names[0] for names, _ in group["params"]]
-    held = [layer for layer in model_state.get("moe") or []
+    lies (`copies`: over its first `world_size` ranks, or each expert-parallel rank's expert
+    data-parallel group, its first rank alone at stage 0)."""
+    return copies(model_state.get("moe") or [], model_state["fingerprint"]["world_size"],
+                  group["world_size"], [names[0] for names, _ in group["params"]])
+
+
+def copies(moe_layers: list[dict], world: int, group_world: int, names: list[str]
+           ) -> list[tuple[list[int], Callable[[str], str]]]:
+    """Where a saved group's flat buffer lies, whose parameters `names` (rank 0's) are sharded
+    over `group_world` ranks of a saved `world`: per copy of the buffer, (the saved ranks whose
+    pieces, in order, make it up, the rename of its names to global ids). A group of shared
+    parameters has one copy, over the first `group_world` ranks; an expert group one per
+    expert-parallel rank e, over the first `group_world` ranks of e's expert data-parallel
+    group, holding e's experts. `moe_layers`: as `describe` records them."""
+    held = [layer for layer in moe_layers
             if any(_renamed(name, layer["name"], 0) for name in names)]
     if not held:
-        return [(first_ranks, lambda name: name)]
+        return [(list(range(group_world)), lambda name: name)]
     (ep_size, data_before_expert), *others = {(layer["ep_size"],
                                                layer.get("data_before_expert", False))
                                               for layer in held}
     if others:
         raise CorruptCheckpoint(f"zero: the layout in a checkpoint puts MoE layers of "
                                 f"different layouts in one group ({held})")
-    _, data_layout = layout(model_state["fingerprint"]["world_size"], ep_size,
-                            data_before_expert)
-
-    return [(ranks[:group["world_size"]],
+    _, data_layout = layout(world, ep_size, data_before_expert)
+    return [(ranks[:group_world],
              _renamer([(layer["name"], e * (layer["num_experts"] // ep_size)) for layer in held]))
             for e, ranks in enumerate(data_layout)]
 
@@ -173,11 +195,11 @@ def shape_name(module_state: dict, name: str) -> str:
     return name if name in module_state else _EXPERT_ANYWHERE.sub(EXPERTS + "0.", name, count=1)
 
 
-def every_expert(path: str, model_state: dict, load) -> dict:
+def every_expert(path: str, moe_layers: list[dict], load) -> dict:
     """Every expert's entries of checkpoint `path` under their global ids (zero_to_fp32);
     `load(file)` reads one file."""
     found = {}
-    for index, layer in enumerate(model_state.get("moe") or []):
+    for index, layer in enumerate(moe_layers):
         for expert in range(layer["num_experts"]):
             found.update(load(os.path.join(path, expert_file(index, expert))))
     return found
