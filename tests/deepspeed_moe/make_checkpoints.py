@@ -11,8 +11,9 @@ local experts; num_experts), layer_0_expert_<E>_mp_rank_00_model_states.pt (each
 its global id) and zero_pp_rank_<r>_mp_rank_00_optim_states.pt (rank r's partition of each
 group: the expert group partitioned over r's expert data-parallel group, partition_count
 [4, 2]). checkpoints/<run>/expected.pt: {"deepspeed": version, "at_save": {global name:
-fp32 weight}, "after": {global name: fp32 weight after MORE steps more}, "losses": {rank:
-[loss] * MORE}} (the fp32 weights are DeepSpeed's master, its module weights in fp32).
+weight}, "after": {global name: weight after MORE steps more}, "losses": {rank: [loss] *
+MORE}}, the module's weights in fp32 (in an fp32 run DeepSpeed's master itself, in bf16 the
+master rounded to bf16).
 """
 import os
 import shutil
@@ -25,7 +26,8 @@ from deepspeed_reference import TESTS, ask_deepspeed, cases_of  # noqa: E402
 
 cases = cases_of("moe")
 WORLD, EP_SIZE, SAVED_AT, MORE = 4, 2, 2, 2
-RUNS = {"stage1-fp32": 1, "stage2-fp32": 2}
+# name: (stage, dtype); bf16 at stage 1 is DeepSpeed's BF16_Optimizer (bf16_zero_pp_rank_* files)
+RUNS = {"stage1-fp32": (1, "fp32"), "stage2-fp32": (2, "fp32"), "stage1-bf16": (1, "bf16")}
 FOLDER = os.path.join(TESTS, "deepspeed_moe", "checkpoints")
 
 
@@ -40,7 +42,7 @@ def _run(rank, world, name):
 
     net = cases.build(MoE, rank, EP_SIZE, 1)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
-                                      config=cases.config(RUNS[name]))
+                                      config=cases.config(*RUNS[name]))
     losses = []
     for step in range(SAVED_AT + MORE):
         if step == SAVED_AT:
