@@ -434,44 +434,12 @@ def test_a_stage_3_edit_reaches_the_ranks_holding_the_same_experts_only():
 
 
 # ---- PR-MoE: layers of different ep_size, a residual MoE ---------------------------------
-class _PyramidNet(torch.nn.Module):
-    """Two MoE layers over 4 experts each: the first split over `eps[0]` ranks, the second a
-    Residual MoE (DeepSpeed's use_residual: a dense MLP mixed in per token) over `eps[1]`."""
-
-    def __init__(self, eps):
-        from zero.moe import MoE
-        super().__init__()
-        torch.manual_seed(0)
-        self.inp = torch.nn.Linear(cases.HIDDEN, cases.HIDDEN)
-        self.first = MoE(cases.HIDDEN, cases.Expert(), num_experts=4, ep_size=eps[0],
-                         use_rts=False, min_capacity=0)
-        self.second = MoE(cases.HIDDEN, cases.Expert(), num_experts=4, ep_size=eps[1],
-                          use_rts=False, min_capacity=0, use_residual=True)
-
-    def forward(self, x, y):
-        h, aux1, _ = self.first(self.inp(x))
-        h, aux2, _ = self.second(h)
-        return torch.nn.functional.mse_loss(h, y) + 0.01 * (aux1 + aux2)
-
-
-def _pyramid(rank: int, eps) -> _PyramidNet:
-    """The net of `rank`, each local expert drawn from its layer and global id."""
-    net = _PyramidNet(eps)
-    with torch.no_grad():
-        for index, (layer, ep) in enumerate(((net.first, eps[0]), (net.second, eps[1]))):
-            local = layer.deepspeed_moe.experts.deepspeed_experts
-            for i, expert in enumerate(local):
-                generator = torch.Generator().manual_seed(
-                    100 * index + (rank % ep) * len(local) + i)
-                for param in expert.parameters():
-                    param.copy_(0.3 * torch.randn(param.shape, generator=generator))
-    return net
-
-
 def _train_pyramid(rank, world, eps):
     import zero
 
-    net = _pyramid(rank, eps)
+    from zero.moe import MoE
+
+    net = cases.pyramid(MoE, rank, eps)
     engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(),
                                  config=_config(2, "adam-clipped"))
     for step in range(cases.STEPS):
@@ -485,7 +453,9 @@ def _train_pyramid(rank, world, eps):
 
 def test_layers_of_different_ep_size_and_a_residual_moe_train_as_one_process():
     world, eps = 4, (2, 4)
-    reference = _pyramid(0, (1, 1))
+    from zero.moe import MoE
+
+    reference = cases.pyramid(MoE, 0, (1, 1))
     optim = torch.optim.Adam(reference.parameters(), lr=1e-2)
     for step in range(cases.STEPS):
         for rank in range(world):

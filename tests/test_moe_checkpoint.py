@@ -60,7 +60,7 @@ def _optimizer_states(engine):
     name = global_names(engine.module)
     return {name(n): [safe_get_full_fp32_param(p)] + [safe_get_full_optimizer_state(p, key)
                                                       for key in ("exp_avg", "exp_avg_sq")]
-            for n, p in engine.module.named_parameters()}
+            for n, p in engine.module.named_parameters() if p.requires_grad}
 
 
 def _save_then_resume(rank, world, directory, stage):
@@ -82,7 +82,24 @@ def _save_then_resume(rank, world, directory, stage):
 
 def _whole(results, key: str) -> dict:
     """Every rank's values of `key` in one dict (ranks holding the same expert agree)."""
-    return {name: value for found in results for name, value in found[2][key].items()}
+    return _merged([found[2][key] for found in results])
+
+
+def _merged(per_rank: list[dict]) -> dict:
+    """Per-rank {global name: value} in one dict, checking that ranks agree."""
+    merged = {}
+    for rank, found in enumerate(per_rank):
+        for name, value in found.items():
+            if name in merged:
+                for mine, theirs in zip(_listed(value), _listed(merged[name])):
+                    torch.testing.assert_close(mine, theirs, rtol=0, atol=0,
+                                               msg=f"{name}: rank {rank} and an earlier rank")
+            merged[name] = value
+    return merged
+
+
+def _listed(value):
+    return value if isinstance(value, list) else [value]
 
 
 @pytest.fixture(scope="module", params=[0, 2, 3], ids=["stage0", "stage2", "stage3"])
@@ -158,6 +175,7 @@ def test_optimizer_states_load_at_another_layout(saved, layout):
                              args=(directory, ep_size, load_stage, data_before_expert),
                              timeout=120)
     states = _whole(results, "states")
+    _merged([found for found, _ in loaded])
     for rank, (found, _) in enumerate(loaded):
         assert found.keys() <= states.keys() and len(found) == 5 + 4 * cases.NUM_EXPERTS // ep_size
         for name, arrays in found.items():
@@ -165,7 +183,7 @@ def test_optimizer_states_load_at_another_layout(saved, layout):
                 torch.testing.assert_close(value, want, rtol=0, atol=0,
                                            msg=f"{array} of {name} on rank {rank}")
     if world == 4:
-        straight = {name: value for found in results for name, value in found[0].items()}
+        straight = _merged([found[0] for found in results])
         for rank, (_, weights) in enumerate(loaded):
             for name, value in weights.items():
                 torch.testing.assert_close(value, straight[name], rtol=1e-5, atol=1e-6,
@@ -191,6 +209,88 @@ def test_zero_to_fp32_writes_every_expert_by_its_global_id(saved):
     cases.build(MoE, 0, 1, 1).load_state_dict(state)  # strict: every expert, ep_size 1
     for name, (master, *_) in _whole(results, "states").items():
         torch.testing.assert_close(state[name], master, rtol=0, atol=0, msg=name)
+
+
+# ---- layers of different ep_size, a frozen expert, expert buffers ---------------------------
+def _pyramid_engine(rank, eps, stage, buffers: bool):
+    """cases.PyramidNet on this rank: each expert with a buffer `id` (100 * layer + its global
+    id, or -1 without `buffers`), the first layer's local expert 1 with its fc2.bias frozen
+    (every rank freezes the same local parameters)."""
+    import zero
+    from zero.moe import MoE
+
+    net = cases.pyramid(MoE, rank, eps)
+    for index, (layer, ep) in enumerate(((net.first, eps[0]), (net.second, eps[1]))):
+        local = layer.deepspeed_moe.experts.deepspeed_experts
+        for i, expert in enumerate(local):
+            global_id = (rank % ep) * len(local) + i
+            expert.register_buffer("id", torch.tensor([100. * index + global_id if buffers
+                                                       else -1.]))
+            if index == 0 and i == 1:
+                expert.fc2.bias.requires_grad_(False)
+    zero_block = {"stage": stage, **(STAGE3 if stage == 3 else {})}
+    engine, *_ = zero.initialize(model=net, model_parameters=net.parameters(), config={
+        **cases.config(stage), "gradient_clipping": 0.05, "zero_optimization": zero_block})
+    return engine
+
+
+def _buffers(engine):
+    from zero.moe.checkpoint import global_names
+    name = global_names(engine.module)
+    return {name(n): b.clone() for n, b in engine.module.named_buffers() if n.endswith(".id")}
+
+
+def _save_pyramid(rank, world, directory):
+    engine = _pyramid_engine(rank, (2, 4), 2, buffers=True)
+    _steps(engine, rank, range(2))
+    engine.save_checkpoint(directory, tag="pyramid")
+    return _optimizer_states(engine)
+
+
+def _load_pyramid(rank, world, directory, eps, stage):
+    engine = _pyramid_engine(rank, eps, stage, buffers=False)
+    try:
+        engine.load_checkpoint(directory, tag="pyramid")
+    except ValueError as error:
+        return str(error)
+    return _optimizer_states(engine), _buffers(engine)
+
+
+@pytest.fixture(scope="module")
+def pyramid(tmp_path_factory):
+    """4 ranks, the layers at ep_size 2 and 4 (the second's experts each on one rank: no
+    expert data parallelism), stage 2, global experts 1 and 3 of the first layer with a
+    frozen fc2.bias: (directory, the saved states)."""
+    directory = str(tmp_path_factory.mktemp("moe_pyramid"))
+    return directory, _merged(run_distributed(_save_pyramid, 4, args=(directory,), timeout=120))
+
+
+@pytest.mark.parametrize("world, eps, stage", [(2, (2, 2), 3), (4, (2, 1), 2)],
+                         ids=["2-ranks-ep2-ep2-stage3", "4-ranks-ep2-ep1"])
+def test_layers_of_other_ep_sizes_load_with_frozen_experts_and_buffers(pyramid, world, eps,
+                                                                       stage):
+    directory, saved = pyramid
+    # inp, the gates and the residual's MLP and coefficient; 4 parameters per expert, 2 frozen
+    assert len(saved) == 2 + 2 + 4 + 2 + 2 * 16 - 2
+    loaded = run_distributed(_load_pyramid, world, args=(directory, eps, stage), timeout=120)
+    states = _merged([found for found, _ in loaded])
+    assert states.keys() == saved.keys()
+    for name, arrays in states.items():
+        for value, want in zip(arrays, saved[name]):
+            torch.testing.assert_close(value, want, rtol=0, atol=0, msg=name)
+    buffers = _merged([found for _, found in loaded])
+    assert {name: float(value) for name, value in buffers.items()} == {
+        f"{layer}.deepspeed_moe.experts.deepspeed_experts.{e}.id": 100. * index + e
+        for index, layer in enumerate(("first", "second")) for e in range(4)}
+
+
+def test_an_expert_frozen_when_saved_and_trainable_now_is_named_on_every_rank(pyramid):
+    """At ep_size 1 the first layer's local expert 1 is global expert 1 alone: global expert
+    3's fc2.bias, frozen when saved, is trainable now."""
+    directory, _ = pyramid
+    errors = run_distributed(_load_pyramid, 2, args=(directory, (1, 2), 2), timeout=120)
+    assert all(isinstance(e, str) and "trainable here, not in the checkpoint: "
+               "first.deepspeed_moe.experts.deepspeed_experts.3.fc2.bias" in e for e in errors), errors
 
 
 # ---- checkpoints the real DeepSpeed wrote (tests/deepspeed_moe/make_checkpoints.py) -------------
@@ -221,10 +321,12 @@ def _resume_deepspeed(rank, world, run, ep_size, stage, data_before_expert):
     return masters, losses, _weights(engine)
 
 
-# (world, ep_size, stage: None for DeepSpeed's, use_data_before_expert_parallelism)
-DEEPSPEED_LAYOUTS = {"as-saved": (4, 2, None, False), "4-ranks-ep4-stage3": (4, 4, 3, False),
-                     "data-before-expert-other-stage": (4, 2, "other", True),
+# (world, ep_size, stage: None for DeepSpeed's, use_data_before_expert_parallelism: None for
+# DeepSpeed's, "other" for the other)
+DEEPSPEED_LAYOUTS = {"as-saved": (4, 2, None, None), "4-ranks-ep4-stage3": (4, 4, 3, False),
+                     "other-expert-layout-other-stage": (4, 2, "other", "other"),
                      "2-ranks-ep1": (2, 1, 2, False)}
+DEEPSPEED_RUNS = ["stage1-fp32", "stage2-fp32", "stage1-bf16", "stage2-fp32-data-before-expert"]
 
 
 def _as_saved(master: torch.Tensor, run: str) -> torch.Tensor:
@@ -233,7 +335,7 @@ def _as_saved(master: torch.Tensor, run: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("layout", DEEPSPEED_LAYOUTS)
-@pytest.mark.parametrize("run", ["stage1-fp32", "stage2-fp32", "stage1-bf16"])
+@pytest.mark.parametrize("run", DEEPSPEED_RUNS)
 def test_a_deepspeed_moe_checkpoint_resumes_at_any_layout(run, layout):
     """DeepSpeed saved 4 ranks at ep_size 2 after 2 steps (each rank's optimizer file holds its
     piece of the experts' group over its expert data-parallel group). Loaded into zero: every
@@ -242,8 +344,10 @@ def test_a_deepspeed_moe_checkpoint_resumes_at_any_layout(run, layout):
     clipping: the two engines' MoE norms differ), which needs its Adam moments too."""
     expected = torch.load(os.path.join(DEEPSPEED, run, "expected.pt"), weights_only=True)
     world, ep_size, stage, data_before_expert = DEEPSPEED_LAYOUTS[layout]
-    saved_stage = int(run[5])
+    saved_stage, saved_layout = int(run[5]), run.endswith("data-before-expert")
     stage = saved_stage if stage is None else (3 - saved_stage if stage == "other" else stage)
+    data_before_expert = {None: saved_layout, "other": not saved_layout}.get(
+        data_before_expert, data_before_expert)
     results = run_distributed(_resume_deepspeed, world,
                               args=(run, ep_size, stage, data_before_expert), timeout=120)
     bf16 = run.endswith("bf16")
@@ -262,7 +366,7 @@ def test_a_deepspeed_moe_checkpoint_resumes_at_any_layout(run, layout):
                                            msg=f"{name} on rank {rank}")
 
 
-@pytest.mark.parametrize("run", ["stage1-fp32", "stage2-fp32", "stage1-bf16"])
+@pytest.mark.parametrize("run", DEEPSPEED_RUNS)
 def test_zero_to_fp32_of_a_deepspeed_moe_checkpoint(run):
     from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
     from zero.moe import MoE
@@ -287,3 +391,11 @@ def test_a_group_over_fewer_ranks_that_is_no_moe_layers_is_refused(tmp_path):
     torch.save(model_state, model_file)
     with pytest.raises(ValueError, match=r"partitions its groups over \[4, 2\] ranks of the 4"):
         read(copy)
+
+
+def test_ds_to_universal_of_a_deepspeed_moe_checkpoint_is_refused(tmp_path):
+    """(its per-parameter files would hold rank 0's experts' states only)"""
+    from zero.checkpoint_to_universal import convert
+    with pytest.raises(NotImplementedError, match="ds_to_universal of checkpoint .* MoE layers"):
+        convert(os.path.join(DEEPSPEED, "stage2-fp32", "global_step2"), str(tmp_path / "out"))
+    assert not os.path.exists(tmp_path / "out")

@@ -278,7 +278,8 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
         model_state = _load_other_layout(engine, path, load_shards, load_module_strict)
     if not load_module_only:
         if load_optimizer_states:
-            engine.optimizer.load_state_dict(model_state["optimizer"])
+            engine.optimizer.load_state_dict(
+                checkpoint_layout.optimizer_state_for(engine, model_state, path))
             if engine.loss_scaler is not None and model_state["loss_scaler"] is not None:
                 engine.loss_scaler.load_state_dict(model_state["loss_scaler"])
         if load_lr_scheduler_states and engine.lr_scheduler is not None \
@@ -471,18 +472,34 @@ def _check_fingerprint(model_state: dict, engine, part: checkpoint_mesh.Part, pa
             saved[key] == current[key] for key in ("stage", "world_size", "group_numels")):
         return False
     layout = model_state.get("layout")
-    # an MoE expert's names compared without its id (the layers' expert counts are checked)
-    generic = moe_checkpoint.generic
-    trainable = sorted({generic(n) for group in checkpoint_layout.group_param_names(engine)
-                        for n in group})
-    if layout is None or sorted({generic(n[0]) for g in layout["groups"]
-                                 for n, _ in g["params"]}) != trainable:
+    differ = None if layout is None else _other_trainable(model_state, engine, path)
+    if layout is None or differ:
         raise ValueError(
             f"zero: checkpoint {path} was written with stage={saved['stage']}, "
             f"world_size={saved['world_size']} and groups of {saved['group_numels']} elements "
             f"but this engine has stage={current['stage']}, world_size={current['world_size']} "
             f"and {current['group_numels']}"
-            + (" (saved before checkpoints recorded their layout)" if layout is None
-               else " with other trainable parameters") +
-            "; resume with the same stage, world size and model")
+            + ("; it was saved before checkpoints recorded their layout: resume with the same "
+               "stage, world size and model" if layout is None else
+               f" with other trainable parameters ({differ}); resume the same model with the "
+               "same parameters frozen"))
     return True
+
+
+def _other_trainable(model_state: dict, engine, path: str) -> str | None:
+    """How this engine's trainable parameters differ from the checkpoint's (None: the same),
+    an MoE expert's by its global id: each rank's must be among the saved ones, and every
+    saved kind trained here (an expert's names without their id, moe/checkpoint.generic)."""
+    saved = checkpoint_layout.saved_param_names(model_state, path)
+    mine = {n for group in checkpoint_layout.global_param_names(engine) for n in group}
+    generic = moe_checkpoint.generic
+    not_saved = sorted(mine - saved)
+    not_trained = sorted({generic(n) for n in saved} - {generic(n) for n in mine})
+    for names, what in ((not_saved, "trainable here, not in the checkpoint"),
+                        (not_trained, "trainable in the checkpoint, not here")):
+        if names:
+            return f"{what}: {', '.join(names[:5])}" + (
+                f" and {len(names) - 5} more" if len(names) > 5 else "") + (
+                " (MoE experts by their global ids)"
+                if any(moe_checkpoint.is_expert_key(n) for n in names) else "")
+    return None

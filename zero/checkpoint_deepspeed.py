@@ -38,6 +38,7 @@ from . import checkpoint_layout
 from .checkpoint_files import MANIFEST, CorruptCheckpoint
 from .checkpoint_pieces import Flat, Located
 from .moe import checkpoint as moe_checkpoint
+from .optimizer import hyperparameters
 from .sharding import names_by_id
 
 logger = logging.getLogger("zero")
@@ -157,6 +158,9 @@ def read(path: str) -> DeepSpeedCheckpoint:
     if experts:  # every expert under its global id beside the shared weights
         model_state["module"].update(moe_checkpoint.every_expert(
             path, experts, lambda file: load_file(file, mmap=True)))
+        model_state["buffer_names"] = [  # rank 0's names: every expert's buffers
+            name for buffer in model_state.get("buffer_names", [])
+            for name in moe_checkpoint.on_every_expert_rank(experts, buffer)]
     copies = _group_copies(optim[0], world, shapes, experts, path)
     if stage3:
         if any(t.numel() == 0 for o in optim for t in o["fp32_flat_groups"]):
@@ -212,7 +216,10 @@ def _optimizer_files(path: str, model_state: dict) -> list[dict]:
             f"zero: DeepSpeed checkpoint {path} has no ZeRO optimizer files (it was saved "
             "without ZeRO, stage 0); zero resumes DeepSpeed checkpoints of ZeRO stages 1-3. "
             f"Load its weights, torch.load('{path}/{WHOLE_MODEL_FILE}')['module'], into the "
-            "model before zero.initialize")
+            "model before zero.initialize" + (
+                " (with MoE layers each expert's from its layer_<L>_expert_<E>_mp_rank_00_"
+                "model_states.pt, under its global id)" if model_state.get("num_experts")
+                else ""))
     world = model_state.get("dp_world_size", len(found))
     if [rank for rank, _ in found] != list(range(world)):
         raise CorruptCheckpoint(
@@ -228,9 +235,19 @@ def _moe_layers(path: str, model_state: dict, optim: dict, stage3: bool) -> list
     each layer's module name from its first expert's file, its expert count from the model
     file, its ep_size from the name of the optimizer group holding its experts
     ("ep_size_<n>"), the rank layout from the config. [] for a model without MoE layers."""
+    if model_state.get("ds_autoep_layers"):
+        raise NotImplementedError(
+            f"zero: DeepSpeed checkpoint {path} is of a model with AutoEP layers "
+            "(expert_parallel), which zero does not build; convert it to fp32 weights with "
+            "DeepSpeed's zero_to_fp32.py and load those into the model")
     counts = model_state.get("num_experts") or []
     if not counts:
         return []
+    if not isinstance(counts, (list, tuple)):
+        raise ValueError(f"zero: DeepSpeed checkpoint {path} records num_experts={counts!r}, "
+                         "an older DeepSpeed's MoE record that zero does not read; load its "
+                         "weights with load_optimizer_states=False after converting it with "
+                         "DeepSpeed's zero_to_fp32.py")
     if stage3:  # (DeepSpeed refuses its MoE at stage 3: no such checkpoint is written)
         raise ValueError(f"zero: DeepSpeed checkpoint {path} has MoE layers at ZeRO stage 3, "
                          "which DeepSpeed does not write; the files are not DeepSpeed's")
@@ -243,8 +260,12 @@ def _moe_layers(path: str, model_state: dict, optim: dict, stage3: bool) -> list
         "use_data_before_expert_parallelism", False))
     layers = []
     for index, count in enumerate(counts):
-        first = load_file(os.path.join(path, moe_checkpoint.expert_file(index, 0)), mmap=True)
-        name = moe_checkpoint.layer_name(next(iter(first)))
+        file = os.path.join(path, moe_checkpoint.expert_file(index, 0))
+        key = next(iter(load_file(file, mmap=True)), "")
+        if not moe_checkpoint.is_expert_key(key):
+            raise CorruptCheckpoint(f"zero: {file} holds no DeepSpeed-MoE expert "
+                                    f"(...{moe_checkpoint.EXPERTS}<id>... keys)")
+        name = moe_checkpoint.layer_name(key)
         layers.append({"name": name, "num_experts": int(count),
                        "ep_size": ep_sizes.get(name, 1), "data_before_expert": data_before_expert})
     return layers
@@ -481,7 +502,7 @@ def restore_engine_state(engine, saved: DeepSpeedCheckpoint, load_optimizer: boo
     state = saved.model_state
     if load_optimizer:
         for group, values in zip(engine.optimizer.param_groups, saved.param_groups):
-            group.update({k: v for k, v in values.items() if k in group})
+            group.update({k: v for k, v in hyperparameters(values).items() if k in group})
         engine.applied_steps = saved.step
         _restore_loss_scale(engine, saved)
     if load_scheduler and engine.lr_scheduler is not None and state.get("lr_scheduler"):

@@ -109,7 +109,8 @@ def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool,
     # each trainable parameter read from the memory-mapped rank files when its entry is built
     located = located_arrays(path, model_state, "master", names=names)
     frozen = {name for saved in layout["frozen"]
-              for name in moe_checkpoint.on_every_expert_rank(model_state, saved)}
+              for name in moe_checkpoint.on_every_expert_rank(model_state.get("moe") or [],
+                                                              saved)}
     first_name = {}
     trainable = {}
     for g, group in enumerate(layout["groups"]):

@@ -21,7 +21,6 @@ from . import checkpoint_files as files
 from .checkpoint_files import WHOLE, PartNames
 from .checkpoint_pieces import Flat, Located, shard_from
 from .moe import checkpoint as moe_checkpoint
-from .moe.checkpoint import saved_copies
 from .sharding import names_by_id
 
 
@@ -65,7 +64,7 @@ def read_shards(path: str, model_state: dict, names: PartNames = WHOLE) -> list[
     each rank file present, equal to the manifest and in a format this zero reads (a
     CorruptCheckpoint naming the file otherwise), memory-mapped (read when touched)."""
     world = max(max(ranks) + 1 for group in layout_of(model_state, path)["groups"]
-                for ranks, _ in saved_copies(model_state, group))
+                for ranks, _ in moe_checkpoint.saved_copies(model_state, group))
     files.verify(path, [names.rank(r) for r in range(world)])
     return [files.load_torch(os.path.join(path, names.rank(r)), mmap=True)["groups"]
             for r in range(world)]
@@ -91,7 +90,7 @@ def located_arrays(path: str, model_state: dict, array: str, shards=None,
     result = []
     for g, group in enumerate(layout["groups"]):
         located = {}
-        for ranks, rename in saved_copies(model_state, group):
+        for ranks, rename in moe_checkpoint.saved_copies(model_state, group):
             pieces = [shards[r][g]["master"] if array == "master"
                       else shards[r][g]["state"].get(array) for r in ranks]
             if pieces[0] is None:
@@ -142,7 +141,9 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
     groups may differ, as stage 3's persistent parameters do). `shards`: `read_shards`'
     result, when the caller checked the files already."""
     shards = shards if shards is not None else read_shards(path, model_state)
-    cache = {}
+    master = located_arrays(path, model_state, "master", shards)
+    saved_group = {name: g for g, group in enumerate(master) for name in group}
+    cache = {"master": {name: value for group in master for name, value in group.items()}}
 
     def saved(array: str) -> dict[str, Located]:
         if array not in cache:
@@ -151,8 +152,6 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
                             for name, value in group.items()}
         return cache[array]
 
-    saved_group = {name: g for g, group in enumerate(
-        located_arrays(path, model_state, "master", shards)) for name in group}
     for g, wanted in enumerate(global_param_names(engine)):
         source = saved_group[wanted[0]]  # the saved group these parameters' state came from
         laid_out = laid_out_arrays(shards[0][source])
@@ -160,6 +159,34 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
         for array, value in shards[0][source]["state"].items():
             if array not in laid_out:  # not laid out like the shard (a flag): as saved
                 engine.core.group_load_optimizer_state(g, array, value)
+
+
+def saved_param_names(model_state: dict, path: str) -> set[str]:
+    """The trainable parameters a checkpoint holds the state of, by first name, an MoE
+    expert's by its global id (every expert-parallel rank's)."""
+    return {rename(names[0]) for group in layout_of(model_state, path)["groups"]
+            for _, rename in moe_checkpoint.saved_copies(model_state, group)
+            for names, _ in group["params"]}
+
+
+def optimizer_state_for(engine, model_state: dict, path: str) -> dict:
+    """The saved optimizer state (hyperparameters per optimizer group) for this engine's
+    groups: as saved, or with MoE layers (whose experts of each ep_size make a group of their
+    own, so another layout has other groups) each group's from the saved group that held its
+    first parameter (the layout's owners)."""
+    saved = model_state["optimizer"]
+    if not model_state.get("moe"):
+        return saved
+    owner = {rename(names[0]): group["owner"] for group in layout_of(model_state, path)["groups"]
+             for _, rename in moe_checkpoint.saved_copies(model_state, group)
+             for names, _ in group["params"]}
+    rename, names = global_name(engine), names_by_id(engine.module)
+    groups = []
+    for group in engine.optimizer.param_groups:
+        held = [owner[rename(names[id(p)][0])] for p in group["params"]
+                if rename(names[id(p)][0]) in owner]
+        groups.append(saved["param_groups"][held[0] if held else 0])
+    return {**saved, "param_groups": groups}
 
 
 def global_param_names(engine) -> list[list[str]]:
@@ -214,5 +241,6 @@ def _shard_place(engine, g: int) -> int:
     """This rank's place among the ranks group g is sharded over: an MoE expert group's
     expert data-parallel group (moe/engine_layout.py), else the world's (MiCS's shard groups
     are consecutive ranks: RankPieces takes the rank modulo their size)."""
-    expert = engine.moe.shard_group(engine.groups[g].params[0]) if engine.moe else None
+    expert = engine.moe.shard_group(engine.groups[g].params[0],
+                                    engine.core.group_layout(g).world_size) if engine.moe else None
     return expert[0] if expert else engine.core.rank

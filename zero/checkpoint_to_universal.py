@@ -51,6 +51,7 @@ from . import checkpoint_deepspeed, checkpoint_layout, checkpoint_remesh, checkp
 from . import checkpoint_files as files
 from .checkpoint_deepspeed import WHOLE_MODEL_FILE, DeepSpeedCheckpoint, rank_model_file
 from .checkpoint_pieces import Located
+from .moe import checkpoint as moe_checkpoint
 
 # The DeepSpeed version whose loader reads this (its stage 1-2 load asserts a ds_version).
 DEEPSPEED_VERSION = "0.19.8"
@@ -106,7 +107,11 @@ def read(path: str) -> DeepSpeedCheckpoint:
         raise ValueError(f"zero: {path} is a universal checkpoint already; load it with "
                          '"checkpoint": {"load_universal": true}')
     if checkpoint_deepspeed.is_deepspeed_checkpoint(path):
-        return checkpoint_deepspeed.read(path)
+        saved = checkpoint_deepspeed.read(path)
+        if saved.moe_layers:  # (its experts' states differ from rank to rank)
+            moe_checkpoint.refuse_split_experts(path, {"moe": saved.moe_layers},
+                                                "ds_to_universal")
+        return saved
     if files.part_names(path):
         return _read_zero(path)
     latest = os.path.join(path, files.LATEST)

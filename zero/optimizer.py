@@ -41,6 +41,14 @@ def torch_optimizer(optimizer_config, groups: list) -> torch.optim.Optimizer:
     return getattr(torch.optim, optimizer_config.type)(groups, **dict(optimizer_config.params))
 
 
+
+def hyperparameters(saved_group: dict) -> dict:
+    """A saved optimizer group's hyperparameters to restore: not what says which parameters
+    the group holds ("params"; DeepSpeed-MoE's "name" ep_size_<n> and "moe", which follow the
+    model's layout now)."""
+    return {key: value for key, value in saved_group.items()
+            if key not in ("params", "name", "moe")}
+
 class OptimizerSpec:
     """What kind of update, and the default hyperparameters for every group."""
 
@@ -300,9 +308,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         saved = state["param_groups"]
         if len(saved) != len(self.param_groups):
             raise ValueError(f"zero: checkpoint has {len(saved)} optimizer groups, the engine "
-                             f"has {len(self.param_groups)}; the model's parameter groups changed")
+                             f"has {len(self.param_groups)}; the model's parameter groups changed "
+                             "(with MoE layers: their ep_sizes, which make one group each, or "
+                             "the expert groups' split at max_group_size); load with "
+                             "load_optimizer_states=False, or pass the groups it was saved with")
         for group, values in zip(self.param_groups, saved):
-            group.update(values)
+            group.update(hyperparameters(values))
         if self.spec.external is not None:
             self.spec.external.load_scalar_state(state.get("external_scalars", {}),
                                                  self.param_groups, self.owners)

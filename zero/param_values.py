@@ -122,11 +122,10 @@ def _own_runs(engine, g: int, i: int, shape) -> list[tuple[int, int, int]]:
 
 def _expert_place(engine, g: int) -> tuple[int, object] | None:
     """(this rank's place, the process group) an MoE expert group's shards are spread over,
-    its expert data-parallel group (moe/engine_layout.py); None for any other group, and at
-    stage 0, where each rank holds its experts whole."""
-    if engine.moe is None or engine.core.group_layout(g).world_size == 1:
-        return None
-    return engine.moe.shard_group(engine.groups[g].params[0])
+    its expert data-parallel group (moe/engine_layout.py); None for any other group, and for
+    one each rank holds whole (stage 0)."""
+    return engine.moe.shard_group(engine.groups[g].params[0],
+                                  engine.core.group_layout(g).world_size) if engine.moe else None
 
 
 def _reader(engine, g: int, array: str):

@@ -76,6 +76,40 @@ def build(moe_cls, rank: int, ep_size: int, k: int, **kw) -> Net:
     return net
 
 
+class PyramidNet(nn.Module):
+    """PR-MoE: two MoE layers over 4 experts each, the first split over `eps[0]` ranks, the
+    second a Residual MoE (use_residual: a dense MLP mixed in per token) over `eps[1]`."""
+
+    def __init__(self, moe_cls, eps):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(HIDDEN, HIDDEN)
+        self.first = moe_cls(HIDDEN, Expert(), num_experts=4, ep_size=eps[0], use_rts=False,
+                             min_capacity=0)
+        self.second = moe_cls(HIDDEN, Expert(), num_experts=4, ep_size=eps[1], use_rts=False,
+                              min_capacity=0, use_residual=True)
+
+    def forward(self, x, y):
+        h, aux1, _ = self.first(self.inp(x))
+        h, aux2, _ = self.second(h)
+        return F.mse_loss(h, y) + 0.01 * (aux1 + aux2)
+
+
+def pyramid(moe_cls, rank: int, eps) -> PyramidNet:
+    """The PyramidNet of `rank` (the default layout), each local expert drawn from its layer
+    and global id."""
+    net = PyramidNet(moe_cls, eps)
+    with torch.no_grad():
+        for index, (layer, ep) in enumerate(((net.first, eps[0]), (net.second, eps[1]))):
+            local = layer.deepspeed_moe.experts.deepspeed_experts
+            for i, expert in enumerate(local):
+                generator = torch.Generator().manual_seed(
+                    100 * index + (rank % ep) * len(local) + i)
+                for param in expert.parameters():
+                    param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+    return net
+
+
 def batch(rank: int, step: int):
     """This rank's (x, y) at `step`, each [MICRO, SEQ, HIDDEN]."""
     generator = torch.Generator().manual_seed(10_000 + 100 * step + rank)
@@ -138,12 +172,15 @@ def train(deepspeed, moe_cls, rank: int, case: dict, device=None, zero_extra=Non
     return {"losses": losses, "params": params, "engine": engine}
 
 
-def global_name(name: str, rank: int, ep_size: int) -> str:
+def global_name(name: str, rank: int, ep_size: int, world: int = 0,
+                data_before_expert: bool = False) -> str:
     """A rank's parameter name as in a model holding every expert (ep_size 1): a local expert
-    index becomes its global id (DeepSpeed's default layout)."""
+    index becomes its global id (DeepSpeed's default layout; use_data_before_expert_parallelism's
+    on `world` ranks with `data_before_expert`)."""
     marker = "deepspeed_experts."
     if marker not in name:
         return name
     head, tail = name.split(marker)
     local, rest = tail.split(".", 1)
-    return f"{head}{marker}{(rank % ep_size) * (NUM_EXPERTS // ep_size) + int(local)}.{rest}"
+    expert_rank = rank // (world // ep_size) if data_before_expert else rank % ep_size
+    return f"{head}{marker}{expert_rank * (NUM_EXPERTS // ep_size) + int(local)}.{rest}"

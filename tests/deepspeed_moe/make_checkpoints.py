@@ -26,33 +26,39 @@ from deepspeed_reference import TESTS, ask_deepspeed, cases_of  # noqa: E402
 
 cases = cases_of("moe")
 WORLD, EP_SIZE, SAVED_AT, MORE = 4, 2, 2, 2
-# name: (stage, dtype); bf16 at stage 1 is DeepSpeed's BF16_Optimizer (bf16_zero_pp_rank_* files)
-RUNS = {"stage1-fp32": (1, "fp32"), "stage2-fp32": (2, "fp32"), "stage1-bf16": (1, "bf16")}
+# name: (stage, dtype, use_data_before_expert_parallelism); bf16 at stage 1 is DeepSpeed's
+# BF16_Optimizer (bf16_zero_pp_rank_* files)
+RUNS = {"stage1-fp32": (1, "fp32", False), "stage2-fp32": (2, "fp32", False),
+        "stage1-bf16": (1, "bf16", False), "stage2-fp32-data-before-expert": (2, "fp32", True)}
 FOLDER = os.path.join(TESTS, "deepspeed_moe", "checkpoints")
 
 
-def _weights(engine, rank):
-    return {cases.global_name(name, rank, EP_SIZE): param.detach().float().clone()
-            for name, param in engine.module.named_parameters()}
+def _weights(engine, rank, data_before_expert):
+    return {cases.global_name(name, rank, EP_SIZE, WORLD, data_before_expert):
+            param.detach().float().clone() for name, param in engine.module.named_parameters()}
 
 
 def _run(rank, world, name):
     import deepspeed
     from deepspeed.moe.layer import MoE
 
-    net = cases.build(MoE, rank, EP_SIZE, 1)
-    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(),
-                                      config=cases.config(*RUNS[name]))
+    stage, dtype, data_before_expert = RUNS[name]
+    net = cases.build(MoE, rank, EP_SIZE, 1)  # (D + E: each expert data-parallel group's
+    # first rank's experts are broadcast, whatever ids build() drew them from)
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config={
+        **cases.config(stage, dtype),
+        "use_data_before_expert_parallelism": data_before_expert})
     losses = []
     for step in range(SAVED_AT + MORE):
         if step == SAVED_AT:
             engine.save_checkpoint(os.path.join(FOLDER, name))
-            at_save = _weights(engine, rank)
+            at_save = _weights(engine, rank, data_before_expert)
         loss = engine(*cases.batch(rank, step))
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    found = {"at_save": at_save, "after": _weights(engine, rank), "losses": losses[SAVED_AT:]}
+    found = {"at_save": at_save, "after": _weights(engine, rank, data_before_expert),
+             "losses": losses[SAVED_AT:]}
     every = [None] * world
     torch.distributed.all_gather_object(every, found)
     return every if rank == 0 else None

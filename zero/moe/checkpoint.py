@@ -97,21 +97,11 @@ def split(model: nn.Module, state: dict) -> tuple[dict, dict[str, dict]]:
     return shared, files
 
 
-def _own_experts(model: nn.Module):
-    """(file, layer name, the global id of the layer's first local expert) of each expert
-    this rank holds."""
-    for index, (name, layer) in enumerate(layers(model)):
-        first = _first_expert(layer)
-        for expert in range(first, first + layer.num_local_experts):
-            yield expert_file(index, expert), name, first
-
-
 def read_own(model: nn.Module, path: str, load) -> dict:
     """This rank's experts' entries from their files in checkpoint `path`, under its local
     ids; `load(file)` reads one file."""
-    return {_renamed(key, name, -first): value
-            for file, name, first in _own_experts(model)
-            for key, value in load(os.path.join(path, file)).items()}
+    return localized(model, {key: value for file in own_files(model)
+                             for key, value in load(os.path.join(path, file)).items()})
 
 
 def global_names(model: nn.Module) -> Callable[[str], str]:
@@ -174,18 +164,23 @@ def copies(moe_layers: list[dict], world: int, group_world: int, names: list[str
                                 f"different layouts in one group ({held})")
     _, data_layout = layout(world, ep_size, data_before_expert)
     return [(ranks[:group_world],
-             _renamer([(layer["name"], e * (layer["num_experts"] // ep_size)) for layer in held]))
+             _renamer([(layer["name"], _first_of(layer, e)) for layer in held]))
             for e, ranks in enumerate(data_layout)]
 
 
-def on_every_expert_rank(model_state: dict, name: str) -> list[str]:
+def on_every_expert_rank(moe_layers: list[dict], name: str) -> list[str]:
     """Saved name `name` (an expert's under rank 0's local id) under the global id of the
     expert at its place on each expert-parallel rank; [name] for a shared one."""
-    for layer in model_state.get("moe") or []:
+    for layer in moe_layers:
         if _renamed(name, layer["name"], 0) is not None:
-            local = layer["num_experts"] // layer["ep_size"]
-            return [_renamed(name, layer["name"], e * local) for e in range(layer["ep_size"])]
+            return [_renamed(name, layer["name"], _first_of(layer, e))
+                    for e in range(layer["ep_size"])]
     return [name]
+
+
+def _first_of(layer: dict, expert_rank: int) -> int:
+    """The global id of expert-parallel rank `expert_rank`'s first expert of saved `layer`."""
+    return expert_rank * (layer["num_experts"] // layer["ep_size"])
 
 
 def shape_name(module_state: dict, name: str) -> str:
@@ -213,8 +208,10 @@ def expert_files(model_state: dict) -> list[str]:
 
 
 def own_files(model: nn.Module) -> list[str]:
-    """The expert files this rank reads."""
-    return [file for file, _, _ in _own_experts(model)]
+    """The expert files this rank reads: its own experts'."""
+    return [expert_file(index, expert) for index, (_, layer) in enumerate(layers(model))
+            for expert in range(_first_expert(layer),
+                                _first_expert(layer) + layer.num_local_experts)]
 
 
 def whole_state(model: nn.Module, state: dict) -> dict | None:

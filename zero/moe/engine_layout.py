@@ -107,12 +107,14 @@ class ExpertLayout:
                      if modifier_rank in ranks)
         return groups.data_ranks[place], groups.data_group
 
-    def shard_group(self, param) -> tuple[int, object] | None:
+    def shard_group(self, param, shard_world: int) -> tuple[int, object] | None:
         """(this rank's place, the process group) an expert parameter's shards are spread
-        over, for reading and writing its elements (zero/param_values.py); None for a shared
-        one."""
+        over, for reading and writing its elements (zero/param_values.py, a checkpoint's
+        reshard); None for a shared one, and where its engine group is held whole
+        (`shard_world`, its layout's world size, 1: stage 0, or ep_size the world)."""
         groups = self._split_groups(param)
-        return None if groups is None else (groups.data_rank, groups.data_group)
+        return None if groups is None or shard_world == 1 else \
+            (groups.data_rank, groups.data_group)
 
     def norm_span(self, model: nn.Module, stage: int) -> NormSpan | None:
         """Stage 0: the weights that make the summed squares the whole model's (above)."""
