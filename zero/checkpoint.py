@@ -48,6 +48,7 @@ from . import (agreement, checkpoint_deepspeed, checkpoint_layout, checkpoint_me
                checkpoint_remesh, checkpoint_universal, sharding, stage3)
 from .checkpoint_files import LATEST
 from .moe import checkpoint as moe_checkpoint
+from .moe import ep_checkpoint
 
 logger = logging.getLogger("zero")
 
@@ -210,7 +211,8 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
     manifest entries. `exclude_frozen`: the module state without the frozen parameters."""
     # The one collective first (stage 3 gathers unit by unit), so that a write failing on one
     # rank cannot leave the others waiting in it.
-    keep = moe_checkpoint.kept_names(model_writer) if engine.moe is not None else model_writer
+    keep = moe_checkpoint.kept_names(model_writer, engine.module) if engine.moe is not None \
+        else model_writer
     module_state = (engine.module.state_dict() if engine._stage3 is None else
                     stage3.full_state_dict(engine._stage3, engine.module, keep=keep))
     if exclude_frozen:
@@ -218,7 +220,9 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
         module_state = {name: value for name, value in module_state.items()
                         if name not in frozen}
     expert_files = {}
-    if engine.moe is not None:  # the experts in files of their own, by global id
+    if engine.moe is not None:  # AutoEP's experts whole (a collective); DeepSpeed-MoE's in
+        # files of their own, by global id
+        module_state = ep_checkpoint.gathered(engine.module, module_state)
         module_state, expert_files = moe_checkpoint.split(engine.module, module_state)
     core = engine.core
     groups = [{"master": core.group_master_shard(g),
@@ -351,8 +355,8 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
     with _all_ranks_or_none(f"checking checkpoint {path}", "nothing was loaded"):
         files.verify(path, [part.names.model] + moe_checkpoint.own_files(engine.module))
         model_state = files.load_torch(os.path.join(path, part.names.model))
-        model_state["module"].update(moe_checkpoint.read_own(engine.module, path,
-                                                             files.load_torch))
+        model_state["module"] = moe_checkpoint.own_module_state(
+            engine.module, path, model_state["module"], files.load_torch)
 
     def check() -> bool:
         moe_checkpoint.check_layers(model_state, engine.module, path)

@@ -21,6 +21,7 @@ from . import checkpoint_files as files
 from .checkpoint_files import WHOLE, PartNames
 from .checkpoint_pieces import Flat, Located, shard_from
 from .moe import checkpoint as moe_checkpoint
+from .moe import ep_checkpoint
 from .sharding import names_by_id
 
 
@@ -86,7 +87,6 @@ def located_arrays(path: str, model_state: dict, array: str, shards=None,
     an expert group has one such buffer per expert-parallel rank (moe/checkpoint.py)."""
     layout = layout_of(model_state, path)
     shards = shards if shards is not None else read_shards(path, model_state, names)
-    module = model_state["module"]
     result = []
     for g, group in enumerate(layout["groups"]):
         located = {}
@@ -101,12 +101,13 @@ def located_arrays(path: str, model_state: dict, array: str, shards=None,
             for names_of_param, offset in group["params"]:
                 name = names_of_param[0]
                 try:  # the saved parameter's shape
-                    located[rename(name)] = flat.located(
-                        module[moe_checkpoint.shape_name(module, name)].shape, offset)
+                    value = flat.located(moe_checkpoint.saved_shape(model_state, name), offset)
                 except ValueError as error:
                     raise files.CorruptCheckpoint(
                         f"zero: the layout in {os.path.join(path, names.model)} puts {name} "
                         f"outside group {g}'s units ({error})") from error
+                key = rename(name)  # an AutoEP layer's rows: every copy's joined in order
+                located[key] = located[key].followed_by(value) if key in located else value
         result.append(located)
     return result
 
@@ -152,10 +153,16 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
                             for name, value in group.items()}
         return cache[array]
 
+    # an AutoEP layer's stacked experts: this rank's rows of the saved whole
+    cut = ep_checkpoint.local_part(engine.module)
     for g, wanted in enumerate(global_param_names(engine)):
         source = saved_group[wanted[0]]  # the saved group these parameters' state came from
         laid_out = laid_out_arrays(shards[0][source])
-        load_group(engine, g, wanted, saved("master"), {a: saved(a) for a in laid_out})
+
+        def mine(values: dict[str, Located]) -> dict[str, Located]:
+            return {name: cut(name, values[name]) for name in wanted}
+        load_group(engine, g, wanted, mine(saved("master")),
+                   {a: mine(saved(a)) for a in laid_out})
         for array, value in shards[0][source]["state"].items():
             if array not in laid_out:  # not laid out like the shard (a flag): as saved
                 engine.core.group_load_optimizer_state(g, array, value)

@@ -75,6 +75,23 @@ class Located:
         """A whole value held in memory."""
         return cls(value.shape, [(Flat([value]), 0, value.numel())], value.dtype)
 
+    def part(self, start: int, stop: int, shape) -> "Located":
+        """The flattened elements [start, stop) as a value of `shape` (rows of a stacked
+        parameter)."""
+        runs, at = [], 0
+        for flat, offset, count in self.runs:
+            low, high = max(start, at), min(stop, at + count)
+            if low < high:
+                runs.append((flat, offset + low - at, high - low))
+            at += count
+        return Located(shape, runs, self.dtype)
+
+    def followed_by(self, rows: "Located") -> "Located":
+        """This value and `rows` after it along dim 0 (another rank's rows of a stacked
+        parameter)."""
+        return Located((self.shape[0] + rows.shape[0], *self.shape[1:]), self.runs + rows.runs,
+                       self.dtype)
+
     def read(self, start: int, stop: int) -> list[torch.Tensor]:
         """Views of the flattened elements [start, stop)."""
         views, at = [], 0

@@ -29,6 +29,7 @@ from . import init as zero_init
 from . import offload_states as states_offload
 from .moe import checkpoint as moe_checkpoint
 from .moe import params as moe_params
+from .moe import auto_ep
 from .moe.engine_layout import ExpertLayout
 from .parallel import data_group, sequence
 from .autocast import ForwardAutocast
@@ -100,6 +101,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             data_group.check_supported(self.stage, model)
         # before any collective that could hang on it
         agreement.agree(config.raw, model, group=self.data_parallel_group)
+        auto_ep.apply(model, config.expert_parallel, config.use_data_before_expert_parallelism)
         self.moe = ExpertLayout.of(model, config, whole_world=self._whole_world,
                                    tensor_parallel_group=tensor_parallel_group,
                                    sequence_parallel=sequence_parallel)  # its groups made
@@ -597,7 +599,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         keep = dist.get_rank() == 0
         return stage3.full_state_dict(
             self._stage3, self.module,
-            keep=moe_checkpoint.kept_names(keep) if self.moe is not None else keep)
+            keep=moe_checkpoint.kept_names(keep, self.module) if self.moe is not None else keep)
 
     def was_step_applied(self) -> bool:
         """Whether the last engine.step() updated the weights: False between accumulation

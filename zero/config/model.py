@@ -183,6 +183,16 @@ class TensorParallelConfig:
 
 
 @dataclass(frozen=True)
+class ExpertParallelConfig:  # AutoEP (zero/moe/auto_ep.py)
+    enabled: bool
+    autoep_size: int
+    preset_model: Optional[str]  # "mixtral" | "qwen3_moe" | None (from config.model_type)
+    moe_layer_pattern: Optional[str]
+    use_grouped_mm: bool  # accepted, no effect
+    disable_triton_grouped_mm: bool  # accepted, no effect
+
+
+@dataclass(frozen=True)
 class MonitorDirConfig:  # tensorboard, csv_monitor
     enabled: bool
     output_path: str
@@ -291,6 +301,7 @@ class ZeroConfig:
     activation_checkpointing: ActivationCheckpointingConfig
     pipeline: PipelineConfig
     tensor_parallel: TensorParallelConfig
+    expert_parallel: ExpertParallelConfig
     tensorboard: MonitorDirConfig
     csv_monitor: MonitorDirConfig
     wandb: WandbConfig
@@ -360,6 +371,7 @@ def build(values, raw, world_size, features):
                                        values["activation_checkpointing"]),
         pipeline=_make(PipelineConfig, values["pipeline"]),
         tensor_parallel=_make(TensorParallelConfig, values["tensor_parallel"]),
+        expert_parallel=_make(ExpertParallelConfig, values["expert_parallel"]),
         tensorboard=_make(MonitorDirConfig, values["tensorboard"]),
         csv_monitor=_make(MonitorDirConfig, values["csv_monitor"]),
         wandb=_make(WandbConfig, values["wandb"]),
@@ -389,6 +401,7 @@ DATACLASS_FOR_BLOCK = {  # schema block path -> dataclass (for the schema/model 
     "checkpoint": CheckpointConfig,
     "pipeline": PipelineConfig,
     "tensor_parallel": TensorParallelConfig,
+    "expert_parallel": ExpertParallelConfig,
     "tensorboard": MonitorDirConfig,
     "csv_monitor": MonitorDirConfig,
     "wandb": WandbConfig,

@@ -747,6 +747,69 @@ TENSOR_PARALLEL = Block("tensor_parallel", "AutoTP tensor parallelism (zero.tp; 
     _unsupported(BOOL, "replace_with_kernel_inject", False, "Inject inference kernels."),
 ))
 
+_AUTOEP_ROUTING = "AutoEP here keeps the model's own router (its softmax, top-k and " \
+    "normalisation): only the default, which takes them from the model, is accepted."
+EXPERT_PARALLEL = Block("expert_parallel", "AutoEP, DeepSpeed's automatic expert parallelism "
+                        "for Hugging Face MoE models (zero/moe/auto_ep.py; docs/PARALLELISM.md).", (
+    _bool("enabled", False, "Split the experts of each Hugging Face sparse MoE block (Mixtral, "
+          "Qwen2-MoE, Qwen3-MoE: stacked gate_up_proj / down_proj experts) over autoep_size ranks "
+          "when the engine is built; the tokens go to their experts' ranks by all-to-all."),
+    _int("autoep_size", 1, "Expert-parallel size: each rank holds num_experts / autoep_size of "
+         "every block's experts. Must divide the world size and each block's expert count; 1 "
+         "keeps every expert on every rank.", minimum=1, maximum=MAX_BUFFERS),
+    _choice("preset_model", None, ("mixtral", "qwen3_moe"), "The model family (DeepSpeed's "
+            "presets; qwen3_moe covers Qwen2-MoE too). Null: from the model's config.model_type.",
+            nullable=True, unsupported_choices=("qwen3_5_moe", "deepseek_v2", "deepseek_v3",
+                                                "minimax_m3")),
+    Key("moe_layer_pattern", STR, None, "A regular expression the MoE blocks' module names match "
+        "whole (default: model\\.layers\\.\\d+\\.mlp); a block is a module with a `gate` "
+        "router and `experts` holding 3-D gate_up_proj and down_proj.", nullable=True),
+    _bool("use_grouped_mm", True, "DeepSpeed's grouped GEMM for the experts. zero runs each "
+          "local expert's matmuls in turn, as Hugging Face's own loop does: accepted, no effect."),
+    _bool("disable_triton_grouped_mm", False, "DeepSpeed's Triton grouped GEMM switch: "
+          "accepted, no effect."),
+    _unsupported(INT, "expert_tensor_parallel_size", 1, "Expert tensor parallelism."),
+    _unsupported(BOOL, "validate_folding_routing", False, "AutoEP + AutoTP folding checks."),
+    _unsupported(BOOL, "async_split_plan", False, "Asynchronous all-to-all split planning."),
+    _unsupported(STR, "expert_pattern", None, "The experts' attribute name.", nullable=True),
+    _unsupported(STR, "router_pattern", None, "The router's attribute name.", nullable=True),
+    _unsupported(BOOL, "route_norm", None, _AUTOEP_ROUTING, nullable=True),
+    _unsupported(FLOAT, "route_scale", 1.0, _AUTOEP_ROUTING),
+    _unsupported(CHOICE, "score_apply", "auto", "Weights applied before or after the experts.",
+                 choices=("auto", "pre", "post")),
+    _unsupported(CHOICE, "combine_impl", "auto", "DeepSpeed's combine kernel.",
+                 choices=("auto", "weighted_sum", "fused_weighted_sum", "legacy_bmm")),
+    _unsupported(CHOICE, "row_weighting_impl", "auto", "DeepSpeed's row weighting kernel.",
+                 choices=("auto", "eager", "fused")),
+    _unsupported(CHOICE, "gate_up_impl", "separate", "DeepSpeed's gate/up matmul layout.",
+                 choices=("separate", "fused")),
+    _unsupported(CHOICE, "comm_backend", "comm", "DeepEP dispatch.", choices=("comm", "deepep")),
+    _unsupported(INT, "comm_num_sm", 12, "DeepEP's SMs."),
+    _unsupported(INT, "comm_qp_margin", 4, "DeepEP's queue pairs."),
+    _unsupported(INT, "comm_max_tokens_per_rank", 0, "DeepEP's buffer size."),
+    _unsupported(INT, "num_expert_groups", None, "Group-limited routing.", nullable=True),
+    _unsupported(INT, "num_limited_groups", None, "Group-limited routing.", nullable=True),
+    _unsupported(CHOICE, "score_func", "auto", _AUTOEP_ROUTING,
+                 choices=("auto", "softmax", "sigmoid")),
+    _unsupported(STR, "top_k", "auto", _AUTOEP_ROUTING),
+    _unsupported(FLOAT, "load_balance_coeff", None, "Bias-based load balancing.", nullable=True),
+    _unsupported(STR, "routed_scaling_factor", "auto", _AUTOEP_ROUTING),
+    _unsupported(STR, "expert_w1", None, "Custom expert weight names.", nullable=True),
+    _unsupported(STR, "expert_w2", None, "Custom expert weight names.", nullable=True),
+    _unsupported(STR, "expert_w3", None, "Custom expert weight names.", nullable=True),
+    _unsupported(STR, "num_experts_attr", None, "The config attribute of the expert count.",
+                 nullable=True),
+    _unsupported(STR, "top_k_attr", None, "The config attribute of top-k.", nullable=True),
+    _unsupported(BOOL, "has_shared_experts", None, "Shared experts are the model's own block's "
+                 "(kept as they are).", nullable=True),
+    _unsupported(STR, "shared_experts_pattern", None, "Shared experts' attribute name.",
+                 nullable=True),
+    _unsupported(STR, "shared_experts_gate_pattern", None, "Shared experts' gate name.",
+                 nullable=True),
+    _unsupported(STR, "expert_activation", None, "The experts' activation is the model's own.",
+                 nullable=True),
+))
+
 # --------------------------------------------------------------------------- monitoring
 
 # DeepSpeed 0.19: monitor/config.py, profiling/constants.py, comm/constants.py. zero/monitor/
@@ -988,6 +1051,8 @@ TOP = Block("", "Top-level keys.", (
            "(table below)."),
     _block("pipeline", PIPELINE, "Pipeline parallelism (table below)."),
     _block("tensor_parallel", TENSOR_PARALLEL, "AutoTP tensor parallelism (table below)."),
+    _block("expert_parallel", EXPERT_PARALLEL, "AutoEP expert parallelism for Hugging Face MoE "
+           "models (table below)."),
     _block("tensorboard", TENSORBOARD, "TensorBoard monitor (table below)."),
     _block("csv_monitor", CSV_MONITOR, "CSV monitor (table below)."),
     _block("wandb", WANDB, "Weights & Biases monitor (table below)."),
@@ -1021,7 +1086,6 @@ TOP = Block("", "Top-level keys.", (
     _section("elasticity", "Elastic training."),
     _section("compile", "torch.compile / DeepCompile."),
     _section("nebula", "Nebula checkpointing."),
-    _section("expert_parallel", "AutoEP expert parallelism."),
     _section("weight_quantization", "Weight quantization."),
 ))
 

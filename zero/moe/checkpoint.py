@@ -25,6 +25,7 @@ from torch import nn
 
 from ..checkpoint_files import CorruptCheckpoint
 
+from . import ep_checkpoint
 from .groups import EXPERT_GROUPS, layout
 from .layer import MoE
 
@@ -42,10 +43,12 @@ def layer_name(key: str) -> str:
     return key[:key.index(EXPERTS)].removesuffix(".")
 
 
-def kept_names(keep_all: bool):
+def kept_names(keep_all: bool, model: nn.Module):
     """full_state_dict's `keep` for a model with MoE layers: every name on a rank that keeps
     the whole state, its own experts' on every other rank (they write or gather them)."""
-    return (lambda name: True) if keep_all else is_expert_key
+    autoep = ep_checkpoint.kept(model)
+    return (lambda name: True) if keep_all else \
+        (lambda name: is_expert_key(name) or autoep(name))
 
 
 def expert_file(layer: int, expert: int) -> str:
@@ -59,10 +62,16 @@ def layers(model: nn.Module) -> list[tuple[str, MoE]]:
 
 def describe(model: nn.Module) -> list[dict]:
     """What the model file records of the MoE layers (checked at load): the experts' layout
-    decides which rank's shard holds which experts' optimizer state."""
+    decides which rank's shard holds which experts' optimizer state. DeepSpeed-MoE's layers,
+    then AutoEP's (ep_checkpoint.py, "kind": "autoep")."""
     return [{"name": name, "num_experts": layer.num_experts, "ep_size": layer.ep_size,
              "data_before_expert": EXPERT_GROUPS.get(layer.expert_group_name).data_before_expert}
-            for name, layer in layers(model)]
+            for name, layer in layers(model)] + ep_checkpoint.describe(model)
+
+
+def _deepspeed_moe(moe_layers: list[dict]) -> list[dict]:
+    """The described DeepSpeed-MoE layers (their experts in files of their own)."""
+    return [layer for layer in moe_layers if layer.get("kind") != ep_checkpoint.KIND]
 
 
 def _first_expert(layer: MoE) -> int:
@@ -97,11 +106,13 @@ def split(model: nn.Module, state: dict) -> tuple[dict, dict[str, dict]]:
     return shared, files
 
 
-def read_own(model: nn.Module, path: str, load) -> dict:
-    """This rank's experts' entries from their files in checkpoint `path`, under its local
-    ids; `load(file)` reads one file."""
-    return localized(model, {key: value for file in own_files(model)
-                             for key, value in load(os.path.join(path, file)).items()})
+def own_module_state(model: nn.Module, path: str, module_state: dict, load) -> dict:
+    """A checkpoint's module state as this rank's model holds it: its DeepSpeed-MoE experts
+    read from their files in checkpoint `path` under its local ids (`load(file)` reads one),
+    its rows of each AutoEP layer's stacked experts."""
+    own = {key: value for file in own_files(model)
+           for key, value in load(os.path.join(path, file)).items()}
+    return ep_checkpoint.localized(model, {**module_state, **localized(model, own)})
 
 
 def global_names(model: nn.Module) -> Callable[[str], str]:
@@ -152,8 +163,7 @@ def copies(moe_layers: list[dict], world: int, group_world: int, names: list[str
     parameters has one copy, over the first `group_world` ranks; an expert group one per
     expert-parallel rank e, over the first `group_world` ranks of e's expert data-parallel
     group, holding e's experts. `moe_layers`: as `describe` records them."""
-    held = [layer for layer in moe_layers
-            if any(_renamed(name, layer["name"], 0) for name in names)]
+    held = [layer for layer in moe_layers if any(_holds(layer, name) for name in names)]
     if not held:
         return [(list(range(group_world)), lambda name: name)]
     (ep_size, data_before_expert), *others = {(layer["ep_size"],
@@ -163,9 +173,18 @@ def copies(moe_layers: list[dict], world: int, group_world: int, names: list[str
         raise CorruptCheckpoint(f"zero: the layout in a checkpoint puts MoE layers of "
                                 f"different layouts in one group ({held})")
     _, data_layout = layout(world, ep_size, data_before_expert)
+    # (an AutoEP layer's rows keep their name in every copy: located_arrays joins them)
     return [(ranks[:group_world],
-             _renamer([(layer["name"], _first_of(layer, e)) for layer in held]))
+             _renamer([(layer["name"], _first_of(layer, e)) for layer in held
+                       if layer.get("kind") != ep_checkpoint.KIND]))
             for e, ranks in enumerate(data_layout)]
+
+
+def _holds(layer: dict, name: str) -> bool:
+    """Whether saved parameter `name` is an expert's of described `layer`."""
+    if layer.get("kind") == ep_checkpoint.KIND:
+        return name in ep_checkpoint.param_names(layer)
+    return _renamed(name, layer["name"], 0) is not None
 
 
 def on_every_expert_rank(moe_layers: list[dict], name: str) -> list[str]:
@@ -183,18 +202,25 @@ def _first_of(layer: dict, expert_rank: int) -> int:
     return expert_rank * (layer["num_experts"] // layer["ep_size"])
 
 
-def shape_name(module_state: dict, name: str) -> str:
-    """The entry of `module_state` with the shape of expert parameter `name` (saved under a
-    local id this rank may not hold): its layer's first local expert's, every expert of a
-    layer being alike."""
-    return name if name in module_state else _EXPERT_ANYWHERE.sub(EXPERTS + "0.", name, count=1)
+def saved_shape(model_state: dict, name: str):
+    """The shape of parameter `name` in a rank's shard of a checkpoint: the module state's
+    entry, an expert's (saved under a local id this rank may not hold) its layer's first
+    local expert's, every expert of a layer being alike; an AutoEP layer's stacked experts
+    a saved rank's rows of them."""
+    module = model_state["module"]
+    for layer in model_state.get("moe") or []:
+        if layer.get("kind") == ep_checkpoint.KIND and name in ep_checkpoint.param_names(layer):
+            return (layer["num_experts"] // layer["ep_size"], *module[name].shape[1:])
+    if name not in module:
+        name = _EXPERT_ANYWHERE.sub(EXPERTS + "0.", name, count=1)
+    return module[name].shape
 
 
 def every_expert(path: str, moe_layers: list[dict], load) -> dict:
     """Every expert's entries of checkpoint `path` under their global ids (zero_to_fp32);
     `load(file)` reads one file."""
     found = {}
-    for index, layer in enumerate(moe_layers):
+    for index, layer in enumerate(_deepspeed_moe(moe_layers)):
         for expert in range(layer["num_experts"]):
             found.update(load(os.path.join(path, expert_file(index, expert))))
     return found
@@ -203,7 +229,7 @@ def every_expert(path: str, moe_layers: list[dict], load) -> dict:
 def expert_files(model_state: dict) -> list[str]:
     """The expert files a checkpoint of `model_state` holds."""
     return [expert_file(index, expert)
-            for index, layer in enumerate(model_state.get("moe") or [])
+            for index, layer in enumerate(_deepspeed_moe(model_state.get("moe") or []))
             for expert in range(layer["num_experts"])]
 
 
@@ -217,7 +243,7 @@ def own_files(model: nn.Module) -> list[str]:
 def whole_state(model: nn.Module, state: dict) -> dict | None:
     """The model with every expert under its global id on rank 0 (None on the others): each
     expert's entries sent from its writer (split). Every rank must call it."""
-    shared, files = split(model, state)
+    shared, files = split(model, ep_checkpoint.gathered(model, state))
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object({k: v.cpu() for one in files.values() for k, v in one.items()},
                        gathered, dst=0)
@@ -230,9 +256,13 @@ def whole_state(model: nn.Module, state: dict) -> dict | None:
 
 def check_layers(model_state: dict, model: nn.Module, path: str) -> None:
     """The checkpoint's MoE layers are the model's (names and expert counts; ep_size may
-    differ)."""
-    saved = [(layer["name"], layer["num_experts"]) for layer in model_state.get("moe") or []]
-    mine = [(layer["name"], layer["num_experts"]) for layer in describe(model)]
+    differ). AutoEP's may be on one side only: a model without them holds every expert whole,
+    as at autoep_size 1."""
+    saved, mine = model_state.get("moe") or [], describe(model)
+    kinds = {layer.get("kind") for layer in saved} & {layer.get("kind") for layer in mine}
+    saved, mine = ([(layer["name"], layer["num_experts"]) for layer in found
+                    if layer.get("kind") in kinds or layer.get("kind") is None]
+                   for found in (saved, mine))
     if saved != mine:
         raise ValueError(
             f"zero: checkpoint {path} has MoE layers {saved or 'none'} (name, num_experts) but "

@@ -26,6 +26,7 @@ from torch import nn
 from .. import init as zero_init
 from ..parallel.norm_span import NormSpan
 from .groups import EXPERT_GROUPS, ExpertDataGroup, ExpertGroups, layout
+from .ep_experts import ExpertParallelExperts
 from .layer import MoE
 from .params import is_moe_param
 
@@ -40,7 +41,8 @@ class ExpertLayout:
     @classmethod
     def of(cls, model: nn.Module, config, *, whole_world: bool, tensor_parallel_group,
            sequence_parallel) -> "ExpertLayout | None":
-        layers = [module for module in model.modules() if isinstance(module, MoE)]
+        layers = [module for module in model.modules()
+                  if isinstance(module, (MoE, ExpertParallelExperts))]
         if not layers:
             return None
         _check_supported(config, whole_world, tensor_parallel_group, sequence_parallel)
@@ -69,7 +71,7 @@ class ExpertLayout:
         if isinstance(tensor, nn.Parameter):  # a shared parameter
             return None
         for layer in self.layers:  # an expert's buffer (looked up now: .to() replaces them)
-            if any(buffer is tensor for buffer in layer.deepspeed_moe.experts.buffers()):
+            if any(buffer is tensor for buffer in layer.expert_buffers()):
                 return self.groups[layer.expert_group_name]
         return None
 

@@ -231,6 +231,9 @@ class MoE(nn.Module):
         groups = EXPERT_GROUPS.create(self.ep_size, use_data_before_expert_parallel_)
         self.deepspeed_moe._set_ep_group(groups.expert_group)
 
+    def expert_buffers(self) -> list[Tensor]:
+        return list(self.deepspeed_moe.experts.buffers())
+
     def forward(self, hidden_states: Tensor, used_token: Tensor | None = None):
         output = self.deepspeed_moe(hidden_states, used_token)
         if self.use_residual:

@@ -1,0 +1,95 @@
+"""AutoEP's experts (ep_experts.py) in state dicts and checkpoints.
+
+An AutoEP block's experts are two stacked parameters whose rows are the experts; each rank
+holds its expert-parallel rank's rows under the whole parameter's name. In a whole-model
+state dict (a checkpoint's model file, save_16bit_model) each is whole again: every
+expert-parallel rank's rows gathered in rank order (`gathered`), the tensor Hugging Face's
+model holds, so `from_pretrained` reads it. A rank loading one keeps its own rows
+(`localized`), at any world size and autoep_size. In the optimizer shards an expert group's
+buffer lies over each expert-parallel rank's expert data-parallel group, holding that rank's
+rows under the same names: moe/checkpoint.copies lists the copies and
+checkpoint_layout.located_arrays joins them row after row (`local_part` cuts this rank's).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .ep_experts import ExpertParallelExperts
+from .groups import EXPERT_GROUPS
+
+STACKED = ("gate_up_proj", "down_proj")
+KIND = "autoep"  # describe()'s "kind" of an AutoEP layer (DeepSpeed-MoE's layers have none)
+
+
+def layers(model: nn.Module) -> list[tuple[str, ExpertParallelExperts]]:
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(module, ExpertParallelExperts)]
+
+
+def describe(model: nn.Module) -> list[dict]:
+    return [{"name": name, "kind": KIND, "num_experts": layer.num_experts,
+             "ep_size": layer.ep_size,
+             "data_before_expert": EXPERT_GROUPS.get(layer.expert_group_name).data_before_expert}
+            for name, layer in layers(model)]
+
+
+def param_names(layer: dict) -> list[str]:
+    """The stacked parameters' names of a described AutoEP layer."""
+    return [f"{layer['name']}.{param}" if layer["name"] else param for param in STACKED]
+
+
+def _rows(model: nn.Module) -> dict[str, tuple[ExpertParallelExperts, int]]:
+    """Each stacked parameter's name -> (its layer, this rank's first row)."""
+    found = {}
+    for name, layer in layers(model):
+        first = EXPERT_GROUPS.get(layer.expert_group_name).expert_rank * layer.num_local_experts
+        for param in param_names({"name": name}):
+            found[param] = (layer, first)
+    return found
+
+
+def gathered(model: nn.Module, state: dict) -> dict:
+    """`state` with each stacked parameter present whole: every expert-parallel rank's rows
+    in rank order. Every rank must call it (an all-gather per parameter over the
+    expert-parallel group, each rank holding its rows)."""
+    state = dict(state)
+    for name, (layer, _) in _rows(model).items():
+        mine = state[name]
+        if layer.ep_size > 1:
+            pieces = [torch.empty_like(mine) for _ in range(layer.ep_size)]
+            dist.all_gather(pieces, mine.contiguous(), group=layer.ep_group)
+            state[name] = torch.cat(pieces)
+    return state
+
+
+def localized(model: nn.Module, state: dict) -> dict:
+    """A whole-model state dict with this rank's rows of each stacked parameter."""
+    state = dict(state)
+    for name, (layer, first) in _rows(model).items():
+        whole = state.get(name)
+        if whole is not None and whole.shape[0] == layer.num_experts:
+            state[name] = whole[first:first + layer.num_local_experts]
+    return state
+
+
+def kept(model: nn.Module):
+    """Whether a name is a stacked parameter (every rank keeps its own rows of those)."""
+    names = set(_rows(model))
+    return names.__contains__
+
+
+def local_part(model: nn.Module):
+    """(name, whole located value) -> this rank's rows of it, for a stacked parameter (a
+    checkpoint_pieces.Located); any other value as it is."""
+    rows = _rows(model)
+
+    def cut(name: str, value):
+        if name not in rows:
+            return value
+        layer, first = rows[name]
+        per_row = value.shape.numel() // layer.num_experts
+        return value.part(first * per_row, (first + layer.num_local_experts) * per_row,
+                          (layer.num_local_experts, *value.shape[1:]))
+    return cut
