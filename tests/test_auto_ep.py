@@ -1,0 +1,237 @@
+"""AutoEP, DeepSpeed's `expert_parallel` block (zero/moe/auto_ep.py, ep_experts.py,
+ep_checkpoint.py): a Hugging Face Mixtral / Qwen2-MoE / Qwen3-MoE model's experts split over
+autoep_size ranks train as the same model without AutoEP does, at ZeRO stages 0-3 (the
+losses and weights equal to fp32 rounding: the same computation, the tokens travel), and as one
+process holding every expert; its checkpoints resume at the same layout exactly and at any
+autoep_size, stage or without AutoEP with every optimizer state as saved; zero_to_fp32 and
+save_16bit_model write Hugging Face's own state dict; what is not built is refused on every
+rank naming the key."""
+import os
+
+import pytest
+import torch
+
+from distributed_harness import run_distributed
+
+transformers = pytest.importorskip("transformers")
+
+STEPS, MICRO, SEQ, VOCAB = 3, 2, 8, 64
+STAGE3 = {"stage3_param_persistence_threshold": 0, "stage3_model_persistence_threshold": 0,
+          "stage3_gather_16bit_weights_on_model_save": True}
+
+
+def _model(kind: str = "mixtral", experts: int = 4):
+    """A tiny Hugging Face MoE model, the same weights on every rank: 2 layers of `experts`
+    experts, top-2; the router's load-balancing loss in the loss."""
+    from transformers import (MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig,
+                              Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, num_experts_per_tok=2, max_position_embeddings=32,
+                  output_router_logits=True, router_aux_loss_coef=0.02)
+    if kind == "mixtral":
+        return MixtralForCausalLM(MixtralConfig(intermediate_size=32,
+                                                num_local_experts=experts, **common))
+    if kind == "qwen3_moe":  # normalised top-k weights
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(moe_intermediate_size=32, num_experts=4,
+                                                  norm_topk_prob=True, head_dim=8, **common))
+    # qwen2_moe: a shared expert beside the routed ones, gated per token (no qkv bias: a key
+    # bias's gradient is rounding noise, which Adam scales up to the learning rate)
+    return Qwen2MoeForCausalLM(Qwen2MoeConfig(moe_intermediate_size=32, num_experts=4,
+                                              shared_expert_intermediate_size=24,
+                                              qkv_bias=False, **common))
+
+
+def _batch(rank: int, step: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randint(0, VOCAB, (MICRO, SEQ), generator=generator)
+
+
+def _config(stage: int, autoep_size: int, **extra) -> dict:
+    return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1,
+            "gradient_clipping": 1.0,
+            "optimizer": {"type": "Adam", "params": {"lr": 1e-2}},
+            "zero_optimization": {"stage": stage, **(STAGE3 if stage == 3 else {})},
+            "expert_parallel": {"enabled": autoep_size > 0, "autoep_size": max(autoep_size, 1)},
+            **extra}
+
+
+def _engine(rank, kind, stage, autoep_size, **extra):
+    import zero
+    model = _model(kind)
+    engine, *_ = zero.initialize(model=model, model_parameters=model.parameters(),
+                                 config=_config(stage, autoep_size, **extra))
+    return engine
+
+
+def _steps(engine, rank, steps) -> list[float]:
+    losses = []
+    for step in steps:
+        ids = _batch(rank, step)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _whole_weights(engine) -> dict:
+    """Every parameter whole (AutoEP's experts gathered over the expert-parallel group)."""
+    import zero
+    from zero.moe import ep_checkpoint
+    with zero.GatheredParameters(list(engine.module.parameters())):  # (stage 3)
+        mine = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    return ep_checkpoint.gathered(engine.module, mine)
+
+
+def _train(rank, world, kind, stage, autoep_size):
+    engine = _engine(rank, kind, stage, autoep_size)
+    if autoep_size:
+        experts = engine.module.model.layers[0].mlp.experts
+        assert getattr(experts.gate_up_proj, "ds_shape", experts.gate_up_proj.shape)[0] == \
+            4 // autoep_size  # (ds_shape: stage 3's whole shape)
+        assert engine.has_moe_layers and engine.num_experts == [4, 4]
+    losses = _steps(engine, rank, range(STEPS))
+    return losses, _whole_weights(engine)
+
+
+def _reference(kind: str, world: int) -> tuple[list, dict]:
+    """One process holding every expert, every rank's batch in turn (the gradients averaged,
+    clipped by the whole model's norm)."""
+    model = _model(kind)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(STEPS):
+        for rank in range(world):
+            ids = _batch(rank, step)
+            loss = model(input_ids=ids, labels=ids).loss
+            (loss / world).backward()
+            losses.append((rank, loss.item()))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    return ([[loss for r, loss in losses if r == rank] for rank in range(world)],
+            {n: p.detach() for n, p in model.named_parameters()})
+
+
+@pytest.mark.parametrize("kind, world, autoep_size, stage", [
+    ("mixtral", 2, 2, 0), ("mixtral", 2, 2, 1), ("mixtral", 2, 2, 2), ("mixtral", 2, 2, 3),
+    ("mixtral", 4, 2, 2), ("mixtral", 4, 2, 3), ("qwen3_moe", 2, 2, 2), ("qwen2_moe", 4, 4, 3)])
+def test_trains_as_the_model_without_autoep(kind, world, autoep_size, stage):
+    """4 ranks at autoep_size 2: each expert's gradient also reduced over its expert
+    data-parallel group; autoep_size 4 on 4 ranks: each expert on one rank alone."""
+    split = run_distributed(_train, world, args=(kind, stage, autoep_size), timeout=240)
+    whole = run_distributed(_train, world, args=(kind, stage, 0), timeout=240)
+    for rank, ((losses, weights), (want_losses, want)) in enumerate(zip(split, whole)):
+        assert losses == pytest.approx(want_losses, abs=1e-6), rank
+        for name, value in want.items():  # (an expert's gradient summed in another order:
+            # one matmul over every rank's tokens, not a sum of the ranks' own; 1.5e-6 seen)
+            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=5e-6,
+                                       msg=f"{name} on rank {rank}")
+    losses, weights = _reference(kind, world)
+    for rank, (found, _) in enumerate(split):  # (Adam's rounding: zero's fused kernel's)
+        assert found == pytest.approx(losses[rank], abs=2e-4), rank
+    for name, value in weights.items():
+        torch.testing.assert_close(split[0][1][name], value, rtol=1e-3, atol=1e-4, msg=name)
+
+
+# ---- checkpoints ---------------------------------------------------------------------------
+def _states(engine) -> dict:
+    """Each parameter's whole fp32 master and Adam moments (AutoEP's experts gathered)."""
+    from zero.compat.deepspeed.utils import (safe_get_full_fp32_param,
+                                             safe_get_full_optimizer_state)
+    from zero.moe import ep_checkpoint
+    arrays = {"master": safe_get_full_fp32_param,
+              "exp_avg": lambda p: safe_get_full_optimizer_state(p, "exp_avg"),
+              "exp_avg_sq": lambda p: safe_get_full_optimizer_state(p, "exp_avg_sq")}
+    return {array: ep_checkpoint.gathered(engine.module, {
+        n: read(p) for n, p in engine.module.named_parameters()}) for array, read in arrays.items()}
+
+
+def _save(rank, world, directory, stage):
+    engine = _engine(rank, "mixtral", stage, 2)
+    _steps(engine, rank, range(2))
+    engine.save_checkpoint(directory, tag="two")
+    engine.save_16bit_model(directory, "whole.bin")
+    return _states(engine), _steps(engine, rank, range(2, 4))
+
+
+def _load(rank, world, directory, stage, autoep_size):
+    engine = _engine(rank, "mixtral", stage, autoep_size)
+    engine.load_checkpoint(directory, tag="two")
+    return _states(engine), _steps(engine, rank, range(2, 4))
+
+
+@pytest.fixture(scope="module", params=[0, 2, 3], ids=["stage0", "stage2", "stage3"])
+def saved(tmp_path_factory, request):
+    """2 ranks at autoep_size 2, saved after 2 steps: (directory, stage, per rank (the saved
+    states, the next 2 steps' losses))."""
+    directory = str(tmp_path_factory.mktemp(f"autoep{request.param}"))
+    return directory, request.param, run_distributed(_save, 2, args=(directory, request.param),
+                                                     timeout=240)
+
+
+@pytest.mark.parametrize("autoep_size, other_stage", [(2, False), (1, False), (0, False),
+                                                      (2, True)],
+                         ids=["as-saved", "autoep1", "without-autoep", "other-stage"])
+def test_a_checkpoint_resumes_at_any_autoep_size_and_stage(saved, autoep_size, other_stage):
+    """Every master and moment as saved, bit for bit, and the next steps the saved run's
+    (the same sums at any autoep_size)."""
+    directory, stage, results = saved
+    stage = (3 if stage != 3 else 1) if other_stage else stage
+    loaded = run_distributed(_load, 2, args=(directory, stage, autoep_size), timeout=240)
+    for rank, ((states, losses), (want_states, want_losses)) in enumerate(zip(loaded, results)):
+        assert losses == want_losses, rank
+        for array, values in want_states.items():
+            assert states[array].keys() == values.keys()
+            for name, value in values.items():
+                torch.testing.assert_close(states[array][name], value, rtol=0, atol=0,
+                                           msg=f"{array} of {name} on rank {rank}")
+
+
+def test_whole_model_saves_are_hugging_faces_state_dict(saved):
+    from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
+    directory, _, results = saved
+    masters = results[0][0]["master"]
+    fp32 = get_fp32_state_dict_from_zero_checkpoint(directory, tag="two")
+    whole = torch.load(os.path.join(directory, "whole.bin"), weights_only=True)
+    for state in (fp32, whole):
+        model = _model()
+        model.load_state_dict(state)  # strict: every expert, Hugging Face's names and shapes
+        for name, value in masters.items():
+            torch.testing.assert_close(state[name], value, rtol=0, atol=0, msg=name)
+
+
+# ---- refusals -----------------------------------------------------------------------------
+def _refused(rank, world, expert_parallel, model_type=None, experts=4):
+    import zero
+    model = _model("mixtral", experts)
+    if model_type:
+        model.config.model_type = model_type
+    config = _config(2, 0)
+    config["expert_parallel"] = expert_parallel
+    try:
+        zero.initialize(model=model, model_parameters=model.parameters(), config=config)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("expert_parallel, model_type, experts, message", [
+    ({"enabled": True, "autoep_size": 3}, None, 3, "autoep_size=3 does not divide the world of 2"),
+    ({"enabled": True, "autoep_size": 2}, None, 3,
+     "cannot split MoE block model.layers.0.mlp: its 3 experts do not split over "
+     "expert_parallel.autoep_size=2"),
+    ({"enabled": True, "autoep_size": 2, "moe_layer_pattern": r"model\.nothing"}, None, 4,
+     "has no MoE block"),
+    ({"enabled": True, "autoep_size": 2}, "llama_moe", 4, "no preset for model type 'llama_moe'"),
+    ({"enabled": True, "autoep_size": 2, "route_norm": False}, None, 4,
+     "expert_parallel.route_norm"),
+    ({"enabled": True, "autoep_size": 2, "preset_model": "deepseek_v3"}, None, 4,
+     "expert_parallel.preset_model"),
+], ids=["world", "experts", "pattern", "model-type", "routing-key", "preset"])
+def test_what_is_not_built_is_refused_on_every_rank(expert_parallel, model_type, experts,
+                                                    message):
+    errors = run_distributed(_refused, 2, args=(expert_parallel, model_type, experts),
+                             timeout=120)
+    assert all(error and message in error for error in errors), errors
