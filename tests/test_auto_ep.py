@@ -202,6 +202,50 @@ def test_whole_model_saves_are_hugging_faces_state_dict(saved):
             torch.testing.assert_close(state[name], value, rtol=0, atol=0, msg=name)
 
 
+# ---- memory: the estimate is what the engine holds ---------------------------------------
+def _held(rank, world, config):
+    import zero
+    model = _model()
+    engine, *_ = zero.initialize(model=model, model_parameters=model.parameters(), config=config)
+    for step in range(2):
+        ids = _batch(rank, step)
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+        if step == 0:  # (the first backward's default launch order, as in test_moe.py)
+            engine.core.registry().reset_peaks()
+    report = engine.memory_report()
+    engine.destroy()
+    return ({name: value["peak" if "expected" in value else "current"]
+             for name, value in report["categories"].items()},
+            {name: value["peak"] for name, value in report["categories"].items()},
+            report["total"]["peak"])
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_estimate_is_what_each_rank_holds(stage):
+    """zero-mem estimate with the config's expert_parallel block counts each rank's rows of
+    the experts, their states sharded over world / autoep_size ranks."""
+    from zero.reports import estimate as est
+    config = _config(stage, 2)
+    config["zero_optimization"]["reduce_bucket_size"] = 4000
+    setup, _ = est.setup_from_config(config, world_size=2)
+    shapes = est.shapes_from_module(_model(), expert_parallel=setup.expert_parallel)
+    assert shapes.group_ep == (1, 2)
+    estimate = est.estimate(shapes, setup, stage)
+    for held, peaks, total in run_distributed(_held, 2, args=(config,), timeout=120):
+        estimated = {name: row["bytes"] for name, row in estimate.categories.items()}
+        bucket = estimated["bucket"]
+        for working in ("bucket", "gathered_param"):  # at the backward's peak, none after
+            assert peaks.get(working, 0) == estimated.pop(working, 0), working
+            held.pop(working, None)
+        for name in set(estimated) | set(held):
+            assert estimated.get(name, 0) == held.get(name, 0), (name, estimated, held)
+        if stage < 3:
+            assert estimate.device_bytes == total
+        else:  # the categories' peaks added up: an upper bound by at most the buckets
+            assert total <= estimate.device_bytes <= total + bucket
+
+
 # ---- refusals -----------------------------------------------------------------------------
 def _refused(rank, world, expert_parallel, model_type=None, experts=4):
     import zero

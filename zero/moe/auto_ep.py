@@ -37,6 +37,21 @@ def apply(model: nn.Module, settings, data_before_expert: bool) -> list[ExpertPa
     block `expert_parallel`), in place; the new experts modules, [] when it is off."""
     if not settings.enabled:
         return []
+    ep_size, world = settings.autoep_size, dist.get_world_size()
+    if world % ep_size:
+        raise ValueError(f"zero: expert_parallel.autoep_size={ep_size} does not divide the world "
+                         f"of {world} ranks; use a divisor of {world}")
+    blocks = moe_blocks(model, settings)
+    groups = EXPERT_GROUPS.create(ep_size, data_before_expert)
+    for _, block in blocks:
+        if not isinstance(block.experts, ExpertParallelExperts):  # (split by an earlier engine)
+            block.experts = ExpertParallelExperts(block.experts, ep_size, groups.expert_rank)
+    return [block.experts for _, block in blocks]
+
+
+def moe_blocks(model: nn.Module, settings) -> list[tuple[str, nn.Module]]:
+    """(name, block) of the MoE blocks whose experts `settings` (the expert_parallel block)
+    splits, each checked to split autoep_size ways (the memory estimate reads them too)."""
     pattern = _pattern(model, settings)
     blocks = [(name, module) for name, module in model.named_modules()
               if pattern.fullmatch(name) and _is_moe_block(module)]
@@ -46,17 +61,9 @@ def apply(model: nn.Module, settings, data_before_expert: bool) -> list[ExpertPa
             f"module named like {pattern.pattern!r} with a `gate` router and `experts` holding "
             "3-D gate_up_proj and down_proj (transformers 5's layout); set "
             "expert_parallel.moe_layer_pattern to the blocks' module names, or disable it")
-    ep_size, world = settings.autoep_size, dist.get_world_size()
-    if world % ep_size:
-        raise ValueError(f"zero: expert_parallel.autoep_size={ep_size} does not divide the world "
-                         f"of {world} ranks; use a divisor of {world}")
     for name, block in blocks:
-        _check_experts(name, block.experts, ep_size)
-    groups = EXPERT_GROUPS.create(ep_size, data_before_expert)
-    for _, block in blocks:
-        if not isinstance(block.experts, ExpertParallelExperts):  # (split by an earlier engine)
-            block.experts = ExpertParallelExperts(block.experts, ep_size, groups.expert_rank)
-    return [block.experts for _, block in blocks]
+        _check_experts(name, block.experts, settings.autoep_size)
+    return blocks
 
 
 def _pattern(model: nn.Module, settings) -> re.Pattern:

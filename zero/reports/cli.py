@@ -166,9 +166,10 @@ def _shapes(args, setup: est.Setup) -> est.ModelShapes:
         raise est.EstimateError("--units goes with --params (a model's own gather units come "
                                 "from the model)")
     if args.model:
-        return est.shapes_from_factory(args.model, setup.unit_rules())
+        return est.shapes_from_factory(args.model, setup.unit_rules(), setup.expert_parallel)
     if args.hf_config:
-        return est.shapes_from_hf_config(args.hf_config, setup.unit_rules())
+        return est.shapes_from_hf_config(args.hf_config, setup.unit_rules(),
+                                         setup.expert_parallel)
     return est.shapes_from_count(args.params, args.tensor_numel, setup.reduce_bucket_size,
                                  units=args.units)
 

@@ -58,11 +58,11 @@ def build_on_meta(factory, *args, **kwargs) -> torch.nn.Module:
     return model
 
 
-def shapes_from_factory(spec: str, unit_rules=None) -> ModelShapes:
+def shapes_from_factory(spec: str, unit_rules=None, expert_parallel=None) -> ModelShapes:
     """`module.path:factory`: the model built on the meta device (nothing allocated)."""
     model = build_on_meta(import_factory(spec))
     return shapes_from_module(model, description=f"{type(model).__name__} ({spec})",
-                              unit_rules=unit_rules)
+                              unit_rules=unit_rules, expert_parallel=expert_parallel)
 
 
 def model_from_hf_config(path: str, on_meta: bool = True) -> torch.nn.Module:
@@ -94,7 +94,7 @@ def model_from_hf_config(path: str, on_meta: bool = True) -> torch.nn.Module:
     return model
 
 
-def shapes_from_hf_config(path: str, unit_rules=None) -> ModelShapes:
+def shapes_from_hf_config(path: str, unit_rules=None, expert_parallel=None) -> ModelShapes:
     model = model_from_hf_config(path)
     return shapes_from_module(model, description=f"{type(model).__name__} ({model.zero_config_file})",
-                              unit_rules=unit_rules)
+                              unit_rules=unit_rules, expert_parallel=expert_parallel)

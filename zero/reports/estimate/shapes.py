@@ -8,6 +8,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 import torch
 
+from zero.moe.groups import group_name
+
 from .errors import EstimateError
 from .training_setup import DEFAULT_REDUCE_BUCKET_SIZE
 
@@ -81,7 +83,7 @@ def shape_numel(shape: Sequence[int]) -> int:
 def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                        param_groups: Iterable | None = None,
                        local_shape: Mapping[int, tuple[int, ...]] | None = None,
-                       unit_rules=None) -> ModelShapes:
+                       unit_rules=None, expert_parallel=None) -> ModelShapes:
     """The shapes the engine will manage: trainable parameters in `module.parameters()` order
     (tied parameters once), one group, as `zero.initialize(model=..., config=...)` does with a
     config optimizer. `param_groups` (a list of lists of parameters, or of dicts with
@@ -90,7 +92,8 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     register_external_parameter links, and which root parameters come after the blocks;
     `unit_rules` (stage3_policy.UnitRules, default DeepSpeed's): the config's units too.
     `local_shape`: {id(parameter): shape} of the parameters a rank holds a slice of (tensor
-    parallelism: zero.tp.auto_tp.local_shapes)."""
+    parallelism: zero.tp.auto_tp.local_shapes). `expert_parallel` (the config's block, AutoEP
+    on): each MoE block's stacked experts as one rank holds them, in a group of their own."""
     if not isinstance(module, torch.nn.Module):
         raise EstimateError(f"expected a torch.nn.Module, got {type(module).__name__}")
     if param_groups is None:
@@ -98,7 +101,11 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     else:
         raw_groups = [list(g["params"]) if isinstance(g, Mapping) else list(g)
                       for g in param_groups]
-    raw_groups, raw_ep = _expert_groups(module, raw_groups)
+    autoep_sizes = {}
+    if expert_parallel is not None:
+        local_shape = {**(local_shape or {}), **_autoep_rows(module, expert_parallel)}
+        autoep_sizes = {group_name(expert_parallel.autoep_size): expert_parallel.autoep_size}
+    raw_groups, raw_ep = _expert_groups(module, raw_groups, autoep_sizes)
     from zero import init as zero_init, stage3, stage3_policy
 
     unit_rules = unit_rules or stage3_policy.UnitRules()
@@ -166,13 +173,33 @@ def _frozen_ep(module: torch.nn.Module, frozen: list) -> tuple[int, ...]:
     return tuple(sizes[p.group_name] if is_moe_param(p) else 1 for p in frozen)
 
 
-def _expert_groups(module: torch.nn.Module, raw_groups: list[list]) -> tuple[list, list | None]:
-    """(groups, each one's ep_size): with MoE layers their experts split into groups of their
-    own as the engine splits a configured optimizer's (zero.moe.params); else as given, None."""
+def _autoep_rows(module: torch.nn.Module, settings) -> dict[int, tuple[int, ...]]:
+    """{id(param): the rows one rank holds} of the stacked experts AutoEP splits
+    (zero.moe.auto_ep), each marked as the engine marks it (so its group is split off)."""
+    from zero.moe import auto_ep
+
+    try:
+        blocks = auto_ep.moe_blocks(module, settings)
+    except ValueError as error:
+        raise EstimateError(f"--config: {error}") from None
+    rows = {}
+    for _, block in blocks:
+        for param in (block.experts.gate_up_proj, block.experts.down_proj):
+            param.allreduce, param.group_name = False, group_name(settings.autoep_size)
+            rows[id(param)] = (param.shape[0] // settings.autoep_size, *param.shape[1:])
+    return rows
+
+
+def _expert_groups(module: torch.nn.Module, raw_groups: list[list],
+                   autoep_sizes: dict[str, int]) -> tuple[list, list | None]:
+    """(groups, each one's ep_size): with MoE layers (or AutoEP's experts, `autoep_sizes`:
+    group name -> ep_size) their experts split into groups of their own as the engine splits
+    a configured optimizer's (zero.moe.params); else as given, None."""
     from zero.moe.layer import MoE
     from zero.moe.params import split_params_into_different_moe_groups_for_optimizer
 
     sizes = {m.expert_group_name: m.ep_size for m in module.modules() if isinstance(m, MoE)}
+    sizes.update(autoep_sizes)
     if not sizes:
         return raw_groups, None
     split = split_params_into_different_moe_groups_for_optimizer(

@@ -100,6 +100,9 @@ class Setup:
     # the model trains on the CPU: device and host bytes share the RAM, and the offloaded step
     # updates the model in place (no gradient or parameter staging)
     cpu_only: bool = False
+    # expert_parallel (AutoEP) enabled: (autoep_size, preset_model, moe_layer_pattern); the
+    # shapes builders split the model's MoE blocks' experts by it (expert_parallel)
+    autoep: Optional[tuple] = None
 
     def __post_init__(self):
         if self.world_size < 1:
@@ -170,6 +173,16 @@ class Setup:
     def offload_chunk(self, shard_numel: int) -> int:
         """C of one engine group: min(sub_group_size, 4,194,304, the group's shard)."""
         return min(self.offload_chunk_limit, max(int(shard_numel), 1))
+
+    @property
+    def expert_parallel(self):
+        """The config's expert_parallel block (zero.config.ExpertParallelConfig) when AutoEP
+        is on, else None: what zero.moe.auto_ep splits."""
+        if self.autoep is None:
+            return None
+        from zero.config.model import ExpertParallelConfig
+        size, preset, pattern = self.autoep
+        return ExpertParallelConfig(True, size, preset, pattern, True, False)
 
     @property
     def partition_world(self) -> int:
@@ -369,6 +382,9 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     values["param_buffer_count"] = int(param.buffer_count)
     values["param_buffer_size"] = int(param.buffer_size)
     values["param_max_in_cpu"] = int(param.max_in_cpu)
+    autoep = cfg.expert_parallel
+    values["autoep"] = (autoep.autoep_size, autoep.preset_model, autoep.moe_layer_pattern) \
+        if autoep.enabled else None
     stage = cfg.zero_optimization.stage
     for key, value in overrides.items():
         if value is None:
