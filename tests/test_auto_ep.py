@@ -56,9 +56,12 @@ def _config(stage: int, autoep_size: int, **extra) -> dict:
             **extra}
 
 
-def _engine(rank, kind, stage, autoep_size, **extra):
+def _engine(rank, kind, stage, autoep_size, freeze=False, **extra):
+    """`freeze`: the first layer's experts' down_proj frozen."""
     import zero
     model = _model(kind)
+    if freeze:
+        model.model.layers[0].mlp.experts.down_proj.requires_grad_(False)
     engine, *_ = zero.initialize(model=model, model_parameters=model.parameters(),
                                  config=_config(stage, autoep_size, **extra))
     return engine
@@ -115,8 +118,8 @@ def _reference(kind: str, world: int) -> tuple[list, dict]:
 
 
 @pytest.mark.parametrize("kind, world, autoep_size, stage", [
-    ("mixtral", 2, 2, 0), ("mixtral", 2, 2, 1), ("mixtral", 2, 2, 2), ("mixtral", 2, 2, 3),
-    ("mixtral", 4, 2, 2), ("mixtral", 4, 2, 3), ("qwen3_moe", 2, 2, 2), ("qwen2_moe", 4, 4, 3)])
+    ("mixtral", 2, 2, 0), ("mixtral", 2, 2, 2), ("mixtral", 2, 2, 3), ("mixtral", 4, 2, 3),
+    ("qwen3_moe", 2, 2, 1), ("qwen2_moe", 4, 4, 3)])
 def test_trains_as_the_model_without_autoep(kind, world, autoep_size, stage):
     """4 ranks at autoep_size 2: each expert's gradient also reduced over its expert
     data-parallel group; autoep_size 4 on 4 ranks: each expert on one rank alone."""
@@ -145,7 +148,8 @@ def _states(engine) -> dict:
               "exp_avg": lambda p: safe_get_full_optimizer_state(p, "exp_avg"),
               "exp_avg_sq": lambda p: safe_get_full_optimizer_state(p, "exp_avg_sq")}
     return {array: ep_checkpoint.gathered(engine.module, {
-        n: read(p) for n, p in engine.module.named_parameters()}) for array, read in arrays.items()}
+        n: read(p) for n, p in engine.module.named_parameters() if p.requires_grad})
+        for array, read in arrays.items()}
 
 
 def _save(rank, world, directory, stage):
@@ -200,6 +204,45 @@ def test_whole_model_saves_are_hugging_faces_state_dict(saved):
         model.load_state_dict(state)  # strict: every expert, Hugging Face's names and shapes
         for name, value in masters.items():
             torch.testing.assert_close(state[name], value, rtol=0, atol=0, msg=name)
+
+
+def _save_as(rank, world, directory, stage, autoep_size, freeze):
+    engine = _engine(rank, "mixtral", stage, autoep_size, freeze=freeze)
+    _steps(engine, rank, range(2))
+    engine.save_checkpoint(directory, tag="two")
+    engine.save_16bit_model(directory, "trainable.bin", exclude_frozen_parameters=True)
+    return _states(engine), _steps(engine, rank, range(2, 4))
+
+
+def _load_as(rank, world, directory, stage, autoep_size, freeze, data_before_expert):
+    engine = _engine(rank, "mixtral", stage, autoep_size, freeze=freeze,
+                     use_data_before_expert_parallelism=data_before_expert)
+    engine.load_checkpoint(directory, tag="two")
+    return _states(engine), _steps(engine, rank, range(2, 4))
+
+
+@pytest.mark.parametrize("world, saved_as, loaded_as", [
+    (2, (2, 0, False), (2, 2, False)),  # (stage, autoep_size, D + E)
+    (4, (2, 4, False), (3, 2, True))], ids=["without-autoep-to-autoep2",
+                                            "autoep4-to-autoep2-data-before-expert-stage3"])
+def test_a_checkpoint_loads_across_autoep_layouts_with_frozen_experts(tmp_path, world, saved_as,
+                                                                      loaded_as):
+    """The first layer's experts' down_proj frozen (whole in the model file, no optimizer
+    state); on 4 ranks "D + E" holds other experts on each rank than "E + D"."""
+    directory = str(tmp_path)
+    saved = run_distributed(_save_as, world, args=(directory, *saved_as[:2], True), timeout=240)
+    loaded = run_distributed(_load_as, world, args=(directory, *loaded_as[:2], True,
+                                                    loaded_as[2]), timeout=240)
+    for rank, ((states, losses), (want_states, want_losses)) in enumerate(zip(loaded, saved)):
+        assert losses == pytest.approx(want_losses, abs=1e-6), rank
+        for array, values in want_states.items():
+            assert states[array].keys() == values.keys()
+            for name, value in values.items():
+                torch.testing.assert_close(states[array][name], value, rtol=0, atol=0,
+                                           msg=f"{array} of {name} on rank {rank}")
+    trainable = torch.load(os.path.join(directory, "trainable.bin"), weights_only=True)
+    assert "model.layers.0.mlp.experts.down_proj" not in trainable
+    assert trainable["model.layers.1.mlp.experts.down_proj"].shape[0] == 4
 
 
 # ---- memory: the estimate is what the engine holds ---------------------------------------

@@ -222,7 +222,7 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
     expert_files = {}
     if engine.moe is not None:  # AutoEP's experts whole (a collective); DeepSpeed-MoE's in
         # files of their own, by global id
-        module_state = ep_checkpoint.gathered(engine.module, module_state)
+        module_state = ep_checkpoint.gathered(engine.module, module_state, dst=0)
         module_state, expert_files = moe_checkpoint.split(engine.module, module_state)
     core = engine.core
     groups = [{"master": core.group_master_shard(g),
@@ -355,14 +355,14 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
     with _all_ranks_or_none(f"checking checkpoint {path}", "nothing was loaded"):
         files.verify(path, [part.names.model] + moe_checkpoint.own_files(engine.module))
         model_state = files.load_torch(os.path.join(path, part.names.model))
-        model_state["module"] = moe_checkpoint.own_module_state(
-            engine.module, path, model_state["module"], files.load_torch)
+        model_state["module"].update(moe_checkpoint.read_own(engine.module, path,
+                                                             files.load_torch))
 
     def check() -> bool:
         moe_checkpoint.check_layers(model_state, engine.module, path)
-        checkpoint_layout.check_same_model(
-            f"checkpoint {os.path.join(path, part.names.model)}", model_state["module"],
-            engine.full_shapes)
+        checkpoint_layout.check_same_model(  # (AutoEP's experts: this rank's rows)
+            f"checkpoint {os.path.join(path, part.names.model)}",
+            ep_checkpoint.localized(engine.module, model_state["module"]), engine.full_shapes)
         if model_state.get("moe") and not load_shards:
             return True  # MoE weights alone load at any layout (moe/checkpoint.py)
         # each rank's shard holds other experts at another ep_size or expert layout

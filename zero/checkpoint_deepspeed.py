@@ -38,6 +38,7 @@ from . import checkpoint_layout
 from .checkpoint_files import MANIFEST, CorruptCheckpoint
 from .checkpoint_pieces import Flat, Located
 from .moe import checkpoint as moe_checkpoint
+from .moe import ep_checkpoint
 from .optimizer import hyperparameters
 from .sharding import names_by_id
 
@@ -417,8 +418,12 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
         checkpoint_layout.refresh_masters(engine.core)
         return
     moments = engine_moments(engine, saved) if load_shards else {}
+    cut = ep_checkpoint.local_part(engine.module)  # AutoEP: this rank's rows of the experts
     for g, wanted in enumerate(checkpoint_layout.global_param_names(engine)):
-        checkpoint_layout.load_group(engine, g, wanted, saved.master, moments)
+        def mine(values: dict) -> dict:
+            return {name: cut(name, values[name]) for name in wanted}
+        checkpoint_layout.load_group(engine, g, wanted, mine(saved.master),
+                                     {array: mine(values) for array, values in moments.items()})
 
 
 def _engine_arrays(engine) -> set[str]:
@@ -460,8 +465,9 @@ def check_fits(engine, saved: DeepSpeedCheckpoint, load_shards: bool) -> None:
         moe_checkpoint.check_layers({"moe": saved.moe_layers}, engine.module, saved.path)
     trainable = {n for group in checkpoint_layout.global_param_names(engine) for n in group}
     rename = checkpoint_layout.global_name(engine)  # MoE: an expert by its global id
+    whole = ep_checkpoint.whole_shapes(engine.module, engine.full_shapes)  # AutoEP's rows
     checkpoint_layout.check_same_model(
-        where, saved.master, {rename(name): shape for name, shape in engine.full_shapes.items()},
+        where, saved.master, {rename(name): shape for name, shape in whole.items()},
         required=sorted(trainable))
     if load_shards:
         _check_optimizer(engine, saved, trainable)

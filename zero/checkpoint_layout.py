@@ -178,11 +178,11 @@ def saved_param_names(model_state: dict, path: str) -> set[str]:
 
 def optimizer_state_for(engine, model_state: dict, path: str) -> dict:
     """The saved optimizer state (hyperparameters per optimizer group) for this engine's
-    groups: as saved, or with MoE layers (whose experts of each ep_size make a group of their
-    own, so another layout has other groups) each group's from the saved group that held its
-    first parameter (the layout's owners)."""
+    groups: as saved, or with MoE layers on either side (whose experts of each ep_size make a
+    group of their own, so another layout has other groups) each group's from the saved group
+    that held its first parameter (the layout's owners)."""
     saved = model_state["optimizer"]
-    if not model_state.get("moe"):
+    if not model_state.get("moe") and engine.moe is None:
         return saved
     owner = {rename(names[0]): group["owner"] for group in layout_of(model_state, path)["groups"]
              for _, rename in moe_checkpoint.saved_copies(model_state, group)

@@ -29,7 +29,7 @@ from . import init as zero_init
 from . import offload_states as states_offload
 from .moe import checkpoint as moe_checkpoint
 from .moe import params as moe_params
-from .moe import auto_ep
+from .moe import auto_ep, ep_checkpoint
 from .moe.engine_layout import ExpertLayout
 from .parallel import data_group, sequence
 from .autocast import ForwardAutocast
@@ -676,6 +676,9 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         return checkpoint_mesh.whole_parameters(self.module, group, exclude_frozen_parameters)
 
     def load_module_state_dict(self, state: dict, strict: bool = True) -> None:
+        """A whole model's state dict (AutoEP's stacked experts whole, or this rank's rows)."""
+        if self.moe is not None:
+            state = ep_checkpoint.localized(self.module, state)
         if self._stage3 is None:
             self.module.load_state_dict(state, strict=strict)
         else:

@@ -3,9 +3,10 @@
     zero --num_procs 2 train_trainer.py --deepspeed ds_config.json --output_dir out --max_steps 8
     torchrun --nproc_per_node 2 train_trainer.py --output_dir out --max_steps 8   # plain DDP
 
-A small GPT-2 built from its config (no download) learns a synthetic copy task; the loss of
-every step is in out/log_history.json. --resume_from_checkpoint resumes, --init_from loads a
-saved model with from_pretrained (under ZeRO-3 inside zero.Init, as the Trainer does),
+A small GPT-2 built from its config (no download; --moe: a small Mixtral) learns a synthetic
+copy task; the loss of every step is in out/log_history.json. --resume_from_checkpoint
+resumes, --init_from loads a saved model with from_pretrained (under ZeRO-3 inside zero.Init,
+as the Trainer does),
 --evaluate_first evaluates before training (--train false: only that), --lora R trains PEFT LoRA
 adapters of rank R on the frozen model. On a machine without a GPU, --bf16 needs
 --use_cpu true (transformers' rule, with DeepSpeed as with zero).
@@ -27,6 +28,9 @@ class ScriptArguments:
                                              metadata={"help": "evaluate before training"})
     train: bool = dataclasses.field(default=True, metadata={"help": "false: evaluate only"})
     lora: int = dataclasses.field(default=0, metadata={"help": "> 0: PEFT LoRA of this rank"})
+    moe: bool = dataclasses.field(default=False, metadata={
+        "help": "a small Mixtral (4 experts, top-2) instead of GPT-2: the config's "
+                "expert_parallel block splits its experts"})
 
 
 def dataset(samples: int, seed: int = 1234) -> list[dict]:
@@ -44,7 +48,13 @@ def main():
     script_args, args = HfArgumentParser((ScriptArguments, TrainingArguments)) \
         .parse_args_into_dataclasses()
     set_seed(args.seed)
-    if script_args.init_from:
+    if script_args.moe:
+        from transformers import MixtralConfig, MixtralForCausalLM
+        model = MixtralForCausalLM(MixtralConfig(
+            vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+            num_experts_per_tok=2, max_position_embeddings=32))
+    elif script_args.init_from:
         model = GPT2LMHeadModel.from_pretrained(script_args.init_from)
     else:
         model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=96,

@@ -115,8 +115,28 @@ def _check_experts(name: str, experts: nn.Module, ep_size: int) -> None:
                    "[experts, 2 x intermediate, hidden] and [experts, hidden, intermediate]")
     elif not callable(getattr(experts, "act_fn", None)):
         problem = "its experts have no act_fn"
+    elif _other_layout(experts):
+        problem = (f"its experts compute otherwise than act(gate) * up ({_other_layout(experts)}: "
+                   "transformers' experts layout flags or gate function)")
     elif count % ep_size:
         problem = (f"its {count} experts do not split over expert_parallel.autoep_size="
                    f"{ep_size} ranks; use a divisor of {count}")
     if problem:
         raise ValueError(f"zero: expert_parallel cannot split MoE block {name}: {problem}")
+
+
+# transformers' use_experts_implementation flags, at the layout ExpertParallelExperts computes
+_DEFAULT_LAYOUT = {"has_gate": True, "has_bias": False, "has_post_expert_norm": False,
+                   "is_transposed": False, "is_concatenated": True}
+
+
+def _other_layout(experts: nn.Module) -> str | None:
+    """What differs from [gate; up] concatenated, act(gate) * up, no bias or norm (None: as
+    computed here)."""
+    for flag, default in _DEFAULT_LAYOUT.items():
+        if getattr(experts, flag, default) != default:
+            return f"{flag}={getattr(experts, flag)}"
+    gate = getattr(type(experts), "_apply_gate", None)
+    if gate is not None and gate.__name__ != "_default_apply_gate":
+        return f"{type(experts).__name__}._apply_gate"
+    return None

@@ -106,13 +106,12 @@ def split(model: nn.Module, state: dict) -> tuple[dict, dict[str, dict]]:
     return shared, files
 
 
-def own_module_state(model: nn.Module, path: str, module_state: dict, load) -> dict:
-    """A checkpoint's module state as this rank's model holds it: its DeepSpeed-MoE experts
-    read from their files in checkpoint `path` under its local ids (`load(file)` reads one),
-    its rows of each AutoEP layer's stacked experts."""
-    own = {key: value for file in own_files(model)
-           for key, value in load(os.path.join(path, file)).items()}
-    return ep_checkpoint.localized(model, {**module_state, **localized(model, own)})
+def read_own(model: nn.Module, path: str, load) -> dict:
+    """This rank's DeepSpeed-MoE experts' entries from their files in checkpoint `path`,
+    under its local ids; `load(file)` reads one file. (AutoEP's experts are whole in the
+    model file: engine.load_module_state_dict keeps this rank's rows.)"""
+    return localized(model, {key: value for file in own_files(model)
+                             for key, value in load(os.path.join(path, file)).items()})
 
 
 def global_names(model: nn.Module) -> Callable[[str], str]:
@@ -243,7 +242,7 @@ def own_files(model: nn.Module) -> list[str]:
 def whole_state(model: nn.Module, state: dict) -> dict | None:
     """The model with every expert under its global id on rank 0 (None on the others): each
     expert's entries sent from its writer (split). Every rank must call it."""
-    shared, files = split(model, ep_checkpoint.gathered(model, state))
+    shared, files = split(model, ep_checkpoint.gathered(model, state, dst=0))
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object({k: v.cpu() for one in files.values() for k, v in one.items()},
                        gathered, dst=0)

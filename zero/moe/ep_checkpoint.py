@@ -50,18 +50,36 @@ def _rows(model: nn.Module) -> dict[str, tuple[ExpertParallelExperts, int]]:
     return found
 
 
-def gathered(model: nn.Module, state: dict) -> dict:
-    """`state` with each stacked parameter present whole: every expert-parallel rank's rows
-    in rank order. Every rank must call it (an all-gather per parameter over the
-    expert-parallel group, each rank holding its rows)."""
+def gathered(model: nn.Module, state: dict, dst: int | None = None) -> dict:
+    """`state` with each stacked parameter whole: every expert-parallel rank's rows in rank
+    order, one parameter at a time, on every rank (`dst` None) or on global rank `dst` alone
+    (the others keep theirs). Every rank must call it; a parameter left out of `state`
+    (frozen, excluded) is skipped."""
     state = dict(state)
     for name, (layer, _) in _rows(model).items():
-        mine = state[name]
-        if layer.ep_size > 1:
-            pieces = [torch.empty_like(mine) for _ in range(layer.ep_size)]
-            dist.all_gather(pieces, mine.contiguous(), group=layer.ep_group)
-            state[name] = torch.cat(pieces)
+        mine = state.get(name)
+        if mine is None or layer.ep_size == 1:
+            continue
+        ranks = EXPERT_GROUPS.get(layer.expert_group_name).expert_ranks
+        if dst is not None and dst not in ranks:
+            continue  # another expert-parallel group gathers for dst
+        work = mine.detach().to(_collective_device(layer.ep_group)).contiguous()
+        pieces = [torch.empty_like(work) for _ in ranks] \
+            if dst is None or dist.get_rank() == dst else None
+        if dst is None:
+            dist.all_gather(pieces, work, group=layer.ep_group)
+        else:
+            dist.gather(work, pieces, dst=dst, group=layer.ep_group)
+        if pieces is not None:
+            state[name] = torch.cat(pieces).to(mine.device)
     return state
+
+
+def _collective_device(group) -> torch.device:
+    """Where a collective over `group` takes its tensors (NCCL's: this rank's GPU)."""
+    if "nccl" in str(dist.get_backend(group)) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def localized(model: nn.Module, state: dict) -> dict:
@@ -72,6 +90,13 @@ def localized(model: nn.Module, state: dict) -> dict:
         if whole is not None and whole.shape[0] == layer.num_experts:
             state[name] = whole[first:first + layer.num_local_experts]
     return state
+
+
+def whole_shapes(model: nn.Module, shapes: dict) -> dict:
+    """{name: shape} of this rank's parameters with each stacked one's whole shape."""
+    rows = _rows(model)
+    return {name: (rows[name][0].num_experts, *shape[1:]) if name in rows else shape
+            for name, shape in shapes.items()}
 
 
 def kept(model: nn.Module):

@@ -12,8 +12,9 @@ computation with the tokens exchanged:
    expert, by one all-to-all of variable sizes (the counts traded first);
 2. each local expert runs on the rows it received, as Hugging Face's loop runs it:
    act(x @ gate.T) * (x @ up.T) @ down.T;
-3. the results go back by the reverse all-to-all and are weighted and summed per token in
-   expert order, in the block's dtype, as Hugging Face's index_add does.
+3. the results go back by the reverse all-to-all, are weighted, and each token's are added
+   in ascending expert id, in the block's dtype, as Hugging Face's loop over the experts adds
+   them (on a GPU too, where one index_add of repeated tokens would add in any order).
 
 The router, the block around it (jitter, shared experts) and the router logits Hugging
 Face's load-balancing loss reads are the model's own. The parameters carry DeepSpeed's marks
@@ -44,6 +45,18 @@ class _AllToAllV(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         return None, None, None, _AllToAllV.apply(ctx.group, ctx.receives, ctx.sends, grad)
+
+
+def _sum_in_expert_order(routes: Tensor, top_k_index: Tensor) -> Tensor:
+    """[tokens, hidden]: each token's k weighted results [tokens, k, hidden] added one after
+    another in ascending expert id, into zeros, as Hugging Face's loop over the experts adds
+    them (the same sums, on any device)."""
+    slots = torch.argsort(top_k_index, dim=1, stable=True)
+    ordered = torch.gather(routes, 1, slots[..., None].expand(-1, -1, routes.shape[-1]))
+    total = torch.zeros_like(ordered[:, 0])
+    for j in range(ordered.shape[1]):
+        total = total + ordered[:, j]
+    return total
 
 
 class ExpertParallelExperts(nn.Module):
@@ -85,9 +98,9 @@ class ExpertParallelExperts(nn.Module):
         outputs = self._run(received, per_expert)
         if splits is not None:  # back to the ranks they came from, in the order sent
             outputs = _AllToAllV.apply(self.ep_group, splits[1], splits[0], outputs)
-        weighted = outputs * top_k_weights.reshape(-1)[order, None]
-        return torch.zeros_like(hidden_states).index_add_(0, token_of,
-                                                          weighted.to(hidden_states.dtype))
+        weighted = (outputs * top_k_weights.reshape(-1)[order, None]).to(hidden_states.dtype)
+        return _sum_in_expert_order(weighted[torch.argsort(order)].view(tokens, k, -1),
+                                    top_k_index)
 
     def _exchange(self, rows: Tensor, counts: Tensor):
         """(the rows for this rank's experts from every rank, rank after rank, each rank's

@@ -94,6 +94,24 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     `local_shape`: {id(parameter): shape} of the parameters a rank holds a slice of (tensor
     parallelism: zero.tp.auto_tp.local_shapes). `expert_parallel` (the config's block, AutoEP
     on): each MoE block's stacked experts as one rank holds them, in a group of their own."""
+    if expert_parallel is None:
+        return _shapes_from_module(module, description, param_groups, local_shape, unit_rules)
+    rows = _autoep_rows(module, expert_parallel)
+    try:  # the experts marked as the engine marks them while their groups are split off
+        for param in rows.values():
+            param.allreduce, param.group_name = False, group_name(expert_parallel.autoep_size)
+        return _shapes_from_module(
+            module, description, param_groups,
+            {**(local_shape or {}), **{key: _rows_of(param, expert_parallel)
+                                       for key, param in rows.items()}},
+            unit_rules, {group_name(expert_parallel.autoep_size): expert_parallel.autoep_size})
+    finally:
+        for param in rows.values():
+            del param.allreduce, param.group_name
+
+
+def _shapes_from_module(module, description, param_groups, local_shape, unit_rules,
+                        autoep_sizes=None) -> ModelShapes:
     if not isinstance(module, torch.nn.Module):
         raise EstimateError(f"expected a torch.nn.Module, got {type(module).__name__}")
     if param_groups is None:
@@ -101,11 +119,7 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
     else:
         raw_groups = [list(g["params"]) if isinstance(g, Mapping) else list(g)
                       for g in param_groups]
-    autoep_sizes = {}
-    if expert_parallel is not None:
-        local_shape = {**(local_shape or {}), **_autoep_rows(module, expert_parallel)}
-        autoep_sizes = {group_name(expert_parallel.autoep_size): expert_parallel.autoep_size}
-    raw_groups, raw_ep = _expert_groups(module, raw_groups, autoep_sizes)
+    raw_groups, raw_ep = _expert_groups(module, raw_groups, autoep_sizes or {})
     from zero import init as zero_init, stage3, stage3_policy
 
     unit_rules = unit_rules or stage3_policy.UnitRules()
@@ -161,33 +175,36 @@ def shapes_from_module(module: torch.nn.Module, description: str | None = None,
                        root_late=tuple(late), order=tuple(order), unit_rules=unit_rules,
                        muon=tuple(muon),
                        group_ep=tuple(group_ep) if raw_ep else None,
-                       frozen_ep=_frozen_ep(module, frozen_params) if raw_ep else None)
+                       frozen_ep=_frozen_ep(module, frozen_params, autoep_sizes or {})
+                       if raw_ep else None)
 
 
-def _frozen_ep(module: torch.nn.Module, frozen: list) -> tuple[int, ...]:
+def _frozen_ep(module: torch.nn.Module, frozen: list, autoep_sizes: dict[str, int]
+               ) -> tuple[int, ...]:
     """Each frozen parameter's expert-parallel size (an MoE expert's; 1 otherwise)."""
     from zero.moe.layer import MoE
     from zero.moe.params import is_moe_param
 
     sizes = {m.expert_group_name: m.ep_size for m in module.modules() if isinstance(m, MoE)}
+    sizes.update(autoep_sizes)
     return tuple(sizes[p.group_name] if is_moe_param(p) else 1 for p in frozen)
 
 
-def _autoep_rows(module: torch.nn.Module, settings) -> dict[int, tuple[int, ...]]:
-    """{id(param): the rows one rank holds} of the stacked experts AutoEP splits
-    (zero.moe.auto_ep), each marked as the engine marks it (so its group is split off)."""
+def _autoep_rows(module: torch.nn.Module, settings) -> dict[int, torch.nn.Parameter]:
+    """{id: parameter} of the stacked experts AutoEP splits (zero.moe.auto_ep)."""
     from zero.moe import auto_ep
 
     try:
         blocks = auto_ep.moe_blocks(module, settings)
     except ValueError as error:
         raise EstimateError(f"--config: {error}") from None
-    rows = {}
-    for _, block in blocks:
-        for param in (block.experts.gate_up_proj, block.experts.down_proj):
-            param.allreduce, param.group_name = False, group_name(settings.autoep_size)
-            rows[id(param)] = (param.shape[0] // settings.autoep_size, *param.shape[1:])
-    return rows
+    return {id(param): param for _, block in blocks
+            for param in (block.experts.gate_up_proj, block.experts.down_proj)}
+
+
+def _rows_of(param, settings) -> tuple[int, ...]:
+    """The rows of a stacked expert parameter one rank holds."""
+    return (param.shape[0] // settings.autoep_size, *param.shape[1:])
 
 
 def _expert_groups(module: torch.nn.Module, raw_groups: list[list],

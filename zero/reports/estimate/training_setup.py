@@ -182,7 +182,9 @@ class Setup:
             return None
         from zero.config.model import ExpertParallelConfig
         size, preset, pattern = self.autoep
-        return ExpertParallelConfig(True, size, preset, pattern, True, False)
+        return ExpertParallelConfig(enabled=True, autoep_size=size, preset_model=preset,
+                                    moe_layer_pattern=pattern, use_grouped_mm=True,
+                                    disable_triton_grouped_mm=False)
 
     @property
     def partition_world(self) -> int:
