@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+import estimate_vs_report
 from distributed_harness import run_distributed
 
 transformers = pytest.importorskip("transformers")
@@ -256,12 +257,9 @@ def _held(rank, world, config):
         engine.step()
         if step == 0:  # (the first backward's default launch order, as in test_moe.py)
             engine.core.registry().reset_peaks()
-    report = engine.memory_report()
+    found = estimate_vs_report.held(engine)
     engine.destroy()
-    return ({name: value["peak" if "expected" in value else "current"]
-             for name, value in report["categories"].items()},
-            {name: value["peak"] for name, value in report["categories"].items()},
-            report["total"]["peak"])
+    return found
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -275,18 +273,8 @@ def test_the_estimate_is_what_each_rank_holds(stage):
     shapes = est.shapes_from_module(_model(), expert_parallel=setup.expert_parallel)
     assert shapes.group_ep == (1, 2)
     estimate = est.estimate(shapes, setup, stage)
-    for held, peaks, total in run_distributed(_held, 2, args=(config,), timeout=120):
-        estimated = {name: row["bytes"] for name, row in estimate.categories.items()}
-        bucket = estimated["bucket"]
-        for working in ("bucket", "gathered_param"):  # at the backward's peak, none after
-            assert peaks.get(working, 0) == estimated.pop(working, 0), working
-            held.pop(working, None)
-        for name in set(estimated) | set(held):
-            assert estimated.get(name, 0) == held.get(name, 0), (name, estimated, held)
-        if stage < 3:
-            assert estimate.device_bytes == total
-        else:  # the categories' peaks added up: an upper bound by at most the buckets
-            assert total <= estimate.device_bytes <= total + bucket
+    results = run_distributed(_held, 2, args=(config,), timeout=120)
+    estimate_vs_report.assert_held_as_estimated(estimate, results, stage)
 
 
 # ---- refusals -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+import estimate_vs_report
 from deepspeed_reference import TESTS, cases_of
 from distributed_harness import run_distributed
 
@@ -281,12 +282,9 @@ def _held(rank, world, ep_size, stage, config):
         # experts' buckets back once. The estimate is the learned order's peak.
         if step == 0:
             engine.core.registry().reset_peaks()
-    report = engine.memory_report()
+    found = estimate_vs_report.held(engine)
     engine.destroy()
-    return ({name: value["peak" if "expected" in value else "current"]
-             for name, value in report["categories"].items()},
-            {name: value["peak"] for name, value in report["categories"].items()},
-            report["total"]["peak"])
+    return found
 
 
 @pytest.mark.parametrize("world,ep_size,stage", [(4, 2, 1), (4, 2, 2), (2, 2, 0), (2, 1, 2),
@@ -301,19 +299,8 @@ def test_the_estimate_is_what_each_rank_holds(world, ep_size, stage):
     shapes = est.shapes_from_module(_frozen_build(0, ep_size))
     assert shapes.group_ep == (1, ep_size)
     estimate = est.estimate(shapes, setup, stage)
-    for held, peaks, total in run_distributed(_held, world, args=(ep_size, stage, config),
-                                              timeout=120):
-        estimated = {name: row["bytes"] for name, row in estimate.categories.items()}
-        bucket = estimated["bucket"]
-        for working in ("bucket", "gathered_param"):  # at the backward's peak, none after
-            assert peaks.get(working, 0) == estimated.pop(working, 0), working
-            held.pop(working, None)
-        for name in set(estimated) | set(held):
-            assert estimated.get(name, 0) == held.get(name, 0), (name, estimated, held)
-        if stage < 3:
-            assert estimate.device_bytes == total
-        else:  # the categories' peaks added up: an upper bound by at most the buckets
-            assert total <= estimate.device_bytes <= total + bucket
+    results = run_distributed(_held, world, args=(ep_size, stage, config), timeout=120)
+    estimate_vs_report.assert_held_as_estimated(estimate, results, stage)
     offloaded = est.estimate(shapes, setup, est.option_for(3, "none", "cpu"), strict=False)
     assert not offloaded.runs and "offload_param with MoE" in offloaded.refused
 
