@@ -392,3 +392,27 @@ def test_moe_on_the_gpu(name):
     for rank, (device, losses) in enumerate(results):
         assert device == "cuda"
         assert losses == pytest.approx(expected["losses"][rank], rel=1e-4)
+
+
+def _auto_ep(rank, world, autoep_size):
+    import test_auto_ep as case
+
+    engine = case._engine(rank, "mixtral", 2, autoep_size)
+    losses = []
+    for step in range(3):
+        ids = case._batch(rank, step).to(engine.device)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return engine.device.type, losses
+
+
+def test_auto_ep_on_the_gpu():
+    """AutoEP's variable all-to-alls and expert-order sums on CUDA tensors (2 ranks on the GPU
+    over gloo, a small Hugging Face Mixtral): the losses of the same run without AutoEP."""
+    split = run_distributed(_auto_ep, 2, args=(2,), env=ONE_GPU, timeout=300)
+    whole = run_distributed(_auto_ep, 2, args=(0,), env=ONE_GPU, timeout=300)
+    for (device, losses), (_, want) in zip(split, whole):
+        assert device == "cuda"
+        assert losses == pytest.approx(want, abs=1e-5)
