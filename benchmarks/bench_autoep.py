@@ -17,7 +17,6 @@ over the measured steps; rank 0's losses are kept.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
@@ -36,14 +35,8 @@ ROWS = [(2, 0), (2, 2), (3, 0), (3, 2)]  # (stage, autoep_size: 0 off)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=4)
-    cli.add_beside_deepspeed_args(p, n_head=4, out_dir=os.path.join(
-        benchmarks.under_test.ROOT, "benchmarks", "results", "autoep"))
-    return cli.beside_deepspeed(p.parse_args(argv))
+    return cli.moe_beside_deepspeed(__doc__, os.path.join(
+        benchmarks.under_test.ROOT, "benchmarks", "results", "autoep"), argv)
 
 
 def _mixtral(args, n_layer: int):

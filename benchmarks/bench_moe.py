@@ -19,7 +19,6 @@ losses are kept: both engines start from the same weights and data.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
@@ -39,15 +38,8 @@ ROWS = [(1, 1, "fp32"), (1, 2, "fp32"), (2, 1, "fp32"), (2, 2, "fp32"), (2, 1, "
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=4)
-    cli.add_beside_deepspeed_args(p, n_head=4, out_dir=os.path.join(
-        benchmarks.under_test.ROOT, "benchmarks", "results", "moe"))
-    args = cli.beside_deepspeed(p.parse_args(argv))
-    return args
+    return cli.moe_beside_deepspeed(__doc__, os.path.join(
+        benchmarks.under_test.ROOT, "benchmarks", "results", "moe"), argv)
 
 
 def _moe_gpt(gpt, moe_class, experts: int, ep_size: int):

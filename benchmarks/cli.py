@@ -2,6 +2,7 @@
 they are read (the configurations chosen, the threads per rank)."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -49,6 +50,18 @@ def add_beside_deepspeed_args(parser, n_head: int, out_dir: str) -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--out", default=out_dir)
+
+
+def moe_beside_deepspeed(doc: str, out_dir: str, argv=None):
+    """The flags of an MoE benchmark beside DeepSpeed (bench_moe, bench_autoep): experts per
+    layer, sequence length and micro-batch, then add_beside_deepspeed_args'; parsed."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    add_beside_deepspeed_args(parser, n_head=4, out_dir=out_dir)
+    return beside_deepspeed(parser.parse_args(argv))
 
 
 def beside_deepspeed(args):
