@@ -422,8 +422,9 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
     for g, wanted in enumerate(checkpoint_layout.global_param_names(engine)):
         def mine(values: dict) -> dict:
             return {name: cut(name, values[name]) for name in wanted}
-        checkpoint_layout.load_group(engine, g, wanted, mine(saved.master),
-                                     {array: mine(values) for array, values in moments.items()})
+        checkpoint_layout.load_group(engine, g, wanted, mine(saved.master), {
+            array: mine(values) for array, values in moments.items()
+            if all(name in values for name in wanted)})  # (Muon's groups keep other arrays)
 
 
 def _engine_arrays(engine) -> set[str]:
