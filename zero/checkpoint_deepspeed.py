@@ -418,13 +418,8 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
         checkpoint_layout.refresh_masters(engine.core)
         return
     moments = engine_moments(engine, saved) if load_shards else {}
-    cut = ep_checkpoint.local_part(engine.module)  # AutoEP: this rank's rows of the experts
     for g, wanted in enumerate(checkpoint_layout.global_param_names(engine)):
-        def mine(values: dict) -> dict:
-            return {name: cut(name, values[name]) for name in wanted}
-        checkpoint_layout.load_group(engine, g, wanted, mine(saved.master), {
-            array: mine(values) for array, values in moments.items()
-            if all(name in values for name in wanted)})  # (Muon's groups keep other arrays)
+        checkpoint_layout.load_group(engine, g, wanted, saved.master, moments)
 
 
 def _engine_arrays(engine) -> set[str]:

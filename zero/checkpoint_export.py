@@ -32,10 +32,9 @@ import torch
 from . import checkpoint_deepspeed
 from . import checkpoint_files as files
 from .checkpoint_files import LATEST, WHOLE, PartNames
-from .checkpoint_layout import layout_of, located_arrays
+from .checkpoint_layout import layout_of, located_arrays, saved_params
 from .checkpoint_mesh import check_parts, join_parts, join_slices
 from .moe import checkpoint as moe_checkpoint
-from .moe.checkpoint import saved_copies
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 
@@ -113,13 +112,10 @@ def _entries(path: str, model_state: dict, exclude_frozen_parameters: bool,
                                                               saved)}
     first_name = {}
     trainable = {}
-    for g, group in enumerate(layout["groups"]):
-        # MoE: each expert-parallel rank's experts, under their global ids
-        for _, rename in saved_copies(model_state, group):
-            for names, _ in group["params"]:
-                names = [rename(name) for name in names]
-                trainable[names[0]] = (names, located[g][names[0]])
-                first_name.update((name, names[0]) for name in names)
+    # MoE: each expert-parallel rank's experts, under their global ids
+    for g, _, names in saved_params(model_state, path):
+        trainable[names[0]] = (names, located[g][names[0]])
+        first_name.update((name, names[0]) for name in names)
     entries = []
     saved_entries = {}  # _same_tensor -> the entry of a frozen parameter or buffer
     for name, saved in model_state["module"].items():

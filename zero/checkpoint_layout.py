@@ -153,27 +153,27 @@ def reshard_into(engine, path: str, model_state: dict, shards=None) -> None:
                             for name, value in group.items()}
         return cache[array]
 
-    # an AutoEP layer's stacked experts: this rank's rows of the saved whole
-    cut = ep_checkpoint.local_part(engine.module)
     for g, wanted in enumerate(global_param_names(engine)):
         source = saved_group[wanted[0]]  # the saved group these parameters' state came from
         laid_out = laid_out_arrays(shards[0][source])
-
-        def mine(values: dict[str, Located]) -> dict[str, Located]:
-            return {name: cut(name, values[name]) for name in wanted}
-        load_group(engine, g, wanted, mine(saved("master")),
-                   {a: mine(saved(a)) for a in laid_out})
+        load_group(engine, g, wanted, saved("master"), {a: saved(a) for a in laid_out})
         for array, value in shards[0][source]["state"].items():
             if array not in laid_out:  # not laid out like the shard (a flag): as saved
                 engine.core.group_load_optimizer_state(g, array, value)
 
 
+def saved_params(model_state: dict, path: str):
+    """(g, saved group g, the parameter's names) of every trainable parameter a checkpoint
+    holds the state of, an MoE expert's under its global id (every expert-parallel rank's)."""
+    for g, group in enumerate(layout_of(model_state, path)["groups"]):
+        for _, rename in moe_checkpoint.saved_copies(model_state, group):
+            for names, _ in group["params"]:
+                yield g, group, [rename(name) for name in names]
+
+
 def saved_param_names(model_state: dict, path: str) -> set[str]:
-    """The trainable parameters a checkpoint holds the state of, by first name, an MoE
-    expert's by its global id (every expert-parallel rank's)."""
-    return {rename(names[0]) for group in layout_of(model_state, path)["groups"]
-            for _, rename in moe_checkpoint.saved_copies(model_state, group)
-            for names, _ in group["params"]}
+    """The trainable parameters a checkpoint holds the state of, by first name (saved_params)."""
+    return {names[0] for _, _, names in saved_params(model_state, path)}
 
 
 def optimizer_state_for(engine, model_state: dict, path: str) -> dict:
@@ -184,9 +184,7 @@ def optimizer_state_for(engine, model_state: dict, path: str) -> dict:
     saved = model_state["optimizer"]
     if not model_state.get("moe") and engine.moe is None:
         return saved
-    owner = {rename(names[0]): group["owner"] for group in layout_of(model_state, path)["groups"]
-             for _, rename in moe_checkpoint.saved_copies(model_state, group)
-             for names, _ in group["params"]}
+    owner = {names[0]: group["owner"] for _, group, names in saved_params(model_state, path)}
     rename, names = global_name(engine), names_by_id(engine.module)
     groups = []
     for group in engine.optimizer.param_groups:
@@ -233,15 +231,21 @@ def load_group(engine, g: int, names: list[str], master: dict[str, Located],
     """Engine group g's shards on this rank, cut from the saved values by parameter name
     (checkpoint_pieces.shard_from): the fp32 master and each optimizer-state array the group
     keeps, laid out like it (`states`: array -> values; Muon's groups keep other arrays than
-    its Adam's)."""
+    its Adam's). An AutoEP layer's stacked experts may be given whole: this rank's rows are
+    cut from them (moe/ep_checkpoint.local_part)."""
     core = engine.core
     layout = core.group_layout(g)
     place = _shard_place(engine, g)
-    core.group_load_master_shard(g, shard_from(layout, place, master, names))
+    cut = ep_checkpoint.local_part(engine.module)
+
+    def mine(values: dict[str, Located]) -> torch.Tensor:
+        return shard_from(layout, place, {name: cut(name, values[name]) for name in names},
+                          names)
+    core.group_load_master_shard(g, mine(master))
     kept = set(core.group_state_names(g))
     for array, values in states.items():
         if array in kept:
-            core.group_load_optimizer_state(g, array, shard_from(layout, place, values, names))
+            core.group_load_optimizer_state(g, array, mine(values))
 
 
 def _shard_place(engine, g: int) -> int:
