@@ -12,7 +12,7 @@ import torch
 
 import ds_checkpoint_run as run
 from distributed_harness import run_distributed, subprocess_env
-from training import universal_values
+from training import relative_error, universal_values
 
 pytestmark = pytest.mark.timeout(120)
 TAG = f"global_step{run.SAVED_AT}"
@@ -68,8 +68,14 @@ def test_zeros_conversion_is_the_one_deepspeed_resumed(zero_checkpoints, name):
     want, got = universal_values(committed), universal_values(ours)
     assert set(got) == set(want)
     trained = {f.split(os.sep)[0] for f in want if f.endswith("exp_avg.pt")}
+    # bf16 training rounds as the CPU's bf16 kernels do (AVX-512 and AVX2 machines differ,
+    # about 1% after three steps): the values within that, the layout exactly
+    bf16 = run.RUNS[run.ZERO_TO_DEEPSPEED[name].run].precision == "bf16"
     for file, value in want.items():
-        if torch.is_tensor(value):  # the 16-bit module's values (frozen, tied, buffers): 1 ulp
+        if torch.is_tensor(value) and bf16:
+            assert got[file].dtype == value.dtype and got[file].shape == value.shape, file
+            assert relative_error(got[file].float(), value.float()) < 3e-2, file
+        elif torch.is_tensor(value):  # the 16-bit module's values (frozen, tied, buffers): 1 ulp
             rtol = 1e-5 if file.split(os.sep)[0] in trained else 1e-2
             torch.testing.assert_close(got[file], value, rtol=rtol, atol=1e-7, msg=file)
         elif file != "optimizer_state.pt":
@@ -83,7 +89,11 @@ def test_zeros_conversion_is_the_one_deepspeed_resumed(zero_checkpoints, name):
         a, b = (load_file(os.path.join(root, name)) for root in (committed, ours))
         assert a.keys() == b.keys() and a["module"].keys() == b["module"].keys(), name
         for key, value in a["module"].items():
-            torch.testing.assert_close(b["module"][key], value, rtol=1e-2, atol=1e-7, msg=key)
+            if bf16:
+                assert relative_error(b["module"][key].float(), value.float()) < 3e-2, key
+            else:
+                torch.testing.assert_close(b["module"][key], value, rtol=1e-2, atol=1e-7,
+                                           msg=key)
         assert {k: v for k, v in a.items() if k != "module"} == \
             {k: v for k, v in b.items() if k != "module"}, name
     assert {"global_steps", "skipped_steps", "dp_world_size", "mp_world_size",
@@ -142,7 +152,10 @@ def test_deepspeed_resumed_zeros_run_as_zero_resumes_it(zero_checkpoints, tmp_pa
         assert result["client_state"] == deepspeed["client_state"]
         difference = max((result["fp32"][k] - v).abs().max().item() for k, v in weights.items())
         assert difference < (0.1 * moved if bf16 else 1e-5), (difference, moved)
-    assert own["losses"] == from_universal["losses"]
+    if bf16:  # the committed conversion was saved on another machine's bf16 kernels
+        assert own["losses"] == pytest.approx(from_universal["losses"], rel=1e-4)
+    else:
+        assert own["losses"] == from_universal["losses"]
     # zero's load restores the module's buffers too (DeepSpeed's universal load does not)
     assert own["seen_steps"].item() == from_universal["seen_steps"].item() == run.SAVED_AT
 

@@ -311,7 +311,7 @@ def _train_dpu(rank, world, config, steps=STEPS):
     losses = training.train_engine(engine, rank, world, steps, GAS, on_step=watch)
     engine.apply_delayed_update()
     state = engine.module_state_dict()
-    params = {k: v.float() for k, v in state.items()} if rank == 0 else None
+    params = {k: v.float().cpu() for k, v in state.items()} if rank == 0 else None
     return losses, params, pending
 
 

@@ -159,7 +159,9 @@ def resume_and_train(config: dict, rank: int, world: int, first: int, steps: int
 
 
 def parameters_of(module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().float().clone() for name, p in module.named_parameters()}
+    """Copies of the module's parameters in fp32 on the CPU (where the references are, and
+    what a rank hands back across processes)."""
+    return {name: p.detach().float().cpu().clone() for name, p in module.named_parameters()}
 
 
 def reference_adamw(params, config: dict) -> torch.optim.Optimizer:

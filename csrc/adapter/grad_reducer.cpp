@@ -54,6 +54,9 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   }
   into_shard_ = mode_ == ReduceMode::kReduceScatter && !quantized_ && replicate_ == nullptr &&
                 grads_.device() == bucket_options_.device() && !converts_;
+  if (mode_ == ReduceMode::kReduceScatter && grads_.is_cpu()) {
+    copier_ = std::make_unique<CopyEngine>(bucket_options_.device());
+  }
 }
 
 std::int64_t GradReducer::bucket_bytes() const {
@@ -86,6 +89,10 @@ GradReducer::Slot& GradReducer::acquire_slot(std::int64_t numel, bool with_piece
 }
 
 bool GradReducer::wait_for_a_bucket() {
+  if (!copying_.empty()) {  // the oldest bucket being copied into the host shard
+    wait_oldest_copy();
+    return true;
+  }
   const bool any = std::any_of(in_flight_.begin(), in_flight_.end(),
                                [](const InFlight& entry) { return entry.slot != nullptr; });
   while (any) {
@@ -157,7 +164,10 @@ void GradReducer::launch(std::size_t unit) {
     at::Tensor copy = slot.full.tensor().narrow(0, 0, plan.numel());
     copy.copy_(range);
     in_flight_.push_back({&slot, communicator_.all_reduce(copy, Reduction::kAvg),
-                          [range, copy]() mutable { range.copy_(copy); }});
+                          [range, copy]() mutable {
+                            range.copy_(copy);
+                            return std::shared_future<void>();
+                          }});
     return;
   }
   if (mode_ == ReduceMode::kReduceScatterInPlace) {
@@ -184,8 +194,9 @@ void GradReducer::launch(std::size_t unit) {
                           }
                           // back in the gradients' dtype on the device: a host shard then
                           // takes the narrow copy
-                          accumulate(unit, target,
-                                     converts_ ? output.to(grads_.scalar_type()) : output);
+                          return accumulate(unit, target,
+                                            converts_ ? output.to(grads_.scalar_type())
+                                                      : output);
                         }});
 }
 
@@ -201,21 +212,38 @@ void GradReducer::launch_in_place(std::size_t unit) {
     input.copy_(range);
   }
   in_flight_.push_back({&slot, communicator_.reduce_scatter(output, input, Reduction::kAvg),
-                        [mine, output]() mutable { mine.copy_(output); }});
+                        [mine, output]() mutable {
+                          mine.copy_(output);
+                          return std::shared_future<void>();
+                        }});
 }
 
-void GradReducer::accumulate(std::size_t unit, at::Tensor& target, const at::Tensor& reduced) {
-  if (overwrite_[unit]) {  // the window's first gradient: a host shard's one D2H copy
-    overwrite_[unit] = false;
-    target.copy_(reduced);
-  } else if (reduced.device() == target.device()) {
-    target.add_(reduced);
-  } else {  // a host shard already holding gradients: staged through pinned memory when it is
-    at::Tensor staged = at::empty(reduced.sizes(), reduced.options().device(at::kCPU)
-                                                       .pinned_memory(target.is_pinned()));
-    staged.copy_(reduced);
-    target.add_(staged);
+std::shared_future<void> GradReducer::accumulate(std::size_t unit, const at::Tensor& target,
+                                                 const at::Tensor& reduced) {
+  const bool first = overwrite_[unit];
+  overwrite_[unit] = false;
+  if (!copier_) {
+    if (first) {
+      target.copy_(reduced);
+    } else {
+      target.add_(reduced);
+    }
+    return {};
   }
+  // A host shard: the copy (and a later micro-step's add) runs on the copy engine, after
+  // the work queued so far (the reduce-scatter), while the engine thread goes on.
+  return copier_->submit([target, reduced, first] {
+    if (first) {
+      CopyEngine::copy(target, reduced);  // the window's first gradient: one D2H copy
+    } else if (reduced.device() == target.device()) {
+      target.add_(reduced);
+    } else {  // added on the device, where the sum is cheap: the range comes in and goes back
+      at::Tensor sum = at::empty_like(reduced);
+      CopyEngine::copy(sum, target);
+      sum.add_(reduced);
+      CopyEngine::copy(target, sum);
+    }
+  });
 }
 
 void GradReducer::grads_zeroed() {
@@ -243,16 +271,30 @@ void GradReducer::wait_oldest() {
   InFlight entry = std::move(in_flight_.front());
   in_flight_.pop_front();
   entry.work->wait();
-  if (entry.then) entry.then();
-  if (entry.slot != nullptr) release(entry.slot);
+  std::shared_future<void> copying = entry.then ? entry.then() : std::shared_future<void>();
+  if (copying.valid()) {
+    TORCH_CHECK(entry.slot != nullptr, "zero: a host copy without its bucket");
+    copying_.push_back({entry.slot, std::move(copying)});
+  } else if (entry.slot != nullptr) {
+    release(entry.slot);
+  }
+}
+
+void GradReducer::wait_oldest_copy() {
+  Copying entry = std::move(copying_.front());
+  copying_.pop_front();
+  entry.done.get();  // rethrows a failed copy (reset() then drops the bucket)
+  release(entry.slot);
 }
 
 void GradReducer::wait_all() {
   while (!in_flight_.empty()) wait_oldest();
+  while (!copying_.empty()) wait_oldest_copy();
 }
 
 void GradReducer::reset() {
   TORCH_CHECK(in_flight_.empty(), "zero: reset() with collectives still in flight");
+  while (!copying_.empty()) wait_oldest_copy();  // a backward cut short: its copies end first
   missing_ = expected_;
   arrivals_.assign(layout_.param_count(), 0);
   launched_.assign(layout_.unit_count(), false);

@@ -16,9 +16,12 @@
 //                  gradient shard: straight into it at an accumulation window's first
 //                  reduction, through a piece-sized buffer otherwise (reduces_into_shard).
 //                  Buckets come from a small pool (two with overlap_comm, one without) that
-//                  grows only if more units fill at once than it holds. The shard may be in
-//                  host memory (optimizer offload): then each unit's 1/N leaves the device as
-//                  soon as its reduce-scatter is waited for.
+//                  grows only if more units fill at once than it holds. A shard in host
+//                  memory (optimizer offload on a GPU, or any CPU run) is fed off the engine
+//                  thread (copy_engine.h): each unit's 1/N is copied in (the window's first)
+//                  or added (on the buckets' device: the range comes in, takes the sum, goes
+//                  back) while backward goes on; its bucket is held until then, and
+//                  wait_all() waits for those copies too.
 // With a bucket dtype other than the gradients' (DeepSpeed's communication_data_type, e.g.
 // fp32 sums of bf16 gradients; or bf16 buckets for gradients accumulated in fp32,
 // GroupOptions::grads_in_fp32), every mode reduces a copy of the unit in a bucket of that
@@ -27,6 +30,7 @@
 // carries the same int8, the buckets are the larger dtype's.
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -34,6 +38,7 @@
 #include <ATen/Tensor.h>
 
 #include "adapter/collectives.h"
+#include "adapter/copy_engine.h"
 #include "adapter/tracked_tensor.h"
 #include "core/sharded_layout.h"
 
@@ -108,20 +113,29 @@ class GradReducer {
   struct InFlight {
     Slot* slot = nullptr;  // the reduce-scatter modes only
     std::unique_ptr<PendingCollective> work;
-    std::function<void()> then;  // runs after the wait
+    // runs after the wait; a valid future: the slot's bucket is read until it is ready
+    std::function<std::shared_future<void>()> then;
+  };
+  struct Copying {  // a bucket whose reduced piece is on its way into a host shard
+    Slot* slot = nullptr;
+    std::shared_future<void> done;
   };
 
   Slot& slot_for(std::size_t unit);
   void launch_in_place(std::size_t unit);
-  void accumulate(std::size_t unit, at::Tensor& target, const at::Tensor& reduced);
+  // Copies (the window's first) or adds `reduced` into the unit's range of the gradients;
+  // for a host shard off the engine thread (the future: done when it is).
+  std::shared_future<void> accumulate(std::size_t unit, const at::Tensor& target,
+                                      const at::Tensor& reduced);
   Slot& acquire_slot(std::int64_t numel, bool with_piece);
   Slot& add_slot(std::int64_t numel, bool with_piece);
   // kReduceScatter: the unit's reduced 1/N can be the collective's output in the gradient shard
   // itself (the window's first reduction, plain, on the bucket's device and dtype).
   bool reduces_into_shard(std::size_t unit) const { return into_shard_ && overwrite_[unit]; }
-  bool wait_for_a_bucket();  // false: no bucket is on the wire
-  void release(Slot* slot);  // a bucket whose reduce-scatter is done
+  bool wait_for_a_bucket();  // false: no bucket is on the wire or being copied
+  void release(Slot* slot);  // a bucket whose reduce-scatter (and copy) is done
   void wait_oldest();
+  void wait_oldest_copy();
 
   ReduceMode mode_;
   bool quantized_;
@@ -149,6 +163,8 @@ class GradReducer {
   std::size_t slot_limit_ = 0;  // the most buckets live at once while one is on the wire
   std::deque<std::unique_ptr<Slot>> slots_;
   std::deque<InFlight> in_flight_;    // oldest first
+  std::deque<Copying> copying_;       // oldest first
+  std::unique_ptr<CopyEngine> copier_;  // a shard in host memory; last: joins first
 };
 
 }  // namespace zero::adapter

@@ -1,12 +1,9 @@
 #include "adapter/host_adam.h"
 
 #include <algorithm>
-#include <exception>
 #include <optional>
-#include <system_error>
-#include <thread>
-#include <vector>
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
@@ -17,6 +14,8 @@ namespace {
 
 // Elements widened at once: three fp32 tiles of 64 KiB each stay in a core's L2.
 constexpr std::int64_t kTile = 16384;
+// Elements below which a range is not worth a thread of its own.
+constexpr std::int64_t kMinRange = 32 * 1024;
 
 // The kernel's element type for a tensor's dtype; none for a dtype it does not take.
 std::optional<core::ElemType> elem_type(at::ScalarType type) {
@@ -42,17 +41,40 @@ core::AdamParams adam_params(const OptimizerHyper& hyper, double grad_scale, std
   return params;
 }
 
-// The kernel over fp32 master and moments.
+// The grain that splits n elements among at most num_threads of torch's intra-op threads
+// (at::parallel_for), ranges of at least `least`. Those threads live across calls: the
+// offloaded step updates hundreds of tiles a step, and threads started per tile cost a good
+// part of the tile's own time. Any split gives the same bits (elementwise kernel).
+std::int64_t grain(std::int64_t n, int num_threads, std::int64_t least) {
+  const std::int64_t threads = std::max(num_threads, 1);
+  return std::max((n + threads - 1) / threads, least);
+}
+
+// The kernel over fp32 master and moments, [begin, end) of each on one thread.
+void fused_range(const core::AdamParams& params, const at::Tensor& master,
+                 const at::Tensor& grads, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                 const at::Tensor& out16, std::int64_t begin, std::int64_t end) {
+  const auto at_begin = [begin](const at::Tensor& t) {
+    return static_cast<char*>(t.data_ptr()) + begin * static_cast<std::int64_t>(t.element_size());
+  };
+  const bool has_out = out16.defined();
+  core::adam_step(params, reinterpret_cast<float*>(at_begin(master)), at_begin(grads),
+                  *elem_type(grads.scalar_type()), reinterpret_cast<float*>(at_begin(exp_avg)),
+                  reinterpret_cast<float*>(at_begin(exp_avg_sq)), end - begin,
+                  has_out ? at_begin(out16) : nullptr,
+                  has_out ? *elem_type(out16.scalar_type()) : core::ElemType::kBF16,
+                  core::best_isa(), /*num_threads=*/1);
+}
+
+// The kernel over fp32 master and moments, split among up to num_threads threads.
 void fused_step(const core::AdamParams& params, const at::Tensor& master, const at::Tensor& grads,
                 const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& out16,
                 int num_threads) {
-  const bool has_out = out16.defined();
-  core::adam_step(params, master.data_ptr<float>(), grads.data_ptr(),
-                  *elem_type(grads.scalar_type()), exp_avg.data_ptr<float>(),
-                  exp_avg_sq.data_ptr<float>(), master.numel(),
-                  has_out ? out16.data_ptr() : nullptr,
-                  has_out ? *elem_type(out16.scalar_type()) : core::ElemType::kBF16,
-                  core::best_isa(), num_threads);
+  const std::int64_t n = master.numel();
+  at::parallel_for(0, n, grain(n, num_threads, kMinRange),
+                   [&](std::int64_t begin, std::int64_t end) {
+                     fused_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin, end);
+                   });
 }
 
 // [begin, end) of every array, one tile at a time: each 16-bit array widened into its fp32
@@ -71,47 +93,22 @@ void widened_range(const core::AdamParams& params, const at::Tensor& master,
       const at::Tensor part = arrays[a].narrow(0, offset, n);
       wide[a] = part.scalar_type() == at::kFloat ? part : scratch[a].narrow(0, 0, n).copy_(part);
     }
-    fused_step(params, wide[0], grads.narrow(0, offset, n), wide[1], wide[2],
-               out16.defined() ? out16.narrow(0, offset, n) : at::Tensor(), /*num_threads=*/1);
+    fused_range(params, wide[0], grads.narrow(0, offset, n), wide[1], wide[2],
+                out16.defined() ? out16.narrow(0, offset, n) : at::Tensor(), 0, n);
     for (int a = 0; a < 3; ++a) {
       if (arrays[a].scalar_type() != at::kFloat) arrays[a].narrow(0, offset, n).copy_(wide[a]);
     }
   }
 }
 
-// The widened step split among num_threads threads (the kernel's own split, by range); an
-// error in any range is rethrown here once every thread has finished.
+// The widened step split among up to num_threads threads.
 void widened_step(const core::AdamParams& params, const at::Tensor& master,
                   const at::Tensor& grads, const at::Tensor& exp_avg,
                   const at::Tensor& exp_avg_sq, const at::Tensor& out16, int num_threads) {
   const std::int64_t n = master.numel();
-  if (n == 0) return;
-  const std::int64_t threads = std::clamp<std::int64_t>(num_threads, 1, (n + kTile - 1) / kTile);
-  const std::int64_t share = ((n + threads - 1) / threads + kTile - 1) / kTile * kTile;
-  const std::int64_t ranges = (n + share - 1) / share;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranges));
-  auto range = [&](std::int64_t index) {
-    try {
-      const std::int64_t begin = index * share;
-      widened_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin,
-                    std::min(n, begin + share));
-    } catch (...) {
-      errors[static_cast<std::size_t>(index)] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> workers;
-  for (std::int64_t index = 1; index < ranges; ++index) {
-    try {
-      workers.emplace_back(range, index);
-    } catch (const std::system_error&) {
-      range(index);  // out of threads: this range here rather than fail the step
-    }
-  }
-  range(0);
-  for (std::thread& worker : workers) worker.join();
-  for (const std::exception_ptr& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
+  at::parallel_for(0, n, grain(n, num_threads, kTile), [&](std::int64_t begin, std::int64_t end) {
+    widened_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin, end);
+  });
 }
 
 }  // namespace

@@ -152,11 +152,43 @@ std::vector<std::vector<OffloadedState::Segment>> OffloadedState::segments(
   return chunks;
 }
 
+// The chunk's gradients where they lie, when its segments are one contiguous host range in
+// the staging precision (a gradient shard kept in host memory); undefined otherwise.
+at::Tensor OffloadedState::host_grads(const std::vector<Segment>& chunk,
+                                      std::int64_t numel) const {
+  if (chunk.empty()) return {};
+  const Segment& head = chunk.front();
+  const at::ScalarType staged = staged_grads_[0].tensor().scalar_type();
+  const char* next = nullptr;
+  std::int64_t covered = 0;
+  for (const Segment& s : chunk) {
+    const at::Tensor& grad = s.piece->grad;
+    if (s.at != covered || !grad.is_cpu() || grad.scalar_type() != staged ||
+        !grad.is_contiguous() ||
+        !grad.storage().is_alias_of(head.piece->grad.storage())) {
+      return {};
+    }
+    const char* start = static_cast<const char*>(grad.const_data_ptr()) +
+                        s.begin * static_cast<std::int64_t>(grad.element_size());
+    if (next != nullptr && start != next) return {};
+    next = start + s.numel * static_cast<std::int64_t>(grad.element_size());
+    covered += s.numel;
+  }
+  if (covered != numel) return {};
+  const at::Tensor& grad = head.piece->grad;  // its storage holds the whole range
+  return grad.as_strided({numel}, {1}, grad.storage_offset() + head.begin);
+}
+
 void OffloadedState::streamed_step(const std::vector<ShardPiece>& pieces,
                                    const OptimizerHyper& hyper, double grad_scale,
                                    std::int64_t step) {
   const std::vector<std::vector<Segment>> chunks = segments(pieces);
-  auto stage_in = [this, &chunks](std::int64_t chunk) {
+  std::vector<at::Tensor> in_host(chunks.size());  // gradients read where they are
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    in_host[c] = host_grads(chunks[c], grid_.numel(static_cast<std::int64_t>(c)));
+  }
+  auto stage_in = [this, &chunks, &in_host](std::int64_t chunk) {
+    if (in_host[chunk].defined()) return std::shared_future<void>();
     return copier_->submit([this, segments = chunks[chunk], slot = chunk % 2] {
       for (const Segment& s : segments) {
         CopyEngine::copy(staged_grads_[slot].tensor().narrow(0, s.at, s.numel),
@@ -196,13 +228,13 @@ void OffloadedState::streamed_step(const std::vector<ShardPiece>& pieces,
     for (std::int64_t c = 0; c < grid_.count(); ++c) {
       const int slot = static_cast<int>(c % 2);
       Clock::time_point start = Clock::now();
-      grads_in[slot].get();  // rethrows a failed copy
+      if (grads_in[slot].valid()) grads_in[slot].get();  // rethrows a failed copy
       wait_all(reads[slot]);
       timings_.grads_in_wait_s += seconds_since(start);
       if (c + 1 < grid_.count()) begin_chunk(c + 1);
       start = Clock::now();
       const std::int64_t numel = grid_.numel(c);
-      update(staged_grads_[slot].tensor().narrow(0, 0, numel),
+      update(in_host[c].defined() ? in_host[c] : staged_grads_[slot].tensor().narrow(0, 0, numel),
              staged_params_[slot].defined() ? staged_params_[slot].tensor().narrow(0, 0, numel)
                                             : at::Tensor(),
              c, /*at=*/0, hyper, grad_scale, step);

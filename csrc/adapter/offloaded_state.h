@@ -8,7 +8,8 @@
 // The streamed step (a model on a device): the copy engine (copy_engine.h, its own CUDA
 // stream) copies chunk c+1's gradients to host staging and chunk c-1's new parameters back to
 // the device while the fused CPU Adam updates chunk c; with NVMe, chunk c+1 is read into the
-// other slot meanwhile and chunk c written back after its update. A model on the host needs no
+// other slot meanwhile and chunk c written back after its update. Gradients already in host
+// memory (a stage-2/3 gradient shard offloaded with the optimizer) are read where they are. A model on the host needs no
 // staging: the in-place step updates from its gradients straight into its parameters, chunk by
 // chunk, with the same NVMe reads and writes.
 #include <future>
@@ -79,6 +80,7 @@ class OffloadedState {
     std::int64_t at;     // within the chunk
   };
   std::vector<std::vector<Segment>> segments(const std::vector<ShardPiece>& pieces) const;
+  at::Tensor host_grads(const std::vector<Segment>& chunk, std::int64_t numel) const;
   void streamed_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
                      double grad_scale, std::int64_t step);
   void in_place_step(const std::vector<ShardPiece>& pieces, const OptimizerHyper& hyper,
