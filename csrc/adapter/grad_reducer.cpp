@@ -1,6 +1,7 @@
 #include "adapter/grad_reducer.h"
 
 #include <algorithm>
+#include <exception>
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -54,9 +55,7 @@ GradReducer::GradReducer(ReduceMode mode, const core::ShardedLayout& layout, boo
   }
   into_shard_ = mode_ == ReduceMode::kReduceScatter && !quantized_ && replicate_ == nullptr &&
                 grads_.device() == bucket_options_.device() && !converts_;
-  if (mode_ == ReduceMode::kReduceScatter && grads_.is_cpu()) {
-    copier_ = std::make_unique<CopyEngine>(bucket_options_.device());
-  }
+  host_shard_ = mode_ == ReduceMode::kReduceScatter && grads_.is_cpu();
 }
 
 std::int64_t GradReducer::bucket_bytes() const {
@@ -222,7 +221,7 @@ std::shared_future<void> GradReducer::accumulate(std::size_t unit, const at::Ten
                                                  const at::Tensor& reduced) {
   const bool first = overwrite_[unit];
   overwrite_[unit] = false;
-  if (!copier_) {
+  if (!host_shard_) {
     if (first) {
       target.copy_(reduced);
     } else {
@@ -232,6 +231,7 @@ std::shared_future<void> GradReducer::accumulate(std::size_t unit, const at::Ten
   }
   // A host shard: the copy (and a later micro-step's add) runs on the copy engine, after
   // the work queued so far (the reduce-scatter), while the engine thread goes on.
+  if (!copier_) copier_ = std::make_unique<CopyEngine>(bucket_options_.device());
   return copier_->submit([target, reduced, first] {
     if (first) {
       CopyEngine::copy(target, reduced);  // the window's first gradient: one D2H copy
@@ -259,6 +259,7 @@ void GradReducer::grads_discarded() {
 }
 
 void GradReducer::zero_unreduced() {
+  finish_copies();  // nothing writes the shard once it is read
   if (!discarded_) return;
   discarded_ = false;
   for (std::size_t u = 0; u < overwrite_.size(); ++u) {
@@ -283,23 +284,54 @@ void GradReducer::wait_oldest() {
 void GradReducer::wait_oldest_copy() {
   Copying entry = std::move(copying_.front());
   copying_.pop_front();
-  entry.done.get();  // rethrows a failed copy (reset() then drops the bucket)
+  try {
+    entry.done.get();  // rethrows a failed copy
+  } catch (...) {
+    release(entry.slot);
+    throw;
+  }
   release(entry.slot);
 }
 
+void GradReducer::finish_copies() {
+  std::exception_ptr failed;
+  while (!copying_.empty()) {
+    try {
+      wait_oldest_copy();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+}
+
 void GradReducer::wait_all() {
-  while (!in_flight_.empty()) wait_oldest();
-  while (!copying_.empty()) wait_oldest_copy();
+  try {
+    while (!in_flight_.empty()) wait_oldest();
+  } catch (...) {
+    try {
+      finish_copies();  // none may still write the shard once this returns
+    } catch (...) {
+    }
+    throw;
+  }
+  finish_copies();
 }
 
 void GradReducer::reset() {
   TORCH_CHECK(in_flight_.empty(), "zero: reset() with collectives still in flight");
-  while (!copying_.empty()) wait_oldest_copy();  // a backward cut short: its copies end first
+  std::exception_ptr failed;
+  try {
+    finish_copies();  // a backward cut short: its copies end first
+  } catch (...) {
+    failed = std::current_exception();
+  }
   missing_ = expected_;
   arrivals_.assign(layout_.param_count(), 0);
   launched_.assign(layout_.unit_count(), false);
   for (auto& slot : slot_of_unit_) slot = nullptr;
   slots_.clear();  // normally empty already; a backward cut short may leave a filling bucket
+  if (failed) std::rethrow_exception(failed);
 }
 
 }  // namespace zero::adapter

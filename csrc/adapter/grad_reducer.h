@@ -100,6 +100,10 @@ class GradReducer {
   // the units no reduction has reached since (kReduceScatter only: `grads` is the shard).
   void grads_discarded();
   void zero_unreduced();
+  // Waits for every copy into a host shard, rethrowing the first that failed: wait_all does
+  // at the end of backward; after a backward cut short, zero_unreduced(), reset() and the
+  // owner before it zeroes or frees the shard (start_grad_window).
+  void finish_copies();
   std::size_t bucket_count() const { return slots_.size(); }
   std::int64_t bucket_bytes() const;
 
@@ -163,8 +167,9 @@ class GradReducer {
   std::size_t slot_limit_ = 0;  // the most buckets live at once while one is on the wire
   std::deque<std::unique_ptr<Slot>> slots_;
   std::deque<InFlight> in_flight_;    // oldest first
+  bool host_shard_ = false;           // kReduceScatter into a shard in host memory
   std::deque<Copying> copying_;       // oldest first
-  std::unique_ptr<CopyEngine> copier_;  // a shard in host memory; last: joins first
+  std::unique_ptr<CopyEngine> copier_;  // made at a host shard's first copy; last: joins first
 };
 
 }  // namespace zero::adapter

@@ -9,9 +9,9 @@
 // stream) copies chunk c+1's gradients to host staging and chunk c-1's new parameters back to
 // the device while the fused CPU Adam updates chunk c; with NVMe, chunk c+1 is read into the
 // other slot meanwhile and chunk c written back after its update. Gradients already in host
-// memory (a stage-2/3 gradient shard offloaded with the optimizer) are read where they are. A model on the host needs no
-// staging: the in-place step updates from its gradients straight into its parameters, chunk by
-// chunk, with the same NVMe reads and writes.
+// memory (a stage-2/3 gradient shard offloaded with the optimizer) are read where they are.
+// A model on the host needs no staging: the in-place step updates from its gradients straight
+// into its parameters, chunk by chunk, with the same NVMe reads and writes.
 #include <future>
 #include <memory>
 #include <string>

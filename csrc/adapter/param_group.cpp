@@ -37,6 +37,7 @@ ShardPrecision shard_precision(const GroupOptions& options, at::ScalarType model
 }
 
 void start_grad_window(PlacedBuffer& shard, GradReducer& reducer) {
+  reducer.finish_copies();  // a backward cut short may have left some writing the shard
   if (shard.on_host()) {
     reducer.grads_discarded();
   } else {
