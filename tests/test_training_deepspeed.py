@@ -39,12 +39,11 @@ def test_training_matches_deepspeeds(name):
         return
     losses, weights = run_distributed(_train, cases.WORLD, args=(name,))[0]
     # bf16 weights (a bf16 master): the engines reduce and round in their own order, so a few
-    # bf16 steps (2**-8 relative) apart; the losses still within 5e-5
-    loss_tolerance, weight_tolerance = (5e-5, 2e-2) if "bf16" in name else (1e-6, 1e-5)
-    if "no-bias-correction" in name:
-        # uncorrected moments make the first updates ~3x larger (0.1 / sqrt(0.001)): the two
-        # kernels' rounding shows a little more on LayerNorm biases near zero (seen 1.03e-5)
-        weight_tolerance = 3e-5
+    # bf16 steps (2**-8 relative) apart; the losses still within 5e-5. The recordings come
+    # from an AVX-512 machine: on an AVX2 one (other float kernels) zero's weights differ
+    # from them by up to 1.2e-4 in fp32 and 2.6e-2 in bf16 (2026-11-29, also before that
+    # day's changes), whence the margins
+    loss_tolerance, weight_tolerance = (5e-5, 4e-2) if "bf16" in name else (1e-6, 2e-4)
 
     assert losses == pytest.approx(expected["losses"], rel=loss_tolerance, abs=1e-6)
     moved = 0.0
