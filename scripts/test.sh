@@ -6,4 +6,8 @@ bash scripts/setup.sh
 echo "== ctest (C++ core) =="
 ctest --test-dir build/cmake --output-on-failure -j2
 echo "== pytest =="
-python3 -m pytest -q --durations=25 "$@"  # the slowest tests, to keep CI under its 25 minutes
+# Every test starts ranks and jobs that import zero and the tests' modules anew: let them reuse
+# the bytecode (with PYTHONDONTWRITEBYTECODE set, as some images do, each one recompiles them).
+unset PYTHONDONTWRITEBYTECODE
+# One worker per core (-n auto), each test file on one worker (its module fixtures made once).
+python3 -m pytest -q -n auto --dist loadfile --durations=25 "$@"  # the slowest, for CI's 25 minutes
