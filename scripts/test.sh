@@ -9,5 +9,14 @@ echo "== pytest =="
 # Every test starts ranks and jobs that import zero and the tests' modules anew: let them reuse
 # the bytecode (with PYTHONDONTWRITEBYTECODE set, as some images do, each one recompiles them).
 unset PYTHONDONTWRITEBYTECODE
-# One worker per core (-n auto), each test file on one worker (its module fixtures made once).
-python3 -m pytest -q -n auto --dist loadfile --durations=25 "$@"  # the slowest, for CI's 25 minutes
+# One worker per core (-n auto), each test file on one worker (its module fixtures made once);
+# --durations lists the slowest, for CI's 25 minutes.
+PYTEST=(python3 -m pytest -q -n auto --dist loadfile --durations=25)
+if (($#)); then
+  exec "${PYTEST[@]}" "$@"  # the tests named
+fi
+# The set-up's own tests uninstall zero and rebuild it in place: alone, before the rest.
+status=0
+python3 -m pytest -q tests/test_setup.py || status=$?
+"${PYTEST[@]}" --ignore=tests/test_setup.py || status=$?
+exit "$status"
