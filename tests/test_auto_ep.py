@@ -154,11 +154,15 @@ def _states(engine) -> dict:
 
 
 def _save(rank, world, directory, stage):
+    """(the saved states, the next 2 steps' losses, the model's state dict as Accelerate
+    takes it at stages 0-2 for the Trainer's save_model: None at stage 3)."""
+    from zero.compat.deepspeed.checkpoint.utils import clone_tensors_for_torch_save
     engine = _engine(rank, "mixtral", stage, 2)
     _steps(engine, rank, range(2))
     engine.save_checkpoint(directory, tag="two")
     engine.save_16bit_model(directory, "whole.bin")
-    return _states(engine), _steps(engine, rank, range(2, 4))
+    accelerate = clone_tensors_for_torch_save(engine.module.state_dict()) if stage < 3 else None
+    return _states(engine), _steps(engine, rank, range(2, 4)), accelerate
 
 
 def _load(rank, world, directory, stage, autoep_size):
@@ -169,8 +173,8 @@ def _load(rank, world, directory, stage, autoep_size):
 
 @pytest.fixture(scope="module", params=[0, 2, 3], ids=["stage0", "stage2", "stage3"])
 def saved(tmp_path_factory, request):
-    """2 ranks at autoep_size 2, saved after 2 steps: (directory, stage, per rank (the saved
-    states, the next 2 steps' losses))."""
+    """2 ranks at autoep_size 2, saved after 2 steps: (directory, stage, per rank what _save
+    returns)."""
     directory = str(tmp_path_factory.mktemp(f"autoep{request.param}"))
     return directory, request.param, run_distributed(_save, 2, args=(directory, request.param),
                                                      timeout=240)
@@ -185,7 +189,8 @@ def test_a_checkpoint_resumes_at_any_autoep_size_and_stage(saved, autoep_size, o
     directory, stage, results = saved
     stage = (3 if stage != 3 else 1) if other_stage else stage
     loaded = run_distributed(_load, 2, args=(directory, stage, autoep_size), timeout=240)
-    for rank, ((states, losses), (want_states, want_losses)) in enumerate(zip(loaded, results)):
+    for rank, ((states, losses), (want_states, want_losses, _)) in enumerate(zip(loaded,
+                                                                                 results)):
         assert losses == want_losses, rank
         for array, values in want_states.items():
             assert states[array].keys() == values.keys()
@@ -195,16 +200,47 @@ def test_a_checkpoint_resumes_at_any_autoep_size_and_stage(saved, autoep_size, o
 
 
 def test_whole_model_saves_are_hugging_faces_state_dict(saved):
+    """zero_to_fp32, save_16bit_model and, at stages 0-2, the module's state dict through
+    clone_tensors_for_torch_save on every rank (Accelerate's get_state_dict for the
+    Trainer's save_model; DeepSpeed's keeps each rank's rows there)."""
     from zero.checkpoint_export import get_fp32_state_dict_from_zero_checkpoint
-    directory, _, results = saved
+    directory, stage, results = saved
     masters = results[0][0]["master"]
     fp32 = get_fp32_state_dict_from_zero_checkpoint(directory, tag="two")
     whole = torch.load(os.path.join(directory, "whole.bin"), weights_only=True)
-    for state in (fp32, whole):
+    accelerate = [state for _, _, state in results if state is not None]
+    assert len(accelerate) == (0 if stage == 3 else 2)
+    for state in (fp32, whole, *accelerate):
         model = _model()
         model.load_state_dict(state)  # strict: every expert, Hugging Face's names and shapes
         for name, value in masters.items():
             torch.testing.assert_close(state[name], value, rtol=0, atol=0, msg=name)
+
+
+def _whole_state_dict_on_rank_0_only(rank, world):
+    """Rank 0 asks for the whole state dict; rank 1 goes on without it for 10 s."""
+    import time
+
+    from zero.compat.deepspeed.checkpoint.utils import clone_tensors_for_torch_save
+    from zero.moe import ep_checkpoint
+    engine = _engine(rank, "mixtral", 2, 2)
+    if rank != 0:
+        time.sleep(10)
+        return None
+    ep_checkpoint.JOIN_TIMEOUT_S = 2.0
+    start = time.monotonic()
+    try:
+        clone_tensors_for_torch_save(engine.module.state_dict())
+    except RuntimeError as error:
+        return str(error), time.monotonic() - start
+    return "no error", time.monotonic() - start
+
+
+def test_a_whole_state_dict_asked_on_one_rank_only_names_the_fix_instead_of_hanging():
+    message, seconds = run_distributed(_whole_state_dict_on_rank_0_only, 2, timeout=120)[0]
+    assert "'model.layers.0.mlp.experts.gate_up_proj' holds this rank's 2 of 4 experts" \
+        in message and "on every rank" in message and "save_16bit_model" in message
+    assert seconds < 8
 
 
 def _save_as(rank, world, directory, stage, autoep_size, freeze):

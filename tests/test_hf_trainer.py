@@ -242,11 +242,15 @@ def test_from_pretrained_under_zero3_loads_the_saved_model_and_trains(tmp_path, 
 
 def test_trainer_with_autoep_trains_and_saves_mixtral_as_without_it(tmp_path):
     """--moe: a small Mixtral. The config's expert_parallel block splits its experts over the
-    2 ranks (zero.moe.auto_ep); at stage 3 the Trainer's save_model gathers them whole."""
+    2 ranks (zero.moe.auto_ep); the Trainer's save_model gathers them whole at stage 3 (the
+    16-bit gather) and at stage 2 (Accelerate's clone_tensors_for_torch_save of the module's
+    state dict, on every rank; DeepSpeed's writes each rank's rows there)."""
     runs = {}
-    for name, expert_parallel in (("split", {"enabled": True, "autoep_size": 2}),
-                                  ("whole", {"enabled": False})):
-        config = json.loads((EXAMPLES / "ds_zero3.json").read_text())
+    for name, stage, expert_parallel in (
+            ("split", 3, {"enabled": True, "autoep_size": 2}),
+            ("split-stage2", 2, {"enabled": True, "autoep_size": 2}),
+            ("whole", 3, {"enabled": False})):
+        config = json.loads((EXAMPLES / f"ds_zero{stage}.json").read_text())
         config["expert_parallel"] = expert_parallel
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(config))
@@ -254,12 +258,13 @@ def test_trainer_with_autoep_trains_and_saves_mixtral_as_without_it(tmp_path):
         runs[name] = run_trainer(out, "--deepspeed", str(path), "--moe", "true",
                                  "--use_cpu", "true")
         runs[name]["model"] = transformers.MixtralForCausalLM.from_pretrained(out / "final")
-    split, whole = runs["split"], runs["whole"]
-    assert len(step_losses(split)) == 8
-    assert step_losses(split) == pytest.approx(step_losses(whole), abs=1e-5)
-    assert split["model"].model.layers[0].mlp.experts.gate_up_proj.shape[0] == 4
-    # (8 AdamW steps: an element whose gradient is near zero moves by rounding; 1.2e-5 seen)
-    for (name, ours), theirs in zip(split["model"].named_parameters(),
-                                    whole["model"].parameters()):
-        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=5e-5,
-                                   msg=lambda text, name=name: f"{name}: {text}")
+    whole = runs.pop("whole")
+    for name, split in runs.items():
+        assert len(step_losses(split)) == 8, name
+        assert step_losses(split) == pytest.approx(step_losses(whole), abs=1e-5), name
+        assert split["model"].model.layers[0].mlp.experts.gate_up_proj.shape[0] == 4, name
+        # (8 AdamW steps: an element whose gradient is near zero moves by rounding; 1.2e-5 seen)
+        for (param, ours), theirs in zip(split["model"].named_parameters(),
+                                         whole["model"].parameters()):
+            torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=5e-5,
+                                       msg=lambda text, at=f"{name} {param}": f"{at}: {text}")

@@ -9,15 +9,20 @@ model holds, so `from_pretrained` reads it. A rank loading one keeps its own row
 buffer lies over each expert-parallel rank's expert data-parallel group, holding that rank's
 rows under the same names: moe/checkpoint.copies lists the copies and
 checkpoint_layout.located_arrays joins them row after row (`local_part` cuts this rank's).
+A module's own `state_dict()` holds this rank's rows (at stages 0-2, where the Hugging Face
+Trainer's save_model reads it through Accelerate); `whole_rows` makes it whole, every rank
+calling it, as Accelerate's `clone_tensors_for_torch_save` does (compat/deepspeed).
 """
 from __future__ import annotations
+
+import datetime
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .ep_experts import ExpertParallelExperts
-from .groups import EXPERT_GROUPS
+from .ep_experts import LOCAL_ROWS, ExpertParallelExperts
+from .groups import EXPERT_GROUPS, group_name
 
 STACKED = ("gate_up_proj", "down_proj")
 KIND = "autoep"  # describe()'s "kind" of an AutoEP layer (DeepSpeed-MoE's layers have none)
@@ -73,6 +78,48 @@ def gathered(model: nn.Module, state: dict, dst: int | None = None) -> dict:
         if pieces is not None:
             state[name] = torch.cat(pieces).to(mine.device)
     return state
+
+
+JOIN_TIMEOUT_S = 120.0  # how long whole_rows waits for the other expert-parallel ranks
+
+
+def whole_rows(state: dict, timeout_s: float | None = None) -> dict:
+    """A module's state dict (as `module.state_dict()` returns it, with its `_metadata`) with
+    each AutoEP stacked parameter whole, every expert-parallel rank's rows in rank order, on
+    every rank; a state dict without AutoEP rows as it is. Every rank must call it: one whose
+    expert-parallel ranks do not join within `timeout_s` (JOIN_TIMEOUT_S) raises, naming the
+    parameter and the fix."""
+    metadata = getattr(state, "_metadata", None) or {}
+    marked = [(prefix, entry[LOCAL_ROWS]) for prefix, entry in metadata.items()
+              if isinstance(entry, dict) and LOCAL_ROWS in entry]
+    if not marked:
+        return state
+    whole = type(state)(state)
+    whole._metadata = metadata
+    for prefix, rows in marked:
+        groups = EXPERT_GROUPS.get(group_name(rows["ep_size"]))
+        for name in param_names({"name": prefix}):
+            mine = whole.get(name)
+            if mine is not None and mine.shape[0] == rows["num_experts"] // rows["ep_size"]:
+                whole[name] = _all_gather_rows(name, mine, groups, timeout_s or JOIN_TIMEOUT_S)
+    return whole
+
+
+def _all_gather_rows(name: str, mine: torch.Tensor, groups, timeout_s: float) -> torch.Tensor:
+    work = mine.detach().to(_collective_device(groups.expert_group)).contiguous()
+    pieces = [torch.empty_like(work) for _ in groups.expert_ranks]
+    pending = dist.all_gather(pieces, work, group=groups.expert_group, async_op=True)
+    try:
+        pending.wait(timeout=datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"zero: '{name}' holds this rank's {mine.shape[0]} of "
+            f"{mine.shape[0] * len(groups.expert_ranks)} experts (AutoEP); the whole state dict "
+            f"gathers the others from the expert-parallel ranks {list(groups.expert_ranks)}, "
+            f"which did not all join within {timeout_s:g} s. Make it on every rank (as the "
+            "Hugging Face Trainer's save_model does), or save the whole model with "
+            "engine.save_16bit_model() or zero_to_fp32") from error
+    return torch.cat(pieces).to(mine.device)
 
 
 def _collective_device(group) -> torch.device:

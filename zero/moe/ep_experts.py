@@ -30,6 +30,10 @@ from torch import Tensor, nn
 
 from .groups import EXPERT_GROUPS, group_name
 
+# The key of a layer's entry in its state dict's `_metadata` while its stacked parameters
+# hold this rank's rows: {"num_experts": E, "ep_size": n} (ep_checkpoint.whole_rows reads it).
+LOCAL_ROWS = "autoep_local_rows"
+
 
 class _AllToAllV(torch.autograd.Function):
     """Rows of dim 0 to each rank of `group` (`sends[r]` to rank r, `receives[r]` from it);
@@ -59,6 +63,15 @@ def _sum_in_expert_order(routes: Tensor, top_k_index: Tensor) -> Tensor:
     return total
 
 
+def _mark_local_rows(module: "ExpertParallelExperts", state: dict, prefix: str,
+                     local_metadata: dict) -> None:
+    """A state dict of the layer says that its stacked parameters are this rank's rows, in
+    the layer's own metadata (ints only: torch.save keeps it, weights_only loads it)."""
+    if module.ep_size > 1:
+        local_metadata[LOCAL_ROWS] = {"num_experts": module.num_experts,
+                                      "ep_size": module.ep_size}
+
+
 class ExpertParallelExperts(nn.Module):
     """This rank's `num_experts / ep_size` experts of one MoE block (the module docstring)."""
 
@@ -78,6 +91,7 @@ class ExpertParallelExperts(nn.Module):
             param.allreduce = False
             param.group_name = self.expert_group_name
             self.register_parameter(name, param)
+        self.register_state_dict_post_hook(_mark_local_rows)
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
         """Makes (once per ep_size) and takes this layer's process groups (groups.py)."""
