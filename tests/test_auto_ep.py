@@ -57,14 +57,20 @@ def _config(stage: int, autoep_size: int, **extra) -> dict:
             **extra}
 
 
-def _engine(rank, kind, stage, autoep_size, freeze=False, **extra):
-    """`freeze`: the first layer's experts' down_proj frozen."""
+def _engine(rank, kind, stage, autoep_size, freeze=False, under_init=False, **extra):
+    """`freeze`: the first layer's experts' down_proj frozen. `under_init`: the model built
+    under zero.Init, as Hugging Face's from_pretrained builds it at ZeRO-3."""
+    import contextlib
+
     import zero
-    model = _model(kind)
+    config = _config(stage, autoep_size, **extra)
+    with zero.Init(config_dict_or_path=config) if under_init else contextlib.nullcontext():
+        model = _model(kind)
+    assert zero.init.is_partitioned(model.model.layers[0].mlp.experts.gate_up_proj) == under_init
     if freeze:
         model.model.layers[0].mlp.experts.down_proj.requires_grad_(False)
     engine, *_ = zero.initialize(model=model, model_parameters=model.parameters(),
-                                 config=_config(stage, autoep_size, **extra))
+                                 config=config)
     return engine
 
 
@@ -88,8 +94,8 @@ def _whole_weights(engine) -> dict:
     return ep_checkpoint.gathered(engine.module, mine)
 
 
-def _train(rank, world, kind, stage, autoep_size):
-    engine = _engine(rank, kind, stage, autoep_size)
+def _train(rank, world, kind, stage, autoep_size, under_init=False):
+    engine = _engine(rank, kind, stage, autoep_size, under_init=under_init)
     if autoep_size:
         experts = engine.module.model.layers[0].mlp.experts
         assert getattr(experts.gate_up_proj, "ds_shape", experts.gate_up_proj.shape)[0] == \
@@ -137,6 +143,19 @@ def test_trains_as_the_model_without_autoep(kind, world, autoep_size, stage):
         assert found == pytest.approx(losses[rank], abs=2e-4), rank
     for name, value in weights.items():
         torch.testing.assert_close(split[0][1][name], value, rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_a_model_built_under_zero_init_trains_as_without_autoep():
+    """Hugging Face's from_pretrained at ZeRO-3 builds the model under zero.Init: each
+    expert weight arrives as this rank's 1/world shard, and AutoEP gathers it whole before
+    keeping its rows (DeepSpeed's AutoEP gathers them too)."""
+    split = run_distributed(_train, 2, args=("mixtral", 3, 2, True), timeout=240)
+    whole = run_distributed(_train, 2, args=("mixtral", 3, 0), timeout=240)
+    for rank, ((losses, weights), (want_losses, want)) in enumerate(zip(split, whole)):
+        assert losses == pytest.approx(want_losses, abs=1e-6), rank
+        for name, value in want.items():
+            torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=5e-6,
+                                       msg=f"{name} on rank {rank}")
 
 
 # ---- checkpoints ---------------------------------------------------------------------------

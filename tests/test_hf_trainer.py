@@ -241,10 +241,14 @@ def test_from_pretrained_under_zero3_loads_the_saved_model_and_trains(tmp_path, 
 
 
 def test_trainer_with_autoep_trains_and_saves_mixtral_as_without_it(tmp_path):
-    """--moe: a small Mixtral. The config's expert_parallel block splits its experts over the
-    2 ranks (zero.moe.auto_ep); the Trainer's save_model gathers them whole at stage 3 (the
-    16-bit gather) and at stage 2 (Accelerate's clone_tensors_for_torch_save of the module's
-    state dict, on every rank; DeepSpeed's writes each rank's rows there)."""
+    """A small Mixtral (the example's --moe model, saved untrained) loaded by from_pretrained:
+    at ZeRO-3 under zero.Init, as Hugging Face loads it there. The config's expert_parallel
+    block splits its experts over the 2 ranks (zero.moe.auto_ep; the experts arrive as
+    zero.Init shards and are gathered first); the Trainer's save_model gathers them whole at
+    stage 3 (the 16-bit gather) and at stage 2 (Accelerate's clone_tensors_for_torch_save of
+    the module's state dict, on every rank; DeepSpeed's writes each rank's rows there)."""
+    transformers.set_seed(0)
+    example_module(SCRIPT).small_model(moe=True).save_pretrained(tmp_path / "init")
     runs = {}
     for name, stage, expert_parallel in (
             ("split", 3, {"enabled": True, "autoep_size": 2}),
@@ -252,11 +256,13 @@ def test_trainer_with_autoep_trains_and_saves_mixtral_as_without_it(tmp_path):
             ("whole", 3, {"enabled": False})):
         config = json.loads((EXAMPLES / f"ds_zero{stage}.json").read_text())
         config["expert_parallel"] = expert_parallel
+        if stage == 3:  # every weight a zero.Init shard, however small (a real model's are)
+            config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(config))
         out = tmp_path / name
-        runs[name] = run_trainer(out, "--deepspeed", str(path), "--moe", "true",
-                                 "--use_cpu", "true")
+        runs[name] = run_trainer(out, "--deepspeed", str(path), "--init_from",
+                                 str(tmp_path / "init"), "--use_cpu", "true")
         runs[name]["model"] = transformers.MixtralForCausalLM.from_pretrained(out / "final")
     whole = runs.pop("whole")
     for name, split in runs.items():
@@ -268,3 +274,12 @@ def test_trainer_with_autoep_trains_and_saves_mixtral_as_without_it(tmp_path):
                                          whole["model"].parameters()):
             torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=5e-5,
                                        msg=lambda text, at=f"{name} {param}": f"{at}: {text}")
+
+
+def example_module(path: Path):
+    """The example script as a module (its model builders), without running its main."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

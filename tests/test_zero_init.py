@@ -476,3 +476,28 @@ def _edit_before_initialize(rank, world):
 def test_gathered_parameters_edits_a_zero_init_model_before_initialize():
     for full in run_distributed(_edit_before_initialize, 2, timeout=60):
         assert torch.equal(full, torch.full((8, 8), 7.0))
+
+
+def _load_on_rank_0_alone(rank, world):
+    """Hugging Face's from_pretrained at ZeRO-3: rank 0 alone writes the values inside
+    GatheredParameters(modifier_rank=0), a partitioned weight and a bias kept whole."""
+    import zero
+
+    with zero.Init(config_dict_or_path={"zero_optimization": {"stage3_param_persistence_threshold": 10}}):
+        layer = torch.nn.Linear(8, 8)
+    assert not zero.init.is_partitioned(layer.bias)
+    with zero.GatheredParameters([layer.weight, layer.bias], modifier_rank=0):
+        if rank == 0:
+            with torch.no_grad():
+                layer.weight.fill_(3.0)
+                layer.bias.fill_(5.0)
+    with zero.GatheredParameters([layer.bias]):  # no modifier: each rank's own edit stays
+        with torch.no_grad():
+            layer.bias[0] = float(rank)
+    return zero.init.gather_full(layer.weight), layer.bias.detach().clone()
+
+
+def test_gathered_parameters_gives_rank_0s_values_to_the_parameters_kept_whole_too():
+    for rank, (weight, bias) in enumerate(run_distributed(_load_on_rank_0_alone, 2, timeout=60)):
+        assert torch.equal(weight, torch.full((8, 8), 3.0))
+        assert torch.equal(bias, torch.tensor([float(rank)] + [5.0] * 7)), rank

@@ -181,15 +181,24 @@ def _partition(param, full, src=0, dtype=None, device=None, spill=None) -> None:
 _CONSTRUCTED_AS: dict[int, tuple[torch.dtype, torch.device]] = {}
 
 
+def kept_whole(param: torch.Tensor) -> bool:
+    """A small parameter zero.Init kept whole on every rank (DeepSpeed's persistent ones)."""
+    return not is_partitioned(param) and getattr(param, "ds_persist", False)
+
+
 @contextlib.contextmanager
 def gathered(params, modifier_rank: int | None = None, *, as_constructed: bool = False):
     """Whole data for the partitioned `params` inside the block (collective). On exit they are
     re-sliced from modifier_rank's values (broadcast) if set, else from each rank's own (right
-    when every rank ran the same code). Whole or already gathered parameters pass through.
-    as_constructed (init-time gathers): in the dtype/device the parameter was built with."""
+    when every rank ran the same code); with modifier_rank, the ones zero.Init kept whole
+    take that rank's values too, as DeepSpeed broadcasts every parameter it manages (Hugging
+    Face's from_pretrained at ZeRO-3 loads on rank 0 alone). Other whole or already gathered
+    parameters pass through. as_constructed (init-time gathers): in the dtype/device the
+    parameter was built with."""
     params = [params] if isinstance(params, torch.Tensor) else list(params)
     todo = list({id(p): p for p in params  # skip whole and already gathered ones
                  if p is not None and is_partitioned(p) and p.data.numel() == 0}.values())
+    whole = list({id(p): p for p in params if p is not None and kept_whole(p)}.values())
     extra = 0
     for param in todo:
         full = gather_full(param)
@@ -208,6 +217,10 @@ def gathered(params, modifier_rank: int | None = None, *, as_constructed: bool =
     finally:  # after an error ranks may disagree: re-slice without a collective
         for param in todo:
             _partition(param, param.data, src=None if failed else modifier_rank)
+        if not failed and modifier_rank is not None:
+            with torch.no_grad():
+                for param in whole:
+                    dist.broadcast(param.data, src=modifier_rank)
         if books is not None:
             books._add(-extra)
 

@@ -497,8 +497,9 @@ def gathered_parameters(hooks: Stage3Hooks, params, modifier_rank=None):
 class GatheredParameters:
     """deepspeed.zero.GatheredParameters(params, modifier_rank=None): inside the block the
     (stage-3 partitioned, or zero.Init-partitioned) parameters are whole; with modifier_rank
-    set, that rank's edits are broadcast and written back into every rank's shard on exit.
-    Parameters that are not partitioned need nothing and pass through."""
+    set, that rank's edits are broadcast and written back into every rank's shard on exit,
+    and into the parameters zero.Init kept whole (as DeepSpeed's persistent ones). Other
+    parameters that are not partitioned need nothing and pass through."""
 
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
         del fwd_module
@@ -532,7 +533,8 @@ class GatheredParameters:
                 owners.setdefault(id(hooks), (hooks, []))[1].append(param)
         for hooks, params in owners.values():
             yield gathered_parameters(hooks, params, self._modifier_rank)
-        if any(zero_init.is_partitioned(p) for p in unowned):
+        if any(zero_init.is_partitioned(p) or
+               (self._modifier_rank is not None and zero_init.kept_whole(p)) for p in unowned):
             yield zero_init.gathered(unowned, self._modifier_rank)
 
     def __exit__(self, *exc):

@@ -5,8 +5,8 @@
 
 A small GPT-2 built from its config (no download; --moe: a small Mixtral) learns a synthetic
 copy task; the loss of every step is in out/log_history.json. --resume_from_checkpoint
-resumes, --init_from loads a saved model with from_pretrained (under ZeRO-3 inside zero.Init,
-as the Trainer does),
+resumes, --init_from loads a saved model (either) with from_pretrained (under ZeRO-3 inside
+zero.Init, as the Trainer does),
 --evaluate_first evaluates before training (--train false: only that), --lora R trains PEFT LoRA
 adapters of rank R on the frozen model. On a machine without a GPU, --bf16 needs
 --use_cpu true (transformers' rule, with DeepSpeed as with zero).
@@ -16,8 +16,8 @@ import json
 import os
 
 import torch
-from transformers import (GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer,
-                          TrainingArguments, set_seed)
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, HfArgumentParser,
+                          Trainer, TrainingArguments, set_seed)
 
 
 @dataclasses.dataclass
@@ -31,6 +31,18 @@ class ScriptArguments:
     moe: bool = dataclasses.field(default=False, metadata={
         "help": "a small Mixtral (4 experts, top-2) instead of GPT-2: the config's "
                 "expert_parallel block splits its experts"})
+
+
+def small_model(moe: bool) -> torch.nn.Module:
+    """A small GPT-2, or (moe) a small Mixtral: 4 experts, top-2; built from its config."""
+    if moe:
+        from transformers import MixtralConfig, MixtralForCausalLM
+        return MixtralForCausalLM(MixtralConfig(
+            vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+            num_experts_per_tok=2, max_position_embeddings=32))
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=96,
+                                      n_positions=32))
 
 
 def dataset(samples: int, seed: int = 1234) -> list[dict]:
@@ -48,17 +60,10 @@ def main():
     script_args, args = HfArgumentParser((ScriptArguments, TrainingArguments)) \
         .parse_args_into_dataclasses()
     set_seed(args.seed)
-    if script_args.moe:
-        from transformers import MixtralConfig, MixtralForCausalLM
-        model = MixtralForCausalLM(MixtralConfig(
-            vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-            num_experts_per_tok=2, max_position_embeddings=32))
-    elif script_args.init_from:
-        model = GPT2LMHeadModel.from_pretrained(script_args.init_from)
+    if script_args.init_from:
+        model = AutoModelForCausalLM.from_pretrained(script_args.init_from)
     else:
-        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=96,
-                                           n_positions=32))
+        model = small_model(script_args.moe)
     if script_args.lora:
         from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(r=script_args.lora, lora_alpha=2 * script_args.lora,

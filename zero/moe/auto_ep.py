@@ -90,7 +90,8 @@ def _is_moe_block(module: nn.Module) -> bool:
     experts = getattr(module, "experts", None)
     return isinstance(getattr(module, "gate", None), nn.Module) and all(
         isinstance(getattr(experts, name, None), nn.Parameter)
-        and getattr(experts, name).dim() == 3 for name in ("gate_up_proj", "down_proj"))
+        and len(zero_init.full_shape(getattr(experts, name))) == 3
+        for name in ("gate_up_proj", "down_proj"))
 
 
 def _check_experts(name: str, experts: nn.Module, ep_size: int) -> None:
@@ -101,17 +102,16 @@ def _check_experts(name: str, experts: nn.Module, ep_size: int) -> None:
                              f"{experts.ep_size} ranks by an earlier engine; build the model "
                              f"again for expert_parallel.autoep_size={ep_size}")
         return
-    gate_up, down = experts.gate_up_proj, experts.down_proj
-    count, hidden = gate_up.shape[0], gate_up.shape[2]
+    # (the whole shapes: experts built under zero.Init hold this rank's shard until split)
+    gate_up, down = (zero_init.full_shape(p) for p in (experts.gate_up_proj, experts.down_proj))
+    count, hidden = gate_up[0], gate_up[2]
     others = sorted({n for n, _ in experts.named_parameters()} - {"gate_up_proj", "down_proj"})
     problem = None
-    if any(zero_init.is_partitioned(p) for p in (gate_up, down)):
-        problem = "its experts were built under zero.Init; build the model without it"
-    elif others:
+    if others:
         problem = (f"its experts also hold {others} (biases or other weights this AutoEP does not "
                    "compute)")
-    elif down.shape != (count, hidden, gate_up.shape[1] // 2) or gate_up.shape[1] % 2:
-        problem = (f"its experts' shapes {tuple(gate_up.shape)} and {tuple(down.shape)} are not "
+    elif tuple(down) != (count, hidden, gate_up[1] // 2) or gate_up[1] % 2:
+        problem = (f"its experts' shapes {tuple(gate_up)} and {tuple(down)} are not "
                    "[experts, 2 x intermediate, hidden] and [experts, hidden, intermediate]")
     elif not callable(getattr(experts, "act_fn", None)):
         problem = "its experts have no act_fn"

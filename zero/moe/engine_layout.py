@@ -46,11 +46,12 @@ class ExpertLayout:
         if not layers:
             return None
         _check_supported(config, whole_world, tensor_parallel_group, sequence_parallel)
-        if any(zero_init.is_partitioned(p) for layer in layers for p in layer.parameters()):
+        if any(zero_init.is_partitioned(p) for layer in layers if isinstance(layer, MoE)
+               for p in layer.parameters()):  # (AutoEP's experts were gathered when split)
             raise NotImplementedError(
-                "zero: MoE layers built under zero.Init are not built (zero.Init partitions "
-                "over every rank, the experts differ between ranks); build the model without "
-                "zero.Init")
+                "zero: DeepSpeed-MoE layers built under zero.Init are not built (zero.Init "
+                "partitions over every rank, the experts differ between ranks); build the "
+                "model without zero.Init")
         for layer in layers:
             layer.set_deepspeed_parallelism(bool(config.use_data_before_expert_parallelism))
         names = sorted({layer.expert_group_name for layer in layers})

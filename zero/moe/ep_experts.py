@@ -28,6 +28,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import ds_param
+from .. import init as zero_init
 from .groups import EXPERT_GROUPS, group_name
 
 # The key of a layer's entry in its state dict's `_metadata` while its stacked parameters
@@ -76,8 +78,10 @@ class ExpertParallelExperts(nn.Module):
     """This rank's `num_experts / ep_size` experts of one MoE block (the module docstring)."""
 
     def __init__(self, experts: nn.Module, ep_size: int, expert_rank: int):
+        """Every rank makes its layers in the same order: experts built under zero.Init
+        (Hugging Face's from_pretrained at ZeRO-3) are gathered whole first, then cut."""
         super().__init__()
-        self.num_experts = experts.gate_up_proj.shape[0]
+        self.num_experts = zero_init.full_shape(experts.gate_up_proj)[0]
         self.ep_size = ep_size
         self.num_local_experts = self.num_experts // ep_size
         self.expert_group_name = group_name(ep_size)
@@ -86,8 +90,13 @@ class ExpertParallelExperts(nn.Module):
         first = expert_rank * self.num_local_experts
         for name in ("gate_up_proj", "down_proj"):  # the same parameters, cut to local rows
             param = getattr(experts, name)
+            built_under_init = zero_init.is_partitioned(param)
+            if built_under_init:
+                zero_init.unpartition(param)  # (collective)
             with torch.no_grad():
                 param.data = param.data[first:first + self.num_local_experts].clone()
+            if built_under_init:  # DeepSpeed's marks at the rows kept (the engine's at stage 3)
+                ds_param.mark(param, param.shape, persist=True)
             param.allreduce = False
             param.group_name = self.expert_group_name
             self.register_parameter(name, param)
