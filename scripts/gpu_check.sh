@@ -21,6 +21,8 @@
 #                      (on a lent machine: ZERO_GPU_RESULTS=/tmp/gpu GPU_CHECK_ARCHIVE=$OUT/gpu.tar.gz)
 #   .whl/ (from scripts/gpu_wheels.sh, carried)  DeepSpeed and its needs, installed into
 #                      build/gpu-site so the bench's deepspeed rows run
+#   GPU_TESTS_FIRST    a regex of CUDA test ids to run before all others; after them come
+#                      the tests no committed run has seen pass (scripts/lib/gpu_test_order.py)
 #   BENCH_ARGS / LARGEST_ARGS  more arguments for the bench / largest steps
 #                      (e.g. BENCH_ARGS="--configs zero2,zero2-offload --timeout 120")
 #   GPU_CHECK_BUDGET   seconds for the whole script (default 540: one call of a lent machine
@@ -112,8 +114,14 @@ tests() {
   if "$PYTHON" -c 'import xdist' >/dev/null 2>&1; then parallel=(-n 4); fi
   local seconds; seconds=$(share tests)
   echo "tests: at most $seconds s"
+  # What no committed run has seen pass goes first (GPU_TESTS_FIRST: a regex of ids before
+  # even those), so a budget that cuts the run cuts what has passed before.
+  local files=(tests/test_cuda_collectives.py tests/test_cuda_engine.py) ids=()
+  mapfile -t ids < <("$PYTHON" scripts/lib/gpu_test_order.py --first "${GPU_TESTS_FIRST:-}" \
+                       "${files[@]}")
+  [ "${#ids[@]}" -gt 0 ] || ids=("${files[@]}")
   timeout -k 10 "$seconds" "$PYTHON" -m pytest -p no:cacheprovider -q -rA "${parallel[@]}" \
-    tests/test_cuda_collectives.py tests/test_cuda_engine.py 2>&1 | tee "$RESULTS/cuda_tests.txt"
+    "${ids[@]}" 2>&1 | tee "$RESULTS/cuda_tests.txt"
   return "${PIPESTATUS[0]}"
 }
 
