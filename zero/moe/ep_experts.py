@@ -95,8 +95,10 @@ class ExpertParallelExperts(nn.Module):
                 zero_init.unpartition(param)  # (collective)
             with torch.no_grad():
                 param.data = param.data[first:first + self.num_local_experts].clone()
-            if built_under_init:  # DeepSpeed's marks at the rows kept (the engine's at stage 3)
-                ds_param.mark(param, param.shape, persist=True)
+            if built_under_init:  # DeepSpeed's marks at the rows kept (the engine's at stage
+                # 3); not persistent: no GatheredParameters(modifier_rank=) broadcasts this
+                # rank's rows over another's (zero.init.kept_whole)
+                ds_param.mark(param, param.shape, persist=False)
             param.allreduce = False
             param.group_name = self.expert_group_name
             self.register_parameter(name, param)
