@@ -2,6 +2,7 @@
 splits its one budget between the steps (scripts/lib/gpu_budget.sh), so that a full run fits
 one call of a lent GPU machine."""
 import os
+import runpy
 import subprocess
 
 import pytest
@@ -70,26 +71,17 @@ def test_a_configuration_never_runs_past_the_budget():
     assert config_timeout(240, 300, deadline=1000.0, now=1001.0)[0] == 1.0
 
 
-def _order_module():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "gpu_test_order", os.path.join(ROOT, "scripts", "lib", "gpu_test_order.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_cuda_tests_no_gpu_run_saw_pass_go_first(tmp_path):
     """A cut run loses what has passed before, not what never ran (scripts/lib/gpu_test_order.py
     reads the committed -rA summaries)."""
-    order = _order_module()
+    order = runpy.run_path(os.path.join(ROOT, "scripts", "lib", "gpu_test_order.py"))
     (tmp_path / "2026-11-29-h200-cuda_tests.txt").write_text(
         "PASSED tests/t.py::a\nFAILED tests/t.py::b - boom\nPASSED tests/t.py::c[x]\n")
     (tmp_path / "2026-11-29-h200-gpu_offload.md").write_text("PASSED tests/t.py::d\n")
-    seen = order.passed_before(str(tmp_path))
+    seen = order["passed_before"](str(tmp_path))
     assert seen == {"tests/t.py::a", "tests/t.py::c[x]"}
     ids = ["tests/t.py::a", "tests/t.py::b", "tests/t.py::c[x]", "tests/t.py::d"]
-    assert order.ordered(ids, seen) == ["tests/t.py::b", "tests/t.py::d", "tests/t.py::a",
+    assert order["ordered"](ids, seen) == ["tests/t.py::b", "tests/t.py::d", "tests/t.py::a",
                                         "tests/t.py::c[x]"]
-    assert order.ordered(ids, seen, first=r"c\[") == ["tests/t.py::c[x]", "tests/t.py::b",
+    assert order["ordered"](ids, seen, first=r"c\[") == ["tests/t.py::c[x]", "tests/t.py::b",
                                                      "tests/t.py::d", "tests/t.py::a"]

@@ -4,6 +4,7 @@ zero's engine like plain DDP, resumes from its checkpoint, and saves a model tha
 from_pretrained loads."""
 import json
 import math
+import runpy
 import shutil
 from pathlib import Path
 
@@ -248,7 +249,8 @@ def test_trainer_with_autoep_trains_and_saves_mixtral_as_without_it(tmp_path):
     stage 3 (the 16-bit gather) and at stage 2 (Accelerate's clone_tensors_for_torch_save of
     the module's state dict, on every rank; DeepSpeed's writes each rank's rows there)."""
     transformers.set_seed(0)
-    example_module(SCRIPT).small_model(moe=True).save_pretrained(tmp_path / "init")
+    small_model = runpy.run_path(str(SCRIPT))["small_model"]  # (the script's main does not run)
+    small_model(moe=True).save_pretrained(tmp_path / "init")
     runs = {}
     for name, stage, expert_parallel in (
             ("split", 3, {"enabled": True, "autoep_size": 2}),
@@ -274,12 +276,3 @@ def test_trainer_with_autoep_trains_and_saves_mixtral_as_without_it(tmp_path):
                                          whole["model"].parameters()):
             torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=5e-5,
                                        msg=lambda text, at=f"{name} {param}": f"{at}: {text}")
-
-
-def example_module(path: Path):
-    """The example script as a module (its model builders), without running its main."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
