@@ -5,7 +5,7 @@
 `fn(rank, world_size, *args)` must be a module-level function (it is pickled by reference).
 Children come from a forkserver that has already imported torch, zero, pytest and
 transformers, so each rank starts in well under a second and never inherits the test
-runner's threads.
+runner's threads. Rank 0 serves the rendezvous store and leaves after the others.
 
 Failure handling, so that no test can hang CI:
   * the first rank that raises ends the run: the others are killed and the test fails with
@@ -94,12 +94,15 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env, 
     try:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
+                              timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
         value = fn(rank, world_size, *args, **kwargs)
         # Plain pickle copies tensors into the message; the queue's own pickler would share
         # them through file descriptors that die with this process.
         results.put((rank, "ok", pickle.dumps(value)))
+        _leave_together(store, rank, world_size)
     except BaseException:  # noqa: BLE001 - everything goes back to the test
         results.put((rank, "error", traceback.format_exc()))
         raise SystemExit(1)
@@ -107,6 +110,21 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env, 
         faulthandler.cancel_dump_traceback_later()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+_FINISHED = "distributed_harness/finished"
+
+
+def _leave_together(store, rank, world_size, patience=30.0):
+    """Rank 0 serves the store: it stays until every rank has finished, else a rank still in
+    a last collective's set-up (gloo's new_group reads its peers' addresses from the store
+    after its peers may have connected and returned) gets "Connection reset by peer"."""
+    store.add(_FINISHED, 1)
+    if rank != 0:
+        return
+    deadline = time.monotonic() + patience
+    while store.add(_FINISHED, 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _kill_all(processes):

@@ -28,12 +28,24 @@ def _die_on_rank_one(rank, world_size):
     dist.barrier()
 
 
+def _last_group_made_late_on_rank_one(rank, world_size):
+    """Rank 0 returns at once; rank 1 then sets up a group through the store rank 0 serves."""
+    if rank == 1:
+        time.sleep(1)
+        dist.new_group([1], use_local_synchronization=True)
+    return rank
+
+
 def _sleep_forever(rank, world_size):
     time.sleep(3600)
 
 
 def test_results_come_back_in_rank_order():
     assert run_distributed(_rank_and_sum, 3, timeout=60) == [(0, 3, 3.0), (1, 3, 3.0), (2, 3, 3.0)]
+
+
+def test_rank_0_keeps_the_store_until_every_rank_has_finished():
+    assert run_distributed(_last_group_made_late_on_rank_one, 2, timeout=60) == [0, 1]
 
 
 def test_a_raising_rank_fails_the_run_with_its_traceback():
