@@ -126,6 +126,31 @@ def test_values_equal_a_plain_construction_with_the_same_seed(world, kind):
     assert len(set(counts)) == 1
 
 
+def _hugging_face_values(rank, world):
+    """transformers imported before the context, as in every script that builds a model of
+    it: its _init_weights calls the torch.nn.init functions it kept at import."""
+    import transformers.initialization  # noqa: F401 - (the point of the test)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from zero.init import Init
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=32, initializer_range=0.5)
+    torch.manual_seed(0)
+    plain = LlamaForCausalLM(config)
+    with Init(config_dict_or_path=_config()):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    return _check_partitioned(model, plain, rank, world)
+
+
+def test_a_hugging_face_model_gets_its_own_initialisation_as_without_the_context():
+    pytest.importorskip("transformers")
+    counts = run_distributed(_hugging_face_values, 2, timeout=60, env=CPU_ONLY)
+    assert len(set(counts)) == 1
+
+
 def test_every_rank_starts_from_rank_zeros_weights():
     run_distributed(_values, 2, args=("post-init", True), timeout=60, env=CPU_ONLY)
 
@@ -326,9 +351,11 @@ def _patched_state():
     from torch.nn.modules import module as module_module
     from zero.init import INIT_FUNCTIONS
 
+    hf_init = sys.modules.get("transformers.initialization")  # (the harness preloads it)
     return (_module_classes(), {n: getattr(nn.init, n) for n in INIT_FUNCTIONS},
             nn.Module.__dict__["apply"], "__init_subclass__" in nn.Module.__dict__,
-            dict(module_module._global_parameter_registration_hooks))
+            dict(module_module._global_parameter_registration_hooks),
+            dict(getattr(hf_init, "TORCH_INIT_FUNCTIONS", {})))
 
 
 class Broken(nn.Module):
@@ -346,6 +373,7 @@ def _restores(rank, world):
     with pytest.raises(RuntimeError, match="construction failed"):
         with zinit.Init(config=_config()):
             assert nn.Linear.__dict__["__init__"] is not linear_init  # really patched
+            assert all(getattr(f, "_zero_gathers", False) for f in _patched_state()[5].values())
             outer = nn.Linear.__dict__["__init__"], nn.init.normal_, nn.Module.apply
             with zinit.Init(config=_config()):  # nested: no double wrapping
                 assert (nn.Linear.__dict__["__init__"], nn.init.normal_,

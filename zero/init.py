@@ -52,6 +52,7 @@ import functools
 import json
 import math
 import os
+import sys
 import weakref
 
 import torch
@@ -229,7 +230,7 @@ def gathered(params, modifier_rank: int | None = None, *, as_constructed: bool =
 
 _STACK: list["Init"] = []   # open enabled contexts; the patches report to the innermost
 _IN_INIT: set[int] = set()  # ids of modules whose outermost __init__ is running
-_PATCHES: list = []         # (owner, name, original, was own attribute) to undo, in order
+_PATCHES: list = []         # what undoes each patch, called last first
 
 
 class Init:
@@ -428,8 +429,16 @@ def _element_size(dtype: torch.dtype) -> int:
 # ---- the patches: installed by the outermost open Init, undone exactly when it closes ----------
 
 def _patch(owner, name, value) -> None:
-    _PATCHES.append((owner, name, vars(owner).get(name), name in vars(owner)))
+    if name in vars(owner):
+        _PATCHES.append(functools.partial(setattr, owner, name, vars(owner)[name]))
+    else:
+        _PATCHES.append(functools.partial(delattr, owner, name))
     setattr(owner, name, value)
+
+
+def _patch_item(mapping, key, value) -> None:
+    _PATCHES.append(functools.partial(mapping.__setitem__, key, mapping[key]))
+    mapping[key] = value
 
 
 def _wrap_init(cls) -> None:
@@ -485,13 +494,19 @@ def _install() -> None:
 
     for name in INIT_FUNCTIONS:  # modules call them as init.name(...): found at call time
         _patch(nn.init, name, _gathering_init(getattr(nn.init, name)))
+    # transformers.initialization keeps torch's functions from its import on (its init.normal_
+    # etc., which its _init_weights call, and which replace torch's during initialize_weights):
+    # imported before this context, as in every Hugging Face script, it would bypass the above.
+    hf_init = sys.modules.get("transformers.initialization")
+    for name, function in getattr(hf_init, "TORCH_INIT_FUNCTIONS", {}).items():
+        if not getattr(function, "_zero_gathers", False):
+            _patch_item(hf_init.TORCH_INIT_FUNCTIONS, name, _gathering_init(function))
 
     def on_register(_module, _name, param):  # counts parameters as they appear
         if _STACK and param is not None and not is_partitioned(param):
             _STACK[-1]._registered.append(weakref.ref(param))
             _STACK[-1]._count(param)
-    _PATCHES.append((register_module_parameter_registration_hook(on_register), None, None,
-                     False))
+    _PATCHES.append(register_module_parameter_registration_hook(on_register).remove)
 
 
 def _gathering_init(function):
@@ -502,16 +517,11 @@ def _gathering_init(function):
             return function(*args, **kwargs)
         with gathered([tensor], 0, as_constructed=True):
             return function(*args, **kwargs)
+    wrapper._zero_gathers = True
     return wrapper
 
 
 def _uninstall() -> None:
     while _PATCHES:  # last in, first out
-        owner, name, original, was_own = _PATCHES.pop()
-        if name is None:
-            owner.remove()  # the parameter registration hook's handle
-        elif was_own:
-            setattr(owner, name, original)
-        else:
-            delattr(owner, name)
+        _PATCHES.pop()()
     _IN_INIT.clear()
