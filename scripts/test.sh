@@ -18,5 +18,6 @@ fi
 # The set-up's own tests uninstall zero and rebuild it in place: alone, before the rest.
 status=0
 python3 -m pytest -q tests/test_setup.py || status=$?
-"${PYTEST[@]}" --ignore=tests/test_setup.py || status=$?
+"${PYTEST[@]}" --ignore=tests/test_setup.py --junitxml=build/pytest-junit.xml || status=$?
+python3 scripts/lib/test_times.py build/pytest-junit.xml --top 15 || true
 exit "$status"

@@ -30,9 +30,15 @@ from typing import Any, Callable, Sequence
 _CONTEXT = mp.get_context("forkserver")
 # What nearly every rank imports (test modules import pytest; the Hugging Face models' tests,
 # transformers at their top): imported once in the forkserver, not again in each rank (0.1 s
-# and 1.7 s a rank on a 2-core machine). A module that is not installed is skipped.
+# and 1.7 s a rank on a 2-core machine). Then what the heavier ranks import on top: torch's
+# compiler stack (torch._dynamo, sympy: 2.2 s a rank; torch.optim's and torch.distributed.
+# tensor's users import it) and transformers' model classes (modeling_utils: 2.1 s more), which
+# every rank that builds a Hugging Face model paid (2026-11-30: 169 of 538 ranks of ten engine
+# test files; test_auto_ep's 94 ranks spent 5 s of CPU each, most of it these imports). A
+# module that is not installed is skipped.
 _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "zero.engine", "zero.api",
-                                 "pytest", "transformers"])
+                                 "pytest", "transformers", "torch._dynamo",
+                                 "transformers.modeling_utils"])
 
 
 class RankFailed(AssertionError):
