@@ -5,14 +5,14 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
-# The files that take longest (CI seconds per file on a 2-core machine, 2026-11-30: the
-# Hugging Face jobs, AutoEP, TRL, the launcher's repeated jobs) are collected first. Under
-# scripts/test.sh's `-n auto --dist loadfile` each worker takes the next file in collection
-# order when it is free, so a long file handed out last would leave the other workers idle
-# until it ends. Within a file the order is unchanged.
-SLOW_FIRST = ("test_hf_trainer.py", "test_auto_ep.py", "test_trl.py", "test_reliability.py",
-              "test_external_optimizer.py", "test_hf_accelerate.py",
-              "test_deepspeed_scripts.py", "test_hf_alst.py")
+# The files that take longest (CI seconds per file on a 2-core machine, 2026-11-30, as
+# scripts/test.sh prints them: the Hugging Face and TRL jobs, the launcher's repeated jobs, the
+# DeepSpeed example scripts) are collected first. Under scripts/test.sh's `-n auto --dist
+# loadfile` each worker takes the next file in collection order when it is free, so a long
+# file handed out last would leave the other workers idle until it ends. Within a file the
+# order is unchanged.
+SLOW_FIRST = ("test_hf_trainer.py", "test_trl.py", "test_reliability.py", "test_hf_accelerate.py",
+              "test_deepspeed_scripts.py", "test_hf_alst.py", "test_offload.py", "test_launcher.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
