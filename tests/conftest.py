@@ -1,5 +1,18 @@
+import gc
 import os
 import sys
+
+# libgomp's idle threads spin before they sleep (OMP_WAIT_POLICY unset: up to 300,000 spins
+# after every parallel region). On CI's 2 cores the test process's second torch thread spun
+# away 8 s of every 50 while its ranks waited for a core (2026-11-30, tests/test_stage3.py
+# under -n 2). Set before torch is imported here, and inherited by every rank and job.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# Collection imports every test module (torch, transformers, TRL, ...): the garbage collector's
+# walks of that import are 2-3 s a process (tests/job_site/sitecustomize.py). Seldom until
+# collection ends, as before from then on.
+_COLLECTOR_THRESHOLDS = gc.get_threshold()
+gc.set_threshold(50_000, *_COLLECTOR_THRESHOLDS[1:])
 
 # Tests import helpers (distributed_harness) from this folder and `zero` from the repo root.
 sys.path.insert(0, os.path.dirname(__file__))
@@ -18,3 +31,10 @@ SLOW_FIRST = ("test_hf_trainer.py", "test_trl.py", "test_reliability.py", "test_
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: place for place, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # (stable)
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, the test modules) stays for the whole
+    run: out of the garbage collector's sight, its full collections walk only what tests make."""
+    gc.freeze()
+    gc.set_threshold(*_COLLECTOR_THRESHOLDS)

@@ -38,7 +38,7 @@ _CONTEXT = mp.get_context("forkserver")
 # module that is not installed is skipped.
 _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "zero.engine", "zero.api",
                                  "pytest", "transformers", "torch._dynamo",
-                                 "transformers.modeling_utils"])
+                                 "transformers.modeling_utils", "forkserver_frozen"])
 
 
 class RankFailed(AssertionError):
@@ -52,14 +52,16 @@ def free_port() -> int:
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB_SITE = os.path.join(REPO, "tests", "job_site")
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     """This process's environment for a job started as a subprocess (a launcher, a script):
-    without the rank variables a test runner may carry, the checkout on PYTHONPATH."""
+    without the rank variables a test runner may carry, the checkout on PYTHONPATH, after
+    tests/job_site (its sitecustomize lets each process's garbage collector run less often)."""
     env = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
-    env["PYTHONPATH"] = REPO
+    env["PYTHONPATH"] = os.pathsep.join([JOB_SITE, REPO])
     env.update(extra)
     return env
 
