@@ -1,14 +1,18 @@
 """An unmodified Accelerate training loop (examples/huggingface/train_accelerate.py: a
 DeepSpeedPlugin, the script's own torch AdamW and LambdaLR, accumulate(), save_state,
-get_state_dict) launched by `zero --num_procs 2` trains on zero's engine like plain DDP."""
+get_state_dict) launched by `zero --num_procs 2` trains on zero's engine like plain DDP. The
+plain-DDP runs are recorded (tests/recorded_ddp/accelerate.json and the model DDP saved,
+accelerate/; `python -m recorded_ddp accelerate` in tests/ makes them again)."""
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import recorded_ddp
 from distributed_harness import free_port, launcher_argv, run_job, subprocess_env
 
 pytest.importorskip("transformers")
@@ -25,9 +29,38 @@ def run_script(out, *extra, launcher=()):
     return json.loads((Path(out) / "losses.json").read_text()), torch.load(Path(out) / "model.pt")
 
 
+SAVE_AT = ["--save_at", "4"]  # save_state after step 4 of 8
+
+
+def resume_from(whole):
+    """The arguments of the job that load_state's what `whole` saved at step 4."""
+    return ["--resume", whole / "state_4", "--resume_step", "4"]
+
+
+def run_ddp(out, *extra):
+    """The script under plain DDP (gloo on the CPU, zero not standing in for deepspeed)."""
+    return run_script(out, "--cpu", *extra, launcher=["--no_deepspeed_alias"])
+
+
+def ddp_digest() -> str:
+    return recorded_ddp.digest(SCRIPT, SAVE_AT, packages=("torch", "transformers", "accelerate"))
+
+
+def record_ddp(folder, scratch) -> dict:
+    """A run saved at step 4 (its final model kept; the saving does not change its curve) and
+    its resumption (`python -m recorded_ddp accelerate`)."""
+    scratch = Path(scratch)
+    whole, _ = run_ddp(scratch / "whole", *SAVE_AT)
+    resumed, _ = run_ddp(scratch / "resumed", *resume_from(scratch / "whole"))
+    folder.mkdir()
+    shutil.copy(scratch / "whole" / "model.pt", folder / "model.pt")
+    return {"whole": whole, "resumed": resumed}
+
+
 @pytest.fixture(scope="module")
-def ddp(tmp_path_factory):
-    return run_script(tmp_path_factory.mktemp("ddp"), "--cpu", launcher=["--no_deepspeed_alias"])
+def ddp():
+    return (recorded_ddp.load("accelerate", ddp_digest())["whole"],
+            torch.load(recorded_ddp.files("accelerate") / "model.pt"))
 
 
 @pytest.mark.parametrize("stage,precision", [(2, "fp32"), (3, "fp32"), (3, "bf16")])
@@ -80,15 +113,11 @@ def test_accelerate_load_state_resumes_as_ddp_does(tmp_path):
     losses as the same save and resume under plain DDP. (Accelerate's resume itself is not
     exact: its resumed curve differs from the uninterrupted one by about 1e-3, under DDP too.)"""
     config = REPO / "examples" / "huggingface" / "ds_accelerate.json"
-    curves = {}
-    for name, flags, launcher in (("zero", ["--ds_config", config], ()),
-                                  ("ddp", ["--cpu"], ["--no_deepspeed_alias"])):
-        whole, _ = run_script(tmp_path / name, *flags, "--save_at", "4", launcher=launcher)
-        resumed, _ = run_script(tmp_path / f"{name}-resumed", *flags, "--resume",
-                                tmp_path / name / "state_4", "--resume_step", "4",
-                                launcher=launcher)
-        curves[name] = whole["losses"], resumed["losses"]
-    assert curves["zero"][1][:4] == [None] * 4
-    assert curves["zero"][1][4:] == pytest.approx(curves["ddp"][1][4:], rel=1e-5)
-    assert curves["zero"][0] == pytest.approx(curves["ddp"][0], rel=1e-5)
-    assert curves["zero"][1][4:] != pytest.approx(curves["zero"][0][:4], rel=1e-5)  # not a restart
+    whole, _ = run_script(tmp_path / "zero", "--ds_config", config, *SAVE_AT)
+    resumed, _ = run_script(tmp_path / "zero-resumed", "--ds_config", config,
+                            *resume_from(tmp_path / "zero"))
+    ddp = recorded_ddp.load("accelerate", ddp_digest())
+    assert resumed["losses"][:4] == [None] * 4
+    assert resumed["losses"][4:] == pytest.approx(ddp["resumed"]["losses"][4:], rel=1e-4)
+    assert whole["losses"] == pytest.approx(ddp["whole"]["losses"], rel=1e-4)
+    assert resumed["losses"][4:] != pytest.approx(whole["losses"][:4], rel=1e-4)  # no restart

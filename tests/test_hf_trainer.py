@@ -1,7 +1,8 @@
 """An unmodified Hugging Face Trainer script (examples/huggingface/train_trainer.py: nothing in
 it names zero or DeepSpeed) launched by `zero --num_procs 2` with a DeepSpeed config trains on
 zero's engine like plain DDP, resumes from its checkpoint, and saves a model that
-from_pretrained loads."""
+from_pretrained loads. The plain-DDP runs are recorded (tests/recorded_ddp/trainer.json and the
+model it saved, trainer/; `python -m recorded_ddp trainer` in tests/ makes them again)."""
 import json
 import math
 import runpy
@@ -12,6 +13,7 @@ import pytest
 import safetensors
 import torch
 
+import recorded_ddp
 from distributed_harness import launcher_argv, run_job
 
 transformers = pytest.importorskip("transformers")
@@ -35,11 +37,38 @@ def step_losses(result):
     return [entry["loss"] for entry in result["log_history"] if "loss" in entry]
 
 
+RMSPROP = ["--optim", "rmsprop", "--learning_rate", "5e-4"]  # (the last lr given wins)
+
+
+def ddp_run(out, *extra) -> dict:
+    """The same script under plain DDP (gloo on the CPU, zero not standing in for deepspeed):
+    what the comparisons read of it."""
+    result = run_trainer(out, "--use_cpu", "true", *extra, launcher=["--no_deepspeed_alias"])
+    return {"wrapped": result["wrapped"], "losses": step_losses(result),
+            "eval_loss": result["eval"]["eval_loss"]}
+
+
+def ddp_digest() -> str:
+    return recorded_ddp.digest(SCRIPT, ARGS, RMSPROP,
+                               packages=("torch", "transformers", "accelerate"))
+
+
+def record_ddp(folder, scratch) -> dict:
+    """DDP's runs with the config's AdamW and with --optim rmsprop; the AdamW run's saved
+    model is kept (`python -m recorded_ddp trainer`)."""
+    runs = {"adamw": ddp_run(Path(scratch) / "adamw"), "rmsprop": ddp_run(
+        Path(scratch) / "rmsprop", *RMSPROP)}
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(Path(scratch) / "adamw" / "final" / name, folder / name)
+    return runs
+
+
 @pytest.fixture(scope="module")
-def ddp(tmp_path_factory):
-    """The same script under plain DDP (gloo on the CPU), zero not standing in for deepspeed."""
-    out = tmp_path_factory.mktemp("ddp")
-    return {**run_trainer(out, "--use_cpu", "true", launcher=["--no_deepspeed_alias"]), "out": out}
+def ddp():
+    """DDP's AdamW run, recorded (tests/recorded_ddp/trainer.json), and its saved model."""
+    return {**recorded_ddp.load("trainer", ddp_digest())["adamw"],
+            "final": recorded_ddp.files("trainer")}
 
 
 def saved_weights(path):
@@ -64,19 +93,30 @@ def variant_config(tmp_path, variant):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def zero3(tmp_path_factory):
+    """The example's ZeRO-3 config as it stands: its run, and the folder it wrote."""
+    out = tmp_path_factory.mktemp("zero3")
+    return run_trainer(out, "--deepspeed", str(EXAMPLES / "ds_zero3.json")), out
+
+
 @pytest.mark.parametrize("variant", ["zero2", "zero3", "zero3-offload",
                                      "zero2-offload-torch-adamw"])
-def test_trainer_on_zero_matches_ddp_and_saves_a_loadable_model(tmp_path, ddp, variant):
-    result = run_trainer(tmp_path, "--deepspeed", variant_config(tmp_path, variant))
+def test_trainer_on_zero_matches_ddp_and_saves_a_loadable_model(tmp_path, ddp, variant,
+                                                                 request):
+    if variant == "zero3":  # (the resume test below continues this run)
+        result, tmp_path = request.getfixturevalue("zero3")
+    else:
+        result = run_trainer(tmp_path, "--deepspeed", variant_config(tmp_path, variant))
     assert result["wrapped"] == "zero.engine.ZeroEngine"  # trainer.model_wrapped
     assert ddp["wrapped"] == "torch.nn.parallel.distributed.DistributedDataParallel"
     assert len(step_losses(result)) == 8
-    assert step_losses(result) == pytest.approx(step_losses(ddp), rel=2e-3)
-    assert result["eval"]["eval_loss"] == pytest.approx(ddp["eval"]["eval_loss"], rel=2e-3)
+    assert step_losses(result) == pytest.approx(ddp["losses"], rel=2e-3)
+    assert result["eval"]["eval_loss"] == pytest.approx(ddp["eval_loss"], rel=2e-3)
     assert result["eval"]["eval_loss"] < step_losses(result)[0]
     # save_model (at stage 3: the 16-bit gather) wrote a model that from_pretrained loads,
     # with the weights DDP's run saved.
-    ours, theirs = saved_weights(tmp_path / "final"), saved_weights(ddp["out"] / "final")
+    ours, theirs = saved_weights(tmp_path / "final"), saved_weights(ddp["final"])
     assert ours.keys() == theirs.keys()
     for name, weight in ours.items():
         assert torch.allclose(weight, theirs[name], rtol=2e-3, atol=1e-5), name
@@ -90,17 +130,15 @@ def test_the_trainers_other_optimizers_train_on_zero_like_ddp(tmp_path, ddp):
     del config["optimizer"]
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps(config))
-    rmsprop = ["--optim", "rmsprop", "--learning_rate", "5e-4"]  # (the last lr given wins)
-    ours = run_trainer(tmp_path / "zero", "--deepspeed", str(path), *rmsprop)
-    theirs = run_trainer(tmp_path / "ddp", "--use_cpu", "true", *rmsprop,
-                         launcher=["--no_deepspeed_alias"])
+    ours = run_trainer(tmp_path / "zero", "--deepspeed", str(path), *RMSPROP)
+    theirs = recorded_ddp.load("trainer", ddp_digest())["rmsprop"]
     assert ours["wrapped"] == "zero.engine.ZeroEngine"
-    assert step_losses(ours) == pytest.approx(step_losses(theirs), rel=2e-3)
-    assert ours["eval"]["eval_loss"] == pytest.approx(theirs["eval"]["eval_loss"], rel=2e-3)
+    assert step_losses(ours) == pytest.approx(theirs["losses"], rel=2e-3)
+    assert ours["eval"]["eval_loss"] == pytest.approx(theirs["eval_loss"], rel=2e-3)
     assert ours["eval"]["eval_loss"] < step_losses(ours)[0]
     # and it is RMSprop's run: nearer DDP's RMSprop than a tenth of its distance to AdamW's
-    off = max(abs(a - b) for a, b in zip(step_losses(ours), step_losses(theirs)))
-    adamw = max(abs(a - b) for a, b in zip(step_losses(ours), step_losses(ddp)))
+    off = max(abs(a - b) for a, b in zip(step_losses(ours), theirs["losses"]))
+    adamw = max(abs(a - b) for a, b in zip(step_losses(ours), ddp["losses"]))
     assert off < 0.1 * adamw, (off, adamw)
 
 
@@ -114,7 +152,7 @@ def test_trainer_with_gradient_checkpointing_and_torch_compile_at_stage3_trains_
                          "--gradient_checkpointing", "true", "--torch_compile", "true",
                          "--torch_compile_backend", "eager")
     assert result["wrapped"] == "zero.engine.ZeroEngine"
-    assert step_losses(result) == pytest.approx(step_losses(ddp), rel=2e-3)
+    assert step_losses(result) == pytest.approx(ddp["losses"], rel=2e-3)
 
 
 @pytest.mark.parametrize("stage,extra", [(2, None), (3, None), (3, "bf16-master"),
@@ -136,12 +174,12 @@ def test_trainer_in_bf16_trains_on_zero_in_bf16_near_ddp(tmp_path, ddp, stage, e
     result = run_trainer(tmp_path, "--deepspeed", str(path), "--bf16", "true",
                          "--use_cpu", "true")
     assert result["wrapped"] == "zero.engine.ZeroEngine"
-    assert step_losses(result) == pytest.approx(step_losses(ddp), rel=2e-2)
-    assert result["eval"]["eval_loss"] == pytest.approx(ddp["eval"]["eval_loss"], rel=2e-2)
+    assert step_losses(result) == pytest.approx(ddp["losses"], rel=2e-2)
+    assert result["eval"]["eval_loss"] == pytest.approx(ddp["eval_loss"], rel=2e-2)
     assert result["eval"]["eval_loss"] < step_losses(result)[0]
     with safetensors.safe_open(str(tmp_path / "final" / "model.safetensors"), "pt") as saved:
         assert {saved.get_tensor(name).dtype for name in saved.keys()} == {torch.bfloat16}
-    ours, theirs = saved_weights(tmp_path / "final"), saved_weights(ddp["out"] / "final")
+    ours, theirs = saved_weights(tmp_path / "final"), saved_weights(ddp["final"])
     assert ours.keys() == theirs.keys()
     difference = torch.cat([(ours[name].float() - theirs[name]).flatten() for name in ours])
     whole = torch.cat([weight.flatten() for weight in theirs.values()])
@@ -165,16 +203,16 @@ def test_evaluation_at_stage3_leaves_the_unused_scheduler_block_alone(tmp_path, 
     assert step_losses(result) == []
     # The untrained model (the same seed as DDP's): near the uniform guess, above DDP's end.
     assert result["first"]["eval_loss"] == pytest.approx(math.log(96), rel=0.05)
-    assert result["first"]["eval_loss"] > ddp["eval"]["eval_loss"]
+    assert result["first"]["eval_loss"] > ddp["eval_loss"]
 
 
-def test_trainer_resumes_from_its_checkpoint_on_the_same_curve(tmp_path):
+def test_trainer_resumes_from_its_checkpoint_on_the_same_curve(tmp_path, zero3):
     """At stage 3 (stage 2's resume through the Trainer: the checkpoint the real DeepSpeed
     wrote, below)."""
     config = str(EXAMPLES / "ds_zero3.json")
-    whole = run_trainer(tmp_path / "whole", "--deepspeed", config)
+    whole, whole_dir = zero3
     resumed_dir = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "whole" / "checkpoint-4", resumed_dir / "checkpoint-4")
+    shutil.copytree(whole_dir / "checkpoint-4", resumed_dir / "checkpoint-4")
     assert (resumed_dir / "checkpoint-4" / "latest").exists()  # the engine's own checkpoint
     resumed = run_trainer(resumed_dir, "--deepspeed", config, "--resume_from_checkpoint",
                           str(resumed_dir / "checkpoint-4"))
@@ -233,10 +271,10 @@ def test_from_pretrained_under_zero3_loads_the_saved_model_and_trains(tmp_path, 
     "auto" then) and loads the weights through GatheredParameters: the first evaluation
     equals the one DDP's run made with those weights, and training goes on from them."""
     result = run_trainer(tmp_path, "--deepspeed", str(EXAMPLES / "ds_zero3.json"), "--init_from",
-                         str(ddp["out"] / "final"), "--eval_on_start", "true",
+                         str(ddp["final"]), "--eval_on_start", "true",
                          "--max_steps", "4")
     evals = [entry["eval_loss"] for entry in result["log_history"] if "eval_loss" in entry]
-    assert evals[0] == pytest.approx(ddp["eval"]["eval_loss"], rel=1e-4)
+    assert evals[0] == pytest.approx(ddp["eval_loss"], rel=1e-4)
     assert len(step_losses(result)) == 4
     assert evals[-1] < evals[0]
 

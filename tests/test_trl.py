@@ -8,15 +8,15 @@ a frozen model. All load the model from a directory, as from a hub name (at stag
 zero.Init).
 
 Each trainer's plain-DDP run (gloo on the CPU, zero not standing in for deepspeed) is recorded
-in tests/trl_ddp/expected.json by tests/trl_ddp/make.py, with a digest of the script, its
-arguments and the library versions: a stale recording fails the first test."""
-import hashlib
+in tests/recorded_ddp/trl.json (`python -m recorded_ddp trl` in tests/), with a digest of the
+script, its arguments and the library versions: a stale recording fails the first test."""
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
+import recorded_ddp
 from distributed_harness import launcher_argv, run_job
 
 pytest.importorskip("trl")
@@ -39,12 +39,14 @@ pytestmark = pytest.mark.timeout(TIMEOUT * 2)
 CASES = [("grpo", 3, 0), ("grpo", 2, 0), ("dpo", 3, 0), ("sft", 3, 4), ("grpo", 3, 4),
          ("rloo", 3, 0), ("kto", 3, 0), ("reward", 3, 0), ("distill", 3, 0)]
 DDP_RUNS = sorted({(trainer, lora) for trainer, _, lora in CASES})  # (grpo at both stages)
-RECORDED = Path(__file__).resolve().parent / "trl_ddp" / "expected.json"
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def save_tiny_model(path):
     run_job([sys.executable, str(SCRIPT), "--save_model", str(path)], TIMEOUT)
     return path
 
@@ -66,22 +68,21 @@ def ddp_run(out, model, trainer, lora) -> dict:
     return {"wrapped": result["wrapped"], **{key: logged(result, key) for key in LOGGED[trainer]}}
 
 
-def digest() -> str:
-    """What the DDP runs depend on: the script, the arguments, the libraries."""
-    import torch
-    import transformers
-    import trl
+def ddp_digest() -> str:
+    return recorded_ddp.digest(SCRIPT, COMMON, ARGS, packages=("torch", "transformers", "trl"))
 
-    text = json.dumps([SCRIPT.read_text(), COMMON, ARGS, torch.__version__,
-                       transformers.__version__, trl.__version__])
-    return hashlib.sha256(text.encode()).hexdigest()
+
+def record_ddp(folder, scratch) -> dict:
+    """The plain-DDP runs the tests compare with (`python -m recorded_ddp trl`)."""
+    model = save_tiny_model(Path(scratch) / "tiny")
+    return {f"{trainer}-{lora}": ddp_run(Path(scratch) / f"ddp-{trainer}-{lora}", model,
+                                         trainer, lora)
+            for trainer, lora in DDP_RUNS}
 
 
 def test_the_recorded_ddp_runs_are_of_this_script_and_these_libraries():
-    recorded = json.loads(RECORDED.read_text())
-    assert recorded["digest"] == digest(), \
-        "tests/trl_ddp/expected.json is stale: run python tests/trl_ddp/make.py"
-    assert sorted(recorded["runs"]) == sorted(f"{t}-{lora}" for t, lora in DDP_RUNS)
+    assert sorted(recorded_ddp.load("trl", ddp_digest())) == \
+        sorted(f"{t}-{lora}" for t, lora in DDP_RUNS)
 
 
 @pytest.mark.parametrize("trainer,stage,lora", CASES)
@@ -90,7 +91,7 @@ def test_trl_trainer_on_zero_matches_ddp(tmp_path, tiny_model, trainer, stage, l
         pytest.importorskip("peft")
     result, stderr = run_trl(tmp_path, tiny_model, trainer, "--lora", str(lora), "--deepspeed",
                              EXAMPLES / f"ds_zero{stage}.json")
-    want = json.loads(RECORDED.read_text())["runs"][f"{trainer}-{lora}"]
+    want = recorded_ddp.load("trl", ddp_digest())[f"{trainer}-{lora}"]
     assert result["wrapped"] == "zero.engine.ZeroEngine"
     assert want["wrapped"] == "torch.nn.parallel.distributed.DistributedDataParallel"
     for key in LOGGED[trainer]:
