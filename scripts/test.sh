@@ -11,7 +11,7 @@ echo "== pytest =="
 unset PYTHONDONTWRITEBYTECODE
 # One worker per core (-n auto), each test file on one worker (its module fixtures made once);
 # --durations lists the slowest, for CI's 25 minutes.
-PYTEST=(python3 -m pytest -q -n auto --dist loadfile --durations=25)
+PYTEST=(python3 -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25)
 if (($#)); then
   exec "${PYTEST[@]}" "$@"  # the tests named
 fi
