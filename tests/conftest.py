@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 # loadfile --no-loadscope-reorder` each worker takes the next file in collection order when it
 # is free, so a long file handed out last would leave the other workers idle until it ends.
 # (Without --no-loadscope-reorder xdist hands out the files with the most tests first, and these
-# few-test files last: until 2026-11-30 CI ended with one worker alone on test_hf_trainer.py.)
+# few-test files last.)
 # Within a file the order is unchanged.
 SLOW_FIRST = ("test_hf_trainer.py", "test_trl.py", "test_reliability.py", "test_hf_accelerate.py",
               "test_deepspeed_scripts.py", "test_hf_alst.py", "test_offload.py", "test_launcher.py")
