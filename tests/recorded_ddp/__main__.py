@@ -22,8 +22,6 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             runs = module.record_ddp(folder, scratch)
         recorded_ddp.save(name, module.ddp_digest(), runs)
-        if folder.exists() and not any(folder.iterdir()):
-            folder.rmdir()
         print(f"recorded_ddp/{name}.json written", flush=True)
 
 
