@@ -115,11 +115,16 @@ def _compiled(rank, world, stage, compile_it):
     if compile_it:  # as Accelerate calls it for the HF Trainer's --torch_compile
         engine.compile(backend="eager", compile_kwargs={"dynamic": False})
         assert engine.is_compiled
+        # no code compiled more than twice (nn.Embedding.forward: the tokens' and the
+        # positions'): a traced hook would be compiled again for each of the 3 unit numbers
+        torch._dynamo.config.recompile_limit = 2
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
     return training.train_engine(engine, rank, world, 3, 2)
 
 
 def test_engine_compile_trains_as_the_engine_without_it():
-    """At stage 3, where the module hooks gather the units (the eager backend)."""
+    """At stage 3, where the module hooks gather the units (the eager backend), and nothing
+    is compiled twice (dynamo would compile a traced hook again for each unit)."""
     plain = run_distributed(_compiled, 2, args=(3, False))
     compiled = run_distributed(_compiled, 2, args=(3, True))
     for losses, compiled_losses in zip(plain, compiled):

@@ -251,10 +251,14 @@ class Stage3Hooks:
         """Puts the module hooks on (again: the ones there are taken off first)."""
         self.detach_module_hooks()
         for unit, (_, module) in enumerate(self.plan.modules):
+            # torch.compile runs the hooks as they are (torch.compiler.disable, as DeepSpeed's
+            # are): traced, each unit's hook would be compiled again for its unit number, past
+            # dynamo's recompile limit
             if unit == 0 or unit in self.placement:  # the root always: it opens every forward
                 self._handles.append(module.register_forward_pre_hook(
-                    self._pre_forward(unit), with_kwargs=True))
-                self._handles.append(module.register_forward_hook(self._post_forward(unit)))
+                    torch.compiler.disable(self._pre_forward(unit)), with_kwargs=True))
+                self._handles.append(module.register_forward_hook(
+                    torch.compiler.disable(self._post_forward(unit))))
         self._handles += self._root_parts.attach()  # (after the root's own: see module_hooks_attached)
 
     def detach_module_hooks(self) -> None:
