@@ -31,8 +31,10 @@ def test_there_are_cuda_branches_to_check():
     assert {p.name for p in CUDA_BRANCHES} >= {"copy_engine.cpp", "host_pinning.cpp"}
 
 
-@pytest.mark.parametrize("source", CUDA_BRANCHES, ids=lambda p: p.name)
-def test_cuda_branch_compiles(source, tmp_path):
+def test_cuda_branches_compile(tmp_path):
+    """All of them in one translation unit: the torch headers they share are parsed once
+    (22 s here, against 48 s file by file). Each file's own includes are still checked
+    without CUDA by the build."""
     cuda_include = _cuda_include()
     if cuda_include is None:
         pytest.skip("no CUDA toolkit headers (nvcc is on PATH in CI)")
@@ -41,10 +43,12 @@ def test_cuda_branch_compiles(source, tmp_path):
     shim = tmp_path / "c10" / "cuda" / "impl"
     shim.mkdir(parents=True)
     (shim / "cuda_cmake_macros.h").write_text("#pragma once\n")
+    unit = tmp_path / "cuda_branches.cpp"
+    unit.write_text("".join(f'#include "{source}"\n' for source in CUDA_BRANCHES))
     torch_include = Path(torch.__file__).parent / "include"
     command = [os.environ.get("CXX", "c++"), "-std=c++20", "-fsyntax-only", "-DZERO_WITH_CUDA",
                f"-I{ROOT / 'csrc'}", f"-I{torch_include}",
                f"-I{torch_include / 'torch' / 'csrc' / 'api' / 'include'}",
-               f"-I{cuda_include}", f"-I{tmp_path}", f"-I{sys.prefix}/include", str(source)]
+               f"-I{cuda_include}", f"-I{tmp_path}", f"-I{sys.prefix}/include", str(unit)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
