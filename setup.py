@@ -78,6 +78,24 @@ def make_extension(core_library: str):
     return CppExtension(sources=sources, extra_compile_args={"cxx": cxx_flags}, **common)
 
 
+class IncrementalBuildExtension(BuildExtension):
+    """torch's BuildExtension (ninja compiles what changed; torch forces the rest to run), but
+    the module is linked and copied into zero/ only when one of its objects or libraries is
+    newer: a rebuild with nothing to do leaves zero/_C*.so as it is (the copy rewrites the
+    file in place, under any process that has it loaded)."""
+
+    def build_extension(self, ext):
+        self.compiler.force = False  # distutils links when an input is newer than the module
+        super().build_extension(ext)
+
+    def copy_extensions_to_source(self):
+        force, self.force = self.force, False  # copy_file then copies a newer module only
+        try:
+            super().copy_extensions_to_source()
+        finally:
+            self.force = force
+
+
 def main():
     building = os.environ.get("ZERO_SKIP_EXT") != "1" and any(
         cmd.startswith(("build", "develop", "install", "bdist", "editable")) for cmd in sys.argv[1:])
@@ -93,7 +111,7 @@ def main():
                                       "as_deepspeed/deepspeed-*.dist-info/*"],
                       "zero.launcher": ["rank_startup/*.py"]},
         ext_modules=ext_modules,
-        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        cmdclass={"build_ext": IncrementalBuildExtension},
         entry_points={"console_scripts": [
             "zero = zero.launcher.runner:main",
             "zero-mem = zero.reports.cli:main",

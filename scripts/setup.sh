@@ -64,7 +64,7 @@ run_step build "read the compiler error above; 'rm -rf build' forces a clean reb
 # -- the commands --------------------------------------------------------------------------
 # `zero`, `zero-mem` and `zero-report` come from an editable install of this checkout (no
 # rebuild); it is redone when a command is missing or the install points at another checkout.
-installed_at=$("$PYTHON" -m pip show zero 2>/dev/null | sed -n 's/^Editable project location: //p' || true)
+installed_at=$("$PYTHON" scripts/lib/editable_location.py 2>/dev/null || true)
 if ! command -v zero >/dev/null || ! command -v zero-mem >/dev/null ||
    ! command -v zero-report >/dev/null || [ "$installed_at" != "$PWD" ]; then
   say "installing the zero, zero-mem and zero-report commands (editable install of $PWD)"
@@ -74,11 +74,8 @@ if ! command -v zero >/dev/null || ! command -v zero-mem >/dev/null ||
 fi
 command -v zero >/dev/null || fail "the 'zero' command is not on PATH after the install" \
   "add $("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))') to PATH"
-"$PYTHON" -c "import zero._C" 2>"$LOGS/import.log" || {
-  tail -n 20 "$LOGS/import.log" | sed 's/^/    /'
-  fail "zero._C was built but does not import" "rm -rf build zero/_C*.so and run this script again"
-}
-# The build against this torch, its libstdc++, CPU Adam's kernel (zero-report adds a smoke test).
+# zero._C imports, was built against this torch and its libstdc++, CPU Adam's kernel
+# (zero-report adds a smoke test).
 "$PYTHON" -m zero.env_report --no-smoke >"$LOGS/env_report.txt" 2>&1 || {
   sed 's/^/    /' "$LOGS/env_report.txt"
   fail "zero's environment report has a FAIL line (above)" "do what its -> line says"

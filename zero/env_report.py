@@ -47,7 +47,7 @@ def extension() -> list[Line]:
         from zero import _C
     except ImportError as error:
         return [Line("zero._C", f"does not import: {error}", FAIL,
-                     "build it: bash scripts/setup.sh (or python setup.py build_ext --inplace)")]
+                     "rebuild it from clean: rm -rf build zero/_C*.so, then bash scripts/setup.sh")]
     info = _C.build_info()
     running = release(torch.__version__)
     abi = torch.compiled_with_cxx11_abi()
