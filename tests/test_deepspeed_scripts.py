@@ -7,6 +7,7 @@ bing_bert / HelloDeepSpeed training loops.
 import argparse
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -122,30 +123,33 @@ def bert_config(tmp_path, stage):
 @pytest.mark.parametrize("stage", [2, 3])
 def test_bert_style_script_trains_saves_and_resumes_at_the_saved_step(tmp_path, stage):
     """Unmodified but for the import: --deepspeed --deepspeed_config, initialize(args=args),
-    save_checkpoint with client_state, load_checkpoint; the resumed run continues from the
-    saved step with the losses of an uninterrupted run."""
+    save_checkpoint with client_state (every 10 steps and at the end), load_checkpoint; a run
+    resumed from the step-10 checkpoint continues with the losses of the uninterrupted run."""
     config = bert_config(tmp_path, stage)
     script = EXAMPLES / "train_bert_ds.py"
     flags = ["--deepspeed", "--deepspeed_config", config]
-    whole = losses(launch(tmp_path, script, *flags, "--num_steps", 20))
+    out = launch(tmp_path, script, *flags, "--num_steps", 20, "--checkpoint_dir", "ckpt",
+                 "--checkpoint_every", 10)
+    whole = losses(out)
     assert sorted(whole) == list(range(1, 21))
     assert sum(list(whole.values())[-3:]) < 0.8 * sum(list(whole.values())[:3])  # it learns
+    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "global_step20"
 
-    first = launch(tmp_path, script, *flags, "--num_steps", 10, "--checkpoint_dir", "ckpt")
-    assert losses(first) == {s: whole[s] for s in range(1, 11)}
-    assert (tmp_path / "ckpt" / "latest").read_text().strip() == "global_step10"
+    # the step-10 checkpoint, as the latest of a folder of its own
+    shutil.copytree(tmp_path / "ckpt" / "global_step10", tmp_path / "at10" / "global_step10")
+    (tmp_path / "at10" / "latest").write_text("global_step10")
     resumed = launch(tmp_path, script, *flags, "--num_steps", 20, "--load_checkpoint_dir",
-                     "ckpt")
+                     "at10")
     assert "resumed from step 10" in resumed
     assert losses(resumed) == {s: whole[s] for s in range(11, 21)}
 
     # the periodic memory report is one line per rank (steps_per_print 10), the table comes
     # once, at the end
     for rank in (0, 1):
-        line = next(l for l in first.splitlines() if l.startswith(f"[zero] step 10 rank {rank}:"))
+        line = next(l for l in out.splitlines() if l.startswith(f"[zero] step 10 rank {rank}:"))
         assert "model states" in line and "= formula" in line
-    assert first.count("memory after step") == 1
-    assert first.index("memory after step 10") > first.index("step 10 loss")
+    assert out.count("memory after step") == 1
+    assert out.index("memory after step 20") > out.index("step 20 loss")
 
 
 @pytest.mark.timeout(300)

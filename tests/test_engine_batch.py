@@ -2,6 +2,7 @@
 set_train_micro_batch_size between steps, deepspeed_io, and save_16bit_model's
 exclude_frozen_parameters with its old name save_fp16_model."""
 import os
+import sys
 
 import pytest
 import torch
@@ -111,7 +112,15 @@ def _compiled(rank, world, stage, compile_it):
 
     config = training.engine_config(stage, gas=2, scheduler=False,
                                     stage3_param_persistence_threshold=40)
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    model = training.make_model()
+    # As in a job that never loaded dynamo (these ranks have it from the forkserver): the
+    # engine does not load it (seconds of CPU) and puts its hooks on plain; compile wraps them.
+    dynamo = sys.modules.pop("torch._dynamo")
+    try:
+        engine, _, _, _ = zero.initialize(model=model, config=config)
+        assert "torch._dynamo" not in sys.modules
+    finally:
+        sys.modules["torch._dynamo"] = dynamo
     if compile_it:  # as Accelerate calls it for the HF Trainer's --torch_compile
         engine.compile(backend="eager", compile_kwargs={"dynamic": False})
         assert engine.is_compiled
@@ -123,8 +132,9 @@ def _compiled(rank, world, stage, compile_it):
 
 
 def test_engine_compile_trains_as_the_engine_without_it():
-    """At stage 3, where the module hooks gather the units (the eager backend), and nothing
-    is compiled twice (dynamo would compile a traced hook again for each unit)."""
+    """At stage 3, where the module hooks gather the units (the eager backend). Dynamo runs
+    the hooks as they are (torch.compiler.disable, as DeepSpeed's): no code is compiled again
+    and again."""
     plain = run_distributed(_compiled, 2, args=(3, False))
     compiled = run_distributed(_compiled, 2, args=(3, True))
     for losses, compiled_losses in zip(plain, compiled):

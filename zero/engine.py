@@ -718,6 +718,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                                       "are not built")
         if self.is_compiled:
             return
+        if self._stage3 is not None:
+            self._stage3.make_hooks_eager()
         self.module.compile(**{**(compile_kwargs or {}), "backend": backend})
         self._is_compiled = True
 

@@ -39,6 +39,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import agreement
+from .eager_hooks import dynamo_loaded, eager
 from .stage3_root_parts import RootParts
 
 
@@ -228,6 +229,7 @@ class Stage3Hooks:
         self.full_shapes = full_shapes  # id(param) -> its whole shape
         self._step = step_counter     # callable: the engine's global step
         self._handles = []
+        self._hooks_eager = False  # the hooks on are wrapped for torch.compile (eager_hooks)
         self._linked: set[tuple[int, int]] = set()
         self._root_parts = RootParts(self, plan.modules[0][1], RootParts.owners(plan, partitioned))
         self.suspended = False  # the module hooks do nothing (whole_model)
@@ -250,16 +252,26 @@ class Stage3Hooks:
     def attach_module_hooks(self) -> None:
         """Puts the module hooks on (again: the ones there are taken off first)."""
         self.detach_module_hooks()
+        self._hooks_eager = dynamo_loaded()  # (then eager() wraps each)
         for unit, (_, module) in enumerate(self.plan.modules):
-            # torch.compile runs the hooks as they are (torch.compiler.disable, as DeepSpeed's
-            # are): traced, each unit's hook would be compiled again for its unit number, past
-            # dynamo's recompile limit
             if unit == 0 or unit in self.placement:  # the root always: it opens every forward
                 self._handles.append(module.register_forward_pre_hook(
-                    torch.compiler.disable(self._pre_forward(unit)), with_kwargs=True))
+                    eager(self._pre_forward(unit)), with_kwargs=True))
                 self._handles.append(module.register_forward_hook(
-                    torch.compiler.disable(self._post_forward(unit))))
+                    eager(self._post_forward(unit))))
         self._handles += self._root_parts.attach()  # (after the root's own: see module_hooks_attached)
+
+    def make_hooks_eager(self) -> None:
+        """Wraps the module hooks that are on, in place (their order among the model's other
+        hooks kept), so that torch.compile runs them as they are (zero/eager_hooks.py)."""
+        if self._hooks_eager:
+            return
+        import torch._dynamo  # noqa: F401  (eager() wraps only where it is loaded)
+        for handle in self._handles:
+            hooks = handle.hooks_dict_ref()
+            if hooks is not None and handle.id in hooks:
+                hooks[handle.id] = eager(hooks[handle.id])
+        self._hooks_eager = True
 
     def detach_module_hooks(self) -> None:
         """Takes the module hooks off: the model then runs on what its parameters hold now

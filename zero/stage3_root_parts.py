@@ -23,6 +23,8 @@ import weakref
 import torch
 from torch import nn
 
+from .eager_hooks import eager
+
 ROOT = 0  # the root unit's index
 
 
@@ -48,7 +50,6 @@ class RootParts:
 
     def attach(self) -> list:
         """Registers the hooks; returns their handles."""
-        eager = torch.compiler.disable  # (torch.compile runs them as they are: zero/stage3.py)
         handles = [self._root.register_forward_pre_hook(eager(self._root_enters), prepend=True),
                    self._root.register_forward_hook(eager(self._root_leaves), always_call=True)]
         for module in self._owners:

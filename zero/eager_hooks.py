@@ -1,0 +1,23 @@
+"""Module hooks that torch.compile runs as they are, between the compiled pieces.
+
+Stage 3's hooks (zero/stage3.py, zero/stage3_root_parts.py) report each unit's forward to the
+C++ schedule. Traced by dynamo (a model compiled with its hooks on: engine.compile, the HF
+Trainer's --torch_compile), each unit's hook would be compiled again for its unit number until
+dynamo's recompile limit warned and gave up; DeepSpeed's hooks are torch.compiler.disable'd
+for the same reason. That call imports torch._dynamo, 2.4 s of CPU that a job which never
+compiles should not pay: a hook is wrapped only where dynamo is loaded already
+(torch.compile loads it, and so does transformers), and engine.compile loads it and wraps
+the hooks already on (Stage3Hooks.make_hooks_eager).
+"""
+import sys
+
+import torch
+
+
+def dynamo_loaded() -> bool:
+    return "torch._dynamo" in sys.modules
+
+
+def eager(hook):
+    """`hook`, which torch.compile does not trace (where dynamo is loaded)."""
+    return torch.compiler.disable(hook) if dynamo_loaded() else hook
