@@ -107,7 +107,7 @@ def test_save_16bit_model_leaves_frozen_parameters_out_when_asked(tmp_path):
     assert set(everything) - set(trainable) == {"position_embedding.weight"}
 
 
-def _compiled(rank, world, stage, compile_it):
+def _compiled(rank, world, stage, how):
     import zero
 
     config = training.engine_config(stage, gas=2, scheduler=False,
@@ -121,9 +121,12 @@ def _compiled(rank, world, stage, compile_it):
         assert "torch._dynamo" not in sys.modules
     finally:
         sys.modules["torch._dynamo"] = dynamo
-    if compile_it:  # as Accelerate calls it for the HF Trainer's --torch_compile
+    if how == "engine.compile":  # as Accelerate calls it for the HF Trainer's --torch_compile
         engine.compile(backend="eager", compile_kwargs={"dynamic": False})
         assert engine.is_compiled
+    elif how == "module.compile":  # the script's own, after initialize
+        engine.module.compile(backend="eager", dynamic=False)
+    if how is not None:
         # no code compiled more than twice (nn.Embedding.forward: the tokens' and the
         # positions'): a traced hook would be compiled again for each of the 3 unit numbers
         torch._dynamo.config.recompile_limit = 2
@@ -132,10 +135,11 @@ def _compiled(rank, world, stage, compile_it):
 
 
 def test_engine_compile_trains_as_the_engine_without_it():
-    """At stage 3, where the module hooks gather the units (the eager backend). Dynamo runs
-    the hooks as they are (torch.compiler.disable, as DeepSpeed's): no code is compiled again
-    and again."""
-    plain = run_distributed(_compiled, 2, args=(3, False))
-    compiled = run_distributed(_compiled, 2, args=(3, True))
-    for losses, compiled_losses in zip(plain, compiled):
-        assert compiled_losses == pytest.approx(losses, rel=1e-6)
+    """At stage 3, where the module hooks gather the units (the eager backend), compiled by
+    engine.compile or by the script after initialize. Dynamo runs the hooks as they are
+    (torch.compiler.disable, as DeepSpeed's): no code is compiled again and again."""
+    plain = run_distributed(_compiled, 2, args=(3, None))
+    for how in ("engine.compile", "module.compile"):
+        compiled = run_distributed(_compiled, 2, args=(3, how))
+        for losses, compiled_losses in zip(plain, compiled):
+            assert compiled_losses == pytest.approx(losses, rel=1e-6), how

@@ -6,8 +6,9 @@ Trainer's --torch_compile), each unit's hook would be compiled again for its uni
 dynamo's recompile limit warned and gave up; DeepSpeed's hooks are torch.compiler.disable'd
 for the same reason. That call imports torch._dynamo, 2.4 s of CPU that a job which never
 compiles should not pay: a hook is wrapped only where dynamo is loaded already
-(torch.compile loads it, and so does transformers), and engine.compile loads it and wraps
-the hooks already on (Stage3Hooks.make_hooks_eager).
+(torch.compile loads it, and so does transformers); the hooks already on are wrapped when
+it is (Stage3Hooks.make_hooks_eager, from engine.compile and from every engine forward: a
+model compiled after initialize, torch.compile(engine.module), gets them wrapped too).
 """
 import sys
 

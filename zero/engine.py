@@ -208,13 +208,14 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         # (after destroy() the model runs as a plain module, as under DeepSpeed)
         if self._core is not None:  # stages 0-2: offloaded parameters back (stage 3 gathers)
             self._core.reload_states([_C.StateKind.lp_params])
-        if self._stage3 is not None and not self._stage3.removed \
-                and not self._stage3.module_hooks_attached():
-            raise RuntimeError(
-                "zero: the stage-3 module hooks were taken off the model (as TRL's remove_hooks "
-                "does for generation) and not put back: put them back with "
-                "engine.optimizer.parameter_offload._register_deepspeed_module(engine.module) "
-                "(TRL's add_hooks) before the engine's forward")
+        if self._stage3 is not None and not self._stage3.removed:
+            if not self._stage3.module_hooks_attached():
+                raise RuntimeError(
+                    "zero: the stage-3 module hooks were taken off the model (as TRL's "
+                    "remove_hooks does for generation) and not put back: put them back with "
+                    "engine.optimizer.parameter_offload._register_deepspeed_module("
+                    "engine.module) (TRL's add_hooks) before the engine's forward")
+            self._stage3.make_hooks_eager()  # (the model compiled since: torch.compile(...))
         self.tput_timer.start()
         with self._watch.phase(FORWARD), self.forward_autocast():
             outputs = self.module(*inputs, **kwargs)
@@ -718,9 +719,9 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                                       "are not built")
         if self.is_compiled:
             return
-        if self._stage3 is not None:
-            self._stage3.make_hooks_eager()
         self.module.compile(**{**(compile_kwargs or {}), "backend": backend})
+        if self._stage3 is not None:  # (dynamo is loaded now)
+            self._stage3.make_hooks_eager()
         self._is_compiled = True
 
     @property

@@ -262,11 +262,12 @@ class Stage3Hooks:
         self._handles += self._root_parts.attach()  # (after the root's own: see module_hooks_attached)
 
     def make_hooks_eager(self) -> None:
-        """Wraps the module hooks that are on, in place (their order among the model's other
-        hooks kept), so that torch.compile runs them as they are (zero/eager_hooks.py)."""
-        if self._hooks_eager:
+        """Once dynamo is loaded (torch.compile loads it): wraps the module hooks that are on,
+        in place (their order among the model's other hooks kept), so that torch.compile runs
+        them as they are (zero/eager_hooks.py). Cheap when there is nothing to do: the engine
+        calls it at every forward."""
+        if self._hooks_eager or not dynamo_loaded():
             return
-        import torch._dynamo  # noqa: F401  (eager() wraps only where it is loaded)
         for handle in self._handles:
             hooks = handle.hooks_dict_ref()
             if hooks is not None and handle.id in hooks:
