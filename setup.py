@@ -80,20 +80,39 @@ def make_extension(core_library: str):
 
 class IncrementalBuildExtension(BuildExtension):
     """torch's BuildExtension (ninja compiles what changed; torch forces the rest to run), but
-    the module is linked and copied into zero/ only when one of its objects or libraries is
-    newer: a rebuild with nothing to do leaves zero/_C*.so as it is (the copy rewrites the
-    file in place, under any process that has it loaded)."""
+    a rebuild with nothing to do leaves zero/_C*.so as it is (the copy rewrites the file in
+    place, under any process that has it loaded). The module is linked again when an object
+    or extra library is newer, or when what the link takes changed (the sources, so a removed
+    file's object goes too, the libraries and flags, torch's version: a stamp beside the
+    objects); it is copied into zero/ unless the copy there is the same file (size, mtime)."""
 
     def build_extension(self, ext):
-        self.compiler.force = False  # distutils links when an input is newer than the module
+        stamp = os.path.join(self.build_temp, f"{ext.name}.link")
+        signature = repr((sorted(ext.sources), ext.extra_objects, ext.libraries,
+                          ext.library_dirs, ext.extra_link_args, torch.__version__))
+        same = os.path.exists(stamp) and open(stamp).read() == signature
+        self.compiler.force = not same  # else distutils links when an input is newer
         super().build_extension(ext)
+        with open(stamp, "w") as file:
+            file.write(signature)
 
     def copy_extensions_to_source(self):
-        force, self.force = self.force, False  # copy_file then copies a newer module only
-        try:
-            super().copy_extensions_to_source()
-        finally:
-            self.force = force
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            name = self.get_ext_fullname(ext.name)
+            package_dir = build_py.get_package_dir(name.rpartition(".")[0])
+            inplace = os.path.join(package_dir, os.path.basename(self.get_ext_filename(name)))
+            built = os.path.join(self.build_lib, self.get_ext_filename(name))
+            if not _same_file_contents(built, inplace):
+                self.copy_file(built, inplace, level=self.verbose)  # (keeps built's mtime)
+
+
+def _same_file_contents(a: str, b: str) -> bool:
+    """b is a copy of a that copy_file made (same size and modification time)."""
+    if not (os.path.exists(a) and os.path.exists(b)):
+        return False
+    sa, sb = os.stat(a), os.stat(b)
+    return sa.st_size == sb.st_size and sa.st_mtime_ns == sb.st_mtime_ns
 
 
 def main():

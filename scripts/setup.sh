@@ -76,8 +76,14 @@ command -v zero >/dev/null || fail "the 'zero' command is not on PATH after the 
   "add $("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))') to PATH"
 # zero._C imports, was built against this torch and its libstdc++, CPU Adam's kernel
 # (zero-report adds a smoke test).
-"$PYTHON" -m zero.env_report --no-smoke >"$LOGS/env_report.txt" 2>&1 || {
+"$PYTHON" -m zero.env_report --no-smoke >"$LOGS/env_report.txt" 2>&1
+report=$?
+if [ "$report" -eq 1 ]; then
   sed 's/^/    /' "$LOGS/env_report.txt"
   fail "zero's environment report has a FAIL line (above)" "do what its -> line says"
-}
+elif [ "$report" -ne 0 ]; then  # it crashed: zero._C does not load (a signal, a traceback)
+  tail -n 20 "$LOGS/env_report.txt" | sed 's/^/    /'
+  fail "zero's environment report stopped (exit $report): zero._C does not load" \
+    "rm -rf build zero/_C*.so and run this script again"
+fi
 say "done"

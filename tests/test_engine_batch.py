@@ -115,12 +115,13 @@ def _compiled(rank, world, stage, how):
     model = training.make_model()
     # As in a job that never loaded dynamo (these ranks have it from the forkserver): the
     # engine does not load it (seconds of CPU) and puts its hooks on plain; compile wraps them.
-    dynamo = sys.modules.pop("torch._dynamo")
+    dynamo = sys.modules.pop("torch._dynamo", None)
     try:
         engine, _, _, _ = zero.initialize(model=model, config=config)
         assert "torch._dynamo" not in sys.modules
     finally:
-        sys.modules["torch._dynamo"] = dynamo
+        if dynamo is not None:
+            sys.modules["torch._dynamo"] = dynamo
     if how == "engine.compile":  # as Accelerate calls it for the HF Trainer's --torch_compile
         engine.compile(backend="eager", compile_kwargs={"dynamic": False})
         assert engine.is_compiled

@@ -47,11 +47,17 @@ def test_setup_installs_zero_where_it_is_not_installed_and_reruns_quietly():
         assert (REPO / "build" / "setup-logs" / "env_report.txt").read_text().count("[FAIL]") == 0
         assert first.stdout.rstrip().endswith("setup: done")
         assert pip_show_location() == str(REPO) == editable_location()
+        module = next((REPO / "zero").glob("_C*.so"))
+        built = module.stat()
         again = run_setup()
         assert again.returncode == 0, again.stdout + again.stderr
         assert "installing" not in again.stdout, again.stdout   # nothing left to install
+        # nothing to rebuild: the module is neither linked nor copied again (processes may
+        # have it loaded)
+        assert (module.stat().st_ino, module.stat().st_mtime_ns) == \
+            (built.st_ino, built.st_mtime_ns)
     finally:
-        if editable_location() != str(REPO):   # leave the machine as the test found it
+        if pip_show_location() != str(REPO):   # leave the machine as the test found it
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                             "--no-build-isolation", "-e", str(REPO)],
                            env=dict(os.environ, ZERO_SKIP_EXT="1"), capture_output=True)

@@ -7,8 +7,11 @@ dynamo's recompile limit warned and gave up; DeepSpeed's hooks are torch.compile
 for the same reason. That call imports torch._dynamo, 2.4 s of CPU that a job which never
 compiles should not pay: a hook is wrapped only where dynamo is loaded already
 (torch.compile loads it, and so does transformers); the hooks already on are wrapped when
-it is (Stage3Hooks.make_hooks_eager, from engine.compile and from every engine forward: a
-model compiled after initialize, torch.compile(engine.module), gets them wrapped too).
+it is (Stage3Hooks.make_hooks_eager, from engine.compile and from every engine forward: the
+model compiled in place after initialize, engine.module.compile(), gets them wrapped too).
+Not covered: a compiled wrapper made after initialize (torch.compile(engine.module), called
+instead of the engine) whose hooks went on before dynamo was loaded; it runs, with the
+hooks traced as before.
 """
 import sys
 

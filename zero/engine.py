@@ -215,7 +215,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
                     "remove_hooks does for generation) and not put back: put them back with "
                     "engine.optimizer.parameter_offload._register_deepspeed_module("
                     "engine.module) (TRL's add_hooks) before the engine's forward")
-            self._stage3.make_hooks_eager()  # (the model compiled since: torch.compile(...))
+            self._stage3.make_hooks_eager()  # (the model compiled since: module.compile())
         self.tput_timer.start()
         with self._watch.phase(FORWARD), self.forward_autocast():
             outputs = self.module(*inputs, **kwargs)
