@@ -81,7 +81,7 @@ report=$?
 if [ "$report" -eq 1 ]; then
   sed 's/^/    /' "$LOGS/env_report.txt"
   fail "zero's environment report has a FAIL line (above)" "do what its -> line says"
-elif [ "$report" -ne 0 ]; then  # it crashed: zero._C does not load (a signal, a traceback)
+elif [ "$report" -ne 0 ]; then  # killed by a signal: zero._C crashed as it loaded
   tail -n 20 "$LOGS/env_report.txt" | sed 's/^/    /'
   fail "zero's environment report stopped (exit $report): zero._C does not load" \
     "rm -rf build zero/_C*.so and run this script again"
