@@ -108,14 +108,13 @@ def launched(tmp_path_factory):
     return json.loads((out / "losses.json").read_text()), out
 
 
-def test_accelerate_launch_use_deepspeed_runs_on_zero_with_the_alias_on_the_path(launched):
+def test_accelerate_launch_use_deepspeed_runs_on_zero_with_the_alias_on_the_path(launched, ddp):
     """`accelerate launch --use_deepspeed` starts torchrun in its own process, not zero's
     launcher: with the alias folder on PYTHONPATH (docs/HUGGINGFACE.md) it gets zero too, and
     trains as DDP's recorded run (which saved at step 4 too)."""
-    whole, _ = launched
+    (whole, _), (reference, _) = launched, ddp
     assert whole["engine"] == "zero.engine.ZeroEngine"
-    ddp = recorded_ddp.load("accelerate", ddp_digest())["whole"]
-    assert whole["losses"] == pytest.approx(ddp["losses"], rel=1e-4)
+    assert whole["losses"] == pytest.approx(reference["losses"], rel=1e-4)
 
 
 def test_accelerate_load_state_resumes_as_ddp_does(tmp_path, launched):

@@ -252,14 +252,14 @@ class Stage3Hooks:
     def attach_module_hooks(self) -> None:
         """Puts the module hooks on (again: the ones there are taken off first)."""
         self.detach_module_hooks()
-        self._hooks_eager = dynamo_loaded()  # (then eager() wraps each)
         for unit, (_, module) in enumerate(self.plan.modules):
             if unit == 0 or unit in self.placement:  # the root always: it opens every forward
                 self._handles.append(module.register_forward_pre_hook(
-                    eager(self._pre_forward(unit)), with_kwargs=True))
-                self._handles.append(module.register_forward_hook(
-                    eager(self._post_forward(unit))))
+                    self._pre_forward(unit), with_kwargs=True))
+                self._handles.append(module.register_forward_hook(self._post_forward(unit)))
         self._handles += self._root_parts.attach()  # (after the root's own: see module_hooks_attached)
+        self._hooks_eager = False
+        self.make_hooks_eager()
 
     def make_hooks_eager(self) -> None:
         """Once dynamo is loaded (torch.compile loads it): wraps the module hooks that are on,

@@ -23,7 +23,6 @@ import weakref
 import torch
 from torch import nn
 
-from .eager_hooks import eager
 
 ROOT = 0  # the root unit's index
 
@@ -50,13 +49,11 @@ class RootParts:
 
     def attach(self) -> list:
         """Registers the hooks; returns their handles."""
-        handles = [self._root.register_forward_pre_hook(eager(self._root_enters), prepend=True),
-                   self._root.register_forward_hook(eager(self._root_leaves), always_call=True)]
+        handles = [self._root.register_forward_pre_hook(self._root_enters, prepend=True),
+                   self._root.register_forward_hook(self._root_leaves, always_call=True)]
         for module in self._owners:
-            handles.append(module.register_forward_pre_hook(eager(self._owner_enters),
-                                                            with_kwargs=True))
-            handles.append(module.register_forward_hook(eager(self._owner_leaves),
-                                                        always_call=True))
+            handles.append(module.register_forward_pre_hook(self._owner_enters, with_kwargs=True))
+            handles.append(module.register_forward_hook(self._owner_leaves, always_call=True))
         return handles
 
     def _root_enters(self, _module, _args):
