@@ -301,6 +301,57 @@ def test_a_checkpoint_loads_across_autoep_layouts_with_frozen_experts(tmp_path, 
     assert trainable["model.layers.1.mlp.experts.down_proj"].shape[0] == 4
 
 
+def _inverse(step: int, offset: float) -> float:
+    return 1.0 / (offset + step)
+
+
+def _lambda_lr(optimizer):
+    """As transformers' get_scheduler makes them: a functools.partial per group, whose state
+    LambdaLR saves (a plain function's is None)."""
+    import functools
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(_inverse, offset=1))
+
+
+def _scheduled(rank, world, directory, autoep_size, load):
+    """2 steps and a save, or a load and 2 steps, with a torch LambdaLR: then each group's lr
+    after each step. A load also loads the saved scheduler state again afterwards, as the
+    Hugging Face Trainer does with its own scheduler.pt."""
+    import zero
+    model = _model()
+    engine, _, _, scheduler = zero.initialize(
+        model=model, model_parameters=model.parameters(), lr_scheduler=_lambda_lr,
+        config=_config(2, autoep_size))
+    if load:
+        engine.load_checkpoint(directory, tag="two")
+        scheduler.load_state_dict(torch.load(os.path.join(directory, f"scheduler{rank}.pt")))
+    lrs = []
+    for step in range(2, 4) if load else range(2):
+        _steps(engine, rank, [step])
+        lrs.append([group["lr"] for group in engine.optimizer.param_groups])
+    if not load:
+        engine.save_checkpoint(directory, tag="two")
+        torch.save(scheduler.state_dict(), os.path.join(directory, f"scheduler{rank}.pt"))
+    return len(engine.optimizer.param_groups), lrs
+
+
+@pytest.mark.parametrize("saved_as, loaded_as", [(0, 2), (2, 0)],
+                         ids=["without-autoep-to-autoep2", "autoep2-to-without-autoep"])
+def test_a_torch_scheduler_resumes_across_autoep_layouts(tmp_path, saved_as, loaded_as):
+    """AutoEP's experts are an optimizer group of their own: the scheduler's per-group lists
+    (base_lrs, _last_lr, lr_lambdas) are laid out as the new groups (zero/scheduler_groups.py).
+    Loaded as saved, torch's LambdaLR failed at the next step (zip() argument 2 is shorter
+    than argument 1) or at the second load (IndexError: an lr_lambdas entry past the groups)."""
+    directory = str(tmp_path)
+    saved = run_distributed(_scheduled, 2, args=(directory, saved_as, False), timeout=120)
+    loaded = run_distributed(_scheduled, 2, args=(directory, loaded_as, True), timeout=120)
+    (saved_groups, before), (groups, after) = saved[0], loaded[0]
+    assert {saved_groups, groups} == {1, 2}  # (the layout change this is about)
+    schedule = [1e-2 / (1 + step) for step in range(1, 5)]  # LambdaLR after each step
+    assert before == [pytest.approx([lr] * saved_groups, rel=1e-12) for lr in schedule[:2]]
+    assert after == [pytest.approx([lr] * groups, rel=1e-12) for lr in schedule[2:]]
+    assert loaded[1] == loaded[0]
+
+
 # ---- memory: the estimate is what the engine holds ---------------------------------------
 def _held(rank, world, config):
     import zero

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from . import checkpoint_files as files
 from . import (agreement, checkpoint_deepspeed, checkpoint_layout, checkpoint_mesh,
-               checkpoint_remesh, checkpoint_universal, sharding, stage3)
+               checkpoint_remesh, checkpoint_universal, scheduler_groups, sharding, stage3)
 from .checkpoint_files import LATEST
 from .moe import checkpoint as moe_checkpoint
 from .moe import ep_checkpoint
@@ -281,14 +281,20 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     else:
         model_state = _load_other_layout(engine, path, load_shards, load_module_strict)
     if not load_module_only:
+        sources = checkpoint_layout.saved_group_sources(engine, model_state, path)
         if load_optimizer_states:
             engine.optimizer.load_state_dict(
-                checkpoint_layout.optimizer_state_for(engine, model_state, path))
+                checkpoint_layout.optimizer_state_for(model_state["optimizer"], sources))
             if engine.loss_scaler is not None and model_state["loss_scaler"] is not None:
                 engine.loss_scaler.load_state_dict(model_state["loss_scaler"])
         if load_lr_scheduler_states and engine.lr_scheduler is not None \
                 and model_state["lr_scheduler"] is not None:
-            engine.lr_scheduler.load_state_dict(model_state["lr_scheduler"])
+            saved_groups = len(model_state["optimizer"]["param_groups"])
+            if sources is None:
+                engine.lr_scheduler.load_state_dict(model_state["lr_scheduler"])
+            else:  # (an MoE layout change: other optimizer groups)
+                scheduler_groups.load_regrouped(engine.lr_scheduler, model_state["lr_scheduler"],
+                                                sources, saved_groups)
         for name, value in model_state["counters"].items():
             setattr(engine, name, value)
         _restart_accumulation(engine)

@@ -176,22 +176,29 @@ def saved_param_names(model_state: dict, path: str) -> set[str]:
     return {names[0] for _, _, names in saved_params(model_state, path)}
 
 
-def optimizer_state_for(engine, model_state: dict, path: str) -> dict:
-    """The saved optimizer state (hyperparameters per optimizer group) for this engine's
-    groups: as saved, or with MoE layers on either side (whose experts of each ep_size make a
-    group of their own, so another layout has other groups) each group's from the saved group
-    that held its first parameter (the layout's owners)."""
-    saved = model_state["optimizer"]
+def saved_group_sources(engine, model_state: dict, path: str) -> list[int] | None:
+    """For each of this engine's optimizer groups, the saved group that held its first
+    parameter (the layout's owners); None where neither side has MoE layers (the groups are
+    as saved). MoE experts of each ep_size make a group of their own, so another layout has
+    other groups."""
     if not model_state.get("moe") and engine.moe is None:
-        return saved
+        return None
     owner = {names[0]: group["owner"] for _, group, names in saved_params(model_state, path)}
     rename, names = global_name(engine), names_by_id(engine.module)
-    groups = []
+    sources = []
     for group in engine.optimizer.param_groups:
         held = [owner[rename(names[id(p)][0])] for p in group["params"]
                 if rename(names[id(p)][0]) in owner]
-        groups.append(saved["param_groups"][held[0] if held else 0])
-    return {**saved, "param_groups": groups}
+        sources.append(held[0] if held else 0)
+    return sources
+
+
+def optimizer_state_for(saved: dict, sources: list[int] | None) -> dict:
+    """The saved optimizer state (hyperparameters per optimizer group) for this engine's
+    groups: as saved, or each group's from its source (saved_group_sources)."""
+    if sources is None:
+        return saved
+    return {**saved, "param_groups": [saved["param_groups"][s] for s in sources]}
 
 
 def global_param_names(engine) -> list[list[str]]:
