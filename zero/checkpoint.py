@@ -289,12 +289,11 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
                 engine.loss_scaler.load_state_dict(model_state["loss_scaler"])
         if load_lr_scheduler_states and engine.lr_scheduler is not None \
                 and model_state["lr_scheduler"] is not None:
-            saved_groups = len(model_state["optimizer"]["param_groups"])
-            if sources is None:
-                engine.lr_scheduler.load_state_dict(model_state["lr_scheduler"])
-            else:  # (an MoE layout change: other optimizer groups)
-                scheduler_groups.load_regrouped(engine.lr_scheduler, model_state["lr_scheduler"],
-                                                sources, saved_groups)
+            scheduler = model_state["lr_scheduler"]
+            if sources is not None:  # (an MoE layout change: other optimizer groups)
+                saved_groups = len(model_state["optimizer"]["param_groups"])
+                scheduler = scheduler_groups.regrouped(scheduler, sources, saved_groups)
+            engine.lr_scheduler.load_state_dict(scheduler)
         for name, value in model_state["counters"].items():
             setattr(engine, name, value)
         _restart_accumulation(engine)

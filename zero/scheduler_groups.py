@@ -7,7 +7,9 @@ another MoE layout gives the optimizer other groups (AutoEP on or off: its exper
 of their own), each group's hyperparameters taken from the saved group that held its first
 parameter (checkpoint_layout.saved_group_sources). Loaded as saved, the scheduler's lists would
 no longer match the groups, and its next step would fail in torch (zip(..., strict=True)).
-zero's own schedulers (schedulers.py) keep no per-group state.
+zero's own schedulers (schedulers.py) keep no per-group state. (The Hugging Face Trainer's
+scheduler is the engine's here: Accelerate wraps it in DeepSpeedSchedulerWrapper, and the
+Trainer then leaves its own scheduler.pt unread.)
 """
 from __future__ import annotations
 
@@ -29,13 +31,3 @@ def regrouped(state: dict, sources: list[int], saved_groups: int) -> dict:
                        else inner for inner in state[NESTED]]
     return out
 
-
-def load_regrouped(scheduler, state: dict, sources: list[int], saved_groups: int) -> None:
-    """Loads `state` (of `saved_groups` groups) into `scheduler`; where the group count
-    changed, a state of the saved layout loaded into it later is regrouped too: the Hugging
-    Face Trainer loads its own copy (scheduler.pt) after the engine's checkpoint."""
-    scheduler.load_state_dict(regrouped(state, sources, saved_groups))
-    if saved_groups != len(sources):  # (then a list's length tells the layouts apart)
-        load = type(scheduler).load_state_dict
-        scheduler.load_state_dict = \
-            lambda later: load(scheduler, regrouped(later, sources, saved_groups))
