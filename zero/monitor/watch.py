@@ -175,12 +175,16 @@ class Watch:
         seconds = offload.step_timings(self._core)
         return {name: 1000 * seconds[field] for name, field in _OFFLOAD_PARTS.items()}
 
+    def drained_comms(self):
+        """The comms logger, holding every record made so far."""
+        self.comms.ingest(self._core.drain_comm_records())
+        return self.comms
+
     def log_comms(self, print_log: bool = True, show_straggler: bool = False,
                   return_dict: bool = False):
         """DeepSpeed's log_summary: the comms logger's table (rank 0 prints) with every record
         made so far; with show_straggler every rank must call it."""
-        self.comms.ingest(self._core.drain_comm_records())
-        return self.comms.log_all(print_log, show_straggler, return_dict)
+        return self.drained_comms().log_all(print_log, show_straggler, return_dict)
 
     def configure_comms(self, **flags) -> None:
         """deepspeed.comm.configure: enabled, prof_all, prof_ops, verbose, debug (None: keep)."""

@@ -1,20 +1,219 @@
-"""`deepspeed.comm`: the torch.distributed calls DeepSpeed scripts and Accelerate make through
-DeepSpeed's comm module (init_distributed creates torch's default process group)."""
+"""`deepspeed.comm`: DeepSpeed's drop-in for torch.distributed, as scripts call it
+(`from deepspeed import comm as dist`), backed by torch.distributed's default group or the
+group given (init_distributed creates it).
+
+Every public function of DeepSpeed 0.19.8's deepspeed/comm/comm.py is here with its signature,
+but for the ones about DeepSpeed's own backends and clusters (set_backend,
+init_deepspeed_backend, timed_op, mpi_discovery, in_aml / in_aws_sm / in_dlts and their
+environment patches, enable_symm_mem_for_group). The collectives take DeepSpeed's `prof`,
+`log_name` and `debug` arguments, and the comms logger does not time them: zero's comms logger
+records the engine's own collectives (zero/monitor/comms_logger.py), which log_summary,
+has_comm_data and get_comm_operation_count read. The "coalesced" calls run one collective per
+tensor, returning one handle for all of them where async_op is set.
+"""
 from __future__ import annotations
 
 import os
 
-from torch.distributed import (ReduceOp, all_gather, all_reduce, barrier, broadcast,
-                               get_rank, get_world_size, is_initialized)
+import torch.distributed as _dist
+from torch.distributed import ReduceOp, get_rank, get_world_size, is_initialized
 
 from zero.distributed import init_distributed
 from zero.engine import live_engines
+
+
+# ---- the process group ------------------------------------------------------------------
+def is_available() -> bool:
+    return True
 
 
 def get_local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def destroy_process_group(group=None) -> None:
+    _dist.destroy_process_group(group)
+
+
+def new_group(ranks):
+    return _dist.new_group(ranks)
+
+
+def get_world_group():
+    return _dist.group.WORLD
+
+
+def get_global_rank(group=None, group_rank: int = 0) -> int:
+    return _dist.get_global_rank(group or _dist.group.WORLD, group_rank)
+
+
+def get_all_ranks_from_group(group=None) -> list[int]:
+    return _dist.get_process_group_ranks(group or _dist.group.WORLD)
+
+
+def initialize_mesh_device(mesh_shape, mesh_dim_names):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .accelerator import get_accelerator
+    return init_device_mesh(get_accelerator().device_name(), mesh_shape,
+                            mesh_dim_names=mesh_dim_names)
+
+
+def has_all_gather_into_tensor() -> bool:
+    return True
+
+
+def has_reduce_scatter_tensor() -> bool:
+    return True
+
+
+def has_all_reduce_coalesced() -> bool:
+    return True
+
+
+def has_coalescing_manager() -> bool:
+    return False  # (callers fall back to one collective per tensor)
+
+
+# ---- collectives (DeepSpeed's prof / log_name / debug are accepted) ----------------------
+def broadcast(tensor, src, group=None, async_op=False, prof=False, log_name="broadcast",
+              debug=None):
+    return _dist.broadcast(tensor, src, group=group, async_op=async_op)
+
+
+def broadcast_object_list(object_list, src, group=None, device=None):
+    return _dist.broadcast_object_list(object_list, src, group=group, device=device)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False, prof=False,
+               log_name="all_gather", debug=None):
+    return _dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+
+
+def all_gather_object(object_list, obj, group=None, prof=False, log_name="all_gather_object",
+                      debug=None):
+    return _dist.all_gather_object(object_list, obj, group=group)
+
+
+def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False, prof=False,
+                           log_name="all_gather_into_tensor", debug=None):
+    return _dist.all_gather_into_tensor(output_tensor, tensor, group=group, async_op=async_op)
+
+
+def allgather_fn(output_tensor, input_tensor, group=None, async_op=False, debug=None):
+    return all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+def reduce_scatter_tensor(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False,
+                          prof=False, log_name="reduce_scatter_tensor", debug=None):
+    return _dist.reduce_scatter_tensor(output_tensor, tensor, op=op, group=group,
+                                       async_op=async_op)
+
+
+def reduce_scatter_fn(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False,
+                      prof=False, debug=None):
+    return reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
+                   log_name="reduce_scatter", debug=None):
+    return _dist.reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
+               log_name="all_reduce", debug=None):
+    return _dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+
+def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
+                         log_name="all_reduce", debug=None):
+    return all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
+                         log_name="all_reduce", debug=None):
+    return _each(async_op, [_dist.all_reduce(t, op=op, group=group, async_op=async_op)
+                            for t in tensors])
+
+
+def all_gather_coalesced(output_tensors, input_tensors, group=None, async_op=False):
+    return _each(async_op, [_dist.all_gather_into_tensor(out, t, group=group, async_op=async_op)
+                            for out, t in zip(output_tensors, input_tensors, strict=True)])
+
+
+def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False, prof=False, log_name="all_to_all_single",
+                      debug=None):
+    return _dist.all_to_all_single(output, tensor, output_split_sizes, input_split_sizes,
+                                   group=group, async_op=async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    return _dist.all_to_all(output_tensor_list, input_tensor_list, group=group,
+                            async_op=async_op)
+
+
+def send(tensor, dst, group=None, tag=0, prof=False, log_name="send", debug=None):
+    return _dist.send(tensor, dst, group=group, tag=tag)
+
+
+def recv(tensor, src=None, group=None, tag=0, prof=False, log_name="recv", debug=None):
+    return _dist.recv(tensor, src, group=group, tag=tag)
+
+
+def isend(tensor, dst, group=None, tag=0, prof=False, log_name="isend", debug=None):
+    return _dist.isend(tensor, dst, group=group, tag=tag)
+
+
+def irecv(tensor, src=None, group=None, tag=0, prof=False, log_name="irecv", debug=None):
+    return _dist.irecv(tensor, src, group=group, tag=tag)
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, prof=False,
+           log_name="gather", debug=None):
+    return _dist.gather(tensor, gather_list, dst, group=group, async_op=async_op)
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, prof=False,
+            log_name="scatter", debug=None):
+    return _dist.scatter(tensor, scatter_list, src, group=group, async_op=async_op)
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
+           log_name="reduce", debug=None):
+    return _dist.reduce(tensor, dst, op=op, group=group, async_op=async_op)
+
+
+def barrier(group=None, async_op=False, device_ids=None, prof=False, log_name="barrier",
+            debug=None):
+    return _dist.barrier(group=group, async_op=async_op, device_ids=device_ids)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False, prof=False,
+                      log_name="monitored_barrier", debug=None):
+    return _dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+class _Handles:
+    """The handles of one call's collectives, waited on together."""
+
+    def __init__(self, works: list):
+        self._works = works
+
+    def wait(self) -> bool:
+        for work in self._works:
+            work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+
+def _each(async_op: bool, works: list):
+    return _Handles(works) if async_op else None
+
+
+# ---- the comms logger (the engines' records) --------------------------------------------
 def configure(deepspeed_config=None, enabled=None, prof_all=None, prof_ops=None, verbose=None,
               debug=None) -> None:
     """DeepSpeed's switch for the comms logger, applied to the live engines (a new engine takes
@@ -25,10 +224,15 @@ def configure(deepspeed_config=None, enabled=None, prof_all=None, prof_ops=None,
                                      verbose=verbose, debug=debug)
 
 
+def _loggers() -> list:
+    return [engine.watch.drained_comms() for engine in live_engines()
+            if engine.watch.comms.enabled]
+
+
 def log_summary(show_straggler: bool = False, return_dict: bool = False):
     """DeepSpeed's summary of the collectives logged so far (comms_logger), printed on rank 0;
     every rank calls it. With several live engines logging, each one's table in turn."""
-    barrier()
+    _dist.barrier()
     results = [engine.watch.log_comms(True, show_straggler, return_dict)
                for engine in live_engines() if engine.watch.comms.enabled]
     if return_dict:
@@ -36,5 +240,23 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False):
     return None
 
 
-__all__ = ["configure", "log_summary", "init_distributed", "get_rank", "get_world_size", "get_local_rank", "barrier",
-           "all_reduce", "broadcast", "all_gather", "is_initialized", "ReduceOp"]
+def reset_log() -> None:
+    for logger in _loggers():
+        logger.reset_data()
+
+
+def has_comm_data() -> bool:
+    return any(logger.comms_dict for logger in _loggers())
+
+
+def get_comm_operation_count() -> int:
+    return sum(entry[0] for logger in _loggers() for sizes in logger.comms_dict.values()
+               for entry in sizes.values())
+
+
+def get_logged_comm_ops() -> list[str]:
+    return sorted({name for logger in _loggers() for name in logger.comms_dict})
+
+
+__all__ = [name for name in dir() if not name.startswith("_") and name not in (
+    "annotations", "os", "live_engines")]
