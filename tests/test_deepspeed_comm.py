@@ -149,6 +149,8 @@ def _collectives(rank, world):
     t = mine.clone()
     dist.all_reduce(t, group=pair)
     got["new_group"] = t.tolist()
+    got["pair"] = (dist.get_all_ranks_from_group(pair), dist.get_global_rank(pair, 1),
+                   dist.get_world_size(pair), dist.get_rank(pair))
     dist.barrier(prof=True)
     dist.monitored_barrier()
     got["world_group"] = dist.get_world_group() is torch.distributed.group.WORLD
@@ -179,6 +181,7 @@ def test_the_collectives_give_torch_distributeds_values_on_two_ranks():
         assert got["broadcast_object_list"] == ["from 1"]
         assert got["send"] == one  # rank 1 received rank 0's
         assert got["world_group"] and got["has"] == [True] * 4
+        assert got["pair"] == ([0, 1], 1, 2, rank)
     assert both[0]["reduce"] == [3.0, 30.0] and both[0]["gather"] == [one, two]
     assert both[1]["irecv"] == [2.0, 20.0]
 

@@ -44,11 +44,11 @@ def get_world_group():
 
 
 def get_global_rank(group=None, group_rank: int = 0) -> int:
-    return _dist.get_global_rank(group or _dist.group.WORLD, group_rank)
+    return _dist.get_global_rank(_dist.group.WORLD if group is None else group, group_rank)
 
 
 def get_all_ranks_from_group(group=None) -> list[int]:
-    return _dist.get_process_group_ranks(group or _dist.group.WORLD)
+    return _dist.get_process_group_ranks(_dist.group.WORLD if group is None else group)
 
 
 def initialize_mesh_device(mesh_shape, mesh_dim_names):
