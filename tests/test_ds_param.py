@@ -28,8 +28,10 @@ def _fetch(model, ZeroParamStatus):
 
 def _attributes(rank, world, under_init):
     import zero
+    import zero.compat.deepspeed as deepspeed
     from zero.compat.deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
+    assert deepspeed.zero.ZeroParamStatus is ZeroParamStatus  # (both of DeepSpeed's paths)
     config = training.engine_config(3, gas=1, stage3_param_persistence_threshold=THRESHOLD)
     if under_init:
         with zero.Init(config_dict_or_path=config):
