@@ -301,24 +301,34 @@ def test_a_checkpoint_loads_across_autoep_layouts_with_frozen_experts(tmp_path, 
     assert trainable["model.layers.1.mlp.experts.down_proj"].shape[0] == 4
 
 
-def _inverse(step: int, offset: float) -> float:
-    return 1.0 / (offset + step)
+class _Inverse:
+    """A learning-rate factor with state, as transformers' schedules are (functools.partial
+    objects): LambdaLR saves each group's `offset`, and loading puts it back."""
+
+    def __init__(self, offset: float):
+        self.offset = offset
+
+    def __call__(self, step: int) -> float:
+        return 1.0 / (self.offset + step)
 
 
-def _lambda_lr(optimizer):
-    """As transformers' get_scheduler makes them: a functools.partial per group, whose state
-    LambdaLR saves (a plain function's is None)."""
-    import functools
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(_inverse, offset=1))
+def _lambda_lr(optimizer, first_offset: float):
+    """Each group's factor its own: offsets first_offset, first_offset + 1, ..."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, [_Inverse(first_offset + g) for g in range(len(optimizer.param_groups))])
 
 
 def _scheduled(rank, world, directory, autoep_size, load):
-    """2 steps and a save, or a load and 2 steps, with a torch LambdaLR: then each group's lr
-    after each step."""
+    """2 steps and a save, or a load and 2 steps, with a torch LambdaLR (saved group g's
+    offset 1 + g; the loading run's own offsets 10 + g, which the load replaces): then each
+    group's lr after each step."""
+    import functools
+
     import zero
     model = _model()
     engine, *_ = zero.initialize(
-        model=model, model_parameters=model.parameters(), lr_scheduler=_lambda_lr,
+        model=model, model_parameters=model.parameters(),
+        lr_scheduler=functools.partial(_lambda_lr, first_offset=10 if load else 1),
         config=_config(2, autoep_size))
     if load:
         engine.load_checkpoint(directory, tag="two")
@@ -335,7 +345,8 @@ def _scheduled(rank, world, directory, autoep_size, load):
                          ids=["without-autoep-to-autoep2", "autoep2-to-without-autoep"])
 def test_a_torch_scheduler_resumes_across_autoep_layouts(tmp_path, saved_as, loaded_as):
     """AutoEP's experts are an optimizer group of their own: the scheduler's per-group lists
-    (base_lrs, _last_lr, lr_lambdas) are laid out as the new groups (zero/scheduler_groups.py).
+    (base_lrs, _last_lr, lr_lambdas) are laid out as the new groups, each group's from the
+    saved group its first parameter came from, the dense one (zero/scheduler_groups.py).
     Loaded as saved, torch's LambdaLR failed at the next step (zip() argument 2 is shorter
     than argument 1) or at the load (IndexError: an lr_lambdas entry past the groups)."""
     directory = str(tmp_path)
@@ -343,9 +354,11 @@ def test_a_torch_scheduler_resumes_across_autoep_layouts(tmp_path, saved_as, loa
     loaded = run_distributed(_scheduled, 2, args=(directory, loaded_as, True), timeout=120)
     (saved_groups, before), (groups, after) = saved[0], loaded[0]
     assert {saved_groups, groups} == {1, 2}  # (the layout change this is about)
-    schedule = [1e-2 / (1 + step) for step in range(1, 5)]  # LambdaLR after each step
-    assert before == [pytest.approx([lr] * saved_groups, rel=1e-12) for lr in schedule[:2]]
-    assert after == [pytest.approx([lr] * groups, rel=1e-12) for lr in schedule[2:]]
+    # LambdaLR after each step: the saved run's group g with offset 1 + g; after the load,
+    # every group with the dense group's (saved group 0's) offset 1
+    assert before == [pytest.approx([1e-2 / (1 + g + step) for g in range(saved_groups)],
+                                    rel=1e-12) for step in (1, 2)]
+    assert after == [pytest.approx([1e-2 / (1 + step)] * groups, rel=1e-12) for step in (3, 4)]
     assert loaded[1] == loaded[0]
 
 

@@ -11,56 +11,85 @@ from distributed_harness import run_distributed
 
 pytestmark = pytest.mark.timeout(120)
 
-# deepspeed/comm/comm.py's public functions (DeepSpeed 0.19.8), each with its parameters.
+# deepspeed/comm/comm.py's public functions (DeepSpeed 0.19.8) as its source writes them: each
+# parameter with its default ("debug=": DeepSpeed's is the caller's name, zero's None), but for
+# the backend and cluster plumbing; init_distributed is zero's own (tests/test_launcher.py).
 DEEPSPEED = {
-    "all_gather": "tensor_list tensor group async_op prof log_name debug",
-    "all_gather_coalesced": "output_tensors input_tensors group async_op",
-    "all_gather_into_tensor": "output_tensor tensor group async_op prof log_name debug",
-    "all_gather_object": "object_list obj group prof log_name debug",
-    "all_reduce": "tensor op group async_op prof log_name debug",
-    "all_reduce_coalesced": "tensors op group async_op prof log_name debug",
-    "all_to_all": "output_tensor_list input_tensor_list group async_op",
-    "all_to_all_single": "output tensor output_split_sizes input_split_sizes group async_op "
-                         "prof log_name debug",
-    "allgather_fn": "output_tensor input_tensor group async_op debug",
-    "barrier": "group async_op device_ids prof log_name debug",
-    "broadcast": "tensor src group async_op prof log_name debug",
-    "broadcast_object_list": "object_list src group device",
-    "configure": "deepspeed_config enabled prof_all prof_ops verbose debug",
-    "destroy_process_group": "group",
-    "gather": "tensor gather_list dst group async_op prof log_name debug",
-    "get_all_ranks_from_group": "group",
+    "all_gather": "tensor_list tensor group=None async_op=False prof=False log_name='all_gather' "
+        "debug=",
+    "all_gather_coalesced": "output_tensors input_tensors group=None async_op=False",
+    "all_gather_into_tensor": "output_tensor tensor group=None async_op=False prof=False "
+        "log_name='all_gather_into_tensor' debug=",
+    "all_gather_object": "object_list obj group=None prof=False log_name='all_gather_object' "
+        "debug=",
+    "all_reduce": "tensor op=ReduceOp.SUM group=None async_op=False prof=False "
+        "log_name='all_reduce' debug=",
+    "all_reduce_coalesced": "tensors op=ReduceOp.SUM group=None async_op=False prof=False "
+        "log_name='all_reduce' debug=",
+    "all_to_all": "output_tensor_list input_tensor_list group=None async_op=False",
+    "all_to_all_single": "output tensor output_split_sizes=None input_split_sizes=None "
+        "group=None async_op=False prof=False log_name='all_to_all_single' debug=",
+    "allgather_fn": "output_tensor input_tensor group=None async_op=False debug=",
+    "barrier": "group=None async_op=False device_ids=None prof=False log_name='barrier' debug=",
+    "broadcast": "tensor src group=None async_op=False prof=False log_name='broadcast' debug=",
+    "broadcast_object_list": "object_list src group=None device=None",
+    "configure": "deepspeed_config=None enabled=None prof_all=None prof_ops=None verbose=None "
+        "debug=",
+    "destroy_process_group": "group=None",
+    "gather": "tensor gather_list=None dst=0 group=None async_op=False prof=False "
+        "log_name='gather' debug=",
+    "get_all_ranks_from_group": "group=None",
     "get_comm_operation_count": "",
-    "get_global_rank": "group group_rank",
+    "get_global_rank": "group=None group_rank=0",
     "get_local_rank": "",
     "get_logged_comm_ops": "",
-    "get_rank": "group",
+    "get_rank": "group=None",
     "get_world_group": "",
-    "get_world_size": "group",
+    "get_world_size": "group=None",
     "has_all_gather_into_tensor": "",
     "has_all_reduce_coalesced": "",
     "has_coalescing_manager": "",
     "has_comm_data": "",
     "has_reduce_scatter_tensor": "",
-    "inference_all_reduce": "tensor op group async_op prof log_name debug",
-    "init_distributed": None,  # (zero's own, with DeepSpeed's arguments: test_launcher)
+    "inference_all_reduce": "tensor op=ReduceOp.SUM group=None async_op=False prof=False "
+        "log_name='all_reduce' debug=",
     "initialize_mesh_device": "mesh_shape mesh_dim_names",
-    "irecv": "tensor src group tag prof log_name debug",
+    "irecv": "tensor src=None group=None tag=0 prof=False log_name='irecv' debug=",
     "is_available": "",
     "is_initialized": "",
-    "isend": "tensor dst group tag prof log_name debug",
-    "log_summary": "show_straggler return_dict",
-    "monitored_barrier": "group timeout wait_all_ranks prof log_name debug",
+    "isend": "tensor dst group=None tag=0 prof=False log_name='isend' debug=",
+    "log_summary": "show_straggler=False return_dict=False",
+    "monitored_barrier": "group=None timeout=None wait_all_ranks=False prof=False "
+        "log_name='monitored_barrier' debug=",
     "new_group": "ranks",
-    "recv": "tensor src group tag prof log_name debug",
-    "reduce": "tensor dst op group async_op prof log_name debug",
-    "reduce_scatter": "output input_list op group async_op prof log_name debug",
-    "reduce_scatter_fn": "output_tensor tensor op group async_op prof debug",
-    "reduce_scatter_tensor": "output_tensor tensor op group async_op prof log_name debug",
+    "recv": "tensor src=None group=None tag=0 prof=False log_name='recv' debug=",
+    "reduce": "tensor dst op=ReduceOp.SUM group=None async_op=False prof=False log_name='reduce' "
+        "debug=",
+    "reduce_scatter": "output input_list op=ReduceOp.SUM group=None async_op=False prof=False "
+        "log_name='reduce_scatter' debug=",
+    "reduce_scatter_fn": "output_tensor tensor op=ReduceOp.SUM group=None async_op=False "
+        "prof=False debug=",
+    "reduce_scatter_tensor": "output_tensor tensor op=ReduceOp.SUM group=None async_op=False "
+        "prof=False log_name='reduce_scatter_tensor' debug=",
     "reset_log": "",
-    "scatter": "tensor scatter_list src group async_op prof log_name debug",
-    "send": "tensor dst group tag prof log_name debug",
+    "scatter": "tensor scatter_list=None src=0 group=None async_op=False prof=False "
+        "log_name='scatter' debug=",
+    "send": "tensor dst group=None tag=0 prof=False log_name='send' debug=",
 }
+
+
+def _written(function) -> str:
+    """`function`'s parameters as DEEPSPEED writes them."""
+    from torch.distributed import ReduceOp
+
+    def one(parameter):
+        if parameter.default is inspect.Parameter.empty:
+            return parameter.name
+        if parameter.name == "debug":
+            return "debug="
+        default = "ReduceOp.SUM" if parameter.default is ReduceOp.SUM else repr(parameter.default)
+        return f"{parameter.name}={default}"
+    return " ".join(one(p) for p in inspect.signature(function).parameters.values())
 
 
 def test_every_function_a_script_calls_is_there_with_deepspeeds_parameters():
@@ -68,9 +97,8 @@ def test_every_function_a_script_calls_is_there_with_deepspeeds_parameters():
 
     for name, parameters in DEEPSPEED.items():
         assert callable(getattr(comm, name, None)), name
-        if parameters is not None:
-            assert list(inspect.signature(getattr(comm, name)).parameters) == \
-                parameters.split(), name
+        assert _written(getattr(comm, name)) == parameters, name
+    assert "init_distributed" in comm.__all__ and set(DEEPSPEED) <= set(comm.__all__)
 
 
 def _collectives(rank, world):

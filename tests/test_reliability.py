@@ -185,9 +185,8 @@ def test_a_finished_job_exits_0_every_time(tmp_path):
 def test_destroying_the_process_group_before_the_engine_exits_0(tmp_path):
     """dist.destroy_process_group() while the engine lives leaves the engine holding the last
     reference to the group; engine.destroy() lets go of it without the GIL (gloo's workers may
-    need the GIL to drop finished work, so a teardown under it could deadlock). Once at each
-    stage: the odds against passing the exit race by luck rest on the script below."""
-    for run in range(2):
+    need the GIL to drop finished work, so a teardown under it could deadlock)."""
+    for run in range(4):
         stage, optimizer = (2, "SGD") if run % 2 else (3, "AdamW")
         proc = _launch_two_ranks(tmp_path, FINISHED_JOB, str(stage), optimizer, "group_first")
         assert proc.returncode == 0 and proc.stdout.count("done 3") == 2, \

@@ -281,14 +281,16 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     else:
         model_state = _load_other_layout(engine, path, load_shards, load_module_strict)
     if not load_module_only:
-        sources = checkpoint_layout.saved_group_sources(engine, model_state, path)
+        load_scheduler = load_lr_scheduler_states and engine.lr_scheduler is not None \
+            and model_state["lr_scheduler"] is not None
+        sources = checkpoint_layout.saved_group_sources(engine, model_state, path) \
+            if load_optimizer_states or load_scheduler else None
         if load_optimizer_states:
             engine.optimizer.load_state_dict(
                 checkpoint_layout.optimizer_state_for(model_state["optimizer"], sources))
             if engine.loss_scaler is not None and model_state["loss_scaler"] is not None:
                 engine.loss_scaler.load_state_dict(model_state["loss_scaler"])
-        if load_lr_scheduler_states and engine.lr_scheduler is not None \
-                and model_state["lr_scheduler"] is not None:
+        if load_scheduler:
             scheduler = model_state["lr_scheduler"]
             if sources is not None:  # (an MoE layout change: other optimizer groups)
                 saved_groups = len(model_state["optimizer"]["param_groups"])

@@ -23,5 +23,6 @@ def dynamo_loaded() -> bool:
 
 
 def eager(hook):
-    """`hook`, which torch.compile does not trace (where dynamo is loaded)."""
-    return torch.compiler.disable(hook) if dynamo_loaded() else hook
+    """`hook`, which torch.compile does not trace (this imports dynamo: call it where
+    dynamo_loaded())."""
+    return torch.compiler.disable(hook)

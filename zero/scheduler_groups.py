@@ -1,7 +1,7 @@
 """A saved LR scheduler state laid out as the optimizer's groups are now.
 
 torch's schedulers keep lists with one entry per optimizer group (LambdaLR's base_lrs,
-_last_lr and lr_lambdas; ReduceLROnPlateau's min_lrs; OneCycleLR's max_lrs and momenta;
+_last_lr and lr_lambdas; ReduceLROnPlateau's min_lrs; CyclicLR's max_lrs and momenta;
 SequentialLR and ChainedScheduler hold such states in `_schedulers`). A checkpoint loaded with
 another MoE layout gives the optimizer other groups (AutoEP on or off: its experts are a group
 of their own), each group's hyperparameters taken from the saved group that held its first

@@ -96,6 +96,16 @@ class CommsLogger:
         self.comms_dict.clear()
         self.payload_bytes.clear()
 
+    def has_data(self) -> bool:
+        return bool(self.comms_dict)
+
+    def operation_count(self) -> int:
+        """How many collectives were logged."""
+        return sum(entry[0] for sizes in self.comms_dict.values() for entry in sizes.values())
+
+    def operation_names(self) -> list[str]:
+        return list(self.comms_dict)
+
     def summary(self) -> dict:
         return {name: {size: {"count": vals[0], "total_latency_ms": sum(vals[1]),
                               "avg_latency_ms": trim_mean(vals[1]),

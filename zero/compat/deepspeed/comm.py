@@ -5,11 +5,14 @@ group given (init_distributed creates it).
 Every public function of DeepSpeed 0.19.8's deepspeed/comm/comm.py is here with its signature,
 but for the ones about DeepSpeed's own backends and clusters (set_backend,
 init_deepspeed_backend, timed_op, mpi_discovery, in_aml / in_aws_sm / in_dlts and their
-environment patches, enable_symm_mem_for_group). The collectives take DeepSpeed's `prof`,
-`log_name` and `debug` arguments, and the comms logger does not time them: zero's comms logger
-records the engine's own collectives (zero/monitor/comms_logger.py), which log_summary,
-has_comm_data and get_comm_operation_count read. The "coalesced" calls run one collective per
-tensor, returning one handle for all of them where async_op is set.
+environment patches, enable_symm_mem_for_group). Where they differ from DeepSpeed's:
+  * the comms logger does not time the script's own calls (`prof`, `log_name` and `debug` are
+    accepted): it records the engine's collectives (zero/monitor/comms_logger.py), which
+    log_summary, has_comm_data, get_comm_operation_count and get_logged_comm_ops read;
+  * isend and irecv are torch's, returning a handle (DeepSpeed's send and receive blocking,
+    returning None: two ranks each sending first would wait on each other);
+  * has_coalescing_manager is False: the "coalesced" calls run one collective per tensor,
+    one handle for all of them where async_op is set.
 """
 from __future__ import annotations
 
@@ -72,7 +75,7 @@ def has_all_reduce_coalesced() -> bool:
 
 
 def has_coalescing_manager() -> bool:
-    return False  # (callers fall back to one collective per tensor)
+    return False
 
 
 # ---- collectives (DeepSpeed's prof / log_name / debug are accepted) ----------------------
@@ -127,7 +130,10 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
 
 def inference_all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
                          log_name="all_reduce", debug=None):
-    return all_reduce(tensor, op=op, group=group, async_op=async_op)
+    """DeepSpeed's: synchronous whatever async_op says; the tensor itself on one rank."""
+    if _dist.get_world_size(group) <= 1:
+        return tensor
+    return _dist.all_reduce(tensor, op=op, group=group)
 
 
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
@@ -186,7 +192,7 @@ def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, prof=False,
 
 def barrier(group=None, async_op=False, device_ids=None, prof=False, log_name="barrier",
             debug=None):
-    return _dist.barrier(group=group, async_op=async_op, device_ids=device_ids)
+    return _dist.barrier(group=group, async_op=async_op)  # (device_ids: NCCL's; DeepSpeed drops it)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False, prof=False,
@@ -224,39 +230,48 @@ def configure(deepspeed_config=None, enabled=None, prof_all=None, prof_ops=None,
                                      verbose=verbose, debug=debug)
 
 
-def _loggers() -> list:
+def _loggers(enabled_only: bool = True) -> list:
+    """The live engines' comms loggers, each holding every record made so far."""
     return [engine.watch.drained_comms() for engine in live_engines()
-            if engine.watch.comms.enabled]
+            if engine.watch.comms.enabled or not enabled_only]
 
 
 def log_summary(show_straggler: bool = False, return_dict: bool = False):
     """DeepSpeed's summary of the collectives logged so far (comms_logger), printed on rank 0;
     every rank calls it. With several live engines logging, each one's table in turn."""
     _dist.barrier()
-    results = [engine.watch.log_comms(True, show_straggler, return_dict)
-               for engine in live_engines() if engine.watch.comms.enabled]
+    results = [logger.log_all(True, show_straggler, return_dict) for logger in _loggers()]
     if return_dict:
         return results[-1] if results else None
     return None
 
 
 def reset_log() -> None:
-    for logger in _loggers():
+    for logger in _loggers(enabled_only=False):
         logger.reset_data()
 
 
 def has_comm_data() -> bool:
-    return any(logger.comms_dict for logger in _loggers())
+    return any(logger.has_data() for logger in _loggers())
 
 
 def get_comm_operation_count() -> int:
-    return sum(entry[0] for logger in _loggers() for sizes in logger.comms_dict.values()
-               for entry in sizes.values())
+    return sum(logger.operation_count() for logger in _loggers())
 
 
 def get_logged_comm_ops() -> list[str]:
-    return sorted({name for logger in _loggers() for name in logger.comms_dict})
+    return sorted({name for logger in _loggers() for name in logger.operation_names()})
 
 
-__all__ = [name for name in dir() if not name.startswith("_") and name not in (
-    "annotations", "os", "live_engines")]
+__all__ = [
+    "ReduceOp", "all_gather", "all_gather_coalesced", "all_gather_into_tensor",
+    "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all", "all_to_all_single",
+    "allgather_fn", "barrier", "broadcast", "broadcast_object_list", "configure",
+    "destroy_process_group", "gather", "get_all_ranks_from_group", "get_comm_operation_count",
+    "get_global_rank", "get_local_rank", "get_logged_comm_ops", "get_rank", "get_world_group",
+    "get_world_size", "has_all_gather_into_tensor", "has_all_reduce_coalesced",
+    "has_coalescing_manager", "has_comm_data", "has_reduce_scatter_tensor",
+    "inference_all_reduce", "init_distributed", "initialize_mesh_device", "irecv",
+    "is_available", "is_initialized", "isend", "log_summary", "monitored_barrier", "new_group",
+    "recv", "reduce", "reduce_scatter", "reduce_scatter_fn", "reduce_scatter_tensor",
+    "reset_log", "scatter", "send"]
