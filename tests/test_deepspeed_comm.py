@@ -11,7 +11,7 @@ from distributed_harness import run_distributed
 
 pytestmark = pytest.mark.timeout(120)
 
-# deepspeed/comm/comm.py's public functions (DeepSpeed 0.19.8) as its source writes them: each
+# deepspeed/comm/comm.py's public functions (DeepSpeed 0.19.8, its pip sdist) as written: each
 # parameter with its default ("debug=": DeepSpeed's is the caller's name, zero's None), but for
 # the backend and cluster plumbing; init_distributed is zero's own (tests/test_launcher.py).
 DEEPSPEED = {
@@ -26,13 +26,16 @@ DEEPSPEED = {
         "log_name='all_reduce' debug=",
     "all_reduce_coalesced": "tensors op=ReduceOp.SUM group=None async_op=False prof=False "
         "log_name='all_reduce' debug=",
-    "all_to_all": "output_tensor_list input_tensor_list group=None async_op=False",
+    "all_to_all": "output_tensor_list input_tensor_list group=None async_op=False prof=False "
+        "log_name='all_to_all' debug=",
     "all_to_all_single": "output tensor output_split_sizes=None input_split_sizes=None "
         "group=None async_op=False prof=False log_name='all_to_all_single' debug=",
     "allgather_fn": "output_tensor input_tensor group=None async_op=False debug=",
     "barrier": "group=None async_op=False device_ids=None prof=False log_name='barrier' debug=",
+    "batch_isend_irecv": "p2p_op_list prof=False log_name='batch_isend_irecv' debug=",
     "broadcast": "tensor src group=None async_op=False prof=False log_name='broadcast' debug=",
-    "broadcast_object_list": "object_list src group=None device=None",
+    "broadcast_object_list": "object_list src group=None device=None prof=False "
+        "log_name='broadcast_object_list' debug=",
     "configure": "deepspeed_config=None enabled=None prof_all=None prof_ops=None verbose=None "
         "debug=",
     "destroy_process_group": "group=None",
@@ -173,6 +176,12 @@ def _collectives(rank, world):
         dist.irecv(second, 0).wait()
         got["irecv"] = second.tolist()
     got["send"] = t.tolist()
+    outgoing, incoming = mine * 5, torch.zeros(2)
+    peer = 1 - rank
+    for handle in dist.batch_isend_irecv([dist.P2POp(dist.isend, outgoing, peer),
+                                          dist.P2POp(dist.irecv, incoming, peer)]):
+        handle.wait()
+    got["batch_isend_irecv"] = incoming.tolist()
     pair = dist.new_group([0, 1])
     t = mine.clone()
     dist.all_reduce(t, group=pair)
@@ -210,6 +219,7 @@ def test_the_collectives_give_torch_distributeds_values_on_two_ranks():
         assert got["send"] == one  # rank 1 received rank 0's
         assert got["world_group"] and got["has"] == [True] * 4
         assert got["pair"] == ([0, 1], 1, 2, rank)
+        assert got["batch_isend_irecv"] == [[10.0, 100.0], [5.0, 50.0]][rank]  # the peer's
     assert both[0]["reduce"] == [3.0, 30.0] and both[0]["gather"] == [one, two]
     assert both[1]["irecv"] == [2.0, 20.0]
 

@@ -9,8 +9,6 @@ environment patches, enable_symm_mem_for_group). Where they differ from DeepSpee
   * the comms logger does not time the script's own calls (`prof`, `log_name` and `debug` are
     accepted): it records the engine's collectives (zero/monitor/comms_logger.py), which
     log_summary, has_comm_data, get_comm_operation_count and get_logged_comm_ops read;
-  * isend and irecv are torch's, returning a handle (DeepSpeed's send and receive blocking,
-    returning None: two ranks each sending first would wait on each other);
   * has_coalescing_manager is False: the "coalesced" calls run one collective per tensor,
     one handle for all of them where async_op is set.
 """
@@ -84,7 +82,8 @@ def broadcast(tensor, src, group=None, async_op=False, prof=False, log_name="bro
     return _dist.broadcast(tensor, src, group=group, async_op=async_op)
 
 
-def broadcast_object_list(object_list, src, group=None, device=None):
+def broadcast_object_list(object_list, src, group=None, device=None, prof=False,
+                          log_name="broadcast_object_list", debug=None):
     return _dist.broadcast_object_list(object_list, src, group=group, device=device)
 
 
@@ -154,7 +153,8 @@ def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes
                                    group=group, async_op=async_op)
 
 
-def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, prof=False,
+               log_name="all_to_all", debug=None):
     return _dist.all_to_all(output_tensor_list, input_tensor_list, group=group,
                             async_op=async_op)
 
@@ -173,6 +173,23 @@ def isend(tensor, dst, group=None, tag=0, prof=False, log_name="isend", debug=No
 
 def irecv(tensor, src=None, group=None, tag=0, prof=False, log_name="irecv", debug=None):
     return _dist.irecv(tensor, src, group=group, tag=tag)
+
+
+class P2POp:
+    """One send or receive of a batch_isend_irecv: `op` is this module's isend or irecv."""
+
+    def __init__(self, op, tensor, peer, group=None, tag=0):
+        if op not in (isend, irecv):
+            raise ValueError("zero: P2POp's op must be deepspeed.comm.isend or "
+                             f"deepspeed.comm.irecv, got {op!r}")
+        self.op = "isend" if op is isend else "irecv"
+        self.tensor, self.peer, self.group, self.tag = tensor, peer, group, tag
+
+
+def batch_isend_irecv(p2p_op_list, prof=False, log_name="batch_isend_irecv", debug=None):
+    """Launches the P2POps as one batch; their handles."""
+    return _dist.batch_isend_irecv([_dist.P2POp(getattr(_dist, op.op), op.tensor, op.peer,
+                                                op.group, op.tag) for op in p2p_op_list])
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, prof=False,
@@ -264,9 +281,9 @@ def get_logged_comm_ops() -> list[str]:
 
 
 __all__ = [
-    "ReduceOp", "all_gather", "all_gather_coalesced", "all_gather_into_tensor",
+    "P2POp", "ReduceOp", "all_gather", "all_gather_coalesced", "all_gather_into_tensor",
     "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all", "all_to_all_single",
-    "allgather_fn", "barrier", "broadcast", "broadcast_object_list", "configure",
+    "allgather_fn", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "configure",
     "destroy_process_group", "gather", "get_all_ranks_from_group", "get_comm_operation_count",
     "get_global_rank", "get_local_rank", "get_logged_comm_ops", "get_rank", "get_world_group",
     "get_world_size", "has_all_gather_into_tensor", "has_all_reduce_coalesced",
