@@ -196,8 +196,9 @@ def _check_alive(processes, values, results):
             continue
         try:  # a rank that raised reported first; its traceback is the better message
             reporter, status, value = results.get(timeout=1.0)
-            if status == "error":
-                raise RankFailed(f"rank {reporter} of {len(processes)} raised:\n{value}")
+            if status == "error":  # (after any rank that died silently: a peer's error follows)
+                raise RankFailed(_silent_deaths(processes, reporter) +
+                                 f"rank {reporter} of {len(processes)} raised:\n{value}")
             values[reporter] = pickle.loads(value)
         except queue_module.Empty:
             pass

@@ -28,6 +28,14 @@ def _die_on_rank_one(rank, world_size):
     dist.barrier()
 
 
+def _die_on_rank_one_then_raise_on_rank_zero(rank, world_size):
+    """Rank 0's error reaches the harness after it saw rank 1 dead (its queue poll is 0.2 s)."""
+    if rank == 1:
+        os._exit(7)
+    time.sleep(0.6)
+    raise RuntimeError("a peer's collective failed")
+
+
 def _last_group_made_late_on_rank_one(rank, world_size):
     """Rank 0 returns at once; rank 1 then sets up a group through the store rank 0 serves."""
     if rank == 1:
@@ -58,6 +66,11 @@ def test_a_raising_rank_fails_the_run_with_its_traceback():
 def test_a_rank_that_dies_silently_is_named_with_its_exit_code():
     with pytest.raises(RankFailed, match="rank 1 died with exit code 7"):
         run_distributed(_die_on_rank_one, 2, timeout=60)
+
+
+def test_a_silent_death_is_named_before_the_error_it_caused_on_a_peer():
+    with pytest.raises(RankFailed, match=r"(?s)rank 1 died with exit code 7.*rank 0 of 2 raised"):
+        run_distributed(_die_on_rank_one_then_raise_on_rank_zero, 2, timeout=60)
 
 
 def test_a_hanging_run_times_out_naming_the_ranks():
