@@ -21,6 +21,7 @@
 #                      (on a lent machine: ZERO_GPU_RESULTS=/tmp/gpu GPU_CHECK_ARCHIVE=$OUT/gpu.tar.gz)
 #   .whl/ (from scripts/gpu_wheels.sh, carried)  DeepSpeed and its needs, installed into
 #                      build/gpu-site so the bench's deepspeed rows run
+#   GPU_TEST_WORKERS   pytest-xdist processes for the CUDA tests (default 4)
 #   GPU_TESTS_FIRST    a regex of CUDA test ids to run before all others; after them come
 #                      the tests no committed run has seen pass (scripts/lib/gpu_test_order.py)
 #   BENCH_ARGS / LARGEST_ARGS  more arguments for the bench / largest steps
@@ -110,8 +111,8 @@ build() {
 }
 
 tests() {
-  local parallel=()  # the GPU machine has cores to spare: four test processes when xdist is there
-  if "$PYTHON" -c 'import xdist' >/dev/null 2>&1; then parallel=(-n 4); fi
+  local parallel=()  # the GPU machine has cores to spare: GPU_TEST_WORKERS (4) test processes
+  if "$PYTHON" -c 'import xdist' >/dev/null 2>&1; then parallel=(-n "${GPU_TEST_WORKERS:-4}"); fi
   local seconds; seconds=$(share tests)
   echo "tests: at most $seconds s"
   # What no committed run has seen pass goes first (GPU_TESTS_FIRST: a regex of ids before
@@ -120,7 +121,11 @@ tests() {
   mapfile -t ids < <("$PYTHON" scripts/lib/gpu_test_order.py --first "${GPU_TESTS_FIRST:-}" \
                        "${files[@]}")
   [ "${#ids[@]}" -gt 0 ] || ids=("${files[@]}")
-  timeout -k 10 "$seconds" "$PYTHON" -m pytest -p no:cacheprovider -q -rA "${parallel[@]}" \
+  # -v names each result as it comes and tests/conftest.py writes each failure's traceback to
+  # cuda_test_failures.txt when it happens: a run the budget cuts still says what failed and why.
+  : >"$RESULTS/cuda_test_failures.txt"
+  ZERO_TEST_FAILURES="$RESULTS/cuda_test_failures.txt" timeout -k 10 "$seconds" \
+    "$PYTHON" -m pytest -p no:cacheprovider -v -rA "${parallel[@]}" \
     "${ids[@]}" 2>&1 | tee "$RESULTS/cuda_tests.txt"
   return "${PIPESTATUS[0]}"
 }

@@ -40,3 +40,13 @@ def pytest_collection_finish(session):
     run: out of the garbage collector's sight, its full collections walk only what tests make."""
     gc.freeze()
     gc.set_threshold(*_COLLECTOR_THRESHOLDS)
+
+
+def pytest_runtest_logreport(report):
+    """ZERO_TEST_FAILURES=<file>: each failure's traceback appended to it as it happens, not in
+    pytest's summary at the end. A lent GPU's run is cut by its time limit before that summary
+    (2026-11-29: three failures whose tracebacks never came back)."""
+    path = os.environ.get("ZERO_TEST_FAILURES")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
