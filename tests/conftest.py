@@ -47,6 +47,6 @@ def pytest_runtest_logreport(report):
     pytest's summary at the end. A lent GPU's run is cut by its time limit before that summary
     (2026-11-29: three failures whose tracebacks never came back)."""
     path = os.environ.get("ZERO_TEST_FAILURES")
-    if path and report.failed:
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:  # once: the controller
         with open(path, "a", encoding="utf-8") as out:
             out.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n")

@@ -382,11 +382,15 @@ def _moe(rank, world, name):
     return trained["engine"].device.type, trained["losses"]
 
 
-@pytest.mark.parametrize("name", ["ep2-k1-stage2", "ep2-k2-stage1"])
+@pytest.mark.parametrize("name", ["ep2-k1-stage2-nodrop", "ep2-k2-stage1"])
 def test_moe_on_the_gpu(name):
     """MoE's token all-to-alls and the expert groups' reductions on CUDA tensors (2 ranks on
     the GPU over gloo): every rank's losses are the real DeepSpeed's on the CPU
-    (tests/deepspeed_moe)."""
+    (tests/deepspeed_moe). Cases whose routing is the same on any device: top-1 with a
+    capacity drop keeps, as DeepSpeed's gate, the tokens torch.topk ranks first among equal
+    priorities, and CUDA's topk orders equals otherwise than the CPU's (ep2-k1-stage2 lost 2%
+    on an H200, 2026-11-30); the top-1 case here takes every token (drop_tokens=False, its
+    capacity an all-reduce MAX over the expert group), top-2 places tokens by cumulative sums."""
     expected = torch.load(f"{TESTS}/deepspeed_moe/expected.pt", weights_only=False)[name]
     results = run_distributed(_moe, 2, args=(name,), env=ONE_GPU, timeout=300)
     for rank, (device, losses) in enumerate(results):

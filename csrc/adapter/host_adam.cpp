@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <optional>
 
-#include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
@@ -12,8 +12,10 @@
 namespace zero::adapter {
 namespace {
 
-// Elements widened at once: three fp32 tiles of 64 KiB each stay in a core's L2.
+// Elements widened at once: three fp32 tiles of 64 KiB each stay in a core's L2. Below the
+// grain of torch's elementwise ops, so a tile's copies on a pool thread start no threads.
 constexpr std::int64_t kTile = 16384;
+static_assert(kTile < at::internal::GRAIN_SIZE);
 // Elements below which a range is not worth a thread of its own.
 constexpr std::int64_t kMinRange = 32 * 1024;
 
@@ -41,15 +43,6 @@ core::AdamParams adam_params(const OptimizerHyper& hyper, double grad_scale, std
   return params;
 }
 
-// The grain that splits n elements among at most num_threads of torch's intra-op threads
-// (at::parallel_for), ranges of at least `least`. Those threads live across calls: the
-// offloaded step updates hundreds of tiles a step, and threads started per tile cost a good
-// part of the tile's own time. Any split gives the same bits (elementwise kernel).
-std::int64_t grain(std::int64_t n, int num_threads, std::int64_t least) {
-  const std::int64_t threads = std::max(num_threads, 1);
-  return std::max((n + threads - 1) / threads, least);
-}
-
 // The kernel over fp32 master and moments, [begin, end) of each on one thread.
 void fused_range(const core::AdamParams& params, const at::Tensor& master,
                  const at::Tensor& grads, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
@@ -66,15 +59,13 @@ void fused_range(const core::AdamParams& params, const at::Tensor& master,
                   core::best_isa(), /*num_threads=*/1);
 }
 
-// The kernel over fp32 master and moments, split among up to num_threads threads.
+// The kernel over fp32 master and moments, split among the pool's threads.
 void fused_step(const core::AdamParams& params, const at::Tensor& master, const at::Tensor& grads,
                 const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, const at::Tensor& out16,
-                int num_threads) {
-  const std::int64_t n = master.numel();
-  at::parallel_for(0, n, grain(n, num_threads, kMinRange),
-                   [&](std::int64_t begin, std::int64_t end) {
-                     fused_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin, end);
-                   });
+                core::RangePool& threads) {
+  threads.run(master.numel(), kMinRange, [&](std::int64_t begin, std::int64_t end) {
+    fused_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin, end);
+  });
 }
 
 // [begin, end) of every array, one tile at a time: each 16-bit array widened into its fp32
@@ -101,12 +92,12 @@ void widened_range(const core::AdamParams& params, const at::Tensor& master,
   }
 }
 
-// The widened step split among up to num_threads threads.
+// The widened step split among the pool's threads.
 void widened_step(const core::AdamParams& params, const at::Tensor& master,
                   const at::Tensor& grads, const at::Tensor& exp_avg,
-                  const at::Tensor& exp_avg_sq, const at::Tensor& out16, int num_threads) {
-  const std::int64_t n = master.numel();
-  at::parallel_for(0, n, grain(n, num_threads, kTile), [&](std::int64_t begin, std::int64_t end) {
+                  const at::Tensor& exp_avg_sq, const at::Tensor& out16,
+                  core::RangePool& threads) {
+  threads.run(master.numel(), kTile, [&](std::int64_t begin, std::int64_t end) {
     widened_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin, end);
   });
 }
@@ -121,7 +112,7 @@ bool host_adam_takes(const at::Tensor& t) {
 void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const at::Tensor& exp_avg,
                       const at::Tensor& exp_avg_sq, const OptimizerHyper& hyper,
                       double grad_scale, std::int64_t step, const at::Tensor& out16,
-                      int num_threads) {
+                      core::RangePool& threads) {
   for (const at::Tensor* t : {&master, &grads, &exp_avg, &exp_avg_sq}) {
     TORCH_CHECK(host_adam_takes(*t) && t->numel() == master.numel(), "zero: the host Adam "
                 "step needs contiguous fp32/bf16/fp16 host tensors of ", master.numel(),
@@ -134,9 +125,9 @@ void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const a
   const bool fp32 = master.scalar_type() == at::kFloat &&
                     exp_avg.scalar_type() == at::kFloat && exp_avg_sq.scalar_type() == at::kFloat;
   if (fp32) {
-    fused_step(params, master, grads, exp_avg, exp_avg_sq, out16, num_threads);
+    fused_step(params, master, grads, exp_avg, exp_avg_sq, out16, threads);
   } else {
-    widened_step(params, master, grads, exp_avg, exp_avg_sq, out16, num_threads);
+    widened_step(params, master, grads, exp_avg, exp_avg_sq, out16, threads);
   }
   // raw writes: bump the version counters as in-place ops would (autograd's checks)
   for (const at::Tensor* t : {&master, &exp_avg, &exp_avg_sq, &out16}) {

@@ -10,6 +10,7 @@
 #include <ATen/Tensor.h>
 
 #include "adapter/optimizer_math.h"
+#include "core/range_pool.h"
 
 namespace zero::adapter {
 
@@ -20,11 +21,10 @@ bool host_adam_takes(const at::Tensor& t);
 // Steps contiguous host tensors of one length: master, exp_avg, exp_avg_sq (fp32 or 16-bit,
 // updated in place), grads (fp32, bf16 or fp16, multiplied by grad_scale); out16 (undefined,
 // or bf16/fp16) also receives the new parameters. step is 1-based and already counts this
-// update. num_threads: at most this many of torch's intra-op threads (at::parallel_for, alive
-// across calls) split the range.
+// update. The pool's threads split the range (any split gives the same bits).
 void host_adam_update(const at::Tensor& master, const at::Tensor& grads, const at::Tensor& exp_avg,
                       const at::Tensor& exp_avg_sq, const OptimizerHyper& hyper,
                       double grad_scale, std::int64_t step, const at::Tensor& out16,
-                      int num_threads);
+                      core::RangePool& threads);
 
 }  // namespace zero::adapter

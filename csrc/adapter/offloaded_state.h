@@ -29,6 +29,7 @@
 #include "adapter/shard_piece.h"
 #include "adapter/shard_precision.h"
 #include "core/memory_registry.h"
+#include "core/range_pool.h"
 
 namespace zero::adapter {
 
@@ -93,7 +94,7 @@ class OffloadedState {
 
   OptimizerKind kind_;
   std::vector<std::string> state_names_;  // the optimizer's arrays (not the master)
-  int num_threads_ = 1;
+  core::RangePool adam_threads_;  // the host Adam's (offload_optimizer's num_threads)
   at::ScalarType model_type_;  // the parameters' (gradients may be fp32: ShardPrecision::grads)
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home

@@ -251,9 +251,10 @@ bool ShardState::host_adam(const ShardPiece& piece, const OptimizerHyper& hyper,
   if (!host_adam_takes(master) || !host_adam_takes(piece.grad)) {
     return false;
   }
+  if (!host_threads_) host_threads_ = std::make_unique<core::RangePool>(at::get_num_threads());
   host_adam_update(master, piece.grad, states_[0].narrow(0, piece.offset, numel),
                    states_[1].narrow(0, piece.offset, numel), hyper, grad_scale, step,
-                   writes_params ? piece.param : at::Tensor(), at::get_num_threads());
+                   writes_params ? piece.param : at::Tensor(), *host_threads_);
   if (master_.defined() && !writes_params) store_params(piece, 0, master);
   return true;
 }

@@ -19,6 +19,7 @@
 #include "adapter/parked_states.h"
 #include "adapter/shard_precision.h"
 #include "adapter/tracked_tensor.h"
+#include "core/range_pool.h"
 
 namespace zero::adapter {
 
@@ -113,6 +114,7 @@ class ShardState {
   std::vector<std::string> state_names_;
   std::vector<at::Tensor> states_;        // the head's arrays, in state_names_ order
   std::unique_ptr<OffloadedState> offloaded_;
+  std::unique_ptr<core::RangePool> host_threads_;  // host_adam's, made at its first step
 };
 
 }  // namespace zero::adapter
