@@ -19,6 +19,10 @@ STEPS, GAS, WORLD = 5, 2, 2
 MUON = {"type": "Muon", "params": {"lr": 0.02, "weight_decay": 0.1, "adam_lr": 3e-3}}
 FIXTURE = os.path.join(os.path.dirname(__file__), "deepspeed_muon", "expected.pt")
 
+# The Newton-Schulz dtypes (_C.DType names) of the engine runs here, whose ranks call
+# training.cpu_without_onednn_fp16, and of their reference: gram in fp32 on any CPU.
+NS_DTYPES = {"gram": "float32", "standard": "bfloat16"}
+
 
 def _is_muon(name, param):
     return param.ndim >= 2 and "embed" not in name.lower() and "lm_head" not in name.lower()
@@ -87,11 +91,14 @@ class ReferenceMuon(torch.optim.Optimizer):
         beta = group["momentum"]
         state["momentum"].lerp_(p.grad, 1 - beta)
         blend = p.grad.lerp(state["momentum"], beta)
+        from zero import _C
+
+        method = group["ns_method"]
+        dtype = getattr(_C.DType, NS_DTYPES[method])
         if self.slices == 1:
-            return _orthogonalized(blend, group["ns_method"])
+            return _orthogonalized(blend, method, dtype)
         rows = blend.shape[0] // self.slices
-        return torch.cat([_orthogonalized(part, group["ns_method"])
-                          for part in blend.split(rows)])
+        return torch.cat([_orthogonalized(part, method, dtype) for part in blend.split(rows)])
 
     def _adam(self, p, grad, group):
         state = self.state[p]
@@ -140,10 +147,18 @@ def _reference(config, steps=STEPS, slices=1):
     return losses, training.parameters_of(model)
 
 
+def _engine(config):
+    """A rank's engine of the test model, Newton-Schulz in NS_DTYPES on any CPU."""
+    import zero
+
+    training.cpu_without_onednn_fp16()
+    return zero.initialize(model=training.make_model(), config=config)[0]
+
+
 def _train(rank, world, config, steps=STEPS):
     import zero
 
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    engine = _engine(config)
     losses = training.train_engine(engine, rank, world, steps, GAS)
     with zero.GatheredParameters(list(engine.module.parameters())):
         params = training.parameters_of(engine.module)
@@ -245,7 +260,9 @@ def test_engine_update_equals_deepspeeds_muon_update():
     """DeepSpeed 0.19.8's muon_update (run by tests/deepspeed_muon/make.py on this CPU, where
     "gram" iterates in fp32 and "standard" in bf16, and gram in fp16 as on a GPU) on random
     matrices, wide, tall, square and batched: the engine's update from the same momentum and
-    gradient is the same, bit for bit."""
+    gradient is the same, bit for bit in 16 bits; in fp32 within 2e-6 (relative norm), as
+    CPUs of other kinds run fp32 matrix products with other kernels (8.8e-7 seen on an
+    AVX512-FP16 Xeon against the recording's machine, 2026-12-01)."""
     from zero import _C
 
     cases = torch.load(FIXTURE)
@@ -257,7 +274,10 @@ def test_engine_update_equals_deepspeeds_muon_update():
         m.lerp_(grad, 1 - 0.95)
         assert torch.equal(m, expected_momentum)
         update = _orthogonalized(grad.lerp(m, 0.95), method.split("-")[0], dtypes[method])
-        assert torch.equal(update, expected_update), (shape, method)
+        if method == "gram":
+            assert training.relative_error(update, expected_update) < 2e-6, (shape, method)
+        else:
+            assert torch.equal(update, expected_update), (shape, method)
 
 
 def test_a_convolution_is_orthogonalized_as_its_flattened_matrix():
@@ -279,9 +299,7 @@ def test_a_checkpoint_resumes_the_momentum(tmp_path):
 
 
 def _resume(rank, world, config, first, steps, load_dir, save_dir):
-    import zero
-
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    engine = _engine(config)
     return training.load_train_save(engine, rank, world, GAS, first, steps, load_dir, save_dir)
 
 
@@ -394,6 +412,7 @@ def _pipe_config():
 def _pipe_train(rank, world):
     import zero.compat.deepspeed as deepspeed
 
+    training.cpu_without_onednn_fp16()
     module = deepspeed.pipe.PipelineModule(layers=_pipe_layers(), num_stages=2,
                                            loss_fn=torch.nn.functional.cross_entropy,
                                            partition_method="uniform")
@@ -438,9 +457,7 @@ def test_a_pipeline_stage_without_matrices_steps_with_the_others():
 
 
 def _save_and_convert(rank, world, config, save_dir):
-    import zero
-
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    engine = _engine(config)
     training.load_train_save(engine, rank, world, GAS, 0, 2, None, save_dir)
 
 

@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+import training
 from deepspeed_reference import TESTS, cases_of
 from distributed_harness import run_distributed
 
@@ -22,6 +23,7 @@ EXPECTED = torch.load(os.path.join(TESTS, "deepspeed_training", "expected.pt"))
 def _train(rank, world, name):
     import zero
 
+    training.cpu_without_onednn_fp16()  # Muon's gram in fp32, as in DeepSpeed's recorded runs
     engine, losses = cases.train_case(zero.initialize, rank, name)
     state = engine.module_state_dict()
     return losses, ({k: v.float() for k, v in state.items()} if rank == 0 else None)
