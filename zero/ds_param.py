@@ -29,7 +29,8 @@ class ZeroParamStatus(enum.Enum):
     INFLIGHT = 3
 
 
-_ATTRIBUTES = ("ds_shape", "ds_numel", "ds_persist", "ds_id", "ds_active_sub_modules")
+_ATTRIBUTES = ("ds_shape", "ds_numel", "ds_persist", "ds_id", "ds_active_sub_modules",
+               "ds_z3_leaf_module")  # (stage3.mark_leaf_modules')
 
 
 class ZeroParameter(nn.Parameter):

@@ -137,7 +137,9 @@ def _shard_stage3(builder: GroupBuilder, model: nn.Module, trainables: list[list
     """`key(param)`: (norm weight, data group); the groups' parameters split by it (MoE's
     experts shard over their expert data-parallel group)."""
     zero_cfg = builder.config.zero_optimization
-    plan = stage3.plan_units(model, stage3_policy.UnitRules.from_config(zero_cfg).units(model))
+    rule_units = stage3_policy.UnitRules.from_config(zero_cfg).units(model)
+    plan = stage3.plan_units(model, rule_units)
+    stage3.mark_leaf_modules(model, rule_units)
     partitioned = _partitioned(model, trainables, int(zero_cfg.stage3_param_persistence_threshold),
                                int(zero_cfg.stage3_model_persistence_threshold))
     trainable = {id(p) for params in trainables for p in params}

@@ -60,30 +60,62 @@ class UnitPart(NamedTuple):
     frozen: bool = False
 
 
-UNIT_ATTR = "_zero_gather_unit"
+UNIT_ATTR = "_z3_leaf"  # DeepSpeed's flag (deepspeed.utils.z3_leaf_module reads it)
 
 
-def gather_unit(module: nn.Module) -> nn.Module:
+def is_gather_unit(module: nn.Module) -> bool:
+    """Whether `module` is flagged as one gather unit (gather_unit, DeepSpeed's leaf flag)."""
+    return bool(module.__dict__.get(UNIT_ATTR))
+
+
+def gather_unit(module: nn.Module, flag: bool = True) -> nn.Module:
     """Makes `module` (with everything inside it) one stage-3 gather unit: one all-gather
-    before it runs, one reduce-scatter of its gradients. Returns the module."""
-    module.__dict__[UNIT_ATTR] = True
+    before it runs, one reduce-scatter of its gradients (flag False: no longer). Returns the
+    module."""
+    module.__dict__[UNIT_ATTR] = flag
     return module
 
 
-def set_z3_leaf_modules(model: nn.Module, leaf_module_classes,
-                        raise_if_not_found: bool = True) -> list[nn.Module]:
-    """DeepSpeed's deepspeed.utils.set_z3_leaf_modules: every instance of the given classes
-    (or class names, plain or module.Qualname) inside `model` becomes one gather unit (inside
-    the block that holds it). None found is a ValueError unless raise_if_not_found is false."""
+def modules_of_classes(model: nn.Module, leaf_module_classes) -> list[nn.Module]:
+    """The modules inside `model` of the given classes, or class names (plain or
+    module.Qualname), in `model.modules()` order."""
+    if not all(isinstance(c, (type, str)) for c in leaf_module_classes):
+        raise TypeError(f"zero: leaf_module_classes must be classes or class names, got "
+                        f"{list(leaf_module_classes)}")
     classes = tuple(c for c in leaf_module_classes if isinstance(c, type))
     names = {c for c in leaf_module_classes if isinstance(c, str)}
-    marked = [m for m in model.modules()
-              if isinstance(m, classes) or type(m).__name__ in names
-              or f"{type(m).__module__}.{type(m).__qualname__}" in names]
+    return [m for m in model.modules()
+            if isinstance(m, classes) or type(m).__name__ in names
+            or f"{type(m).__module__}.{type(m).__qualname__}" in names]
+
+
+def set_z3_leaf_modules(model: nn.Module, leaf_module_classes,
+                        raise_if_not_found: bool = True, flag: bool = True) -> list[nn.Module]:
+    """DeepSpeed's deepspeed.utils.set_z3_leaf_modules: every instance of the given classes
+    (or class names, plain or module.Qualname) inside `model` becomes one gather unit (inside
+    the block that holds it); flag False undoes it (unset_z3_leaf_modules). None found is a
+    ValueError unless raise_if_not_found is false."""
+    marked = modules_of_classes(model, leaf_module_classes)
     if not marked and raise_if_not_found:
         raise ValueError(f"zero: set_z3_leaf_modules: no module of {list(leaf_module_classes)} "
                          f"in {type(model).__name__}")
-    return [gather_unit(m) for m in marked]
+    return [gather_unit(m, flag) for m in marked]
+
+
+def mark_leaf_modules(model: nn.Module, units=()) -> None:
+    """As DeepSpeed's stage 3 leaves a model: `units` (the config's leaf modules and those of
+    its granularity threshold, stage3_policy.UnitRules) flagged as leaves too, and each
+    parameter inside a flagged module naming the outermost one in `param.ds_z3_leaf_module`
+    (deepspeed.utils.z3_leaf_module / z3_leaf_parameter read them)."""
+    for unit in units:
+        gather_unit(unit)
+    inside: set[int] = set()
+    for module in model.modules():  # pre-order: the outermost flagged module first
+        if id(module) in inside or not is_gather_unit(module):
+            continue
+        for param in module.parameters():
+            param.ds_z3_leaf_module = module
+        inside.update(id(m) for m in module.modules())
 
 
 def plan_units(model: nn.Module, marked_units=()) -> UnitPlan:
@@ -92,11 +124,11 @@ def plan_units(model: nn.Module, marked_units=()) -> UnitPlan:
     marked makes it one unit."""
     units: list[tuple[str, nn.Module]] = [("", model)]
     extra = {id(m) for m in marked_units}
-    root_marked = id(model) in extra or model.__dict__.get(UNIT_ATTR)
+    root_marked = id(model) in extra or is_gather_unit(model)
     inside_unit: set[int] = {id(m) for m in model.modules()} if root_marked else set()
     has_params = lambda m: any(True for _ in m.parameters())  # noqa: E731
     marked = {id(m) for m in model.modules()
-              if m is not model and (m.__dict__.get(UNIT_ATTR) or id(m) in extra)}
+              if m is not model and (is_gather_unit(m) or id(m) in extra)}
     for name, module in model.named_modules():  # marked modules first: they win
         if id(module) in marked and id(module) not in inside_unit and has_params(module):
             units.append((name, module))
