@@ -27,6 +27,25 @@ def test_the_package_top_has_deepspeeds_common_names():
     assert deepspeed.utils.recursive_getattr is recursive_getattr
 
 
+def test_on_device_builds_on_the_device_in_the_dtype_then_restores_both():
+    assert deepspeed.OnDevice is deepspeed.utils.OnDevice
+    with deepspeed.OnDevice(dtype=torch.bfloat16, device="meta"):
+        layer = torch.nn.Linear(4, 3)
+        zeros, counts = torch.zeros(2), torch.arange(3)
+        on_cpu = torch.ones(2, device="cpu")  # a device named by the call stays
+    assert (layer.weight.device.type, layer.weight.dtype) == ("meta", torch.bfloat16)
+    assert (zeros.device.type, zeros.dtype) == ("meta", torch.bfloat16)
+    assert (counts.device.type, counts.dtype) == ("meta", torch.int64)
+    assert (on_cpu.device.type, on_cpu.dtype) == ("cpu", torch.bfloat16)
+    after = torch.zeros(1)
+    assert (after.device.type, after.dtype) == ("cpu", torch.float32)
+    with deepspeed.OnDevice(dtype=torch.float16, enabled=False):
+        assert torch.zeros(1).device.type == "cpu"
+    with pytest.raises(ValueError, match="pass a floating dtype"):
+        with deepspeed.OnDevice(dtype=torch.int8):
+            pass
+
+
 def test_the_helpers_old_home_still_answers_with_deepspeeds_warning():
     import importlib
     import sys
