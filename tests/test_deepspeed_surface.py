@@ -41,6 +41,9 @@ def test_on_device_builds_on_the_device_in_the_dtype_then_restores_both():
     assert (after.device.type, after.dtype) == ("cpu", torch.float32)
     with deepspeed.OnDevice(dtype=torch.float16, enabled=False):
         assert torch.zeros(1).device.type == "cpu"
+    with deepspeed.OnDevice(dtype=None):
+        kept = torch.zeros(1)
+    assert (kept.device.type, kept.dtype) == ("meta", torch.float32)
     with pytest.raises(ValueError, match="pass a floating dtype"):
         with deepspeed.OnDevice(dtype=torch.int8):
             pass

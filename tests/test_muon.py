@@ -55,8 +55,8 @@ class ReferenceMuon(torch.optim.Optimizer):
     `slices` > 1 orthogonalizes each matrix's row blocks apart instead (what a rank holding a
     slice would do without the gather)."""
 
-    def __init__(self, groups, clip=None, slices=1, zero_stage=1):
-        self.clip, self.slices = clip, slices
+    def __init__(self, groups, clip=None, slices=1, zero_stage=1, ns_dtypes=None):
+        self.clip, self.slices, self.ns_dtypes = clip, slices, ns_dtypes or NS_DTYPES
         self.clips_gradients = zero_stage == 0
         super().__init__(groups, {})
 
@@ -94,7 +94,7 @@ class ReferenceMuon(torch.optim.Optimizer):
         from zero import _C
 
         method = group["ns_method"]
-        dtype = getattr(_C.DType, NS_DTYPES[method])
+        dtype = getattr(_C.DType, self.ns_dtypes[method])
         if self.slices == 1:
             return _orthogonalized(blend, method, dtype)
         rows = blend.shape[0] // self.slices
@@ -137,11 +137,12 @@ def _reference_groups(model, params):
     return [muon, adam]
 
 
-def _reference(config, steps=STEPS, slices=1):
+def _reference(config, steps=STEPS, slices=1, ns_dtypes=None):
     model = training.make_model()
     optimizer = ReferenceMuon(_reference_groups(model, config["optimizer"]["params"]),
                               clip=config["gradient_clipping"], slices=slices,
-                              zero_stage=config["zero_optimization"]["stage"])
+                              zero_stage=config["zero_optimization"]["stage"],
+                              ns_dtypes=ns_dtypes)
     losses = training.reference_steps(model, optimizer, training.batches(WORLD, steps, GAS),
                                       WORLD, steps, GAS)
     return losses, training.parameters_of(model)

@@ -65,7 +65,7 @@ UNIT_ATTR = "_z3_leaf"  # DeepSpeed's flag (deepspeed.utils.z3_leaf_module reads
 
 def is_gather_unit(module: nn.Module) -> bool:
     """Whether `module` is flagged as one gather unit (gather_unit, DeepSpeed's leaf flag)."""
-    return bool(module.__dict__.get(UNIT_ATTR))
+    return bool(getattr(module, UNIT_ATTR, False))  # (a class may set it, as for DeepSpeed)
 
 
 def gather_unit(module: nn.Module, flag: bool = True) -> nn.Module:

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include <ATen/TensorIterator.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
@@ -92,12 +93,15 @@ void widened_range(const core::AdamParams& params, const at::Tensor& master,
   }
 }
 
-// The widened step split among the pool's threads.
+// The widened step split among the pool's threads. Its tile copies are torch ops: each
+// range runs them under the caller's thread-local state (grad mode, inference mode, ...).
 void widened_step(const core::AdamParams& params, const at::Tensor& master,
                   const at::Tensor& grads, const at::Tensor& exp_avg,
                   const at::Tensor& exp_avg_sq, const at::Tensor& out16,
                   core::RangePool& threads) {
+  const at::ThreadLocalState callers;
   threads.run(master.numel(), kTile, [&](std::int64_t begin, std::int64_t end) {
+    const at::ThreadLocalStateGuard as_the_caller(callers);
     widened_range(params, master, grads, exp_avg, exp_avg_sq, out16, begin, end);
   });
 }

@@ -25,7 +25,7 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shar
                                ShardPrecision precision, const OffloadOptions& offload)
     : kind_(kind),
       state_names_(std::move(state_names)),
-      adam_threads_(offload.num_threads),
+      num_threads_(offload.num_threads),
       model_type_(device_options.dtype().toScalarType()) {
   TORCH_CHECK_VALUE(kind != OptimizerKind::kExternal, "zero: an optimizer zero does not build "
                     "itself steps on the device only; remove offload_optimizer, or use Adam, "
@@ -330,8 +330,9 @@ void OffloadedState::update(const at::Tensor& grads, const at::Tensor& out, std:
     return;
   }
   const bool sixteen_bit_out = out.defined() && out.scalar_type() != at::kFloat;
+  if (!adam_threads_) adam_threads_ = std::make_unique<core::RangePool>(num_threads_);
   host_adam_update(master, grads, state("exp_avg"), state("exp_avg_sq"), hyper, grad_scale, step,
-                   sixteen_bit_out ? out : at::Tensor(), adam_threads_);
+                   sixteen_bit_out ? out : at::Tensor(), *adam_threads_);
   if (out.defined() && !sixteen_bit_out) out.copy_(master);  // an fp32 model's parameters
 }
 

@@ -94,7 +94,8 @@ class OffloadedState {
 
   OptimizerKind kind_;
   std::vector<std::string> state_names_;  // the optimizer's arrays (not the master)
-  core::RangePool adam_threads_;  // the host Adam's (offload_optimizer's num_threads)
+  int num_threads_ = 1;                           // the host Adam's (offload num_threads)
+  std::unique_ptr<core::RangePool> adam_threads_;  // made at the first host Adam step
   at::ScalarType model_type_;  // the parameters' (gradients may be fp32: ShardPrecision::grads)
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home

@@ -7,6 +7,8 @@ namespace zero::core {
 
 RangePool::RangePool(int threads) {
   const int wanted = std::max(threads, 1) - 1;
+  // Everything that allocates before the first thread starts: after it, nothing may throw.
+  errors_.resize(static_cast<std::size_t>(wanted) + 1);
   workers_.reserve(static_cast<std::size_t>(wanted));
   for (int index = 1; index <= wanted; ++index) {
     try {
@@ -15,7 +17,6 @@ RangePool::RangePool(int threads) {
       break;  // out of threads: the ones started, and the caller, do the work
     }
   }
-  errors_.resize(workers_.size() + 1);
 }
 
 RangePool::~RangePool() {

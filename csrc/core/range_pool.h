@@ -7,7 +7,9 @@
 // on an H200's 16-core host.)
 //
 // run() is for one caller at a time (a second waits for the first); the caller's own thread
-// takes the first range. The destructor joins the workers.
+// takes the first range. A range must not call run() on its own pool (it would wait on
+// itself). The destructor joins the workers. As the other thread owners here (TaskWorker),
+// a pool is not for a forked child: its workers stay in the parent.
 #include <condition_variable>
 #include <cstdint>
 #include <exception>

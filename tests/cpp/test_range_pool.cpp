@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <set>
@@ -27,6 +28,16 @@ struct Ranges {
   }
 };
 
+// Spins until `count` reaches `want` or 10 s pass: a broken pool fails the test, not hangs it.
+bool wait_for(const std::atomic<int>& count, int want) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (count.load() < want) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 bool cover_once(const std::set<std::pair<std::int64_t, std::int64_t>>& ranges, std::int64_t n) {
   std::int64_t next = 0;
   for (const auto& [begin, end] : ranges) {
@@ -44,11 +55,13 @@ TEST_CASE("a run covers the range once, split over every thread", "[range_pool]"
   Ranges seen;
   // Each range waits until all four have started: only four threads at once can finish it.
   std::atomic<int> started{0};
+  std::atomic<int> together{0};
   pool.run(1'000'000, 1000, [&](std::int64_t begin, std::int64_t end) {
     seen.add(begin, end);
     ++started;
-    while (started.load() < 4) std::this_thread::yield();
+    if (wait_for(started, 4)) ++together;
   });
+  REQUIRE(together.load() == 4);
   REQUIRE(seen.ranges.size() == 4);
   REQUIRE(seen.threads.size() == 4);
   REQUIRE(seen.threads.count(std::this_thread::get_id()) == 1);  // the caller takes one
@@ -57,17 +70,47 @@ TEST_CASE("a run covers the range once, split over every thread", "[range_pool]"
 }
 
 TEST_CASE("the same threads run every call", "[range_pool]") {
+  // A thread's own count of the ranges it ran: threads made per call would start at 0 again.
+  static thread_local int ranges_here = 0;
   RangePool pool(3);
-  Ranges first, second;
-  std::atomic<int> started{0};
-  auto wait_for_three = [&started] {
-    ++started;
-    while (started.load() % 3 != 0) std::this_thread::yield();
-  };
-  pool.run(3000, 1, [&](std::int64_t b, std::int64_t e) { first.add(b, e); wait_for_three(); });
-  pool.run(3000, 1, [&](std::int64_t b, std::int64_t e) { second.add(b, e); wait_for_three(); });
-  REQUIRE(first.threads.size() == 3);
-  REQUIRE(first.threads == second.threads);
+  std::mutex mutex;
+  std::vector<int> last_counts;  // each thread's count in the last call
+  for (int call = 1; call <= 200; ++call) {
+    std::atomic<int> started{0};
+    pool.run(3000, 1, [&](std::int64_t, std::int64_t) {
+      ++ranges_here;
+      if (call == 200) {
+        std::lock_guard<std::mutex> lock(mutex);
+        last_counts.push_back(ranges_here);
+      }
+      ++started;
+      wait_for(started, 3);  // every range on its own thread
+    });
+  }
+  REQUIRE(last_counts == std::vector<int>{200, 200, 200});
+}
+
+TEST_CASE("workers without a range of their own sit a run out", "[range_pool]") {
+  RangePool pool(8);
+  for (int call = 0; call < 100; ++call) {
+    Ranges seen;
+    pool.run(100, 1, [&](std::int64_t b, std::int64_t e) { seen.add(b, e); });
+    REQUIRE(seen.ranges.size() == 2);  // shares of 64 (the alignment): [0, 64), [64, 100)
+    REQUIRE(cover_once(seen.ranges, 100));
+  }
+}
+
+TEST_CASE("an error in the caller's range is rethrown after the workers' ranges finish",
+          "[range_pool]") {
+  RangePool pool(3);
+  std::atomic<int> finished{0};
+  REQUIRE_THROWS_WITH(pool.run(3 * 64, 1,
+                               [&](std::int64_t begin, std::int64_t) {
+                                 if (begin == 0) throw std::runtime_error("first range");
+                                 ++finished;
+                               }),
+                      "first range");
+  REQUIRE(finished.load() == 2);
 }
 
 TEST_CASE("a small range is not split below its least share", "[range_pool]") {
