@@ -181,6 +181,27 @@ def test_every_stage_orthogonalizes_each_matrix_whole(stage, extra):
     training.assert_run_matches(result, _reference(config))
 
 
+def _gathered_blends(rank, world, config):
+    engine = _engine(config)
+    training.train_engine(engine, rank, world, 1, GAS)
+    report = engine.memory_report()["categories"].get("other")
+    muon_numel = engine.core.group_numel(0)  # the first group: Muon's matrices
+    engine.destroy()
+    return report, muon_numel
+
+
+def test_the_gathered_blends_count_in_the_memory_report():
+    """Each unit's blends gathered whole for Newton-Schulz are device memory the step holds:
+    two units at a time ("other" in the report, none left after the step). The test model's
+    two blocks are stage 3's two units of matrices, so the peak is all of them in fp32; at
+    stage 0 nothing is gathered."""
+    (other, muon_numel), _ = run_distributed(_gathered_blends, WORLD, args=(_config(3),))
+    assert other["current"] == 0
+    assert other["by_location"]["device"]["peak"] == other["peak"] == 4 * muon_numel
+    (other, _), _ = run_distributed(_gathered_blends, WORLD, args=(_config(0),))
+    assert other is None
+
+
 def test_orthogonalizing_each_ranks_slice_alone_would_differ():
     """The check above can fail: the same run with each matrix orthogonalized in two row
     blocks (what a rank holding half of it would do without the gather) is another run."""

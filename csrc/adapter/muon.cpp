@@ -8,6 +8,7 @@
 
 #include "adapter/dtype_map.h"
 #include "adapter/shard_state.h"
+#include "adapter/tracked_tensor.h"
 
 namespace zero::adapter {
 namespace {
@@ -105,8 +106,10 @@ namespace {
 
 // A piece's blends on their way to the whole unit (in rank order: each rank holds the same
 // 1/N of every unit); `unit` is the blends themselves where the parameters are whole here.
+// The gathered unit is counted in the memory report ("other") while it lives.
 struct UnitBlends {
   at::Tensor unit;
+  TrackedTensor gathered;
   std::unique_ptr<PendingCollective> gather;
 };
 
@@ -124,10 +127,12 @@ UnitBlends start_blends(ShardState& state, const ShardPiece& piece, const ParamS
   momentum.lerp_(grad, 1.0 - beta);
   if (state.offloaded()) state.write_array("momentum_buffer", piece.offset, momentum);
   at::Tensor blend = hyper.nesterov ? grad.lerp_(momentum, beta) : momentum.clone();
-  if (params.sharers == nullptr) return {blend, nullptr};
-  at::Tensor unit = at::empty({blend.numel() * params.sharers->world_size()}, blend.options());
-  auto gather = params.sharers->all_gather(unit, blend);
-  return {unit, std::move(gather)};
+  if (params.sharers == nullptr) return {blend, {}, nullptr};
+  TrackedTensor gathered = device_buffer(state.registry(), core::MemoryCategory::kOther,
+                                         blend.numel() * params.sharers->world_size(),
+                                         blend.options());
+  auto gather = params.sharers->all_gather(gathered.tensor(), blend);
+  return {gathered.tensor(), std::move(gathered), std::move(gather)};
 }
 
 // Each parameter of the gathered unit that the piece holds a slice of, orthogonalized whole;

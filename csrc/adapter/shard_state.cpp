@@ -17,7 +17,8 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
                        const c10::TensorOptions& device_options, OptimizerKind kind,
                        std::vector<std::string> state_names, ShardPrecision precision,
                        const OffloadOptions& offload)
-    : kind_(kind), precision_(precision), shard_numel_(shard_numel), device_numel_(shard_numel),
+    : registry_(registry), kind_(kind), precision_(precision), shard_numel_(shard_numel),
+      device_numel_(shard_numel),
       state_names_(std::move(state_names)) {
   // An external optimizer steps one tensor, the separate fp32 master.
   TORCH_CHECK_VALUE(kind != OptimizerKind::kExternal || precision_.all_fp32(), "zero: an "

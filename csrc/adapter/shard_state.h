@@ -44,6 +44,8 @@ class ShardState {
   bool delayed_pending() const { return offloaded_ && offloaded_->delayed_pending(); }
   OffloadTimings offload_timings() const { return offloaded_ ? offloaded_->timings() : OffloadTimings{}; }
   std::int64_t offloaded_numel() const { return shard_numel_ - device_numel_; }
+  // Where the step's own temporaries are counted (Muon's gathered blends).
+  core::MemoryRegistry& registry() const { return registry_; }
 
   // The separate master of shard [offset, offset + numel): read returns a copy, write stores.
   at::Tensor read_master(std::int64_t offset, std::int64_t numel) const {
@@ -105,6 +107,7 @@ class ShardState {
   // The arrays live whole here when the shard is empty or kept on the device.
   bool on_device_only() const { return device_numel_ > 0 || !offloaded_; }
 
+  core::MemoryRegistry& registry_;
   OptimizerKind kind_;
   ShardPrecision precision_;
   std::int64_t shard_numel_;
