@@ -96,6 +96,34 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         if sequence_parallel is not None:
             config = sequence.reduction_config(config)
             self.config = config
+        norm_span = self._place_model(model, config, norm_span)
+        spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters,
+                                                     moe=self.moe is not None)
+        if self.moe is not None:
+            self.moe.check_optimizer(spec.kind)
+        # before a byte is written
+        disk_space.check_swap_space(config, model, trainables, self.data_parallel_group)
+        self._shard(model, config, spec, groups, trainables, norm_span)
+        self._build_step(config, spec, groups, optimizer, lr_scheduler)
+        self._warn_if_not_pinned()
+        if self.config.memory_report.path and not self.config.memory_report.every_n_steps \
+                and dist.get_rank() == 0:
+            logger.warning("zero: memory_report.path is set but neither "
+                           "memory_report.every_n_steps nor steps_per_print is: only the final "
+                           "report (engine.destroy() or engine.final_memory_report()) is written")
+        self._start_counting()
+        self._watch = Watch(self)  # monitors, wall_clock_breakdown, comms_logger, flops_profiler
+        hybrid_engine.take_over_generate(model, config.hybrid_engine, self._stage3)
+        self.tput_timer = ThroughputTimer(self.train_batch_size(), config.steps_per_print,
+                                          self.device, report=dist.get_rank() == 0,
+                                          enabled=config.timers.throughput.enabled,
+                                          synchronized=config.timers.throughput.synchronized)
+        _LIVE_ENGINES.add(self)
+
+    def _place_model(self, model: nn.Module, config: ZeroConfig, norm_span):
+        """Agrees the config over the ranks, lays out MoE's experts, and puts the model on the
+        device in the training dtype, equal over the ranks that hold it: the norm span, MoE's
+        if it has one."""
         self._whole_world = data_group.is_world(self.data_parallel_group)
         if not self._whole_world:
             data_group.check_supported(self.stage, model)
@@ -103,22 +131,22 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         agreement.agree(config.raw, model, group=self.data_parallel_group)
         auto_ep.apply(model, config.expert_parallel, config.use_data_before_expert_parallelism)
         self.moe = ExpertLayout.of(model, config, whole_world=self._whole_world,
-                                   tensor_parallel_group=tensor_parallel_group,
-                                   sequence_parallel=sequence_parallel)  # its groups made
+                                   tensor_parallel_group=self.tensor_parallel_group,
+                                   sequence_parallel=self.sequence_parallel)  # its groups made
         if self.moe is not None:
             norm_span = self.moe.norm_span(model, self.stage)
         self.full_shapes = sharding.full_shapes(model)  # checkpoint loads check against them
-        if tensor_parallel_group is not None:  # before the data group's broadcast copies them
-            data_group.equalize_unsplit(model, self.device, self.dtype, tensor_parallel_group)
+        if self.tensor_parallel_group is not None:  # before the data group's broadcast
+            data_group.equalize_unsplit(model, self.device, self.dtype, self.tensor_parallel_group)
         sharding.prepare_model(model, self.device, self.dtype, self.stage,
                                self.data_parallel_group,
                                source=self.moe.source if self.moe is not None else None)
-        spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters,
-                                                     moe=self.moe is not None)
-        if self.moe is not None:
-            self.moe.check_optimizer(spec.kind)
-        # before a byte is written
-        disk_space.check_swap_space(config, model, trainables, self.data_parallel_group)
+        return norm_span
+
+    def _shard(self, model: nn.Module, config: ZeroConfig, spec, groups, trainables,
+               norm_span) -> None:
+        """The C++ engine core and its groups (each rank's shard of them), and the hooks that
+        hand it each gradient."""
         self._core = _C.EngineCore(self.data_parallel_group.group_name)
         zero_cfg = config.zero_optimization
         self._swap_writes = SwapWriteProgress(enabled="nvme" in (
@@ -146,6 +174,10 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self._hooks = [param.register_post_accumulate_grad_hook(self._grad_hook(g, i))
                        for g, group in enumerate(self._engine_groups)
                        for i, param in enumerate(group.params)]
+
+    def _build_step(self, config: ZeroConfig, spec, groups, optimizer, lr_scheduler) -> None:
+        """What backward and step use: autocast, the torch-style backward, the loss scaler,
+        the optimizer the script sees (its state filled in the core), the scheduler."""
         self.forward_autocast = ForwardAutocast(config.torch_autocast, self.device.type)
         self._torch_backward = TorchStyleBackward(
             [param for group in self._engine_groups for param in group.params],
@@ -164,8 +196,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         fill_initial_state(self._core, self._engine_groups, groups)
         if self._stage3 is not None:  # DeepSpeed's stage-3 optimizer has one
             self.optimizer.parameter_offload = ParameterOffload(
-                self._stage3, model,
-                quantized_frozen=bool(zero_cfg.zero_quantized_nontrainable_weights))
+                self._stage3, self.module,
+                quantized_frozen=bool(config.zero_optimization.zero_quantized_nontrainable_weights))
         # No optimizer passed or configured: an engine for forward passes (DeepSpeed's
         # inference engine; the HF Trainer evaluates through one at stage 3).
         self.inference_only = optimizer is None and config.optimizer is None
@@ -173,12 +205,10 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             _scheduler(config, lr_scheduler, self.optimizer)
         self._layouts = state_layouts(self._core, self._engine_groups, spec, config,
                                       _element_size(self.dtype))
-        self._warn_if_not_pinned()
-        if self.config.memory_report.path and not self.config.memory_report.every_n_steps \
-                and dist.get_rank() == 0:
-            logger.warning("zero: memory_report.path is set but neither "
-                           "memory_report.every_n_steps nor steps_per_print is: only the final "
-                           "report (engine.destroy() or engine.final_memory_report()) is written")
+
+    def _start_counting(self) -> None:
+        """The step counters and the state of the backward between calls, as before the first
+        forward."""
         self.micro_steps = 0
         self.global_steps = 0
         self.global_samples = 0
@@ -193,13 +223,6 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self._no_sync = False
         self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary
         self._final_report_step = None  # destroy() writes a final report unless one was
-        self._watch = Watch(self)  # monitors, wall_clock_breakdown, comms_logger, flops_profiler
-        hybrid_engine.take_over_generate(model, config.hybrid_engine, self._stage3)
-        self.tput_timer = ThroughputTimer(self.train_batch_size(), config.steps_per_print,
-                                          self.device, report=dist.get_rank() == 0,
-                                          enabled=config.timers.throughput.enabled,
-                                          synchronized=config.timers.throughput.synchronized)
-        _LIVE_ENGINES.add(self)
 
     # ---- DeepSpeed's engine surface -------------------------------------------------------
     def forward(self, *inputs, **kwargs):
