@@ -86,6 +86,23 @@ def test_by_name_and_by_suffix_return_what_they_missed():
     assert [name for name, _ in stage3.plan_units(model).modules] == [""]
 
 
+def test_a_class_flagged_leaf_makes_each_instance_one_unit():
+    """DeepSpeed reads the flag as an attribute, so a class may carry it."""
+    from zero.compat.deepspeed import utils
+
+    class LeafMLP(torch.nn.Sequential):
+        _z3_leaf = True
+
+    model = torch.nn.Sequential(LeafMLP(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)),
+                                torch.nn.Linear(4, 4))
+    assert utils.get_z3_leaf_modules(model) == [model[0]]
+    assert utils.z3_leaf_module(model[0]) and not utils.z3_leaf_module(model[1])
+    assert [name for name, _ in stage3.plan_units(model).modules] == ["", "0"]
+    utils.set_z3_leaf_module(model[0], False)  # an instance's own flag wins over its class's
+    assert utils.get_z3_leaf_modules(model) == []
+    assert [name for name, _ in stage3.plan_units(model).modules] == [""]
+
+
 def _flags(rank, world):
     import zero
     from zero.compat.deepspeed import utils
