@@ -14,15 +14,14 @@ def offload_options(config, on_swap_write=None):
     """offload_optimizer as _C.OffloadOptions: device "cpu" keeps the fp32 master and
     optimizer state in host memory, "nvme" in a swap file under nvme_path (removed when the
     engine goes); the step streams chunks of min(sub_group_size, OFFLOAD_TILE) elements,
-    with torch's intra-op thread count (the launcher's core binding sets it) running the CPU
-    Adam. on_swap_write(bytes) is told each chunk written to the swap file outside the step."""
+    with the engine's host threads (torch's intra-op thread count when the engine starts;
+    the launcher's core binding sets it) running the CPU Adam. on_swap_write(bytes) is told each chunk written to the swap file outside the step."""
     zero_cfg = config.zero_optimization
     offload = zero_cfg.offload_optimizer
     nvme = offload.device == "nvme"
     return typed(_C.OffloadOptions, enabled=offload.device in ("cpu", "nvme"),
                  pin_memory=bool(offload.pin_memory),
                  tile_numel=min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
-                 num_threads=torch.get_num_threads(),
                  delayed_update=bool(offload.delayed_update), ratio=float(offload.ratio),
                  nvme_path=offload.nvme_path if nvme else "", aio=aio_config(config),
                  on_swap_write=on_swap_write)

@@ -462,7 +462,7 @@ def test_the_offloaded_step_accounts_for_its_time():
 
 def _steps_on_threads(rank, world, config, threads):
     """Three steps of a 4 x 256-wide MLP (its shard takes several of the host Adam's ranges)
-    with the host Adam on `threads` threads (offload's num_threads is torch's thread count)."""
+    with the host Adam on `threads` threads (the engine's pool takes torch's thread count)."""
     import zero
 
     torch.set_num_threads(threads)

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
@@ -15,6 +16,7 @@ namespace zero::adapter {
 
 EngineCore::EngineCore(const std::string& group_name)
     : registry_(std::make_shared<core::MemoryRegistry>()),
+      host_threads_(at::get_num_threads()),  // torch's intra-op count (the launcher sets it)
       communicator_(resolve_group(group_name)) {}
 
 std::size_t EngineCore::add_group(std::vector<at::Tensor> params, const GroupOptions& options) {
@@ -26,7 +28,8 @@ std::size_t EngineCore::add_group(std::vector<at::Tensor> params, const GroupOpt
     communicator = data_groups_.back().get();
   }
   return adopt_group(
-      std::make_unique<ParamGroup>(std::move(params), options, *registry_, *communicator),
+      std::make_unique<ParamGroup>(std::move(params), options, *registry_, host_threads_,
+                                   *communicator),
       options.stage);
 }
 

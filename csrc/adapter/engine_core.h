@@ -13,6 +13,7 @@
 #include "adapter/param_group.h"
 #include "adapter/stage3_group.h"
 #include "core/memory_registry.h"
+#include "core/range_pool.h"
 
 namespace zero::adapter {
 
@@ -96,6 +97,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::int64_t offloaded_bytes() const { return parked_.host_bytes(); }
 
   core::MemoryRegistry& registry() { return *registry_; }
+  // The host Adam's threads, one pool for every group (started at its first split step).
+  core::RangePool& host_threads() { return host_threads_; }
   std::shared_ptr<core::MemoryRegistry> shared_registry() const { return registry_; }
   Communicator& communicator() { return communicator_; }
   // add_group's own data groups' communicators (MoE's expert data-parallel groups).
@@ -119,6 +122,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   // Declared first so it outlives every buffer that counts bytes in it.
   std::shared_ptr<core::MemoryRegistry> registry_;
+  core::RangePool host_threads_;  // before the groups, whose steps use it
   Communicator communicator_;
   std::unique_ptr<Communicator> span_;  // span_norm's group; null: the norm is the group's own
   // add_group's own data groups (GroupOptions::data_group), before the groups that use them

@@ -13,7 +13,6 @@ struct OffloadOptions {
   bool enabled = false;
   bool pin_memory = true;  // the schema's default (DeepSpeed 0.19.8's)
   std::int64_t tile_numel = std::int64_t{1} << 22;  // elements per streamed chunk
-  int num_threads = 1;                               // CPU Adam threads
   std::string nvme_path;  // non-empty: the state lives in a swap file in this directory
   core::AioConfig aio;
   bool delayed_update = false;  // ZeRO-Offload's DPU (host only)

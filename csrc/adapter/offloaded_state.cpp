@@ -19,19 +19,18 @@ double seconds_since(Clock::time_point since) {
 
 }  // namespace
 
-OffloadedState::OffloadedState(core::MemoryRegistry& registry, std::int64_t shard_numel,
+OffloadedState::OffloadedState(core::MemoryRegistry& registry, core::RangePool& host_threads,
+                               std::int64_t shard_numel,
                                const c10::TensorOptions& device_options, OptimizerKind kind,
                                std::vector<std::string> state_names,
                                ShardPrecision precision, const OffloadOptions& offload)
     : kind_(kind),
       state_names_(std::move(state_names)),
-      num_threads_(offload.num_threads),
+      host_threads_(host_threads),
       model_type_(device_options.dtype().toScalarType()) {
   TORCH_CHECK_VALUE(kind != OptimizerKind::kExternal, "zero: an optimizer zero does not build "
                     "itself steps on the device only; remove offload_optimizer, or use Adam, "
                     "AdamW, Adagrad, Lion or SGD");
-  TORCH_CHECK_VALUE(offload.num_threads >= 1, "zero: offload threads must be >= 1, got ",
-                    offload.num_threads);
   TORCH_CHECK(offload.tile_numel > 0, "zero: offload chunk size (sub_group_size) must be > 0, "
               "got ", offload.tile_numel);
   TORCH_CHECK(!offload.delayed_update || offload.nvme_path.empty(), "zero: the delayed "
@@ -330,9 +329,8 @@ void OffloadedState::update(const at::Tensor& grads, const at::Tensor& out, std:
     return;
   }
   const bool sixteen_bit_out = out.defined() && out.scalar_type() != at::kFloat;
-  if (!adam_threads_) adam_threads_ = std::make_unique<core::RangePool>(num_threads_);
   host_adam_update(master, grads, state("exp_avg"), state("exp_avg_sq"), hyper, grad_scale, step,
-                   sixteen_bit_out ? out : at::Tensor(), *adam_threads_);
+                   sixteen_bit_out ? out : at::Tensor(), host_threads_);
   if (out.defined() && !sixteen_bit_out) out.copy_(master);  // an fp32 model's parameters
 }
 

@@ -47,10 +47,11 @@ struct OffloadTimings {
 
 class OffloadedState {
  public:
-  OffloadedState(core::MemoryRegistry& registry, std::int64_t shard_numel,
-                 const c10::TensorOptions& device_options, OptimizerKind kind,
-                 std::vector<std::string> state_names, ShardPrecision precision,
-                 const OffloadOptions& offload);
+  // host_threads: the engine's threads for the host Adam (core/range_pool.h).
+  OffloadedState(core::MemoryRegistry& registry, core::RangePool& host_threads,
+                 std::int64_t shard_numel, const c10::TensorOptions& device_options,
+                 OptimizerKind kind, std::vector<std::string> state_names,
+                 ShardPrecision precision, const OffloadOptions& offload);
   OffloadedState(const OffloadedState&) = delete;
   OffloadedState& operator=(const OffloadedState&) = delete;
 
@@ -94,8 +95,7 @@ class OffloadedState {
 
   OptimizerKind kind_;
   std::vector<std::string> state_names_;  // the optimizer's arrays (not the master)
-  int num_threads_ = 1;                           // the host Adam's (offload num_threads)
-  std::unique_ptr<core::RangePool> adam_threads_;  // made at the first host Adam step
+  core::RangePool& host_threads_;  // the host Adam's
   at::ScalarType model_type_;  // the parameters' (gradients may be fp32: ShardPrecision::grads)
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home

@@ -61,13 +61,15 @@ core::ShardedLayout layout_for(const std::vector<at::Tensor>& params, const Grou
 }  // namespace
 
 ParamGroup::ParamGroup(std::vector<at::Tensor> params, const GroupOptions& options,
-                       core::MemoryRegistry& registry, Communicator& communicator)
+                       core::MemoryRegistry& registry, core::RangePool& host_threads,
+                       Communicator& communicator)
     : params_(std::move(params)),
       options_(options),
       communicator_(communicator),
       rank_(options.stage == 0 ? 0 : communicator.rank()),
       layout_(layout_for(params_, options, communicator.world_size())),
-      state_(registry, layout_.shard_numel(), params_.front().options(), options.optimizer,
+      state_(registry, host_threads, layout_.shard_numel(), params_.front().options(),
+             options.optimizer,
              optimizer_arrays(options),
              shard_precision(options, params_.front().scalar_type(), /*separate_master=*/false),
              options.offload) {

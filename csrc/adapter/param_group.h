@@ -137,7 +137,8 @@ struct GroupOptions {
 class ParamGroup : public Group {
  public:
   ParamGroup(std::vector<at::Tensor> params, const GroupOptions& options,
-             core::MemoryRegistry& registry, Communicator& communicator);
+             core::MemoryRegistry& registry, core::RangePool& host_threads,
+             Communicator& communicator);
 
   // Stages 0/1: makes every param.grad our view again (a user's zero_grad may have set it
   // to None).

@@ -13,11 +13,15 @@
 
 namespace zero::adapter {
 
-ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
-                       const c10::TensorOptions& device_options, OptimizerKind kind,
-                       std::vector<std::string> state_names, ShardPrecision precision,
-                       const OffloadOptions& offload)
-    : registry_(registry), kind_(kind), precision_(precision), shard_numel_(shard_numel),
+ShardState::ShardState(core::MemoryRegistry& registry, core::RangePool& host_threads,
+                       std::int64_t shard_numel, const c10::TensorOptions& device_options,
+                       OptimizerKind kind, std::vector<std::string> state_names,
+                       ShardPrecision precision, const OffloadOptions& offload)
+    : registry_(registry),
+      host_threads_(host_threads),
+      kind_(kind),
+      precision_(precision),
+      shard_numel_(shard_numel),
       device_numel_(shard_numel),
       state_names_(std::move(state_names)) {
   // An external optimizer steps one tensor, the separate fp32 master.
@@ -48,8 +52,9 @@ ShardState::ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
     device_numel_ = shard_numel - host;
     precision_.keep_master = true;  // parameters and master are separate wherever it steps
     if (host > 0) {
-      offloaded_ = std::make_unique<OffloadedState>(registry, host, device_options, kind,
-                                                    state_names_, precision_, offload);
+      offloaded_ = std::make_unique<OffloadedState>(registry, host_threads, host,
+                                                    device_options, kind, state_names_,
+                                                    precision_, offload);
     }
   }
   if (device_numel_ == 0) return;
@@ -255,10 +260,9 @@ bool ShardState::host_adam(const ShardPiece& piece, const OptimizerHyper& hyper,
   if (!host_adam_takes(master) || !host_adam_takes(piece.grad)) {
     return false;
   }
-  if (!host_threads_) host_threads_ = std::make_unique<core::RangePool>(at::get_num_threads());
   host_adam_update(master, piece.grad, states_[0].narrow(0, piece.offset, numel),
                    states_[1].narrow(0, piece.offset, numel), hyper, grad_scale, step,
-                   writes_params ? piece.param : at::Tensor(), *host_threads_);
+                   writes_params ? piece.param : at::Tensor(), host_threads_);
   if (master_.defined() && !writes_params) store_params(piece, 0, master);
   return true;
 }

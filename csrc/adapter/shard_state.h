@@ -28,9 +28,10 @@ class ShardState {
   // state_names: the optimizer's arrays (optimizer_state_names). precision: their dtypes and
   // whether a separate master is kept (mixed precision); offload and an external optimizer
   // always keep one.
-  ShardState(core::MemoryRegistry& registry, std::int64_t shard_numel,
-             const c10::TensorOptions& device_options, OptimizerKind kind,
-             std::vector<std::string> state_names, ShardPrecision precision,
+  // host_threads: the engine's threads for the host Adam (core/range_pool.h).
+  ShardState(core::MemoryRegistry& registry, core::RangePool& host_threads,
+             std::int64_t shard_numel, const c10::TensorOptions& device_options,
+             OptimizerKind kind, std::vector<std::string> state_names, ShardPrecision precision,
              const OffloadOptions& offload);
 
   bool has_master() const { return master_.defined() || offloaded_ != nullptr; }
@@ -108,6 +109,7 @@ class ShardState {
   bool on_device_only() const { return device_numel_ > 0 || !offloaded_; }
 
   core::MemoryRegistry& registry_;
+  core::RangePool& host_threads_;  // the host Adam's
   OptimizerKind kind_;
   ShardPrecision precision_;
   std::int64_t shard_numel_;
@@ -117,7 +119,6 @@ class ShardState {
   std::vector<std::string> state_names_;
   std::vector<at::Tensor> states_;        // the head's arrays, in state_names_ order
   std::unique_ptr<OffloadedState> offloaded_;
-  std::unique_ptr<core::RangePool> host_threads_;  // host_adam's, made at its first step
 };
 
 }  // namespace zero::adapter

@@ -48,7 +48,7 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                          const std::vector<std::size_t>& unit_of_param,
                          const std::vector<std::vector<std::int64_t>>& full_shapes,
                          const GroupOptions& options, core::MemoryRegistry& registry,
-                         Communicator& communicator)
+                         core::RangePool& host_threads, Communicator& communicator)
     : params_(std::move(params)),
       options_(frozen_or_trained(options)),
       registry_(registry),
@@ -66,7 +66,8 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                             communicator_.world_size())),
       model_options_(params_.front().options()),
       // A frozen group keeps its parameters' shard alone (a shard state of no elements).
-      state_(registry, options_.frozen ? 0 : layout_.shard_numel(), model_options_,
+      state_(registry, host_threads, options_.frozen ? 0 : layout_.shard_numel(),
+             model_options_,
              options_.optimizer,
              options_.frozen ? std::vector<std::string>{} : optimizer_arrays(options_),
              // With the parameters on the host, a device-side step needs its own master.

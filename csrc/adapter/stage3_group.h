@@ -64,7 +64,7 @@ class Stage3Group : public Group {
   Stage3Group(std::vector<at::Tensor> params, const std::vector<std::size_t>& unit_of_param,
               const std::vector<std::vector<std::int64_t>>& full_shapes,
               const GroupOptions& options, core::MemoryRegistry& registry,
-              Communicator& communicator);
+              core::RangePool& host_threads, Communicator& communicator);
 
   // --- gathering ---
   void fetch(std::size_t unit);    // starts the all-gather (no-op if gathered or in flight)

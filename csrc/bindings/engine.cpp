@@ -67,7 +67,7 @@ void add_training(Core& core) {
           return e.adopt_group(
               std::make_unique<adapter::Stage3Group>(std::move(params), unit_of_param,
                                                      full_shapes, options, e.registry(),
-                                                     e.communicator()),
+                                                     e.host_threads(), e.communicator()),
               3);
         },
         py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
@@ -82,7 +82,7 @@ void add_training(Core& core) {
           options.frozen = true;
           return e.adopt_frozen_group(std::make_unique<adapter::Stage3Group>(
               std::move(params), unit_of_param, full_shapes, options, e.registry(),
-              e.communicator()));
+              e.host_threads(), e.communicator()));
         },
         py::arg("params"), py::arg("unit_of_param"), py::arg("full_shapes"),
         py::arg("options"), py::call_guard<py::gil_scoped_release>())

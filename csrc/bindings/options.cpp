@@ -89,7 +89,6 @@ void bind_options(py::module_& m) {
       .def_readwrite("enabled", &Offload::enabled)
       .def_readwrite("pin_memory", &Offload::pin_memory)
       .def_readwrite("tile_numel", &Offload::tile_numel)
-      .def_readwrite("num_threads", &Offload::num_threads)
       .def_readwrite("nvme_path", &Offload::nvme_path)
       .def_readwrite("aio", &Offload::aio)
       .def_readwrite("delayed_update", &Offload::delayed_update)

@@ -5,14 +5,18 @@
 
 namespace zero::core {
 
-RangePool::RangePool(int threads) {
-  const int wanted = std::max(threads, 1) - 1;
-  // Everything that allocates before the first thread starts: after it, nothing may throw.
-  errors_.resize(static_cast<std::size_t>(wanted) + 1);
-  workers_.reserve(static_cast<std::size_t>(wanted));
-  for (int index = 1; index <= wanted; ++index) {
+RangePool::RangePool(int threads) : threads_(std::max(threads, 1)) {
+  // What the workers need, allocated before any starts (start_workers then allocates nothing
+  // of its own).
+  errors_.resize(static_cast<std::size_t>(threads_));
+  workers_.reserve(static_cast<std::size_t>(threads_ - 1));
+}
+
+void RangePool::start_workers() {
+  started_ = true;
+  for (int index = 1; index < threads_; ++index) {
     try {
-      workers_.emplace_back(&RangePool::work, this, index);
+      workers_.emplace_back(&RangePool::work, this, index, generation_);
     } catch (const std::system_error&) {
       break;  // out of threads: the ones started, and the caller, do the work
     }
@@ -38,8 +42,7 @@ void RangePool::run_range(int index) {
   }
 }
 
-void RangePool::work(int index) {
-  std::uint64_t seen = 0;
+void RangePool::work(int index, std::uint64_t seen) {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -59,8 +62,11 @@ void RangePool::run(std::int64_t n, std::int64_t least, const RangeFn& fn, std::
   if (n <= 0) return;
   std::lock_guard<std::mutex> one_run(run_mutex_);
   align = std::max<std::int64_t>(align, 1);
-  const std::int64_t ranges_wanted = std::clamp<std::int64_t>(n / std::max<std::int64_t>(least, 1),
-                                                               1, threads());
+  std::int64_t ranges_wanted = std::clamp<std::int64_t>(n / std::max<std::int64_t>(least, 1), 1,
+                                                        threads_);
+  if (ranges_wanted > 1 && !started_) start_workers();
+  ranges_wanted = std::min<std::int64_t>(ranges_wanted,
+                                         static_cast<std::int64_t>(workers_.size()) + 1);
   std::int64_t share = (n + ranges_wanted - 1) / ranges_wanted;
   share = (share + align - 1) / align * align;
   if (share >= n || workers_.empty()) {

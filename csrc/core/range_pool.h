@@ -7,7 +7,8 @@
 // on an H200's 16-core host.)
 //
 // run() is for one caller at a time (a second waits for the first); the caller's own thread
-// takes the first range. A range must not call run() on its own pool (it would wait on
+// takes the first range. The workers start at the first run that splits its range, so an
+// engine whose steps never use the pool has no threads for it. A range must not call run() on its own pool (it would wait on
 // itself). The destructor joins the workers. As the other thread owners here (TaskWorker),
 // a pool is not for a forked child: its workers stay in the parent.
 #include <condition_variable>
@@ -30,7 +31,7 @@ class RangePool {
   RangePool& operator=(const RangePool&) = delete;
   ~RangePool();
 
-  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+  int threads() const { return threads_; }
 
   // Calls fn on contiguous ranges that cover [0, n) once: at most threads() of them, each at
   // least `least` elements (but the last), their starts multiples of `align`. Returns when every
@@ -38,8 +39,13 @@ class RangePool {
   void run(std::int64_t n, std::int64_t least, const RangeFn& fn, std::int64_t align = 64);
 
  private:
-  void work(int index);  // worker `index` (1-based: range 0 is the caller's)
+  void start_workers();  // under run_mutex_
+  // Worker `index` (1-based: range 0 is the caller's), started after run `seen`.
+  void work(int index, std::uint64_t seen);
   void run_range(int index);
+
+  const int threads_;
+  bool started_ = false;  // the workers were started (as many as the system gave)
 
   std::mutex run_mutex_;  // one run at a time
   std::mutex mutex_;

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <cstdint>
 #include <mutex>
 #include <set>
@@ -48,6 +49,22 @@ bool cover_once(const std::set<std::pair<std::int64_t, std::int64_t>>& ranges, s
 }
 
 }  // namespace
+
+// This process's threads (Linux: one entry each under /proc/self/task).
+std::ptrdiff_t thread_count() {
+  const std::filesystem::directory_iterator tasks("/proc/self/task");
+  return std::distance(std::filesystem::begin(tasks), std::filesystem::end(tasks));
+}
+
+TEST_CASE("a pool starts its threads at the first run that splits", "[range_pool]") {
+  const std::ptrdiff_t before = thread_count();
+  RangePool pool(4);
+  REQUIRE(thread_count() == before);
+  pool.run(100, 1000, [](std::int64_t, std::int64_t) {});  // one range: the caller's
+  REQUIRE(thread_count() == before);
+  pool.run(100'000, 1000, [](std::int64_t, std::int64_t) {});
+  REQUIRE(thread_count() == before + 3);
+}
 
 TEST_CASE("a run covers the range once, split over every thread", "[range_pool]") {
   RangePool pool(4);
