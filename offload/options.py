@@ -15,7 +15,8 @@ def offload_options(config, on_swap_write=None):
     optimizer state in host memory, "nvme" in a swap file under nvme_path (removed when the
     engine goes); the step streams chunks of min(sub_group_size, OFFLOAD_TILE) elements,
     with the engine's host threads (torch's intra-op thread count when the engine starts;
-    the launcher's core binding sets it) running the CPU Adam. on_swap_write(bytes) is told each chunk written to the swap file outside the step."""
+    the launcher's core binding sets it) running the CPU Adam. on_swap_write(bytes) is told
+    each chunk written to the swap file outside the step."""
     zero_cfg = config.zero_optimization
     offload = zero_cfg.offload_optimizer
     nvme = offload.device == "nvme"

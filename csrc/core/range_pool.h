@@ -8,9 +8,10 @@
 //
 // run() is for one caller at a time (a second waits for the first); the caller's own thread
 // takes the first range. The workers start at the first run that splits its range, so an
-// engine whose steps never use the pool has no threads for it. A range must not call run() on its own pool (it would wait on
-// itself). The destructor joins the workers. As the other thread owners here (TaskWorker),
-// a pool is not for a forked child: its workers stay in the parent.
+// engine whose steps never use the pool has no threads for it. A range must not call run()
+// on its own pool (it would wait on itself). The destructor joins the workers. As the other
+// thread owners here (TaskWorker), a pool is not for a forked child: its workers stay in the
+// parent.
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
