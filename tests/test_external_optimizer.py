@@ -52,13 +52,8 @@ def _train_stages(rank, world, name):
         weights = {k: v.detach().float().clone() for k, v in engine.module_state_dict().items()}
         first = next(p for p in engine.module.parameters() if p.requires_grad)
         arrays = {a: safe_get_full_optimizer_state(first, a) for a in OPTIMIZERS[name][1]}
-        categories = engine.memory_report()["categories"]
-        state, other = categories["optimizer_state"], categories["other"]
-        # the step's whole-shard gradients, one engine group's at a time
-        shards = [engine.core.group_master_shard(g).numel()
-                  for g in range(engine.core.group_count)]
-        runs.append((losses, weights, arrays, (state["current"], state["expected"]),
-                     (other["current"], other["peak"], 4 * max(shards))))
+        state = engine.memory_report()["categories"]["optimizer_state"]
+        runs.append((losses, weights, arrays, (state["current"], state["expected"])))
         engine.destroy()
     return runs
 
@@ -68,15 +63,14 @@ def test_elementwise_optimizers_match_the_single_process_run_at_every_stage(name
     ref_losses, ref_params, optimizer = training.train_reference(
         2, STEPS, GAS, training.engine_config(0), make_optimizer=OPTIMIZERS[name][0])
     ref_state = optimizer.state[optimizer.param_groups[0]["params"][0]]
-    for stage, (losses, params, arrays, (state_bytes, formula), (now, peak, shard_bytes)) in \
-            enumerate(run_distributed(_train_stages, 2, args=(name,))[0]):
+    for stage, (losses, params, arrays, (state_bytes, formula)) in enumerate(
+            run_distributed(_train_stages, 2, args=(name,))[0]):
         assert losses == pytest.approx(ref_losses, rel=1e-5), stage
         for key, expected in ref_params.items():
             assert training.relative_error(params[key], expected) < 1e-5, (stage, key)
         for array, value in arrays.items():  # the optimizer's own names, per parameter
             assert training.relative_error(value, ref_state[array]) < 1e-4, (stage, array)
         assert state_bytes == formula, stage  # 4 bytes per element and array, counted
-        assert (now, peak) == (0, shard_bytes), stage  # the step's fp32 gradients, counted
     assert ref_losses[-1] < ref_losses[0] - 0.02  # the reference learned: the check can fail
 
 

@@ -214,11 +214,8 @@ void ShardState::external_step(const std::vector<ShardPiece>& pieces, const Opti
   const at::TensorOptions options = at::TensorOptions().dtype(precision_.master);
   at::Tensor master = master_.defined() ? master_ : at::empty({0}, options);  // an empty shard
   // The whole shard's gradients in one tensor, as the optimizer sees one parameter; what no
-  // piece covers (alignment padding) is 0. Counted in the memory report ("other") while the
-  // step holds it.
-  const TrackedTensor whole_grads(registry_, core::MemoryCategory::kOther,
-                                  core::MemoryLocation::kDevice, shard_numel_, master.options());
-  const at::Tensor& grads = whole_grads.tensor();
+  // piece covers (alignment padding) is 0.
+  at::Tensor grads = at::zeros({shard_numel_}, master.options());
   for (const ShardPiece& piece : pieces) {
     grads.narrow(0, piece.offset, piece.grad.numel()).copy_(piece.grad);
   }
