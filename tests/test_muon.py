@@ -85,14 +85,14 @@ class ReferenceMuon(torch.optim.Optimizer):
                     self._adam(p, updates[p] * coef, group)
 
     def _muon_update(self, p, group):
+        from zero import _C
+
         state = self.state[p]
         if not state:
             state["momentum"] = torch.zeros_like(p)
         beta = group["momentum"]
         state["momentum"].lerp_(p.grad, 1 - beta)
         blend = p.grad.lerp(state["momentum"], beta)
-        from zero import _C
-
         method = group["ns_method"]
         dtype = getattr(_C.DType, self.ns_dtypes[method])
         if self.slices == 1:

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import agreement
 from .eager_hooks import dynamo_loaded, eager
+from .stage3_policy import class_named
 from .stage3_root_parts import RootParts
 
 
@@ -84,9 +85,7 @@ def modules_of_classes(model: nn.Module, leaf_module_classes) -> list[nn.Module]
                         f"{list(leaf_module_classes)}")
     classes = tuple(c for c in leaf_module_classes if isinstance(c, type))
     names = {c for c in leaf_module_classes if isinstance(c, str)}
-    return [m for m in model.modules()
-            if isinstance(m, classes) or type(m).__name__ in names
-            or f"{type(m).__module__}.{type(m).__qualname__}" in names]
+    return [m for m in model.modules() if isinstance(m, classes) or class_named(m, names)]
 
 
 def set_z3_leaf_modules(model: nn.Module, leaf_module_classes,

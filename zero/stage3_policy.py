@@ -100,6 +100,13 @@ def granularity_units(model: nn.Module, threshold: int) -> list[nn.Module]:
     return units
 
 
+def class_named(module: nn.Module, names) -> bool:
+    """Whether `module`'s class is among `names`, as DeepSpeed names a class: plain, or as
+    module.Qualname."""
+    cls = type(module)
+    return cls.__name__ in names or f"{cls.__module__}.{cls.__qualname__}" in names
+
+
 def leaf_units(model: nn.Module, classes: Sequence[str] = DEFAULT_LEAF_MODULE_CLASSES,
                names: Sequence[str] = (), suffixes: Sequence[str] = ()) -> list[nn.Module]:
     """DeepSpeed's zero_optimization.leaf_module (apply_zero_leaf_module_config): the modules
@@ -113,8 +120,7 @@ def leaf_units(model: nn.Module, classes: Sequence[str] = DEFAULT_LEAF_MODULE_CL
                        "named %s", missing)
     wanted = set(classes)
     return [module for name, module in modules.items()
-            if type(module).__name__ in wanted
-            or f"{type(module).__module__}.{type(module).__qualname__}" in wanted
+            if class_named(module, wanted)
             or name in names or any(name.endswith(suffix) for suffix in suffixes)]
 
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include <ATen/Parallel.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
