@@ -15,8 +15,9 @@ def offload_options(config, on_swap_write=None):
     optimizer state in host memory, "nvme" in a swap file under nvme_path (removed when the
     engine goes); the step streams chunks of min(sub_group_size, OFFLOAD_TILE) elements,
     with the engine's host threads (torch's intra-op thread count when the engine starts;
-    the launcher's core binding sets it) running the CPU Adam. on_swap_write(bytes) is told
-    each chunk written to the swap file outside the step."""
+    the launcher's core binding sets it) running the CPU Adam. grads_on_device keeps a
+    stage 2-3 gradient shard on the device, copied to the host by the step.
+    on_swap_write(bytes) is told each chunk written to the swap file outside the step."""
     zero_cfg = config.zero_optimization
     offload = zero_cfg.offload_optimizer
     nvme = offload.device == "nvme"
@@ -24,6 +25,7 @@ def offload_options(config, on_swap_write=None):
                  pin_memory=bool(offload.pin_memory),
                  tile_numel=min(int(zero_cfg.sub_group_size), OFFLOAD_TILE),
                  delayed_update=bool(offload.delayed_update), ratio=float(offload.ratio),
+                 grads_on_device=bool(offload.grads_on_device),
                  nvme_path=offload.nvme_path if nvme else "", aio=aio_config(config),
                  on_swap_write=on_swap_write)
 

@@ -20,6 +20,7 @@ def _config(stage, precision, overrides, nvme_path, gas=GAS):
     optimizer = zero_extra.pop("optimizer", None)
     delayed = zero_extra.pop("delayed_update", False)
     ratio = zero_extra.pop("ratio", None)
+    grads_on_device = zero_extra.pop("grads_on_device", False)
     sixteen_bit = zero_extra.pop("bf16", None)  # bf16 block keys (a 16-bit master, states)
     data_types = zero_extra.pop("data_types", None)
     param_keys = {PARAM_KEYS[key]: zero_extra.pop(key) for key in list(zero_extra)
@@ -36,6 +37,8 @@ def _config(stage, precision, overrides, nvme_path, gas=GAS):
                 zero_extra[name].update(param_keys)
         if device and ratio is not None and name == "offload_optimizer":
             zero_extra[name]["ratio"] = ratio
+        if device and grads_on_device and name == "offload_optimizer":
+            zero_extra[name]["grads_on_device"] = True
     if stage == 3:
         zero_extra.setdefault("stage3_param_persistence_threshold", PERSISTENCE)
     config = training.engine_config(stage, gas=gas, precision=precision, **zero_extra)

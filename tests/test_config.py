@@ -81,6 +81,9 @@ BAD = [
     ("delayed update with partial offload", with_(zero_optimization={"stage": 2, "offload_optimizer": {
         "device": "cpu", "ratio": 0.5, "delayed_update": True}}),
      "zero_optimization.offload_optimizer.delayed_update", "needs the whole step on the host"),
+    ("gradients on the device without offload", with_(zero_optimization={"stage": 2, "offload_optimizer": {
+        "grads_on_device": True}}),
+     "zero_optimization.offload_optimizer.grads_on_device", "set device to \"cpu\" or \"nvme\""),
     ("cpu offload at stage 0", with_(zero_optimization={"offload_optimizer": {"device": "cpu"}}),
      "zero_optimization.offload_optimizer.device", "optimizer offload needs ZeRO stage 1, 2 or 3"),
     ("nvme params with one buffer", with_(zero_optimization={"stage": 3, "offload_param": {

@@ -147,6 +147,19 @@ def test_optimizer_offload_to_pinned_memory(stage):
         assert set(master) == {"host_pinned"}, master  # pinned, not a pageable fallback
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_optimizer_offload_with_the_gradients_on_the_gpu(stage):
+    """offload_optimizer.grads_on_device: backward reduces into a gradient shard on the GPU,
+    and the step's copy engine stages it to pinned memory chunk by chunk."""
+    offload = {"offload_optimizer": {"device": "cpu", "pin_memory": True,
+                                     "grads_on_device": True}}
+    results = _run(1, stage, "bf16", sub_group_size=1000, **offload)
+    _assert_matches_reference(results, 1, stage, "bf16")
+    for _, _, report in results:
+        assert set(report["categories"]["gradient"]["by_location"]) == {"device"}
+        assert "host_pinned" in report["categories"]["staging"]["by_location"]
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_parameter_and_optimizer_offload(world):
     offload = {"offload_optimizer": {"device": "cpu", "pin_memory": True},
@@ -173,14 +186,17 @@ def test_optimizer_and_parameters_on_nvme_on_the_gpu(tmp_path):
         assert report["by_location"]["nvme"]["peak"] > 0
 
 
-def test_delayed_update_on_the_gpu():
+@pytest.mark.parametrize("grads_on_device", [False, True], ids=["host-grads", "device-grads"])
+def test_delayed_update_on_the_gpu(grads_on_device):
     """The delayed parameter update (offload_optimizer.delayed_update): the CPU step of one
     optimizer step overlaps the next forward and backward, so the model trains one update
-    behind; exactly test_offload.py's one-behind reference, to the GPU's rounding."""
+    behind; exactly test_offload.py's one-behind reference, to the GPU's rounding. With
+    grads_on_device the update's gradients are copied from the GPU's shard."""
     from test_offload import _dpu_config, _dpu_reference, _train_dpu
 
     config = _dpu_config(2)
-    config["zero_optimization"]["offload_optimizer"]["pin_memory"] = True
+    config["zero_optimization"]["offload_optimizer"].update(pin_memory=True,
+                                                            grads_on_device=grads_on_device)
     ref_losses, ref_params = _dpu_reference(1, STEPS, config)
     [(losses, params, pending)] = run_distributed(_train_dpu, 1, args=(config,), timeout=300,
                                                   backend="nccl")

@@ -55,6 +55,12 @@ GRID = [
     ("s3-cpu-ratio-params-bf16", 3, "bf16", {"offload_optimizer": "cpu", "ratio": 0.75,
                                              "offload_param": "cpu"}),
     ("s2-cpu-ratio-0-bf16", 2, "bf16", {"offload_optimizer": "cpu", "ratio": 0.0}),
+    # grads_on_device: the gradient shard on the device (stage 3: the partitioned group's),
+    # with the delayed update's host copy of it, and beside parameters on the host
+    ("s2-cpu-delayed-grads-on-device-bf16", 2, "bf16", {
+        "offload_optimizer": "cpu", "delayed_update": True, "grads_on_device": True}),
+    ("s3-nvme-params-grads-on-device-fp32", 3, "fp32", {
+        "offload_optimizer": "nvme", "offload_param": "cpu", "grads_on_device": True}),
     # DeepSpeed's bf16_master_weights_and_grads (a bf16 master on the host / NVMe) and
     # bf16_optimizer_states, a partial offload's device head included
     ("s2-cpu-bf16-master", 2, "bf16", {"offload_optimizer": "cpu",
@@ -279,6 +285,7 @@ def test_offload_rows_in_the_table_and_json(capsys, tmp_path):
     assert out["setup"]["offload"] == {"offload_optimizer": "nvme", "offload_param": "cpu",
                                        "sub_group_size": 1_000_000_000,
                                        "delayed_update": False, "ratio": 1.0,
+                                       "grads_on_device": False,
                                        "param_buffer_count": 5,
                                        "param_buffer_size": 100_000_000,
                                        "param_max_in_cpu": 0}

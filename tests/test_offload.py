@@ -70,6 +70,24 @@ def test_bf16_offload_matches_the_engine_without_it(stage):
     _assert_same_training(plain, offloaded, 1e-6)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_gradients_kept_on_the_device_train_the_same_and_stay_there(stage):
+    """offload_optimizer.grads_on_device: the gradient shard is the device's (here the CPU's
+    device buffer, given back between steps), not the host pool's; training is unchanged."""
+    plain = run_distributed(_train, 2, args=(_config(stage, True, "bf16"),), timeout=180)
+    config = _config(stage, True, "bf16", tile=1000)
+    config["zero_optimization"]["offload_optimizer"]["grads_on_device"] = True
+    kept = run_distributed(_train, 2, args=(config,), timeout=180)
+    _assert_same_training(plain, kept, 0.0)
+    for (_, _, before), (_, _, after) in zip(plain, kept):
+        assert set(before["categories"]["gradient"]["by_location"]) >= {"host_pageable"}
+        gradient = after["categories"]["gradient"]["by_location"]
+        assert set(gradient) == {"device"}, gradient
+        assert gradient["device"]["peak"] == before["categories"]["gradient"]["peak"]
+        assert after["model_state_by_location"]["measured"] == \
+            after["model_state_by_location"]["expected"]
+
+
 def test_round_robin_gradients_is_taken_and_trains_the_same():
     """DeepSpeed's round_robin_gradients reorders its partitions so every rank copies
     gradients to the CPU throughout backward; zero's reduce-scatter hands every rank 1/N of

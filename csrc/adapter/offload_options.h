@@ -19,6 +19,12 @@ struct OffloadOptions {
   // Fraction of the shard whose state and step go to the host / NVMe (the shard's tail);
   // the rest stays on the device.
   double ratio = 1.0;
+  // The gradient shard (stages 2-3) stays on the device instead of host memory: backward
+  // reduces into it as without offload, and the streamed step copies it to the host chunk by
+  // chunk behind the CPU optimizer (offloaded_state.h). Costs the shard's bytes on the device;
+  // saves the host shard's copies in backward (one per micro-step, and at gradient
+  // accumulation a device round trip for each later one).
+  bool grads_on_device = false;
   // With NVMe: told the bytes of each chunk written outside the step (start-up, checkpoint
   // load, commit), for a progress display. Never called from the step.
   std::function<void(std::int64_t bytes)> on_swap_write;

@@ -10,7 +10,8 @@
 namespace zero::adapter {
 
 bool grads_offloaded(const GroupOptions& options) {
-  return options.stage >= 2 && options.offload.enabled && options.offload.ratio >= 1.0;
+  return options.stage >= 2 && options.offload.enabled && options.offload.ratio >= 1.0 &&
+         !options.offload.grads_on_device;
 }
 
 c10::TensorOptions bucket_options(const c10::TensorOptions& model, const GroupOptions& options) {

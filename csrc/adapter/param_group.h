@@ -48,7 +48,8 @@ struct ParamOffloadOptions {
 
 struct GroupOptions;
 // Stages 2-3 with the whole optimizer step offloaded: the gradient shard lives in host memory
-// (ZeRO-Offload), only what the device still updates (ratio < 1) keeps it on the device.
+// (ZeRO-Offload), unless the config keeps it on the device (OffloadOptions::grads_on_device) or
+// the device still updates part of the shard (ratio < 1).
 bool grads_offloaded(const GroupOptions& options);
 // A new accumulation window for a gradient shard: on the device its memory is given back
 // (zero-filled when taken again); in host memory it is left as it is, every unit's next

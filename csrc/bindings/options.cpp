@@ -93,6 +93,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("aio", &Offload::aio)
       .def_readwrite("delayed_update", &Offload::delayed_update)
       .def_readwrite("ratio", &Offload::ratio)
+      .def_readwrite("grads_on_device", &Offload::grads_on_device)
       .def_readwrite("on_swap_write", &Offload::on_swap_write);
 
   using ParamOffload = adapter::ParamOffloadOptions;

@@ -22,6 +22,7 @@ class OffloadOptimizerConfig:
     fast_init: bool
     ratio: float
     delayed_update: bool
+    grads_on_device: bool
 
     @property
     def enabled(self):

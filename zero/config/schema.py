@@ -558,6 +558,12 @@ OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimi
     _bool("delayed_update", False, "zero only: delayed parameter update (ZeRO-Offload's DPU): the CPU step of "
           "step i overlaps the forward and backward of step i+1, which trains on parameters one update old "
           "(device \"cpu\"; engine.apply_delayed_update() applies the last one).", feature=FEATURE_OFFLOAD),
+    _bool("grads_on_device", False, "zero only: keep the gradient shard (stages 2-3) on the device instead of "
+          "reducing it into host memory: backward runs as without offload and the optimizer step copies the "
+          "shard to the host chunk by chunk, behind the CPU optimizer. Costs the shard's bytes on the device "
+          "(2Ψ/N in 16 bits); saves a shard-sized copy per micro-step, and with gradient accumulation a "
+          "device round trip for every later micro-step (stage 1 and a ratio below 1 keep gradients on the "
+          "device anyway).", feature=FEATURE_OFFLOAD),
     _unsupported(BOOL, "super_offload", False, "SuperOffload for superchips."),
     _unsupported(BOOL, "convert_grad_on_cpu", True, "Where SuperOffload converts grads."),
     _unsupported(FLOAT, "cpuadam_cores_perc", 0.8, "CPU share for SuperOffload's Adam."),

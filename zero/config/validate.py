@@ -602,6 +602,10 @@ def _check_zero(v, values):
     if _valid(optim) and optim.get("delayed_update") is True and _valid(optim["ratio"]) and optim["ratio"] < 1:
         v.error(f"{path}.offload_optimizer.delayed_update", True, "the delayed parameter update needs the whole "
                 f"step on the host (ratio is {optim['ratio']})", "set ratio to 1.0 or delayed_update to false")
+    if _valid(optim) and optim.get("grads_on_device") is True and optim["device"] == "none":
+        v.error(f"{path}.offload_optimizer.grads_on_device", True, "keeps an offloaded step's gradients on the "
+                "device, and offload_optimizer.device is \"none\" (gradients are on the device already)",
+                "set device to \"cpu\" or \"nvme\", or remove grads_on_device")
     if _valid(param) and param["device"] == "nvme" and _valid(param["buffer_count"]) and param["buffer_count"] < 2:
         v.error(f"{path}.offload_param.buffer_count", param["buffer_count"], "parameters on NVMe need at least 2 "
                 "host buffers (one unit is read while another is written back)", "set buffer_count to 2 or more")

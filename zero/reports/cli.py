@@ -129,6 +129,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     offload.add_argument("--delayed-update", action=argparse.BooleanOptionalAction, default=None,
                          help="offload_optimizer.delayed_update (cpu): the host also keeps the "
                               "shard's gradients and new parameters")
+    offload.add_argument("--grads-on-device", action=argparse.BooleanOptionalAction,
+                         default=None,
+                         help="offload_optimizer.grads_on_device: stages 2-3 keep the gradient "
+                              "shard on the device, not in host memory")
 
 
 def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
@@ -145,7 +149,8 @@ def _setup(args) -> tuple[est.Setup, int | None, dict | None]:
                      max_inflight_gathers=args.max_inflight_gathers,
                      offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
                      sub_group_size=args.sub_group_size, delayed_update=args.delayed_update,
-                     offload_ratio=args.offload_ratio, cpu_only=args.cpu_only)
+                     offload_ratio=args.offload_ratio, grads_on_device=args.grads_on_device,
+                     cpu_only=args.cpu_only)
     base = None
     if args.config:
         with open(args.config, encoding="utf-8") as handle:

@@ -423,7 +423,8 @@ def _offload_block(name: str, device: str, previous, nvme_path: str | None,
     "nvme"): pin_memory true unless the base config says otherwise (pinned host memory makes
     the copies faster; where it cannot be pinned the engine says why and uses pageable
     memory), the base's other keys that still apply, and what the estimate used: the
-    optimizer's ratio, the parameter buffers and max_in_cpu (when not the defaults)."""
+    optimizer's ratio and grads_on_device, the parameter buffers and max_in_cpu (when not the
+    defaults)."""
     previous = previous if isinstance(previous, dict) else {}
     block = {"device": device, "pin_memory": True}
     if previous.get("device") == device:
@@ -434,6 +435,8 @@ def _offload_block(name: str, device: str, previous, nvme_path: str | None,
         block["nvme_path"] = nvme_path
     if name == "offload_optimizer" and float(setup.offload_ratio) != 1.0:
         block["ratio"] = float(setup.offload_ratio)
+    if name == "offload_optimizer" and setup.grads_on_device:
+        block["grads_on_device"] = True
     if name == "offload_param" and device == "nvme":
         for key, value, default in (
                 ("buffer_count", setup.param_buffer_count, DEFAULT_PARAM_BUFFER_COUNT),

@@ -56,7 +56,8 @@ Offload (built, exact against the engine; `offload_optimizer` at stages 1-3, `of
 cpu and nvme at stage 3): fp32_master and optimizer_state move to the host (cpu) or to NVMe
 (the registry's `nvme` location: a swap file); an offloaded optimizer always keeps an fp32
 master, fp32 training included. At stages 2-3 with the whole step offloaded (ratio 1) the
-gradient shard is in host memory too (stage 3: the partitioned group's). Every engine group
+gradient shard is in host memory too (stage 3: the partitioned group's), unless
+offload_optimizer.grads_on_device keeps it on the device. Every engine group
 (stages 1-2: one per optimizer group; stage 3: the partitioned group and the persistent
 stage-1 group) owns one host pool that adds `staging`:
 

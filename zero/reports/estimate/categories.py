@@ -58,8 +58,9 @@ def gradient_location(setup: Setup, option: Option) -> str:
     offloaded (ratio 1) at stages 2-3 the shard is reduced straight into host memory
     (ZeRO-Offload); at stage 3 only the partitioned group's, the persistent parameters are a
     stage-1 group whose whole gradients stay on the device. A partial offload keeps it on
-    the device, where the head's step runs."""
-    offloaded = option.offload_optimizer != "none" and float(setup.offload_ratio) >= 1.0
+    the device, where the head's step runs, and so does offload_optimizer.grads_on_device."""
+    offloaded = option.offload_optimizer != "none" and float(setup.offload_ratio) >= 1.0 \
+        and not setup.grads_on_device
     return "host" if option.stage >= 2 and offloaded else "device"
 
 

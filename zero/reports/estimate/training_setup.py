@@ -91,6 +91,7 @@ class Setup:
     sub_group_size: int = DEFAULT_SUB_GROUP_SIZE
     delayed_update: bool = False      # offload_optimizer.delayed_update (cpu only)
     offload_ratio: float = 1.0        # offload_optimizer.ratio: the offloaded tail of each shard
+    grads_on_device: bool = False     # offload_optimizer.grads_on_device: no host gradient shard
     # offload_param "nvme" (zero_optimization.offload_param.*): host buffers that carry units
     # to and from the swap file, the most shard elements one NVMe unit may have, and the shard
     # elements of the first units kept in host memory
@@ -278,6 +279,7 @@ class Setup:
                             "sub_group_size": self.sub_group_size,
                             "delayed_update": self.delayed_update,
                             "ratio": self.offload_ratio,
+                            "grads_on_device": self.grads_on_device,
                             "param_buffer_count": self.param_buffer_count,
                             "param_buffer_size": self.param_buffer_size,
                             "param_max_in_cpu": self.param_max_in_cpu}}
@@ -325,10 +327,10 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     """(Setup, stage) from a DeepSpeed JSON config (a path or dict); keyword overrides that are
     not None win (precision, optimizer, reduce_bucket_size, overlap_comm, stage, and the
     stage-3 and offload fields of Setup). Stage-3 keys are read, and the offload blocks
-    (devices, sub_group_size, ratio, delayed_update; offload_param's buffer_count, buffer_size
-    and max_in_cpu). `data_ranks`: the ranks the batch keys count when the world also holds
-    pipeline stages or tensor slices (default: the world); `all_ranks`: load_config's, for
-    AutoTP set by the config alone."""
+    (devices, sub_group_size, ratio, delayed_update, grads_on_device; offload_param's
+    buffer_count, buffer_size and max_in_cpu). `data_ranks`: the ranks the batch keys count
+    when the world also holds pipeline stages or tensor slices (default: the world);
+    `all_ranks`: load_config's, for AutoTP set by the config alone."""
     from zero.boundary import fp32_grads, sixteen_bit_master
     from zero.config import ALL_FEATURES, ConfigError, load_config
     from zero.parallel import sequence
@@ -380,6 +382,7 @@ def setup_from_config(config, world_size: int, num_nodes: int = 1, data_ranks: i
     leaf = zero_cfg.leaf_module
     values["leaf_module"] = (tuple(leaf.classes), tuple(leaf.names), tuple(leaf.name_suffixes))
     values["delayed_update"] = bool(getattr(zero_cfg.offload_optimizer, "delayed_update", False))
+    values["grads_on_device"] = bool(zero_cfg.offload_optimizer.grads_on_device)
     param = zero_cfg.offload_param
     values["param_buffer_count"] = int(param.buffer_count)
     values["param_buffer_size"] = int(param.buffer_size)
