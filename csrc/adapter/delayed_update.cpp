@@ -5,12 +5,13 @@
 
 namespace zero::adapter {
 
-DelayedUpdate::DelayedUpdate(core::MemoryRegistry& registry, ChunkGrid grid,
+DelayedUpdate::DelayedUpdate(core::MemoryRegistry& registry, ChunkGrid grid, c10::Device device,
                              at::ScalarType model_type, at::ScalarType grads_type,
                              bool pin_memory)
     : grid_(grid),
       grads_(registry, core::MemoryCategory::kStaging, grid.shard_numel, grads_type, pin_memory),
       params_(registry, core::MemoryCategory::kStaging, grid.shard_numel, model_type, pin_memory),
+      copier_(device),
       worker_(std::make_unique<core::TaskWorker>()) {}
 
 std::string DelayedUpdate::why_not_pinned() const {
@@ -18,10 +19,20 @@ std::string DelayedUpdate::why_not_pinned() const {
 }
 
 void DelayedUpdate::start(const std::vector<ShardPiece>& pieces, ChunkUpdate update) {
-  apply(pieces);  // the previous update's parameters: the model's from now on
-  for (const ShardPiece& piece : pieces) {
-    grads_.tensor().narrow(0, piece.offset, piece.grad.numel()).copy_(piece.grad);
+  wait();  // the running update has read grads_ and written params_
+  const at::Tensor kept = grads_.tensor();
+  std::shared_future<void> copied = copier_.submit([&pieces, kept] {
+    for (const ShardPiece& piece : pieces) {
+      CopyEngine::copy(kept.narrow(0, piece.offset, piece.grad.numel()), piece.grad);
+    }
+  });
+  try {
+    apply(pieces);  // meanwhile: the previous update's parameters, the model's from now on
+  } catch (...) {
+    copied.wait();  // the batch reads `pieces`
+    throw;
   }
+  copied.get();
   pending_ = true;
   job_ = worker_->submit([this, update = std::move(update)] {
     for (std::int64_t c = 0; c < grid_.count(); ++c) {

@@ -4,7 +4,9 @@
 // backward; its new parameters become the model's at the start of step i+1's optimizer step.
 // The model trains on parameters one update old. Holds the step's gradients and the
 // parameters the update produces (shard-sized, staging; the gradients in their own dtype, the
-// parameters in the model's).
+// parameters in the model's). At each start the step's gradients are copied in by a copy
+// engine (copy_engine.h) while the last update's parameters go to the model on the engine
+// thread: on a GPU the two cross the bus in opposite directions at once.
 #include <functional>
 #include <future>
 #include <memory>
@@ -12,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "adapter/copy_engine.h"
 #include "adapter/host_pinning.h"
 #include "adapter/offload_store.h"
 #include "adapter/shard_piece.h"
@@ -26,9 +29,9 @@ class DelayedUpdate {
       std::function<void(const at::Tensor& grads, const at::Tensor& out, std::int64_t chunk)>;
 
   // The kept gradients are `grads_type` (ShardPrecision::grads), the new parameters
-  // `model_type`.
-  DelayedUpdate(core::MemoryRegistry& registry, ChunkGrid grid, at::ScalarType model_type,
-                at::ScalarType grads_type, bool pin_memory);
+  // `model_type`; `device` is the model's.
+  DelayedUpdate(core::MemoryRegistry& registry, ChunkGrid grid, c10::Device device,
+                at::ScalarType model_type, at::ScalarType grads_type, bool pin_memory);
   DelayedUpdate(const DelayedUpdate&) = delete;
   DelayedUpdate& operator=(const DelayedUpdate&) = delete;
 
@@ -54,6 +57,7 @@ class DelayedUpdate {
   HostTensor params_;
   bool pending_ = false;
   mutable std::shared_future<void> job_;
+  CopyEngine copier_;  // the gradients' copy (start waits for it)
   std::unique_ptr<core::TaskWorker> worker_;  // last: it stops before the buffers go
 };
 

@@ -42,8 +42,8 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, core::RangePool& 
   const at::ScalarType model_type = model_type_;
   const bool sixteen_bit = model_type != at::kFloat;
   if (offload.delayed_update) {
-    delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, model_type, precision.grads,
-                                               offload.pin_memory);
+    delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, device_options.device(),
+                                               model_type, precision.grads, offload.pin_memory);
   }
   if (device_options.device().is_cpu()) return;  // in place: nothing to stage
   for (int slot = 0; slot < 2; ++slot) {
