@@ -241,17 +241,19 @@ def offload_components(numel: int) -> dict:
 
 
 def offload_timings(engine) -> dict | None:
-    """zero's own account of its offloaded steps so far (C++ OffloadTimings, all groups)."""
+    """zero's own account so far (all groups): its offloaded steps (C++ OffloadTimings) and
+    backward's copies into a host gradient shard (HostCopyTimings, as backward_*)."""
     core = getattr(engine, "core", None)
     if core is None or not hasattr(core, "group_offload_timings"):
         return None
     import offload
 
-    return offload.step_timings(core)
+    copies = offload.backward_copy_timings(core)
+    return {**offload.step_timings(core), **{f"backward_{k}": v for k, v in copies.items()}}
 
 
 def _per_step(before, after, steps: int) -> dict | None:
-    if not before or not after or after["step_s"] == before["step_s"]:
+    if not before or not after or after == before:
         return None
     return {field: (after[field] - before[field]) / steps for field in after}
 
@@ -412,11 +414,17 @@ def _offload_summary(results: list[dict]) -> list[str]:
                          f"(goal: at most +10%).")
     for name in OFFLOADED:
         inside = by_name.get(name, {}).get("offloaded_step")
-        if inside:
+        if inside and inside["step_s"]:
             lines.append(f"- {name}'s optimizer step from the inside: waiting for gradients "
                          f"{inside['grads_in_wait_s']:.3f} s, CPU optimizer "
                          f"{inside['cpu_optimizer_s']:.3f} s, waiting for parameters "
                          f"{inside['params_out_wait_s']:.3f} s, of {inside['step_s']:.3f} s.")
+        if inside and inside.get("backward_batches"):
+            lines.append(f"- {name}'s backward copies into the host gradient shard, per step: "
+                         f"{inside['backward_batches']:.0f} batches, "
+                         f"{inside['backward_copy_s']:.3f} s on the copy stream, "
+                         f"{inside['backward_wait_s']:.3f} s waited for by the engine thread "
+                         f"(not hidden behind backward).")
     parts = by_name.get("zero2-offload", {}).get("components")
     if parts:
         serial = parts["d2h_s"] + parts["cpu_adam_s"] + parts["h2d_s"]

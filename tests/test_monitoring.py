@@ -146,7 +146,7 @@ def test_wall_clock_breakdown_with_offload_splits_the_step():
                             kwargs={"steps": 1, "precision": "bf16",
                                     "offload_optimizer": {"device": "cpu"}}, timeout=150)
     line = next(line for line in ranks[0]["stdout"].splitlines() if line.startswith("time (ms)"))
-    for name in ("step_offload_in", "step_cpu_adam", "step_offload_out"):
+    for name in ("step_offload_in", "step_cpu_adam", "step_offload_out", "bwd_offload_wait"):
         assert f"| {name}: " in line
     cpu_adam = float(line.split("| step_cpu_adam: ")[1].split(" ")[0])
     assert cpu_adam > 0

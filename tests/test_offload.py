@@ -478,6 +478,29 @@ def test_the_offloaded_step_accounts_for_its_time():
             assert grads_in + optimizer + params_out <= whole
 
 
+def _backward_copies(rank, world, config, steps):
+    import offload
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, steps, GAS)
+    units = sum(engine.core.group_layout(g).unit_count for g in range(engine.core.group_count))
+    return units, offload.backward_copy_timings(engine.core)
+
+
+def test_backward_accounts_for_its_copies_into_the_host_gradient_shard():
+    """After a window's first micro-step, every unit's reduced 1/N is added into the host
+    shard by one copy-engine batch (the first goes straight into it here, where the buckets
+    are host memory too; a GPU's first is a batch as well); the copy engine's time for them
+    and the engine thread's wait are counted."""
+    steps = 3
+    for units, copies in run_distributed(_backward_copies, 2,
+                                         args=(_config(2, True, "bf16"), steps)):
+        assert units > 1
+        assert copies["batches"] == units * (GAS - 1) * steps
+        assert copies["copy_s"] > 0 and copies["wait_s"] >= 0
+
+
 def _steps_on_threads(rank, world, config, threads):
     """Three steps of a 4 x 256-wide MLP (its shard takes several of the host Adam's ranges)
     with the host Adam on `threads` threads (the engine's pool takes torch's thread count)."""

@@ -1,5 +1,7 @@
 #include "adapter/copy_engine.h"
 
+#include <chrono>
+
 #ifdef ZERO_WITH_CUDA
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -36,6 +38,36 @@ class QueuedWork {
   cudaEvent_t event_ = nullptr;
 };
 
+// How long the work a stream runs between start() and stop() takes on the GPU (RAII).
+class StreamSpan {
+ public:
+  StreamSpan() {
+    C10_CUDA_CHECK(cudaEventCreate(&start_));
+    C10_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~StreamSpan() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  StreamSpan(const StreamSpan&) = delete;
+  StreamSpan& operator=(const StreamSpan&) = delete;
+  void start(const c10::cuda::CUDAStream& stream) {
+    C10_CUDA_CHECK(cudaEventRecord(start_, stream.stream()));
+  }
+  void stop(const c10::cuda::CUDAStream& stream) {
+    C10_CUDA_CHECK(cudaEventRecord(stop_, stream.stream()));
+  }
+  std::int64_t nanoseconds() const {  // once the stream has passed stop()
+    float ms = 0;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+};
+
 }  // namespace
 #else
 struct CopyEngine::Stream {};
@@ -55,20 +87,29 @@ std::shared_future<void> CopyEngine::submit(std::function<void()> copies) {
     // Recorded now, on the submitting thread: the batch sees what was queued before it.
     c10::cuda::CUDAGuard device(device_);
     auto queued = std::make_shared<QueuedWork>(c10::cuda::getCurrentCUDAStream(device_.index()));
-    return worker_.submit([stream = stream_->stream, queued, copies = std::move(copies)] {
+    return worker_.submit([this, stream = stream_->stream, queued, copies = std::move(copies)] {
       c10::cuda::CUDAStreamGuard guard(stream);
       queued->block(stream);
+      StreamSpan span;  // the copies' own time on the stream, not the wait for `queued`
+      span.start(stream);
       try {
         copies();
       } catch (...) {
         stream.synchronize();  // nothing already queued may outlive the batch
         throw;
       }
+      span.stop(stream);
       stream.synchronize();  // the batch is done when its bytes are
+      busy_ns_ += span.nanoseconds();
     });
   }
 #endif
-  return worker_.submit(std::move(copies));
+  return worker_.submit([this, copies = std::move(copies)] {
+    const auto start = std::chrono::steady_clock::now();
+    copies();
+    busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - start).count();
+  });
 }
 
 void CopyEngine::copy(const at::Tensor& dst, const at::Tensor& src) {

@@ -12,6 +12,8 @@
 //   CPU device:  the same interface runs the copies on a worker thread (memcpy speed).
 //
 // Copies inside a batch use copy(): non-blocking on the copy stream, plain on the CPU.
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <future>
 #include <memory>
@@ -35,11 +37,15 @@ class CopyEngine {
   // dst.copy_(src) inside a batch: asynchronous on the copy stream where that is possible.
   static void copy(const at::Tensor& dst, const at::Tensor& src);
   bool uses_copy_stream() const { return stream_ != nullptr; }
+  // Seconds the batches that completed took, summed: on the copy stream the GPU's time for
+  // their copies (from after the work they waited for), on the CPU the worker's.
+  double busy_seconds() const { return static_cast<double>(busy_ns_.load()) * 1e-9; }
 
  private:
   struct Stream;  // the CUDA copy stream (CUDA builds, CUDA device only)
   c10::Device device_;
   std::unique_ptr<Stream> stream_;
+  std::atomic<std::int64_t> busy_ns_{0};
   core::TaskWorker worker_;  // last: joins first, while the stream still exists
 };
 

@@ -1,6 +1,7 @@
 #include "adapter/grad_reducer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 
 #include <ATen/ops/empty.h>
@@ -232,6 +233,7 @@ std::shared_future<void> GradReducer::accumulate(std::size_t unit, const at::Ten
   // A host shard: the copy (and a later micro-step's add) runs on the copy engine, after
   // the work queued so far (the reduce-scatter), while the engine thread goes on.
   if (!copier_) copier_ = std::make_unique<CopyEngine>(bucket_options_.device());
+  ++copy_timings_.batches;
   return copier_->submit([target, reduced, first] {
     if (first) {
       CopyEngine::copy(target, reduced);  // the window's first gradient: one D2H copy
@@ -284,13 +286,22 @@ void GradReducer::wait_oldest() {
 void GradReducer::wait_oldest_copy() {
   Copying entry = std::move(copying_.front());
   copying_.pop_front();
+  const auto start = std::chrono::steady_clock::now();
   try {
     entry.done.get();  // rethrows a failed copy
   } catch (...) {
     release(entry.slot);
     throw;
   }
+  copy_timings_.wait_s +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   release(entry.slot);
+}
+
+HostCopyTimings GradReducer::host_copy_timings() const {
+  HostCopyTimings timings = copy_timings_;
+  if (copier_) timings.copy_s = copier_->busy_seconds();
+  return timings;
 }
 
 void GradReducer::finish_copies() {

@@ -46,6 +46,16 @@ namespace zero::adapter {
 
 enum class ReduceMode { kAllReduce, kReduceScatterInPlace, kReduceScatter };
 
+// A host gradient shard's copies so far (kReduceScatter into host memory): how many batches
+// went to the copy engine, the copy engine's time for them (copy_engine.h busy_seconds), and
+// how long the engine thread waited for them: for a bucket to come free, at the end of
+// backward, or before the shard was read. The wait is what backward did not hide.
+struct HostCopyTimings {
+  std::int64_t batches = 0;
+  double copy_s = 0;
+  double wait_s = 0;
+};
+
 // The reduce-scatter buckets (stages 1-3): each is made for its unit when the unit's first
 // gradient arrives (its reduce-scatter, at stage 1), sized to it, and freed as soon as its
 // reduce-scatter is waited for: nothing is kept between steps, and a backward holds at most
@@ -106,6 +116,7 @@ class GradReducer {
   void finish_copies();
   std::size_t bucket_count() const { return slots_.size(); }
   std::int64_t bucket_bytes() const;
+  HostCopyTimings host_copy_timings() const;
 
  private:
   struct Slot {
@@ -169,6 +180,7 @@ class GradReducer {
   std::deque<InFlight> in_flight_;    // oldest first
   bool host_shard_ = false;           // kReduceScatter into a shard in host memory
   std::deque<Copying> copying_;       // oldest first
+  HostCopyTimings copy_timings_;      // copy_s is the copier's, read when asked
   std::unique_ptr<CopyEngine> copier_;  // made at a host shard's first copy; last: joins first
 };
 

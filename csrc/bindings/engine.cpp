@@ -263,6 +263,10 @@ void add_groups(Core& core) {
          [](adapter::EngineCore& e, std::size_t g) {
            return e.group(g).shard_state().offload_timings();
          }, py::arg("group"))
+    .def("group_host_copy_timings",
+         [](adapter::EngineCore& e, std::size_t g) {
+           return e.group(g).reducer().host_copy_timings();
+         }, py::arg("group"))
     .def("group_load_optimizer_state",
          [](adapter::EngineCore& e, std::size_t g, const std::string& name,
             const at::Tensor& values) {

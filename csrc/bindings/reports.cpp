@@ -91,6 +91,12 @@ void bind_reports(py::module_& m) {
       .def_readonly("cpu_optimizer_s", &Timings::cpu_optimizer_s)
       .def_readonly("params_out_wait_s", &Timings::params_out_wait_s)
       .def_readonly("step_s", &Timings::step_s);
+
+  using CopyTimings = adapter::HostCopyTimings;
+  py::class_<CopyTimings>(m, "HostCopyTimings")
+      .def_readonly("batches", &CopyTimings::batches)
+      .def_readonly("copy_s", &CopyTimings::copy_s)
+      .def_readonly("wait_s", &CopyTimings::wait_s);
 }
 
 }  // namespace zero::bindings

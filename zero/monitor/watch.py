@@ -173,7 +173,9 @@ class Watch:
         if self._config.zero_optimization.offload_optimizer.device == "none":
             return {}
         seconds = offload.step_timings(self._core)
-        return {name: 1000 * seconds[field] for name, field in _OFFLOAD_PARTS.items()}
+        parts = {name: 1000 * seconds[field] for name, field in _OFFLOAD_PARTS.items()}
+        parts["bwd_offload_wait"] = 1000 * offload.backward_copy_timings(self._core)["wait_s"]
+        return parts
 
     def drained_comms(self):
         """The comms logger, holding every record made so far."""
@@ -206,7 +208,8 @@ class Watch:
 
 # Where an offloaded step's time went (OffloadTimings), as breakdown entries: waiting for
 # gradients to reach the host (D2H copies, NVMe reads), the CPU optimizer, waiting for new
-# parameters to reach the device (H2D copies, NVMe writes).
+# parameters to reach the device (H2D copies, NVMe writes); and bwd_offload_wait, backward's
+# wait for its copies into a host gradient shard (HostCopyTimings).
 _OFFLOAD_PARTS = {"step_offload_in": "grads_in_wait_s", "step_cpu_adam": "cpu_optimizer_s",
                   "step_offload_out": "params_out_wait_s"}
 
