@@ -1,0 +1,49 @@
+"""The Hugging Face Trainer on a GPU through zero: examples/huggingface/train_trainer.py,
+unmodified, launched by `zero --num_procs 1` with the example's DeepSpeed configs (ZeRO-2,
+ZeRO-3, and ZeRO-3 with parameters and optimizer in host memory) trains like the same script
+under the plain Trainer on the same GPU, and saves a model that from_pretrained loads with
+the plain run's weights. Skipped without a GPU, or without transformers and accelerate
+(scripts/gpu_wheels.sh carries them to the GPU machine; scripts/gpu_check.sh installs them)."""
+import pytest
+import torch
+
+from distributed_harness import launcher_argv, run_job
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from test_hf_trainer import ARGS, SCRIPT, TIMEOUT, saved_weights, step_losses, \
+    variant_config  # noqa: E402 - after the skips: it needs transformers
+
+
+def _run(out, *extra, launcher=()):
+    """The script in one process on GPU 0 (`zero --num_procs 1`)."""
+    import json
+    from pathlib import Path
+
+    run_job(launcher_argv(1, *launcher, SCRIPT, "--output_dir", out, *ARGS, *extra), TIMEOUT)
+    return json.loads((Path(out) / "log_history.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The plain Trainer on the GPU (no --deepspeed, zero not standing in for deepspeed)."""
+    out = tmp_path_factory.mktemp("plain")
+    return _run(out, launcher=["--no_deepspeed_alias"]), out
+
+
+@pytest.mark.parametrize("variant", ["zero2", "zero3", "zero3-offload"])
+def test_the_trainer_on_zero_on_the_gpu_trains_like_the_plain_trainer(tmp_path, plain, variant):
+    plain_result, plain_out = plain
+    result = _run(tmp_path, "--deepspeed", variant_config(tmp_path, variant))
+    assert result["wrapped"] == "zero.engine.ZeroEngine"
+    assert len(step_losses(result)) == 8
+    # fp32 on one GPU: the same batches, the same AdamW; only summation orders differ
+    assert step_losses(result) == pytest.approx(step_losses(plain_result), rel=2e-3)
+    assert result["eval"]["eval_loss"] == pytest.approx(plain_result["eval"]["eval_loss"],
+                                                        rel=2e-3)
+    ours, theirs = saved_weights(tmp_path / "final"), saved_weights(plain_out / "final")
+    assert ours.keys() == theirs.keys()
+    for name, weight in ours.items():
+        assert torch.allclose(weight, theirs[name], rtol=2e-3, atol=1e-5), name
