@@ -92,16 +92,18 @@ def config(run: Run, world: int = WORLD, stage: int | None = None,
 def train(engine, rank: int, world: int, first: int, steps: int) -> list[float]:
     """Optimizer steps first..first+steps-1; step s uses the WORLD micro-batches
     2s, 2s+1 (rank r of WORLD ranks takes 2s+r; one rank takes them as accumulation steps).
-    Returns each step's mean loss over the global batch."""
+    Returns each step's mean loss over the global batch. The batches go to the engine's
+    device (a GPU's in tests/test_cuda_engine.py)."""
     import torch.distributed as dist
 
     data = synthetic_batches(MODEL, MICRO_BATCH, (first + steps) * WORLD, seed=1)
     gas = WORLD // world
     losses = []
     for step in range(first, first + steps):
-        total = torch.zeros(1)
+        total = torch.zeros(1, device=engine.device)
         for micro in range(gas):
-            tokens, targets = data[step * WORLD + micro * world + rank]
+            batch = data[step * WORLD + micro * world + rank]
+            tokens, targets = (t.to(engine.device) for t in batch)
             loss = engine(tokens, targets)
             engine.backward(loss)
             engine.step()

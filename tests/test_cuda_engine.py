@@ -5,7 +5,8 @@ gradients reduced in fp32, the memory report's device bytes against torch.cuda's
 offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
 shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, a bf16 master
 (bf16_master_weights_and_grads), fp32 gradient accumulation (data_types.grad_accum_dtype),
-LAMB and Muon, and Ulysses sequence parallelism. Skipped where torch sees no GPU
+LAMB and Muon, Ulysses sequence parallelism, and a checkpoint the real DeepSpeed wrote on
+the CPU continued on the GPU. Skipped where torch sees no GPU
 (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -436,3 +437,23 @@ def test_auto_ep_on_the_gpu():
     for (device, losses), (_, want) in zip(split, whole):
         assert device == "cuda"
         assert losses == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("name,stage", [("stage2-fp32", 2), ("stage3-fp32", 3),
+                                        ("stage2-bf16", 3)])
+def test_a_deepspeed_cpu_run_continues_on_the_gpu(tmp_path, name, stage):
+    """A checkpoint the real DeepSpeed wrote on the CPU (tests/deepspeed_checkpoints/) loads
+    into zero on the GPU at world 1 (NCCL), and the next steps land where DeepSpeed's did, to
+    the GPU's rounding."""
+    import ds_checkpoint_run as run
+    from test_deepspeed_checkpoint import _max_difference, _resume, expected
+
+    [result] = run_distributed(_resume, 1, args=(name, stage, str(tmp_path)), backend="nccl",
+                               timeout=300)
+    want = expected(name)
+    bf16 = run.RUNS[name].precision == "bf16"
+    assert result["losses"] == pytest.approx(want["losses"], rel=1e-3 if bf16 else 1e-4)
+    difference = _max_difference(result["fp32"], want["fp32_after"])
+    moved = _max_difference(want["fp32_after"], want["fp32_at_save"])
+    assert difference < (0.1 if bf16 else 0.01) * moved, (difference, moved)
+    assert torch.equal(result["seen_steps"], want["buffers"]["seen_steps"])

@@ -67,7 +67,7 @@ def _resume(rank, world, name, stage, save_dir, load_optimizer_states=True, univ
         return None
     return {"losses": losses, "client_state": client_state, "counters": counters, "lr": lr,
             "fp32": utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(save_dir),
-            "seen_steps": engine.module.seen_steps.clone()}
+            "seen_steps": engine.module.seen_steps.cpu().clone()}
 
 
 def _max_difference(a: dict, b: dict) -> float:
