@@ -5,8 +5,9 @@ gradients reduced in fp32, the memory report's device bytes against torch.cuda's
 offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
 shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, a bf16 master
 (bf16_master_weights_and_grads), fp32 gradient accumulation (data_types.grad_accum_dtype),
-LAMB and Muon, Ulysses sequence parallelism, and a checkpoint the real DeepSpeed wrote on
-the CPU continued on the GPU. Skipped where torch sees no GPU
+LAMB and Muon, Ulysses sequence parallelism, a checkpoint the real DeepSpeed wrote on the
+CPU continued on the GPU, a GPU checkpoint resumed at another world size, and stage 3 under
+torch.compile (eager and inductor). Skipped where torch sees no GPU
 (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -457,3 +458,34 @@ def test_a_deepspeed_cpu_run_continues_on_the_gpu(tmp_path, name, stage):
     moved = _max_difference(want["fp32_after"], want["fp32_at_save"])
     assert difference < (0.1 if bf16 else 0.01) * moved, (difference, moved)
     assert torch.equal(result["seen_steps"], want["buffers"]["seen_steps"])
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_stage3_under_torch_compile_on_the_gpu(backend):
+    """engine.compile at stage 3 (as Accelerate calls it for the HF Trainer's --torch_compile):
+    the module hooks gather the units, nothing is compiled again and again (test_engine_batch's
+    recompile limit), and the losses are the engine's without it."""
+    from test_engine_batch import _compiled
+
+    [plain] = run_distributed(_compiled, 1, args=(3, None), backend="nccl", timeout=300)
+    [compiled] = run_distributed(_compiled, 1, args=(3, "engine.compile", backend),
+                                 backend="nccl", timeout=300)
+    assert compiled == pytest.approx(plain, rel=1e-4 if backend == "inductor" else 1e-6)
+
+
+@pytest.mark.parametrize("stage,offload", [(2, False), (3, False), (2, True)])
+def test_a_gpu_checkpoint_resumes_at_another_world_size(tmp_path, stage, offload):
+    """Saved by one rank on NCCL after 3 of 4 steps, resumed by two ranks sharing the GPU
+    (gloo): the last step is the uninterrupted run's (the same global batch: 1 x 2 micro-steps
+    against 2 x 1), to bf16 rounding."""
+    from test_checkpoint_reshard import STEPS, _train
+
+    saved = 3
+    whole = run_distributed(_train, 1, args=(stage, 2, offload, 0, STEPS, None, None),
+                            backend="nccl", timeout=300)[0]
+    run_distributed(_train, 1, args=(stage, 2, offload, 0, saved, None, str(tmp_path)),
+                    backend="nccl", timeout=300)
+    resumed = run_distributed(_train, 2, args=(stage, 1, offload, saved, STEPS - saved,
+                                               str(tmp_path), None), env=ONE_GPU, timeout=300)
+    for losses in resumed:
+        assert losses == pytest.approx(whole[saved:], rel=2e-3, abs=1e-4)

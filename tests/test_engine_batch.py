@@ -107,7 +107,7 @@ def test_save_16bit_model_leaves_frozen_parameters_out_when_asked(tmp_path):
     assert set(everything) - set(trainable) == {"position_embedding.weight"}
 
 
-def _compiled(rank, world, stage, how):
+def _compiled(rank, world, stage, how, backend="eager"):
     import zero
 
     config = training.engine_config(stage, gas=2, scheduler=False,
@@ -123,10 +123,10 @@ def _compiled(rank, world, stage, how):
         if dynamo is not None:
             sys.modules["torch._dynamo"] = dynamo
     if how == "engine.compile":  # as Accelerate calls it for the HF Trainer's --torch_compile
-        engine.compile(backend="eager", compile_kwargs={"dynamic": False})
+        engine.compile(backend=backend, compile_kwargs={"dynamic": False})
         assert engine.is_compiled
     elif how == "module.compile":  # the script's own, after initialize
-        engine.module.compile(backend="eager", dynamic=False)
+        engine.module.compile(backend=backend, dynamic=False)
     if how is not None:
         # no code compiled more than twice (nn.Embedding.forward: the tokens' and the
         # positions'): a traced hook would be compiled again for each of the 3 unit numbers
