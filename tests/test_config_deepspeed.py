@@ -5,6 +5,7 @@ offload block DeepSpeed leaves absent (device "none") has no values to compare."
 import pytest
 
 from deepspeed_reference import fixture
+from distributed_harness import run_distributed
 from zero.config import load_config, schema
 
 cases, EXPECTED = fixture("configs")
@@ -32,6 +33,40 @@ def test_the_resolved_config_is_deepspeeds(name):
             continue  # DeepSpeed keeps no block to read
         if key not in DELIBERATE:
             assert _read(config, key) == expected, (name, key)
+
+
+class _DataParallel:  # the stand-in mpu make.py gave DeepSpeed's DeepSpeedConfig
+    def __init__(self, world):
+        self.world = world
+
+    def get_data_parallel_world_size(self):
+        return self.world
+
+
+def _read_as_make_py_did(rank, world):
+    """Each case through zero's deepspeed.runtime.config.DeepSpeedConfig, in a process group
+    (as make.py asked DeepSpeed's), read back as make.py read DeepSpeed's (cases.DEEPSPEED)."""
+    from zero.compat.deepspeed.runtime.config import DeepSpeedConfig
+
+    found = {}
+    for name, (config, data_parallel) in cases.CASES.items():
+        resolved = DeepSpeedConfig(dict(config), mpu=_DataParallel(data_parallel))
+        found[name] = {key: getattr(value, "value", value)
+                       for key, value in ((k, read(resolved))
+                                          for k, read in cases.DEEPSPEED.items())}
+    return found
+
+
+def test_deepspeeds_config_object_holds_what_the_real_one_holds():
+    """`from deepspeed.runtime.config import DeepSpeedConfig` (zero/compat): the batch trio at
+    the mpu's data-parallel size, DeepSpeed's attribute names (zero_config.prefetch_bucket_size,
+    float16_config.loss_scale, an absent offload block as None, communication_data_type a
+    torch dtype) and every value, as the real DeepSpeed 0.19.8 answered."""
+    [found] = run_distributed(_read_as_make_py_did, 1)
+    for name in cases.CASES:
+        for key, expected in EXPECTED[name].items():
+            if key not in DELIBERATE:
+                assert found[name][key] == expected, (name, key)
 
 
 # DeepSpeed keys zero does not know yet (each an error naming the key): what is missing

@@ -163,3 +163,42 @@ def test_the_timers_block_turns_the_throughput_timer_off():
     off = {"throughput": {"enabled": False, "synchronized": False}}
     (_, timer, printed), _ = run_distributed(_pass_through, 2, args=(off,))
     assert timer == (0, 1, False) and "RunningAvgSamplesPerSec=" not in printed
+
+
+def _parsed_on(rank, world, config):
+    """A script's own DeepSpeedConfig in a process group, and its MonitorMaster."""
+    from zero.compat.deepspeed.monitor.monitor import MonitorMaster
+    from zero.compat.deepspeed.runtime.config import DeepSpeedConfig
+
+    parsed = DeepSpeedConfig(config)
+    monitor = MonitorMaster(parsed.monitor_config)
+    writers = len(monitor.writers)
+    monitor.write_events([("Train/loss", 1.5, 3)])
+    monitor.close()
+    return (parsed.global_rank, parsed.world_size, parsed.train_batch_size,
+            parsed.gradient_accumulation_steps, monitor.enabled, writers)
+
+
+def test_a_scripts_deepspeed_config_resolves_at_the_world_size_and_feeds_its_monitor(tmp_path):
+    """`DeepSpeedConfig(path)` after init_distributed, as scripts build their own MonitorMaster
+    from it: the batch trio at the process group's size, and only rank 0 writes."""
+    import json
+
+    config = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
+              "csv_monitor": {"enabled": True, "output_path": str(tmp_path), "job_name": "run"}}
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(config))
+    ranks = run_distributed(_parsed_on, 2, args=(str(path),))
+    assert ranks == [(0, 2, 16, 2, True, 1), (1, 2, 16, 2, True, 0)]
+    assert (tmp_path / "run" / "Train_loss.csv").read_text().splitlines() == ["step,loss", "3,1.5"]
+
+
+def test_a_bad_config_in_deepspeed_config_names_the_key():
+    from zero.config import ConfigError
+
+    assert deepspeed.DeepSpeedConfig is deepspeed.runtime.config.DeepSpeedConfig
+    with pytest.raises(ConfigError, match="zero_optimization.stage"):
+        deepspeed.DeepSpeedConfig({"train_batch_size": 8, "zero_optimization": {"stage": 4}})
+    parsed = deepspeed.DeepSpeedConfig({"train_micro_batch_size_per_gpu": 2})  # no process group
+    assert (parsed.global_rank, parsed.world_size, parsed.train_batch_size) == (0, 1, 2)
+    assert parsed.optimizer_name is None and parsed.zero_enabled is False

@@ -16,6 +16,7 @@ from . import (accelerator, checkpoint, checkpointing, comm, env_report, launche
 from .accelerator import get_accelerator
 from .pipe import PipelineModule
 from .runtime import zero  # deepspeed.zero is deepspeed.runtime.zero, as in DeepSpeed
+from .runtime.config import DeepSpeedConfig, DeepSpeedConfigError
 from .utils import OnDevice, log_dist, logger
 
 __version__ = "0.19.8"  # the DeepSpeed API version zero mirrors (as_deepspeed's dist-info)
@@ -24,4 +25,5 @@ __version_major__, __version_minor__, __version_patch__ = 0, 19, 8
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "comm", "utils",
            "checkpointing", "tp_model_init", "accelerator", "checkpoint", "env_report",
            "launcher", "moe", "monitor", "ops", "pipe", "profiling", "runtime", "sequence", "DeepSpeedEngine",
-           "get_accelerator", "PipelineModule", "OnDevice", "log_dist", "logger", "__version__"]
+           "get_accelerator", "PipelineModule", "OnDevice", "log_dist", "logger", "__version__",
+           "DeepSpeedConfig", "DeepSpeedConfigError"]

@@ -1,5 +1,5 @@
 """`deepspeed.monitor`: the monitor blocks' writers (zero/monitor). `monitor.monitor.MonitorMaster`
-takes zero's validated config (zero.config.load_config) where DeepSpeed's takes its own."""
+takes a DeepSpeedConfig's monitor_config, as DeepSpeed's does."""
 from . import monitor
 
 __all__ = ["monitor"]

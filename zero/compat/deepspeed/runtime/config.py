@@ -1,0 +1,160 @@
+"""`deepspeed.runtime.config`: DeepSpeedConfig, a ds_config as DeepSpeed 0.19.8's scripts read
+it: the batch trio resolved at the data-parallel world size, and the blocks under DeepSpeed's
+attribute names (`zero_optimization_stage`, `zero_config.prefetch_bucket_size`,
+`float16_config.loss_scale`, `monitor_config.tensorboard`, ...). The config is zero's own,
+validated and resolved by zero.config.load_config; a bad config raises its ConfigError (a
+ValueError naming every bad key), where DeepSpeed raises an assertion or pydantic's error.
+
+What differs from DeepSpeed's: a path or a dict (no base64 string, no hjson); the blocks are
+zero's frozen config objects (same field names, `device` a plain string), read-only; the
+resolved values are checked against the real DeepSpeed's in tests/test_deepspeed_surface.py."""
+from __future__ import annotations
+
+import logging
+from types import MappingProxyType
+
+import torch
+
+from zero.config import ALL_FEATURES, load_config
+
+__all__ = ["DeepSpeedConfig", "DeepSpeedConfigError"]
+
+logger = logging.getLogger("zero")
+
+# DeepSpeed's optimizer names it lower-cases (runtime/config.py DEEPSPEED_OPTIMIZERS)
+_DEEPSPEED_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion",
+                         "muon")
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class DeepSpeedConfigError(Exception):
+    """DeepSpeed's own config error, for scripts that raise or catch it."""
+
+
+class _Block:
+    """A config block under DeepSpeed's pydantic field names: `names` maps DeepSpeed's name to
+    zero's (stage-3 keys drop their `stage3_` prefix there); every other attribute is zero's."""
+
+    def __init__(self, block, names=MappingProxyType({}), **overrides):
+        self._block, self._names, self._overrides = block, names, overrides
+
+    def __getattr__(self, name):
+        if name in self._overrides:
+            return self._overrides[name]
+        return getattr(self._block, self._names.get(name, name))
+
+    def __repr__(self):
+        return f"{type(self._block).__name__}({self._block!r})"
+
+
+_STAGE3_NAMES = MappingProxyType({name[len("stage3_"):]: name for name in (
+    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+    "stage3_model_persistence_threshold", "stage3_max_live_parameters",
+    "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+    "stage3_module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
+    "stage3_max_inflight_gathers")})
+
+
+def _ranks(config, mpu, mesh_device) -> tuple[int, int]:
+    """(global rank, data-parallel world size) as DeepSpeed finds them; (0, 1) before
+    torch.distributed is initialized."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    rank = dist.get_rank()
+    if mpu is not None:
+        if hasattr(mpu, "get_data_parallel_world_size"):
+            return rank, int(mpu.get_data_parallel_world_size())
+        return rank, dist.get_world_size() // mpu.get_sequence_parallel_world_size()  # Ulysses
+    if mesh_device is not None:
+        return rank, dist.get_world_size(mesh_device.get_group(mesh_dim="data_parallel"))
+    sequence = config.get("sequence_parallel_size", 1) if isinstance(config, dict) else 1
+    return rank, dist.get_world_size() // sequence
+
+
+class DeepSpeedConfig:
+    """`DeepSpeedConfig(config, mpu=None, mesh_device=None)`: `config` a dict or a JSON path;
+    the data-parallel world size comes from `mpu`, `mesh_device` or torch.distributed."""
+
+    def __init__(self, config, mpu=None, mesh_device=None):
+        self.global_rank, self.world_size = _ranks(config, mpu, mesh_device)
+        # Parsed as DeepSpeed parses it: every key zero knows, built or not (initialize says
+        # which values zero cannot train with).
+        parsed = load_config(config, world_size=self.world_size, enabled_features=ALL_FEATURES)
+        self._zero_config = parsed
+        self._param_dict = dict(parsed.raw)
+        self._set_batch(parsed)
+        self._set_blocks(parsed)
+
+    def _set_batch(self, parsed):
+        self.train_batch_size = parsed.train_batch_size
+        self.train_micro_batch_size_per_gpu = parsed.train_micro_batch_size_per_gpu
+        self.gradient_accumulation_steps = parsed.gradient_accumulation_steps
+        self.steps_per_print = parsed.steps_per_print
+        self.gradient_clipping = parsed.gradient_clipping
+        self.prescale_gradients = parsed.prescale_gradients
+        self.gradient_predivide_factor = parsed.gradient_predivide_factor
+        self.communication_data_type = _DTYPES.get(parsed.communication_data_type)
+        self.seq_parallel_communication_data_type = _DTYPES.get(
+            parsed.seq_parallel_communication_data_type)
+        self.wall_clock_breakdown = parsed.wall_clock_breakdown or parsed.flops_profiler.enabled
+        self.memory_breakdown = bool(self._param_dict.get("memory_breakdown", False))
+        self.zero_allow_untested_optimizer = parsed.zero_allow_untested_optimizer
+        self.zero_force_ds_cpu_optimizer = parsed.zero_force_ds_cpu_optimizer
+        self.dataloader_drop_last = bool(self._param_dict.get("dataloader_drop_last", False))
+        self.use_data_before_expert_parallel_ = parsed.use_data_before_expert_parallelism
+
+    def _set_blocks(self, parsed):
+        raw_zero = self._param_dict.get("zero_optimization") or {}
+        zero = parsed.zero_optimization
+        offload = {name: getattr(zero, name) if name in raw_zero else None
+                   for name in ("offload_optimizer", "offload_param")}
+        self.zero_config = _Block(zero, _STAGE3_NAMES, **offload)
+        self.zero_optimization_stage = zero.stage
+        self.zero_enabled = zero.stage > 0
+        self.float16_config = parsed.fp16
+        self.bfloat16_config = parsed.bf16
+        self.optimizer_name, self.optimizer_params = self._named_block("optimizer")
+        if self.optimizer_name is not None and self.optimizer_name.lower() in _DEEPSPEED_OPTIMIZERS:
+            self.optimizer_name = self.optimizer_name.lower()
+        self.scheduler_name, self.scheduler_params = self._named_block("scheduler")
+        self.monitor_config = _Block(parsed, enabled=any(
+            block.enabled for block in (parsed.tensorboard, parsed.wandb, parsed.csv_monitor,
+                                        parsed.comet)))
+        self.activation_checkpointing_config = parsed.activation_checkpointing
+        self.flops_profiler_config = parsed.flops_profiler
+        self.comms_config = _Block(parsed, comms_logger_enabled=parsed.comms_logger.enabled)
+        self.aio_config = parsed.aio
+        self.hybrid_engine = parsed.hybrid_engine
+        self.pipeline = self._param_dict.get("pipeline", {})
+        self.checkpoint_tag_validation_enabled = parsed.checkpoint.tag_validation != "Ignore"
+        self.checkpoint_tag_validation_fail = parsed.checkpoint.tag_validation == "Fail"
+        self.load_universal_checkpoint = parsed.checkpoint.load_universal
+        self.use_node_local_storage = parsed.checkpoint.use_node_local_storage
+        self.grad_accum_dtype = parsed.data_types.grad_accum_dtype
+        self.torch_autocast_enabled = parsed.torch_autocast.enabled
+        self.torch_autocast_dtype = parsed.torch_autocast.dtype
+        self.torch_autocast_lower_precision_safe_modules = \
+            parsed.torch_autocast.lower_precision_safe_modules
+
+    def _named_block(self, name):
+        """(type, params) of the optimizer or scheduler block as written, as DeepSpeed reads
+        them; (None, None) without one."""
+        block = self._param_dict.get(name)
+        if not isinstance(block, dict) or "type" not in block:
+            return None, None
+        return block["type"], block.get("params")
+
+    def print_user_config(self):
+        import json
+
+        logger.info("  json = %s", json.dumps(self._param_dict, sort_keys=True, indent=4,
+                                              separators=(",", ":")))
+
+    def print(self, name):
+        logger.info("%s:", name)
+        for arg in sorted(vars(self)):
+            if not arg.startswith("_"):
+                logger.info("  %s %s %s", arg, "." * (29 - len(arg)), getattr(self, arg))
+        self.print_user_config()
