@@ -2,7 +2,7 @@
 unmodified, launched by `zero --num_procs 1` with the example's DeepSpeed configs (ZeRO-2,
 ZeRO-3, and ZeRO-3 with parameters and optimizer in host memory) trains like the same script
 under the plain Trainer on the same GPU, and saves a model that from_pretrained loads with
-the plain run's weights. Skipped without a GPU, or without transformers and accelerate
+the plain run's weights; from_pretrained under ZeRO-3 (zero.Init) starts from them. Skipped without a GPU, or without transformers and accelerate
 (scripts/gpu_wheels.sh carries them to the GPU machine; scripts/gpu_check.sh installs them)."""
 import pytest
 import torch
@@ -47,3 +47,16 @@ def test_the_trainer_on_zero_on_the_gpu_trains_like_the_plain_trainer(tmp_path, 
     assert ours.keys() == theirs.keys()
     for name, weight in ours.items():
         assert torch.allclose(weight, theirs[name], rtol=2e-3, atol=1e-5), name
+
+
+def test_from_pretrained_under_zero3_on_the_gpu_starts_from_the_saved_weights(tmp_path, plain):
+    """ZeRO-3 from_pretrained on the GPU: the model is built inside zero.Init and the plain
+    run's saved weights load through GatheredParameters, so the first evaluation is the plain
+    run's last one; training goes on from there."""
+    plain_result, plain_out = plain
+    result = _run(tmp_path, "--deepspeed", variant_config(tmp_path, "zero3"), "--init_from",
+                  str(plain_out / "final"), "--eval_on_start", "true", "--max_steps", "4")
+    evals = [entry["eval_loss"] for entry in result["log_history"] if "eval_loss" in entry]
+    assert evals[0] == pytest.approx(plain_result["eval"]["eval_loss"], rel=1e-4)
+    assert len(step_losses(result)) == 4
+    assert evals[-1] < evals[0]
