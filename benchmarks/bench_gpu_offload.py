@@ -1,6 +1,8 @@
 """ZeRO-Offload on one GPU, side by side in one run: zero with its optimizer (and parameters)
 offloaded to pinned host memory against the same model without offload, and against PyTorch
-FSDP2 with and without CPU offload.
+FSDP2 with and without CPU offload. The zero2-offload arms keep the gradient shard in host
+memory, or on the GPU (-devgrads: offload_optimizer.grads_on_device), each also with the
+delayed update (-dpu).
 
     python benchmarks/bench_gpu_offload.py                  # GPT 1.3B, bf16: step-time split
     python benchmarks/bench_gpu_offload.py --largest        # the largest GPT that trains
@@ -247,7 +249,7 @@ def offload_timings(engine) -> dict | None:
     """zero's own account so far (all groups): its offloaded steps (C++ OffloadTimings) and
     backward's copies into a host gradient shard (HostCopyTimings, as backward_*)."""
     core = getattr(engine, "core", None)
-    if core is None or not hasattr(core, "group_offload_timings"):
+    if core is None or not hasattr(core, "group_host_copy_timings"):
         return None
     import offload
 
@@ -390,7 +392,8 @@ def render(facts: dict, results: list[dict]) -> str:
                          "failed: " + r["error"].replace("|", "/")])
             continue
         rows.append([r["config"], r["model"], f"{r['params'] / 1e9:.2f}B", r["tokens_per_step"],
-                     r.get("measured_steps", ""), f"{r['forward_s']:.3f}", f"{r['backward_s']:.3f}", f"{r['step_s']:.3f}",
+                     r.get("measured_steps", ""), f"{r['forward_s']:.3f}",
+                     f"{r['backward_s']:.3f}", f"{r['step_s']:.3f}",
                      f"{r['total_s']:.3f}", gib(r["gpu_peak_bytes"]), gib(r["rss_peak_bytes"]),
                      f"{r['losses'][0]:.3f}→{r['losses'][-1]:.3f}"])
     lines += [markdown_table(header, rows), ""]

@@ -35,26 +35,12 @@ def test_the_resolved_config_is_deepspeeds(name):
             assert _read(config, key) == expected, (name, key)
 
 
-class _DataParallel:  # the stand-in mpu make.py gave DeepSpeed's DeepSpeedConfig
-    def __init__(self, world):
-        self.world = world
-
-    def get_data_parallel_world_size(self):
-        return self.world
-
-
 def _read_as_make_py_did(rank, world):
-    """Each case through zero's deepspeed.runtime.config.DeepSpeedConfig, in a process group
-    (as make.py asked DeepSpeed's), read back as make.py read DeepSpeed's (cases.DEEPSPEED)."""
+    """Each case through zero's deepspeed.runtime.config.DeepSpeedConfig, in a process group,
+    read back as make.py read DeepSpeed's."""
     from zero.compat.deepspeed.runtime.config import DeepSpeedConfig
 
-    found = {}
-    for name, (config, data_parallel) in cases.CASES.items():
-        resolved = DeepSpeedConfig(dict(config), mpu=_DataParallel(data_parallel))
-        found[name] = {key: getattr(value, "value", value)
-                       for key, value in ((k, read(resolved))
-                                          for k, read in cases.DEEPSPEED.items())}
-    return found
+    return cases.read_all(DeepSpeedConfig)
 
 
 def test_deepspeeds_config_object_holds_what_the_real_one_holds():

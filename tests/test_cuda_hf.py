@@ -2,28 +2,22 @@
 unmodified, launched by `zero --num_procs 1` with the example's DeepSpeed configs (ZeRO-2,
 ZeRO-3, and ZeRO-3 with parameters and optimizer in host memory) trains like the same script
 under the plain Trainer on the same GPU, and saves a model that from_pretrained loads with
-the plain run's weights; from_pretrained under ZeRO-3 (zero.Init) starts from them. Skipped without a GPU, or without transformers and accelerate
-(scripts/gpu_wheels.sh carries them to the GPU machine; scripts/gpu_check.sh installs them)."""
+the plain run's weights; from_pretrained under ZeRO-3 (zero.Init) starts from them. Skipped
+without a GPU, or without transformers and accelerate (the GPU machine's image has both)."""
 import pytest
 import torch
-
-from distributed_harness import launcher_argv, run_job
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from test_hf_trainer import ARGS, SCRIPT, TIMEOUT, saved_weights, step_losses, \
+from test_hf_trainer import run_trainer, saved_weights, step_losses, \
     variant_config  # noqa: E402 - after the skips: it needs transformers
 
 
 def _run(out, *extra, launcher=()):
     """The script in one process on GPU 0 (`zero --num_procs 1`)."""
-    import json
-    from pathlib import Path
-
-    run_job(launcher_argv(1, *launcher, SCRIPT, "--output_dir", out, *ARGS, *extra), TIMEOUT)
-    return json.loads((Path(out) / "log_history.json").read_text())
+    return run_trainer(out, *extra, launcher=launcher, procs=1)
 
 
 @pytest.fixture(scope="module")

@@ -202,3 +202,24 @@ def test_a_bad_config_in_deepspeed_config_names_the_key():
     parsed = deepspeed.DeepSpeedConfig({"train_micro_batch_size_per_gpu": 2})  # no process group
     assert (parsed.global_rank, parsed.world_size, parsed.train_batch_size) == (0, 1, 2)
     assert parsed.optimizer_name is None and parsed.zero_enabled is False
+
+
+def test_deepspeed_config_reads_its_other_blocks_as_deepspeed_and_copies():
+    import copy
+    import pickle
+
+    parsed = deepspeed.DeepSpeedConfig({
+        "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+        "torch_autocast": {"enabled": True, "dtype": "bfloat16"},
+        "pipeline": {"schedule": "gpipe"},
+        "zero_optimization": {"stage": 3, "offload_param": None,
+                              "stage3_max_live_parameters": 1000}})
+    assert parsed.torch_autocast_dtype is torch.bfloat16  # DeepSpeed's DtypeEnum value
+    assert parsed.torch_autocast_lower_precision_safe_modules is None  # not written
+    assert parsed.pipeline == {"stages": "auto", "partition": "best", "seed_layers": False,
+                               "activation_checkpoint_interval": 0, "pipe_partitioned": True,
+                               "grad_partitioned": True, "schedule": "gpipe"}
+    assert parsed.zero_config.offload_param is None  # written as null: DeepSpeed's None
+    for clone in (copy.deepcopy(parsed), pickle.loads(pickle.dumps(parsed))):
+        assert clone.zero_config.max_live_parameters == 1000
+        assert clone.zero_optimization_stage == 3

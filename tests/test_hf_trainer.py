@@ -28,8 +28,8 @@ ARGS = ["--max_steps", "8", "--per_device_train_batch_size", "4",
         "--learning_rate", "3e-3", "--report_to", "none", "--disable_tqdm", "true"]
 
 
-def run_trainer(out, *extra, launcher=()):
-    run_job(launcher_argv(2, *launcher, SCRIPT, "--output_dir", out, *ARGS, *extra), TIMEOUT)
+def run_trainer(out, *extra, launcher=(), procs=2):
+    run_job(launcher_argv(procs, *launcher, SCRIPT, "--output_dir", out, *ARGS, *extra), TIMEOUT)
     return json.loads((Path(out) / "log_history.json").read_text())
 
 

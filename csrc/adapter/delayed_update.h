@@ -6,7 +6,8 @@
 // parameters the update produces (shard-sized, staging; the gradients in their own dtype, the
 // parameters in the model's). At each start the step's gradients are copied in by a copy
 // engine (copy_engine.h) while the last update's parameters go to the model on the engine
-// thread: on a GPU the two cross the bus in opposite directions at once.
+// thread: with gradients on a GPU (stage 1, grads_on_device) the two cross the bus in
+// opposite directions at once; a host gradient shard is a memcpy beside the upload.
 #include <functional>
 #include <future>
 #include <memory>

@@ -21,9 +21,10 @@ struct OffloadOptions {
   double ratio = 1.0;
   // The gradient shard (stages 2-3) stays on the device instead of host memory: backward
   // reduces into it as without offload, and the streamed step copies it to the host chunk by
-  // chunk behind the CPU optimizer (offloaded_state.h). Costs the shard's bytes on the device;
-  // saves the host shard's copies in backward (one per micro-step, and at gradient
-  // accumulation a device round trip for each later one).
+  // chunk behind the CPU optimizer (offloaded_state.h; the delayed update copies it whole at
+  // its start). Costs the shard's bytes on the device; saves the host shard's copies in
+  // backward (one per micro-step, and at gradient accumulation a device round trip for each
+  // later one).
   bool grads_on_device = false;
   // With NVMe: told the bytes of each chunk written outside the step (start-up, checkpoint
   // load, commit), for a progress display. Never called from the step.

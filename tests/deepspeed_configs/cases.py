@@ -126,3 +126,28 @@ def _device(block):
 
 def _field(block, name):
     return None if block is None else getattr(block, name)
+
+
+class DataParallel:
+    """The stand-in mpu that says a case's data-parallel world size."""
+
+    def __init__(self, world):
+        self.world = world
+
+    def get_data_parallel_world_size(self):
+        return self.world
+
+
+def read_all(config_class) -> dict:
+    """{case: {key: value}}: each case parsed by `config_class` (DeepSpeed's DeepSpeedConfig,
+    or zero's stand-in) at its data-parallel size, read back through DEEPSPEED (an enum as its
+    value). Run in a process group: DeepSpeed's asks it for the rank."""
+    found = {}
+    for name, (config, data_parallel) in CASES.items():
+        resolved = config_class(dict(config), mpu=DataParallel(data_parallel))
+        values = {}
+        for key, read in DEEPSPEED.items():
+            value = read(resolved)
+            values[key] = getattr(value, "value", value) if value is not None else None
+        found[name] = values
+    return found

@@ -13,26 +13,10 @@ from deepspeed_reference import ask_deepspeed, cases_of, write  # noqa: E402
 cases = cases_of("configs")
 
 
-class _DataParallel:
-    def __init__(self, world):
-        self.world = world
-
-    def get_data_parallel_world_size(self):
-        return self.world
-
-
 def _answers(rank, world):
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    found = {}
-    for name, (config, data_parallel) in cases.CASES.items():
-        resolved = DeepSpeedConfig(dict(config), mpu=_DataParallel(data_parallel))
-        values = {}
-        for key, read in cases.DEEPSPEED.items():
-            value = read(resolved)
-            values[key] = getattr(value, "value", value) if value is not None else None
-        found[name] = values
-    return found
+    return cases.read_all(DeepSpeedConfig)
 
 
 def _json(value):

@@ -29,8 +29,8 @@ FEATURE_DOCS = {
                            "`stage3_model_persistence_threshold` (a cap on all elements kept "
                            "whole), `stage3_module_granularity_threshold` (fine modules "
                            "gathered as one unit), `stage3_use_all_reduce_for_fetch_params`",
-    schema.FEATURE_OFFLOAD: "`offload_optimizer.device: \"cpu\"` (stages 1-3), its `pin_memory`, `ratio` and "
-                            "`delayed_update`",
+    schema.FEATURE_OFFLOAD: "`offload_optimizer.device: \"cpu\"` (stages 1-3), its `pin_memory`, `ratio`, "
+                            "`delayed_update` and `grads_on_device`",
     schema.FEATURE_OFFLOAD_PARAM: "`offload_param.device: \"cpu\"` (stage 3) and its `pin_memory`",
     schema.FEATURE_OFFLOAD_PARAM_NVME: "`offload_param.device: \"nvme\"` and its NVMe keys",
     schema.FEATURE_NVME: "`offload_optimizer.device: \"nvme\"` (stages 1-3, unlike DeepSpeed's stage 3 only), "

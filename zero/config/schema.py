@@ -560,7 +560,8 @@ OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimi
           "(device \"cpu\"; engine.apply_delayed_update() applies the last one).", feature=FEATURE_OFFLOAD),
     _bool("grads_on_device", False, "zero only: keep the gradient shard (stages 2-3) on the device instead of "
           "reducing it into host memory: backward runs as without offload and the optimizer step copies the "
-          "shard to the host chunk by chunk, behind the CPU optimizer. Costs the shard's bytes on the device "
+          "shard to the host chunk by chunk, behind the CPU optimizer (with delayed_update: whole, as the "
+          "update starts). Costs the shard's bytes on the device "
           "(2Ψ/N in 16 bits); saves a shard-sized copy per micro-step, and with gradient accumulation a "
           "device round trip for every later micro-step (stage 1 and a ratio below 1 keep gradients on the "
           "device anyway).", feature=FEATURE_OFFLOAD),

@@ -6,16 +6,19 @@ validated and resolved by zero.config.load_config; a bad config raises its Confi
 ValueError naming every bad key), where DeepSpeed raises an assertion or pydantic's error.
 
 What differs from DeepSpeed's: a path or a dict (no base64 string, no hjson); the blocks are
-zero's frozen config objects (same field names, `device` a plain string), read-only; the
-resolved values are checked against the real DeepSpeed's in tests/test_deepspeed_surface.py."""
+zero's frozen config objects (same field names, `device` a plain string), read-only; the world
+size is torch.distributed's once it is initialized (DeepSpeed's needs its own
+init_distributed first, else it says 1); the attributes are those set below (not DeepSpeed's
+timers, compile, tensor-parallel, data-efficiency, autotuning or quantization configs). The
+resolved values are checked against the real DeepSpeed's in tests/test_config_deepspeed.py."""
 from __future__ import annotations
 
 import logging
-from types import MappingProxyType
 
-import torch
-
+from zero.autocast import DTYPES as AUTOCAST_DTYPES
 from zero.config import ALL_FEATURES, load_config
+from zero.config.schema import ZERO_OPTIMIZATION_ALIASES
+from zero.engine import PRECISION_DTYPES
 
 __all__ = ["DeepSpeedConfig", "DeepSpeedConfigError"]
 
@@ -24,7 +27,10 @@ logger = logging.getLogger("zero")
 # DeepSpeed's optimizer names it lower-cases (runtime/config.py DEEPSPEED_OPTIMIZERS)
 _DEEPSPEED_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion",
                          "muon")
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# DeepSpeed's get_pipeline_config: the block's keys over these
+_PIPELINE_DEFAULTS = {"stages": "auto", "partition": "best", "seed_layers": False,
+                      "activation_checkpoint_interval": 0, "pipe_partitioned": True,
+                      "grad_partitioned": True}
 
 
 class DeepSpeedConfigError(Exception):
@@ -33,26 +39,21 @@ class DeepSpeedConfigError(Exception):
 
 class _Block:
     """A config block under DeepSpeed's pydantic field names: `names` maps DeepSpeed's name to
-    zero's (stage-3 keys drop their `stage3_` prefix there); every other attribute is zero's."""
+    zero's (stage-3 keys drop their `stage3_` prefix there); every other attribute is zero's.
+    Copies and pickles as a plain object."""
 
-    def __init__(self, block, names=MappingProxyType({}), **overrides):
-        self._block, self._names, self._overrides = block, names, overrides
+    def __init__(self, block, names=None, **overrides):
+        self._block, self._names, self._overrides = block, dict(names or {}), overrides
 
     def __getattr__(self, name):
+        if name.startswith("_"):  # not set yet (a copy being made): no lookup into _block
+            raise AttributeError(name)
         if name in self._overrides:
             return self._overrides[name]
         return getattr(self._block, self._names.get(name, name))
 
     def __repr__(self):
         return f"{type(self._block).__name__}({self._block!r})"
-
-
-_STAGE3_NAMES = MappingProxyType({name[len("stage3_"):]: name for name in (
-    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-    "stage3_model_persistence_threshold", "stage3_max_live_parameters",
-    "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
-    "stage3_module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
-    "stage3_max_inflight_gathers")})
 
 
 def _ranks(config, mpu, mesh_device) -> tuple[int, int]:
@@ -95,8 +96,8 @@ class DeepSpeedConfig:
         self.gradient_clipping = parsed.gradient_clipping
         self.prescale_gradients = parsed.prescale_gradients
         self.gradient_predivide_factor = parsed.gradient_predivide_factor
-        self.communication_data_type = _DTYPES.get(parsed.communication_data_type)
-        self.seq_parallel_communication_data_type = _DTYPES.get(
+        self.communication_data_type = PRECISION_DTYPES.get(parsed.communication_data_type)
+        self.seq_parallel_communication_data_type = PRECISION_DTYPES.get(
             parsed.seq_parallel_communication_data_type)
         self.wall_clock_breakdown = parsed.wall_clock_breakdown or parsed.flops_profiler.enabled
         self.memory_breakdown = bool(self._param_dict.get("memory_breakdown", False))
@@ -108,9 +109,9 @@ class DeepSpeedConfig:
     def _set_blocks(self, parsed):
         raw_zero = self._param_dict.get("zero_optimization") or {}
         zero = parsed.zero_optimization
-        offload = {name: getattr(zero, name) if name in raw_zero else None
-                   for name in ("offload_optimizer", "offload_param")}
-        self.zero_config = _Block(zero, _STAGE3_NAMES, **offload)
+        offload = {name: getattr(zero, name) if raw_zero.get(name) is not None else None
+                   for name in ("offload_optimizer", "offload_param")}  # None: not written
+        self.zero_config = _Block(zero, ZERO_OPTIMIZATION_ALIASES, **offload)
         self.zero_optimization_stage = zero.stage
         self.zero_enabled = zero.stage > 0
         self.float16_config = parsed.fp16
@@ -127,16 +128,17 @@ class DeepSpeedConfig:
         self.comms_config = _Block(parsed, comms_logger_enabled=parsed.comms_logger.enabled)
         self.aio_config = parsed.aio
         self.hybrid_engine = parsed.hybrid_engine
-        self.pipeline = self._param_dict.get("pipeline", {})
+        self.pipeline = {**_PIPELINE_DEFAULTS, **(self._param_dict.get("pipeline") or {})}
         self.checkpoint_tag_validation_enabled = parsed.checkpoint.tag_validation != "Ignore"
         self.checkpoint_tag_validation_fail = parsed.checkpoint.tag_validation == "Fail"
         self.load_universal_checkpoint = parsed.checkpoint.load_universal
         self.use_node_local_storage = parsed.checkpoint.use_node_local_storage
         self.grad_accum_dtype = parsed.data_types.grad_accum_dtype
+        autocast = self._param_dict.get("torch_autocast") or {}
         self.torch_autocast_enabled = parsed.torch_autocast.enabled
-        self.torch_autocast_dtype = parsed.torch_autocast.dtype
+        self.torch_autocast_dtype = AUTOCAST_DTYPES.get(parsed.torch_autocast.dtype)
         self.torch_autocast_lower_precision_safe_modules = \
-            parsed.torch_autocast.lower_precision_safe_modules
+            autocast.get("lower_precision_safe_modules")  # None unless written, as DeepSpeed
 
     def _named_block(self, name):
         """(type, params) of the optimizer or scheduler block as written, as DeepSpeed reads
