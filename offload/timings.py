@@ -7,27 +7,26 @@ from __future__ import annotations
 TIMING_FIELDS = ("grads_in_wait_s", "cpu_optimizer_s", "params_out_wait_s", "step_s")
 
 
+COPY_FIELDS = ("batches", "copy_s", "wait_s")
+
+
 def step_timings(core) -> dict[str, float]:
     """Seconds per OffloadTimings field over all groups of `core` (a zero._C.EngineCore); all
     zero for groups that offload nothing."""
-    totals = dict.fromkeys(TIMING_FIELDS, 0.0)
-    for group in range(core.group_count):
-        timing = core.group_offload_timings(group)
-        for field in TIMING_FIELDS:
-            totals[field] += getattr(timing, field)
-    return totals
-
-
-COPY_FIELDS = ("batches", "copy_s", "wait_s")
+    return _summed(core, core.group_offload_timings, TIMING_FIELDS)
 
 
 def backward_copy_timings(core) -> dict[str, float]:
     """Backward's copies into host gradient shards, over all groups of `core`: batches sent
     to the copy engine, its time for them, and how long the engine thread waited for them
     (what backward did not hide). All zero where no gradient shard is in host memory."""
-    totals = dict.fromkeys(COPY_FIELDS, 0.0)
+    return _summed(core, core.group_host_copy_timings, COPY_FIELDS)
+
+
+def _summed(core, of_group, fields) -> dict[str, float]:
+    totals = dict.fromkeys(fields, 0.0)
     for group in range(core.group_count):
-        timing = core.group_host_copy_timings(group)
-        for field in COPY_FIELDS:
+        timing = of_group(group)
+        for field in fields:
             totals[field] += getattr(timing, field)
     return totals
