@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from zero.api import add_config_arguments, init_distributed, initialize
 from zero.engine import ZeroEngine as DeepSpeedEngine
+from zero.inference import InferenceEngine, init_inference
 from zero.tp import tp_model_init
 
-from . import (accelerator, checkpoint, checkpointing, comm, env_report, launcher, moe, monitor, ops,
-               pipe, profiling, runtime, sequence, utils)
+from . import (accelerator, checkpoint, checkpointing, comm, env_report, inference, launcher, moe,
+               monitor, ops, pipe, profiling, runtime, sequence, utils)
 from .accelerator import get_accelerator
 from .pipe import PipelineModule
 from .runtime import zero  # deepspeed.zero is deepspeed.runtime.zero, as in DeepSpeed
@@ -26,4 +27,5 @@ __all__ = ["initialize", "init_distributed", "add_config_arguments", "zero", "co
            "checkpointing", "tp_model_init", "accelerator", "checkpoint", "env_report",
            "launcher", "moe", "monitor", "ops", "pipe", "profiling", "runtime", "sequence", "DeepSpeedEngine",
            "get_accelerator", "PipelineModule", "OnDevice", "log_dist", "logger", "__version__",
-           "DeepSpeedConfig", "DeepSpeedConfigError"]
+           "DeepSpeedConfig", "DeepSpeedConfigError", "init_inference", "InferenceEngine",
+           "inference"]
