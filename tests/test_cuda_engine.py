@@ -6,8 +6,9 @@ offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run o
 shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, a bf16 master
 (bf16_master_weights_and_grads), fp32 gradient accumulation (data_types.grad_accum_dtype),
 LAMB and Muon, Ulysses sequence parallelism, a checkpoint the real DeepSpeed wrote on the
-CPU continued on the GPU, a GPU checkpoint resumed at another world size, and stage 3 under
-torch.compile (eager and inductor). Skipped where torch sees no GPU
+CPU continued on the GPU, a GPU checkpoint resumed at another world size, stage 3 under
+torch.compile (eager and inductor), and tensor-parallel init_inference. Skipped where torch
+sees no GPU
 (scripts/gpu_check.sh runs them on one).
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo (NCCL refuses two
@@ -489,3 +490,16 @@ def test_a_gpu_checkpoint_resumes_at_another_world_size(tmp_path, stage, offload
                                                str(tmp_path), None), env=ONE_GPU, timeout=300)
     for losses in resumed:
         assert losses == pytest.approx(whole[saved:], rel=2e-3, abs=1e-4)
+
+
+def test_tensor_parallel_inference_on_the_gpu():
+    """deepspeed.init_inference with tensor_parallel.tp_size 2 on two ranks sharing the GPU
+    (gloo on CUDA tensors): GPT-2's logits and greedy generation are the whole model's, and
+    both slices sample the same tokens."""
+    pytest.importorskip("transformers")
+    from test_inference import _tensor_parallel
+
+    ranks = run_distributed(_tensor_parallel, 2, env=ONE_GPU, timeout=300)
+    for split, error, same_greedy, _ in ranks:
+        assert split and error < 1e-4 and same_greedy
+    assert torch.equal(ranks[0][3], ranks[1][3])

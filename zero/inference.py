@@ -1,15 +1,23 @@
 """`deepspeed.init_inference(model, config=None, **kwargs)`: DeepSpeed 0.19.8's inference entry,
 for scripts that train with zero and then serve or evaluate the model. The InferenceEngine
-casts the model to the config's dtype (DeepSpeed's default: fp16), moves it to this rank's
-device, splits its linears over `tensor_parallel.tp_size` ranks with zero's AutoTP
-(zero/tp/auto_tp.py: every rank holds the whole model first and keeps its slice; the
-sampling RNG is rank 0's on every rank, as DeepSpeed broadcasts it) and runs the model's own
-forward and generate.
+casts the model's floating-point tensors to the config's dtype (DeepSpeed's default: fp16),
+moves it to the current device and runs the model's own forward and generate.
 
-Not built, each an error naming its key: DeepSpeed's fused inference kernels are not
-injected (`replace_with_kernel_inject` is accepted and runs the model's own modules, which
-compute the same function), CUDA graphs, Triton, int8 quantization, injection policies,
-loading or saving tensor-parallel checkpoints, expert parallelism and ZeRO-Inference."""
+With `tensor_parallel.tp_size` N > 1 (or DeepSpeed's older `mp_size`) it starts
+torch.distributed from the launcher's environment when the script has not, sets the GPU to
+LOCAL_RANK, and splits the model's linears over groups of N consecutive ranks with zero's
+AutoTP (zero/tp/auto_tp.py: every rank holds the whole model first and keeps its slice); the
+random generators are global rank 0's everywhere, as DeepSpeed broadcasts them, so sampled
+generation picks the same tokens on every slice. A `tensor_parallel.mpu` or `tp_group`
+names the group instead (a `tp_group` alone splits over it).
+
+Accepted and without effect: `replace_with_kernel_inject` (no fused kernels are injected: the
+model's own modules compute the same function, and generate has none of DeepSpeed's kernel
+checks), the kernels' workspace and MoE-kernel keys. Not built, each an error naming its key
+and the fix: CUDA graphs, Triton, int8, loading or saving checkpoints, injection policies,
+expert parallelism, and the `zero` block (ZeRO-3 inference is `deepspeed.initialize` at
+stage 3, whose model's generate gathers each layer). Values "auto" take the default, as in
+DeepSpeed."""
 from __future__ import annotations
 
 import json
@@ -20,26 +28,30 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# DeepSpeed's DtypeEnum spellings, and its `dtype` default
-_DTYPES = {**dict.fromkeys((torch.float16, "torch.float16", "fp16", "float16", "half"),
-                           torch.float16),
-           **dict.fromkeys((torch.bfloat16, "torch.bfloat16", "bf16", "bfloat16"),
-                           torch.bfloat16),
-           **dict.fromkeys((torch.float32, "torch.float32", "fp32", "float32", "float"),
-                           torch.float32)}
+from zero.config import schema
+
+# DeepSpeed's DtypeEnum spellings of the dtypes it builds here, and its `dtype` default
+_DTYPES = {**dict.fromkeys((torch.float16, *schema.FP16_AUTOCAST_DTYPES), torch.float16),
+           **dict.fromkeys((torch.bfloat16, *schema.BF16_DTYPES), torch.bfloat16),
+           **dict.fromkeys((torch.float32, *schema.FP32_DTYPES), torch.float32)}
+_CASTS = {torch.float16: nn.Module.half, torch.bfloat16: nn.Module.bfloat16,
+          torch.float32: nn.Module.float}  # floating-point tensors only, as DeepSpeed's
 _ALIASES = {"kernel_inject": "replace_with_kernel_inject", "tp": "tensor_parallel",
             "max_tokens": "max_out_tokens", "min_tokens": "min_out_tokens",
             "tm": "triangular_masking", "args": "config", "injection_dict": "injection_policy",
-            "ckpt_config": "checkpoint_config"}
-# Keys that change nothing here (DeepSpeed's kernels' workspace and options; `quant` acts
-# only with dtype int8, which is refused); any value is accepted.
+            "ckpt_config": "checkpoint_config", "expert_group": "ep_group",
+            "expert_mp_group": "ep_mp_group"}
+# Keys that change nothing here (DeepSpeed's kernels' workspace and options, its MoE kernels'
+# groups; `quant` acts only with dtype int8, which is refused): any value is accepted.
 _NO_EFFECT = {"replace_with_kernel_inject", "max_out_tokens", "min_out_tokens", "return_tuple",
               "triangular_masking", "transposed_mode", "training_mp_size", "replace_method",
-              "config", "base_dir", "set_empty_params", "checkpoint_config", "quant"}
+              "config", "base_dir", "set_empty_params", "checkpoint_config", "quant",
+              "moe_experts", "moe_type", "ep_group", "ep_mp_group", "injection_policy_tuple"}
 
 
 def _off(value) -> bool:
-    return value in (None, False, "", {}, [])
+    return value is None or value is False or (isinstance(value, (str, dict, list)) and
+                                               not value)
 
 
 def _one_expert_rank(value) -> bool:
@@ -62,7 +74,8 @@ _NOT_BUILT = {
     "ep_size": (lambda value: value == 1, "expert parallelism at inference is not built"),
     "zero": (lambda value: _off(value) or (isinstance(value, dict) and
                                            value.get("stage", 0) == 0),
-             "ZeRO-Inference is not built; remove it"),
+             "ZeRO-3 inference is deepspeed.initialize with zero_optimization.stage 3 (the "
+             "model's generate gathers each layer); remove it here"),
 }
 _TP_KEYS = {"enabled", "tp_size", "tp_grain_size", "mpu", "tp_group"}
 
@@ -77,7 +90,7 @@ class InferenceConfig:
 
 def parse_config(config=None, **kwargs) -> InferenceConfig:
     """DeepSpeed's merge: `config` (a dict or a JSON path) updated with `kwargs`, a key given
-    in both with different values an error; then every key checked."""
+    in both with different values an error; "auto" values dropped; then every key checked."""
     if config is None:
         config = {}
     if isinstance(config, (str, os.PathLike)):
@@ -91,23 +104,22 @@ def parse_config(config=None, **kwargs) -> InferenceConfig:
             raise ValueError(f"Conflicting argument '{key}' in 'config':{merged[key]} and "
                              f"kwargs:{kwargs[key]}")
     merged.update(kwargs)
-    return _checked({_ALIASES.get(key, key): value for key, value in merged.items()})
+    return _checked({_ALIASES.get(key, key): value for key, value in merged.items()
+                     if not (isinstance(value, str) and value == "auto")})
 
 
 def _checked(values: dict) -> InferenceConfig:
     parsed = InferenceConfig()
-    tp = dict(values.pop("tensor_parallel", None) or {})
-    for deprecated, key in (("mp_size", "tp_size"), ("mpu", "mpu")):  # DeepSpeed's old names
-        if deprecated in values:
-            tp.setdefault(key, values.pop(deprecated))
+    tp = _tensor_parallel_block(values)
     for key, value in values.items():
         if key == "dtype":
-            if value not in _DTYPES:
-                raise ValueError(f"zero: init_inference dtype {value!r} is not one of fp16, bf16, "
-                                 "fp32 (int8 quantization is not built)")
+            if not isinstance(value, (str, torch.dtype)) or value not in _DTYPES:
+                raise ValueError(f"zero: init_inference dtype {value!r} is not one of "
+                                 f"{sorted(k for k in _DTYPES if isinstance(k, str))} or their "
+                                 "torch dtypes (int8 quantization is not built)")
             parsed.dtype = _DTYPES[value]
         elif key == "keep_module_on_host":
-            parsed.keep_module_on_host = bool(value)
+            parsed.keep_module_on_host = _boolean(key, value)
         elif key in _NOT_BUILT:
             fine, fix = _NOT_BUILT[key]
             if not fine(value):
@@ -116,46 +128,66 @@ def _checked(values: dict) -> InferenceConfig:
             known = sorted({"dtype", "keep_module_on_host", "tensor_parallel", "mp_size", "mpu",
                             *_NOT_BUILT, *_NO_EFFECT, *_ALIASES})
             raise ValueError(f"zero: unknown init_inference key {key!r}; known: {known}")
+    enabled = _boolean("tensor_parallel.enabled", tp.get("enabled", True))
+    parsed.tp_size = tp.get("tp_size", 1) if enabled else 1
+    if isinstance(parsed.tp_size, bool) or not isinstance(parsed.tp_size, int) or \
+            parsed.tp_size < 1:
+        raise ValueError(f"zero: init_inference tensor_parallel.tp_size must be an integer >= 1, "
+                         f"got {parsed.tp_size!r}")
+    if enabled and tp.get("mpu") is not None:
+        parsed.tp_group = tp["mpu"].get_model_parallel_group()
+    elif enabled and tp.get("tp_group") is not None:
+        parsed.tp_group = tp["tp_group"]
+    return parsed
+
+
+def _tensor_parallel_block(values: dict) -> dict:
+    """tensor_parallel's keys (removed from `values`), with DeepSpeed's deprecated top-level
+    `mp_size` and `mpu` moved in; giving both spellings is an error, as in DeepSpeed."""
+    tp = values.pop("tensor_parallel", None) or {}
+    if not isinstance(tp, dict):
+        raise ValueError(f"zero: init_inference tensor_parallel must be a dict such as "
+                         f"{{'tp_size': 2}}, got {tp!r}")
+    tp = {key: value for key, value in tp.items() if not (isinstance(value, str) and
+                                                          value == "auto")}
     unknown = set(tp) - _TP_KEYS
     if unknown:
         raise ValueError(f"zero: unknown init_inference tensor_parallel key(s) {sorted(unknown)}; "
                          f"known: {sorted(_TP_KEYS)}")
-    parsed.tp_size = int(tp.get("tp_size", 1)) if tp.get("enabled", True) else 1
-    if tp.get("mpu") is not None:
-        parsed.tp_group = tp["mpu"].get_model_parallel_group()
-    elif tp.get("tp_group") is not None:
-        parsed.tp_group = tp["tp_group"]
-    if parsed.tp_size < 1:
-        raise ValueError(f"zero: init_inference tensor_parallel.tp_size must be >= 1, got "
-                         f"{parsed.tp_size}")
-    return parsed
+    for old, new in (("mp_size", "tp_size"), ("mpu", "mpu")):
+        if old in values:
+            if new in tp:
+                raise ValueError(f"zero: init_inference got both the deprecated {old} and "
+                                 f"tensor_parallel.{new}; keep tensor_parallel.{new}")
+            tp[new] = values.pop(old)
+    return tp
+
+
+def _boolean(key: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"zero: init_inference {key} must be true or false, got {value!r}")
+    return value
 
 
 class InferenceEngine(nn.Module):
     """The model for inference: `engine(...)` is its forward, `engine.generate(...)` its
-    generate (when it has one), `engine.module` the model itself."""
+    generate (when it has one), `engine.module` the model itself, `engine.mp_group` the
+    tensor-parallel group (None without one)."""
 
     def __init__(self, model: nn.Module, config: InferenceConfig):
         super().__init__()
+        if any(p.is_meta for p in model.parameters()):
+            raise ValueError("zero: init_inference got a model on the meta device, and loading "
+                             "checkpoints is not built: load the weights into the model first "
+                             "(from_pretrained, load_state_dict), then call init_inference")
         self.module = model
         self._config = config
         if hasattr(model, "generate"):
             self.generate = self._generate
-        model.to(config.dtype)
-        self.mp_group = None
-        if config.tp_size > 1 or config.tp_group is not None:
-            self.mp_group = config.tp_group or _tensor_parallel_group(config.tp_size)
-            config.tp_size = dist.get_world_size(self.mp_group)
-        if self.mp_group is not None and config.tp_size > 1:
-            from zero.tp import auto_tp
-
-            auto_tp(self.module, self.mp_group)
-            _share_rng_state(self.mp_group)
-        device = _device()
-        if any(p.is_meta for p in model.parameters()):
-            model.to_empty(device=device)
-        elif not config.keep_module_on_host:
-            model.to(device)
+        _CASTS[config.dtype](model)
+        self.mp_group = _split(model, config)
+        if not config.keep_module_on_host:
+            model.to(_current_device())
 
     def forward(self, *inputs, **kwargs):
         return self.module(*inputs, **kwargs)
@@ -170,40 +202,58 @@ def init_inference(model: nn.Module, config=None, **kwargs) -> InferenceEngine:
     return InferenceEngine(model, parse_config(config, **kwargs))
 
 
-def _tensor_parallel_group(size: int):
-    """This rank's group of `size` consecutive ranks (every rank makes every group, as
-    torch.distributed asks)."""
+def _split(model: nn.Module, config: InferenceConfig):
+    """Splits `model` over its tensor-parallel group (made from consecutive ranks, or the
+    config's); returns the group, None without tensor parallelism."""
+    if config.tp_size == 1 and config.tp_group is None:
+        return None
+    from zero.tp import TensorParallelSplitError, auto_tp
+
+    group = config.tp_group or _consecutive_group(config.tp_size)
+    config.tp_size = dist.get_world_size(group)
+    if config.tp_size == 1:
+        return group
+    try:
+        split = auto_tp(model, group)
+    except TensorParallelSplitError as error:  # it names the training key
+        raise TensorParallelSplitError(str(error).replace(
+            "tensor_parallel.autotp_size", "init_inference's tensor_parallel.tp_size")) from None
+    if not split:
+        raise ValueError(f"zero: init_inference tensor_parallel.tp_size {config.tp_size}: the "
+                         "model has no layer AutoTP can split (attention and MLP blocks of "
+                         "input and output linears); use tp_size 1")
+    _share_rng_states()
+    return group
+
+
+def _consecutive_group(size: int):
+    """This rank's group of `size` consecutive ranks (zero.parallel's tensor groups), after
+    starting torch.distributed and choosing LOCAL_RANK's GPU as DeepSpeed does."""
+    from zero.distributed import init_distributed
+    from zero.parallel.grid import grid_for
+
     if not dist.is_initialized():
-        raise RuntimeError(f"zero: init_inference with tensor_parallel.tp_size {size} needs "
-                           "torch.distributed initialized first (deepspeed.init_distributed())")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if world % size:
-        raise ValueError(f"zero: init_inference tensor_parallel.tp_size {size} does not divide "
-                         f"the {world} ranks")
-    mine = None
-    for first in range(0, world, size):
-        group = dist.new_group(list(range(first, first + size)))
-        if first <= rank < first + size:
-            mine = group
-    return mine
-
-
-def _share_rng_state(group) -> None:
-    """Every rank of the group samples with the first rank's generator (the device's, as
-    DeepSpeed's accelerator RNG), so that sampled generation picks the same tokens on every
-    slice."""
-    source = dist.get_global_rank(group, 0)
+        init_distributed()
     if torch.cuda.is_available():
-        state = torch.cuda.get_rng_state().cuda()
-        dist.broadcast(state, source, group=group)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return grid_for(tensor=size).get_tensor_model_parallel_group()
+
+
+def _share_rng_states() -> None:
+    """Every rank samples with global rank 0's generators (the CPU's, and the GPU's where there
+    is one), sent over the world as DeepSpeed sends them."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    state = torch.get_rng_state().to(device)
+    dist.broadcast(state, 0)
+    torch.set_rng_state(state.cpu())
+    if torch.cuda.is_available():
+        state = torch.cuda.get_rng_state().to(device)
+        dist.broadcast(state, 0)
         torch.cuda.set_rng_state(state.cpu())
-    else:
-        state = torch.get_rng_state()
-        dist.broadcast(state, source, group=group)
-        torch.set_rng_state(state)
 
 
-def _device() -> torch.device:
+def _current_device() -> torch.device:
+    """DeepSpeed's get_accelerator().current_device_name(): the current GPU, else the CPU."""
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

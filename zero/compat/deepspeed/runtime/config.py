@@ -52,6 +52,11 @@ class _Block:
             return self._overrides[name]
         return getattr(self._block, self._names.get(name, name))
 
+    def __setattr__(self, name, value):
+        if not name.startswith("_"):
+            raise AttributeError(f"zero: DeepSpeedConfig blocks are read-only ({name})")
+        super().__setattr__(name, value)
+
     def __repr__(self):
         return f"{type(self._block).__name__}({self._block!r})"
 
