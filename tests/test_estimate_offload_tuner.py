@@ -256,3 +256,25 @@ def test_on_a_cpu_only_machine_host_offload_saves_no_ram(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "recommended: stage 1 + optimizer on the host" in printed
     assert ("pass --cpu-only" in printed) == (not torch.cuda.is_available())
+
+
+def test_the_tuner_says_when_the_gradient_shard_could_stay_on_the_gpu():
+    """Stage 2 with the optimizer on the host keeps the gradient shard in host memory; when
+    grads_on_device fits the budget too, a note gives its device cost and the host copies it
+    saves (2k-1 a step at k micro-steps), without choosing it. Not on a CPU-only machine."""
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    setup = _setup(gradient_accumulation_steps=2)
+    option = est.option_for(2, "cpu")
+    host = est.estimate(shapes, setup, option).device_bytes
+    kept = est.estimate(shapes, dataclasses.replace(setup, grads_on_device=True), option)
+    assert kept.device_bytes > host
+    roomy = tuner.tune(shapes, setup, kept.device_bytes, gradient_accumulation_steps=2)
+    assert roomy.chosen.option == option and not roomy.chosen.estimate.setup.grads_on_device
+    [note] = [n for n in roomy.notes if "grads_on_device" in n]
+    assert "3 shard-sized copies" in note and "2 micro-steps" in note
+    tight = tuner.tune(shapes, setup, kept.device_bytes - 1, gradient_accumulation_steps=2)
+    assert tight.chosen.option == option
+    assert not [n for n in tight.notes if "grads_on_device" in n]
+    on_cpu = dataclasses.replace(roomy.chosen, estimate=dataclasses.replace(
+        roomy.chosen.estimate, setup=dataclasses.replace(setup, cpu_only=True)))
+    assert tuner.grads_on_device_note(shapes, on_cpu, kept.device_bytes, 2) == ""

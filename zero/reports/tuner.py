@@ -259,11 +259,12 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
                     note = first_boundary_note(rec.chosen.estimate, gas)
                     if note:
                         rec.notes.append(note)
-                    return _finish(rec, rpn)
+                    return _finish(rec, rpn, grads_on_device_note(shapes, rec.chosen, usable,
+                                                                  gas))
                 continue
             if _stage_below_3(shapes, base, option, judge):
                 rec.chosen = rec.tried[-1]
-                return _finish(rec, rpn)
+                return _finish(rec, rpn, grads_on_device_note(shapes, rec.chosen, usable, gas))
     # Nothing fits: which option would, that cannot be recommended?
     for option in OPTIONS:
         needs_path = _needs_nvme_path(option) and nvme_path is None
@@ -324,7 +325,9 @@ def _stage_below_3(shapes: ModelShapes, base: Setup, option: Option, judge) -> b
     return False
 
 
-def _finish(rec: Recommendation, ranks_per_node: int) -> Recommendation:
+def _finish(rec: Recommendation, ranks_per_node: int, note: str = "") -> Recommendation:
+    if note:
+        rec.notes.append(note)
     chosen = rec.chosen
     if chosen.option.offloaded and rec.host_budget is None and not rec.cpu_only:
         rec.notes.append(f"host RAM was not checked (no --host-budget): this needs "
@@ -334,6 +337,29 @@ def _finish(rec: Recommendation, ranks_per_node: int) -> Recommendation:
                          f"{format_bytes(chosen.estimate.offload['swap_file_bytes'] * ranks_per_node)}"
                          " per node")
     return rec
+
+
+def grads_on_device_note(shapes: ModelShapes, chosen: Candidate, usable: int, gas: int) -> str:
+    """A GPU's stage 2-3 with the whole optimizer step offloaded keeps the gradient shard in
+    host memory; when offload_optimizer.grads_on_device still fits the budget, say so and what
+    it costs and saves (the engine's copies: csrc/adapter/grad_reducer.h). Not chosen: it
+    trades device memory for host traffic, which the estimate does not price."""
+    setup, option = chosen.estimate.setup, chosen.option
+    if (setup.cpu_only or setup.grads_on_device or option.stage < 2
+            or option.offload_optimizer == "none" or float(setup.offload_ratio) < 1.0):
+        return ""
+    kept = estimate(shapes, dataclasses.replace(setup, grads_on_device=True), option,
+                    reduce_bucket_size=chosen.reduce_bucket_size,
+                    overlap_comm=chosen.overlap_comm,
+                    strict=False)
+    if not kept.runs or kept.device_bytes > usable:
+        return ""
+    copies = f"{2 * gas - 1} shard-sized copies" if gas > 1 else "one shard-sized copy"
+    return (f"offload_optimizer.grads_on_device: true would fit too "
+            f"(+{format_bytes(kept.device_bytes - chosen.estimate.device_bytes)} per rank on the "
+            f"device): backward then reduces into a gradient shard on the GPU instead of making "
+            f"{copies} between the GPU and the host every step (at {gas} micro-step"
+            f"{'s' if gas > 1 else ''}), and the step copies it to the host once")
 
 
 def first_boundary_note(est: Estimate, gas: int) -> str:
