@@ -61,12 +61,13 @@ MODELS = {"350m": (24, 16, 1024), "1.3b": (24, 16, 2048), "2.7b": (32, 32, 2560)
 # behind the next forward and backward), the delayed update alone and DeepSpeed's
 # ZeRO-Offload; FSDP2's CPU offload (about 15 s a step on the H100) last.
 CONFIGS = ("zero2", "zero2-offload", "zero2-offload-devgrads", "zero2-offload-dpu-devgrads",
-           "zero2-offload-dpu", "deepspeed-offload", "zero3-offload", "fsdp2", "fsdp2-offload")
+           "zero2-offload-dpu", "deepspeed-offload", "zero3-offload", "zero3-offload-devgrads",
+           "fsdp2", "fsdp2-offload")
 # Configurations measured over one step after the warm-up, whatever --steps says: FSDP2's CPU
 # offload takes about 15 s a step, and four would not fit a GPU call's budget.
 ONE_STEP = ("fsdp2-offload",)
 OFFLOADED = ("zero2-offload", "zero2-offload-devgrads", "zero2-offload-dpu-devgrads",
-             "zero2-offload-dpu", "zero3-offload", "deepspeed-offload")
+             "zero2-offload-dpu", "zero3-offload", "zero3-offload-devgrads", "deepspeed-offload")
 LR = 1e-4
 
 
