@@ -64,7 +64,7 @@ def _tensor_parallel(rank, world):
     torch.manual_seed(100 + rank)
     engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": 2}, dtype=torch.float32,
                                       replace_with_kernel_inject=True)
-    assert dist_size(engine.mp_group) == 2
+    assert dist_size(engine.mp_group) == 2 and engine.config is model.config
     fc = model.transformer.h[0].mlp.c_fc.weight
     split = fc.shape != whole.transformer.h[0].mlp.c_fc.weight.shape
     whole.to(_device_of(engine))  # (a GPU's with CUDA: tests/test_cuda_engine.py)

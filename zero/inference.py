@@ -171,8 +171,9 @@ def _boolean(key: str, value) -> bool:
 
 class InferenceEngine(nn.Module):
     """The model for inference: `engine(...)` is its forward, `engine.generate(...)` its
-    generate (when it has one), `engine.module` the model itself, `engine.mp_group` the
-    tensor-parallel group (None without one)."""
+    generate (when it has one), `engine.module` the model itself, `engine.config` its config
+    (a Hugging Face model's; None without one), `engine.mp_group` the tensor-parallel group
+    (None without one)."""
 
     def __init__(self, model: nn.Module, config: InferenceConfig):
         super().__init__()
@@ -182,6 +183,7 @@ class InferenceEngine(nn.Module):
                              "(from_pretrained, load_state_dict), then call init_inference")
         self.module = model
         self._config = config
+        self.config = getattr(model, "config", None)  # DeepSpeed's, for HF pipelines
         if hasattr(model, "generate"):
             self.generate = self._generate
         _CASTS[config.dtype](model)
