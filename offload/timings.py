@@ -5,8 +5,6 @@ as running totals since the engine was built."""
 from __future__ import annotations
 
 TIMING_FIELDS = ("grads_in_wait_s", "cpu_optimizer_s", "params_out_wait_s", "step_s")
-
-
 COPY_FIELDS = ("batches", "copy_s", "wait_s")
 
 
