@@ -2,8 +2,10 @@
 unmodified, launched by `zero --num_procs 1` with the example's DeepSpeed configs (ZeRO-2,
 ZeRO-3, and ZeRO-3 with parameters and optimizer in host memory) trains like the same script
 under the plain Trainer on the same GPU, and saves a model that from_pretrained loads with
-the plain run's weights; from_pretrained under ZeRO-3 (zero.Init) starts from them. Skipped
-without a GPU, or without transformers and accelerate (the GPU machine's image has both)."""
+the plain run's weights; from_pretrained under ZeRO-3 (zero.Init) starts from them. The
+Accelerate loop (examples/huggingface/train_accelerate.py) trains on zero as without it on the
+GPU. Skipped without a GPU, or without transformers and accelerate (the GPU machine's image
+has both)."""
 import pytest
 import torch
 
@@ -54,3 +56,26 @@ def test_from_pretrained_under_zero3_on_the_gpu_starts_from_the_saved_weights(tm
     assert evals[0] == pytest.approx(plain_result["eval"]["eval_loss"], rel=1e-4)
     assert len(step_losses(result)) == 4
     assert evals[-1] < evals[0]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_accelerate_loop_on_zero_on_the_gpu_trains_like_the_plain_loop(tmp_path, stage):
+    """The script's own AdamW under a DeepSpeedPlugin, one process on the GPU, against the
+    same loop without DeepSpeed: losses and the weights get_state_dict gives back."""
+    import json
+
+    from test_hf_accelerate import run_script
+
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True}}))
+    plain, plain_model = run_script(tmp_path / "plain", launcher=["--no_deepspeed_alias"],
+                                    procs=1)
+    ours, model = run_script(tmp_path / "zero", "--ds_config", config, procs=1)
+    assert ours["engine"] == "zero.engine.ZeroEngine"
+    assert len(ours["losses"]) == 8
+    assert ours["losses"] == pytest.approx(plain["losses"], rel=2e-3)
+    for name, weight in plain_model.items():
+        assert torch.allclose(model[name].cpu(), weight.cpu(), rtol=2e-3, atol=1e-5), name

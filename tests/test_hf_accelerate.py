@@ -24,9 +24,9 @@ CONFIG = REPO / "examples" / "huggingface" / "ds_accelerate.json"
 TIMEOUT = 240
 
 
-def run_script(out, *extra, launcher=()):
+def run_script(out, *extra, launcher=(), procs=2):
     Path(out).mkdir(parents=True, exist_ok=True)
-    run_job(launcher_argv(2, *launcher, SCRIPT, "--out", out, *extra), TIMEOUT)
+    run_job(launcher_argv(procs, *launcher, SCRIPT, "--out", out, *extra), TIMEOUT)
     return json.loads((Path(out) / "losses.json").read_text()), torch.load(Path(out) / "model.pt")
 
 
