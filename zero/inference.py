@@ -104,8 +104,13 @@ def parse_config(config=None, **kwargs) -> InferenceConfig:
             raise ValueError(f"Conflicting argument '{key}' in 'config':{merged[key]} and "
                              f"kwargs:{kwargs[key]}")
     merged.update(kwargs)
-    return _checked({_ALIASES.get(key, key): value for key, value in merged.items()
-                     if not (isinstance(value, str) and value == "auto")})
+    return _checked({_ALIASES.get(key, key): value for key, value in _set(merged).items()})
+
+
+def _set(values: dict) -> dict:
+    """`values` without those given as "auto": DeepSpeed's config models take their defaults."""
+    return {key: value for key, value in values.items()
+            if not (isinstance(value, str) and value == "auto")}
 
 
 def _checked(values: dict) -> InferenceConfig:
@@ -148,8 +153,7 @@ def _tensor_parallel_block(values: dict) -> dict:
     if not isinstance(tp, dict):
         raise ValueError(f"zero: init_inference tensor_parallel must be a dict such as "
                          f"{{'tp_size': 2}}, got {tp!r}")
-    tp = {key: value for key, value in tp.items() if not (isinstance(value, str) and
-                                                          value == "auto")}
+    tp = _set(tp)
     unknown = set(tp) - _TP_KEYS
     if unknown:
         raise ValueError(f"zero: unknown init_inference tensor_parallel key(s) {sorted(unknown)}; "

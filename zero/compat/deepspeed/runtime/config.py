@@ -88,7 +88,6 @@ class DeepSpeedConfig:
         # Parsed as DeepSpeed parses it: every key zero knows, built or not (initialize says
         # which values zero cannot train with).
         parsed = load_config(config, world_size=self.world_size, enabled_features=ALL_FEATURES)
-        self._zero_config = parsed
         self._param_dict = dict(parsed.raw)
         self._set_batch(parsed)
         self._set_blocks(parsed)
