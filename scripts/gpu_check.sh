@@ -5,7 +5,8 @@
 #             then zero's environment report (zero/env_report.py: the build checked against
 #             this torch and libstdc++, three training steps on the CPU and on the GPU);
 #   2. tests  the CUDA tests (tests/test_cuda_*.py: NCCL, stages 0-3 on the GPU, offload,
-#             the memory report against torch.cuda's allocator, the HF Trainer);
+#             the memory report against torch.cuda's allocator, zero-mem's offload
+#             estimate against the engine, the HF Trainer);
 #   3. bench  benchmarks/bench_gpu_offload.py: ZeRO-Offload on one GPU against the same model
 #             without offload and FSDP2 with CPU offload;
 #   4. largest  the largest GPT that trains without offload and with it, each configuration
@@ -122,7 +123,8 @@ tests() {
   echo "tests: at most $seconds s"
   # What no committed run has seen pass goes first (GPU_TESTS_FIRST: a regex of ids before
   # even those), so a budget that cuts the run cuts what has passed before.
-  local files=(tests/test_cuda_collectives.py tests/test_cuda_engine.py tests/test_cuda_hf.py)
+  local files=(tests/test_cuda_collectives.py tests/test_cuda_engine.py
+               tests/test_cuda_estimate.py tests/test_cuda_hf.py)
   local ids=()
   mapfile -t ids < <("$PYTHON" scripts/lib/gpu_test_order.py --first "${GPU_TESTS_FIRST:-}" \
                        "${files[@]}")

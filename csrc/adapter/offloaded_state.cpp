@@ -41,9 +41,10 @@ OffloadedState::OffloadedState(core::MemoryRegistry& registry, core::RangePool& 
                               offload);
   const at::ScalarType model_type = model_type_;
   const bool sixteen_bit = model_type != at::kFloat;
-  if (offload.delayed_update) {
+  if (offload.delayed_update) {  // every step through it: its own buffers and copy engine
     delayed_ = std::make_unique<DelayedUpdate>(registry, grid_, device_options.device(),
                                                model_type, precision.grads, offload.pin_memory);
+    return;
   }
   if (device_options.device().is_cpu()) return;  // in place: nothing to stage
   for (int slot = 0; slot < 2; ++slot) {

@@ -99,12 +99,13 @@ class OffloadedState {
   at::ScalarType model_type_;  // the parameters' (gradients may be fp32: ShardPrecision::grads)
   ChunkGrid grid_;
   std::unique_ptr<OffloadStore> store_;  // the state's home
-  // A device model's: two chunks' gradients (ShardPrecision::grads) and, 16-bit, new
-  // parameters (model dtype). A model on the host has none (in_place_step).
+  // A device model's streamed step: two chunks' gradients (ShardPrecision::grads) and,
+  // 16-bit, new parameters (model dtype). A model on the host has none (in_place_step), nor
+  // has a delayed update, which stages the whole shard through its own buffers.
   HostTensor staged_grads_[2];
   HostTensor staged_params_[2];
   std::unique_ptr<DelayedUpdate> delayed_;  // delayed_update only
-  std::unique_ptr<CopyEngine> copier_;      // device models; last: its copies use the above
+  std::unique_ptr<CopyEngine> copier_;      // the streamed step's; last: its copies use the above
   OffloadTimings timings_;
 };
 

@@ -63,8 +63,8 @@ stage-1 group) owns one host pool that adds `staging`:
 
     chunk C          min(sub_group_size, 4,194,304, the group's Ψ/N) elements
     cpu              2 slots x (C·b gradients + C·b parameters if the model is 16-bit);
-                     with offload_optimizer.delayed_update also the shard's gradients and
-                     new parameters, 2 x b·Ψ/N
+                     with offload_optimizer.delayed_update instead the shard's gradients
+                     and new parameters, 2 x b·Ψ/N
     nvme             the cpu chunks (no delayed update with NVMe) + 2 slots x each state
                      array (master, exp_avg, exp_avg_sq; master + one array: momentum,
                      Adagrad's sum, Lion's exp_avg; master) x

@@ -74,7 +74,8 @@ def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
     16-bit model; none for a model on the CPU, updated in place; g: the gradients' bytes, b
     unless they accumulate in fp32), with NVMe also 2 slots x each state array x
     round_up(a·C, 4096) (a: the array's bytes per element, 4, or 2 for a 16-bit master or
-    state); the delayed update adds the shard's gradients and new parameters.
+    state); the delayed update stages the shard's gradients and new parameters instead of
+    the chunks.
     (host bytes, formula term, its note, the offload detail's fields)."""
     b, g = setup.param_bytes, setup.grad_bytes
     sixteen_bit = b != 4
@@ -86,8 +87,9 @@ def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
     group_shards = [tail for tail in tails if tail]
     chunks = [setup.offload_chunk(shard) for shard in group_shards]
     model = f"({g}+{b})" if sixteen_bit else f"{g}"
+    delayed = setup.delayed_update and not nvme  # the engine refuses it with NVMe
     host, terms = 0, []
-    if not setup.cpu_only:
+    if not setup.cpu_only and not delayed:  # (the delayed update stages the whole shard)
         host = sum(2 * c * (g + (b if sixteen_bit else 0)) for c in chunks)
         terms.append(f"2·C·{model}")
     if nvme:
@@ -95,7 +97,6 @@ def optimizer_staging(setup: Setup, option: Option, group_shards: Sequence[int]
         sizes = [setup.array_bytes(name) for name in arrays]
         terms.append(f"2·{len(arrays)}·⌈4C⌉" if set(sizes) == {4} else
                      "2·(" + " + ".join(f"⌈{size}C⌉" for size in sizes) + ")")
-    delayed = setup.delayed_update and not nvme  # the engine refuses it with NVMe
     if delayed:  # the whole shard's gradients and new parameters, one update behind
         host += sum(int(shard) * (g + b) for shard in group_shards)
         terms.append(f"2·S·{b}" if g == b else f"S·({g}+{b})")
