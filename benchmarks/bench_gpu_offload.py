@@ -49,12 +49,14 @@ from benchmarks.report import gib, markdown_table, write_results  # noqa: E402
 from zero.models.tiny_gpt import GPTConfig, TinyGPT  # noqa: E402
 
 # name: (layers, heads, width); GPT-2 vocabulary padded to 50304, 1024 positions. The
-# width-4096 rungs between 2.7b and 13b are for --largest's ladder.
+# rungs from 4.2b up are for --largest's ladder (16.5b: twice the 8.3b that fits an H200
+# without offload).
 MODELS = {"350m": (24, 16, 1024), "1.3b": (24, 16, 2048), "2.7b": (32, 32, 2560),
           "4.2b": (20, 32, 4096), "5b": (24, 32, 4096), "5.8b": (28, 32, 4096),
           "6.7b": (32, 32, 4096), "8.3b": (40, 32, 4096), "9b": (44, 32, 4096),
           "10b": (48, 32, 4096),
-          "11.5b": (56, 32, 4096), "13b": (40, 40, 5120)}
+          "11.5b": (56, 32, 4096), "13b": (40, 40, 5120), "14b": (44, 40, 5120),
+          "15b": (47, 40, 5120), "16.5b": (52, 40, 5120)}
 # Most telling first: a run cut short by its budget still compares offload with none, then
 # the gradient shard kept on the device (offload_optimizer.grads_on_device, "devgrads": a
 # backward without host copies) alone and with the delayed update (which hides the CPU step
@@ -91,7 +93,7 @@ def parse_args(argv=None):
                              "running when it is spent is stopped, those left are reported as "
                              "skipped")
     parser.add_argument("--largest", action="store_true")
-    parser.add_argument("--sizes", default="2.7b,4.2b,5b,5.8b,6.7b,8.3b,9b,10b,11.5b,13b",
+    parser.add_argument("--sizes", default="2.7b,4.2b,5b,5.8b,6.7b,8.3b,9b,10b,11.5b,13b,14b,15b,16.5b",
                         help="--largest: the ladder of sizes the tuner is asked about")
     parser.add_argument("--gpu-memory-gib", type=float, default=0,
                         help="--largest: cap the GPU at this many GiB (the tuner's budget and "

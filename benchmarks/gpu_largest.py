@@ -10,8 +10,9 @@ tuner says fits, downwards until a size trains:
 
     no offload   the tuner's configuration without offload; then the next size up with the
                  plain zero2 configuration, to show where it stops (its failure is the point)
-    offload      the tuner's configuration with offload (optimizer and, when it must,
-                 parameters in host memory), only sizes above the no-offload arm's largest
+    offload      the tuner's configuration with offload (part of the optimizer, the whole
+                 optimizer and, when it must, parameters in host memory), only sizes above
+                 the no-offload arm's largest
 
 The report gives, per run, the tuner's estimate of device and host bytes beside the measured
 GPU peak and host RSS peak, and the ratio of the two arms' largest sizes (the issue's goal:

@@ -12,8 +12,9 @@
 #   4. largest  the largest GPT that trains without offload and with it, each configuration
 #               chosen by zero's tuner for this GPU and host (benchmarks/gpu_largest.py). Not
 #               in the default steps since 2026-12-01: measured on the H200 (8.3B without
-#               offload, 10B with it: the host's 125 GiB, not the GPU, is the limit there), it
-#               took the bench's time; ask for it with GPU_CHECK_STEPS.
+#               offload, 10B with the whole optimizer on the host: the host's 125 GiB, not
+#               the GPU, is the limit there), it took the bench's time; ask for it with
+#               GPU_CHECK_STEPS. The tuner's partial offload (2026-12-01) plans 15B there.
 # Results (JSON + Markdown naming the GPU, driver, torch and date) go to
 # benchmarks/results/gpu/ (or $ZERO_GPU_RESULTS); gpu_check.md there says what each step did.
 # On a machine without a GPU it says so in one line and exits 0.

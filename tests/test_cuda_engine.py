@@ -163,6 +163,20 @@ def test_optimizer_offload_with_the_gradients_on_the_gpu(stage):
         assert "host_pinned" in report["categories"]["staging"]["by_location"]
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_partial_optimizer_offload_on_the_gpu(stage):
+    """offload_optimizer.ratio < 1, the tuner's partial-offload tier: each shard's tail steps
+    on the host through pinned staging, its head on the GPU, and the gradients stay there."""
+    offload = {"offload_optimizer": {"device": "cpu", "pin_memory": True, "ratio": 0.4}}
+    results = _run(1, stage, "bf16", sub_group_size=1000, **offload)
+    _assert_matches_reference(results, 1, stage, "bf16")
+    for _, _, report in results:
+        master = report["categories"]["fp32_master"]["by_location"]
+        assert set(master) == {"device", "host_pinned"}, master
+        assert master["host_pinned"]["peak"] < master["device"]["peak"]  # 0.4 of each shard
+        assert set(report["categories"]["gradient"]["by_location"]) == {"device"}
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_parameter_and_optimizer_offload(world):
     offload = {"offload_optimizer": {"device": "cpu", "pin_memory": True},

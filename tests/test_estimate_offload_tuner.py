@@ -90,6 +90,60 @@ def test_the_tuner_recommends_offload_when_only_offload_fits_and_it_runs_within(
         assert report["model_state_by_location"]["measured"]["host"] > 0
 
 
+def test_the_tuner_offloads_the_least_part_of_the_optimizer_that_fits(tmp_path, capsys):
+    """Between no offload and the whole optimizer on the host: the least ratio, in hundredths,
+    at which stage 1 fits the device (the tail's master and state on the host, the head's on
+    the device). The written config runs within the budget, the device's peak exactly the
+    estimate's; --no-partial-offload takes the whole step to the host instead."""
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    setup = _setup()
+    no_offload = tuner.tune(shapes, setup, 1, offload=False)
+    smallest = min(c.total for c in no_offload.tried if c.estimate.runs)
+    whole = est.estimate(shapes, setup, est.option_for(1, "cpu")).device_bytes
+    assert whole < smallest
+    budget = (whole + smallest) // 2
+    rec = tuner.tune(shapes, setup, budget)
+    chosen = rec.chosen
+    ratio = chosen.offload_ratio
+    assert chosen.option == est.option_for(1, "cpu") and 0 < ratio < 1
+    assert all(not c.fits for c in rec.tried if not c.option.offloaded)
+
+    def device(r):
+        return est.estimate(shapes, dataclasses.replace(setup, offload_ratio=r),
+                            est.option_for(1, "cpu")).device_bytes
+    assert device(ratio) == chosen.total <= budget < device(round(ratio - 0.01, 2))
+    assert any("is zero's (DeepSpeed ignores a ratio below stage 3)" in n for n in rec.notes)
+    whole_rec = tuner.tune(shapes, setup, budget, partial=False)
+    assert whole_rec.chosen.option == est.option_for(1, "cpu")
+    assert whole_rec.chosen.offload_ratio == 1.0
+    # A configured ratio or the delayed update: no search, the offload tiers as configured.
+    for fixed in (dict(offload_ratio=0.5), dict(delayed_update=True)):
+        assert all(c.offload_ratio == fixed.get("offload_ratio", 1.0) for c in tuner.tune(
+            shapes, _setup(**fixed), budget).tried if c.option.offloaded)
+
+    # The command line on a config (two micro-steps) writes its own least ratio; the engine
+    # runs it within the budget, exactly as estimated.
+    tuned, reports = _tune_and_run(tmp_path, budget)
+    block = tuned["zero_optimization"]["offload_optimizer"]
+    assert (block["device"], tuned["zero_optimization"]["stage"]) == ("cpu", 1)
+    assert 0 < block["ratio"] < 1
+    assert f"recommended: stage 1 + optimizer (ratio {block['ratio']:g}) on the host" in \
+        capsys.readouterr().out
+    written, _ = est.setup_from_config(tuned, 2)
+    expected = est.estimate(shapes, written, est.option_for(1, "cpu")).device_bytes
+    for report in reports:
+        assert report["by_location"]["device"]["peak"] == expected <= budget
+        master = report["categories"]["fp32_master"]["by_location"]
+        assert master["device"]["peak"] > 0 and master["host_pageable"]["peak"] > 0
+    _, _, printed = _tune_with_nvme(tmp_path, _config(3, "bf16", {}, None), budget, 10**12)
+    assert "recommended: stage 1 + optimizer (ratio" in printed
+    assert cli.main(["tune", "--model", DEEP_FACTORY, "--world-size", "2", "--precision",
+                     "bf16", "--reduce-bucket-size", "3000", "--persistence-threshold",
+                     str(PERSISTENCE), "--budget", str(budget),
+                     "--no-partial-offload"]) == 0
+    assert "recommended: stage 1 + optimizer on the host" in capsys.readouterr().out
+
+
 def test_the_tuner_takes_nvme_when_the_host_budget_rules_the_host_out(tmp_path, capsys):
     shapes = est.shapes_from_factory(DEEP_FACTORY)
     setup = _setup()
@@ -254,7 +308,8 @@ def test_on_a_cpu_only_machine_host_offload_saves_no_ram(tmp_path, capsys):
     assert "recommended: stage 1 + optimizer on NVMe" in capsys.readouterr().out
     assert cli.main(common) == 0
     printed = capsys.readouterr().out
-    assert "recommended: stage 1 + optimizer on the host" in printed
+    # (with a GPU, part of the optimizer on the host fits the device: partial offload first)
+    assert "recommended: stage 1 + optimizer (ratio 0.75) on the host" in printed
     assert ("pass --cpu-only" in printed) == (not torch.cuda.is_available())
 
 

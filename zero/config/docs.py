@@ -119,10 +119,14 @@ DIFFERENCES = """\
   both names together are an error.
 * Features zero has not built yet are errors, not no-ops. In particular NVMe offload is never
   silently treated as CPU offload, and `device: "nvme"` requires `nvme_path`.
-* Settings DeepSpeed ignores are errors: `offload_param` or NVMe optimizer offload below
-  stage 3, `offload_optimizer.ratio < 1` below stage 3 (DeepSpeed asserts), non-default
+* Settings DeepSpeed ignores are errors: `offload_param` below stage 3, non-default
   `stage3_*` keys below stage 3, type `"AdamW"` with `adam_w_mode: false` (DeepSpeed silently
   uses decoupled decay), `nesterov` without momentum (torch raises late).
+* Built at every stage, where DeepSpeed runs them at stage 3 only: NVMe optimizer offload
+  (below stage 3 DeepSpeed offloads to the CPU instead) and `offload_optimizer.ratio < 1`
+  (below stage 3 DeepSpeed ignores it and offloads the whole step). A config using them at
+  stages 1-2 is zero's; `zero-mem tune` may write one (its partial-offload tier;
+  `--no-partial-offload` skips it).
 * Optimizer types are matched case-insensitively for all supported types (DeepSpeed does so
   only for its own optimizers, so `"sgd"` fails there); Adam, AdamW, SGD, Adagrad, Lion,
   Lamb and Muon are built; RMSprop, Adamax, NAdam, RAdam and Adadelta (which DeepSpeed takes from `torch.optim`)

@@ -315,7 +315,8 @@ def cmd_tune(args) -> int:
     rec = tuner.tune(shapes, setup, args.budget, host_budget=args.host_budget,
                      reserve=args.reserve, headroom=args.headroom,
                      gradient_accumulation_steps=gas, nvme_path=nvme_path,
-                     nvme_budget=args.nvme_budget, offload=not args.no_offload)
+                     nvme_budget=args.nvme_budget, offload=not args.no_offload,
+                     partial=not args.no_partial_offload)
     if not args.cpu_only and not torch.cuda.is_available():
         rec.notes.append("this machine has no CUDA device: if the run trains on its CPU, pass "
                          "--cpu-only (device and host bytes then share the RAM, and only NVMe "
@@ -376,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NVMe bytes per node the swap files may use (default: not checked)")
     p.add_argument("--no-offload", action="store_true",
                    help="recommend no offload (stages 0-3 only)")
+    p.add_argument("--no-partial-offload", action="store_true",
+                   help="offload the whole optimizer step or none of it: skip the tier of "
+                        "offload_optimizer.ratio < 1 (zero's at stages 1-2; DeepSpeed ignores a "
+                        "ratio below stage 3)")
     p.add_argument("--reserve", type=_size, default=0,
                    help="bytes of the budget kept for activations and overhead (default 0)")
     p.add_argument("--headroom", type=float, default=0.0,

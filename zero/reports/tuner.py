@@ -8,21 +8,30 @@ Tiers, tried in order; the first tier with a fitting configuration wins:
                        stage 2 (reduce-scatter + all-gather; adds buckets)
                        stage 3 (all-gathers in forward and backward, reduce-scatter every
                                 micro-step; adds the gathered working set)
-    2. optimizer -> host memory (offload_optimizer cpu): stage 1, 2, 3. The fp32 master and
+    2. part of the optimizer -> host memory (offload_optimizer cpu with ratio r < 1): stage
+       1, 2, 3, each at the least r, in hundredths, whose device bytes fit. The fp32 master
+       and optimizer state of each shard's tail (r of it) leave the device, the head's stay
+       and step there; the gradients stay on the device, and every step copies only the
+       tail's gradients out and its new parameters back, and the CPU steps only the tail.
+       The host bytes grow with r, so the least r is also the one most likely to fit the
+       host budget. Skipped with --no-partial-offload, a configured ratio, the delayed update
+       (it needs the whole step on the host) and on a CPU-only machine. (zero runs a ratio
+       at every stage; DeepSpeed ignores one below stage 3.)
+    3. optimizer -> host memory (offload_optimizer cpu): stage 1, 2, 3. The fp32 master and
        the optimizer state leave the device (12Ψ/N in mixed precision; at stages 2-3 the
        gradient shard too, 2Ψ/N more); the host pays them plus two staging chunks per
        engine group, and every step copies the gradient shard to the host (stage 1; stages
        2-3 reduce into host memory) and the new parameters back.
-    3. parameters -> host memory (stage 3, offload_param cpu): parameters only, then
+    4. parameters -> host memory (stage 3, offload_param cpu): parameters only, then
        parameters + optimizer. The parameter shard leaves the device too; every gather
        copies the unit's shard piece to the device first.
-    4. optimizer -> NVMe (offload_optimizer nvme, only with an NVMe path): stage 1, 2, 3,
+    5. optimizer -> NVMe (offload_optimizer nvme, only with an NVMe path): stage 1, 2, 3,
        then stage 3 + parameters on the host. The state goes to a swap file; the host keeps
        two chunks of each state array.
-    5. parameters -> NVMe (stage 3, offload_param nvme, only with an NVMe path): parameters
+    6. parameters -> NVMe (stage 3, offload_param nvme, only with an NVMe path): parameters
        only, then with the optimizer on the host, then on NVMe too. The device holds what it
        holds with parameters on the host; the host keeps buffer_count buffers of one unit's
-       shard instead of the whole shard, so this tier is for a host budget that tier 3 does
+       shard instead of the whole shard, so this tier is for a host budget that tier 4 does
        not fit. Every gather reads its unit from the swap file (or a buffer).
 
 Within a tier the stages go in order of communication, as without offload. Within stage 2 the
@@ -52,6 +61,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -67,9 +77,11 @@ class TuneError(EstimateError):
 
 
 # Offload tiers, least offload first (see the module docstring); NVMe only with a path.
+PARTIAL = "optimizer partly on the host"
 TIERS = (
     ("no offload", ((0, "none", "none"), (1, "none", "none"), (2, "none", "none"),
                     (3, "none", "none"))),
+    (PARTIAL, ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "none"))),
     ("optimizer on the host", ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "none"))),
     ("parameters on the host", ((3, "none", "cpu"), (3, "cpu", "cpu"))),
     ("optimizer on NVMe", ((1, "nvme", "none"), (2, "nvme", "none"), (3, "nvme", "none"),
@@ -105,10 +117,15 @@ class Candidate:
         """The stage3_* config values of a stage-3 candidate."""
         return self.estimate.setup.stage3_dict() if self.stage == 3 else None
 
+    @property
+    def offload_ratio(self) -> float:
+        return float(self.estimate.setup.offload_ratio)
+
     def describe(self) -> str:
         text = f"stage {self.stage}"
         if self.option.offload_optimizer != "none":
-            text += f" + optimizer on {_DEVICE_TEXT[self.option.offload_optimizer]}"
+            part = "" if self.offload_ratio == 1 else f" (ratio {self.offload_ratio:g})"
+            text += f" + optimizer{part} on {_DEVICE_TEXT[self.option.offload_optimizer]}"
         if self.option.offload_param != "none":
             text += f" + params on {_DEVICE_TEXT[self.option.offload_param]}"
         text += (f", reduce_bucket_size {self.reduce_bucket_size:,}, "
@@ -121,7 +138,7 @@ class Candidate:
 
     def to_dict(self) -> dict:
         return {"stage": self.stage, "offload_optimizer": self.option.offload_optimizer,
-                "offload_param": self.option.offload_param,
+                "offload_ratio": self.offload_ratio, "offload_param": self.option.offload_param,
                 "reduce_bucket_size": self.reduce_bucket_size,
                 "overlap_comm": self.overlap_comm, "fits": self.fits, "verdict": self.verdict,
                 "device_bytes": self.total, "host_bytes": self.host_bytes,
@@ -211,12 +228,14 @@ def bucket_sizes(start: int, largest_param: int) -> list[int]:
 
 def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None = None,
          reserve: int = 0, headroom: float = 0.0, gradient_accumulation_steps: int = 1,
-         nvme_path: str | None = None, nvme_budget: int | None = None, offload: bool = True
-         ) -> Recommendation:
+         nvme_path: str | None = None, nvme_budget: int | None = None, offload: bool = True,
+         partial: bool = True) -> Recommendation:
     """The first configuration, in order of least offload, then least communication, whose
     estimated per-rank device bytes fit in budget - reserve - headroom x budget (and whose
     host / NVMe bytes per node fit host_budget / nvme_budget when given). NVMe is tried only
-    with an nvme_path; offload=False keeps to the first tier. setup.cpu_only: training runs on
+    with an nvme_path; offload=False keeps to the first tier; partial=False skips the partial
+    optimizer offload (ratio < 1; also skipped when the setup's ratio or delayed update is
+    set, or setup.cpu_only). setup.cpu_only: training runs on
     the CPU, so the "device" is the host's RAM too: a rank's device and host bytes together must
     fit the budget (and, per node, the host budget); offloading to the host then saves nothing,
     only NVMe does."""
@@ -242,17 +261,28 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
         return candidate
 
     tiers = TIERS if offload else TIERS[:1]
-    for _, members in tiers:
+    partial = partial and not cpu_only and not setup.delayed_update \
+        and float(setup.offload_ratio) == 1.0
+    for tier, members in tiers:
+        if tier == PARTIAL and not partial:
+            continue
         for stage, on_optimizer, on_param in members:
             option = option_for(stage, on_optimizer, on_param)
             if _needs_nvme_path(option) and nvme_path is None:
                 continue
-            if stage == 3:
-                if not shapes.has_units:
+            if stage == 3 and not shapes.has_units:
+                continue
+            member = base
+            if tier == PARTIAL:
+                ratio = least_ratio(shapes, base, option, usable)
+                if ratio is None:
                     continue
+                member = dataclasses.replace(base, offload_ratio=ratio)
+            if stage == 3:
                 fitting = [c for c in (judge(est, setup.reduce_bucket_size,
                                              est.stage3["overlap_comm"])
-                                       for est in stage3_estimates(shapes, base, usable, option))
+                                       for est in stage3_estimates(shapes, member, usable,
+                                                                   option))
                            if c.fits]
                 if fitting:  # least communication, then overlap on
                     rec.chosen = min(fitting, key=lambda c: (c.comm_bytes, not c.overlap_comm))
@@ -262,7 +292,7 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
                     return _finish(rec, rpn, grads_on_device_note(shapes, rec.chosen, usable,
                                                                   gas))
                 continue
-            if _stage_below_3(shapes, base, option, judge):
+            if _stage_below_3(shapes, member, option, judge):
                 rec.chosen = rec.tried[-1]
                 return _finish(rec, rpn, grads_on_device_note(shapes, rec.chosen, usable, gas))
     # Nothing fits: which option would, that cannot be recommended?
@@ -282,6 +312,30 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
                 rec.not_built.append(est)
                 break
     return rec
+
+
+def least_ratio(shapes: ModelShapes, setup: Setup, option: Option, usable: int
+                ) -> Optional[float]:
+    """The least offload_optimizer.ratio below 1, in hundredths, at which `option` (at the
+    configured buckets and stage-3 settings) fits `usable` device bytes; None when none does.
+    The device bytes fall linearly with the ratio (each offloaded element takes its master
+    and state off the device; the per-group rounding is the engine's llround), so the ratio
+    comes from two estimates, checked, and raised a hundredth at a time while rounding or a
+    chunk's staging keeps it over."""
+    def device(ratio: float) -> Optional[int]:
+        est = estimate(shapes, dataclasses.replace(setup, offload_ratio=ratio), option,
+                       strict=False)
+        return est.device_bytes if est.runs else None
+
+    none, half = device(0.0), device(0.5)
+    if none is None or half is None or half >= none:
+        return None
+    hundredths = max(1, math.ceil(100 * (none - usable) / (2 * (none - half))))
+    for step in range(hundredths, min(hundredths + 3, 100)):
+        fits = device(step / 100)
+        if fits is not None and fits <= usable:
+            return step / 100
+    return None
 
 
 def _over_budget(est: Estimate, usable: int, host_budget: int | None, nvme_budget: int | None,
@@ -329,6 +383,10 @@ def _finish(rec: Recommendation, ranks_per_node: int, note: str = "") -> Recomme
     if note:
         rec.notes.append(note)
     chosen = rec.chosen
+    if chosen.offload_ratio < 1 and chosen.stage < 3:
+        rec.notes.append(f"offload_optimizer.ratio {chosen.offload_ratio:g} at stage "
+                         f"{chosen.stage} is zero's (DeepSpeed ignores a ratio below stage 3); "
+                         "zero-mem tune --no-partial-offload recommends a whole offload")
     if chosen.option.offloaded and rec.host_budget is None and not rec.cpu_only:
         rec.notes.append(f"host RAM was not checked (no --host-budget): this needs "
                          f"{format_bytes(chosen.host_bytes * ranks_per_node)} per node")
@@ -510,7 +568,7 @@ def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = No
             else "none"
         if device != "none":
             zero_block[name] = _offload_block(name, device, previous[name], rec.nvme_path,
-                                              setup)
+                                              chosen.estimate.setup)  # (its ratio)
         if device != was:
             notes.append(f"zero_optimization.{name}: {was} -> {device}")
     if option.offload_optimizer != "none" and "sub_group_size" not in zero_block and \
