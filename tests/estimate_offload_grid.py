@@ -173,7 +173,9 @@ def estimate_for(shapes, world, stage, precision, overrides, cpu_only, nvme_path
 
 
 def check(shapes, world, grid, results):
+    assert len(results) == world
     for rank_result in results:
+        assert len(rank_result) == len(grid)
         for (label, stage, precision, overrides), report in zip(grid, rank_result):
             label = f"{label} N={world} on {report['device_type']}"
             setup, estimate = estimate_for(shapes, world, stage, precision, overrides,

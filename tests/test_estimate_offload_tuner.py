@@ -113,13 +113,37 @@ def test_the_tuner_offloads_the_least_part_of_the_optimizer_that_fits(tmp_path, 
                             est.option_for(1, "cpu")).device_bytes
     assert device(ratio) == chosen.total <= budget < device(round(ratio - 0.01, 2))
     assert any("is zero's (DeepSpeed ignores a ratio below stage 3)" in n for n in rec.notes)
+    # The least ratio against every hundredth's bytes, for budgets on and one byte under
+    # every fifth hundredth's (the bytes fall in uneven steps: each group's tail is rounded).
+    by_hundredth = [device(h / 100) for h in range(1, 100)]
+    for usable in [b - d for b in by_hundredth[::5] + [by_hundredth[-1]] for d in (0, 1)]:
+        least = next((h / 100 for h, b in zip(range(1, 100), by_hundredth) if b <= usable),
+                     None)
+        assert tuner.least_ratio(shapes, setup, est.option_for(1, "cpu"), usable) == least
     whole_rec = tuner.tune(shapes, setup, budget, partial=False)
     assert whole_rec.chosen.option == est.option_for(1, "cpu")
     assert whole_rec.chosen.offload_ratio == 1.0
+    assert not any("DeepSpeed ignores a ratio" in note for note in whole_rec.notes)
     # A configured ratio or the delayed update: no search, the offload tiers as configured.
     for fixed in (dict(offload_ratio=0.5), dict(delayed_update=True)):
-        assert all(c.offload_ratio == fixed.get("offload_ratio", 1.0) for c in tuner.tune(
-            shapes, _setup(**fixed), budget).tried if c.option.offloaded)
+        fixed_rec = tuner.tune(shapes, _setup(**fixed), budget)
+        assert fixed_rec.chosen.option.offload_optimizer == "cpu"
+        offloaded = [c for c in fixed_rec.tried if c.option.offloaded]
+        assert offloaded and all(c.offload_ratio == fixed.get("offload_ratio", 1.0)
+                                 for c in offloaded)
+    # A configured ratio is no offload's business: no note, and 1 where nothing is offloaded.
+    roomy = tuner.tune(shapes, _setup(offload_ratio=0.5), 10**12)
+    assert roomy.chosen.stage == 0 and roomy.chosen.offload_ratio == 1.0
+    assert not any("ratio" in note for note in roomy.notes)
+    # The base config's delayed update, turned off for the estimate (--no-delayed-update):
+    # the written config follows the estimate, so the partial offload validates.
+    base = _config(3, "bf16", {"offload_optimizer": "cpu", "delayed_update": True}, None)
+    config, _ = tuner.recommended_config(rec, setup, base)
+    block = config["zero_optimization"]["offload_optimizer"]
+    assert block["ratio"] == ratio and "delayed_update" not in block
+    delayed = tuner.tune(shapes, _setup(delayed_update=True), budget)
+    config, _ = tuner.recommended_config(delayed, _setup(delayed_update=True), None)
+    assert config["zero_optimization"]["offload_optimizer"]["delayed_update"] is True
 
     # The command line on a config (two micro-steps) writes its own least ratio; the engine
     # runs it within the budget, exactly as estimated.

@@ -14,9 +14,9 @@ Tiers, tried in order; the first tier with a fitting configuration wins:
        and step there; the gradients stay on the device, and every step copies only the
        tail's gradients out and its new parameters back, and the CPU steps only the tail.
        The host bytes grow with r, so the least r is also the one most likely to fit the
-       host budget. Skipped with --no-partial-offload, a configured ratio, the delayed update
-       (it needs the whole step on the host) and on a CPU-only machine. (zero runs a ratio
-       at every stage; DeepSpeed ignores one below stage 3.)
+       host budget. Skipped with --no-partial-offload, a ratio below 1 in the config, the
+       delayed update (it needs the whole step on the host) and on a CPU-only machine. (zero
+       runs a ratio at every stage; DeepSpeed ignores one below stage 3.)
     3. optimizer -> host memory (offload_optimizer cpu): stage 1, 2, 3. The fp32 master and
        the optimizer state leave the device (12Ψ/N in mixed precision; at stages 2-3 the
        gradient shard too, 2Ψ/N more); the host pays them plus two staging chunks per
@@ -61,7 +61,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -119,6 +118,10 @@ class Candidate:
 
     @property
     def offload_ratio(self) -> float:
+        """The fraction of each shard's optimizer step on the host or NVMe (1 without
+        optimizer offload, whatever the setup says)."""
+        if self.option.offload_optimizer == "none":
+            return 1.0
         return float(self.estimate.setup.offload_ratio)
 
     def describe(self) -> str:
@@ -294,7 +297,9 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
                 continue
             if _stage_below_3(shapes, member, option, judge):
                 rec.chosen = rec.tried[-1]
-                return _finish(rec, rpn, grads_on_device_note(shapes, rec.chosen, usable, gas))
+                note = partial_note(rec.chosen) if tier == PARTIAL else \
+                    grads_on_device_note(shapes, rec.chosen, usable, gas)
+                return _finish(rec, rpn, note)
     # Nothing fits: which option would, that cannot be recommended?
     for option in OPTIONS:
         needs_path = _needs_nvme_path(option) and nvme_path is None
@@ -314,28 +319,32 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
     return rec
 
 
+def partial_note(chosen: Candidate) -> str:
+    """The partial-offload tier's choice below stage 3, to a DeepSpeed user."""
+    return (f"offload_optimizer.ratio {chosen.offload_ratio:g} at stage {chosen.stage} is "
+            "zero's (DeepSpeed ignores a ratio below stage 3); zero-mem tune "
+            "--no-partial-offload recommends a whole offload")
+
+
 def least_ratio(shapes: ModelShapes, setup: Setup, option: Option, usable: int
                 ) -> Optional[float]:
     """The least offload_optimizer.ratio below 1, in hundredths, at which `option` (at the
     configured buckets and stage-3 settings) fits `usable` device bytes; None when none does.
-    The device bytes fall linearly with the ratio (each offloaded element takes its master
-    and state off the device; the per-group rounding is the engine's llround), so the ratio
-    comes from two estimates, checked, and raised a hundredth at a time while rounding or a
-    chunk's staging keeps it over."""
-    def device(ratio: float) -> Optional[int]:
-        est = estimate(shapes, dataclasses.replace(setup, offload_ratio=ratio), option,
-                       strict=False)
-        return est.device_bytes if est.runs else None
+    Each offloaded element takes its master and state off the device, so the device bytes
+    fall as the ratio grows (in steps: the engine rounds each group's tail with llround): a
+    binary search over 0.01 .. 0.99."""
+    def fits(hundredths: int) -> bool:
+        est = estimate(shapes, dataclasses.replace(setup, offload_ratio=hundredths / 100),
+                       option, strict=False)
+        return est.runs and est.device_bytes <= usable
 
-    none, half = device(0.0), device(0.5)
-    if none is None or half is None or half >= none:
+    if not fits(99):
         return None
-    hundredths = max(1, math.ceil(100 * (none - usable) / (2 * (none - half))))
-    for step in range(hundredths, min(hundredths + 3, 100)):
-        fits = device(step / 100)
-        if fits is not None and fits <= usable:
-            return step / 100
-    return None
+    low, high = 0, 99  # high fits; low does not (0, no offload, is not a candidate)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    return high / 100
 
 
 def _over_budget(est: Estimate, usable: int, host_budget: int | None, nvme_budget: int | None,
@@ -383,10 +392,6 @@ def _finish(rec: Recommendation, ranks_per_node: int, note: str = "") -> Recomme
     if note:
         rec.notes.append(note)
     chosen = rec.chosen
-    if chosen.offload_ratio < 1 and chosen.stage < 3:
-        rec.notes.append(f"offload_optimizer.ratio {chosen.offload_ratio:g} at stage "
-                         f"{chosen.stage} is zero's (DeepSpeed ignores a ratio below stage 3); "
-                         "zero-mem tune --no-partial-offload recommends a whole offload")
     if chosen.option.offloaded and rec.host_budget is None and not rec.cpu_only:
         rec.notes.append(f"host RAM was not checked (no --host-budget): this needs "
                          f"{format_bytes(chosen.host_bytes * ranks_per_node)} per node")
@@ -474,7 +479,7 @@ def stage3_estimates(shapes: ModelShapes, setup: Setup, usable: int,
 
 _ZERO_DROP_BELOW_STAGE3 = ("offload_param", "round_robin_gradients")
 # offload block keys kept from the base config when the device stays the same
-_OFFLOAD_KEYS = {("offload_optimizer", "cpu"): ("pin_memory", "delayed_update"),
+_OFFLOAD_KEYS = {("offload_optimizer", "cpu"): ("pin_memory",),
                  ("offload_optimizer", "nvme"): ("pin_memory", "buffer_count", "pipeline_read",
                                                  "pipeline_write", "fast_init"),
                  ("offload_param", "cpu"): ("pin_memory",),
@@ -507,8 +512,8 @@ def _offload_block(name: str, device: str, previous, nvme_path: str | None,
     "nvme"): pin_memory true unless the base config says otherwise (pinned host memory makes
     the copies faster; where it cannot be pinned the engine says why and uses pageable
     memory), the base's other keys that still apply, and what the estimate used: the
-    optimizer's ratio and grads_on_device, the parameter buffers and max_in_cpu (when not the
-    defaults)."""
+    optimizer's ratio, delayed_update and grads_on_device, the parameter buffers and
+    max_in_cpu (when not the defaults)."""
     previous = previous if isinstance(previous, dict) else {}
     block = {"device": device, "pin_memory": True}
     if previous.get("device") == device:
@@ -519,6 +524,8 @@ def _offload_block(name: str, device: str, previous, nvme_path: str | None,
         block["nvme_path"] = nvme_path
     if name == "offload_optimizer" and float(setup.offload_ratio) != 1.0:
         block["ratio"] = float(setup.offload_ratio)
+    if name == "offload_optimizer" and device == "cpu" and setup.delayed_update:
+        block["delayed_update"] = True
     if name == "offload_optimizer" and setup.grads_on_device:
         block["grads_on_device"] = True
     if name == "offload_param" and device == "nvme":
