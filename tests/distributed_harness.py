@@ -123,17 +123,26 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env, 
 
 
 _FINISHED = "distributed_harness/finished"
+_LEFT = "distributed_harness/left"
 
 
 def _leave_together(store, rank, world_size, patience=30.0):
-    """Rank 0 serves the store: it stays until every rank has finished, else a rank still in
-    a last collective's set-up (gloo's new_group reads its peers' addresses from the store
-    after its peers may have connected and returned) gets "Connection reset by peer"."""
+    """No rank exits while another is still in its function: a rank still in a last
+    collective's set-up loses the connection to a peer that has returned from its side and
+    exited (gloo's new_group connects every pair of ranks: "Connection closed by peer"; it
+    also reads its peers' addresses from the store: "Connection reset by peer"). Rank 0
+    serves the store, so it leaves last, once the others have stopped reading it."""
     store.add(_FINISHED, 1)
+    _wait_for(store, _FINISHED, world_size, patience)
     if rank != 0:
+        store.add(_LEFT, 1)
         return
+    _wait_for(store, _LEFT, world_size - 1, patience)
+
+
+def _wait_for(store, key, count, patience):
     deadline = time.monotonic() + patience
-    while store.add(_FINISHED, 0) < world_size and time.monotonic() < deadline:
+    while store.add(key, 0) < count and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
