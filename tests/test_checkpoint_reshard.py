@@ -11,9 +11,13 @@ STEPS = 4
 
 
 def _config(stage, gas, offload):
+    """offload: False, True (the whole optimizer step on the host) or a ratio (the tail of
+    each shard on the host, as zero-mem tune's partial offload writes)."""
     extra = {"stage3_param_persistence_threshold": 10} if stage == 3 else {}
-    if offload:
+    if offload is True:
         extra["offload_optimizer"] = {"device": "cpu"}
+    elif offload:
+        extra["offload_optimizer"] = {"device": "cpu", "ratio": offload}
     return training.engine_config(stage, gas=gas, precision="bf16", scheduler=False, **extra)
 
 
@@ -27,6 +31,8 @@ def _train(rank, world, stage, gas, offload, first, steps, load_dir, save_dir):
 
 @pytest.mark.parametrize("stage,offload,saved_world,loaded_world", [
     (1, False, 1, 2), (2, False, 1, 2), (3, False, 1, 2), (2, True, 1, 2),
+    # partial offload: the head/tail cut moves with the shard
+    (1, 0.4, 1, 2), (2, 0.6, 2, 1),
     # fewer ranks, more accumulation steps: the accumulation restarts at a boundary of the new
     # count (the 3 micro-steps saved are 1.5 optimizer steps at 2 per step)
     (3, False, 2, 1)])
@@ -42,6 +48,17 @@ def test_resume_at_another_world_size_continues_the_same_run(tmp_path, stage, of
                                                           saved, STEPS - saved, str(tmp_path),
                                                           None))[0]
     assert resumed == pytest.approx(whole[saved:], rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("saved,loaded", [(0.6, False), (False, 0.4), (True, 0.3)])
+def test_resume_with_another_offload_split_continues_the_same_run(tmp_path, saved, loaded):
+    """A run saved with part, all or none of its optimizer step on the host resumes with
+    another split (a config retuned between runs): the state moves between device and host."""
+    whole = run_distributed(_train, 2, args=(2, 1, False, 0, STEPS, None, None))[0]
+    run_distributed(_train, 2, args=(2, 1, saved, 0, 2, None, str(tmp_path)))
+    resumed = run_distributed(_train, 2, args=(2, 1, loaded, 2, STEPS - 2, str(tmp_path),
+                                               None))[0]
+    assert resumed == pytest.approx(whole[2:], rel=1e-4, abs=1e-5)
 
 
 def _save_consolidated(rank, world, load_dir, save_dir):
