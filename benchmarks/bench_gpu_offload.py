@@ -104,6 +104,11 @@ def parse_args(argv=None):
     parser.add_argument("--host-reserve-gib", type=float, default=8,
                         help="--largest: host memory kept back from MemAvailable (the "
                              "process's own libraries, page cache)")
+    parser.add_argument("--nvme-path",
+                        help="--largest: a directory for swap files, which lets the tuner put "
+                             "the optimizer or the parameters on NVMe (default: none)")
+    parser.add_argument("--nvme-reserve-gib", type=float, default=4,
+                        help="--largest: disk space kept free under --nvme-path")
     parser.add_argument("--out", default="benchmarks/results/gpu")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--config-json", help=argparse.SUPPRESS)  # a zero worker's config
@@ -483,10 +488,14 @@ def largest(args, facts: dict, deadline: float) -> int:
            else torch.cuda.get_device_properties(0).total_memory)
     host = gpu_largest.host_memory_available() - int(args.host_reserve_gib * 2**30)
     reserve = int(args.reserve_gib * 2**30)
-    plans = [gpu_largest.plan(size, gpt_config(size), base, gpu, host, reserve)
+    nvme = (gpu_largest.disk_free(args.nvme_path) - int(args.nvme_reserve_gib * 2**30)
+            if args.nvme_path else None)
+    plans = [gpu_largest.plan(size, gpt_config(size), base, gpu, host, reserve,
+                              args.nvme_path, nvme)
              for size in args.sizes.split(",")]
     extra = {"gpu_budget_bytes": gpu, "gpu_capped": bool(args.gpu_memory_gib),
              "host_budget_bytes": host, "reserve_bytes": reserve,
+             "nvme_path": args.nvme_path, "nvme_budget_bytes": nvme,
              "plans": [dataclasses.asdict(p) for p in plans]}
     results = []
 

@@ -11,8 +11,8 @@ tuner says fits, downwards until a size trains:
     no offload   the tuner's configuration without offload; then the next size up with the
                  plain zero2 configuration, to show where it stops (its failure is the point)
     offload      the tuner's configuration with offload (part of the optimizer, the whole
-                 optimizer and, when it must, parameters in host memory), only sizes above
-                 the no-offload arm's largest
+                 optimizer and, when it must, parameters in host memory; with --nvme-path
+                 also on NVMe), only sizes above the no-offload arm's largest
 
 The report gives, per run, the tuner's estimate of device and host bytes beside the measured
 GPU peak and host RSS peak, and the ratio of the two arms' largest sizes (the issue's goal:
@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import torch
 
@@ -55,9 +56,17 @@ def host_memory_available() -> int:
     raise RuntimeError("/proc/meminfo has no MemAvailable line")
 
 
+def disk_free(path: str) -> int:
+    """Free bytes of the filesystem `path` is on (made if missing)."""
+    os.makedirs(path, exist_ok=True)
+    return shutil.disk_usage(path).free
+
+
 def plan(size: str, gpt, base_config: dict, gpu_bytes: int, host_bytes: int,
-         reserve_bytes: int) -> Plan:
-    """The tuner's choice for one size, without and with offload."""
+         reserve_bytes: int, nvme_path: str | None = None, nvme_bytes: int | None = None
+         ) -> Plan:
+    """The tuner's choice for one size, without and with offload (NVMe too with a path:
+    swap files under nvme_path, at most nvme_bytes)."""
     model = est.build_on_meta(TinyGPT, gpt)
     shapes = est.shapes_from_module(model)
     setup, _ = est.setup_from_config(base_config, world_size=1)
@@ -67,7 +76,8 @@ def plan(size: str, gpt, base_config: dict, gpu_bytes: int, host_bytes: int,
     configs, estimates, tuned, why_not = {}, {}, {}, {}
     for arm, offload in (("no offload", False), ("offload", True)):
         rec = tuner.tune(shapes, setup, gpu_bytes, host_budget=host_bytes,
-                         reserve=activations + reserve_bytes, offload=offload)
+                         reserve=activations + reserve_bytes, offload=offload,
+                         nvme_path=nvme_path, nvme_budget=nvme_bytes)
         if rec.chosen is None:
             closest = min(rec.tried, key=lambda c: c.total, default=None)
             why_not[arm] = closest.verdict if closest else "; ".join(rec.notes)
@@ -139,10 +149,12 @@ def describe_run(arm: str, plan: Plan) -> dict:
 
 def budget_line(extra: dict) -> str:
     capped = " (capped with --gpu-memory-gib)" if extra["gpu_capped"] else ""
+    nvme = (f"; NVMe {_gib(extra['nvme_budget_bytes'])} GiB under {extra['nvme_path']} (free "
+            f"space less --nvme-reserve-gib)" if extra.get("nvme_path") else "; no NVMe")
     return (f"Budgets given to the tuner: GPU {_gib(extra['gpu_budget_bytes'])} GiB{capped}, "
             f"of which one micro-batch's activations + {_gib(extra['reserve_bytes'])} GiB are "
             f"kept back; host {_gib(extra['host_budget_bytes'])} GiB (MemAvailable less "
-            f"--host-reserve-gib). Each arm runs from the largest size its tuner fits, "
+            f"--host-reserve-gib){nvme}. Each arm runs from the largest size its tuner fits, "
             f"downwards until one trains.")
 
 

@@ -14,7 +14,8 @@
 #               in the default steps since 2026-12-01: measured on the H200 (8.3B without
 #               offload, 10B with the whole optimizer on the host: the host's 125 GiB, not
 #               the GPU, is the limit there), it took the bench's time; ask for it with
-#               GPU_CHECK_STEPS. The tuner's partial offload (2026-12-01) plans 15B there.
+#               GPU_CHECK_STEPS. The tuner's partial offload (2026-12-01) plans 15B there,
+#               and 16.6B (2x) with the parameters on NVMe (GPU_NVME_PATH).
 # Results (JSON + Markdown naming the GPU, driver, torch and date) go to
 # benchmarks/results/gpu/ (or $ZERO_GPU_RESULTS); gpu_check.md there says what each step did.
 # On a machine without a GPU it says so in one line and exits 0.
@@ -31,6 +32,8 @@
 #                      52 s on an H200 with 16 cores, 2026-11-30)
 #   GPU_TESTS_FIRST    a regex of CUDA test ids to run before all others; after them come
 #                      the tests no committed run has seen pass (scripts/lib/gpu_test_order.py)
+#   GPU_NVME_PATH      the largest step's swap-file directory (default /tmp/zero-nvme): the
+#                      tuner may put parameters or optimizer state there, within its free space
 #   BENCH_ARGS / LARGEST_ARGS  more arguments for the bench / largest steps
 #                      (e.g. BENCH_ARGS="--configs zero2,zero2-offload --timeout 120")
 #   GPU_CHECK_BUDGET   seconds for the whole script (default 540: one call of a lent machine
@@ -161,7 +164,7 @@ if step build build; then
   step bench "$PYTHON" benchmarks/bench_gpu_offload.py --budget "$(share bench)" --out "$RESULTS" \
     ${BENCH_ARGS:-}
   step largest "$PYTHON" benchmarks/bench_gpu_offload.py --largest --budget "$(share largest)" \
-    --out "$RESULTS" ${LARGEST_ARGS:-}
+    --nvme-path "${GPU_NVME_PATH:-/tmp/zero-nvme}" --out "$RESULTS" ${LARGEST_ARGS:-}
 fi
 echo "gpu_check: summary in $SUMMARY"
 cat "$SUMMARY"

@@ -8,7 +8,7 @@ import torch
 
 import training
 from distributed_harness import run_distributed
-from estimate_offload_config import DEEP_FACTORY, PERSISTENCE, _close, _config
+from estimate_offload_config import DEEP_FACTORY, GAS, PERSISTENCE, _close, _config
 from zero.reports import cli, tuner
 from zero.reports import estimate as est
 
@@ -272,11 +272,16 @@ def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_pa
     assert rec.chosen is None
     assert both.name in [e.name for e in rec.not_built]
     assert all(tuner.why_not(e, None).startswith("needs an NVMe path") for e in rec.not_built)
-    # A buffer_size below the blocks' shards: the option does not run, so nothing fits.
-    refused = tuner.tune(shapes, dataclasses.replace(setup, param_buffer_size=1_000), budget,
-                         host_budget=host_budget, nvme_path=str(tmp_path))
-    assert refused.chosen is None
-    assert any("buffer_size = 1000" in c.verdict for c in refused.tried)
+    # A buffer_size below the blocks' shards, where the engine would refuse: the tuner raises
+    # it to the largest unit on NVMe (the host's buffers are of that unit either way).
+    raised = tuner.tune(shapes, dataclasses.replace(setup, param_buffer_size=1_000), budget,
+                        host_budget=host_budget, nvme_path=str(tmp_path))
+    largest = max(both.offload["param_nvme"]["largest_nvme_unit_shards"])
+    assert raised.chosen.option == both.option and largest > 1_000
+    assert raised.chosen.estimate.setup.param_buffer_size == largest
+    assert raised.chosen.host_bytes == both.host_bytes
+    written, _ = tuner.recommended_config(raised, setup, None)
+    assert written["zero_optimization"]["offload_param"]["buffer_size"] == largest
 
     base = _config(3, "bf16", {"sub_group_size": 1000}, None)
     base["zero_optimization"]["offload_param"] = {"device": "none", "buffer_count": 2}
@@ -303,6 +308,58 @@ def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_pa
         assert locations["nvme"]["current"] == rec.chosen.nvme_bytes
         assert report["offload"]["param"] == "nvme"
     assert list(swap.iterdir()) == []
+
+
+def test_the_tuner_puts_parameters_on_nvme_beside_part_of_the_optimizer(tmp_path):
+    """One rank whose device holds neither the parameters nor, at any ratio, stage 1's
+    optimizer head, and whose host holds part of the optimizer but not it and the parameters
+    too: stage 3 with the parameters on NVMe and the least part of the optimizer on the host
+    (a 16.6B GPT on an H200 with 115 GiB of host memory is such a case). The written config
+    trains within the budgets."""
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    setup = est.Setup(world_size=1, precision="bf16", reduce_bucket_size=3000,
+                      persistence_threshold=PERSISTENCE, overlap_comm=False,
+                      max_live_parameters=3_616 + 12_416, max_reuse_distance=0,
+                      gradient_accumulation_steps=GAS)  # (the base config's, below)
+
+    def estimate(option, ratio=1.0):
+        return est.estimate(shapes, dataclasses.replace(setup, offload_ratio=ratio), option)
+
+    on_nvme, on_host = est.option_for(3, "cpu", "nvme"), est.option_for(3, "cpu", "cpu")
+    stage1 = est.option_for(1, "cpu")
+    assert estimate(on_nvme, 0.99).device_bytes < estimate(stage1, 0.99).device_bytes
+    budget = (estimate(on_nvme, 0.99).device_bytes + estimate(stage1, 0.99).device_bytes) // 2
+    ratio = tuner.least_ratio(shapes, setup, on_nvme, budget)
+    assert ratio == tuner.least_ratio(shapes, setup, on_host, budget) and 0 < ratio < 1
+    part, with_params = estimate(on_nvme, ratio), estimate(on_host, ratio)
+    host_budget = (part.host_bytes + with_params.host_bytes) // 2
+    assert part.host_bytes < host_budget < with_params.host_bytes
+    assert estimate(est.option_for(3, "none", "nvme")).device_bytes > budget
+    rec = tuner.tune(shapes, setup, budget, host_budget=host_budget, nvme_path=str(tmp_path),
+                     nvme_budget=part.nvme_bytes)
+    chosen = rec.chosen
+    assert (chosen.option, chosen.offload_ratio) == (on_nvme, ratio)
+    assert (chosen.total, chosen.host_bytes) == (part.device_bytes, part.host_bytes)
+    assert not any("DeepSpeed ignores a ratio" in note for note in rec.notes)  # (stage 3)
+    whole = tuner.tune(shapes, setup, budget, host_budget=host_budget, nvme_path=str(tmp_path),
+                       nvme_budget=part.nvme_bytes, partial=False)
+    assert whole.chosen is None or whole.chosen.offload_ratio == 1.0
+
+    config, _ = tuner.recommended_config(rec, setup, _config(3, "bf16", {}, None))
+    zero_block = config["zero_optimization"]
+    assert zero_block["offload_optimizer"] == {"device": "cpu", "pin_memory": True,
+                                               "ratio": ratio}
+    assert zero_block["offload_param"]["device"] == "nvme"
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(config))
+    [report] = run_distributed(_run_tuned, 1, args=(str(path),), timeout=120)
+    assert report["by_location"]["device"]["peak"] <= budget
+    assert report["offload"] == {"optimizer": "cpu", "param": "nvme"}
+    master = report["categories"]["fp32_master"]["by_location"]
+    host = sum(master.get(where, {"peak": 0})["peak"] for where in ("host_pinned",
+                                                                     "host_pageable"))
+    assert master["device"]["peak"] > 0 and host > 0  # the head's and the tail's
+    assert list(tmp_path.iterdir()) == [path]
 
 
 def test_on_a_cpu_only_machine_host_offload_saves_no_ram(tmp_path, capsys):

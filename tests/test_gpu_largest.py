@@ -114,3 +114,24 @@ def test_the_verdict_names_an_arm_that_trained_nothing():
     _, results = _search(plans, lambda arm, plan: False)
 
     assert gpu_largest.verdict(results).endswith("no ratio (an arm trained nothing)")
+
+
+def test_an_nvme_path_lets_the_tuner_use_its_free_space(tmp_path, monkeypatch):
+    """--nvme-path: the tuner may put the optimizer or the parameters in swap files there, at
+    most the disk's free space less --nvme-reserve-gib (the budget line says so)."""
+    seen = []
+    tune = gpu_largest.tuner.tune
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["nvme_path"], kwargs["nvme_budget"]))
+        return tune(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_largest.tuner, "tune", spy)
+    free = gpu_largest.disk_free(str(tmp_path / "swap"))
+    assert free > 0 and (tmp_path / "swap").is_dir()
+    gpu_largest.plan("small", gpt(2), BASE, 48 * MiB, 1024 * MiB, 0, str(tmp_path), free)
+    assert seen == [(str(tmp_path), free)] * 2  # both arms
+    extra = {"gpu_budget_bytes": 2**30, "gpu_capped": False, "host_budget_bytes": 2**30,
+             "reserve_bytes": 0, "nvme_path": str(tmp_path), "nvme_budget_bytes": 2**31}
+    assert f"NVMe 2.0 GiB under {tmp_path}" in gpu_largest.budget_line(extra)
+    assert "no NVMe" in gpu_largest.budget_line({**extra, "nvme_path": None})

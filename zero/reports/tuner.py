@@ -23,13 +23,15 @@ Tiers, tried in order; the first tier with a fitting configuration wins:
        engine group, and every step copies the gradient shard to the host (stage 1; stages
        2-3 reduce into host memory) and the new parameters back.
     4. parameters -> host memory (stage 3, offload_param cpu): parameters only, then
+       parameters + part of the optimizer (the least ratio that fits, as in tier 2), then
        parameters + optimizer. The parameter shard leaves the device too; every gather
        copies the unit's shard piece to the device first.
     5. optimizer -> NVMe (offload_optimizer nvme, only with an NVMe path): stage 1, 2, 3,
        then stage 3 + parameters on the host. The state goes to a swap file; the host keeps
        two chunks of each state array.
     6. parameters -> NVMe (stage 3, offload_param nvme, only with an NVMe path): parameters
-       only, then with the optimizer on the host, then on NVMe too. The device holds what it
+       only, then with part of the optimizer on the host (as in tier 2), the whole optimizer
+       on the host, then on NVMe too. The device holds what it
        holds with parameters on the host; the host keeps buffer_count buffers of one unit's
        shard instead of the whole shard, so this tier is for a host budget that tier 4 does
        not fit. Every gather reads its unit from the swap file (or a buffer).
@@ -75,17 +77,22 @@ class TuneError(EstimateError):
     """The recommendation cannot be written as a valid config."""
 
 
-# Offload tiers, least offload first (see the module docstring); NVMe only with a path.
-PARTIAL = "optimizer partly on the host"
+# Offload tiers, least offload first (see the module docstring); NVMe only with a path. A
+# member is (stage, the optimizer's device, the parameters' device, partial): a partial member
+# offloads the least part of the optimizer step that fits the device (least_ratio).
 TIERS = (
-    ("no offload", ((0, "none", "none"), (1, "none", "none"), (2, "none", "none"),
-                    (3, "none", "none"))),
-    (PARTIAL, ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "none"))),
-    ("optimizer on the host", ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "none"))),
-    ("parameters on the host", ((3, "none", "cpu"), (3, "cpu", "cpu"))),
-    ("optimizer on NVMe", ((1, "nvme", "none"), (2, "nvme", "none"), (3, "nvme", "none"),
-                           (3, "nvme", "cpu"))),
-    ("parameters on NVMe", ((3, "none", "nvme"), (3, "cpu", "nvme"), (3, "nvme", "nvme"))),
+    ("no offload", ((0, "none", "none", False), (1, "none", "none", False),
+                    (2, "none", "none", False), (3, "none", "none", False))),
+    ("optimizer partly on the host", ((1, "cpu", "none", True), (2, "cpu", "none", True),
+                                      (3, "cpu", "none", True))),
+    ("optimizer on the host", ((1, "cpu", "none", False), (2, "cpu", "none", False),
+                               (3, "cpu", "none", False))),
+    ("parameters on the host", ((3, "none", "cpu", False), (3, "cpu", "cpu", True),
+                                (3, "cpu", "cpu", False))),
+    ("optimizer on NVMe", ((1, "nvme", "none", False), (2, "nvme", "none", False),
+                           (3, "nvme", "none", False), (3, "nvme", "cpu", False))),
+    ("parameters on NVMe", ((3, "none", "nvme", False), (3, "cpu", "nvme", True),
+                            (3, "cpu", "nvme", False), (3, "nvme", "nvme", False))),
 )
 
 
@@ -266,21 +273,19 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
     tiers = TIERS if offload else TIERS[:1]
     partial = partial and not cpu_only and not setup.delayed_update \
         and float(setup.offload_ratio) == 1.0
-    for tier, members in tiers:
-        if tier == PARTIAL and not partial:
-            continue
-        for stage, on_optimizer, on_param in members:
+    for _, members in tiers:
+        for stage, on_optimizer, on_param, part in members:
             option = option_for(stage, on_optimizer, on_param)
-            if _needs_nvme_path(option) and nvme_path is None:
+            if _needs_nvme_path(option) and nvme_path is None or part and not partial:
                 continue
             if stage == 3 and not shapes.has_units:
                 continue
-            member = base
-            if tier == PARTIAL:
-                ratio = least_ratio(shapes, base, option, usable)
+            member = param_buffers_for(shapes, base, option)
+            if part:
+                ratio = least_ratio(shapes, member, option, usable)
                 if ratio is None:
                     continue
-                member = dataclasses.replace(base, offload_ratio=ratio)
+                member = dataclasses.replace(member, offload_ratio=ratio)
             if stage == 3:
                 fitting = [c for c in (judge(est, setup.reduce_bucket_size,
                                              est.stage3["overlap_comm"])
@@ -297,7 +302,7 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
                 continue
             if _stage_below_3(shapes, member, option, judge):
                 rec.chosen = rec.tried[-1]
-                note = partial_note(rec.chosen) if tier == PARTIAL else \
+                note = partial_note(rec.chosen) if part else \
                     grads_on_device_note(shapes, rec.chosen, usable, gas)
                 return _finish(rec, rpn, note)
     # Nothing fits: which option would, that cannot be recommended?
@@ -324,6 +329,20 @@ def partial_note(chosen: Candidate) -> str:
     return (f"offload_optimizer.ratio {chosen.offload_ratio:g} at stage {chosen.stage} is "
             "zero's (DeepSpeed ignores a ratio below stage 3); zero-mem tune "
             "--no-partial-offload recommends a whole offload")
+
+
+def param_buffers_for(shapes: ModelShapes, setup: Setup, option: Option) -> Setup:
+    """Parameters on NVMe: the engine refuses a unit larger than offload_param.buffer_size
+    (default 100,000,000 elements), so where one is, the setup with buffer_size raised to
+    the largest unit's shard on NVMe (what the engine's error asks for; the host then keeps
+    buffer_count buffers of it, counted in the estimate). Otherwise `setup` as it is."""
+    if option.offload_param != "nvme":
+        return setup
+    placed = estimate(shapes, setup, option, strict=False).offload.get("param_nvme") or {}
+    largest = max(placed.get("largest_nvme_unit_shards") or [0])
+    if largest <= setup.param_buffer_size:
+        return setup
+    return dataclasses.replace(setup, param_buffer_size=int(largest))
 
 
 def least_ratio(shapes: ModelShapes, setup: Setup, option: Option, usable: int
