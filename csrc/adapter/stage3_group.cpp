@@ -90,12 +90,14 @@ Stage3Group::Stage3Group(std::vector<at::Tensor> params,
                 " of a frozen stage-3 group requires a gradient");
   }
   place_param_shard();
+  fill_shard(full_shapes);  // frees each whole parameter as it goes
+  refresh_master();
+  // After the whole parameters are gone: a model that fills the device as it was built
+  // never holds them and this shard-sized buffer at once.
   grad_shard_ = PlacedBuffer(registry, core::MemoryCategory::kGradient,
                              options_.frozen ? 0 : layout_.shard_numel(),
                              grad_options(model_options_, options_), grads_offloaded(options_),
                              options_.offload.pin_memory);
-  fill_shard(full_shapes);
-  refresh_master();
   std::vector<std::size_t> expected;
   for (Unit& unit : units_) {
     unit.pending_grads = unit.trainable;
