@@ -488,7 +488,7 @@ def largest(args, facts: dict, deadline: float) -> int:
            else torch.cuda.get_device_properties(0).total_memory)
     host = gpu_largest.host_memory_available() - int(args.host_reserve_gib * 2**30)
     reserve = int(args.reserve_gib * 2**30)
-    nvme = (gpu_largest.disk_free(args.nvme_path) - int(args.nvme_reserve_gib * 2**30)
+    nvme = (max(0, gpu_largest.disk_free(args.nvme_path) - int(args.nvme_reserve_gib * 2**30))
             if args.nvme_path else None)
     plans = [gpu_largest.plan(size, gpt_config(size), base, gpu, host, reserve,
                               args.nvme_path, nvme)

@@ -57,9 +57,34 @@ def host_memory_available() -> int:
 
 
 def disk_free(path: str) -> int:
-    """Free bytes of the filesystem `path` is on (made if missing)."""
-    os.makedirs(path, exist_ok=True)
+    """Free bytes for swap files under `path`, which is made here if missing (the engine
+    makes no nvme_path). A path in memory (tmpfs, ramfs) is refused: its files would take
+    the host memory the tuner gives the offload."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise SystemExit(f"--nvme-path {path}: cannot make it ({error}); name a writable "
+                         "directory on a disk") from None
+    kind = filesystem_type(path)
+    if kind in ("tmpfs", "ramfs"):
+        raise SystemExit(f"--nvme-path {path} is on {kind}, which is memory: name a directory "
+                         "on a disk (e.g. under /var/tmp)")
     return shutil.disk_usage(path).free
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem `path` is on, from /proc/mounts ("" where unknown)."""
+    path, best, kind = os.path.realpath(path), "", ""
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) > 2 and (path == fields[1] or path.startswith(
+                        fields[1].rstrip("/") + "/")) and len(fields[1]) >= len(best):
+                    best, kind = fields[1], fields[2]
+    except OSError:
+        pass
+    return kind
 
 
 def plan(size: str, gpt, base_config: dict, gpu_bytes: int, host_bytes: int,

@@ -32,7 +32,7 @@
 #                      52 s on an H200 with 16 cores, 2026-11-30)
 #   GPU_TESTS_FIRST    a regex of CUDA test ids to run before all others; after them come
 #                      the tests no committed run has seen pass (scripts/lib/gpu_test_order.py)
-#   GPU_NVME_PATH      the largest step's swap-file directory (default /tmp/zero-nvme): the
+#   GPU_NVME_PATH      the largest step's swap-file directory (default /var/tmp/zero-nvme): the
 #                      tuner may put parameters or optimizer state there, within its free space
 #   BENCH_ARGS / LARGEST_ARGS  more arguments for the bench / largest steps
 #                      (e.g. BENCH_ARGS="--configs zero2,zero2-offload --timeout 120")
@@ -164,7 +164,7 @@ if step build build; then
   step bench "$PYTHON" benchmarks/bench_gpu_offload.py --budget "$(share bench)" --out "$RESULTS" \
     ${BENCH_ARGS:-}
   step largest "$PYTHON" benchmarks/bench_gpu_offload.py --largest --budget "$(share largest)" \
-    --nvme-path "${GPU_NVME_PATH:-/tmp/zero-nvme}" --out "$RESULTS" ${LARGEST_ARGS:-}
+    --nvme-path "${GPU_NVME_PATH:-/var/tmp/zero-nvme}" --out "$RESULTS" ${LARGEST_ARGS:-}
 fi
 echo "gpu_check: summary in $SUMMARY"
 cat "$SUMMARY"

@@ -280,8 +280,14 @@ def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_pa
     assert raised.chosen.option == both.option and largest > 1_000
     assert raised.chosen.estimate.setup.param_buffer_size == largest
     assert raised.chosen.host_bytes == both.host_bytes
-    written, _ = tuner.recommended_config(raised, setup, None)
+    written, notes = tuner.recommended_config(raised, dataclasses.replace(
+        setup, param_buffer_size=1_000), None)
     assert written["zero_optimization"]["offload_param"]["buffer_size"] == largest
+    assert f"offload_param.buffer_size: 1000 -> {largest}" in " ".join(notes)
+    # Without an NVMe path the tuner says NVMe would fit, the raised buffers included.
+    hint = tuner.tune(shapes, dataclasses.replace(setup, param_buffer_size=1_000), budget,
+                      host_budget=host_budget)
+    assert both.name in [e.name for e in hint.not_built]
 
     base = _config(3, "bf16", {"sub_group_size": 1000}, None)
     base["zero_optimization"]["offload_param"] = {"device": "none", "buffer_count": 2}
@@ -343,7 +349,7 @@ def test_the_tuner_puts_parameters_on_nvme_beside_part_of_the_optimizer(tmp_path
     assert not any("DeepSpeed ignores a ratio" in note for note in rec.notes)  # (stage 3)
     whole = tuner.tune(shapes, setup, budget, host_budget=host_budget, nvme_path=str(tmp_path),
                        nvme_budget=part.nvme_bytes, partial=False)
-    assert whole.chosen is None or whole.chosen.offload_ratio == 1.0
+    assert whole.chosen is None  # only the partial member fits these budgets
 
     config, _ = tuner.recommended_config(rec, setup, _config(3, "bf16", {}, None))
     zero_block = config["zero_optimization"]

@@ -135,3 +135,20 @@ def test_an_nvme_path_lets_the_tuner_use_its_free_space(tmp_path, monkeypatch):
              "reserve_bytes": 0, "nvme_path": str(tmp_path), "nvme_budget_bytes": 2**31}
     assert f"NVMe 2.0 GiB under {tmp_path}" in gpu_largest.budget_line(extra)
     assert "no NVMe" in gpu_largest.budget_line({**extra, "nvme_path": None})
+
+
+def test_an_nvme_path_in_memory_or_not_makeable_is_refused_in_one_line(tmp_path):
+    import os
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match="cannot make it"):
+        gpu_largest.disk_free(str(blocker / "swap"))
+    if gpu_largest.filesystem_type("/dev/shm") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm here")
+    path = f"/dev/shm/zero-test-{os.getpid()}"
+    try:
+        with pytest.raises(SystemExit, match="is on tmpfs, which is memory"):
+            gpu_largest.disk_free(path)
+    finally:
+        os.rmdir(path)

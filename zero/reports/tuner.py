@@ -276,7 +276,7 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
     for _, members in tiers:
         for stage, on_optimizer, on_param, part in members:
             option = option_for(stage, on_optimizer, on_param)
-            if _needs_nvme_path(option) and nvme_path is None or part and not partial:
+            if (_needs_nvme_path(option) and nvme_path is None) or (part and not partial):
                 continue
             if stage == 3 and not shapes.has_units:
                 continue
@@ -313,9 +313,11 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
             continue
         if (needs_path or option.offloaded) and not offload:
             continue
-        # stage 3 with units: the same settings the tiers try (a lower live bound)
-        tries = (stage3_estimates(shapes, base, usable, option) if option.stage == 3
-                 and shapes.has_units else [estimate(shapes, base, option, strict=False)])
+        # stage 3 with units: the same settings the tiers try (a lower live bound, the
+        # parameter buffers raised)
+        member = param_buffers_for(shapes, base, option)
+        tries = (stage3_estimates(shapes, member, usable, option) if option.stage == 3
+                 and shapes.has_units else [estimate(shapes, member, option, strict=False)])
         for est in tries:
             if est.runs and not _over_budget(est, usable, host_budget, nvme_budget, rpn,
                                              cpu_only):
@@ -597,6 +599,11 @@ def recommended_config(rec: Recommendation, setup: Setup, base: dict | None = No
                                               chosen.estimate.setup)  # (its ratio)
         if device != was:
             notes.append(f"zero_optimization.{name}: {was} -> {device}")
+    buffer_size = chosen.estimate.setup.param_buffer_size
+    if option.offload_param == "nvme" and buffer_size != setup.param_buffer_size:
+        notes.append(f"zero_optimization.offload_param.buffer_size: {setup.param_buffer_size} "
+                     f"-> {buffer_size} (the largest gather unit on NVMe: the engine refuses "
+                     "a unit above it)")
     if option.offload_optimizer != "none" and "sub_group_size" not in zero_block and \
             setup.sub_group_size != DEFAULT_SUB_GROUP_SIZE:
         zero_block["sub_group_size"] = setup.sub_group_size  # the estimate's chunk
