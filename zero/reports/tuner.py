@@ -31,7 +31,8 @@ Tiers, tried in order; the first tier with a fitting configuration wins:
        two chunks of each state array.
     6. parameters -> NVMe (stage 3, offload_param nvme, only with an NVMe path): parameters
        only, then with part of the optimizer on the host (as in tier 2), the whole optimizer
-       on the host, then on NVMe too. The device holds what it
+       on the host, then on NVMe too. With a host budget, max_in_cpu takes what it leaves:
+       the first units stay in host memory, and their gathers read no disk. The device holds what it
        holds with parameters on the host; the host keeps buffer_count buffers of one unit's
        shard instead of the whole shard, so this tier is for a host budget that tier 4 does
        not fit. Every gather reads its unit from the swap file (or a buffer).
@@ -286,6 +287,8 @@ def tune(shapes: ModelShapes, setup: Setup, budget: int, host_budget: int | None
                 if ratio is None:
                     continue
                 member = dataclasses.replace(member, offload_ratio=ratio)
+            if host_budget is not None and not cpu_only:
+                member = host_prefix_for(shapes, member, option, host_budget // rpn)
             if stage == 3:
                 fitting = [c for c in (judge(est, setup.reduce_bucket_size,
                                              est.stage3["overlap_comm"])
@@ -345,6 +348,33 @@ def param_buffers_for(shapes: ModelShapes, setup: Setup, option: Option) -> Setu
     if largest <= setup.param_buffer_size:
         return setup
     return dataclasses.replace(setup, param_buffer_size=int(largest))
+
+
+def host_prefix_for(shapes: ModelShapes, setup: Setup, option: Option, host_room: int
+                    ) -> Setup:
+    """Parameters on NVMe with a host budget: offload_param.max_in_cpu raised by what the
+    budget leaves beside the rest (`host_room` bytes per rank), so the first units stay in
+    host memory and their gathers read no disk; the rest stay on NVMe. Otherwise `setup`."""
+    if option.offload_param != "nvme":
+        return setup
+
+    def host_bytes(max_in_cpu: int) -> Optional[int]:
+        est = estimate(shapes, dataclasses.replace(setup, param_max_in_cpu=max_in_cpu),
+                       option, strict=False)
+        return est.host_bytes if est.runs else None
+
+    now = host_bytes(setup.param_max_in_cpu)
+    if now is None or now >= host_room:
+        return setup
+    more = (host_room - now) // setup.param_bytes
+    for _ in range(8):  # (a unit moving to the host may not shrink the NVMe buffers)
+        if more <= 0:
+            return setup
+        raised = setup.param_max_in_cpu + more
+        if (host_bytes(raised) or host_room + 1) <= host_room:
+            return dataclasses.replace(setup, param_max_in_cpu=int(raised))
+        more //= 2
+    return setup
 
 
 def least_ratio(shapes: ModelShapes, setup: Setup, option: Option, usable: int
