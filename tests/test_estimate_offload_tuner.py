@@ -90,18 +90,22 @@ def test_the_tuner_recommends_offload_when_only_offload_fits_and_it_runs_within(
         assert report["model_state_by_location"]["measured"]["host"] > 0
 
 
-def test_the_tuner_offloads_the_least_part_of_the_optimizer_that_fits(tmp_path, capsys):
-    """Between no offload and the whole optimizer on the host: the least ratio, in hundredths,
-    at which stage 1 fits the device (the tail's master and state on the host, the head's on
-    the device). The written config runs within the budget, the device's peak exactly the
-    estimate's; --no-partial-offload takes the whole step to the host instead."""
-    shapes = est.shapes_from_factory(DEEP_FACTORY)
-    setup = _setup()
+def _partial_budget(shapes, setup) -> int:
+    """A device budget between stage 1 with the whole optimizer on the host and the smallest
+    configuration without offload."""
     no_offload = tuner.tune(shapes, setup, 1, offload=False)
     smallest = min(c.total for c in no_offload.tried if c.estimate.runs)
     whole = est.estimate(shapes, setup, est.option_for(1, "cpu")).device_bytes
     assert whole < smallest
-    budget = (whole + smallest) // 2
+    return (whole + smallest) // 2
+
+
+def test_the_tuner_offloads_the_least_part_of_the_optimizer_that_fits():
+    """Between no offload and the whole optimizer on the host: the least ratio, in hundredths,
+    at which stage 1 fits the device (the tail's master and state on the host, the head's on
+    the device); partial=False (--no-partial-offload) takes the whole step to the host."""
+    shapes, setup = est.shapes_from_factory(DEEP_FACTORY), _setup()
+    budget = _partial_budget(shapes, setup)
     rec = tuner.tune(shapes, setup, budget)
     chosen = rec.chosen
     ratio = chosen.offload_ratio
@@ -120,33 +124,43 @@ def test_the_tuner_offloads_the_least_part_of_the_optimizer_that_fits(tmp_path, 
         least = next((h / 100 for h, b in zip(range(1, 100), by_hundredth) if b <= usable),
                      None)
         assert tuner.least_ratio(shapes, setup, est.option_for(1, "cpu"), usable) == least
-    whole_rec = tuner.tune(shapes, setup, budget, partial=False)
-    assert whole_rec.chosen.option == est.option_for(1, "cpu")
-    assert whole_rec.chosen.offload_ratio == 1.0
-    assert not any("DeepSpeed ignores a ratio" in note for note in whole_rec.notes)
-    # A configured ratio or the delayed update: no search, the offload tiers as configured.
+    whole = tuner.tune(shapes, setup, budget, partial=False)
+    assert (whole.chosen.option, whole.chosen.offload_ratio) == (est.option_for(1, "cpu"), 1.0)
+    assert not any("DeepSpeed ignores a ratio" in note for note in whole.notes)
+
+
+def test_a_configured_ratio_or_delayed_update_is_tuned_as_configured():
+    """A ratio below 1 or the delayed update in the config: no search, every offload tier
+    takes them as they are, and the written config says what the estimate used."""
+    shapes, setup = est.shapes_from_factory(DEEP_FACTORY), _setup()
+    budget = _partial_budget(shapes, setup)
     for fixed in (dict(offload_ratio=0.5), dict(delayed_update=True)):
-        fixed_rec = tuner.tune(shapes, _setup(**fixed), budget)
-        assert fixed_rec.chosen.option.offload_optimizer == "cpu"
-        offloaded = [c for c in fixed_rec.tried if c.option.offloaded]
+        rec = tuner.tune(shapes, _setup(**fixed), budget)
+        assert rec.chosen.option.offload_optimizer == "cpu"
+        offloaded = [c for c in rec.tried if c.option.offloaded]
         assert offloaded and all(c.offload_ratio == fixed.get("offload_ratio", 1.0)
                                  for c in offloaded)
-    # A configured ratio is no offload's business: no note, and 1 where nothing is offloaded.
+    # Nothing offloaded: ratio 1 whatever the config says, and no note about it.
     roomy = tuner.tune(shapes, _setup(offload_ratio=0.5), 10**12)
     assert roomy.chosen.stage == 0 and roomy.chosen.offload_ratio == 1.0
     assert not any("ratio" in note for note in roomy.notes)
-    # The base config's delayed update, turned off for the estimate (--no-delayed-update):
-    # the written config follows the estimate, so the partial offload validates.
+    # delayed_update is written as estimated: off over a base that has it (zero-mem tune
+    # --no-delayed-update; with the partial ratio it would not validate), on when estimated.
+    partial = tuner.tune(shapes, setup, budget)
     base = _config(3, "bf16", {"offload_optimizer": "cpu", "delayed_update": True}, None)
-    config, _ = tuner.recommended_config(rec, setup, base)
+    config, _ = tuner.recommended_config(partial, setup, base)
     block = config["zero_optimization"]["offload_optimizer"]
-    assert block["ratio"] == ratio and "delayed_update" not in block
+    assert block["ratio"] == partial.chosen.offload_ratio and "delayed_update" not in block
     delayed = tuner.tune(shapes, _setup(delayed_update=True), budget)
     config, _ = tuner.recommended_config(delayed, _setup(delayed_update=True), None)
     assert config["zero_optimization"]["offload_optimizer"]["delayed_update"] is True
 
-    # The command line on a config (two micro-steps) writes its own least ratio; the engine
-    # runs it within the budget, exactly as estimated.
+
+def test_the_tuners_partial_offload_runs_within_its_budget(tmp_path, capsys):
+    """zero-mem tune on a config (two micro-steps) writes its least ratio, before NVMe when
+    both fit; the engine runs it within the budget, its device peak exactly the estimate's."""
+    shapes = est.shapes_from_factory(DEEP_FACTORY)
+    budget = _partial_budget(shapes, _setup())
     tuned, reports = _tune_and_run(tmp_path, budget)
     block = tuned["zero_optimization"]["offload_optimizer"]
     assert (block["device"], tuned["zero_optimization"]["stage"]) == ("cpu", 1)
