@@ -378,9 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-offload", action="store_true",
                    help="recommend no offload (stages 0-3 only)")
     p.add_argument("--no-partial-offload", action="store_true",
-                   help="offload the whole optimizer step or none of it: skip the tier of "
-                        "offload_optimizer.ratio < 1 (zero's at stages 1-2; DeepSpeed ignores a "
-                        "ratio below stage 3)")
+                   help="offload the whole optimizer step or none of it: skip every partial "
+                        "offload (offload_optimizer.ratio < 1; zero's at stages 1-2, where "
+                        "DeepSpeed ignores a ratio)")
     p.add_argument("--reserve", type=_size, default=0,
                    help="bytes of the budget kept for activations and overhead (default 0)")
     p.add_argument("--headroom", type=float, default=0.0,
