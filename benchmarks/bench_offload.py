@@ -317,7 +317,7 @@ def _launch(name, args, nvme_root, shard_numel, tag):
 def nvme_facts(nvme_root):
     facts = {"path": nvme_root,
              "findmnt": machine.sh(f"findmnt -T {shlex.quote(nvme_root)} -o TARGET,SOURCE,FSTYPE"),
-             "fstype": machine.sh(f"findmnt -n -T {shlex.quote(nvme_root)} -o FSTYPE"),
+             "fstype": machine.filesystem_type(nvme_root),
              "source": machine.sh(f"findmnt -n -T {shlex.quote(nvme_root)} -o SOURCE")}
     dev = os.path.basename(facts["source"])
     facts["rotational"] = machine.sh(f"cat /sys/block/{dev}/queue/rotational 2>/dev/null")
@@ -409,7 +409,7 @@ def main(argv=None):
     checkout_at_start = machine.checkout_facts(ROOT, short=True)["checkout_commit"]
     nvme_root = tempfile.mkdtemp(prefix="zero_bench_offload_", dir=args.nvme_dir)
     nf = nvme_facts(nvme_root)
-    if nf["fstype"] in ("tmpfs", "ramfs"):
+    if nf["fstype"] in machine.MEMORY_FILESYSTEMS:
         sys.exit(f"--nvme-dir {args.nvme_dir} is on {nf['fstype']}; pick a directory on a disk")
     args.nvme_fs = f"{nf['fstype']} on {nf['source']}"
     # a rank's shard of the flat parameter space, for the anchor (TinyGPT's padded Ψ / N)

@@ -21,6 +21,15 @@ def sh(command: str, timeout: float = 30) -> str:
         return f"({exc})"
 
 
+# Filesystems whose files live in memory: swap files there take the host memory they offload.
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem `path` is on (findmnt's FSTYPE; "" where unknown)."""
+    return sh(f"findmnt -n -T {shlex.quote(path)} -o FSTYPE")
+
+
 def loadavg() -> str:
     with open("/proc/loadavg") as f:
         return f.read().strip()

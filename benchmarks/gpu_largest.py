@@ -27,6 +27,7 @@ import shutil
 
 import torch
 
+from benchmarks import facts
 from zero.models.tiny_gpt import TinyGPT
 from zero.reports import estimate as est
 from zero.reports import tuner
@@ -65,26 +66,11 @@ def disk_free(path: str) -> int:
     except OSError as error:
         raise SystemExit(f"--nvme-path {path}: cannot make it ({error}); name a writable "
                          "directory on a disk") from None
-    kind = filesystem_type(path)
-    if kind in ("tmpfs", "ramfs"):
+    kind = facts.filesystem_type(path)
+    if kind in facts.MEMORY_FILESYSTEMS:
         raise SystemExit(f"--nvme-path {path} is on {kind}, which is memory: name a directory "
                          "on a disk (e.g. under /var/tmp)")
     return shutil.disk_usage(path).free
-
-
-def filesystem_type(path: str) -> str:
-    """The type of the filesystem `path` is on, from /proc/mounts ("" where unknown)."""
-    path, best, kind = os.path.realpath(path), "", ""
-    try:
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) > 2 and (path == fields[1] or path.startswith(
-                        fields[1].rstrip("/") + "/")) and len(fields[1]) >= len(best):
-                    best, kind = fields[1], fields[2]
-    except OSError:
-        pass
-    return kind
 
 
 def plan(size: str, gpt, base_config: dict, gpu_bytes: int, host_bytes: int,

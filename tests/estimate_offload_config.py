@@ -1,5 +1,6 @@
-"""What the offload estimate tests (test_estimate_offload*.py) share: the models they measure
-and the engine config of one grid entry."""
+"""What the offload estimate tests (test_estimate_offload*.py, test_cuda_estimate.py) share:
+the models they measure, the engine config of one grid entry, and a tuned config's run."""
+import dataclasses
 import os
 
 import training
@@ -53,3 +54,17 @@ def _config(stage, precision, overrides, nvme_path, gas=GAS):
 
 def _close(estimated, measured, tolerance=0.05):
     return abs(estimated - measured) <= tolerance * max(measured, 1)
+
+
+def train_tuned(rank, world, config_path):
+    """Two steps of DEEP_FACTORY's model under a tuned config: its memory report, and the
+    device it trained on ("device_type")."""
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(
+        dataclasses.replace(training.MODEL, n_layer=8)), config=config_path)
+    training.train_engine(engine, rank, world, 2, engine.gradient_accumulation_steps())
+    report = engine.memory_report()
+    report["device_type"] = engine.device.type
+    engine.destroy()
+    return report

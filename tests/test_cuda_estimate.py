@@ -10,15 +10,13 @@ buckets, staging and gathered working set as on the CPU.
 
 World 1 runs on NCCL; world 2 puts both ranks on the one GPU over gloo. Skipped where torch
 sees no GPU (scripts/gpu_check.sh runs them on one)."""
-import dataclasses
 import json
 
 import pytest
 import torch
 
-import training
 from distributed_harness import run_distributed
-from estimate_offload_config import DEEP_FACTORY, FACTORY, _config
+from estimate_offload_config import DEEP_FACTORY, FACTORY, _config, train_tuned
 from estimate_offload_grid import GRID, NVME_PARAMS_GRID, check, measure
 from zero.reports import estimate as est
 from zero.reports import tuner
@@ -45,18 +43,6 @@ def test_the_offload_estimate_equals_the_engine_on_the_gpu(world, grid, tmp_path
     assert list(tmp_path.iterdir()) == []  # the swap files went with the engines
 
 
-def _train_tuned(rank, world, config_path):
-    import zero
-
-    engine, _, _, _ = zero.initialize(model=training.make_model(
-        dataclasses.replace(training.MODEL, n_layer=8)), config=config_path)  # DEEP_FACTORY's
-    assert engine.device.type == "cuda"
-    training.train_engine(engine, rank, world, 2, engine.gradient_accumulation_steps())
-    report = engine.memory_report()
-    engine.destroy()
-    return report
-
-
 def test_the_tuners_partial_offload_trains_within_its_gpu_budget(tmp_path):
     """zero-mem tune's partial-offload tier priced for a GPU (the head's state on the device,
     two chunks of the tail staged in pinned memory): at a budget between the whole optimizer
@@ -75,7 +61,8 @@ def test_the_tuners_partial_offload_trains_within_its_gpu_budget(tmp_path):
     config, _ = tuner.recommended_config(rec, setup, base)
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps(config))
-    [report] = run_distributed(_train_tuned, 1, args=(str(path),), backend="nccl", timeout=300)
+    [report] = run_distributed(train_tuned, 1, args=(str(path),), backend="nccl", timeout=300)
+    assert report["device_type"] == "cuda"
     assert report["by_location"]["device"]["peak"] == chosen.total <= budget
     staging = report["categories"]["staging"]["by_location"]
     assert staging["host_pinned"]["current"] == \

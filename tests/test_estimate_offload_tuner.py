@@ -6,9 +6,8 @@ import json
 
 import torch
 
-import training
 from distributed_harness import run_distributed
-from estimate_offload_config import DEEP_FACTORY, GAS, PERSISTENCE, _close, _config
+from estimate_offload_config import DEEP_FACTORY, GAS, PERSISTENCE, _config, train_tuned
 from zero.reports import cli, tuner
 from zero.reports import estimate as est
 
@@ -17,17 +16,6 @@ from zero.reports import estimate as est
 def _setup(**changes):
     return est.Setup(world_size=2, precision="bf16", reduce_bucket_size=3000,
                      persistence_threshold=PERSISTENCE, **changes)
-
-
-def _run_tuned(rank, world, config_path):
-    import zero
-
-    engine, _, _, _ = zero.initialize(model=training.make_model(
-        dataclasses.replace(training.MODEL, n_layer=8)), config=config_path)
-    training.train_engine(engine, rank, world, 2, engine.gradient_accumulation_steps())
-    report = engine.memory_report()
-    engine.destroy()
-    return report
 
 
 def _tune_and_run(tmp_path, budget, *extra):
@@ -39,7 +27,7 @@ def _tune_and_run(tmp_path, budget, *extra):
                      "--world-size", "2", "--budget", str(budget), "--out", str(out), *extra])
     assert code == 0
     tuned = json.loads(out.read_text())
-    return tuned, run_distributed(_run_tuned, 2, args=(str(out),), timeout=120)
+    return tuned, run_distributed(train_tuned, 2, args=(str(out),), timeout=120)
 
 
 def _tune_with_nvme(tmp_path, base: dict, budget: int, host_budget: int):
@@ -210,7 +198,7 @@ def test_the_tuner_takes_nvme_when_the_host_budget_rules_the_host_out(tmp_path, 
     block = tuned["zero_optimization"]["offload_optimizer"]
     assert block["device"] == "nvme" and block["nvme_path"] == str(swap)
     assert tuned["zero_optimization"]["sub_group_size"] == 1000
-    for report in run_distributed(_run_tuned, 2, args=(str(out),), timeout=120):
+    for report in run_distributed(train_tuned, 2, args=(str(out),), timeout=120):
         locations = report["by_location"]
         assert locations["device"]["peak"] <= budget
         host = locations["host_pinned"]["peak"] + locations["host_pageable"]["peak"]
@@ -321,7 +309,7 @@ def test_the_tuner_puts_parameters_on_nvme_when_the_host_cannot_hold_them(tmp_pa
                           chosen.option, reduce_bucket_size=chosen.reduce_bucket_size,
                           overlap_comm=chosen.overlap_comm)
     assert on_cpu.host_bytes < chosen.host_bytes
-    for report in run_distributed(_run_tuned, 2, args=(str(out),), timeout=120):
+    for report in run_distributed(train_tuned, 2, args=(str(out),), timeout=120):
         locations = report["by_location"]
         assert locations["device"]["peak"] <= budget
         assert _within_buckets(chosen, locations["device"]["peak"])
@@ -380,7 +368,7 @@ def test_the_tuner_puts_parameters_on_nvme_beside_part_of_the_optimizer(tmp_path
     assert zero_block["offload_param"]["max_in_cpu"] == kept
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps(config))
-    [report] = run_distributed(_run_tuned, 1, args=(str(path),), timeout=120)
+    [report] = run_distributed(train_tuned, 1, args=(str(path),), timeout=120)
     assert report["by_location"]["device"]["peak"] <= budget
     assert report["offload"] == {"optimizer": "cpu", "param": "nvme"}
     master = report["categories"]["fp32_master"]["by_location"]

@@ -3,7 +3,7 @@ the order in which the search trains the sizes (the runs faked; the GPU half is
 scripts/gpu_check.sh's `largest` step)."""
 import pytest
 
-from benchmarks import gpu_largest
+from benchmarks import facts, gpu_largest
 from zero.models.tiny_gpt import GPTConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -144,7 +144,7 @@ def test_an_nvme_path_in_memory_or_not_makeable_is_refused_in_one_line(tmp_path)
     blocker.write_text("")
     with pytest.raises(SystemExit, match="cannot make it"):
         gpu_largest.disk_free(str(blocker / "swap"))
-    if gpu_largest.filesystem_type("/dev/shm") != "tmpfs":
+    if facts.filesystem_type("/dev/shm") != "tmpfs":
         pytest.skip("no tmpfs at /dev/shm here")
     path = f"/dev/shm/zero-test-{os.getpid()}"
     try:
