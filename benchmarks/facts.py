@@ -26,8 +26,10 @@ MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
 
 
 def filesystem_type(path: str) -> str:
-    """The type of the filesystem `path` is on (findmnt's FSTYPE; "" where unknown)."""
-    return sh(f"findmnt -n -T {shlex.quote(path)} -o FSTYPE")
+    """The type of the filesystem `path` is on (findmnt's FSTYPE; "" where unknown). With
+    filesystems mounted over each other findmnt lists each, the visible one last."""
+    lines = sh(f"findmnt -n -T {shlex.quote(path)} -o FSTYPE").splitlines()
+    return lines[-1].strip() if lines else ""
 
 
 def loadavg() -> str:
