@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import warnings
 import weakref
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -22,34 +21,27 @@ from torch import nn
 
 import offload
 from offload import disk_space
+from offload.progress import SwapWriteProgress
 
-from . import _C, agreement, checkpoint_mesh, hybrid_engine, muon, process_groups, sharding
-from . import stage3
-from . import init as zero_init
+from . import _C, agreement, hybrid_engine, param_groups, process_groups, sharding, stage3
 from . import offload_states as states_offload
-from .moe import checkpoint as moe_checkpoint
-from .moe import params as moe_params
-from .moe import auto_ep, ep_checkpoint
+from .moe import auto_ep
 from .moe.engine_layout import ExpertLayout
 from .parallel import data_group, sequence
 from .autocast import ForwardAutocast
-from .boundary import as_dict
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ZeroConfig
 from .engine_batch import EngineBatch
 from .engine_getters import EngineGetters
+from .engine_model_save import EngineModelSave
+from .engine_reports import EngineReports
 from .loss_scaler import from_config as loss_scaler_from_config
-from .memory import build_report, state_layouts
+from .memory import state_layouts
 from .monitor import Watch
 from .monitor.throughput import ThroughputTimer
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
-from .optimizer import (TORCH_CONFIG_TYPES, OptimizerSpec, ZeroOptimizer, check_client_states,
-                        check_external, check_on_device, fill_initial_state, torch_optimizer,
-                        trust_ratios)
+from .optimizer import ZeroOptimizer, fill_initial_state, trust_ratios
 from .parameter_offload import ParameterOffload
-from offload.progress import SwapWriteProgress
-from .reports.table import format_report, format_report_line
-from .schedulers import build_scheduler
 from .torch_backward import TorchStyleBackward
 
 logger = logging.getLogger("zero")
@@ -58,7 +50,7 @@ PRECISION_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch
 ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffer
 
 
-class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
+class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.Module):
     # Read with getattr(engine, name, default) by zero itself: defaults here, so that the
     # model's attribute of the same name (engine.__getattr__ passes to it) is never taken.
     grid = None  # the pipeline engine's grid
@@ -97,8 +89,8 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
             config = sequence.reduction_config(config)
             self.config = config
         norm_span = self._place_model(model, config, norm_span)
-        spec, groups, trainables = _parameter_groups(model, config, optimizer, model_parameters,
-                                                     moe=self.moe is not None)
+        spec, groups, trainables = param_groups.parameter_groups(
+            model, config, optimizer, model_parameters, moe=self.moe is not None)
         if self.moe is not None:
             self.moe.check_optimizer(spec.kind)
         # before a byte is written
@@ -202,7 +194,7 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         # inference engine; the HF Trainer evaluates through one at stage 3).
         self.inference_only = optimizer is None and config.optimizer is None
         self.lr_scheduler = None if self.inference_only else \
-            _scheduler(config, lr_scheduler, self.optimizer)
+            param_groups.scheduler(config, lr_scheduler, self.optimizer)
         self._layouts = state_layouts(self._core, self._engine_groups, spec, config,
                                       _element_size(self.dtype))
 
@@ -520,72 +512,6 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         self._alive("apply_delayed_update")
         self._core.apply_delayed_update()
 
-    # ---- memory ----------------------------------------------------------------------------
-    def memory_report(self) -> dict:
-        """Per-category current/peak bytes from the accounting registry, with the ZeRO formula's
-        expected value beside each model-state category."""
-        self._alive("memory_report")
-        return self._report(dist.get_rank())
-
-    def _report(self, rank: int) -> dict:
-        grid = self.grid  # pipeline stages / tensor slices: the rank's place
-        return build_report(self._core.registry(), self._layouts, rank, self.global_steps,
-                            as_dict(self._core.comm_stats()), self._watch.activation_bytes,
-                            mesh=grid.describe() if grid is not None else None)
-
-    def print_memory_report(self) -> None:
-        print(format_report(self.memory_report()), flush=True)
-
-    def _maybe_report(self) -> None:
-        every = self.config.memory_report.every_n_steps
-        steps_per_print = self.config.steps_per_print
-        write = bool(every) and self.global_steps % every == 0
-        show = bool(steps_per_print) and self.global_steps % steps_per_print == 0
-        if not (write or show):
-            return
-        report = self.memory_report()
-        if write:
-            self._write_report(report, show=False)
-        if show:
-            print(format_report_line(report), flush=True)  # one line per rank
-
-    def final_memory_report(self, show: bool = True) -> dict | None:
-        """Writes the memory report now, whatever memory_report.every_n_steps says: one JSON
-        line to memory_report.path (marked "final", so `zero-mem report` folds it into the run
-        even after a periodic report of the same step) and the table on rank 0. Not collective
-        (every rank writes its own line); destroy() calls it when a path is configured.
-        Returns the report, None once destroyed."""
-        if self._core is None:
-            return None
-        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-        report = self._report(rank)
-        report["final"] = True
-        self._write_report(report, show=show)
-        self._final_report_step = self.global_steps
-        return report
-
-    def __del__(self):
-        """An engine dropped without destroy() still ends with its final report."""
-        if "_final_report_step" in self.__dict__:   # construction finished
-            self._final_report_once()
-
-    def _final_report_once(self) -> None:
-        """The final report (JSON line; the table on rank 0 with steps_per_print), unless the
-        last step already has one."""
-        if self._core is not None and self._final_report_step != self.global_steps \
-                and (self.config.memory_report.path or self.config.steps_per_print):
-            self.final_memory_report(show=bool(self.config.steps_per_print))
-
-    def _write_report(self, report: dict, show: bool) -> None:
-        path = self.config.memory_report.path
-        if path:
-            target = _rank_path(path, report["rank"])
-            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-            with open(target, "a") as out:
-                out.write(json.dumps(report) + "\n")
-        if show and report["rank"] == 0:
-            print(format_report(report), flush=True)
-
     # ---- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):
@@ -611,19 +537,6 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         if self._stage3 is None:
             return contextlib.nullcontext()
         return stage3.gathered_parameters(self._stage3, params, modifier_rank)
-
-    def module_state_dict(self) -> dict:
-        """The module's state dict with whole parameters (gathered unit by unit at stage 3).
-        Every rank must call it; at stage 3 only rank 0 gets the full copy (with MoE layers
-        every other rank its own experts). With pipeline or tensor parallelism: this rank's
-        stage / slice of the model."""
-        if self._stage3 is None:
-            return self.module.state_dict()
-        self._alive("module_state_dict")
-        keep = dist.get_rank() == 0
-        return stage3.full_state_dict(
-            self._stage3, self.module,
-            keep=moe_checkpoint.kept_names(keep, self.module) if self.moe is not None else keep)
 
     def was_step_applied(self) -> bool:
         """Whether the last engine.step() updated the weights: False between accumulation
@@ -670,66 +583,6 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
         result = self.last_step_result
         return None if result is None else result.grad_norm
 
-    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
-        """DeepSpeed's name, used by the HF Trainer and Accelerate to save a stage-3 model: the
-        whole state dict in the training dtype on rank 0, None on the other ranks. Every rank
-        must call it."""
-        data_group.check_whole_model_save(self._whole_world, "_zero3_consolidated_16bit_state_dict")
-        state = self.module_state_dict()
-        if exclude_frozen_parameters:
-            frozen = sharding.frozen_names(self.module)
-            state = {name: value for name, value in state.items() if name not in frozen}
-        if self.moe is not None:  # every expert, under its global id
-            state = moe_checkpoint.whole_state(self.module, state)
-        return state if dist.get_rank() == 0 else None
-
-    def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
-        """DeepSpeed's, which Accelerate's get_state_dict calls under ZeRO-3 or AutoTP: the
-        whole model's state dict on rank 0 (None elsewhere); under tensor parallelism its
-        parameters, each split one's slices gathered and joined. Every rank must call it."""
-        if self.stage == 3:
-            return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
-        group = self.tensor_parallel_group
-        if group is None or dist.get_world_size(group) == 1:
-            raise ValueError("zero: consolidated_16bit_state_dict is only for weights that are "
-                             "partitioned: ZeRO stage 3 or tensor parallelism; use "
-                             "engine.module_state_dict()")
-        data_group.check_whole_model_save(self.grid is None or
-                                          self.grid.get_pipe_parallel_world_size() == 1,
-                                          "_consolidated_16bit_state_dict with pipeline stages")
-        return checkpoint_mesh.whole_parameters(self.module, group, exclude_frozen_parameters)
-
-    def load_module_state_dict(self, state: dict, strict: bool = True) -> None:
-        """A whole model's state dict (AutoEP's stacked experts whole, or this rank's rows)."""
-        if self.moe is not None:
-            state = ep_checkpoint.localized(self.module, state)
-        if self._stage3 is None:
-            self.module.load_state_dict(state, strict=strict)
-        else:
-            stage3.load_full_state_dict(self._stage3, self.module, state, strict)
-
-    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
-                         exclude_frozen_parameters: bool = False) -> bool:
-        """Rank 0 writes the whole model in its training dtype (gathered unit by unit), without
-        the frozen parameters if asked. At stage 3 this needs
-        stage3_gather_16bit_weights_on_model_save, as in DeepSpeed."""
-        data_group.check_whole_model_save(self._whole_world, "save_16bit_model")
-        if self._stage3 is not None and \
-                not self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
-            if dist.get_rank() == 0:
-                logger.warning("zero: save_16bit_model did nothing: set zero_optimization."
-                               "stage3_gather_16bit_weights_on_model_save to true to gather the "
-                               "weights at stage 3")
-            return False
-        state = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
-        if dist.get_rank() == 0:
-            os.makedirs(save_dir, exist_ok=True)
-            path = os.path.join(save_dir, save_filename)
-            torch.save(state, path + ".partial")
-            os.replace(path + ".partial", path)
-        dist.barrier()
-        return True
-
     def compile(self, backend="inductor", compile_kwargs=None, schedule=None,
                 compiled_autograd_enabled=False) -> None:
         """DeepSpeed's engine.compile (Accelerate calls it for the HF Trainer's
@@ -750,10 +603,6 @@ class ZeroEngine(EngineGetters, EngineBatch, nn.Module):
     @property
     def is_compiled(self) -> bool:
         return self._is_compiled
-
-    def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
-        """DeepSpeed's old name of save_16bit_model."""
-        return self.save_16bit_model(save_dir, save_filename)
 
     def _warn_if_not_pinned(self) -> None:
         infos = [self._core.group_offload_info(g) for g in range(self._core.group_count)] + \
@@ -834,61 +683,6 @@ def _training_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _rank_path(path: str, rank: int) -> str:
-    root, ext = os.path.splitext(path)
-    return f"{root}.rank{rank}{ext or '.jsonl'}"
-
-
-def _parameter_groups(model, config, optimizer, model_parameters, moe=False):
-    """Trainable parameters in optimizer groups, with each group's hyperparameters filled in.
-    Frozen parameters (requires_grad=False) stay as they are and are not managed. `moe`: the
-    configured optimizer's groups are split into shared and expert ones, as DeepSpeed's."""
-    if optimizer is not None and config.optimizer is not None:
-        raise ValueError("zero: an optimizer was passed to initialize() and the config has an "
-                         "\"optimizer\" block; remove one of them")
-    if config.optimizer is not None and config.optimizer.type in TORCH_CONFIG_TYPES:
-        source = model.parameters() if model_parameters is None else model_parameters
-        optimizer = torch_optimizer(config.optimizer, _as_groups(source))  # as the script's
-    if isinstance(optimizer, torch.optim.Optimizer):
-        spec = OptimizerSpec.from_torch(optimizer)
-        check_external(spec, config)
-        check_client_states(spec, config)
-        raw_groups = optimizer.param_groups
-        optimizer.state.clear()  # the engine keeps the state, sharded (Adagrad's is built eagerly)
-    else:
-        spec = OptimizerSpec.from_config(config.optimizer) if config.optimizer is not None \
-            else OptimizerSpec.inference_only()
-        source = model.parameters() if model_parameters is None else model_parameters
-        raw_groups = _as_groups(source)
-        if moe:
-            raw_groups = moe_params.configure_moe_param_groups(raw_groups)
-        if spec.kind == "muon":
-            muon.tag_parameters(model)
-            raw_groups = muon.param_groups(raw_groups, config.optimizer.params)
-    check_on_device(spec, config)
-    groups, trainables, seen = [], [], set()
-    for raw in raw_groups:
-        params = []
-        for param in raw["params"]:
-            if not param.requires_grad or id(param) in seen or not zero_init.full_numel(param):
-                continue  # frozen, a tied parameter listed twice, or of no elements
-            seen.add(id(param))
-            params.append(param)
-        if not params:
-            continue
-        if isinstance(optimizer, torch.optim.Optimizer):
-            # The client's own group dicts: a scheduler built on the client optimizer keeps
-            # steering the lr the engine reads.
-            groups.append(raw)
-        else:
-            groups.append({**spec.defaults, **{k: v for k, v in raw.items() if k != "params"},
-                           "params": params})
-        trainables.append(params)
-    if not groups:
-        raise ValueError("zero: the model has no trainable parameters")
-    return spec, groups, trainables
-
-
 def _floats_to_half(value):
     """fp16.auto_cast: floating-point tensors in (nested lists, tuples and dicts of) forward's
     positional inputs, as fp16."""
@@ -900,21 +694,3 @@ def _floats_to_half(value):
         return {k: _floats_to_half(v) for k, v in value.items()}
     return value
 
-
-def _as_groups(source) -> list[dict[str, Any]]:
-    items = list(source)
-    if items and isinstance(items[0], dict):
-        return items
-    return [{"params": items}]
-
-
-def _scheduler(config, client_scheduler, optimizer):
-    if client_scheduler is not None and config.scheduler is not None:
-        raise ValueError("zero: an lr_scheduler was passed to initialize() and the config has a "
-                         "\"scheduler\" block; remove one of them")
-    if client_scheduler is not None:
-        return client_scheduler(optimizer) if callable(client_scheduler) and not hasattr(
-            client_scheduler, "step") else client_scheduler
-    if config.scheduler is not None:
-        return build_scheduler(config.scheduler.type, dict(config.scheduler.params), optimizer)
-    return None

@@ -1,0 +1,100 @@
+"""The whole model out of (and into) an engine: its state dict with whole parameters
+(gathered unit by unit at stage 3), DeepSpeed's consolidated 16-bit state dicts that the HF
+Trainer and Accelerate save through, and save_16bit_model."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import checkpoint_mesh, sharding, stage3
+from .moe import checkpoint as moe_checkpoint
+from .moe import ep_checkpoint
+from .parallel import data_group
+
+logger = logging.getLogger("zero")
+
+
+class EngineModelSave:
+    """Mixed into ZeroEngine, which sets `config`, `module`, `stage`, `moe`, `grid`,
+    `tensor_parallel_group`, `_stage3` and `_whole_world`."""
+
+    def module_state_dict(self) -> dict:
+        """The module's state dict with whole parameters (gathered unit by unit at stage 3).
+        Every rank must call it; at stage 3 only rank 0 gets the full copy (with MoE layers
+        every other rank its own experts). With pipeline or tensor parallelism: this rank's
+        stage / slice of the model."""
+        if self._stage3 is None:
+            return self.module.state_dict()
+        self._alive("module_state_dict")
+        keep = dist.get_rank() == 0
+        return stage3.full_state_dict(
+            self._stage3, self.module,
+            keep=moe_checkpoint.kept_names(keep, self.module) if self.moe is not None else keep)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """DeepSpeed's name, used by the HF Trainer and Accelerate to save a stage-3 model: the
+        whole state dict in the training dtype on rank 0, None on the other ranks. Every rank
+        must call it."""
+        data_group.check_whole_model_save(self._whole_world, "_zero3_consolidated_16bit_state_dict")
+        state = self.module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = sharding.frozen_names(self.module)
+            state = {name: value for name, value in state.items() if name not in frozen}
+        if self.moe is not None:  # every expert, under its global id
+            state = moe_checkpoint.whole_state(self.module, state)
+        return state if dist.get_rank() == 0 else None
+
+    def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False):
+        """DeepSpeed's, which Accelerate's get_state_dict calls under ZeRO-3 or AutoTP: the
+        whole model's state dict on rank 0 (None elsewhere); under tensor parallelism its
+        parameters, each split one's slices gathered and joined. Every rank must call it."""
+        if self.stage == 3:
+            return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        group = self.tensor_parallel_group
+        if group is None or dist.get_world_size(group) == 1:
+            raise ValueError("zero: consolidated_16bit_state_dict is only for weights that are "
+                             "partitioned: ZeRO stage 3 or tensor parallelism; use "
+                             "engine.module_state_dict()")
+        data_group.check_whole_model_save(self.grid is None or
+                                          self.grid.get_pipe_parallel_world_size() == 1,
+                                          "_consolidated_16bit_state_dict with pipeline stages")
+        return checkpoint_mesh.whole_parameters(self.module, group, exclude_frozen_parameters)
+
+    def load_module_state_dict(self, state: dict, strict: bool = True) -> None:
+        """A whole model's state dict (AutoEP's stacked experts whole, or this rank's rows)."""
+        if self.moe is not None:
+            state = ep_checkpoint.localized(self.module, state)
+        if self._stage3 is None:
+            self.module.load_state_dict(state, strict=strict)
+        else:
+            stage3.load_full_state_dict(self._stage3, self.module, state, strict)
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """Rank 0 writes the whole model in its training dtype (gathered unit by unit), without
+        the frozen parameters if asked. At stage 3 this needs
+        stage3_gather_16bit_weights_on_model_save, as in DeepSpeed."""
+        data_group.check_whole_model_save(self._whole_world, "save_16bit_model")
+        if self._stage3 is not None and \
+                not self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
+            if dist.get_rank() == 0:
+                logger.warning("zero: save_16bit_model did nothing: set zero_optimization."
+                               "stage3_gather_16bit_weights_on_model_save to true to gather the "
+                               "weights at stage 3")
+            return False
+        state = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        if dist.get_rank() == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            path = os.path.join(save_dir, save_filename)
+            torch.save(state, path + ".partial")
+            os.replace(path + ".partial", path)
+        dist.barrier()
+        return True
+
+    def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin") -> bool:
+        """DeepSpeed's old name of save_16bit_model."""
+        return self.save_16bit_model(save_dir, save_filename)
+
