@@ -12,486 +12,64 @@ Defaults are DeepSpeed's *code* defaults (DeepSpeed 0.19: ``runtime/config.py``,
 ``ops/adam/fused_adam.py``); where DeepSpeed's documentation says otherwise
 the code wins and the key's doc string says so.
 
-Support status has two levels:
-
-* per key: ``supported=False`` marks a DeepSpeed key zero does not implement
-  (and has no plan to yet). Such a key is accepted only at its DeepSpeed
-  default (which describes what zero does anyway); any other value is
-  rejected as "not supported yet". Unsupported DeepSpeed *sections*
-  (``sparse_attention``, ``amp``, ...) are accepted only while
-  inert (see ``SECTION``).
-* per value: ``feature`` / ``value_features`` name an engine feature that is
-  declared but not built yet (ZeRO stage 3, offload, NVMe). A value that needs
-  a feature is rejected unless the caller enabled it, see ``BUILT_FEATURES``.
+The tables are written with zero/config/keys.py's `Key`, `Block` and constructors (the
+key kinds, the features a value may need, the sanity bounds); the optimizer and scheduler
+blocks are in zero/config/optimizer_schema.py.
 """
 
 import sys
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
 
-# --------------------------------------------------------------------------- features
-
-FEATURE_STAGE3 = "stage3"  # ZeRO stage 3 (parameter partitioning), persistence, 16-bit save
-FEATURE_OFFLOAD = "offload"  # offload optimizer state and the optimizer step to CPU memory
-FEATURE_OFFLOAD_PARAM = "offload_param"  # stage-3 parameters in CPU memory
-FEATURE_OFFLOAD_PARAM_NVME = "offload_param_nvme"  # stage-3 parameters on NVMe
-FEATURE_NVME = "nvme"  # optimizer state on NVMe, and the aio block that tunes it
-
-ALL_FEATURES = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD,
-                          FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_PARAM_NVME,
-                          FEATURE_NVME})
-
-# The features the engine implements today. When one lands, add it here (one
-# line) and regenerate docs/CONFIG.md with `python -m zero.config.docs`.
-BUILT_FEATURES: frozenset = frozenset({FEATURE_STAGE3, FEATURE_OFFLOAD, FEATURE_NVME,
-                                       FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_PARAM_NVME})
-
-# --------------------------------------------------------------------------- key kinds
-
-BOOL = "bool"
-INT = "int"  # also accepts integral floats such as 5e8
-FLOAT = "float"  # also accepts ints
-STR = "str"
-CHOICE = "choice"  # a string from `choices`
-BETAS = "betas"  # [beta1, beta2]
-BLOCK = "block"  # a nested object described by `block`
-PARAMS = "params"  # a nested object whose schema depends on the sibling "type"
-SECTION = "section"  # an unsupported DeepSpeed block; accepted only while inert
-OBJECT = "object"  # a free-form object (only used by unsupported keys)
-STRINGS = "strings"  # a list of strings, each one of `choices`
-
-REQUIRED = object()  # default of keys that must be given
-
-
-@dataclass(frozen=True)
-class Key:
-    """One config key.
-
-    Attributes:
-        name: the JSON key.
-        kind: one of the kinds above.
-        default: value used when the key is absent (REQUIRED: must be given).
-        doc: one-line description (ends up in docs/CONFIG.md).
-        choices: allowed strings for CHOICE keys (canonical spelling).
-        minimum / maximum: inclusive bounds for numbers (see the *_exclusive flags).
-        nullable: JSON null is a legal value.
-        ignore_case: CHOICE values are matched case-insensitively and canonicalised.
-        auto: what the string "auto" means for this key; None rejects "auto".
-            An accepted "auto" always resolves to `default`.
-        supported: False for DeepSpeed keys zero does not implement: only the
-            default value is accepted.
-        feature: engine feature needed for any non-default value.
-        value_features: (value, feature) pairs: these values need that feature.
-        unsupported_choices: known DeepSpeed values zero does not implement
-            (reported as "not supported yet" instead of "unknown").
-        block: sub-schema of a BLOCK key.
-        variants: sub-schemas of a PARAMS key, by the sibling "type" value.
-        default_doc: how docs show the default when it is computed.
-    """
-
-    name: str
-    kind: str
-    default: Any = None
-    doc: str = ""
-    choices: Tuple[str, ...] = ()
-    minimum: Optional[float] = None
-    maximum: Optional[float] = None
-    minimum_exclusive: bool = False
-    maximum_exclusive: bool = False
-    nullable: bool = False
-    ignore_case: bool = False
-    auto: Optional[str] = None
-    supported: bool = True
-    feature: Optional[str] = None
-    value_features: Tuple[Tuple[Any, str], ...] = ()
-    unsupported_choices: Tuple[str, ...] = ()
-    block: Optional["Block"] = None
-    variants: Optional[Mapping[str, "Block"]] = None
-    default_doc: Optional[str] = None
-
-    @property
-    def required(self):
-        return self.default is REQUIRED
-
-
-@dataclass(frozen=True)
-class Block:
-    """A JSON object: its dotted path (for messages and docs) and its keys."""
-
-    path: str
-    doc: str
-    keys: Tuple[Key, ...]
-
-    def get(self, name):
-        for key in self.keys:
-            if key.name == name:
-                return key
-        return None
-
-    @property
-    def names(self):
-        return [key.name for key in self.keys]
-
-
-# --------------------------------------------------------------------------- key constructors
-
-
-def _bool(name, default, doc, **kw):
-    return Key(name, BOOL, default, doc, **kw)
-
-
-def _int(name, default, doc, **kw):
-    return Key(name, INT, default, doc, **kw)
-
-
-def _float(name, default, doc, **kw):
-    return Key(name, FLOAT, default, doc, **kw)
-
-
-def _choice(name, default, choices, doc, **kw):
-    return Key(name, CHOICE, default, doc, choices=tuple(choices), **kw)
-
-
-def _unsupported(kind, name, default, doc, **kw):
-    """A DeepSpeed key zero does not implement: only its DeepSpeed default is accepted."""
-    return Key(name, kind, default, doc, supported=False, **kw)
-
-
-def _section(name, doc):
-    """A DeepSpeed top-level block zero does not implement."""
-    return Key(name, SECTION, None, doc, supported=False, nullable=True)
-
-
-def _block(name, block, doc, optional=False):
-    """A nested block. Absent or null means: all defaults ({}), or None when `optional`."""
-    return Key(name, BLOCK, None if optional else {}, doc, block=block, nullable=True)
-
-
-# What an accepted "auto" means for most keys. (The HF Trainer fills "auto" in from the
-# model and its own arguments before DeepSpeed sees the config; DeepSpeed's own config
-# classes drop "auto" and use the default. zero does the latter.)
-AUTO_DEFAULT = "the default"
-# Upper bounds (issue #14). DeepSpeed bounds almost nothing from above (its pydantic models say ge=0
-# and stop), so these are sanity bounds: every value above one is a typo or cannot work, and every
-# value a real DeepSpeed config uses stays below it. tests/test_config.py walks the schema and
-# requires every supported number to have one, or to be in its commented UNBOUNDED allow-list.
-MAX_ELEMENTS = 1 << 40  # tensor elements (~1.1e12: 4 TiB of fp32 on one rank); DeepSpeed's own
-#                         sample config writes sub_group_size 1e12, its defaults are 1e9 at most
-MAX_SAMPLES = (1 << 31) - 1  # samples per batch
-MAX_STEPS = 10 ** 12  # optimizer steps: 31 years at one step per millisecond
-MAX_INT64 = (1 << 63) - 1  # keys whose huge values mean "never"/"no cap" (sys.maxsize on 64-bit):
-#                            real configs write steps_per_print 1e10, 1e12, 999999999999 for never
-MAX_BUFFERS = 1024  # host buffers / collectives in flight (defaults 2 to 5)
-MAX_LOSS_SCALE = 2.0 ** 127  # the largest power of two in fp32, as initial_scale_power <= 127
-MAX_AIO_BLOCK = (1 << 31) - 4096  # DeepSpeed's aio handle takes block_size as a C int: the largest
-#                                   multiple of 4096 (the O_DIRECT alignment) that fits one
-
-# --------------------------------------------------------------------------- optimizer
-
-_ADAM_PARAMS = (
-    _float("lr", 1e-3, "Learning rate.", minimum=0),
-    Key("betas", BETAS, (0.9, 0.999), "Coefficients of the running averages of the gradient and its square.",
-        minimum=0, maximum=1, maximum_exclusive=True),
-    _float("eps", 1e-8, "Term added to the denominator for numerical stability.", minimum=0),
-    _float("weight_decay", None, "Weight decay coefficient: decoupled (AdamW) when decoupled_weight_decay resolves "
-           "true, else L2 added to the gradient. Default 0.0 as in DeepSpeed's FusedAdam/CPUAdam; 0.01 when "
-           "torch_adam is true and the decay is decoupled (DeepSpeed then builds torch.optim.AdamW, whose default "
-           "is 0.01).", minimum=0, default_doc="0.0 (0.01 with torch_adam + decoupled)"),
-    _bool("adam_w_mode", True, "DeepSpeed switch for type \"Adam\": true (DeepSpeed's default) = decoupled weight "
-          "decay, i.e. \"Adam\" IS AdamW unless this is false. For type \"AdamW\" it must stay true."),
-    _bool("torch_adam", False, "DeepSpeed: use torch.optim.Adam/AdamW instead of its fused kernel. The update is the "
-          "same; in zero it only changes the weight_decay default (see weight_decay)."),
-    Key("fp32_optimizer_states", BOOL, None, "DeepSpeedCPUAdam's switch (DeepSpeed reads it here for the CPU "
-        "optimizer of offload_optimizer): false keeps the moments in the master's dtype, so with "
-        "bf16_master_weights_and_grads (fp16_...) and offload_optimizer they are 16-bit, as bf16_optimizer_states "
-        "makes them; otherwise no effect. bf16_optimizer_states true overrides true, as in DeepSpeed.",
-        nullable=True),
-    _bool("bias_correction", True, "Adam's bias correction of the moments (DeepSpeed's FusedAdam and "
-          "DeepSpeedCPUAdam option, per parameter group); false uses them as they are, as BERT recipes do."),
-    _unsupported(BOOL, "amsgrad", False, "AMSGrad variant (DeepSpeed's FusedAdam rejects it too)."),
-    _unsupported(BOOL, "set_grad_none", True, "FusedAdam zero_grad() behaviour."),
-    _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
-    _unsupported(BOOL, "foreach", None, "torch.optim implementation switch.", nullable=True),
-    _unsupported(BOOL, "fused", None, "torch.optim implementation switch.", nullable=True),
-)
-
-_SGD_PARAMS = (
-    _float("lr", 1e-3, "Learning rate (torch.optim.SGD's default; DeepSpeed passes params straight to torch).",
-           minimum=0),
-    _float("momentum", 0.0, "Momentum factor (above 1 the momentum buffer grows without bound).", minimum=0,
-           maximum=1),
-    _float("dampening", 0.0, "Dampening for momentum (above 1 the gradient's sign flips).", minimum=0, maximum=1),
-    _float("weight_decay", 0.0, "L2 penalty added to the gradient (coupled, as in torch.optim.SGD).", minimum=0),
-    _bool("nesterov", False, "Nesterov momentum (needs momentum > 0 and dampening = 0)."),
-    _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
-    _unsupported(BOOL, "foreach", None, "torch.optim implementation switch.", nullable=True),
-    _unsupported(BOOL, "fused", None, "torch.optim implementation switch.", nullable=True),
-)
-
-_ADAGRAD_PARAMS = (
-    _float("lr", 1e-2, "Learning rate (torch.optim.Adagrad's and DeepSpeedCPUAdagrad's default).", minimum=0),
-    _float("eps", 1e-10, "Term added to the denominator for numerical stability.", minimum=0),
-    _float("weight_decay", 0.0, "L2 penalty added to the gradient (coupled, as in torch.optim.Adagrad).",
-           minimum=0),
-    _float("lr_decay", 0.0, "Learning-rate decay: step t uses lr / (1 + (t - 1) * lr_decay) (torch.optim.Adagrad).",
-           minimum=0),
-    _float("initial_accumulator_value", 0.0, "Starting value of the sum of squared gradients "
-           "(torch.optim.Adagrad).", minimum=0),
-    _unsupported(BOOL, "amsgrad", False, "DeepSpeedCPUAdagrad option (it rejects true too)."),
-    _unsupported(BOOL, "maximize", False, "torch.optim option: maximise the objective."),
-    _unsupported(BOOL, "foreach", None, "torch.optim implementation switch.", nullable=True),
-    _unsupported(BOOL, "fused", None, "torch.optim implementation switch.", nullable=True),
-)
-
-_LION_PARAMS = (
-    _float("lr", 1e-3, "Learning rate (DeepSpeed's FusedLion / DeepSpeedCPULion default). Lion's update has "
-           "unit size per element, so it is usually 3-10x smaller than AdamW's.", minimum=0),
-    Key("betas", BETAS, (0.9, 0.999), "beta1 interpolates the momentum and the gradient for the update's sign; "
-        "beta2 is the momentum's decay (DeepSpeed's default (0.9, 0.999); the paper uses (0.9, 0.99)).",
-        minimum=0, maximum=1, maximum_exclusive=True),
-    _float("weight_decay", 0.0, "Decoupled weight decay: each step multiplies the parameters by 1 - lr * "
-           "weight_decay.", minimum=0),
-    _unsupported(BOOL, "set_grad_none", True, "FusedLion zero_grad() behaviour."),
-)
-
-_LAMB_PARAMS = (
-    _float("lr", 1e-3, "Learning rate (DeepSpeed's FusedLamb default).", minimum=0),
-    _bool("bias_correction", True, "Scale the step by sqrt(1 - beta2^t) / (1 - beta1^t) (the moments "
-          "themselves stay uncorrected in the update, as in FusedLamb)."),
-    Key("betas", BETAS, (0.9, 0.999), "Coefficients of the running averages of the gradient and its square.",
-        minimum=0, maximum=1, maximum_exclusive=True),
-    _float("eps", 1e-8, "Added to sqrt(v) (or to v under the root with eps_inside_sqrt).", minimum=0),
-    _bool("eps_inside_sqrt", False, "Add eps to v before the square root instead of after it."),
-    _float("weight_decay", 0.0, "Added to the update as weight_decay * w before the trust ratio.",
-           minimum=0),
-    _float("max_coeff", 10.0, "Upper bound of each parameter's trust ratio ||w|| / ||update||.", minimum=0),
-    _float("min_coeff", 0.01, "Lower bound of the trust ratio.", minimum=0),
-    _unsupported(FLOAT, "max_grad_norm", 0.0, "FusedLamb's own clipping by the global norm (use "
-                 "gradient_clipping, which the engine applies)."),
-    _unsupported(BOOL, "amsgrad", False, "AMSGrad variant (FusedLamb rejects it too)."),
-)
-
-# DeepSpeed's MuonWithAuxAdam: Muon for the matrices, Adam for the rest (zero/muon.py)
-_MUON_PARAMS = (
-    _float("lr", None, "Learning rate of both halves, unless muon_lr / adam_lr set one.", minimum=0,
-           default_doc="0.02 for Muon, 3e-4 for Adam (MuonWithAuxAdam's)"),
-    _float("muon_lr", None, "Learning rate of the Muon half (over lr).", minimum=0, default_doc="lr"),
-    _float("adam_lr", None, "Learning rate of the Adam half (over lr).", minimum=0, default_doc="lr"),
-    _float("momentum", 0.95, "Muon's momentum; its update is the Nesterov blend (1 - momentum) g + momentum m, "
-           "orthogonalized.", minimum=0, maximum=1),
-    _choice("ns_method", "gram", ("gram", "standard"), "Muon's Newton-Schulz iteration: \"gram\" iterates on the "
-            "Gram matrix in fp16, \"standard\" on the matrix in bf16 (each in fp32 where the device lacks it, "
-            "as DeepSpeed)."),
-    _float("weight_decay", 0.0, "Decoupled weight decay of both halves: each step multiplies the parameters by "
-           "1 - lr * weight_decay (the Adam half's is L2 with adam_w_mode false).", minimum=0),
-    Key("betas", BETAS, (0.9, 0.95), "The Adam half's betas (MuonWithAuxAdam's default).", minimum=0, maximum=1,
-        maximum_exclusive=True),
-    _float("eps", 1e-10, "The Adam half's eps (MuonWithAuxAdam's default).", minimum=0),
-    _bool("adam_w_mode", True, "The Adam half's decoupled weight decay (true) or L2 added to the gradient."),
-    _unsupported(BOOL, "per_head_muon", False, "Orthogonalize each attention head's rows apart."),
-)
-
-
-def _torch_keys(lr, *keys):
-    """A torch.optim optimizer's arguments (DeepSpeed passes an unknown type's params to
-    torch.optim.<type> as they are): its lr default, then `keys`, maximize and foreach;
-    capturable and differentiable at torch's defaults only."""
-    return (_float("lr", lr, "Learning rate (torch's default).", minimum=0), *keys,
-            _bool("maximize", False, "Maximise the objective (torch.optim's)."),
-            _bool("foreach", None, "torch.optim's implementation switch (None: torch's choice).",
-                  nullable=True),
-            _unsupported(BOOL, "capturable", False, "torch.optim CUDA-graph switch."),
-            _unsupported(BOOL, "differentiable", False, "torch.optim autograd-through-step switch."))
-
-
-def _torch_betas():
-    return Key("betas", BETAS, (0.9, 0.999), "Coefficients of the running averages.", minimum=0, maximum=1,
-               maximum_exclusive=True)
-
-
-_TORCH_EPS = _float("eps", 1e-8, "Term added to the denominator for numerical stability.", minimum=0)
-_TORCH_L2 = _float("weight_decay", 0.0, "Weight decay (L2 added to the gradient unless decoupled).", minimum=0)
-_TORCH_DECOUPLED = _bool("decoupled_weight_decay", False, "Decoupled weight decay (AdamW-style).")
-# torch.optim optimizers zero runs as they are on each rank's shard (zero/external_optimizer.py), as
-# DeepSpeed runs them with zero_allow_untested_optimizer: the same update element by element
-TORCH_OPTIMIZERS = {
-    "RMSprop": _torch_keys(
-        1e-2, _float("alpha", 0.99, "Smoothing constant of the squared-gradient average.", minimum=0, maximum=1),
-        _TORCH_EPS, _TORCH_L2,
-        _float("momentum", 0.0, "Momentum factor (a momentum buffer per element when > 0).", minimum=0,
-               maximum=1),
-        _bool("centered", False, "Normalise by the gradient's estimated variance (a gradient average per "
-              "element).")),
-    "Adamax": _torch_keys(2e-3, _torch_betas(), _TORCH_EPS, _TORCH_L2),
-    "NAdam": _torch_keys(2e-3, _torch_betas(), _TORCH_EPS, _TORCH_L2,
-                         _float("momentum_decay", 4e-3, "Momentum decay (psi).", minimum=0),
-                         _TORCH_DECOUPLED),
-    "RAdam": _torch_keys(1e-3, _torch_betas(), _TORCH_EPS, _TORCH_L2, _TORCH_DECOUPLED),
-    "Adadelta": _torch_keys(1.0, _float("rho", 0.9, "Decay of the squared-gradient and update averages.",
-                                        minimum=0, maximum=1),
-                            _float("eps", 1e-6, "Term added for numerical stability.", minimum=0), _TORCH_L2),
-}
-
-_ADAM = Block("optimizer.params", "Parameters of types \"Adam\" and \"AdamW\" (DeepSpeed FusedAdam / CPUAdam "
-              "semantics; see \"What Adam means\" above).", _ADAM_PARAMS)
-
-OPTIMIZER_PARAMS = {
-    "Adam": _ADAM,
-    "AdamW": _ADAM,
-    "SGD": Block("optimizer.params", "Parameters of type \"SGD\" (torch.optim.SGD).", _SGD_PARAMS),
-    "Adagrad": Block("optimizer.params", "Parameters of type \"Adagrad\" (torch.optim.Adagrad; "
-                     "DeepSpeedCPUAdagrad with offload).", _ADAGRAD_PARAMS),
-    "Lion": Block("optimizer.params", "Parameters of type \"Lion\" (DeepSpeed's FusedLion; DeepSpeedCPULion "
-                  "with offload).", _LION_PARAMS),
-    "Lamb": Block("optimizer.params", "Parameters of type \"Lamb\" (DeepSpeed's FusedLamb: Adam's moments, "
-                  "each parameter's step scaled by its trust ratio, over the whole parameter at every ZeRO "
-                  "stage; on the device only, as FusedLamb has no CPU version).", _LAMB_PARAMS),
-    "Muon": Block("optimizer.params", "Parameters of type \"Muon\" (DeepSpeed's MuonWithAuxAdam: Muon for every "
-                  "parameter of 2 or more dimensions whose name has neither \"embed\" nor \"lm_head\", Adam for the "
-                  "others; each parameter group is split in two, its own keys applying to the half that takes them). "
-                  "Muon's matrices are orthogonalized whole at every ZeRO stage; its state on the device or in host "
-                  "memory (offload_optimizer \"cpu\").", _MUON_PARAMS),
-    **{name: Block("optimizer.params", f"Parameters of type \"{name}\" (torch.optim.{name}, run on each "
-                   "rank's shard; needs zero_allow_untested_optimizer under ZeRO, as in DeepSpeed).", keys)
-       for name, keys in TORCH_OPTIMIZERS.items()},
-}
-
-# DeepSpeed's own optimizers (config.py DEEPSPEED_OPTIMIZERS) and common torch.optim
-# names that DeepSpeed would import: known, but not implemented by zero.
-_UNSUPPORTED_OPTIMIZERS = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW",
-                           "MuSGD", "SparseAdam", "ASGD", "LBFGS", "Rprop")
-
-OPTIMIZER = Block("optimizer", "Optimizer built by the engine. Absent or null: the client passes its own optimizer.", (
-    _choice("type", REQUIRED, tuple(OPTIMIZER_PARAMS), "Optimizer name, matched case-insensitively (as DeepSpeed "
-            "does for its own optimizers) and canonicalised. \"Adam\" with adam_w_mode true (the default) is "
-            "decoupled AdamW; see decoupled_weight_decay in the resolved config.",
-            ignore_case=True, unsupported_choices=_UNSUPPORTED_OPTIMIZERS),
-    Key("params", PARAMS, {}, "Optimizer arguments; the keys depend on type (tables below).",
-        nullable=True, variants=OPTIMIZER_PARAMS),
-    _unsupported(BOOL, "legacy_fusion", False, "DeepSpeed legacy fused-optimizer switch."),
-))
-
-# --------------------------------------------------------------------------- scheduler
-
-_WARMUP_TYPES = ("log", "linear")
-
-
-def _warmup_keys(max_lr_default, max_lr_doc):
-    return (
-        _float("warmup_min_lr", 0.0, "Learning rate at the start of warmup.", minimum=0),
-        _float("warmup_max_lr", max_lr_default, max_lr_doc, minimum=0, nullable=max_lr_default is None,
-               default_doc="each group's lr" if max_lr_default is None else None),
-        _int("warmup_num_steps", 1000, "Warmup length in steps (DeepSpeed uses max(2, value) internally).",
-             minimum=1, maximum=MAX_STEPS),
-        _choice("warmup_type", "log", _WARMUP_TYPES, "Warmup curve (DeepSpeed warns and falls back to log on "
-                "an unknown value; zero rejects it)."),
-        _int("last_batch_iteration", -1, "Index of the last step already taken (-1: start of the schedule).",
-             minimum=-1, maximum=MAX_STEPS),
-    )
-
-
-_TOTAL_NUM_STEPS = _int("total_num_steps", REQUIRED, "Total number of training steps.", minimum=1,
-                        maximum=MAX_STEPS)
-
-SCHEDULER_PARAMS = {
-    "WarmupLR": Block("scheduler.params", "Parameters of type \"WarmupLR\": warm up, then hold warmup_max_lr.",
-                      _warmup_keys(None, "Learning rate after warmup. Default (DeepSpeed code): each parameter "
-                                   "group's own lr. DeepSpeed's docs say 0.001; its code uses the groups' lrs.")),
-    "WarmupDecayLR": Block("scheduler.params", "Parameters of type \"WarmupDecayLR\": warm up, then decay "
-                           "linearly to 0 at total_num_steps.",
-                           (_TOTAL_NUM_STEPS,) + _warmup_keys(0.001, "Learning rate after warmup.")),
-    "WarmupCosineLR": Block("scheduler.params", "Parameters of type \"WarmupCosineLR\": warm up a ratio of the "
-                            "optimizer lr to 1, then cosine-decay it to cos_min_ratio.", (
-        _TOTAL_NUM_STEPS,
-        _float("warmup_min_ratio", 0.0, "lr ratio at the start of warmup.", minimum=0, maximum=1),
-        _int("warmup_num_steps", 1000, "Warmup length in steps.", minimum=1, maximum=MAX_STEPS),
-        _float("cos_min_ratio", 0.0001, "lr ratio at the end of the cosine decay.", minimum=0, maximum=1),
-        _choice("warmup_type", "log", _WARMUP_TYPES, "Warmup curve."),
-        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1,
-             maximum=MAX_STEPS),
-    )),
-    "OneCycle": Block("scheduler.params", "Parameters of type \"OneCycle\" (1Cycle lr and momentum policy).", (
-        _float("cycle_min_lr", REQUIRED, "Lower lr bound of the cycle.", minimum=0),
-        _float("cycle_max_lr", REQUIRED, "Upper lr bound of the cycle.", minimum=0),
-        _float("decay_lr_rate", 0.0, "Post-cycle lr decay rate (0: no decay).", minimum=0),
-        _int("cycle_first_step_size", 2000, "Steps in the increasing half of the cycle.", minimum=1,
-             maximum=MAX_STEPS),
-        _int("cycle_second_step_size", None, "Steps in the decreasing half (null: cycle_first_step_size; "
-             "0: none, as DeepSpeed allows).", minimum=0, maximum=MAX_STEPS, nullable=True,
-             default_doc="cycle_first_step_size"),
-        _int("cycle_first_stair_count", 0, "Stairs in the first half (0: continuous).", minimum=0,
-             maximum=MAX_STEPS),
-        _int("cycle_second_stair_count", None, "Stairs in the second half (null: cycle_first_stair_count).",
-             minimum=0, maximum=MAX_STEPS, nullable=True, default_doc="cycle_first_stair_count"),
-        _int("decay_step_size", 0, "Steps between post-cycle decays (0: no decay).", minimum=0,
-             maximum=MAX_STEPS),
-        _bool("cycle_momentum", True, "Cycle momentum (Adam's beta1) inversely to the lr; an optimizer "
-              "without betas (SGD) keeps its momentum, as in DeepSpeed."),
-        _float("cycle_min_mom", 0.8, "Lower momentum bound.", minimum=0, maximum=1),
-        _float("cycle_max_mom", 0.9, "Upper momentum bound.", minimum=0, maximum=1),
-        _float("decay_mom_rate", 0.0, "Post-cycle momentum decay rate.", minimum=0),
-        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1,
-             maximum=MAX_STEPS),
-    )),
-    "LRRangeTest": Block("scheduler.params", "Parameters of type \"LRRangeTest\" (the learning-rate range "
-                         "test: the lr grows from lr_range_test_min_lr without bound).", (
-        _float("lr_range_test_min_lr", 0.001, "Starting lr (of every parameter group).", minimum=0),
-        _int("lr_range_test_step_size", 2000, "Steps per unit of increase.", minimum=1, maximum=MAX_STEPS),
-        _float("lr_range_test_step_rate", 1.0, "The lr grows by this times min_lr per step_size steps.",
-               minimum=0),
-        _bool("lr_range_test_staircase", False, "Grow in stairs of step_size steps instead of every step."),
-        _int("last_batch_iteration", -1, "Index of the last step already taken.", minimum=-1,
-             maximum=MAX_STEPS),
-    )),
-}
-
-SCHEDULER = Block("scheduler", "Learning-rate schedule, stepped once per optimizer step.", (
-    _choice("type", REQUIRED, tuple(SCHEDULER_PARAMS), "Schedule name (case-sensitive, as in DeepSpeed)."),
-    Key("params", PARAMS, {}, "Schedule arguments; the keys depend on type (tables below).",
-        nullable=True, variants=SCHEDULER_PARAMS),
-))
+# (the kinds and features are read from here too: schema.INT, schema.BUILT_FEATURES)
+from .keys import (ALL_FEATURES, AUTO_DEFAULT, BETAS, BLOCK, BOOL, BUILT_FEATURES, CHOICE,
+                   FEATURE_NVME, FEATURE_OFFLOAD, FEATURE_OFFLOAD_PARAM, FEATURE_OFFLOAD_PARAM_NVME,
+                   FEATURE_STAGE3, FLOAT, INT, MAX_AIO_BLOCK, MAX_BUFFERS, MAX_ELEMENTS, MAX_INT64,
+                   MAX_LOSS_SCALE, MAX_SAMPLES, MAX_STEPS, OBJECT, PARAMS, REQUIRED, SECTION, STR,
+                   STRINGS, Block, Key, boolean, choice, integer, nested, number, section,
+                   unsupported)
+from .optimizer_schema import (OPTIMIZER, OPTIMIZER_PARAMS, SCHEDULER,
+                               SCHEDULER_PARAMS, TORCH_OPTIMIZERS)
 
 # --------------------------------------------------------------------------- precision
 
 FP16 = Block("fp16", "fp16 mixed precision with loss scaling.", (
-    _bool("enabled", False, "Train in fp16 (fp32 master weights)."),
-    _float("loss_scale", 0.0, "Static loss scale; 0 selects dynamic loss scaling. At most 2**127 (the largest "
+    boolean("enabled", False, "Train in fp16 (fp32 master weights)."),
+    number("loss_scale", 0.0, "Static loss scale; 0 selects dynamic loss scaling. At most 2**127 (the largest "
            "power of two in fp32, as for initial_scale_power).", minimum=0, maximum=MAX_LOSS_SCALE,
            auto=AUTO_DEFAULT),
-    _int("initial_scale_power", 16, "Dynamic scaling starts at 2**initial_scale_power.", minimum=0, maximum=127,
-         auto=AUTO_DEFAULT),
-    _int("loss_scale_window", 1000, "Overflow-free steps before the dynamic scale grows.", minimum=1,
-         maximum=MAX_STEPS, auto=AUTO_DEFAULT),
-    _int("hysteresis", 2, "Overflows tolerated before the dynamic scale shrinks (delayed shift).", minimum=1,
-         maximum=MAX_STEPS, auto=AUTO_DEFAULT),
-    _bool("consecutive_hysteresis", False, "Refill hysteresis after every overflow-free step."),
-    _float("min_loss_scale", 1.0, "Lower bound of the dynamic loss scale (DeepSpeed types it int; zero also "
+    integer("initial_scale_power", 16, "Dynamic scaling starts at 2**initial_scale_power.", minimum=0, maximum=127,
+            auto=AUTO_DEFAULT),
+    integer("loss_scale_window", 1000, "Overflow-free steps before the dynamic scale grows.", minimum=1,
+            maximum=MAX_STEPS, auto=AUTO_DEFAULT),
+    integer("hysteresis", 2, "Overflows tolerated before the dynamic scale shrinks (delayed shift).", minimum=1,
+            maximum=MAX_STEPS, auto=AUTO_DEFAULT),
+    boolean("consecutive_hysteresis", False, "Refill hysteresis after every overflow-free step."),
+    number("min_loss_scale", 1.0, "Lower bound of the dynamic loss scale (DeepSpeed types it int; zero also "
            "accepts fractions; at most 2**127, as loss_scale).", minimum=0, minimum_exclusive=True,
            maximum=MAX_LOSS_SCALE, auto=AUTO_DEFAULT),
-    _bool("auto_cast", False, "Cast the floating-point tensors among forward's positional inputs to fp16 "
-          "(DeepSpeed casts every tensor with a .half(), integer token ids too; zero leaves those alone). "
-          "Accelerate adds it for --fp16 without an fp16 block."),
-    _bool("fp16_master_weights_and_grads", False, "Keep the master weights in fp16: the fp16 parameters are "
-          "the master (no fp32 copy), stepped with fp32 optimizer state (fp16 with optimizer.params."
-          "fp32_optimizer_states false and offload_optimizer); stages 1-3. DeepSpeed also requires "
-          "offload_optimizer (its CPU Adam) here; zero steps them wherever the optimizer runs."),
+    boolean("auto_cast", False, "Cast the floating-point tensors among forward's positional inputs to fp16 "
+            "(DeepSpeed casts every tensor with a .half(), integer token ids too; zero leaves those alone). "
+            "Accelerate adds it for --fp16 without an fp16 block."),
+    boolean("fp16_master_weights_and_grads", False, "Keep the master weights in fp16: the fp16 parameters are "
+            "the master (no fp32 copy), stepped with fp32 optimizer state (fp16 with optimizer.params."
+            "fp32_optimizer_states false and offload_optimizer); stages 1-3. DeepSpeed also requires "
+            "offload_optimizer (its CPU Adam) here; zero steps them wherever the optimizer runs."),
 ))
 
 BF16 = Block("bf16", "bf16 mixed precision (no loss scaling).", (
-    _bool("enabled", False, "Train in bf16 (fp32 master weights, unless bf16_master_weights_and_grads)."),
-    _bool("immediate_grad_update", False, "DeepSpeed's BF16_Optimizer knob: add each gradient into the fp32 "
-          "gradients as its hook fires (true) or after backward (false). zero always does the former "
-          "(data_types.grad_accum_dtype fp32); either value is accepted and changes nothing."),
-    _unsupported(BOOL, "check_grad_overflow", True, "Skip a step whose gradients are not finite (DeepSpeed's "
+    boolean("enabled", False, "Train in bf16 (fp32 master weights, unless bf16_master_weights_and_grads)."),
+    boolean("immediate_grad_update", False, "DeepSpeed's BF16_Optimizer knob: add each gradient into the fp32 "
+            "gradients as its hook fires (true) or after backward (false). zero always does the former "
+            "(data_types.grad_accum_dtype fp32); either value is accepted and changes nothing."),
+    unsupported(BOOL, "check_grad_overflow", True, "Skip a step whose gradients are not finite (DeepSpeed's "
                  "default): zero always does (nonfinite_gradients); false, which lets DeepSpeed apply such a "
                  "step, is refused."),
-    _bool("bf16_master_weights_and_grads", False, "Keep the master weights (and the gradients, unless "
-          "data_types.grad_accum_dtype is fp32) in bf16: the bf16 parameters are the master, with no fp32 copy (2 bytes per parameter "
-          "instead of 4; offload and parameter offload keep a bf16 copy). Stages 1-3; not with an optimizer "
-          "zero does not build itself (it steps an fp32 master). "
-          "DeepSpeed requires offload_optimizer unless bf16_optimizer_states is set; zero does not."),
-    _bool("bf16_optimizer_states", False, "Keep the optimizer's state (Adam's moments, ...) in bf16 too: 2 bytes "
-          "per parameter and array instead of 4. Needs bf16_master_weights_and_grads; stages 1-3."),
+    boolean("bf16_master_weights_and_grads", False, "Keep the master weights (and the gradients, unless "
+            "data_types.grad_accum_dtype is fp32) in bf16: the bf16 parameters are the master, with no fp32 copy (2 bytes per parameter "
+            "instead of 4; offload and parameter offload keep a bf16 copy). Stages 1-3; not with an optimizer "
+            "zero does not build itself (it steps an fp32 master). "
+            "DeepSpeed requires offload_optimizer unless bf16_optimizer_states is set; zero does not."),
+    boolean("bf16_optimizer_states", False, "Keep the optimizer's state (Adam's moments, ...) in bf16 too: 2 bytes "
+            "per parameter and array instead of 4. Needs bf16_master_weights_and_grads; stages 1-3."),
 ))
 
 # --------------------------------------------------------------------------- ZeRO
@@ -500,23 +78,23 @@ _DEVICES = ("none", "cpu", "nvme")
 _DEVICE_FEATURES = (("cpu", FEATURE_OFFLOAD), ("nvme", FEATURE_NVME))
 
 OFFLOAD_PARAM = Block("zero_optimization.offload_param", "Offload parameters (stage 3 only).", (
-    _choice("device", "none", _DEVICES, "Where parameters live between uses (DeepSpeed's docs say cpu; its code "
+    choice("device", "none", _DEVICES, "Where parameters live between uses (DeepSpeed's docs say cpu; its code "
             "default is none).", value_features=(("cpu", FEATURE_OFFLOAD_PARAM),
                                                  ("nvme", FEATURE_OFFLOAD_PARAM_NVME))),
     Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
         feature=FEATURE_OFFLOAD_PARAM_NVME),
-    _bool("pin_memory", True, "Use page-locked CPU memory (DeepSpeed 0.19.8's default; where it cannot be "
-          "had, pageable memory, with a warning when the config asks for it or a GPU is there).",
-          feature=FEATURE_OFFLOAD_PARAM),
-    _int("buffer_count", 5, "Host buffers that carry parameter units to and from NVMe (zero: each is one "
-         "unit's shard, the largest, not buffer_size elements; at least 2).", minimum=0, maximum=MAX_BUFFERS,
-         feature=FEATURE_OFFLOAD_PARAM_NVME),
-    _int("buffer_size", 100_000_000, "Elements per NVMe buffer (zero: the most parameter elements one gather "
-         "unit may have per rank on NVMe).", minimum=0, maximum=MAX_ELEMENTS, feature=FEATURE_OFFLOAD_PARAM_NVME),
-    _int("max_in_cpu", 0, "Parameter elements kept in CPU memory when offloading to NVMe (zero: the first "
-         "gather units' shards up to this many elements stay in host memory, the rest go to NVMe; default 0, "
-         "all on NVMe. DeepSpeed's default is 1e9 but it writes every partition to NVMe whatever the value).",
-         minimum=0, maximum=MAX_ELEMENTS, feature=FEATURE_OFFLOAD_PARAM_NVME),
+    boolean("pin_memory", True, "Use page-locked CPU memory (DeepSpeed 0.19.8's default; where it cannot be "
+            "had, pageable memory, with a warning when the config asks for it or a GPU is there).",
+            feature=FEATURE_OFFLOAD_PARAM),
+    integer("buffer_count", 5, "Host buffers that carry parameter units to and from NVMe (zero: each is one "
+            "unit's shard, the largest, not buffer_size elements; at least 2).", minimum=0, maximum=MAX_BUFFERS,
+            feature=FEATURE_OFFLOAD_PARAM_NVME),
+    integer("buffer_size", 100_000_000, "Elements per NVMe buffer (zero: the most parameter elements one gather "
+            "unit may have per rank on NVMe).", minimum=0, maximum=MAX_ELEMENTS, feature=FEATURE_OFFLOAD_PARAM_NVME),
+    integer("max_in_cpu", 0, "Parameter elements kept in CPU memory when offloading to NVMe (zero: the first "
+            "gather units' shards up to this many elements stay in host memory, the rest go to NVMe; default 0, "
+            "all on NVMe. DeepSpeed's default is 1e9 but it writes every partition to NVMe whatever the value).",
+            minimum=0, maximum=MAX_ELEMENTS, feature=FEATURE_OFFLOAD_PARAM_NVME),
 ))
 
 # DeepSpeed 0.19.8's default leaf_module.classes (leaf_module_config.py): MoE blocks whose experts
@@ -538,36 +116,36 @@ LEAF_MODULE = Block("zero_optimization.leaf_module", "Stage 3: modules gathered 
 
 OFFLOAD_OPTIMIZER = Block("zero_optimization.offload_optimizer", "Offload optimizer state (and the optimizer "
                           "step) to CPU or NVMe.", (
-    _choice("device", "none", _DEVICES, "Where optimizer state lives (DeepSpeed's docs say cpu; its code default "
+    choice("device", "none", _DEVICES, "Where optimizer state lives (DeepSpeed's docs say cpu; its code default "
             "is none).", value_features=_DEVICE_FEATURES),
     Key("nvme_path", STR, None, "Directory on the NVMe device (required when device is nvme).", nullable=True,
         feature=FEATURE_NVME),
-    _bool("pin_memory", True, "Use page-locked CPU memory (DeepSpeed 0.19.8's default; where it cannot be "
-          "had, pageable memory, with a warning when the config asks for it or a GPU is there).",
-          feature=FEATURE_OFFLOAD),
-    _int("buffer_count", 4, "Buffers in the NVMe buffer pool (zero double-buffers: two chunks of state "
-         "are on the host at a time; any value from 2 to 1024 is accepted).", minimum=2, maximum=MAX_BUFFERS),
-    _bool("pipeline_read", False, "Overlap NVMe reads with the optimizer step (zero always does).",
-          feature=FEATURE_NVME),
-    _bool("pipeline_write", False, "Overlap NVMe writes with the optimizer step (zero always does).",
-          feature=FEATURE_NVME),
-    _bool("fast_init", False, "Fast optimizer initialisation with NVMe (zero: no effect, its swap file is "
-          "preallocated and zero-filled).", feature=FEATURE_NVME),
-    _float("ratio", 1.0, "Fraction of each shard's optimizer state (and step) offloaded; the rest stays on the "
+    boolean("pin_memory", True, "Use page-locked CPU memory (DeepSpeed 0.19.8's default; where it cannot be "
+            "had, pageable memory, with a warning when the config asks for it or a GPU is there).",
+            feature=FEATURE_OFFLOAD),
+    integer("buffer_count", 4, "Buffers in the NVMe buffer pool (zero double-buffers: two chunks of state "
+            "are on the host at a time; any value from 2 to 1024 is accepted).", minimum=2, maximum=MAX_BUFFERS),
+    boolean("pipeline_read", False, "Overlap NVMe reads with the optimizer step (zero always does).",
+            feature=FEATURE_NVME),
+    boolean("pipeline_write", False, "Overlap NVMe writes with the optimizer step (zero always does).",
+            feature=FEATURE_NVME),
+    boolean("fast_init", False, "Fast optimizer initialisation with NVMe (zero: no effect, its swap file is "
+            "preallocated and zero-filled).", feature=FEATURE_NVME),
+    number("ratio", 1.0, "Fraction of each shard's optimizer state (and step) offloaded; the rest stays on the "
            "device (zero: stages 1-3; DeepSpeed: stage 3 only).", minimum=0, maximum=1, feature=FEATURE_OFFLOAD),
-    _bool("delayed_update", False, "zero only: delayed parameter update (ZeRO-Offload's DPU): the CPU step of "
-          "step i overlaps the forward and backward of step i+1, which trains on parameters one update old "
-          "(device \"cpu\"; engine.apply_delayed_update() applies the last one).", feature=FEATURE_OFFLOAD),
-    _bool("grads_on_device", False, "zero only: keep the gradient shard (stages 2-3) on the device instead of "
-          "reducing it into host memory: backward runs as without offload and the optimizer step copies the "
-          "shard to the host chunk by chunk, behind the CPU optimizer (with delayed_update: whole, as the "
-          "update starts). Costs the shard's bytes on the device "
-          "(2Ψ/N in 16 bits); saves a shard-sized copy per micro-step, and with gradient accumulation a "
-          "device round trip for every later micro-step (stage 1 and a ratio below 1 keep gradients on the "
-          "device anyway).", feature=FEATURE_OFFLOAD),
-    _unsupported(BOOL, "super_offload", False, "SuperOffload for superchips."),
-    _unsupported(BOOL, "convert_grad_on_cpu", True, "Where SuperOffload converts grads."),
-    _unsupported(FLOAT, "cpuadam_cores_perc", 0.8, "CPU share for SuperOffload's Adam."),
+    boolean("delayed_update", False, "zero only: delayed parameter update (ZeRO-Offload's DPU): the CPU step of "
+            "step i overlaps the forward and backward of step i+1, which trains on parameters one update old "
+            "(device \"cpu\"; engine.apply_delayed_update() applies the last one).", feature=FEATURE_OFFLOAD),
+    boolean("grads_on_device", False, "zero only: keep the gradient shard (stages 2-3) on the device instead of "
+            "reducing it into host memory: backward runs as without offload and the optimizer step copies the "
+            "shard to the host chunk by chunk, behind the CPU optimizer (with delayed_update: whole, as the "
+            "update starts). Costs the shard's bytes on the device "
+            "(2Ψ/N in 16 bits); saves a shard-sized copy per micro-step, and with gradient accumulation a "
+            "device round trip for every later micro-step (stage 1 and a ratio below 1 keep gradients on the "
+            "device anyway).", feature=FEATURE_OFFLOAD),
+    unsupported(BOOL, "super_offload", False, "SuperOffload for superchips."),
+    unsupported(BOOL, "convert_grad_on_cpu", True, "Where SuperOffload converts grads."),
+    unsupported(FLOAT, "cpuadam_cores_perc", 0.8, "CPU share for SuperOffload's Adam."),
 ))
 
 
@@ -577,24 +155,24 @@ def _stage3(kind, name, default, doc, feature=FEATURE_STAGE3, **kw):
 
 ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer state (stage 1), gradients "
                           "(stage 2) and parameters (stage 3).", (
-    _int("stage", 0, "0: plain data parallel, 1: partition optimizer state, 2: + gradients, 3: + parameters.",
-         minimum=0, maximum=3, value_features=((3, FEATURE_STAGE3),)),
-    _bool("contiguous_gradients", True, "Copy gradients into a contiguous buffer as they are produced."),
-    _bool("reduce_scatter", True, "Average gradients with reduce/reduce-scatter instead of all-reduce."),
-    _int("reduce_bucket_size", 500_000_000, "Elements reduced per bucket.", minimum=1,
-         maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
-    _int("allgather_bucket_size", 500_000_000, "Elements all-gathered per bucket.", minimum=1,
-         maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
-    _bool("overlap_comm", None, "Overlap gradient reduction with the backward pass. Default (DeepSpeed code): true "
-          "for stage 3, false otherwise (DeepSpeed's docs say false).", nullable=True,
-          auto="the stage-dependent default", default_doc="stage == 3"),
-    _bool("round_robin_gradients", False, "DeepSpeed: reorder its contiguous partitions so that every rank "
-          "copies gradients to the CPU throughout backward (CPU offload, stages 1-2). zero's reduce-scatter "
-          "already gives every rank 1/N of each unit as the unit completes, so the copies are spread over all "
-          "ranks either way; the flag changes nothing."),
-    _block("offload_optimizer", OFFLOAD_OPTIMIZER, "Optimizer-state offload (table below). Absent or null: none."),
-    _block("offload_param", OFFLOAD_PARAM, "Parameter offload (table below). Absent or null: none."),
-    _block("leaf_module", LEAF_MODULE, "Stage 3: modules gathered whole as one unit (table below)."),
+    integer("stage", 0, "0: plain data parallel, 1: partition optimizer state, 2: + gradients, 3: + parameters.",
+            minimum=0, maximum=3, value_features=((3, FEATURE_STAGE3),)),
+    boolean("contiguous_gradients", True, "Copy gradients into a contiguous buffer as they are produced."),
+    boolean("reduce_scatter", True, "Average gradients with reduce/reduce-scatter instead of all-reduce."),
+    integer("reduce_bucket_size", 500_000_000, "Elements reduced per bucket.", minimum=1,
+            maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
+    integer("allgather_bucket_size", 500_000_000, "Elements all-gathered per bucket.", minimum=1,
+            maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
+    boolean("overlap_comm", None, "Overlap gradient reduction with the backward pass. Default (DeepSpeed code): true "
+            "for stage 3, false otherwise (DeepSpeed's docs say false).", nullable=True,
+            auto="the stage-dependent default", default_doc="stage == 3"),
+    boolean("round_robin_gradients", False, "DeepSpeed: reorder its contiguous partitions so that every rank "
+            "copies gradients to the CPU throughout backward (CPU offload, stages 1-2). zero's reduce-scatter "
+            "already gives every rank 1/N of each unit as the unit completes, so the copies are spread over all "
+            "ranks either way; the flag changes nothing."),
+    nested("offload_optimizer", OFFLOAD_OPTIMIZER, "Optimizer-state offload (table below). Absent or null: none."),
+    nested("offload_param", OFFLOAD_PARAM, "Parameter offload (table below). Absent or null: none."),
+    nested("leaf_module", LEAF_MODULE, "Stage 3: modules gathered whole as one unit (table below)."),
     _stage3(INT, "stage3_prefetch_bucket_size", 50_000_000, "Elements prefetched ahead of use (DeepSpeed's docs "
             "say 5e8; its code default is 5e7).", minimum=0, maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
     _stage3(INT, "stage3_param_persistence_threshold", 100_000, "Parameters smaller than this stay unpartitioned.",
@@ -619,20 +197,20 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "layer (its torch leaves with parameters, and itself) are at most this becomes one gather unit, "
             "as with set_z3_leaf_modules; containers never; 0: off (DeepSpeed's rule).",
             minimum=0, maximum=MAX_ELEMENTS),
-    _unsupported(BOOL, "stage3_allgather_sequential", False, "DeepSpeed: gather a unit's parameters one by one "
+    unsupported(BOOL, "stage3_allgather_sequential", False, "DeepSpeed: gather a unit's parameters one by one "
                  "instead of through a flat buffer (zero gathers each unit into its own buffer, no extra copy)."),
     _stage3(BOOL, "stage3_use_all_reduce_for_fetch_params", False, "Gather each unit by an all-reduce of "
             "a zeroed buffer holding this rank's shard (for networks where all-reduce is faster); not the "
             "quantized (zero_quantized_weights) or hpZ gathers, as in DeepSpeed."),
-    _int("sub_group_size", 1_000_000_000, "Elements per tile of the offloaded optimizer step; zero streams "
-         "tiles of min(sub_group_size, 4,194,304) elements through two staging buffers.", minimum=1,
-         maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
-    _unsupported(BOOL, "allgather_partitions", True, "All-gather (true) or broadcast updated partitions."),
-    _unsupported(BOOL, "load_from_fp32_weights", True, "Initialise fp32 master weights from checkpoint fp32 copies."),
-    _unsupported(BOOL, "elastic_checkpoint", False, "Legacy elastic checkpointing."),
-    _unsupported(BOOL, "ignore_unused_parameters", True, "Tolerate parameters without gradients (stage 2)."),
-    _unsupported(BOOL, "legacy_stage1", False, "Old stage 1 implementation."),
-    _unsupported(BOOL, "use_multi_rank_bucket_allreduce", True, "Combine reduce buckets of several ranks."),
+    integer("sub_group_size", 1_000_000_000, "Elements per tile of the offloaded optimizer step; zero streams "
+            "tiles of min(sub_group_size, 4,194,304) elements through two staging buffers.", minimum=1,
+            maximum=MAX_ELEMENTS, auto=AUTO_DEFAULT),
+    unsupported(BOOL, "allgather_partitions", True, "All-gather (true) or broadcast updated partitions."),
+    unsupported(BOOL, "load_from_fp32_weights", True, "Initialise fp32 master weights from checkpoint fp32 copies."),
+    unsupported(BOOL, "elastic_checkpoint", False, "Legacy elastic checkpointing."),
+    unsupported(BOOL, "ignore_unused_parameters", True, "Tolerate parameters without gradients (stage 2)."),
+    unsupported(BOOL, "legacy_stage1", False, "Old stage 1 implementation."),
+    unsupported(BOOL, "use_multi_rank_bucket_allreduce", True, "Combine reduce buckets of several ranks."),
     _stage3(INT, "zero_hpz_partition_size", 1, "ZeRO++ hpZ: ranks per secondary group (consecutive "
             "ranks within one node, e.g. the GPUs per node). After a unit's first all-gather of a step "
             "each rank keeps its 1/H of it, and the unit's later gathers (backward, further micro-batches) "
@@ -648,55 +226,55 @@ ZERO_OPTIMIZATION = Block("zero_optimization", "ZeRO partitioning of optimizer s
             "Not with offload_param.device \"nvme\"."),
     _stage3(BOOL, "zero_quantized_gradients", False, "ZeRO++ qgZ: gradients reduce-scattered as block-wise "
             "int8 through one all-to-all, summed in fp32 by the receiving rank."),
-    _unsupported(OBJECT, "zeropp_loco_param", None, "LoCo-ZeRO++ parameters.", nullable=True),
+    unsupported(OBJECT, "zeropp_loco_param", None, "LoCo-ZeRO++ parameters.", nullable=True),
     _stage3(INT, "mics_shard_size", -1, "MiCS (FSDP2's HSDP): parameters, gradients and optimizer state "
             "partitioned within shard groups of this many consecutive ranks (e.g. one node) and "
             "replicated across the groups; each reduced gradient shard is averaged over its replicas "
             "with one all-reduce. -1, or the world size: plain stage 3. Must divide the world size.",
             minimum=-1, maximum=MAX_BUFFERS),
-    _unsupported(BOOL, "mics_hierarchical_params_gather", False, "MiCS hierarchical gather."),
+    unsupported(BOOL, "mics_hierarchical_params_gather", False, "MiCS hierarchical gather."),
     _stage3(INT, "dp_shard_size", -1, "zero only, FSDP2 / Accelerate naming of MiCS (HSDP): the ranks "
             "that shard; the same as mics_shard_size. -1: not given.", minimum=-1, maximum=MAX_BUFFERS),
     _stage3(INT, "dp_replicate_size", -1, "zero only, FSDP2 / Accelerate naming of MiCS (HSDP): the "
             "shard groups that replicate; shard size = world size / dp_replicate_size. -1: not given.",
             minimum=-1, maximum=MAX_BUFFERS),
-    _bool("memory_efficient_linear", True, "DeepSpeed: at stage 3, swap torch's linear for its own autograd "
-          "function. zero always runs torch's own linear (DeepSpeed's false) and lets a gathered weight go "
-          "after its forward either way: both values are accepted (DeepSpeed-Chat writes false) and change "
-          "nothing."),
-    _unsupported(BOOL, "pipeline_loading_checkpoint", False, "Stage 3 pipelined checkpoint loading."),
-    _unsupported(BOOL, "override_module_apply", True, "Stage 3 nn.Module.apply override."),
-    _unsupported(BOOL, "log_trace_cache_warnings", False, "Stage 3 trace-cache warnings."),
-    _unsupported(BOOL, "enable_sanity_checks", False, "Internal sanity checks."),
-    _unsupported(BOOL, "compute_grad_norm", True, "Stage 1/2 global-norm bookkeeping."),
-    _unsupported(BOOL, "parameter_alignment", False, "Align parameters in flat buffers to 16 bytes."),
-    _unsupported(BOOL, "save_muon_momentum_buffer_in_memory", False, "Muon with NVMe offload."),
-    _unsupported(OBJECT, "zenflow", None, "ZenFlow asynchronous offloaded updates.", nullable=True),
+    boolean("memory_efficient_linear", True, "DeepSpeed: at stage 3, swap torch's linear for its own autograd "
+            "function. zero always runs torch's own linear (DeepSpeed's false) and lets a gathered weight go "
+            "after its forward either way: both values are accepted (DeepSpeed-Chat writes false) and change "
+            "nothing."),
+    unsupported(BOOL, "pipeline_loading_checkpoint", False, "Stage 3 pipelined checkpoint loading."),
+    unsupported(BOOL, "override_module_apply", True, "Stage 3 nn.Module.apply override."),
+    unsupported(BOOL, "log_trace_cache_warnings", False, "Stage 3 trace-cache warnings."),
+    unsupported(BOOL, "enable_sanity_checks", False, "Internal sanity checks."),
+    unsupported(BOOL, "compute_grad_norm", True, "Stage 1/2 global-norm bookkeeping."),
+    unsupported(BOOL, "parameter_alignment", False, "Align parameters in flat buffers to 16 bytes."),
+    unsupported(BOOL, "save_muon_momentum_buffer_in_memory", False, "Muon with NVMe offload."),
+    unsupported(OBJECT, "zenflow", None, "ZenFlow asynchronous offloaded updates.", nullable=True),
 ))
 
 # --------------------------------------------------------------------------- aio
 
 AIO = Block("aio", "Asynchronous I/O for NVMe offload (libaio). Only meaningful with feature 'nvme'.", (
-    _int("block_size", 1_048_576, "Bytes per I/O piece; a multiple of 4096 (O_DIRECT alignment), at most the "
-         "largest one a C int holds (DeepSpeed's aio handle takes it as an int).", minimum=4096,
-         maximum=MAX_AIO_BLOCK, feature=FEATURE_NVME),
-    _int("queue_depth", 8, "Requests in flight per worker (io_uring ring size).", minimum=1, maximum=4096,
-         feature=FEATURE_NVME),
-    _int("intra_op_parallelism", 1, "I/O worker threads (DeepSpeed's old name: thread_count).", minimum=1,
-         maximum=256, feature=FEATURE_NVME),
-    _bool("single_submit", False, "libaio submission mode (zero's backends submit per piece; no effect).",
-          feature=FEATURE_NVME),
-    _bool("overlap_events", True, "libaio completion mode (zero always overlaps; no effect).",
-          feature=FEATURE_NVME),
-    _unsupported(BOOL, "use_gds", False, "Use NVIDIA GPUDirect Storage."),
+    integer("block_size", 1_048_576, "Bytes per I/O piece; a multiple of 4096 (O_DIRECT alignment), at most the "
+            "largest one a C int holds (DeepSpeed's aio handle takes it as an int).", minimum=4096,
+            maximum=MAX_AIO_BLOCK, feature=FEATURE_NVME),
+    integer("queue_depth", 8, "Requests in flight per worker (io_uring ring size).", minimum=1, maximum=4096,
+            feature=FEATURE_NVME),
+    integer("intra_op_parallelism", 1, "I/O worker threads (DeepSpeed's old name: thread_count).", minimum=1,
+            maximum=256, feature=FEATURE_NVME),
+    boolean("single_submit", False, "libaio submission mode (zero's backends submit per piece; no effect).",
+            feature=FEATURE_NVME),
+    boolean("overlap_events", True, "libaio completion mode (zero always overlaps; no effect).",
+            feature=FEATURE_NVME),
+    unsupported(BOOL, "use_gds", False, "Use NVIDIA GPUDirect Storage."),
 ))
 
 # --------------------------------------------------------------------------- zero's own block
 
 MEMORY_REPORT = Block("memory_report", "zero's own block: periodic memory reports.", (
     Key("path", STR, None, "JSON-lines file the report is appended to (null: no file).", nullable=True),
-    _int("every_n_steps", None, "Report every N optimizer steps. Null: steps_per_print (and when that is null "
-         "too, no periodic report).", minimum=1, maximum=MAX_INT64, nullable=True, default_doc="steps_per_print"),
+    integer("every_n_steps", None, "Report every N optimizer steps. Null: steps_per_print (and when that is null "
+            "too, no periodic report).", minimum=1, maximum=MAX_INT64, nullable=True, default_doc="steps_per_print"),
 ))
 
 # --------------------------------------------------------------------------- activation checkpointing
@@ -705,17 +283,17 @@ MEMORY_REPORT = Block("memory_report", "zero's own block: periodic memory report
 # configure(deepspeed_config=...) and applied by the engine (zero/activation_checkpointing.py).
 ACTIVATION_CHECKPOINTING = Block("activation_checkpointing", "deepspeed.checkpointing.checkpoint's "
                                  "options (zero/activation_checkpointing.py).", (
-    _bool("partition_activations", False, "Keep each rank's 1/T of what a checkpointed region saves, T the "
-          "tensor ranks of the mpu given to deepspeed.checkpointing.configure (all-gathered back for the "
-          "recomputation; a tensor T does not divide stays whole); no effect without one."),
-    _bool("cpu_checkpointing", False, "Keep what a checkpointed region saves for backward in host memory "
-          "(DeepSpeed: only with partition_activations; zero: on its own too)."),
-    _bool("contiguous_memory_optimization", False, "Copy partitioned activations into one buffer (needs "
-          "partition_activations and number_checkpoints; accepted, no effect: each share is its own tensor)."),
-    _int("number_checkpoints", None, "Checkpointed regions per forward (for "
-         "contiguous_memory_optimization).", minimum=1, maximum=10 ** 6, nullable=True),
-    _bool("synchronize_checkpoint_boundary", False, "Synchronize the GPU at each region's start and end."),
-    _bool("profile", False, "Print each region's forward and recomputation time on rank 0."),
+    boolean("partition_activations", False, "Keep each rank's 1/T of what a checkpointed region saves, T the "
+            "tensor ranks of the mpu given to deepspeed.checkpointing.configure (all-gathered back for the "
+            "recomputation; a tensor T does not divide stays whole); no effect without one."),
+    boolean("cpu_checkpointing", False, "Keep what a checkpointed region saves for backward in host memory "
+            "(DeepSpeed: only with partition_activations; zero: on its own too)."),
+    boolean("contiguous_memory_optimization", False, "Copy partitioned activations into one buffer (needs "
+            "partition_activations and number_checkpoints; accepted, no effect: each share is its own tensor)."),
+    integer("number_checkpoints", None, "Checkpointed regions per forward (for "
+            "contiguous_memory_optimization).", minimum=1, maximum=10 ** 6, nullable=True),
+    boolean("synchronize_checkpoint_boundary", False, "Synchronize the GPU at each region's start and end."),
+    boolean("profile", False, "Print each region's forward and recomputation time on rank 0."),
 ))
 
 # --------------------------------------------------------------------------- pipeline
@@ -724,7 +302,7 @@ ACTIVATION_CHECKPOINTING = Block("activation_checkpointing", "deepspeed.checkpoi
 # (stages, partition, seed_layers, ...) are PipelineModule arguments in zero.
 PIPELINE = Block("pipeline", "Pipeline parallelism (zero.pipe.PipelineModule models; "
                  "docs/PARALLELISM.md).", (
-    _choice("schedule", "1f1b", ("1f1b", "gpipe"), "zero only: the order of a batch's micro-batches "
+    choice("schedule", "1f1b", ("1f1b", "gpipe"), "zero only: the order of a batch's micro-batches "
             "on each stage: \"1f1b\" (DeepSpeed's TrainSchedule: at most stages - stage_id "
             "micro-batches of activations held) or \"gpipe\" (every forward, then every backward: "
             "all of them held). Both give the same result. Case-insensitive.", ignore_case=True),
@@ -736,84 +314,84 @@ PIPELINE = Block("pipeline", "Pipeline parallelism (zero.pipe.PipelineModule mod
 # (zero/tp/setup.py, docs/PARALLELISM.md).
 TENSOR_PARALLEL = Block("tensor_parallel", "AutoTP tensor parallelism (zero.tp; "
                         "docs/PARALLELISM.md).", (
-    _int("autotp_size", 0, "Tensor-parallel size: initialize() splits the model's attention and "
-         "MLP linears over this many ranks (zero.tp.auto_tp) and runs ZeRO stage 0-2 over the "
-         "world / autotp_size data-parallel ranks. 0 or 1: off. Must divide the world size. With a "
-         "PipelineModule the topology's tensor (model) size sets it: leave it out or equal.",
-         minimum=0, maximum=MAX_BUFFERS),
-    _unsupported(BOOL, "tp_overlap_comm", False, "Overlap the tensor-parallel all-reduces with "
+    integer("autotp_size", 0, "Tensor-parallel size: initialize() splits the model's attention and "
+            "MLP linears over this many ranks (zero.tp.auto_tp) and runs ZeRO stage 0-2 over the "
+            "world / autotp_size data-parallel ranks. 0 or 1: off. Must divide the world size. With a "
+            "PipelineModule the topology's tensor (model) size sets it: leave it out or equal.",
+            minimum=0, maximum=MAX_BUFFERS),
+    unsupported(BOOL, "tp_overlap_comm", False, "Overlap the tensor-parallel all-reduces with "
                  "compute."),
-    _unsupported(OBJECT, "partition_config", None, "Custom AutoTP partition rules "
+    unsupported(OBJECT, "partition_config", None, "Custom AutoTP partition rules "
                  "(layer_specs).", nullable=True),
-    _unsupported(STR, "preset_model", None, "A built-in AutoTP preset (llama, bloom, ...).",
+    unsupported(STR, "preset_model", None, "A built-in AutoTP preset (llama, bloom, ...).",
                  nullable=True),
-    _unsupported(OBJECT, "tp", None, "Inference tensor-parallel settings (tp_size, "
+    unsupported(OBJECT, "tp", None, "Inference tensor-parallel settings (tp_size, "
                  "tp_grain_size, mpu, tp_group).", nullable=True),
-    _unsupported(BOOL, "keep_module_on_host", False, "Keep checkpoint tensors on the host while "
+    unsupported(BOOL, "keep_module_on_host", False, "Keep checkpoint tensors on the host while "
                  "loading."),
-    _unsupported(BOOL, "replace_with_kernel_inject", False, "Inject inference kernels."),
+    unsupported(BOOL, "replace_with_kernel_inject", False, "Inject inference kernels."),
 ))
 
 _AUTOEP_ROUTING = "AutoEP here keeps the model's own router (its softmax, top-k and " \
     "normalisation): only the default, which takes them from the model, is accepted."
 EXPERT_PARALLEL = Block("expert_parallel", "AutoEP, DeepSpeed's automatic expert parallelism "
                         "for Hugging Face MoE models (zero/moe/auto_ep.py; docs/PARALLELISM.md).", (
-    _bool("enabled", False, "Split the experts of each Hugging Face sparse MoE block (Mixtral, "
-          "Qwen2-MoE, Qwen3-MoE: stacked gate_up_proj / down_proj experts) over autoep_size ranks "
-          "when the engine is built; the tokens go to their experts' ranks by all-to-all."),
-    _int("autoep_size", 1, "Expert-parallel size: each rank holds num_experts / autoep_size of "
-         "every block's experts. Must divide the world size and each block's expert count; 1 "
-         "keeps every expert on every rank.", minimum=1, maximum=MAX_BUFFERS),
-    _choice("preset_model", None, ("mixtral", "qwen3_moe"), "The model family (DeepSpeed's "
+    boolean("enabled", False, "Split the experts of each Hugging Face sparse MoE block (Mixtral, "
+            "Qwen2-MoE, Qwen3-MoE: stacked gate_up_proj / down_proj experts) over autoep_size ranks "
+            "when the engine is built; the tokens go to their experts' ranks by all-to-all."),
+    integer("autoep_size", 1, "Expert-parallel size: each rank holds num_experts / autoep_size of "
+            "every block's experts. Must divide the world size and each block's expert count; 1 "
+            "keeps every expert on every rank.", minimum=1, maximum=MAX_BUFFERS),
+    choice("preset_model", None, ("mixtral", "qwen3_moe"), "The model family (DeepSpeed's "
             "presets; qwen3_moe covers Qwen2-MoE too). Null: from the model's config.model_type.",
             nullable=True, unsupported_choices=("qwen3_5_moe", "deepseek_v2", "deepseek_v3",
                                                 "minimax_m3")),
     Key("moe_layer_pattern", STR, None, "A regular expression the MoE blocks' module names match "
         "whole (default: model\\.layers\\.\\d+\\.mlp); a block is a module with a `gate` "
         "router and `experts` holding 3-D gate_up_proj and down_proj.", nullable=True),
-    _bool("use_grouped_mm", True, "DeepSpeed's grouped GEMM for the experts. zero runs each "
-          "local expert's matmuls in turn, as Hugging Face's own loop does: accepted, no effect."),
-    _bool("disable_triton_grouped_mm", False, "DeepSpeed's Triton grouped GEMM switch: "
-          "accepted, no effect."),
-    _unsupported(INT, "expert_tensor_parallel_size", 1, "Expert tensor parallelism."),
-    _unsupported(BOOL, "validate_folding_routing", False, "AutoEP + AutoTP folding checks."),
-    _unsupported(BOOL, "async_split_plan", False, "Asynchronous all-to-all split planning."),
-    _unsupported(STR, "expert_pattern", None, "The experts' attribute name.", nullable=True),
-    _unsupported(STR, "router_pattern", None, "The router's attribute name.", nullable=True),
-    _unsupported(BOOL, "route_norm", None, _AUTOEP_ROUTING, nullable=True),
-    _unsupported(FLOAT, "route_scale", 1.0, _AUTOEP_ROUTING),
-    _unsupported(CHOICE, "score_apply", "auto", "Weights applied before or after the experts.",
+    boolean("use_grouped_mm", True, "DeepSpeed's grouped GEMM for the experts. zero runs each "
+            "local expert's matmuls in turn, as Hugging Face's own loop does: accepted, no effect."),
+    boolean("disable_triton_grouped_mm", False, "DeepSpeed's Triton grouped GEMM switch: "
+            "accepted, no effect."),
+    unsupported(INT, "expert_tensor_parallel_size", 1, "Expert tensor parallelism."),
+    unsupported(BOOL, "validate_folding_routing", False, "AutoEP + AutoTP folding checks."),
+    unsupported(BOOL, "async_split_plan", False, "Asynchronous all-to-all split planning."),
+    unsupported(STR, "expert_pattern", None, "The experts' attribute name.", nullable=True),
+    unsupported(STR, "router_pattern", None, "The router's attribute name.", nullable=True),
+    unsupported(BOOL, "route_norm", None, _AUTOEP_ROUTING, nullable=True),
+    unsupported(FLOAT, "route_scale", 1.0, _AUTOEP_ROUTING),
+    unsupported(CHOICE, "score_apply", "auto", "Weights applied before or after the experts.",
                  choices=("auto", "pre", "post")),
-    _unsupported(CHOICE, "combine_impl", "auto", "DeepSpeed's combine kernel.",
+    unsupported(CHOICE, "combine_impl", "auto", "DeepSpeed's combine kernel.",
                  choices=("auto", "weighted_sum", "fused_weighted_sum", "legacy_bmm")),
-    _unsupported(CHOICE, "row_weighting_impl", "auto", "DeepSpeed's row weighting kernel.",
+    unsupported(CHOICE, "row_weighting_impl", "auto", "DeepSpeed's row weighting kernel.",
                  choices=("auto", "eager", "fused")),
-    _unsupported(CHOICE, "gate_up_impl", "separate", "DeepSpeed's gate/up matmul layout.",
+    unsupported(CHOICE, "gate_up_impl", "separate", "DeepSpeed's gate/up matmul layout.",
                  choices=("separate", "fused")),
-    _unsupported(CHOICE, "comm_backend", "comm", "DeepEP dispatch.", choices=("comm", "deepep")),
-    _unsupported(INT, "comm_num_sm", 12, "DeepEP's SMs."),
-    _unsupported(INT, "comm_qp_margin", 4, "DeepEP's queue pairs."),
-    _unsupported(INT, "comm_max_tokens_per_rank", 0, "DeepEP's buffer size."),
-    _unsupported(INT, "num_expert_groups", None, "Group-limited routing.", nullable=True),
-    _unsupported(INT, "num_limited_groups", None, "Group-limited routing.", nullable=True),
-    _unsupported(CHOICE, "score_func", "auto", _AUTOEP_ROUTING,
+    unsupported(CHOICE, "comm_backend", "comm", "DeepEP dispatch.", choices=("comm", "deepep")),
+    unsupported(INT, "comm_num_sm", 12, "DeepEP's SMs."),
+    unsupported(INT, "comm_qp_margin", 4, "DeepEP's queue pairs."),
+    unsupported(INT, "comm_max_tokens_per_rank", 0, "DeepEP's buffer size."),
+    unsupported(INT, "num_expert_groups", None, "Group-limited routing.", nullable=True),
+    unsupported(INT, "num_limited_groups", None, "Group-limited routing.", nullable=True),
+    unsupported(CHOICE, "score_func", "auto", _AUTOEP_ROUTING,
                  choices=("auto", "softmax", "sigmoid")),
-    _unsupported(STR, "top_k", "auto", _AUTOEP_ROUTING),
-    _unsupported(FLOAT, "load_balance_coeff", None, "Bias-based load balancing.", nullable=True),
-    _unsupported(STR, "routed_scaling_factor", "auto", _AUTOEP_ROUTING),
-    _unsupported(STR, "expert_w1", None, "Custom expert weight names.", nullable=True),
-    _unsupported(STR, "expert_w2", None, "Custom expert weight names.", nullable=True),
-    _unsupported(STR, "expert_w3", None, "Custom expert weight names.", nullable=True),
-    _unsupported(STR, "num_experts_attr", None, "The config attribute of the expert count.",
+    unsupported(STR, "top_k", "auto", _AUTOEP_ROUTING),
+    unsupported(FLOAT, "load_balance_coeff", None, "Bias-based load balancing.", nullable=True),
+    unsupported(STR, "routed_scaling_factor", "auto", _AUTOEP_ROUTING),
+    unsupported(STR, "expert_w1", None, "Custom expert weight names.", nullable=True),
+    unsupported(STR, "expert_w2", None, "Custom expert weight names.", nullable=True),
+    unsupported(STR, "expert_w3", None, "Custom expert weight names.", nullable=True),
+    unsupported(STR, "num_experts_attr", None, "The config attribute of the expert count.",
                  nullable=True),
-    _unsupported(STR, "top_k_attr", None, "The config attribute of top-k.", nullable=True),
-    _unsupported(BOOL, "has_shared_experts", None, "Shared experts are the model's own block's "
+    unsupported(STR, "top_k_attr", None, "The config attribute of top-k.", nullable=True),
+    unsupported(BOOL, "has_shared_experts", None, "Shared experts are the model's own block's "
                  "(kept as they are).", nullable=True),
-    _unsupported(STR, "shared_experts_pattern", None, "Shared experts' attribute name.",
+    unsupported(STR, "shared_experts_pattern", None, "Shared experts' attribute name.",
                  nullable=True),
-    _unsupported(STR, "shared_experts_gate_pattern", None, "Shared experts' gate name.",
+    unsupported(STR, "shared_experts_gate_pattern", None, "Shared experts' gate name.",
                  nullable=True),
-    _unsupported(STR, "expert_activation", None, "The experts' activation is the model's own.",
+    unsupported(STR, "expert_activation", None, "The experts' activation is the model's own.",
                  nullable=True),
 ))
 
@@ -826,7 +404,7 @@ _JOB_NAME = "DeepSpeedJobName"
 
 def _monitor_dir_keys(what):
     return (
-        _bool("enabled", False, f"Write {what}."),
+        boolean("enabled", False, f"Write {what}."),
         Key("output_path", STR, "", "Folder of the job folder (\"\": the working directory).",
             default_doc="\"\""),
         Key("job_name", STR, _JOB_NAME, "Name of the folder inside output_path the files go to."),
@@ -840,16 +418,16 @@ CSV_MONITOR = Block("csv_monitor", "DeepSpeed's CSV monitor: rank 0 writes one f
                     "output_path/job_name.", _monitor_dir_keys("CSV files"))
 WANDB = Block("wandb", "DeepSpeed's Weights & Biases monitor (needs the wandb package; WANDB_MODE=offline "
               "writes locally).", (
-    _bool("enabled", False, "Log to Weights & Biases from rank 0."),
+    boolean("enabled", False, "Log to Weights & Biases from rank 0."),
     Key("group", STR, None, "Run group.", nullable=True),
     Key("team", STR, None, "Team (wandb's entity).", nullable=True),
     Key("project", STR, "deepspeed", "Project."),
 ))
 COMET = Block("comet", "DeepSpeed's Comet monitor (needs comet_ml >= 3.41.0; online false writes an "
               "offline experiment).", (
-    _bool("enabled", False, "Log to Comet from rank 0."),
-    _int("samples_log_interval", 100, "Log a scalar again only after this many more samples.", minimum=1,
-         maximum=MAX_INT64),
+    boolean("enabled", False, "Log to Comet from rank 0."),
+    integer("samples_log_interval", 100, "Log a scalar again only after this many more samples.", minimum=1,
+            maximum=MAX_INT64),
     Key("project", STR, None, "Comet project (else COMET_PROJECT_NAME or .comet.config).", nullable=True),
     Key("workspace", STR, None, "Comet workspace (else COMET_WORKSPACE).", nullable=True),
     Key("api_key", STR, None, "Comet API key (else COMET_API_KEY).", nullable=True),
@@ -857,43 +435,43 @@ COMET = Block("comet", "DeepSpeed's Comet monitor (needs comet_ml >= 3.41.0; onl
     Key("experiment_key", STR, None, "Key of the experiment to log to.", nullable=True),
     Key("online", BOOL, None, "false: an offline experiment on disk (null: comet_ml's default, online).",
         nullable=True),
-    _choice("mode", None, ("get", "create", "get_or_create"), "How the experiment is started (null: "
+    choice("mode", None, ("get", "create", "get_or_create"), "How the experiment is started (null: "
             "comet_ml's default, get_or_create).", nullable=True),
 ))
 COMM_OPS = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "broadcast")
 TIMERS_THROUGHPUT = Block("timers.throughput", "engine.tput_timer, DeepSpeed's ThroughputTimer: samples per "
                           "second, printed every steps_per_print steps (zero/monitor/throughput.py).", (
-    _bool("enabled", True, "Time the steps; false: the timer counts nothing and avg_samples_per_sec() is -inf, "
-          "as DeepSpeed's."),
-    _bool("synchronized", True, "Synchronize the GPU before reading the clock (exact step times; false saves "
-          "the synchronization)."),
+    boolean("enabled", True, "Time the steps; false: the timer counts nothing and avg_samples_per_sec() is -inf, "
+            "as DeepSpeed's."),
+    boolean("synchronized", True, "Synchronize the GPU before reading the clock (exact step times; false saves "
+            "the synchronization)."),
 ))
 TIMERS = Block("timers", "DeepSpeed's timers.", (
-    _block("throughput", TIMERS_THROUGHPUT, "The throughput timer (table below)."),
+    nested("throughput", TIMERS_THROUGHPUT, "The throughput timer (table below)."),
 ))
 
 COMMS_LOGGER = Block("comms_logger", "DeepSpeed's communication logger: every collective the engine "
                      "issues, with size, latency and bandwidth; the summary at the end "
                      "(deepspeed.comm.log_summary()).", (
-    _bool("enabled", False, "Record the engine's collectives."),
-    _bool("verbose", False, "Print each collective as it completes (rank 0)."),
-    _bool("prof_all", True, "Record every kind of collective (false: only those in prof_ops)."),
+    boolean("enabled", False, "Record the engine's collectives."),
+    boolean("verbose", False, "Print each collective as it completes (rank 0)."),
+    boolean("prof_all", True, "Record every kind of collective (false: only those in prof_ops)."),
     Key("prof_ops", STRINGS, (), "With prof_all false: the collectives to record.", choices=COMM_OPS,
         default_doc="[]"),
-    _bool("debug", False, "Name each record after what the engine was doing (forward, backward, step, "
-          "control) as well as the collective."),
+    boolean("debug", False, "Name each record after what the engine was doing (forward, backward, step, "
+            "control) as well as the collective."),
 ))
 FLOPS_PROFILER = Block("flops_profiler", "DeepSpeed's FLOPs profiler (counts from "
                        "torch.utils.flop_counter): one forward profiled on rank 0, printed at the "
                        "end of that step.", (
-    _bool("enabled", False, "Profile one step."),
-    _float("recompute_fwd_factor", 0.0, "Fraction of the forward recomputed in the backward (activation "
+    boolean("enabled", False, "Profile one step."),
+    number("recompute_fwd_factor", 0.0, "Fraction of the forward recomputed in the backward (activation "
            "checkpointing), for the backward FLOPs.", minimum=0, maximum=1),
-    _int("profile_step", 1, "The step whose forward is profiled (counted from 0: 1 is the second step).",
-         minimum=0, maximum=MAX_STEPS),
-    _int("module_depth", -1, "Depth of the module tree printed (-1: all).", minimum=-1, maximum=1000),
-    _int("top_modules", 1, "Modules listed per depth in the aggregated profile.", minimum=1, maximum=10 ** 6),
-    _bool("detailed", True, "Print the per-module tree."),
+    integer("profile_step", 1, "The step whose forward is profiled (counted from 0: 1 is the second step).",
+            minimum=0, maximum=MAX_STEPS),
+    integer("module_depth", -1, "Depth of the module tree printed (-1: all).", minimum=-1, maximum=1000),
+    integer("top_modules", 1, "Modules listed per depth in the aggregated profile.", minimum=1, maximum=10 ** 6),
+    boolean("detailed", True, "Print the per-module tree."),
     Key("output_file", STR, None, "File the profile is written to (null: standard output).", nullable=True),
 ))
 
@@ -902,17 +480,17 @@ HYBRID_ENGINE = Block("hybrid_engine", "DeepSpeed's hybrid engine (RLHF: one act
                      "generation: at stage 3 the model's generate runs with every parameter gathered once, "
                      "not layer by layer for every token (zero/hybrid_engine.py). DeepSpeed's inference "
                      "kernels and tensor-parallel generation are not built: the model's own generate runs.", (
-    _bool("enabled", False, "Take over the model's generate (engine.module.generate), as DeepSpeed does."),
-    _int("max_out_tokens", 512, "DeepSpeed: its inference kernels' workspace, in tokens (zero runs the "
-         "model's own generate: no workspace, no effect).", minimum=1, maximum=MAX_ELEMENTS),
-    _unsupported(INT, "inference_tp_size", 1, "Tensor-parallel generation over this many ranks."),
-    _bool("release_inference_cache", False, "DeepSpeed: free its inference workspace after each generate "
-          "(zero keeps none: no effect)."),
-    _bool("pin_parameters", True, "At stage 3: gather every parameter once for a whole generate (true), or "
-          "layer by layer at every forward, ZeRO-3's usual way (false)."),
-    _int("tp_gather_partition_size", 8, "DeepSpeed: layers gathered at once for tensor-parallel generation "
-         "(only with inference_tp_size > 1: no effect).", minimum=1, maximum=MAX_BUFFERS),
-    _unsupported(BOOL, "enable_cuda_graph", False, "CUDA graphs for the decode steps."),
+    boolean("enabled", False, "Take over the model's generate (engine.module.generate), as DeepSpeed does."),
+    integer("max_out_tokens", 512, "DeepSpeed: its inference kernels' workspace, in tokens (zero runs the "
+            "model's own generate: no workspace, no effect).", minimum=1, maximum=MAX_ELEMENTS),
+    unsupported(INT, "inference_tp_size", 1, "Tensor-parallel generation over this many ranks."),
+    boolean("release_inference_cache", False, "DeepSpeed: free its inference workspace after each generate "
+            "(zero keeps none: no effect)."),
+    boolean("pin_parameters", True, "At stage 3: gather every parameter once for a whole generate (true), or "
+            "layer by layer at every forward, ZeRO-3's usual way (false)."),
+    integer("tp_gather_partition_size", 8, "DeepSpeed: layers gathered at once for tensor-parallel generation "
+            "(only with inference_tp_size > 1: no effect).", minimum=1, maximum=MAX_BUFFERS),
+    unsupported(BOOL, "enable_cuda_graph", False, "CUDA graphs for the decode steps."),
 ))
 
 # DeepSpeed 0.19: runtime/torch_autocast.py, read by zero/autocast.py.
@@ -927,27 +505,27 @@ DEFAULT_LOWER_PRECISION_SAFE_MODULES = ("torch.nn.Linear", "torch.nn.Conv1d", "t
                                         "torch.nn.Conv3d")
 
 DATA_TYPES = Block("data_types", "DeepSpeed's data types block.", (
-    _choice("grad_accum_dtype", None, DEEPSPEED_DTYPES,
+    choice("grad_accum_dtype", None, DEEPSPEED_DTYPES,
             "The dtype gradients accumulate in (DeepSpeed's spellings). Null: the training dtype. "
             "\"fp32\" under bf16/fp16 training: the gradient buffers (stages 0-1 the whole gradients, "
             "stages 2-3 each rank's shard) are fp32; each micro-step's 16-bit gradient is added in, "
             "reductions still go in the training dtype (or communication_data_type). Any other dtype "
             "than these is refused.", nullable=True),
-    _unsupported(CHOICE, "param_dtype", None, "The dtype the module's parameters are cast to.",
+    unsupported(CHOICE, "param_dtype", None, "The dtype the module's parameters are cast to.",
                  choices=DEEPSPEED_DTYPES, nullable=True),
-    _unsupported(CHOICE, "buffer_dtype", None, "The dtype the module's buffers are cast to.",
+    unsupported(CHOICE, "buffer_dtype", None, "The dtype the module's buffers are cast to.",
                  choices=DEEPSPEED_DTYPES, nullable=True),
-    _unsupported(STR, "keep_in_fp32_modules", "auto", "Modules whose parameters stay fp32."),
+    unsupported(STR, "keep_in_fp32_modules", "auto", "Modules whose parameters stay fp32."),
 ))
 
 TORCH_AUTOCAST = Block("torch_autocast", "torch.autocast mixed precision, DeepSpeed's: the engine's "
                        "forward runs under torch.autocast, the parameters keep their dtype (fp32 "
                        "unless bf16/fp16 is enabled too), and the optimizer steps them directly "
                        "(zero/autocast.py).", (
-    _bool("enabled", False, "Run the forward under torch.autocast. A torch.autocast the script opens "
-          "around the forward gives way to this block, as in DeepSpeed (and is switched off inside the "
-          "forward when this is false)."),
-    _choice("dtype", None, AUTOCAST_DTYPES, "The autocast dtype (DeepSpeed's spellings). Null: the "
+    boolean("enabled", False, "Run the forward under torch.autocast. A torch.autocast the script opens "
+            "around the forward gives way to this block, as in DeepSpeed (and is switched off inside the "
+            "forward when this is false)."),
+    choice("dtype", None, AUTOCAST_DTYPES, "The autocast dtype (DeepSpeed's spellings). Null: the "
             "device's autocast default (bf16 on a CPU, fp16 on a GPU). fp16 scales the loss dynamically, "
             "with the fp16 block's loss-scale keys.", nullable=True),
     Key("lower_precision_safe_modules", STRINGS, DEFAULT_LOWER_PRECISION_SAFE_MODULES,
@@ -961,26 +539,26 @@ TORCH_AUTOCAST = Block("torch_autocast", "torch.autocast mixed precision, DeepSp
 
 CHECKPOINT = Block("checkpoint", "DeepSpeed's checkpoint options (zero's checkpoint files: "
                    "docs/ARCHITECTURE.md, zero/checkpoint.py).", (
-    _choice("tag_validation", "Warn", ("Ignore", "Warn", "Fail"), "What save_checkpoint does when the "
+    choice("tag_validation", "Warn", ("Ignore", "Warn", "Fail"), "What save_checkpoint does when the "
             "ranks were given different tags (every rank's tag is compared first): \"Warn\" logs the "
             "ranks' tags on rank 0 and saves under rank 0's tag; \"Fail\" raises CheckpointError on every "
             "rank and saves nothing; \"Ignore\" saves under rank 0's tag without a word (zero writes one "
             "directory per tag, so the ranks always agree on one). Case-insensitive, as in DeepSpeed.",
             ignore_case=True),
-    _bool("load_universal", False, "DeepSpeed: load a universal checkpoint (converted by "
-          "ds_to_universal.py): without a tag, load_checkpoint reads it from `latest_universal`, as "
-          "DeepSpeed does, and resumes it at this world size and stage (fp32 master, Adam's moments "
-          "and step, scheduler, counters; of one model part: a tensor- or pipeline-split one is "
-          "refused). zero's own checkpoints load at any world size and stage already: where there "
-          "is no latest_universal, true loads through `latest` as usual."),
-    _bool("use_node_local_storage", False, "save_dir is storage local to each node, not shared: as in "
-          "DeepSpeed, the local rank 0 of every node writes model_states.pt (and here also the manifest, "
-          "`latest` and zero_to_fp32.py) into its node's copy, every rank its own shard file; each node then "
-          "loads from its own copy (the same world size and rank placement). A save_dir that two nodes see "
-          "is an error at save naming the ranks. Loading at another world size, or exporting, needs every "
-          "rank's zero_rank*_optim_states.pt in one directory: copy the nodes' files together. Not built "
-          "with pipeline stages or tensor parallelism (an error at save)."),
-    _unsupported(BOOL, "checkpoint_serialization", True, "DeepSpeed: torch.save's zipfile format (false: "
+    boolean("load_universal", False, "DeepSpeed: load a universal checkpoint (converted by "
+            "ds_to_universal.py): without a tag, load_checkpoint reads it from `latest_universal`, as "
+            "DeepSpeed does, and resumes it at this world size and stage (fp32 master, Adam's moments "
+            "and step, scheduler, counters; of one model part: a tensor- or pipeline-split one is "
+            "refused). zero's own checkpoints load at any world size and stage already: where there "
+            "is no latest_universal, true loads through `latest` as usual."),
+    boolean("use_node_local_storage", False, "save_dir is storage local to each node, not shared: as in "
+            "DeepSpeed, the local rank 0 of every node writes model_states.pt (and here also the manifest, "
+            "`latest` and zero_to_fp32.py) into its node's copy, every rank its own shard file; each node then "
+            "loads from its own copy (the same world size and rank placement). A save_dir that two nodes see "
+            "is an error at save naming the ranks. Loading at another world size, or exporting, needs every "
+            "rank's zero_rank*_optim_states.pt in one directory: copy the nodes' files together. Not built "
+            "with pipeline stages or tensor parallelism (an error at save)."),
+    unsupported(BOOL, "checkpoint_serialization", True, "DeepSpeed: torch.save's zipfile format (false: "
                  "its legacy format); zero always writes the zipfile format."),
     Key("writer", SECTION, None, "DeepSpeed's FastPersist checkpoint writer.", supported=False, nullable=True),
     Key("parallel_write", SECTION, None, "DeepSpeed: pipeline stages write in parallel.", supported=False,
@@ -992,108 +570,108 @@ CHECKPOINT = Block("checkpoint", "DeepSpeed's checkpoint options (zero's checkpo
 _BATCH_AUTO = "derive it from the other two batch keys (same as leaving it out)"
 
 TOP = Block("", "Top-level keys.", (
-    _int("train_batch_size", None, "Samples per optimizer step, over all ranks = micro batch * accumulation "
-         "steps * world size.", minimum=1, maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
-    _int("train_micro_batch_size_per_gpu", None, "Samples per rank per forward/backward.", minimum=1,
-         maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
-    _int("gradient_accumulation_steps", None, "Micro batches accumulated per optimizer step.", minimum=1,
-         maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
-    _int("data_parallel_size", None, "The data-parallel ranks (world / tensor size, or the mpu's data "
-         "group), as DeepSpeed's AutoTP example writes it: checked against the run, never set. DeepSpeed "
-         "reads it only beside sequence_parallel_size (its sequence mesh) and otherwise ignores it; zero "
-         "refuses a value that is not the run's.",
-         minimum=1, maximum=MAX_SAMPLES, nullable=True),
-    _block("optimizer", OPTIMIZER, "Optimizer (table below). Absent or null: client optimizer.", optional=True),
-    _block("scheduler", SCHEDULER, "Learning-rate schedule (table below). Absent or null: none.",
+    integer("train_batch_size", None, "Samples per optimizer step, over all ranks = micro batch * accumulation "
+            "steps * world size.", minimum=1, maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
+    integer("train_micro_batch_size_per_gpu", None, "Samples per rank per forward/backward.", minimum=1,
+            maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
+    integer("gradient_accumulation_steps", None, "Micro batches accumulated per optimizer step.", minimum=1,
+            maximum=MAX_SAMPLES, nullable=True, auto=_BATCH_AUTO, default_doc="derived"),
+    integer("data_parallel_size", None, "The data-parallel ranks (world / tensor size, or the mpu's data "
+            "group), as DeepSpeed's AutoTP example writes it: checked against the run, never set. DeepSpeed "
+            "reads it only beside sequence_parallel_size (its sequence mesh) and otherwise ignores it; zero "
+            "refuses a value that is not the run's.",
+            minimum=1, maximum=MAX_SAMPLES, nullable=True),
+    nested("optimizer", OPTIMIZER, "Optimizer (table below). Absent or null: client optimizer.", optional=True),
+    nested("scheduler", SCHEDULER, "Learning-rate schedule (table below). Absent or null: none.",
            optional=True),
-    _block("fp16", FP16, "fp16 mixed precision (table below)."),
-    _block("bf16", BF16, "bf16 mixed precision (table below)."),
-    _float("gradient_clipping", 1.0, "Clip the global gradient norm to this value; 0 disables clipping "
+    nested("fp16", FP16, "fp16 mixed precision (table below)."),
+    nested("bf16", BF16, "bf16 mixed precision (table below)."),
+    number("gradient_clipping", 1.0, "Clip the global gradient norm to this value; 0 disables clipping "
            "(DeepSpeed 0.19.8's default, as its docs say; older DeepSpeed releases defaulted to 0).",
            minimum=0, maximum=1e6),
-    _block("zero_optimization", ZERO_OPTIMIZATION, "ZeRO settings (table below)."),
-    _block("aio", AIO, "Asynchronous I/O (table below)."),
-    _int("steps_per_print", None, "Log progress every N steps. Null (DeepSpeed's current code default; its docs "
-         "say 10) or Infinity: never (so is any huge value; up to 2**63-1).", minimum=1, maximum=MAX_INT64,
-         nullable=True),
-    _bool("wall_clock_breakdown", False, "Time forward, backward (and its gradient reduction) and step, and "
-          "print the breakdown on rank 0 every steps_per_print steps (every step when that is null)."),
-    _bool("prescale_gradients", False, "DeepSpeed: divide the gradients before the all-reduce instead of "
-          "after. Accepted; no effect in zero: its reductions average (NCCL's ReduceOp AVG; on gloo "
-          "a sum, then a division), the same mean either way."),
-    _float("gradient_predivide_factor", 1.0, "DeepSpeed: divide the gradients by this before the all-reduce "
+    nested("zero_optimization", ZERO_OPTIMIZATION, "ZeRO settings (table below)."),
+    nested("aio", AIO, "Asynchronous I/O (table below)."),
+    integer("steps_per_print", None, "Log progress every N steps. Null (DeepSpeed's current code default; its docs "
+            "say 10) or Infinity: never (so is any huge value; up to 2**63-1).", minimum=1, maximum=MAX_INT64,
+            nullable=True),
+    boolean("wall_clock_breakdown", False, "Time forward, backward (and its gradient reduction) and step, and "
+            "print the breakdown on rank 0 every steps_per_print steps (every step when that is null)."),
+    boolean("prescale_gradients", False, "DeepSpeed: divide the gradients before the all-reduce instead of "
+            "after. Accepted; no effect in zero: its reductions average (NCCL's ReduceOp AVG; on gloo "
+            "a sum, then a division), the same mean either way."),
+    number("gradient_predivide_factor", 1.0, "DeepSpeed: divide the gradients by this before the all-reduce "
            "(the rest after). Accepted; no effect in zero (see prescale_gradients).",
            minimum=0, minimum_exclusive=True),
-    _choice("communication_data_type", None, ("fp16", "bf16", "fp32"), "dtype the gradients are reduced "
+    choice("communication_data_type", None, ("fp16", "bf16", "fp32"), "dtype the gradients are reduced "
             "in (null: the training dtype). Another dtype reduces a copy of each unit in a bucket of it "
             "(e.g. fp32 sums of bf16 gradients: twice the buckets and the gradient traffic) and casts the "
             "result back, at every stage. Case-insensitive.", nullable=True, ignore_case=True),
-    _bool("use_data_before_expert_parallelism", False, "DeepSpeed-MoE's rank layout (zero.moe, "
-          "docs/PARALLELISM.md): false, expert-parallel groups of consecutive ranks and each expert "
-          "data-parallel group strided (\"E + D\"); true, the reverse (\"D + E\")."),
-    _int("sequence_parallel_size", 1, "DeepSpeed-Ulysses: the ranks that split each sample's sequence, groups "
-         "of consecutive ranks (docs/PARALLELISM.md). Their attention layers exchange heads for sequence "
-         "(deepspeed.sequence.layer.DistributedAttention); ZeRO shards over every rank and averages the "
-         "gradients over every rank, as DeepSpeed's ZeRO-3 does (its stages 0-2 take size times that); the "
-         "batch keys count the world / size replicas. "
-         "DeepSpeed builds the groups from this key only beside data_parallel_size (or from an mpu, as "
-         "Ulysses for Hugging Face passes one); zero builds them from it alone too. Not with pipeline or "
-         "tensor parallelism.", minimum=1, maximum=MAX_SAMPLES),
-    _choice("seq_parallel_communication_data_type", "fp32", ("fp16", "bf16", "fp32"), "With sequence "
+    boolean("use_data_before_expert_parallelism", False, "DeepSpeed-MoE's rank layout (zero.moe, "
+            "docs/PARALLELISM.md): false, expert-parallel groups of consecutive ranks and each expert "
+            "data-parallel group strided (\"E + D\"); true, the reverse (\"D + E\")."),
+    integer("sequence_parallel_size", 1, "DeepSpeed-Ulysses: the ranks that split each sample's sequence, groups "
+            "of consecutive ranks (docs/PARALLELISM.md). Their attention layers exchange heads for sequence "
+            "(deepspeed.sequence.layer.DistributedAttention); ZeRO shards over every rank and averages the "
+            "gradients over every rank, as DeepSpeed's ZeRO-3 does (its stages 0-2 take size times that); the "
+            "batch keys count the world / size replicas. "
+            "DeepSpeed builds the groups from this key only beside data_parallel_size (or from an mpu, as "
+            "Ulysses for Hugging Face passes one); zero builds them from it alone too. Not with pipeline or "
+            "tensor parallelism.", minimum=1, maximum=MAX_SAMPLES),
+    choice("seq_parallel_communication_data_type", "fp32", ("fp16", "bf16", "fp32"), "With sequence "
             "parallelism, the dtype the gradients are reduced in, in place of communication_data_type "
             "(as in DeepSpeed, whose default sums 16-bit gradients in fp32 then; a different "
             "communication_data_type beside it is refused).", ignore_case=True),
-    _bool("zero_allow_untested_optimizer", False, "As in DeepSpeed: ZeRO stages 1-3 run a client optimizer "
-          "zero does not build itself (not Adam, AdamW, SGD, Adagrad, Lion or Lamb: torch's RMSprop, NAdam, ..., "
-          "transformers' Adafactor) only when this is true; the HF Trainer sets it when it builds its optimizer."),
-    _bool("zero_force_ds_cpu_optimizer", True, "Accepted for compatibility; no effect in zero (there is no "
-          "DeepSpeed CPU optimizer to force)."),
-    _block("memory_report", MEMORY_REPORT, "zero's memory report (table below)."),
-    _choice("nonfinite_gradients", "skip", ("skip", "raise"), "zero only: what a step whose gradients "
+    boolean("zero_allow_untested_optimizer", False, "As in DeepSpeed: ZeRO stages 1-3 run a client optimizer "
+            "zero does not build itself (not Adam, AdamW, SGD, Adagrad, Lion or Lamb: torch's RMSprop, NAdam, ..., "
+            "transformers' Adafactor) only when this is true; the HF Trainer sets it when it builds its optimizer."),
+    boolean("zero_force_ds_cpu_optimizer", True, "Accepted for compatibility; no effect in zero (there is no "
+            "DeepSpeed CPU optimizer to force)."),
+    nested("memory_report", MEMORY_REPORT, "zero's memory report (table below)."),
+    choice("nonfinite_gradients", "skip", ("skip", "raise"), "zero only: what a step whose gradients "
             "(or their global norm) are not finite does, in every precision: \"skip\" skips it on every "
             "rank and counts it (as fp16's loss scaler does), \"raise\" stops training with "
             "FloatingPointError on every rank. The weights never take a NaN or Inf."),
-    _block("checkpoint", CHECKPOINT, "Checkpoint options (table below)."),
-    _block("activation_checkpointing", ACTIVATION_CHECKPOINTING, "deepspeed.checkpointing's options "
+    nested("checkpoint", CHECKPOINT, "Checkpoint options (table below)."),
+    nested("activation_checkpointing", ACTIVATION_CHECKPOINTING, "deepspeed.checkpointing's options "
            "(table below)."),
-    _block("pipeline", PIPELINE, "Pipeline parallelism (table below)."),
-    _block("tensor_parallel", TENSOR_PARALLEL, "AutoTP tensor parallelism (table below)."),
-    _block("expert_parallel", EXPERT_PARALLEL, "AutoEP expert parallelism for Hugging Face MoE "
+    nested("pipeline", PIPELINE, "Pipeline parallelism (table below)."),
+    nested("tensor_parallel", TENSOR_PARALLEL, "AutoTP tensor parallelism (table below)."),
+    nested("expert_parallel", EXPERT_PARALLEL, "AutoEP expert parallelism for Hugging Face MoE "
            "models (table below)."),
-    _block("tensorboard", TENSORBOARD, "TensorBoard monitor (table below)."),
-    _block("csv_monitor", CSV_MONITOR, "CSV monitor (table below)."),
-    _block("wandb", WANDB, "Weights & Biases monitor (table below)."),
-    _block("comet", COMET, "Comet monitor (table below)."),
-    _block("comms_logger", COMMS_LOGGER, "Communication logger (table below)."),
-    _block("flops_profiler", FLOPS_PROFILER, "FLOPs profiler (table below)."),
-    _block("timers", TIMERS, "DeepSpeed's timers (table below)."),
-    _block("data_types", DATA_TYPES, "DeepSpeed's data types (table below)."),
-    _block("hybrid_engine", HYBRID_ENGINE, "RLHF hybrid engine: generate at stage 3 (table below)."),
-    _block("torch_autocast", TORCH_AUTOCAST, "torch.autocast mixed precision (table below)."),
+    nested("tensorboard", TENSORBOARD, "TensorBoard monitor (table below)."),
+    nested("csv_monitor", CSV_MONITOR, "CSV monitor (table below)."),
+    nested("wandb", WANDB, "Weights & Biases monitor (table below)."),
+    nested("comet", COMET, "Comet monitor (table below)."),
+    nested("comms_logger", COMMS_LOGGER, "Communication logger (table below)."),
+    nested("flops_profiler", FLOPS_PROFILER, "FLOPs profiler (table below)."),
+    nested("timers", TIMERS, "DeepSpeed's timers (table below)."),
+    nested("data_types", DATA_TYPES, "DeepSpeed's data types (table below)."),
+    nested("hybrid_engine", HYBRID_ENGINE, "RLHF hybrid engine: generate at stage 3 (table below)."),
+    nested("torch_autocast", TORCH_AUTOCAST, "torch.autocast mixed precision (table below)."),
     # DeepSpeed scalar keys zero does not implement: only their defaults are accepted.
-    _unsupported(BOOL, "sparse_gradients", False, "CSR gradients for sparse embeddings."),
-    _unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),
-    _unsupported(BOOL, "dump_state", False, "Dump DeepSpeed state at init."),
-    _unsupported(BOOL, "memory_breakdown", False, "DeepSpeed memory logging (see memory_report instead)."),
-    _unsupported(BOOL, "dataloader_drop_last", False, "DeepSpeed dataloader option."),
-    _unsupported(BOOL, "graph_harvesting", False, "CUDA graph harvesting."),
-    _unsupported(INT, "vocabulary_size", None, "Only used by DeepSpeed for an alignment warning.", nullable=True),
-    _unsupported(CHOICE, "gradient_allreduce_op", "mean", "Average or sum gradients.", choices=("mean", "sum")),
-    _unsupported(BOOL, "managed_gradient_accumulation", True, "Engine-managed accumulation boundaries."),
+    unsupported(BOOL, "sparse_gradients", False, "CSR gradients for sparse embeddings."),
+    unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),
+    unsupported(BOOL, "dump_state", False, "Dump DeepSpeed state at init."),
+    unsupported(BOOL, "memory_breakdown", False, "DeepSpeed memory logging (see memory_report instead)."),
+    unsupported(BOOL, "dataloader_drop_last", False, "DeepSpeed dataloader option."),
+    unsupported(BOOL, "graph_harvesting", False, "CUDA graph harvesting."),
+    unsupported(INT, "vocabulary_size", None, "Only used by DeepSpeed for an alignment warning.", nullable=True),
+    unsupported(CHOICE, "gradient_allreduce_op", "mean", "Average or sum gradients.", choices=("mean", "sum")),
+    unsupported(BOOL, "managed_gradient_accumulation", True, "Engine-managed accumulation boundaries."),
     # DeepSpeed sections zero does not implement: accepted only while inert.
-    _section("sparse_attention", "Sparse attention kernels."),
-    _section("amp", "NVIDIA Apex AMP."),
-    _section("compression_training", "Compression (quantization/pruning) training."),
-    _section("quantize_training", "MoQ quantized training."),
-    _section("data_efficiency", "Data efficiency library."),
-    _section("curriculum_learning", "Legacy curriculum learning."),
-    _section("progressive_layer_drop", "Progressive layer drop."),
-    _section("eigenvalue", "Eigenvalue computation."),
-    _section("autotuning", "Autotuner."),
-    _section("elasticity", "Elastic training."),
-    _section("compile", "torch.compile / DeepCompile."),
-    _section("nebula", "Nebula checkpointing."),
-    _section("weight_quantization", "Weight quantization."),
+    section("sparse_attention", "Sparse attention kernels."),
+    section("amp", "NVIDIA Apex AMP."),
+    section("compression_training", "Compression (quantization/pruning) training."),
+    section("quantize_training", "MoQ quantized training."),
+    section("data_efficiency", "Data efficiency library."),
+    section("curriculum_learning", "Legacy curriculum learning."),
+    section("progressive_layer_drop", "Progressive layer drop."),
+    section("eigenvalue", "Eigenvalue computation."),
+    section("autotuning", "Autotuner."),
+    section("elasticity", "Elastic training."),
+    section("compile", "torch.compile / DeepCompile."),
+    section("nebula", "Nebula checkpointing."),
+    section("weight_quantization", "Weight quantization."),
 ))
 
 # --------------------------------------------------------------------------- renamed keys
