@@ -151,6 +151,19 @@ def test_optimizer_offload_to_pinned_memory(stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_optimizer_offload_in_many_chunks_with_the_gradients_on_the_host(stage):
+    """The gradient shard in pinned memory is read in place, chunk by chunk (no copy-in):
+    chunk c's update must not write the 16-bit staging slot while chunk c-2's new parameters
+    are still being copied out of it to the GPU (a race a short update over many chunks of
+    1,000 elements would show as wrong parameters)."""
+    offload = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    results = _run(1, stage, "bf16", sub_group_size=1000, **offload)
+    _assert_matches_reference(results, 1, stage, "bf16")
+    for _, _, report in results:
+        assert set(report["categories"]["gradient"]["by_location"]) == {"host_pinned"}
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_optimizer_offload_with_the_gradients_on_the_gpu(stage):
     """offload_optimizer.grads_on_device: backward reduces into a gradient shard on the GPU,
     and the step's copy engine stages it to pinned memory chunk by chunk."""
@@ -481,7 +494,9 @@ def test_stage3_under_torch_compile_on_the_gpu(backend):
     [plain] = run_distributed(_compiled, 1, args=(3, None), backend="nccl", timeout=300)
     [compiled] = run_distributed(_compiled, 1, args=(3, "engine.compile", backend),
                                  backend="nccl", timeout=300)
-    assert compiled == pytest.approx(plain, rel=1e-4 if backend == "inductor" else 1e-6)
+    # (two processes: CUDA's embedding backward adds with atomics, as in the offload_states
+    # test, so even the eager losses are only near-equal)
+    assert compiled == pytest.approx(plain, rel=1e-4 if backend == "inductor" else 1e-5)
 
 
 @pytest.mark.parametrize("stage,offload", [(2, False), (3, False), (2, True)])

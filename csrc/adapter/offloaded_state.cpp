@@ -208,7 +208,8 @@ void OffloadedState::streamed_step(const std::vector<ShardPiece>& pieces,
   };
   // One worker runs copies in order, so chunk c+2's staging-in is queued behind chunk c's
   // staging-out; a reused (NVMe) slot is fetched into only after its write-back and its
-  // staging-out (which may read the master slot) are done.
+  // staging-out (which may read the master slot) are done; the 16-bit staging slot is
+  // written only after its last staging-out (below, for gradients read in place).
   std::shared_future<void> grads_in[2];
   std::shared_future<void> params_out[2];
   std::vector<core::IoHandle> reads[2];
@@ -232,6 +233,11 @@ void OffloadedState::streamed_step(const std::vector<ShardPiece>& pieces,
       wait_all(reads[slot]);
       timings_.grads_in_wait_s += seconds_since(start);
       if (c + 1 < grid_.count()) begin_chunk(c + 1);
+      start = Clock::now();
+      // The 16-bit staging slot is chunk c-2's until its staging-out has read it. A staged
+      // copy-in, queued behind that, said so already; gradients read in place did not.
+      if (staged_params_[slot].defined() && params_out[slot].valid()) params_out[slot].get();
+      timings_.params_out_wait_s += seconds_since(start);
       start = Clock::now();
       const std::int64_t numel = grid_.numel(c);
       update(in_host[c].defined() ? in_host[c] : staged_grads_[slot].tensor().narrow(0, 0, numel),
