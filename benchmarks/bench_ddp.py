@@ -144,7 +144,7 @@ def _zero(model, stage, precision, args, out):
                          "overlap_comm": True}, bf16=precision == "bf16")
     out["engine_config"] = cfg
     engine, _, _, _ = zero.initialize(model=model, config=cfg)
-    out["comm_at_init"] = as_dict(engine._core.comm_stats())
+    out["comm_at_init"] = as_dict(engine.core.comm_stats())
 
     def finish():
         report = engine.memory_report()
@@ -152,7 +152,7 @@ def _zero(model, stage, precision, args, out):
         out["comm_at_end"] = dict(report["comm"])
         out["grad_norm_last"] = engine.get_global_grad_norm()
     return {"step": lambda tokens, targets: engine_step(engine, tokens, targets),
-            "finish": finish, "comm": lambda: as_dict(engine._core.comm_stats())}
+            "finish": finish, "comm": lambda: as_dict(engine.core.comm_stats())}
 
 
 def _ddp(model, precision, args, out):

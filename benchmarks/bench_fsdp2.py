@@ -235,7 +235,7 @@ def _zero(model, kind, precision, args, out):
     cfg = _zero_stage3(model, kind, precision, args)
     out["engine_config"] = cfg
     engine, _, _, _ = zero.initialize(model=model, config=cfg)
-    registry = engine._core.registry()
+    registry = engine.core.registry()
     zc = engine.config.zero_optimization
     out["stage3_settings"] = {k: int(getattr(zc, k)) for k in (
         "stage3_prefetch_bucket_size", "stage3_max_reuse_distance", "stage3_max_live_parameters",
@@ -251,7 +251,7 @@ def _zero(model, kind, precision, args, out):
         clock.lap("forward")
         if probe:
             probe.after_forward()
-        kept_after_forward.append(engine._core.schedule_stats().gathered_numel)
+        kept_after_forward.append(engine.core.schedule_stats().gathered_numel)
         clock.skip()  # the bookkeeping above is in no phase
         engine.backward(loss)
         clock.lap("backward")
@@ -272,7 +272,7 @@ def _zero(model, kind, precision, args, out):
         return engine.get_global_grad_norm()
 
     def schedule():
-        stats = as_dict(engine._core.schedule_stats())
+        stats = as_dict(engine.core.schedule_stats())
         return {k: v for k, v in stats.items() if k != "notice"}
 
     return {"step": step, "finish": lambda: _zero_finish(engine, out), "model": engine.module,
@@ -290,9 +290,9 @@ def _zero_finish(engine, out):
     out["prefetch_default"] = engine.config.zero_optimization.stage3_prefetch_bucket_size
     out["gathered_param_current_end"] = int(report["categories"].get(
         "gathered_param", {}).get("current", 0))
-    out["units"] = len(engine._stage3.plan.modules)
+    out["units"] = len(engine.stage3_hooks.plan.modules)
     try:
-        out["schedule_stats"] = as_dict(engine._core.schedule_stats())
+        out["schedule_stats"] = as_dict(engine.core.schedule_stats())
     except Exception as exc:  # noqa: BLE001 -- an engine without a gather schedule
         out["schedule_stats"] = {"error": repr(exc)}
 

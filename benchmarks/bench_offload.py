@@ -171,7 +171,7 @@ def _run_config(rank, world, name, a, nvme_path):
     report = engine.memory_report()
     report.pop("comm", None)
     step_profile = _profiled_step(engine, batches[-1])
-    info = [as_dict(engine._core.group_offload_info(g)) for g in range(engine._core.group_count)]
+    info = [as_dict(engine.core.group_offload_info(g)) for g in range(engine.core.group_count)]
     swap_files = _swap_files(nvme_path)
     if CONFIGS[name][1].get("offload_optimizer", {}).get("delayed_update"):
         engine.apply_delayed_update()

@@ -463,7 +463,7 @@ def _train_with_named_units(rank, world):
     zero.gather_unit(model.blocks[1].mlp)                    # and one MLP
     engine, _, _, _ = zero.initialize(model=model, config=_config())
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
-    return losses, [name for name, _ in engine._stage3.plan.modules]
+    return losses, [name for name, _ in engine.stage3_hooks.plan.modules]
 
 
 def test_units_can_be_named_by_module_or_class():

@@ -17,7 +17,7 @@ def _owners(rank, world):
     config = training.engine_config(3, gas=1, stage3_param_persistence_threshold=40)
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     weight = engine.module.blocks[0].mlp[0].weight
-    owned = stage3.owner_of(weight) is engine._stage3
+    owned = stage3.owner_of(weight) is engine.stage3_hooks
     copied = stage3.owner_of(copy.deepcopy(weight)) is None
     buffer = io.BytesIO()
     torch.save(weight, buffer)

@@ -135,7 +135,7 @@ def _train(rank, world):
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config())
     losses = training.train_engine(engine, rank, world, STEPS, GAS)
     persist = [bool(p.ds_persist) for p in engine.module.parameters()]
-    assert [name for name, _ in engine._stage3.plan.modules] == [
+    assert [name for name, _ in engine.stage3_hooks.plan.modules] == [
         "", "blocks.0", "blocks.0.attn", "blocks.0.mlp", "blocks.1", "blocks.1.attn",
         "blocks.1.mlp"]
     state = engine.module_state_dict()
@@ -203,7 +203,7 @@ def _train_mixtral(rank, world):
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(total.item() / world)
-    return losses, [name for name, _ in engine._stage3.plan.modules]
+    return losses, [name for name, _ in engine.stage3_hooks.plan.modules]
 
 
 def test_deepspeeds_default_leaf_modules_make_a_mixtral_moe_block_a_unit_inside_its_layer():

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from . import checkpoint_files as files
 from . import (agreement, checkpoint_deepspeed, checkpoint_layout, checkpoint_mesh,
-               checkpoint_remesh, checkpoint_universal, scheduler_groups, sharding, stage3)
+               checkpoint_remesh, checkpoint_universal, scheduler_groups, sharding)
 from .checkpoint_files import LATEST
 from .moe import checkpoint as moe_checkpoint
 from .moe import ep_checkpoint
@@ -211,10 +211,7 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
     manifest entries. `exclude_frozen`: the module state without the frozen parameters."""
     # The one collective first (stage 3 gathers unit by unit), so that a write failing on one
     # rank cannot leave the others waiting in it.
-    keep = moe_checkpoint.kept_names(model_writer, engine.module) if engine.moe is not None \
-        else model_writer
-    module_state = (engine.module.state_dict() if engine._stage3 is None else
-                    stage3.full_state_dict(engine._stage3, engine.module, keep=keep))
+    module_state = engine.gathered_module_state(keep=model_writer)
     if exclude_frozen:
         frozen = sharding.frozen_names(engine.module)
         module_state = {name: value for name, value in module_state.items()

@@ -273,6 +273,12 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         return self._core
 
     @property
+    def stage3_hooks(self):
+        """Stage 3's module hooks and unit plan (zero/stage3.py's Stage3Hooks: `.plan.modules`
+        the gather units); None below stage 3."""
+        return self._stage3
+
+    @property
     def gradients_reduced(self) -> bool:
         """True once the backward of an accumulation boundary has returned, until the step:
         the ranks' averaged gradients are in the engine's shards, for

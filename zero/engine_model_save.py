@@ -26,10 +26,15 @@ class EngineModelSave:
         Every rank must call it; at stage 3 only rank 0 gets the full copy (with MoE layers
         every other rank its own experts). With pipeline or tensor parallelism: this rank's
         stage / slice of the model."""
+        return self.gathered_module_state(keep=dist.get_rank() == 0)
+
+    def gathered_module_state(self, keep: bool) -> dict:
+        """module_state_dict with the rank that keeps the whole state chosen (a checkpoint's
+        model writer): at stage 3 a collective, whose whole parameters stay where `keep` (with
+        MoE layers every other rank its own experts)."""
         if self._stage3 is None:
             return self.module.state_dict()
         self._alive("module_state_dict")
-        keep = dist.get_rank() == 0
         return stage3.full_state_dict(
             self._stage3, self.module,
             keep=moe_checkpoint.kept_names(keep, self.module) if self.moe is not None else keep)
