@@ -187,6 +187,15 @@ void GradReducer::launch(std::size_t unit) {
   at::Tensor output = slot.piece.tensor().narrow(0, 0, plan.shard_numel());
   auto work = quantized_ ? quantized_reduce_scatter(communicator_, output, input, Reduction::kAvg)
                         : communicator_.reduce_scatter(output, input, Reduction::kAvg);
+  if (host_shard_ && !quantized_ && replicate_ == nullptr && !converts_) {
+    // The piece goes to the host shard as soon as it is reduced: its copy is queued now and
+    // waits for the collective alone (on a GPU, on the copy stream: not behind the backward
+    // queued meanwhile, nor blocking the engine thread).
+    std::shared_ptr<PendingCollective> reducing(std::move(work));
+    std::shared_future<void> copying = accumulate(unit, target, output, reducing);
+    in_flight_.push_back({&slot, nullptr, [copying] { return copying; }, copying});
+    return;
+  }
   in_flight_.push_back({&slot, std::move(work),
                         [this, unit, target, output]() mutable {
                           if (replicate_ != nullptr) {
@@ -219,7 +228,8 @@ void GradReducer::launch_in_place(std::size_t unit) {
 }
 
 std::shared_future<void> GradReducer::accumulate(std::size_t unit, const at::Tensor& target,
-                                                 const at::Tensor& reduced) {
+                                                 const at::Tensor& reduced,
+                                                 std::shared_ptr<PendingCollective> reducing) {
   const bool first = overwrite_[unit];
   overwrite_[unit] = false;
   if (!host_shard_) {
@@ -234,7 +244,10 @@ std::shared_future<void> GradReducer::accumulate(std::size_t unit, const at::Ten
   // the work queued so far (the reduce-scatter), while the engine thread goes on.
   if (!copier_) copier_ = std::make_unique<CopyEngine>(bucket_options_.device());
   ++copy_timings_.batches;
-  return copier_->submit([target, reduced, first] {
+  return copier_->submit([target, reduced, first, reducing] {
+    // (waited on the copy engine's thread, its stream current: a GPU's copy stream waits
+    // for the collective there, the host does not)
+    if (reducing) reducing->wait();
     if (first) {
       CopyEngine::copy(target, reduced);  // the window's first gradient: one D2H copy
     } else if (reduced.device() == target.device()) {
@@ -273,7 +286,7 @@ void GradReducer::zero_unreduced() {
 void GradReducer::wait_oldest() {
   InFlight entry = std::move(in_flight_.front());
   in_flight_.pop_front();
-  entry.work->wait();
+  if (entry.work) entry.work->wait();  // (none: its copy waits for it)
   std::shared_future<void> copying = entry.then ? entry.then() : std::shared_future<void>();
   if (copying.valid()) {
     TORCH_CHECK(entry.slot != nullptr, "zero: a host copy without its bucket");
@@ -306,6 +319,14 @@ HostCopyTimings GradReducer::host_copy_timings() const {
 
 void GradReducer::finish_copies() {
   std::exception_ptr failed;
+  for (const InFlight& entry : in_flight_) {  // a backward cut short: copies queued at launch
+    if (!entry.copying.valid()) continue;
+    try {
+      entry.copying.get();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
   while (!copying_.empty()) {
     try {
       wait_oldest_copy();

@@ -20,8 +20,10 @@
 //                  memory (optimizer offload on a GPU, or any CPU run) is fed off the engine
 //                  thread (copy_engine.h): each unit's 1/N is copied in (the window's first)
 //                  or added (on the buckets' device: the range comes in, takes the sum, goes
-//                  back) while backward goes on; its bucket is held until then, and
-//                  wait_all() waits for those copies too.
+//                  back) while backward goes on. The copy is queued when the reduce-scatter
+//                  is launched and waits for that collective alone (on a GPU the copy stream
+//                  waits, not the compute stream nor the host); its bucket is held until it is
+//                  done, and wait_all() waits for those copies too.
 // With a bucket dtype other than the gradients' (DeepSpeed's communication_data_type, e.g.
 // fp32 sums of bf16 gradients; or bf16 buckets for gradients accumulated in fp32,
 // GroupOptions::grads_in_fp32), every mode reduces a copy of the unit in a bucket of that
@@ -127,9 +129,10 @@ class GradReducer {
   };
   struct InFlight {
     Slot* slot = nullptr;  // the reduce-scatter modes only
-    std::unique_ptr<PendingCollective> work;
+    std::unique_ptr<PendingCollective> work;  // none: `copying` waits for it
     // runs after the wait; a valid future: the slot's bucket is read until it is ready
     std::function<std::shared_future<void>()> then;
+    std::shared_future<void> copying;  // a host shard's copy, queued behind the collective
   };
   struct Copying {  // a bucket whose reduced piece is on its way into a host shard
     Slot* slot = nullptr;
@@ -139,9 +142,11 @@ class GradReducer {
   Slot& slot_for(std::size_t unit);
   void launch_in_place(std::size_t unit);
   // Copies (the window's first) or adds `reduced` into the unit's range of the gradients;
-  // for a host shard off the engine thread (the future: done when it is).
+  // for a host shard off the engine thread (the future: done when it is), after `reducing`
+  // (the collective that makes `reduced`) when given.
   std::shared_future<void> accumulate(std::size_t unit, const at::Tensor& target,
-                                      const at::Tensor& reduced);
+                                      const at::Tensor& reduced,
+                                      std::shared_ptr<PendingCollective> reducing = nullptr);
   Slot& acquire_slot(std::int64_t numel, bool with_piece);
   Slot& add_slot(std::int64_t numel, bool with_piece);
   // kReduceScatter: the unit's reduced 1/N can be the collective's output in the gradient shard
