@@ -5,7 +5,9 @@
 `fn(rank, world_size, *args)` must be a module-level function (it is pickled by reference).
 Children come from a forkserver that has already imported torch, zero, pytest and
 transformers, so each rank starts in well under a second and never inherits the test
-runner's threads. Rank 0 serves the rendezvous store and leaves after the others.
+runner's threads. The test's own process serves the rendezvous store, on a port the OS picks
+as it binds it (a port found free and bound later by a rank could be taken meanwhile:
+EADDRINUSE); the ranks leave together.
 
 Failure handling, so that no test can hang CI:
   * the first rank that raises ends the run: the others are killed and the test fails with
@@ -104,7 +106,7 @@ def _rank_main(fn, rank, world_size, port, args, kwargs, results, timeout, env, 
     try:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
@@ -131,7 +133,7 @@ def _leave_together(store, rank, world_size, patience=30.0):
     collective's set-up loses the connection to a peer that has returned from its side and
     exited (gloo's new_group connects every pair of ranks: "Connection closed by peer"; it
     also reads its peers' addresses from the store: "Connection reset by peer"). Rank 0
-    serves the store, so it leaves last, once the others have stopped reading it."""
+    leaves last, once the others have stopped reading the store."""
     store.add(_FINISHED, 1)
     _wait_for(store, _FINISHED, world_size, patience)
     if rank != 0:
@@ -160,7 +162,11 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: Sequence[Any]
     """Runs fn on `world_size` ranks; returns the per-rank results in rank order. `env` is
     set in every rank after the harness's own variables (RANK, LOCAL_RANK, ...), so it may
     override them; `backend` is the process group's ("nccl" sets the CUDA device first)."""
-    port = free_port()
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))  # bound here, port 0
+    port = store.port
     results = _CONTEXT.Queue()
     processes = [
         _CONTEXT.Process(
@@ -195,6 +201,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, args: Sequence[Any]
             _kill_all(processes)
         else:
             _join_all(processes)
+        del store  # (after the ranks: they read it to the end)
     return [values[rank] for rank in range(world_size)]
 
 

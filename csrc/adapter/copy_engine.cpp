@@ -81,18 +81,21 @@ CopyEngine::CopyEngine(c10::Device device) : device_(device) {
 
 CopyEngine::~CopyEngine() = default;
 
-std::shared_future<void> CopyEngine::submit(std::function<void()> copies) {
+std::shared_future<void> CopyEngine::submit(std::function<void()> copies,
+                                            std::function<void()> first) {
 #ifdef ZERO_WITH_CUDA
   if (stream_) {
     // Recorded now, on the submitting thread: the batch sees what was queued before it.
     c10::cuda::CUDAGuard device(device_);
     auto queued = std::make_shared<QueuedWork>(c10::cuda::getCurrentCUDAStream(device_.index()));
-    return worker_.submit([this, stream = stream_->stream, queued, copies = std::move(copies)] {
+    return worker_.submit([this, stream = stream_->stream, queued, copies = std::move(copies),
+                           first = std::move(first)] {
       c10::cuda::CUDAStreamGuard guard(stream);
       queued->block(stream);
-      StreamSpan span;  // the copies' own time on the stream, not the wait for `queued`
-      span.start(stream);
+      StreamSpan span;  // the copies' own time on the stream, not the waits before them
       try {
+        if (first) first();
+        span.start(stream);
         copies();
       } catch (...) {
         stream.synchronize();  // nothing already queued may outlive the batch
@@ -104,7 +107,8 @@ std::shared_future<void> CopyEngine::submit(std::function<void()> copies) {
     });
   }
 #endif
-  return worker_.submit([this, copies = std::move(copies)] {
+  return worker_.submit([this, copies = std::move(copies), first = std::move(first)] {
+    if (first) first();
     const auto start = std::chrono::steady_clock::now();
     copies();
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(

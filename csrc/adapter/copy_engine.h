@@ -32,8 +32,11 @@ class CopyEngine {
   CopyEngine(const CopyEngine&) = delete;
   CopyEngine& operator=(const CopyEngine&) = delete;
 
-  // Runs `copies` after the caller's queued device work; rethrows its exception at get().
-  std::shared_future<void> submit(std::function<void()> copies);
+  // Runs `copies` after the caller's queued device work, and after `first` when given: run
+  // on the engine's thread with the copy stream current (a collective's wait there makes the
+  // copy stream wait for it), and not counted in busy_seconds. Rethrows at get().
+  std::shared_future<void> submit(std::function<void()> copies,
+                                  std::function<void()> first = {});
   // dst.copy_(src) inside a batch: asynchronous on the copy stream where that is possible.
   static void copy(const at::Tensor& dst, const at::Tensor& src);
   bool uses_copy_stream() const { return stream_ != nullptr; }

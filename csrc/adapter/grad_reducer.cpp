@@ -241,13 +241,14 @@ std::shared_future<void> GradReducer::accumulate(std::size_t unit, const at::Ten
     return {};
   }
   // A host shard: the copy (and a later micro-step's add) runs on the copy engine, after
-  // the work queued so far (the reduce-scatter), while the engine thread goes on.
+  // the work queued so far and `reducing`, while the engine thread goes on. `reducing` is
+  // waited for on the copy engine's thread, its stream current: on a GPU the copy stream
+  // waits for the collective, the host does not.
   if (!copier_) copier_ = std::make_unique<CopyEngine>(bucket_options_.device());
   ++copy_timings_.batches;
-  return copier_->submit([target, reduced, first, reducing] {
-    // (waited on the copy engine's thread, its stream current: a GPU's copy stream waits
-    // for the collective there, the host does not)
-    if (reducing) reducing->wait();
+  std::function<void()> after_reduction;
+  if (reducing) after_reduction = [reducing] { reducing->wait(); };
+  return copier_->submit([target, reduced, first] {
     if (first) {
       CopyEngine::copy(target, reduced);  // the window's first gradient: one D2H copy
     } else if (reduced.device() == target.device()) {
@@ -258,7 +259,7 @@ std::shared_future<void> GradReducer::accumulate(std::size_t unit, const at::Ten
       sum.add_(reduced);
       CopyEngine::copy(target, sum);
     }
-  });
+  }, std::move(after_reduction));
 }
 
 void GradReducer::grads_zeroed() {
