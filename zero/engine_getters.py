@@ -8,11 +8,23 @@ whose fields carry DeepSpeed's key names, or None without offload (DeepSpeed ret
 with device "none" when the config names one)."""
 from __future__ import annotations
 
+import importlib
+
 import torch
 
+from .autocast import DTYPES as AUTOCAST_DTYPES
 from .boundary import fp32_grads
+from .config import schema
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _only_value(block: schema.Block, name: str):
+    """A DeepSpeed key zero accepts at its default alone (schema `supported=False`): what the
+    config can hold there."""
+    key = block.get(name)
+    assert key is not None and not key.supported, name
+    return key.default
 
 
 class EngineGetters:
@@ -47,6 +59,36 @@ class EngineGetters:
 
     def bf16_optimizer_states(self) -> bool:
         return bool(self.config.bf16.bf16_optimizer_states)
+
+    def fp16_auto_cast(self) -> bool:
+        return self.config.fp16.auto_cast
+
+    def dynamic_loss_scale_args(self) -> dict:
+        """The fp16 block's dynamic-scaling arguments under DeepSpeed's loss-scaler names
+        (whether or not fp16 or dynamic scaling is on, as DeepSpeed)."""
+        fp16 = self.config.fp16
+        return {"init_scale": 2 ** fp16.initial_scale_power,
+                "scale_window": fp16.loss_scale_window, "delayed_shift": fp16.hysteresis,
+                "consecutive_hysteresis": fp16.consecutive_hysteresis,
+                "min_scale": fp16.min_loss_scale}
+
+    def torch_autocast_enabled(self) -> bool:
+        return self.config.torch_autocast.enabled
+
+    def torch_autocast_dtype(self) -> torch.dtype | None:
+        """The torch_autocast block's dtype as given; None when it names none."""
+        dtype = self.config.torch_autocast.dtype
+        return AUTOCAST_DTYPES[dtype] if dtype is not None else None
+
+    def torch_autocast_lower_precision_safe_modules(self) -> list[str]:
+        """The block's names as given; unset, DeepSpeed's default classes by their defining
+        modules' names ("torch.nn.modules.linear.Linear")."""
+        given = (self.config.raw.get("torch_autocast") or {}).get("lower_precision_safe_modules")
+        if given is not None:
+            return list(given)
+        defaults = (getattr(importlib.import_module(module), name) for module, _, name in
+                    (path.rpartition(".") for path in schema.DEFAULT_LOWER_PRECISION_SAFE_MODULES))
+        return [f"{cls.__module__}.{cls.__name__}" for cls in defaults]
 
     def loss_scale(self) -> float:
         """DeepSpeed's: the config's fp16.loss_scale (0: dynamic). The scale in use now is
@@ -85,6 +127,71 @@ class EngineGetters:
 
     def wall_clock_breakdown(self) -> bool:
         return self.config.wall_clock_breakdown
+
+    def memory_breakdown(self) -> bool:
+        return _only_value(schema.TOP, "memory_breakdown")
+
+    def dump_state(self) -> bool:
+        return _only_value(schema.TOP, "dump_state")
+
+    def dataloader_drop_last(self) -> bool:
+        return _only_value(schema.TOP, "dataloader_drop_last")
+
+    def managed_gradient_accumulation(self) -> bool:
+        return _only_value(schema.TOP, "managed_gradient_accumulation")
+
+    # DeepSpeed's libraries zero does not build: their blocks are accepted only while off
+    def autotuning_enabled(self) -> bool:
+        return False
+
+    def data_efficiency_enabled(self) -> bool:
+        return False
+
+    def data_sampling_enabled(self) -> bool:
+        return False
+
+    def curriculum_learning_enabled(self) -> bool:
+        return False
+
+    def random_ltd_enabled(self) -> bool:
+        return False
+
+    # ---- checkpoints and profiling ---------------------------------------------------------
+    def checkpoint_tag_validation_enabled(self) -> bool:
+        return self.config.checkpoint.tag_validation != "Ignore"
+
+    def checkpoint_tag_validation_fail(self) -> bool:
+        return self.config.checkpoint.tag_validation == "Fail"
+
+    def use_node_local_storage(self) -> bool:
+        return self.config.checkpoint.use_node_local_storage
+
+    def checkpoint_writer_enabled(self) -> bool:
+        return False  # the checkpoint block's writer (FastPersist) is accepted only unset
+
+    def flops_profiler_enabled(self) -> bool:
+        return self.config.flops_profiler.enabled
+
+    def flops_profiler_profile_step(self) -> int:
+        return self.config.flops_profiler.profile_step
+
+    def flops_profiler_module_depth(self) -> int:
+        return self.config.flops_profiler.module_depth
+
+    def flops_profiler_top_modules(self) -> int:
+        return self.config.flops_profiler.top_modules
+
+    def flops_profiler_detailed(self) -> bool:
+        return self.config.flops_profiler.detailed
+
+    def flops_profiler_output_file(self) -> str | None:
+        return self.config.flops_profiler.output_file
+
+    def flops_profiler_recompute_fwd_factor(self) -> float:
+        return self.config.flops_profiler.recompute_fwd_factor
+
+    def autotp_size(self) -> int:
+        return self.config.tensor_parallel.autotp_size
 
     # ---- optimizer and scheduler ---------------------------------------------------------
     def optimizer_name(self) -> str | None:
@@ -196,6 +303,55 @@ class EngineGetters:
 
     def zero_quantized_gradients(self) -> bool:
         return self.config.zero_optimization.zero_quantized_gradients
+
+    def zero_allgather_partitions(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "allgather_partitions")
+
+    def zero_allgather_sequential(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "stage3_allgather_sequential")
+
+    def zero_elastic_checkpoint(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "elastic_checkpoint")
+
+    def zero_ignore_unused_parameters(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "ignore_unused_parameters")
+
+    def zero_legacy_stage1(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "legacy_stage1")
+
+    def zero_load_from_fp32_weights(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "load_from_fp32_weights")
+
+    def zero_parameter_alignment(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "parameter_alignment")
+
+    def zero_quantized_nontrainable_weights(self) -> bool:
+        return bool(self.config.zero_optimization.zero_quantized_nontrainable_weights)
+
+    def zero_log_trace_cache_warnings(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "log_trace_cache_warnings")
+
+    def zero_multi_rank_bucket_allreduce(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "use_multi_rank_bucket_allreduce")
+
+    def zero_compute_grad_norm(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "compute_grad_norm")
+
+    def zero_save_muon_momentum_buffer_in_memory(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "save_muon_momentum_buffer_in_memory")
+
+    def is_sanity_checks_enabled(self) -> bool:
+        return _only_value(schema.ZERO_OPTIMIZATION, "enable_sanity_checks")
+
+    def cpuadam_cores_perc(self) -> float:
+        """offload_optimizer's (SuperOffload's; accepted at its default alone); without an
+        offload_optimizer block DeepSpeed's getter answers 0.9."""
+        block = (self.config.raw.get("zero_optimization") or {}).get("offload_optimizer")
+        return _only_value(schema.OFFLOAD_OPTIMIZER, "cpuadam_cores_perc") \
+            if block is not None else 0.9
+
+    def super_offload(self) -> bool:
+        return _only_value(schema.OFFLOAD_OPTIMIZER, "super_offload")
 
     def zero_allow_untested_optimizer(self) -> bool:
         return self.config.zero_allow_untested_optimizer

@@ -21,6 +21,21 @@ GETTERS = [
     "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
     "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
     "get_data_parallel_rank", "get_model_parallel_rank", "get_tensor_parallel_rank",
+    "fp16_auto_cast", "dynamic_loss_scale_args", "torch_autocast_enabled",
+    "torch_autocast_dtype", "torch_autocast_lower_precision_safe_modules", "memory_breakdown",
+    "dump_state", "dataloader_drop_last", "managed_gradient_accumulation",
+    "autotuning_enabled", "data_efficiency_enabled", "data_sampling_enabled",
+    "curriculum_learning_enabled", "random_ltd_enabled", "checkpoint_tag_validation_enabled",
+    "checkpoint_tag_validation_fail", "use_node_local_storage", "checkpoint_writer_enabled",
+    "flops_profiler_enabled", "flops_profiler_profile_step", "flops_profiler_module_depth",
+    "flops_profiler_top_modules", "flops_profiler_detailed", "flops_profiler_output_file",
+    "flops_profiler_recompute_fwd_factor", "autotp_size", "zero_allgather_partitions",
+    "zero_allgather_sequential", "zero_elastic_checkpoint", "zero_ignore_unused_parameters",
+    "zero_legacy_stage1", "zero_load_from_fp32_weights", "zero_parameter_alignment",
+    "zero_quantized_nontrainable_weights", "zero_log_trace_cache_warnings",
+    "zero_multi_rank_bucket_allreduce", "zero_compute_grad_norm",
+    "zero_save_muon_momentum_buffer_in_memory", "is_sanity_checks_enabled",
+    "cpuadam_cores_perc", "super_offload",
 ]
 PROPERTIES = ["communication_data_type"]  # read, not called (a property in DeepSpeed too)
 
@@ -37,6 +52,10 @@ CASES = {
     "stage3-fp32": {
         "config": {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
                    "steps_per_print": 1000, "optimizer": _ADAMW,
+                   "checkpoint": {"tag_validation": "Fail", "use_node_local_storage": True},
+                   "flops_profiler": {"enabled": False, "profile_step": 3, "module_depth": 2,
+                                      "top_modules": 2, "detailed": False},
+                   "torch_autocast": {"enabled": False, "dtype": "bfloat16"},
                    "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 20000,
                                          "stage3_max_reuse_distance": 500,
                                          "stage3_prefetch_bucket_size": 1000,
@@ -46,7 +65,10 @@ CASES = {
         "client_optimizer": None, "micro_steps": 2},
     "stage1-sgd-client": {
         "config": {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
-                   "zero_allow_untested_optimizer": True},
+                   "zero_allow_untested_optimizer": True,
+                   "fp16": {"enabled": False, "initial_scale_power": 12,
+                            "loss_scale_window": 100, "hysteresis": 3, "min_loss_scale": 2},
+                   "checkpoint": {"tag_validation": "Ignore"}},
         "client_optimizer": "SGD", "micro_steps": 2},
 }
 
@@ -74,6 +96,8 @@ def value(result):
         return str(result)
     if isinstance(result, (list, tuple)):
         return [value(item) for item in result]
+    if isinstance(result, dict):
+        return {key: value(item) for key, item in result.items()}
     device = getattr(result, "device", None)
     return {"device": str(getattr(device, "value", device)), "pin_memory": result.pin_memory}
 
