@@ -166,6 +166,17 @@ class EngineGetters:
     def use_node_local_storage(self) -> bool:
         return self.config.checkpoint.use_node_local_storage
 
+    def load_universal_checkpoint(self) -> bool:
+        return self.config.checkpoint.load_universal
+
+    def aio_config(self) -> dict:
+        """The aio block's values (NVMe swap I/O) under DeepSpeed's names."""
+        aio = self.config.aio
+        return {"block_size": aio.block_size, "queue_depth": aio.queue_depth,
+                "intra_op_parallelism": aio.intra_op_parallelism,
+                "single_submit": aio.single_submit, "overlap_events": aio.overlap_events,
+                "use_gds": _only_value(schema.AIO, "use_gds")}
+
     def checkpoint_writer_enabled(self) -> bool:
         return False  # the checkpoint block's writer (FastPersist) is accepted only unset
 

@@ -35,7 +35,7 @@ GETTERS = [
     "zero_quantized_nontrainable_weights", "zero_log_trace_cache_warnings",
     "zero_multi_rank_bucket_allreduce", "zero_compute_grad_norm",
     "zero_save_muon_momentum_buffer_in_memory", "is_sanity_checks_enabled",
-    "cpuadam_cores_perc", "super_offload",
+    "cpuadam_cores_perc", "super_offload", "load_universal_checkpoint", "aio_config",
 ]
 PROPERTIES = ["communication_data_type"]  # read, not called (a property in DeepSpeed too)
 
@@ -52,7 +52,9 @@ CASES = {
     "stage3-fp32": {
         "config": {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4,
                    "steps_per_print": 1000, "optimizer": _ADAMW,
-                   "checkpoint": {"tag_validation": "Fail", "use_node_local_storage": True},
+                   "checkpoint": {"tag_validation": "Fail", "use_node_local_storage": True,
+                                  "load_universal": True},
+                   "aio": {"block_size": 262144, "queue_depth": 16, "single_submit": True},
                    "flops_profiler": {"enabled": False, "profile_step": 3, "module_depth": 2,
                                       "top_modules": 2, "detailed": False},
                    "torch_autocast": {"enabled": False, "dtype": "bfloat16"},
