@@ -193,7 +193,7 @@ void GradReducer::launch(std::size_t unit) {
     // queued meanwhile, nor blocking the engine thread).
     std::shared_ptr<PendingCollective> reducing(std::move(work));
     std::shared_future<void> copying = accumulate(unit, target, output, reducing);
-    in_flight_.push_back({&slot, nullptr, [copying] { return copying; }, copying});
+    in_flight_.push_back({&slot, nullptr, [copying] { return copying; }});
     return;
   }
   in_flight_.push_back({&slot, std::move(work),
@@ -301,12 +301,9 @@ void GradReducer::wait_oldest_copy() {
   Copying entry = std::move(copying_.front());
   copying_.pop_front();
   const auto start = std::chrono::steady_clock::now();
-  try {
-    entry.done.get();  // rethrows a failed copy
-  } catch (...) {
-    release(entry.slot);
-    throw;
-  }
+  // A failed batch keeps its bucket: its collective may have failed too, and may still write
+  // it (the copy stream never waited for it).
+  entry.done.get();  // rethrows a failed copy
   copy_timings_.wait_s +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   release(entry.slot);
@@ -319,15 +316,10 @@ HostCopyTimings GradReducer::host_copy_timings() const {
 }
 
 void GradReducer::finish_copies() {
+  // (Not the copies still queued behind collectives in flight, after a backward cut short:
+  // those collectives may never complete. Each such copy holds its tensors, and the engine
+  // starts no other backward.)
   std::exception_ptr failed;
-  for (const InFlight& entry : in_flight_) {  // a backward cut short: copies queued at launch
-    if (!entry.copying.valid()) continue;
-    try {
-      entry.copying.get();
-    } catch (...) {
-      if (!failed) failed = std::current_exception();
-    }
-  }
   while (!copying_.empty()) {
     try {
       wait_oldest_copy();

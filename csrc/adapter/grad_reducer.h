@@ -112,9 +112,10 @@ class GradReducer {
   // the units no reduction has reached since (kReduceScatter only: `grads` is the shard).
   void grads_discarded();
   void zero_unreduced();
-  // Waits for every copy into a host shard, rethrowing the first that failed: wait_all does
-  // at the end of backward; after a backward cut short, zero_unreduced(), reset() and the
-  // owner before it zeroes or frees the shard (start_grad_window).
+  // Waits for every copy into a host shard whose collective was waited for (all of them at
+  // the end of backward: wait_all), rethrowing the first that failed; after a backward cut
+  // short, zero_unreduced(), reset() and the owner before it zeroes or frees the shard
+  // (start_grad_window) call it too.
   void finish_copies();
   std::size_t bucket_count() const { return slots_.size(); }
   std::int64_t bucket_bytes() const;
@@ -129,10 +130,9 @@ class GradReducer {
   };
   struct InFlight {
     Slot* slot = nullptr;  // the reduce-scatter modes only
-    std::unique_ptr<PendingCollective> work;  // none: `copying` waits for it
+    std::unique_ptr<PendingCollective> work;  // none: the copy `then` returns waits for it
     // runs after the wait; a valid future: the slot's bucket is read until it is ready
     std::function<std::shared_future<void>()> then;
-    std::shared_future<void> copying;  // a host shard's copy, queued behind the collective
   };
   struct Copying {  // a bucket whose reduced piece is on its way into a host shard
     Slot* slot = nullptr;
