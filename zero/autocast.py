@@ -69,17 +69,22 @@ class ForwardAutocast:
         self._told = True
 
 
+def module_class(name: str):
+    """The class "package.module.Class" names; None if it does not import as one."""
+    module_name, _, class_name = name.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), class_name) \
+            if module_name else None
+    except (ImportError, AttributeError):
+        found = None
+    return found if isinstance(found, type) else None
+
+
 def check_modules(names) -> None:
     """Each of `names` ("package.module.Class") must import; ValueError naming it otherwise,
     as DeepSpeed's init_autocast_params raises."""
     for name in names:
-        module_name, _, class_name = name.rpartition(".")
-        try:
-            found = getattr(importlib.import_module(module_name), class_name) \
-                if module_name else None
-        except (ImportError, AttributeError):
-            found = None
-        if not isinstance(found, type):
+        if module_class(name) is None:
             raise ValueError(f"zero: torch_autocast.lower_precision_safe_modules names "
                              f"{name!r}, which does not import as a class; give module classes "
                              "by import path, such as \"torch.nn.Linear\"")

@@ -8,11 +8,10 @@ whose fields carry DeepSpeed's key names, or None without offload (DeepSpeed ret
 with device "none" when the config names one)."""
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from .autocast import DTYPES as AUTOCAST_DTYPES
+from .autocast import module_class
 from .boundary import fp32_grads
 from .config import schema
 
@@ -86,8 +85,7 @@ class EngineGetters:
         given = (self.config.raw.get("torch_autocast") or {}).get("lower_precision_safe_modules")
         if given is not None:
             return list(given)
-        defaults = (getattr(importlib.import_module(module), name) for module, _, name in
-                    (path.rpartition(".") for path in schema.DEFAULT_LOWER_PRECISION_SAFE_MODULES))
+        defaults = map(module_class, schema.DEFAULT_LOWER_PRECISION_SAFE_MODULES)
         return [f"{cls.__module__}.{cls.__name__}" for cls in defaults]
 
     def loss_scale(self) -> float:

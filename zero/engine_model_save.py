@@ -26,9 +26,8 @@ class EngineModelSave:
         Every rank must call it; at stage 3 only rank 0 gets the full copy (with MoE layers
         every other rank its own experts). With pipeline or tensor parallelism: this rank's
         stage / slice of the model."""
-        if self._stage3 is None:  # (also after the process group is gone)
-            return self.module.state_dict()
-        return self.gathered_module_state(keep=dist.get_rank() == 0)
+        # (below stage 3 no rank is asked: it works after the process group is gone too)
+        return self.gathered_module_state(keep=self._stage3 is None or dist.get_rank() == 0)
 
     def gathered_module_state(self, keep: bool) -> dict:
         """module_state_dict with the rank that keeps the whole state chosen (a checkpoint's
