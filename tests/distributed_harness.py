@@ -47,10 +47,32 @@ class RankFailed(AssertionError):
     """A rank raised, died, or did not finish in time."""
 
 
+_PORTS_GIVEN: set[int] = set()
+_PORT_BAND = 2000  # ports per pytest-xdist worker, below the kernel's ephemeral range
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for a job a test launches, which binds it later. bind(0) would answer from the
+    kernel's ephemeral range, where any client socket (a gloo connection of a job running
+    beside this one) may take it before the job binds; so the port comes from below that
+    range, from a band of this xdist worker's own, and is never handed out twice here."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+    low = ephemeral_low - _PORT_BAND * (worker + 1)
+    start = os.getpid() % _PORT_BAND
+    for offset in range(_PORT_BAND):
+        port = low + (start + offset) % _PORT_BAND
+        if port in _PORTS_GIVEN or port < 1024:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port in {low}..{low + _PORT_BAND - 1}")
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -99,7 +99,7 @@ echo "$RANK $*" > "$OUT_DIR/probe_sh_$RANK.txt"
 
 
 def free_port():
-    from zero.distributed import free_port as pick
+    from distributed_harness import free_port as pick
     return pick()
 
 

@@ -150,7 +150,7 @@ REAL_INIT = textwrap.dedent("""
 
 
 def test_real_init_from_slurm_then_openmpi_env():
-    from zero.distributed import free_port
+    from distributed_harness import free_port
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "OMPI_", "PMI_", "MASTER_"))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
