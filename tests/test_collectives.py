@@ -193,3 +193,31 @@ def test_a_communicator_that_owns_the_last_group_reference_is_dropped_without_de
     # deleter that now releases the GIL, the handle's included.
     assert run_distributed(_drop_communicators_that_own_their_group, 2, args=(20,),
                            timeout=60) == [20] * 2
+
+
+def _wait_on_a_collective_one_rank_skips(rank, world_size):
+    import datetime
+
+    from zero import _C
+    group = dist.new_group(list(range(world_size)), timeout=datetime.timedelta(seconds=2))
+    errors = []
+    if rank == 0:  # rank 1 never joins: gloo gives up after the group's 2 s
+        pending = _C.Communicator(group.group_name).all_reduce(torch.ones(4), async_op=True)
+        for _ in range(2):
+            try:
+                pending.wait()
+            except RuntimeError as error:
+                errors.append(str(error))
+        errors.append(pending.completed)
+    dist.barrier()  # (the default group, whose timeout is the harness's)
+    return errors
+
+
+def test_a_failed_collective_fails_again_at_every_later_wait():
+    """A second wait on a handle whose collective failed must not pass for success: a ZeRO-3
+    unit gathered by it would be used with its buffer never written."""
+    first, second, completed = run_distributed(_wait_on_a_collective_one_rank_skips, 2,
+                                               timeout=60)[0]
+    assert "all_reduce" in first and "failed" in first
+    assert second == first
+    assert completed is False

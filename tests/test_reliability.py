@@ -275,3 +275,46 @@ def test_a_stage3_gather_on_one_rank_only_is_named_instead_of_hanging():
                                    timeout=TIMEOUT):
         assert message is not None and "ranks diverged" in message
         assert "outside forward and backward" in message
+
+
+class _RaiseInBackward(torch.autograd.Function):
+    """An identity whose backward raises: a backward cut short midway, after the reductions
+    of the layers behind it were launched (an out-of-memory error, a bug in a custom op)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("backward failed on purpose")
+
+
+def _step_after_a_backward_that_raised(rank, world, stage):
+    import zero
+
+    config = training.engine_config(stage, gas=1, scheduler=False, bucket=500)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    tokens, targets = training.batches(world, 1, 1)[rank]
+    engine.module.blocks[0].register_forward_hook(lambda m, i, out: _RaiseInBackward.apply(out))
+    before = training.parameters_of(engine.module)
+    with pytest.raises(RuntimeError, match="on purpose"):
+        engine.backward(engine(tokens, targets))
+    engine.zero_grad()  # what a training loop's clean-up does: it must leave the buffers alone
+    try:
+        engine.step()
+    except RuntimeError as error:
+        after = training.parameters_of(engine.module)
+        return str(error), all(torch.equal(after[k], before[k]) for k in after)
+    return None, False
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_step_after_a_backward_that_raised_is_refused_with_the_weights_untouched(stage):
+    """The gradients of a backward that raised are partly reduced (some of its reductions may
+    still be writing them): stepping on them would apply a partial update without a word."""
+    for message, untouched in run_distributed(_step_after_a_backward_that_raised, 2,
+                                              args=(stage,), timeout=TIMEOUT):
+        assert message is not None, "the step ran on the gradients of a backward that raised"
+        assert "backward" in message and "raised" in message and "checkpoint" in message
+        assert untouched

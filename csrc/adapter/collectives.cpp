@@ -81,13 +81,17 @@ PendingCollective::~PendingCollective() {
 }
 
 void PendingCollective::wait() {
-  if (waited_) return;
+  if (waited_) {
+    TORCH_CHECK(failure_.empty(), failure_);
+    return;
+  }
   waited_ = true;
   try {
     if (work_) work_->wait();  // (none: done locally, Communicator::all_gather on one rank)
   } catch (const std::exception& error) {
     keep_alive_.clear();
-    TORCH_CHECK(false, "zero: ", description_, " failed: ", message_of(error));
+    failure_ = "zero: " + description_ + " failed: " + message_of(error);
+    TORCH_CHECK(false, failure_);
   }
   if (timing_) timing_->commit();
   if (on_complete_) on_complete_();

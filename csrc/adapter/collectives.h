@@ -56,9 +56,10 @@ class PendingCollective {
   PendingCollective& operator=(const PendingCollective&) = delete;
   ~PendingCollective();
 
-  // Blocks until done; idempotent. A failure or timeout is rethrown naming the operation.
+  // Blocks until done; idempotent. A failure or timeout is rethrown naming the operation, and
+  // again at every later wait: a failed collective's buffers never count as its result.
   void wait();
-  bool completed() const { return waited_; }
+  bool completed() const { return waited_ && failure_.empty(); }
 
  private:
   std::string description_;
@@ -67,6 +68,7 @@ class PendingCollective {
   std::function<void()> on_complete_;
   std::shared_ptr<CollectiveTiming> timing_;  // set while the comms logger is on
   bool waited_ = false;
+  std::string failure_;  // set when the wait failed
 };
 
 class Communicator {

@@ -246,6 +246,10 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   TORCH_CHECK(hypers.size() == groups_.size(), "zero: step got ", hypers.size(),
               " hyperparameter sets for ", groups_.size(), " groups");
   TORCH_CHECK(loss_scale > 0.0, "zero: loss scale must be > 0, got ", loss_scale);
+  TORCH_CHECK(!backward_pending_, "zero: engine.step() after a backward that raised before it "
+              "finished: its gradients are only partly reduced (some reductions may never "
+              "complete), so no step can use them. This engine takes no further backward or "
+              "step; restart the job, or build a new engine, and load the last checkpoint");
   StepResult result;
   reload_states();
   release_gathered();  // a unit kept gathered (an eval forward, a reuse) would go stale
@@ -333,6 +337,9 @@ void EngineCore::close() {
 
 void EngineCore::zero_grads() {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
+  // After a backward that raised, its reductions may still be writing the gradient buffers:
+  // those stay as they are (step() refuses them; the engine's teardown waits first).
+  if (backward_pending_) return;
   // Offloaded gradients are zeroed where they are; a group leaves a moved buffer alone.
   if (parked_.parked(StateKind::kGrads)) parked_.zero(StateKind::kGrads);
   for (auto& group : groups_) group->zero_grads();

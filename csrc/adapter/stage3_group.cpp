@@ -238,7 +238,9 @@ void Stage3Group::fetch(std::size_t index) {
   if (unit.resident) return;
   if (unit.secondary_valid) {  // hpZ: within the secondary group, from its copies
     allocate_gathered(index);
-    unit.in_flight = secondary_->all_gather(unit.gathered, unit.secondary.tensor());
+    launch_or_release(index, [&] {
+      unit.in_flight = secondary_->all_gather(unit.gathered, unit.secondary.tensor());
+    });
     return;
   }
   // The shard piece to send first: if bringing it to the device fails, the unit stays
@@ -266,14 +268,31 @@ void Stage3Group::fetch(std::size_t index) {
     source = unit.staging.tensor();
   }
   allocate_gathered(index);
-  unit.in_flight = packed()
-                       ? packed_all_gather(communicator_, unit.gathered, source,
-                                           layout_.unit(index).shard_numel())
-                   : options_.quantized_weights
-                       ? quantized_all_gather(communicator_, unit.gathered, source)
-                   : options_.all_reduce_fetch
-                       ? communicator_.all_gather_by_all_reduce(unit.gathered, source)
-                       : communicator_.all_gather(unit.gathered, source);
+  launch_or_release(index, [&] {
+    unit.in_flight = packed()
+                         ? packed_all_gather(communicator_, unit.gathered, source,
+                                             layout_.unit(index).shard_numel())
+                     : options_.quantized_weights
+                         ? quantized_all_gather(communicator_, unit.gathered, source)
+                     : options_.all_reduce_fetch
+                         ? communicator_.all_gather_by_all_reduce(unit.gathered, source)
+                         : communicator_.all_gather(unit.gathered, source);
+  });
+}
+
+void Stage3Group::launch_or_release(std::size_t index, const std::function<void()>& launch) {
+  try {
+    launch();
+  } catch (...) {
+    // Nothing was launched (a collective that was is waited for as its handle unwinds): the
+    // unit must not pass for gathered with its buffer never written.
+    Unit& unit = units_[index];
+    free_storage(unit.gathered);
+    unit.tracking.release();
+    unit.resident = false;
+    unit.staging.reset();
+    throw;
+  }
 }
 
 void Stage3Group::read_ahead(std::size_t unit) {

@@ -38,6 +38,7 @@
 // place, as FSDP does with resize_(0)): views that autograd saved during forward, such as a
 // weight's transpose, would otherwise keep every unit alive until backward. Gathering again
 // re-fills the same storage, so those saved views see the parameters again in backward.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -153,6 +154,8 @@ class Stage3Group : public Group {
   at::Tensor shard_piece(const at::Tensor& shard, std::size_t unit) const;
   void attach(std::size_t unit);  // point the unit's parameters at the gathered buffer
   void allocate_gathered(std::size_t unit);  // the unit's storage, counted as gathered
+  // Runs `launch` (the unit's all-gather); if it throws, the unit is released again.
+  void launch_or_release(std::size_t unit, const std::function<void()>& launch);
   void keep_secondary(std::size_t unit);     // hpZ: copy this rank's 1/H of the gathered unit
   void drop_secondaries();                   // hpZ: the parameters changed
 
