@@ -223,3 +223,22 @@ def test_deepspeed_config_reads_its_other_blocks_as_deepspeed_and_copies():
     for clone in (copy.deepcopy(parsed), pickle.loads(pickle.dumps(parsed))):
         assert clone.zero_config.max_live_parameters == 1000
         assert clone.zero_optimization_stage == 3
+
+
+def test_the_runtime_helpers_scripts_call_by_their_full_path():
+    """DeepSpeedExamples' pipeline example seeds with deepspeed.runtime.utils.set_random_seed;
+    bing_bert compares engine.optimizer_name() with deepspeed.runtime.config.LAMB_OPTIMIZER."""
+    import random
+
+    import numpy
+
+    deepspeed.runtime.utils.set_random_seed(2**64 + 7)  # (taken modulo, as DeepSpeed's)
+    drawn = (random.random(), numpy.random.rand(), torch.rand(1).item())
+    deepspeed.runtime.utils.set_random_seed(2**64 + 7)
+    assert (random.random(), numpy.random.rand(), torch.rand(1).item()) == drawn
+    assert torch.initial_seed() == 7
+    config = deepspeed.runtime.config
+    assert (config.ADAM_OPTIMIZER, config.ADAMW_OPTIMIZER, config.LAMB_OPTIMIZER) == \
+        ("adam", "adamw", "lamb")
+    assert config.DEEPSPEED_OPTIMIZERS == ["adagrad", "adam", "adamw", "lamb", "muadam",
+                                           "muadamw", "musgd", "lion", "muon"]

@@ -20,13 +20,27 @@ from zero.config import ALL_FEATURES, load_config
 from zero.config.schema import ZERO_OPTIMIZATION_ALIASES
 from zero.engine import PRECISION_DTYPES
 
-__all__ = ["DeepSpeedConfig", "DeepSpeedConfigError"]
+__all__ = ["DeepSpeedConfig", "DeepSpeedConfigError", "DEEPSPEED_OPTIMIZERS"]
 
 logger = logging.getLogger("zero")
 
-# DeepSpeed's optimizer names it lower-cases (runtime/config.py DEEPSPEED_OPTIMIZERS)
-_DEEPSPEED_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion",
-                         "muon")
+# DeepSpeed's optimizer names, which scripts compare with engine.optimizer_name() (bing_bert:
+# `== deepspeed.runtime.config.LAMB_OPTIMIZER`); DeepSpeedConfig lower-cases these.
+ADAGRAD_OPTIMIZER = "adagrad"
+ADAM_OPTIMIZER = "adam"
+ADAMW_OPTIMIZER = "adamw"
+LAMB_OPTIMIZER = "lamb"
+MUADAM_OPTIMIZER = "muadam"
+MUADAMW_OPTIMIZER = "muadamw"
+MUSGD_OPTIMIZER = "musgd"
+LION_OPTIMIZER = "lion"
+MUON_OPTIMIZER = "muon"
+DEEPSPEED_OPTIMIZERS = [ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER,
+                        MUADAM_OPTIMIZER, MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER, LION_OPTIMIZER,
+                        MUON_OPTIMIZER]
+TORCH_ADAM_PARAM = "torch_adam"
+ADAM_W_MODE = "adam_w_mode"
+ADAM_W_MODE_DEFAULT = True
 # DeepSpeed's get_pipeline_config: the block's keys over these
 _PIPELINE_DEFAULTS = {"stages": "auto", "partition": "best", "seed_layers": False,
                       "activation_checkpoint_interval": 0, "pipe_partitioned": True,
@@ -121,7 +135,7 @@ class DeepSpeedConfig:
         self.float16_config = parsed.fp16
         self.bfloat16_config = parsed.bf16
         self.optimizer_name, self.optimizer_params = self._named_block("optimizer")
-        if self.optimizer_name is not None and self.optimizer_name.lower() in _DEEPSPEED_OPTIMIZERS:
+        if self.optimizer_name is not None and self.optimizer_name.lower() in DEEPSPEED_OPTIMIZERS:
             self.optimizer_name = self.optimizer_name.lower()
         self.scheduler_name, self.scheduler_params = self._named_block("scheduler")
         self.monitor_config = _Block(parsed, enabled=any(

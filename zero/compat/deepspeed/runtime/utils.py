@@ -1,7 +1,23 @@
-"""`deepspeed.runtime.utils`: see_memory_usage, move_to_device."""
+"""`deepspeed.runtime.utils`: see_memory_usage, move_to_device, set_random_seed."""
 from __future__ import annotations
 
 import gc
+import random
+
+
+def set_random_seed(seed: int) -> None:
+    """Seeds Python's, NumPy's and torch's generators with `seed`, each taken modulo what it
+    accepts (NumPy 2**32, torch 2**63), as DeepSpeed's does (NumPy where it is installed)."""
+    import torch
+
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        pass
+    else:
+        numpy.random.seed(seed % 2**32)
+    torch.manual_seed(seed % 2**63)
 
 
 def see_memory_usage(message, force=False) -> None:
