@@ -196,3 +196,30 @@ def test_a_damaged_rank_file_at_another_world_size_is_named_before_anything_load
         if damage == "version":
             assert "checkpoint format 99" in message
         assert changed == []
+
+
+def _nested_tags(rank, world, save_dir):
+    engine = _engine()
+    training.train_engine(engine, rank, world, 1, 1)
+    engine.save_checkpoint(save_dir, tag="run1/step1")
+    training.train_engine(engine, rank, world, 1, 1, first_step=1)
+    engine.save_checkpoint(save_dir, tag="run1/step1")  # re-saved: the old copy retired beside
+    path, _ = engine.load_checkpoint(save_dir)  # `latest` names "run1/step1"
+    refused = []
+    for bad in ("../elsewhere", "/abs/tag"):
+        try:
+            engine.save_checkpoint(save_dir, tag=bad)
+        except ValueError as error:
+            refused.append(str(error))
+    return path, engine.global_steps, refused
+
+
+def test_a_nested_tag_saves_resaves_and_loads_and_a_tag_outside_the_directory_is_named(tmp_path):
+    """DeepSpeed scripts may save under "run/step" tags; its staging and retired copies stay
+    beside it (run1/.step1.tmp), so publishing finds its parent directory."""
+    for path, steps, refused in run_distributed(_nested_tags, 2, args=(str(tmp_path),),
+                                                timeout=TIMEOUT):
+        assert path == os.path.join(str(tmp_path), "run1", "step1") and steps == 2
+        assert len(refused) == 2 and "../elsewhere" in refused[0] and "relative" in refused[0]
+    assert sorted(os.listdir(tmp_path / "run1")) == ["step1"]  # nothing left beside it
+    assert not (tmp_path / "elsewhere").exists() and not os.path.exists("/abs/tag")

@@ -6,7 +6,8 @@ complete. A directory without a manifest was never finished (or predates manifes
 
 Publishing a directory under a tag that already exists (re-saving `tag="latest_model"`) moves
 the old one aside as `.<tag>.old` first; `find` looks there, and in the finished staging
-directory `.<tag>.tmp`, when a crash left the tag itself missing.
+directory `.<tag>.tmp`, when a crash left the tag itself missing. A nested tag ("run1/step2",
+which DeepSpeed accepts) keeps both beside it: `run1/.step2.tmp`.
 """
 from __future__ import annotations
 
@@ -147,19 +148,32 @@ def read_manifest(directory: str) -> dict[str, dict] | None:
         return json.load(file)
 
 
+def beside(save_dir: str, tag: str, suffix: str) -> str:
+    """The hidden directory `.<name><suffix>` next to the tag's own (`suffix` ".tmp": the
+    staging directory, ".old": the copy publish() retires). A tag must stay inside save_dir."""
+    parts = os.path.normpath(tag).split(os.sep)
+    if not tag or os.path.isabs(tag) or ".." in parts or parts == ["."]:
+        raise ValueError(f"zero: checkpoint tag {tag!r} does not name a directory inside the "
+                         "checkpoint directory; use a relative name such as 'global_step100' "
+                         "or 'run1/step100'")
+    parent, name = os.path.split(os.path.normpath(tag))
+    return os.path.join(save_dir, parent, f".{name}{suffix}")
+
+
 def publish(save_dir: str, staging: str, tag: str) -> str:
     """Renames the finished staging directory to `tag`, replacing an older copy; returns it."""
     final = os.path.join(save_dir, tag)
-    retired = os.path.join(save_dir, f".{tag}.old")
+    retired = beside(save_dir, tag, ".old")
+    parent = os.path.dirname(final)
     if os.path.exists(final):
         shutil.rmtree(retired, ignore_errors=True)
         os.replace(final, retired)  # until the next line, find() recovers the tag from here
         os.replace(staging, final)
-        fsync_dir(save_dir)
+        fsync_dir(parent)
         shutil.rmtree(retired, ignore_errors=True)
     else:
         os.replace(staging, final)
-        fsync_dir(save_dir)
+        fsync_dir(parent)
         shutil.rmtree(retired, ignore_errors=True)  # left by a crash that recover() undid
     return final
 
@@ -171,11 +185,11 @@ def recover(save_dir: str, tag: str) -> None:
     final = os.path.join(save_dir, tag)
     if os.path.exists(final):
         return
-    for name in (f".{tag}.tmp", f".{tag}.old"):
-        candidate = os.path.join(save_dir, name)
+    for suffix in (".tmp", ".old"):
+        candidate = beside(save_dir, tag, suffix)
         if os.path.isdir(candidate) and read_manifest(candidate) is not None:
             os.replace(candidate, final)
-            fsync_dir(save_dir)
+            fsync_dir(os.path.dirname(final))
             return
 
 
@@ -186,13 +200,14 @@ def find(load_dir: str, tag: str) -> tuple[str, str | None]:
     path = os.path.join(load_dir, tag)
     if os.path.isdir(path):
         return path, None
-    for name, what in ((f".{tag}.tmp", "the finished new copy"), (f".{tag}.old", "the old copy")):
-        candidate = os.path.join(load_dir, name)
+    for suffix, what in ((".tmp", "the finished new copy"), (".old", "the old copy")):
+        candidate = beside(load_dir, tag, suffix)
         if os.path.isdir(candidate) and read_manifest(candidate) is not None:
             return candidate, (f"zero: checkpoint {path} is missing (a save was interrupted "
                                f"while publishing it); loading {what} from {candidate}")
+    name = os.path.basename(os.path.normpath(tag))
     raise FileNotFoundError(f"zero: no checkpoint {path}; is the tag right? (no finished "
-                            f".{tag}.tmp or .{tag}.old next to it either)")
+                            f".{name}.tmp or .{name}.old next to it either)")
 
 
 def verify(directory: str, names: list[str]) -> None:
