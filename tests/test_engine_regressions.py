@@ -32,6 +32,39 @@ def test_bf16_weights_loaded_without_optimizer_state_survive_the_next_step(tmp_p
         assert drift == 0.0
 
 
+def _weights_into_another_recipe(rank, world, save_dir, load_stage):
+    import zero
+
+    config = training.engine_config(2, gas=1, scheduler=False)  # fp32, AdamW
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
+    training.train_engine(engine, rank, world, 2, 1)
+    engine.save_checkpoint(save_dir)
+    saved = training.parameters_of(engine.module)
+    engine.destroy()
+
+    other = training.engine_config(load_stage, gas=1, precision="bf16", scheduler=False)
+    other["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}
+    model = training.make_model(freeze_position_embedding=True)
+    fresh, _, _, _ = zero.initialize(model=model, config=other)
+    fresh.load_checkpoint(save_dir, load_module_only=True)
+    with zero.GatheredParameters(list(fresh.module.parameters())):
+        loaded = training.parameters_of(fresh.module)
+    losses = training.train_engine(fresh, rank, world, 1, 1, first_step=2)
+    return max((loaded[k] - saved[k].bfloat16().float()).abs().max().item() for k in saved), \
+        losses
+
+
+@pytest.mark.parametrize("load_stage", [2, 3])
+def test_load_module_only_takes_the_weights_into_another_dtype_optimizer_and_frozen_set(
+        tmp_path, load_stage):
+    """Pretrained weights, then a different recipe (bf16, SGD, a frozen embedding): only the
+    module's weights are loaded, cast as a state dict is; it was refused for the dtype."""
+    for difference, losses in run_distributed(_weights_into_another_recipe, 2,
+                                              args=(str(tmp_path), load_stage)):
+        assert difference == 0.0
+        assert all(loss == loss and loss < 20 for loss in losses)
+
+
 def _master_after_own_load(rank, world, stage, save_dir, load_optimizer_states):
     import zero
     from zero.compat.deepspeed.utils import safe_get_full_fp32_param

@@ -367,8 +367,11 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
         checkpoint_layout.check_same_model(  # (AutoEP's experts: this rank's rows)
             f"checkpoint {os.path.join(path, part.names.model)}",
             ep_checkpoint.localized(engine.module, model_state["module"]), engine.full_shapes)
-        if model_state.get("moe") and not load_shards:
-            return True  # MoE weights alone load at any layout (moe/checkpoint.py)
+        if not load_shards:
+            # The module's weights alone (load_module_only, or no optimizer states): they load
+            # at any layout, into any dtype (as a state dict does), whatever the optimizer or
+            # the frozen set; nothing saved is resharded.
+            return False
         # each rank's shard holds other experts at another ep_size or expert layout
         return _check_fingerprint(model_state, engine, part, path, force=bool(
             model_state.get("moe"))
@@ -410,6 +413,8 @@ def _load_other_layout(engine, path: str, load_shards: bool, strict: bool) -> di
             saved.read_shards()
 
     def check() -> None:
+        if not load_shards:
+            return  # the module's weights alone: any dtype and optimizer (_load_own_part)
         fingerprint = saved.states[0]["fingerprint"]
         for key, value in (("dtype", str(engine.dtype)),
                            ("optimizer", engine.optimizer.spec.label)):
