@@ -208,6 +208,29 @@ def test_a_destroyed_engine_leaves_the_model_free_for_a_new_one():
     assert losses[0] == losses[1]
 
 
+def _new_engine_after_a_stage3_destroy(rank, world):
+    import zero
+
+    model = training.make_model()
+    config = training.engine_config(3, gas=1, stage3_param_persistence_threshold=0)
+    engine, _, _, _ = zero.initialize(model=model, config=config)
+    training.train_engine(engine, rank, world, 1, 1)
+    engine.destroy()
+    try:
+        zero.initialize(model=model, config=config)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_a_new_engine_over_parameters_a_destroyed_stage3_engine_partitioned_says_so():
+    """They hold no values after destroy (as DeepSpeed's): "no trainable parameters" named
+    the wrong cause."""
+    for message in run_distributed(_new_engine_after_a_stage3_destroy, 2):
+        assert message is not None and "destroyed" in message and "save" in message
+        assert "token_embedding.weight" in message
+
+
 def _calls_after_destroy(rank, world, stage):
     import zero
 

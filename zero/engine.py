@@ -75,6 +75,7 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         if not dist.is_initialized():
             raise RuntimeError("zero: torch.distributed is not initialised; call "
                                "zero.init_distributed() (zero.initialize does) first")
+        stage3.refuse_released_parameters(model)
         self.config = config
         self.module = model
         self.stage = config.zero_optimization.stage
@@ -220,7 +221,7 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
     def forward(self, *inputs, **kwargs):
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             inputs = _floats_to_half(inputs)
-        # (after destroy() the model runs as a plain module, as under DeepSpeed)
+        # (after destroy() below stage 3 the model runs as a plain module, as under DeepSpeed)
         if self._core is not None:  # stages 0-2: offloaded parameters back (stage 3 gathers)
             self._core.reload_states([_C.StateKind.lp_params])
         if self._stage3 is not None and not self._stage3.removed:
@@ -636,8 +637,10 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         return hook
 
     def destroy(self) -> None:
-        """Removes the engine's hooks from the model (the model can then get a new engine)
-        and lets go of the C++ engine: its buffers, host pools and NVMe swap files. With a
+        """Removes the engine's hooks from the model and lets go of the C++ engine: its
+        buffers, host pools and NVMe swap files. Below stage 3 the model is then a plain
+        module again (it can get a new engine); at stage 3 its partitioned parameters stay
+        empty, as DeepSpeed's do (save the weights first to go on with them). With a
         memory_report.path configured the final report is written first; with
         steps_per_print set rank 0 prints it as the full table."""
         self._final_report_once()

@@ -391,11 +391,14 @@ class Stage3Hooks:
         return hook
 
     def remove(self) -> None:
-        """Takes the hooks off the model and lets go of the C++ engine."""
+        """Takes the hooks off the model and lets go of the C++ engine. The partitioned
+        parameters stay empty, as DeepSpeed's do after its engine's destroy(): marked, so that
+        a new engine over them says what happened (refuse_released_parameters)."""
         self.detach_module_hooks()
         for param in self.partitioned.values():
             if getattr(param, OWNER_ATTR, None) is not None and owner_of(param) is self:
                 delattr(param, OWNER_ATTR)
+                setattr(param, RELEASED_ATTR, True)
         self._core = None
 
 
@@ -589,6 +592,21 @@ class GatheredParameters:
 
 
 OWNER_ATTR = "_zero_owner"
+RELEASED_ATTR = "_zero_released"  # partitioned by an engine since destroyed: no values left
+
+
+def refuse_released_parameters(model: nn.Module) -> None:
+    """A model whose stage-3 engine was destroyed holds empty parameters: a new engine over
+    it is refused, naming them and the way to keep the weights."""
+    released = [name for name, param in model.named_parameters()
+                if getattr(param, RELEASED_ATTR, False) and param.numel() == 0]
+    if released:
+        raise ValueError(
+            f"zero: {len(released)} parameters of this model (e.g. {released[0]!r}) were "
+            "partitioned at stage 3 by an engine that was destroyed since; they hold no values "
+            "(as under DeepSpeed). To go on with the weights: save them before destroy() "
+            "(engine.save_checkpoint, or engine.save_16bit_model) and load them into a newly "
+            "built model, or keep the engine")
 
 
 class _Owner:
