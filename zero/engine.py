@@ -640,7 +640,8 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         """Removes the engine's hooks from the model and lets go of the C++ engine: its
         buffers, host pools and NVMe swap files. Below stage 3 the model is then a plain
         module again (it can get a new engine); at stage 3 its partitioned parameters stay
-        empty, as DeepSpeed's do (save the weights first to go on with them). With a
+        empty (DeepSpeed's destroy() too only removes its hooks; here the shards go with the
+        engine: save the weights first to go on with them). With a
         memory_report.path configured the final report is written first; with
         steps_per_print set rank 0 prints it as the full table."""
         self._final_report_once()

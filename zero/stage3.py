@@ -392,8 +392,9 @@ class Stage3Hooks:
 
     def remove(self) -> None:
         """Takes the hooks off the model and lets go of the C++ engine. The partitioned
-        parameters stay empty, as DeepSpeed's do after its engine's destroy(): marked, so that
-        a new engine over them says what happened (refuse_released_parameters)."""
+        parameters stay empty (as DeepSpeed's, whose destroy() also only removes its hooks;
+        here the shards go with the engine): marked, so that a new engine over them says
+        what happened (refuse_released_parameters)."""
         self.detach_module_hooks()
         for param in self.partitioned.values():
             if getattr(param, OWNER_ATTR, None) is not None and owner_of(param) is self:
@@ -604,7 +605,8 @@ def refuse_released_parameters(model: nn.Module) -> None:
         raise ValueError(
             f"zero: {len(released)} parameters of this model (e.g. {released[0]!r}) were "
             "partitioned at stage 3 by an engine that was destroyed since; they hold no values "
-            "(as under DeepSpeed). To go on with the weights: save them before destroy() "
+            "(their shards went with the engine). To go on with the weights: save them before "
+            "destroy() "
             "(engine.save_checkpoint, or engine.save_16bit_model) and load them into a newly "
             "built model, or keep the engine")
 
