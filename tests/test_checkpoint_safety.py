@@ -203,10 +203,10 @@ def _nested_tags(rank, world, save_dir):
     training.train_engine(engine, rank, world, 1, 1)
     engine.save_checkpoint(save_dir, tag="run1/step1")
     training.train_engine(engine, rank, world, 1, 1, first_step=1)
-    engine.save_checkpoint(save_dir, tag="run1/step1")  # re-saved: the old copy retired beside
+    engine.save_checkpoint(save_dir, tag="run1/step1/")  # re-saved: the old copy retired beside
     path, _ = engine.load_checkpoint(save_dir)  # `latest` names "run1/step1"
     refused = []
-    for bad in ("../elsewhere", "/abs/tag"):
+    for bad in ("../elsewhere", "/abs/tag", "run1/../../elsewhere", "run1/../step1"):
         try:
             engine.save_checkpoint(save_dir, tag=bad)
         except ValueError as error:
@@ -220,6 +220,6 @@ def test_a_nested_tag_saves_resaves_and_loads_and_a_tag_outside_the_directory_is
     for path, steps, refused in run_distributed(_nested_tags, 2, args=(str(tmp_path),),
                                                 timeout=TIMEOUT):
         assert path == os.path.join(str(tmp_path), "run1", "step1") and steps == 2
-        assert len(refused) == 2 and "../elsewhere" in refused[0] and "relative" in refused[0]
+        assert len(refused) == 4 and "../elsewhere" in refused[0] and "relative" in refused[0]
     assert sorted(os.listdir(tmp_path / "run1")) == ["step1"]  # nothing left beside it
     assert not (tmp_path / "elsewhere").exists() and not os.path.exists("/abs/tag")

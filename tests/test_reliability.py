@@ -2,6 +2,7 @@
 put a NaN into the weights: non-finite gradients, a backward that bypassed the engine, ranks
 started with different configs or models."""
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -62,10 +63,17 @@ def _plain_backward(rank, world, stage):
     tokens, targets = training.batches(world, 1, 1)[rank]
     before = training.parameters_of(engine.module)
     engine.module(tokens, targets).backward()  # bypasses the engine altogether
+    return _refused_step(engine, before)
+
+
+def _refused_step(engine, before: dict, weights=None):
+    """(the step's error or None, whether the weights are still `before`); `weights()` reads
+    them (default: the module's parameters as they are)."""
+    weights = weights or functools.partial(training.parameters_of, engine.module)
     try:
         engine.step()
     except RuntimeError as error:
-        after = training.parameters_of(engine.module)
+        after = weights()
         return str(error), all(torch.equal(after[k], before[k]) for k in after)
     return None, False
 
@@ -290,31 +298,44 @@ class _RaiseInBackward(torch.autograd.Function):
         raise RuntimeError("backward failed on purpose")
 
 
-def _step_after_a_backward_that_raised(rank, world, stage):
+def _step_after_a_backward_that_raised(rank, world, stage, persistence):
     import zero
 
-    config = training.engine_config(stage, gas=1, scheduler=False, bucket=500)
+    config = training.engine_config(stage, gas=1, scheduler=False, bucket=500,
+                                    **({} if persistence is None else
+                                       {"stage3_param_persistence_threshold": persistence}))
     engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     tokens, targets = training.batches(world, 1, 1)[rank]
     engine.module.blocks[0].register_forward_hook(lambda m, i, out: _RaiseInBackward.apply(out))
-    before = training.parameters_of(engine.module)
+    weights = functools.partial(_whole_weights, engine)
+    before = weights()
     with pytest.raises(RuntimeError, match="on purpose"):
         engine.backward(engine(tokens, targets))
     engine.zero_grad()  # what a training loop's clean-up does: it must leave the buffers alone
+    refused = _refused_step(engine, before, weights)
     try:
-        engine.step()
+        engine.backward(engine(tokens, targets))
     except RuntimeError as error:
-        after = training.parameters_of(engine.module)
-        return str(error), all(torch.equal(after[k], before[k]) for k in after)
-    return None, False
+        return refused, str(error)
+    return refused, None
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_a_step_after_a_backward_that_raised_is_refused_with_the_weights_untouched(stage):
+def _whole_weights(engine) -> dict:
+    import zero
+
+    with zero.GatheredParameters(list(engine.module.parameters())):  # (stage 3: whole)
+        return training.parameters_of(engine.module)
+
+
+@pytest.mark.parametrize("stage,persistence", [(1, None), (2, None), (3, None), (3, 0)])
+def test_a_step_after_a_backward_that_raised_is_refused_with_the_weights_untouched(
+        stage, persistence):
     """The gradients of a backward that raised are partly reduced (some of its reductions may
-    still be writing them): stepping on them would apply a partial update without a word."""
-    for message, untouched in run_distributed(_step_after_a_backward_that_raised, 2,
-                                              args=(stage,), timeout=TIMEOUT):
+    still be writing them): stepping on them would apply a partial update without a word.
+    (Stage 3: the test model's parameters kept whole, or all partitioned.)"""
+    for (message, untouched), next_backward in run_distributed(
+            _step_after_a_backward_that_raised, 2, args=(stage, persistence), timeout=TIMEOUT):
         assert message is not None, "the step ran on the gradients of a backward that raised"
         assert "backward" in message and "raised" in message and "checkpoint" in message
         assert untouched
+        assert next_backward is not None and "still open" in next_backward

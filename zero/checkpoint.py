@@ -99,7 +99,8 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
                 "parallelism is not built (each node would hold other parts of the model); set "
                 "it to false and save to a directory every rank sees")
         _check_node_local(save_dir, writer)
-    staging = files.beside(save_dir, tag, ".tmp")  # (a bad tag is named here, on every rank)
+    tag = files.checked_tag(tag)  # (a bad tag is named here, on every rank)
+    staging = files.beside(save_dir, tag, ".tmp")
     with _all_ranks_or_none(f"preparing checkpoint {tag} in {save_dir}"):
         if writer:
             files.recover(save_dir, tag)  # an earlier save of this tag died while publishing

@@ -148,33 +148,39 @@ def read_manifest(directory: str) -> dict[str, dict] | None:
         return json.load(file)
 
 
-def beside(save_dir: str, tag: str, suffix: str) -> str:
-    """The hidden directory `.<name><suffix>` next to the tag's own (`suffix` ".tmp": the
-    staging directory, ".old": the copy publish() retires). A tag must stay inside save_dir."""
-    parts = os.path.normpath(tag).split(os.sep)
-    if not tag or os.path.isabs(tag) or ".." in parts or parts == ["."]:
+def checked_tag(tag: str) -> str:
+    """`tag` as a path below the checkpoint directory ("run1//step2/" -> "run1/step2"); a
+    tag that would leave it (absolute, or with a '..' part) is a ValueError naming it."""
+    parts = tag.replace(os.sep, "/").split("/")
+    if not tag or os.path.isabs(tag) or ".." in parts or os.path.normpath(tag) == ".":
         raise ValueError(f"zero: checkpoint tag {tag!r} does not name a directory inside the "
                          "checkpoint directory; use a relative name such as 'global_step100' "
                          "or 'run1/step100'")
-    parent, name = os.path.split(os.path.normpath(tag))
+    return os.path.normpath(tag)
+
+
+def beside(save_dir: str, tag: str, suffix: str) -> str:
+    """The hidden directory `.<name><suffix>` next to the tag's own (`suffix` ".tmp": the
+    staging directory, ".old": the copy publish() retires)."""
+    parent, name = os.path.split(checked_tag(tag))
     return os.path.join(save_dir, parent, f".{name}{suffix}")
 
 
 def publish(save_dir: str, staging: str, tag: str) -> str:
     """Renames the finished staging directory to `tag`, replacing an older copy; returns it."""
-    final = os.path.join(save_dir, tag)
+    final = os.path.join(save_dir, checked_tag(tag))
     retired = beside(save_dir, tag, ".old")
     parent = os.path.dirname(final)
     if os.path.exists(final):
         shutil.rmtree(retired, ignore_errors=True)
         os.replace(final, retired)  # until the next line, find() recovers the tag from here
         os.replace(staging, final)
-        fsync_dir(parent)
-        shutil.rmtree(retired, ignore_errors=True)
     else:
         os.replace(staging, final)
-        fsync_dir(parent)
-        shutil.rmtree(retired, ignore_errors=True)  # left by a crash that recover() undid
+    fsync_dir(parent)
+    if parent != os.path.normpath(save_dir):
+        fsync_dir(save_dir)  # (the nested tag's parent may be new)
+    shutil.rmtree(retired, ignore_errors=True)  # (also what a crash that recover() undid left)
     return final
 
 
@@ -182,7 +188,7 @@ def recover(save_dir: str, tag: str) -> None:
     """Before saving `tag` again: if a crash in publish() left the tag missing, puts back the
     newest complete copy (the finished staging directory, else the old one), so the next
     save's clean-up of its staging directory never deletes it."""
-    final = os.path.join(save_dir, tag)
+    final = os.path.join(save_dir, checked_tag(tag))
     if os.path.exists(final):
         return
     for suffix in (".tmp", ".old"):
@@ -197,7 +203,7 @@ def find(load_dir: str, tag: str) -> tuple[str, str | None]:
     """The directory holding `tag`, and a note when it was recovered after a crash in the
     middle of publishing (the new copy when its staging directory was finished, else the old
     one). A missing tag is FileNotFoundError naming what was looked for."""
-    path = os.path.join(load_dir, tag)
+    path = os.path.join(load_dir, checked_tag(tag))
     if os.path.isdir(path):
         return path, None
     for suffix, what in ((".tmp", "the finished new copy"), (".old", "the old copy")):
@@ -205,7 +211,7 @@ def find(load_dir: str, tag: str) -> tuple[str, str | None]:
         if os.path.isdir(candidate) and read_manifest(candidate) is not None:
             return candidate, (f"zero: checkpoint {path} is missing (a save was interrupted "
                                f"while publishing it); loading {what} from {candidate}")
-    name = os.path.basename(os.path.normpath(tag))
+    name = os.path.basename(path)
     raise FileNotFoundError(f"zero: no checkpoint {path}; is the tag right? (no finished "
                             f".{name}.tmp or .{name}.old next to it either)")
 

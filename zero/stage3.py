@@ -273,6 +273,8 @@ class Stage3Hooks:
         self.attach_module_hooks()
         for param in partitioned.values():
             setattr(param, OWNER_ATTR, _Owner(self))
+            if hasattr(param, RELEASED_ATTR):  # refilled since an earlier engine's destroy()
+                delattr(param, RELEASED_ATTR)
         self.link_externals()
 
     @property

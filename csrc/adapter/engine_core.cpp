@@ -155,7 +155,6 @@ void EngineCore::launch_in_order(bool boundary) {
 void EngineCore::finish_backward(bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
   if (!backward_pending_) return;
-  backward_pending_ = false;
   if (schedule_) schedule_->end_backward();
   bool reducing = false;
   for (const auto& group : groups_) reducing = reducing || group->reduces(boundary);
@@ -178,6 +177,9 @@ void EngineCore::finish_backward(bool boundary) {
   }
   cursor_ = 0;
   for (Group* group : every_group()) group->finish_backward(boundary);
+  // Closed only now: a backward that failed while finishing (a rank disagreeing at its end,
+  // no memory for the gradient shard, a failed reduction) counts as one that raised.
+  backward_pending_ = false;
 }
 
 void EngineCore::adopt_observed_order() {

@@ -20,7 +20,10 @@ from zero.config import ALL_FEATURES, load_config
 from zero.config.schema import ZERO_OPTIMIZATION_ALIASES
 from zero.engine import PRECISION_DTYPES
 
-__all__ = ["DeepSpeedConfig", "DeepSpeedConfigError", "DEEPSPEED_OPTIMIZERS"]
+__all__ = ["DeepSpeedConfig", "DeepSpeedConfigError", "DEEPSPEED_OPTIMIZERS", "ADAGRAD_OPTIMIZER",
+           "ADAM_OPTIMIZER", "ADAMW_OPTIMIZER", "LAMB_OPTIMIZER", "MUADAM_OPTIMIZER",
+           "MUADAMW_OPTIMIZER", "MUSGD_OPTIMIZER", "LION_OPTIMIZER", "MUON_OPTIMIZER",
+           "TORCH_ADAM_PARAM", "ADAM_W_MODE", "ADAM_W_MODE_DEFAULT"]
 
 logger = logging.getLogger("zero")
 
