@@ -286,11 +286,8 @@ void Stage3Group::launch_or_release(std::size_t index, const std::function<void(
   } catch (...) {
     // Nothing was launched (a collective that was is waited for as its handle unwinds): the
     // unit must not pass for gathered with its buffer never written.
-    Unit& unit = units_[index];
-    free_storage(unit.gathered);
-    unit.tracking.release();
-    unit.resident = false;
-    unit.staging.reset();
+    units_[index].staging.reset();
+    release(index);  // (no collective in flight: it frees the buffer at once)
     throw;
   }
 }
