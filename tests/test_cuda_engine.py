@@ -5,7 +5,7 @@ gradients reduced in fp32, the memory report's device bytes against torch.cuda's
 offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
 shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, a bf16 master
 (bf16_master_weights_and_grads), fp32 gradient accumulation (data_types.grad_accum_dtype),
-LAMB and Muon, Ulysses sequence parallelism, a checkpoint the real DeepSpeed wrote on the
+LAMB and Muon, a rank-dependent branch at stage 3, Ulysses sequence parallelism, a checkpoint the real DeepSpeed wrote on the
 CPU continued on the GPU, a GPU checkpoint resumed at another world size, stage 3 under
 torch.compile (eager and inductor), and tensor-parallel init_inference. Skipped where torch
 sees no GPU
@@ -235,6 +235,19 @@ def test_delayed_update_on_the_gpu(grads_on_device):
     assert pending[GAS:] == [True] * (len(pending) - GAS)  # an update in flight after step 1
     for name, expected in ref_params.items():
         assert training.relative_error(params[name], expected) < param_tol, name
+
+
+def test_a_rank_dependent_branch_at_stage_3_on_the_gpu():
+    """Stage 3's comparison of what each rank's backward reaches (backward_reach.h) with its
+    counts on the GPU: a block's submodule and an output only rank 0 uses, partitioned."""
+    import test_stage3_branches as branches
+
+    model = branches._ExpertNet(experts=False)
+    expected = branches._reference(branches._ExpertNet(experts=False))
+    for weights in run_distributed(branches._train, 2, env=ONE_GPU, timeout=300,
+                                   args=(model, branches.PARTITIONED, False)):
+        for name, value in expected.items():
+            assert training.relative_error(weights[name], value) < 1e-3, name
 
 
 @pytest.mark.parametrize("stage,offload", [(1, False), (2, True), (3, False)])

@@ -222,15 +222,14 @@ std::unique_ptr<PendingCollective> Communicator::host_reduce_scatter(at::Tensor 
 }
 
 std::unique_ptr<PendingCollective> Communicator::all_reduce(at::Tensor tensor,
-                                                            Reduction reduction) {
+                                                            Reduction reduction, bool control) {
   check_flat("all_reduce", "input", tensor);
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(reduction);
   auto work = group().allreduce(tensors, options);
-  stats_.all_reduce_bytes += 2 * nbytes(tensor);
-  ++stats_.calls;
-  auto timed = timing(CollectiveOp::kAllReduce, nbytes(tensor), false, work, tensor);
+  count(stats_.all_reduce_bytes, 2 * nbytes(tensor), control);
+  auto timed = timing(CollectiveOp::kAllReduce, nbytes(tensor), control, work, tensor);
   return std::make_unique<PendingCollective>(describe("all_reduce", tensor), std::move(work),
                                              std::move(tensors),
                                              finisher(reduction, tensor, average_over_),

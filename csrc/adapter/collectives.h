@@ -104,7 +104,8 @@ class Communicator {
   std::unique_ptr<PendingCollective> reduce_scatter(at::Tensor shard, at::Tensor full,
                                                     Reduction reduction = Reduction::kSum);
   std::unique_ptr<PendingCollective> all_reduce(at::Tensor tensor,
-                                                Reduction reduction = Reduction::kSum);
+                                                Reduction reduction = Reduction::kSum,
+                                                bool control = false);
   std::unique_ptr<PendingCollective> broadcast(at::Tensor tensor, int root, bool control = false);
   // The all-to-all a quantized reduce-scatter is made of (quantized_comm.h): piece r of `in`
   // goes to rank r, piece s of `out` comes from rank s (equal pieces); on_complete runs after

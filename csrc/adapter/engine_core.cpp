@@ -8,6 +8,7 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "adapter/process_group.h"
 #include "adapter/stage3_group.h"
@@ -97,6 +98,8 @@ void EngineCore::prepare_backward(bool boundary) {
   reload_states({StateKind::kParams, StateKind::kGrads});
   backward_pending_ = true;
   flush_queued_ = false;
+  deferred_.clear();
+  checked_pass_ = -1;
   boundary_ = boundary;
   for (auto& group : groups_) group->prepare_backward();
 }
@@ -110,7 +113,27 @@ bool EngineCore::unit_backward_begins(std::size_t unit) {
   schedule().before_backward(unit);
   const bool first = !flush_queued_;
   flush_queued_ = true;
+  defer_divergent_units();  // (after the fingerprint exchange: every rank is at this unit)
   return first;
+}
+
+void EngineCore::defer_divergent_units() {
+  // The first unit event of each autograd pass compares what the pass reaches: the backward,
+  // and each recomputation of a reentrant activation checkpoint inside it (a pass of its own,
+  // whose parameters the backward's graph does not show).
+  const int pass = torch::autograd::get_current_graph_task_id();
+  if (pass == checked_pass_ || groups_.empty()) return;
+  checked_pass_ = pass;
+  const auto divergent = divergent_units(groups_, communicator_, groups_.front()->device());
+  if (deferred_.empty()) {
+    deferred_ = divergent;
+    return;
+  }
+  for (std::size_t g = 0; g < divergent.size(); ++g) {
+    for (std::size_t u = 0; u < divergent[g].size(); ++u) {
+      if (divergent[g][u]) deferred_[g][u] = true;
+    }
+  }
 }
 
 void EngineCore::unit_backward_ends(std::size_t unit) {
@@ -126,8 +149,10 @@ void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool bou
   if (schedule_) {
     const auto* partitioned = dynamic_cast<const Stage3Group*>(&target);
     const std::size_t local = target.layout().location(index).buffer;
-    // Only a gradient that completes its unit's part can complete the unit.
-    if (partitioned != nullptr && partitioned->pending_grads(local) == 0) {
+    // Only a gradient that completes its unit's part can complete the unit. A divergent unit
+    // completes so on some ranks only: it is released at its backward's end everywhere.
+    if (partitioned != nullptr && partitioned->pending_grads(local) == 0 &&
+        !deferred(group_index, local)) {
       for (const auto& [unit, frozen_part] : units_->completed_by(partitioned, local)) {
         if (frozen_part) {
           schedule_->trained_parts_done(unit);
@@ -146,6 +171,7 @@ void EngineCore::launch_in_order(bool boundary) {
   for (; cursor_ < sequence_.size(); ++cursor_) {
     const auto [g, u] = sequence_[cursor_];
     if (!groups_[g]->reduces(boundary)) continue;  // e.g. stage 3's persistent group mid-accumulation
+    if (deferred(g, u)) continue;  // launched at the end of backward
     GradReducer& reducer = groups_[g]->reducer();
     if (!reducer.complete(u)) return;
     reducer.launch(u);
@@ -164,10 +190,11 @@ void EngineCore::finish_backward(bool boundary) {
     for (auto& group : groups_) {
       if (group->reduces(boundary)) group->hold_grads();
     }
-    // Units still waiting (unused parameters, or blocked behind one) go now, in order.
-    for (; cursor_ < sequence_.size(); ++cursor_) {
-      const auto [g, u] = sequence_[cursor_];
-      if (groups_[g]->reduces(boundary)) groups_[g]->reducer().launch(u);
+    // Units still waiting (unused parameters, blocked behind one, or divergent) go now, in
+    // order.
+    for (const auto& [g, u] : sequence_) {
+      GradReducer& reducer = groups_[g]->reducer();
+      if (groups_[g]->reduces(boundary) && !reducer.launched(u)) reducer.launch(u);
     }
     {
       RECORD_FUNCTION("zero::reduce_wait", {});
@@ -176,6 +203,8 @@ void EngineCore::finish_backward(bool boundary) {
     if (learning_order_) adopt_observed_order();
   }
   cursor_ = 0;
+  deferred_.clear();
+  checked_pass_ = -1;
   for (Group* group : every_group()) group->finish_backward(boundary);
   // Closed only now: a backward that failed while finishing (a rank disagreeing at its end,
   // no memory for the gradient shard, a failed reduction) counts as one that raised.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "adapter/backward_reach.h"
 #include "adapter/collectives.h"
 #include "adapter/gather_schedule.h"
 #include "adapter/group_units.h"
@@ -118,6 +119,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
                            std::vector<double>& scale);
   std::vector<Group*> every_group();  // groups_, then frozen_
   void launch_in_order(bool boundary);
+  // Stage 3: units the ranks' passes reach differently wait for the end of backward.
+  void defer_divergent_units();
+  // Group g's gradient unit u waits for the end of this backward (backward_reach.h).
+  bool deferred(std::size_t g, std::size_t u) const {
+    return g < deferred_.size() && deferred_[g][u];
+  }
   void adopt_observed_order();
 
   // Declared first so it outlives every buffer that counts bytes in it.
@@ -142,6 +149,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::size_t cursor_ = 0;
   bool learning_order_ = true;
   std::vector<std::pair<std::size_t, std::size_t>> observed_;
+  // Stage 3: per group, per unit, divergent in this backward (backward_reach.h); empty: none
+  std::vector<std::vector<bool>> deferred_;
+  int checked_pass_ = -1;  // the autograd pass (graph task id) deferred_ last compared
   int stage_ = -1;  // the highest stage of any group
   bool backward_pending_ = false;  // between prepare_backward and finish_backward
   bool flush_queued_ = false;

@@ -91,6 +91,7 @@ class Group {
 
   // --- inspection and checkpoints (shard layout: this rank's pieces of every unit) ---
   virtual const core::ShardedLayout& layout() const = 0;
+  virtual const std::vector<at::Tensor>& params() const = 0;  // the parameters, in layout order
   virtual at::Device device() const = 0;
   virtual at::Tensor master_shard() const = 0;  // a copy
   virtual bool grads_on_host() const { return false; }  // the gradient shard (offload)

@@ -156,6 +156,7 @@ class ParamGroup : public Group {
   void zero_grads() override;  // stage 2 (device): the gradient shard's memory is given back
 
   const core::ShardedLayout& layout() const override { return layout_; }
+  const std::vector<at::Tensor>& params() const override { return params_; }
   at::Device device() const override { return param_buffer_.tensor().device(); }
   bool grads_on_host() const override { return grad_shard_.on_host(); }
   at::Tensor master_shard() const override;

@@ -107,6 +107,7 @@ class Stage3Group : public Group {
   void hold_grads() override;
   void zero_grads() override;  // on the device: the gradient shard's memory is given back
   const core::ShardedLayout& layout() const override { return layout_; }
+  const std::vector<at::Tensor>& params() const override { return params_; }
   at::Device device() const override { return model_options_.device(); }
   bool grads_on_host() const override { return grad_shard_.on_host(); }
   bool params_offloaded() const { return options_.offload_param.enabled; }
