@@ -263,7 +263,12 @@ void Stage3Group::fetch(std::size_t index) {
       }
       param_swap_->finish_read(index);
     } else {
-      unit.staging.tensor().copy_(source);
+      // Queued on the current stream, without waiting for it: the collective's stream waits
+      // for this copy (c10d orders it after the current stream's work), so a prefetch no longer
+      // stops the host until the compute queued so far is done. The host shard is written
+      // again only by the step, after backward's reductions and their copies were waited for;
+      // the NVMe buffer above goes back to the swap at once, so it is copied before that.
+      unit.staging.tensor().copy_(source, /*non_blocking=*/true);
     }
     source = unit.staging.tensor();
   }
