@@ -302,6 +302,7 @@ def test_divergent_ranks_fail_with_the_module_and_step_named_instead_of_hanging(
     for message in messages:
         assert message is not None
         assert "ranks diverged at stage 3 (step 1)" in message
+        assert "synced_gpus=True" in message  # the fix for generate, named
         assert "rank 0 is at forward of 'blocks.1'" in message
         assert "rank 1 is at forward of 'blocks.2'" in message
 

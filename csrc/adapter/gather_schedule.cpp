@@ -70,8 +70,11 @@ void GatherSchedule::verify(Phase phase, std::size_t unit, std::int64_t step) {
     message << (r ? "; " : "") << "rank " << r << " is at " << describe(values[3 * r], values[3 * r + 1])
             << " of step " << values[3 * r + 2];
   }
-  message << ". Every rank must run the same modules in the same order (data-dependent "
-             "branches must agree across ranks)";
+  message << ". Every rank must run the same gather units in the same order. A branch inside a "
+             "unit (a submodule or an expert only some ranks use) is fine; a unit some ranks "
+             "skip, or run more often, is not: run it on every rank. Hugging Face models do so "
+             "under ZeRO-3: LayerDrop runs every layer, and generate(synced_gpus=True) keeps "
+             "every rank stepping until the longest sequence ends";
   TORCH_CHECK(false, message.str());
 }
 
