@@ -20,7 +20,8 @@ Gather-unit policy (documented in docs/ARCHITECTURE.md):
     gathered with their units too (a frozen group: no gradients, master or optimizer state),
     unless kept whole by the same thresholds (then they stay as they are).
 Units are numbered in forward order. A parameter used by a module of another unit must be
-registered (register_external_parameter), as in DeepSpeed.
+registered (register_external_parameter), as in DeepSpeed; a module of another unit called
+in a unit's forward is linked the same way by the first forward (zero/stage3_cross_calls.py).
 
 Each partitioned parameter carries `param._zero_owner` (OWNER_ATTR), a weak handle to the
 Stage3Hooks of the engine that partitions it: GatheredParameters and
@@ -40,6 +41,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import agreement
 from .eager_hooks import dynamo_loaded, eager
+from .stage3_cross_calls import CrossUnitCalls
 from .stage3_policy import class_named
 from .stage3_root_parts import RootParts
 
@@ -263,6 +265,7 @@ class Stage3Hooks:
         self._hooks_eager = False  # the hooks on are wrapped for torch.compile (eager_hooks)
         self._linked: set[tuple[int, int]] = set()
         self._root_parts = RootParts(self, plan.modules[0][1], RootParts.owners(plan, partitioned))
+        self._cross_calls = CrossUnitCalls(self, plan, partitioned)
         self.suspended = False  # the module hooks do nothing (whole_model)
         # (param, modifier_rank) -> (source rank, group) of a GatheredParameters edit; the
         # engine's MoE layout sends an expert's within its expert data-parallel group
@@ -291,6 +294,7 @@ class Stage3Hooks:
                     self._pre_forward(unit), with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._post_forward(unit)))
         self._handles += self._root_parts.attach()  # (after the root's own: see module_hooks_attached)
+        self._handles += self._cross_calls.attach()  # the first forward's only
         self._hooks_eager = False
         self.make_hooks_eager()
 
@@ -330,9 +334,14 @@ class Stage3Hooks:
 
     def link_externals(self) -> None:
         for user, owner in external_links(self.plan):
-            if (user, owner) not in self._linked:
-                self._core.add_external(user, owner)
-                self._linked.add((user, owner))
+            self.link_external(user, owner)
+
+    def link_external(self, user: int, owner: int) -> None:
+        """Unit `user` uses parameters of unit `owner`: from now on `owner` is gathered whenever
+        `user` is (at once, if `user` is in use now)."""
+        if (user, owner) not in self._linked:
+            self._core.add_external(user, owner)
+            self._linked.add((user, owner))
 
     def hold(self, unit: int) -> None:
         """Gathers a unit outside forward/backward (state dicts, GatheredParameters)."""

@@ -154,11 +154,7 @@ void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool bou
     if (partitioned != nullptr && partitioned->pending_grads(local) == 0 &&
         !deferred(group_index, local)) {
       for (const auto& [unit, frozen_part] : units_->completed_by(partitioned, local)) {
-        if (frozen_part) {
-          schedule_->trained_parts_done(unit);
-        } else {
-          schedule_->after_backward(unit);
-        }
+        schedule_->grads_done(unit, frozen_part);
       }
     }
   }

@@ -26,9 +26,19 @@ void GatherSchedule::add_external(std::size_t user, std::size_t owner) {
   TORCH_CHECK(user < state_.size() && owner < state_.size(), "zero: external parameter link ",
               user, " -> ", owner, " outside the schedule's ", state_.size(), " units");
   auto& externals = state_[user].externals;
-  if (owner != user && std::find(externals.begin(), externals.end(), owner) == externals.end()) {
-    externals.push_back(owner);
+  if (owner == user || std::find(externals.begin(), externals.end(), owner) != externals.end()) {
+    return;
   }
+  externals.push_back(owner);
+  // Linked while the user is in use (a module of `owner` called inside the user's forward):
+  // the owner is gathered now, as the user's acquire would have, once per use its drops will
+  // release. Every rank links at the same call: checked like the forward it is part of.
+  const int uses = state_[user].uses;
+  if (uses == 0) return;
+  verify(kForward, owner, step_);
+  state_[owner].uses += uses;
+  state_[owner].kept = false;
+  gather(owner);
 }
 
 const std::string& GatherSchedule::name(std::size_t unit) const {
@@ -300,6 +310,14 @@ void GatherSchedule::trained_parts_done(std::size_t unit) {
   if (distance && *distance < options_.max_reuse_distance) return;  // kept whole for that
   units_.release_trained(unit);
   state_[unit].trained_released = true;
+}
+
+void GatherSchedule::grads_done(std::size_t unit, bool frozen_part) {
+  if (frozen_part) {
+    trained_parts_done(unit);
+  } else if (state_[unit].externals.empty()) {
+    after_backward(unit);
+  }
 }
 
 void GatherSchedule::end_backward() {

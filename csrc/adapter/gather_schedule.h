@@ -64,8 +64,9 @@ class GatherSchedule {
   // process replaying the schedule, as the estimator does).
   GatherSchedule(UnitStore& units, std::vector<std::string> unit_names, ScheduleOptions options,
                  Communicator* fingerprints);
-  // The modules of unit `user` use parameters of unit `owner` (register_external_parameter):
-  // whenever `user` is gathered, `owner` is too.
+  // The modules of unit `user` use parameters of unit `owner` (register_external_parameter,
+  // or a module of `owner` called inside `user`'s forward): whenever `user` is gathered,
+  // `owner` is too; linked while `user` is in use, `owner` is gathered at once.
   void add_external(std::size_t user, std::size_t owner);
 
   // --- events (every rank must report the same sequence) ---
@@ -78,6 +79,11 @@ class GatherSchedule {
   // its backward holds it and the recorded order does not reuse it soon, the trainable parts
   // are released now (UnitStore::release_trained), the frozen part when the backward ends.
   void trained_parts_done(std::size_t unit);
+  // The unit's last trainable gradient is in: its backward ends (after_backward), unless a
+  // frozen part may still serve it (trained_parts_done) or it links other units (externals:
+  // what it calls of them may run its backward after its own gradients, e.g. a root whose
+  // only parameters are a head); those wait for after_backward or end_backward.
+  void grads_done(std::size_t unit, bool frozen_part);
   void end_backward();
   bool in_backward() const { return in_backward_; }
 

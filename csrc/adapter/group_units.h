@@ -19,7 +19,7 @@ class GroupUnits : public UnitStore {
   void place(std::size_t unit, Stage3Group* group, std::size_t local);
   // The units that (group, local) belongs to and whose trainable parts now have all their
   // gradients, each with whether it has a frozen part (whose weights may still serve the
-  // inputs' gradients: GatherSchedule::trained_parts_done, not after_backward).
+  // inputs' gradients: GatherSchedule::grads_done).
   std::vector<std::pair<std::size_t, bool>> completed_by(const Stage3Group* group,
                                                          std::size_t local) const;
 

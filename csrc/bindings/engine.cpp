@@ -141,6 +141,8 @@ void add_stage3(Core& core) {
            e.units().place(unit, &stage3(e, g, frozen), local);
          }, py::arg("unit"), py::arg("group"), py::arg("local"), py::arg("frozen") = false)
     .def("add_external", [](adapter::EngineCore& e, std::size_t user, std::size_t owner) {
+           at::NoGradGuard no_grad;
+           py::gil_scoped_release no_gil;  // (a user in use gathers the owner now)
            e.schedule().add_external(user, owner);
          }, py::arg("user"), py::arg("owner"))
     .def("before_forward", [](adapter::EngineCore& e, std::size_t unit, std::int64_t step,
