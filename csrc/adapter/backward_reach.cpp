@@ -34,25 +34,33 @@ std::unordered_set<const c10::TensorImpl*> reached_leaves() {
 
 }  // namespace
 
-std::vector<std::vector<bool>> divergent_units(const std::vector<std::unique_ptr<Group>>& groups,
-                                               Communicator& communicator, c10::Device device) {
-  std::vector<std::vector<bool>> divergent;
-  for (const auto& group : groups) divergent.emplace_back(group->layout().unit_count(), false);
-  if (communicator.world_size() == 1) return divergent;
-
-  // How many of each unit's parameters are reached, groups in order.
+std::vector<std::vector<UnitReach>> compare_reach(const std::vector<std::unique_ptr<Group>>& groups,
+                                                  Communicator& communicator, c10::Device device) {
+  std::vector<std::vector<UnitReach>> reach;
+  if (communicator.world_size() == 1) {  // one rank: nothing to disagree with
+    for (const auto& group : groups) {
+      reach.emplace_back(group->layout().unit_count(), UnitReach{false, true});
+    }
+    return reach;
+  }
+  // How many of each unit's parameters are reached, and how many take a gradient, groups in
+  // order.
   const auto leaves = reached_leaves();
   std::vector<std::int64_t> reached;
-  for (std::size_t g = 0; g < groups.size(); ++g) {
+  std::vector<std::int64_t> trainable;
+  for (const auto& group : groups) {
     const std::size_t first = reached.size();
-    reached.resize(first + divergent[g].size(), 0);
-    const auto& params = groups[g]->params();
+    reach.emplace_back(group->layout().unit_count());
+    reached.resize(first + reach.back().size(), 0);
+    trainable.resize(first + reach.back().size(), 0);
+    const auto& params = group->params();
     for (std::size_t i = 0; i < params.size(); ++i) {
-      if (leaves.count(params[i].unsafeGetTensorImpl()) == 0) continue;
-      reached[first + groups[g]->layout().location(i).buffer] += 1;
+      const std::size_t unit = first + group->layout().location(i).buffer;
+      if (params[i].requires_grad()) ++trainable[unit];
+      if (leaves.count(params[i].unsafeGetTensorImpl()) != 0) ++reached[unit];
     }
   }
-  if (reached.empty()) return divergent;
+  if (reached.empty()) return reach;
   // One all-reduce gives every rank the largest and (negated) the smallest of each count.
   const at::Tensor mine = at::tensor(reached, at::kLong);
   at::Tensor extremes = at::cat({mine, -mine}).to(device);
@@ -61,12 +69,16 @@ std::vector<std::vector<bool>> divergent_units(const std::vector<std::unique_ptr
   const std::int64_t* values = extremes.data_ptr<std::int64_t>();
   const std::size_t n = reached.size();
   std::size_t entry = 0;
-  for (auto& units : divergent) {
-    for (std::size_t u = 0; u < units.size(); ++u, ++entry) {
-      units[u] = values[entry] != -values[n + entry];
+  for (auto& units : reach) {
+    for (UnitReach& unit : units) {
+      const std::int64_t most = values[entry];
+      const std::int64_t least = -values[n + entry];
+      unit.split = most != least;
+      unit.whole = least == trainable[entry];
+      ++entry;
     }
   }
-  return divergent;
+  return reach;
 }
 
 }  // namespace zero::adapter

@@ -8,17 +8,19 @@
 // schedule's fingerprint exchanges, so a unit ready mid-backward on one rank and only at the
 // end on another puts the ranks' collectives in different orders: a hang.
 //
-// So at the first unit event of a backward (after its fingerprint exchange) each rank counts,
-// per gradient unit, the parameters this backward's graph will accumulate into (autograd's
+// So at the first unit event of each autograd pass (after its fingerprint exchange) each rank
+// counts, per gradient unit, the parameters the pass's graph will accumulate into (autograd's
 // current graph task: every node reachable from the loss) and compares the counts with one
-// all-reduce; so does the first unit event of each reentrant activation checkpoint's
-// recomputation (use_reentrant=True: a pass of its own, whose parameters the backward's
-// graph does not show). Units whose counts differ are divergent: every rank launches them only at the
-// end of backward, and stage 3 releases their gathered parameters at their backward's end
-// (not at their last gradient), so the schedule stays the same on every rank. A backward
-// that reaches the same parameters everywhere changes nothing. (Ranks reaching as many of a
-// unit's parameters reach all of them, or all miss some: the unit completes on every rank or
-// on none.)
+// all-reduce. A unit whose counts differ is split: every rank launches it only at the end of
+// backward, and stage 3 releases its gathered parameters at its backward's end (not at its
+// last gradient), so the schedule stays the same on every rank. So is a unit some rank's
+// graph does not show whole: a reentrant activation checkpoint (use_reentrant=True) hides
+// what it holds until its recomputation, a pass of its own, which may reach the rest on
+// some ranks only; it waits until the check at a pass's first unit event sees it whole on
+// every rank (a whole block checkpointed: its own recomputation shows it, before its
+// gradients come), or the end of backward. A backward that reaches the same parameters
+// everywhere, all of them, changes nothing.
+
 #include <memory>
 #include <vector>
 
@@ -30,9 +32,15 @@ namespace zero::adapter {
 
 class Group;
 
-// Per group, per gradient unit: whether the ranks' backwards reach different numbers of its
-// parameters. Called inside a backward; collective over `communicator` (tensors on `device`).
-std::vector<std::vector<bool>> divergent_units(const std::vector<std::unique_ptr<Group>>& groups,
-                                               Communicator& communicator, c10::Device device);
+// What the running pass's graph shows of one gradient unit, over every rank.
+struct UnitReach {
+  bool split = false;  // the ranks reach different numbers of its parameters
+  bool whole = false;  // every rank reaches every parameter of it that takes a gradient
+};
+
+// Per group, per gradient unit. Called inside a backward; collective over `communicator`
+// (tensors on `device`).
+std::vector<std::vector<UnitReach>> compare_reach(const std::vector<std::unique_ptr<Group>>& groups,
+                                                  Communicator& communicator, c10::Device device);
 
 }  // namespace zero::adapter

@@ -1,5 +1,6 @@
 #include "adapter/engine_core.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/Parallel.h>
@@ -99,7 +100,8 @@ void EngineCore::prepare_backward(bool boundary) {
   backward_pending_ = true;
   flush_queued_ = false;
   deferred_.clear();
-  checked_pass_ = -1;
+  split_.clear();
+  checked_passes_.clear();
   boundary_ = boundary;
   for (auto& group : groups_) group->prepare_backward();
 }
@@ -122,18 +124,40 @@ void EngineCore::defer_divergent_units() {
   // and each recomputation of a reentrant activation checkpoint inside it (a pass of its own,
   // whose parameters the backward's graph does not show).
   const int pass = torch::autograd::get_current_graph_task_id();
-  if (pass == checked_pass_ || groups_.empty()) return;
-  checked_pass_ = pass;
-  const auto divergent = divergent_units(groups_, communicator_, groups_.front()->device());
-  if (deferred_.empty()) {
-    deferred_ = divergent;
+  if (groups_.empty() ||
+      std::find(checked_passes_.begin(), checked_passes_.end(), pass) != checked_passes_.end()) {
     return;
   }
-  for (std::size_t g = 0; g < divergent.size(); ++g) {
-    for (std::size_t u = 0; u < divergent[g].size(); ++u) {
-      if (divergent[g][u]) deferred_[g][u] = true;
+  checked_passes_.push_back(pass);
+  const auto reach = compare_reach(groups_, communicator_, groups_.front()->device());
+  const bool first = deferred_.empty();
+  if (first) {
+    for (const auto& units : reach) {
+      deferred_.emplace_back(units.size(), false);
+      split_.emplace_back(units.size(), false);
     }
   }
+  // A split unit waits for the end of backward. One not shown whole waits too, until a later
+  // pass's check shows it whole on every rank (its recomputation, before its gradients).
+  for (std::size_t g = 0; g < reach.size(); ++g) {
+    for (std::size_t u = 0; u < reach[g].size(); ++u) {
+      if (reach[g][u].split) split_[g][u] = true;
+      if (split_[g][u]) {
+        deferred_[g][u] = true;
+      } else if (first || reach[g][u].whole) {
+        deferred_[g][u] = !reach[g][u].whole;
+      }
+    }
+  }
+}
+
+bool EngineCore::unit_deferred(std::size_t unit) const {
+  for (const auto& [group, local] : units_->parts(unit)) {
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (groups_[g].get() == group && deferred(g, local)) return true;
+    }
+  }
+  return false;
 }
 
 void EngineCore::unit_backward_ends(std::size_t unit) {
@@ -149,12 +173,12 @@ void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool bou
   if (schedule_) {
     const auto* partitioned = dynamic_cast<const Stage3Group*>(&target);
     const std::size_t local = target.layout().location(index).buffer;
-    // Only a gradient that completes its unit's part can complete the unit. A divergent unit
-    // completes so on some ranks only: it is released at its backward's end everywhere.
-    if (partitioned != nullptr && partitioned->pending_grads(local) == 0 &&
-        !deferred(group_index, local)) {
+    // Only a gradient that completes its unit's part can complete the unit. A unit with a
+    // deferred part may complete so on some ranks only: it is released at its backward's end
+    // everywhere.
+    if (partitioned != nullptr && partitioned->pending_grads(local) == 0) {
       for (const auto& [unit, frozen_part] : units_->completed_by(partitioned, local)) {
-        schedule_->grads_done(unit, frozen_part);
+        if (!unit_deferred(unit)) schedule_->grads_done(unit, frozen_part);
       }
     }
   }
@@ -164,13 +188,18 @@ void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool bou
 }
 
 void EngineCore::launch_in_order(bool boundary) {
-  for (; cursor_ < sequence_.size(); ++cursor_) {
-    const auto [g, u] = sequence_[cursor_];
-    if (!groups_[g]->reduces(boundary)) continue;  // e.g. stage 3's persistent group mid-accumulation
-    if (deferred(g, u)) continue;  // launched at the end of backward
+  // cursor_: the first unit not yet launched (or passed: e.g. stage 3's persistent group
+  // mid-accumulation). A deferred unit is passed over, not passed: the cursor stays at it, so
+  // a later look launches it once it is no longer deferred, or the end of backward does.
+  for (std::size_t i = cursor_; i < sequence_.size(); ++i) {
+    const auto [g, u] = sequence_[i];
     GradReducer& reducer = groups_[g]->reducer();
-    if (!reducer.complete(u)) return;
-    reducer.launch(u);
+    if (groups_[g]->reduces(boundary) && !reducer.launched(u)) {
+      if (deferred(g, u)) continue;
+      if (!reducer.complete(u)) return;
+      reducer.launch(u);
+    }
+    if (i == cursor_) ++cursor_;
   }
 }
 
@@ -200,7 +229,8 @@ void EngineCore::finish_backward(bool boundary) {
   }
   cursor_ = 0;
   deferred_.clear();
-  checked_pass_ = -1;
+  split_.clear();
+  checked_passes_.clear();
   for (Group* group : every_group()) group->finish_backward(boundary);
   // Closed only now: a backward that failed while finishing (a rank disagreeing at its end,
   // no memory for the gradient shard, a failed reduction) counts as one that raised.

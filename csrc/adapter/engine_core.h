@@ -119,8 +119,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
                            std::vector<double>& scale);
   std::vector<Group*> every_group();  // groups_, then frozen_
   void launch_in_order(bool boundary);
-  // Stage 3: units the ranks' passes reach differently wait for the end of backward.
+  // Stage 3: units the ranks' passes reach differently, or do not show whole, wait for the
+  // end of backward (backward_reach.h).
   void defer_divergent_units();
+  bool unit_deferred(std::size_t unit) const;  // model unit `unit` has a deferred part
   // Group g's gradient unit u waits for the end of this backward (backward_reach.h).
   bool deferred(std::size_t g, std::size_t u) const {
     return g < deferred_.size() && deferred_[g][u];
@@ -149,9 +151,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::size_t cursor_ = 0;
   bool learning_order_ = true;
   std::vector<std::pair<std::size_t, std::size_t>> observed_;
-  // Stage 3: per group, per unit, divergent in this backward (backward_reach.h); empty: none
+  // Stage 3, per group, per unit, in this backward (backward_reach.h; empty before its first
+  // check): waiting for the end of backward, and split (the ranks reach it differently)
   std::vector<std::vector<bool>> deferred_;
-  int checked_pass_ = -1;  // the autograd pass (graph task id) deferred_ last compared
+  std::vector<std::vector<bool>> split_;
+  std::vector<int> checked_passes_;  // the autograd passes (graph task ids) compared
   int stage_ = -1;  // the highest stage of any group
   bool backward_pending_ = false;  // between prepare_backward and finish_backward
   bool flush_queued_ = false;

@@ -23,6 +23,10 @@ class GroupUnits : public UnitStore {
   std::vector<std::pair<std::size_t, bool>> completed_by(const Stage3Group* group,
                                                          std::size_t local) const;
 
+  // The Stage3Group pieces (group, group-local unit) model unit `unit` is made of.
+  const std::vector<std::pair<Stage3Group*, std::size_t>>& parts(std::size_t unit) const {
+    return parts_.at(unit);
+  }
   std::size_t unit_count() const override { return parts_.size(); }
   bool placed(std::size_t unit) const override { return !parts_[unit].empty(); }
   std::int64_t numel(std::size_t unit) const override;

@@ -6,6 +6,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include "adapter/dtype_map.h"
@@ -532,7 +533,16 @@ at::Tensor Stage3Group::read_params(std::int64_t offset, std::int64_t numel) con
   return param_shard_.tensor().narrow(0, offset, numel).to(at::kFloat, false, /*copy=*/true);
 }
 
+void Stage3Group::finish_fetch_copies() const {
+  // fetch() queues host-to-device copies of param_shard_ without waiting for them
+  const at::Device device = this->device();
+  if (!params_offloaded() || device.is_cpu()) return;
+  const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
+  impl->synchronizeStream(impl->getStream(device));
+}
+
 void Stage3Group::write_master_range(std::int64_t offset, const at::Tensor& values) {
+  finish_fetch_copies();
   if (offset + values.numel() > host_numel_) {  // parameters on NVMe: through the whole shard
     at::Tensor whole = master_shard();
     whole.narrow(0, offset, values.numel()).copy_(values);
@@ -548,6 +558,7 @@ void Stage3Group::load_master_shard(const at::Tensor& saved) {
   TORCH_CHECK(saved.numel() == layout_.shard_numel(), "zero: saved master shard has ",
               saved.numel(), " elements but this rank's shard has ", layout_.shard_numel(),
               "; the checkpoint was written for another model or world size");
+  finish_fetch_copies();
   if (state_.has_master()) state_.write_master(0, saved);
   drop_secondaries();
   param_shard_.tensor().copy_(saved.narrow(0, 0, host_numel_));

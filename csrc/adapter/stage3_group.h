@@ -132,6 +132,9 @@ class Stage3Group : public Group {
   void states_parked(StateKind kind, const std::vector<at::Tensor>& hosts) override;
 
  private:
+  // Waits for the host-to-device copies fetch() queued from param_shard_ (before the host
+  // writes it outside a step: a loaded checkpoint, a master range).
+  void finish_fetch_copies() const;
   struct Unit {
     std::vector<std::size_t> params;  // indices into params_
     std::size_t trainable = 0;        // params that produce gradients
