@@ -294,7 +294,7 @@ class Stage3Hooks:
                     self._pre_forward(unit), with_kwargs=True))
                 self._handles.append(module.register_forward_hook(self._post_forward(unit)))
         self._handles += self._root_parts.attach()  # (after the root's own: see module_hooks_attached)
-        self._handles += self._cross_calls.attach()  # the first forward's only
+        self._cross_calls.attach()  # the first forward's only (kept apart: module_hooks)
         self._hooks_eager = False
         self.make_hooks_eager()
 
@@ -302,10 +302,14 @@ class Stage3Hooks:
         """Once dynamo is loaded (torch.compile loads it): wraps the module hooks that are on,
         in place (their order among the model's other hooks kept), so that torch.compile runs
         them as they are (zero/eager_hooks.py). Cheap when there is nothing to do: the engine
-        calls it at every forward."""
+        calls it at every forward. A model compiled in place (module.compile(), engine.compile)
+        loses the first forward's hooks (zero/stage3_cross_calls.py) before that forward:
+        taken off after it, they would make dynamo recompile what it compiled with them."""
+        if getattr(self.plan.modules[0][1], "_compiled_call_impl", None) is not None:
+            self._cross_calls.stop()
         if self._hooks_eager or not dynamo_loaded():
             return
-        for handle in self._handles:
+        for handle in self._handles + self._cross_calls.handles:
             hooks = handle.hooks_dict_ref()
             if hooks is not None and handle.id in hooks:
                 hooks[handle.id] = eager(hooks[handle.id])
@@ -317,6 +321,7 @@ class Stage3Hooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._cross_calls.detach()
 
     @property
     def removed(self) -> bool:

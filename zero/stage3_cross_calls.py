@@ -12,9 +12,11 @@ to know which units are running. A module called while its own unit is not runni
 another unit's forward, links the two units as `register_external_parameter` does: its unit
 is gathered at once (GatherSchedule::add_external) and from then on whenever the calling unit
 is, forward and backward. The first forward ends by taking these hooks off again (no hook per
-module afterwards, nothing more for torch.compile to break on). A call first made in a later
-step, or outside every unit's forward, is not seen: register its parameters
-(`zero.register_external_parameter(calling_module, param)`).
+module afterwards, nothing more for torch.compile to break on). Not seen, so to be registered
+(`zero.register_external_parameter(calling_module, param)`) as in DeepSpeed: a call first made
+in a later step or outside every unit's forward, and any call in a model compiled in place
+before its first forward (engine.compile, module.compile(): the hooks go before it, as taking
+them off after a compiled forward would make dynamo compile it again).
 """
 from __future__ import annotations
 
@@ -51,11 +53,16 @@ class CrossUnitCalls:
                 found.append((module, units.pop()))
         return found
 
-    def attach(self) -> list:
-        """Registers the first forward's hooks (none once it has ended); returns their handles."""
-        self._running, self._handles = [], []
+    @property
+    def handles(self) -> list:
+        """The handles of the hooks on now."""
+        return list(self._handles)
+
+    def attach(self) -> None:
+        """Registers the first forward's hooks (none once it has ended)."""
+        self.detach()
         if self._done or not self._owners:
-            return []
+            return
         for unit, (_, module) in enumerate(self._units):
             self._handles.append(module.register_forward_pre_hook(self._enters(unit),
                                                                   prepend=True))
@@ -63,7 +70,16 @@ class CrossUnitCalls:
                                                               always_call=True))
         for module, unit in self._owners:
             self._handles.append(module.register_forward_pre_hook(self._called(unit)))
-        return list(self._handles)
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._running, self._handles = [], []
+
+    def stop(self) -> None:
+        """No more hooks, now or when the hooks go on again."""
+        self._done = True
+        self.detach()
 
     def _enters(self, unit):
         def hook(_module, _args):
@@ -75,10 +91,7 @@ class CrossUnitCalls:
             if self._running and self._running[-1] == unit:
                 self._running.pop()
             if unit == 0 and not self._running:  # the first forward ended
-                self._done = True
-                for handle in self._handles:
-                    handle.remove()
-                self._handles = []
+                self.stop()
         return hook
 
     def _called(self, unit):
