@@ -5,8 +5,9 @@ gradients reduced in fp32, the memory report's device bytes against torch.cuda's
 offload_states giving GPU memory back, Adagrad, Lion and a torch optimizer run on the
 shards, DeepSpeed's stage-3 split rules with gathers by all-reduce, a bf16 master
 (bf16_master_weights_and_grads), fp32 gradient accumulation (data_types.grad_accum_dtype),
-LAMB and Muon, a rank-dependent branch at stage 3, Ulysses sequence parallelism, a checkpoint the real DeepSpeed wrote on the
-CPU continued on the GPU, a GPU checkpoint resumed at another world size, stage 3 under
+LAMB and Muon, a rank-dependent branch at stage 3, Ulysses sequence parallelism, a
+checkpoint the real DeepSpeed wrote on the CPU continued on the GPU, a GPU checkpoint
+resumed at another world size, stage 3 under
 torch.compile (eager and inductor), and tensor-parallel init_inference. Skipped where torch
 sees no GPU
 (scripts/gpu_check.sh runs them on one).

@@ -54,6 +54,17 @@ class UnitPlan:
     # the top level; the root's is 0): a marked module inside a block is a unit in that unit
     parents: list[int] = field(default_factory=list)
 
+    def units_owned(self, partitioned: dict[int, nn.Parameter]) -> list[tuple[nn.Module, set[int]]]:
+        """Each module (the root too) that owns partitioned parameters itself, not through a
+        child, with the units they belong to."""
+        found = []
+        for module in self.modules[0][1].modules():
+            units = {self.unit_of_param.get(id(p)) for p in module.parameters(recurse=False)
+                     if id(p) in partitioned} - {None}
+            if units:
+                found.append((module, units))
+        return found
+
 
 class UnitPart(NamedTuple):
     """One engine group's piece of a model unit: its group-local unit `local` (`group`

@@ -40,18 +40,9 @@ class CrossUnitCalls:
     def owners(plan, partitioned: dict[int, nn.Parameter]) -> list[tuple[nn.Module, int]]:
         """(module, unit) for each module that owns (not through a child) partitioned parameters
         of a unit other than the root and is not a unit's own module."""
-        root = plan.modules[0][1]
         unit_modules = {id(module) for _, module in plan.modules}
-        found = []
-        for module in root.modules():
-            if id(module) in unit_modules:
-                continue
-            units = {plan.unit_of_param.get(id(p)) for p in module.parameters(recurse=False)
-                     if id(p) in partitioned}
-            units.discard(None)
-            if len(units) == 1 and 0 not in units:
-                found.append((module, units.pop()))
-        return found
+        return [(module, min(units)) for module, units in plan.units_owned(partitioned)
+                if id(module) not in unit_modules and len(units) == 1 and 0 not in units]
 
     @property
     def handles(self) -> list:

@@ -43,9 +43,8 @@ class RootParts:
         """The modules below the root that own (not through a child) a partitioned parameter of
         the root unit."""
         root = plan.modules[ROOT][1]
-        return [module for module in root.modules() if module is not root and any(
-            id(p) in partitioned and plan.unit_of_param.get(id(p)) == ROOT
-            for p in module.parameters(recurse=False))]
+        return [module for module, units in plan.units_owned(partitioned)
+                if module is not root and ROOT in units]
 
     def attach(self) -> list:
         """Registers the hooks; returns their handles."""

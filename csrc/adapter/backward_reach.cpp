@@ -37,12 +37,6 @@ std::unordered_set<const c10::TensorImpl*> reached_leaves() {
 std::vector<std::vector<UnitReach>> compare_reach(const std::vector<std::unique_ptr<Group>>& groups,
                                                   Communicator& communicator, c10::Device device) {
   std::vector<std::vector<UnitReach>> reach;
-  if (communicator.world_size() == 1) {  // one rank: nothing to disagree with
-    for (const auto& group : groups) {
-      reach.emplace_back(group->layout().unit_count(), UnitReach{false, true});
-    }
-    return reach;
-  }
   // How many of each unit's parameters are reached, and how many take a gradient, groups in
   // order.
   const auto leaves = reached_leaves();

@@ -39,7 +39,7 @@ struct UnitReach {
 };
 
 // Per group, per gradient unit. Called inside a backward; collective over `communicator`
-// (tensors on `device`).
+// (tensors on `device`), which has more than one rank (one has nothing to disagree with).
 std::vector<std::vector<UnitReach>> compare_reach(const std::vector<std::unique_ptr<Group>>& groups,
                                                   Communicator& communicator, c10::Device device);
 

@@ -123,9 +123,10 @@ void EngineCore::defer_divergent_units() {
   // The first unit event of each autograd pass compares what the pass reaches: the backward,
   // and each recomputation of a reentrant activation checkpoint inside it (a pass of its own,
   // whose parameters the backward's graph does not show).
+  // (one rank has nothing to disagree with)
+  if (groups_.empty() || communicator_.world_size() == 1) return;
   const int pass = torch::autograd::get_current_graph_task_id();
-  if (groups_.empty() ||
-      std::find(checked_passes_.begin(), checked_passes_.end(), pass) != checked_passes_.end()) {
+  if (std::find(checked_passes_.begin(), checked_passes_.end(), pass) != checked_passes_.end()) {
     return;
   }
   checked_passes_.push_back(pass);
