@@ -132,8 +132,9 @@ std::optional<std::size_t> GradReducer::grad_ready(std::size_t param, const at::
               "use_reentrant=True) gets one gradient per region; the engine adds them up only "
               "for weights registered under two names (tied). Use use_reentrant=False, or "
               "deepspeed.checkpointing.checkpoint");
-  if (mode_ == ReduceMode::kReduceScatter) {
-    TORCH_CHECK(grad.defined(), "zero: parameter ", param, " reported ready without a gradient");
+  // An undefined gradient (a custom autograd function returning None for this parameter on
+  // this rank, as DDP allows) is a zero one: the unit's bucket is new and zero-filled.
+  if (mode_ == ReduceMode::kReduceScatter && grad.defined()) {
     const core::ParamSlot& slot = layout_.unit(where.buffer).params()[where.index];
     at::Tensor target = slot_for(where.buffer).full.tensor().narrow(0, slot.offset, slot.numel);
     if (again) {
