@@ -130,6 +130,7 @@ void EngineCore::defer_divergent_units() {
     return;
   }
   checked_passes_.push_back(pass);
+  RECORD_FUNCTION("zero::backward_reach", {});
   const auto reach = compare_reach(groups_, communicator_, groups_.front()->device());
   const bool first = deferred_.empty();
   if (first) {
