@@ -170,6 +170,45 @@ def test_the_scripts_own_optimizer_object_trains_the_same(client_name):
     assert client_state == 0
 
 
+def _optimizer_callable(rank, world):
+    import zero
+
+    config = _config("adagrad", 2)
+    hyper = dict(config.pop("optimizer")["params"])
+    model = training.make_model()
+    built = []
+
+    def build(params):  # DeepSpeed's DeepSpeedOptimizerCallable
+        built.append(params)
+        return torch.optim.Adagrad(params, **hyper)
+
+    engine, _, _, _ = zero.initialize(model=model, config=config, optimizer=build,
+                                      model_parameters=(p for p in model.parameters()))
+    losses = training.train_engine(engine, rank, world, STEPS, GAS)
+    given = [id(p) for p in built[0]] if len(built) == 1 else None
+    return losses, engine.optimizer_name(), given == [id(p) for p in model.parameters()]
+
+
+def test_an_optimizer_callable_builds_the_optimizer_over_model_parameters():
+    """initialize(optimizer=callable) calls it once with model_parameters (a generator here,
+    handed over as a list) and trains as the config's optimizer. It used to be ignored: no
+    optimizer, lr 0, the weights never moved."""
+    (config_run, _, _), = run_distributed(_train_each, 2, args=([_config("adagrad", 2)],))[0]
+    losses, optimizer_name, given = run_distributed(_optimizer_callable, 2)[0]
+    assert losses == config_run
+    assert optimizer_name == "Adagrad" and given
+
+
+def test_an_optimizer_that_is_neither_an_optimizer_nor_a_callable_is_named():
+    from zero.param_groups import built_by_callable
+
+    model = training.make_model()
+    with pytest.raises(TypeError, match="torch.optim.Optimizer or a callable.*not dict"):
+        built_by_callable({"type": "Adam"}, model, None)
+    with pytest.raises(TypeError, match="callable passed to initialize.. returned list"):
+        built_by_callable(lambda params: params, model, None)
+
+
 def test_deepspeeds_lion_class_steps_outside_an_engine_too():
     """deepspeed.ops.lion's classes are working torch optimizers: one step by hand."""
     from zero.compat.deepspeed.ops.lion import DeepSpeedCPULion

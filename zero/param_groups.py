@@ -23,6 +23,8 @@ def parameter_groups(model, config, optimizer, model_parameters, moe=False):
     if optimizer is not None and config.optimizer is not None:
         raise ValueError("zero: an optimizer was passed to initialize() and the config has an "
                          "\"optimizer\" block; remove one of them")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = built_by_callable(optimizer, model, model_parameters)
     if config.optimizer is not None and config.optimizer.type in TORCH_CONFIG_TYPES:
         source = model.parameters() if model_parameters is None else model_parameters
         optimizer = torch_optimizer(config.optimizer, as_groups(source))  # as the script's
@@ -64,6 +66,21 @@ def parameter_groups(model, config, optimizer, model_parameters, moe=False):
     if not groups:
         raise ValueError("zero: the model has no trainable parameters")
     return spec, groups, trainables
+
+
+def built_by_callable(optimizer, model, model_parameters) -> torch.optim.Optimizer:
+    """The optimizer a callable passed to initialize() builds over `model_parameters` (default
+    the model's parameters), as DeepSpeed's DeepSpeedOptimizerCallable."""
+    if not callable(optimizer):
+        raise TypeError(f"zero: initialize(optimizer=...) takes a torch.optim.Optimizer or a "
+                        f"callable that builds one from the parameters, not "
+                        f"{type(optimizer).__name__}")
+    source = model.parameters() if model_parameters is None else model_parameters
+    built = optimizer(list(source))
+    if not isinstance(built, torch.optim.Optimizer):
+        raise TypeError(f"zero: the optimizer callable passed to initialize() returned "
+                        f"{type(built).__name__}, not a torch.optim.Optimizer")
+    return built
 
 
 def as_groups(source) -> list[dict[str, Any]]:
