@@ -14,6 +14,7 @@ from .autocast import DTYPES as AUTOCAST_DTYPES
 from .autocast import module_class
 from .boundary import fp32_grads
 from .config import schema
+from .optimizer import deepspeed_optimizer_name
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -204,12 +205,15 @@ class EngineGetters:
 
     # ---- optimizer and scheduler ---------------------------------------------------------
     def optimizer_name(self) -> str | None:
-        """The client optimizer's class name, else the config's optimizer type in lower case
-        (DeepSpeed's "adamw" for "AdamW")."""
+        """The client optimizer's class name, else the config's optimizer type as DeepSpeed
+        names it: its own optimizers' in lower case ("adamw" for "AdamW"), others as written
+        ("SGD")."""
         client = self.optimizer.spec.client_name
         if client is not None:
             return client
-        return self.config.optimizer.type.lower() if self.config.optimizer is not None else None
+        block = self.config.raw.get("optimizer")
+        return deepspeed_optimizer_name(block["type"]) if self.config.optimizer is not None \
+            else None
 
     def optimizer_params(self) -> dict | None:
         return dict(self.config.optimizer.params) if self.config.optimizer is not None else None

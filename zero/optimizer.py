@@ -35,6 +35,19 @@ CONFIG_KINDS = {"Adam": "adam", "AdamW": "adam", "SGD": "sgd", "Adagrad": "adagr
 TORCH_CONFIG_TYPES = ("RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta")
 
 
+# DeepSpeed's own optimizer names (deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS), which its
+# config lower-cases; every other type keeps its spelling (get_mom tests "SGD", "RMSprop").
+DEEPSPEED_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "muadam", "muadamw", "musgd", "lion",
+                        "muon")
+
+
+def deepspeed_optimizer_name(written: str | None) -> str | None:
+    """The name DeepSpeed's engine.optimizer_name() gives a config's optimizer type as written."""
+    if written is not None and written.lower() in DEEPSPEED_OPTIMIZERS:
+        return written.lower()
+    return written
+
+
 def torch_optimizer(optimizer_config, groups: list) -> torch.optim.Optimizer:
     """The config's torch.optim optimizer over the script's parameter groups, as DeepSpeed
     builds it."""

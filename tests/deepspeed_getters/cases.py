@@ -72,6 +72,13 @@ CASES = {
                             "loss_scale_window": 100, "hysteresis": 3, "min_loss_scale": 2},
                    "checkpoint": {"tag_validation": "Ignore"}},
         "client_optimizer": "SGD", "micro_steps": 2},
+    # a torch type in the config keeps its spelling in optimizer_name (DeepSpeed lower-cases
+    # only its own optimizers' names), and get_mom reads its momentum
+    "stage1-sgd-config": {
+        "config": {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1},
+                   "zero_allow_untested_optimizer": True,
+                   "optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}},
+        "client_optimizer": None, "micro_steps": 2},
 }
 
 

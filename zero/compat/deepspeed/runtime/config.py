@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from zero import optimizer as zero_optimizer
 from zero.autocast import DTYPES as AUTOCAST_DTYPES
 from zero.config import ALL_FEATURES, load_config
 from zero.config.schema import ZERO_OPTIMIZATION_ALIASES
@@ -38,9 +39,7 @@ MUADAMW_OPTIMIZER = "muadamw"
 MUSGD_OPTIMIZER = "musgd"
 LION_OPTIMIZER = "lion"
 MUON_OPTIMIZER = "muon"
-DEEPSPEED_OPTIMIZERS = [ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER,
-                        MUADAM_OPTIMIZER, MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER, LION_OPTIMIZER,
-                        MUON_OPTIMIZER]
+DEEPSPEED_OPTIMIZERS = list(zero_optimizer.DEEPSPEED_OPTIMIZERS)
 TORCH_ADAM_PARAM = "torch_adam"
 ADAM_W_MODE = "adam_w_mode"
 ADAM_W_MODE_DEFAULT = True
@@ -137,9 +136,8 @@ class DeepSpeedConfig:
         self.zero_enabled = zero.stage > 0
         self.float16_config = parsed.fp16
         self.bfloat16_config = parsed.bf16
-        self.optimizer_name, self.optimizer_params = self._named_block("optimizer")
-        if self.optimizer_name is not None and self.optimizer_name.lower() in DEEPSPEED_OPTIMIZERS:
-            self.optimizer_name = self.optimizer_name.lower()
+        written, self.optimizer_params = self._named_block("optimizer")
+        self.optimizer_name = zero_optimizer.deepspeed_optimizer_name(written)
         self.scheduler_name, self.scheduler_params = self._named_block("scheduler")
         self.monitor_config = _Block(parsed, enabled=any(
             block.enabled for block in (parsed.tensorboard, parsed.wandb, parsed.csv_monitor,
