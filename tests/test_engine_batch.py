@@ -89,6 +89,37 @@ def test_deepspeed_io_gives_each_rank_its_part():
     assert first_sizes == second_sizes == [5, 5]  # batch_size given, 10 rows each
 
 
+def _epochs(rank, world, drop_last):
+    import zero
+
+    config = training.engine_config(2, gas=1, scheduler=False)
+    config["dataloader_drop_last"] = drop_last
+    engine, _, loader, _ = zero.initialize(model=training.make_model(), config=config,
+                                           training_data=torch.arange(22).float())
+    epochs = []
+    for epoch in range(2):
+        loader.data_sampler.set_epoch(epoch)  # DeepSpeedExamples' cifar10_deepspeed.py
+        epochs.append([row for batch in loader for row in batch.tolist()])
+    return epochs, len(loader), engine.dataloader_drop_last()
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_training_data_loader_reshuffles_by_epoch_and_drops_a_short_batch_when_told(
+        drop_last):
+    """initialize(training_data=...)'s loader has DeepSpeedDataLoader's data_sampler (the
+    script's set_epoch reshuffles; it was an AttributeError) and takes dataloader_drop_last
+    (it was rejected): 11 rows a rank in micro-batches of 2."""
+    runs = run_distributed(_epochs, 2, args=(drop_last,))
+    for epochs, length, told in runs:
+        assert told is drop_last
+        assert length == (5 if drop_last else 6)
+        assert [len(rows) for rows in epochs] == [10 if drop_last else 11] * 2
+        assert epochs[0] != epochs[1]
+    if not drop_last:  # each row once per epoch over the ranks
+        for epoch in range(2):
+            assert sorted(runs[0][0][epoch] + runs[1][0][epoch]) == list(range(22))
+
+
 def _save(rank, world, directory):
     import zero
 

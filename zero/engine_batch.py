@@ -14,6 +14,15 @@ ROUTE_TRAIN, ROUTE_EVAL, ROUTE_PREDICT = "train", "eval", "predict"  # DeepSpeed
 logger = logging.getLogger("zero")
 
 
+class EngineDataLoader(torch.utils.data.DataLoader):
+    """A DataLoader with what scripts read of DeepSpeed's DeepSpeedDataLoader: `data_sampler`,
+    the sampler (DeepSpeedExamples call `loader.data_sampler.set_epoch(epoch)`)."""
+
+    @property
+    def data_sampler(self):
+        return self.sampler
+
+
 class EngineBatch:
     """Mixed into ZeroEngine, which sets `config`, `micro_steps`, `world_size` (the
     data-parallel ranks), `data_parallel_group` and `sequence_parallel`."""
@@ -73,8 +82,8 @@ class EngineBatch:
             data_sampler = torch.utils.data.DistributedSampler(
                 dataset, num_replicas=self.world_size, rank=self._replica(),
                 shuffle=route == ROUTE_TRAIN)
-        return torch.utils.data.DataLoader(
+        return EngineDataLoader(
             dataset, batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
             sampler=data_sampler, collate_fn=collate_fn or self.collate_fn,
             pin_memory=pin_memory and torch.cuda.is_available(),
-            num_workers=num_local_io_workers or 0)
+            num_workers=num_local_io_workers or 0, drop_last=self.config.dataloader_drop_last)

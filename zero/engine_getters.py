@@ -134,7 +134,7 @@ class EngineGetters:
         return _only_value(schema.TOP, "dump_state")
 
     def dataloader_drop_last(self) -> bool:
-        return _only_value(schema.TOP, "dataloader_drop_last")
+        return self.config.dataloader_drop_last
 
     def managed_gradient_accumulation(self) -> bool:
         return _only_value(schema.TOP, "managed_gradient_accumulation")

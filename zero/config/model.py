@@ -288,6 +288,7 @@ class ZeroConfig:
     aio: AioConfig
     steps_per_print: Optional[int]  # None: never (DeepSpeed's current default)
     wall_clock_breakdown: bool
+    dataloader_drop_last: bool  # the training_data loader drops a short last micro-batch
     prescale_gradients: bool
     gradient_predivide_factor: float
     communication_data_type: Optional[str]  # "fp16" | "bf16" | "fp32" | None (= training dtype)

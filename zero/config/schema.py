@@ -596,6 +596,8 @@ TOP = Block("", "Top-level keys.", (
             nullable=True),
     boolean("wall_clock_breakdown", False, "Time forward, backward (and its gradient reduction) and step, and "
             "print the breakdown on rank 0 every steps_per_print steps (every step when that is null)."),
+    boolean("dataloader_drop_last", False, "The loader initialize() builds from training_data (and "
+            "engine.deepspeed_io's) drops each rank's last micro-batch when it is short, as DeepSpeed's."),
     boolean("prescale_gradients", False, "DeepSpeed: divide the gradients before the all-reduce instead of "
             "after. Accepted; no effect in zero: its reductions average (NCCL's ReduceOp AVG; on gloo "
             "a sum, then a division), the same mean either way."),
@@ -653,7 +655,6 @@ TOP = Block("", "Top-level keys.", (
     unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),
     unsupported(BOOL, "dump_state", False, "Dump DeepSpeed state at init."),
     unsupported(BOOL, "memory_breakdown", False, "DeepSpeed memory logging (see memory_report instead)."),
-    unsupported(BOOL, "dataloader_drop_last", False, "DeepSpeed dataloader option."),
     unsupported(BOOL, "graph_harvesting", False, "CUDA graph harvesting."),
     unsupported(INT, "vocabulary_size", None, "Only used by DeepSpeed for an alignment warning.", nullable=True),
     unsupported(CHOICE, "gradient_allreduce_op", "mean", "Average or sum gradients.", choices=("mean", "sum")),
