@@ -453,8 +453,8 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         self._step_applied = False
         with self._watch.phase(STEP):
             self.micro_steps += 1
-            self.global_samples += self.train_micro_batch_size_per_gpu() * self.world_size
-            if boundary:
+            if boundary:  # (DeepSpeed counts a step's samples at its boundary)
+                self.global_samples += self.train_batch_size()
                 self._optimizer_step(lr_kwargs)
         self.tput_timer.stop(global_step=boundary)
         if not boundary:

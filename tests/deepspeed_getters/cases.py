@@ -112,7 +112,8 @@ def value(result):
 
 
 def run(engine, micro_steps):
-    """The getters' values, then was_step_applied after each of `micro_steps` steps."""
+    """The getters' values, then was_step_applied, global_steps and global_samples after each
+    of `micro_steps` steps."""
     values = {}
     for name in GETTERS + PROPERTIES:
         try:
@@ -120,7 +121,7 @@ def run(engine, micro_steps):
             values[name] = value(found if name in PROPERTIES else found())
         except Exception as error:  # noqa: BLE001 - DeepSpeed's own getters can fail
             values[name] = {"error": f"{type(error).__name__}: {error}"}
-    applied = []
+    applied, counters = [], []
     for step in range(micro_steps):
         torch.manual_seed(step)
         x = torch.randn(engine.train_micro_batch_size_per_gpu(), 16).to(engine.device)
@@ -128,7 +129,9 @@ def run(engine, micro_steps):
         engine.backward(out.float().pow(2).mean())
         engine.step()
         applied.append(engine.was_step_applied())
+        counters.append([engine.global_steps, engine.global_samples])
     values["was_step_applied"] = applied
+    values["global_steps_and_samples"] = counters
     return values
 
 
