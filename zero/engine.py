@@ -315,6 +315,12 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         return self.world_size
 
     @property
+    def mp_world_size(self) -> int:
+        """DeepSpeed's: the model-parallel (tensor-parallel) ranks, 1 without them."""
+        group = self.tensor_parallel_group
+        return 1 if group is None else dist.get_world_size(group)
+
+    @property
     def sequence_parallel_size(self) -> int:
         return self.sequence_parallel.size if self.sequence_parallel is not None else 1
 

@@ -21,13 +21,30 @@ class EngineModelSave:
     """Mixed into ZeroEngine, which sets `config`, `module`, `stage`, `moe`, `grid`,
     `tensor_parallel_group`, `_stage3` and `_whole_world`."""
 
-    def module_state_dict(self) -> dict:
-        """The module's state dict with whole parameters (gathered unit by unit at stage 3).
-        Every rank must call it; at stage 3 only rank 0 gets the full copy (with MoE layers
-        every other rank its own experts). With pipeline or tensor parallelism: this rank's
-        stage / slice of the model."""
-        # (below stage 3 no rank is asked: it works after the process group is gone too)
-        return self.gathered_module_state(keep=self._stage3 is None or dist.get_rank() == 0)
+    def module_state_dict(self, destination=None, prefix="", keep_vars=False,
+                          exclude_frozen_parameters=False) -> dict:
+        """The module's state dict with whole parameters (gathered unit by unit at stage 3),
+        its names after `prefix`, put into `destination` when given, without the frozen
+        parameters if asked (DeepSpeed's arguments). Every rank must call it; at stage 3 only
+        rank 0 gets the full copy (with MoE layers every other rank its own experts). With
+        pipeline or tensor parallelism: this rank's stage / slice of the model. `keep_vars`
+        (the parameters themselves, not detached tensors) only below stage 3, where they are
+        whole."""
+        if keep_vars:
+            if self._stage3 is not None:
+                raise ValueError("zero: module_state_dict(keep_vars=True) at stage 3: its "
+                                 "parameters are partitioned; the state dict holds gathered "
+                                 "copies (keep_vars=False)")
+            state = self.module.state_dict(keep_vars=True)
+        else:
+            # (below stage 3 no rank is asked: it works after the process group is gone too)
+            state = self.gathered_module_state(keep=self._stage3 is None or dist.get_rank() == 0)
+        if exclude_frozen_parameters:
+            frozen = sharding.frozen_names(self.module)
+            state = {name: value for name, value in state.items() if name not in frozen}
+        destination = {} if destination is None else destination
+        destination.update((prefix + name, value) for name, value in state.items())
+        return destination
 
     def gathered_module_state(self, keep: bool) -> dict:
         """module_state_dict with the rank that keeps the whole state chosen (a checkpoint's
@@ -45,10 +62,7 @@ class EngineModelSave:
         whole state dict in the training dtype on rank 0, None on the other ranks. Every rank
         must call it."""
         data_group.check_whole_model_save(self._whole_world, "_zero3_consolidated_16bit_state_dict")
-        state = self.module_state_dict()
-        if exclude_frozen_parameters:
-            frozen = sharding.frozen_names(self.module)
-            state = {name: value for name, value in state.items() if name not in frozen}
+        state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
         if self.moe is not None:  # every expert, under its global id
             state = moe_checkpoint.whole_state(self.module, state)
         return state if dist.get_rank() == 0 else None
@@ -69,11 +83,23 @@ class EngineModelSave:
                                           "_consolidated_16bit_state_dict with pipeline stages")
         return checkpoint_mesh.whole_parameters(self.module, group, exclude_frozen_parameters)
 
-    def load_module_state_dict(self, state: dict, strict: bool = True) -> None:
-        """A whole model's state dict (AutoEP's stacked experts whole, or this rank's rows)."""
+    def load_module_state_dict(self, state: dict, strict: bool = True, custom_load_fn=None,
+                               fetch_z3_params: bool = False) -> None:
+        """A whole model's state dict (AutoEP's stacked experts whole, or this rank's rows), or
+        DeepSpeed's form, a checkpoint dict holding it under "module". With DeepSpeed's
+        `custom_load_fn(src=state, dst=module)` instead of load_state_dict: at stage 3 every
+        partitioned parameter is whole during the call and rank 0's values are kept, as
+        DeepSpeed's fetch_z3_params (always here: its partitions are not the model's
+        tensors)."""
+        del fetch_z3_params  # (what custom_load_fn needs is always fetched)
+        if isinstance(state.get("module"), dict):
+            state = state["module"]
         if self.moe is not None:
             state = ep_checkpoint.localized(self.module, state)
-        if self._stage3 is None:
+        if custom_load_fn is not None:
+            with self.gathered_parameters(list(self.module.parameters()), modifier_rank=0):
+                custom_load_fn(src=state, dst=self.module)
+        elif self._stage3 is None:
             self.module.load_state_dict(state, strict=strict)
         else:
             stage3.load_full_state_dict(self._stage3, self.module, state, strict)
