@@ -158,3 +158,14 @@ def test_slurm_command_with_and_without_hostfile():
                                         ranks_per_node=8)
     assert argv[:7] == ["srun", "-n", "24", "--nodes", "3", "--ntasks-per-node", "8"]
     assert "MASTER_ADDR" not in env       # each rank finds it from SLURM_NODELIST
+
+
+def test_python_dash_m_zero_launcher_is_the_zero_command():
+    """`python -m zero.launcher` (it was "'zero.launcher' is a package and cannot be directly
+    executed"), as `python -m zero.launcher.runner` and `zero` are."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "zero.launcher", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: zero ")
+    assert "--num_procs" in done.stdout
