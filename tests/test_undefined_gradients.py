@@ -79,7 +79,7 @@ def _reference(dropped, gas):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def _train(rank, world, dropped, stage, gas):
+def _train(rank, world, dropped, stage, gas, torch_style):
     import zero
 
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": gas,
@@ -91,16 +91,22 @@ def _train(rank, world, dropped, stage, gas):
     engine, _, _, _ = zero.initialize(model=_Net(), config=config)
     for step in range(STEPS):
         for micro in range(gas):
-            engine.backward(engine(_inputs(rank, step, micro), _drop(rank, dropped)))
+            loss = engine(_inputs(rank, step, micro), _drop(rank, dropped))
+            if torch_style:  # DeepSpeed's PyTorch-style backward: the engine divides the grads
+                loss.backward()
+            else:
+                engine.backward(loss)
             engine.step()
     with zero.GatheredParameters(list(engine.module.parameters())):
         return {name: p.detach().clone() for name, p in engine.module.named_parameters()}
 
 
+@pytest.mark.parametrize("torch_style", [False, True], ids=["engine.backward", "loss.backward"])
 @pytest.mark.parametrize("dropped", ["weight", "input"])
 @pytest.mark.parametrize("stage,gas", [(0, 1), (1, 1), (2, 1), (2, 2), (3, 1), (3, 2)])
-def test_a_gradient_none_on_one_rank_counts_as_zero(dropped, stage, gas):
+def test_a_gradient_none_on_one_rank_counts_as_zero(dropped, stage, gas, torch_style):
     expected = _reference(dropped, gas)
-    for weights in run_distributed(_train, WORLD, timeout=60, args=(dropped, stage, gas)):
+    for weights in run_distributed(_train, WORLD, timeout=60,
+                                   args=(dropped, stage, gas, torch_style)):
         for name, value in expected.items():
             assert torch.allclose(weights[name], value, rtol=1e-4, atol=1e-6), name

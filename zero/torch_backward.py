@@ -132,7 +132,8 @@ def _divide(ref, grad):
     """In a pass this engine opened torch-style, whose loss no engine.backward divided."""
     self = ref()
     task = current_pass()
-    if self is None or self._open_pass != task or task in _DIVIDED_PASSES:
+    # (None: a custom autograd function gave this output no gradient)
+    if grad is None or self is None or self._open_pass != task or task in _DIVIDED_PASSES:
         return grad
     return grad / self._accumulation_steps()()
 
