@@ -44,10 +44,12 @@ def test_module_state_dict_takes_deepspeeds_arguments(stage):
     assert run_distributed(_module_state_dict, 2, args=(stage,))[0] == 1
 
 
-def _loads(rank, world, stage, form):
+def _loads(rank, world, stage, form, precision="fp32"):
     import zero
 
-    engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config(stage))
+    config = training.engine_config(stage, gas=1, scheduler=False, precision=precision,
+                                    stage3_param_persistence_threshold=0)
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=config)
     torch.manual_seed(1234)
     other = training.make_model()
     for param in other.parameters():
@@ -60,15 +62,59 @@ def _loads(rank, world, stage, form):
             dst.load_state_dict(src)
 
         engine.load_module_state_dict(target, custom_load_fn=load)
+    dtype = next(engine.module.parameters()).dtype
     loaded = engine.module_state_dict()
     if rank == 0:
-        assert all(torch.equal(loaded[name], value) for name, value in target.items())
+        assert all(torch.equal(loaded[name], value.to(dtype)) for name, value in target.items())
     return training.train_engine(engine, rank, world, 2, 1)  # from the loaded weights
 
 
+def _reference_losses(rank, world, stage, precision):
+    """The engine built on the target weights themselves."""
+    import zero
+
+    torch.manual_seed(1234)
+    model = training.make_model()
+    for param in model.parameters():
+        param.data.normal_()
+    config = training.engine_config(stage, gas=1, scheduler=False, precision=precision,
+                                    stage3_param_persistence_threshold=0)
+    engine, _, _, _ = zero.initialize(model=model, config=config)
+    return training.train_engine(engine, rank, world, 2, 1)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("form", ["checkpoint", "custom_load_fn"])
 @pytest.mark.parametrize("stage", [2, 3])
-def test_load_module_state_dict_takes_deepspeeds_forms(stage, form):
-    losses = run_distributed(_loads, 2, args=(stage, form))
-    expected = run_distributed(_loads, 2, args=(stage, "checkpoint"))
+def test_load_module_state_dict_takes_deepspeeds_forms(stage, form, precision):
+    """The engine then trains from the loaded weights as one built on them: under bf16 the
+    fp32 master follows the load (a step used to write the old weights back)."""
+    losses = run_distributed(_loads, 2, args=(stage, form, precision))
+    expected = run_distributed(_reference_losses, 2, args=(stage, precision))
     assert losses == expected
+
+
+def _custom_load_fails(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config(3))
+    before = engine.module_state_dict()
+
+    def load(src, dst):
+        if rank == 1:
+            raise KeyError("no such key on rank 1")
+        for param in dst.parameters():
+            param.data.zero_()
+
+    with pytest.raises(RuntimeError) as raised:
+        engine.load_module_state_dict(training.make_model().state_dict(), custom_load_fn=load)
+    after = engine.module_state_dict()
+    unchanged = rank == 1 or all(torch.equal(before[k], after[k]) for k in before)
+    return str(raised.value), unchanged
+
+
+def test_a_custom_load_fn_failing_on_one_rank_stops_every_rank_with_nothing_written():
+    first, second = run_distributed(_custom_load_fails, 2, timeout=60)
+    assert "custom_load_fn failed" in first[0] and "rank 1: zero: custom_load_fn raised " \
+        "KeyError" in first[0] and first[1]
+    assert "custom_load_fn raised KeyError: 'no such key on rank 1'" in second[0]

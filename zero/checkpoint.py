@@ -394,7 +394,7 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
             shards = files.load_torch(os.path.join(path, shard_file), mmap=True)["groups"]
     with _all_ranks_or_none(f"loading checkpoint {path}",
                             "the engine may be partly loaded: load a checkpoint again"):
-        engine.load_module_state_dict(model_state["module"], strict=strict)
+        engine.load_module_weights(model_state["module"], strict=strict)
         if load_shards and reshard:
             checkpoint_layout.reshard_into(engine, path, model_state, shards)
         elif load_shards:

@@ -413,7 +413,7 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
     state = saved.module_state(engine.dtype)
     if engine.moe is not None:  # this rank's experts under their local ids
         state = moe_checkpoint.localized(engine.module, state)
-    engine.load_module_state_dict(state, strict=strict)
+    engine.load_module_weights(state, strict=strict)
     if module_only or not (load_shards or saved.universal):
         checkpoint_layout.refresh_masters(engine.core)
         return

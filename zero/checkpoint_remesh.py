@@ -86,7 +86,7 @@ def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> Non
         state[name] = checkpoint_mesh.cut_slice(value, params.get(name), rank)
     if load_shards:  # before anything is written into the engine
         _check_covers(master, engine, saved.path)
-    engine.load_module_state_dict(state, strict=strict)
+    engine.load_module_weights(state, strict=strict)
     core = engine.core
     if not load_shards:
         checkpoint_layout.refresh_masters(core)

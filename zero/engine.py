@@ -23,7 +23,8 @@ import offload
 from offload import disk_space
 from offload.progress import SwapWriteProgress
 
-from . import _C, agreement, hybrid_engine, param_groups, process_groups, sharding, stage3
+from . import _C, agreement, hybrid_engine, model_dtype, param_groups, process_groups, sharding
+from . import stage3
 from . import offload_states as states_offload
 from .moe import auto_ep
 from .moe.engine_layout import ExpertLayout
@@ -129,9 +130,11 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         if self.moe is not None:
             norm_span = self.moe.norm_span(model, self.stage)
         self.full_shapes = sharding.full_shapes(model)  # checkpoint loads check against them
+        buffer_dtype = model_dtype.buffer_dtype(config)
         if self.tensor_parallel_group is not None:  # before the data group's broadcast
-            data_group.equalize_unsplit(model, self.device, self.dtype, self.tensor_parallel_group)
-        sharding.prepare_model(model, self.device, self.dtype, self.stage,
+            data_group.equalize_unsplit(model, self.device, self.dtype, buffer_dtype,
+                                        self.tensor_parallel_group)
+        sharding.prepare_model(model, self.device, self.dtype, buffer_dtype, self.stage,
                                self.data_parallel_group,
                                source=self.moe.source if self.moe is not None else None)
         return norm_span
@@ -234,7 +237,13 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
             self._stage3.make_hooks_eager()  # (the model compiled since: module.compile())
         self.tput_timer.start()
         with self._watch.phase(FORWARD), self.forward_autocast():
-            outputs = self.module(*inputs, **kwargs)
+            try:
+                outputs = self.module(*inputs, **kwargs)
+            except RuntimeError as error:
+                hint = model_dtype.mismatch_hint(self.module, self.dtype, error)
+                if hint is None:
+                    raise
+                raise RuntimeError(hint) from error
         if self._core is not None:  # loss.backward() works too, as in DeepSpeed
             self._torch_backward.attach(outputs)
         return outputs

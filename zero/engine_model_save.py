@@ -9,7 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import checkpoint_mesh, sharding, stage3
+from . import agreement, checkpoint_layout, checkpoint_mesh, sharding, stage3
 from .moe import checkpoint as moe_checkpoint
 from .moe import ep_checkpoint
 from .parallel import data_group
@@ -85,20 +85,38 @@ class EngineModelSave:
 
     def load_module_state_dict(self, state: dict, strict: bool = True, custom_load_fn=None,
                                fetch_z3_params: bool = False) -> None:
+        """A whole model's state dict into the model and the optimizer's fp32 master (which a
+        step would otherwise write back over it): load_module_weights, then the masters."""
+        self.load_module_weights(state, strict, custom_load_fn, fetch_z3_params)
+        if self.core is not None:  # (below stage 3 a destroyed engine's model is a plain one)
+            checkpoint_layout.refresh_masters(self.core)
+
+    def load_module_weights(self, state: dict, strict: bool = True, custom_load_fn=None,
+                            fetch_z3_params: bool = False) -> None:
         """A whole model's state dict (AutoEP's stacked experts whole, or this rank's rows), or
-        DeepSpeed's form, a checkpoint dict holding it under "module". With DeepSpeed's
-        `custom_load_fn(src=state, dst=module)` instead of load_state_dict: at stage 3 every
-        partitioned parameter is whole during the call and rank 0's values are kept, as
-        DeepSpeed's fetch_z3_params (always here: its partitions are not the model's
-        tensors)."""
+        DeepSpeed's form, a checkpoint dict holding it under "module", into the model's
+        weights; the masters are left to the caller (a checkpoint load writes them from its
+        files). With DeepSpeed's `custom_load_fn(src=state, dst=module)` instead of
+        load_state_dict: at stage 3 every partitioned parameter is whole during the call (the
+        whole model on every rank at once) and rank 0's values are kept, as DeepSpeed's
+        fetch_z3_params (always here: its partitions are not the model's tensors); an error in
+        it on any rank stops every rank before anything is written back."""
         del fetch_z3_params  # (what custom_load_fn needs is always fetched)
         if isinstance(state.get("module"), dict):
             state = state["module"]
         if self.moe is not None:
             state = ep_checkpoint.localized(self.module, state)
         if custom_load_fn is not None:
+            def load():
+                try:
+                    custom_load_fn(src=state, dst=self.module)
+                except Exception as error:  # noqa: BLE001 - whatever the script's function raises
+                    raise RuntimeError(f"zero: custom_load_fn raised {type(error).__name__}: "
+                                       f"{error}") from error
+
             with self.gathered_parameters(list(self.module.parameters()), modifier_rank=0):
-                custom_load_fn(src=state, dst=self.module)
+                agreement.on_every_rank(load, RuntimeError, "custom_load_fn failed: nothing "
+                                        "was written back into the partitioned weights")
         elif self._stage3 is None:
             self.module.load_state_dict(state, strict=strict)
         else:

@@ -12,7 +12,7 @@ A partitioned parameter stays the same nn.Parameter (ties and requires_grad surv
 Parameters of at most stage3_param_persistence_threshold elements stay whole (converted to the
 training dtype and device). Every full tensor is broadcast from rank 0 before it is sliced, so
 all ranks start from rank 0's weights, as the engine does for plainly built models. Buffers
-are left as built (the engine converts and broadcasts them).
+are left as built (the engine broadcasts them, and casts only those zero/model_dtype.py names).
 
 How: while the context is open the __init__ of every nn.Module subclass is wrapped; when the
 outermost __init__ of an object returns, the module's own parameters are partitioned (its

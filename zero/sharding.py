@@ -2,8 +2,7 @@
 order):
 
 1. prepare_model: the model's parameters in the training dtype (buffers keep theirs, as in
-   DeepSpeed 0.19, but for batch and instance norms' running statistics) and everything on
-   the training device; zero.Init's shards converted too; below stage 3 every partitioned
+   DeepSpeed 0.19: model_dtype.py) and everything on the training device; zero.Init's shards converted too; below stage 3 every partitioned
    parameter is made whole; every rank starts from rank 0's values.
 2. shard_groups: the C++ engine groups, one per optimizer group and kind:
    - stages 0-2: one group of the config's stage per optimizer group (with pipeline or
@@ -30,7 +29,7 @@ from torch import nn
 
 import offload
 
-from . import boundary, ds_param, process_groups, stage3, stage3_policy
+from . import boundary, ds_param, model_dtype, process_groups, stage3, stage3_policy
 from . import init as zero_init
 from .parallel.data_group import first_rank
 from .parallel.norm_span import by_weight
@@ -94,13 +93,14 @@ class GroupBuilder:
 
 
 def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
-                  stage: int, group=None, source=None) -> None:
+                  buffer_dtype: torch.dtype | None, stage: int, group=None,
+                  source=None) -> None:
     """The model in the training dtype on the device, every rank of `group` (default the
     world) starting from the group's first rank's values; `source(tensor)` (MoE's experts,
     moe/engine_layout.py): the (rank, group) a parameter's or buffer's values come from
     instead."""
     model.to(device=device)
-    cast_to_training_dtype(model, dtype)
+    model_dtype.cast(model, dtype, buffer_dtype)
     for param in model.parameters():
         if zero_init.is_partitioned(param):
             zero_init.convert_shard(param, device, dtype)
@@ -115,22 +115,6 @@ def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
                 dist.broadcast(tensor.data, *source(tensor))
             else:
                 dist.broadcast(tensor.data, src=src, group=group)
-
-
-def cast_to_training_dtype(model: nn.Module, dtype: torch.dtype) -> None:
-    """Floating-point parameters to `dtype`. Buffers keep their dtype (a rotary `inv_freq`
-    stays fp32 in a bf16 model), as DeepSpeed 0.19 casts parameters only, except the running
-    statistics of torch's batch and instance norms, which their kernels need in the weights'
-    dtype (DeepSpeed 0.19.8 fails there: "expected scalar type BFloat16 but found Float")."""
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.is_floating_point() and param.dtype != dtype:
-                param.data = param.data.to(dtype)
-        for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._NormBase):
-                for name, buffer in module.named_buffers(recurse=False):
-                    if buffer is not None and buffer.is_floating_point():
-                        setattr(module, name, buffer.to(dtype))
 
 
 def shard_groups(builder: GroupBuilder, model: nn.Module, trainables: list[list],

@@ -224,6 +224,7 @@ class CometConfig:
 @dataclass(frozen=True)
 class DataTypesConfig:
     grad_accum_dtype: Optional[str]  # DeepSpeed's spelling as written; None: the training dtype
+    buffer_dtype: Optional[str]  # DeepSpeed's spelling; None: buffers keep theirs (model_dtype.py)
 
 
 @dataclass(frozen=True)

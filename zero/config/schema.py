@@ -513,8 +513,12 @@ DATA_TYPES = Block("data_types", "DeepSpeed's data types block.", (
             "than these is refused.", nullable=True),
     unsupported(CHOICE, "param_dtype", None, "The dtype the module's parameters are cast to.",
                  choices=DEEPSPEED_DTYPES, nullable=True),
-    unsupported(CHOICE, "buffer_dtype", None, "The dtype the module's buffers are cast to.",
-                 choices=DEEPSPEED_DTYPES, nullable=True),
+    choice("buffer_dtype", None, DEEPSPEED_DTYPES,
+           "The dtype every floating-point buffer of the model is cast to, as DeepSpeed's. Null: "
+           "buffers keep their dtype (a rotary inv_freq stays fp32 under bf16), but for batch and "
+           "instance norms' running statistics, which follow their weights. Set it to the "
+           "training dtype for a model that adds a buffer to its activations (a positional "
+           "encoding `x + self.pe`), whose forward otherwise mixes dtypes.", nullable=True),
     unsupported(STR, "keep_in_fp32_modules", "auto", "Modules whose parameters stay fp32."),
 ))
 

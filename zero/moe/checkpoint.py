@@ -109,7 +109,7 @@ def split(model: nn.Module, state: dict) -> tuple[dict, dict[str, dict]]:
 def read_own(model: nn.Module, path: str, load) -> dict:
     """This rank's DeepSpeed-MoE experts' entries from their files in checkpoint `path`,
     under its local ids; `load(file)` reads one file. (AutoEP's experts are whole in the
-    model file: engine.load_module_state_dict keeps this rank's rows.)"""
+    model file: engine.load_module_weights keeps this rank's rows.)"""
     return localized(model, {key: value for file in own_files(model)
                              for key, value in load(os.path.join(path, file)).items()})
 

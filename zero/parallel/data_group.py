@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import init as zero_init
+from .. import model_dtype
 
 
 def is_world(group) -> bool:
@@ -41,12 +42,14 @@ def check_whole_model_save(whole_world: bool, what: str) -> None:
 
 
 def equalize_unsplit(model: nn.Module, device: torch.device, dtype: torch.dtype,
-                     tensor_group) -> None:
+                     buffer_dtype: torch.dtype | None, tensor_group) -> None:
     """The parameters and buffers a tensor-parallel layer does not split (norms, row-parallel
-    biases) take the tensor group's first rank's values, in the training dtype, so they start
-    equal on the tensor ranks (their gradients are equal there, so they stay equal). The
-    engine then broadcasts everything over the data group (sharding.prepare_model)."""
-    model.to(device=device, dtype=dtype)
+    biases) take the tensor group's first rank's values, in the engine's dtypes
+    (model_dtype.cast), so they start equal on the tensor ranks (their gradients are equal
+    there, so they stay equal). The engine then broadcasts everything over the data group
+    (sharding.prepare_model)."""
+    model.to(device=device)
+    model_dtype.cast(model, dtype, buffer_dtype)
     src = first_rank(tensor_group)
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
