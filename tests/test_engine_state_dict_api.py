@@ -1,7 +1,7 @@
 """DeepSpeed's arguments to engine.module_state_dict (destination, prefix, keep_vars,
-exclude_frozen_parameters) and engine.load_module_state_dict (its checkpoint-dict form and
-custom_load_fn), and engine.mp_world_size: scripts calling them failed with a TypeError or an
-AttributeError (zero/engine_model_save.py)."""
+exclude_frozen_parameters), engine.load_module_state_dict (its checkpoint-dict form and
+custom_load_fn) and engine.load_checkpoint (custom_load_fn), and engine.mp_world_size: scripts
+calling them failed with a TypeError or an AttributeError (zero/engine_model_save.py)."""
 import pytest
 import torch
 
@@ -118,3 +118,32 @@ def test_a_custom_load_fn_failing_on_one_rank_stops_every_rank_with_nothing_writ
     assert "custom_load_fn failed" in first[0] and "rank 1: zero: custom_load_fn raised " \
         "KeyError" in first[0] and first[1]
     assert "custom_load_fn raised KeyError: 'no such key on rank 1'" in second[0]
+
+
+def _checkpoint_custom_load(rank, world, directory, stage):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=_config(stage))
+    losses = training.train_engine(engine, rank, world, 2, 1)
+    engine.save_checkpoint(directory, tag="saved")
+    seen = []
+
+    def load(src, dst):  # DeepSpeed's load_checkpoint(custom_load_fn=...)
+        seen.append(sorted(src))
+        dst.load_state_dict(src)
+
+    fresh, _, _, _ = zero.initialize(model=training.make_model(), config=_config(stage))
+    fresh.load_checkpoint(directory, tag="saved", custom_load_fn=load)
+    resumed = training.train_engine(fresh, rank, world, 2, 1)
+    again = training.train_engine(engine, rank, world, 2, 1)
+    names = sorted(training.make_model().state_dict())
+    return losses, resumed == again, seen == [names]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_load_checkpoint_writes_the_module_through_custom_load_fn(stage, tmp_path):
+    """The function gets the saved module state once and the resumed engine goes on as the one
+    that saved (it was a TypeError)."""
+    for _, resumed_equal, seen_once in run_distributed(_checkpoint_custom_load, 2,
+                                                       args=(str(tmp_path), stage)):
+        assert resumed_equal and seen_once

@@ -36,6 +36,7 @@ manifest and `latest` into its node's save_dir (each node then holds its own ran
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -252,7 +253,7 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
 
 
 def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_states,
-                    load_lr_scheduler_states, load_module_only):
+                    load_lr_scheduler_states, load_module_only, custom_load_fn=None):
     if tag is None:
         latest = _latest_file(engine, load_dir)
         if not os.path.isfile(latest):
@@ -264,6 +265,10 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
             tag = file.read().strip()
     part = checkpoint_mesh.part_of(engine)
     load_shards = load_optimizer_states and not load_module_only
+    # how the module's weights are written (DeepSpeed's custom_load_fn instead of
+    # load_state_dict); the masters come from the files or follow the module after
+    load_module = functools.partial(engine.load_module_weights, strict=load_module_strict,
+                                    custom_load_fn=custom_load_fn)
     with _all_ranks_or_none(f"checking checkpoint {tag} in {load_dir}", "nothing was loaded"):
         path, note = files.find(load_dir, str(tag))
         deepspeed_reader = _deepspeed_reader(path)
@@ -272,12 +277,12 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     if note and dist.get_rank() == 0:
         logger.warning(note)
     if deepspeed_reader is not None:
-        return _load_deepspeed(engine, path, deepspeed_reader, load_module_strict,
+        return _load_deepspeed(engine, path, deepspeed_reader, load_module,
                                load_optimizer_states, load_lr_scheduler_states, load_module_only)
     if same_layout:
-        model_state = _load_own_part(engine, path, part, load_shards, load_module_strict)
+        model_state = _load_own_part(engine, path, part, load_shards, load_module)
     else:
-        model_state = _load_other_layout(engine, path, load_shards, load_module_strict)
+        model_state = _load_other_layout(engine, path, load_shards, load_module)
     if not load_module_only:
         load_scheduler = load_lr_scheduler_states and engine.lr_scheduler is not None \
             and model_state["lr_scheduler"] is not None
@@ -329,7 +334,7 @@ def _deepspeed_reader(path: str):
     return None
 
 
-def _load_deepspeed(engine, path: str, read, strict: bool, load_optimizer_states: bool,
+def _load_deepspeed(engine, path: str, read, load_module, load_optimizer_states: bool,
                     load_lr_scheduler_states: bool, load_module_only: bool):
     """A checkpoint DeepSpeed wrote, read by `read` (checkpoint_deepspeed.py,
     checkpoint_universal.py), at any world size and stage."""
@@ -339,7 +344,7 @@ def _load_deepspeed(engine, path: str, read, strict: bool, load_optimizer_states
     _agreed_check(lambda: checkpoint_deepspeed.check_fits(engine, saved, load_shards))
     with _all_ranks_or_none(f"loading DeepSpeed checkpoint {path}",
                             "the engine may be partly loaded: load a checkpoint again"):
-        checkpoint_deepspeed.load_into(engine, saved, load_shards, strict, load_module_only)
+        checkpoint_deepspeed.load_into(engine, saved, load_shards, load_module, load_module_only)
     if not load_module_only:
         checkpoint_deepspeed.restore_engine_state(engine, saved, load_shards,
                                                   load_lr_scheduler_states)
@@ -354,7 +359,7 @@ def _load_deepspeed(engine, path: str, read, strict: bool, load_optimizer_states
 
 
 def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: bool,
-                   strict: bool) -> dict:
+                   load_module) -> dict:
     """A checkpoint of this engine's pipeline x tensor layout: each part reads its own files
     (resharded when the data-parallel size or stage differs). Returns its model state."""
     with _all_ranks_or_none(f"checking checkpoint {path}", "nothing was loaded"):
@@ -394,7 +399,7 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
             shards = files.load_torch(os.path.join(path, shard_file), mmap=True)["groups"]
     with _all_ranks_or_none(f"loading checkpoint {path}",
                             "the engine may be partly loaded: load a checkpoint again"):
-        engine.load_module_weights(model_state["module"], strict=strict)
+        load_module(model_state["module"])
         if load_shards and reshard:
             checkpoint_layout.reshard_into(engine, path, model_state, shards)
         elif load_shards:
@@ -404,7 +409,7 @@ def _load_own_part(engine, path: str, part: checkpoint_mesh.Part, load_shards: b
     return model_state
 
 
-def _load_other_layout(engine, path: str, load_shards: bool, strict: bool) -> dict:
+def _load_other_layout(engine, path: str, load_shards: bool, load_module) -> dict:
     """A checkpoint of another pipeline x tensor layout (or of the whole model, into a split
     one): the parts joined, this rank's part cut out (checkpoint_remesh.py). Returns the
     first part's model state (counters, optimizer, scheduler: the same in every part)."""
@@ -427,7 +432,7 @@ def _load_other_layout(engine, path: str, load_shards: bool, strict: bool) -> di
     _agreed_check(check)
     with _all_ranks_or_none(f"loading checkpoint {path} (saved with another pipeline x tensor "
                             "layout)", "the engine may be partly loaded: load a checkpoint again"):
-        checkpoint_remesh.load_into(engine, saved, load_shards, strict)
+        checkpoint_remesh.load_into(engine, saved, load_shards, load_module)
     return saved.states[0]
 
 

@@ -401,10 +401,12 @@ def frozen_parameters(path: str, model_state: dict, stage3: bool, world: int,
     return frozen
 
 
-def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: bool,
+def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, load_module,
               module_only: bool = False) -> None:
-    """The module from the fp32 master; with `load_shards` this rank's shards of every
-    engine group's master and moments, cut from the files (checkpoint_pieces.shard_from).
+    """The module from the fp32 master, written by `load_module(state)`
+    (engine.load_module_weights with the load's strict and custom_load_fn); with
+    `load_shards` this rank's shards of every engine group's master and moments, cut from the
+    files (checkpoint_pieces.shard_from).
     Without them the master follows the module, as DeepSpeed 0.19.8's load_checkpoint
     rebuilds it from the 16-bit weights (_restore_from_bit16_weights), except from a
     universal checkpoint, whose fp32 master DeepSpeed loads whatever the flags say (and its
@@ -413,7 +415,7 @@ def load_into(engine, saved: DeepSpeedCheckpoint, load_shards: bool, strict: boo
     state = saved.module_state(engine.dtype)
     if engine.moe is not None:  # this rank's experts under their local ids
         state = moe_checkpoint.localized(engine.module, state)
-    engine.load_module_weights(state, strict=strict)
+    load_module(state)
     if module_only or not (load_shards or saved.universal):
         checkpoint_layout.refresh_masters(engine.core)
         return

@@ -68,9 +68,11 @@ class SavedParts:
         return {name: value for group in groups for names, value in group for name in names}
 
 
-def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> None:
-    """This rank's part of `saved` into `engine`: the module's values, and with `load_shards`
-    the master and optimizer-state shards (else the master follows the loaded weights)."""
+def load_into(engine, saved: SavedParts, load_shards: bool, load_module) -> None:
+    """This rank's part of `saved` into `engine`: the module's values, written by
+    `load_module(state)` (engine.load_module_weights with the load's strict and
+    custom_load_fn), and with `load_shards` the master and optimizer-state shards (else the
+    master follows the loaded weights)."""
     module = engine.module
     params = dict(module.named_parameters(remove_duplicate=False))
     grid = getattr(engine, "grid", None)
@@ -86,7 +88,7 @@ def load_into(engine, saved: SavedParts, load_shards: bool, strict: bool) -> Non
         state[name] = checkpoint_mesh.cut_slice(value, params.get(name), rank)
     if load_shards:  # before anything is written into the engine
         _check_covers(master, engine, saved.path)
-    engine.load_module_weights(state, strict=strict)
+    load_module(state)
     core = engine.core
     if not load_shards:
         checkpoint_layout.refresh_masters(core)

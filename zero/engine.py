@@ -546,12 +546,14 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
-                        load_module_only=False):
+                        load_module_only=False, custom_load_fn=None):
+        """DeepSpeed's: returns (path, client_state); `custom_load_fn(src=, dst=)` writes the
+        module's weights instead of load_state_dict (load_module_weights)."""
         self._alive("load_checkpoint")
         with self._swap_writes.shown("zero: loading the checkpoint into NVMe swap files"):
             return load_checkpoint(self, load_dir, tag, load_module_strict,
                                    load_optimizer_states, load_lr_scheduler_states,
-                                   load_module_only)
+                                   load_module_only, custom_load_fn)
 
     # ---- stage 3 ----------------------------------------------------------------------------
     def gathered_parameters(self, params, modifier_rank=None):
