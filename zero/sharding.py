@@ -2,8 +2,9 @@
 order):
 
 1. prepare_model: the model's parameters in the training dtype (buffers keep theirs, as in
-   DeepSpeed 0.19: model_dtype.py) and everything on the training device; zero.Init's shards converted too; below stage 3 every partitioned
-   parameter is made whole; every rank starts from rank 0's values.
+   DeepSpeed 0.19: model_dtype.py) and everything on the training device; zero.Init's
+   shards converted too; below stage 3 every partitioned parameter is made whole; every
+   rank starts from rank 0's values.
 2. shard_groups: the C++ engine groups, one per optimizer group and kind:
    - stages 0-2: one group of the config's stage per optimizer group (with pipeline or
      tensor parallelism, one per optimizer group and gradient-norm weight, norm_span.py);
@@ -95,10 +96,10 @@ class GroupBuilder:
 def prepare_model(model: nn.Module, device: torch.device, dtype: torch.dtype,
                   buffer_dtype: torch.dtype | None, stage: int, group=None,
                   source=None) -> None:
-    """The model in the training dtype on the device, every rank of `group` (default the
-    world) starting from the group's first rank's values; `source(tensor)` (MoE's experts,
-    moe/engine_layout.py): the (rank, group) a parameter's or buffer's values come from
-    instead."""
+    """The model in the engine's dtypes (model_dtype.cast) on the device, every rank of
+    `group` (default the world) starting from the group's first rank's values;
+    `source(tensor)` (MoE's experts, moe/engine_layout.py): the (rank, group) a parameter's
+    or buffer's values come from instead."""
     model.to(device=device)
     model_dtype.cast(model, dtype, buffer_dtype)
     for param in model.parameters():
