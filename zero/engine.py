@@ -38,6 +38,7 @@ from .engine_model_save import EngineModelSave
 from .engine_reports import EngineReports
 from .loss_scaler import from_config as loss_scaler_from_config
 from .memory import state_layouts
+from .model_dtype import PRECISION_DTYPES  # (zero.engine's name for it too)
 from .monitor import Watch
 from .monitor.throughput import ThroughputTimer
 from .monitor.timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP
@@ -47,7 +48,6 @@ from .torch_backward import TorchStyleBackward
 
 logger = logging.getLogger("zero")
 
-PRECISION_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 ALIGNMENT_BYTES = 16  # every parameter starts 16-byte aligned in its flat buffer
 
 

@@ -14,9 +14,9 @@ from .autocast import DTYPES as AUTOCAST_DTYPES
 from .autocast import module_class
 from .boundary import fp32_grads
 from .config import schema
+from .model_dtype import PRECISION_DTYPES
 from .optimizer import deepspeed_optimizer_name
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def _only_value(block: schema.Block, name: str):
@@ -110,7 +110,7 @@ class EngineGetters:
         """A property, as DeepSpeed's: the configured dtype, else the model's (read-only
         here: the reducers are built with it)."""
         configured = self.config.communication_data_type
-        return _DTYPES[configured] if configured else self.dtype
+        return PRECISION_DTYPES[configured] if configured else self.dtype
 
     def gradient_clipping(self) -> float:
         return self.config.gradient_clipping
@@ -211,9 +211,9 @@ class EngineGetters:
         client = self.optimizer.spec.client_name
         if client is not None:
             return client
-        block = self.config.raw.get("optimizer")
-        return deepspeed_optimizer_name(block["type"]) if self.config.optimizer is not None \
-            else None
+        if self.config.optimizer is None:
+            return None
+        return deepspeed_optimizer_name(self.config.raw["optimizer"]["type"])
 
     def optimizer_params(self) -> dict | None:
         return dict(self.config.optimizer.params) if self.config.optimizer is not None else None

@@ -14,7 +14,8 @@ from torch import nn
 
 from .config.schema import DTYPE_SPELLINGS
 
-_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# the training precisions' dtypes (the engine's, config.precision)
+PRECISION_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # torch's messages for operands of two dtypes (matmul, linear, conv, add into an out tensor)
 _DTYPE_MISMATCH = re.compile(r"same dtype|scalar type|type \(.*\) should be the same")
 
@@ -23,7 +24,7 @@ def torch_dtype(spelling: str) -> torch.dtype:
     """The torch dtype of a DeepSpeed dtype spelling ("bf16", "torch.float32", "half", ...)."""
     for short, spellings in DTYPE_SPELLINGS.items():
         if spelling in spellings:
-            return _TORCH_DTYPES[short]
+            return PRECISION_DTYPES[short]
     raise ValueError(f"zero: {spelling!r} is not one of DeepSpeed's dtype spellings")
 
 
@@ -68,4 +69,4 @@ def mismatch_hint(model: nn.Module, dtype: torch.dtype, error: RuntimeError) -> 
 
 
 def _short(dtype: torch.dtype) -> str:
-    return next(short for short, known in _TORCH_DTYPES.items() if known == dtype)
+    return next(short for short, known in PRECISION_DTYPES.items() if known == dtype)
