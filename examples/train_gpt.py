@@ -59,8 +59,9 @@ def main():
             engine.step()
             total += loss.detach().float()
         dist.all_reduce(total)
-        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
-            print(f"step {step:4d}  loss {total.item() / (gas * world):.4f}  "
+        done = engine.global_steps  # counted as the engine's reports count it (from 1)
+        if rank == 0 and (done == 1 or done % 10 == 0 or step == args.steps - 1):
+            print(f"step {done:4d}  loss {total.item() / (gas * world):.4f}  "
                   f"lr {engine.get_lr()[0]:.2e}  grad-norm "
                   f"{engine.get_global_grad_norm() or 0.0:.3f}", flush=True)
     for r in range(world):  # every rank's table, in rank order
