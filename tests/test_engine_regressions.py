@@ -390,3 +390,22 @@ def _mixed_momentum(rank, world):
 def test_the_report_expects_momentum_only_for_groups_that_have_it():
     for current, expected in run_distributed(_mixed_momentum, 2):
         assert current == expected > 0
+
+
+def _grads_seen_at_the_boundary(rank, world, stage):
+    engine = training.engine_at_boundary(training.engine_config(
+        stage, gas=2, scheduler=False, stage3_param_persistence_threshold=40), rank, world)
+    return {name: None if p.grad is None else p.grad.clone()
+            for name, p in engine.module.named_parameters()}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_param_grad_at_a_boundary_is_the_average_or_none_as_deepspeeds(stage):
+    """Stage 0 shows the averaged gradients (equal on every rank); stages 1-3 none, as
+    DeepSpeed. Stage 1's accumulation buffer (and stage 3's for the parameters kept whole)
+    used to show through param.grad: the average in this rank's pieces, its own sum elsewhere."""
+    first, second = run_distributed(_grads_seen_at_the_boundary, 2, args=(stage,))
+    if stage == 0:
+        assert all(torch.equal(first[name], second[name]) for name in first)
+    else:
+        assert set(first.values()) == set(second.values()) == {None}

@@ -94,6 +94,36 @@ def test_set_writes_one_parameter_on_every_rank(stage):
     assert run_distributed(_set_then_get, 2, args=(stage,)) == [(True, True, True)] * 2
 
 
+def _weights_after_a_set(rank, world, stage):
+    """fp32, where the parameters are the master: the module's weights right after a set,
+    one large (partitioned at stage 3) and one small (kept whole at stage 3)."""
+    import zero
+    from zero.compat.deepspeed.utils import safe_set_full_fp32_param
+
+    extra = {"stage3_param_persistence_threshold": 40} if stage == 3 else {}
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=training.engine_config(
+        stage, gas=1, scheduler=False, **extra))
+    training.train_engine(engine, rank, world, 1, 1)
+    params = dict(engine.module.named_parameters())
+    seen = {}
+    for name in ("blocks.0.attn.qkv.weight", "blocks.0.ln1.bias"):
+        shape = engine.full_shapes[name]
+        safe_set_full_fp32_param(params[name], torch.linspace(-1, 1, shape.numel()).view(shape))
+        with zero.GatheredParameters([params[name]]):
+            seen[name] = params[name].detach().clone()
+    return seen
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_set_master_is_the_weight_of_every_rank_where_the_weights_are_the_master(stage):
+    """Each rank writing only its own elements into weights that are the master left the
+    ranks' forward on different weights until the next step."""
+    results = run_distributed(_weights_after_a_set, 2, args=(stage,))
+    for seen in results:
+        for weight in seen.values():
+            assert torch.equal(weight.view(-1), torch.linspace(-1, 1, weight.numel()))
+
+
 def _local_fragments(rank, world, stage):
     import zero
     from zero.compat.deepspeed.utils import (safe_get_full_fp32_param, safe_get_local_fp32_param,

@@ -64,8 +64,11 @@ def get_full(param, array: str) -> torch.Tensor | None:
 
 def set_full(param, value: torch.Tensor, array: str) -> None:
     """Writes the whole value of `array` for `param`, each rank its own elements; nothing for a
-    parameter no engine trains (as DeepSpeed). The model's weights follow a new master at the
-    next step (at stage 3 at once, where the master's load rewrites the partitioned weights)."""
+    parameter no engine trains (as DeepSpeed). The model's weights follow a separate master at
+    the next step (at stage 3 at once, where the master's load rewrites the partitioned
+    weights). Where the parameters are the master (fp32 training) a whole weight takes the
+    whole value at once on every rank: its own elements alone would leave the ranks' weights
+    different until the step."""
     place = find(param)
     if place is None:
         return
@@ -76,6 +79,10 @@ def set_full(param, value: torch.Tensor, array: str) -> None:
     flat = value.detach().reshape(-1)
     _write(engine, g, array, [(position, flat[start:stop]) for start, stop, position in
                               _own_runs(engine, g, i, shape)])
+    if array == "master" and not engine.core.group_has_master(g) and \
+            param.numel() == shape.numel():
+        with torch.no_grad():
+            param.data.copy_(flat.view(param.shape))
 
 
 def get_local(param, array: str) -> torch.Tensor | None:

@@ -226,7 +226,15 @@ at::Tensor ParamGroup::accumulated_grad(std::size_t index) const {
   return grad_full_.defined() ? place_in(grad_full_.tensor(), index) : at::Tensor();
 }
 
-void ParamGroup::finish_backward(bool /*boundary*/) { reducer_->reset(); }
+void ParamGroup::finish_backward(bool boundary) {
+  reducer_->reset();
+  // Reduced in place (stage 1 accumulating, stage 3's persistent group): the buffer now holds
+  // the average in this rank's pieces and its own sums elsewhere, no gradient a user could
+  // read, so param.grad goes, as DeepSpeed's stages 1 and 3 leave it None at a boundary; the
+  // step reads the buffer, and the next backward starts the views from zero.
+  if (!boundary || grads_apart() || !grad_full_.defined() || options_.stage == 0) return;
+  for (at::Tensor& param : params_) param.mutable_grad() = at::Tensor();
+}
 
 double ParamGroup::grad_square_sum() const {
   if (sharded_grads()) return square_sum(grad_shard_.tensor());
