@@ -150,7 +150,7 @@ def _zero(model, stage, precision, args, out):
         report = engine.memory_report()
         out["report"] = report
         out["comm_at_end"] = dict(report["comm"])
-        out["grad_norm_last"] = engine.get_global_grad_norm()
+        out["grad_norm_last"] = engine.get_global_grad_norm().item()
     return {"step": lambda tokens, targets: engine_step(engine, tokens, targets),
             "finish": finish, "comm": lambda: as_dict(engine.core.comm_stats())}
 

@@ -269,7 +269,7 @@ def _zero(model, kind, precision, args, out):
         registry.reset_peaks()
 
     def grad_norm():
-        return engine.get_global_grad_norm()
+        return engine.get_global_grad_norm().item()
 
     def schedule():
         stats = as_dict(engine.core.schedule_stats())
@@ -286,7 +286,7 @@ def _zero_finish(engine, out):
 
     report = engine.memory_report()
     out["report"] = report
-    out["grad_norm_last"] = engine.get_global_grad_norm()
+    out["grad_norm_last"] = engine.get_global_grad_norm().item()
     out["prefetch_default"] = engine.config.zero_optimization.stage3_prefetch_bucket_size
     out["gathered_param_current_end"] = int(report["categories"].get(
         "gathered_param", {}).get("current", 0))

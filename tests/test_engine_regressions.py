@@ -409,3 +409,26 @@ def test_param_grad_at_a_boundary_is_the_average_or_none_as_deepspeeds(stage):
         assert all(torch.equal(first[name], second[name]) for name in first)
     else:
         assert set(first.values()) == set(second.values()) == {None}
+
+
+def _first_grad_norm(rank, world, stage):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(), config=training.engine_config(
+        stage, gas=1, scheduler=False))
+    before = engine.get_global_grad_norm()
+    training.train_engine(engine, rank, world, 1, 1)
+    return before, engine.get_global_grad_norm()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_the_global_grad_norm_is_a_tensor_as_deepspeeds(stage):
+    """DeepSpeed returns a tensor, and scripts log it with .item(); it was a Python float."""
+    model = training.make_model()
+    data = training.batches(2, 1, 1)
+    model(torch.cat([data[0][0], data[1][0]]), torch.cat([data[0][1], data[1][1]])).backward()
+    expected = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")).item()
+    for before, norm in run_distributed(_first_grad_norm, 2, args=(stage,)):
+        assert before is None
+        assert isinstance(norm, torch.Tensor) and norm.dim() == 0 and norm.dtype == torch.float32
+        assert norm.item() == pytest.approx(expected, rel=1e-5)

@@ -201,7 +201,7 @@ def split_ranks(rank, world, clip, save_dir):
         return loss.item()
 
     losses = [train_step(engine, step) for step in range(STEPS)]
-    norms = engine.get_global_grad_norm()
+    norms = engine.get_global_grad_norm().item()
     engine.save_checkpoint(save_dir, tag="t")
     resumed = build()
     resumed.load_checkpoint(save_dir, tag="t")

@@ -54,7 +54,7 @@ def train_ranks(rank, world, schedule, stage=1, tied=True, clip=0.0):
     losses, norms = [], []
     for _ in range(STEPS):
         losses.append(engine.train_batch(mine).item())
-        norms.append(engine.get_global_grad_norm())
+        norms.append(engine.get_global_grad_norm().item())
     params = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
     layout = (grid.get_stage_id(), d, grid.get_data_parallel_world_size(),
               grid.get_pipe_parallel_world_size(), engine.is_first_stage(),

@@ -72,7 +72,7 @@ def train_ranks(rank, world, root):
         if step == 2:
             engine.save_checkpoint(root, tag="two")
         losses.append(engine.train_batch(batches(step)).item())
-        norms.append(engine.get_global_grad_norm())
+        norms.append(engine.get_global_grad_norm().item())
     fresh = engine_for(autotp_size=2)
     fresh.load_checkpoint(root)
     resumed = fresh.train_batch(batches(2)).item()

@@ -80,7 +80,7 @@ def train_ranks(rank, world, stages, clip=0.0, fp16=None):
                 engine.backward(loss)
                 engine.step()
                 losses.append(loss.item())
-            norms.append(engine.get_global_grad_norm())
+            norms.append(engine.get_global_grad_norm().item())
             scales.append(engine.optimizer.cur_scale)
         report = engine.memory_report()["categories"]["optimizer_state"]["current"]
         consolidated = engine._consolidated_16bit_state_dict()  # Accelerate's get_state_dict

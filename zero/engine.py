@@ -601,11 +601,13 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
     def get_model_parallel_rank(self) -> int:
         return self.get_tensor_parallel_rank()
 
-    def get_global_grad_norm(self) -> float | None:
+    def get_global_grad_norm(self) -> torch.Tensor | None:
         """The global gradient norm of the last optimizer step, before clipping (None before
-        the first step), as DeepSpeed's engine reports it."""
+        the first step), as DeepSpeed's engine reports it: a 0-dim fp32 tensor on the engine's
+        device (scripts call .item() on it)."""
         result = self.last_step_result
-        return None if result is None else result.grad_norm
+        return None if result is None else torch.tensor(result.grad_norm, dtype=torch.float32,
+                                                         device=self.device)
 
     def compile(self, backend="inductor", compile_kwargs=None, schedule=None,
                 compiled_autograd_enabled=False) -> None:

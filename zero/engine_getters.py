@@ -30,6 +30,22 @@ def _only_value(block: schema.Block, name: str):
 class EngineGetters:
     """Mixed into ZeroEngine, which sets `config`, `stage`, `dtype` and `optimizer`."""
 
+    @property
+    def _config(self):
+        """DeepSpeed's `engine._config`, a DeepSpeedConfig, which scripts read although it is
+        private (DeepSpeedExamples: `engine._config.train_micro_batch_size_per_gpu`): the
+        engine's config as zero.compat's DeepSpeedConfig shows it, its batch sizes the engine's
+        own. Built at the first use."""
+        if self.__dict__.get("_deepspeed_config") is None:
+            from .compat.deepspeed.runtime.config import DeepSpeedConfig
+
+            resolved = {**self.config.raw, "train_batch_size": self.train_batch_size(),
+                        "train_micro_batch_size_per_gpu": self.train_micro_batch_size_per_gpu(),
+                        "gradient_accumulation_steps": self.gradient_accumulation_steps()}
+            self._deepspeed_config = DeepSpeedConfig(resolved, mpu=_DataParallelWorld(
+                self.dp_world_size))
+        return self._deepspeed_config
+
     # ---- batch and precision -------------------------------------------------------------
     def train_batch_size(self) -> int:
         return self.config.train_batch_size
@@ -371,3 +387,13 @@ class EngineGetters:
 
     def zero_force_ds_cpu_optimizer(self) -> bool:
         return self.config.zero_force_ds_cpu_optimizer
+
+
+class _DataParallelWorld:
+    """The one question DeepSpeedConfig asks an mpu: how many data-parallel ranks there are."""
+
+    def __init__(self, size: int):
+        self._size = size
+
+    def get_data_parallel_world_size(self) -> int:
+        return self._size

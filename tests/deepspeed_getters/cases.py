@@ -38,6 +38,14 @@ GETTERS = [
     "cpuadam_cores_perc", "super_offload", "load_universal_checkpoint", "aio_config",
 ]
 PROPERTIES = ["communication_data_type"]  # read, not called (a property in DeepSpeed too)
+# engine._config (a DeepSpeedConfig), private in DeepSpeed but read by scripts
+CONFIG_ATTRIBUTES = [
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+    "gradient_clipping", "steps_per_print", "zero_enabled", "zero_optimization_stage",
+    "optimizer_name", "optimizer_params", "scheduler_name", "scheduler_params",
+    "bfloat16_config.enabled", "float16_config.enabled", "zero_config.stage",
+    "zero_config.reduce_bucket_size", "zero_config.overlap_comm", "wall_clock_breakdown",
+    "dataloader_drop_last", "world_size"]
 
 _ADAMW = {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.8, 0.99], "weight_decay": 0.01}}
 CASES = {
@@ -121,6 +129,14 @@ def run(engine, micro_steps):
             values[name] = value(found if name in PROPERTIES else found())
         except Exception as error:  # noqa: BLE001 - DeepSpeed's own getters can fail
             values[name] = {"error": f"{type(error).__name__}: {error}"}
+    for name in CONFIG_ATTRIBUTES:
+        try:
+            found = engine._config
+            for part in name.split("."):
+                found = getattr(found, part)
+            values[f"_config.{name}"] = value(found)
+        except Exception as error:  # noqa: BLE001
+            values[f"_config.{name}"] = {"error": f"{type(error).__name__}: {error}"}
     applied, counters = [], []
     for step in range(micro_steps):
         torch.manual_seed(step)
@@ -132,6 +148,8 @@ def run(engine, micro_steps):
         counters.append([engine.global_steps, engine.global_samples])
     values["was_step_applied"] = applied
     values["global_steps_and_samples"] = counters
+    norm = engine.get_global_grad_norm()  # its type (DeepSpeed: a tensor; None at stage 0)
+    values["global_grad_norm_type"] = None if norm is None else type(norm).__name__
     return values
 
 
