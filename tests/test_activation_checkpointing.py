@@ -45,7 +45,8 @@ def _matches_reference(stage, checkpointing, block=None):
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-@pytest.mark.parametrize("checkpointing", ["reentrant", "non_reentrant", "deepspeed"])
+@pytest.mark.parametrize("checkpointing", ["reentrant", "non_reentrant", "deepspeed",
+                                           "deepspeed_non_reentrant"])
 def test_checkpointed_training_with_tied_weights_matches_the_reference(stage, checkpointing):
     _matches_reference(stage, checkpointing)
 
@@ -150,3 +151,44 @@ def test_profile_prints_each_regions_times(capsys):
     out = capsys.readouterr().out
     assert "time (ms) | checkpoint forward:" in out and "time (ms) | checkpoint recompute:" in out
     checkpointing.configure(None)
+
+
+def test_non_reentrant_checkpoint_gives_weights_their_gradients_from_inputs_without_one():
+    """DeepSpeed's non_reentrant_checkpoint: a region whose input needs no gradient (the
+    reentrant form gives its weights none); dropout draws the same in the recomputation."""
+    from zero.compat.deepspeed.checkpointing import non_reentrant_checkpoint
+
+    torch.manual_seed(0)
+    region = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5),
+                                 torch.nn.Linear(8, 2))
+    x = torch.randn(4, 8)  # no gradient wanted
+    grads = []
+    for run in (region, lambda inputs: non_reentrant_checkpoint(region, inputs)):
+        region.zero_grad()
+        torch.manual_seed(1)
+        run(x).pow(2).sum().backward()
+        grads.append([p.grad.clone() for p in region.parameters()])
+    assert all(g.abs().sum() > 0 for g in grads[1])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_non_reentrant_checkpoint_refuses_the_options_it_cannot_keep_apart():
+    import zero.activation_checkpointing as checkpointing
+
+    checkpointing.configure(None, checkpoint_in_cpu=True)
+    try:
+        with pytest.raises(NotImplementedError, match="cpu_checkpointing"):
+            checkpointing.non_reentrant_checkpoint(torch.nn.Linear(2, 2), torch.randn(1, 2))
+    finally:
+        checkpointing.reset()
+
+
+def test_detach_variable_keeps_whether_each_tensor_needs_a_gradient():
+    from zero.compat.deepspeed.checkpointing import detach_variable
+
+    wants, plain = torch.randn(2, requires_grad=True) * 2, torch.randn(2)
+    out = detach_variable((wants, plain, 3))
+    assert out[0].is_leaf and out[0].requires_grad and not out[1].requires_grad
+    assert torch.equal(out[0], wants) and out[2] == 3
+    with pytest.raises(RuntimeError, match="tuple"):
+        detach_variable([wants])

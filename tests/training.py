@@ -67,8 +67,9 @@ class ExternalUseGPT(TinyGPT):
 
 class CheckpointedGPT(TinyGPT):
     """TinyGPT whose blocks run under activation checkpointing (recomputed in backward):
-    "reentrant" / "non_reentrant" (torch.utils.checkpoint) or "deepspeed"
-    (deepspeed.checkpointing.checkpoint). Its head is tied to the token embedding."""
+    "reentrant" / "non_reentrant" (torch.utils.checkpoint), "deepspeed"
+    (deepspeed.checkpointing.checkpoint) or "deepspeed_non_reentrant" (its
+    non_reentrant_checkpoint). Its head is tied to the token embedding."""
 
     def __init__(self, config: GPTConfig, checkpointing: str):
         super().__init__(config)
@@ -87,9 +88,11 @@ class CheckpointedGPT(TinyGPT):
         return self.head(self.ln_f(x))
 
     def _checkpointed(self, block, x):
-        if self.checkpointing == "deepspeed":
+        if self.checkpointing.startswith("deepspeed"):
             import zero.compat.deepspeed as deepspeed
 
+            if self.checkpointing == "deepspeed_non_reentrant":
+                return deepspeed.checkpointing.non_reentrant_checkpoint(block, x)
             return deepspeed.checkpointing.checkpoint(block, x)
         from torch.utils.checkpoint import checkpoint
 

@@ -124,6 +124,55 @@ def checkpoint(function, *args, **kwargs):
                                 use_reentrant=True)
 
 
+def non_reentrant_checkpoint(function, *args):
+    """DeepSpeed's: checkpoint() through torch's non-reentrant checkpoint, so a region whose
+    inputs need no gradient still gives its weights theirs (DeepSpeed's pipeline engine uses
+    it with `"pipeline": {"use_reentrant": false}`). The recomputation replays dropout and the
+    model-parallel tracker's states as checkpoint() does. cpu_checkpointing and
+    partition_activations keep a region's inputs, which this form does not keep apart: they
+    are refused here."""
+    current = settings()
+    partitioned = current.partition_activations and _tensor is not None and _tensor.size > 1
+    if current.cpu_checkpointing or partitioned:
+        raise NotImplementedError(
+            "zero: non_reentrant_checkpoint keeps what its region saves as torch does; the "
+            "activation_checkpointing options cpu_checkpointing and partition_activations "
+            "work with deepspeed.checkpointing.checkpoint: use it, or turn them off")
+    tracker = rng_tracker.get_cuda_rng_tracker()
+
+    def contexts():  # at the forward: what its recomputation restores
+        return contextlib.nullcontext(), _recomputing(current, tracker, tracker.get_states())
+    with _boundary(current, "forward"):
+        return torch_checkpoint(function, *args, use_reentrant=False, context_fn=contexts)
+
+
+@contextlib.contextmanager
+def _recomputing(current: Settings, tracker, at_forward: dict):
+    now = tracker.get_states()
+    tracker.set_states(dict(at_forward))
+    try:
+        with _boundary(current, "recompute"):
+            yield
+    finally:
+        tracker.set_states(now)
+
+
+def detach_variable(inputs: tuple, device=None) -> tuple:
+    """DeepSpeed's helper (torch's former checkpoint one): each tensor of `inputs` detached
+    (moved to `device` when given), keeping whether it requires grad; anything else as is."""
+    if not isinstance(inputs, tuple):
+        raise RuntimeError(f"zero: detach_variable takes a tuple of tensors, not "
+                           f"{type(inputs).__name__}")
+    detached = []
+    for item in inputs:
+        if isinstance(item, torch.Tensor):
+            moved = item if device is None else item.to(device=device)
+            item = moved.detach()
+            item.requires_grad = moved.requires_grad
+        detached.append(item)
+    return tuple(detached)
+
+
 def saved_inputs_hooks(current: Settings):
     """Where a region's kept inputs wait for backward: this rank's share of each
     (partition_activations over configure's tensor group), host memory (cpu_checkpointing),
