@@ -432,3 +432,19 @@ def test_the_global_grad_norm_is_a_tensor_as_deepspeeds(stage):
         assert before is None
         assert isinstance(norm, torch.Tensor) and norm.dim() == 0 and norm.dtype == torch.float32
         assert norm.item() == pytest.approx(expected, rel=1e-5)
+
+
+def _grads_around_allreduce(rank, world, stage):
+    from zero.compat.deepspeed.utils import safe_get_full_grad
+
+    engine = training.engine_at_boundary(training.engine_config(stage, gas=2, scheduler=False),
+                                         rank, world)
+    params = list(engine.module.parameters())
+    before = [safe_get_full_grad(p) for p in params]
+    engine.allreduce_gradients()  # DeepSpeed's; some scripts call it after backward
+    return all(torch.equal(a, safe_get_full_grad(p)) for a, p in zip(before, params))
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_allreduce_gradients_after_backward_leaves_the_reduced_gradients_as_they_are(stage):
+    assert run_distributed(_grads_around_allreduce, 2, args=(stage,)) == [True, True]

@@ -410,6 +410,13 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
             self._torch_backward.engine_backward_done()
         return loss
 
+    def allreduce_gradients(self, bucket_size=None) -> None:
+        """DeepSpeed's, which its backward calls: the reduction of an accumulation boundary's
+        gradients. Here backward (engine's or loss.backward) has done it, overlapped, by the
+        time it returns, and between boundaries there is nothing to reduce, as in DeepSpeed."""
+        del bucket_size
+        self._alive("allreduce_gradients")
+
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """DeepSpeed's: the loss times the loss scale (fp16), for `engine.scale(loss).backward()`
         (zero/torch_backward.py); the loss itself without one."""
