@@ -192,3 +192,17 @@ def test_detach_variable_keeps_whether_each_tensor_needs_a_gradient():
     assert torch.equal(out[0], wants) and out[2] == 3
     with pytest.raises(RuntimeError, match="tuple"):
         detach_variable([wants])
+
+
+def test_a_non_reentrant_region_recomputes_for_each_backward_through_it():
+    """A retained graph's second backward recomputes the region again (the recomputation's
+    context is entered once per backward)."""
+    from zero.compat.deepspeed.checkpointing import non_reentrant_checkpoint
+
+    torch.manual_seed(0)
+    region = torch.nn.Linear(4, 4)
+    loss = non_reentrant_checkpoint(region, torch.randn(3, 4)).pow(2).sum()
+    loss.backward(retain_graph=True)
+    once = region.weight.grad.clone()
+    loss.backward()
+    assert torch.allclose(region.weight.grad, 2 * once)

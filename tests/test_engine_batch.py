@@ -68,6 +68,25 @@ def test_a_batch_that_does_not_divide_or_a_change_mid_window_is_named():
         assert "in the middle of an accumulation window" in mid_window
 
 
+def _config_views(rank, world):
+    import zero
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=training.engine_config(2, gas=1, scheduler=False))
+    before = engine._config  # DeepSpeed's private DeepSpeedConfig, which scripts read
+    sizes = [(before.train_batch_size, before.gradient_accumulation_steps)]
+    engine.set_train_batch_size(4 * engine.train_batch_size())
+    sizes.append((engine._config.train_batch_size, engine._config.gradient_accumulation_steps))
+    return sizes
+
+
+def test_engine_config_view_follows_a_new_batch_size():
+    """DeepSpeed's setters write into engine._config; zero's view is built again."""
+    micro = training.engine_config(2)["train_micro_batch_size_per_gpu"]
+    for sizes in run_distributed(_config_views, 2):
+        assert sizes == [(2 * micro, 1), (8 * micro, 4)]
+
+
 def _loaders(rank, world):
     import zero
 

@@ -423,7 +423,8 @@ def _first_grad_norm(rank, world, stage):
 
 @pytest.mark.parametrize("stage", [0, 3])
 def test_the_global_grad_norm_is_a_tensor_as_deepspeeds(stage):
-    """DeepSpeed returns a tensor, and scripts log it with .item(); it was a Python float."""
+    """DeepSpeed returns a tensor (None at stage 0 with a torch optimizer in fp32, where zero
+    gives the norm too), and scripts log it with .item(); it was a Python float."""
     model = training.make_model()
     data = training.batches(2, 1, 1)
     model(torch.cat([data[0][0], data[1][0]]), torch.cat([data[0][1], data[1][1]])).backward()
@@ -448,3 +449,40 @@ def _grads_around_allreduce(rank, world, stage):
 @pytest.mark.parametrize("stage", [0, 2])
 def test_allreduce_gradients_after_backward_leaves_the_reduced_gradients_as_they_are(stage):
     assert run_distributed(_grads_around_allreduce, 2, args=(stage,)) == [True, True]
+
+
+def _two_backwards_at_the_boundary(stage, gas):
+    return training.engine_config(stage, gas=gas, scheduler=False,
+                                  stage3_param_persistence_threshold=40)
+
+
+def _grads_of_two_backwards(rank, world, stage, gas):
+    """gas micro-steps, the last one with two losses' backwards (batch A, then B); the full
+    gradients the step would apply."""
+    import zero
+    from zero.compat.deepspeed.utils import safe_get_full_grad
+
+    engine, _, _, _ = zero.initialize(model=training.make_model(),
+                                      config=_two_backwards_at_the_boundary(stage, gas))
+    data = training.batches(world, 1, gas + 1)
+    for micro in range(gas + 1):
+        engine.backward(engine(*data[micro * world + rank]))
+        if micro < gas - 1:
+            engine.step()
+    return {name: safe_get_full_grad(p) for name, p in engine.module.named_parameters()}
+
+
+@pytest.mark.parametrize("stage,gas", [(0, 1), (1, 2), (2, 1), (3, 1), (3, 2)])
+def test_two_backwards_at_a_boundary_reduce_the_sum_of_both(stage, gas):
+    """Stage 1 accumulating and stage 3's persistent parameters reduce their buffer in place:
+    a second backward before the step reduced the first one's half-averaged buffer again
+    (wrong pieces), and dropping param.grad at the boundary made it start from zero."""
+    world = 2
+    model = training.make_model()
+    data = training.batches(world, 1, gas + 1)
+    for micro in range(gas + 1):  # each micro-step's loss over the global batch, / gas
+        parts = [data[micro * world + r] for r in range(world)]
+        (model(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])) / gas).backward()
+    for grads in run_distributed(_grads_of_two_backwards, world, args=(stage, gas)):
+        for name, param in model.named_parameters():
+            assert training.relative_error(grads[name], param.grad) < 1e-5, name

@@ -141,20 +141,31 @@ def non_reentrant_checkpoint(function, *args):
     tracker = rng_tracker.get_cuda_rng_tracker()
 
     def contexts():  # at the forward: what its recomputation restores
-        return contextlib.nullcontext(), _recomputing(current, tracker, tracker.get_states())
+        return contextlib.nullcontext(), _Recomputing(current, tracker, tracker.get_states())
     with _boundary(current, "forward"):
         return torch_checkpoint(function, *args, use_reentrant=False, context_fn=contexts)
 
 
-@contextlib.contextmanager
-def _recomputing(current: Settings, tracker, at_forward: dict):
-    now = tracker.get_states()
-    tracker.set_states(dict(at_forward))
-    try:
-        with _boundary(current, "recompute"):
-            yield
-    finally:
-        tracker.set_states(now)
+class _Recomputing:
+    """Around each recomputation of a non-reentrant region (one per backward through it):
+    the tracker's states as at its forward, the ones of the moment put back after."""
+
+    def __init__(self, current: Settings, tracker, at_forward: dict):
+        self._current, self._tracker, self._at_forward = current, tracker, at_forward
+        self._entered: list = []  # (tracker states, boundary) of each entry not yet left
+
+    def __enter__(self):
+        boundary = _boundary(self._current, "recompute")
+        self._entered.append((self._tracker.get_states(), boundary))
+        self._tracker.set_states(dict(self._at_forward))
+        boundary.__enter__()
+
+    def __exit__(self, *error):
+        now, boundary = self._entered.pop()
+        try:
+            boundary.__exit__(*error)
+        finally:
+            self._tracker.set_states(now)
 
 
 def detach_variable(inputs: tuple, device=None) -> tuple:

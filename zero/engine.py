@@ -211,6 +211,7 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         self.skipped_steps = 0
         self.applied_steps = 0  # optimizer updates actually made (Adam's step count)
         self.last_step_result: _C.StepResult | None = None  # None before the first step
+        self._grad_norm = None  # (last_step_result, its norm as a tensor): get_global_grad_norm
         self._step_applied = False  # the last step() updated the weights (was_step_applied)
         self._boundary_in_backward = False
         self._backward_open = False  # between _open_backward and _close_backward
@@ -613,8 +614,12 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         the first step), as DeepSpeed's engine reports it: a 0-dim fp32 tensor on the engine's
         device (scripts call .item() on it)."""
         result = self.last_step_result
-        return None if result is None else torch.tensor(result.grad_norm, dtype=torch.float32,
-                                                         device=self.device)
+        if result is None:
+            return None
+        if self._grad_norm is None or self._grad_norm[0] is not result:  # once per step
+            self._grad_norm = (result, torch.tensor(result.grad_norm, dtype=torch.float32,
+                                                    device=self.device))
+        return self._grad_norm[1]
 
     def compile(self, backend="inductor", compile_kwargs=None, schedule=None,
                 compiled_autograd_enabled=False) -> None:

@@ -34,17 +34,17 @@ class EngineGetters:
     def _config(self):
         """DeepSpeed's `engine._config`, a DeepSpeedConfig, which scripts read although it is
         private (DeepSpeedExamples: `engine._config.train_micro_batch_size_per_gpu`): the
-        engine's config as zero.compat's DeepSpeedConfig shows it, its batch sizes the engine's
-        own. Built at the first use."""
-        if self.__dict__.get("_deepspeed_config") is None:
-            from .compat.deepspeed.runtime.config import DeepSpeedConfig
+        engine's config as zero.compat's DeepSpeedConfig shows it, built at the first use and
+        again after the config changed (set_train_batch_size)."""
+        built = self.__dict__.get("_deepspeed_config")
+        if built is None or built[0] is not self.config:
+            from .compat.deepspeed.runtime.config import of_engine
 
-            resolved = {**self.config.raw, "train_batch_size": self.train_batch_size(),
-                        "train_micro_batch_size_per_gpu": self.train_micro_batch_size_per_gpu(),
-                        "gradient_accumulation_steps": self.gradient_accumulation_steps()}
-            self._deepspeed_config = DeepSpeedConfig(resolved, mpu=_DataParallelWorld(
-                self.dp_world_size))
-        return self._deepspeed_config
+            try:
+                built = self._deepspeed_config = (self.config, of_engine(self))
+            except AttributeError as error:  # not the module's attribute (engine __getattr__)
+                raise RuntimeError(f"zero: building engine._config failed: {error}") from error
+        return built[1]
 
     # ---- batch and precision -------------------------------------------------------------
     def train_batch_size(self) -> int:
@@ -388,12 +388,3 @@ class EngineGetters:
     def zero_force_ds_cpu_optimizer(self) -> bool:
         return self.config.zero_force_ds_cpu_optimizer
 
-
-class _DataParallelWorld:
-    """The one question DeepSpeedConfig asks an mpu: how many data-parallel ranks there are."""
-
-    def __init__(self, size: int):
-        self._size = size
-
-    def get_data_parallel_world_size(self) -> int:
-        return self._size

@@ -183,6 +183,7 @@ void ParamGroup::fold_grad(std::size_t index) {
 
 void ParamGroup::prepare_backward() {
   if (!grad_full_.defined()) return;
+  if (reduced_in_place_) carry_reduced_pieces();
   const bool apart = grads_apart();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (apart) {  // what was accumulated outside the engine joins the buffer
@@ -228,12 +229,34 @@ at::Tensor ParamGroup::accumulated_grad(std::size_t index) const {
 
 void ParamGroup::finish_backward(bool boundary) {
   reducer_->reset();
+  if (!grad_full_.defined() || options_.stage == 0) return;
+  if (carried_.defined()) {  // this backward's reduction is done: the earlier average joins it
+    for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
+      grad_piece(u).add_(carried_.narrow(0, layout_.shard_offset(u), piece_numel(u)));
+    }
+    carried_ = at::Tensor();
+  }
+  if (!boundary) return;
   // Reduced in place (stage 1 accumulating, stage 3's persistent group): the buffer now holds
   // the average in this rank's pieces and its own sums elsewhere, no gradient a user could
   // read, so param.grad goes, as DeepSpeed's stages 1 and 3 leave it None at a boundary; the
   // step reads the buffer, and the next backward starts the views from zero.
-  if (!boundary || grads_apart() || !grad_full_.defined() || options_.stage == 0) return;
+  reduced_in_place_ = true;
+  if (grads_apart()) return;  // no param.grad views the buffer
   for (at::Tensor& param : params_) param.mutable_grad() = at::Tensor();
+}
+
+void ParamGroup::carry_reduced_pieces() {
+  // A backward after a boundary's reduction and before the step (two losses' backwards at
+  // one boundary): the buffer holds this rank's averaged pieces beside its own sums
+  // elsewhere, which a second reduce-scatter would mix. The pieces wait aside (a copy, 1/N
+  // of the group), the buffer starts from zero, and finish_backward adds them back once this
+  // backward's average is in: the step applies the sum of both, as at stages 0 and 2.
+  std::vector<at::Tensor> pieces;
+  for (std::size_t u = 0; u < layout_.unit_count(); ++u) pieces.push_back(grad_piece(u));
+  carried_ = at::cat(pieces);
+  grad_full_.tensor().zero_();
+  reduced_in_place_ = false;
 }
 
 double ParamGroup::grad_square_sum() const {
@@ -279,6 +302,8 @@ void ParamGroup::hold_grads() {
 }
 
 void ParamGroup::zero_grads() {
+  reduced_in_place_ = false;
+  carried_ = at::Tensor();
   if (grad_full_.holds_memory()) grad_full_.tensor().zero_();  // else offloaded: zeroed there
   if (grad_shard_.tensor().defined()) start_grad_window(grad_shard_, *reducer_);
 }

@@ -195,6 +195,8 @@ class ParamGroup : public Group {
   }
   // grads_apart(): adds parameter `index`'s .grad into the full buffer and releases it.
   void fold_grad(std::size_t index);
+  // A backward begun after a boundary reduced the full buffer in place, before the step.
+  void carry_reduced_pieces();
   std::int64_t piece_numel(std::size_t unit) const { return layout_.unit(unit).shard_numel(); }
   at::Tensor full_piece(const at::Tensor& full, std::size_t unit) const;
   // The pieces of the param buffer holding shard [offset, offset + numel), in order: each a
@@ -215,6 +217,10 @@ class ParamGroup : public Group {
   PlacedBuffer grad_shard_;  // sharded_grads(): on the device, or (grads_offloaded) the host
   ShardState state_;
   std::unique_ptr<GradReducer> reducer_;
+  // The full buffer was reduced in place at a boundary and not zeroed (stepped) since;
+  // carried_: its averaged pieces, set aside while another backward reduces.
+  bool reduced_in_place_ = false;
+  at::Tensor carried_;
   // The all-gathers of stepped units still on the wire (gather_params waits for them).
   std::vector<std::unique_ptr<PendingCollective>> gathers_;
   std::vector<bool> gathering_;  // per unit: its all-gather is in gathers_

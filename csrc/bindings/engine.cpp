@@ -247,8 +247,9 @@ void add_groups(Core& core) {
     .def("group_master_shard",
          [](adapter::EngineCore& e, std::size_t g) { return awake(e, g).master_shard(); })
     .def("group_has_master",  // false where the parameters' own shard is the master
-         [](adapter::EngineCore& e, std::size_t g) { return e.group(g).shard_state().has_master(); },
-         py::arg("group"))
+         [](adapter::EngineCore& e, std::size_t g) {
+           return e.group(g).shard_state().has_master();
+         }, py::arg("group"))
     .def("group_refresh_master",
          [](adapter::EngineCore& e, std::size_t g) {
            at::NoGradGuard no_grad;

@@ -179,3 +179,27 @@ class DeepSpeedConfig:
             if not arg.startswith("_"):
                 logger.info("  %s %s %s", arg, "." * (29 - len(arg)), getattr(self, arg))
         self.print_user_config()
+
+
+def of_engine(engine) -> DeepSpeedConfig:
+    """A DeepSpeedConfig of a live engine's config (DeepSpeed's `engine._config`): its
+    batch sizes the engine's own, which under AutoTP from the config alone count every rank
+    (validated as DeepSpeed's check counts them), over its data-parallel ranks."""
+    batch_keys = ("train_batch_size", "train_micro_batch_size_per_gpu",
+                  "gradient_accumulation_steps")
+    resolved = {key: value for key, value in engine.config.raw.items() if key not in batch_keys}
+    resolved.update(train_micro_batch_size_per_gpu=engine.train_micro_batch_size_per_gpu(),
+                    gradient_accumulation_steps=engine.gradient_accumulation_steps())
+    view = DeepSpeedConfig(resolved, mpu=_DataParallelWorld(engine.dp_world_size))
+    view.train_batch_size = engine.train_batch_size()
+    return view
+
+
+class _DataParallelWorld:
+    """The one question DeepSpeedConfig asks an mpu: how many data-parallel ranks there are."""
+
+    def __init__(self, size: int):
+        self._size = size
+
+    def get_data_parallel_world_size(self) -> int:
+        return self._size
