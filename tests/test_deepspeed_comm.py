@@ -104,6 +104,14 @@ def test_every_function_a_script_calls_is_there_with_deepspeeds_parameters():
     assert "init_distributed" in comm.__all__ and set(DEEPSPEED) <= set(comm.__all__)
 
 
+def test_a_script_annotating_with_deepspeeds_process_group_imports():
+    """DeepSpeed's own Ulysses code names `dist.ProcessGroup` in its signatures."""
+    namespace = {}
+    exec("from zero.compat.deepspeed import comm as dist\n"
+         "def all_to_all(x, group: dist.ProcessGroup = None):\n    return x\n", namespace)
+    assert namespace["all_to_all"].__annotations__["group"] is torch.distributed.ProcessGroup
+
+
 def _collectives(rank, world):
     from zero.compat.deepspeed import comm as dist
 

@@ -328,3 +328,21 @@ def test_a_group_of_no_elements_trains_and_saves(tmp_path):
     for empty, other in run_distributed(_empty_group, 2, args=(str(tmp_path),)):
         assert empty is None and other == tuple(training.make_model().token_embedding
                                                 .weight.shape)
+
+
+def _doubled_gradients(rank, world, stage, gas):
+    from zero.compat.deepspeed.utils import (safe_get_full_grad,
+                                             safe_update_full_grad_vectorized)
+
+    engine = training.engine_at_boundary(_boundary_config(stage, gas, False), rank, world)
+    params = list(engine.module.parameters())
+    before = [safe_get_full_grad(p) for p in params]
+    safe_update_full_grad_vectorized(params, lambda grad, param: grad * 2)
+    return all(torch.allclose(safe_get_full_grad(p), 2 * b) for p, b in zip(params, before))
+
+
+@pytest.mark.parametrize("stage,gas", [(0, 1), (1, 2), (2, 1), (3, 1)])
+def test_a_vectorized_gradient_update_is_what_the_step_sees(stage, gas):
+    """DeepSpeed's safe_update_full_grad_vectorized: param.grad in place at stage 0, the
+    engine's sharded gradients otherwise."""
+    assert run_distributed(_doubled_gradients, 2, args=(stage, gas)) == [True, True]

@@ -232,13 +232,20 @@ class EngineGetters:
         return deepspeed_optimizer_name(self.config.raw["optimizer"]["type"])
 
     def optimizer_params(self) -> dict | None:
-        return dict(self.config.optimizer.params) if self.config.optimizer is not None else None
+        """The optimizer block's params as the config writes them (no defaults filled in),
+        as DeepSpeed; None without a block or params."""
+        return self._written_params("optimizer")
 
     def scheduler_name(self) -> str | None:
         return self.config.scheduler.type if self.config.scheduler is not None else None
 
     def scheduler_params(self) -> dict | None:
-        return dict(self.config.scheduler.params) if self.config.scheduler is not None else None
+        return self._written_params("scheduler")
+
+    def _written_params(self, block_name: str) -> dict | None:
+        block = self.config.raw.get(block_name)
+        params = block.get("params") if isinstance(block, dict) and "type" in block else None
+        return None if params is None else dict(params)
 
     def get_mom(self) -> list:
         """Each group's momentum (SGD, RMSprop) or betas (the rest), as DeepSpeed."""

@@ -9,6 +9,8 @@ environment patches, enable_symm_mem_for_group). Where they differ from DeepSpee
   * the comms logger does not time the script's own calls (`prof`, `log_name` and `debug` are
     accepted): it records the engine's collectives (zero/monitor/comms_logger.py), which
     log_summary, has_comm_data, get_comm_operation_count and get_logged_comm_ops read;
+  * ProcessGroup is torch's (DeepSpeed's is a placeholder class that scripts name in their
+    annotations: `group: dist.ProcessGroup`);
   * has_coalescing_manager is False: the "coalesced" calls run one collective per tensor,
     one handle for all of them where async_op is set.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import os
 
 import torch.distributed as _dist
-from torch.distributed import ReduceOp, get_rank, get_world_size, is_initialized
+from torch.distributed import ProcessGroup, ReduceOp, get_rank, get_world_size, is_initialized
 
 from zero.distributed import init_distributed
 from zero.engine import live_engines
@@ -281,7 +283,7 @@ def get_logged_comm_ops() -> list[str]:
 
 
 __all__ = [
-    "P2POp", "ReduceOp", "all_gather", "all_gather_coalesced", "all_gather_into_tensor",
+    "P2POp", "ProcessGroup", "ReduceOp", "all_gather", "all_gather_coalesced", "all_gather_into_tensor",
     "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all",
     "all_to_all_single", "allgather_fn", "barrier", "batch_isend_irecv", "broadcast",
     "broadcast_object_list", "configure", "destroy_process_group", "gather",

@@ -14,7 +14,8 @@ from .tensor_fragment import (safe_get_full_fp32_param, safe_get_full_grad,
                               safe_get_local_grad, safe_get_local_optimizer_state,
                               safe_set_full_fp32_param, safe_set_full_grad,
                               safe_set_full_optimizer_state, safe_set_local_fp32_param,
-                              safe_set_local_grad, safe_set_local_optimizer_state)
+                              safe_set_local_grad, safe_set_local_optimizer_state,
+                              safe_update_full_grad_vectorized)
 from .z3_leaf_module import (get_z3_leaf_modules, set_z3_leaf_module, set_z3_leaf_modules,
                              set_z3_leaf_modules_by_name, set_z3_leaf_modules_by_suffix,
                              unset_z3_leaf_modules, z3_leaf_module, z3_leaf_parameter)
@@ -25,6 +26,7 @@ __all__ = ["RepeatingLoader", "OnDevice", "log_dist", "log_dist_once", "logger",
            "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
            "safe_set_full_fp32_param", "safe_set_full_grad", "safe_set_full_optimizer_state",
            "safe_set_local_fp32_param", "safe_set_local_grad", "safe_set_local_optimizer_state",
+           "safe_update_full_grad_vectorized",
            "set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules",
            "set_z3_leaf_module", "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix",
            "z3_leaf_module", "z3_leaf_parameter", "groups", "zero_to_fp32"]

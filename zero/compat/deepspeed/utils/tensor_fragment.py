@@ -57,6 +57,20 @@ def safe_set_full_grad(param, value) -> None:
     param_values.set_full(param, value, "grad")
 
 
+def safe_update_full_grad_vectorized(param_list, update_func) -> None:
+    """DeepSpeed's: each parameter's whole gradient replaced by `update_func(grad, param)`,
+    between a boundary's backward and the step: in place where the parameter shows one in
+    param.grad (stage 0), through safe_get_full_grad / safe_set_full_grad where the engine
+    holds it sharded. Collective, as those: every rank passes the same parameters."""
+    for param in param_list:
+        if param.grad is not None:
+            param.grad.copy_(update_func(param.grad, param))
+        elif param.requires_grad:
+            grad = safe_get_full_grad(param)
+            if grad is not None:  # trained by an engine
+                safe_set_full_grad(param, update_func(grad, param))
+
+
 def safe_get_local_grad(param):
     """This rank's fragment of the parameter's reduced gradient (flat, fp32)."""
     return param_values.get_local(param, "grad")
