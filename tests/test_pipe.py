@@ -320,3 +320,37 @@ def test_layers_tied_across_stages_over_sharded_gradients_are_refused(zero_stage
                                    args=(zero_stage, gas), timeout=60):
         assert message is not None and "tied layers across pipeline stages" in message
         assert f"stage {zero_stage} with gradient_accumulation_steps {gas}" in message
+
+
+DEEPSPEED_PIPELINE_BLOCK = {  # as DeepSpeed's pipeline examples write it, defaults and all
+    "stages": "auto", "partition": "best", "seed_layers": False, "pipe_partitioned": True,
+    "grad_partitioned": True, "use_reentrant": True, "activation_checkpoint_interval": 1}
+
+
+def _with_deepspeeds_block(rank, world):
+    import zero.compat.deepspeed as deepspeed
+
+    results = []
+    for block in (DEEPSPEED_PIPELINE_BLOCK, {}):
+        module = deepspeed.pipe.PipelineModule(
+            layers=pipe_layers(MODEL, tied=False), num_stages=STAGES, loss_fn=cross_entropy,
+            partition_method="uniform", seed_layers=True)
+        engine, _, _, _ = deepspeed.initialize(model=module, config={
+            **config(), "pipeline": block})
+        batches = iter(data()[:MICRO_BATCHES])
+        loss = engine.train_batch(batches).item()
+        results.append((module.activation_checkpoint_interval, loss,
+                        {n: p.detach().clone() for n, p in module.named_parameters()}))
+        engine.destroy()
+    return results
+
+
+@pytest.mark.timeout(180)
+def test_deepspeeds_pipeline_block_is_taken_and_its_interval_recomputes_the_same():
+    """The block DeepSpeed's examples write was refused key by key; its
+    activation_checkpoint_interval now reaches the module, as in DeepSpeed's engine."""
+    for (interval, loss, params), (plain_interval, plain_loss, plain_params) in \
+            run_distributed(_with_deepspeeds_block, STAGES):
+        assert (interval, plain_interval) == (1, 0)
+        assert loss == pytest.approx(plain_loss, rel=1e-6)
+        assert all(torch.allclose(params[n], plain_params[n], atol=1e-7) for n in params)

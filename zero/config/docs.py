@@ -338,12 +338,11 @@ def render():
     parts += _variants("optimizer.params", schema.OPTIMIZER_PARAMS)
     parts += [_section("`scheduler`", schema.SCHEDULER)]
     parts += _variants("scheduler.params", schema.SCHEDULER_PARAMS)
-    for block in (schema.FP16, schema.BF16, schema.ZERO_OPTIMIZATION, schema.OFFLOAD_OPTIMIZER,
-                  schema.OFFLOAD_PARAM, schema.AIO, schema.MEMORY_REPORT, schema.CHECKPOINT,
-                  schema.ACTIVATION_CHECKPOINTING, schema.TENSORBOARD, schema.CSV_MONITOR, schema.WANDB, schema.COMET,
-                  schema.COMMS_LOGGER, schema.FLOPS_PROFILER, schema.TIMERS_THROUGHPUT,
-                  schema.DATA_TYPES):
-        parts.append(_section(f"`{block.path}`", block))
+    shown = {"", "optimizer", "optimizer.params", "scheduler", "scheduler.params"}
+    for block in schema.iter_blocks():  # every other block, in the schema's order
+        if block.path not in shown:
+            shown.add(block.path)
+            parts.append(_section(f"`{block.path}`", block))
     parts.append("### DeepSpeed sections zero does not implement\n\nAccepted only while inert (empty, "
                  "`\"enabled\": false`, or all values false/0/null/empty).\n\n" + _table(sections) + "\n")
     return "\n".join(parts)

@@ -176,6 +176,13 @@ class ActivationCheckpointingConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     schedule: str  # "1f1b" | "gpipe"
+    activation_checkpoint_interval: int  # > 0: set on the module by the engine
+    use_reentrant: bool | None  # DeepSpeed's; zero recomputes non-reentrant either way
+    stages: int | None  # DeepSpeed's engine reads none of these four either
+    partition: str
+    seed_layers: bool
+    pipe_partitioned: bool
+    grad_partitioned: bool
 
 
 @dataclass(frozen=True)

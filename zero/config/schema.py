@@ -298,14 +298,33 @@ ACTIVATION_CHECKPOINTING = Block("activation_checkpointing", "deepspeed.checkpoi
 
 # --------------------------------------------------------------------------- pipeline
 
-# Read by zero.pipe's PipelineEngine (docs/PARALLELISM.md); DeepSpeed's own keys of this block
-# (stages, partition, seed_layers, ...) are PipelineModule arguments in zero.
+# Read by zero.pipe's PipelineEngine (docs/PARALLELISM.md). DeepSpeed 0.19's pipeline keys
+# (runtime/config.py get_pipeline_config, runtime/pipe/engine.py) as its engine reads them.
+_MODULE_DECIDES = "DeepSpeed's engine does not read it either: the PipelineModule's argument "
 PIPELINE = Block("pipeline", "Pipeline parallelism (zero.pipe.PipelineModule models; "
                  "docs/PARALLELISM.md).", (
     choice("schedule", "1f1b", ("1f1b", "gpipe"), "zero only: the order of a batch's micro-batches "
             "on each stage: \"1f1b\" (DeepSpeed's TrainSchedule: at most stages - stage_id "
             "micro-batches of activations held) or \"gpipe\" (every forward, then every backward: "
             "all of them held). Both give the same result. Case-insensitive.", ignore_case=True),
+    integer("activation_checkpoint_interval", 0, "Layers per recomputed chunk; above 0 it is "
+            "set on the PipelineModule when the engine is built (as DeepSpeed's engine does), "
+            "0 keeps the module's own.", minimum=0, maximum=10 ** 6),
+    boolean("use_reentrant", None, "DeepSpeed's choice of reentrant or non-reentrant "
+            "recomputation. zero's pipeline recomputes through torch's non-reentrant checkpoint "
+            "either way (the same gradients; the reentrant form gives none to a chunk whose input "
+            "needs none), unless the module was given its own activation_checkpoint_func.",
+            nullable=True),
+    integer("stages", None, _MODULE_DECIDES + "num_stages decides. Accepted, no effect.",
+            minimum=1, maximum=10 ** 6, nullable=True, auto="the module's", default_doc='"auto"'),
+    Key("partition", STR, "best", _MODULE_DECIDES + "partition_method decides. Accepted, "
+        "no effect."),
+    boolean("seed_layers", False, _MODULE_DECIDES + "seed_layers decides. Accepted, no effect."),
+    boolean("pipe_partitioned", True, "DeepSpeed: with tensor parallelism, each tensor rank "
+            "sends its 1/T of the activations between stages. zero sends them whole (the same "
+            "result). Accepted, no effect."),
+    boolean("grad_partitioned", True, "The same for the gradients sent back. Accepted, no "
+            "effect."),
 ))
 
 # --------------------------------------------------------------------------- tensor_parallel
@@ -696,11 +715,6 @@ RENAMED = {
     "zero_optimization.stage3_gather_fp16_weights_on_model_save": "deprecated in DeepSpeed; rename to "
                                                                   "\"stage3_gather_16bit_weights_on_model_save\"",
     "aio.thread_count": "DeepSpeed's old name; rename to \"intra_op_parallelism\"",
-    "pipeline.stages": "in zero a PipelineModule argument: PipelineModule(layers, num_stages=...)",
-    "pipeline.partition": "in zero a PipelineModule argument: PipelineModule(..., partition_method=...)",
-    "pipeline.seed_layers": "in zero a PipelineModule argument: PipelineModule(..., seed_layers=True)",
-    "pipeline.activation_checkpoint_interval": "in zero a PipelineModule argument: "
-                                               "PipelineModule(..., activation_checkpoint_interval=N)",
     "optimizer.params.max_grad_norm": "not an optimizer parameter (DeepSpeed rejects it too); use the top-level "
                                       "\"gradient_clipping\"",
 }

@@ -63,6 +63,8 @@ class PipelineEngine(ZeroEngine):
         self.num_stages = module.num_stages
         self.stage_id = self.grid.get_stage_id()
         self.schedule = config.pipeline.schedule
+        if config.pipeline.activation_checkpoint_interval > 0:  # as DeepSpeed's engine does
+            module.activation_checkpoint_interval = config.pipeline.activation_checkpoint_interval
         self.data_iterator = None
         self.agg_train_loss = None
         # With measure_activations on: the most bytes autograd held for backward at once over
