@@ -156,7 +156,9 @@ def test_profile_prints_each_regions_times(capsys):
 def test_non_reentrant_checkpoint_gives_weights_their_gradients_from_inputs_without_one():
     """DeepSpeed's non_reentrant_checkpoint: a region whose input needs no gradient (the
     reentrant form gives its weights none); dropout draws the same in the recomputation."""
-    from zero.compat.deepspeed.checkpointing import non_reentrant_checkpoint
+    from zero.compat.deepspeed.checkpointing import configure, non_reentrant_checkpoint
+
+    configure(None)  # the defaults, whatever an earlier test in this process configured
 
     torch.manual_seed(0)
     region = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5),
@@ -180,7 +182,7 @@ def test_non_reentrant_checkpoint_refuses_the_options_it_cannot_keep_apart():
         with pytest.raises(NotImplementedError, match="cpu_checkpointing"):
             checkpointing.non_reentrant_checkpoint(torch.nn.Linear(2, 2), torch.randn(1, 2))
     finally:
-        checkpointing.reset()
+        checkpointing.configure(None)  # the defaults again
 
 
 def test_detach_variable_keeps_whether_each_tensor_needs_a_gradient():
@@ -197,8 +199,9 @@ def test_detach_variable_keeps_whether_each_tensor_needs_a_gradient():
 def test_a_non_reentrant_region_recomputes_for_each_backward_through_it():
     """A retained graph's second backward recomputes the region again (the recomputation's
     context is entered once per backward)."""
-    from zero.compat.deepspeed.checkpointing import non_reentrant_checkpoint
+    from zero.compat.deepspeed.checkpointing import configure, non_reentrant_checkpoint
 
+    configure(None)
     torch.manual_seed(0)
     region = torch.nn.Linear(4, 4)
     loss = non_reentrant_checkpoint(region, torch.randn(3, 4)).pow(2).sum()

@@ -354,3 +354,34 @@ def test_deepspeeds_pipeline_block_is_taken_and_its_interval_recomputes_the_same
         assert (interval, plain_interval) == (1, 0)
         assert loss == pytest.approx(plain_loss, rel=1e-6)
         assert all(torch.allclose(params[n], plain_params[n], atol=1e-7) for n in params)
+
+
+def _from_training_data(rank, world):
+    import zero.compat.deepspeed as deepspeed
+
+    tokens, targets = (torch.cat(t) for t in zip(*data()[:2 * MICRO_BATCHES]))
+    samples = list(zip(tokens, targets))  # a map-style dataset of single samples
+    losses, loaders = [], []
+    for given in ("training_data", "data_iter"):
+        module = deepspeed.pipe.PipelineModule(
+            layers=pipe_layers(MODEL, tied=False), num_stages=STAGES, loss_fn=cross_entropy,
+            partition_method="uniform", seed_layers=True)
+        engine, _, loader, _ = deepspeed.initialize(
+            model=module, config=config(), training_data=samples if given == "training_data"
+            else None)
+        in_order = iter([(tokens[i:i + MICRO_BATCH], targets[i:i + MICRO_BATCH])
+                         for i in range(0, len(samples), MICRO_BATCH)])
+        losses.append([engine.train_batch(None if loader is not None else in_order).item()
+                       for _ in range(2)])
+        loaders.append(type(loader).__name__)
+        engine.destroy()
+    return losses, loaders
+
+
+@pytest.mark.timeout(180)
+def test_a_pipeline_reads_its_training_data_in_order_as_deepspeeds():
+    """DeepSpeed's pipeline engine reads initialize's training_data without shuffling (its own
+    DistributedSampler) and returns a RepeatingLoader; zero shuffled it."""
+    for (from_data, from_iterator), loaders in run_distributed(_from_training_data, STAGES):
+        assert from_data == pytest.approx(from_iterator, rel=1e-6)
+        assert loaders == ["RepeatingLoader", "NoneType"]

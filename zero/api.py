@@ -10,6 +10,7 @@ import torch.distributed as dist
 from . import activation_checkpointing, agreement
 from .config import load_config, read_config
 from .distributed import TORCH_DISTRIBUTED_DEFAULT_PORT, init_distributed
+from .engine_batch import ROUTE_EVAL, RepeatingLoader
 from .parallel import sequence
 from .parallel.mpu_grid import MpuError, MpuGrid
 from .parallel.norm_span import norm_span
@@ -154,9 +155,12 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     engine.collate_fn = collate_fn
     dataloader = None
     if training_data is not None:  # DeepSpeed's: each data-parallel rank reads its part
-        dataloader = engine.deepspeed_io(training_data)
-        if pipeline is not None:  # DeepSpeed: the pipeline engine reads it by itself
-            engine.set_dataiterator(_repeating(dataloader))
+        if pipeline is None:
+            dataloader = engine.deepspeed_io(training_data)
+        else:  # DeepSpeed's pipeline engine reads it by itself, in order (a DistributedSampler
+            # without shuffling, as the eval route's), over and over
+            dataloader = RepeatingLoader(engine.deepspeed_io(training_data, route=ROUTE_EVAL))
+            engine.set_dataiterator(dataloader)
     optimizer = None if engine.inference_only else engine.optimizer  # DeepSpeed: None
     return engine, optimizer, dataloader, engine.lr_scheduler
 
@@ -205,10 +209,5 @@ def _mpu_grid(mpu, pipeline) -> MpuGrid | None:
     agreement.on_every_rank(lambda: grids.append(MpuGrid(mpu)), MpuError,
                             "the engine was not built")
     return grids[0]
-
-
-def _repeating(loader):
-    while True:  # DeepSpeed's RepeatingLoader
-        yield from loader
 
 

@@ -1,7 +1,8 @@
 """DeepSpeed's engine calls about the batch: `set_train_batch_size` and
 `set_train_micro_batch_size` (batch-size ramps change them between steps) and `deepspeed_io`
-(a DataLoader over a dataset, each data-parallel rank reading its part). Names, arguments
-and behaviour are DeepSpeed 0.19.8's (runtime/engine.py)."""
+(a DataLoader over a dataset, each data-parallel rank reading its part), and
+RepeatingLoader. Names, arguments and behaviour are DeepSpeed 0.19.8's (runtime/engine.py,
+runtime/dataloader.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +22,26 @@ class EngineDataLoader(torch.utils.data.DataLoader):
     @property
     def data_sampler(self):
         return self.sampler
+
+
+class RepeatingLoader:
+    """DeepSpeed's (deepspeed.utils.RepeatingLoader): iterates over `loader` for ever, a new
+    pass when it is exhausted (a DataLoader reshuffles then), as pipeline training's
+    train_batch(data_iter) expects."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.data_iter = iter(loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.data_iter)
+        except StopIteration:
+            self.data_iter = iter(self.loader)
+            return next(self.data_iter)
 
 
 class EngineBatch:

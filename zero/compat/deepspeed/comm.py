@@ -283,8 +283,8 @@ def get_logged_comm_ops() -> list[str]:
 
 
 __all__ = [
-    "P2POp", "ProcessGroup", "ReduceOp", "all_gather", "all_gather_coalesced", "all_gather_into_tensor",
-    "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all",
+    "P2POp", "ProcessGroup", "ReduceOp", "all_gather", "all_gather_coalesced",
+    "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_reduce_coalesced", "all_to_all",
     "all_to_all_single", "allgather_fn", "barrier", "batch_isend_irecv", "broadcast",
     "broadcast_object_list", "configure", "destroy_process_group", "gather",
     "get_all_ranks_from_group", "get_comm_operation_count", "get_global_rank",

@@ -9,6 +9,6 @@ from zero.rng_tracker import RngStatesTracker as CudaRNGStatesTracker
 from zero.rng_tracker import get_cuda_rng_tracker
 
 __all__ = ["checkpoint", "non_reentrant_checkpoint", "detach_variable", "configure",
-           "is_configured", "reset", "partition_activations_in_checkpoint", "set_num_layers", "CudaRNGStatesTracker",
-           "get_cuda_rng_tracker", "model_parallel_cuda_manual_seed",
+           "is_configured", "reset", "partition_activations_in_checkpoint", "set_num_layers",
+           "CudaRNGStatesTracker", "get_cuda_rng_tracker", "model_parallel_cuda_manual_seed",
            "model_parallel_reconfigure_tp_seed"]
