@@ -385,3 +385,28 @@ def test_a_pipeline_reads_its_training_data_in_order_as_deepspeeds():
     for (from_data, from_iterator), loaders in run_distributed(_from_training_data, STAGES):
         assert from_data == pytest.approx(from_iterator, rel=1e-6)
         assert loaders == ["RepeatingLoader", "NoneType"]
+
+
+def _evaluated(rank, world):
+    engine = engine_for("1f1b", tied=False)
+    batches = data()[:MICRO_BATCHES]
+    loss = engine.eval_batch(iter(batches))
+    again, logits = engine.eval_batch(iter(batches), return_logits=True)
+    return loss.item(), again.item(), logits, engine.is_last_stage()
+
+
+@pytest.mark.timeout(180)
+def test_eval_batch_gives_the_mean_loss_everywhere_and_the_last_logits_on_the_last_stage():
+    """DeepSpeed's eval_batch, and its return_logits (the last micro-batch's model output on
+    the last stage, None elsewhere), which zero refused."""
+    model = sequential(pipe_layers(MODEL, tied=False))
+    batches = data()[:MICRO_BATCHES]
+    with torch.no_grad():
+        expected = sum(cross_entropy(model(x), y).item() for x, y in batches) / MICRO_BATCHES
+        last_logits = model(batches[-1][0])
+    for loss, again, logits, last in run_distributed(_evaluated, STAGES):
+        assert loss == pytest.approx(expected, rel=1e-5) and again == loss
+        if last:
+            assert torch.allclose(logits, last_logits, atol=1e-5)
+        else:
+            assert logits is None

@@ -36,8 +36,10 @@ class PipelineError(RuntimeError):
 class _Batch:
     """What one train_batch / eval_batch holds while its schedule runs, by micro-batch."""
 
-    def __init__(self, training: bool):
+    def __init__(self, training: bool, keep_logits: bool = False):
         self.training = training
+        self.keep_logits = keep_logits  # eval_batch(return_logits=True)
+        self.logits = None  # the last stage's model output of the latest micro-batch
         self.inputs: dict = {}
         self.labels: dict = {}
         self.outputs: dict = {}
@@ -104,14 +106,16 @@ class PipelineEngine(ZeroEngine):
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg",
                    bcast_loss=True, num_micro_batches=None) -> torch.Tensor:
         """Forward only over `num_micro_batches` (default micro_batches) micro-batches; the
-        mean loss, on every rank of the pipeline."""
-        if return_logits or not compute_loss or reduce_output != "avg" or not bcast_loss:
+        mean loss, on every rank of the pipeline. With return_logits, as DeepSpeed's:
+        (loss, the model's output for the last micro-batch on the last stage, None on the
+        others)."""
+        if not compute_loss or reduce_output != "avg" or not bcast_loss:
             raise NotImplementedError("zero: eval_batch returns the averaged loss broadcast to "
-                                      "every stage only (return_logits=False, compute_loss=True, "
+                                      "every stage only (compute_loss=True, "
                                       "reduce_output='avg', bcast_loss=True)")
         training_iterator, self.data_iterator = self.data_iterator, data_iter
         self.module.eval()
-        batch = _Batch(training=False)
+        batch = _Batch(training=False, keep_logits=return_logits)
         try:
             with torch.no_grad():
                 self._run(eval_schedule(num_micro_batches or self.micro_batches,
@@ -119,7 +123,8 @@ class PipelineEngine(ZeroEngine):
             batch.sends.wait_all()
         finally:  # as DeepSpeed: train_batch() reads the training data again afterwards
             self.data_iterator = training_iterator
-        return self._aggregate_loss(batch)
+        loss = self._aggregate_loss(batch)
+        return (loss, batch.logits) if return_logits else loss
 
     def forward(self, *args, **kwargs):
         raise PipelineError("zero: only train_batch() and eval_batch() are accessible in "
@@ -179,6 +184,8 @@ class PipelineEngine(ZeroEngine):
         with self.forward_autocast():
             outputs = self.module(batch.inputs[mb])
         if self.is_last_stage():
+            if batch.keep_logits:
+                batch.logits = outputs
             labels = batch.labels.pop(mb)
             loss_fn = self.module.loss_fn
             outputs = loss_fn(outputs, labels) if loss_fn is not None else outputs
