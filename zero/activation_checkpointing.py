@@ -156,9 +156,14 @@ class _Recomputing:
 
     def __enter__(self):
         boundary = _boundary(self._current, "recompute")
-        self._entered.append((self._tracker.get_states(), boundary))
+        now = self._tracker.get_states()
         self._tracker.set_states(dict(self._at_forward))
-        boundary.__enter__()
+        try:
+            boundary.__enter__()
+        except BaseException:
+            self._tracker.set_states(now)
+            raise
+        self._entered.append((now, boundary))
 
     def __exit__(self, *error):
         now, boundary = self._entered.pop()

@@ -209,5 +209,3 @@ def _mpu_grid(mpu, pipeline) -> MpuGrid | None:
     agreement.on_every_rank(lambda: grids.append(MpuGrid(mpu)), MpuError,
                             "the engine was not built")
     return grids[0]
-
-

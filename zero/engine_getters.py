@@ -394,4 +394,3 @@ class EngineGetters:
 
     def zero_force_ds_cpu_optimizer(self) -> bool:
         return self.config.zero_force_ds_cpu_optimizer
-

@@ -178,10 +178,10 @@ class PipelineConfig:
     schedule: str  # "1f1b" | "gpipe"
     activation_checkpoint_interval: int  # > 0: set on the module by the engine
     use_reentrant: bool | None  # DeepSpeed's; zero recomputes non-reentrant either way
-    stages: int | None  # DeepSpeed's engine reads none of these four either
+    stages: int | None  # stages, partition, seed_layers: DeepSpeed's engine reads none either
     partition: str
     seed_layers: bool
-    pipe_partitioned: bool
+    pipe_partitioned: bool  # DeepSpeed's, with tensor parallelism only; no effect here
     grad_partitioned: bool
 
 

@@ -313,7 +313,8 @@ PIPELINE = Block("pipeline", "Pipeline parallelism (zero.pipe.PipelineModule mod
     boolean("use_reentrant", None, "DeepSpeed's choice of reentrant or non-reentrant "
             "recomputation. zero's pipeline recomputes through torch's non-reentrant checkpoint "
             "either way (the same gradients; the reentrant form gives none to a chunk whose input "
-            "needs none), unless the module was given its own activation_checkpoint_func.",
+            "needs none), unless the module was given its own activation_checkpoint_func, which "
+            "stays (DeepSpeed replaces even that by its non_reentrant_checkpoint for false).",
             nullable=True),
     integer("stages", None, _MODULE_DECIDES + "num_stages decides. Accepted, no effect.",
             minimum=1, maximum=10 ** 6, nullable=True, auto="the module's", default_doc='"auto"'),

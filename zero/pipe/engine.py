@@ -104,7 +104,7 @@ class PipelineEngine(ZeroEngine):
         return self.agg_train_loss
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg",
-                   bcast_loss=True, num_micro_batches=None) -> torch.Tensor:
+                   bcast_loss=True, num_micro_batches=None) -> torch.Tensor | tuple:
         """Forward only over `num_micro_batches` (default micro_batches) micro-batches; the
         mean loss, on every rank of the pipeline. With return_logits, as DeepSpeed's:
         (loss, the model's output for the last micro-batch on the last stage, None on the
