@@ -492,16 +492,21 @@ def _backward_outside_the_boundary_after_it(rank, world, stage, gas):
     engine = training.engine_at_boundary(_two_backwards_at_the_boundary(stage, gas), rank, world)
     engine.set_gradient_accumulation_boundary(False)  # as no_sync() or Accelerate would
     tokens, targets = training.batches(world, 1, gas + 1)[gas * world + rank]
+    message = "no error"
     try:
         engine.backward(engine(tokens, targets))
     except RuntimeError as error:
-        return str(error)
-    return "no error"
+        message = str(error)
+    engine.set_gradient_accumulation_boundary(None)
+    engine.step()  # refused before anything ran: the boundary's step goes on
+    return message, engine.was_step_applied()
 
 
 @pytest.mark.parametrize("stage,gas", [(1, 2), (3, 1)])
 def test_a_backward_outside_the_boundary_after_its_reduction_is_refused_on_every_rank(stage, gas):
     """Its unreduced sums cannot join the average the boundary made (a wrong gradient at the
-    step before)."""
-    for message in run_distributed(_backward_outside_the_boundary_after_it, 2, args=(stage, gas)):
+    step before); refused before it runs, so the step can still be taken."""
+    for message, stepped in run_distributed(_backward_outside_the_boundary_after_it, 2,
+                                            args=(stage, gas)):
         assert "Call engine.step() first" in message, message
+        assert stepped

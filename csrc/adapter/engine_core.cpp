@@ -96,6 +96,14 @@ void EngineCore::prepare_backward(bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
   TORCH_CHECK(!backward_pending_, "zero: a backward is still open (an earlier backward raised "
               "before the engine finished it); the engine cannot start another one");
+  for (const auto& group : groups_) {
+    // Its unreduced sums could not join the average the boundary made in place.
+    TORCH_CHECK(boundary || !group->reduced_in_place(), "zero: a backward outside the "
+                "accumulation boundary (engine.no_sync(), set_gradient_accumulation_boundary"
+                "(False)) after the boundary's backward and before engine.step(): the "
+                "boundary's gradients were reduced already. Call engine.step() first (or "
+                "engine.zero_grad() to drop them)");
+  }
   reload_states({StateKind::kParams, StateKind::kGrads});
   backward_pending_ = true;
   flush_queued_ = false;

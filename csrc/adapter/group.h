@@ -44,6 +44,9 @@ class Group {
   virtual at::Tensor accumulated_grad(std::size_t /*index*/) const { return {}; }
   // After EngineCore has launched and waited for every unit of this backward.
   virtual void finish_backward(bool boundary) = 0;
+  // Whether the gradients were reduced in place at a boundary and not stepped since: only a
+  // boundary's backward may come next (its reduction can take the earlier average in).
+  virtual bool reduced_in_place() const { return false; }
 
   // --- step ---
   // Gradients present (zero-filled if no backward ran since they were given back) before

@@ -231,12 +231,6 @@ void ParamGroup::finish_backward(bool boundary) {
   reducer_->reset();
   if (!grad_full_.defined() || options_.stage == 0) return;
   if (carried_.defined()) {  // this backward's reduction is done: the earlier average joins it
-    // Without a reduction this rank's pieces hold unreduced sums the set-aside average cannot
-    // join; the buffer is left for engine.step() or zero_grad() to clear.
-    TORCH_CHECK(boundary, "zero: a backward outside the accumulation boundary (engine.no_sync(), "
-                "set_gradient_accumulation_boundary(False)) after the boundary's backward and "
-                "before engine.step(): the boundary's gradients were reduced already. Call "
-                "engine.step() first (or engine.zero_grad() to drop them)");
     for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
       grad_piece(u).add_(carried_.narrow(0, layout_.shard_offset(u), piece_numel(u)));
     }
