@@ -18,7 +18,6 @@ from .model_dtype import PRECISION_DTYPES
 from .optimizer import deepspeed_optimizer_name
 
 
-
 def _only_value(block: schema.Block, name: str):
     """A DeepSpeed key zero accepts at its default alone (schema `supported=False`): what the
     config can hold there."""
@@ -227,24 +226,19 @@ class EngineGetters:
         client = self.optimizer.spec.client_name
         if client is not None:
             return client
-        if self.config.optimizer is None:
-            return None
-        return deepspeed_optimizer_name(self.config.raw["optimizer"]["type"])
+        return deepspeed_optimizer_name(self.config.written_block("optimizer")[0])
 
     def optimizer_params(self) -> dict | None:
         """The optimizer block's params as the config writes them (no defaults filled in),
         as DeepSpeed; None without a block or params."""
-        return self._written_params("optimizer")
+        params = self.config.written_block("optimizer")[1]
+        return None if params is None else dict(params)
 
     def scheduler_name(self) -> str | None:
         return self.config.scheduler.type if self.config.scheduler is not None else None
 
     def scheduler_params(self) -> dict | None:
-        return self._written_params("scheduler")
-
-    def _written_params(self, block_name: str) -> dict | None:
-        block = self.config.raw.get(block_name)
-        params = block.get("params") if isinstance(block, dict) and "type" in block else None
+        params = self.config.written_block("scheduler")[1]
         return None if params is None else dict(params)
 
     def get_mom(self) -> list:

@@ -341,6 +341,15 @@ class ZeroConfig:
     def __getitem__(self, key):
         return self.raw[key]
 
+    def written_block(self, name: str) -> tuple:
+        """(type, params) of the "optimizer" or "scheduler" block as the config writes them,
+        no defaults filled in, as DeepSpeed's engine and DeepSpeedConfig read them; (None,
+        None) without a block naming a type."""
+        block = self.raw.get(name)
+        if not isinstance(block, dict) or "type" not in block:
+            return None, None
+        return block["type"], block.get("params")
+
 
 # --------------------------------------------------------------------------- building
 

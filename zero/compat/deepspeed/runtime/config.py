@@ -136,9 +136,9 @@ class DeepSpeedConfig:
         self.zero_enabled = zero.stage > 0
         self.float16_config = parsed.fp16
         self.bfloat16_config = parsed.bf16
-        written, self.optimizer_params = self._named_block("optimizer")
+        written, self.optimizer_params = parsed.written_block("optimizer")
         self.optimizer_name = zero_optimizer.deepspeed_optimizer_name(written)
-        self.scheduler_name, self.scheduler_params = self._named_block("scheduler")
+        self.scheduler_name, self.scheduler_params = parsed.written_block("scheduler")
         self.monitor_config = _Block(parsed, enabled=any(
             block.enabled for block in (parsed.tensorboard, parsed.wandb, parsed.csv_monitor,
                                         parsed.comet)))
@@ -158,14 +158,6 @@ class DeepSpeedConfig:
         self.torch_autocast_dtype = AUTOCAST_DTYPES.get(parsed.torch_autocast.dtype)
         self.torch_autocast_lower_precision_safe_modules = \
             autocast.get("lower_precision_safe_modules")  # None unless written, as DeepSpeed
-
-    def _named_block(self, name):
-        """(type, params) of the optimizer or scheduler block as written, as DeepSpeed reads
-        them; (None, None) without one."""
-        block = self._param_dict.get(name)
-        if not isinstance(block, dict) or "type" not in block:
-            return None, None
-        return block["type"], block.get("params")
 
     def print_user_config(self):
         import json
