@@ -410,3 +410,67 @@ def test_eval_batch_gives_the_mean_loss_everywhere_and_the_last_logits_on_the_la
             assert torch.allclose(logits, last_logits, atol=1e-5)
         else:
             assert logits is None
+
+
+def _evaluated_as_asked(rank, world):
+    engine = engine_for("1f1b", tied=False)
+    batches = data()[:MICRO_BATCHES]
+    outputs = engine.eval_batch(iter(batches), compute_loss=False, reduce_output=None)
+    unbroadcast = engine.eval_batch(iter(batches), bcast_loss=False)
+    return outputs, unbroadcast, engine.is_last_stage()
+
+
+@pytest.mark.timeout(180)
+def test_eval_batch_without_loss_or_reduction_or_broadcast_as_deepspeeds():
+    """eval_batch(compute_loss=False, reduce_output=None) gives each micro-batch's model
+    output on the last stage (Megatron-DeepSpeed's generation), bcast_loss=False keeps the
+    loss on the last stage: None elsewhere in both. zero refused them."""
+    model = sequential(pipe_layers(MODEL, tied=False))
+    batches = data()[:MICRO_BATCHES]
+    with torch.no_grad():
+        logits = [model(x) for x, _ in batches]
+        expected = sum(cross_entropy(out, y).item() for out, (_, y) in zip(logits, batches))
+    for outputs, unbroadcast, last in run_distributed(_evaluated_as_asked, STAGES):
+        if last:
+            assert len(outputs) == MICRO_BATCHES
+            assert all(torch.allclose(o, e, atol=1e-5) for o, e in zip(outputs, logits))
+            assert unbroadcast.item() == pytest.approx(expected / MICRO_BATCHES, rel=1e-5)
+        else:
+            assert outputs is None and unbroadcast is None
+
+
+def _statistics(x):
+    """A last layer that returns two losses of its own (the pipeline has no loss_fn)."""
+    return x.float().mean(), x.float().pow(2).mean()
+
+
+def _with_two_losses(rank, world, train):
+    import zero.compat.deepspeed as deepspeed
+
+    module = deepspeed.pipe.PipelineModule(
+        layers=pipe_layers(MODEL, tied=False) + [_statistics], num_stages=STAGES,
+        partition_method="uniform", seed_layers=True)
+    engine, _, _, _ = deepspeed.initialize(model=module, config=config())
+    batches = data()[:MICRO_BATCHES]
+    if train:
+        engine.train_batch(iter(batches))
+    return engine.eval_batch(iter(batches))
+
+
+@pytest.mark.timeout(180)
+def test_a_tuple_of_losses_is_averaged_by_place_on_every_stage_and_refused_by_train_batch():
+    """Without a loss_fn the last layer's output is the loss. A tuple of them: eval_batch
+    averages each place and broadcasts the tuple to every stage; train_batch names the fix
+    (it needs one tensor to run backward on). Both raised AttributeError."""
+    from distributed_harness import RankFailed
+
+    model = sequential(pipe_layers(MODEL, tied=False) + [_statistics])
+    batches = data()[:MICRO_BATCHES]
+    with torch.no_grad():
+        each = [model(x) for x, _ in batches]
+    expected = [sum(e[i].item() for e in each) / MICRO_BATCHES for i in range(2)]
+    for means in run_distributed(_with_two_losses, STAGES, args=(False,)):
+        assert isinstance(means, tuple) and len(means) == 2
+        assert [m.item() for m in means] == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(RankFailed, match="loss_fn"):
+        run_distributed(_with_two_losses, STAGES, args=(True,), timeout=60)

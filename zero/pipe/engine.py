@@ -36,15 +36,16 @@ class PipelineError(RuntimeError):
 class _Batch:
     """What one train_batch / eval_batch holds while its schedule runs, by micro-batch."""
 
-    def __init__(self, training: bool, keep_logits: bool = False):
+    def __init__(self, training: bool, keep_logits: bool = False, compute_loss: bool = True):
         self.training = training
         self.keep_logits = keep_logits  # eval_batch(return_logits=True)
+        self.compute_loss = compute_loss  # eval_batch(compute_loss=False): no loss_fn
         self.logits = None  # the last stage's model output of the latest micro-batch
         self.inputs: dict = {}
         self.labels: dict = {}
         self.outputs: dict = {}
         self.grads: dict = {}
-        self.losses: list[torch.Tensor] = []
+        self.losses: list = []  # the last stage's per micro-batch: losses (or eval outputs)
         self.sends = p2p.PendingSends()
         self.backwards = 0
         self.saved_bytes: dict[int, int] = {}  # micro-batch -> bytes its forward saved
@@ -104,18 +105,20 @@ class PipelineEngine(ZeroEngine):
         return self.agg_train_loss
 
     def eval_batch(self, data_iter, return_logits=False, compute_loss=True, reduce_output="avg",
-                   bcast_loss=True, num_micro_batches=None) -> torch.Tensor | tuple:
-        """Forward only over `num_micro_batches` (default micro_batches) micro-batches; the
-        mean loss, on every rank of the pipeline. With return_logits, as DeepSpeed's:
-        (loss, the model's output for the last micro-batch on the last stage, None on the
-        others)."""
-        if not compute_loss or reduce_output != "avg" or not bcast_loss:
-            raise NotImplementedError("zero: eval_batch returns the averaged loss broadcast to "
-                                      "every stage only (compute_loss=True, "
-                                      "reduce_output='avg', bcast_loss=True)")
+                   bcast_loss=True, num_micro_batches=None):
+        """DeepSpeed's eval_batch: forward only over `num_micro_batches` (default
+        micro_batches) micro-batches. Each gives, on the last stage, loss_fn(output, labels),
+        or the model's output without compute_loss or loss_fn. reduce_output "avg" averages
+        them over the micro-batches and the data-parallel ranks, None returns their list.
+        With compute_loss and bcast_loss the average reaches every stage; otherwise the other
+        stages return None. return_logits: (that, the last micro-batch's model output on the
+        last stage, None elsewhere)."""
+        if reduce_output is not None and str(reduce_output).lower() != "avg":
+            raise NotImplementedError(f"zero: eval_batch(reduce_output={reduce_output!r}): the "
+                                      "reductions are 'avg' and None (as DeepSpeed's)")
         training_iterator, self.data_iterator = self.data_iterator, data_iter
         self.module.eval()
-        batch = _Batch(training=False, keep_logits=return_logits)
+        batch = _Batch(training=False, keep_logits=return_logits, compute_loss=compute_loss)
         try:
             with torch.no_grad():
                 self._run(eval_schedule(num_micro_batches or self.micro_batches,
@@ -123,8 +126,13 @@ class PipelineEngine(ZeroEngine):
             batch.sends.wait_all()
         finally:  # as DeepSpeed: train_batch() reads the training data again afterwards
             self.data_iterator = training_iterator
-        loss = self._aggregate_loss(batch)
-        return (loss, batch.logits) if return_logits else loss
+        output = None
+        if self.is_last_stage():
+            output = batch.losses if reduce_output is None else self._dp_mean(batch.losses)
+        if compute_loss and bcast_loss and reduce_output is not None and self.num_stages > 1:
+            output = p2p.broadcast_value(output, self._last_stage_rank(),
+                                         self.grid.get_pipe_parallel_group(), self.device)
+        return (output, batch.logits) if return_logits else output
 
     def forward(self, *args, **kwargs):
         raise PipelineError("zero: only train_batch() and eval_batch() are accessible in "
@@ -187,9 +195,14 @@ class PipelineEngine(ZeroEngine):
             if batch.keep_logits:
                 batch.logits = outputs
             labels = batch.labels.pop(mb)
-            loss_fn = self.module.loss_fn
+            loss_fn = self.module.loss_fn if batch.compute_loss else None
             outputs = loss_fn(outputs, labels) if loss_fn is not None else outputs
-            batch.losses.append(outputs.detach().float())
+            if batch.training and not isinstance(outputs, torch.Tensor):
+                raise PipelineError(
+                    f"zero: train_batch() needs the loss as one tensor on the last stage, got "
+                    f"{type(outputs).__name__}: give PipelineModule a loss_fn(outputs, labels) "
+                    "that returns it, or make the last layer return it")
+            batch.losses.append(_detached(outputs))
         return outputs
 
     def _send_activation(self, mb: int, batch: _Batch) -> None:
@@ -262,13 +275,27 @@ class PipelineEngine(ZeroEngine):
         to every stage of the pipeline (DeepSpeed's _aggregate_total_loss)."""
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.is_last_stage():
-            loss = torch.stack(batch.losses).mean()
-            dist.all_reduce(loss, group=self.grid.get_data_parallel_group())
-            loss /= self.grid.get_data_parallel_world_size()
+            loss = self._dp_mean(batch.losses)
         if self.num_stages > 1:
-            dist.broadcast(loss, src=self.grid.stage_to_global(self.num_stages - 1),
+            dist.broadcast(loss, src=self._last_stage_rank(),
                            group=self.grid.get_pipe_parallel_group())
         return loss
+
+    def _dp_mean(self, values: list):
+        """The mean of the micro-batches' values (tensors, or tuples of tensors: each place
+        by itself) in fp32, averaged over the data-parallel group."""
+        if isinstance(values[0], torch.Tensor):
+            mean = torch.stack([v.float() for v in values]).mean(0)
+            dist.all_reduce(mean, group=self.grid.get_data_parallel_group())
+            return mean / self.grid.get_data_parallel_world_size()
+        if not isinstance(values[0], (tuple, list)):
+            raise TypeError(f"zero: the pipeline's last stage gave {type(values[0]).__name__}; "
+                            "averaging takes a tensor or a tuple of tensors (eval_batch: pass "
+                            "reduce_output=None for the outputs as they are)")
+        return tuple(self._dp_mean([v[i] for v in values]) for i in range(len(values[0])))
+
+    def _last_stage_rank(self) -> int:
+        return self.grid.stage_to_global(self.num_stages - 1)
 
 
 def _check(module, config) -> None:
@@ -296,4 +323,12 @@ def _to(value, device):
         return value.to(device)
     if isinstance(value, (tuple, list)):
         return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _detached(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(v) for v in value)
     return value

@@ -77,16 +77,45 @@ def recv_activation(src: int, device: torch.device):
     require grad here. A single tensor comes back as a tensor, several as a tuple."""
     header = torch.empty(HEADER, dtype=torch.int64)
     dist.recv(header, src)
-    fields, count, at = header.tolist(), header[0].item(), 1
-    tensors = []
-    for _ in range(count):
+    tensors = _described(header, device)
+    for tensor in tensors:
+        dist.recv(_raw(tensor), src)
+    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+
+def _described(header: torch.Tensor, device: torch.device) -> list[torch.Tensor]:
+    """Empty tensors as `header` describes them (dtype, requires_grad, shape)."""
+    fields, at, tensors = header.tolist(), 1, []
+    for _ in range(fields[0]):
         dtype, requires_grad, ndim = _DTYPES[fields[at]], bool(fields[at + 1]), fields[at + 2]
         shape = fields[at + 3:at + 3 + ndim]
         at += 3 + ndim
-        tensor = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(tensor.reshape(-1).view(torch.uint8), src)
-        tensors.append(tensor.requires_grad_(requires_grad))
-    return tensors[0] if count == 1 else tuple(tensors)
+        tensors.append(torch.empty(shape, dtype=dtype, device=device)
+                       .requires_grad_(requires_grad))
+    return tensors
+
+
+def broadcast_value(value, src: int, group, device: torch.device):
+    """`value` (a tensor or a tuple of tensors, given on rank `src`) on every rank of `group`,
+    detached. A value that cannot be sent raises on every rank of the group, not only on
+    `src`, so that none of them waits for it."""
+    header = torch.full((HEADER,), -1, dtype=torch.int64)
+    if dist.get_rank() == src:
+        try:
+            tensors = tuple(t.detach() for t in as_tuple(value))
+            header = _header(tensors)
+        except (TypeError, ValueError) as error:
+            dist.broadcast(header, src, group=group)
+            raise error
+    dist.broadcast(header, src, group=group)
+    if header[0].item() < 0:
+        raise TypeError(f"zero: the value rank {src} broadcasts cannot be sent (a tensor or a "
+                        "tuple of tensors); its error says why")
+    if dist.get_rank() != src:
+        tensors = tuple(t.requires_grad_(False) for t in _described(header, device))
+    for tensor in tensors:
+        dist.broadcast(_raw(tensor), src, group=group)
+    return tensors[0] if len(tensors) == 1 else tensors
 
 
 def send_grads(grads: list[torch.Tensor], dst: int, sends: PendingSends) -> None:
