@@ -474,3 +474,29 @@ def test_a_tuple_of_losses_is_averaged_by_place_on_every_stage_and_refused_by_tr
         assert [m.item() for m in means] == pytest.approx(expected, rel=1e-5)
     with pytest.raises(RankFailed, match="loss_fn"):
         run_distributed(_with_two_losses, STAGES, args=(True,), timeout=60)
+
+
+def _named(x):
+    return {"mean": x.float().mean()}
+
+
+def _evaluated_dict(rank, world):
+    import zero.compat.deepspeed as deepspeed
+
+    module = deepspeed.pipe.PipelineModule(
+        layers=pipe_layers(MODEL, tied=False) + [_named], num_stages=STAGES,
+        partition_method="uniform", seed_layers=True)
+    engine, _, _, _ = deepspeed.initialize(model=module, config=config())
+    try:
+        engine.eval_batch(iter(data()[:MICRO_BATCHES]))
+    except TypeError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.timeout(180)
+def test_an_eval_result_that_cannot_be_averaged_stops_every_stage():
+    """A dict from the last layer cannot be averaged: the last stage says so and the other
+    stage, waiting for the broadcast, raises too instead of waiting on."""
+    last, first = run_distributed(_evaluated_dict, STAGES, timeout=60)[::-1]
+    assert "reduce_output=None" in last and "cannot be sent" in first

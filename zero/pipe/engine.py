@@ -126,12 +126,19 @@ class PipelineEngine(ZeroEngine):
             batch.sends.wait_all()
         finally:  # as DeepSpeed: train_batch() reads the training data again afterwards
             self.data_iterator = training_iterator
-        output = None
+        broadcast = compute_loss and bcast_loss and reduce_output is not None
+        output, failure = None, None
         if self.is_last_stage():
-            output = batch.losses if reduce_output is None else self._dp_mean(batch.losses)
-        if compute_loss and bcast_loss and reduce_output is not None and self.num_stages > 1:
+            try:
+                output = batch.losses if reduce_output is None else self._dp_mean(batch.losses)
+            except TypeError as error:  # the other stages wait for the broadcast: tell them
+                failure = error
+        if broadcast and self.num_stages > 1:
             output = p2p.broadcast_value(output, self._last_stage_rank(),
-                                         self.grid.get_pipe_parallel_group(), self.device)
+                                         self.grid.get_pipe_parallel_group(), self.device,
+                                         failure)
+        elif failure is not None:
+            raise failure
         return (output, batch.logits) if return_logits else output
 
     def forward(self, *args, **kwargs):

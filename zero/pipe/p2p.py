@@ -95,13 +95,16 @@ def _described(header: torch.Tensor, device: torch.device) -> list[torch.Tensor]
     return tensors
 
 
-def broadcast_value(value, src: int, group, device: torch.device):
+def broadcast_value(value, src: int, group, device: torch.device,
+                    failure: Exception | None = None):
     """`value` (a tensor or a tuple of tensors, given on rank `src`) on every rank of `group`,
-    detached. A value that cannot be sent raises on every rank of the group, not only on
-    `src`, so that none of them waits for it."""
+    detached. A value that cannot be sent, or `src`'s `failure` to make it, raises on every
+    rank of the group, not only on `src`, so that none of them waits for it."""
     header = torch.full((HEADER,), -1, dtype=torch.int64)
     if dist.get_rank() == src:
         try:
+            if failure is not None:
+                raise failure
             tensors = tuple(t.detach() for t in as_tuple(value))
             header = _header(tensors)
         except (TypeError, ValueError) as error:
