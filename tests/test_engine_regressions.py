@@ -456,20 +456,31 @@ def _two_backwards_at_the_boundary(stage, gas):
                                   stage3_param_persistence_threshold=40)
 
 
-def _grads_of_two_backwards(rank, world, stage, gas):
+def _grads_of_two_backwards(rank, world, stage, gas, failing=False):
     """gas micro-steps, the last one with two losses' backwards (batch A, then B); the full
-    gradients the step would apply."""
+    gradients the step would apply. `failing`: around each backward, backwards that fail
+    before any gradient comes (a detached loss, a per-token loss, the same loss again)."""
     import zero
     from zero.compat.deepspeed.utils import safe_get_full_grad
 
     engine, _, _, _ = zero.initialize(model=training.make_model(),
                                       config=_two_backwards_at_the_boundary(stage, gas))
     data = training.batches(world, 1, gas + 1)
+    refused = []
     for micro in range(gas + 1):
-        engine.backward(engine(*data[micro * world + rank]))
+        loss = engine(*data[micro * world + rank])
+        for wrong in ([loss.detach(), loss.expand(3)] if failing else []):
+            with pytest.raises(ValueError) as error:
+                engine.backward(wrong)
+            refused.append(str(error.value))
+        engine.backward(loss)
+        if failing:  # its graph is freed: autograd raises before any gradient comes
+            with pytest.raises(RuntimeError, match="second time"):
+                engine.backward(loss)
         if micro < gas - 1:
             engine.step()
-    return {name: safe_get_full_grad(p) for name, p in engine.module.named_parameters()}
+    grads = {name: safe_get_full_grad(p) for name, p in engine.module.named_parameters()}
+    return (grads, refused) if failing else grads
 
 
 @pytest.mark.parametrize("stage,gas", [(0, 1), (1, 2), (2, 1), (3, 1), (3, 2)])
@@ -486,6 +497,14 @@ def test_two_backwards_at_a_boundary_reduce_the_sum_of_both(stage, gas):
     for grads in run_distributed(_grads_of_two_backwards, world, args=(stage, gas)):
         for name, param in model.named_parameters():
             assert training.relative_error(grads[name], param.grad) < 1e-5, name
+    # Backwards that fail before any gradient comes leave no trace: the engine goes on (it
+    # refused every later backward and step, blaming partly reduced gradients).
+    for grads, refused in run_distributed(_grads_of_two_backwards, world,
+                                          args=(stage, gas, True)):
+        for name, param in model.named_parameters():
+            assert training.relative_error(grads[name], param.grad) < 1e-5, name
+        assert "one-element tensor, got a tensor of shape (3,)" in refused[1]
+        assert "not part of an autograd graph" in refused[0]
 
 
 def _backward_outside_the_boundary_after_it(rank, world, stage, gas):

@@ -395,20 +395,29 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         DeepSpeed; and the fp16 loss scale), runs backward with gradient reduction overlapped,
         and waits for the reductions."""
         self._alive("backward")
+        _check_loss(loss)
         scaled = loss.float() / self.gradient_accumulation_steps() if scale_wrt_gas else loss.float()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
+        seen = self._boundary_backward_seen
         boundary = self._open_backward()
-        self._watch.add_loss(loss)
         self._torch_backward.mark_engine_backward(scaled)
         try:
             with self._watch.phase(BACKWARD):
                 with self._watch.phase(BACKWARD_INNER):
-                    scaled.backward(retain_graph=retain_graph)
+                    try:
+                        scaled.backward(retain_graph=retain_graph)
+                    except BaseException:
+                        # raised before any gradient came (a graph an earlier backward
+                        # freed): as if never begun; otherwise the engine stays closed
+                        if self._core.abandon_backward():
+                            self._backward_open, self._boundary_backward_seen = False, seen
+                        raise
                 with self._watch.phase(BACKWARD_REDUCE):  # stage 3: the end-of-backward hook did it
                     self._close_backward(boundary)
         finally:
             self._torch_backward.engine_backward_done()
+        self._watch.add_loss(loss)
         return loss
 
     def allreduce_gradients(self, bucket_size=None) -> None:
@@ -735,3 +744,17 @@ def _floats_to_half(value):
         return {k: _floats_to_half(v) for k, v in value.items()}
     return value
 
+
+def _check_loss(loss) -> None:
+    """engine.backward's loss, before anything starts: DeepSpeed's check (one element, part
+    of a graph), naming the usual cause."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) \
+            else type(loss).__name__
+        raise ValueError(f"zero: engine.backward(loss) takes the loss as a one-element tensor, "
+                         f"got {what}; reduce it first (loss.mean()), as DeepSpeed requires")
+    if loss.grad_fn is None:
+        raise ValueError("zero: engine.backward(loss): the loss is not part of an autograd "
+                         "graph (computed under torch.no_grad() or inference_mode, detached, "
+                         "or from frozen parameters only); compute it from the engine's forward "
+                         "with gradients enabled")

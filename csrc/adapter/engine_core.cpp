@@ -106,6 +106,7 @@ void EngineCore::prepare_backward(bool boundary) {
   }
   reload_states({StateKind::kParams, StateKind::kGrads});
   backward_pending_ = true;
+  grads_arrived_ = false;
   flush_queued_ = false;
   deferred_.clear();
   split_.clear();
@@ -178,6 +179,7 @@ void EngineCore::unit_backward_ends(std::size_t unit) {
 void EngineCore::grad_ready(std::size_t group_index, std::size_t index, bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
   RECORD_FUNCTION("zero::grad_ready", {});
+  grads_arrived_ = true;
   Group& target = group(group_index);
   const auto completed = target.grad_ready(index, boundary);
   if (schedule_) {
@@ -245,6 +247,22 @@ void EngineCore::finish_backward(bool boundary) {
   // Closed only now: a backward that failed while finishing (a rank disagreeing at its end,
   // no memory for the gradient shard, a failed reduction) counts as one that raised.
   backward_pending_ = false;
+}
+
+bool EngineCore::abandon_backward() {
+  at::NoGradGuard no_grad;
+  if (!backward_pending_ || grads_arrived_) return false;
+  // Stage 3: a unit whose output is the loss began its backward (gathered) before autograd
+  // failed on the loss's own graph; every rank failing alike, the units are let go together.
+  if (schedule_ && flush_queued_) schedule_->end_backward();
+  for (Group* group : every_group()) group->abandon_backward();
+  cursor_ = 0;
+  flush_queued_ = false;
+  deferred_.clear();
+  split_.clear();
+  checked_passes_.clear();
+  backward_pending_ = false;
+  return true;
 }
 
 void EngineCore::adopt_observed_order() {

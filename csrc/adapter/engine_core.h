@@ -46,6 +46,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // Launches what is left, waits, resets the groups. Once per backward: called by stage 3's
   // end-of-backward callback and again by the engine after autograd returns (a no-op then).
   void finish_backward(bool boundary);
+  // A backward that raised before any gradient reached the engine (a loss autograd refuses,
+  // a graph freed by an earlier backward): closed as if it had not begun, and true. False,
+  // with the backward left open, once gradients have come: their reductions may be under way.
+  bool abandon_backward();
   bool backward_boundary() const { return boundary_; }
   bool backward_pending() const { return backward_pending_; }
 
@@ -158,6 +162,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::vector<int> checked_passes_;  // the autograd passes (graph task ids) compared
   int stage_ = -1;  // the highest stage of any group
   bool backward_pending_ = false;  // between prepare_backward and finish_backward
+  bool grads_arrived_ = false;     // a gradient reached this backward
   bool flush_queued_ = false;
   bool boundary_ = false;
 };

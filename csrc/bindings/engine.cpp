@@ -97,6 +97,8 @@ void add_training(Core& core) {
          py::arg("boundary"), py::call_guard<py::gil_scoped_release>())
     .def("finish_backward", &adapter::EngineCore::finish_backward, py::arg("boundary"),
          py::call_guard<py::gil_scoped_release>())
+    .def("abandon_backward", &adapter::EngineCore::abandon_backward,
+         py::call_guard<py::gil_scoped_release>())
     .def(
         "step",
         &adapter::EngineCore::step, py::arg("hypers"), py::arg("loss_scale"),
