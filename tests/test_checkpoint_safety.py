@@ -223,3 +223,65 @@ def test_a_nested_tag_saves_resaves_and_loads_and_a_tag_outside_the_directory_is
         assert len(refused) == 4 and "../elsewhere" in refused[0] and "relative" in refused[0]
     assert sorted(os.listdir(tmp_path / "run1")) == ["step1"]  # nothing left beside it
     assert not (tmp_path / "elsewhere").exists() and not os.path.exists("/abs/tag")
+
+
+def _load_disagreeing(rank, world, save_dir, empty_dir):
+    """Rank 1 asks for another tag, then finds no `latest` (its own, empty directory), then
+    every rank finds none."""
+    from zero.checkpoint import CheckpointError
+
+    engine = _engine()
+    messages = []
+    for load_dir, tag in ((save_dir, "step1" if rank == 0 else "step2"),
+                          (save_dir if rank == 0 else empty_dir, None)):
+        try:
+            engine.load_checkpoint(load_dir, tag=tag)
+            messages.append("loaded")
+        except CheckpointError as error:
+            messages.append(str(error))
+    return messages, engine.load_checkpoint(empty_dir), engine.global_steps
+
+
+def _two_tags(rank, world, save_dir):
+    engine = _engine()
+    for step in (1, 2):
+        training.train_engine(engine, rank, world, 1, 1, first_step=step - 1)
+        engine.save_checkpoint(save_dir, tag=f"step{step}")
+
+
+def test_ranks_asking_for_different_checkpoints_are_refused_on_every_rank(tmp_path):
+    """Each rank read its own tag or `latest` and loaded it (different weights on each, exit
+    0), or returned (None, None) without `latest` while the others waited in the load."""
+    save_dir, empty = str(tmp_path / "run"), str(tmp_path / "empty")
+    os.makedirs(empty)
+    run_distributed(_two_tags, 2, args=(save_dir,), timeout=TIMEOUT)
+    for messages, nothing, steps in run_distributed(_load_disagreeing, 2,
+                                                    args=(save_dir, empty), timeout=TIMEOUT):
+        assert "rank 0: 'step1'; rank 1: 'step2'" in messages[0], messages[0]
+        assert "rank 0: 'step2'; rank 1: no latest file" in messages[1], messages[1]
+        assert nothing == (None, None) and steps == 0
+
+
+def _save_failing_on_rank_1(rank, world, save_dir):
+    import torch
+
+    from zero.checkpoint import CheckpointError
+
+    engine = _engine()
+    training.train_engine(engine, rank, world, 1, 1)
+    if rank == 1:  # its shard cannot be written (a full disk, say)
+        torch.save = lambda *args, **kwargs: (_ for _ in ()).throw(OSError(28, "No space left"))
+    try:
+        engine.save_checkpoint(save_dir, tag="step1")
+    except CheckpointError as error:
+        return str(error)
+    return "saved"
+
+
+def test_a_failed_save_leaves_no_unfinished_copy_behind(tmp_path):
+    """The staging directory of a save that failed stayed, holding the space a full disk
+    needed for the next save."""
+    for message in run_distributed(_save_failing_on_rank_1, 2, args=(str(tmp_path),),
+                                   timeout=TIMEOUT):
+        assert "rank 1: OSError" in message and "untouched" in message, message
+    assert os.listdir(tmp_path) == []

@@ -107,10 +107,17 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
             files.recover(save_dir, tag)  # an earlier save of this tag died while publishing
             shutil.rmtree(staging, ignore_errors=True)
             os.makedirs(staging)
-    with _all_ranks_or_none(f"saving checkpoint {tag} to {save_dir}"):
-        model_writer = part.writes_model if part.mesh is not None else writer
-        written = _write_files(engine, staging, part, model_writer, client_state,
-                               exclude_frozen)
+    try:
+        with _all_ranks_or_none(f"saving checkpoint {tag} to {save_dir}"):
+            model_writer = part.writes_model if part.mesh is not None else writer
+            written = _write_files(engine, staging, part, model_writer, client_state,
+                                   exclude_frozen)
+    except CheckpointError as error:
+        # Every rank is past its writes (the agreement comes after them): the unfinished copy
+        # goes, so that its space is free for the next save.
+        if writer:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(f"{error}{files.low_space_hint(save_dir)}") from error
     entries = [None] * dist.get_world_size()
     dist.all_gather_object(entries, written)  # every shard is on disk before the tag appears
     with _all_ranks_or_none(f"publishing checkpoint {tag} in {save_dir}",
@@ -254,15 +261,12 @@ def _write_files(engine, staging: str, part: checkpoint_mesh.Part, model_writer:
 
 def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_states,
                     load_lr_scheduler_states, load_module_only, custom_load_fn=None):
+    tag = _agreed_load_tag(engine, load_dir, tag)
     if tag is None:
-        latest = _latest_file(engine, load_dir)
-        if not os.path.isfile(latest):
-            if dist.get_rank() == 0:
-                print(f"zero: no '{LATEST}' file in {load_dir}; nothing loaded. Pass tag= to "
-                      "load a specific checkpoint", flush=True)
-            return None, None
-        with open(latest) as file:
-            tag = file.read().strip()
+        if dist.get_rank() == 0:
+            print(f"zero: no '{LATEST}' file in {load_dir}; nothing loaded. Pass tag= to "
+                  "load a specific checkpoint", flush=True)
+        return None, None
     part = checkpoint_mesh.part_of(engine)
     load_shards = load_optimizer_states and not load_module_only
     # how the module's weights are written (DeepSpeed's custom_load_fn instead of
@@ -305,6 +309,37 @@ def load_checkpoint(engine, load_dir, tag, load_module_strict, load_optimizer_st
     engine.core.zero_grads()
     dist.barrier()
     return path, model_state["client_state"]
+
+
+def _agreed_load_tag(engine, load_dir: str, tag) -> str | None:
+    """The tag every rank loads: `tag`, or the one `latest` names (None: no `latest`). The
+    ranks' are compared, so that none loads another checkpoint (a tag computed per rank, a
+    node whose local `latest` is older or missing) or returns while the others load."""
+    def read() -> str | None:
+        if tag is not None:
+            return str(tag)
+        latest = _latest_file(engine, load_dir)
+        if not os.path.isfile(latest):
+            return None
+        with open(latest) as file:
+            named = file.read().strip()
+        if not named:
+            raise CheckpointError(f"zero: {latest} is empty (a save that could not write it); "
+                                  "pass tag= to name the checkpoint to load")
+        return named
+
+    tags = agreement.on_every_rank(read, CheckpointError,
+                                   f"reading the checkpoint tag in {load_dir}")
+    if any(t != tags[0] for t in tags):
+        named = "; ".join(f"rank {r}: {'no ' + LATEST + ' file' if t is None else repr(t)}"
+                          for r, t in enumerate(tags) if t != tags[0])
+        first = f"no {LATEST} file" if tags[0] is None else repr(tags[0])
+        raise CheckpointError(
+            f"zero: load_checkpoint({load_dir}) would load different checkpoints (rank 0: "
+            f"{first}; {named}); nothing was loaded. Every rank must load the same tag: pass "
+            "the same tag= everywhere, and give every rank the same directory (a node-local "
+            "copy must hold the same checkpoints)")
+    return tags[0]
 
 
 def _restart_accumulation(engine) -> None:

@@ -248,3 +248,16 @@ def _digest(path: str, block: int = 1 << 20) -> tuple[int, str]:
             digest.update(view[:count])
             size += count
     return size, digest.hexdigest()
+
+
+def low_space_hint(directory: str, below: int = 1 << 30) -> str:
+    """A sentence for a failed write when `directory`'s file system has less than `below`
+    bytes free (a full disk makes torch.save fail with "unexpected pos"), else ""."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return ""
+    if free >= below:
+        return ""
+    return (f". The file system holding {directory} has {free / 2**20:.1f} MiB free: a full "
+            "disk is the likely cause; free space or save elsewhere")
