@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import tempfile
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -49,10 +50,11 @@ def check_swap_space(config, model, param_groups, data_parallel_group=None) -> N
         return
     bytes_by_key = _nvme_bytes(config, model, param_groups,
                                dist.get_world_size(data_parallel_group))
-    try:
+    try:  # told to every rank: none may wait in the exchange alone (nvme_path is per host)
+        _check_writable(folders)
         mine = _drive_needs(folders, bytes_by_key) if bytes_by_key is not None else []
-    except OSError as error:  # told to every rank: none may wait in the exchange alone
-        mine = f"zero: cannot read the free space of the NVMe swap folder: {error}"
+    except OSError as error:
+        mine = f"zero: rank {dist.get_rank()} on {socket.gethostname()}: {error}"
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     failures = [entry for entry in everyone if isinstance(entry, str)]
@@ -82,11 +84,23 @@ def _nvme_bytes(config, model, param_groups, world: int) -> dict[str, int] | Non
     return {"offload_param": on_nvme.pop("param", 0), "offload_optimizer": sum(on_nvme.values())}
 
 
+def _check_writable(folders: dict[str, str]) -> None:
+    """Each folder is a directory that takes a file (an unnamed one, gone when closed)."""
+    for key, folder in folders.items():
+        if not os.path.isdir(folder):
+            raise OSError(f"{key}.nvme_path '{folder}' is not an existing directory; create it "
+                          "or point nvme_path at one")
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as error:
+            raise OSError(f"{key}.nvme_path '{folder}' does not take a file ({error.strerror}); "
+                          "point nvme_path at a writable directory") from error
+
+
 def _drive_needs(folders: dict[str, str], bytes_by_key: dict[str, int]) -> list[DriveNeed]:
     host, by_device = socket.gethostname(), {}
     for key, folder in folders.items():
-        if not os.path.isdir(folder):
-            continue  # the swap file's creation names the problem (missing, not a directory)
         stats, device = os.statvfs(folder), os.stat(folder).st_dev
         need = by_device.get(device) or DriveNeed(host, device, folder, (), 0,
                                                   stats.f_bavail * stats.f_frsize)

@@ -310,3 +310,32 @@ def test_a_run_killed_mid_training_leaves_nothing_on_disk(tmp_path):
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert proc.stdout.split() == ["0"]  # training, with its files open: none has a name
     assert os.listdir(swap) == []
+
+
+def _per_rank_swap_dir(rank, world, config, missing):
+    import copy
+    import time
+
+    import zero
+
+    config = copy.deepcopy(config)
+    if rank == 1:  # nvme_path is per host: this rank's does not exist
+        config["zero_optimization"]["offload_optimizer"]["nvme_path"] = missing
+    start = time.monotonic()
+    try:
+        zero.initialize(model=training.make_model(), config=config)
+    except Exception as error:  # noqa: BLE001 - the message is the result
+        return f"{type(error).__name__}: {error}", time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_swap_folder_missing_on_one_rank_is_named_on_every_rank(tmp_path):
+    """The rank without it raised as it made its swap file; the others went on into their
+    first collective and waited there (until the process group's timeout)."""
+    optimizer_dir = _swap_dirs(tmp_path, "optimizer")[0]
+    missing = str(tmp_path / "elsewhere")
+    for error, seconds in run_distributed(_per_rank_swap_dir, 2,
+                                          args=(_config(2, optimizer_dir), missing)):
+        assert error is not None and seconds < 10
+        assert error.startswith("SwapSpaceError: zero: rank 1 on ") and \
+            f"offload_optimizer.nvme_path '{missing}' is not an existing directory" in error, error
