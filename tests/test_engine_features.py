@@ -30,6 +30,7 @@ def _fp16_overflow(rank, world, stage):
         training.train_engine(engine, rank, world, 1, 1, first_step=step, on_step=poison)
         if step == 2:
             params_after = training.parameters_of(engine.module)
+            assert engine.get_global_grad_norm().item() == float("inf")  # as DeepSpeed's
         scales.append(engine.optimizer.cur_scale)
     unchanged = all(torch.equal(params_before[k], params_after[k]) for k in params_before)
     return engine.skipped_steps, engine.global_steps, engine.applied_steps, scales, unchanged
@@ -43,6 +44,34 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_all_ranks(stage):
         assert unchanged  # the skipped step left every parameter alone
         assert scales[2] == scales[1] / 2  # hysteresis 1: the scale halves at once
     assert results[0][3] == results[1][3]
+
+
+def _fp16_sum_past_range(rank, world, stage):
+    """Each rank's scaled gradient is 40 x 1024 = 40960, finite in fp16; their sum 81920 is
+    not, their mean is. (DeepSpeed divides before the sum.)"""
+    import zero
+
+    model = torch.nn.Linear(4, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0,
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+              "fp16": {"enabled": True, "initial_scale_power": 10, "hysteresis": 1},
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    engine, _, _, _ = zero.initialize(model=model, config=config)
+    engine.backward(engine(torch.full((1, 4), 40.0, dtype=torch.float16)).float().sum())
+    engine.step()
+    return engine.was_step_applied(), engine.optimizer.cur_scale, \
+        engine.get_global_grad_norm().item()
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_an_fp16_mean_whose_sum_passes_fp16s_range_is_no_overflow(stage):
+    """The ranks' gradients were summed in fp16 and divided after: a sum past 65504 was an
+    overflow no rank had, the step skipped and the scale halved (DeepSpeed applies it)."""
+    for applied, scale, norm in run_distributed(_fp16_sum_past_range, 2, args=(stage,)):
+        assert applied and scale == 1024
+        assert norm == pytest.approx(80.0)  # the 4 weights' mean gradient, 40 each
 
 
 # ---- checkpoints: save at step k, resume in fresh processes, identical result -------------

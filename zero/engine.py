@@ -621,12 +621,14 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
     def get_global_grad_norm(self) -> torch.Tensor | None:
         """The global gradient norm of the last optimizer step, before clipping (None before
         the first step), as DeepSpeed's engine reports it: a 0-dim fp32 tensor on the engine's
-        device (scripts call .item() on it)."""
+        device (scripts call .item() on it); inf for a step skipped on overflow (DeepSpeed's,
+        whatever non-finite value the gradients held)."""
         result = self.last_step_result
         if result is None:
             return None
         if self._grad_norm is None or self._grad_norm[0] is not result:  # once per step
-            self._grad_norm = (result, torch.tensor(result.grad_norm, dtype=torch.float32,
+            norm = float("inf") if result.overflow else result.grad_norm
+            self._grad_norm = (result, torch.tensor(norm, dtype=torch.float32,
                                                     device=self.device))
         return self._grad_norm[1]
 

@@ -42,8 +42,17 @@ c10d::ReduceOp to_c10d(Reduction reduction) {
   TORCH_CHECK(false, "zero: unknown reduction");
 }
 
-std::function<void()> finisher(Reduction reduction, at::Tensor result, int divisor) {
+// A mean is a SUM divided by `divisor`: after the wait, or for fp16 before the collective, in
+// `input`, as DeepSpeed divides: fp16's range ends at 65504, and the ranks' sum may pass it
+// where every rank's value and their mean fit (an overflow no rank had, skipping the step).
+// Called before the collective is launched; returns what finishes the mean after the wait.
+std::function<void()> averaging(Reduction reduction, at::Tensor input, at::Tensor result,
+                                int divisor) {
   if (reduction != Reduction::kAvg) return {};
+  if (input.scalar_type() == at::kHalf) {
+    input.div_(divisor);
+    return {};
+  }
   return [result, divisor]() mutable { result.div_(divisor); };
 }
 
@@ -187,13 +196,14 @@ std::unique_ptr<PendingCollective> Communicator::reduce_scatter(at::Tensor shard
   }
   c10d::ReduceScatterOptions options;
   options.reduceOp = to_c10d(reduction);
+  auto finish = averaging(reduction, full, shard, average_over_);
   auto work = reduce_scatter_into(group(), shard, full, options);
   stats_.reduce_scatter_bytes += nbytes(full);
   ++stats_.calls;
   auto timed = timing(CollectiveOp::kReduceScatter, nbytes(full), false, work, full);
   return std::make_unique<PendingCollective>(describe("reduce_scatter", full), std::move(work),
                                              std::vector<at::Tensor>{full, shard},
-                                             finisher(reduction, shard, average_over_),
+                                             std::move(finish),
                                              std::move(timed));
 }
 
@@ -213,8 +223,15 @@ std::unique_ptr<PendingCollective> Communicator::host_reduce_scatter(at::Tensor 
   const int world = world_size_;
   const int average_over = average_over_;
   auto sum = [pieces, shard, world, average_over, reduction]() mutable {
-    at::sum_out(shard, pieces.view({world, -1}), {0});
-    if (reduction == Reduction::kAvg) shard.div_(average_over);
+    const at::Tensor stacked = pieces.view({world, -1});
+    if (reduction != Reduction::kAvg) {
+      at::sum_out(shard, stacked, {0});
+    } else if (shard.element_size() < 4) {  // 16 bits: the mean rounds once (a sum may not fit)
+      shard.copy_(at::sum(stacked, {0}, false, at::kFloat).div_(average_over));
+    } else {
+      at::sum_out(shard, stacked, {0});
+      shard.div_(average_over);
+    }
   };
   return std::make_unique<PendingCollective>(describe("reduce_scatter", full), std::move(work),
                                              std::vector<at::Tensor>{full, shard, pieces},
@@ -227,12 +244,13 @@ std::unique_ptr<PendingCollective> Communicator::all_reduce(at::Tensor tensor,
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(reduction);
+  auto finish = averaging(reduction, tensor, tensor, average_over_);
   auto work = group().allreduce(tensors, options);
   count(stats_.all_reduce_bytes, 2 * nbytes(tensor), control);
   auto timed = timing(CollectiveOp::kAllReduce, nbytes(tensor), control, work, tensor);
   return std::make_unique<PendingCollective>(describe("all_reduce", tensor), std::move(work),
                                              std::move(tensors),
-                                             finisher(reduction, tensor, average_over_),
+                                             std::move(finish),
                                              std::move(timed));
 }
 
