@@ -43,7 +43,10 @@ def test_the_optimizers_scale_reads_and_sets_as_deepspeeds():
     assert optimizer.cur_scale == optimizer.loss_scale == 256
     optimizer.loss_scale = 64
     assert scaler.loss_scale == 64 and optimizer.cur_scale == 64
+    # scripts read optimizer.loss_scaler.cur_scale and optimizer.dynamic_loss_scale
+    assert optimizer.loss_scaler is scaler and optimizer.dynamic_loss_scale
     without = ZeroOptimizer(spec, [])
     assert without.cur_scale == 1.0
+    assert without.loss_scaler.cur_scale == 1.0 and not without.dynamic_loss_scale
     with pytest.raises(ValueError, match="without fp16"):
         without.cur_scale = 2.0

@@ -13,6 +13,7 @@ import torch
 
 from zero.boundary import optimizer_hyper
 from zero.external_optimizer import ExternalOptimizer
+from zero.loss_scaler import StaticLossScaler
 
 logger = logging.getLogger("zero")
 
@@ -266,6 +267,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.state = collections.defaultdict(dict)
         self.overflow = False  # the last step was skipped (fp16 overflow, non-finite grads)
         self._loss_scaler = loss_scaler  # fp16's (zero/loss_scaler.py); None otherwise
+        self._scale_of_one = StaticLossScaler(1.0)  # loss_scaler without fp16
         self._trust_ratios = trust_ratios  # LAMB's: () -> {id(parameter): last ratio}
 
     def _get_scale(self) -> float:
@@ -280,6 +282,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
     # DeepSpeed's ZeRO optimizers' names.
     cur_scale = property(_get_scale, _set_scale)
     loss_scale = property(_get_scale, _set_scale)
+
+    @property
+    def loss_scaler(self):
+        """DeepSpeed's ZeRO optimizers' scaler object (cur_scale, cur_iter, cur_hysteresis,
+        ...): fp16's; without fp16 a static scale of 1, as DeepSpeed's bf16 and fp32."""
+        return self._loss_scaler if self._loss_scaler is not None else self._scale_of_one
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return self._loss_scaler is not None and self._loss_scaler.dynamic
 
     def hypers(self) -> list:
         """Each engine group's hyperparameters for EngineCore.step (_C.OptimizerHyper), read
