@@ -116,6 +116,30 @@ def test_ranks_started_with_different_configs_or_models_stop_naming_the_differen
         assert named in message and "rank 0" in message and "rank 1" in message
 
 
+def _invalid_on_one_rank(rank, world):
+    import time
+
+    import zero
+    from zero.config import ConfigError
+
+    config = training.engine_config(2, gas=1, scheduler=False)
+    if rank == 1:
+        config["zero_optimization"]["reduce_bucket_sise"] = 1000  # misspelled on this rank
+    start = time.monotonic()
+    try:
+        zero.initialize(model=training.make_model(), config=config)
+    except ConfigError as error:
+        return str(error), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_config_invalid_on_one_rank_is_named_on_every_rank():
+    """The rank whose config failed validation raised alone; the others waited in the config
+    agreement's collective and then died of a closed connection."""
+    for message, seconds in run_distributed(_invalid_on_one_rank, 2, timeout=TIMEOUT):
+        assert message is not None and "reduce_bucket_sise" in message and seconds < 10
+
+
 BASE = {"train_micro_batch_size_per_gpu": 2,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
 

@@ -8,7 +8,7 @@ import os
 import torch.distributed as dist
 
 from . import activation_checkpointing, agreement
-from .config import load_config, read_config
+from .config import ConfigError, load_config, read_config
 from .distributed import TORCH_DISTRIBUTED_DEFAULT_PORT, init_distributed
 from .engine_batch import ROUTE_EVAL, RepeatingLoader
 from .parallel import sequence
@@ -120,8 +120,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     else:
         data_ranks, all_ranks = tp_setup.batch_ranks(dist.get_world_size(),
                                                      tp_setup.requested_size(raw, model))
-    zero_config = load_config(source, world_size=data_ranks,
-                              unused_blocks=_unused_blocks(raw, optimizer), all_ranks=all_ranks)
+    zero_config = _load_config_everywhere(source, world_size=data_ranks,
+                                          unused_blocks=_unused_blocks(raw, optimizer),
+                                          all_ranks=all_ranks)
     if "activation_checkpointing" in zero_config.raw and not activation_checkpointing.is_configured():
         activation_checkpointing.configure(deepspeed_config=zero_config)  # the block applies
     # Every rank, whatever part of the model it holds, runs one config: checked over the
@@ -163,6 +164,18 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             engine.set_dataiterator(dataloader)
     optimizer = None if engine.inference_only else engine.optimizer  # DeepSpeed: None
     return engine, optimizer, dataloader, engine.lr_scheduler
+
+
+def _load_config_everywhere(source, **kwargs):
+    """load_config, its ConfigError raised on every rank: a rank whose config alone is invalid
+    (a per-rank edit of the JSON) would otherwise leave the others waiting in the config
+    agreement's collective until its process died."""
+    if not dist.is_initialized():
+        return load_config(source, **kwargs)
+    loaded = []
+    agreement.on_every_rank(lambda: loaded.append(load_config(source, **kwargs)), ConfigError,
+                            "this rank's config is valid but another's is not; nothing was built")
+    return loaded[0]
 
 
 def _unused_blocks(raw: dict, optimizer) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ class ConfigError(ValueError):
     """The config is invalid. ``errors`` holds one message per problem."""
 
     def __init__(self, errors, source=None):
-        self.errors = tuple(errors)
+        self.errors = (errors,) if isinstance(errors, str) else tuple(errors)
         self.source = source
         where = f" {source}" if source else ""
         count = len(self.errors)
