@@ -558,6 +558,8 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         module state leaves out the frozen parameters, which the model rebuilds from its
         pretrained weights (load with load_module_strict=False)."""
         self._alive("save_checkpoint")
+        if self._core is not None:  # (a rank saving alone is named, not left waiting)
+            self._core.agree_on_checkpoint(save=True)
         return save_checkpoint(self, save_dir, tag, client_state or {}, save_latest,
                                exclude_frozen_parameters)
 
@@ -567,6 +569,8 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         """DeepSpeed's: returns (path, client_state); `custom_load_fn(src=, dst=)` writes the
         module's weights instead of load_state_dict (load_module_weights)."""
         self._alive("load_checkpoint")
+        if self._core is not None:
+            self._core.agree_on_checkpoint(save=False)
         with self._swap_writes.shown("zero: loading the checkpoint into NVMe swap files"):
             return load_checkpoint(self, load_dir, tag, load_module_strict,
                                    load_optimizer_states, load_lr_scheduler_states,

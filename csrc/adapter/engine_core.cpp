@@ -71,8 +71,9 @@ GatherSchedule& EngineCore::configure_schedule(std::vector<std::string> unit_nam
                                                const ScheduleOptions& options) {
   schedule_.reset();
   units_ = std::make_unique<GroupUnits>(unit_names.size());
+  places_.name_units(unit_names);
   schedule_ = std::make_unique<GatherSchedule>(*units_, std::move(unit_names), options,
-                                               &communicator_);
+                                               &places_);
   return *schedule_;
 }
 
@@ -103,6 +104,12 @@ void EngineCore::prepare_backward(bool boundary) {
                 "(False)) after the boundary's backward and before engine.step(): the "
                 "boundary's gradients were reduced already. Call engine.step() first (or "
                 "engine.zero_grad() to drop them)");
+  }
+  bool reducing = false;
+  for (const auto& group : groups_) reducing = reducing || group->reduces(boundary);
+  if (reducing) {  // (before anything changes: a rank that diverged leaves this engine usable)
+    agree_place(Place::kReduce);
+    ++reductions_;
   }
   reload_states({StateKind::kParams, StateKind::kGrads});
   backward_pending_ = true;
@@ -256,6 +263,9 @@ bool EngineCore::abandon_backward() {
   // failed on the loss's own graph; every rank failing alike, the units are let go together.
   if (schedule_ && flush_queued_) schedule_->end_backward();
   for (Group* group : every_group()) group->abandon_backward();
+  bool reducing = false;
+  for (const auto& group : groups_) reducing = reducing || group->reduces(boundary_);
+  if (reducing) --reductions_;  // (every rank abandons it alike: the counts stay equal)
   cursor_ = 0;
   flush_queued_ = false;
   deferred_.clear();
@@ -263,6 +273,20 @@ bool EngineCore::abandon_backward() {
   checked_passes_.clear();
   backward_pending_ = false;
   return true;
+}
+
+void EngineCore::agree_place(Place place) {
+  if (groups_.empty()) return;  // nothing this engine reduces or steps
+  places_.verify({place, reductions_, steps_}, groups_.front()->device(), "zero: ranks diverged",
+                 "Every rank must run its backwards, engine.step() and save/load_checkpoint "
+                 "alike: a rank that skips engine.step(), runs an extra backward (stages 2 and 3 "
+                 "reduce every backward, stages 0 and 1 the accumulation boundary's) or calls "
+                 "save_checkpoint alone (it is collective: call it on every rank, as DeepSpeed "
+                 "requires) would wait for the others forever");
+}
+
+void EngineCore::agree_on_checkpoint(bool save) {
+  agree_place(save ? Place::kSave : Place::kLoad);
 }
 
 void EngineCore::adopt_observed_order() {
@@ -335,6 +359,8 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
               "finished: its gradients are only partly reduced (some reductions may never "
               "complete), so no step can use them. This engine takes no further backward or "
               "step; restart the job, or build a new engine, and load the last checkpoint");
+  agree_place(Place::kStep);
+  ++steps_;
   StepResult result;
   reload_states();
   release_gathered();  // a unit kept gathered (an eval forward, a reuse) would go stale

@@ -12,6 +12,7 @@
 #include "adapter/group_units.h"
 #include "adapter/group.h"
 #include "adapter/param_group.h"
+#include "adapter/rank_places.h"
 #include "adapter/stage3_group.h"
 #include "core/memory_registry.h"
 #include "core/range_pool.h"
@@ -50,6 +51,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // a graph freed by an earlier backward): closed as if it had not begun, and true. False,
   // with the backward left open, once gradients have come: their reductions may be under way.
   bool abandon_backward();
+  // Before a checkpoint's collectives: every rank is saving (or loading) at the same point of
+  // training (rank_places.h); a rank saving alone is named instead of waiting.
+  void agree_on_checkpoint(bool save);
   bool backward_boundary() const { return boundary_; }
   bool backward_pending() const { return backward_pending_; }
 
@@ -132,11 +136,17 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     return g < deferred_.size() && deferred_[g][u];
   }
   void adopt_observed_order();
+  // Every rank of the group at `place` after as many reducing backwards and steps as this
+  // one, or an error on every rank naming where each is (rank_places.h).
+  void agree_place(Place place);
 
   // Declared first so it outlives every buffer that counts bytes in it.
   std::shared_ptr<core::MemoryRegistry> registry_;
   core::RangePool host_threads_;  // before the groups, whose steps use it
   Communicator communicator_;
+  RankPlaces places_{&communicator_};  // compared before each phase's collectives
+  std::int64_t reductions_ = 0;        // reducing backwards begun (and not abandoned)
+  std::int64_t steps_ = 0;             // optimizer steps begun
   std::unique_ptr<Communicator> span_;  // span_norm's group; null: the norm is the group's own
   // add_group's own data groups (GroupOptions::data_group), before the groups that use them
   std::vector<std::unique_ptr<Communicator>> data_groups_;

@@ -3,16 +3,14 @@
 #include <algorithm>
 #include <sstream>
 
-#include <ATen/ops/tensor.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 namespace zero::adapter {
 
 GatherSchedule::GatherSchedule(UnitStore& units, std::vector<std::string> unit_names,
-                               ScheduleOptions options, Communicator* fingerprints)
+                               ScheduleOptions options, const RankPlaces* places)
     : units_(units),
-      fingerprints_(fingerprints),
+      places_(places),
       names_(std::move(unit_names)),
       options_(options),
       state_(names_.size()) {
@@ -35,7 +33,7 @@ void GatherSchedule::add_external(std::size_t user, std::size_t owner) {
   // release. Every rank links at the same call: checked like the forward it is part of.
   const int uses = state_[user].uses;
   if (uses == 0) return;
-  verify(kForward, owner, step_);
+  verify(Place::kUnitForward, owner, step_);
   state_[owner].uses += uses;
   state_[owner].kept = false;
   gather(owner);
@@ -46,46 +44,16 @@ const std::string& GatherSchedule::name(std::size_t unit) const {
   return unit < names_.size() && !names_[unit].empty() ? names_[unit] : root;
 }
 
-std::string GatherSchedule::describe(std::int64_t phase, std::int64_t unit) const {
-  if (phase == kEnd) return "the end of backward";
-  if (phase == kHold) {
-    return "a gather of '" + name(static_cast<std::size_t>(unit)) +
-           "' outside forward and backward (a state dict, a save or GatheredParameters)";
-  }
-  return std::string(phase == kForward ? "forward" : "backward") + " of '" +
-         name(static_cast<std::size_t>(unit)) + "'";
-}
-
-void GatherSchedule::verify(Phase phase, std::size_t unit, std::int64_t step) {
-  if (fingerprints_ == nullptr) return;
-  const int world = fingerprints_->world_size();
-  if (world == 1) return;
-  const auto options = at::TensorOptions().dtype(at::kLong);
-  at::Tensor mine = at::tensor({static_cast<std::int64_t>(phase),
-                                static_cast<std::int64_t>(unit), step}, options)
-                        .to(options_.device);
-  at::Tensor everyone = at::zeros({3 * world}, options.device(options_.device));
-  fingerprints_->all_gather(everyone, mine, /*control=*/true)->wait();
-  everyone = everyone.cpu();
-  const auto* values = everyone.data_ptr<std::int64_t>();
-  bool agree = true;
-  for (int r = 0; r < world && agree; ++r) {
-    agree = values[3 * r] == phase && values[3 * r + 1] == static_cast<std::int64_t>(unit) &&
-            values[3 * r + 2] == step;
-  }
-  if (agree) return;
-  std::ostringstream message;
-  message << "zero: ranks diverged at stage 3 (step " << step << "): ";
-  for (int r = 0; r < world; ++r) {
-    message << (r ? "; " : "") << "rank " << r << " is at " << describe(values[3 * r], values[3 * r + 1])
-            << " of step " << values[3 * r + 2];
-  }
-  message << ". Every rank must run the same gather units in the same order. A branch inside a "
-             "unit (a submodule or an expert only some ranks use) is fine; a unit some ranks "
-             "skip, or run more often, is not: run it on every rank. Hugging Face models do so "
-             "under ZeRO-3: LayerDrop runs every layer, and generate(synced_gpus=True) keeps "
-             "every rank stepping until the longest sequence ends";
-  TORCH_CHECK(false, message.str());
+void GatherSchedule::verify(Place place, std::size_t unit, std::int64_t step) {
+  if (places_ == nullptr) return;
+  places_->verify(
+      {place, static_cast<std::int64_t>(unit), step}, options_.device,
+      "zero: ranks diverged at stage 3 (step " + std::to_string(step) + ")",
+      "Every rank must run the same gather units in the same order. A branch inside a unit (a "
+      "submodule or an expert only some ranks use) is fine; a unit some ranks skip, or run "
+      "more often, is not: run it on every rank. Hugging Face models do so under ZeRO-3: "
+      "LayerDrop runs every layer, and generate(synced_gpus=True) keeps every rank stepping "
+      "until the longest sequence ends");
 }
 
 void GatherSchedule::advance(Order& order, std::size_t unit, const char* phase_name) {
@@ -268,7 +236,7 @@ std::optional<std::int64_t> GatherSchedule::reuse_distance(std::size_t unit) con
 // ---- events ---------------------------------------------------------------------------------
 
 void GatherSchedule::before_forward(std::size_t unit, std::int64_t step, bool expects_backward) {
-  verify(kForward, unit, step);
+  verify(Place::kUnitForward, unit, step);
   if (unit == 0) {  // the root opens every forward
     if (!forward_.current.empty()) restart(forward_);
     expects_backward_ = expects_backward;
@@ -283,7 +251,7 @@ void GatherSchedule::before_forward(std::size_t unit, std::int64_t step, bool ex
 void GatherSchedule::after_forward(std::size_t unit) { drop(unit); }
 
 void GatherSchedule::before_backward(std::size_t unit) {
-  verify(kBackward, unit, step_);
+  verify(Place::kUnitBackward, unit, step_);
   in_backward_ = true;
   advance(backward_, unit, "backward");
   UnitState& state = state_[unit];
@@ -321,7 +289,7 @@ void GatherSchedule::grads_done(std::size_t unit, bool frozen_part) {
 }
 
 void GatherSchedule::end_backward() {
-  verify(kEnd, 0, step_);
+  verify(Place::kBackwardEnd, 0, step_);
   restart(forward_);
   restart(backward_);
   in_backward_ = false;
@@ -335,7 +303,7 @@ void GatherSchedule::end_backward() {
 void GatherSchedule::hold(std::size_t unit) {
   TORCH_CHECK(unit < state_.size(), "zero: unit ", unit, " outside the schedule's ",
               state_.size());
-  verify(kHold, unit, step_);
+  verify(Place::kUnitHold, unit, step_);
   ++state_[unit].uses;
   state_[unit].kept = false;
   try {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "adapter/collectives.h"
+#include "adapter/rank_places.h"
 #include "adapter/unit_store.h"
 
 namespace zero::adapter {
@@ -44,7 +45,7 @@ struct ScheduleOptions {
   std::int64_t max_live_numel = 1'000'000'000;
   std::int64_t max_reuse_distance = 1'000'000'000;  // keep a unit reused within fewer elements; 0: never
   std::int64_t max_inflight = 2;        // all-gathers in flight at once
-  c10::Device device = c10::Device(c10::kCPU);  // where the fingerprint exchange runs
+  c10::Device device = c10::Device(c10::kCPU);  // where the ranks compare places (rank_places.h)
 };
 
 // What the schedule has done so far, as EngineCore.schedule_stats reads it back.
@@ -60,10 +61,10 @@ struct ScheduleStats {
 
 class GatherSchedule {
  public:
-  // `fingerprints`: the ranks that must agree on every event; null checks nothing (one
-  // process replaying the schedule, as the estimator does).
+  // `places`: where the ranks compare every event (they must report the same sequence);
+  // null checks nothing (one process replaying the schedule, as the estimator does).
   GatherSchedule(UnitStore& units, std::vector<std::string> unit_names, ScheduleOptions options,
-                 Communicator* fingerprints);
+                 const RankPlaces* places);
   // The modules of unit `user` use parameters of unit `owner` (register_external_parameter,
   // or a module of `owner` called inside `user`'s forward): whenever `user` is gathered,
   // `owner` is too; linked while `user` is in use, `owner` is gathered at once.
@@ -111,7 +112,6 @@ class GatherSchedule {
   }
 
  private:
-  enum Phase : std::int64_t { kForward = 0, kBackward = 1, kEnd = 2, kHold = 3 };
   static constexpr std::size_t kReadAhead = 4;  // units past the prefetch whose NVMe reads start
   static constexpr std::size_t kMaxOrder = std::size_t{1} << 16;  // units in one recorded order
   struct Order {
@@ -127,8 +127,7 @@ class GatherSchedule {
     std::vector<std::size_t> externals;  // units gathered together with this one
   };
 
-  void verify(Phase phase, std::size_t unit, std::int64_t step);
-  std::string describe(std::int64_t phase, std::int64_t unit) const;
+  void verify(Place place, std::size_t unit, std::int64_t step);
   void advance(Order& order, std::size_t unit, const char* phase_name);
   static void restart(Order& order);
   void prefetch(const Order& order);
@@ -149,7 +148,7 @@ class GatherSchedule {
   const std::string& name(std::size_t unit) const;
 
   UnitStore& units_;
-  Communicator* fingerprints_;
+  const RankPlaces* places_;
   std::vector<std::string> names_;
   ScheduleOptions options_;
   std::vector<UnitState> state_;

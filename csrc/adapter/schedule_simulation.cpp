@@ -139,7 +139,7 @@ ScheduleSimulation simulate_schedule(const std::vector<std::int64_t>& unit_numel
   SizedUnits units(unit_numel.empty() ? std::vector<std::int64_t>{0} : unit_numel);
   const auto children = children_of(units.unit_count(), parents);
   GatherSchedule schedule(units, std::vector<std::string>(units.unit_count()), options,
-                          /*fingerprints=*/nullptr);
+                          /*places=*/nullptr);
   for (const auto& [user, owner] : externals) schedule.add_external(user, owner);
   ScheduleSimulation out;
   micro_step(schedule, units, children, 0);

@@ -99,6 +99,8 @@ void add_training(Core& core) {
          py::call_guard<py::gil_scoped_release>())
     .def("abandon_backward", &adapter::EngineCore::abandon_backward,
          py::call_guard<py::gil_scoped_release>())
+    .def("agree_on_checkpoint", &adapter::EngineCore::agree_on_checkpoint, py::arg("save"),
+         py::call_guard<py::gil_scoped_release>())
     .def(
         "step",
         &adapter::EngineCore::step, py::arg("hypers"), py::arg("loss_scale"),
