@@ -4,6 +4,7 @@ started with different configs or models."""
 import dataclasses
 import functools
 import math
+import sys
 
 import pytest
 import torch
@@ -416,3 +417,40 @@ def test_a_rank_that_leaves_the_others_program_is_named_on_every_rank(tmp_path, 
                                             args=(stage, divergence, str(tmp_path))):
         assert message is not None and message.startswith("zero: ranks diverged"), message
         assert named in message and seconds < 10, message
+
+
+EXIT_TABLE = """
+import sys
+import training
+import zero
+config = training.engine_config(1, gas=1, scheduler=False)
+config["steps_per_print"] = 100
+engine, *_ = zero.initialize(model=training.make_model(), config=config)
+training.train_engine(engine, 0, 1, 1, 1)
+if sys.argv[1] == "raise":
+    raise RuntimeError("the script failed")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ending", ["finish", "raise"])
+def test_the_exit_table_is_left_out_after_an_uncaught_error(tmp_path, ending):
+    """With steps_per_print the engine prints its memory table when the interpreter exits;
+    after an uncaught error its 13 lines pushed the error out of the last lines of the rank's
+    log that the launcher shows."""
+    import os
+    import subprocess
+
+    from distributed_harness import REPO, subprocess_env
+
+    script = tmp_path / "job.py"
+    script.write_text(EXIT_TABLE)
+    env = subprocess_env(OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] += os.pathsep + os.path.join(REPO, "tests")
+    proc = subprocess.run([sys.executable, str(script), ending], env=env, capture_output=True,
+                          text=True, timeout=100)
+    shown = "model states" in proc.stdout
+    if ending == "finish":
+        assert proc.returncode == 0 and shown, proc.stdout[-2000:] + proc.stderr[-2000:]
+    else:
+        assert proc.returncode == 1 and not shown and "the script failed" in proc.stderr

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import logging
 import os
+import sys
 import warnings
 import weakref
 from typing import Iterable
@@ -725,7 +726,12 @@ def live_engines() -> list["ZeroEngine"]:
 
 @atexit.register
 def _destroy_live_engines() -> None:
+    # After an uncaught exception the table would push the error out of the launcher's last
+    # lines of the rank's log: the JSON report is still written, the table is not shown.
+    crashed = getattr(sys, "last_value", None) is not None
     for engine in list(_LIVE_ENGINES):
+        if crashed:
+            engine._final_report_once(show_table=False)
         engine.destroy()
 
 

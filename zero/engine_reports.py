@@ -66,12 +66,12 @@ class EngineReports:
         if "_final_report_step" in self.__dict__:   # construction finished
             self._final_report_once()
 
-    def _final_report_once(self) -> None:
-        """The final report (JSON line; the table on rank 0 with steps_per_print), unless the
-        last step already has one."""
+    def _final_report_once(self, show_table: bool = True) -> None:
+        """The final report (JSON line; the table on rank 0 with steps_per_print, unless
+        `show_table` is False), unless the last step already has one."""
         if self._core is not None and self._final_report_step != self.global_steps \
                 and (self.config.memory_report.path or self.config.steps_per_print):
-            self.final_memory_report(show=bool(self.config.steps_per_print))
+            self.final_memory_report(show=bool(self.config.steps_per_print) and show_table)
 
     def _write_report(self, report: dict, show: bool) -> None:
         path = self.config.memory_report.path
