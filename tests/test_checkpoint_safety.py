@@ -105,22 +105,24 @@ def _load_expecting_error(rank, world, save_dir):
     return None
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "remove"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "remove", "manifest"])
 def test_a_damaged_rank_file_is_named_on_every_rank_and_nothing_loads(tmp_path, damage):
     assert run_distributed(_first_save, 2, args=(str(tmp_path),), timeout=TIMEOUT) == [2, 2]
     victim = tmp_path / TAG / "zero_rank1_optim_states.pt"
+    if damage == "manifest":  # the file that verifies the others (a JSONDecodeError, unnamed)
+        victim = tmp_path / TAG / "manifest.json"
     data = victim.read_bytes()
     if damage == "flip":
         middle = len(data) // 2
         victim.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
-    elif damage == "truncate":
+    elif damage in ("truncate", "manifest"):
         victim.write_bytes(data[:-100])
     else:
         victim.unlink()
     for message in run_distributed(_load_expecting_error, 2, args=(str(tmp_path),),
                                    timeout=TIMEOUT):
         assert message is not None and "rank 1" in message
-        assert "zero_rank1_optim_states.pt" in message and "nothing was loaded" in message
+        assert victim.name in message and "nothing was loaded" in message
 
 
 def _damage(tag_dir, damage: str) -> None:
@@ -284,4 +286,26 @@ def test_a_failed_save_leaves_no_unfinished_copy_behind(tmp_path):
     for message in run_distributed(_save_failing_on_rank_1, 2, args=(str(tmp_path),),
                                    timeout=TIMEOUT):
         assert "rank 1: OSError" in message and "untouched" in message, message
+    assert os.listdir(tmp_path) == []
+
+
+def _save_to_own_directory(rank, world, root):
+    from zero.checkpoint import CheckpointError
+
+    engine = _engine()
+    training.train_engine(engine, rank, world, 1, 1)
+    try:
+        engine.save_checkpoint(os.path.join(root, f"run_{rank}"), tag="step1")
+    except CheckpointError as error:
+        return str(error)
+    return "saved"
+
+
+def test_ranks_saving_into_different_directories_are_refused_on_every_rank(tmp_path):
+    """Each rank wrote its part into its own directory: a FileNotFoundError for a partial file
+    in another rank's staging directory, or (DeepSpeed) a checkpoint that fails at load."""
+    for message in run_distributed(_save_to_own_directory, 2, args=(str(tmp_path),),
+                                   timeout=TIMEOUT):
+        assert "different directories" in message and "run_0" in message and \
+            "run_1" in message, message
     assert os.listdir(tmp_path) == []

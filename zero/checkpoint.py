@@ -86,7 +86,8 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
     settings = engine.config.checkpoint
     part = checkpoint_mesh.part_of(engine)
     tag = _agreed_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}",
-                      settings.tag_validation)
+                      settings.tag_validation,
+                      None if settings.use_node_local_storage else save_dir)
     # The files every rank shares (manifest, latest) are written by rank 0, or with node-local
     # storage by each node's local rank 0 into its node's save_dir; so is model_states.pt,
     # except that each part of a split model has its own (checkpoint_mesh.py).
@@ -134,12 +135,20 @@ def save_checkpoint(engine, save_dir, tag, client_state: dict, save_latest: bool
     return True
 
 
-def _agreed_tag(tag: str, validation: str) -> str:
+def _agreed_tag(tag: str, validation: str, save_dir: str | None) -> str:
     """The one tag every rank saves under: the ranks' tags are compared (checkpoint.
     tag_validation): when they differ, "Fail" raises on every rank, "Warn" logs them and, like
-    "Ignore", saves under rank 0's tag."""
-    tags = [None] * dist.get_world_size()
-    dist.all_gather_object(tags, tag)
+    "Ignore", saves under rank 0's tag. `save_dir` (None: node-local storage, one per node)
+    must be one directory on every rank: its parts are written into it."""
+    places = [None] * dist.get_world_size()
+    here = os.path.abspath(save_dir) if save_dir is not None else None
+    dist.all_gather_object(places, (tag, here))
+    if any(other != here for _, other in places):
+        named = "; ".join(f"rank {r}: {d!r}" for r, (_, d) in enumerate(places))
+        raise CheckpointError(f"zero: save_checkpoint was given different directories ({named});"
+                              " nothing was saved. Every rank writes its part of one checkpoint "
+                              "into one directory: pass the same save_dir on every rank")
+    tags = [t for t, _ in places]
     if all(t == tags[0] for t in tags):
         return tag
     differing = [f"rank {r}: {t!r}" for r, t in enumerate(tags) if t != tags[0]]
@@ -519,7 +528,9 @@ def _check_fingerprint(model_state: dict, engine, part: checkpoint_mesh.Part, pa
         if saved.get(key) != current[key]:
             raise ValueError(
                 f"zero: checkpoint {path} was written with {key}={saved[key]!r} but this engine "
-                f"has {key}={current[key]!r}; resume with the same {key}")
+                f"has {key}={current[key]!r}; resume with the same {key}, or take the weights "
+                "alone (load_checkpoint(..., load_module_only=True), or "
+                "load_optimizer_states=False)")
     # Saved before group_worlds was recorded: every group was sharded over the world.
     saved_worlds = saved.get("group_worlds", [saved["world_size"]] * len(saved["group_numels"]))
     if not force and saved_worlds == current["group_worlds"] and all(

@@ -145,7 +145,11 @@ def read_manifest(directory: str) -> dict[str, dict] | None:
     if not os.path.isfile(path):
         return None
     with open(path) as file:
-        return json.load(file)
+        try:
+            return json.load(file)
+        except json.JSONDecodeError as error:
+            raise CorruptCheckpoint(f"zero: {path} is damaged ({error}); the checkpoint cannot "
+                                    "be verified: load an earlier tag") from error
 
 
 def checked_tag(tag: str) -> str:
