@@ -52,3 +52,27 @@ def test_the_cli_reports_activations_in_json():
 def test_a_bad_sample_input_is_named(text):
     with pytest.raises(activations.ActivationError, match="sample input"):
         activations.SampleInput.parse(text)
+
+
+def _engine_activations(rank, world, stage):
+    import zero
+
+    torch.manual_seed(0)
+    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    engine, _, _, _ = zero.initialize(model=TinyGPT(CONFIG), config=config)
+    tokens = torch.randint(0, CONFIG.vocab_size, (2, 16))
+    engine.backward(engine(tokens, tokens.clone()))
+    return engine.watch.activation_bytes
+
+
+@pytest.mark.timeout(120)
+def test_the_engines_activations_leave_out_stage_3s_gathered_weights():
+    """Stage 3 counted the views of its gathered weights autograd saves (a linear's
+    weight.t()) as activations: every weight of the model again, freed after forward."""
+    from distributed_harness import run_distributed
+
+    plain = _real_saved_bytes(2, 16, torch.float32)
+    for stage in (2, 3):
+        assert run_distributed(_engine_activations, 2, args=(stage,)) == [plain, plain], stage

@@ -48,14 +48,18 @@ class SavedActivations:
     @contextlib.contextmanager
     def counting(self):
         # Parameters are not activations: not the model's storages at entry (stages 0-2), nor
-        # a Parameter saved as it is (stage 3 gathers into buffers of its own).
-        params = {storage_key(p) for p in self._model.parameters()}
-        saved: dict[int, int] = {}
+        # a Parameter saved as it is. Stage 3 gathers into buffers of its own, which autograd
+        # saves views of (a linear's weight.t()): they are measured when the count ends, by
+        # then freed in place (0 bytes) or, kept gathered for backward, a parameter's storage.
+        # The entry storages are held, so that no new storage takes one's address (stage 3
+        # swaps its parameters' empty storages for the gathered buffers during forward).
+        params = {storage_key(p): p.untyped_storage() for p in self._model.parameters()}
+        saved: dict[int, torch.UntypedStorage] = {}
 
         def pack(tensor):
             key = storage_key(tensor)
             if key not in params and not isinstance(tensor, nn.Parameter):
-                saved[key] = tensor.untyped_storage().nbytes()
+                saved[key] = tensor.untyped_storage()
             return tensor
 
         _counts().append(pack)
@@ -64,4 +68,6 @@ class SavedActivations:
                 yield self
         finally:
             _counts().remove(pack)
-            self.bytes = sum(saved.values())
+            gathered = {storage_key(p) for p in self._model.parameters()}
+            self.bytes = sum(storage.nbytes() for key, storage in saved.items()
+                             if key not in gathered)
