@@ -7,6 +7,7 @@ import io
 import json
 import os
 import struct
+import sys
 import zipfile
 
 import pytest
@@ -250,3 +251,36 @@ def test_flops_profiler_block_profiles_the_configured_step_on_rank_0(tmp_path):
     text = (tmp_path / "flops.txt").read_text()
     assert "Profile Summary at step 1:" in text
     assert "bwd latency:" in text and "step latency:" in text
+
+
+WANDB_TO_EXIT = """
+import training
+import zero
+config = training.engine_config(1, gas=1, scheduler=False)
+config["wandb"] = {"enabled": True, "project": "zero-test"}
+engine, *_ = zero.initialize(model=training.make_model(), config=config)
+training.train_engine(engine, 0, 1, 2, 1)
+"""
+
+
+@pytest.mark.timeout(150)
+def test_a_wandb_run_alive_at_exit_is_finished_without_an_error(tmp_path):
+    """The engine, destroyed at exit by a handler zero registered on import, finished the run
+    after wandb's own exit teardown: a ConnectionResetError traceback at the end of every run,
+    and the rest of destroy() skipped."""
+    import subprocess
+
+    from distributed_harness import REPO, subprocess_env
+
+    script = tmp_path / "job.py"
+    script.write_text(WANDB_TO_EXIT)
+    env = subprocess_env(OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_DIR=str(tmp_path),
+                         WANDB_SILENT="true")
+    env["PYTHONPATH"] += os.pathsep + os.path.join(REPO, "tests")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=140)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Exception ignored" not in proc.stderr and "Error" not in proc.stderr, \
+        proc.stderr[-3000:]
+    runs = glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*", "run-*.wandb"))
+    assert len(runs) == 1 and len(_wandb_history(runs[0])) == 2

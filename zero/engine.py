@@ -691,9 +691,15 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         engine: save the weights first to go on with them). With a
         memory_report.path configured the final report is written first; with
         steps_per_print set rank 0 prints it as the full table."""
-        self._final_report_once()
-        if self._core is not None:
-            self._watch.close()
+        try:  # (a report or a monitor that fails must not keep the engine's resources)
+            self._final_report_once()
+            if self._core is not None:
+                self._watch.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """What destroy() lets go of, whatever happened before: hooks, the C++ engine."""
         _LIVE_ENGINES.discard(self)
         for handle in self._hooks:
             handle.remove()
@@ -730,9 +736,13 @@ def _destroy_live_engines() -> None:
     # lines of the rank's log: the JSON report is still written, the table is not shown.
     crashed = getattr(sys, "last_value", None) is not None
     for engine in list(_LIVE_ENGINES):
-        if crashed:
-            engine._final_report_once(show_table=False)
-        engine.destroy()
+        try:  # (each engine: one that fails does not keep the others' swap files)
+            if crashed:
+                engine._final_report_once(show_table=False)
+            engine.destroy()
+        except Exception as error:  # noqa: BLE001 - the interpreter is exiting
+            logger.warning("zero: destroying an engine at exit failed: %s: %s",
+                           type(error).__name__, error)
 
 
 def _element_size(dtype: torch.dtype) -> int:

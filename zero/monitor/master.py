@@ -2,9 +2,12 @@
 monitor/monitor.py). `enabled` is the same on every rank; only rank 0 builds writers."""
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 from .writers import CometWriter, CsvWriter, Event, TensorBoardWriter, WandbWriter
+
+logger = logging.getLogger("zero")
 
 
 class MonitorMaster:
@@ -20,6 +23,11 @@ class MonitorMaster:
             writer.write_events(events)
 
     def close(self) -> None:
+        """Each writer closed; one that fails is named and the others still close."""
         for writer in self.writers:
-            writer.close()
+            try:
+                writer.close()
+            except Exception as error:  # noqa: BLE001 - a monitor must not stop the clean-up
+                logger.warning("zero: closing the %s monitor failed: %s: %s",
+                               type(writer).__name__, type(error).__name__, error)
         self.writers = []

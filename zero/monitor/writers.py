@@ -6,6 +6,7 @@ the step. A missing package is an ImportError naming the package, the block and 
 """
 from __future__ import annotations
 
+import atexit
 import csv
 import importlib
 import os
@@ -79,6 +80,11 @@ class WandbWriter:
     def __init__(self, config):
         self._wandb = _require("wandb", "wandb", "wandb")
         self.run = self._wandb.init(project=config.project, group=config.group, entity=config.team)
+        # An engine alive at exit is destroyed by a handler zero registered on import, before
+        # wandb.init registered its teardown; handlers run last first, so wandb's service would
+        # be gone by then (ConnectionResetError). The run is finished before it instead
+        # (finish() again at destroy does nothing).
+        atexit.register(self.close)
 
     def write_events(self, events: Iterable[Event]) -> None:
         by_step: dict[int, dict[str, float]] = {}
