@@ -30,9 +30,20 @@ def _tokens(batch=3, time=16):
     return torch.randint(0, 61, (batch, time), generator=torch.Generator().manual_seed(1))
 
 
+def _attention_by_hand(query, key, value, *args, out_shape=None, **kwargs):
+    """Q K^T and the weights times V, 2 FLOPs a multiply-add: 4 b h s_q s_k d."""
+    b, h, s_q, d = query
+    return 4 * b * h * s_q * key[2] * d
+
+
+# torch's counter has no formula for scaled_dot_product_attention on the CPU (its CUDA
+# kernels only): the reference counts it by hand, the profiler must count it (TinyGPT uses it)
+CPU_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_by_hand}
+
+
 def _reference(model, *inputs):
-    """FlopCounterMode's {module name: FLOPs} for one forward of model."""
-    with FlopCounterMode(display=False, depth=None) as counter:
+    """FlopCounterMode's {module name: FLOPs} for one forward of model, attention included."""
+    with FlopCounterMode(display=False, depth=None, custom_mapping=CPU_ATTENTION) as counter:
         model(*inputs)
     return {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from .flops_format import (AGGREGATED_HEADER, DETAILED_HEADER, DETAILED_NOTES, FOOTER, HEADER,
@@ -194,7 +195,7 @@ class FlopsProfiler:
         self._root_calls += 1
         if self._root_calls > 1:  # the root called from inside its own forward
             return
-        counter = FlopCounterMode(display=False, depth=None)
+        counter = FlopCounterMode(display=False, depth=None, custom_mapping=_MISSING_FORMULAS)
         counter.__enter__()
         _introduce_root(counter, module, args)
         self._counter = counter
@@ -265,6 +266,22 @@ def _introduce_root(counter, root, args):
     counts are exactly those of ``with FlopCounterMode(): model(x)``.
     """
     counter.mod_tracker._fw_pre_hook(root, args)
+
+
+def _cpu_attention(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return flop_counter.sdpa_flop_count(query, key, value)
+
+
+def _cpu_attention_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# Operators torch's counter has no formula for, by shapes: scaled_dot_product_attention on the
+# CPU (torch counts its CUDA kernels only; without these, attention counted nothing here).
+_MISSING_FORMULAS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward,
+}
 
 
 @functools.cache
