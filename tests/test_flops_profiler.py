@@ -9,6 +9,8 @@ import torch.nn as nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 from torch.utils.flop_counter import FlopCounterMode
 
+from flop_reference import CPU_ATTENTION
+
 from zero.models import GPTConfig, TinyGPT
 from zero.profiling import FlopsProfiler, ModuleProfile, get_model_profile
 from zero.profiling.flops_format import (duration_to_string, flops_to_string, macs_to_string,
@@ -28,17 +30,6 @@ def _gpt():
 
 def _tokens(batch=3, time=16):
     return torch.randint(0, 61, (batch, time), generator=torch.Generator().manual_seed(1))
-
-
-def _attention_by_hand(query, key, value, *args, out_shape=None, **kwargs):
-    """Q K^T and the weights times V, 2 FLOPs a multiply-add: 4 b h s_q s_k d."""
-    b, h, s_q, d = query
-    return 4 * b * h * s_q * key[2] * d
-
-
-# torch's counter has no formula for scaled_dot_product_attention on the CPU (its CUDA
-# kernels only): the reference counts it by hand, the profiler must count it (TinyGPT uses it)
-CPU_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_by_hand}
 
 
 def _reference(model, *inputs):

@@ -222,6 +222,8 @@ def _profiled(rank, world, out):
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from flop_reference import CPU_ATTENTION
+
     import zero
 
     config = training.engine_config(3, gas=GAS, stage3_param_persistence_threshold=0)
@@ -235,7 +237,7 @@ def _profiled(rank, world, out):
         return profile
     tokens, targets = training.batches(world, 2, GAS)[(1 * GAS) * world + rank]
     reference = training.make_model()
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
         reference(tokens, targets)
     numel = sum(p.numel() for p in reference.parameters())
     return {"root": profile[""], "flops": counter.get_total_flops(), "numel": numel}
@@ -284,3 +286,25 @@ def test_a_wandb_run_alive_at_exit_is_finished_without_an_error(tmp_path):
         proc.stderr[-3000:]
     runs = glob.glob(os.path.join(tmp_path, "wandb", "offline-run-*", "run-*.wandb"))
     assert len(runs) == 1 and len(_wandb_history(runs[0])) == 2
+
+
+def _breakdown(rank, world):
+    import zero
+
+    config = training.engine_config(2, gas=1, scheduler=False)
+    config["memory_breakdown"] = True  # DeepSpeed's debugging switch: zero refused it
+    engine, *_ = zero.initialize(model=training.make_model(), config=config)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        training.train_engine(engine, rank, world, 1, 1)
+    return engine.memory_breakdown(), out.getvalue()
+
+
+def test_memory_breakdown_prints_memory_around_each_phase_on_rank_0():
+    (on, printed), (_, quiet) = run_distributed(_breakdown, WORLD, timeout=60)
+    assert on and quiet == ""
+    lines = printed.splitlines()
+    for phase in ("forward", "backward", "step"):
+        for when in ("before", "after"):
+            at = lines.index(f"Engine {when} {phase}")
+            assert lines[at + 1].startswith("CPU Virtual Memory:  used = "), printed

@@ -143,7 +143,7 @@ class EngineGetters:
         return self.config.wall_clock_breakdown
 
     def memory_breakdown(self) -> bool:
-        return _only_value(schema.TOP, "memory_breakdown")
+        return self.config.memory_breakdown
 
     def dump_state(self) -> bool:
         return _only_value(schema.TOP, "dump_state")

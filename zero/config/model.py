@@ -295,6 +295,7 @@ class ZeroConfig:
     zero_optimization: ZeroOptimizationConfig
     aio: AioConfig
     steps_per_print: Optional[int]  # None: never (DeepSpeed's current default)
+    memory_breakdown: bool  # rank 0 prints see_memory_usage around each phase
     wall_clock_breakdown: bool
     dataloader_drop_last: bool  # the training_data loader drops a short last micro-batch
     prescale_gradients: bool

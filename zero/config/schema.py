@@ -618,6 +618,9 @@ TOP = Block("", "Top-level keys.", (
     integer("steps_per_print", None, "Log progress every N steps. Null (DeepSpeed's current code default; its docs "
             "say 10) or Infinity: never (so is any huge value; up to 2**63-1).", minimum=1, maximum=MAX_INT64,
             nullable=True),
+    boolean("memory_breakdown", False, "As DeepSpeed: rank 0 prints see_memory_usage (the device allocator's "
+            "bytes, the host's used memory) before and after each forward, backward and step. zero's own, per "
+            "category: memory_report."),
     boolean("wall_clock_breakdown", False, "Time forward, backward (and its gradient reduction) and step, and "
             "print the breakdown on rank 0 every steps_per_print steps (every step when that is null)."),
     boolean("dataloader_drop_last", False, "The loader initialize() builds from training_data (and "
@@ -678,7 +681,6 @@ TOP = Block("", "Top-level keys.", (
     unsupported(BOOL, "sparse_gradients", False, "CSR gradients for sparse embeddings."),
     unsupported(BOOL, "disable_allgather", False, "Disable all-gather."),
     unsupported(BOOL, "dump_state", False, "Dump DeepSpeed state at init."),
-    unsupported(BOOL, "memory_breakdown", False, "DeepSpeed memory logging (see memory_report instead)."),
     unsupported(BOOL, "graph_harvesting", False, "CUDA graph harvesting."),
     unsupported(INT, "vocabulary_size", None, "Only used by DeepSpeed for an alignment warning.", nullable=True),
     unsupported(CHOICE, "gradient_allreduce_op", "mean", "Average or sum gradients.", choices=("mean", "sum")),

@@ -20,6 +20,7 @@ from ..saved_activations import SavedActivations
 from . import events, timers
 from .comms_logger import CommsLogger
 from .master import MonitorMaster
+from .memory_usage import see_memory_usage
 
 _IDLE = contextlib.nullcontext()
 _PHASE_NAMES = {timers.FORWARD: "forward", timers.BACKWARD: "backward", timers.STEP: "step"}
@@ -48,7 +49,9 @@ class Watch:
         zero_cfg = config.zero_optimization
         self._first_step = FirstStepProgress(enabled="nvme" in (
             zero_cfg.offload_optimizer.device, zero_cfg.offload_param.device))
-        self.active = timed or self.comms.enabled or reports or self._first_step.enabled
+        self._memory_breakdown = config.memory_breakdown
+        self.active = timed or self.comms.enabled or reports or self._first_step.enabled \
+            or self._memory_breakdown
         self._labels: list[str] = []
         self._loss = None
         self._profiled = False
@@ -70,6 +73,8 @@ class Watch:
     def _enter(self, name: str) -> None:
         if name in (timers.FORWARD, timers.BACKWARD, timers.STEP):
             self._first_step.entering(_PHASE_NAMES[name])
+            if self._memory_breakdown:
+                see_memory_usage(f"Engine before {_PHASE_NAMES[name]}", force=True)
         if self.timers is not None:
             self.timers.start(name)
         if self.comms.debug:
@@ -85,6 +90,8 @@ class Watch:
     def _exit(self, name: str) -> None:
         if name in (timers.FORWARD, timers.BACKWARD, timers.STEP):
             self._first_step.left(_PHASE_NAMES[name], self._engine().global_steps > 0)
+            if self._memory_breakdown:
+                see_memory_usage(f"Engine after {_PHASE_NAMES[name]}", force=True)
         if self.timers is not None:
             self.timers.stop(name)
         if self.comms.debug:
