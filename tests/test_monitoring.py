@@ -46,6 +46,7 @@ def _train(rank, world, extra, steps=STEPS, stage=2, precision="fp16", **zero_ex
         seen["memory"] = events.memory_scalars(engine.core.registry(), engine.watch.activation_bytes)
         seen["memory_names"] = events.memory_names()
         seen["numel"] = sum(engine.core.group_numel(g) for g in range(engine.core.group_count))
+        seen["wall_clock"] = engine.get_wall_clock_timers()
         engine.destroy()
     seen["stdout"] = out.getvalue()
     return seen
@@ -140,6 +141,9 @@ def test_wall_clock_breakdown_prints_deepspeeds_line_every_steps_per_print():
     values = {part.split(":")[0].strip(): float(part.split(":")[1]) for part in lines[0].split(" | ")[1:]}
     assert values["bwd"] >= values["bwd_inner"] > 0 and values["fwd"] > 0
     assert not [line for line in ranks[1]["stdout"].splitlines() if line.startswith("time (ms)")]
+    for rank in ranks:  # DeepSpeed's engine.get_wall_clock_timers(): the last step's, every rank
+        last = rank["wall_clock"]
+        assert list(last) == names and last["bwd"] >= last["bwd_inner"] > 0 and last["fwd"] > 0
 
 
 def test_wall_clock_breakdown_with_offload_splits_the_step():

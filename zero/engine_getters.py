@@ -145,6 +145,12 @@ class EngineGetters:
     def memory_breakdown(self) -> bool:
         return self.config.memory_breakdown
 
+    def get_wall_clock_timers(self) -> dict[str, float]:
+        """DeepSpeed's: with wall_clock_breakdown, the last optimizer step's milliseconds by
+        timer name (fwd, bwd, bwd_inner, bwd_allreduce, step; DeepSpeed adds its *_microstep
+        timers); {} otherwise."""
+        return dict(self.watch.wall_clock_ms)
+
     def dump_state(self) -> bool:
         return _only_value(schema.TOP, "dump_state")
 

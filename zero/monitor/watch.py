@@ -50,6 +50,9 @@ class Watch:
         self._first_step = FirstStepProgress(enabled="nvme" in (
             zero_cfg.offload_optimizer.device, zero_cfg.offload_param.device))
         self._memory_breakdown = config.memory_breakdown
+        # wall_clock_breakdown: the last optimizer step's milliseconds per phase (fwd, bwd,
+        # bwd_inner, bwd_allreduce, step), as DeepSpeed's get_wall_clock_timers() gives them
+        self.wall_clock_ms: dict[str, float] = {}
         self.active = timed or self.comms.enabled or reports or self._first_step.enabled \
             or self._memory_breakdown
         self._labels: list[str] = []
@@ -119,6 +122,8 @@ class Watch:
             return
         engine = self._engine()
         milliseconds = self.timers.collect() if self.timers is not None else {}
+        if self._config.wall_clock_breakdown:
+            self.wall_clock_ms = dict(milliseconds)
         if self.comms.enabled:
             self.comms.ingest(self._core.drain_comm_records())
         if self.flops is not None and self._profiled:
