@@ -65,6 +65,7 @@ class CommsLogger:
         self.rank, self.world_size = rank, world_size
         self.comms_dict: dict[str, dict[int, list]] = {}
         self.payload_bytes: dict[str, int] = {}  # per op, control collectives apart
+        self.shown_count = 0  # operation_count() when a summary was last printed
 
     def ingest(self, records) -> None:
         for record in records:
@@ -95,6 +96,7 @@ class CommsLogger:
     def reset_data(self) -> None:
         self.comms_dict.clear()
         self.payload_bytes.clear()
+        self.shown_count = 0
 
     def has_data(self) -> bool:
         return bool(self.comms_dict)
@@ -120,6 +122,8 @@ class CommsLogger:
         """The summary table (rank 0 prints); with show_straggler, every rank must call it."""
         summary = self.summary()
         stragglers = self._stragglers() if show_straggler else None
+        if print_log:
+            self.shown_count = self.operation_count()
         if print_log and self.rank == 0:
             print(_table(summary, stragglers), flush=True)
         if not return_dict:

@@ -209,8 +209,9 @@ class Watch:
         self.active = self.active or self.comms.enabled
 
     def close(self) -> None:
-        """At engine.destroy(): the comms summary (rank 0 prints it), writers closed."""
-        if self.comms.enabled:
+        """At engine.destroy(): the comms summary (rank 0 prints it) unless the script's
+        log_summary() already showed every record, writers closed."""
+        if self.comms.enabled and self.drained_comms().operation_count() != self.comms.shown_count:
             self.log_comms()
         self.monitor.close()
         if self.flops is not None:
