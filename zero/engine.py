@@ -400,22 +400,25 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         scaled = loss.float() / self.gradient_accumulation_steps() if scale_wrt_gas else loss.float()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
-        seen = self._boundary_backward_seen
-        boundary = self._open_backward()
-        self._torch_backward.mark_engine_backward(scaled)
+        finishing = False
         try:
+            boundary = self._open_backward()
+            self._torch_backward.mark_engine_backward(scaled)
             with self._watch.phase(BACKWARD):
                 with self._watch.phase(BACKWARD_INNER):
-                    try:
-                        scaled.backward(retain_graph=retain_graph)
-                    except BaseException:
-                        # raised before any gradient came (a graph an earlier backward
-                        # freed): as if never begun; otherwise the engine stays closed
-                        if self._core.abandon_backward():
-                            self._backward_open, self._boundary_backward_seen = False, seen
-                        raise
+                    scaled.backward(retain_graph=retain_graph)
+                finishing = True
                 with self._watch.phase(BACKWARD_REDUCE):  # stage 3: the end-of-backward hook did it
                     self._close_backward(boundary)
+        except BaseException:
+            # Autograd raised (a freed graph, a custom backward, Ctrl-C): the backward is
+            # finished as the other ranks' (core.fail_backward), which may wait in its
+            # reductions; partial gradients skip the next step on every rank. One that failed
+            # while finishing stays open: its reductions are in an unknown state.
+            if not finishing and self._core is not None and self._core.backward_pending:
+                self._core.fail_backward()
+                self._backward_open = False
+            raise
         finally:
             self._torch_backward.engine_backward_done()
         self._watch.add_loss(loss)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -256,23 +257,10 @@ void EngineCore::finish_backward(bool boundary) {
   backward_pending_ = false;
 }
 
-bool EngineCore::abandon_backward() {
-  at::NoGradGuard no_grad;
-  if (!backward_pending_ || grads_arrived_) return false;
-  // Stage 3: a unit whose output is the loss began its backward (gathered) before autograd
-  // failed on the loss's own graph; every rank failing alike, the units are let go together.
-  if (schedule_ && flush_queued_) schedule_->end_backward();
-  for (Group* group : every_group()) group->abandon_backward();
-  bool reducing = false;
-  for (const auto& group : groups_) reducing = reducing || group->reduces(boundary_);
-  if (reducing) --reductions_;  // (every rank abandons it alike: the counts stay equal)
-  cursor_ = 0;
-  flush_queued_ = false;
-  deferred_.clear();
-  split_.clear();
-  checked_passes_.clear();
-  backward_pending_ = false;
-  return true;
+void EngineCore::fail_backward() {
+  if (!backward_pending_) return;
+  poisoned_ = poisoned_ || grads_arrived_;
+  finish_backward(boundary_);
 }
 
 void EngineCore::agree_place(Place place) {
@@ -286,6 +274,9 @@ void EngineCore::agree_place(Place place) {
 }
 
 void EngineCore::agree_on_checkpoint(bool save) {
+  TORCH_CHECK(!backward_pending_, "zero: ", save ? "save" : "load", "_checkpoint while a backward "
+              "is open (it raised while its gradients were being reduced): the other ranks may "
+              "be waiting in that reduction. Build a new engine and load the last checkpoint");
   agree_place(save ? Place::kSave : Place::kLoad);
 }
 
@@ -338,11 +329,18 @@ double EngineCore::global_grad_norm(const std::vector<double>& unscale) {
     const double weight = norm_weights_.empty() ? 1.0 : norm_weights_[g];
     square_sum += weight * unscale[g] * unscale[g] * groups_[g]->grad_square_sum();
   }
-  if (stage_ >= 1 || span_) {
+  // A failed backward's partial gradients on this rank (fail_backward): the norm every rank
+  // sees is infinite, so the step is skipped everywhere.
+  if (poisoned_) square_sum = std::numeric_limits<double>::infinity();
+  poisoned_ = false;
+  if (communicator_.world_size() > 1 || span_) {
     at::Tensor total = at::tensor({square_sum}, at::TensorOptions().dtype(at::kDouble).device(
                                                     groups_.front()->device()));
     // stages 1-3: each rank holds a different shard of the gradients
     if (stage_ >= 1) communicator_.all_reduce(total, Reduction::kSum)->wait();
+    // stage 0: the same gradients on every rank, so the same sum; the largest is it, or one
+    // rank's infinity (a model split over a span: the span's sum carries that)
+    if (stage_ == 0 && !span_) communicator_.all_reduce(total, Reduction::kMax)->wait();
     if (span_) span_->all_reduce(total, Reduction::kSum)->wait();  // the other parts'
     square_sum = total.item<double>();
   }

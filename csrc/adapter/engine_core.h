@@ -47,10 +47,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // Launches what is left, waits, resets the groups. Once per backward: called by stage 3's
   // end-of-backward callback and again by the engine after autograd returns (a no-op then).
   void finish_backward(bool boundary);
-  // A backward that raised before any gradient reached the engine (a loss autograd refuses,
-  // a graph freed by an earlier backward): closed as if it had not begun, and true. False,
-  // with the backward left open, once gradients have come: their reductions may be under way.
-  bool abandon_backward();
+  // A backward that autograd raised in (a graph freed by an earlier backward, an error in a
+  // custom backward, an interrupt): finished as every rank's must be, its remaining units
+  // reduced (the other ranks may be waiting in them). Before any gradient came this rank adds
+  // nothing; after some came, its gradients are partial, so the next step is skipped on every
+  // rank (the norm is made infinite, and every rank sees the norm).
+  void fail_backward();
   // Before a checkpoint's collectives: every rank is saving (or loading) at the same point of
   // training (rank_places.h); a rank saving alone is named instead of waiting.
   void agree_on_checkpoint(bool save);
@@ -173,6 +175,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   int stage_ = -1;  // the highest stage of any group
   bool backward_pending_ = false;  // between prepare_backward and finish_backward
   bool grads_arrived_ = false;     // a gradient reached this backward
+  bool poisoned_ = false;          // a failed backward's partial gradients: skip the next step
   bool flush_queued_ = false;
   bool boundary_ = false;
 };

@@ -44,9 +44,6 @@ class Group {
   virtual at::Tensor accumulated_grad(std::size_t /*index*/) const { return {}; }
   // After EngineCore has launched and waited for every unit of this backward.
   virtual void finish_backward(bool boundary) = 0;
-  // A backward that failed before any gradient came (autograd refused the loss or its
-  // graph): undoes prepare_backward. Nothing was reduced, so nothing else needs undoing.
-  virtual void abandon_backward() { reducer().reset(); }
   // Whether the gradients were reduced in place at a boundary and not stepped since: only a
   // boundary's backward may come next (its reduction can take the earlier average in).
   virtual bool reduced_in_place() const { return false; }

@@ -246,19 +246,6 @@ void ParamGroup::finish_backward(bool boundary) {
   for (at::Tensor& param : params_) param.mutable_grad() = at::Tensor();
 }
 
-void ParamGroup::abandon_backward() {
-  reducer_->reset();
-  if (!carried_.defined()) return;
-  // The set-aside average goes back where it was, as the boundary's reduction left it.
-  for (std::size_t u = 0; u < layout_.unit_count(); ++u) {
-    grad_piece(u).copy_(carried_.narrow(0, layout_.shard_offset(u), piece_numel(u)));
-  }
-  carried_ = at::Tensor();
-  reduced_in_place_ = true;
-  if (grads_apart()) return;
-  for (at::Tensor& param : params_) param.mutable_grad() = at::Tensor();
-}
-
 void ParamGroup::carry_reduced_pieces() {
   // A backward after a boundary's reduction and before the step (two losses' backwards at
   // one boundary): the buffer holds this rank's averaged pieces beside its own sums

@@ -149,7 +149,6 @@ class ParamGroup : public Group {
   GradReducer& reducer() override { return *reducer_; }
   at::Tensor accumulated_grad(std::size_t index) const override;
   void finish_backward(bool boundary) override;
-  void abandon_backward() override;
   bool reduced_in_place() const override { return reduced_in_place_; }
 
   double grad_square_sum() const override;

@@ -97,7 +97,7 @@ void add_training(Core& core) {
          py::arg("boundary"), py::call_guard<py::gil_scoped_release>())
     .def("finish_backward", &adapter::EngineCore::finish_backward, py::arg("boundary"),
          py::call_guard<py::gil_scoped_release>())
-    .def("abandon_backward", &adapter::EngineCore::abandon_backward,
+    .def("fail_backward", &adapter::EngineCore::fail_backward,
          py::call_guard<py::gil_scoped_release>())
     .def("agree_on_checkpoint", &adapter::EngineCore::agree_on_checkpoint, py::arg("save"),
          py::call_guard<py::gil_scoped_release>())
