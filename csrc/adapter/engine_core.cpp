@@ -340,7 +340,7 @@ double EngineCore::global_grad_norm(const std::vector<double>& unscale) {
     if (stage_ >= 1) communicator_.all_reduce(total, Reduction::kSum)->wait();
     // stage 0: the same gradients on every rank, so the same sum; the largest is it, or one
     // rank's infinity (a model split over a span: the span's sum carries that)
-    if (stage_ == 0 && !span_) communicator_.all_reduce(total, Reduction::kMax)->wait();
+    if (stage_ == 0 && !span_) communicator_.all_reduce(total, Reduction::kMax, true)->wait();
     if (span_) span_->all_reduce(total, Reduction::kSum)->wait();  // the other parts'
     square_sum = total.item<double>();
   }
