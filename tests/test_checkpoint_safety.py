@@ -309,3 +309,19 @@ def test_ranks_saving_into_different_directories_are_refused_on_every_rank(tmp_p
         assert "different directories" in message and "run_0" in message and \
             "run_1" in message, message
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("tag", ["latest", "latest/", "latest_universal", "zero_to_fp32.py",
+                                 "run1/step1.partial"])
+def test_a_tag_naming_a_file_of_the_checkpoint_directory_is_refused(tag):
+    """Saved under tag "latest" the checkpoint took the place of the `latest` file (publishing
+    it then failed, IsADirectoryError) and the next load started from nothing; a tag
+    "zero_to_fp32.py" retired the recovery script as if it were an older copy."""
+    from zero.checkpoint import RECOVERY_SCRIPT
+    from zero.checkpoint_files import LATEST, RESERVED_NAMES, checked_tag
+    from zero.checkpoint_universal import LATEST_UNIVERSAL
+
+    assert {LATEST, LATEST_UNIVERSAL, RECOVERY_SCRIPT} <= set(RESERVED_NAMES)
+    with pytest.raises(ValueError, match="a name the checkpoint directory uses itself"):
+        checked_tag(tag)
+    assert checked_tag("run1/latest") == os.path.join("run1", "latest")  # nested: no clash

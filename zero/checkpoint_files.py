@@ -152,14 +152,27 @@ def read_manifest(directory: str) -> dict[str, dict] | None:
                                     "be verified: load an earlier tag") from error
 
 
+# Names the checkpoint directory itself holds beside the tags (checkpoint.py's recovery
+# script, checkpoint_universal.py's latest_universal): a tag of that name would replace them.
+RESERVED_NAMES = (LATEST, "latest_universal", "zero_to_fp32.py")
+
+
 def checked_tag(tag: str) -> str:
     """`tag` as a path below the checkpoint directory ("run1//step2/" -> "run1/step2"); a
-    tag that would leave it (absolute, or with a '..' part) is a ValueError naming it."""
+    tag that would leave it (absolute, or with a '..' part), or take the place of a file
+    the directory holds (`latest`, ...; a `.partial` being written), is a ValueError."""
     parts = tag.replace(os.sep, "/").split("/")
     if not tag or os.path.isabs(tag) or ".." in parts or os.path.normpath(tag) == ".":
         raise ValueError(f"zero: checkpoint tag {tag!r} does not name a directory inside the "
                          "checkpoint directory; use a relative name such as 'global_step100' "
                          "or 'run1/step100'")
+    first = os.path.normpath(tag).replace(os.sep, "/").split("/")[0]
+    if first in RESERVED_NAMES or any(part.endswith(".partial") for part in parts):
+        raise ValueError(f"zero: checkpoint tag {tag!r} is a name the checkpoint directory uses "
+                         f"itself ({', '.join(RESERVED_NAMES)}, *.partial): saved under it, the "
+                         "checkpoint would take the place of that file (a 'latest' tag leaves "
+                         "no 'latest' file, and the next load starts from nothing); use "
+                         "another name, such as 'global_step100'")
     return os.path.normpath(tag)
 
 
