@@ -159,3 +159,29 @@ def test_real_init_from_slurm_then_openmpi_env():
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("OK")
+
+
+@pytest.mark.parametrize("env,minutes", [({}, 30), ({"ZERO_TIMEOUT": "5"}, 5),
+                                         ({"DEEPSPEED_TIMEOUT": "7"}, 7),
+                                         ({"ZERO_TIMEOUT": "5", "DEEPSPEED_TIMEOUT": "7"}, 5)])
+def test_the_timeout_comes_from_zero_timeout_then_deepspeeds(monkeypatch, env, minutes):
+    from datetime import timedelta
+
+    from zero.distributed import _timeout_from_env
+
+    for name in ("ZERO_TIMEOUT", "DEEPSPEED_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _timeout_from_env() == timedelta(minutes=minutes)
+
+
+@pytest.mark.parametrize("value", ["0", "999999999999", "-1", "1.5", "abc"])
+def test_a_timeout_out_of_range_is_named(monkeypatch, value):
+    """0 failed every rendezvous at once ("timed out after 0ms") and a huge value overflowed,
+    neither naming ZERO_TIMEOUT."""
+    from zero.distributed import _timeout_from_env
+
+    monkeypatch.setenv("ZERO_TIMEOUT", value)
+    with pytest.raises(ValueError, match="ZERO_TIMEOUT=.* whole number of minutes from 1 to"):
+        _timeout_from_env()

@@ -36,14 +36,20 @@ from . import clean_exit
 TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
 
 
-def _timeout_from_env(name="ZERO_TIMEOUT", minutes="30"):
+MAX_TIMEOUT_MINUTES = 100_000  # about 69 days; more overflows the rendezvous's milliseconds
+
+
+def _timeout_from_env(names=("ZERO_TIMEOUT", "DEEPSPEED_TIMEOUT"), minutes="30"):
+    """The first of `names` set (DeepSpeed's DEEPSPEED_TIMEOUT after zero's own), in minutes."""
+    name = next((n for n in names if n in os.environ), names[0])
     value = os.environ.get(name, minutes)
-    if not value.strip().isdigit():
-        raise ValueError(f"{name}={value!r} must be a whole number of minutes")
+    if not value.strip().isdigit() or not 1 <= int(value) <= MAX_TIMEOUT_MINUTES:
+        raise ValueError(f"{name}={value!r} must be a whole number of minutes from 1 to "
+                         f"{MAX_TIMEOUT_MINUTES} (the process group's timeout)")
     return timedelta(minutes=int(value))
 
 
-DEFAULT_TIMEOUT = _timeout_from_env()   # process-group timeout; ZERO_TIMEOUT in minutes
+DEFAULT_TIMEOUT = _timeout_from_env()   # process-group timeout, in minutes
 
 
 class DistributedEnvError(RuntimeError):
