@@ -185,3 +185,24 @@ def test_a_timeout_out_of_range_is_named(monkeypatch, value):
     monkeypatch.setenv("ZERO_TIMEOUT", value)
     with pytest.raises(ValueError, match="ZERO_TIMEOUT=.* whole number of minutes from 1 to"):
         _timeout_from_env()
+
+
+def test_a_rendezvous_port_in_use_names_master_port():
+    """torch's EADDRINUSE traceback, after about 9 s, named no fix."""
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "OMPI_", "PMI_", "MASTER_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", RANK="0", WORLD_SIZE="1",
+               LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(busy.getsockname()[1]))
+    try:
+        result = subprocess.run([sys.executable, "-c", "import zero; zero.init_distributed()"],
+                                env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        busy.close()
+    assert result.returncode != 0
+    assert "is in use" in result.stderr and "--master_port" in result.stderr, result.stderr

@@ -291,8 +291,16 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True,
         where = init_method or f"{info.master_addr}:{info.master_port}"
         _log(f"initialising {backend} for {info.world_size} rank(s) from the {info.source} "
              f"environment, rendezvous at {where}")
-    dist.init_process_group(backend=backend, init_method=init_method or "env://",
-                            timeout=timeout, rank=info.rank, world_size=info.world_size)
+    try:
+        dist.init_process_group(backend=backend, init_method=init_method or "env://",
+                                timeout=timeout, rank=info.rank, world_size=info.world_size)
+    except RuntimeError as error:
+        if "EADDRINUSE" not in str(error):
+            raise
+        raise DistributedEnvError(
+            f"zero: the rendezvous port {info.master_port} on {info.master_addr} is in use (another "
+            "job, or one still shutting down): pass another --master_port to the launcher (or "
+            "set MASTER_PORT)") from error
     clean_exit.note_process_group()
 
 
