@@ -470,3 +470,34 @@ def test_the_exit_table_is_left_out_after_an_uncaught_error(tmp_path, ending):
         assert proc.returncode == 0 and shown, proc.stdout[-2000:] + proc.stderr[-2000:]
     else:
         assert proc.returncode == 1 and not shown and "the script failed" in proc.stderr
+
+
+def _interrupted_step(rank, world):
+    import os
+    import signal
+
+    import zero
+
+    config = training.engine_config(1, gas=1, scheduler=False)
+    model = training.make_model()
+    engine, optimizer, _, _ = zero.initialize(model=model, config=config)
+
+    def interrupting(step):  # Ctrl-C as the scheduler steps, after the update
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return 1.0
+
+    engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, interrupting)
+    tokens, targets = training.batches(world, 1, 1)[rank]
+    engine.backward(engine(tokens, targets))
+    try:
+        engine.step()
+    except KeyboardInterrupt:
+        return engine.applied_steps, engine.global_steps, engine.lr_scheduler.last_epoch
+    return None
+
+
+def test_ctrl_c_inside_the_step_arrives_after_its_counters():
+    """Ctrl-C between the update and the counters after it left a checkpoint saved on the
+    interrupt one step ahead in its weights and moments, behind in global_steps."""
+    assert run_distributed(_interrupted_step, 1, timeout=TIMEOUT) == [(1, 1, 1)]

@@ -25,7 +25,7 @@ from offload import disk_space
 from offload.progress import SwapWriteProgress
 
 from . import _C, agreement, hybrid_engine, model_dtype, param_groups, process_groups, sharding
-from . import stage3
+from . import deferred_interrupt, stage3
 from . import offload_states as states_offload
 from .moe import auto_ep
 from .moe.engine_layout import ExpertLayout
@@ -499,6 +499,10 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         self._maybe_report()
 
     def _optimizer_step(self, lr_kwargs: dict | None) -> None:
+        with deferred_interrupt.deferred():  # the update and its counters, whole
+            self._update(lr_kwargs)
+
+    def _update(self, lr_kwargs: dict | None) -> None:
         self._boundary_backward_seen = False
         result = self._core.step(self.optimizer.hypers(), self.optimizer.cur_scale,
                                  float(self.config.gradient_clipping), self.applied_steps + 1,
