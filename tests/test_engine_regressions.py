@@ -163,6 +163,9 @@ def _step_inside_no_sync(rank, world):
         engine.backward(engine(tokens, targets))
         with pytest.raises(RuntimeError, match="inside no_sync\\(\\) would apply unreduced"):
             engine.step()
+    # outside it, the step names no_sync (it blamed a backward around the engine)
+    with pytest.raises(RuntimeError, match="backward ran inside engine.no_sync\\(\\)"):
+        engine.step()
     return True
 
 

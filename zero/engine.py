@@ -218,6 +218,7 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         self._backward_open = False  # between _open_backward and _close_backward
         self._early_grads: list[tuple[int, int]] = []  # gradients the forward took
         self._boundary_backward_seen = False  # engine.backward ran for this boundary
+        self._boundary_under_no_sync = False  # ... or a backward ran for it inside no_sync()
         self._no_sync = False
         self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary
         self._final_report_step = None  # destroy() writes a final report unless one was
@@ -444,6 +445,8 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
         accumulation boundary it ends on, if any, and the C++ side made ready."""
         boundary = self.is_gradient_accumulation_boundary() and not self._no_sync
         self._boundary_backward_seen = self._boundary_backward_seen or boundary
+        self._boundary_under_no_sync = self._boundary_under_no_sync or (
+            self._no_sync and self.is_gradient_accumulation_boundary())
         self._begin_backward(boundary)
         return boundary
 
@@ -474,6 +477,12 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
             raise RuntimeError("zero: engine.step() at an accumulation boundary inside no_sync() "
                                "would apply unreduced gradients; leave no_sync() before the "
                                "boundary's backward and step")
+        if boundary and not self._boundary_backward_seen and self._boundary_under_no_sync:
+            raise RuntimeError(
+                f"zero: engine.step() at the end of step {self.global_steps + 1}, but that "
+                "micro-batch's backward ran inside engine.no_sync(): its gradients were not "
+                "reduced across ranks. Run the boundary micro-batch's backward outside "
+                "no_sync(), as with DDP")
         if boundary and not self._boundary_backward_seen:
             raise RuntimeError(
                 f"zero: engine.step() at the end of step {self.global_steps + 1}, but that "
@@ -503,7 +512,7 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
             self._update(lr_kwargs)
 
     def _update(self, lr_kwargs: dict | None) -> None:
-        self._boundary_backward_seen = False
+        self._boundary_backward_seen = self._boundary_under_no_sync = False
         result = self._core.step(self.optimizer.hypers(), self.optimizer.cur_scale,
                                  float(self.config.gradient_clipping), self.applied_steps + 1,
                                  muon=self.optimizer.spec.kind == "muon")
