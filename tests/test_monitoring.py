@@ -255,7 +255,7 @@ def test_flops_profiler_block_profiles_the_configured_step_on_rank_0(tmp_path):
     assert root.macs * 2 == root.flops
     assert root.params == ranks[0]["numel"]  # whole parameters, though stage 3 holds shards
     text = (tmp_path / "flops.txt").read_text()
-    assert "Profile Summary at step 1:" in text
+    assert "Profile Summary at step 2:" in text  # profile_step 1 (0-based), as DeepSpeed labels it
     assert "bwd latency:" in text and "step latency:" in text
 
 

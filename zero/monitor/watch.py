@@ -170,8 +170,8 @@ class Watch:
     def _print_profile(self, engine, milliseconds: dict) -> None:
         cfg = self._config.flops_profiler
         micro_batches = engine.gradient_accumulation_steps()  # the forward profiled is one of them
-        self.flops.print_model_profile(
-            profile_step=cfg.profile_step, module_depth=cfg.module_depth,
+        self.flops.print_model_profile(  # (DeepSpeed's header: the steps taken, this one's too)
+            profile_step=engine.global_steps, module_depth=cfg.module_depth,
             top_modules=cfg.top_modules, detailed=cfg.detailed, output_file=cfg.output_file,
             fwd_latency=self.flops.get_total_duration(),
             bwd_latency=milliseconds.get(timers.BACKWARD, 0.0) / 1000 / micro_batches,
