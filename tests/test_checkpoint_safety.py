@@ -312,7 +312,7 @@ def test_ranks_saving_into_different_directories_are_refused_on_every_rank(tmp_p
 
 
 @pytest.mark.parametrize("tag", ["latest", "latest/", "latest_universal", "zero_to_fp32.py",
-                                 "run1/step1.partial"])
+                                 "run1/step1.partial", ".gs.tmp", "run1/.gs.old/"])
 def test_a_tag_naming_a_file_of_the_checkpoint_directory_is_refused(tag):
     """Saved under tag "latest" the checkpoint took the place of the `latest` file (publishing
     it then failed, IsADirectoryError) and the next load started from nothing; a tag

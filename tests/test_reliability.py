@@ -368,15 +368,15 @@ def _backward_that_raised(rank, world, stage, persistence, raising_ranks, where)
 ] + [(3, 0, (0, 1), "midway")])
 def test_a_backward_that_raised_is_finished_on_every_rank_and_training_goes_on(
         stage, persistence, raising_ranks, where):
-    """A backward that raised midway holds partial gradients: its step is skipped on every
-    rank and training goes on. The engine refused every later step and backward; a backward
-    raising on one rank only left the others waiting in its reductions (30 minutes at stages
-    0-2). Before any gradient came the rank adds nothing and the step is taken."""
+    """A backward that raised leaves partial gradients (or a micro-batch missing from the
+    average): its step is skipped on every rank, without a word about overflow, and training
+    goes on. The engine refused every later step and backward; a backward raising on one
+    rank only left the others waiting in its reductions (30 minutes at stages 0-2)."""
     results = run_distributed(_backward_that_raised, 2, timeout=TIMEOUT,
                               args=(stage, persistence, raising_ranks, where))
     for rank, (message, skipped, untouched, losses, _) in enumerate(results):
         assert (message is not None) == (rank in raising_ranks), message
-        assert skipped == (where == "midway") and untouched == skipped
+        assert skipped and untouched  # partial gradients, or a micro-batch missing
         assert all(math.isfinite(loss) for loss in losses)
     assert results[0][3] == results[1][3]  # the same global losses and the same weights
     assert all(torch.equal(v, results[1][4][k]) for k, v in results[0][4].items())

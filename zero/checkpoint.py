@@ -330,8 +330,11 @@ def _agreed_load_tag(engine, load_dir: str, tag) -> str | None:
         latest = _latest_file(engine, load_dir)
         if not os.path.isfile(latest):
             return None
-        with open(latest) as file:
-            named = file.read().strip()
+        try:
+            with open(latest) as file:
+                named = file.read().strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise CheckpointError(f"zero: cannot read {latest}: {error}") from error
         if not named:
             raise CheckpointError(f"zero: {latest} is empty (a save that could not write it); "
                                   "pass tag= to name the checkpoint to load")

@@ -166,10 +166,12 @@ def checked_tag(tag: str) -> str:
         raise ValueError(f"zero: checkpoint tag {tag!r} does not name a directory inside the "
                          "checkpoint directory; use a relative name such as 'global_step100' "
                          "or 'run1/step100'")
-    first = os.path.normpath(tag).replace(os.sep, "/").split("/")[0]
-    if first in RESERVED_NAMES or any(part.endswith(".partial") for part in parts):
+    names = os.path.normpath(tag).replace(os.sep, "/").split("/")
+    staging = names[-1].startswith(".") and names[-1].endswith((".tmp", ".old"))
+    if names[0] in RESERVED_NAMES or staging or any(n.endswith(".partial") for n in names):
         raise ValueError(f"zero: checkpoint tag {tag!r} is a name the checkpoint directory uses "
-                         f"itself ({', '.join(RESERVED_NAMES)}, *.partial): saved under it, the "
+                         f"itself ({', '.join(RESERVED_NAMES)}, *.partial, a save's .<tag>.tmp "
+                         "or .<tag>.old): saved under it, the "
                          "checkpoint would take the place of that file (a 'latest' tag leaves "
                          "no 'latest' file, and the next load starts from nothing); use "
                          "another name, such as 'global_step100'")

@@ -19,6 +19,9 @@ def deferred():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    if signal.getsignal(signal.SIGINT) is None:  # a handler installed outside Python: kept
+        yield
+        return
     noted = []
     previous = signal.signal(signal.SIGINT, lambda number, frame: noted.append(frame))
     try:

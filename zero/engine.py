@@ -411,14 +411,14 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
                 finishing = True
                 with self._watch.phase(BACKWARD_REDUCE):  # stage 3: the end-of-backward hook did it
                     self._close_backward(boundary)
-        except BaseException:
-            # Autograd raised (a freed graph, a custom backward, Ctrl-C): the backward is
-            # finished as the other ranks' (core.fail_backward), which may wait in its
-            # reductions; partial gradients skip the next step on every rank. One that failed
-            # while finishing stays open: its reductions are in an unknown state.
+        except Exception:
+            # Autograd raised (a freed graph, a custom backward): the backward is finished as
+            # the other ranks' (core.fail_backward), which may wait in its reductions, and the
+            # next step is skipped on every rank. One that failed while finishing stays open:
+            # its reductions are in an unknown state. (Ctrl-C is not held up: it leaves.)
             if not finishing and self._core is not None and self._core.backward_pending:
                 self._core.fail_backward()
-                self._backward_open = False
+            self._backward_open = self._core is not None and self._core.backward_pending
             raise
         finally:
             self._torch_backward.engine_backward_done()
@@ -518,9 +518,15 @@ class ZeroEngine(EngineGetters, EngineBatch, EngineReports, EngineModelSave, nn.
                                  muon=self.optimizer.spec.kind == "muon")
         self.last_step_result = result
         self.optimizer.overflow = result.overflow  # Accelerate's step_was_skipped
-        if self.loss_scaler is not None:
+        if self.loss_scaler is not None and not result.failed_backward:
             self.loss_scaler.update_scale(result.overflow)
-        if result.overflow:
+        if result.failed_backward:  # (no overflow of fp16's, no non-finite gradient)
+            self.skipped_steps += 1
+            if dist.get_rank() == 0:
+                logger.warning("zero: step %d skipped on every rank: a backward raised since "
+                               "the last step, so its gradients are partial (weights not "
+                               "updated)", self.global_steps + 1)
+        elif result.overflow:
             self._skip_nonfinite_step(result)
         else:
             self.applied_steps += 1

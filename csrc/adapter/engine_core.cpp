@@ -115,6 +115,7 @@ void EngineCore::prepare_backward(bool boundary) {
   reload_states({StateKind::kParams, StateKind::kGrads});
   backward_pending_ = true;
   grads_arrived_ = false;
+  finishing_ = false;
   flush_queued_ = false;
   deferred_.clear();
   split_.clear();
@@ -226,6 +227,7 @@ void EngineCore::launch_in_order(bool boundary) {
 void EngineCore::finish_backward(bool boundary) {
   at::NoGradGuard no_grad;  // engine buffers are not part of any autograd graph
   if (!backward_pending_) return;
+  finishing_ = true;
   if (schedule_) schedule_->end_backward();
   bool reducing = false;
   for (const auto& group : groups_) reducing = reducing || group->reduces(boundary);
@@ -258,8 +260,10 @@ void EngineCore::finish_backward(bool boundary) {
 }
 
 void EngineCore::fail_backward() {
-  if (!backward_pending_) return;
-  poisoned_ = poisoned_ || grads_arrived_;
+  if (!backward_pending_ || finishing_) return;
+  bool reducing = false;
+  for (const auto& group : groups_) reducing = reducing || group->reduces(boundary_);
+  poisoned_ = poisoned_ || grads_arrived_ || reducing;
   finish_backward(boundary_);
 }
 
@@ -323,27 +327,34 @@ void EngineCore::span_norm(std::vector<double> weights, const std::string& span_
   span_ = std::make_unique<Communicator>(resolve_group(span_group));
 }
 
-double EngineCore::global_grad_norm(const std::vector<double>& unscale) {
+double EngineCore::global_grad_norm(const std::vector<double>& unscale, bool* failed) {
   double square_sum = 0.0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const double weight = norm_weights_.empty() ? 1.0 : norm_weights_[g];
     square_sum += weight * unscale[g] * unscale[g] * groups_[g]->grad_square_sum();
   }
-  // A failed backward's partial gradients on this rank (fail_backward): the norm every rank
-  // sees is infinite, so the step is skipped everywhere.
-  if (poisoned_) square_sum = std::numeric_limits<double>::infinity();
-  poisoned_ = false;
+  // Beside the sum: whether a backward failed on this rank since the last step
+  // (fail_backward), told to every rank with it.
+  double failures = failed != nullptr && poisoned_ ? 1.0 : 0.0;
   if (communicator_.world_size() > 1 || span_) {
-    at::Tensor total = at::tensor({square_sum}, at::TensorOptions().dtype(at::kDouble).device(
-                                                    groups_.front()->device()));
-    // stages 1-3: each rank holds a different shard of the gradients
-    if (stage_ >= 1) communicator_.all_reduce(total, Reduction::kSum)->wait();
-    // stage 0: the same gradients on every rank, so the same sum; the largest is it, or one
-    // rank's infinity (a model split over a span: the span's sum carries that)
-    if (stage_ == 0 && !span_) communicator_.all_reduce(total, Reduction::kMax, true)->wait();
+    at::Tensor total = at::tensor({square_sum, failures}, at::TensorOptions().dtype(
+                                                              at::kDouble).device(
+                                                              groups_.front()->device()));
+    if (stage_ >= 1) {  // each rank holds a different shard of the gradients
+      communicator_.all_reduce(total, Reduction::kSum)->wait();
+    } else if (!span_) {  // stage 0: the same gradients everywhere, so the same sum: the max
+      communicator_.all_reduce(total, Reduction::kMax, /*control=*/true)->wait();
+    } else {  // stage 0 over a split model (an MoE's experts differ by rank): the flag alone
+      at::Tensor flag = total.narrow(0, 1, 1).clone();
+      communicator_.all_reduce(flag, Reduction::kMax, /*control=*/true)->wait();
+      total.narrow(0, 1, 1).copy_(flag);
+    }
     if (span_) span_->all_reduce(total, Reduction::kSum)->wait();  // the other parts'
-    square_sum = total.item<double>();
+    total = total.cpu();
+    square_sum = total[0].item<double>();
+    failures = total[1].item<double>();
   }
+  if (failed != nullptr) *failed = failures > 0.0;
   return std::sqrt(square_sum);
 }
 
@@ -369,7 +380,8 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
   std::vector<double> unscale(groups_.size(), 1.0 / loss_scale);
   {
     RECORD_FUNCTION("zero::grad_norm", {});
-    result.grad_norm = global_grad_norm(unscale);
+    result.grad_norm = global_grad_norm(unscale, &result.failed_backward);
+    poisoned_ = false;
   }
   // The norm is all-reduced, so every rank sees the same non-finite value: in any dtype, a
   // NaN or Inf gradient anywhere skips the step everywhere and never reaches the weights
@@ -379,7 +391,7 @@ StepResult EngineCore::step(const std::vector<OptimizerHyper>& hypers, double lo
     zero_grads();
     return result;
   };
-  if (!std::isfinite(result.grad_norm)) return skipped();
+  if (result.failed_backward || !std::isfinite(result.grad_norm)) return skipped();
   // Muon's gradients become its updates: under ZeRO before the norm is taken (DeepSpeed's ZeRO
   // optimizers clip the updates), without it after clipping (DeepSpeed's engine clips the
   // model's gradients, then steps).

@@ -23,6 +23,9 @@ struct StepResult {
   bool overflow = false;   // non-finite gradients (or norm) on any rank: skipped everywhere
   double grad_norm = 0.0;  // global L2 norm of the unscaled gradients
   double clip_coef = 1.0;
+  // A backward failed on some rank since the last step (EngineCore::fail_backward): its
+  // gradients are partial, so the step is skipped everywhere (overflow is set too).
+  bool failed_backward = false;
 };
 
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
@@ -48,10 +51,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // end-of-backward callback and again by the engine after autograd returns (a no-op then).
   void finish_backward(bool boundary);
   // A backward that autograd raised in (a graph freed by an earlier backward, an error in a
-  // custom backward, an interrupt): finished as every rank's must be, its remaining units
-  // reduced (the other ranks may be waiting in them). Before any gradient came this rank adds
-  // nothing; after some came, its gradients are partial, so the next step is skipped on every
-  // rank (the norm is made infinite, and every rank sees the norm).
+  // custom backward): finished as every rank's must be, its remaining units reduced (the
+  // other ranks may be waiting in them), and, if it reduced or took gradients, the next step
+  // is skipped on every rank (StepResult::failed_backward, agreed with the norm). Nothing
+  // when it is not open, or when its own finishing raised (its reductions' state unknown).
   void fail_backward();
   // Before a checkpoint's collectives: every rank is saving (or loading) at the same point of
   // training (rank_places.h); a rank saving alone is named instead of waiting.
@@ -122,7 +125,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
  private:
   // The norm of every group's gradients, each multiplied by its `unscale` (1 / the loss scale,
   // or 1 where they are unscaled already: Muon's updates).
-  double global_grad_norm(const std::vector<double>& unscale);
+  // `failed`: set when a backward failed on any rank since the last step (poisoned_).
+  double global_grad_norm(const std::vector<double>& unscale, bool* failed = nullptr);
   // Muon's groups: their gradients, multiplied by their `scale`, become the updates
   // (Group::orthogonalize_grads); their scale is then 1.
   void orthogonalize_grads(const std::vector<OptimizerHyper>& hypers,
@@ -147,7 +151,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   core::RangePool host_threads_;  // before the groups, whose steps use it
   Communicator communicator_;
   RankPlaces places_{&communicator_};  // compared before each phase's collectives
-  std::int64_t reductions_ = 0;        // reducing backwards begun (and not abandoned)
+  std::int64_t reductions_ = 0;        // reducing backwards begun
   std::int64_t steps_ = 0;             // optimizer steps begun
   std::unique_ptr<Communicator> span_;  // span_norm's group; null: the norm is the group's own
   // add_group's own data groups (GroupOptions::data_group), before the groups that use them
@@ -176,6 +180,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   bool backward_pending_ = false;  // between prepare_backward and finish_backward
   bool grads_arrived_ = false;     // a gradient reached this backward
   bool poisoned_ = false;          // a failed backward's partial gradients: skip the next step
+  bool finishing_ = false;         // finish_backward began for this backward
   bool flush_queued_ = false;
   bool boundary_ = false;
 };

@@ -342,6 +342,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("overflow", &StepResult::overflow)
       .def_readonly("grad_norm", &StepResult::grad_norm)
       .def_readonly("clip_coef", &StepResult::clip_coef)
+      .def_readonly("failed_backward", &StepResult::failed_backward)
       .def("__repr__", [](const StepResult& r) {
         return "StepResult(overflow=" + std::string(r.overflow ? "True" : "False") +
                ", grad_norm=" + std::to_string(r.grad_norm) +

@@ -131,7 +131,7 @@ class PipelineEngine(ZeroEngine):
         if self.is_last_stage():
             try:
                 output = batch.losses if reduce_output is None else self._dp_mean(batch.losses)
-            except TypeError as error:  # the other stages wait for the broadcast: tell them
+            except Exception as error:  # noqa: BLE001 - the other stages wait for the broadcast
                 failure = error
         if broadcast and self.num_stages > 1:
             output = p2p.broadcast_value(output, self._last_stage_rank(),

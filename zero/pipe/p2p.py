@@ -107,9 +107,9 @@ def broadcast_value(value, src: int, group, device: torch.device,
                 raise failure
             tensors = tuple(t.detach() for t in as_tuple(value))
             header = _header(tensors)
-        except (TypeError, ValueError) as error:
+        except Exception:
             dist.broadcast(header, src, group=group)
-            raise error
+            raise
     dist.broadcast(header, src, group=group)
     if header[0].item() < 0:
         raise TypeError(f"zero: the value rank {src} broadcasts cannot be sent (a tensor or a "
