@@ -478,6 +478,9 @@ def _interrupted_step(rank, world):
 
     import zero
 
+    # Python's Ctrl-C handler, as in a terminal (a job started in the background, as CI may
+    # start this one, inherits SIGINT ignored, and Python then installs none)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     config = training.engine_config(1, gas=1, scheduler=False)
     model = training.make_model()
     engine, optimizer, _, _ = zero.initialize(model=model, config=config)
